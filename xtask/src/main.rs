@@ -1,0 +1,129 @@
+//! Developer commands: `cargo xtask <command>`.
+//!
+//! Every command installs what it needs (idempotently) before it runs, so the two
+//! commands in the README work on a fresh machine.
+
+mod ebpf;
+mod prereqs;
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "hairpin developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install every prerequisite: Debian packages, rust-src, bpf-linker.
+    Setup,
+    /// Build the eBPF object (installing rust-src and bpf-linker when missing).
+    BuildEbpf(ebpf::Options),
+    /// Build the eBPF object and the agent with it embedded.
+    Build {
+        /// Build the agent in release mode.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run every test: unit, relay, and the privileged datapath suites (root).
+    Test {
+        /// Extra arguments passed to `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Build a simulated node and show a request failing without hairpin and succeeding with it.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Setup => {
+            prereqs::ensure_system_packages()?;
+            let toolchain = prereqs::ensure_bpf_toolchain()?;
+            prereqs::ensure_bpf_linker(&toolchain)?;
+            Ok(())
+        }
+        Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
+        Cmd::Build { release } => build_agent(release).map(|bin| println!("{}", bin.display())),
+        Cmd::Test { args } => test(&args),
+        Cmd::Demo => demo(),
+    }
+}
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Runs `cmd`, failing with the command line when it does not exit 0.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Builds the BPF object, then the agent embedding it; returns the agent binary.
+fn build_agent(release: bool) -> Result<PathBuf> {
+    let object = ebpf::build(&ebpf::Options::default())?;
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "hairpin-agent", "--package", "hairpin-tests", "--bins"])
+        .env("HAIRPIN_EBPF_OBJECT", &object);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)?;
+    let bin = target_dir()
+        .join(if release { "release" } else { "debug" })
+        .join("hairpin-agent");
+    if !bin.exists() {
+        bail!("cargo built hairpin-agent but {} does not exist", bin.display());
+    }
+    Ok(bin)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn test(args: &[String]) -> Result<()> {
+    prereqs::ensure_system_packages()?;
+    let agent = build_agent(false)?;
+    let object = ebpf::object_path();
+    run(cargo()
+        .args(["test", "--workspace", "--exclude", "hairpin-ebpf"])
+        .arg("--")
+        .args(args)
+        .env("HAIRPIN_EBPF_OBJECT", &object)
+        .env("HAIRPIN_AGENT_BIN", &agent))?;
+    // The shared-types crate is not a default member (its binary targets BPF): test its library.
+    run(cargo().args(["test", "--package", "hairpin-ebpf", "--lib"]))
+}
+
+fn demo() -> Result<()> {
+    prereqs::ensure_system_packages()?;
+    let agent = build_agent(false)?;
+    run(cargo()
+        .args(["run", "--quiet", "--package", "hairpin-tests", "--bin", "hairpin-demo"])
+        .env("HAIRPIN_AGENT_BIN", &agent))
+}

@@ -1,0 +1,212 @@
+//! Finding and, where missing, installing what the build and the tests need.
+//!
+//! Each step checks before it acts, so a second run costs a few process spawns.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::run;
+
+/// Debian packages the datapath tests, the demo and the benchmarks use, with the
+/// binary that proves each is installed.
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "/usr/sbin/ip"),
+    ("iptables", "/usr/sbin/iptables"),
+    ("nftables", "/usr/sbin/nft"),
+    ("nginx-light", "/usr/sbin/nginx"),
+    ("haproxy", "/usr/sbin/haproxy"),
+    ("bpftool", "/usr/sbin/bpftool"),
+    ("curl", "/usr/bin/curl"),
+    ("util-linux", "/usr/bin/nsenter"),
+    ("wrk", "/usr/bin/wrk"),
+];
+
+/// Installs the Debian packages that are missing (`apt-get`, as root).
+pub fn ensure_system_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, bin)| !Path::new(bin).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !nix_is_root() {
+        bail!(
+            "missing packages {}: run `sudo apt-get install -y {}` or run this command as root",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    // The nginx and haproxy packages start system services; the tests run their own
+    // instances in namespaces and need nothing listening on the host.
+    for svc in ["nginx", "haproxy"] {
+        let _ = Command::new("systemctl")
+            .args(["disable", "--now", svc])
+            .output();
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// The toolchain that builds the BPF crate.
+#[derive(Debug, Clone)]
+pub struct BpfToolchain {
+    /// `nightly` or `stable`, as rustup names it.
+    pub name: String,
+    /// Stable needs `RUSTC_BOOTSTRAP=1` for `-Z build-std`.
+    pub needs_bootstrap: bool,
+    /// The toolchain's sysroot.
+    pub sysroot: PathBuf,
+}
+
+/// Picks nightly when rustup has it, else stable with RUSTC_BOOTSTRAP, and makes sure
+/// that toolchain has `rust-src` (needed to build `core` for the BPF target).
+pub fn ensure_bpf_toolchain() -> Result<BpfToolchain> {
+    let list = output(Command::new("rustup").args(["toolchain", "list"])).context(
+        "rustup is needed to build the eBPF object: install it from your distribution or rustup.rs",
+    )?;
+    let (name, needs_bootstrap) = if list.lines().any(|l| l.starts_with("nightly")) {
+        ("nightly", false)
+    } else {
+        ("stable", true)
+    };
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        name,
+    ]))?;
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("xtask: adding rust-src to the {name} toolchain");
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]))
+            .with_context(|| {
+                format!("could not add rust-src: run `rustup component add rust-src --toolchain {name}`")
+            })?;
+    }
+    let sysroot = output(Command::new("rustc").arg(format!("+{name}")).args(["--print", "sysroot"]))?;
+    Ok(BpfToolchain {
+        name: name.to_string(),
+        needs_bootstrap,
+        sysroot: PathBuf::from(sysroot.trim()),
+    })
+}
+
+/// Version of bpf-linker known to work with aya 0.14 and LLVM 21-23.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Returns the directory holding a `bpf-linker` linked against the toolchain's own
+/// libLLVM, building it there first when it is missing.
+///
+/// bpf-linker must use the LLVM major of the rustc that emits the bitcode; the
+/// distribution's LLVM is older, so we point llvm-sys at the toolchain's shared
+/// libLLVM through a prefix of two symlinks.
+pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
+    let lib_dir = tc.sysroot.join("lib");
+    let libllvm = fs::read_dir(&lib_dir)
+        .with_context(|| format!("failed to read {}", lib_dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
+        .with_context(|| {
+            format!(
+                "the {} toolchain has no shared libLLVM in {}: bpf-linker cannot be linked against it",
+                tc.name,
+                lib_dir.display()
+            )
+        })?;
+    // libLLVM.so.22.1-rust-1.97.0-nightly -> 22
+    let major: u32 = libllvm
+        .trim_start_matches("libLLVM.so.")
+        .split(['.', '-'])
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("cannot read the LLVM major version from {libllvm}"))?;
+
+    let cache = cache_dir().join(format!("bpf-linker-{BPF_LINKER_VERSION}-{libllvm}"));
+    let bin_dir = cache.join("bin");
+    let linker = bin_dir.join("bpf-linker");
+    if linker.exists()
+        && Command::new(&linker)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        return Ok(bin_dir);
+    }
+
+    let prefix = cache.join("llvm-prefix");
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("failed to create {}", prefix_lib.display()))?;
+    let target = lib_dir.join(&libllvm);
+    for name in ["libLLVM.so", libllvm.as_str()] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(&target, &link)
+            .with_context(|| format!("failed to link {} -> {}", link.display(), target.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {libllvm} (about a minute, once)"
+    );
+    run(Command::new("cargo")
+        .args(["install", "--locked", "--force"])
+        .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
+        .args(["--no-default-features", "--features"])
+        .arg(format!("llvm-{major}"))
+        .arg("--root")
+        .arg(&cache)
+        .env("LLVM_PREFIX", &prefix)
+        .env_remove("RUSTC_BOOTSTRAP"))
+    .with_context(|| {
+        format!(
+            "could not build bpf-linker against the toolchain's LLVM {major}; \
+             bpf-linker {BPF_LINKER_VERSION} may not offer feature llvm-{major}"
+        )
+    })?;
+    Ok(bin_dir)
+}
+
+/// Where built tools are kept between runs: `$XDG_CACHE_HOME/hairpin` or `~/.cache/hairpin`.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"))
+        .join("hairpin")
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
