@@ -1,0 +1,8 @@
+//! hairpin-agent: the per-node DaemonSet that makes in-cluster traffic to the
+//! cluster's own PROXY-protocol LoadBalancers carry the header the ingress expects.
+//!
+//! Layout follows the architecture: deciding what should exist is plain functions
+//! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
+//! are thin and tested for real.
+
+pub mod frontends;
