@@ -6,3 +6,10 @@
 //! are thin and tested for real.
 
 pub mod frontends;
+pub mod ebpf;
+pub mod metrics;
+pub mod proxy_header;
+pub mod reconcile;
+pub mod relay;
+pub mod run;
+pub mod static_source;

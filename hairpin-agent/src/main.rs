@@ -1,1 +1,51 @@
-fn main() {}
+//! The hairpin-agent binary.
+
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "hairpin-agent", version, about = "Makes in-cluster traffic to the cluster's own PROXY-protocol LoadBalancers work")]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `hairpin_agent=debug`.
+    #[arg(long, env = "HAIRPIN_LOG", default_value = "info", global = true)]
+    log: String,
+
+    /// Log format.
+    #[arg(long, env = "HAIRPIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
+    Run(hairpin_agent::run::RunArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log)?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: container logs are files.
+        .with_ansi(std::io::stderr().is_terminal());
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    match cli.command {
+        Command::Run(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(hairpin_agent::run::run(args))
+        }
+    }
+}

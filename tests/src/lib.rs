@@ -1,1 +1,11 @@
+//! The simulated node the datapath tests and `cargo xtask demo` build: network
+//! namespaces, veths, kube-proxy-style iptables DNAT, a cgroup v2 subtree, a real
+//! nginx and haproxy with the PROXY protocol on, and the agent as a process.
+//! Only addresses inside namespaces made here ever receive traffic.
 
+pub mod agent;
+pub mod client;
+pub mod node;
+pub mod privileges;
+pub mod servers;
+pub mod sh;

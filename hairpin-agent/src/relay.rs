@@ -1,0 +1,317 @@
+//! The relay: one listener per proxied frontend. Each accepted connection is
+//! forwarded to the real LoadBalancer address with the PROXY header naming the true
+//! client first, then relayed both ways with half-close propagated.
+
+use std::{
+    collections::BTreeMap,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    },
+    time::Duration,
+};
+
+use nix::sys::socket::{setsockopt, sockopt};
+use tokio::{
+    io::AsyncWriteExt,
+    net::{TcpListener, TcpSocket, TcpStream},
+    time::timeout,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    frontends::{Frontend, ProxyVersion},
+    metrics::{Direction, Metrics, UpstreamError},
+    proxy_header::Header,
+};
+
+/// Relay settings, validated once at startup.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// SO_MARK put on upstream sockets so the connect programs skip them.
+    pub bypass_mark: u32,
+    /// How long an upstream connect may take before the client is closed.
+    pub connect_timeout: Duration,
+    /// The node's IPv4 address: the PROXY source for IPv4 host processes.
+    pub node_ipv4: Option<Ipv4Addr>,
+    /// The node's IPv6 address: the PROXY source for IPv6 host processes.
+    pub node_ipv6: Option<Ipv6Addr>,
+    /// Size of each direction's copy buffer.
+    pub buffer_size: usize,
+}
+
+/// Errors starting a listener.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// bind() or listen() failed.
+    #[error("failed to listen on {addr} for frontend {frontend}: {source}")]
+    Listen {
+        /// The address we tried.
+        addr: SocketAddr,
+        /// The frontend it was for.
+        frontend: SocketAddr,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+struct ListenerHandle {
+    local: SocketAddr,
+    version: Arc<AtomicU8>,
+    stop: CancellationToken,
+}
+
+/// All listeners, and every connection they accepted.
+pub struct Relay {
+    cfg: Arc<RelayConfig>,
+    metrics: Metrics,
+    listeners: BTreeMap<SocketAddr, ListenerHandle>,
+    connections: TaskTracker,
+}
+
+impl Relay {
+    /// A relay with no listeners.
+    pub fn new(cfg: RelayConfig, metrics: Metrics) -> Relay {
+        Relay {
+            cfg: Arc::new(cfg),
+            metrics,
+            listeners: BTreeMap::new(),
+            connections: TaskTracker::new(),
+        }
+    }
+
+    /// Starts a listener for `frontend` on `bind_ip` (an ephemeral port) and
+    /// returns its address. Must run inside a tokio runtime.
+    pub fn start(&mut self, frontend: &Frontend, bind_ip: IpAddr) -> Result<SocketAddr, RelayError> {
+        let target = SocketAddr::new(frontend.ip, frontend.port);
+        let want = SocketAddr::new(bind_ip, 0);
+        let listen_err = |source| RelayError::Listen { addr: want, frontend: target, source };
+        let socket = match bind_ip {
+            IpAddr::V4(_) => TcpSocket::new_v4(),
+            IpAddr::V6(_) => TcpSocket::new_v6(),
+        }
+        .map_err(listen_err)?;
+        // A relay restarted within TIME_WAIT must be able to take a port again.
+        socket.set_reuseaddr(true).map_err(listen_err)?;
+        socket.bind(want).map_err(listen_err)?;
+        let listener = socket.listen(1024).map_err(listen_err)?;
+        let local = listener.local_addr().map_err(listen_err)?;
+        let version = Arc::new(AtomicU8::new(encode_version(frontend.version)));
+        let stop = CancellationToken::new();
+        let accept = AcceptLoop {
+            listener,
+            target,
+            version: version.clone(),
+            stop: stop.clone(),
+            cfg: self.cfg.clone(),
+            metrics: self.metrics.clone(),
+            connections: self.connections.clone(),
+        };
+        tokio::spawn(accept.run().instrument(info_span!("listener", %local, frontend = %target)));
+        self.listeners.insert(target, ListenerHandle { local, version, stop });
+        info!(%local, frontend = %target, version = %frontend.version, "listener started");
+        Ok(local)
+    }
+
+    /// Changes the header version of a running listener; new connections use it.
+    pub fn set_version(&self, frontend: SocketAddr, version: ProxyVersion) {
+        if let Some(l) = self.listeners.get(&frontend) {
+            l.version.store(encode_version(version), Ordering::Relaxed);
+        }
+    }
+
+    /// The listener address of `frontend`, if one runs.
+    pub fn listener(&self, frontend: SocketAddr) -> Option<SocketAddr> {
+        self.listeners.get(&frontend).map(|l| l.local)
+    }
+
+    /// Stops accepting for `frontend`. Connections already accepted run to completion.
+    /// Call only after the redirect to it is gone.
+    pub fn stop(&mut self, frontend: SocketAddr) {
+        if let Some(l) = self.listeners.remove(&frontend) {
+            l.stop.cancel();
+            info!(local = %l.local, frontend = %frontend, "listener stopped");
+        }
+    }
+
+    /// Stops every listener, then waits up to `deadline` for open connections to
+    /// finish. Returns the number still open when it gave up.
+    pub async fn drain(&mut self, deadline: Duration) -> i64 {
+        for (_, l) in std::mem::take(&mut self.listeners) {
+            l.stop.cancel();
+        }
+        self.connections.close();
+        let active = self.metrics.active_connections();
+        info!(active, ?deadline, "draining connections");
+        if timeout(deadline, self.connections.wait()).await.is_err() {
+            let left = self.metrics.active_connections();
+            warn!(left, "drain deadline reached; closing remaining connections");
+            return left;
+        }
+        0
+    }
+}
+
+fn encode_version(v: ProxyVersion) -> u8 {
+    match v {
+        ProxyVersion::V1 => 1,
+        ProxyVersion::V2 => 2,
+    }
+}
+
+fn decode_version(v: u8) -> ProxyVersion {
+    if v == 2 { ProxyVersion::V2 } else { ProxyVersion::V1 }
+}
+
+struct AcceptLoop {
+    listener: TcpListener,
+    target: SocketAddr,
+    version: Arc<AtomicU8>,
+    stop: CancellationToken,
+    cfg: Arc<RelayConfig>,
+    metrics: Metrics,
+    connections: TaskTracker,
+}
+
+impl AcceptLoop {
+    async fn run(self) {
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => break,
+                accepted = self.listener.accept() => self.handle(accepted).await,
+            }
+        }
+        // Connects that were redirected just before the redirect went away may sit in
+        // the accept queue: closing now would reset them. Take what is queued or
+        // arrives within a short quiet period, then close.
+        while let Ok(accepted) = timeout(Duration::from_millis(50), self.listener.accept()).await {
+            self.handle(accepted).await;
+        }
+    }
+
+    async fn handle(&self, accepted: io::Result<(TcpStream, SocketAddr)>) {
+        match accepted {
+            Ok((client, peer)) => {
+                let local = client.local_addr().unwrap_or(SocketAddr::new(peer.ip(), 0));
+                let conn = Connection {
+                    client,
+                    peer,
+                    local,
+                    target: self.target,
+                    version: decode_version(self.version.load(Ordering::Relaxed)),
+                    cfg: self.cfg.clone(),
+                    metrics: self.metrics.clone(),
+                };
+                let span = info_span!("conn", client = %peer, frontend = %self.target);
+                self.connections.spawn(conn.serve().instrument(span));
+            }
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                // EMFILE/ENFILE persist until something closes: do not spin on them.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+struct Connection {
+    client: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    target: SocketAddr,
+    version: ProxyVersion,
+    cfg: Arc<RelayConfig>,
+    metrics: Metrics,
+}
+
+impl Connection {
+    async fn serve(mut self) {
+        self.metrics.connection_opened();
+        let source = true_client(self.peer, self.local, &self.cfg);
+        debug!(%source, "accepted");
+        match self.relay(source).await {
+            Ok((up, down)) => {
+                self.metrics.bytes(Direction::Upstream, up);
+                self.metrics.bytes(Direction::Downstream, down);
+                debug!(bytes_up = up, bytes_down = down, "closed");
+            }
+            Err((kind, e)) => {
+                self.metrics.upstream_error(kind);
+                warn!(?kind, error = %e, "relay failed");
+                // A reset tells the client at once, instead of an empty reply or a hang.
+                let _ = socket2::SockRef::from(&self.client).set_linger(Some(Duration::ZERO));
+            }
+        }
+        self.metrics.connection_closed();
+    }
+
+    async fn relay(&mut self, source: SocketAddr) -> Result<(u64, u64), (UpstreamError, io::Error)> {
+        let mut upstream = match timeout(
+            self.cfg.connect_timeout,
+            connect_marked(self.target, self.cfg.bypass_mark),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err((
+                    UpstreamError::Timeout,
+                    io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
+                ));
+            }
+            Ok(Err(e)) => return Err((classify(&e), e)),
+            Ok(Ok(s)) => s,
+        };
+        // The header is a small write followed by the client's bytes: without NODELAY,
+        // Nagle holds the client's first segment behind the header's delayed ACK.
+        let _ = upstream.set_nodelay(true);
+        let _ = self.client.set_nodelay(true);
+        let header = Header::new(self.version, source, self.target);
+        upstream
+            .write_all(header.as_bytes())
+            .await
+            .map_err(|e| (classify(&e), e))?;
+        let size = self.cfg.buffer_size;
+        tokio::io::copy_bidirectional_with_sizes(&mut self.client, &mut upstream, size, size)
+            .await
+            .map_err(|e| (classify(&e), e))
+    }
+}
+
+/// The address the PROXY header names as the client: the peer itself for pods;
+/// for processes on the node (loopback, or the listener's own address as source)
+/// the node's primary IP, which is what the cloud LB would have seen.
+pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> SocketAddr {
+    let ip = peer.ip().to_canonical();
+    let from_host = ip.is_loopback() || ip == local.ip().to_canonical();
+    let node = match ip {
+        IpAddr::V4(_) => cfg.node_ipv4.map(IpAddr::V4),
+        IpAddr::V6(_) => cfg.node_ipv6.map(IpAddr::V6),
+    };
+    match (from_host, node) {
+        (true, Some(node)) => SocketAddr::new(node, peer.port()),
+        _ => SocketAddr::new(ip, peer.port()),
+    }
+}
+
+/// Connects to `target` from a socket carrying `mark`, so the connect programs let
+/// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
+async fn connect_marked(target: SocketAddr, mark: u32) -> io::Result<TcpStream> {
+    let socket = match target {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
+    socket.connect(target).await
+}
+
+fn classify(e: &io::Error) -> UpstreamError {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => UpstreamError::Refused,
+        io::ErrorKind::TimedOut => UpstreamError::Timeout,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => UpstreamError::Reset,
+        _ => UpstreamError::Other,
+    }
+}

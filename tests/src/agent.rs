@@ -1,0 +1,165 @@
+//! The agent under test: `hairpin-agent run` as a process in the node namespace,
+//! inside the attached cgroup subtree, as the DaemonSet runs on a real node.
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    node::{NODE_IP4, NODE_IP6, SimNode},
+    sh::command_in,
+};
+
+/// Path of the agent binary: HAIRPIN_AGENT_BIN (set by `cargo xtask test`), else the
+/// debug build beside this test binary.
+pub fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HAIRPIN_AGENT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/debug/deps/<test> -> target/debug/hairpin-agent
+    let bin = exe
+        .ancestors()
+        .nth(2)
+        .expect("test binary lives in target/<profile>/deps")
+        .join("hairpin-agent");
+    assert!(
+        bin.exists(),
+        "no agent binary at {}: run the tests with `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
+/// One frontend line for the frontends file.
+pub struct FrontendSpec {
+    /// LB IP.
+    pub ip: &'static str,
+    /// TCP ports.
+    pub ports: Vec<u16>,
+    /// `v1` or `v2`.
+    pub version: &'static str,
+}
+
+/// Renders a frontends file.
+pub fn frontends_yaml(specs: &[FrontendSpec]) -> String {
+    let mut s = String::from("frontends:\n");
+    for f in specs {
+        let ports: Vec<String> = f.ports.iter().map(u16::to_string).collect();
+        s.push_str(&format!(
+            "- ip: \"{}\"\n  ports: [{}]\n  proxyProtocol: {}\n",
+            f.ip,
+            ports.join(", "),
+            f.version
+        ));
+    }
+    s
+}
+
+/// A running agent; SIGKILLed on drop if still running.
+pub struct Agent {
+    child: Option<Child>,
+    /// Its stderr (the tracing log).
+    pub log: PathBuf,
+    /// The frontends file it reads.
+    pub frontends: PathBuf,
+}
+
+impl Agent {
+    /// Starts the agent on `node` with `specs` and waits until it logs `agent ready`.
+    pub fn start(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
+        Agent::start_with(node, specs, &[])
+    }
+
+    /// As [`Agent::start`], with extra `run` arguments.
+    pub fn start_with(node: &SimNode, specs: &[FrontendSpec], extra: &[&str]) -> Agent {
+        let frontends = node.dir.join("frontends.yaml");
+        fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let log = node.dir.join("agent.log");
+        let out = fs::File::create(&log).expect("agent log");
+        let bin = agent_bin();
+        let node_ips = format!("{NODE_IP4},{NODE_IP6}");
+        let mut argv = vec![
+            bin.to_str().expect("utf-8 path"),
+            "run",
+            "--frontends",
+            frontends.to_str().expect("utf-8 path"),
+            "--cgroup-path",
+            node.cgroup.to_str().expect("utf-8 path"),
+            "--node-ip",
+            &node_ips,
+            "--log",
+            "hairpin_agent=debug,info",
+        ];
+        argv.extend_from_slice(extra);
+        let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start hairpin-agent");
+        let mut agent = Agent { child: Some(child), log, frontends };
+        agent.wait_for_log("agent ready", Duration::from_secs(20));
+        agent
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`; panics with the log if it never does
+    /// or the agent exits first.
+    pub fn wait_for_log(&mut self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("agent exited ({status}) before logging {needle:?}:\n{log}");
+                }
+            }
+            assert!(Instant::now() < deadline, "agent did not log {needle:?} within {within:?}:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("agent running").id() as i32
+    }
+
+    /// Sends `sig` to the agent.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("signal agent");
+    }
+
+    /// Waits for the agent to exit, at most `within`.
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().expect("agent running");
+        loop {
+            if let Some(status) = child.try_wait().expect("wait agent") {
+                self.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "agent still running after {within:?}:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! A simulated Kubernetes node: network namespaces for the node, a pod and an
+//! ingress pod, veths and routes between them, a fake LoadBalancer IP range with
+//! kube-proxy-style DNAT, and a cgroup v2 subtree the agent attaches at.
+//!
+//! ```text
+//!   pod ns                 node ns                            ingress ns
+//!  192.0.2.10  --veth--  192.0.2.1 (node IP)                 198.51.100.20
+//!  2001:db8:1::10        2001:db8:1::1   198.51.100.1 --veth-- 2001:db8:2::20
+//!                        KUBE-SERVICES: LB IPs -> ingress     nginx :80 proxy_protocol
+//!                                                             nginx :8081 plain
+//!                                                             haproxy :8080 accept-proxy
+//! ```
+//! Everything is removed on drop, also when the test panics; a run killed
+//! outright is swept by the next one (names carry the creating pid).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use crate::sh::{run, run_in, run_quiet};
+
+/// The node's IPv4 address (on its pod-facing veth), the PROXY source for host processes.
+pub const NODE_IP4: &str = "192.0.2.1";
+/// The node's IPv6 address.
+pub const NODE_IP6: &str = "2001:db8:1::1";
+/// The pod's addresses.
+pub const POD_IP4: &str = "192.0.2.10";
+/// The pod's IPv6 address.
+pub const POD_IP6: &str = "2001:db8:1::10";
+/// The ingress pod's addresses.
+pub const INGRESS_IP4: &str = "198.51.100.20";
+/// The ingress pod's IPv6 address.
+pub const INGRESS_IP6: &str = "2001:db8:2::20";
+
+/// A LoadBalancer rule as kube-proxy would program it: `lb_ip:lb_port` DNATed to
+/// `backend_ip:backend_port` in the ingress namespace.
+#[derive(Clone, Debug)]
+pub struct LbRule {
+    /// The LB's external IP.
+    pub lb_ip: &'static str,
+    /// The LB port.
+    pub lb_port: u16,
+    /// The ingress endpoint's port (its IP is the ingress pod's, same family).
+    pub backend_port: u16,
+    /// A name for the chain comments, like kube-proxy's `ns/svc:port`.
+    pub name: &'static str,
+}
+
+/// nginx with `listen 80 proxy_protocol`, ingress-nginx with use-proxy-protocol.
+pub const NGINX_PP_PORT: u16 = 80;
+/// haproxy with `accept-proxy`.
+pub const HAPROXY_PP_PORT: u16 = 8080;
+/// nginx without the PROXY protocol: a Service that does not want the header.
+pub const NGINX_PLAIN_PORT: u16 = 8081;
+
+/// The LBs every simulated node has. Which of them hairpin proxies is up to each
+/// test's frontends file.
+pub fn default_lbs() -> Vec<LbRule> {
+    let r = |lb_ip, lb_port, backend_port, name| LbRule { lb_ip, lb_port, backend_port, name };
+    vec![
+        r("203.0.113.10", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-controller:http"),
+        r("203.0.113.10", 81, NGINX_PLAIN_PORT, "ingress-nginx/ingress-nginx-controller:plain"),
+        r("203.0.113.11", 80, HAPROXY_PP_PORT, "haproxy/haproxy-ingress:http"),
+        r("203.0.113.12", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-v2:http"),
+        r("203.0.113.99", 80, NGINX_PLAIN_PORT, "other/plain-lb:http"),
+        r("2001:db8:ffff::10", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-controller-v6:http"),
+        r("2001:db8:ffff::11", 80, HAPROXY_PP_PORT, "haproxy/haproxy-ingress-v6:http"),
+        r("2001:db8:ffff::12", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-v2-v6:http"),
+    ]
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+const PREFIX: &str = "hpt";
+
+/// The simulated node. Dropping it tears everything down.
+pub struct SimNode {
+    /// Short unique id; prefixes every name this node created.
+    pub id: String,
+    /// Node network namespace name.
+    pub node_ns: String,
+    /// Pod network namespace name.
+    pub pod_ns: String,
+    /// Ingress pod network namespace name.
+    pub ingress_ns: String,
+    /// The cgroup the agent attaches at: the node's "root".
+    pub cgroup: PathBuf,
+    /// Scratch directory for configs and logs.
+    pub dir: PathBuf,
+    netns_created: Vec<String>,
+}
+
+impl SimNode {
+    /// Builds the node with the default LoadBalancer rules.
+    pub fn new() -> SimNode {
+        SimNode::with_lbs(&default_lbs())
+    }
+
+    /// Builds the node with `lbs` as kube-proxy rules.
+    pub fn with_lbs(lbs: &[LbRule]) -> SimNode {
+        sweep_stale();
+        let id = format!(
+            "{PREFIX}{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let cgroup = cgroup2_root().join(format!("{id}-node"));
+        let dir = std::env::temp_dir().join(format!("{id}-node"));
+        let mut node = SimNode {
+            node_ns: format!("{id}-node"),
+            pod_ns: format!("{id}-pod"),
+            ingress_ns: format!("{id}-ing"),
+            id,
+            cgroup,
+            dir,
+            netns_created: Vec::new(),
+        };
+        // From here on, a panic drops `node` and removes what was made so far.
+        node.build(lbs);
+        node
+    }
+
+    fn build(&mut self, lbs: &[LbRule]) {
+        let _ = fs::remove_dir_all(&self.dir);
+        fs::create_dir_all(&self.dir).expect("create scratch dir");
+        for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns].map(|s| s.to_string()) {
+            run(&["ip", "netns", "add", &ns]);
+            self.netns_created.push(ns);
+        }
+        for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns] {
+            run_in(ns, &["ip", "link", "set", "lo", "up"]);
+        }
+        self.veth("a", &self.node_ns.clone(), "vpod", &self.pod_ns.clone(), "eth0");
+        self.veth("b", &self.node_ns.clone(), "ving", &self.ingress_ns.clone(), "eth0");
+        let (node, pod, ing) = (&self.node_ns, &self.pod_ns, &self.ingress_ns);
+        let addr = |ns: &str, a: &str, dev: &str| {
+            let fam = if a.contains(':') { "-6" } else { "-4" };
+            let mut argv = vec!["ip", fam, "addr", "add", a, "dev", dev];
+            if a.contains(':') {
+                argv.push("nodad");
+            }
+            run_in(ns, &argv);
+        };
+        addr(node, &format!("{NODE_IP4}/24"), "vpod");
+        addr(node, &format!("{NODE_IP6}/64"), "vpod");
+        addr(node, "198.51.100.1/24", "ving");
+        addr(node, "2001:db8:2::1/64", "ving");
+        addr(pod, &format!("{POD_IP4}/24"), "eth0");
+        addr(pod, &format!("{POD_IP6}/64"), "eth0");
+        addr(ing, &format!("{INGRESS_IP4}/24"), "eth0");
+        addr(ing, &format!("{INGRESS_IP6}/64"), "eth0");
+        for (ns, dev) in [(node, "vpod"), (node, "ving"), (pod, "eth0"), (ing, "eth0")] {
+            run_in(ns, &["ip", "link", "set", dev, "up"]);
+        }
+        run_in(pod, &["ip", "route", "add", "default", "via", NODE_IP4]);
+        run_in(pod, &["ip", "-6", "route", "add", "default", "via", NODE_IP6]);
+        run_in(ing, &["ip", "route", "add", "default", "via", "198.51.100.1"]);
+        run_in(ing, &["ip", "-6", "route", "add", "default", "via", "2001:db8:2::1"]);
+        // The node's uplink: LB IPs are off-node, so the node needs a route towards
+        // them before kube-proxy's OUTPUT DNAT rewrites the destination.
+        run_in(node, &["ip", "route", "add", "default", "via", INGRESS_IP4]);
+        run_in(node, &["ip", "-6", "route", "add", "default", "via", INGRESS_IP6]);
+        run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        self.kube_proxy_rules(lbs);
+        fs::create_dir(&self.cgroup)
+            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", self.cgroup.display()));
+        for child in ["pod", "host", "agent"] {
+            fs::create_dir(self.cgroup.join(child)).expect("create child cgroup");
+        }
+    }
+
+    fn veth(&self, tag: &str, a_ns: &str, a_name: &str, b_ns: &str, b_name: &str) {
+        // Created in the root namespace under unique names, then moved and renamed.
+        let (a, b) = (format!("{}{tag}0", self.id), format!("{}{tag}1", self.id));
+        run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]);
+        run(&["ip", "link", "set", &a, "netns", a_ns, "name", a_name]);
+        run(&["ip", "link", "set", &b, "netns", b_ns, "name", b_name]);
+    }
+
+    /// iptables-restore input in kube-proxy's iptables-mode shape: KUBE-SERVICES from
+    /// PREROUTING (pod traffic) and OUTPUT (node traffic), KUBE-EXT -> KUBE-SVC ->
+    /// KUBE-SEP with DNAT, and the masquerade mark, for one family.
+    fn kube_proxy_rules(&self, lbs: &[LbRule]) {
+        for v6 in [false, true] {
+            let backend = if v6 { format!("[{INGRESS_IP6}]") } else { INGRESS_IP4.to_string() };
+            let mut chains = String::from(
+                ":KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
+            );
+            let mut rules = String::from(
+                "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                 -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                 -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+                 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n\
+                 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+                 -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
+                 -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE\n",
+            );
+            for (i, lb) in lbs.iter().filter(|l| l.lb_ip.contains(':') == v6).enumerate() {
+                let (ext, svc, sep) = (format!("KUBE-EXT-{i}"), format!("KUBE-SVC-{i}"), format!("KUBE-SEP-{i}"));
+                chains.push_str(&format!(":{ext} - [0:0]\n:{svc} - [0:0]\n:{sep} - [0:0]\n"));
+                let plen = if v6 { 128 } else { 32 };
+                rules.push_str(&format!(
+                    "-A KUBE-SERVICES -d {ip}/{plen} -p tcp -m comment --comment \"{name} loadbalancer IP\" -m tcp --dport {port} -j {ext}\n\
+                     -A {ext} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ\n\
+                     -A {ext} -j {svc}\n\
+                     -A {svc} -m comment --comment \"{name} -> {backend}:{bport}\" -j {sep}\n\
+                     -A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {backend}:{bport}\n",
+                    ip = lb.lb_ip,
+                    name = lb.name,
+                    port = lb.lb_port,
+                    bport = lb.backend_port,
+                ));
+            }
+            let input = format!("*nat\n{chains}{rules}COMMIT\n");
+            let file = self.dir.join(if v6 { "rules6" } else { "rules4" });
+            fs::write(&file, input).expect("write rules");
+            let tool = if v6 { "ip6tables-restore" } else { "iptables-restore" };
+            run_in(&self.node_ns, &[tool, "--noflush", file.to_str().expect("utf-8 path")]);
+        }
+    }
+
+    /// Child cgroup for the pod's processes.
+    pub fn pod_cgroup(&self) -> PathBuf {
+        self.cgroup.join("pod")
+    }
+
+    /// Child cgroup for processes on the host.
+    pub fn host_cgroup(&self) -> PathBuf {
+        self.cgroup.join("host")
+    }
+
+    /// Child cgroup for the agent itself (inside the attached subtree, as on a real node).
+    pub fn agent_cgroup(&self) -> PathBuf {
+        self.cgroup.join("agent")
+    }
+
+    /// Programs attached at the node cgroup, as bpftool lists them.
+    pub fn attached_programs(&self) -> String {
+        run(&["bpftool", "cgroup", "show", self.cgroup.to_str().expect("utf-8 path")])
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        for ns in &self.netns_created {
+            kill_netns_processes(ns);
+            run_quiet(&["ip", "netns", "del", ns]);
+        }
+        remove_cgroup_tree(&self.cgroup);
+        if std::env::var_os("HAIRPIN_KEEP_LOGS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn kill_netns_processes(ns: &str) {
+    if let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", ns]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            run_quiet(&["kill", "-9", pid]);
+        }
+    }
+}
+
+/// Removes a cgroup directory tree, killing anything left in it first.
+fn remove_cgroup_tree(cg: &Path) {
+    if !cg.exists() {
+        return;
+    }
+    if let Ok(kill) = fs::OpenOptions::new().write(true).open(cg.join("cgroup.kill")) {
+        use std::io::Write;
+        let _ = (&kill).write_all(b"1");
+    }
+    for _ in 0..50 {
+        let children: Vec<PathBuf> = fs::read_dir(cg)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect())
+            .unwrap_or_default();
+        for c in &children {
+            let _ = fs::remove_dir(c);
+        }
+        if fs::remove_dir(cg).is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    eprintln!("warning: could not remove cgroup {}", cg.display());
+}
+
+/// The cgroup v2 hierarchy's root mount.
+pub fn cgroup2_root() -> PathBuf {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    hairpin_agent::ebpf::find_cgroup2_root(&mountinfo)
+        .expect("no cgroup v2 hierarchy is mounted: mount one with `mount -t cgroup2 none /sys/fs/cgroup/unified`")
+}
+
+/// Removes namespaces and cgroups left by test processes that no longer exist.
+fn sweep_stale() {
+    let alive = |name: &str| -> bool {
+        let pid = name.trim_start_matches(PREFIX).split('x').next().unwrap_or("");
+        pid.parse::<u32>().is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists())
+    };
+    if let Ok(list) = std::process::Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&list.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with(PREFIX) && !alive(name) {
+                kill_netns_processes(name);
+                run_quiet(&["ip", "netns", "del", name]);
+            }
+        }
+    }
+    if let Ok(dir) = fs::read_dir(cgroup2_root()) {
+        for e in dir.filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(PREFIX) && !alive(&name) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+}

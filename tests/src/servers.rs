@@ -1,0 +1,172 @@
+//! The "ingress": a real nginx and a real haproxy with the PROXY protocol on, in the
+//! ingress namespace, each logging what the header said.
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    node::{HAPROXY_PP_PORT, NGINX_PLAIN_PORT, NGINX_PP_PORT, SimNode},
+    sh::{command_in, output_in},
+};
+
+/// A server process, killed on drop.
+pub struct Server {
+    child: Child,
+    /// Its log files.
+    pub logs: Vec<PathBuf>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Everything the server logged so far.
+    pub fn log(&self) -> String {
+        self.logs
+            .iter()
+            .map(|p| fs::read_to_string(p).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+/// Size of the file nginx serves at /slow, rate-limited, for in-flight transfer tests.
+pub const SLOW_BYTES: usize = 3 * 1024 * 1024;
+
+/// Starts nginx: port 80 requires the PROXY protocol (v1 or v2, nginx detects which)
+/// and answers with what the header said; port 8081 is a plain server.
+pub fn start_nginx(node: &SimNode) -> Server {
+    let dir = node.dir.join("nginx");
+    fs::create_dir_all(dir.join("tmp")).expect("nginx dir");
+    fs::write(dir.join("slow.bin"), vec![b'x'; SLOW_BYTES]).expect("slow file");
+    let d = dir.display();
+    let conf = format!(
+        r#"
+worker_processes 1;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
+    access_log {d}/access.log pp;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type text/plain;
+    server {{
+        listen {pp} proxy_protocol;
+        listen [::]:{pp} proxy_protocol;
+        location = /slow {{
+            limit_rate 1m;
+            alias {d}/slow.bin;
+        }}
+        location / {{
+            return 200 "client=$proxy_protocol_addr:$proxy_protocol_port dst=$proxy_protocol_server_addr:$proxy_protocol_server_port\n";
+        }}
+    }}
+    server {{
+        listen {plain};
+        listen [::]:{plain};
+        location / {{
+            return 200 "plain remote=$remote_addr\n";
+        }}
+    }}
+}}
+"#,
+        pp = NGINX_PP_PORT,
+        plain = NGINX_PLAIN_PORT,
+    );
+    let conf_path = dir.join("nginx.conf");
+    fs::write(&conf_path, conf).expect("nginx.conf");
+    let conf_arg = conf_path.to_str().expect("utf-8 path");
+    let check = output_in(&node.ingress_ns, None, &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d.to_string()]);
+    assert!(
+        check.status.success(),
+        "nginx -t: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let child = command_in(&node.ingress_ns, None, &["nginx", "-c", conf_arg, "-p", &d.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let server = Server { child, logs: vec![dir.join("access.log"), dir.join("error.log")] };
+    wait_listening(node, &[NGINX_PP_PORT, NGINX_PLAIN_PORT]);
+    server
+}
+
+/// nginx's access log only.
+pub fn nginx_access_log(node: &SimNode) -> String {
+    fs::read_to_string(node.dir.join("nginx/access.log")).unwrap_or_default()
+}
+
+/// nginx's error log only.
+pub fn nginx_error_log(node: &SimNode) -> String {
+    fs::read_to_string(node.dir.join("nginx/error.log")).unwrap_or_default()
+}
+
+/// Starts haproxy with `accept-proxy` on port 8080 (v1 and v2), answering and logging
+/// the client and destination the header carried.
+pub fn start_haproxy(node: &SimNode) -> Server {
+    let dir = node.dir.join("haproxy");
+    fs::create_dir_all(&dir).expect("haproxy dir");
+    let conf = format!(
+        r#"
+global
+    log stdout format raw local0 info
+defaults
+    mode http
+    log global
+    timeout connect 5s
+    timeout client 10s
+    timeout server 10s
+frontend ingress
+    bind 0.0.0.0:{port} accept-proxy
+    bind :::{port} v6only accept-proxy
+    log-format "haproxy client=%ci:%cp dst=%fi:%fp status=%ST"
+    http-request return status 200 content-type text/plain lf-string "client=%[src]:%[src_port] dst=%[dst]:%[dst_port]\n"
+"#,
+        port = HAPROXY_PP_PORT
+    );
+    let conf_path = dir.join("haproxy.cfg");
+    fs::write(&conf_path, conf).expect("haproxy.cfg");
+    let log = dir.join("haproxy.log");
+    let out = fs::File::create(&log).expect("haproxy log");
+    let child = command_in(
+        &node.ingress_ns,
+        None,
+        &["haproxy", "-db", "-f", conf_path.to_str().expect("utf-8 path")],
+    )
+    .stdout(out.try_clone().expect("dup log fd"))
+    .stderr(out)
+    .spawn()
+    .expect("start haproxy");
+    let server = Server { child, logs: vec![log] };
+    wait_listening(node, &[HAPROXY_PP_PORT]);
+    server
+}
+
+fn wait_listening(node: &SimNode, ports: &[u16]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = output_in(&node.ingress_ns, None, &["ss", "-Htln"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        if ports.iter().all(|p| text.contains(&format!(":{p} "))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "servers not listening on {ports:?}: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
