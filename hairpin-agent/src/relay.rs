@@ -31,8 +31,10 @@ use crate::{
 /// Relay settings, validated once at startup.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
-    /// SO_MARK put on upstream sockets so the connect programs skip them.
-    pub bypass_mark: u32,
+    /// SO_MARK put on upstream sockets so the connect programs skip them; `None`
+    /// when no program is attached (fallback-only nodes), since setting a mark needs
+    /// CAP_NET_ADMIN and serves nothing there.
+    pub bypass_mark: Option<u32>,
     /// How long an upstream connect may take before the client is closed.
     pub connect_timeout: Duration,
     /// The node's IPv4 address: the PROXY source for IPv4 host processes.
@@ -298,12 +300,14 @@ pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> So
 
 /// Connects to `target` from a socket carrying `mark`, so the connect programs let
 /// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
-async fn connect_marked(target: SocketAddr, mark: u32) -> io::Result<TcpStream> {
+async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
     let socket = match target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
-    setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
+    if let Some(mark) = mark {
+        setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
+    }
     socket.connect(target).await
 }
 

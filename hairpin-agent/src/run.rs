@@ -107,7 +107,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let metrics = Metrics::default();
     let relay = Relay::new(
         RelayConfig {
-            bypass_mark: args.bypass_mark,
+            bypass_mark: Some(args.bypass_mark),
             connect_timeout: args.connect_timeout,
             node_ipv4: node_v4.and_then(|i| match i {
                 IpAddr::V4(v) => Some(v),

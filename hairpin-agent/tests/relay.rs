@@ -1,0 +1,205 @@
+//! The relay on loopback: header first, bytes both ways, half-close, failures
+//! that close the client at once, and no descriptor kept after a connection ends.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use hairpin_agent::{
+    frontends::{Frontend, ProxyVersion},
+    metrics::Metrics,
+    relay::{Relay, RelayConfig},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn config(connect_timeout: Duration) -> RelayConfig {
+    RelayConfig {
+        // Marks need CAP_NET_ADMIN; nothing here is redirected, so none is needed.
+        bypass_mark: None,
+        connect_timeout,
+        node_ipv4: Some(Ipv4Addr::new(192, 0, 2, 1)),
+        node_ipv6: None,
+        buffer_size: 16 * 1024,
+    }
+}
+
+fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
+    Frontend { ip: target.ip(), port: target.port(), version, source: "test".into() }
+}
+
+/// Starts a relay in front of `target`; returns it and its listener address.
+fn relay_to(target: SocketAddr, version: ProxyVersion, timeout: Duration) -> (Relay, Metrics, SocketAddr) {
+    let metrics = Metrics::default();
+    let mut relay = Relay::new(config(timeout), metrics.clone());
+    let listener = relay.start(&frontend(target, version), LOCALHOST).expect("listen");
+    (relay, metrics, listener)
+}
+
+/// Reads one v1 header line from `s`.
+async fn read_v1_line(s: &mut TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        s.read_exact(&mut b).await.expect("header byte");
+        line.push(b[0]);
+    }
+    String::from_utf8(line).expect("ascii header")
+}
+
+#[tokio::test]
+async fn header_first_then_bytes_both_ways_with_half_close() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_secs(2));
+
+    let server = tokio::spawn(async move {
+        let (mut s, _) = upstream.accept().await.expect("accept");
+        let header = read_v1_line(&mut s).await;
+        let mut body = Vec::new();
+        // Reading to EOF proves the client's shutdown(Write) was propagated...
+        s.read_to_end(&mut body).await.expect("read to EOF");
+        // ...while this direction stays open for the reply.
+        s.write_all(b"reply after half-close").await.expect("write reply");
+        (header, body)
+    });
+
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let client_port = client.local_addr().expect("addr").port();
+    client.write_all(b"hello upstream").await.expect("write");
+    client.shutdown().await.expect("half-close");
+    let mut reply = Vec::new();
+    client.read_to_end(&mut reply).await.expect("read reply");
+
+    let (header, body) = server.await.expect("server task");
+    // A loopback client is a process on the node: the header names the node's IP.
+    assert_eq!(header, format!("PROXY TCP4 192.0.2.1 {} {client_port} {}\r\n", target.ip(), target.port()));
+    assert_eq!(body, b"hello upstream");
+    assert_eq!(reply, b"reply after half-close");
+    let text = metrics.render();
+    assert!(text.contains("hairpin_relay_connections_total 1"), "{text}");
+}
+
+#[tokio::test]
+async fn v2_header_is_binary_and_parses() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    let (_relay, _m, listener) = relay_to(target, ProxyVersion::V2, Duration::from_secs(2));
+    let server = tokio::spawn(async move {
+        let (mut s, _) = upstream.accept().await.expect("accept");
+        let mut h = [0u8; 28];
+        s.read_exact(&mut h).await.expect("v2 header");
+        h
+    });
+    let client = TcpStream::connect(listener).await.expect("connect");
+    let h = server.await.expect("server");
+    drop(client);
+    let parsed = ppp::v2::Header::try_from(&h[..]).expect("valid v2 header");
+    match parsed.addresses {
+        ppp::v2::Addresses::IPv4(a) => {
+            assert_eq!(a.source_address, Ipv4Addr::new(192, 0, 2, 1));
+            assert_eq!(a.destination_address, Ipv4Addr::LOCALHOST);
+            assert_eq!(a.destination_port, target.port());
+        }
+        other => panic!("expected IPv4 addresses, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_upstream_resets_the_client_at_once() {
+    // Bind then drop: nothing listens on this port any more.
+    let target = TcpListener::bind((LOCALHOST, 0)).await.expect("bind").local_addr().expect("addr");
+    let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_secs(5));
+    let started = Instant::now();
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let mut buf = [0u8; 16];
+    let r = client.read(&mut buf).await;
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset, got {r:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+    assert!(metrics.render().contains("kind=\"Refused\""), "{}", metrics.render());
+}
+
+#[tokio::test]
+async fn a_black_holed_upstream_times_out_and_resets_the_client() {
+    // A listener with a full accept queue drops further SYNs: connects to it hang,
+    // as they would towards a black-holed LB.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.bind(&SocketAddr::new(LOCALHOST, 0).into()).expect("bind");
+    sock.listen(0).expect("listen");
+    let target = sock.local_addr().expect("addr").as_socket().expect("inet");
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(target)).await {
+            fillers.push(s);
+        }
+    }
+    let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_millis(300));
+    let started = Instant::now();
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+        .await
+        .expect("the client must not hang past the connect timeout");
+    assert!(r.is_err() || r.as_ref().is_ok_and(|n| *n == 0), "expected the client closed, got {r:?}");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "took {took:?}");
+    assert!(metrics.render().contains("kind=\"Timeout\""), "{}", metrics.render());
+}
+
+fn open_fds() -> BTreeSet<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("proc fd")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connections_leave_no_descriptor_behind() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = upstream.accept().await else { return };
+            tokio::spawn(async move {
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink).await;
+                let _ = s.write_all(b"bye").await;
+            });
+        }
+    });
+    let (mut relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_secs(2));
+    // Warm up once so lazily opened runtime descriptors are in the baseline.
+    let mut warm = TcpStream::connect(listener).await.expect("connect");
+    warm.shutdown().await.expect("shutdown");
+    let _ = warm.read_to_end(&mut Vec::new()).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = open_fds().len();
+
+    for _ in 0..200 {
+        let mut c = TcpStream::connect(listener).await.expect("connect");
+        c.write_all(b"x").await.expect("write");
+        c.shutdown().await.expect("shutdown");
+        let mut reply = Vec::new();
+        c.read_to_end(&mut reply).await.expect("read");
+        assert_eq!(reply, b"bye");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.active_connections() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metrics.active_connections(), 0);
+    let after = open_fds().len();
+    assert!(after <= before, "descriptors grew from {before} to {after}");
+    assert_eq!(relay.drain(Duration::from_secs(1)).await, 0);
+}
