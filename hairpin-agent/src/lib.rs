@@ -5,4 +5,5 @@
 //! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
 //! are thin and tested for real.
 
+pub mod fallback;
 pub mod frontends;
