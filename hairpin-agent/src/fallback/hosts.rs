@@ -66,8 +66,8 @@ pub enum HostsError {
         /// The path that was opened.
         path: PathBuf,
     },
-    /// The file or its mount is read-only.
-    #[error("hosts file {}: is read-only (expected a writable hostPath mount): {source}", path.display())]
+    /// The file or its mount is read-only, or we lack permission to write it.
+    #[error("hosts file {}: is read-only or not writable (expected a writable hostPath mount): {source}", path.display())]
     ReadOnly {
         /// The path that was opened.
         path: PathBuf,
@@ -77,7 +77,7 @@ pub enum HostsError {
     /// Any other I/O failure.
     #[error("hosts file {}: failed to {op}: {source}", path.display())]
     Io {
-        /// What was being done: `read`, `open`, `write`, `truncate`, `fsync`.
+        /// What was being done: `stat`, `read`, `open`, `write`, `truncate`, `fsync`.
         op: &'static str,
         /// The path involved.
         path: PathBuf,
@@ -185,12 +185,15 @@ struct Located {
     end_has_newline: bool,
 }
 
+/// Which marker a line is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Marker {
     Begin,
     End,
 }
 
+/// The marker a line holds, ignoring surrounding blanks and a CRLF ending, so a
+/// block edited on another system is still found; partial markers are not markers.
 fn marker_of(line: &[u8]) -> Option<Marker> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.trim_ascii();
@@ -323,52 +326,43 @@ pub fn remove(original: &[u8]) -> Result<Vec<u8>, HostsError> {
 /// window to a longer file rather than an empty one, which would break every
 /// lookup on the node.
 pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
-    let current = std::fs::read(path).map_err(|source| match source.kind() {
+    let missing_or = |op: &'static str, source: io::Error| match source.kind() {
         io::ErrorKind::NotFound => HostsError::Missing {
             path: path.to_owned(),
         },
         _ => HostsError::Io {
-            op: "read",
+            op,
             path: path.to_owned(),
             source,
         },
-    })?;
-    if current == new {
+    };
+    // Compare sizes first so an unrelated huge file is never read whole.
+    let len = std::fs::metadata(path)
+        .map_err(|e| missing_or("stat", e))?
+        .len();
+    if len == new.len() as u64 && std::fs::read(path).map_err(|e| missing_or("read", e))? == new {
         return Ok(());
     }
     let mut file = OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|source| {
-            let read_only = matches!(
+            if matches!(
                 source.raw_os_error(),
                 Some(libc::EROFS | libc::EACCES | libc::EPERM)
-            );
-            match source.kind() {
-                io::ErrorKind::NotFound => HostsError::Missing {
-                    path: path.to_owned(),
-                },
-                _ if read_only => HostsError::ReadOnly {
+            ) {
+                HostsError::ReadOnly {
                     path: path.to_owned(),
                     source,
-                },
-                _ => HostsError::Io {
-                    op: "open",
-                    path: path.to_owned(),
-                    source,
-                },
+                }
+            } else {
+                missing_or("open", source)
             }
         })?;
-    let io_err = |op| {
-        move |source| HostsError::Io {
-            op,
-            path: path.to_owned(),
-            source,
-        }
-    };
-    file.write_all(new).map_err(io_err("write"))?;
-    file.set_len(new.len() as u64).map_err(io_err("truncate"))?;
-    file.sync_all().map_err(io_err("fsync"))?;
+    file.write_all(new).map_err(|e| missing_or("write", e))?;
+    file.set_len(new.len() as u64)
+        .map_err(|e| missing_or("truncate", e))?;
+    file.sync_all().map_err(|e| missing_or("fsync", e))?;
     Ok(())
 }
 
