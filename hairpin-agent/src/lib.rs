@@ -5,6 +5,7 @@
 //! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
 //! are thin and tested for real.
 
+pub mod fallback;
 pub mod frontends;
 pub mod ebpf;
 pub mod metrics;
