@@ -41,7 +41,7 @@ pub enum DatapathError {
     NotEmbedded,
     /// The object failed to load (verifier, permissions, kernel support).
     #[error("failed to load the eBPF object: {0}")]
-    Load(#[source] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     /// A program or map is missing from the object.
     #[error("the eBPF object has no {kind} named {name}")]
     Missing {
@@ -51,7 +51,7 @@ pub enum DatapathError {
         name: &'static str,
     },
     /// A program failed to load or attach.
-    #[error("failed to {op} {program} at {cgroup}: {source}")]
+    #[error("failed to {op} {program} (cgroup {cgroup:?}): {source}")]
     Program {
         /// `load` or `attach`.
         op: &'static str,
@@ -59,8 +59,8 @@ pub enum DatapathError {
         program: &'static str,
         /// The cgroup directory.
         cgroup: PathBuf,
-        /// aya's error.
-        source: aya::programs::ProgramError,
+        /// aya's error (boxed: it carries the verifier log).
+        source: Box<aya::programs::ProgramError>,
     },
     /// The cgroup directory could not be opened.
     #[error("failed to open cgroup {path}: {source}")]
@@ -79,8 +79,8 @@ pub enum DatapathError {
         map: &'static str,
         /// The frontend concerned.
         frontend: String,
-        /// aya's error.
-        source: aya::maps::MapError,
+        /// aya's error (boxed: aya's map errors are large).
+        source: Box<aya::maps::MapError>,
     },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
@@ -118,36 +118,32 @@ impl Datapath {
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_BYPASS_MARK, &bypass_mark, true)
             .load(object)
-            .map_err(DatapathError::Load)?;
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(DatapathError::Missing { kind: "program", name })?
-                .try_into()
-                .map_err(|source| DatapathError::Program {
-                    op: "load",
-                    program: name,
-                    cgroup: PathBuf::new(),
-                    source,
-                })?;
-            prog.load().map_err(|source| DatapathError::Program {
-                op: "load",
-                program: name,
-                cgroup: PathBuf::new(),
-                source,
-            })?;
+            program(&mut ebpf, name, "load", Path::new(""))?
+                .load()
+                .map_err(program_error(name, "load", Path::new("")))?;
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name)
                 .ok_or(DatapathError::Missing { kind: "map", name })
         };
-        let frontends = HashMap::try_from(take(&mut ebpf, MAP_FRONTENDS)?).map_err(|source| {
-            DatapathError::Map { op: "open", map: MAP_FRONTENDS, frontend: String::new(), source }
-        })?;
-        let counters = PerCpuArray::try_from(take(&mut ebpf, MAP_COUNTERS)?).map_err(|source| {
-            DatapathError::Map { op: "open", map: MAP_COUNTERS, frontend: String::new(), source }
-        })?;
-        Ok(Datapath { ebpf, frontends, counters, attachment: None })
+        let frontends = HashMap::try_from(take(&mut ebpf, MAP_FRONTENDS)?).map_err(map_error(
+            "open",
+            MAP_FRONTENDS,
+            String::new(),
+        ))?;
+        let counters = PerCpuArray::try_from(take(&mut ebpf, MAP_COUNTERS)?).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
+        Ok(Datapath {
+            ebpf,
+            frontends,
+            counters,
+            attachment: None,
+        })
     }
 
     /// Attaches both programs at `cgroup` (a cgroup v2 directory), beside whatever
@@ -159,44 +155,31 @@ impl Datapath {
         })?;
         let mut links = Vec::new();
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(DatapathError::Missing { kind: "program", name })?
-                .try_into()
-                .map_err(|source| DatapathError::Program {
-                    op: "attach",
-                    program: name,
-                    cgroup: cgroup.to_path_buf(),
-                    source,
-                })?;
             // On kernels >= 5.7 aya makes a bpf_link; Single is what it passes as
             // flags, and the kernel runs links in multi mode regardless.
-            let id = prog
+            let id = program(&mut self.ebpf, name, "attach", cgroup)?
                 .attach(&dir, CgroupAttachMode::Single)
-                .map_err(|source| DatapathError::Program {
-                    op: "attach",
-                    program: name,
-                    cgroup: cgroup.to_path_buf(),
-                    source,
-                })?;
+                .map_err(program_error(name, "attach", cgroup))?;
             links.push((name, id));
         }
-        Ok(self.attachment.insert(Attachment { cgroup: cgroup.to_path_buf(), links }))
+        Ok(self.attachment.insert(Attachment {
+            cgroup: cgroup.to_path_buf(),
+            links,
+        }))
     }
 
     /// Detaches both programs: from now on no connect is redirected.
     pub fn detach(&mut self) {
-        let Some(att) = self.attachment.take() else { return };
+        let Some(att) = self.attachment.take() else {
+            return;
+        };
         for (name, id) in att.links {
-            if let Some(Ok(prog)) = self
-                .ebpf
-                .program_mut(name)
-                .map(<&mut CgroupSockAddr>::try_from)
-            {
-                if let Err(e) = prog.detach(id) {
-                    tracing::warn!(program = name, error = %e, "detach failed");
-                }
+            let detached = program(&mut self.ebpf, name, "detach", &att.cgroup).and_then(|p| {
+                p.detach(id)
+                    .map_err(program_error(name, "detach", &att.cgroup))
+            });
+            if let Err(e) = detached {
+                tracing::warn!(error = %e, "detach failed");
             }
         }
     }
@@ -207,32 +190,33 @@ impl Datapath {
     }
 
     /// Redirects connects to `frontend` to `listener`.
-    pub fn insert(&mut self, frontend: SocketAddr, listener: SocketAddr) -> Result<(), DatapathError> {
+    pub fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+    ) -> Result<(), DatapathError> {
         if frontend.is_ipv4() != listener.is_ipv4() {
             return Err(DatapathError::FamilyMismatch { frontend, listener });
         }
         let (addr, port, family) = encode(listener);
-        let value = Redirect { addr, port, family, pad: 0 };
+        let value = Redirect {
+            addr,
+            port,
+            family,
+            pad: 0,
+        };
         self.frontends
             .insert(key(frontend), value, 0)
-            .map_err(|source| DatapathError::Map {
-                op: "insert",
-                map: MAP_FRONTENDS,
-                frontend: frontend.to_string(),
-                source,
-            })
+            .map_err(map_error("insert", MAP_FRONTENDS, frontend.to_string()))
     }
 
     /// Stops redirecting connects to `frontend`.
     pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
         match self.frontends.remove(&key(frontend)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(DatapathError::Map {
-                op: "remove",
-                map: MAP_FRONTENDS,
-                frontend: frontend.to_string(),
+            Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(
                 source,
-            }),
+            )),
         }
     }
 
@@ -241,7 +225,12 @@ impl Datapath {
         self.frontends
             .iter()
             .filter_map(Result::ok)
-            .map(|(k, v)| (decode(k.addr, k.port, k.family), decode(v.addr, v.port, v.family)))
+            .map(|(k, v)| {
+                (
+                    decode(k.addr, k.port, k.family),
+                    decode(v.addr, v.port, v.family),
+                )
+            })
             .collect()
     }
 
@@ -267,9 +256,57 @@ impl Drop for Datapath {
     }
 }
 
+fn map_error(
+    op: &'static str,
+    map: &'static str,
+    frontend: String,
+) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
+    move |source| DatapathError::Map {
+        op,
+        map,
+        frontend,
+        source: Box::new(source),
+    }
+}
+
+/// One of our programs, as the connect-hook type.
+fn program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+    op: &'static str,
+    cgroup: &Path,
+) -> Result<&'a mut CgroupSockAddr, DatapathError> {
+    ebpf.program_mut(name)
+        .ok_or(DatapathError::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(program_error(name, op, cgroup))
+}
+
+fn program_error(
+    program: &'static str,
+    op: &'static str,
+    cgroup: &Path,
+) -> impl FnOnce(aya::programs::ProgramError) -> DatapathError {
+    let cgroup = cgroup.to_path_buf();
+    move |source| DatapathError::Program {
+        op,
+        program,
+        cgroup,
+        source: Box::new(source),
+    }
+}
+
 fn key(frontend: SocketAddr) -> FrontendKey {
     let (addr, port, family) = encode(frontend);
-    FrontendKey { addr, port, family, pad: 0 }
+    FrontendKey {
+        addr,
+        port,
+        family,
+        pad: 0,
+    }
 }
 
 /// Address words and port in network byte order, as the programs see them.
@@ -342,7 +379,11 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_both_families() {
-        for a in ["203.0.113.10:443", "[2001:db8::10]:80", "[::ffff:192.0.2.1]:1"] {
+        for a in [
+            "203.0.113.10:443",
+            "[2001:db8::10]:80",
+            "[::ffff:192.0.2.1]:1",
+        ] {
             let a: SocketAddr = a.parse().expect("addr");
             let (w, p, f) = encode(a);
             assert_eq!(decode(w, p, f), a);
@@ -365,7 +406,10 @@ mod tests {
 26 25 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
 33 25 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
 ";
-        assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
     }
 
     #[test]
@@ -374,12 +418,18 @@ mod tests {
 40 30 0:30 /kubepods/pod1/ctr /sys/fs/cgroup ro - cgroup2 cgroup2 rw
 41 30 0:30 / /host/sys\\040fs/cgroup rw - cgroup2 cgroup2 rw
 ";
-        assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/host/sys fs/cgroup")));
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/host/sys fs/cgroup"))
+        );
         let mi = "\
 1 0 0:30 / /run/cilium/cgroupv2 rw - cgroup2 cgroup2 rw
 2 0 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
 ";
         assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(find_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            find_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 }

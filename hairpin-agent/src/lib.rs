@@ -5,9 +5,9 @@
 //! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
 //! are thin and tested for real.
 
+pub mod ebpf;
 pub mod fallback;
 pub mod frontends;
-pub mod ebpf;
 pub mod metrics;
 pub mod proxy_header;
 pub mod reconcile;

@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "hairpin-agent", version, about = "Makes in-cluster traffic to the cluster's own PROXY-protocol LoadBalancers work")]
+#[command(
+    name = "hairpin-agent",
+    version,
+    about = "Makes in-cluster traffic to the cluster's own PROXY-protocol LoadBalancers work"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `hairpin_agent=debug`.
     #[arg(long, env = "HAIRPIN_LOG", default_value = "info", global = true)]
@@ -35,7 +39,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(&cli.log)?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
         // Colour only for a person at a terminal: container logs are files.
         .with_ansi(std::io::stderr().is_terminal());
     match cli.log_format {

@@ -67,12 +67,16 @@ impl Metrics {
 
     /// Adds relayed bytes.
     pub fn bytes(&self, direction: Direction, n: u64) {
-        self.bytes.get_or_create(&DirectionLabel { direction }).inc_by(n);
+        self.bytes
+            .get_or_create(&DirectionLabel { direction })
+            .inc_by(n);
     }
 
     /// Counts an upstream failure.
     pub fn upstream_error(&self, kind: UpstreamError) {
-        self.upstream_errors.get_or_create(&KindLabel { kind }).inc();
+        self.upstream_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
     }
 
     /// Sets the number of frontends being proxied.

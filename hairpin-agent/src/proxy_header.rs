@@ -33,7 +33,10 @@ impl Header {
     /// IPv4-mapped IPv6 addresses on both sides are unmapped to TCP4.
     pub fn new(version: ProxyVersion, src: SocketAddr, dst: SocketAddr) -> Header {
         let (src, dst) = normalize(src, dst);
-        let mut h = Header { buf: [0; MAX_LEN], len: 0 };
+        let mut h = Header {
+            buf: [0; MAX_LEN],
+            len: 0,
+        };
         match version {
             ProxyVersion::V1 => h.len = encode_v1(&mut h.buf, src, dst),
             ProxyVersion::V2 => h.len = encode_v2(&mut h.buf, src, dst),
@@ -49,7 +52,11 @@ impl Header {
 
 impl std::fmt::Debug for Header {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Header({:?})", self.as_bytes().escape_ascii().to_string())
+        write!(
+            f,
+            "Header({:?})",
+            self.as_bytes().escape_ascii().to_string()
+        )
     }
 }
 
@@ -128,8 +135,15 @@ mod tests {
 
     #[test]
     fn v1_tcp4_matches_the_spec_example_shape() {
-        let h = Header::new(ProxyVersion::V1, sa("192.0.2.10:43210"), sa("203.0.113.10:443"));
-        assert_eq!(h.as_bytes(), b"PROXY TCP4 192.0.2.10 203.0.113.10 43210 443\r\n");
+        let h = Header::new(
+            ProxyVersion::V1,
+            sa("192.0.2.10:43210"),
+            sa("203.0.113.10:443"),
+        );
+        assert_eq!(
+            h.as_bytes(),
+            b"PROXY TCP4 192.0.2.10 203.0.113.10 43210 443\r\n"
+        );
     }
 
     #[test]
@@ -170,9 +184,23 @@ mod tests {
 
     #[test]
     fn mapped_addresses_are_unmapped_and_mixed_families_mapped() {
-        let h = Header::new(ProxyVersion::V1, sa("[::ffff:192.0.2.10]:1000"), sa("203.0.113.10:80"));
-        assert_eq!(h.as_bytes(), b"PROXY TCP4 192.0.2.10 203.0.113.10 1000 80\r\n");
-        let h = Header::new(ProxyVersion::V1, sa("192.0.2.10:1000"), sa("[2001:db8::1]:80"));
-        assert_eq!(h.as_bytes(), b"PROXY TCP6 ::ffff:192.0.2.10 2001:db8::1 1000 80\r\n");
+        let h = Header::new(
+            ProxyVersion::V1,
+            sa("[::ffff:192.0.2.10]:1000"),
+            sa("203.0.113.10:80"),
+        );
+        assert_eq!(
+            h.as_bytes(),
+            b"PROXY TCP4 192.0.2.10 203.0.113.10 1000 80\r\n"
+        );
+        let h = Header::new(
+            ProxyVersion::V1,
+            sa("192.0.2.10:1000"),
+            sa("[2001:db8::1]:80"),
+        );
+        assert_eq!(
+            h.as_bytes(),
+            b"PROXY TCP6 ::ffff:192.0.2.10 2001:db8::1 1000 80\r\n"
+        );
     }
 }

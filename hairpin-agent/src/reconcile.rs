@@ -44,7 +44,13 @@ pub struct Reconciler {
 impl Reconciler {
     /// A reconciler with nothing live yet.
     pub fn new(relay: Relay, datapath: Datapath, listen: ListenAddresses) -> Reconciler {
-        Reconciler { relay, datapath, listen, active: BTreeMap::new(), failed: BTreeMap::new() }
+        Reconciler {
+            relay,
+            datapath,
+            listen,
+            active: BTreeMap::new(),
+            failed: BTreeMap::new(),
+        }
     }
 
     /// Frontends live now.
@@ -67,8 +73,12 @@ impl Reconciler {
         }
         self.failed.retain(|addr, _| want.contains_key(addr));
 
-        let gone: Vec<SocketAddr> =
-            self.active.keys().filter(|a| !want.contains_key(a)).copied().collect();
+        let gone: Vec<SocketAddr> = self
+            .active
+            .keys()
+            .filter(|a| !want.contains_key(a))
+            .copied()
+            .collect();
         for addr in gone {
             self.retire(addr);
         }
@@ -83,7 +93,13 @@ impl Reconciler {
                 None => match self.start(addr, f) {
                     Ok(listener) => {
                         self.failed.remove(&addr);
-                        self.active.insert(addr, Active { frontend: f.clone(), listener });
+                        self.active.insert(
+                            addr,
+                            Active {
+                                frontend: f.clone(),
+                                listener,
+                            },
+                        );
                     }
                     Err(reason) => {
                         error!(frontend = %addr, source = %f.source, %reason, "frontend not proxied");

@@ -87,10 +87,18 @@ impl Relay {
 
     /// Starts a listener for `frontend` on `bind_ip` (an ephemeral port) and
     /// returns its address. Must run inside a tokio runtime.
-    pub fn start(&mut self, frontend: &Frontend, bind_ip: IpAddr) -> Result<SocketAddr, RelayError> {
+    pub fn start(
+        &mut self,
+        frontend: &Frontend,
+        bind_ip: IpAddr,
+    ) -> Result<SocketAddr, RelayError> {
         let target = SocketAddr::new(frontend.ip, frontend.port);
         let want = SocketAddr::new(bind_ip, 0);
-        let listen_err = |source| RelayError::Listen { addr: want, frontend: target, source };
+        let listen_err = |source| RelayError::Listen {
+            addr: want,
+            frontend: target,
+            source,
+        };
         let socket = match bind_ip {
             IpAddr::V4(_) => TcpSocket::new_v4(),
             IpAddr::V6(_) => TcpSocket::new_v6(),
@@ -112,8 +120,19 @@ impl Relay {
             metrics: self.metrics.clone(),
             connections: self.connections.clone(),
         };
-        tokio::spawn(accept.run().instrument(info_span!("listener", %local, frontend = %target)));
-        self.listeners.insert(target, ListenerHandle { local, version, stop });
+        tokio::spawn(
+            accept
+                .run()
+                .instrument(info_span!("listener", %local, frontend = %target)),
+        );
+        self.listeners.insert(
+            target,
+            ListenerHandle {
+                local,
+                version,
+                stop,
+            },
+        );
         info!(%local, frontend = %target, version = %frontend.version, "listener started");
         Ok(local)
     }
@@ -150,7 +169,10 @@ impl Relay {
         info!(active, ?deadline, "draining connections");
         if timeout(deadline, self.connections.wait()).await.is_err() {
             let left = self.metrics.active_connections();
-            warn!(left, "drain deadline reached; closing remaining connections");
+            warn!(
+                left,
+                "drain deadline reached; closing remaining connections"
+            );
             return left;
         }
         0
@@ -165,7 +187,11 @@ fn encode_version(v: ProxyVersion) -> u8 {
 }
 
 fn decode_version(v: u8) -> ProxyVersion {
-    if v == 2 { ProxyVersion::V2 } else { ProxyVersion::V1 }
+    if v == 2 {
+        ProxyVersion::V2
+    } else {
+        ProxyVersion::V1
+    }
 }
 
 struct AcceptLoop {
@@ -250,7 +276,10 @@ impl Connection {
         self.metrics.connection_closed();
     }
 
-    async fn relay(&mut self, source: SocketAddr) -> Result<(u64, u64), (UpstreamError, io::Error)> {
+    async fn relay(
+        &mut self,
+        source: SocketAddr,
+    ) -> Result<(u64, u64), (UpstreamError, io::Error)> {
         let mut upstream = match timeout(
             self.cfg.connect_timeout,
             connect_marked(self.target, self.cfg.bypass_mark),

@@ -43,7 +43,11 @@ pub struct RunArgs {
 
     /// Addresses the relay listeners bind (one per family), reachable from pods and
     /// the host. Default: the node IPs.
-    #[arg(long = "listen-address", env = "HAIRPIN_LISTEN_ADDRESSES", value_delimiter = ',')]
+    #[arg(
+        long = "listen-address",
+        env = "HAIRPIN_LISTEN_ADDRESSES",
+        value_delimiter = ','
+    )]
     pub listen_addresses: Vec<IpAddr>,
 
     /// SO_MARK on the relay's upstream sockets; the programs skip sockets carrying it.
@@ -84,7 +88,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         bail!("no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)");
     }
     let listen = if args.listen_addresses.is_empty() {
-        ListenAddresses { v4: node_v4, v6: node_v6 }
+        ListenAddresses {
+            v4: node_v4,
+            v6: node_v6,
+        }
     } else {
         ListenAddresses {
             v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),

@@ -135,8 +135,10 @@ mod tests {
 
     #[test]
     fn parses_both_families_and_versions() {
-        let got = p("frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
-                     - ip: 2001:db8::10\n  ports: [80]\n  proxyProtocol: v2\n  name: lb6\n")
+        let got = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
+                     - ip: 2001:db8::10\n  ports: [80]\n  proxyProtocol: v2\n  name: lb6\n",
+        )
         .expect("valid");
         assert_eq!(got.len(), 3);
         let v6 = got.iter().find(|f| f.ip.is_ipv6()).expect("v6 entry");
@@ -169,6 +171,8 @@ mod tests {
             .expect_err("typo")
             .to_string();
         assert!(err.contains("unknown field `port`"), "{err}");
-        assert!(p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err());
+        assert!(
+            p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err()
+        );
     }
 }

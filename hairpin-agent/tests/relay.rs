@@ -31,14 +31,25 @@ fn config(connect_timeout: Duration) -> RelayConfig {
 }
 
 fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
-    Frontend { ip: target.ip(), port: target.port(), version, source: "test".into() }
+    Frontend {
+        ip: target.ip(),
+        port: target.port(),
+        version,
+        source: "test".into(),
+    }
 }
 
 /// Starts a relay in front of `target`; returns it and its listener address.
-fn relay_to(target: SocketAddr, version: ProxyVersion, timeout: Duration) -> (Relay, Metrics, SocketAddr) {
+fn relay_to(
+    target: SocketAddr,
+    version: ProxyVersion,
+    timeout: Duration,
+) -> (Relay, Metrics, SocketAddr) {
     let metrics = Metrics::default();
     let mut relay = Relay::new(config(timeout), metrics.clone());
-    let listener = relay.start(&frontend(target, version), LOCALHOST).expect("listen");
+    let listener = relay
+        .start(&frontend(target, version), LOCALHOST)
+        .expect("listen");
     (relay, metrics, listener)
 }
 
@@ -66,7 +77,9 @@ async fn header_first_then_bytes_both_ways_with_half_close() {
         // Reading to EOF proves the client's shutdown(Write) was propagated...
         s.read_to_end(&mut body).await.expect("read to EOF");
         // ...while this direction stays open for the reply.
-        s.write_all(b"reply after half-close").await.expect("write reply");
+        s.write_all(b"reply after half-close")
+            .await
+            .expect("write reply");
         (header, body)
     });
 
@@ -79,7 +92,14 @@ async fn header_first_then_bytes_both_ways_with_half_close() {
 
     let (header, body) = server.await.expect("server task");
     // A loopback client is a process on the node: the header names the node's IP.
-    assert_eq!(header, format!("PROXY TCP4 192.0.2.1 {} {client_port} {}\r\n", target.ip(), target.port()));
+    assert_eq!(
+        header,
+        format!(
+            "PROXY TCP4 192.0.2.1 {} {client_port} {}\r\n",
+            target.ip(),
+            target.port()
+        )
+    );
     assert_eq!(body, b"hello upstream");
     assert_eq!(reply, b"reply after half-close");
     let text = metrics.render();
@@ -114,7 +134,11 @@ async fn v2_header_is_binary_and_parses() {
 #[tokio::test]
 async fn a_refused_upstream_resets_the_client_at_once() {
     // Bind then drop: nothing listens on this port any more.
-    let target = TcpListener::bind((LOCALHOST, 0)).await.expect("bind").local_addr().expect("addr");
+    let target = TcpListener::bind((LOCALHOST, 0))
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
     let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_secs(5));
     let started = Instant::now();
     let mut client = TcpStream::connect(listener).await.expect("connect");
@@ -124,35 +148,58 @@ async fn a_refused_upstream_resets_the_client_at_once() {
         matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
         "expected a reset, got {r:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
-    assert!(metrics.render().contains("kind=\"Refused\""), "{}", metrics.render());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        metrics.render().contains("kind=\"Refused\""),
+        "{}",
+        metrics.render()
+    );
 }
 
 #[tokio::test]
 async fn a_black_holed_upstream_times_out_and_resets_the_client() {
     // A listener with a full accept queue drops further SYNs: connects to it hang,
     // as they would towards a black-holed LB.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
-    sock.bind(&SocketAddr::new(LOCALHOST, 0).into()).expect("bind");
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.bind(&SocketAddr::new(LOCALHOST, 0).into())
+        .expect("bind");
     sock.listen(0).expect("listen");
     let target = sock.local_addr().expect("addr").as_socket().expect("inet");
     let mut fillers = Vec::new();
     for _ in 0..4 {
-        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(target)).await {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(target)).await
+        {
             fillers.push(s);
         }
     }
-    let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_millis(300));
+    let (_relay, metrics, listener) =
+        relay_to(target, ProxyVersion::V1, Duration::from_millis(300));
     let started = Instant::now();
     let mut client = TcpStream::connect(listener).await.expect("connect");
     let mut buf = [0u8; 16];
     let r = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
         .await
         .expect("the client must not hang past the connect timeout");
-    assert!(r.is_err() || r.as_ref().is_ok_and(|n| *n == 0), "expected the client closed, got {r:?}");
+    assert!(
+        r.is_err() || r.as_ref().is_ok_and(|n| *n == 0),
+        "expected the client closed, got {r:?}"
+    );
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "took {took:?}");
-    assert!(metrics.render().contains("kind=\"Timeout\""), "{}", metrics.render());
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
+    assert!(
+        metrics.render().contains("kind=\"Timeout\""),
+        "{}",
+        metrics.render()
+    );
 }
 
 fn open_fds() -> BTreeSet<String> {
@@ -169,7 +216,9 @@ async fn connections_leave_no_descriptor_behind() {
     let target = upstream.local_addr().expect("addr");
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = upstream.accept().await else { return };
+            let Ok((mut s, _)) = upstream.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
                 let mut sink = Vec::new();
                 let _ = s.read_to_end(&mut sink).await;

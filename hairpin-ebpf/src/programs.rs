@@ -70,9 +70,19 @@ pub fn hairpin_connect6(ctx: SockAddrContext) -> i32 {
         // A dual-stack socket reaching an IPv4 LB through ::ffff:a.b.c.d uses the v4 entry.
         let mapped = ip6[0] == 0 && ip6[1] == 0 && ip6[2] == V4_MAPPED_WORD;
         let key = if mapped {
-            FrontendKey { addr: [ip6[3], 0, 0, 0], port: sa.user_port as u16, family: AF_INET, pad: 0 }
+            FrontendKey {
+                addr: [ip6[3], 0, 0, 0],
+                port: sa.user_port as u16,
+                family: AF_INET,
+                pad: 0,
+            }
         } else {
-            FrontendKey { addr: ip6, port: sa.user_port as u16, family: AF_INET6, pad: 0 }
+            FrontendKey {
+                addr: ip6,
+                port: sa.user_port as u16,
+                family: AF_INET6,
+                pad: 0,
+            }
         };
         if let Some(to) = lookup(sa, &key) {
             let addr = match (mapped, to.family) {

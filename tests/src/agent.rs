@@ -101,7 +101,11 @@ impl Agent {
             .stderr(out)
             .spawn()
             .expect("start hairpin-agent");
-        let mut agent = Agent { child: Some(child), log, frontends };
+        let mut agent = Agent {
+            child: Some(child),
+            log,
+            frontends,
+        };
         agent.wait_for_log("agent ready", Duration::from_secs(20));
         agent
     }
@@ -120,12 +124,15 @@ impl Agent {
             if log.contains(needle) {
                 return;
             }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("agent exited ({status}) before logging {needle:?}:\n{log}");
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("agent exited ({status}) before logging {needle:?}:\n{log}");
             }
-            assert!(Instant::now() < deadline, "agent did not log {needle:?} within {within:?}:\n{log}");
+            assert!(
+                Instant::now() < deadline,
+                "agent did not log {needle:?} within {within:?}:\n{log}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -149,7 +156,11 @@ impl Agent {
                 self.child = None;
                 return status;
             }
-            assert!(Instant::now() < deadline, "agent still running after {within:?}:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "agent still running after {within:?}:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

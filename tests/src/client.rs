@@ -40,7 +40,11 @@ pub fn url(ip: &str, port: u16, path: &str) -> String {
 }
 
 fn curl(netns: &str, cgroup: &std::path::Path, url: &str) -> Reply {
-    Reply::from(output_in(netns, Some(cgroup), &["curl", "-sS", "--max-time", "10", url]))
+    Reply::from(output_in(
+        netns,
+        Some(cgroup),
+        &["curl", "-sS", "--max-time", "10", url],
+    ))
 }
 
 /// curl from the pod (pod namespace, pod cgroup).

@@ -58,16 +58,56 @@ pub const NGINX_PLAIN_PORT: u16 = 8081;
 /// The LBs every simulated node has. Which of them hairpin proxies is up to each
 /// test's frontends file.
 pub fn default_lbs() -> Vec<LbRule> {
-    let r = |lb_ip, lb_port, backend_port, name| LbRule { lb_ip, lb_port, backend_port, name };
+    let r = |lb_ip, lb_port, backend_port, name| LbRule {
+        lb_ip,
+        lb_port,
+        backend_port,
+        name,
+    };
     vec![
-        r("203.0.113.10", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-controller:http"),
-        r("203.0.113.10", 81, NGINX_PLAIN_PORT, "ingress-nginx/ingress-nginx-controller:plain"),
-        r("203.0.113.11", 80, HAPROXY_PP_PORT, "haproxy/haproxy-ingress:http"),
-        r("203.0.113.12", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-v2:http"),
+        r(
+            "203.0.113.10",
+            80,
+            NGINX_PP_PORT,
+            "ingress-nginx/ingress-nginx-controller:http",
+        ),
+        r(
+            "203.0.113.10",
+            81,
+            NGINX_PLAIN_PORT,
+            "ingress-nginx/ingress-nginx-controller:plain",
+        ),
+        r(
+            "203.0.113.11",
+            80,
+            HAPROXY_PP_PORT,
+            "haproxy/haproxy-ingress:http",
+        ),
+        r(
+            "203.0.113.12",
+            80,
+            NGINX_PP_PORT,
+            "ingress-nginx/ingress-nginx-v2:http",
+        ),
         r("203.0.113.99", 80, NGINX_PLAIN_PORT, "other/plain-lb:http"),
-        r("2001:db8:ffff::10", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-controller-v6:http"),
-        r("2001:db8:ffff::11", 80, HAPROXY_PP_PORT, "haproxy/haproxy-ingress-v6:http"),
-        r("2001:db8:ffff::12", 80, NGINX_PP_PORT, "ingress-nginx/ingress-nginx-v2-v6:http"),
+        r(
+            "2001:db8:ffff::10",
+            80,
+            NGINX_PP_PORT,
+            "ingress-nginx/ingress-nginx-controller-v6:http",
+        ),
+        r(
+            "2001:db8:ffff::11",
+            80,
+            HAPROXY_PP_PORT,
+            "haproxy/haproxy-ingress-v6:http",
+        ),
+        r(
+            "2001:db8:ffff::12",
+            80,
+            NGINX_PP_PORT,
+            "ingress-nginx/ingress-nginx-v2-v6:http",
+        ),
     ]
 }
 
@@ -93,6 +133,10 @@ pub struct SimNode {
 
 impl SimNode {
     /// Builds the node with the default LoadBalancer rules.
+    #[expect(
+        clippy::new_without_default,
+        reason = "building a node creates namespaces and cgroups: not a default value"
+    )]
     pub fn new() -> SimNode {
         SimNode::with_lbs(&default_lbs())
     }
@@ -131,8 +175,20 @@ impl SimNode {
         for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns] {
             run_in(ns, &["ip", "link", "set", "lo", "up"]);
         }
-        self.veth("a", &self.node_ns.clone(), "vpod", &self.pod_ns.clone(), "eth0");
-        self.veth("b", &self.node_ns.clone(), "ving", &self.ingress_ns.clone(), "eth0");
+        self.veth(
+            "a",
+            &self.node_ns.clone(),
+            "vpod",
+            &self.pod_ns.clone(),
+            "eth0",
+        );
+        self.veth(
+            "b",
+            &self.node_ns.clone(),
+            "ving",
+            &self.ingress_ns.clone(),
+            "eth0",
+        );
         let (node, pod, ing) = (&self.node_ns, &self.pod_ns, &self.ingress_ns);
         let addr = |ns: &str, a: &str, dev: &str| {
             let fam = if a.contains(':') { "-6" } else { "-4" };
@@ -154,13 +210,33 @@ impl SimNode {
             run_in(ns, &["ip", "link", "set", dev, "up"]);
         }
         run_in(pod, &["ip", "route", "add", "default", "via", NODE_IP4]);
-        run_in(pod, &["ip", "-6", "route", "add", "default", "via", NODE_IP6]);
-        run_in(ing, &["ip", "route", "add", "default", "via", "198.51.100.1"]);
-        run_in(ing, &["ip", "-6", "route", "add", "default", "via", "2001:db8:2::1"]);
+        run_in(
+            pod,
+            &["ip", "-6", "route", "add", "default", "via", NODE_IP6],
+        );
+        run_in(
+            ing,
+            &["ip", "route", "add", "default", "via", "198.51.100.1"],
+        );
+        run_in(
+            ing,
+            &[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "2001:db8:2::1",
+            ],
+        );
         // The node's uplink: LB IPs are off-node, so the node needs a route towards
         // them before kube-proxy's OUTPUT DNAT rewrites the destination.
         run_in(node, &["ip", "route", "add", "default", "via", INGRESS_IP4]);
-        run_in(node, &["ip", "-6", "route", "add", "default", "via", INGRESS_IP6]);
+        run_in(
+            node,
+            &["ip", "-6", "route", "add", "default", "via", INGRESS_IP6],
+        );
         run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         self.kube_proxy_rules(lbs);
@@ -184,7 +260,11 @@ impl SimNode {
     /// KUBE-SEP with DNAT, and the masquerade mark, for one family.
     fn kube_proxy_rules(&self, lbs: &[LbRule]) {
         for v6 in [false, true] {
-            let backend = if v6 { format!("[{INGRESS_IP6}]") } else { INGRESS_IP4.to_string() };
+            let backend = if v6 {
+                format!("[{INGRESS_IP6}]")
+            } else {
+                INGRESS_IP4.to_string()
+            };
             let mut chains = String::from(
                 ":KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
             );
@@ -197,8 +277,16 @@ impl SimNode {
                  -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
                  -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE\n",
             );
-            for (i, lb) in lbs.iter().filter(|l| l.lb_ip.contains(':') == v6).enumerate() {
-                let (ext, svc, sep) = (format!("KUBE-EXT-{i}"), format!("KUBE-SVC-{i}"), format!("KUBE-SEP-{i}"));
+            for (i, lb) in lbs
+                .iter()
+                .filter(|l| l.lb_ip.contains(':') == v6)
+                .enumerate()
+            {
+                let (ext, svc, sep) = (
+                    format!("KUBE-EXT-{i}"),
+                    format!("KUBE-SVC-{i}"),
+                    format!("KUBE-SEP-{i}"),
+                );
                 chains.push_str(&format!(":{ext} - [0:0]\n:{svc} - [0:0]\n:{sep} - [0:0]\n"));
                 let plen = if v6 { 128 } else { 32 };
                 rules.push_str(&format!(
@@ -216,8 +304,15 @@ impl SimNode {
             let input = format!("*nat\n{chains}{rules}COMMIT\n");
             let file = self.dir.join(if v6 { "rules6" } else { "rules4" });
             fs::write(&file, input).expect("write rules");
-            let tool = if v6 { "ip6tables-restore" } else { "iptables-restore" };
-            run_in(&self.node_ns, &[tool, "--noflush", file.to_str().expect("utf-8 path")]);
+            let tool = if v6 {
+                "ip6tables-restore"
+            } else {
+                "iptables-restore"
+            };
+            run_in(
+                &self.node_ns,
+                &[tool, "--noflush", file.to_str().expect("utf-8 path")],
+            );
         }
     }
 
@@ -238,7 +333,12 @@ impl SimNode {
 
     /// Programs attached at the node cgroup, as bpftool lists them.
     pub fn attached_programs(&self) -> String {
-        run(&["bpftool", "cgroup", "show", self.cgroup.to_str().expect("utf-8 path")])
+        run(&[
+            "bpftool",
+            "cgroup",
+            "show",
+            self.cgroup.to_str().expect("utf-8 path"),
+        ])
     }
 }
 
@@ -256,7 +356,10 @@ impl Drop for SimNode {
 }
 
 fn kill_netns_processes(ns: &str) {
-    if let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", ns]).output() {
+    if let Ok(out) = std::process::Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+    {
         for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             run_quiet(&["kill", "-9", pid]);
         }
@@ -268,13 +371,21 @@ fn remove_cgroup_tree(cg: &Path) {
     if !cg.exists() {
         return;
     }
-    if let Ok(kill) = fs::OpenOptions::new().write(true).open(cg.join("cgroup.kill")) {
+    if let Ok(kill) = fs::OpenOptions::new()
+        .write(true)
+        .open(cg.join("cgroup.kill"))
+    {
         use std::io::Write;
         let _ = (&kill).write_all(b"1");
     }
     for _ in 0..50 {
         let children: Vec<PathBuf> = fs::read_dir(cg)
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
             .unwrap_or_default();
         for c in &children {
             let _ = fs::remove_dir(c);
@@ -297,10 +408,18 @@ pub fn cgroup2_root() -> PathBuf {
 /// Removes namespaces and cgroups left by test processes that no longer exist.
 fn sweep_stale() {
     let alive = |name: &str| -> bool {
-        let pid = name.trim_start_matches(PREFIX).split('x').next().unwrap_or("");
-        pid.parse::<u32>().is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists())
+        let pid = name
+            .trim_start_matches(PREFIX)
+            .split('x')
+            .next()
+            .unwrap_or("");
+        pid.parse::<u32>()
+            .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists())
     };
-    if let Ok(list) = std::process::Command::new("ip").args(["netns", "list"]).output() {
+    if let Ok(list) = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+    {
         for line in String::from_utf8_lossy(&list.stdout).lines() {
             let name = line.split_whitespace().next().unwrap_or("");
             if name.starts_with(PREFIX) && !alive(name) {

@@ -91,18 +91,29 @@ http {{
     let conf_path = dir.join("nginx.conf");
     fs::write(&conf_path, conf).expect("nginx.conf");
     let conf_arg = conf_path.to_str().expect("utf-8 path");
-    let check = output_in(&node.ingress_ns, None, &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d.to_string()]);
+    let check = output_in(
+        &node.ingress_ns,
+        None,
+        &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d.to_string()],
+    );
     assert!(
         check.status.success(),
         "nginx -t: {}",
         String::from_utf8_lossy(&check.stderr)
     );
-    let child = command_in(&node.ingress_ns, None, &["nginx", "-c", conf_arg, "-p", &d.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let server = Server { child, logs: vec![dir.join("access.log"), dir.join("error.log")] };
+    let child = command_in(
+        &node.ingress_ns,
+        None,
+        &["nginx", "-c", conf_arg, "-p", &d.to_string()],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start nginx");
+    let server = Server {
+        child,
+        logs: vec![dir.join("access.log"), dir.join("error.log")],
+    };
     wait_listening(node, &[NGINX_PP_PORT, NGINX_PLAIN_PORT]);
     server
 }
@@ -147,13 +158,21 @@ frontend ingress
     let child = command_in(
         &node.ingress_ns,
         None,
-        &["haproxy", "-db", "-f", conf_path.to_str().expect("utf-8 path")],
+        &[
+            "haproxy",
+            "-db",
+            "-f",
+            conf_path.to_str().expect("utf-8 path"),
+        ],
     )
     .stdout(out.try_clone().expect("dup log fd"))
     .stderr(out)
     .spawn()
     .expect("start haproxy");
-    let server = Server { child, logs: vec![log] };
+    let server = Server {
+        child,
+        logs: vec![log],
+    };
     wait_listening(node, &[HAPROXY_PP_PORT]);
     server
 }
@@ -166,7 +185,10 @@ fn wait_listening(node: &SimNode, ports: &[u16]) {
         if ports.iter().all(|p| text.contains(&format!(":{p} "))) {
             return;
         }
-        assert!(Instant::now() < deadline, "servers not listening on {ports:?}: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "servers not listening on {ports:?}: {text}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

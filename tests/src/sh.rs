@@ -41,10 +41,16 @@ pub fn run_quiet(argv: &[&str]) {
 /// between fork and exec because the test process is multithreaded.
 pub fn command_in(netns: &str, cgroup: Option<&Path>, argv: &[&str]) -> Command {
     let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{netns}")).arg("--").args(argv);
+    cmd.arg(format!("--net=/run/netns/{netns}"))
+        .arg("--")
+        .args(argv);
     if let Some(cg) = cgroup {
-        let procs = CString::new(cg.join("cgroup.procs").into_os_string().into_encoded_bytes())
-            .expect("cgroup path has no NUL");
+        let procs = CString::new(
+            cg.join("cgroup.procs")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .expect("cgroup path has no NUL");
         // SAFETY: the closure only calls open/write/close, which are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {

@@ -14,7 +14,11 @@ use hairpin_tests::{
 use nix::sys::signal::Signal;
 
 fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
-    FrontendSpec { ip, ports: vec![80], version }
+    FrontendSpec {
+        ip,
+        ports: vec![80],
+        version,
+    }
 }
 
 /// The frontends most tests proxy: nginx over v4 and v6 (v1), nginx over v2, haproxy.
@@ -45,9 +49,15 @@ fn without_hairpin_pod_and_node_get_an_empty_reply_and_nginx_logs_broken_header(
     for (who, reply) in [
         ("pod", from_pod(&node, &url("203.0.113.10", 80, "/"))),
         ("node", from_host(&node, &url("203.0.113.10", 80, "/"))),
-        ("pod v6", from_pod(&node, &url("2001:db8:ffff::10", 80, "/"))),
+        (
+            "pod v6",
+            from_pod(&node, &url("2001:db8:ffff::10", 80, "/")),
+        ),
     ] {
-        assert_eq!(reply.code, 52, "{who}: expected curl's empty reply (52): {reply:?}");
+        assert_eq!(
+            reply.code, 52,
+            "{who}: expected curl's empty reply (52): {reply:?}"
+        );
     }
     let errors = nginx_error_log(&node);
     assert_eq!(
@@ -66,22 +76,48 @@ fn with_hairpin_pod_and_node_requests_carry_the_true_client() {
     let agent = Agent::start(&node, &all_frontends());
 
     let pod = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert!(pod.ok(), "pod request failed: {pod:?}\nagent:\n{}", agent.log());
+    assert!(
+        pod.ok(),
+        "pod request failed: {pod:?}\nagent:\n{}",
+        agent.log()
+    );
     assert!(
         pod.body.starts_with(&format!("client={POD_IP4}:")),
         "nginx must see the pod's IP as the PROXY source: {}",
         pod.body
     );
-    assert!(pod.body.trim_end().ends_with("dst=203.0.113.10:80"), "{}", pod.body);
+    assert!(
+        pod.body.trim_end().ends_with("dst=203.0.113.10:80"),
+        "{}",
+        pod.body
+    );
 
     let host = from_host(&node, &url("203.0.113.10", 80, "/"));
-    assert!(host.ok(), "node request failed: {host:?}\nagent:\n{}", agent.log());
-    assert!(host.body.starts_with(&format!("client={NODE_IP4}:")), "{}", host.body);
-    assert!(host.body.trim_end().ends_with("dst=203.0.113.10:80"), "{}", host.body);
+    assert!(
+        host.ok(),
+        "node request failed: {host:?}\nagent:\n{}",
+        agent.log()
+    );
+    assert!(
+        host.body.starts_with(&format!("client={NODE_IP4}:")),
+        "{}",
+        host.body
+    );
+    assert!(
+        host.body.trim_end().ends_with("dst=203.0.113.10:80"),
+        "{}",
+        host.body
+    );
 
     let access = nginx_access_log(&node);
-    assert!(access.contains(&format!("pp_client={POD_IP4}:")), "{access}");
-    assert!(access.contains(&format!("pp_client={NODE_IP4}:")), "{access}");
+    assert!(
+        access.contains(&format!("pp_client={POD_IP4}:")),
+        "{access}"
+    );
+    assert!(
+        access.contains(&format!("pp_client={NODE_IP4}:")),
+        "{access}"
+    );
     assert!(access.contains("pp_dst=203.0.113.10:80"), "{access}");
     assert!(!nginx_error_log(&node).contains("broken header"));
 }
@@ -98,19 +134,69 @@ fn ipv6_and_proxy_v2_frontends_work_from_pod_and_node() {
         ("2001:db8:ffff::12", "v2"),
     ];
     for (lb, version) in cases {
-        let (pod_ip, node_ip) = if lb.contains(':') { (POD_IP6, NODE_IP6) } else { (POD_IP4, NODE_IP4) };
+        let (pod_ip, node_ip) = if lb.contains(':') {
+            (POD_IP6, NODE_IP6)
+        } else {
+            (POD_IP4, NODE_IP4)
+        };
         for (who, reply, client) in [
             ("pod", from_pod(&node, &url(lb, 80, "/")), pod_ip),
             ("node", from_host(&node, &url(lb, 80, "/")), node_ip),
         ] {
-            assert!(reply.ok(), "{who} -> {lb} ({version}): {reply:?}\nagent:\n{}", agent.log());
-            assert!(reply.body.starts_with(&format!("client={client}:")), "{who} -> {lb}: {}", reply.body);
-            assert!(reply.body.trim_end().ends_with(&format!("dst={lb}:80")), "{who} -> {lb}: {}", reply.body);
+            assert!(
+                reply.ok(),
+                "{who} -> {lb} ({version}): {reply:?}\nagent:\n{}",
+                agent.log()
+            );
+            assert!(
+                reply.body.starts_with(&format!("client={client}:")),
+                "{who} -> {lb}: {}",
+                reply.body
+            );
+            assert!(
+                reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
+                "{who} -> {lb}: {}",
+                reply.body
+            );
         }
     }
     let access = nginx_access_log(&node);
     assert_eq!(access.lines().count(), 6, "{access}");
     assert!(!nginx_error_log(&node).contains("broken header"));
+}
+
+#[test]
+fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_is_redirected() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start(&node, &all_frontends());
+    // curl opens an AF_INET6 socket for ::ffff:203.0.113.10: connect6 sees a mapped
+    // address and must use the IPv4 frontend's listener.
+    for (who, reply, client) in [
+        (
+            "pod",
+            from_pod(&node, "http://[::ffff:203.0.113.10]:80/"),
+            POD_IP4,
+        ),
+        (
+            "node",
+            from_host(&node, "http://[::ffff:203.0.113.10]:80/"),
+            NODE_IP4,
+        ),
+    ] {
+        assert!(reply.ok(), "{who}: {reply:?}\nagent:\n{}", agent.log());
+        assert!(
+            reply.body.starts_with(&format!("client={client}:")),
+            "{who}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
+            "{who}: {}",
+            reply.body
+        );
+    }
 }
 
 #[test]
@@ -120,14 +206,29 @@ fn haproxy_accept_proxy_takes_v1_and_v2_headers() {
     let haproxy = start_haproxy(&node);
     let agent = Agent::start(&node, &all_frontends());
     // 203.0.113.11 is proxied with v1, 2001:db8:ffff::11 with v2.
-    for (lb, pod_ip, node_ip) in [("203.0.113.11", POD_IP4, NODE_IP4), ("2001:db8:ffff::11", POD_IP6, NODE_IP6)] {
+    for (lb, pod_ip, node_ip) in [
+        ("203.0.113.11", POD_IP4, NODE_IP4),
+        ("2001:db8:ffff::11", POD_IP6, NODE_IP6),
+    ] {
         let pod = from_pod(&node, &url(lb, 80, "/"));
         assert!(pod.ok(), "pod -> {lb}: {pod:?}\nagent:\n{}", agent.log());
-        assert!(pod.body.starts_with(&format!("client={pod_ip}:")), "{}", pod.body);
-        assert!(pod.body.trim_end().ends_with(&format!("dst={lb}:80")), "{}", pod.body);
+        assert!(
+            pod.body.starts_with(&format!("client={pod_ip}:")),
+            "{}",
+            pod.body
+        );
+        assert!(
+            pod.body.trim_end().ends_with(&format!("dst={lb}:80")),
+            "{}",
+            pod.body
+        );
         let host = from_host(&node, &url(lb, 80, "/"));
         assert!(host.ok(), "node -> {lb}: {host:?}");
-        assert!(host.body.starts_with(&format!("client={node_ip}:")), "{}", host.body);
+        assert!(
+            host.body.starts_with(&format!("client={node_ip}:")),
+            "{}",
+            host.body
+        );
     }
     let log = haproxy.log();
     for needle in [
@@ -138,7 +239,10 @@ fn haproxy_accept_proxy_takes_v1_and_v2_headers() {
         "dst=203.0.113.11:80 status=200".to_string(),
         "dst=2001:db8:ffff::11:80 status=200".to_string(),
     ] {
-        assert!(log.contains(&needle), "haproxy log lacks {needle:?}:\n{log}");
+        assert!(
+            log.contains(&needle),
+            "haproxy log lacks {needle:?}:\n{log}"
+        );
     }
 }
 
@@ -151,12 +255,23 @@ fn destinations_that_are_not_proxied_are_untouched() {
     // Another port of a proxied IP, and another IP: both lead to the plain server,
     // which would answer 400 to a PROXY header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
-        for (who, reply) in [("pod", from_pod(&node, &target)), ("node", from_host(&node, &target))] {
+        for (who, reply) in [
+            ("pod", from_pod(&node, &target)),
+            ("node", from_host(&node, &target)),
+        ] {
             assert!(reply.ok(), "{who} -> {target}: {reply:?}");
-            assert!(reply.body.starts_with("plain remote="), "{who} -> {target}: {}", reply.body);
+            assert!(
+                reply.body.starts_with("plain remote="),
+                "{who} -> {target}: {}",
+                reply.body
+            );
         }
     }
-    assert!(!agent.log().contains("accepted"), "the relay must not see these:\n{}", agent.log());
+    assert!(
+        !agent.log().contains("accepted"),
+        "the relay must not see these:\n{}",
+        agent.log()
+    );
 }
 
 #[test]
@@ -189,8 +304,16 @@ fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before() {
     let _nginx = start_nginx(&node);
     let mut agent = Agent::start(&node, &all_frontends());
     let attached = node.attached_programs();
-    assert_eq!(attached.matches("cgroup_inet4_connect").count(), 1, "{attached}");
-    assert_eq!(attached.matches("cgroup_inet6_connect").count(), 1, "{attached}");
+    assert_eq!(
+        attached.matches("cgroup_inet4_connect").count(),
+        1,
+        "{attached}"
+    );
+    assert_eq!(
+        attached.matches("cgroup_inet6_connect").count(),
+        1,
+        "{attached}"
+    );
     assert!(from_pod(&node, &url("203.0.113.10", 80, "/")).ok());
 
     agent.signal(Signal::SIGKILL);
@@ -205,7 +328,10 @@ fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before() {
         std::thread::sleep(Duration::from_millis(20));
         attached = node.attached_programs();
     }
-    assert!(!attached.contains("connect"), "still attached after SIGKILL: {attached}");
+    assert!(
+        !attached.contains("connect"),
+        "still attached after SIGKILL: {attached}"
+    );
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(reply.code, 52, "pre-hairpin behaviour expected: {reply:?}");
     assert!(nginx_error_log(&node).contains("broken header"));
@@ -222,7 +348,15 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
     let mut curl = hairpin_tests::sh::command_in(
         &node.pod_ns,
         Some(&node.pod_cgroup()),
-        &["curl", "-sS", "--max-time", "30", "-o", out.to_str().expect("utf-8"), &url("203.0.113.10", 80, "/slow")],
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            out.to_str().expect("utf-8"),
+            &url("203.0.113.10", 80, "/slow"),
+        ],
     )
     .spawn()
     .expect("start curl");
@@ -232,11 +366,26 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
     agent.wait_for_log("redirects removed", Duration::from_secs(5));
     // While draining, new connects already take the pre-hairpin path.
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_eq!(fresh.code, 52, "new connections must not be redirected while draining: {fresh:?}");
+    assert_eq!(
+        fresh.code, 52,
+        "new connections must not be redirected while draining: {fresh:?}"
+    );
     let status = curl.wait().expect("curl");
-    assert!(status.success(), "in-flight transfer failed: {status}\nagent:\n{}", agent.log());
+    assert!(
+        status.success(),
+        "in-flight transfer failed: {status}\nagent:\n{}",
+        agent.log()
+    );
     let got = std::fs::metadata(&out).expect("output").len() as usize;
-    assert_eq!(got, hairpin_tests::servers::SLOW_BYTES, "transfer truncated");
+    assert_eq!(
+        got,
+        hairpin_tests::servers::SLOW_BYTES,
+        "transfer truncated"
+    );
     assert!(agent.wait(Duration::from_secs(30)).success());
-    assert!(agent.log().contains("agent stopped left=0"), "{}", agent.log());
+    assert!(
+        agent.log().contains("agent stopped left=0"),
+        "{}",
+        agent.log()
+    );
 }

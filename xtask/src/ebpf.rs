@@ -43,7 +43,10 @@ pub fn build(opts: &Options) -> Result<PathBuf> {
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .arg("--target-dir")
         .arg(bpf_target_dir())
-        .env("PATH", std::env::join_paths(paths).context("PATH is not joinable")?)
+        .env(
+            "PATH",
+            std::env::join_paths(paths).context("PATH is not joinable")?,
+        )
         .env(
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
             "-C debuginfo=2 -C link-arg=--btf",
@@ -65,6 +68,10 @@ pub fn build(opts: &Options) -> Result<PathBuf> {
     } else {
         object_path()
     };
-    anyhow::ensure!(object.exists(), "the BPF build succeeded but {} is missing", object.display());
+    anyhow::ensure!(
+        object.exists(),
+        "the BPF build succeeded but {} is missing",
+        object.display()
+    );
     Ok(object)
 }

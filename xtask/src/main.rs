@@ -85,8 +85,15 @@ fn cargo() -> Command {
 fn build_agent(release: bool) -> Result<PathBuf> {
     let object = ebpf::build(&ebpf::Options::default())?;
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "hairpin-agent", "--package", "hairpin-tests", "--bins"])
-        .env("HAIRPIN_EBPF_OBJECT", &object);
+    cmd.args([
+        "build",
+        "--package",
+        "hairpin-agent",
+        "--package",
+        "hairpin-tests",
+        "--bins",
+    ])
+    .env("HAIRPIN_EBPF_OBJECT", &object);
     if release {
         cmd.arg("--release");
     }
@@ -95,7 +102,10 @@ fn build_agent(release: bool) -> Result<PathBuf> {
         .join(if release { "release" } else { "debug" })
         .join("hairpin-agent");
     if !bin.exists() {
-        bail!("cargo built hairpin-agent but {} does not exist", bin.display());
+        bail!(
+            "cargo built hairpin-agent but {} does not exist",
+            bin.display()
+        );
     }
     Ok(bin)
 }
@@ -124,6 +134,13 @@ fn demo() -> Result<()> {
     prereqs::ensure_system_packages()?;
     let agent = build_agent(false)?;
     run(cargo()
-        .args(["run", "--quiet", "--package", "hairpin-tests", "--bin", "hairpin-demo"])
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "hairpin-tests",
+            "--bin",
+            "hairpin-demo",
+        ])
         .env("HAIRPIN_AGENT_BIN", &agent))
 }

@@ -103,10 +103,16 @@ pub fn ensure_bpf_toolchain() -> Result<BpfToolchain> {
         eprintln!("xtask: adding rust-src to the {name} toolchain");
         run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]))
             .with_context(|| {
-                format!("could not add rust-src: run `rustup component add rust-src --toolchain {name}`")
+                format!(
+                    "could not add rust-src: run `rustup component add rust-src --toolchain {name}`"
+                )
             })?;
     }
-    let sysroot = output(Command::new("rustc").arg(format!("+{name}")).args(["--print", "sysroot"]))?;
+    let sysroot = output(
+        Command::new("rustc")
+            .arg(format!("+{name}"))
+            .args(["--print", "sysroot"]),
+    )?;
     Ok(BpfToolchain {
         name: name.to_string(),
         needs_bootstrap,
@@ -165,8 +171,9 @@ pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
     for name in ["libLLVM.so", libllvm.as_str()] {
         let link = prefix_lib.join(name);
         let _ = fs::remove_file(&link);
-        symlink(&target, &link)
-            .with_context(|| format!("failed to link {} -> {}", link.display(), target.display()))?;
+        symlink(&target, &link).with_context(|| {
+            format!("failed to link {} -> {}", link.display(), target.display())
+        })?;
     }
     eprintln!(
         "xtask: building bpf-linker {BPF_LINKER_VERSION} against {libllvm} (about a minute, once)"

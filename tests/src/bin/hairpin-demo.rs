@@ -17,16 +17,24 @@ fn show(who: &str, reply: &Reply) {
     if reply.ok() {
         println!("  {who:<5} -> 200, body: {}", reply.body.trim_end());
     } else {
-        println!("  {who:<5} -> curl exit {} ({})", reply.code, reply.stderr.trim_end());
+        println!(
+            "  {who:<5} -> curl exit {} ({})",
+            reply.code,
+            reply.stderr.trim_end()
+        );
     }
 }
 
 /// nginx quotes the bytes it could not parse, CR and LF included: show the last
 /// `broken header` entry on one line, escaped.
 fn broken_header_entry(log: &str) -> String {
-    let Some(start) = log.rfind("broken header") else { return "(none)".into() };
+    let Some(start) = log.rfind("broken header") else {
+        return "(none)".into();
+    };
     let rest = &log[start..];
-    let end = rest.find("while reading PROXY protocol").map_or(rest.len(), |i| i + 28);
+    let end = rest
+        .find("while reading PROXY protocol")
+        .map_or(rest.len(), |i| i + 28);
     rest[..end].replace('\r', "\\r").replace('\n', "\\n")
 }
 
@@ -37,8 +45,12 @@ fn main() {
         std::process::exit(1);
     }
     println!("Building a simulated node:");
-    println!("  pod {POD_IP4} --veth-- node {NODE_IP4} --veth-- ingress pod (nginx, listen 80 proxy_protocol)");
-    println!("  kube-proxy-style DNAT: LoadBalancer {LB}:80 -> ingress:80 (PREROUTING and OUTPUT)\n");
+    println!(
+        "  pod {POD_IP4} --veth-- node {NODE_IP4} --veth-- ingress pod (nginx, listen 80 proxy_protocol)"
+    );
+    println!(
+        "  kube-proxy-style DNAT: LoadBalancer {LB}:80 -> ingress:80 (PREROUTING and OUTPUT)\n"
+    );
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let target = url(LB, 80, "/");
@@ -46,10 +58,20 @@ fn main() {
     println!("1. Without hairpin, curl {target}:");
     show("pod", &from_pod(&node, &target));
     show("node", &from_host(&node, &target));
-    println!("  nginx error.log: {}\n", broken_header_entry(&nginx_error_log(&node)));
+    println!(
+        "  nginx error.log: {}\n",
+        broken_header_entry(&nginx_error_log(&node))
+    );
 
     println!("2. With hairpin-agent running (frontend {LB}:80, PROXY v1):");
-    let mut agent = Agent::start(&node, &[FrontendSpec { ip: LB, ports: vec![80], version: "v1" }]);
+    let mut agent = Agent::start(
+        &node,
+        &[FrontendSpec {
+            ip: LB,
+            ports: vec![80],
+            version: "v1",
+        }],
+    );
     let pod = from_pod(&node, &target);
     let host = from_host(&node, &target);
     show("pod", &pod);
