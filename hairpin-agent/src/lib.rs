@@ -6,3 +6,4 @@
 //! are thin and tested for real.
 
 pub mod frontends;
+pub mod k8s;
