@@ -50,19 +50,27 @@ pub fn decide_all<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     defaults: &Defaults,
 ) -> DesiredState {
-    let mut ordered: Vec<(Option<&'a Time>, Decision)> = services
+    let mut ordered: Vec<(Option<&'a Time>, Option<&'a str>, Decision)> = services
         .into_iter()
-        .map(|s| (s.metadata.creation_timestamp.as_ref(), decide(s, defaults)))
+        .map(|s| {
+            let meta = &s.metadata;
+            (
+                meta.creation_timestamp.as_ref(),
+                meta.uid.as_deref(),
+                decide(s, defaults),
+            )
+        })
         .collect();
-    // Services without a timestamp (not from an API server) sort after all that have one.
-    ordered.sort_by(|(ta, a), (tb, b)| {
-        (ta.is_none(), ta, &a.service).cmp(&(tb.is_none(), tb, &b.service))
+    // Services without a timestamp (not from an API server) sort after all that have one; the
+    // uid breaks the last tie so that input order never matters.
+    ordered.sort_by(|(ta, ua, a), (tb, ub, b)| {
+        (ta.is_none(), ta, &a.service, ua).cmp(&(tb.is_none(), tb, &b.service, ub))
     });
 
     let mut claimed: BTreeMap<(IpAddr, u16), Frontend> = BTreeMap::new();
     let mut conflicts = Vec::new();
     let mut decisions = Vec::with_capacity(ordered.len());
-    for (_, mut decision) in ordered {
+    for (_, _, mut decision) in ordered {
         let mut kept = Vec::with_capacity(decision.frontends.len());
         for frontend in std::mem::take(&mut decision.frontends) {
             let Some(owner) = claimed.get(&(frontend.ip, frontend.port)) else {
