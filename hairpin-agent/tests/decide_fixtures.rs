@@ -329,3 +329,19 @@ fn decide_all_merges_sorts_and_resolves_conflicts_deterministically() {
     // One invalid Service does not disturb the others.
     assert_eq!(forward.decisions.len(), 4);
 }
+
+#[test]
+#[ignore = "prints every fixture's Event reason and message for eyeballing"]
+fn print_summaries() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/services");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    for name in names {
+        let name = name.to_string_lossy().to_string();
+        let d = decide(&load(&name), &Defaults::default());
+        println!("{name}: {} | {}", d.reason(), d.summary());
+    }
+}

@@ -155,3 +155,56 @@ pub fn ports(
     }
     Ok(Some(selected))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(name: &str, number: i32, protocol: Option<&str>) -> ServicePort {
+        ServicePort {
+            name: Some(name.into()),
+            port: number,
+            protocol: protocol.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn proxy_protocol_values() {
+        assert_eq!(proxy_protocol("a/b", None), Ok(None));
+        assert_eq!(
+            proxy_protocol("a/b", Some(" V2 ")),
+            Ok(Some(OurSetting::On(ProxyVersion::V2)))
+        );
+        assert_eq!(
+            proxy_protocol("a/b", Some("off")),
+            Ok(Some(OurSetting::Off))
+        );
+        assert!(proxy_protocol("a/b", Some("true")).is_err());
+    }
+
+    #[test]
+    fn ports_by_number_or_name_prefer_tcp_and_reject_the_rest() {
+        let spec = [
+            port("dns-tcp", 53, None),
+            port("dns", 53, Some("UDP")),
+            port("https", 443, Some("TCP")),
+            port("q", 853, Some("UDP")),
+        ];
+        let got = ports("a/b", Some("53, https"), &spec).expect("valid");
+        assert_eq!(got, Some([53, 443].into_iter().collect()));
+        let err = ports("a/b", Some("q"), &spec).expect_err("udp");
+        assert_eq!(
+            err.to_string(),
+            "service a/b: annotation hairpin.dev/ports lists \"q\", a UDP port; hairpin proxies TCP ports only"
+        );
+        assert!(matches!(
+            ports("a/b", Some("443,"), &spec),
+            Err(AnnotationError::EmptyPortEntry { .. })
+        ));
+        assert!(matches!(
+            ports("a/b", Some("70000"), &spec),
+            Err(AnnotationError::UnknownPort { .. })
+        ));
+    }
+}

@@ -209,3 +209,31 @@ fn truncate(mut text: String, max: usize) -> String {
     text.push_str("...");
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_keeps_char_boundaries_and_the_limit() {
+        let text = "é".repeat(800);
+        let cut = truncate(text, EVENT_MESSAGE_MAX);
+        assert!(cut.len() <= EVENT_MESSAGE_MAX && cut.ends_with("..."));
+        assert_eq!(truncate("short".into(), EVENT_MESSAGE_MAX), "short");
+    }
+
+    #[test]
+    fn reasons_are_stable_camel_case() {
+        assert_eq!(SkipReason::IpModeProxy.as_str(), "SkippedIpModeProxy");
+        let d = Decision {
+            service: "a/b".into(),
+            outcome: Outcome::Proxied,
+            frontends: vec![],
+            rule: None,
+            skips: vec![],
+            warnings: vec![],
+        };
+        assert_eq!(d.reason(), "Proxied");
+        assert!(!d.is_warning());
+    }
+}
