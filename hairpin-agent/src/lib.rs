@@ -8,6 +8,7 @@
 pub mod ebpf;
 pub mod fallback;
 pub mod frontends;
+pub mod k8s;
 pub mod metrics;
 pub mod proxy_header;
 pub mod reconcile;

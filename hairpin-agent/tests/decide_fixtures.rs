@@ -1,0 +1,347 @@
+//! The decision over Services shaped as real clusters on each provider return them
+//! (`kubectl get svc -o yaml`), one fixture per case under tests/fixtures/services/.
+
+use std::path::Path;
+
+use hairpin_agent::{
+    frontends::ProxyVersion,
+    k8s::{Defaults, Outcome, Rule, SkipReason, decide, decide_all},
+};
+use k8s_openapi::api::core::v1::Service;
+
+fn load(name: &str) -> Service {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/services")
+        .join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_yaml::from_str(&text)
+        .unwrap_or_else(|e| panic!("parsing {} as a Service: {e}", path.display()))
+}
+
+/// What a fixture must decide: Event reason, frontends as `ip:port vN`, and the deciding rule.
+struct Case {
+    fixture: &'static str,
+    reason: &'static str,
+    frontends: &'static [&'static str],
+    rule: Option<&'static str>,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        fixture: "digitalocean.yaml",
+        reason: "Proxied",
+        frontends: &["203.0.113.10:80 v1", "203.0.113.10:443 v1"],
+        rule: Some("DigitalOcean"),
+    },
+    Case {
+        fixture: "hetzner-dual-stack.yaml",
+        reason: "Proxied",
+        frontends: &[
+            "10.0.0.5:80 v1",
+            "10.0.0.5:443 v1",
+            "49.12.34.56:80 v1",
+            "49.12.34.56:443 v1",
+            "[2a01:4f8:c012:abcd::1]:80 v1",
+            "[2a01:4f8:c012:abcd::1]:443 v1",
+        ],
+        rule: Some("Hetzner"),
+    },
+    Case {
+        fixture: "hetzner-ipmode-proxy.yaml",
+        reason: "SkippedIpModeProxy",
+        frontends: &[],
+        rule: Some("Hetzner"),
+    },
+    Case {
+        fixture: "aws-classic-elb.yaml",
+        reason: "SkippedHostnameOnly",
+        frontends: &[],
+        rule: Some("AWS"),
+    },
+    Case {
+        fixture: "aws-nlb.yaml",
+        reason: "SkippedHostnameOnly",
+        frontends: &[],
+        rule: Some("AWS"),
+    },
+    Case {
+        fixture: "aws-nlb-with-ip.yaml",
+        reason: "Proxied",
+        frontends: &["198.51.100.77:80 v2", "198.51.100.77:443 v2"],
+        rule: Some("AWS"),
+    },
+    Case {
+        fixture: "ovh-openstack.yaml",
+        reason: "Proxied",
+        frontends: &["57.128.40.12:80 v2", "57.128.40.12:443 v2"],
+        rule: Some("OpenStack"),
+    },
+    Case {
+        fixture: "scaleway.yaml",
+        reason: "Proxied",
+        frontends: &["51.159.112.34:443 v2"],
+        rule: Some("Scaleway"),
+    },
+    Case {
+        fixture: "linode.yaml",
+        reason: "Proxied",
+        frontends: &["172.105.44.55:443 v2"],
+        rule: Some("Linode"),
+    },
+    Case {
+        fixture: "ibm-vpc.yaml",
+        reason: "SkippedHostnameOnly",
+        frontends: &[],
+        rule: Some("IBM"),
+    },
+    Case {
+        fixture: "exoscale.yaml",
+        reason: "SkippedProxyProtocolOff",
+        frontends: &[],
+        rule: Some("default"),
+    },
+    Case {
+        fixture: "civo.yaml",
+        reason: "Proxied",
+        frontends: &["74.220.20.41:80 v2", "74.220.20.41:443 v2"],
+        rule: Some("Civo"),
+    },
+    Case {
+        fixture: "udp-ports.yaml",
+        reason: "Proxied",
+        frontends: &["203.0.113.20:80 v1", "203.0.113.20:443 v1"],
+        rule: Some("DigitalOcean"),
+    },
+    Case {
+        fixture: "override-provider.yaml",
+        reason: "Proxied",
+        frontends: &["203.0.113.30:443 v2"],
+        rule: Some("hairpin.dev/proxy-protocol"),
+    },
+    Case {
+        fixture: "override-off.yaml",
+        reason: "SkippedProxyProtocolOff",
+        frontends: &[],
+        rule: Some("hairpin.dev/proxy-protocol"),
+    },
+    Case {
+        fixture: "invalid-version.yaml",
+        reason: "InvalidAnnotation",
+        frontends: &[],
+        rule: None,
+    },
+    Case {
+        fixture: "invalid-ports.yaml",
+        reason: "InvalidAnnotation",
+        frontends: &[],
+        rule: None,
+    },
+    Case {
+        fixture: "pending.yaml",
+        reason: "SkippedNoLoadBalancerStatus",
+        frontends: &[],
+        rule: Some("DigitalOcean"),
+    },
+    Case {
+        fixture: "clusterip.yaml",
+        reason: "SkippedNotLoadBalancer",
+        frontends: &[],
+        rule: None,
+    },
+];
+
+#[test]
+fn every_fixture_decides_as_expected() {
+    let defaults = Defaults::default();
+    for case in CASES {
+        let decision = decide(&load(case.fixture), &defaults);
+        let context = format!("{}: {decision:#?}", case.fixture);
+        assert_eq!(decision.reason(), case.reason, "{context}");
+        let got: Vec<String> = decision
+            .frontends
+            .iter()
+            .map(|f| format!("{} {}", std::net::SocketAddr::new(f.ip, f.port), f.version))
+            .collect();
+        assert_eq!(got, case.frontends, "{context}");
+        for frontend in &decision.frontends {
+            assert_eq!(
+                frontend.source,
+                format!("Service {}", decision.service),
+                "{context}"
+            );
+        }
+        match (case.rule, &decision.rule) {
+            (None, None) => {}
+            (Some(want), Some(rule)) => assert!(rule.to_string().contains(want), "{context}"),
+            (want, got) => panic!("{}: rule {got:?}, want {want:?}", case.fixture),
+        }
+        let summary = decision.summary();
+        assert!(!summary.is_empty() && summary.len() <= 1024, "{context}");
+    }
+}
+
+#[test]
+fn invalid_annotations_name_the_service_the_annotation_and_what_was_expected() {
+    let version = decide(&load("invalid-version.yaml"), &Defaults::default());
+    let Outcome::Invalid(error) = &version.outcome else {
+        panic!("{version:#?}")
+    };
+    assert_eq!(
+        error.to_string(),
+        "service ingress-nginx/ingress-nginx-controller: annotation hairpin.dev/proxy-protocol is \"v3\"; expected v1, v2 or off"
+    );
+    assert!(version.summary().contains("expected v1, v2 or off"));
+
+    let ports = decide(&load("invalid-ports.yaml"), &Defaults::default());
+    let Outcome::Invalid(error) = &ports.outcome else {
+        panic!("{ports:#?}")
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("ingress-nginx/ingress-nginx-controller"),
+        "{message}"
+    );
+    assert!(
+        message.contains("hairpin.dev/ports") && message.contains("\"abc\""),
+        "{message}"
+    );
+    assert!(message.contains("80/http, 443/https"), "{message}");
+
+    let mut not_in_service = load("digitalocean.yaml");
+    not_in_service
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hairpin.dev/ports".into(), "8443".into());
+    let decision = decide(&not_in_service, &Defaults::default());
+    assert_eq!(decision.reason(), "InvalidAnnotation", "{decision:#?}");
+    assert!(decision.summary().contains("\"8443\""));
+}
+
+#[test]
+fn skips_say_why_per_port_and_per_ingress_entry() {
+    let udp = decide(&load("udp-ports.yaml"), &Defaults::default());
+    assert!(
+        udp.skips
+            .iter()
+            .any(|s| s.reason == SkipReason::NotTcp && s.message.contains("53/53-udp is UDP"))
+    );
+
+    let scaleway = decide(&load("scaleway.yaml"), &Defaults::default());
+    assert!(
+        scaleway
+            .skips
+            .iter()
+            .any(|s| s.reason == SkipReason::PortNotSelected && s.message.contains("port 80"))
+    );
+    let Some(Rule::Provider { annotations, .. }) = &scaleway.rule else {
+        panic!("{scaleway:#?}")
+    };
+    assert_eq!(
+        annotations,
+        &["service.beta.kubernetes.io/scw-loadbalancer-proxy-protocol-v2"]
+    );
+
+    let ipmode = decide(&load("hetzner-ipmode-proxy.yaml"), &Defaults::default());
+    assert_eq!(
+        ipmode
+            .skips
+            .iter()
+            .filter(|s| s.reason == SkipReason::IpModeProxy)
+            .count(),
+        2
+    );
+    assert!(ipmode.summary().contains("ipMode Proxy"));
+}
+
+#[test]
+fn the_agent_default_applies_only_where_nothing_else_decides() {
+    let v1 = Defaults {
+        proxy_protocol: Some(ProxyVersion::V1),
+    };
+    let exoscale = decide(&load("exoscale.yaml"), &v1);
+    assert_eq!(exoscale.reason(), "Proxied");
+    assert_eq!(exoscale.rule, Some(Rule::Default));
+    assert_eq!(exoscale.frontends.len(), 2);
+    // A provider annotation wins over the default, and our `off` over both.
+    assert_eq!(
+        decide(&load("ovh-openstack.yaml"), &v1).frontends[0].version,
+        ProxyVersion::V2
+    );
+    assert_eq!(
+        decide(&load("override-off.yaml"), &v1).reason(),
+        "SkippedProxyProtocolOff"
+    );
+}
+
+#[test]
+fn decide_all_merges_sorts_and_resolves_conflicts_deterministically() {
+    // Two Services share one LB IP (MetalLB allow-shared-ip style) and disagree on the version.
+    let older = load("digitalocean.yaml");
+    let mut newer = load("override-provider.yaml");
+    newer.metadata.name = Some("second-ingress".into());
+    newer.status = older.status.clone();
+    let mut invalid = load("invalid-version.yaml");
+    invalid.metadata.name = Some("broken-ingress".into());
+    let mut hostname = load("aws-classic-elb.yaml");
+    hostname.metadata.name = Some("aws-ingress".into());
+
+    let forward = decide_all([&older, &newer, &invalid, &hostname], &Defaults::default());
+    let backward = decide_all([&hostname, &invalid, &newer, &older], &Defaults::default());
+    assert_eq!(
+        forward, backward,
+        "the order the watcher lists Services in must not matter"
+    );
+
+    let got: Vec<String> = forward
+        .frontends
+        .iter()
+        .map(|f| format!("{}:{} {} {}", f.ip, f.port, f.version, f.source))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "203.0.113.10:80 v1 Service ingress-nginx/ingress-nginx-controller",
+            "203.0.113.10:443 v1 Service ingress-nginx/ingress-nginx-controller",
+        ]
+    );
+    assert_eq!(forward.conflicts.len(), 1);
+    let conflict = &forward.conflicts[0];
+    assert_eq!(
+        (conflict.port, conflict.loser.as_str()),
+        (443, "ingress-nginx/second-ingress")
+    );
+    let loser = forward
+        .decisions
+        .iter()
+        .find(|d| d.service == "ingress-nginx/second-ingress");
+    let Some(loser) = loser else {
+        panic!("{forward:#?}")
+    };
+    assert_eq!(loser.reason(), "SkippedConflict");
+    assert!(
+        loser
+            .warnings
+            .iter()
+            .any(|w| w.contains("ingress-nginx/ingress-nginx-controller"))
+    );
+    // One invalid Service does not disturb the others.
+    assert_eq!(forward.decisions.len(), 4);
+}
+
+#[test]
+#[ignore = "prints every fixture's Event reason and message for eyeballing"]
+fn print_summaries() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/services");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    for name in names {
+        let name = name.to_string_lossy().to_string();
+        let d = decide(&load(&name), &Defaults::default());
+        println!("{name}: {} | {}", d.reason(), d.summary());
+    }
+}
