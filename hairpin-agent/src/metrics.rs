@@ -2,7 +2,12 @@
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
     registry::Registry,
 };
 
@@ -38,14 +43,44 @@ struct KindLabel {
     kind: UpstreamError,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: &'static str,
+}
+
+/// Seconds, from 100 µs to about 13 s.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
 /// Every metric the agent exports. Cloning shares the underlying values.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Metrics {
     connections: Counter,
     active: Gauge,
     bytes: Family<DirectionLabel, Counter>,
     upstream_errors: Family<KindLabel, Counter>,
     frontends: Gauge,
+    frontends_failed: Gauge,
+    watch_restarts: Family<ResourceLabel, Counter>,
+    decide_seconds: Histogram,
+    reconcile_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            connections: Counter::default(),
+            active: Gauge::default(),
+            bytes: Family::default(),
+            upstream_errors: Family::default(),
+            frontends: Gauge::default(),
+            frontends_failed: Gauge::default(),
+            watch_restarts: Family::default(),
+            decide_seconds: duration_histogram(),
+            reconcile_seconds: duration_histogram(),
+        }
+    }
 }
 
 impl Metrics {
@@ -79,9 +114,27 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the number of frontends being proxied.
-    pub fn set_frontends(&self, n: usize) {
-        self.frontends.set(n as i64);
+    /// Sets the number of frontends proxied and failed.
+    pub fn set_frontends(&self, proxied: usize, failed: usize) {
+        self.frontends.set(proxied as i64);
+        self.frontends_failed.set(failed as i64);
+    }
+
+    /// Counts a failed watch of `resource` (it restarts with backoff).
+    pub fn watch_restart(&self, resource: &'static str) {
+        self.watch_restarts
+            .get_or_create(&ResourceLabel { resource })
+            .inc();
+    }
+
+    /// Records how long deciding the desired frontends took.
+    pub fn observe_decide(&self, d: std::time::Duration) {
+        self.decide_seconds.observe(d.as_secs_f64());
+    }
+
+    /// Records how long applying a desired state took.
+    pub fn observe_reconcile(&self, d: std::time::Duration) {
+        self.reconcile_seconds.observe(d.as_secs_f64());
     }
 
     /// Renders the OpenMetrics text exposition.
@@ -107,6 +160,26 @@ impl Metrics {
             "frontends_proxied",
             "Frontends with a live listener and redirect",
             self.frontends.clone(),
+        );
+        registry.register(
+            "frontends_failed",
+            "Frontends that could not be made live (left on the pre-hairpin path)",
+            self.frontends_failed.clone(),
+        );
+        registry.register(
+            "watch_restarts",
+            "Kubernetes watch failures by resource (each retried with backoff)",
+            self.watch_restarts.clone(),
+        );
+        registry.register(
+            "decide_duration_seconds",
+            "Time to decide the desired frontends from the cluster's objects",
+            self.decide_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time to apply a desired state to listeners and maps",
+            self.reconcile_seconds.clone(),
         );
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -12,11 +12,12 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     ebpf::{self, Datapath},
-    frontends::Frontend,
+    frontends::{Frontend, ProxyVersion},
+    k8s,
     metrics::Metrics,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
@@ -26,10 +27,37 @@ use crate::{
 /// Options of `run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// YAML file of frontends to proxy (LB IP, ports, proxyProtocol). Reloaded when it
-    /// changes and on SIGHUP; a broken edit keeps the last good set.
+    /// YAML file of frontends to proxy (LB IP, ports, proxyProtocol), instead of
+    /// watching the cluster: for debugging and running without an API server.
+    /// Reloaded when it changes and on SIGHUP; a broken edit keeps the last good set.
     #[arg(long, env = "HAIRPIN_FRONTENDS")]
-    pub frontends: PathBuf,
+    pub frontends: Option<PathBuf>,
+
+    /// kubeconfig to use instead of the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "HAIRPIN_KUBECONFIG", conflicts_with = "frontends")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// PROXY version for LoadBalancer Services that neither our annotation
+    /// (hairpin.dev/proxy-protocol) nor a known provider annotation decides.
+    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = parse_default_version)]
+    pub default_proxy_protocol: DefaultVersion,
+
+    /// This node's name (downward API `spec.nodeName`): the Lease identity and the
+    /// Event reporter instance. Default: the host name.
+    #[arg(long, env = "HAIRPIN_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Namespace of the agent's own objects (its Lease); downward API `metadata.namespace`.
+    #[arg(long, env = "HAIRPIN_NAMESPACE", default_value = "hairpin-system")]
+    pub namespace: String,
+
+    /// Name of the Lease that elects the one agent writing cluster-wide objects (Events).
+    #[arg(long, env = "HAIRPIN_LEASE_NAME", default_value = "hairpin-agent")]
+    pub lease_name: String,
+
+    /// Publish a Kubernetes Event on each Service whose decision changes (by the Lease holder).
+    #[arg(long, env = "HAIRPIN_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
 
     /// cgroup v2 directory to attach at. Default: the root of the node's cgroup v2
     /// hierarchy, found in /proc/self/mountinfo.
@@ -65,6 +93,17 @@ pub struct RunArgs {
     /// How often the frontends file is checked for changes.
     #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub frontends_poll: Duration,
+}
+
+/// `off`, `v1` or `v2`.
+#[derive(Clone, Copy, Debug)]
+pub struct DefaultVersion(pub Option<ProxyVersion>);
+
+fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
+    match s {
+        "off" | "none" => Ok(DefaultVersion(None)),
+        other => other.parse().map(|v| DefaultVersion(Some(v))),
+    }
 }
 
 fn parse_mark(s: &str) -> Result<u32, String> {
@@ -109,9 +148,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             )?
         }
     };
-    let initial = static_source::load(&args.frontends)?;
-
     let metrics = Metrics::default();
+    // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
+    let mut desired = match &args.frontends {
+        Some(path) => file_source(path, args.frontends_poll)?,
+        None => kubernetes_source(&args, metrics.clone()).await?,
+    };
+
     let relay = Relay::new(
         RelayConfig {
             bypass_mark: Some(args.bypass_mark),
@@ -130,30 +173,36 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
     let mut datapath = Datapath::load(object, args.bypass_mark)?;
     datapath.attach(&cgroup)?;
+    info!(cgroup = %cgroup.display(), "programs attached");
     let mut rec = Reconciler::new(relay, datapath, listen);
-    rec.apply(&initial);
-    metrics.set_frontends(rec.active().count());
-    info!(
-        cgroup = %cgroup.display(),
-        frontends = rec.active().count(),
-        failed = rec.failed().len(),
-        "agent ready"
-    );
 
-    let (tx, mut rx) = watch::channel(initial);
-    tokio::spawn(watch_file(args.frontends.clone(), args.frontends_poll, tx));
     let mut term = signal(SignalKind::terminate()).context("failed to handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to handle SIGINT")?;
+    let mut ready = false;
     loop {
+        // Apply what the source says now (None until it first synced).
+        let next = desired.borrow_and_update().clone();
+        if let Some(set) = next {
+            let started = std::time::Instant::now();
+            rec.apply(&set);
+            let took = started.elapsed();
+            metrics.observe_reconcile(took);
+            metrics.set_frontends(rec.active().count(), rec.failed().len());
+            debug!(?took, frontends = set.len(), "reconciled");
+            if !ready {
+                ready = true;
+                info!(
+                    cgroup = %cgroup.display(),
+                    frontends = rec.active().count(),
+                    failed = rec.failed().len(),
+                    "agent ready"
+                );
+            }
+        }
         tokio::select! {
             _ = term.recv() => { info!("SIGTERM"); break }
             _ = int.recv() => { info!("SIGINT"); break }
-            changed = rx.changed() => {
-                if changed.is_err() { break }
-                let desired = rx.borrow_and_update().clone();
-                rec.apply(&desired);
-                metrics.set_frontends(rec.active().count());
-            }
+            changed = desired.changed() => if changed.is_err() { break },
         }
     }
 
@@ -173,9 +222,77 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// What the main loop applies: `None` until the source has synced once.
+type Desired = watch::Receiver<Option<BTreeSet<Frontend>>>;
+
+/// The static source: the file now, then on every change.
+fn file_source(path: &Path, every: Duration) -> Result<Desired> {
+    let initial = static_source::load(path)?;
+    let (tx, rx) = watch::channel(Some(initial));
+    tokio::spawn(watch_file(path.to_path_buf(), every, tx));
+    Ok(rx)
+}
+
+/// The Kubernetes source: reflectors and the decision, the Lease, and Events.
+async fn kubernetes_source(args: &RunArgs, metrics: Metrics) -> Result<Desired> {
+    let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
+    let defaults = k8s::Defaults {
+        proxy_protocol: args.default_proxy_protocol.0,
+    };
+    let source = k8s::watch::spawn(client.clone(), defaults, metrics);
+    if args.events {
+        let node = match &args.node_name {
+            Some(n) => n.clone(),
+            None => nix::unistd::gethostname()
+                .context("no --node-name and no host name")?
+                .to_string_lossy()
+                .into_owned(),
+        };
+        let (leader_tx, leader_rx) = watch::channel(false);
+        let lease = k8s::lease::LeaseConfig {
+            namespace: args.namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: node.clone(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        };
+        tokio::spawn(k8s::lease::run(client.clone(), lease, leader_tx));
+        tokio::spawn(k8s::events::run(
+            client,
+            node,
+            source.services.clone(),
+            source.snapshot.clone(),
+            leader_rx,
+        ));
+    }
+    let (tx, rx) = watch::channel(None);
+    let mut snapshot = source.snapshot;
+    tokio::spawn(async move {
+        loop {
+            let next = {
+                let s = snapshot.borrow_and_update();
+                s.synced.then(|| s.frontends.clone())
+            };
+            if next.is_some() {
+                tx.send_if_modified(|cur| {
+                    let modified = *cur != next;
+                    if modified {
+                        *cur = next;
+                    }
+                    modified
+                });
+            }
+            if snapshot.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
 /// Reloads the frontends file when its modification time or size changes, and on
 /// SIGHUP. A file that fails to parse keeps the last good set (fail static).
-async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<BTreeSet<Frontend>>) {
+async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<Option<BTreeSet<Frontend>>>) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .ok()
@@ -202,7 +319,7 @@ async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<BTreeSet<F
         last = now;
         match static_source::load(&path) {
             Ok(set) => {
-                if tx.send(set).is_err() {
+                if tx.send(Some(set)).is_err() {
                     return;
                 }
             }

@@ -1,12 +1,17 @@
 //! Kubernetes-facing decisions, kept pure: which LoadBalancer frontends need a PROXY header,
-//! decided from Service objects alone. The watcher that feeds them lives elsewhere.
+//! decided from Service objects alone (pure), and the thin edges that feed and report them:
+//! the watch source, Events and the Lease.
 
 pub mod annotations;
+pub mod client;
 pub mod decide;
 pub mod decision;
 pub mod desired;
+pub mod events;
+pub mod lease;
 pub mod provider_eval;
 pub mod providers;
+pub mod watch;
 
 pub use decide::{Defaults, decide, service_key};
 pub use decision::{Decision, Outcome, Rule, Skip, SkipReason};

@@ -1,0 +1,175 @@
+//! One writer for cluster-wide objects: a coordination.k8s.io/v1 Lease.
+//!
+//! Every agent runs this; the holder writes Events (and, with the DNS fallback, the
+//! CoreDNS ConfigMap). Every write carries the Lease's resourceVersion, so two
+//! agents racing for an expired Lease cannot both win: the loser gets 409 Conflict.
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{Api, Client, api::PostParams};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// Lease settings.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Namespace of the Lease (the agent's own).
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// This agent's identity (its node name).
+    pub identity: String,
+    /// How long a Lease holds without renewal.
+    pub duration: Duration,
+    /// How often the holder renews and others check.
+    pub renew_every: Duration,
+}
+
+/// What one look at the Lease decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Create it: there is none.
+    Create,
+    /// We hold it: renew.
+    Renew,
+    /// Someone else's expired: take it over.
+    TakeOver,
+    /// Someone else holds it.
+    Follow(String),
+}
+
+/// Decides what to do with `lease` (pure, so the expiry rules are unit-tested).
+pub fn step(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Step {
+    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+        return if lease.is_some() {
+            Step::TakeOver
+        } else {
+            Step::Create
+        };
+    };
+    match spec.holder_identity.as_deref() {
+        Some(h) if h == identity => Step::Renew,
+        None | Some("") => Step::TakeOver,
+        Some(holder) => {
+            let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            let expired = spec
+                .renew_time
+                .as_ref()
+                .or(spec.acquire_time.as_ref())
+                .is_none_or(|t| t.0 + SignedDuration::from_secs(secs) < now);
+            if expired {
+                Step::TakeOver
+            } else {
+                Step::Follow(holder.to_string())
+            }
+        }
+    }
+}
+
+/// Runs the election forever, publishing whether this agent holds the Lease.
+pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) {
+    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let mut tick = tokio::time::interval(cfg.renew_every);
+    loop {
+        tick.tick().await;
+        let held = match attempt(&api, &cfg).await {
+            Ok(held) => held,
+            Err(e) => {
+                warn!(lease = %cfg.name, error = %e, "lease update failed");
+                // Without a successful renewal we cannot know we still hold it.
+                false
+            }
+        };
+        if leader.send_replace(held) != held {
+            info!(lease = %cfg.name, identity = %cfg.identity, held, "leadership changed");
+        }
+    }
+}
+
+async fn attempt(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+    let current = api.get_opt(&cfg.name).await?;
+    let now = Timestamp::now();
+    let step = step(current.as_ref(), &cfg.identity, now);
+    let stamp = Some(MicroTime(now));
+    let result = match (step, current) {
+        (Step::Follow(_), _) => return Ok(false),
+        (Step::Create, _) => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(cfg.name.clone()),
+                    namespace: Some(cfg.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(cfg.identity.clone()),
+                    lease_duration_seconds: Some(cfg.duration.as_secs() as i32),
+                    acquire_time: stamp.clone(),
+                    renew_time: stamp,
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await.map(|_| ())
+        }
+        (step, Some(mut lease)) => {
+            // `lease` carries its resourceVersion: replace fails with 409 if anyone wrote since.
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if step == Step::TakeOver {
+                spec.holder_identity = Some(cfg.identity.clone());
+                spec.acquire_time = stamp.clone();
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            }
+            spec.lease_duration_seconds = Some(cfg.duration.as_secs() as i32);
+            spec.renew_time = stamp;
+            api.replace(&cfg.name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        }
+        (_, None) => return Ok(false),
+    };
+    match result {
+        Ok(()) => Ok(true),
+        // Someone else wrote first (409) or created it first: follow for now.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: &str, renewed: Timestamp, secs: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: Some(secs),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn expiry_rules() {
+        let now = Timestamp::from_second(1_000_000).expect("timestamp");
+        let ago = |s| now - SignedDuration::from_secs(s);
+        assert_eq!(step(None, "a", now), Step::Create);
+        assert_eq!(step(Some(&lease("a", ago(100), 15)), "a", now), Step::Renew);
+        assert_eq!(
+            step(Some(&lease("b", ago(5), 15)), "a", now),
+            Step::Follow("b".into())
+        );
+        assert_eq!(
+            step(Some(&lease("b", ago(16), 15)), "a", now),
+            Step::TakeOver
+        );
+        assert_eq!(step(Some(&lease("", ago(1), 15)), "a", now), Step::TakeOver);
+    }
+}

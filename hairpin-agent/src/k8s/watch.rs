@@ -1,0 +1,227 @@
+//! The Kubernetes source: reflectors on Services and Ingresses (and Gateway API
+//! objects when their CRDs exist) feeding the pure decision in `decide_all`.
+//!
+//! Fail static: the reflector stores keep the last listed state through watch
+//! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
+//! list completes), so an API server that goes away never empties the frontends.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store, reflector},
+        watcher,
+    },
+};
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
+
+use super::{Decision, Defaults, SkipReason, decide_all, decision::Outcome};
+use crate::{frontends::Frontend, metrics::Metrics};
+
+/// What the cluster says, as of the last change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KubeSnapshot {
+    /// True once the Service list has been received at least once.
+    pub synced: bool,
+    /// The frontends to proxy.
+    pub frontends: BTreeSet<Frontend>,
+    /// One decision per LoadBalancer Service, for `status` and Events.
+    pub decisions: Vec<DecisionView>,
+}
+
+/// A decision in the shape `status` shows and an Event carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DecisionView {
+    /// `Service namespace/name`.
+    pub object: String,
+    /// CamelCase reason (`Proxied`, `SkippedIpModeProxy`, `InvalidAnnotation`, ...).
+    pub reason: String,
+    /// Human sentence.
+    pub message: String,
+    /// Whether an Event for it is a Warning.
+    pub warning: bool,
+}
+
+impl DecisionView {
+    fn from(d: &Decision) -> DecisionView {
+        DecisionView {
+            object: format!("Service {}", d.service),
+            reason: d.reason().to_string(),
+            message: d.summary(),
+            warning: d.is_warning(),
+        }
+    }
+}
+
+/// Handles to the running source.
+pub struct KubeSource {
+    /// Latest snapshot; changes whenever the decision output changes.
+    pub snapshot: watch::Receiver<KubeSnapshot>,
+    /// The Service cache (for Events: object references).
+    pub services: Store<Service>,
+    /// The Ingress cache (for the name fallbacks).
+    pub ingresses: Store<Ingress>,
+}
+
+/// Gateway API kinds watched when the CRDs are installed.
+const GATEWAY_KINDS: [(&str, &str); 3] = [
+    ("v1", "Gateway"),
+    ("v1", "HTTPRoute"),
+    ("v1alpha2", "TLSRoute"),
+];
+
+/// Starts the reflectors and the decision loop.
+pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics) -> KubeSource {
+    let changed = Arc::new(Notify::new());
+    let (services, svc_writer) = reflector::store::<Service>();
+    let svc_stream = reflector(
+        svc_writer,
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    );
+    tokio::spawn(drive(
+        "services",
+        svc_stream,
+        changed.clone(),
+        metrics.clone(),
+    ));
+
+    let (ingresses, ing_writer) = reflector::store::<Ingress>();
+    let ing_stream = reflector(
+        ing_writer,
+        watcher(
+            Api::<Ingress>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    );
+    tokio::spawn(drive(
+        "ingresses",
+        ing_stream,
+        changed.clone(),
+        metrics.clone(),
+    ));
+
+    tokio::spawn(watch_gateway_api(client, changed.clone(), metrics.clone()));
+
+    let (tx, snapshot) = watch::channel(KubeSnapshot::default());
+    tokio::spawn(decide_loop(
+        services.clone(),
+        defaults,
+        changed,
+        tx,
+        metrics,
+    ));
+    KubeSource {
+        snapshot,
+        services,
+        ingresses,
+    }
+}
+
+/// Polls one reflector stream forever. Errors are logged and counted; the stream
+/// retries with backoff by itself and the store keeps its last state meanwhile.
+async fn drive<K, S>(resource: &'static str, stream: S, changed: Arc<Notify>, metrics: Metrics)
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(watcher::Event::InitDone) => {
+                debug!(resource, "list complete");
+                changed.notify_one();
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(_) => changed.notify_one(),
+            Err(e) => {
+                metrics.watch_restart(resource);
+                warn!(resource, error = %e, "watch failed; retrying with backoff, last known state kept");
+            }
+        }
+    }
+}
+
+/// Gateway API CRDs are optional: watch their kinds only when the API group answers.
+async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metrics) {
+    for (version, kind) in GATEWAY_KINDS {
+        let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", version, kind);
+        let resource = match kube::discovery::pinned_kind(&client, &gvk).await {
+            Ok((ar, _caps)) => ar,
+            Err(e) => {
+                info!(kind, version, error = %e, "Gateway API kind not served; not watching it");
+                continue;
+            }
+        };
+        info!(kind, version, "watching Gateway API kind");
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        let stream = reflector(
+            writer,
+            watcher(api, watcher::Config::default()).default_backoff(),
+        );
+        tokio::spawn(drive(
+            kind_name(&resource),
+            stream,
+            changed.clone(),
+            metrics.clone(),
+        ));
+    }
+}
+
+fn kind_name(ar: &ApiResource) -> &'static str {
+    match ar.kind.as_str() {
+        "Gateway" => "gateways",
+        "HTTPRoute" => "httproutes",
+        _ => "tlsroutes",
+    }
+}
+
+async fn decide_loop(
+    services: Store<Service>,
+    defaults: Defaults,
+    changed: Arc<Notify>,
+    tx: watch::Sender<KubeSnapshot>,
+    metrics: Metrics,
+) {
+    if services.wait_until_ready().await.is_err() {
+        return;
+    }
+    info!("Service cache synced");
+    loop {
+        let started = std::time::Instant::now();
+        let all = services.state();
+        let desired = decide_all(all.iter().map(|s| s.as_ref()), &defaults);
+        let snapshot = KubeSnapshot {
+            synced: true,
+            frontends: desired.frontends.into_iter().collect(),
+            decisions: desired
+                .decisions
+                .iter()
+                .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
+                .map(DecisionView::from)
+                .collect(),
+        };
+        metrics.observe_decide(started.elapsed());
+        tx.send_if_modified(|cur| {
+            let modified = *cur != snapshot;
+            if modified {
+                *cur = snapshot;
+            }
+            modified
+        });
+        changed.notified().await;
+        // Coalesce a burst (a re-list applies many objects) into one decision.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

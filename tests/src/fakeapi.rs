@@ -1,0 +1,442 @@
+//! A recorded Kubernetes API server for the watch layer: it serves the objects a
+//! test gives it (recorded from real clusters, see hairpin-agent/tests/fixtures)
+//! through the real list and watch protocol over HTTP, and lets the test script
+//! what a real API server does to watchers: modify, delete, 410 Gone, dropped
+//! connections and outages. There is no kube-apiserver binary for this machine;
+//! this serves recorded objects and nothing more (no admission, no validation).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{SocketAddr, TcpListener},
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    body::Body,
+    http::{Method, StatusCode, Uri, header},
+    response::Response,
+};
+use futures::stream;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+/// Resources the fake serves, by URL collection path.
+const KINDS: [(&str, &str); 2] = [
+    ("/api/v1/services", "ServiceList"),
+    ("/apis/networking.k8s.io/v1/ingresses", "IngressList"),
+];
+
+#[derive(Clone, Debug)]
+enum WatchMsg {
+    Event {
+        kind: &'static str,
+        ty: &'static str,
+        object: Value,
+    },
+    /// Drop every open watch connection.
+    Disconnect,
+    /// Tell open watches their resourceVersion is too old.
+    Gone,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// collection path -> (namespace/name -> object)
+    objects: HashMap<&'static str, BTreeMap<String, Value>>,
+    /// Every change, for watches resuming from a resourceVersion.
+    history: Vec<(u64, &'static str, &'static str, Value)>,
+    /// Watches from before this resourceVersion get 410 Gone.
+    compacted_before: u64,
+    down: bool,
+    /// Every Event object POSTed or PATCHed.
+    events: Vec<Value>,
+    /// Leases by namespace/name.
+    leases: BTreeMap<String, Value>,
+    /// Requests seen, as `METHOD path?query`.
+    requests: Vec<String>,
+}
+
+/// The running fake. Dropping it stops the server.
+pub struct FakeApi {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    tx: broadcast::Sender<WatchMsg>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        // Tests drop the fake from inside their own runtime, where a blocking
+        // shutdown would panic.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl FakeApi {
+    /// Serves on 127.0.0.1 of the calling process's network namespace.
+    pub fn start() -> FakeApi {
+        FakeApi::serve(TcpListener::bind("127.0.0.1:0").expect("bind fake API"))
+    }
+
+    /// Serves on 127.0.0.1 inside network namespace `netns` (a name under
+    /// /run/netns), so an agent running there reaches it on its own loopback.
+    pub fn start_in_netns(netns: &str) -> FakeApi {
+        let path = format!("/run/netns/{netns}");
+        // A socket belongs to the namespace it was created in: create it from a
+        // short-lived thread that joins the namespace, then serve it from here.
+        let listener = std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).expect("open netns");
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            TcpListener::bind("127.0.0.1:0").expect("bind fake API in netns")
+        })
+        .join()
+        .expect("netns thread");
+        FakeApi::serve(listener)
+    }
+
+    fn serve(listener: TcpListener) -> FakeApi {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let state = Arc::new(Mutex::new(State {
+            rv: 1000,
+            ..State::default()
+        }));
+        let (tx, _) = broadcast::channel(1024);
+        let (st, t) = (state.clone(), tx.clone());
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            let app = axum::Router::new().fallback(
+                move |method: Method, uri: Uri, body: axum::body::Bytes| {
+                    let (st, t) = (st.clone(), t.clone());
+                    async move { handle(st, t, method, uri, body) }
+                },
+            );
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeApi {
+            addr,
+            state,
+            tx,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// The server URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig pointing at this server.
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user:\n    token: fake-token\n",
+            self.url()
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// Adds or replaces an object (a Service or an Ingress), notifying watchers.
+    pub fn apply(&self, mut object: Value) {
+        let coll = collection_of(&object);
+        let key = key_of(&object);
+        let mut st = self.state.lock().expect("fake API state");
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let objects = st.objects.entry(coll).or_default();
+        let ty = if objects.insert(key, object.clone()).is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        st.history.push((rv, coll, ty, object.clone()));
+        let _ = self.tx.send(WatchMsg::Event {
+            kind: coll,
+            ty,
+            object,
+        });
+    }
+
+    /// Deletes the object with `object`'s kind, namespace and name.
+    pub fn delete(&self, object: &Value) {
+        let coll = collection_of(object);
+        let mut st = self.state.lock().expect("fake API state");
+        let Some(mut gone) = st.objects.entry(coll).or_default().remove(&key_of(object)) else {
+            return;
+        };
+        st.rv += 1;
+        let rv = st.rv;
+        gone["metadata"]["resourceVersion"] = json!(rv.to_string());
+        st.history.push((rv, coll, "DELETED", gone.clone()));
+        let _ = self.tx.send(WatchMsg::Event {
+            kind: coll,
+            ty: "DELETED",
+            object: gone,
+        });
+    }
+
+    /// Compacts history and answers open watches with 410 Gone, as etcd compaction does.
+    pub fn expire_watches(&self) {
+        let mut st = self.state.lock().expect("fake API state");
+        st.compacted_before = st.rv + 1;
+        st.history.clear();
+        let _ = self.tx.send(WatchMsg::Gone);
+    }
+
+    /// Drops every open watch connection without a word.
+    pub fn disconnect_watches(&self) {
+        let _ = self.tx.send(WatchMsg::Disconnect);
+    }
+
+    /// Makes every request fail as during an etcd outage (and drops watches) until set back.
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().expect("fake API state").down = down;
+        if down {
+            self.disconnect_watches();
+        }
+    }
+
+    /// Event objects written so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().expect("fake API state").events.clone()
+    }
+
+    /// Leases as stored.
+    pub fn leases(&self) -> BTreeMap<String, Value> {
+        self.state.lock().expect("fake API state").leases.clone()
+    }
+
+    /// Requests received so far (`GET /api/v1/services?watch=true...`).
+    pub fn requests(&self) -> Vec<String> {
+        self.state.lock().expect("fake API state").requests.clone()
+    }
+}
+
+fn collection_of(object: &Value) -> &'static str {
+    match object["kind"].as_str() {
+        Some("Service") => KINDS[0].0,
+        Some("Ingress") => KINDS[1].0,
+        other => panic!("the fake API serves Services and Ingresses, not {other:?}"),
+    }
+}
+
+fn key_of(object: &Value) -> String {
+    let m = &object["metadata"];
+    format!(
+        "{}/{}",
+        m["namespace"].as_str().unwrap_or(""),
+        m["name"].as_str().unwrap_or("")
+    )
+}
+
+fn respond(code: StatusCode, body: Value) -> Response {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("response")
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    respond(
+        StatusCode::from_u16(code).expect("status code"),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn query(uri: &Uri) -> HashMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn handle(
+    st: Arc<Mutex<State>>,
+    tx: broadcast::Sender<WatchMsg>,
+    method: Method,
+    uri: Uri,
+    body: axum::body::Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    {
+        let mut s = st.lock().expect("fake API state");
+        s.requests.push(format!("{method} {uri}"));
+        if s.down {
+            // What an API server answers while etcd is unreachable. (503 would be
+            // retried inside kube's client and never reach the watcher.)
+            return status(500, "InternalError", "etcdserver: request timed out");
+        }
+    }
+    if let Some((coll, list_kind)) = KINDS.iter().find(|(c, _)| *c == path) {
+        let q = query(&uri);
+        if q.get("watch").is_some_and(|v| v == "true" || v == "1") {
+            let from: u64 = q
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            return watch(&st, &tx, coll, from);
+        }
+        let s = st.lock().expect("fake API state");
+        let items: Vec<Value> = s
+            .objects
+            .get(coll)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        return respond(
+            StatusCode::OK,
+            json!({"kind": list_kind, "apiVersion": if coll.starts_with("/api/") { "v1" } else { "networking.k8s.io/v1" },
+                   "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+        );
+    }
+    if path.starts_with("/apis/events.k8s.io/v1/namespaces/") && path.contains("/events") {
+        let mut ev: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+        let mut s = st.lock().expect("fake API state");
+        s.rv += 1;
+        ev["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+        s.events.push(ev.clone());
+        return respond(
+            if method == Method::POST {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            ev,
+        );
+    }
+    if let Some(rest) = path.strip_prefix("/apis/coordination.k8s.io/v1/namespaces/") {
+        return lease(&st, &method, rest, &body);
+    }
+    status(
+        404,
+        "NotFound",
+        &format!("the fake API server does not serve {path}"),
+    )
+}
+
+fn lease(st: &Arc<Mutex<State>>, method: &Method, rest: &str, body: &[u8]) -> Response {
+    // rest = "<ns>/leases[/<name>]"
+    let mut parts = rest.split('/');
+    let ns = parts.next().unwrap_or("");
+    let _ = parts.next();
+    let name = parts.next();
+    let mut s = st.lock().expect("fake API state");
+    let body: Value = serde_json::from_slice(body).unwrap_or(json!({}));
+    let key = |n: &str| format!("{ns}/{n}");
+    match (method.as_str(), name) {
+        ("GET", Some(n)) => match s.leases.get(&key(n)) {
+            Some(l) => respond(StatusCode::OK, l.clone()),
+            None => status(
+                404,
+                "NotFound",
+                &format!("leases.coordination.k8s.io \"{n}\" not found"),
+            ),
+        },
+        ("POST", None) => {
+            let n = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if s.leases.contains_key(&key(&n)) {
+                return status(409, "AlreadyExists", "lease already exists");
+            }
+            s.rv += 1;
+            let mut l = body;
+            l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+            s.leases.insert(key(&n), l.clone());
+            respond(StatusCode::CREATED, l)
+        }
+        ("PUT", Some(n)) => {
+            let current = s
+                .leases
+                .get(&key(n))
+                .map(|l| l["metadata"]["resourceVersion"].clone());
+            if current != Some(body["metadata"]["resourceVersion"].clone()) {
+                return status(409, "Conflict", "the object has been modified");
+            }
+            s.rv += 1;
+            let mut l = body;
+            l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+            s.leases.insert(key(n), l.clone());
+            respond(StatusCode::OK, l)
+        }
+        _ => status(405, "MethodNotAllowed", "unsupported lease request"),
+    }
+}
+
+fn line(ty: &str, object: &Value) -> axum::body::Bytes {
+    let mut s = json!({"type": ty, "object": object}).to_string();
+    s.push('\n');
+    s.into()
+}
+
+fn gone_line(rv: u64) -> axum::body::Bytes {
+    line(
+        "ERROR",
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {rv}"), "reason": "Expired", "code": 410}),
+    )
+}
+
+/// A watch: history after `from`, then live changes, until disconnected or expired.
+fn watch(
+    st: &Arc<Mutex<State>>,
+    tx: &broadcast::Sender<WatchMsg>,
+    coll: &'static str,
+    from: u64,
+) -> Response {
+    let s = st.lock().expect("fake API state");
+    let rx = tx.subscribe();
+    let streaming = |first: Vec<axum::body::Bytes>, rx: Option<broadcast::Receiver<WatchMsg>>| {
+        let backlog = stream::iter(first.into_iter().map(Ok::<_, std::io::Error>));
+        let live = stream::unfold(rx, move |rx| async move {
+            let mut rx = rx?;
+            loop {
+                match tokio::time::timeout(Duration::from_secs(300), rx.recv()).await {
+                    Ok(Ok(WatchMsg::Event {
+                        kind, ty, object, ..
+                    })) if kind == coll => {
+                        return Some((Ok(line(ty, &object)), Some(rx)));
+                    }
+                    Ok(Ok(WatchMsg::Event { .. })) => continue,
+                    Ok(Ok(WatchMsg::Gone)) => return Some((Ok(gone_line(from)), None)),
+                    Ok(Ok(WatchMsg::Disconnect)) | Ok(Err(_)) | Err(_) => return None,
+                }
+            }
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(futures::StreamExt::chain(backlog, live)))
+            .expect("watch response")
+    };
+    if from != 0 && from < s.compacted_before {
+        return streaming(vec![gone_line(from)], None);
+    }
+    let backlog: Vec<_> = s
+        .history
+        .iter()
+        .filter(|(rv, k, _, _)| *k == coll && *rv > from)
+        .map(|(_, _, ty, o)| line(ty, o))
+        .collect();
+    streaming(backlog, Some(rx))
+}
+
+/// Loads a YAML fixture (a `kubectl get -o yaml` object) as JSON.
+pub fn fixture(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}

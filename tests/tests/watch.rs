@@ -1,0 +1,336 @@
+//! The Kubernetes source against recorded objects served over real HTTP by the
+//! fake API server: add, modify, delete, 410 Gone, dropped watches and an outage,
+//! with the last known state kept throughout (fail static), and Events written by
+//! the Lease holder only. Each scenario has a deadline; nothing waits unbounded.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use hairpin_agent::{
+    k8s::{
+        self,
+        watch::{KubeSnapshot, KubeSource},
+    },
+    metrics::Metrics,
+};
+use hairpin_tests::fakeapi::{FakeApi, fixture};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// A recorded Service. Most fixtures are ingress-nginx's controller Service on
+/// some provider, so each is renamed after its fixture to coexist in one cluster.
+fn service(name: &str) -> Value {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hairpin-agent/tests/fixtures/services");
+    let mut svc = fixture(&dir.join(format!("{name}.yaml")));
+    if name != "digitalocean" {
+        svc["metadata"]["name"] = json!(name);
+    }
+    svc
+}
+
+fn client(api: &FakeApi) -> kube::Client {
+    let config = kube::Config::new(api.url().parse().expect("url"));
+    kube::Client::try_from(config).expect("client")
+}
+
+fn start(api: &FakeApi) -> (KubeSource, Metrics) {
+    let metrics = Metrics::default();
+    let source = k8s::watch::spawn(client(api), k8s::Defaults::default(), metrics.clone());
+    (source, metrics)
+}
+
+fn addrs(s: &KubeSnapshot) -> Vec<SocketAddr> {
+    s.frontends
+        .iter()
+        .map(|f| SocketAddr::new(f.ip, f.port))
+        .collect()
+}
+
+/// Waits until `pred` holds for the snapshot, or fails after `within`.
+async fn until(
+    rx: &mut watch::Receiver<KubeSnapshot>,
+    within: Duration,
+    what: &str,
+    pred: impl Fn(&KubeSnapshot) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        if pred(&rx.borrow_and_update()) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, rx.changed()).await.is_err() {
+            panic!(
+                "{what}: not within {within:?}; last snapshot: {:?}",
+                *rx.borrow()
+            );
+        }
+    }
+}
+
+const DO_HTTP: &str = "203.0.113.10:80";
+const DO_HTTPS: &str = "203.0.113.10:443";
+
+#[tokio::test]
+async fn add_modify_delete_flow_through_to_the_frontends() {
+    let api = FakeApi::start();
+    api.apply(service("clusterip"));
+    let (source, _m) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "initial sync", |s| {
+        s.synced
+    })
+    .await;
+    assert!(
+        rx.borrow().frontends.is_empty(),
+        "a ClusterIP Service proxies nothing"
+    );
+
+    let started = Instant::now();
+    api.apply(service("digitalocean"));
+    until(&mut rx, Duration::from_secs(2), "DO Service added", |s| {
+        addrs(s) == vec![DO_HTTP.parse().unwrap(), DO_HTTPS.parse().unwrap()]
+    })
+    .await;
+    eprintln!("watch event -> desired frontends: {:?}", started.elapsed());
+    let d = rx.borrow().decisions.clone();
+    assert!(
+        d.iter().any(
+            |d| d.object == "Service ingress-nginx/ingress-nginx-controller"
+                && d.reason == "Proxied"
+        ),
+        "{d:?}"
+    );
+
+    // Our annotation turns it off: modify.
+    let mut off = service("digitalocean");
+    off["metadata"]["annotations"]["hairpin.dev/proxy-protocol"] = json!("off");
+    api.apply(off.clone());
+    until(&mut rx, Duration::from_secs(2), "annotation off", |s| {
+        s.frontends.is_empty()
+    })
+    .await;
+
+    // Back on with v2, then delete.
+    let mut v2 = service("digitalocean");
+    v2["metadata"]["annotations"]["hairpin.dev/proxy-protocol"] = json!("v2");
+    api.apply(v2.clone());
+    until(&mut rx, Duration::from_secs(2), "v2", |s| {
+        s.frontends
+            .iter()
+            .all(|f| f.version == hairpin_agent::frontends::ProxyVersion::V2)
+            && s.frontends.len() == 2
+    })
+    .await;
+    api.delete(&v2);
+    until(&mut rx, Duration::from_secs(2), "deleted", |s| {
+        s.frontends.is_empty() && s.decisions.is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_410_gone_relists_without_emptying_the_frontends() {
+    let api = FakeApi::start();
+    api.apply(service("digitalocean"));
+    let (source, metrics) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "synced with DO", |s| {
+        s.frontends.len() == 2
+    })
+    .await;
+
+    // Record every snapshot from here: none may be empty.
+    let mut seen = source.snapshot.clone();
+    let watcher = tokio::spawn(async move {
+        let mut min = usize::MAX;
+        while tokio::time::timeout(Duration::from_secs(3), seen.changed())
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            min = min.min(seen.borrow_and_update().frontends.len());
+        }
+        min
+    });
+    api.expire_watches();
+    api.apply(service("scaleway"));
+    until(
+        &mut rx,
+        Duration::from_secs(5),
+        "Scaleway after re-list",
+        |s| s.frontends.len() > 2,
+    )
+    .await;
+    let min = watcher.await.expect("watcher");
+    assert!(
+        min >= 2,
+        "the frontends were emptied during the re-list (min {min})"
+    );
+    let relists = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/services?") && !r.contains("watch="))
+        .count();
+    assert!(
+        relists >= 2,
+        "expected a second list after 410: {:?}",
+        api.requests()
+    );
+    assert!(
+        metrics
+            .render()
+            .contains("hairpin_watch_restarts_total{resource=\"services\"}"),
+        "{}",
+        metrics.render()
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_watch_resumes_and_sees_later_changes() {
+    let api = FakeApi::start();
+    let (source, _m) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "sync", |s| s.synced).await;
+    api.disconnect_watches();
+    api.apply(service("digitalocean"));
+    until(&mut rx, Duration::from_secs(5), "DO after reconnect", |s| {
+        s.frontends.len() == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_api_outage_keeps_the_last_known_state() {
+    let api = FakeApi::start();
+    api.apply(service("digitalocean"));
+    let (source, metrics) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "sync", |s| {
+        s.frontends.len() == 2
+    })
+    .await;
+
+    api.set_down(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        addrs(&rx.borrow()),
+        vec![DO_HTTP.parse().unwrap(), DO_HTTPS.parse().unwrap()],
+        "fail static"
+    );
+    let restarts = metrics.render();
+    assert!(
+        restarts.contains("hairpin_watch_restarts_total{resource=\"services\"}"),
+        "{restarts}\n{:#?}",
+        api.requests()
+    );
+
+    api.set_down(false);
+    api.apply(service("scaleway"));
+    // The watcher's backoff grows during the outage: allow for its next attempt.
+    until(&mut rx, Duration::from_secs(20), "recovered", |s| {
+        s.frontends.len() > 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn invalid_annotations_are_reported_and_do_not_block_others() {
+    let api = FakeApi::start();
+    api.apply(service("invalid-version"));
+    api.apply(service("digitalocean"));
+    let (source, _m) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "sync", |s| s.synced).await;
+    let s = rx.borrow().clone();
+    assert_eq!(s.frontends.len(), 2, "{s:?}");
+    let invalid = s
+        .decisions
+        .iter()
+        .find(|d| d.reason == "InvalidAnnotation")
+        .expect("an invalid decision");
+    assert!(invalid.warning);
+    assert!(
+        invalid.message.contains("hairpin.dev/proxy-protocol"),
+        "{}",
+        invalid.message
+    );
+}
+
+#[tokio::test]
+async fn the_lease_holder_publishes_one_event_per_decision_change() {
+    let api = FakeApi::start();
+    api.apply(service("digitalocean"));
+    let (source, _m) = start(&api);
+    let c = client(&api);
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let lease = k8s::lease::LeaseConfig {
+        namespace: "hairpin-system".into(),
+        name: "hairpin-agent".into(),
+        identity: "node-a".into(),
+        duration: Duration::from_secs(15),
+        renew_every: Duration::from_millis(200),
+    };
+    tokio::spawn(k8s::lease::run(c.clone(), lease.clone(), leader_tx));
+    // A second agent on another node contends for the same Lease.
+    let (other_tx, mut other_rx) = watch::channel(false);
+    tokio::spawn(k8s::lease::run(
+        c.clone(),
+        k8s::lease::LeaseConfig {
+            identity: "node-b".into(),
+            ..lease
+        },
+        other_tx,
+    ));
+    tokio::spawn(k8s::events::run(
+        c,
+        "node-a".into(),
+        source.services.clone(),
+        source.snapshot.clone(),
+        leader_rx.clone(),
+    ));
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while api.events().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leaders = [*leader_rx.borrow(), *other_rx.borrow_and_update()];
+    assert_eq!(
+        leaders.iter().filter(|l| **l).count(),
+        1,
+        "exactly one holder: {leaders:?}; leases {:?}",
+        api.leases()
+    );
+    let events = api.events();
+    if leaders[0] {
+        assert_eq!(events.len(), 1, "one Event for one decision: {events:#?}");
+        let e = &events[0];
+        assert_eq!(e["reason"], "Proxied");
+        assert_eq!(e["regarding"]["name"], "ingress-nginx-controller");
+        assert!(
+            e["note"].as_str().unwrap_or("").contains("203.0.113.10:80"),
+            "{e}"
+        );
+    } else {
+        assert!(
+            events.is_empty(),
+            "a follower must not write Events: {events:#?}"
+        );
+    }
+    let lease = api
+        .leases()
+        .get("hairpin-system/hairpin-agent")
+        .cloned()
+        .expect("lease created");
+    assert!(
+        matches!(
+            lease["spec"]["holderIdentity"].as_str(),
+            Some("node-a" | "node-b")
+        ),
+        "{lease}"
+    );
+}
