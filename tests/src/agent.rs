@@ -110,6 +110,44 @@ impl Agent {
         agent
     }
 
+    /// Starts the agent on `node` watching the (fake) API server of `kubeconfig`
+    /// instead of a frontends file, and waits until it is attached. It logs
+    /// `agent ready` only once the Service list has synced.
+    pub fn start_kube(node: &SimNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
+        let log = node.dir.join("agent.log");
+        let out = fs::File::create(&log).expect("agent log");
+        let bin = agent_bin();
+        let node_ips = format!("{NODE_IP4},{NODE_IP6}");
+        let mut argv = vec![
+            bin.to_str().expect("utf-8 path"),
+            "run",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("utf-8 path"),
+            "--node-name",
+            "sim-node",
+            "--cgroup-path",
+            node.cgroup.to_str().expect("utf-8 path"),
+            "--node-ip",
+            &node_ips,
+            "--log",
+            "hairpin_agent=debug,info",
+        ];
+        argv.extend_from_slice(extra);
+        let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start hairpin-agent");
+        let mut agent = Agent {
+            child: Some(child),
+            log,
+            frontends: PathBuf::new(),
+        };
+        agent.wait_for_log("programs attached", Duration::from_secs(20));
+        agent
+    }
+
     /// The agent's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
