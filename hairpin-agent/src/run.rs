@@ -2,9 +2,9 @@
 
 use std::{
     collections::BTreeSet,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context, Result, bail};
@@ -15,11 +15,13 @@ use tokio::{
 use tracing::{error, info, warn};
 
 use crate::{
+    admin::{self, AdminConfig},
     ebpf::{self, Datapath},
     frontends::Frontend,
     metrics::Metrics,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
+    state::{AgentState, AttachmentStatus},
     static_source,
 };
 
@@ -65,9 +67,25 @@ pub struct RunArgs {
     /// How often the frontends file is checked for changes.
     #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub frontends_poll: Duration,
+
+    /// TCP address of the admin server (/healthz, /readyz, /metrics, /status).
+    /// Node-local: the DaemonSet runs in the host network namespace.
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    pub admin_address: SocketAddr,
+
+    /// Unix socket of the admin server (mode 0600), which `hairpin-agent status` and
+    /// the other node subcommands read first. Its directory is created; a stale
+    /// socket left by a dead agent is replaced.
+    #[arg(
+        long,
+        env = "HAIRPIN_ADMIN_SOCKET",
+        default_value = "/run/hairpin/admin.sock"
+    )]
+    pub admin_socket: PathBuf,
 }
 
-fn parse_mark(s: &str) -> Result<u32, String> {
+/// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
+pub fn parse_mark(s: &str) -> Result<u32, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
@@ -131,8 +149,28 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut datapath = Datapath::load(object, args.bypass_mark)?;
     datapath.attach(&cgroup)?;
     let mut rec = Reconciler::new(relay, datapath, listen);
+    let started = Instant::now();
     rec.apply(&initial);
     metrics.set_frontends(rec.active().count());
+
+    // Admin server and the AgentState it serves (status, readiness).
+    let state = AgentState::new(args.bypass_mark);
+    let file_source = format!("file {}", args.frontends.display());
+    state.set_attachment(Some(AttachmentStatus {
+        cgroup: cgroup.clone(),
+        ids: rec.datapath.kernel_ids(),
+    }));
+    state.record_apply(&rec, &initial, started.elapsed());
+    state.source_synced(&file_source);
+    let admin = admin::start(
+        &AdminConfig {
+            address: Some(args.admin_address),
+            socket: Some(args.admin_socket.clone()),
+        },
+        state.clone(),
+        metrics.clone(),
+    )
+    .await?;
     info!(
         cgroup = %cgroup.display(),
         frontends = rec.active().count(),
@@ -141,7 +179,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
 
     let (tx, mut rx) = watch::channel(initial);
-    tokio::spawn(watch_file(args.frontends.clone(), args.frontends_poll, tx));
+    tokio::spawn(watch_file(
+        args.frontends.clone(),
+        args.frontends_poll,
+        tx,
+        state.clone(),
+    ));
     let mut term = signal(SignalKind::terminate()).context("failed to handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to handle SIGINT")?;
     loop {
@@ -151,14 +194,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             changed = rx.changed() => {
                 if changed.is_err() { break }
                 let desired = rx.borrow_and_update().clone();
+                let started = Instant::now();
                 rec.apply(&desired);
                 metrics.set_frontends(rec.active().count());
+                state.record_apply(&rec, &desired, started.elapsed());
+                state.source_synced(&file_source);
             }
         }
     }
 
     // Stop redirecting first, so no new connection depends on this process...
     rec.datapath.detach();
+    state.set_attachment(None);
     let counters: Vec<String> = rec
         .datapath
         .counters()
@@ -169,13 +216,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!("redirects removed");
     // ...then let the connections already relayed finish, within a bound.
     let left = rec.relay.drain(args.drain_timeout).await;
+    admin.shutdown().await;
     info!(left, "agent stopped");
     Ok(())
 }
 
 /// Reloads the frontends file when its modification time or size changes, and on
 /// SIGHUP. A file that fails to parse keeps the last good set (fail static).
-async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<BTreeSet<Frontend>>) {
+async fn watch_file(
+    path: PathBuf,
+    every: Duration,
+    tx: watch::Sender<BTreeSet<Frontend>>,
+    state: AgentState,
+) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .ok()
@@ -206,7 +259,10 @@ async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<BTreeSet<F
                     return;
                 }
             }
-            Err(e) => error!(error = %e, "keeping the last good frontends"),
+            Err(e) => {
+                error!(error = %e, "keeping the last good frontends");
+                state.source_error(&format!("file {}", path.display()), &e.to_string());
+            }
         }
     }
 }
