@@ -18,7 +18,11 @@ pub fn admin_socket(node: &SimNode) -> PathBuf {
 /// Starts the agent on `node` with its admin socket under the node's scratch directory.
 pub fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
     let sock = admin_socket(node);
-    Agent::start_with(node, specs, &["--admin-socket", sock.to_str().expect("utf-8 path")])
+    Agent::start_with(
+        node,
+        specs,
+        &["--admin-socket", sock.to_str().expect("utf-8 path")],
+    )
 }
 
 /// What a subcommand printed and how it exited.
@@ -35,8 +39,9 @@ pub struct CliRun {
 impl CliRun {
     /// Standard output parsed as JSON; panics with the output when it is not.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not json ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!("not json ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr)
+        })
     }
 }
 

@@ -43,7 +43,10 @@ fn status_reports_attachment_frontends_sources_and_counters() {
     assert_eq!(att["cgroup"], node.cgroup.to_str().expect("utf-8"));
     let programs = att["programs"].as_array().expect("programs");
     assert_eq!(programs.len(), 2);
-    for (p, name) in programs.iter().zip(["hairpin_connect4", "hairpin_connect6"]) {
+    for (p, name) in programs
+        .iter()
+        .zip(["hairpin_connect4", "hairpin_connect6"])
+    {
         assert_eq!(p["name"], name);
         assert!(p["program_id"].as_u64().expect("id") > 0);
         assert_eq!(p["link_ids"].as_array().expect("links").len(), 1, "{p}");
@@ -56,25 +59,55 @@ fn status_reports_attachment_frontends_sources_and_counters() {
     assert_eq!(f["state"], "active");
     assert_eq!(f["version"], "v1");
     assert_eq!(f["path"], "ebpf");
-    assert!(f["listener"].as_str().expect("listener").starts_with(&format!("{NODE_IP4}:")));
+    assert!(
+        f["listener"]
+            .as_str()
+            .expect("listener")
+            .starts_with(&format!("{NODE_IP4}:"))
+    );
     assert_eq!(s["sources"][0]["synced"], true);
-    assert!(s["sources"][0]["name"].as_str().expect("name").starts_with("file "));
+    assert!(
+        s["sources"][0]["name"]
+            .as_str()
+            .expect("name")
+            .starts_with("file ")
+    );
     assert!(s["last_reconcile"]["at"].is_string());
 
     // A redirected request moves the kernel and relay counters.
-    let curl = output_in(&node.pod_ns, Some(&node.pod_cgroup()), &["curl", "-sS", "--max-time", "5", "http://203.0.113.10/"]);
+    let curl = output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["curl", "-sS", "--max-time", "5", "http://203.0.113.10/"],
+    );
     assert!(curl.status.success(), "{curl:?}");
     let j = run_cli(&node, &["status", "-o", "json"]).json();
     let c = &j["status"]["counters"];
-    assert!(c["kernel"]["redirected"].as_u64().expect("redirected") >= 1, "{c}");
-    assert!(c["kernel"]["skipped_bypass_mark"].as_u64().expect("skipped") >= 1, "{c}");
+    assert!(
+        c["kernel"]["redirected"].as_u64().expect("redirected") >= 1,
+        "{c}"
+    );
+    assert!(
+        c["kernel"]["skipped_bypass_mark"]
+            .as_u64()
+            .expect("skipped")
+            >= 1,
+        "{c}"
+    );
     assert_eq!(c["relay"]["connections"], 1, "{c}");
-    assert!(c["relay"]["bytes_downstream"].as_u64().expect("bytes") > 0, "{c}");
+    assert!(
+        c["relay"]["bytes_downstream"].as_u64().expect("bytes") > 0,
+        "{c}"
+    );
 
     let text = run_cli(&node, &["status"]);
     assert_eq!(text.code, 0);
     assert!(text.stdout.contains("ready"), "{}", text.stdout);
-    assert!(text.stdout.contains("203.0.113.10:80  active  ebpf"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("203.0.113.10:80  active  ebpf"),
+        "{}",
+        text.stdout
+    );
     assert!(!text.stdout.contains('\x1b'), "no colour into a pipe");
 }
 
@@ -86,12 +119,22 @@ fn status_without_an_agent_says_so_and_exits_1() {
     assert_eq!(run.code, 1, "{run:?}");
     let j = run.json();
     assert_eq!(j["agent_reachable"], false);
-    assert!(j["agent_error"].as_str().expect("error").contains("not reachable"), "{j}");
+    assert!(
+        j["agent_error"]
+            .as_str()
+            .expect("error")
+            .contains("not reachable"),
+        "{j}"
+    );
     assert!(j["status"].is_null());
     assert!(j["kernel_programs"].is_array(), "{j}");
     let text = run_cli(&node, &["status"]);
     assert_eq!(text.code, 1);
-    assert!(text.stdout.contains("the agent is not reachable"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("the agent is not reachable"),
+        "{}",
+        text.stdout
+    );
 }
 
 #[test]
@@ -114,8 +157,17 @@ fn check_says_broken_before_hairpin_and_works_after() {
     assert_eq!(a["hairpin"]["state"], "unknown");
     assert_eq!(a["probes"]["in_cluster"]["outcome"], "no_answer", "{a}");
     assert_eq!(a["probes"]["direct"]["outcome"], "no_answer", "{a}");
-    assert_eq!(a["probes"]["direct_with_header"]["outcome"], "answered", "{a}");
-    assert!(a["probes"]["direct_with_header"]["detail"].as_str().expect("detail").contains("200"), "{a}");
+    assert_eq!(
+        a["probes"]["direct_with_header"]["outcome"], "answered",
+        "{a}"
+    );
+    assert!(
+        a["probes"]["direct_with_header"]["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("200"),
+        "{a}"
+    );
 
     let plain = run_cli(&node, &["check", "203.0.113.10:81", "--output", "json"]);
     assert_eq!(plain.code, 0, "{plain:?}");
@@ -131,13 +183,26 @@ fn check_says_broken_before_hairpin_and_works_after() {
     let a = &j["addresses"][0];
     assert_eq!(a["hairpin"]["state"], "active", "{a}");
     assert_eq!(a["probes"]["in_cluster"]["outcome"], "answered", "{a}");
-    assert_eq!(a["probes"]["direct"]["outcome"], "no_answer", "the mark bypasses the redirect: {a}");
-    assert!(a["explanation"].as_str().expect("text").contains("through hairpin"), "{a}");
+    assert_eq!(
+        a["probes"]["direct"]["outcome"], "no_answer",
+        "the mark bypasses the redirect: {a}"
+    );
+    assert!(
+        a["explanation"]
+            .as_str()
+            .expect("text")
+            .contains("through hairpin"),
+        "{a}"
+    );
 
     let text = run_cli(&node, &["check", "203.0.113.10"]);
     assert_eq!(text.code, 0);
     assert!(text.stdout.contains("short-circuits it"), "{}", text.stdout);
-    assert!(text.stdout.contains("works through hairpin"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("works through hairpin"),
+        "{}",
+        text.stdout
+    );
 }
 
 #[test]
@@ -148,9 +213,15 @@ fn check_cannot_check_what_does_not_resolve_or_answer() {
     assert_eq!(run.code, 2, "{run:?}");
     assert_eq!(run.json()["verdict"], "unknown");
     // Nothing listens behind 203.0.113.10:80 without nginx: refused through the DNAT.
-    let run = run_cli(&node, &["check", "203.0.113.10:80", "--timeout", "1s", "-o", "json"]);
+    let run = run_cli(
+        &node,
+        &["check", "203.0.113.10:80", "--timeout", "1s", "-o", "json"],
+    );
     assert_eq!(run.code, 2, "{run:?}");
-    assert_eq!(run.json()["addresses"][0]["probes"]["in_cluster"]["outcome"], "connect_failed");
+    assert_eq!(
+        run.json()["addresses"][0]["probes"]["in_cluster"]["outcome"],
+        "connect_failed"
+    );
     let bad = run_cli(&node, &["check", "[2001:db8::1"]);
     assert_ne!(bad.code, 0);
 }
@@ -170,14 +241,29 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
             .unwrap_or_else(|| panic!("no check {name}: {j}"))
             .clone()
     };
-    for name in ["kernel", "bpf", "ebpf_object", "cgroup2", "capabilities", "kube_proxy_mode"] {
+    for name in [
+        "kernel",
+        "bpf",
+        "ebpf_object",
+        "cgroup2",
+        "capabilities",
+        "kube_proxy_mode",
+    ] {
         assert_eq!(check(&j, name)["status"], "ok", "{name}: {j}");
     }
-    assert!(check(&j, "kube_proxy_mode")["detail"].as_str().expect("d").starts_with("iptables"));
+    assert!(
+        check(&j, "kube_proxy_mode")["detail"]
+            .as_str()
+            .expect("d")
+            .starts_with("iptables")
+    );
     assert_eq!(check(&j, "agent")["status"], "warn");
     assert!(check(&j, "agent")["fix"].is_string());
     assert_eq!(check(&j, "kube_proxy_frontends")["status"], "skip");
-    assert_eq!(check(&j, "ip_mode")["detail"], "needs the running agent (it reads the API server)");
+    assert_eq!(
+        check(&j, "ip_mode")["detail"],
+        "needs the running agent (it reads the API server)"
+    );
     assert_eq!(run.code, 0, "warnings only: {run:?}");
     assert_eq!(j["ok"], true);
 
@@ -187,7 +273,11 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
     assert_eq!(check(&j, "kube_proxy_frontends")["status"], "ok", "{j}");
     assert_eq!(check(&j, "coredns")["status"], "skip");
     let text = run_cli(&node, &["doctor"]);
-    assert!(text.stdout.contains("kube_proxy_frontends  ok"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("kube_proxy_frontends  ok"),
+        "{}",
+        text.stdout
+    );
 }
 
 #[test]
@@ -201,11 +291,22 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     assert_eq!(j["selected_by"], "agent");
     let maps = j["maps"].as_array().expect("maps");
     assert_eq!(maps.len(), 2, "{j}");
-    let fe = maps.iter().find(|m| m["kind"] == "frontends").expect("frontends map");
+    let fe = maps
+        .iter()
+        .find(|m| m["kind"] == "frontends")
+        .expect("frontends map");
     assert_eq!(fe["name"], "HAIRPIN_FRONTEN");
     assert_eq!(fe["entries"][0]["frontend"], "203.0.113.10:80");
-    assert!(fe["entries"][0]["listener"].as_str().expect("l").starts_with(NODE_IP4));
-    let ctr = maps.iter().find(|m| m["kind"] == "counters").expect("counters map");
+    assert!(
+        fe["entries"][0]["listener"]
+            .as_str()
+            .expect("l")
+            .starts_with(NODE_IP4)
+    );
+    let ctr = maps
+        .iter()
+        .find(|m| m["kind"] == "counters")
+        .expect("counters map");
     assert!(ctr["counters"]["redirected"].is_u64(), "{ctr}");
 
     let pid = agent.pid().to_string();
@@ -214,9 +315,16 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     assert_eq!(by_pid["maps"].as_array().expect("maps").len(), 2);
     let id = fe["id"].to_string();
     let by_id = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]).json();
-    assert_eq!(by_id["maps"][0]["entries"][0]["frontend"], "203.0.113.10:80");
+    assert_eq!(
+        by_id["maps"][0]["entries"][0]["frontend"],
+        "203.0.113.10:80"
+    );
     let text = run_cli(&node, &["dump", "--map-id", &id]);
-    assert!(text.stdout.contains("HAIRPIN_FRONTEN (frontends)"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("HAIRPIN_FRONTEN (frontends)"),
+        "{}",
+        text.stdout
+    );
 
     drop(agent);
     // No agent: its maps go (the kernel frees them after the last fd closes, deferred),
@@ -254,10 +362,18 @@ fn admin_endpoints_answer_on_the_socket_and_the_node_loopback() {
     let health = curl(&["--unix-socket", s, "http://agent/healthz"]);
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let ready = curl(&["--unix-socket", s, "http://agent/readyz"]);
-    assert!(ready.starts_with("HTTP/1.1 200") && ready.contains(r#"{"ready":true}"#), "{ready}");
+    assert!(
+        ready.starts_with("HTTP/1.1 200") && ready.contains(r#"{"ready":true}"#),
+        "{ready}"
+    );
     let metrics = curl(&["http://127.0.0.1:9901/metrics"]);
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-    assert!(metrics.to_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"), "{metrics}");
+    assert!(
+        metrics
+            .to_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{metrics}"
+    );
     assert!(metrics.contains("hairpin_frontends_proxied 1"), "{metrics}");
     let status = curl(&["http://127.0.0.1:9901/status"]);
     assert!(status.contains(r#""state":"active""#), "{status}");
