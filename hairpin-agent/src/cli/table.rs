@@ -105,17 +105,13 @@ impl Table {
         let mut out = String::new();
         for row in std::iter::once(&header_cells).chain(&self.rows) {
             let mut line = " ".repeat(indent);
-            for i in 0..cols {
+            for (i, w) in width.iter().enumerate() {
                 let cell = row.get(i);
                 let text = cell.map(|c| c.text.as_str()).unwrap_or("");
                 let tone = cell.map(|c| c.tone).unwrap_or(Tone::Plain);
-                match (colour, tone.ansi()) {
-                    (true, Some(code)) => line.push_str(&format!("{code}{text}\x1b[0m")),
-                    _ => line.push_str(text),
-                }
+                line.push_str(&paint(text, tone, colour));
                 if i + 1 < cols {
-                    let pad = width[i] - text.chars().count() + 2;
-                    line.push_str(&" ".repeat(pad));
+                    line.push_str(&" ".repeat(w - text.chars().count() + 2));
                 }
             }
             out.push_str(line.trim_end());
