@@ -215,9 +215,12 @@ impl AgentState {
             })
             .collect();
         // The reconciler keeps only the reason; the rest comes from what was asked for.
+        // The first frontend for an address is the one the reconciler tried (set order).
+        let mut seen = BTreeSet::new();
         let failed = desired.iter().filter_map(|f| {
-            let reason = rec.failed().get(&SocketAddr::new(f.ip, f.port))?;
-            Some((f, reason))
+            let addr = SocketAddr::new(f.ip, f.port);
+            let reason = rec.failed().get(&addr)?;
+            seen.insert(addr).then_some((f, reason))
         });
         frontends.extend(failed.map(|(f, reason)| FrontendStatus {
             ip: f.ip,
