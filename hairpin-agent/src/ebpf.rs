@@ -189,6 +189,15 @@ impl Datapath {
         self.attachment.as_ref()
     }
 
+    /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
+    pub fn kernel_ids(&self) -> crate::kernel::KernelIds {
+        let infos: Vec<(&str, aya::programs::ProgramInfo)> = PROGRAMS
+            .iter()
+            .filter_map(|name| Some((*name, self.ebpf.program(name)?.info().ok()?)))
+            .collect();
+        crate::kernel::ids_of(&infos)
+    }
+
     /// Redirects connects to `frontend` to `listener`.
     pub fn insert(
         &mut self,
@@ -322,7 +331,8 @@ fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
     }
 }
 
-fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
+/// The inverse of `encode`: a map key or value's address words back to an address.
+pub(crate) fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
     let port = u16::from_be(port);
     if family == AF_INET {
         SocketAddr::from((addr[0].to_ne_bytes(), port))

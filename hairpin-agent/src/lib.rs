@@ -5,13 +5,17 @@
 //! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
 //! are thin and tested for real.
 
+pub mod admin;
+pub mod cli;
 pub mod ebpf;
 pub mod fallback;
 pub mod frontends;
 pub mod k8s;
+pub mod kernel;
 pub mod metrics;
 pub mod proxy_header;
 pub mod reconcile;
 pub mod relay;
 pub mod run;
+pub mod state;
 pub mod static_source;

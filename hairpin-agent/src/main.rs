@@ -34,6 +34,14 @@ enum LogFormat {
 enum Command {
     /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
     Run(hairpin_agent::run::RunArgs),
+    /// Show what the agent on this node is doing (or what the kernel says when it is down).
+    Status(hairpin_agent::cli::status::StatusArgs),
+    /// Say whether in-cluster requests to a host or IP work, and why not.
+    Check(hairpin_agent::cli::check::CheckArgs),
+    /// Check that this node can run hairpin: kernel, BPF, cgroup v2, capabilities, kube-proxy.
+    Doctor(hairpin_agent::cli::doctor::DoctorArgs),
+    /// Print hairpin's BPF maps and counters, raw.
+    Dump(hairpin_agent::cli::dump::DumpArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,5 +61,17 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(hairpin_agent::run::run(args))
         }
+        // The node subcommands exit with their verdict: scripts branch on it.
+        Command::Status(args) => exit(hairpin_agent::cli::status::run(&args)?),
+        Command::Check(args) => exit(hairpin_agent::cli::check::run(&args)?),
+        Command::Doctor(args) => exit(hairpin_agent::cli::doctor::run(&args)?),
+        Command::Dump(args) => exit(hairpin_agent::cli::dump::run(&args)?),
     }
+}
+
+fn exit(code: i32) -> anyhow::Result<()> {
+    if code == 0 {
+        return Ok(());
+    }
+    std::process::exit(code)
 }

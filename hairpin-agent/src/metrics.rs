@@ -137,6 +137,37 @@ impl Metrics {
         self.reconcile_seconds.observe(d.as_secs_f64());
     }
 
+    /// The relay's counters now, for `/status`.
+    pub fn relay_counters(&self) -> crate::state::RelayCounters {
+        let bytes = |direction| {
+            self.bytes
+                .get_or_create(&DirectionLabel { direction })
+                .get()
+        };
+        let kinds = [
+            (UpstreamError::Refused, "refused"),
+            (UpstreamError::Timeout, "timeout"),
+            (UpstreamError::Reset, "reset"),
+            (UpstreamError::Other, "other"),
+        ];
+        crate::state::RelayCounters {
+            connections: self.connections.get(),
+            active_connections: self.active.get(),
+            bytes_upstream: bytes(Direction::Upstream),
+            bytes_downstream: bytes(Direction::Downstream),
+            upstream_errors: kinds
+                .into_iter()
+                .map(|(kind, name)| {
+                    let n = self
+                        .upstream_errors
+                        .get_or_create(&KindLabel { kind })
+                        .get();
+                    (name.to_string(), n)
+                })
+                .collect(),
+        }
+    }
+
     /// Renders the OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut registry = Registry::with_prefix("hairpin");

@@ -2,9 +2,10 @@
 
 use std::{
     collections::BTreeSet,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    time::{Duration, SystemTime},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context, Result, bail};
@@ -15,12 +16,14 @@ use tokio::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
+    admin::{self, AdminConfig},
     ebpf::{self, Datapath},
     frontends::{Frontend, ProxyVersion},
     k8s,
     metrics::Metrics,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
+    state::{self, AgentState, AttachmentStatus},
     static_source,
 };
 
@@ -93,6 +96,21 @@ pub struct RunArgs {
     /// How often the frontends file is checked for changes.
     #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub frontends_poll: Duration,
+
+    /// TCP address of the admin server (/healthz, /readyz, /metrics, /status).
+    /// Node-local: the DaemonSet runs in the host network namespace.
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    pub admin_address: SocketAddr,
+
+    /// Unix socket of the admin server (mode 0600), which `hairpin-agent status` and
+    /// the other node subcommands read first. Its directory is created; a stale
+    /// socket left by a dead agent is replaced.
+    #[arg(
+        long,
+        env = "HAIRPIN_ADMIN_SOCKET",
+        default_value = "/run/hairpin/admin.sock"
+    )]
+    pub admin_socket: PathBuf,
 }
 
 /// `off`, `v1` or `v2`.
@@ -106,7 +124,8 @@ fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
     }
 }
 
-fn parse_mark(s: &str) -> Result<u32, String> {
+/// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
+pub fn parse_mark(s: &str) -> Result<u32, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
@@ -149,11 +168,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     let metrics = Metrics::default();
+    let state = AgentState::new(args.bypass_mark);
     // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
-    let mut desired = match &args.frontends {
-        Some(path) => file_source(path, args.frontends_poll)?,
-        None => kubernetes_source(&args, metrics.clone()).await?,
+    let (mut desired, source_name) = match &args.frontends {
+        Some(path) => {
+            let name = format!("file {}", path.display());
+            (
+                file_source(path, args.frontends_poll, state.clone(), name.clone())?,
+                name,
+            )
+        }
+        None => {
+            let name = "kubernetes".to_string();
+            (
+                kubernetes_source(&args, metrics.clone(), state.clone(), name.clone()).await?,
+                name,
+            )
+        }
     };
+    state.register_source(&source_name);
 
     let relay = Relay::new(
         RelayConfig {
@@ -175,6 +208,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
     datapath.attach(&cgroup)?;
     info!(cgroup = %cgroup.display(), "programs attached");
     let mut rec = Reconciler::new(relay, datapath, listen);
+    state.set_attachment(Some(AttachmentStatus {
+        cgroup: cgroup.clone(),
+        ids: rec.datapath.kernel_ids(),
+    }));
+    // Up before the first sync: /healthz answers and /readyz says what it waits for.
+    let admin = admin::start(
+        &AdminConfig {
+            address: Some(args.admin_address),
+            socket: Some(args.admin_socket.clone()),
+        },
+        state.clone(),
+        metrics.clone(),
+    )
+    .await?;
 
     let mut term = signal(SignalKind::terminate()).context("failed to handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to handle SIGINT")?;
@@ -183,11 +230,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         // Apply what the source says now (None until it first synced).
         let next = desired.borrow_and_update().clone();
         if let Some(set) = next {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             rec.apply(&set);
             let took = started.elapsed();
             metrics.observe_reconcile(took);
             metrics.set_frontends(rec.active().count(), rec.failed().len());
+            state.record_apply(&rec, &set, took);
+            state.source_synced(&source_name);
             debug!(?took, frontends = set.len(), "reconciled");
             if !ready {
                 ready = true;
@@ -208,6 +257,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     // Stop redirecting first, so no new connection depends on this process...
     rec.datapath.detach();
+    state.set_attachment(None);
     let counters: Vec<String> = rec
         .datapath
         .counters()
@@ -218,6 +268,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!("redirects removed");
     // ...then let the connections already relayed finish, within a bound.
     let left = rec.relay.drain(args.drain_timeout).await;
+    admin.shutdown().await;
     info!(left, "agent stopped");
     Ok(())
 }
@@ -226,20 +277,30 @@ pub async fn run(args: RunArgs) -> Result<()> {
 type Desired = watch::Receiver<Option<BTreeSet<Frontend>>>;
 
 /// The static source: the file now, then on every change.
-fn file_source(path: &Path, every: Duration) -> Result<Desired> {
+fn file_source(path: &Path, every: Duration, state: AgentState, name: String) -> Result<Desired> {
     let initial = static_source::load(path)?;
     let (tx, rx) = watch::channel(Some(initial));
-    tokio::spawn(watch_file(path.to_path_buf(), every, tx));
+    tokio::spawn(watch_file(path.to_path_buf(), every, tx, state, name));
     Ok(rx)
 }
 
 /// The Kubernetes source: reflectors and the decision, the Lease, and Events.
-async fn kubernetes_source(args: &RunArgs, metrics: Metrics) -> Result<Desired> {
+async fn kubernetes_source(
+    args: &RunArgs,
+    metrics: Metrics,
+    state: AgentState,
+    name: String,
+) -> Result<Desired> {
     let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
     let defaults = k8s::Defaults {
         proxy_protocol: args.default_proxy_protocol.0,
     };
-    let source = k8s::watch::spawn(client.clone(), defaults, metrics);
+    let health_state = state.clone();
+    let health: k8s::watch::Health = Arc::new(move |resource, error| match error {
+        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
+        None => health_state.source_recovered(&name),
+    });
+    let source = k8s::watch::spawn(client.clone(), defaults, metrics, health);
     if args.events {
         let node = match &args.node_name {
             Some(n) => n.clone(),
@@ -271,6 +332,8 @@ async fn kubernetes_source(args: &RunArgs, metrics: Metrics) -> Result<Desired> 
         loop {
             let next = {
                 let s = snapshot.borrow_and_update();
+                let decisions = s.decisions.iter().map(status_decision).collect();
+                state.update(|st| st.decisions = decisions);
                 s.synced.then(|| s.frontends.clone())
             };
             if next.is_some() {
@@ -290,9 +353,32 @@ async fn kubernetes_source(args: &RunArgs, metrics: Metrics) -> Result<Desired> 
     Ok(rx)
 }
 
+/// A Kubernetes decision in `/status`'s shape.
+fn status_decision(d: &k8s::watch::DecisionView) -> state::Decision {
+    let kind = if d.reason == "Proxied" {
+        "proxied"
+    } else if d.reason == "InvalidAnnotation" {
+        "invalid"
+    } else {
+        "skipped"
+    };
+    state::Decision {
+        object: d.object.clone(),
+        state: kind.into(),
+        reason: d.reason.clone(),
+        message: d.message.clone(),
+    }
+}
+
 /// Reloads the frontends file when its modification time or size changes, and on
 /// SIGHUP. A file that fails to parse keeps the last good set (fail static).
-async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<Option<BTreeSet<Frontend>>>) {
+async fn watch_file(
+    path: PathBuf,
+    every: Duration,
+    tx: watch::Sender<Option<BTreeSet<Frontend>>>,
+    state: AgentState,
+    name: String,
+) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .ok()
@@ -323,7 +409,10 @@ async fn watch_file(path: PathBuf, every: Duration, tx: watch::Sender<Option<BTr
                     return;
                 }
             }
-            Err(e) => error!(error = %e, "keeping the last good frontends"),
+            Err(e) => {
+                error!(error = %e, "keeping the last good frontends");
+                state.source_error(&name, &e.to_string());
+            }
         }
     }
 }

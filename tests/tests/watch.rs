@@ -39,7 +39,12 @@ fn client(api: &FakeApi) -> kube::Client {
 
 fn start(api: &FakeApi) -> (KubeSource, Metrics) {
     let metrics = Metrics::default();
-    let source = k8s::watch::spawn(client(api), k8s::Defaults::default(), metrics.clone());
+    let source = k8s::watch::spawn(
+        client(api),
+        k8s::Defaults::default(),
+        metrics.clone(),
+        std::sync::Arc::new(|_, _| {}),
+    );
     (source, metrics)
 }
 

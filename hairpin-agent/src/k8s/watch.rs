@@ -70,6 +70,9 @@ pub struct KubeSource {
     pub ingresses: Store<Ingress>,
 }
 
+/// Called with a resource's watch error, or `None` when it delivers again.
+pub type Health = Arc<dyn Fn(&'static str, Option<String>) + Send + Sync>;
+
 /// Gateway API kinds watched when the CRDs are installed.
 const GATEWAY_KINDS: [(&str, &str); 3] = [
     ("v1", "Gateway"),
@@ -78,7 +81,7 @@ const GATEWAY_KINDS: [(&str, &str); 3] = [
 ];
 
 /// Starts the reflectors and the decision loop.
-pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics) -> KubeSource {
+pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Health) -> KubeSource {
     let changed = Arc::new(Notify::new());
     let (services, svc_writer) = reflector::store::<Service>();
     let svc_stream = reflector(
@@ -94,6 +97,7 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics) -> KubeSource
         svc_stream,
         changed.clone(),
         metrics.clone(),
+        health.clone(),
     ));
 
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
@@ -110,9 +114,15 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics) -> KubeSource
         ing_stream,
         changed.clone(),
         metrics.clone(),
+        health.clone(),
     ));
 
-    tokio::spawn(watch_gateway_api(client, changed.clone(), metrics.clone()));
+    tokio::spawn(watch_gateway_api(
+        client,
+        changed.clone(),
+        metrics.clone(),
+        health,
+    ));
 
     let (tx, snapshot) = watch::channel(KubeSnapshot::default());
     tokio::spawn(decide_loop(
@@ -131,12 +141,22 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics) -> KubeSource
 
 /// Polls one reflector stream forever. Errors are logged and counted; the stream
 /// retries with backoff by itself and the store keeps its last state meanwhile.
-async fn drive<K, S>(resource: &'static str, stream: S, changed: Arc<Notify>, metrics: Metrics)
-where
+async fn drive<K, S>(
+    resource: &'static str,
+    stream: S,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+    health: Health,
+) where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut stream = std::pin::pin!(stream);
+    let mut failing = false;
     while let Some(item) = stream.next().await {
+        if item.is_ok() && failing {
+            failing = false;
+            health(resource, None);
+        }
         match item {
             Ok(watcher::Event::InitDone) => {
                 debug!(resource, "list complete");
@@ -145,6 +165,8 @@ where
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(_) => changed.notify_one(),
             Err(e) => {
+                failing = true;
+                health(resource, Some(e.to_string()));
                 metrics.watch_restart(resource);
                 warn!(resource, error = %e, "watch failed; retrying with backoff, last known state kept");
             }
@@ -153,7 +175,7 @@ where
 }
 
 /// Gateway API CRDs are optional: watch their kinds only when the API group answers.
-async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metrics) {
+async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metrics, health: Health) {
     for (version, kind) in GATEWAY_KINDS {
         let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", version, kind);
         let resource = match kube::discovery::pinned_kind(&client, &gvk).await {
@@ -175,6 +197,7 @@ async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metric
             stream,
             changed.clone(),
             metrics.clone(),
+            health.clone(),
         ));
     }
 }

@@ -1,0 +1,240 @@
+//! `hairpin-agent doctor`: can hairpin work on this node, and what stands in the way?
+//! Each check reports ok, warn, fail or skip, with a concrete fix when not ok.
+
+use serde::Serialize;
+
+use super::{
+    AdminArgs, CliError, OutputFormat, colour_stdout,
+    kube_proxy::KubeProxy,
+    print_json, print_text,
+    table::{Cell, Table, Tone},
+};
+use crate::state::{FrontendState, Snapshot};
+
+#[path = "doctor_checks.rs"]
+mod checks;
+pub use checks::{effective_caps, kernel_version};
+
+/// Options of `doctor`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Checks what hairpin needs on this node: the kernel version and BPF support \
+(cgroup sock_addr programs, loading the embedded object through the verifier), the cgroup v2 \
+mount, this process's capabilities, the agent's health, kube-proxy's mode and whether it \
+short-circuits the proxied LoadBalancer IPs, and the cluster-side shape (ipMode, CoreDNS, \
+node-local-dns) as the running agent reports it.",
+    after_help = "Exit status: 0 no check failed (warnings allowed); 1 at least one check failed.\n\n\
+Examples:\n  hairpin-agent doctor\n  hairpin-agent doctor --output json | jq '.checks[] | select(.status != \"ok\")'"
+)]
+pub struct DoctorArgs {
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// The bypass mark to load the embedded object with (as the agent would).
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = crate::run::parse_mark)]
+    pub bypass_mark: u32,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// A check's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Works, with a caveat.
+    Warn,
+    /// hairpin cannot work (or not fully) until fixed.
+    Fail,
+    /// Could not be checked from here.
+    Skip,
+}
+
+/// One check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
+    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`.
+    pub name: &'static str,
+    /// The result.
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// What to do, when not ok.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A check result.
+    pub fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            status,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    /// With a fix line.
+    pub fn fix(mut self, fix: impl Into<String>) -> Check {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+/// The JSON document `doctor --output json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct DoctorReport {
+    /// Every check, in order.
+    pub checks: Vec<Check>,
+    /// True when none failed.
+    pub ok: bool,
+}
+
+/// Runs `doctor`; returns the exit code.
+pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
+    let mut list = vec![
+        checks::kernel(),
+        checks::bpf(),
+        checks::ebpf_object(args.bypass_mark),
+        checks::cgroup2(),
+        checks::capabilities(),
+    ];
+    let agent = args.admin.status();
+    list.push(match &agent {
+        Ok(s) => match s.not_ready_reason() {
+            None => Check::new("agent", Status::Ok, format!("pid {} ready", s.agent.pid)),
+            Some(r) => Check::new("agent", Status::Warn, format!("pid {} not ready: {r}", s.agent.pid))
+                .fix("see `hairpin-agent status` and the agent's log"),
+        },
+        Err(e) => Check::new("agent", Status::Warn, e.to_string())
+            .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket/--admin-address"),
+    });
+    let kp = KubeProxy::observe();
+    list.push(checks::kube_proxy_mode(&kp));
+    list.push(kube_proxy_frontends(&kp, agent.as_ref().ok()));
+    list.extend(cluster_shape(agent.as_ref().ok()));
+    let report = DoctorReport {
+        ok: list.iter().all(|c| c.status != Status::Fail),
+        checks: list,
+    };
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
+    }
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Whether kube-proxy short-circuits each frontend the agent proxies.
+pub fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
+    let name = "kube_proxy_frontends";
+    let Some(s) = agent else {
+        return Check::new(
+            name,
+            Status::Skip,
+            "needs the running agent (its frontends)",
+        );
+    };
+    let active: Vec<_> = s
+        .frontends
+        .iter()
+        .filter(|f| f.state == FrontendState::Active)
+        .collect();
+    if active.is_empty() {
+        return Check::new(name, Status::Skip, "the agent proxies no frontend");
+    }
+    let missing: Vec<String> = active
+        .iter()
+        .filter(|f| kp.matching(f.ip, f.port).is_empty())
+        .map(|f| std::net::SocketAddr::new(f.ip, f.port).to_string())
+        .collect();
+    if missing.is_empty() {
+        Check::new(
+            name,
+            Status::Ok,
+            format!(
+                "kube-proxy short-circuits all {} proxied frontends: hairpin is needed and in place",
+                active.len()
+            ),
+        )
+    } else {
+        Check::new(
+            name,
+            Status::Warn,
+            format!("no kube-proxy rule for {}: in-cluster traffic to them leaves the node", missing.join(", ")),
+        )
+        .fix("if their Services say ipMode: Proxy or kube-proxy is replaced (Cilium, Calico eBPF), hairpin is harmless there; otherwise check the Service's status.loadBalancer")
+    }
+}
+
+/// ipMode and CoreDNS shape, from the agent's Kubernetes decisions.
+fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
+    let mut out = Vec::new();
+    for (name, words) in [
+        ("ip_mode", &["ipmode"][..]),
+        ("coredns", &["coredns", "nodelocal", "node-local"][..]),
+    ] {
+        let check = match agent {
+            None => Check::new(
+                name,
+                Status::Skip,
+                "needs the running agent (it reads the API server)",
+            ),
+            Some(s) => {
+                let hits: Vec<String> = s
+                    .decisions
+                    .iter()
+                    .filter(|d| {
+                        let text =
+                            format!("{} {} {}", d.object, d.reason, d.message).to_lowercase();
+                        words.iter().any(|w| text.contains(w))
+                    })
+                    .map(|d| format!("{}: {} ({})", d.object, d.message, d.reason))
+                    .collect();
+                if hits.is_empty() {
+                    Check::new(
+                        name,
+                        Status::Skip,
+                        "the agent reported no Kubernetes decision about it",
+                    )
+                } else {
+                    Check::new(name, Status::Ok, hits.join("; "))
+                }
+            }
+        };
+        out.push(check);
+    }
+    out
+}
+
+/// The human rendering.
+pub fn render(r: &DoctorReport, colour: bool) -> String {
+    let mut t = Table::new(&["CHECK", "STATUS", "DETAIL"]);
+    for c in &r.checks {
+        let tone = match c.status {
+            Status::Ok => Tone::Good,
+            Status::Warn | Status::Skip => Tone::Warn,
+            Status::Fail => Tone::Bad,
+        };
+        let status = format!("{:?}", c.status).to_lowercase();
+        t.row(vec![
+            c.name.into(),
+            Cell::toned(status, tone),
+            c.detail.as_str().into(),
+        ]);
+        if let Some(fix) = &c.fix {
+            t.row(vec!["".into(), "".into(), format!("fix: {fix}").into()]);
+        }
+    }
+    let mut out = t.render(0, colour);
+    out.push_str(if r.ok {
+        "\nno check failed\n"
+    } else {
+        "\nsome checks failed\n"
+    });
+    out
+}

@@ -1,0 +1,173 @@
+//! `hairpin-agent dump`: hairpin's BPF maps, raw, read from the kernel by id, so it
+//! works without the agent. Several agents may share a machine (tests run many):
+//! `--map-id`, `--pid` or the agent's `/status` pick whose maps to show.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{
+    AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text, table::Table,
+};
+use crate::kernel::{self, FoundMap, kernel_name};
+
+/// Options of `dump`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Prints hairpin's BPF maps as the kernel holds them: the frontends map \
+(LoadBalancer address -> relay listener) and the counters map (summed over CPUs). Maps are \
+found by their kernel names (HAIRPIN_FRONTEN, HAIRPIN_COUNTER) and opened by id, so this \
+works when the agent is down. Which maps: --map-id, else those held open by --pid, else the \
+ids in the running agent's /status, else every hairpin map on the machine.",
+    after_help = "Exit status: 0 maps found and read; 1 no hairpin map found, or one could not be read.\n\n\
+Examples:\n  hairpin-agent dump\n  hairpin-agent dump --pid $(pidof hairpin-agent) --output json\n  \
+hairpin-agent dump --map-id 42,43"
+)]
+pub struct DumpArgs {
+    /// Map ids to dump (comma-separated), as `bpftool map list` shows them.
+    #[arg(long = "map-id", env = "HAIRPIN_DUMP_MAP_IDS", value_delimiter = ',')]
+    pub map_ids: Vec<u32>,
+
+    /// Dump the hairpin maps this process (an agent) holds open.
+    #[arg(long, env = "HAIRPIN_DUMP_PID")]
+    pub pid: Option<u32>,
+
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// One map's contents.
+#[derive(Clone, Debug, Serialize)]
+pub struct MapDump {
+    /// Kernel map id.
+    pub id: u32,
+    /// Kernel name.
+    pub name: String,
+    /// `frontends` or `counters`.
+    pub kind: &'static str,
+    /// Frontend entries, for the frontends map.
+    pub entries: Option<Vec<Entry>>,
+    /// Counter values, for the counters map.
+    pub counters: Option<BTreeMap<String, u64>>,
+    /// Why it could not be read.
+    pub error: Option<String>,
+}
+
+/// One frontends map entry.
+#[derive(Clone, Debug, Serialize)]
+pub struct Entry {
+    /// The LoadBalancer address a connect is aimed at.
+    pub frontend: String,
+    /// The relay listener it is rewritten to.
+    pub listener: String,
+}
+
+/// The JSON document `dump --output json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct DumpReport {
+    /// `map_id`, `pid`, `agent` or `all`.
+    pub selected_by: &'static str,
+    /// The maps.
+    pub maps: Vec<MapDump>,
+}
+
+/// Runs `dump`; returns the exit code.
+pub fn run(args: &DumpArgs) -> Result<i32, CliError> {
+    let all = kernel::hairpin_maps();
+    let (selected_by, ids): (&'static str, Vec<u32>) = if !args.map_ids.is_empty() {
+        ("map_id", args.map_ids.clone())
+    } else if let Some(pid) = args.pid {
+        ("pid", kernel::map_ids_of_pid(pid)?)
+    } else if let Some(a) = args.admin.status().ok().and_then(|s| s.attachment) {
+        (
+            "agent",
+            a.ids
+                .frontends_map_id
+                .into_iter()
+                .chain(a.ids.counters_map_id)
+                .collect(),
+        )
+    } else {
+        ("all", all.iter().map(|m| m.id).collect())
+    };
+    // Only hairpin's maps: a pid holds others too, and a wrong --map-id must not be decoded.
+    let maps: Vec<MapDump> = all
+        .iter()
+        .filter(|m| ids.contains(&m.id))
+        .map(dump_one)
+        .collect();
+    let ok = !maps.is_empty() && maps.iter().all(|m| m.error.is_none());
+    let report = DumpReport { selected_by, maps };
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn dump_one(m: &FoundMap) -> MapDump {
+    let mut d = MapDump {
+        id: m.id,
+        name: m.name.clone(),
+        kind: "counters",
+        entries: None,
+        counters: None,
+        error: None,
+    };
+    if m.name == kernel_name(hairpin_ebpf::MAP_FRONTENDS) {
+        d.kind = "frontends";
+        match kernel::read_frontends(m.id) {
+            Ok(e) => {
+                d.entries = Some(
+                    e.into_iter()
+                        .map(|(f, l)| Entry {
+                            frontend: f.to_string(),
+                            listener: l.to_string(),
+                        })
+                        .collect(),
+                )
+            }
+            Err(e) => d.error = Some(e.to_string()),
+        }
+    } else {
+        match kernel::read_counters(m.id) {
+            Ok(c) => d.counters = Some(c.into_iter().map(|(n, v)| (n.to_string(), v)).collect()),
+            Err(e) => d.error = Some(e.to_string()),
+        }
+    }
+    d
+}
+
+/// The human rendering.
+pub fn render(r: &DumpReport, colour: bool) -> String {
+    if r.maps.is_empty() {
+        return format!("no hairpin maps found (selected by {})\n", r.selected_by);
+    }
+    let mut out = String::new();
+    for m in &r.maps {
+        out.push_str(&format!("map {} {} ({})\n", m.id, m.name, m.kind));
+        if let Some(e) = &m.error {
+            out.push_str(&format!("  error: {e}\n"));
+        }
+        if let Some(entries) = &m.entries {
+            let mut t = Table::new(&["FRONTEND", "LISTENER"]);
+            for e in entries {
+                t.row(vec![e.frontend.as_str().into(), e.listener.as_str().into()]);
+            }
+            out.push_str(&t.render(2, colour));
+        }
+        if let Some(counters) = &m.counters {
+            let mut t = Table::new(&["COUNTER", "VALUE"]);
+            for (k, v) in counters {
+                t.row(vec![k.as_str().into(), v.to_string().into()]);
+            }
+            out.push_str(&t.render(2, colour));
+        }
+    }
+    out
+}

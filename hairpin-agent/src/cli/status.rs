@@ -1,0 +1,276 @@
+//! `hairpin-agent status`: what the agent on this node is doing, in one look; what
+//! the kernel says when the agent does not answer.
+
+use serde::Serialize;
+
+use super::{
+    AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text,
+    table::{Cell, Table, Tone, paint},
+};
+use crate::{
+    kernel::{self, ProgramIds},
+    state::{FrontendState, Snapshot},
+};
+
+/// Options of `status`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Shows what the hairpin agent on this node is doing: where its programs are \
+attached (program and link ids), every frontend with its state, listener, live path and the \
+reason when it failed, the kernel and relay counters, the last reconcile and each source's \
+health.\n\nWhen the agent does not answer, says so, lists the hairpin programs the kernel has \
+loaded and their bpf_links, and exits 1.",
+    after_help = "Exit status: 0 the agent answered and is ready; 1 the agent is not reachable; \
+2 the agent answered but is not ready (programs detached or a source not synced).\n\n\
+Examples:\n  hairpin-agent status\n  hairpin-agent status --output json | jq '.status.frontends'"
+)]
+pub struct StatusArgs {
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// The JSON document `status --output json` prints.
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    /// True when the agent answered.
+    pub agent_reachable: bool,
+    /// Why it did not.
+    pub agent_error: Option<String>,
+    /// Why it is not ready, when it answered.
+    pub not_ready_reason: Option<String>,
+    /// Its `/status`, when it answered.
+    pub status: Option<Snapshot>,
+    /// Hairpin programs the kernel has loaded, listed only when the agent did not answer.
+    pub kernel_programs: Option<Vec<ProgramIds>>,
+    /// Why they could not be listed.
+    pub kernel_error: Option<String>,
+}
+
+/// Runs `status`; returns the exit code.
+pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
+    let report = match args.admin.status() {
+        Ok(snap) => StatusReport {
+            agent_reachable: true,
+            agent_error: None,
+            not_ready_reason: snap.not_ready_reason(),
+            status: Some(snap),
+            kernel_programs: None,
+            kernel_error: None,
+        },
+        Err(e) => {
+            let (programs, error) = match kernel::hairpin_programs() {
+                Ok(p) => (Some(p), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            StatusReport {
+                agent_reachable: false,
+                agent_error: Some(e.to_string()),
+                not_ready_reason: None,
+                status: None,
+                kernel_programs: programs,
+                kernel_error: error,
+            }
+        }
+    };
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
+    }
+    Ok(match (&report.status, &report.not_ready_reason) {
+        (None, _) => 1,
+        (Some(_), Some(_)) => 2,
+        (Some(_), None) => 0,
+    })
+}
+
+/// The human rendering of `report`.
+pub fn render(report: &StatusReport, colour: bool) -> String {
+    match &report.status {
+        Some(s) => render_snapshot(s, report.not_ready_reason.as_deref(), colour),
+        None => render_unreachable(report, colour),
+    }
+}
+
+fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> String {
+    let mut out = String::new();
+    let ready = match not_ready {
+        None => paint("ready", Tone::Good, colour),
+        Some(r) => paint(&format!("not ready: {r}"), Tone::Bad, colour),
+    };
+    out.push_str(&format!(
+        "agent       hairpin-agent {} (pid {}, started {}): {ready}\n",
+        s.agent.version, s.agent.pid, s.agent.started_at
+    ));
+    match &s.attachment {
+        Some(a) => {
+            out.push_str(&format!("programs    attached at {}\n", a.cgroup.display()));
+            let mut t = Table::new(&["PROGRAM", "PROG ID", "LINK IDS"]);
+            for p in &a.ids.programs {
+                t.row(vec![
+                    p.name.as_str().into(),
+                    p.program_id.to_string().into(),
+                    join(&p.link_ids).into(),
+                ]);
+            }
+            out.push_str(&t.render(12, colour));
+            out.push_str(&format!(
+                "maps        frontends id {}, counters id {}\n",
+                opt(a.ids.frontends_map_id),
+                opt(a.ids.counters_map_id)
+            ));
+        }
+        None => out.push_str(&format!(
+            "programs    {}\n",
+            paint(
+                "not attached: connects are not redirected",
+                Tone::Bad,
+                colour
+            )
+        )),
+    }
+    out.push_str("frontends\n");
+    let mut t = Table::new(&[
+        "FRONTEND", "STATE", "PATH", "LISTENER", "PROXY", "SOURCE", "REASON",
+    ]);
+    for f in &s.frontends {
+        let state = match f.state {
+            FrontendState::Active => Cell::toned("active", Tone::Good),
+            FrontendState::Failed => Cell::toned("failed", Tone::Bad),
+        };
+        t.row(vec![
+            std::net::SocketAddr::new(f.ip, f.port).to_string().into(),
+            state,
+            f.path.as_str().into(),
+            f.listener
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "-".into())
+                .into(),
+            f.version.to_string().into(),
+            f.source.as_str().into(),
+            f.reason.clone().unwrap_or_default().into(),
+        ]);
+    }
+    out.push_str(&if t.is_empty() {
+        "  (none)\n".to_string()
+    } else {
+        t.render(2, colour)
+    });
+    let k = &s.counters.kernel;
+    let r = &s.counters.relay;
+    let get = |n: &str| k.get(n).copied().unwrap_or(0);
+    let errors: Vec<String> = r
+        .upstream_errors
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    out.push_str(&format!(
+        "counters    redirected {}, skipped by mark {}; connections {} ({} open), bytes up {} down {}\n\
+         \x20           upstream errors: {}\n",
+        get("redirected"),
+        get("skipped_bypass_mark"),
+        r.connections,
+        r.active_connections,
+        r.bytes_upstream,
+        r.bytes_downstream,
+        if errors.is_empty() { "none".into() } else { errors.join(", ") },
+    ));
+    match &s.last_reconcile {
+        Some(l) => out.push_str(&format!(
+            "reconciled  {} in {:.1} ms\n",
+            l.at, l.duration_ms
+        )),
+        None => out.push_str("reconciled  never\n"),
+    }
+    out.push_str("sources\n");
+    let mut t = Table::new(&["SOURCE", "SYNCED", "LAST SYNC", "LAST ERROR"]);
+    for src in &s.sources {
+        t.row(vec![
+            src.name.as_str().into(),
+            if src.synced {
+                Cell::toned("yes", Tone::Good)
+            } else {
+                Cell::toned("no", Tone::Bad)
+            },
+            src.last_sync.clone().unwrap_or_else(|| "-".into()).into(),
+            src.last_error.clone().unwrap_or_default().into(),
+        ]);
+    }
+    out.push_str(&t.render(2, colour));
+    if !s.decisions.is_empty() {
+        out.push_str("decisions\n");
+        let mut t = Table::new(&["OBJECT", "STATE", "REASON", "MESSAGE"]);
+        for d in &s.decisions {
+            t.row(vec![
+                d.object.as_str().into(),
+                d.state.as_str().into(),
+                d.reason.as_str().into(),
+                d.message.as_str().into(),
+            ]);
+        }
+        out.push_str(&t.render(2, colour));
+    }
+    out
+}
+
+fn render_unreachable(report: &StatusReport, colour: bool) -> String {
+    let mut out = format!(
+        "agent       {}\n",
+        paint(
+            report.agent_error.as_deref().unwrap_or("not reachable"),
+            Tone::Bad,
+            colour
+        )
+    );
+    out.push_str(
+        "kernel      what the kernel has loaded (without the agent, the cgroup is unknown):\n",
+    );
+    match (&report.kernel_programs, &report.kernel_error) {
+        (Some(p), _) if p.is_empty() => out.push_str(
+            "            no hairpin programs loaded: nothing redirects connects on this node\n",
+        ),
+        (Some(p), _) => {
+            let mut t = Table::new(&["PROGRAM", "PROG ID", "LINK IDS", "MAP IDS"]);
+            for p in p {
+                let links = if p.link_ids.is_empty() {
+                    Cell::toned("not attached", Tone::Warn)
+                } else {
+                    join(&p.link_ids).into()
+                };
+                t.row(vec![
+                    p.name.as_str().into(),
+                    p.program_id.to_string().into(),
+                    links,
+                    join(&p.map_ids).into(),
+                ]);
+            }
+            out.push_str(&t.render(12, colour));
+        }
+        (None, e) => out.push_str(&format!(
+            "            could not list programs: {}\n",
+            e.as_deref().unwrap_or("unknown error")
+        )),
+    }
+    out
+}
+
+fn join(ids: &[u32]) -> String {
+    let v: Vec<String> = ids.iter().map(u32::to_string).collect();
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(",")
+    }
+}
+
+fn opt(id: Option<u32>) -> String {
+    id.map(|i| i.to_string()).unwrap_or_else(|| "?".into())
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

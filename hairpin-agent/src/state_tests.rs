@@ -1,0 +1,85 @@
+use super::*;
+
+fn attached() -> AttachmentStatus {
+    AttachmentStatus {
+        cgroup: "/sys/fs/cgroup".into(),
+        ids: KernelIds::default(),
+    }
+}
+
+#[test]
+fn ready_needs_attachment_and_every_source_synced() {
+    let state = AgentState::new(0x68);
+    assert_eq!(
+        state.snapshot().not_ready_reason().as_deref(),
+        Some("programs are not attached")
+    );
+    state.set_attachment(Some(attached()));
+    assert_eq!(
+        state.snapshot().not_ready_reason().as_deref(),
+        Some("no source of frontends has reported yet")
+    );
+    state.source_error("kubernetes services", "forbidden");
+    state.source_synced("file /etc/hairpin/frontends.yaml");
+    assert_eq!(
+        state.snapshot().not_ready_reason().as_deref(),
+        Some("sources not synced: kubernetes services")
+    );
+    state.source_synced("kubernetes services");
+    assert_eq!(state.snapshot().not_ready_reason(), None);
+    state.set_attachment(None);
+    assert!(state.snapshot().not_ready_reason().is_some());
+}
+
+#[test]
+fn a_synced_source_stays_synced_through_errors_and_a_good_delivery_clears_them() {
+    let state = AgentState::new(0x68);
+    state.source_synced("file f");
+    state.source_error("file f", "line 3: expected a mapping");
+    let s = state.snapshot();
+    assert_eq!(s.sources.len(), 1);
+    assert!(s.sources[0].synced);
+    assert_eq!(
+        s.sources[0].last_error.as_deref(),
+        Some("line 3: expected a mapping")
+    );
+    state.source_synced("file f");
+    assert_eq!(state.snapshot().sources[0].last_error, None);
+}
+
+#[test]
+fn the_snapshot_round_trips_through_json_with_stable_names() {
+    let state = AgentState::new(0x68);
+    state.set_attachment(Some(attached()));
+    state.update(|s| {
+        s.decisions.push(Decision {
+            object: "Service ingress-nginx/controller".into(),
+            state: "skipped".into(),
+            reason: "IPModeProxy".into(),
+            message: "the LB says ipMode: Proxy".into(),
+        });
+        s.frontends.push(FrontendStatus {
+            ip: "203.0.113.10".parse().expect("ip"),
+            port: 80,
+            version: ProxyVersion::V1,
+            source: "file f".into(),
+            state: FrontendState::Failed,
+            listener: None,
+            reason: Some("no IPv4 listen address".into()),
+            path: "none".into(),
+        });
+    });
+    let snap = state.snapshot();
+    let json = serde_json::to_value(&snap).expect("json");
+    assert_eq!(json["agent"]["bypass_mark"], 0x68);
+    assert_eq!(json["attachment"]["cgroup"], "/sys/fs/cgroup");
+    assert!(
+        json["attachment"]["programs"].is_array(),
+        "ids are flattened"
+    );
+    assert_eq!(json["frontends"][0]["state"], "failed");
+    assert_eq!(json["frontends"][0]["version"], "v1");
+    assert_eq!(json["decisions"][0]["reason"], "IPModeProxy");
+    let back: Snapshot = serde_json::from_value(json).expect("decode");
+    assert_eq!(back, snap);
+}

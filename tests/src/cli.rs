@@ -1,0 +1,65 @@
+//! Running the node subcommands (`status`, `check`, `doctor`, `dump`) as processes on
+//! the simulated node, as an operator would on a real one.
+
+use std::{path::PathBuf, process::Output};
+
+use crate::{
+    agent::{Agent, FrontendSpec, agent_bin},
+    node::SimNode,
+    sh::command_in,
+};
+
+/// The admin socket path for agents on `node`: one per node, since tests run in parallel
+/// and the default (/run/hairpin/admin.sock) is shared by the whole machine.
+pub fn admin_socket(node: &SimNode) -> PathBuf {
+    node.dir.join("admin.sock")
+}
+
+/// Starts the agent on `node` with its admin socket under the node's scratch directory.
+pub fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
+    let sock = admin_socket(node);
+    Agent::start_with(
+        node,
+        specs,
+        &["--admin-socket", sock.to_str().expect("utf-8 path")],
+    )
+}
+
+/// What a subcommand printed and how it exited.
+#[derive(Debug)]
+pub struct CliRun {
+    /// Exit code.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl CliRun {
+    /// Standard output parsed as JSON; panics with the output when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!("not json ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr)
+        })
+    }
+}
+
+/// Runs `hairpin-agent <args>` in the node namespace, in the host cgroup (so the
+/// redirect applies to it as to any host process), talking to `node`'s admin socket.
+pub fn run_cli(node: &SimNode, args: &[&str]) -> CliRun {
+    let bin = agent_bin();
+    let sock = admin_socket(node);
+    let mut argv = vec![bin.to_str().expect("utf-8 path")];
+    argv.extend_from_slice(args);
+    let out: Output = command_in(&node.node_ns, Some(&node.host_cgroup()), &argv)
+        .env("HAIRPIN_ADMIN_SOCKET", &sock)
+        .env_remove("HAIRPIN_ADMIN_ADDRESS")
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {argv:?}: {e}"));
+    CliRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

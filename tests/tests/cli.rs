@@ -1,0 +1,380 @@
+//! The node subcommands against a live agent on the simulated node, and against none.
+//! JSON output is checked field by field; exit codes are part of the contract.
+
+use hairpin_tests::{
+    agent::FrontendSpec,
+    cli::{admin_socket, run_cli, start_agent},
+    node::{NODE_IP4, SimNode},
+    privileges::datapath_tests_can_run,
+    servers::start_nginx,
+    sh::output_in,
+};
+
+macro_rules! require_privileges {
+    () => {
+        if !datapath_tests_can_run(module_path!()) {
+            return;
+        }
+    };
+}
+
+fn lb10() -> Vec<FrontendSpec> {
+    vec![FrontendSpec {
+        ip: "203.0.113.10",
+        ports: vec![80],
+        version: "v1",
+    }]
+}
+
+#[test]
+fn status_reports_attachment_frontends_sources_and_counters() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = start_agent(&node, &lb10());
+    let run = run_cli(&node, &["status", "--output", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let j = run.json();
+    assert_eq!(j["agent_reachable"], true);
+    let s = &j["status"];
+    assert_eq!(s["agent"]["pid"], agent.pid());
+    assert_eq!(s["agent"]["bypass_mark"], 0x68);
+    let att = &s["attachment"];
+    assert_eq!(att["cgroup"], node.cgroup.to_str().expect("utf-8"));
+    let programs = att["programs"].as_array().expect("programs");
+    assert_eq!(programs.len(), 2);
+    for (p, name) in programs
+        .iter()
+        .zip(["hairpin_connect4", "hairpin_connect6"])
+    {
+        assert_eq!(p["name"], name);
+        assert!(p["program_id"].as_u64().expect("id") > 0);
+        assert_eq!(p["link_ids"].as_array().expect("links").len(), 1, "{p}");
+    }
+    assert!(att["frontends_map_id"].as_u64().is_some(), "{att}");
+    assert!(att["counters_map_id"].as_u64().is_some(), "{att}");
+    let f = &s["frontends"][0];
+    assert_eq!(f["ip"], "203.0.113.10");
+    assert_eq!(f["port"], 80);
+    assert_eq!(f["state"], "active");
+    assert_eq!(f["version"], "v1");
+    assert_eq!(f["path"], "ebpf");
+    assert!(
+        f["listener"]
+            .as_str()
+            .expect("listener")
+            .starts_with(&format!("{NODE_IP4}:"))
+    );
+    assert_eq!(s["sources"][0]["synced"], true);
+    assert!(
+        s["sources"][0]["name"]
+            .as_str()
+            .expect("name")
+            .starts_with("file ")
+    );
+    assert!(s["last_reconcile"]["at"].is_string());
+
+    // A redirected request moves the kernel and relay counters.
+    let curl = output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["curl", "-sS", "--max-time", "5", "http://203.0.113.10/"],
+    );
+    assert!(curl.status.success(), "{curl:?}");
+    let j = run_cli(&node, &["status", "-o", "json"]).json();
+    let c = &j["status"]["counters"];
+    assert!(
+        c["kernel"]["redirected"].as_u64().expect("redirected") >= 1,
+        "{c}"
+    );
+    assert!(
+        c["kernel"]["skipped_bypass_mark"]
+            .as_u64()
+            .expect("skipped")
+            >= 1,
+        "{c}"
+    );
+    assert_eq!(c["relay"]["connections"], 1, "{c}");
+    assert!(
+        c["relay"]["bytes_downstream"].as_u64().expect("bytes") > 0,
+        "{c}"
+    );
+
+    let text = run_cli(&node, &["status"]);
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.contains("ready"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("203.0.113.10:80  active  ebpf"),
+        "{}",
+        text.stdout
+    );
+    assert!(!text.stdout.contains('\x1b'), "no colour into a pipe");
+}
+
+#[test]
+fn status_without_an_agent_says_so_and_exits_1() {
+    require_privileges!();
+    let node = SimNode::new();
+    let run = run_cli(&node, &["status", "--output", "json"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    let j = run.json();
+    assert_eq!(j["agent_reachable"], false);
+    assert!(
+        j["agent_error"]
+            .as_str()
+            .expect("error")
+            .contains("not reachable"),
+        "{j}"
+    );
+    assert!(j["status"].is_null());
+    assert!(j["kernel_programs"].is_array(), "{j}");
+    let text = run_cli(&node, &["status"]);
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout.contains("the agent is not reachable"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn check_says_broken_before_hairpin_and_works_after() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+
+    let before = run_cli(&node, &["check", "203.0.113.10:80", "--output", "json"]);
+    assert_eq!(before.code, 1, "{before:?}");
+    let j = before.json();
+    assert_eq!(j["verdict"], "broken");
+    assert_eq!(j["exit_code"], 1);
+    assert_eq!(j["agent_reachable"], false);
+    assert_eq!(j["kube_proxy_modes"][0], "iptables");
+    let a = &j["addresses"][0];
+    assert_eq!(a["address"], "203.0.113.10:80");
+    assert_eq!(a["kube_proxy"][0]["mode"], "iptables");
+    assert_eq!(a["kube_proxy"][0]["port"], 80);
+    assert_eq!(a["hairpin"]["state"], "unknown");
+    assert_eq!(a["probes"]["in_cluster"]["outcome"], "no_answer", "{a}");
+    assert_eq!(a["probes"]["direct"]["outcome"], "no_answer", "{a}");
+    assert_eq!(
+        a["probes"]["direct_with_header"]["outcome"], "answered",
+        "{a}"
+    );
+    assert!(
+        a["probes"]["direct_with_header"]["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("200"),
+        "{a}"
+    );
+
+    let plain = run_cli(&node, &["check", "203.0.113.10:81", "--output", "json"]);
+    assert_eq!(plain.code, 0, "{plain:?}");
+    let j = plain.json();
+    assert_eq!(j["verdict"], "works");
+    assert_eq!(j["addresses"][0]["probes"]["direct"]["outcome"], "answered");
+
+    let _agent = start_agent(&node, &lb10());
+    let after = run_cli(&node, &["check", "203.0.113.10", "--output", "json"]);
+    assert_eq!(after.code, 0, "{after:?}");
+    let j = after.json();
+    assert_eq!(j["verdict"], "works");
+    let a = &j["addresses"][0];
+    assert_eq!(a["hairpin"]["state"], "active", "{a}");
+    assert_eq!(a["probes"]["in_cluster"]["outcome"], "answered", "{a}");
+    assert_eq!(
+        a["probes"]["direct"]["outcome"], "no_answer",
+        "the mark bypasses the redirect: {a}"
+    );
+    assert!(
+        a["explanation"]
+            .as_str()
+            .expect("text")
+            .contains("through hairpin"),
+        "{a}"
+    );
+
+    let text = run_cli(&node, &["check", "203.0.113.10"]);
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.contains("short-circuits it"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("works through hairpin"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn check_cannot_check_what_does_not_resolve_or_answer() {
+    require_privileges!();
+    let node = SimNode::new();
+    let run = run_cli(&node, &["check", "no-such-host.invalid", "-o", "json"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(run.json()["verdict"], "unknown");
+    // Nothing listens behind 203.0.113.10:80 without nginx: refused through the DNAT.
+    let run = run_cli(
+        &node,
+        &["check", "203.0.113.10:80", "--timeout", "1s", "-o", "json"],
+    );
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(
+        run.json()["addresses"][0]["probes"]["in_cluster"]["outcome"],
+        "connect_failed"
+    );
+    let bad = run_cli(&node, &["check", "[2001:db8::1"]);
+    assert_ne!(bad.code, 0);
+}
+
+#[test]
+fn doctor_checks_the_node_with_and_without_the_agent() {
+    require_privileges!();
+    let node = SimNode::new();
+    let run = run_cli(&node, &["doctor", "--output", "json"]);
+    let j = run.json();
+    let check = |j: &serde_json::Value, name: &str| -> serde_json::Value {
+        j["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {j}"))
+            .clone()
+    };
+    for name in [
+        "kernel",
+        "bpf",
+        "ebpf_object",
+        "cgroup2",
+        "capabilities",
+        "kube_proxy_mode",
+    ] {
+        assert_eq!(check(&j, name)["status"], "ok", "{name}: {j}");
+    }
+    assert!(
+        check(&j, "kube_proxy_mode")["detail"]
+            .as_str()
+            .expect("d")
+            .starts_with("iptables")
+    );
+    assert_eq!(check(&j, "agent")["status"], "warn");
+    assert!(check(&j, "agent")["fix"].is_string());
+    assert_eq!(check(&j, "kube_proxy_frontends")["status"], "skip");
+    assert_eq!(
+        check(&j, "ip_mode")["detail"],
+        "needs the running agent (it reads the API server)"
+    );
+    assert_eq!(run.code, 0, "warnings only: {run:?}");
+    assert_eq!(j["ok"], true);
+
+    let _agent = start_agent(&node, &lb10());
+    let j = run_cli(&node, &["doctor", "-o", "json"]).json();
+    assert_eq!(check(&j, "agent")["status"], "ok", "{j}");
+    assert_eq!(check(&j, "kube_proxy_frontends")["status"], "ok", "{j}");
+    assert_eq!(check(&j, "coredns")["status"], "skip");
+    let text = run_cli(&node, &["doctor"]);
+    assert!(
+        text.stdout.contains("kube_proxy_frontends  ok"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn dump_reads_this_agents_maps_by_status_pid_and_id() {
+    require_privileges!();
+    let node = SimNode::new();
+    let agent = start_agent(&node, &lb10());
+    let run = run_cli(&node, &["dump", "--output", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let j = run.json();
+    assert_eq!(j["selected_by"], "agent");
+    let maps = j["maps"].as_array().expect("maps");
+    assert_eq!(maps.len(), 2, "{j}");
+    let fe = maps
+        .iter()
+        .find(|m| m["kind"] == "frontends")
+        .expect("frontends map");
+    assert_eq!(fe["name"], "HAIRPIN_FRONTEN");
+    assert_eq!(fe["entries"][0]["frontend"], "203.0.113.10:80");
+    assert!(
+        fe["entries"][0]["listener"]
+            .as_str()
+            .expect("l")
+            .starts_with(NODE_IP4)
+    );
+    let ctr = maps
+        .iter()
+        .find(|m| m["kind"] == "counters")
+        .expect("counters map");
+    assert!(ctr["counters"]["redirected"].is_u64(), "{ctr}");
+
+    let pid = agent.pid().to_string();
+    let by_pid = run_cli(&node, &["dump", "--pid", &pid, "-o", "json"]).json();
+    assert_eq!(by_pid["selected_by"], "pid");
+    assert_eq!(by_pid["maps"].as_array().expect("maps").len(), 2);
+    let id = fe["id"].to_string();
+    let by_id = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]).json();
+    assert_eq!(
+        by_id["maps"][0]["entries"][0]["frontend"],
+        "203.0.113.10:80"
+    );
+    let text = run_cli(&node, &["dump", "--map-id", &id]);
+    assert!(
+        text.stdout.contains("HAIRPIN_FRONTEN (frontends)"),
+        "{}",
+        text.stdout
+    );
+
+    drop(agent);
+    // No agent: its maps go (the kernel frees them after the last fd closes, deferred),
+    // and --map-id of a vanished map finds nothing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let gone = loop {
+        let gone = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]);
+        if gone.code != 0 || std::time::Instant::now() > deadline {
+            break gone;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(gone.code, 1, "{gone:?}");
+    assert_eq!(gone.json()["maps"].as_array().expect("maps").len(), 0);
+    let all = run_cli(&node, &["dump", "-o", "json"]).json();
+    assert_eq!(all["selected_by"], "all");
+}
+
+#[test]
+fn admin_endpoints_answer_on_the_socket_and_the_node_loopback() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _agent = start_agent(&node, &lb10());
+    let sock = admin_socket(&node);
+    let mode = std::fs::metadata(&sock).expect("socket");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    let curl = |args: &[&str]| {
+        let mut argv = vec!["curl", "-sS", "-i", "--max-time", "5"];
+        argv.extend_from_slice(args);
+        let out = output_in(&node.node_ns, None, &argv);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let s = sock.to_str().expect("utf-8");
+    let health = curl(&["--unix-socket", s, "http://agent/healthz"]);
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let ready = curl(&["--unix-socket", s, "http://agent/readyz"]);
+    assert!(
+        ready.starts_with("HTTP/1.1 200") && ready.contains(r#"{"ready":true}"#),
+        "{ready}"
+    );
+    let metrics = curl(&["http://127.0.0.1:9901/metrics"]);
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics
+            .to_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hairpin_frontends_proxied 1"), "{metrics}");
+    let status = curl(&["http://127.0.0.1:9901/status"]);
+    assert!(status.contains(r#""state":"active""#), "{status}");
+}
