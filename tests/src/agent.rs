@@ -137,6 +137,8 @@ impl Agent {
         ];
         argv.extend_from_slice(extra);
         let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
+            // One admin socket per node: the default path is shared by the whole machine.
+            .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
