@@ -10,6 +10,7 @@ pub mod fallback;
 pub mod frontends;
 pub mod k8s;
 pub mod metrics;
+pub mod name_relay;
 pub mod proxy_header;
 pub mod reconcile;
 pub mod relay;

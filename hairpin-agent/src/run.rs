@@ -18,6 +18,7 @@ use crate::{
     ebpf::{self, Datapath},
     frontends::Frontend,
     metrics::Metrics,
+    name_relay::{self, NameRoutingConfig},
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
     static_source,
@@ -65,6 +66,27 @@ pub struct RunArgs {
     /// How often the frontends file is checked for changes.
     #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub frontends_poll: Duration,
+
+    // --- name routing (fallback): see `name_relay` ---
+    /// Address the name relay listens on and /etc/hosts points names at. Default:
+    /// the first listen address (else the first node IP).
+    #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
+    pub names_address: Option<IpAddr>,
+
+    /// Ports the name relay listens on (comma-separated); each connection is routed
+    /// by TLS SNI or HTTP Host. Empty turns name routing off.
+    #[arg(
+        long,
+        env = "HAIRPIN_NAMES_PORTS",
+        value_delimiter = ',',
+        default_value = "80,443"
+    )]
+    pub names_ports: Vec<u16>,
+
+    /// Hosts file whose managed block points the proxied names at the name relay
+    /// (in a DaemonSet, a hostPath mount of the node's /etc/hosts). Unset: not managed.
+    #[arg(long, env = "HAIRPIN_HOSTS_FILE")]
+    pub hosts_file: Option<PathBuf>,
 }
 
 fn parse_mark(s: &str) -> Result<u32, String> {
@@ -112,26 +134,37 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let initial = static_source::load(&args.frontends)?;
 
     let metrics = Metrics::default();
-    let relay = Relay::new(
-        RelayConfig {
-            bypass_mark: Some(args.bypass_mark),
-            connect_timeout: args.connect_timeout,
-            node_ipv4: node_v4.and_then(|i| match i {
-                IpAddr::V4(v) => Some(v),
-                IpAddr::V6(_) => None,
-            }),
-            node_ipv6: node_v6.and_then(|i| match i {
-                IpAddr::V6(v) => Some(v),
-                IpAddr::V4(_) => None,
-            }),
-            buffer_size: 64 * 1024,
-        },
-        metrics.clone(),
-    );
+    let relay_config = RelayConfig {
+        bypass_mark: Some(args.bypass_mark),
+        connect_timeout: args.connect_timeout,
+        node_ipv4: node_v4.and_then(|i| match i {
+            IpAddr::V4(v) => Some(v),
+            IpAddr::V6(_) => None,
+        }),
+        node_ipv6: node_v6.and_then(|i| match i {
+            IpAddr::V6(v) => Some(v),
+            IpAddr::V4(_) => None,
+        }),
+        buffer_size: 64 * 1024,
+    };
+    let relay = Relay::new(relay_config.clone(), metrics.clone());
     let mut datapath = Datapath::load(object, args.bypass_mark)?;
     datapath.attach(&cgroup)?;
     let mut rec = Reconciler::new(relay, datapath, listen);
     rec.apply(&initial);
+    let mut names = args
+        .names_address
+        .or(args.listen_addresses.first().copied())
+        .or(args.node_ips.first().copied())
+        .and_then(|address| {
+            let cfg = NameRoutingConfig {
+                address,
+                ports: args.names_ports.clone(),
+                hosts_file: args.hosts_file.clone(),
+                peek_timeout: Duration::from_secs(5),
+            };
+            name_relay::start_name_routing(cfg, relay_config, metrics.clone(), &args.frontends)
+        });
     metrics.set_frontends(rec.active().count());
     info!(
         cgroup = %cgroup.display(),
@@ -153,6 +186,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let desired = rx.borrow_and_update().clone();
                 rec.apply(&desired);
                 metrics.set_frontends(rec.active().count());
+                if let Some(n) = names.as_mut() { n.reload_static(&args.frontends) }
             }
         }
     }
@@ -168,7 +202,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!(counters = %counters.join(" "), "kernel counters");
     info!("redirects removed");
     // ...then let the connections already relayed finish, within a bound.
-    let left = rec.relay.drain(args.drain_timeout).await;
+    // The name relay drains alongside; its hosts-file block stays (see fallback::hosts_writer).
+    let names_drain = async {
+        if let Some(n) = names.as_mut() {
+            n.drain(args.drain_timeout).await;
+        }
+    };
+    let (left, ()) = tokio::join!(rec.relay.drain(args.drain_timeout), names_drain);
     info!(left, "agent stopped");
     Ok(())
 }
