@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod names_support;
 pub mod node;
 pub mod privileges;
 pub mod servers;
