@@ -329,7 +329,8 @@ pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> So
 
 /// Connects to `target` from a socket carrying `mark`, so the connect programs let
 /// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
-async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
+/// Shared with the name relay, whose upstream connects need the same guard.
+pub(crate) async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
     let socket = match target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -340,7 +341,8 @@ async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<Tcp
     socket.connect(target).await
 }
 
-fn classify(e: &io::Error) -> UpstreamError {
+/// The metrics label for an upstream failure (shared with the name relay).
+pub(crate) fn classify(e: &io::Error) -> UpstreamError {
     match e.kind() {
         io::ErrorKind::ConnectionRefused => UpstreamError::Refused,
         io::ErrorKind::TimedOut => UpstreamError::Timeout,

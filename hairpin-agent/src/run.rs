@@ -1,30 +1,25 @@
 //! `hairpin-agent run`: the DaemonSet's main loop.
 
 use std::{
-    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    path::PathBuf,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::watch,
-};
-use tracing::{debug, error, info, warn};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{debug, info};
 
 use crate::{
     admin::{self, AdminConfig},
     ebpf::{self, Datapath},
-    frontends::{Frontend, ProxyVersion},
-    k8s,
+    frontends::ProxyVersion,
     metrics::Metrics,
+    name_relay::{NameRouting, NameRoutingConfig},
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
-    state::{self, AgentState, AttachmentStatus},
-    static_source,
+    sources,
+    state::{AgentState, AttachmentStatus},
 };
 
 /// Options of `run`.
@@ -111,6 +106,26 @@ pub struct RunArgs {
         default_value = "/run/hairpin/admin.sock"
     )]
     pub admin_socket: PathBuf,
+
+    /// Address the name relay listens on and /etc/hosts points names at. Default:
+    /// the first listen address (else the first node IP).
+    #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
+    pub names_address: Option<IpAddr>,
+
+    /// Ports the name relay listens on (comma-separated); each connection is routed
+    /// by TLS SNI or HTTP Host. Empty turns name routing off.
+    #[arg(
+        long,
+        env = "HAIRPIN_NAMES_PORTS",
+        value_delimiter = ',',
+        default_value = "80,443"
+    )]
+    pub names_ports: Vec<u16>,
+
+    /// Hosts file whose managed block points the proxied names at the name relay
+    /// (in a DaemonSet, a hostPath mount of the node's /etc/hosts). Unset: not managed.
+    #[arg(long, env = "HAIRPIN_HOSTS_FILE")]
+    pub hosts_file: Option<PathBuf>,
 }
 
 /// `off`, `v1` or `v2`.
@@ -174,36 +189,50 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Some(path) => {
             let name = format!("file {}", path.display());
             (
-                file_source(path, args.frontends_poll, state.clone(), name.clone())?,
+                sources::file_source(path, args.frontends_poll, state.clone(), name.clone())?,
                 name,
             )
         }
         None => {
             let name = "kubernetes".to_string();
-            (
-                kubernetes_source(&args, metrics.clone(), state.clone(), name.clone()).await?,
-                name,
-            )
+            let rx =
+                sources::kubernetes_source(&args, metrics.clone(), state.clone(), name.clone())
+                    .await?;
+            (rx, name)
         }
     };
     state.register_source(&source_name);
 
-    let relay = Relay::new(
-        RelayConfig {
-            bypass_mark: Some(args.bypass_mark),
-            connect_timeout: args.connect_timeout,
-            node_ipv4: node_v4.and_then(|i| match i {
-                IpAddr::V4(v) => Some(v),
-                IpAddr::V6(_) => None,
-            }),
-            node_ipv6: node_v6.and_then(|i| match i {
-                IpAddr::V6(v) => Some(v),
-                IpAddr::V4(_) => None,
-            }),
-            buffer_size: 64 * 1024,
-        },
-        metrics.clone(),
-    );
+    let relay_config = RelayConfig {
+        bypass_mark: Some(args.bypass_mark),
+        connect_timeout: args.connect_timeout,
+        node_ipv4: node_v4.and_then(|i| match i {
+            IpAddr::V4(v) => Some(v),
+            IpAddr::V6(_) => None,
+        }),
+        node_ipv6: node_v6.and_then(|i| match i {
+            IpAddr::V6(v) => Some(v),
+            IpAddr::V4(_) => None,
+        }),
+        buffer_size: 64 * 1024,
+    };
+    let relay = Relay::new(relay_config.clone(), metrics.clone());
+    // The name relay (fallback for names and for nodes without eBPF) listens only
+    // once a route exists, so an agent without names never takes ports 80/443.
+    let names_address = args.names_address.or(listen.v4).or(listen.v6);
+    let mut names = match names_address {
+        Some(address) if !args.names_ports.is_empty() => Some(NameRouting::new(
+            NameRoutingConfig {
+                address,
+                ports: args.names_ports.clone(),
+                hosts_file: args.hosts_file.clone(),
+                peek_timeout: Duration::from_secs(5),
+            },
+            relay_config,
+            metrics.clone(),
+        )),
+        _ => None,
+    };
     let mut datapath = Datapath::load(object, args.bypass_mark)?;
     datapath.attach(&cgroup)?;
     info!(cgroup = %cgroup.display(), "programs attached");
@@ -229,15 +258,23 @@ pub async fn run(args: RunArgs) -> Result<()> {
     loop {
         // Apply what the source says now (None until it first synced).
         let next = desired.borrow_and_update().clone();
-        if let Some(set) = next {
+        if let Some(next) = next {
             let started = Instant::now();
-            rec.apply(&set);
+            rec.apply(&next.frontends);
+            if let Some(n) = names.as_mut() {
+                n.update(&next.routes);
+            }
             let took = started.elapsed();
             metrics.observe_reconcile(took);
             metrics.set_frontends(rec.active().count(), rec.failed().len());
-            state.record_apply(&rec, &set, took);
+            state.record_apply(&rec, &next.frontends, took);
             state.source_synced(&source_name);
-            debug!(?took, frontends = set.len(), "reconciled");
+            debug!(
+                ?took,
+                frontends = next.frontends.len(),
+                routes = next.routes.len(),
+                "reconciled"
+            );
             if !ready {
                 ready = true;
                 info!(
@@ -266,155 +303,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .collect();
     info!(counters = %counters.join(" "), "kernel counters");
     info!("redirects removed");
-    // ...then let the connections already relayed finish, within a bound.
-    let left = rec.relay.drain(args.drain_timeout).await;
+    // ...then let the connections already relayed finish, within a bound. The name
+    // relay drains alongside; its hosts-file block stays for the next agent
+    // (`hairpin-agent cleanup` removes it).
+    let names_drain = async {
+        if let Some(n) = names.as_mut() {
+            n.drain(args.drain_timeout).await;
+        }
+    };
+    let (left, ()) = tokio::join!(rec.relay.drain(args.drain_timeout), names_drain);
     admin.shutdown().await;
     info!(left, "agent stopped");
     Ok(())
-}
-
-/// What the main loop applies: `None` until the source has synced once.
-type Desired = watch::Receiver<Option<BTreeSet<Frontend>>>;
-
-/// The static source: the file now, then on every change.
-fn file_source(path: &Path, every: Duration, state: AgentState, name: String) -> Result<Desired> {
-    let initial = static_source::load(path)?;
-    let (tx, rx) = watch::channel(Some(initial));
-    tokio::spawn(watch_file(path.to_path_buf(), every, tx, state, name));
-    Ok(rx)
-}
-
-/// The Kubernetes source: reflectors and the decision, the Lease, and Events.
-async fn kubernetes_source(
-    args: &RunArgs,
-    metrics: Metrics,
-    state: AgentState,
-    name: String,
-) -> Result<Desired> {
-    let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
-    let defaults = k8s::Defaults {
-        proxy_protocol: args.default_proxy_protocol.0,
-    };
-    let health_state = state.clone();
-    let health: k8s::watch::Health = Arc::new(move |resource, error| match error {
-        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
-        None => health_state.source_recovered(&name),
-    });
-    let source = k8s::watch::spawn(client.clone(), defaults, metrics, health);
-    if args.events {
-        let node = match &args.node_name {
-            Some(n) => n.clone(),
-            None => nix::unistd::gethostname()
-                .context("no --node-name and no host name")?
-                .to_string_lossy()
-                .into_owned(),
-        };
-        let (leader_tx, leader_rx) = watch::channel(false);
-        let lease = k8s::lease::LeaseConfig {
-            namespace: args.namespace.clone(),
-            name: args.lease_name.clone(),
-            identity: node.clone(),
-            duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-        };
-        tokio::spawn(k8s::lease::run(client.clone(), lease, leader_tx));
-        tokio::spawn(k8s::events::run(
-            client,
-            node,
-            source.services.clone(),
-            source.snapshot.clone(),
-            leader_rx,
-        ));
-    }
-    let (tx, rx) = watch::channel(None);
-    let mut snapshot = source.snapshot;
-    tokio::spawn(async move {
-        loop {
-            let next = {
-                let s = snapshot.borrow_and_update();
-                let decisions = s.decisions.iter().map(status_decision).collect();
-                state.update(|st| st.decisions = decisions);
-                s.synced.then(|| s.frontends.clone())
-            };
-            if next.is_some() {
-                tx.send_if_modified(|cur| {
-                    let modified = *cur != next;
-                    if modified {
-                        *cur = next;
-                    }
-                    modified
-                });
-            }
-            if snapshot.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    Ok(rx)
-}
-
-/// A Kubernetes decision in `/status`'s shape.
-fn status_decision(d: &k8s::watch::DecisionView) -> state::Decision {
-    let kind = if d.reason == "Proxied" {
-        "proxied"
-    } else if d.reason == "InvalidAnnotation" {
-        "invalid"
-    } else {
-        "skipped"
-    };
-    state::Decision {
-        object: d.object.clone(),
-        state: kind.into(),
-        reason: d.reason.clone(),
-        message: d.message.clone(),
-    }
-}
-
-/// Reloads the frontends file when its modification time or size changes, and on
-/// SIGHUP. A file that fails to parse keeps the last good set (fail static).
-async fn watch_file(
-    path: PathBuf,
-    every: Duration,
-    tx: watch::Sender<Option<BTreeSet<Frontend>>>,
-    state: AgentState,
-    name: String,
-) {
-    let stamp = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-    };
-    let mut last = stamp(&path);
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            warn!(error = %e, "SIGHUP reloads disabled");
-            None
-        }
-    };
-    let mut tick = tokio::time::interval(every);
-    loop {
-        let forced = tokio::select! {
-            _ = tick.tick() => false,
-            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
-        };
-        let now = stamp(&path);
-        if !forced && now == last {
-            continue;
-        }
-        last = now;
-        match static_source::load(&path) {
-            Ok(set) => {
-                if tx.send(Some(set)).is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "keeping the last good frontends");
-                state.source_error(&name, &e.to_string());
-            }
-        }
-    }
 }
 
 #[cfg(test)]

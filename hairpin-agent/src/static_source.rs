@@ -7,7 +7,11 @@
 //!     ports: [80, 443]        # TCP ports
 //!     proxyProtocol: v1       # v1 or v2
 //!     name: ingress-nginx     # optional, shown in status and logs
+//!     hosts: [shop.example.com, "*.shop.example.com"]  # optional: names on this LB
 //! ```
+//!
+//! `hosts` feeds the name relay and the /etc/hosts block (see [`load_routes`]); a
+//! file without it reads exactly as before.
 
 use std::{
     collections::BTreeSet,
@@ -17,7 +21,13 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::frontends::{Frontend, ProxyVersion};
+use crate::{
+    fallback::{
+        hostname::{Hostname, HostnameError},
+        names::{Claim, NameRoutes, resolve},
+    },
+    frontends::{Frontend, ProxyVersion},
+};
 
 /// Errors reading or validating a frontends file.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +60,18 @@ pub enum StaticSourceError {
         /// What was expected instead.
         expected: String,
     },
+    /// A name in an entry's `hosts` is not a valid hostname.
+    #[error("frontends file {path}: frontends[{index}].hosts[{host_index}]: {source}")]
+    InvalidHost {
+        /// The file.
+        path: PathBuf,
+        /// Index of the entry in `frontends`.
+        index: usize,
+        /// Index of the name in `hosts`.
+        host_index: usize,
+        /// Why the name was rejected.
+        source: HostnameError,
+    },
 }
 
 #[derive(Deserialize)]
@@ -67,6 +89,15 @@ struct Entry {
     proxy_protocol: String,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    hosts: Vec<String>,
+}
+
+fn source_of(path: &Path, name: Option<&str>) -> String {
+    match name {
+        Some(n) => format!("file {} ({n})", path.display()),
+        None => format!("file {}", path.display()),
+    }
 }
 
 /// Reads and validates `path`, returning the frontends sorted and deduplicated.
@@ -109,10 +140,7 @@ pub fn parse(path: &Path, text: &str) -> Result<BTreeSet<Frontend>, StaticSource
         if e.ports.contains(&0) {
             return Err(invalid(index, "ports", "TCP ports from 1 to 65535, got 0"));
         }
-        let source = match &e.name {
-            Some(n) => format!("file {} ({n})", path.display()),
-            None => format!("file {}", path.display()),
-        };
+        let source = source_of(path, e.name.as_deref());
         for port in e.ports {
             out.insert(Frontend {
                 ip: e.ip,
@@ -123,6 +151,44 @@ pub fn parse(path: &Path, text: &str) -> Result<BTreeSet<Frontend>, StaticSource
         }
     }
     Ok(out)
+}
+
+/// Reads `path` and returns the name routes its entries' `hosts` lists ask for,
+/// each on its own entry's LB, ports and version.
+pub fn load_routes(path: &Path) -> Result<NameRoutes, StaticSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StaticSourceError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_routes(path, &text)
+}
+
+/// Parses the `hosts` lists of the YAML `text` of the file at `path` into routes.
+pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, StaticSourceError> {
+    let frontends: Vec<Frontend> = parse(path, text)?.into_iter().collect();
+    let file: File = serde_yaml::from_str(text).map_err(|e| StaticSourceError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let mut claims = Vec::new();
+    for (index, e) in file.frontends.into_iter().enumerate() {
+        for (host_index, value) in e.hosts.iter().enumerate() {
+            let host = Hostname::parse(value).map_err(|source| StaticSourceError::InvalidHost {
+                path: path.to_path_buf(),
+                index,
+                host_index,
+                source,
+            })?;
+            claims.push(Claim {
+                created: None,
+                source: source_of(path, e.name.as_deref()),
+                field: format!("frontends[{index}].hosts[{host_index}]"),
+                host,
+                lbs: vec![e.ip],
+            });
+        }
+    }
+    Ok(resolve(claims, &frontends))
 }
 
 #[cfg(test)]
@@ -173,6 +239,43 @@ mod tests {
         assert!(err.contains("unknown field `port`"), "{err}");
         assert!(
             p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err()
+        );
+    }
+
+    #[test]
+    fn hosts_become_routes_on_their_own_entry_and_bad_names_are_named() {
+        let text = "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n  \
+                    hosts: [a.example.com, \"*.a.example.com\"]\n\
+                    - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  name: hap\n  hosts: [B.example.com]\n";
+        let routes = parse_routes(Path::new("f.yaml"), text).expect("valid");
+        let got: Vec<String> = routes
+            .routes
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {:?} {} {}",
+                    r.host, r.lb, r.ports, r.version, r.source
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "*.a.example.com 203.0.113.10 [80, 443] v1 file f.yaml",
+                "a.example.com 203.0.113.10 [80, 443] v1 file f.yaml",
+                "b.example.com 203.0.113.11 [80] v2 file f.yaml (hap)",
+            ]
+        );
+        assert_eq!(p(text).expect("frontends still parse").len(), 3);
+        let err = parse_routes(
+            Path::new("f.yaml"),
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  hosts: [ok.io, \"a b\"]\n",
+        )
+        .expect_err("bad host")
+        .to_string();
+        assert!(
+            err.starts_with("frontends file f.yaml: frontends[0].hosts[1]: hostname \"a b\""),
+            "{err}"
         );
     }
 }

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod fakeapi;
+pub mod names_support;
 pub mod node;
 pub mod privileges;
 pub mod servers;

@@ -23,7 +23,11 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use super::{Decision, Defaults, SkipReason, decide_all, decision::Outcome};
-use crate::{frontends::Frontend, metrics::Metrics};
+use crate::{
+    fallback::names::{NameRoute, name_routes},
+    frontends::Frontend,
+    metrics::Metrics,
+};
 
 /// What the cluster says, as of the last change.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -34,6 +38,10 @@ pub struct KubeSnapshot {
     pub frontends: BTreeSet<Frontend>,
     /// One decision per LoadBalancer Service, for `status` and Events.
     pub decisions: Vec<DecisionView>,
+    /// Ingress hostnames routed to their own proxied LB, for the name fallbacks.
+    pub routes: Vec<NameRoute>,
+    /// Why hostnames were not routed (invalid, not proxied, conflicts).
+    pub route_skips: Vec<String>,
 }
 
 /// A decision in the shape `status` shows and an Event carries.
@@ -127,6 +135,7 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Healt
     let (tx, snapshot) = watch::channel(KubeSnapshot::default());
     tokio::spawn(decide_loop(
         services.clone(),
+        ingresses.clone(),
         defaults,
         changed,
         tx,
@@ -212,6 +221,7 @@ fn kind_name(ar: &ApiResource) -> &'static str {
 
 async fn decide_loop(
     services: Store<Service>,
+    ingresses: Store<Ingress>,
     defaults: Defaults,
     changed: Arc<Notify>,
     tx: watch::Sender<KubeSnapshot>,
@@ -225,7 +235,16 @@ async fn decide_loop(
         let started = std::time::Instant::now();
         let all = services.state();
         let desired = decide_all(all.iter().map(|s| s.as_ref()), &defaults);
+        // Gateway API objects are watched but not yet fed to name routing.
+        let names = name_routes(
+            ingresses.state().iter().map(|i| i.as_ref()),
+            &[],
+            &[],
+            &desired.frontends,
+        );
         let snapshot = KubeSnapshot {
+            routes: names.routes,
+            route_skips: names.skips.iter().map(|s| s.message.clone()).collect(),
             synced: true,
             frontends: desired.frontends.into_iter().collect(),
             decisions: desired

@@ -1,0 +1,242 @@
+//! The name relay: listeners on one node-local address (ports 80 and 443 by
+//! default) that serve names rather than IPs. /etc/hosts (and, later, CoreDNS)
+//! points the proxied hostnames here; each connection is routed by its TLS SNI or
+//! HTTP Host to the LoadBalancer that name belongs to, with the same PROXY header
+//! the eBPF path's relay writes. Used where the programs cannot attach, and for
+//! clients that use names.
+
+mod conn;
+pub mod http_host;
+pub mod sni;
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{net::TcpSocket, sync::watch, time::timeout};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, error, info, info_span, warn};
+
+pub use conn::MAX_PEEK;
+
+use crate::{
+    fallback::{
+        hosts_writer,
+        names::{NameRoute, RouteTable},
+    },
+    metrics::Metrics,
+    relay::RelayConfig,
+    static_source,
+};
+
+/// What the first bytes of a connection say about the name it is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peek {
+    /// Not enough bytes yet to decide.
+    NeedMore,
+    /// The name the client asked for, as sent (the route lookup validates it).
+    Name(String),
+    /// A complete ClientHello without SNI, or request head without Host.
+    NoName,
+    /// Not this protocol, or malformed; says what was expected.
+    Invalid(&'static str),
+}
+
+/// Name routing settings, validated once at startup.
+#[derive(Clone, Debug)]
+pub struct NameRoutingConfig {
+    /// The node-local address the listeners bind and /etc/hosts names.
+    pub address: IpAddr,
+    /// The ports to listen on (80 and 443 typically).
+    pub ports: Vec<u16>,
+    /// The hosts file to manage, if any.
+    pub hosts_file: Option<PathBuf>,
+    /// How long a client may take to send its ClientHello or request head.
+    pub peek_timeout: Duration,
+}
+
+/// What every connection needs.
+struct Shared {
+    relay: RelayConfig,
+    metrics: Metrics,
+    table: watch::Receiver<Arc<RouteTable>>,
+    peek_timeout: Duration,
+}
+
+/// The running name relay and hosts-file writer.
+pub struct NameRouting {
+    cfg: NameRoutingConfig,
+    shared: Arc<Shared>,
+    table: watch::Sender<Arc<RouteTable>>,
+    listeners: BTreeMap<u16, (SocketAddr, CancellationToken)>,
+    connections: TaskTracker,
+}
+
+impl NameRouting {
+    /// A name relay with no routes and no listeners yet.
+    pub fn new(cfg: NameRoutingConfig, relay: RelayConfig, metrics: Metrics) -> NameRouting {
+        let (table, rx) = watch::channel(Arc::new(RouteTable::default()));
+        let shared = Arc::new(Shared {
+            relay,
+            metrics,
+            table: rx,
+            peek_timeout: cfg.peek_timeout,
+        });
+        NameRouting {
+            cfg,
+            shared,
+            table,
+            listeners: BTreeMap::new(),
+            connections: TaskTracker::new(),
+        }
+    }
+
+    /// Addresses the listeners are bound to.
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        self.listeners.values().map(|(a, _)| *a).collect()
+    }
+
+    /// Routes new connections by `routes` and rewrites the hosts file to match.
+    ///
+    /// Listeners start with the first non-empty set, so an agent without names never
+    /// takes ports 80/443 on the node. A port that cannot be bound is logged and
+    /// left out; the hosts file names the relay only while a listener runs, so a
+    /// name is never pointed at an address nothing answers on.
+    pub fn update(&mut self, routes: &[NameRoute]) {
+        if !routes.is_empty() {
+            self.start_listeners();
+        }
+        self.table.send_replace(Arc::new(RouteTable::new(routes)));
+        let Some(path) = self.cfg.hosts_file.clone() else {
+            return;
+        };
+        let published: &[NameRoute] = if self.listeners.is_empty() {
+            &[]
+        } else {
+            routes
+        };
+        match hosts_writer::sync(&path, published, self.cfg.address) {
+            Ok(report) => {
+                for s in &report.skipped {
+                    warn!(host = %s.hostname, reason = %s.reason, "hosts file: name left out");
+                }
+                if report.changed {
+                    info!(path = %path.display(), entries = report.entries, "hosts file updated");
+                }
+            }
+            Err(e) => error!(error = %e, "hosts file not managed"),
+        }
+    }
+
+    /// Re-reads the static frontends file's `hosts` lists; a file that fails to
+    /// parse keeps the routes in use (fail static, as for the frontends).
+    pub fn reload_static(&mut self, path: &Path) {
+        match static_source::load_routes(path) {
+            Ok(routes) => {
+                for skip in &routes.skips {
+                    warn!(reason = ?skip.reason, "{}", skip.message);
+                }
+                self.update(&routes.routes);
+            }
+            Err(e) => error!(error = %e, "keeping the last good name routes"),
+        }
+    }
+
+    fn start_listeners(&mut self) {
+        for port in self.cfg.ports.clone() {
+            if self.listeners.contains_key(&port) {
+                continue;
+            }
+            let want = SocketAddr::new(self.cfg.address, port);
+            match bind(want) {
+                Ok(listener) => {
+                    let local = listener.local_addr().unwrap_or(want);
+                    let stop = CancellationToken::new();
+                    tokio::spawn(
+                        accept_loop(
+                            listener,
+                            stop.clone(),
+                            self.shared.clone(),
+                            self.connections.clone(),
+                        )
+                        .instrument(info_span!("name_listener", %local)),
+                    );
+                    info!(%local, "name relay listening");
+                    self.listeners.insert(port, (local, stop));
+                }
+                Err(e) => {
+                    error!(addr = %want, error = %e, "name relay cannot listen; names on this port are not routed")
+                }
+            }
+        }
+    }
+
+    /// Stops the listeners and waits up to `deadline` for open connections. The
+    /// hosts file keeps its block (see [`hosts_writer`]).
+    pub async fn drain(&mut self, deadline: Duration) {
+        for (_, (_, stop)) in std::mem::take(&mut self.listeners) {
+            stop.cancel();
+        }
+        self.connections.close();
+        if timeout(deadline, self.connections.wait()).await.is_err() {
+            warn!("name relay: drain deadline reached");
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+    shared: Arc<Shared>,
+    connections: TaskTracker,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((client, peer)) => {
+                    let span = info_span!("name_conn", client = %peer);
+                    connections.spawn(conn::serve(client, peer, shared.clone()).instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    // EMFILE/ENFILE persist until something closes: do not spin on them.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Builds the name relay for `run` from the static frontends file and starts it
+/// with the file's routes. Returns `None` when name routing is off (no ports).
+pub fn start_name_routing(
+    cfg: NameRoutingConfig,
+    relay: RelayConfig,
+    metrics: Metrics,
+    frontends_file: &Path,
+) -> Option<NameRouting> {
+    if cfg.ports.is_empty() {
+        return None;
+    }
+    let mut names = NameRouting::new(cfg, relay, metrics);
+    names.reload_static(frontends_file);
+    Some(names)
+}
+
+#[cfg(test)]
+mod proptests;

@@ -1,0 +1,211 @@
+//! Helpers for the name-routing suite (`tests/names.rs`): a TLS "ingress" (nginx with
+//! `listen ... ssl proxy_protocol` and a certificate made at test time), the LB rules
+//! for port 443, and clients that resolve names through a given hosts file or curl's
+//! `--resolve`. Additive: the shared harness is used as it is.
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    client::Reply,
+    node::{LbRule, SimNode, default_lbs},
+    sh::{command_in, output_in, run},
+};
+
+/// nginx TLS port behind LB 203.0.113.10:443 (body starts `tls-a`).
+pub const TLS_A_PORT: u16 = 443;
+/// nginx TLS port behind LB 203.0.113.11:443 (body starts `tls-b`).
+pub const TLS_B_PORT: u16 = 8443;
+
+/// The default LBs plus a TLS port on each of the two proxied LBs.
+pub fn lbs_with_tls() -> Vec<LbRule> {
+    let mut lbs = default_lbs();
+    lbs.push(LbRule {
+        lb_ip: "203.0.113.10",
+        lb_port: 443,
+        backend_port: TLS_A_PORT,
+        name: "ingress-nginx/ingress-nginx-controller:https",
+    });
+    lbs.push(LbRule {
+        lb_ip: "203.0.113.11",
+        lb_port: 443,
+        backend_port: TLS_B_PORT,
+        name: "haproxy/haproxy-ingress:https",
+    });
+    lbs
+}
+
+/// The TLS nginx, killed on drop.
+pub struct TlsServer {
+    child: Child,
+    logs: Vec<PathBuf>,
+}
+
+impl TlsServer {
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        self.logs
+            .iter()
+            .map(|p| fs::read_to_string(p).unwrap_or_default())
+            .collect()
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a second nginx in the ingress namespace with two TLS servers requiring the
+/// PROXY protocol, answering with the SNI and what the header said.
+pub fn start_tls_nginx(node: &SimNode) -> TlsServer {
+    let dir = node.dir.join("nginx-tls");
+    fs::create_dir_all(dir.join("tmp")).expect("nginx-tls dir");
+    let d = dir.display().to_string();
+    run(&[
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=hairpin-test",
+        "-keyout",
+        &format!("{d}/key.pem"),
+        "-out",
+        &format!("{d}/cert.pem"),
+    ]);
+    let server = |port: u16, tag: &str| {
+        format!(
+            r#"    server {{
+        listen {port} ssl proxy_protocol;
+        listen [::]:{port} ssl proxy_protocol;
+        ssl_certificate {d}/cert.pem;
+        ssl_certificate_key {d}/key.pem;
+        location / {{
+            return 200 "{tag} sni=$ssl_server_name client=$proxy_protocol_addr:$proxy_protocol_port dst=$proxy_protocol_server_addr:$proxy_protocol_server_port\n";
+        }}
+    }}
+"#
+        )
+    };
+    let conf = format!(
+        r#"
+worker_processes 1;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {d}/access.log;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type text/plain;
+{a}{b}}}
+"#,
+        a = server(TLS_A_PORT, "tls-a"),
+        b = server(TLS_B_PORT, "tls-b"),
+    );
+    let conf_path = dir.join("nginx.conf");
+    fs::write(&conf_path, conf).expect("nginx.conf");
+    let conf_arg = conf_path.to_str().expect("utf-8 path");
+    let check = output_in(
+        &node.ingress_ns,
+        None,
+        &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d],
+    );
+    assert!(
+        check.status.success(),
+        "nginx -t: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let child = command_in(&node.ingress_ns, None, &["nginx", "-c", conf_arg, "-p", &d])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx-tls");
+    let server = TlsServer {
+        child,
+        logs: vec![dir.join("access.log"), dir.join("error.log")],
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = output_in(&node.ingress_ns, None, &["ss", "-Htln"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        if [TLS_A_PORT, TLS_B_PORT]
+            .iter()
+            .all(|p| text.contains(&format!(":{p} ")))
+        {
+            return server;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nginx-tls not listening: {text}\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reply(out: std::process::Output) -> Reply {
+    Reply {
+        code: out.status.code().unwrap_or(-1),
+        body: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// curl `url` from the pod with `--resolve name:port:addr`: the name (so the SNI and
+/// Host) is real, its address is the name relay's. `-k`: the certificate is self-signed.
+pub fn curl_resolved_from_pod(node: &SimNode, resolve: &str, url: &str) -> Reply {
+    reply(output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &[
+            "curl",
+            "-sS",
+            "-k",
+            "--max-time",
+            "10",
+            "--resolve",
+            resolve,
+            url,
+        ],
+    ))
+}
+
+/// Runs shell `script` as a host process of the node in a private mount namespace
+/// where `hosts` is bind-mounted over /etc/hosts: the real resolver (getent, curl's
+/// getaddrinfo) reads the agent-written file, and nothing outside sees the mount.
+pub fn sh_with_hosts_file(node: &SimNode, hosts: &std::path::Path, script: &str) -> Reply {
+    let full = format!(
+        "mount --bind {} /etc/hosts && {script}",
+        hosts.to_str().expect("utf-8 path")
+    );
+    reply(output_in(
+        &node.node_ns,
+        Some(&node.host_cgroup()),
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &full,
+        ],
+    ))
+}

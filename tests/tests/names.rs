@@ -1,0 +1,245 @@
+//! Name routing on a simulated node: the agent's name relay routes by TLS SNI and
+//! HTTP Host to two LoadBalancers, and its /etc/hosts block is read by a real
+//! resolver in a private mount namespace. Each assertion carries the backend's
+//! body (which echoes the PROXY header) as evidence.
+
+use std::{fs, time::Duration};
+
+use hairpin_tests::{
+    agent::{Agent, FrontendSpec},
+    names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
+    node::{NODE_IP4, POD_IP4, SimNode},
+    privileges::datapath_tests_can_run,
+    servers::{start_haproxy, start_nginx},
+};
+use nix::sys::signal::Signal;
+
+macro_rules! require_privileges {
+    () => {
+        if !datapath_tests_can_run(module_path!()) {
+            return;
+        }
+    };
+}
+
+/// Two LBs, each with its own names: ingress-nginx (v1) and "haproxy" (v2).
+const FRONTENDS_WITH_HOSTS: &str = "frontends:
+- ip: \"203.0.113.10\"
+  ports: [80, 443]
+  proxyProtocol: v1
+  name: ingress-nginx
+  hosts: [a.example.com, \"*.apps.example.com\"]
+- ip: \"203.0.113.11\"
+  ports: [80, 443]
+  proxyProtocol: v2
+  name: haproxy
+  hosts: [b.example.com]
+";
+
+/// Starts the agent, then gives it the names through a reload of its frontends
+/// file (the path the static source takes on every edit).
+fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
+    let specs = [
+        FrontendSpec {
+            ip: "203.0.113.10",
+            ports: vec![80, 443],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: "203.0.113.11",
+            ports: vec![80, 443],
+            version: "v2",
+        },
+    ];
+    let mut agent = Agent::start_with(node, &specs, extra);
+    fs::write(&agent.frontends, FRONTENDS_WITH_HOSTS).expect("write frontends with hosts");
+    agent.wait_for_log(ready, Duration::from_secs(10));
+    agent
+}
+
+/// Bytes of a node's hosts file that hairpin must keep exactly, including a last
+/// line without a newline and a byte that is not UTF-8.
+const NODE_HOSTS: &[u8] =
+    b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n# kubelet-managed below\n10.9.9.9 keep-me \xe9\n192.0.2.1\tnode-1";
+
+#[test]
+fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_name_relay() {
+    require_privileges!();
+    let node = SimNode::with_lbs(&lbs_with_tls());
+    let _nginx = start_nginx(&node);
+    let tls = start_tls_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let system_hosts = fs::read("/etc/hosts").expect("read /etc/hosts");
+    let hosts_arg = hosts.to_str().expect("utf-8 path");
+    let mut agent = agent_with_names(&node, &["--hosts-file", hosts_arg], "hosts file updated");
+
+    let written = fs::read(&hosts).expect("read hosts");
+    assert!(
+        written.starts_with(NODE_HOSTS),
+        "every byte before the block survives"
+    );
+    let block = String::from_utf8_lossy(&written[NODE_HOSTS.len()..]).into_owned();
+    assert_eq!(
+        block,
+        format!(
+            "\n# BEGIN hairpin managed block (do not edit)\n{NODE_IP4}\ta.example.com\n\
+             {NODE_IP4}\tb.example.com\n# END hairpin managed block"
+        ),
+        "exact names only, pointing at the name relay; the wildcard is left out"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("/etc/hosts cannot express wildcard names"),
+        "{}",
+        agent.log()
+    );
+
+    let got = sh_with_hosts_file(
+        &node,
+        &hosts,
+        "getent hosts a.example.com && curl -sS --max-time 10 http://a.example.com/ \
+         && curl -sS -k --max-time 10 https://b.example.com/",
+    );
+    assert!(
+        got.ok(),
+        "{got:?}\nagent:\n{}\ntls:\n{}",
+        agent.log(),
+        tls.log()
+    );
+    let lines: Vec<&str> = got.body.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", got.body);
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [NODE_IP4, "a.example.com"]
+    );
+    assert!(
+        lines[1].starts_with(&format!("client={NODE_IP4}:")),
+        "host process -> node IP: {}",
+        lines[1]
+    );
+    assert!(lines[1].ends_with("dst=203.0.113.10:80"), "{}", lines[1]);
+    assert!(
+        lines[2].starts_with(&format!("tls-b sni=b.example.com client={NODE_IP4}:")),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[2].ends_with("dst=203.0.113.11:443"), "{}", lines[2]);
+    assert_eq!(
+        fs::read("/etc/hosts").expect("read /etc/hosts"),
+        system_hosts,
+        "the bind mount must stay inside the private mount namespace"
+    );
+
+    // SIGTERM keeps the block: names keep resolving while the next agent starts.
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(fs::read(&hosts).expect("read hosts"), written);
+    // `cleanup` removes it and restores the file byte for byte.
+    assert!(hairpin_agent::fallback::hosts_writer::cleanup(&hosts).expect("cleanup"));
+    assert_eq!(fs::read(&hosts).expect("read hosts"), NODE_HOSTS);
+}
+
+#[test]
+fn sni_and_host_route_each_name_to_its_own_lb_with_the_true_client() {
+    require_privileges!();
+    let node = SimNode::with_lbs(&lbs_with_tls());
+    let _nginx = start_nginx(&node);
+    let _haproxy = start_haproxy(&node);
+    let tls = start_tls_nginx(&node);
+    let missing = node.dir.join("no-such-hosts");
+    let missing_arg = missing.to_str().expect("utf-8 path");
+    let agent = agent_with_names(
+        &node,
+        &["--hosts-file", missing_arg],
+        "name relay listening",
+    );
+
+    let fetch = |name: &str, scheme: &str, port: u16| {
+        let url = format!("{scheme}://{name}/");
+        curl_resolved_from_pod(&node, &format!("{name}:{port}:{NODE_IP4}"), &url)
+    };
+    let cases = [
+        (
+            "a.example.com",
+            "http",
+            80,
+            "client=",
+            "dst=203.0.113.10:80",
+        ),
+        (
+            "b.example.com",
+            "http",
+            80,
+            "client=",
+            "dst=203.0.113.11:80",
+        ),
+        (
+            "a.example.com",
+            "https",
+            443,
+            "tls-a sni=a.example.com client=",
+            "dst=203.0.113.10:443",
+        ),
+        (
+            "b.example.com",
+            "https",
+            443,
+            "tls-b sni=b.example.com client=",
+            "dst=203.0.113.11:443",
+        ),
+        (
+            "x.apps.example.com",
+            "https",
+            443,
+            "tls-a sni=x.apps.example.com client=",
+            "dst=203.0.113.10:443",
+        ),
+        (
+            "Y.Apps.Example.com",
+            "http",
+            80,
+            "client=",
+            "dst=203.0.113.10:80",
+        ),
+    ];
+    for (name, scheme, port, prefix, dst) in cases {
+        let got = fetch(name, scheme, port);
+        assert!(
+            got.ok(),
+            "{name} {scheme}: {got:?}\nagent:\n{}\ntls:\n{}",
+            agent.log(),
+            tls.log()
+        );
+        let body = got.body.trim_end();
+        assert!(
+            body.starts_with(&format!("{prefix}{POD_IP4}:")),
+            "{name} {scheme}: the PROXY source must be the pod: {body}"
+        );
+        assert!(body.ends_with(dst), "{name} {scheme}: {body}");
+    }
+
+    // Unknown names: HTTP gets a 421, TLS an unrecognized_name alert (curl exit 35).
+    let unknown = fetch("nobody.example.com", "http", 80);
+    assert!(unknown.ok(), "{unknown:?}");
+    assert!(
+        unknown.body.contains("no proxied loadbalancer serves"),
+        "{unknown:?}"
+    );
+    let unknown_tls = fetch("nobody.example.com", "https", 443);
+    assert_eq!(unknown_tls.code, 35, "{unknown_tls:?}");
+    assert!(
+        unknown_tls.stderr.contains("unrecognized name"),
+        "{unknown_tls:?}"
+    );
+
+    // A hosts file that is not there is reported and does not stop name routing.
+    let log = agent.log();
+    assert!(log.contains("hosts file not managed"), "{log}");
+    assert!(log.contains("does not exist"), "{log}");
+}
