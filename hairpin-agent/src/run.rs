@@ -151,8 +151,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
             changed = rx.changed() => {
                 if changed.is_err() { break }
                 let desired = rx.borrow_and_update().clone();
+                let started = std::time::Instant::now();
                 rec.apply(&desired);
                 metrics.set_frontends(rec.active().count());
+                // How long a change takes to apply at scale: `cargo xtask bench` reads this.
+                info!(
+                    frontends = rec.active().count(),
+                    failed = rec.failed().len(),
+                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "reconcile finished"
+                );
             }
         }
     }
