@@ -35,6 +35,9 @@ pub struct Options {
     /// Frontend counts for the footprint case, comma-separated (e.g. 1000,10000).
     #[arg(long)]
     pub sizes: Option<String>,
+    /// `perf record` the agent during one hairpin bulk transfer into this directory.
+    #[arg(long)]
+    pub profile: Option<std::path::PathBuf>,
     /// Print the report only; leave BENCHMARKS.md as it is.
     #[arg(long)]
     pub no_write: bool,
@@ -75,6 +78,9 @@ pub fn bench(opts: &Options) -> Result<()> {
     }
     if let Some(s) = &opts.sizes {
         cmd.args(["--sizes", s]);
+    }
+    if let Some(dir) = &opts.profile {
+        cmd.arg("--profile").arg(dir);
     }
     if !opts.no_write {
         cmd.arg("--out").arg(workspace_root().join("BENCHMARKS.md"));

@@ -112,7 +112,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             r.rss_small = Some((idle, load));
         }
         eprintln!("bulk ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx);
+        let res = traffic::bulk(&ctx, agent.pid());
         r.bulk = record(&mut r, "bulk", res).unwrap_or_default();
     }
     drop(agent);

@@ -23,6 +23,8 @@ pub struct Options {
     pub out: Option<std::path::PathBuf>,
     /// The command line that produced the run, written into the report.
     pub command: String,
+    /// When set, `perf record` the agent during one hairpin bulk transfer into this directory.
+    pub profile: Option<std::path::PathBuf>,
 }
 
 impl Options {
@@ -38,6 +40,7 @@ impl Options {
             sizes: vec![1_000, 10_000],
             out: None,
             command: "cargo xtask bench".into(),
+            profile: None,
         }
     }
 
@@ -53,6 +56,7 @@ impl Options {
             sizes: vec![1_000],
             out: None,
             command: "cargo xtask bench --quick".into(),
+            profile: None,
         }
     }
 
@@ -93,6 +97,7 @@ impl Options {
                         })?
                 }
                 "--out" => o.out = Some(value.into()),
+                "--profile" => o.profile = Some(value.into()),
                 "--command" => o.command = value.clone(),
                 _ => bail!("unknown option {flag}"),
             }

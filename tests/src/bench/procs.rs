@@ -128,9 +128,16 @@ pub fn machine() -> String {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .map_or(String::new(), |k| format!(", {} GiB RAM", k / 1024 / 1024));
+    // Other work on the machine skews every figure: say how busy it was.
+    let load = fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
     format!(
-        "nproc {}, kernel {}, CPU {model}{mem}",
-        cpus(),
+        "nproc {}, kernel {}, CPU {model}{mem}; 1-5-15 min load average {load}",
+        num_cpus_online(),
         kernel.trim()
     )
 }
@@ -149,4 +156,11 @@ pub fn tool_version(argv: &[&str]) -> String {
             text.lines().next().unwrap_or("").trim().to_string()
         })
         .unwrap_or_else(|_| "not found".into())
+}
+
+/// CPUs online (not just this process's affinity, which the bench narrows).
+fn num_cpus_online() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1)
 }

@@ -183,8 +183,9 @@ pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)
     Ok((all, rss))
 }
 
-/// Bulk MB/s (10^6 bytes per second) per target, over the rounds.
-pub fn bulk(ctx: &Ctx) -> Result<Vec<(Target, Vec<f64>)>> {
+/// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
+/// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`.
+pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets()
         .into_iter()
@@ -194,6 +195,10 @@ pub fn bulk(ctx: &Ctx) -> Result<Vec<(Target, Vec<f64>)>> {
     for round in 0..ctx.opts.runs {
         for (t, samples) in &mut out {
             let u = url(t.ip, t.port, "/bulk");
+            let perf = match &ctx.opts.profile {
+                Some(dir) if round == 0 && t.hairpin => Some(start_perf(dir, agent_pid)?),
+                _ => None,
+            };
             let o = in_pod(
                 ctx.node,
                 ctx.client_cpu,
@@ -210,6 +215,9 @@ pub fn bulk(ctx: &Ctx) -> Result<Vec<(Target, Vec<f64>)>> {
                 ],
             )
             .output()?;
+            if let Some(p) = perf {
+                stop_perf(p)?;
+            }
             let text = String::from_utf8_lossy(&o.stdout);
             let mut f = text.split_whitespace();
             let size: u64 = f.next().unwrap_or("0").parse().unwrap_or(0);
@@ -225,4 +233,37 @@ pub fn bulk(ctx: &Ctx) -> Result<Vec<(Target, Vec<f64>)>> {
         }
     }
     Ok(out)
+}
+
+fn start_perf(dir: &std::path::Path, pid: i32) -> Result<std::process::Child> {
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join("relay-bulk.perf.data");
+    // cpu-clock: this machine's PMU has no hardware counters (perf stat shows <not supported>).
+    let child = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "-g",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start perf record")?;
+    std::thread::sleep(Duration::from_millis(300));
+    eprintln!("  profiling the agent into {}", data.display());
+    Ok(child)
+}
+
+fn stop_perf(mut child: std::process::Child) -> Result<()> {
+    // SAFETY: SIGINT to our own child; perf writes its data file on SIGINT.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait()?;
+    Ok(())
 }

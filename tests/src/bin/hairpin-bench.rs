@@ -27,13 +27,22 @@ fn main() -> Result<()> {
         );
     }
     let started = std::time::Instant::now();
+    let machine_before = machine();
     let results = bench::run(&opts)?;
     let tools = [
         tool_version(&["wrk", "-v"]),
         tool_version(&["haproxy", "-v"]),
         tool_version(&["nginx", "-v"]),
     ];
-    let text = report::render(&results, &opts, &machine(), &tools);
+    let text = report::render(
+        &results,
+        &opts,
+        &format!(
+            "{machine_before} at the start; at the end {}",
+            machine().rsplit("average ").next().unwrap_or("")
+        ),
+        &tools,
+    );
     println!("{text}");
     eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(out) = &opts.out {
