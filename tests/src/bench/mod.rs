@@ -76,8 +76,8 @@ fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
 /// Runs every case and returns what they measured.
 pub fn run(opts: &Options) -> Result<Results> {
     let mut r = Results::default();
-    procs::raise_nofile(65_536)?;
-    r.notes.push("RLIMIT_NOFILE raised to 65536 for the bench and every process it starts (the agent opens one listener per frontend).".into());
+    let nofile = procs::raise_nofile(65_536)?;
+    r.notes.push(format!("RLIMIT_NOFILE set to {nofile} (setrlimit in the bench before it spawns anything, inherited by the agent, nginx and HAProxy): the agent opens one listener per frontend."));
     let client_cpu = if procs::cpus() >= 2 {
         procs::pin_self(1)?;
         r.notes.push("CPU placement: the bench pins itself to CPU 1 before starting nginx (1 worker), HAProxy (`nbthread 1`) and the agent (its tokio runtime then sizes itself to 1 worker), so each proxy shares CPU 1 with nginx alike; clients (wrk -t1, curl, connect loops) run under `taskset -c 0`.".into());

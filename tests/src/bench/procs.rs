@@ -17,6 +17,7 @@ pub struct Proc {
     child: Option<Child>,
     /// What it is, for messages.
     pub name: &'static str,
+    log: std::path::PathBuf,
 }
 
 impl Proc {
@@ -32,6 +33,7 @@ impl Proc {
         Ok(Proc {
             child: Some(child),
             name,
+            log: log.to_path_buf(),
         })
     }
 
@@ -45,7 +47,8 @@ impl Proc {
         if let Some(c) = self.child.as_mut()
             && let Some(status) = c.try_wait()?
         {
-            anyhow::bail!("{} exited early: {status}", self.name);
+            let log = fs::read_to_string(&self.log).unwrap_or_default();
+            anyhow::bail!("{} exited early: {status}\n{log}", self.name);
         }
         Ok(())
     }
@@ -91,16 +94,34 @@ pub fn pin_self(cpu: usize) -> Result<()> {
 
 /// Raises RLIMIT_NOFILE for this process and its future children: the agent opens
 /// one listener per frontend, 10,000 frontends need more than the usual 1,024.
-pub fn raise_nofile(limit: u64) -> Result<()> {
-    let rl = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
+/// Without CAP_SYS_RESOURCE (a container) only the soft limit can rise, to the hard
+/// one. Returns the soft limit in force.
+pub fn raise_nofile(want: u64) -> Result<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
     };
-    // SAFETY: setrlimit reads a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("setrlimit(RLIMIT_NOFILE)");
+    // SAFETY: getrlimit/setrlimit read or write a valid rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return Err(std::io::Error::last_os_error()).context("getrlimit(RLIMIT_NOFILE)");
+        }
+        let up = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: want.max(rl.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &up) == 0 {
+            return Ok(want);
+        }
+        let soft = libc::rlimit {
+            rlim_cur: rl.rlim_max,
+            rlim_max: rl.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &soft) != 0 {
+            return Err(std::io::Error::last_os_error()).context("setrlimit(RLIMIT_NOFILE)");
+        }
     }
-    Ok(())
+    Ok(rl.rlim_max)
 }
 
 /// VmRSS of `pid` in KiB, from /proc/PID/status.

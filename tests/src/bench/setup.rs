@@ -114,7 +114,7 @@ pub fn start_haproxy_send_proxy(node: &SimNode) -> Result<Proc> {
         r#"
 global
     nbthread 1
-    maxconn 60000
+    maxconn 8000
 defaults
     mode tcp
     timeout connect 5s
