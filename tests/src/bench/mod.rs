@@ -87,7 +87,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             .push("one CPU: no pinning; clients and servers share it".into());
         None
     };
-    let node = SimNode::new();
+    let node = SimNode::with_lbs(&setup::bench_lbs());
     setup::tune_namespaces(&node);
     let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
     let _haproxy = setup::start_haproxy_send_proxy(&node)?;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 
 use super::procs::Proc;
 use crate::{
-    node::{NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, SimNode},
+    node::{LbRule, NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, SimNode},
     sh::{command_in, output_in},
 };
 
@@ -18,6 +18,27 @@ pub const LB_V1: &str = "203.0.113.10";
 pub const LB_V2: &str = "203.0.113.12";
 /// An LB hairpin does not proxy, DNATed to nginx's plain port: the floor.
 pub const LB_PLAIN: &str = "203.0.113.99";
+/// nginx's PROXY port for the v2 LB. v1 and v2 LBs get distinct backend ports so their
+/// DNATed flows never meet nginx's TIME_WAIT sockets from the other LB: a SYN to a
+/// different pre-NAT address carries another timestamp offset, fails PAWS against
+/// that TIME_WAIT, and waits a 1 s retransmit (seen as errors and 1 s p99 when shared).
+pub const NGINX_PP_V2_PORT: u16 = 82;
+/// The bench's kube-proxy rules: LB_V1:80 and LB_V2:80 to nginx's two PROXY ports,
+/// LB_PLAIN:80 to its plain port.
+pub fn bench_lbs() -> Vec<LbRule> {
+    let r = |lb_ip, backend_port, name| LbRule {
+        lb_ip,
+        lb_port: 80,
+        backend_port,
+        name,
+    };
+    vec![
+        r(LB_V1, NGINX_PP_PORT, "bench/pp-v1:http"),
+        r(LB_V2, NGINX_PP_V2_PORT, "bench/pp-v2:http"),
+        r(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http"),
+    ]
+}
+
 /// HAProxy's `send-proxy` listener (node IP).
 pub const HAPROXY_V1_PORT: u16 = 9001;
 /// HAProxy's `send-proxy-v2` listener.
@@ -70,6 +91,7 @@ http {{
     server {{
         listen {pp} proxy_protocol backlog=4096;
         listen [::]:{pp} proxy_protocol backlog=4096;
+        listen {pp2} proxy_protocol backlog=4096;
         location = /bulk {{ alias {d}/bulk.bin; }}
         location / {{ return 200 "ok $proxy_protocol_addr\n"; }}
     }}
@@ -82,6 +104,7 @@ http {{
 }}
 "#,
         pp = NGINX_PP_PORT,
+        pp2 = NGINX_PP_V2_PORT,
         plain = NGINX_PLAIN_PORT,
     );
     let conf_path = dir.join("nginx.conf");
