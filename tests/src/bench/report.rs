@@ -132,11 +132,11 @@ fn main_table(r: &Results, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| connect() ns, {} | attached {} | detached {} | +{} ns | {target} | {} |",
+            "| connect() ns, {} | attached {} | detached {} | {} ns | {target} | {} |",
             c.case.name,
             cell(Spread::of(&c.attached), 0),
             cell(Spread::of(&c.detached), 0),
-            added.map_or("—".into(), |a| format!("{a:.0}")),
+            added.map_or("—".into(), |a| format!("{a:+.0}")),
             if c.case.proxied { "reported" } else { met(ok) }
         );
     }
