@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::{
     admin::{self, AdminConfig},
@@ -269,11 +269,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             metrics.set_frontends(rec.active().count(), rec.failed().len());
             state.record_apply(&rec, &next.frontends, took);
             state.source_synced(&source_name);
-            debug!(
-                ?took,
-                frontends = next.frontends.len(),
+            // How long a change takes to apply at scale: `cargo xtask bench` reads this.
+            info!(
+                frontends = rec.active().count(),
+                failed = rec.failed().len(),
                 routes = next.routes.len(),
-                "reconciled"
+                elapsed_ms = took.as_secs_f64() * 1e3,
+                "reconcile finished"
             );
             if !ready {
                 ready = true;

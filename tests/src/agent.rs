@@ -76,6 +76,17 @@ impl Agent {
 
     /// As [`Agent::start`], with extra `run` arguments.
     pub fn start_with(node: &SimNode, specs: &[FrontendSpec], extra: &[&str]) -> Agent {
+        Agent::start_logging(node, specs, "hairpin_agent=debug,info", extra)
+    }
+
+    /// As [`Agent::start_with`], with `log_filter` as the agent's `--log`: the bench
+    /// runs the agent at `info`, as deployed, since `debug` logs every connection.
+    pub fn start_logging(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        log_filter: &str,
+        extra: &[&str],
+    ) -> Agent {
         let frontends = node.dir.join("frontends.yaml");
         fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
         let log = node.dir.join("agent.log");
@@ -92,7 +103,7 @@ impl Agent {
             "--node-ip",
             &node_ips,
             "--log",
-            "hairpin_agent=debug,info",
+            log_filter,
         ];
         argv.extend_from_slice(extra);
         let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)

@@ -4,6 +4,7 @@
 //! Only addresses inside namespaces made here ever receive traffic.
 
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod fakeapi;

@@ -3,6 +3,7 @@
 //! Every command installs what it needs (idempotently) before it runs, so the two
 //! commands in the README work on a fresh machine.
 
+mod bench;
 mod ebpf;
 mod prereqs;
 
@@ -38,6 +39,8 @@ enum Cmd {
     },
     /// Build a simulated node and show a request failing without hairpin and succeeding with it.
     Demo,
+    /// Measure hairpin against HAProxy send-proxy and a direct path; write BENCHMARKS.md (root).
+    Bench(bench::Options),
 }
 
 fn main() -> Result<()> {
@@ -53,6 +56,7 @@ fn main() -> Result<()> {
         Cmd::Build { release } => build_agent(release).map(|bin| println!("{}", bin.display())),
         Cmd::Test { args } => test(&args),
         Cmd::Demo => demo(),
+        Cmd::Bench(opts) => bench::bench(&opts),
     }
 }
 

@@ -1,0 +1,142 @@
+//! The agent's footprint with many proxied frontends: RSS idle and under load, time
+//! from start to `agent ready`, and time to apply the whole set after a file change.
+
+use std::{
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use super::{
+    Ctx,
+    converge::{base_specs, write_frontends},
+    procs::rss_kib,
+    traffic::{targets, wrk_once},
+};
+use crate::agent::{Agent, FrontendSpec, frontends_yaml};
+
+/// Addresses for synthetic frontends: the upper half of 203.0.113.0/24, which has no
+/// kube-proxy rule and never receives traffic (nothing connects to these).
+fn synthetic_ips() -> &'static [&'static str] {
+    static IPS: OnceLock<Vec<&'static str>> = OnceLock::new();
+    IPS.get_or_init(|| {
+        // FrontendSpec holds &'static str; 128 short strings leaked once per process.
+        (128..=255)
+            .map(|i| &*Box::leak(format!("203.0.113.{i}").into_boxed_str()))
+            .collect()
+    })
+}
+
+/// `n` frontends: the real v1 LB first (so load can flow), then synthetic ones.
+pub fn specs(n: usize) -> Vec<FrontendSpec> {
+    let mut out = base_specs();
+    let ips = synthetic_ips();
+    let mut per_ip: Vec<Vec<u16>> = vec![Vec::new(); ips.len()];
+    for i in 0..n.saturating_sub(1) {
+        per_ip[i % ips.len()].push(10_000 + (i / ips.len()) as u16);
+    }
+    for (ip, ports) in ips.iter().zip(per_ip) {
+        if !ports.is_empty() {
+            out.push(FrontendSpec {
+                ip,
+                ports,
+                version: "v1",
+            });
+        }
+    }
+    out
+}
+
+/// One size's samples, one per round.
+#[derive(Clone, Debug, Default)]
+pub struct Footprint {
+    /// Frontends proxied.
+    pub size: usize,
+    /// Spawn to `agent ready`, ms (20 ms polling granularity).
+    pub ready_ms: Vec<f64>,
+    /// VmRSS a moment after ready, KiB.
+    pub idle_kib: Vec<f64>,
+    /// Largest VmRSS while wrk ran through the relay, KiB.
+    pub load_kib: Vec<f64>,
+    /// File replaced (1 -> size frontends) to `reconcile finished` seen, ms, wall clock
+    /// including up to one `--frontends-poll` period.
+    pub apply_wall_ms: Vec<f64>,
+    /// The agent's own `elapsed_ms` for that reconcile.
+    pub apply_agent_ms: Vec<f64>,
+}
+
+/// Measures each size `ctx.opts.runs` times. `start` spawns an agent with the given
+/// frontends (RLIMIT_NOFILE already raised by the caller: one listener per frontend).
+pub fn measure(ctx: &Ctx, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Vec<Footprint>> {
+    let relay = targets()
+        .into_iter()
+        .find(|t| t.hairpin)
+        .context("a hairpin target")?;
+    let mut all = Vec::new();
+    for &size in &ctx.opts.sizes {
+        let mut f = Footprint {
+            size,
+            ..Footprint::default()
+        };
+        let full = specs(size);
+        for round in 0..ctx.opts.runs {
+            let t = Instant::now();
+            let agent = start(&full);
+            f.ready_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            std::thread::sleep(Duration::from_millis(300));
+            f.idle_kib.push(rss_kib(agent.pid()).unwrap_or(0) as f64);
+            let secs = ctx.opts.wrk_secs.min(2);
+            let (res, load) = wrk_once(ctx, &relay, secs, Some(agent.pid()))?;
+            anyhow::ensure!(
+                res.errors == 0,
+                "relay failed {} requests at {size} frontends",
+                res.errors
+            );
+            f.load_kib.push(load as f64);
+            drop(agent);
+
+            let mut agent = start(&base_specs());
+            let t = Instant::now();
+            write_frontends(&agent, &frontends_yaml(&full))?;
+            let needle = format!("reconcile finished frontends={size} ");
+            agent.wait_for_log(&needle, Duration::from_secs(60));
+            f.apply_wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let log = agent.log();
+            let line = log.lines().find(|l| l.contains(&needle)).unwrap_or("");
+            let ms = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("elapsed_ms="))
+                .and_then(|v| v.parse::<f64>().ok())
+                .with_context(|| format!("no elapsed_ms in {line:?}"))?;
+            f.apply_agent_ms.push(ms);
+            eprintln!(
+                "  footprint {size} round {round}: ready {:.0} ms, idle {:.1} MiB, load {:.1} MiB, apply {ms:.0} ms",
+                f.ready_ms.last().copied().unwrap_or(0.0),
+                f.idle_kib.last().copied().unwrap_or(0.0) / 1024.0,
+                load as f64 / 1024.0,
+            );
+        }
+        all.push(f);
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_unique_and_exactly_n() {
+        for n in [1, 2, 129, 1_000, 10_000] {
+            let s = specs(n);
+            let mut seen = std::collections::BTreeSet::new();
+            for f in &s {
+                for p in &f.ports {
+                    assert!(seen.insert((f.ip, *p)), "duplicate {}:{p}", f.ip);
+                }
+            }
+            assert_eq!(seen.len(), n);
+        }
+    }
+}

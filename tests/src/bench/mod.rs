@@ -1,0 +1,148 @@
+//! `cargo xtask bench`: what users pay for hairpin, measured on a [`SimNode`] beside
+//! hairpin-proxy's data plane (HAProxy `send-proxy`) and a direct path, in one run.
+//!
+//! Loopback and the bench's own namespaces only. Cases run in this order: connect()
+//! overhead (programs detached and attached), connection rate and bulk throughput
+//! (one agent, HAProxy and nginx running throughout), convergence, footprint.
+
+pub mod connect;
+pub mod converge;
+pub mod footprint;
+pub mod options;
+pub mod probes;
+pub mod procs;
+pub mod report;
+pub mod setup;
+pub mod stats;
+pub mod traffic;
+pub mod wrk;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::{
+    agent::{Agent, FrontendSpec},
+    node::SimNode,
+};
+use options::Options;
+use report::Results;
+use setup::{LB_V1, LB_V2};
+
+/// What every case needs.
+pub struct Ctx<'a> {
+    /// The simulated node.
+    pub node: &'a SimNode,
+    /// Sizes.
+    pub opts: &'a Options,
+    /// CPU the clients (wrk, curl, connect loops) are pinned to; servers get the others.
+    pub client_cpu: Option<usize>,
+}
+
+/// The agent's extra flags: a fast file poll for the convergence case.
+const AGENT_ARGS: &[&str] = &["--frontends-poll", "100ms"];
+
+/// The frontends the traffic cases use: one LB per PROXY version.
+pub fn traffic_specs() -> Vec<FrontendSpec> {
+    vec![
+        FrontendSpec {
+            ip: LB_V1,
+            ports: vec![80],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: LB_V2,
+            ports: vec![80],
+            version: "v2",
+        },
+    ]
+}
+
+fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
+    Agent::start_logging(node, specs, "info", AGENT_ARGS)
+}
+
+fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
+    match res {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("{case} failed: {e:#}");
+            r.failures.push(format!("{case}: {e:#}"));
+            None
+        }
+    }
+}
+
+/// Runs every case and returns what they measured.
+pub fn run(opts: &Options) -> Result<Results> {
+    let mut r = Results::default();
+    let nofile = procs::raise_nofile(65_536)?;
+    r.notes.push(format!("RLIMIT_NOFILE set to {nofile} (setrlimit in the bench before it spawns anything, inherited by the agent, nginx and HAProxy): the agent opens one listener per frontend."));
+    let client_cpu = if procs::cpus() >= 2 {
+        procs::pin_self(1)?;
+        r.notes.push("CPU placement: the bench pins itself to CPU 1 before starting nginx (1 worker), HAProxy (`nbthread 1`) and the agent (its tokio runtime then sizes itself to 1 worker), so each proxy shares CPU 1 with nginx alike; clients (wrk -t1, curl, connect loops) run under `taskset -c 0`.".into());
+        Some(0)
+    } else {
+        r.notes
+            .push("one CPU: no pinning; clients and servers share it".into());
+        None
+    };
+    let node = SimNode::with_lbs(&setup::bench_lbs());
+    setup::tune_namespaces(&node);
+    let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
+    let _haproxy = setup::start_haproxy_send_proxy(&node)?;
+    let ctx = Ctx {
+        node: &node,
+        opts,
+        client_cpu,
+    };
+
+    eprintln!("connect() overhead ({} connects per run)", opts.connects);
+    let res = connect::overhead(&ctx, &|| start_agent(&node, &traffic_specs()));
+    r.connect = record(&mut r, "connect overhead", res).unwrap_or_default();
+
+    let agent = start_agent(&node, &traffic_specs());
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = procs::rss_kib(agent.pid()).unwrap_or(0);
+    if record(&mut r, "sanity", traffic::sanity(&ctx)).is_some() {
+        eprintln!("connection rate (wrk, {} s per run)", opts.wrk_secs);
+        let res = traffic::connection_rate(&ctx, agent.pid());
+        if let Some((rate, load)) = record(&mut r, "connection rate", res) {
+            r.rate = rate;
+            r.rss_small = Some((idle, load));
+        }
+        eprintln!("bulk ({} MiB per transfer)", opts.bulk_mib);
+        let res = traffic::bulk(&ctx, agent.pid());
+        r.bulk = record(&mut r, "bulk", res).unwrap_or_default();
+    }
+    drop(agent);
+
+    eprintln!("convergence ({} changes)", opts.changes);
+    let agent = start_agent(&node, &converge::base_specs());
+    let res = converge::file_source(&ctx, &agent);
+    r.converge_file = record(&mut r, "convergence", res).unwrap_or_default();
+    drop(agent);
+    eprintln!(
+        "convergence through the Kubernetes watch stream ({} changes)",
+        opts.changes
+    );
+    let res = converge::watch_stream(&ctx);
+    r.converge_watch = record(&mut r, "convergence (watch)", res);
+
+    eprintln!("footprint ({:?} frontends)", opts.sizes);
+    let res = footprint::measure(&ctx, &|specs| start_agent(&node, specs));
+    r.footprint = record(&mut r, "footprint", res).unwrap_or_default();
+    r.notes.extend(method_notes(opts));
+    Ok(r)
+}
+
+fn method_notes(o: &Options) -> Vec<String> {
+    vec![
+        format!("Topology: `hairpin_tests::node::SimNode` (pod, node and ingress network namespaces, veths, kube-proxy-style iptables DNAT). nginx with `listen 80 proxy_protocol` (and a plain :8081) in the ingress namespace behind every path; agent built in release with the BPF object embedded, running at `--log info`."),
+        format!("Connection rate: `wrk -t1 -c{} -d{}s --latency -H 'Connection: close'` from the pod namespace inside the pod cgroup, a new TCP connection per request; targets interleaved round by round after a 1 s warm-up each. hairpin: the client dials the LB IP and the connect4 program redirects it to the relay. HAProxy: `mode tcp`, `server lb <LB IP>:80 send-proxy[-v2]`, bound on the node IP in the node namespace outside the attached cgroup (hairpin-proxy's data plane; the client dials it directly). Direct: an unproxied LB IP DNATed to nginx's plain port. The programs stay attached for all targets, so every client connect pays the same lookup.", o.wrk_connections, o.wrk_secs),
+        format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; MB/s = 10^6 bytes/s from curl's own size and time. HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
+        format!("connect(): {} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call; rounds alternate programs detached (no agent) and attached (agent with 2 frontends). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", o.connects),
+        format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),
+        "Footprint: VmRSS from /proc/PID/status 300 ms after `agent ready` (idle) and the largest seen every 100 ms during a wrk run through the relay; start→ready is wall time with 20 ms polling; file change→reconciled is wall time (includes up to one 100 ms poll) and the agent's own `reconcile finished elapsed_ms` log field (a 1-frontend agent given the full set). 10,000 hostnames for the /etc/hosts block are not measured (that code is in progress elsewhere).".into(),
+    ]
+}

@@ -1,0 +1,127 @@
+//! The bench's sizes: every one configurable, with a `--quick` smoke preset.
+
+use anyhow::{Context, Result, bail};
+
+/// How much each case measures.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Repetitions of each measurement (the spread is over these).
+    pub runs: usize,
+    /// Seconds per wrk run.
+    pub wrk_secs: u32,
+    /// wrk connections (one thread; the same for every target).
+    pub wrk_connections: u32,
+    /// Bytes per bulk transfer, in MiB.
+    pub bulk_mib: u64,
+    /// connect() calls per connect-overhead run.
+    pub connects: u32,
+    /// Frontends-file changes timed for convergence.
+    pub changes: usize,
+    /// Frontend counts for the footprint case.
+    pub sizes: Vec<usize>,
+    /// Where the report goes; `None` prints only.
+    pub out: Option<std::path::PathBuf>,
+    /// The command line that produced the run, written into the report.
+    pub command: String,
+    /// When set, `perf record` the agent during one hairpin bulk transfer into this directory.
+    pub profile: Option<std::path::PathBuf>,
+}
+
+impl Options {
+    /// The full run: about 5 minutes on 2 cores.
+    pub fn full() -> Options {
+        Options {
+            runs: 3,
+            wrk_secs: 5,
+            wrk_connections: 32,
+            bulk_mib: 1024,
+            connects: 20_000,
+            changes: 20,
+            sizes: vec![1_000, 10_000],
+            out: None,
+            command: "cargo xtask bench".into(),
+            profile: None,
+        }
+    }
+
+    /// The smoke run: every case once or twice, small, under a minute.
+    pub fn quick() -> Options {
+        Options {
+            runs: 2,
+            wrk_secs: 1,
+            wrk_connections: 16,
+            bulk_mib: 128,
+            connects: 5_000,
+            changes: 6,
+            sizes: vec![1_000],
+            out: None,
+            command: "cargo xtask bench --quick".into(),
+            profile: None,
+        }
+    }
+
+    /// Parses `args` (without the program name). `--quick` picks the smoke preset;
+    /// the other flags override single sizes on top of the preset.
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let mut o = if args.iter().any(|a| a == "--quick") {
+            Options::quick()
+        } else {
+            Options::full()
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--quick" {
+                continue;
+            }
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let num = || -> Result<u64> {
+                value
+                    .parse::<u64>()
+                    .with_context(|| format!("{flag}: expected a number, got {value:?}"))
+            };
+            match flag.as_str() {
+                "--runs" => o.runs = num()?.max(1) as usize,
+                "--wrk-secs" => o.wrk_secs = num()?.max(1) as u32,
+                "--wrk-connections" => o.wrk_connections = num()?.max(1) as u32,
+                "--bulk-mib" => o.bulk_mib = num()?.max(1),
+                "--connects" => o.connects = num()?.max(1) as u32,
+                "--changes" => o.changes = num()? as usize,
+                "--sizes" => {
+                    o.sizes = value
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.trim().parse::<usize>())
+                        .collect::<Result<_, _>>()
+                        .with_context(|| {
+                            format!("--sizes: expected e.g. 1000,10000, got {value:?}")
+                        })?
+                }
+                "--out" => o.out = Some(value.into()),
+                "--profile" => o.profile = Some(value.into()),
+                "--command" => o.command = value.clone(),
+                _ => bail!("unknown option {flag}"),
+            }
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn quick_preset_with_overrides() {
+        let o = Options::parse(&args("--runs 4 --quick --sizes 10,20")).unwrap();
+        assert_eq!(o.runs, 4);
+        assert_eq!(o.wrk_secs, Options::quick().wrk_secs);
+        assert_eq!(o.sizes, vec![10, 20]);
+        assert!(Options::parse(&args("--runs")).is_err());
+        assert!(Options::parse(&args("--bogus 1")).is_err());
+        assert_eq!(Options::parse(&[]).unwrap().bulk_mib, 1024);
+    }
+}

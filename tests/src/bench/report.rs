@@ -1,0 +1,246 @@
+//! BENCHMARKS.md: the main table (figure, spread, comparison, target, met or not),
+//! then the per-target detail, the method and the machine.
+
+use std::fmt::Write;
+
+use super::{
+    connect::ConnectResult,
+    footprint::Footprint,
+    options::Options,
+    stats::{Spread, percentile, ratio},
+    traffic::{RateRuns, Target},
+};
+
+/// Everything one bench run measured; a case that failed leaves its field empty and
+/// says why in `failures`.
+#[derive(Default)]
+pub struct Results {
+    /// wrk rounds per target.
+    pub rate: Vec<RateRuns>,
+    /// Agent RSS (KiB) idle with the bench's two frontends, and the largest under wrk.
+    pub rss_small: Option<(u64, u64)>,
+    /// Bulk MB/s per target.
+    pub bulk: Vec<(Target, Vec<f64>)>,
+    /// connect() ns per case.
+    pub connect: Vec<ConnectResult>,
+    /// File-source convergence, ms per change.
+    pub converge_file: Vec<f64>,
+    /// Watch-stream convergence, when that source exists.
+    pub converge_watch: Option<Vec<f64>>,
+    /// Per frontend-count footprint.
+    pub footprint: Vec<Footprint>,
+    /// Cases that failed, with the error.
+    pub failures: Vec<String>,
+    /// Free-form notes on placement and limits.
+    pub notes: Vec<String>,
+}
+
+fn cell(s: Option<Spread>, digits: usize) -> String {
+    s.map_or("—".into(), |s| s.show(digits))
+}
+
+fn met(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "**met**",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+fn rate_by<'a>(r: &'a Results, name: &str) -> Option<&'a RateRuns> {
+    r.rate.iter().find(|x| x.target.name == name)
+}
+
+fn ms(s: Option<Spread>) -> Option<Spread> {
+    s.map(|s| Spread {
+        min: s.min / 1e3,
+        median: s.median / 1e3,
+        max: s.max / 1e3,
+        n: s.n,
+    })
+}
+
+fn main_table(r: &Results, out: &mut String) {
+    out.push_str("| Figure | hairpin | compared with | ratio | target | result |\n|---|---|---|---|---|---|\n");
+    for (v, hp, ha) in [
+        ("v1", "hairpin relay, PROXY v1", "HAProxy send-proxy"),
+        ("v2", "hairpin relay, PROXY v2", "HAProxy send-proxy-v2"),
+    ] {
+        let (h, a) = (rate_by(r, hp), rate_by(r, ha));
+        let rps = (h.and_then(RateRuns::rps), a.and_then(RateRuns::rps));
+        let q = ratio(rps.0, rps.1);
+        let _ = writeln!(
+            out,
+            "| new connections/s, PROXY {v} | {} | {ha}: {} | {} | ≥ 1.10× | {} |",
+            cell(rps.0, 0),
+            cell(rps.1, 0),
+            q.map_or("—".into(), |q| format!("{q:.2}×")),
+            met(q.map(|q| q >= 1.10))
+        );
+        let p50 = (h.and_then(RateRuns::p50), a.and_then(RateRuns::p50));
+        let _ = writeln!(
+            out,
+            "| p50 latency, PROXY {v} (ms) | {} | {ha}: {} | {} | — | — |",
+            cell(ms(p50.0), 2),
+            cell(ms(p50.1), 2),
+            ratio(p50.0, p50.1).map_or("—".into(), |q| format!("{q:.2}×")),
+        );
+        let p99 = (h.and_then(RateRuns::p99), a.and_then(RateRuns::p99));
+        let q = ratio(p99.0, p99.1);
+        let _ = writeln!(
+            out,
+            "| p99 latency, PROXY {v} (ms) | {} | {ha}: {} | {} | ≤ HAProxy | {} |",
+            cell(ms(p99.0), 2),
+            cell(ms(p99.1), 2),
+            q.map_or("—".into(), |q| format!("{q:.2}×")),
+            met(q.map(|q| q <= 1.0))
+        );
+    }
+    let bulk = |name: &str| {
+        r.bulk
+            .iter()
+            .find(|(t, _)| t.name == name)
+            .and_then(|(_, v)| Spread::of(v))
+    };
+    let (hb, db, ab) = (
+        bulk("hairpin relay, PROXY v1"),
+        bulk("direct (plain nginx, no PROXY)"),
+        bulk("HAProxy send-proxy"),
+    );
+    let q = ratio(hb, db);
+    let _ = writeln!(
+        out,
+        "| bulk throughput (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
+        cell(hb, 0),
+        cell(db, 0),
+        cell(ab, 0),
+        ratio(hb, ab).map_or("—".into(), |q| format!("hairpin/HAProxy {q:.2}×")),
+        q.map_or("—".into(), |q| format!("{q:.2}×")),
+        met(q.map(|q| q >= 0.90))
+    );
+    for c in &r.connect {
+        let added = c.added_ns();
+        let target = if c.case.proxied {
+            "— (different path)"
+        } else {
+            "< 1000 ns added"
+        };
+        let ok = if c.case.proxied {
+            None
+        } else {
+            added.map(|a| a < 1000.0)
+        };
+        let _ = writeln!(
+            out,
+            "| connect() ns, {} | attached {} | detached {} | {} ns | {target} | {} |",
+            c.case.name,
+            cell(Spread::of(&c.attached), 0),
+            cell(Spread::of(&c.detached), 0),
+            added.map_or("—".into(), |a| format!("{a:+.0}")),
+            if c.case.proxied { "reported" } else { met(ok) }
+        );
+    }
+    let conv = &r.converge_file;
+    if !conv.is_empty() {
+        let _ = writeln!(
+            out,
+            "| convergence, **file source** (`--frontends-poll 100ms`), ms | p50 {:.0}, p99 {:.0} (min {:.0}, max {:.0}, n={}) | — | — | — | reported |",
+            percentile(conv, 50.0),
+            percentile(conv, 99.0),
+            percentile(conv, 0.0),
+            percentile(conv, 100.0),
+            conv.len()
+        );
+    }
+    match &r.converge_watch {
+        Some(w) if !w.is_empty() => {
+            let _ = writeln!(
+                out,
+                "| convergence, Kubernetes watch stream (recorded API server), ms | p50 {:.0}, p99 {:.0} (n={}) | hairpin-proxy: 15 s poll + CoreDNS reload | — | p99 < 1000 | {} |",
+                percentile(w, 50.0),
+                percentile(w, 99.0),
+                w.len(),
+                if percentile(w, 99.0) < 1000.0 { "**met**" } else { "**missed**" }
+            );
+        }
+        _ => out.push_str("| convergence, Kubernetes watch stream | not measured (see the errors above) | — | — | — | not measured |\n"),
+    }
+    if let Some((idle, load)) = r.rss_small {
+        let _ = writeln!(
+            out,
+            "| agent RSS, 2 frontends (MiB) | idle {:.1}, under wrk {:.1} | — | — | — | reported |",
+            idle as f64 / 1024.0,
+            load as f64 / 1024.0
+        );
+    }
+    for f in &r.footprint {
+        let mib = |v: &[f64]| Spread::of(&v.iter().map(|k| k / 1024.0).collect::<Vec<_>>());
+        let (idle, load) = (mib(&f.idle_kib), mib(&f.load_kib));
+        let limit = (f.size == 1_000).then_some(25.0);
+        let ok = limit.and_then(|l| Some(idle?.max.max(load?.max) < l));
+        let _ = writeln!(
+            out,
+            "| agent RSS, {} frontends (MiB) | idle {}, under wrk {} | — | — | {} | {} |",
+            f.size,
+            cell(idle, 1),
+            cell(load, 1),
+            limit.map_or("—".into(), |l| format!("< {l:.0} MiB")),
+            if limit.is_some() { met(ok) } else { "reported" }
+        );
+        let _ = writeln!(
+            out,
+            "| apply {} frontends (ms) | start→ready {}; file change→reconciled {} (agent-timed {}) | — | — | — | reported |",
+            f.size,
+            cell(Spread::of(&f.ready_ms), 0),
+            cell(Spread::of(&f.apply_wall_ms), 0),
+            cell(Spread::of(&f.apply_agent_ms), 0),
+        );
+    }
+}
+
+fn detail(r: &Results, out: &mut String) {
+    if !r.rate.is_empty() {
+        out.push_str("\n### Connection rate, every target\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n");
+        for x in &r.rate {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                x.target.name,
+                cell(x.rps(), 0),
+                cell(ms(x.p50()), 2),
+                cell(ms(x.p99()), 2),
+                x.errors()
+            );
+        }
+    }
+    if !r.bulk.is_empty() {
+        out.push_str("\n### Bulk, every target\n\n| target | MB/s |\n|---|---|\n");
+        for (t, v) in &r.bulk {
+            let _ = writeln!(out, "| {} | {} |", t.name, cell(Spread::of(v), 0));
+        }
+    }
+}
+
+/// Renders the whole report.
+pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> String {
+    let mut out = String::from("# hairpin benchmarks\n\n");
+    let _ = writeln!(
+        out,
+        "Produced by `{}` (as root). Cells are median (min–max) over {} rounds unless they say otherwise.\n",
+        o.command, o.runs
+    );
+    let _ = writeln!(out, "Machine: {machine}.  \nTools: {}.\n", tools.join("; "));
+    main_table(r, &mut out);
+    detail(r, &mut out);
+    out.push_str("\n## Method\n\n");
+    for n in &r.notes {
+        let _ = writeln!(out, "- {n}");
+    }
+    if !r.failures.is_empty() {
+        out.push_str("\n## Cases that failed\n\n");
+        for f in &r.failures {
+            let _ = writeln!(out, "- {f}");
+        }
+    }
+    out
+}

@@ -1,0 +1,204 @@
+//! The bench's servers on a [`SimNode`]: nginx tuned for load (PROXY on :80, plain
+//! on :8081, a sparse bulk file), and HAProxy with `send-proxy` / `send-proxy-v2`
+//! in the node namespace, as hairpin-proxy's data plane runs it.
+
+use std::{fs, process::Command, time::Duration};
+
+use anyhow::{Context, Result, bail};
+
+use super::procs::Proc;
+use crate::{
+    node::{LbRule, NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, SimNode},
+    sh::{command_in, output_in},
+};
+
+/// The proxied LB the PROXY v1 cases target (kube-proxy DNATs it to nginx :80).
+pub const LB_V1: &str = "203.0.113.10";
+/// The proxied LB the PROXY v2 cases target.
+pub const LB_V2: &str = "203.0.113.12";
+/// An LB hairpin does not proxy, DNATed to nginx's plain port: the floor.
+pub const LB_PLAIN: &str = "203.0.113.99";
+/// nginx's PROXY port for the v2 LB. v1 and v2 LBs get distinct backend ports so their
+/// DNATed flows never meet nginx's TIME_WAIT sockets from the other LB: a SYN to a
+/// different pre-NAT address carries another timestamp offset, fails PAWS against
+/// that TIME_WAIT, and waits a 1 s retransmit (seen as errors and 1 s p99 when shared).
+pub const NGINX_PP_V2_PORT: u16 = 82;
+/// The bench's kube-proxy rules: LB_V1:80 and LB_V2:80 to nginx's two PROXY ports,
+/// LB_PLAIN:80 to its plain port.
+pub fn bench_lbs() -> Vec<LbRule> {
+    let r = |lb_ip, backend_port, name| LbRule {
+        lb_ip,
+        lb_port: 80,
+        backend_port,
+        name,
+    };
+    vec![
+        r(LB_V1, NGINX_PP_PORT, "bench/pp-v1:http"),
+        r(LB_V2, NGINX_PP_V2_PORT, "bench/pp-v2:http"),
+        r(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http"),
+    ]
+}
+
+/// HAProxy's `send-proxy` listener (node IP).
+pub const HAPROXY_V1_PORT: u16 = 9001;
+/// HAProxy's `send-proxy-v2` listener.
+pub const HAPROXY_V2_PORT: u16 = 9002;
+
+/// Per-namespace sysctls so a minute of `Connection: close` requests does not run
+/// out of ephemeral ports or conntrack entries; these namespaces are the bench's own.
+pub fn tune_namespaces(node: &SimNode) {
+    for ns in [&node.pod_ns, &node.node_ns, &node.ingress_ns] {
+        for kv in [
+            "net.ipv4.ip_local_port_range=1024 65000",
+            "net.ipv4.tcp_tw_reuse=1",
+            "net.core.somaxconn=4096",
+            "net.ipv4.tcp_max_syn_backlog=4096",
+            "net.netfilter.nf_conntrack_tcp_timeout_time_wait=5",
+        ] {
+            // Best effort: a sysctl this kernel lacks only makes the run less roomy.
+            let _ = output_in(ns, None, &["sysctl", "-qw", kv]);
+        }
+    }
+}
+
+/// nginx for load: one worker (the machine has two cores and the client needs one),
+/// no access log, `/bulk` a sparse file of `bulk_bytes` served with sendfile.
+pub fn start_bench_nginx(node: &SimNode, bulk_bytes: u64) -> Result<Proc> {
+    let dir = node.dir.join("bench-nginx");
+    fs::create_dir_all(dir.join("tmp"))?;
+    let bulk = dir.join("bulk.bin");
+    // Sparse: 1 GiB costs no disk and reads from the page cache's zero pages.
+    fs::File::create(&bulk)?.set_len(bulk_bytes)?;
+    let d = dir.display();
+    let conf = format!(
+        r#"
+worker_processes 1;
+worker_rlimit_nofile 65536;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 16384; multi_accept on; }}
+http {{
+    access_log off;
+    sendfile on;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type text/plain;
+    server {{
+        listen {pp} proxy_protocol backlog=4096;
+        listen [::]:{pp} proxy_protocol backlog=4096;
+        listen {pp2} proxy_protocol backlog=4096;
+        location = /bulk {{ alias {d}/bulk.bin; }}
+        location / {{ return 200 "ok $proxy_protocol_addr\n"; }}
+    }}
+    server {{
+        listen {plain} backlog=4096;
+        listen [::]:{plain} backlog=4096;
+        location = /bulk {{ alias {d}/bulk.bin; }}
+        location / {{ return 200 "ok $remote_addr\n"; }}
+    }}
+}}
+"#,
+        pp = NGINX_PP_PORT,
+        pp2 = NGINX_PP_V2_PORT,
+        plain = NGINX_PLAIN_PORT,
+    );
+    let conf_path = dir.join("nginx.conf");
+    fs::write(&conf_path, conf)?;
+    let conf_arg = conf_path.to_str().context("utf-8 path")?.to_string();
+    let prefix = d.to_string();
+    let cmd = command_in(
+        &node.ingress_ns,
+        None,
+        &["nginx", "-c", &conf_arg, "-p", &prefix],
+    );
+    let mut proc = Proc::spawn("nginx", cmd, &dir.join("stderr.log"))?;
+    wait_listening(
+        node,
+        &node.ingress_ns,
+        &[NGINX_PP_PORT, NGINX_PLAIN_PORT],
+        &mut proc,
+    )?;
+    Ok(proc)
+}
+
+/// HAProxy as hairpin-proxy runs it: TCP mode, the `server` is the LB address (which
+/// kube-proxy DNATs to the ingress) with `send-proxy` / `send-proxy-v2`. It runs in
+/// the node namespace but outside the attached cgroup, so its upstream connects are
+/// never redirected by hairpin's programs.
+pub fn start_haproxy_send_proxy(node: &SimNode) -> Result<Proc> {
+    let dir = node.dir.join("bench-haproxy");
+    fs::create_dir_all(&dir)?;
+    let conf = format!(
+        r#"
+global
+    nbthread 1
+    maxconn 8000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+listen send_proxy
+    bind {NODE_IP4}:{HAPROXY_V1_PORT}
+    server lb {LB_V1}:80 send-proxy
+listen send_proxy_v2
+    bind {NODE_IP4}:{HAPROXY_V2_PORT}
+    server lb {LB_V2}:80 send-proxy-v2
+"#
+    );
+    let conf_path = dir.join("haproxy.cfg");
+    fs::write(&conf_path, conf)?;
+    let cmd = command_in(
+        &node.node_ns,
+        None,
+        &[
+            "haproxy",
+            "-db",
+            "-f",
+            conf_path.to_str().context("utf-8 path")?,
+        ],
+    );
+    let mut proc = Proc::spawn("haproxy", cmd, &dir.join("haproxy.log"))?;
+    wait_listening(
+        node,
+        &node.node_ns,
+        &[HAPROXY_V1_PORT, HAPROXY_V2_PORT],
+        &mut proc,
+    )?;
+    Ok(proc)
+}
+
+fn wait_listening(node: &SimNode, ns: &str, ports: &[u16], proc: &mut Proc) -> Result<()> {
+    let _ = node;
+    for _ in 0..500 {
+        proc.check_alive()?;
+        let out = output_in(ns, None, &["ss", "-Htln"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        if ports.iter().all(|p| text.contains(&format!(":{p} "))) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("{} not listening on {ports:?} within 10 s", proc.name)
+}
+
+/// A command run from the pod (pod namespace, pod cgroup), pinned to `cpu` when given.
+pub fn in_pod(node: &SimNode, cpu: Option<usize>, argv: &[&str]) -> Command {
+    let cpu = cpu.map(|c| c.to_string());
+    let mut full: Vec<&str> = Vec::new();
+    if let Some(c) = cpu.as_deref() {
+        full.extend(["taskset", "-c", c]);
+    }
+    full.extend_from_slice(argv);
+    command_in(&node.pod_ns, Some(&node.pod_cgroup()), &full)
+}
+
+/// `http://ip:port/path`.
+pub fn url(ip: &str, port: u16, path: &str) -> String {
+    crate::client::url(ip, port, path)
+}

@@ -1,0 +1,277 @@
+//! Connection rate and latency (wrk, a new TCP connection per request) and bulk
+//! throughput (curl of one large file), from the pod, through each data plane.
+
+use std::{
+    process::Stdio,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, ensure};
+
+use super::{
+    Ctx,
+    procs::rss_kib,
+    setup::{HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_PLAIN, LB_V1, LB_V2, in_pod, url},
+    stats::Spread,
+    wrk::{self, WrkResult},
+};
+use crate::node::NODE_IP4;
+
+/// One way from the pod to nginx.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Row label.
+    pub name: &'static str,
+    /// Host and port the client dials.
+    pub ip: &'static str,
+    /// Port the client dials.
+    pub port: u16,
+    /// True for the hairpin relay (its RSS is sampled while it carries load).
+    pub hairpin: bool,
+}
+
+/// The data planes compared, in the order they run within each round.
+pub fn targets() -> Vec<Target> {
+    let t = |name, ip, port, hairpin| Target {
+        name,
+        ip,
+        port,
+        hairpin,
+    };
+    vec![
+        t("direct (plain nginx, no PROXY)", LB_PLAIN, 80, false),
+        t("hairpin relay, PROXY v1", LB_V1, 80, true),
+        t("HAProxy send-proxy", NODE_IP4, HAPROXY_V1_PORT, false),
+        t("hairpin relay, PROXY v2", LB_V2, 80, true),
+        t("HAProxy send-proxy-v2", NODE_IP4, HAPROXY_V2_PORT, false),
+    ]
+}
+
+/// Every wrk run of one target.
+#[derive(Clone, Debug)]
+pub struct RateRuns {
+    /// The target.
+    pub target: Target,
+    /// One result per round.
+    pub runs: Vec<WrkResult>,
+}
+
+impl RateRuns {
+    /// Requests per second over the rounds.
+    pub fn rps(&self) -> Option<Spread> {
+        Spread::of(
+            &self
+                .runs
+                .iter()
+                .map(|r| r.requests_per_sec)
+                .collect::<Vec<_>>(),
+        )
+    }
+    /// Median latency (µs) over the rounds.
+    pub fn p50(&self) -> Option<Spread> {
+        Spread::of(&self.runs.iter().map(|r| r.p50_us).collect::<Vec<_>>())
+    }
+    /// p99 latency (µs) over the rounds.
+    pub fn p99(&self) -> Option<Spread> {
+        Spread::of(&self.runs.iter().map(|r| r.p99_us).collect::<Vec<_>>())
+    }
+    /// Failed requests over all rounds.
+    pub fn errors(&self) -> u64 {
+        self.runs.iter().map(|r| r.errors).sum()
+    }
+}
+
+/// Checks each target answers 200 from the pod before timing it: a broken path
+/// would otherwise show up as a suspiciously fast row.
+pub fn sanity(ctx: &Ctx) -> Result<()> {
+    for t in targets() {
+        let u = url(t.ip, t.port, "/");
+        let out = in_pod(ctx.node, None, &["curl", "-sS", "--max-time", "5", &u]).output()?;
+        let body = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && body.starts_with("ok "),
+            "{}: {u} answered {:?} / {}",
+            t.name,
+            body,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Runs wrk for `secs` against `t` from the pod; samples `agent_pid`'s RSS meanwhile.
+pub fn wrk_once(
+    ctx: &Ctx,
+    t: &Target,
+    secs: u32,
+    agent_pid: Option<i32>,
+) -> Result<(WrkResult, u64)> {
+    let u = url(t.ip, t.port, "/");
+    let (threads, conns, dur) = (
+        "-t1".to_string(),
+        format!("-c{}", ctx.opts.wrk_connections),
+        format!("-d{secs}s"),
+    );
+    let argv = [
+        "wrk",
+        &threads,
+        &conns,
+        &dur,
+        "--latency",
+        "-H",
+        "Connection: close",
+        &u,
+    ];
+    let child = in_pod(ctx.node, ctx.client_cpu, &argv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("start wrk")?;
+    // Sample the relay's RSS beside wrk; wait_with_output drains wrk's pipes meanwhile.
+    let done = AtomicBool::new(false);
+    let max_rss = AtomicU64::new(0);
+    let out = std::thread::scope(|s| {
+        if let Some(p) = agent_pid {
+            let (done, max_rss) = (&done, &max_rss);
+            s.spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    max_rss.fetch_max(rss_kib(p).unwrap_or(0), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        let out = child.wait_with_output();
+        done.store(true, Ordering::Relaxed);
+        out
+    })
+    .context("wait for wrk")?;
+    let max_rss = max_rss.into_inner();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r = wrk::parse(&text)
+        .with_context(|| format!("wrk {u}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((r, max_rss))
+}
+
+/// Rounds of wrk over every target, interleaved so drift hits all targets alike.
+/// Returns the runs and the agent's largest RSS (KiB) while it carried load.
+pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)> {
+    let mut all: Vec<RateRuns> = targets()
+        .into_iter()
+        .map(|target| RateRuns {
+            target,
+            runs: Vec::new(),
+        })
+        .collect();
+    // Warm-up: caches, conntrack, the relay's allocator; not recorded.
+    for r in &all {
+        wrk_once(ctx, &r.target, 1, None)?;
+    }
+    let mut rss = 0;
+    for round in 0..ctx.opts.runs {
+        for r in &mut all {
+            let pid = r.target.hairpin.then_some(agent_pid);
+            let (res, m) = wrk_once(ctx, &r.target, ctx.opts.wrk_secs, pid)?;
+            eprintln!(
+                "  rate round {round}: {:<32} {:>9.0} req/s p50 {:>7.0} us p99 {:>7.0} us errors {}",
+                r.target.name, res.requests_per_sec, res.p50_us, res.p99_us, res.errors
+            );
+            rss = rss.max(m);
+            r.runs.push(res);
+        }
+    }
+    Ok((all, rss))
+}
+
+/// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
+/// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`.
+pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
+    let bytes = ctx.opts.bulk_mib * 1024 * 1024;
+    let wanted: Vec<Target> = targets()
+        .into_iter()
+        .filter(|t| !t.name.contains("v2"))
+        .collect();
+    let mut out: Vec<(Target, Vec<f64>)> = wanted.into_iter().map(|t| (t, Vec::new())).collect();
+    // Warm-up, not recorded: the first read of the sparse file fills the page cache.
+    let u = url(LB_PLAIN, 80, "/bulk");
+    in_pod(
+        ctx.node,
+        ctx.client_cpu,
+        &["curl", "-s", "-o", "/dev/null", &u],
+    )
+    .status()?;
+    for round in 0..ctx.opts.runs {
+        for (t, samples) in &mut out {
+            let u = url(t.ip, t.port, "/bulk");
+            let perf = match &ctx.opts.profile {
+                Some(dir) if round == 0 && t.hairpin => Some(start_perf(dir, agent_pid)?),
+                _ => None,
+            };
+            let o = in_pod(
+                ctx.node,
+                ctx.client_cpu,
+                &[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "120",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{size_download} %{time_total}",
+                    &u,
+                ],
+            )
+            .output()?;
+            if let Some(p) = perf {
+                stop_perf(p)?;
+            }
+            let text = String::from_utf8_lossy(&o.stdout);
+            let mut f = text.split_whitespace();
+            let size: u64 = f.next().unwrap_or("0").parse().unwrap_or(0);
+            let secs: f64 = f.next().unwrap_or("0").parse().unwrap_or(0.0);
+            ensure!(
+                o.status.success() && size == bytes && secs > 0.0,
+                "bulk {u}: got {size} of {bytes} bytes in {secs} s: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let mbps = size as f64 / secs / 1e6;
+            eprintln!("  bulk round {round}: {:<32} {mbps:>8.0} MB/s", t.name);
+            samples.push(mbps);
+        }
+    }
+    Ok(out)
+}
+
+fn start_perf(dir: &std::path::Path, pid: i32) -> Result<std::process::Child> {
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join("relay-bulk.perf.data");
+    // cpu-clock: this machine's PMU has no hardware counters (perf stat shows <not supported>).
+    let child = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "-g",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start perf record")?;
+    std::thread::sleep(Duration::from_millis(300));
+    eprintln!("  profiling the agent into {}", data.display());
+    Ok(child)
+}
+
+fn stop_perf(mut child: std::process::Child) -> Result<()> {
+    // SAFETY: SIGINT to our own child; perf writes its data file on SIGINT.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait()?;
+    Ok(())
+}
