@@ -19,5 +19,6 @@ pub mod reconcile;
 pub mod relay;
 pub mod run;
 pub mod sources;
+pub mod splice;
 pub mod state;
 pub mod static_source;

@@ -41,7 +41,8 @@ pub struct RelayConfig {
     pub node_ipv4: Option<Ipv4Addr>,
     /// The node's IPv6 address: the PROXY source for IPv6 host processes.
     pub node_ipv6: Option<Ipv6Addr>,
-    /// Size of each direction's copy buffer.
+    /// Size of each direction's copy buffer where bytes pass through user space
+    /// (the name relay, which must read the first bytes to route).
     pub buffer_size: usize,
 }
 
@@ -304,8 +305,8 @@ impl Connection {
             .write_all(header.as_bytes())
             .await
             .map_err(|e| (classify(&e), e))?;
-        let size = self.cfg.buffer_size;
-        tokio::io::copy_bidirectional_with_sizes(&mut self.client, &mut upstream, size, size)
+        // splice(2): the payload stays in the kernel (see splice.rs for the profile).
+        crate::splice::splice_bidirectional(&self.client, &upstream)
             .await
             .map_err(|e| (classify(&e), e))
     }

@@ -1,0 +1,142 @@
+//! Coexistence with another cgroup connect program at the same cgroup, as
+//! Cilium's socket load balancer would have at the cgroup v2 root.
+//!
+//! The "foreign" program here is an independent instance of a connect4/connect6
+//! program (its own object load, own map, own bypass mark), owned by the test
+//! process, that rewrites a service address straight to a backend the way a
+//! socket LB does. hairpin attaches beside it with bpf_links: both stay attached,
+//! neither replaces the other, and they run in attach order (the kernel appends
+//! each link to the cgroup's program array). The order matters in one case, which
+//! the last test states: a socket LB that runs first and rewrites the LB IP itself
+//! leaves nothing for hairpin to see.
+
+use std::net::SocketAddr;
+
+use hairpin_agent::ebpf::{Datapath, embedded_object};
+use hairpin_tests::{
+    agent::{Agent, FrontendSpec},
+    client::{from_pod, url},
+    node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
+    privileges::datapath_tests_can_run,
+    servers::{nginx_error_log, start_nginx},
+};
+
+/// A mark unlike hairpin's, so the foreign program is not bypassed by the relay.
+const FOREIGN_MARK: u32 = 0x99;
+
+fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> Datapath {
+    let object = embedded_object()
+        .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
+    let mut dp = Datapath::load(object, FOREIGN_MARK).expect("load the foreign program");
+    dp.attach(&node.cgroup).expect("attach the foreign program");
+    for (from, to) in rewrites {
+        dp.insert(from.parse().expect("addr"), *to)
+            .expect("foreign map entry");
+    }
+    dp
+}
+
+fn backend(port: u16) -> SocketAddr {
+    SocketAddr::new(INGRESS_IP4.parse().expect("ip"), port)
+}
+
+fn hairpin_frontends() -> Vec<FrontendSpec> {
+    vec![FrontendSpec {
+        ip: "203.0.113.10",
+        ports: vec![80],
+        version: "v1",
+    }]
+}
+
+#[test]
+fn hairpin_attaches_beside_another_program_and_both_work() {
+    if !datapath_tests_can_run(module_path!()) {
+        return;
+    }
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // The socket LB serves a ClusterIP-like VIP (203.0.113.99:80) by rewriting it to
+    // the plain backend; it knows nothing of 203.0.113.10.
+    let other = foreign(&node, &[("203.0.113.99:80", backend(NGINX_PLAIN_PORT))]);
+    let before = node.attached_programs();
+    let mut agent = Agent::start(&node, &hairpin_frontends());
+    let during = node.attached_programs();
+    assert_eq!(before.matches("cgroup_inet").count(), 2, "{before}");
+    assert_eq!(
+        during.matches("cgroup_inet").count(),
+        4,
+        "hairpin must add, not replace:\n{during}"
+    );
+
+    // Each program does its own job.
+    let hp = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert!(
+        hp.ok() && hp.body.starts_with(&format!("client={POD_IP4}:")),
+        "{hp:?}"
+    );
+    let lb = from_pod(&node, &url("203.0.113.99", 80, "/"));
+    // Rewritten in the socket, so no NAT: the backend sees the pod itself.
+    assert_eq!(
+        lb.body.trim_end(),
+        format!("plain remote={POD_IP4}"),
+        "{lb:?}"
+    );
+
+    // hairpin leaving (SIGTERM) takes only its own links away.
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(agent.wait(std::time::Duration::from_secs(30)).success());
+    let after = node.attached_programs();
+    assert_eq!(
+        after.matches("cgroup_inet").count(),
+        2,
+        "the other program must survive:\n{after}"
+    );
+    let lb = from_pod(&node, &url("203.0.113.99", 80, "/"));
+    assert!(lb.ok(), "{lb:?}");
+    drop(other);
+}
+
+#[test]
+fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
+    if !datapath_tests_can_run(module_path!()) {
+        return;
+    }
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // Attached first, it rewrites the LB IP itself to the ingress backend, as
+    // Cilium's socket LB does for LoadBalancer IPs (bpf-lb-sock): hairpin's program,
+    // attached after it, sees the backend address, which is no frontend.
+    let _other = foreign(&node, &[("203.0.113.10:80", backend(NGINX_PP_PORT))]);
+    let agent = Agent::start(&node, &hairpin_frontends());
+    let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(
+        r.code,
+        52,
+        "expected the pre-hairpin failure (header missing): {r:?}\n{}",
+        agent.log()
+    );
+    assert!(nginx_error_log(&node).contains("broken header"));
+    assert!(
+        !agent.log().contains("accepted"),
+        "hairpin never saw the connect:\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn hairpin_attached_first_wins_over_a_later_socket_lb() {
+    if !datapath_tests_can_run(module_path!()) {
+        return;
+    }
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start(&node, &hairpin_frontends());
+    // Attached after hairpin: it sees the relay listener's address, not the LB IP.
+    let _other = foreign(&node, &[("203.0.113.10:80", backend(NGINX_PP_PORT))]);
+    let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert!(
+        r.ok() && r.body.starts_with(&format!("client={POD_IP4}:")),
+        "{r:?}\n{}",
+        agent.log()
+    );
+}
