@@ -355,12 +355,16 @@ fn raise_memlock_limit() {
 }
 
 /// Finds the cgroup v2 hierarchy's root mount in `mountinfo` (the text of
-/// /proc/self/mountinfo): a `cgroup2` mount whose root is `/`. Prefers
-/// /sys/fs/cgroup, then the shortest mount point. Inside a container with its own
-/// cgroup namespace, /sys/fs/cgroup's root is the container's cgroup, so it is not
-/// chosen; mount the host's hierarchy (hostPath) to attach node-wide.
+/// /proc/self/mountinfo).
+///
+/// mountinfo shows each mount's root relative to the reader's cgroup namespace:
+/// `/` is the namespace's root (the node's root only outside a container's own
+/// cgroup namespace), `/../..` lies above it (the host's hierarchy mounted into a
+/// namespaced container by hostPath), and `/kubepods/...` is a subtree (a
+/// container's own cgroup without a cgroup namespace). The highest mount wins;
+/// subtrees never do. Among equals, /sys/fs/cgroup, then the shortest mount point.
 pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = mountinfo
+    let mut found: Vec<(usize, PathBuf)> = mountinfo
         .lines()
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;
@@ -368,11 +372,26 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
             let mut f = pre.split_whitespace();
             let root = f.nth(3)?;
             let mount_point = f.next()?;
-            (fstype == "cgroup2" && root == "/").then(|| PathBuf::from(unescape(mount_point)))
+            if fstype != "cgroup2" {
+                return None;
+            }
+            let up = root
+                .split('/')
+                .filter(|c| !c.is_empty())
+                .take_while(|c| *c == "..")
+                .count();
+            let is_root_or_above = root.split('/').filter(|c| !c.is_empty()).all(|c| c == "..");
+            is_root_or_above.then(|| (up, PathBuf::from(unescape(mount_point))))
         })
         .collect();
-    found.sort_by_key(|p| (p != Path::new("/sys/fs/cgroup"), p.as_os_str().len()));
-    found.into_iter().next()
+    found.sort_by_key(|(up, p)| {
+        (
+            std::cmp::Reverse(*up),
+            p != Path::new("/sys/fs/cgroup"),
+            p.as_os_str().len(),
+        )
+    });
+    found.into_iter().next().map(|(_, p)| p)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -419,6 +438,20 @@ mod tests {
         assert_eq!(
             find_cgroup2_root(mi),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn in_a_private_cgroup_namespace_the_hosts_hierarchy_wins() {
+        // The container runtime's own cgroup2 mount shows `/` (the namespace root);
+        // the hostPath mount of the node's /sys/fs/cgroup lies above it.
+        let mi = "\
+50 40 0:30 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw
+51 40 0:30 /../../.. /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
         );
     }
 

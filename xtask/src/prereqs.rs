@@ -25,6 +25,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("curl", "/usr/bin/curl"),
     ("util-linux", "/usr/bin/nsenter"),
     ("wrk", "/usr/bin/wrk"),
+    // `kubectl kustomize` renders deploy/ in the tests; this machine kind ships it.
+    ("kubectl", "/usr/bin/kubectl"),
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
