@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod clients;
 pub mod ebpf;
 pub mod fallback;
 pub mod frontends;

@@ -62,6 +62,7 @@ pub struct Metrics {
     upstream_errors: Family<KindLabel, Counter>,
     frontends: Gauge,
     frontends_failed: Gauge,
+    refused_clients: Counter,
     watch_restarts: Family<ResourceLabel, Counter>,
     decide_seconds: Histogram,
     reconcile_seconds: Histogram,
@@ -76,6 +77,7 @@ impl Default for Metrics {
             upstream_errors: Family::default(),
             frontends: Gauge::default(),
             frontends_failed: Gauge::default(),
+            refused_clients: Counter::default(),
             watch_restarts: Family::default(),
             decide_seconds: duration_histogram(),
             reconcile_seconds: duration_histogram(),
@@ -118,6 +120,11 @@ impl Metrics {
     pub fn set_frontends(&self, proxied: usize, failed: usize) {
         self.frontends.set(proxied as i64);
         self.frontends_failed.set(failed as i64);
+    }
+
+    /// Counts a connection reset because its peer is outside the client policy.
+    pub fn refused_client(&self) {
+        self.refused_clients.inc();
     }
 
     /// Counts a failed watch of `resource` (it restarts with backoff).
@@ -196,6 +203,11 @@ impl Metrics {
             "frontends_failed",
             "Frontends that could not be made live (left on the pre-hairpin path)",
             self.frontends_failed.clone(),
+        );
+        registry.register(
+            "relay_refused_clients",
+            "Connections reset because the peer is outside --allowed-clients",
+            self.refused_clients.clone(),
         );
         registry.register(
             "watch_restarts",

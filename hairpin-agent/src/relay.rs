@@ -41,6 +41,8 @@ pub struct RelayConfig {
     pub node_ipv4: Option<Ipv4Addr>,
     /// The node's IPv6 address: the PROXY source for IPv6 host processes.
     pub node_ipv6: Option<Ipv6Addr>,
+    /// Which peers may use the relays (this node and its pods).
+    pub clients: crate::clients::ClientPolicy,
     /// Size of each direction's copy buffer where bytes pass through user space
     /// (the name relay, which must read the first bytes to route).
     pub buffer_size: usize,
@@ -224,6 +226,10 @@ impl AcceptLoop {
     async fn handle(&self, accepted: io::Result<(TcpStream, SocketAddr)>) {
         match accepted {
             Ok((client, peer)) => {
+                if !self.cfg.clients.allows(peer.ip()) {
+                    refuse(&client, peer, &self.metrics);
+                    return;
+                }
                 let local = client.local_addr().unwrap_or(SocketAddr::new(peer.ip(), 0));
                 let conn = Connection {
                     client,
@@ -244,6 +250,13 @@ impl AcceptLoop {
             }
         }
     }
+}
+
+/// Closes a connection from a peer outside the client policy with a reset.
+pub(crate) fn refuse(client: &TcpStream, peer: SocketAddr, metrics: &Metrics) {
+    metrics.refused_client();
+    debug!(%peer, "client not allowed by --allowed-clients; reset");
+    let _ = socket2::SockRef::from(client).set_linger(Some(Duration::ZERO));
 }
 
 struct Connection {

@@ -152,6 +152,14 @@ pub fn parse_mark(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
+/// The relays' client policy. Until `--allowed-clients` is wired (with a default
+/// from the node's pod CIDRs), every peer is accepted: said loudly at startup.
+fn hairpin_clients(_args: &RunArgs) -> crate::clients::ClientPolicy {
+    let policy = crate::clients::ClientPolicy::default();
+    tracing::warn!(allowed = %policy, "relay client policy: any peer that reaches a listener is served");
+    policy
+}
+
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<()> {
     let object = ebpf::embedded_object().ok_or(ebpf::DatapathError::NotEmbedded)?;
@@ -214,6 +222,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             IpAddr::V6(v) => Some(v),
             IpAddr::V4(_) => None,
         }),
+        clients: hairpin_clients(&args),
         buffer_size: 64 * 1024,
     };
     let relay = Relay::new(relay_config.clone(), metrics.clone());

@@ -8,6 +8,7 @@ use std::{
 };
 
 use hairpin_agent::{
+    clients::{ClientPolicy, parse_net},
     frontends::{Frontend, ProxyVersion},
     metrics::Metrics,
     relay::{Relay, RelayConfig},
@@ -26,6 +27,7 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         connect_timeout,
         node_ipv4: Some(Ipv4Addr::new(192, 0, 2, 1)),
         node_ipv6: None,
+        clients: ClientPolicy::default(),
         buffer_size: 16 * 1024,
     }
 }
@@ -251,4 +253,37 @@ async fn connections_leave_no_descriptor_behind() {
     let after = open_fds().len();
     assert!(after <= before, "descriptors grew from {before} to {after}");
     assert_eq!(relay.drain(Duration::from_secs(1)).await, 0);
+}
+
+#[tokio::test]
+async fn peers_outside_the_client_policy_are_reset_and_never_relayed() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    let metrics = Metrics::default();
+    let mut cfg = config(Duration::from_secs(2));
+    // Only a pod network: loopback clients (this test) are outside it.
+    cfg.clients = ClientPolicy::new(vec![parse_net("10.244.0.0/16").expect("net")]);
+    let mut relay = Relay::new(cfg, metrics.clone());
+    let listener = relay
+        .start(&frontend(target, ProxyVersion::V1), LOCALHOST)
+        .expect("listen");
+
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let mut buf = [0u8; 8];
+    let r = tokio::time::timeout(Duration::from_secs(2), client.read(&mut buf))
+        .await
+        .expect("not hung");
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset, got {r:?}"
+    );
+    let reached = tokio::time::timeout(Duration::from_millis(300), upstream.accept()).await;
+    assert!(reached.is_err(), "the upstream must not be contacted");
+    assert!(
+        metrics
+            .render()
+            .contains("hairpin_relay_refused_clients_total 1"),
+        "{}",
+        metrics.render()
+    );
 }

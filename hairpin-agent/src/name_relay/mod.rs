@@ -209,6 +209,10 @@ async fn accept_loop(
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((client, peer)) => {
+                    if !shared.relay.clients.allows(peer.ip()) {
+                        crate::relay::refuse(&client, peer, &shared.metrics);
+                        continue;
+                    }
                     let span = info_span!("name_conn", client = %peer);
                     connections.spawn(conn::serve(client, peer, shared.clone()).instrument(span));
                 }
