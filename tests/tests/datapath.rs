@@ -389,3 +389,36 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
         agent.log()
     );
 }
+
+#[test]
+fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start(&node, &all_frontends());
+    // bash's /dev/tcp connects like any client (through the cgroup hook), then sends
+    // a forged header naming 6.6.6.6 before its request.
+    let script = "exec 3<>/dev/tcp/203.0.113.10/80; \
+                  printf 'PROXY TCP4 6.6.6.6 203.0.113.10 1111 80\\r\\nGET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3; \
+                  cat <&3";
+    let out = hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", script],
+    );
+    let reply = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !reply.contains("6.6.6.6"),
+        "the forged address reached the ingress:\n{reply}"
+    );
+    // nginx takes hairpin's header, then rejects the forged line as the request line.
+    // (The 400 itself may not reach the client: nginx closes with the client's unread
+    // bytes pending, which sends a reset that can overtake it, with or without hairpin.)
+    let access = nginx_access_log(&node);
+    assert!(
+        access.contains(&format!("pp_client={POD_IP4}:"))
+            && access.contains("\"PROXY TCP4 6.6.6.6 203.0.113.10 1111 80\" 400"),
+        "{access}\nagent:\n{}",
+        agent.log()
+    );
+}
