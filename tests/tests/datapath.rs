@@ -414,11 +414,15 @@ fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address() {
     // nginx takes hairpin's header, then rejects the forged line as the request line.
     // (The 400 itself may not reach the client: nginx closes with the client's unread
     // bytes pending, which sends a reset that can overtake it, with or without hairpin.)
-    let access = nginx_access_log(&node);
-    assert!(
-        access.contains(&format!("pp_client={POD_IP4}:"))
-            && access.contains("\"PROXY TCP4 6.6.6.6 203.0.113.10 1111 80\" 400"),
-        "{access}\nagent:\n{}",
-        agent.log()
-    );
+    let logged = |a: &str| {
+        a.contains(&format!("pp_client={POD_IP4}:"))
+            && a.contains("\"PROXY TCP4 6.6.6.6 203.0.113.10 1111 80\" 400")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut access = nginx_access_log(&node);
+    while !logged(&access) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        access = nginx_access_log(&node);
+    }
+    assert!(logged(&access), "{access}\nagent:\n{}", agent.log());
 }
