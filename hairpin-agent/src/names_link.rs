@@ -217,9 +217,7 @@ fn link_name(link: &LinkMessage) -> Option<String> {
 
 fn is_dummy(link: &LinkMessage) -> bool {
     link.attributes.iter().any(|a| match a {
-        LinkAttribute::LinkInfo(infos) => {
-            infos.contains(&LinkInfo::Kind(InfoKind::Dummy))
-        }
+        LinkAttribute::LinkInfo(infos) => infos.contains(&LinkInfo::Kind(InfoKind::Dummy)),
         _ => false,
     })
 }
