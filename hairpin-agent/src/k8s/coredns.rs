@@ -318,3 +318,20 @@ pub async fn node_local_dns(client: &Client) -> Option<String> {
          in node-local-dns's Corefile, or rely on the eBPF path (cluster-domain answers are also cached up to 30 s)"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_parse_namespace_slash_name_only() {
+        let o: ObjectName = "kube-system/rke2-coredns-rke2-coredns"
+            .parse()
+            .expect("name");
+        assert_eq!(o.namespace, "kube-system");
+        assert_eq!(o.to_string(), "kube-system/rke2-coredns-rke2-coredns");
+        for bad in ["coredns", "/coredns", "kube-system/", "a/b/c"] {
+            assert!(bad.parse::<ObjectName>().is_err(), "{bad}");
+        }
+    }
+}
