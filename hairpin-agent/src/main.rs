@@ -42,6 +42,8 @@ enum Command {
     Doctor(hairpin_agent::cli::doctor::DoctorArgs),
     /// Print hairpin's BPF maps and counters, raw.
     Dump(hairpin_agent::cli::dump::DumpArgs),
+    /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
+    Cleanup(hairpin_agent::cli::cleanup::CleanupArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::Check(args) => exit(hairpin_agent::cli::check::run(&args)?),
         Command::Doctor(args) => exit(hairpin_agent::cli::doctor::run(&args)?),
         Command::Dump(args) => exit(hairpin_agent::cli::dump::run(&args)?),
+        Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::run(&args)?),
     }
 }
 

@@ -2,6 +2,10 @@
 //!
 //! Order matters for never breaking traffic: a listener exists before the redirect
 //! to it, and the redirect is gone before its listener stops.
+//!
+//! Without a datapath (`--mode fallback`, or `auto` where the programs could not
+//! attach) nothing redirects to a per-IP listener, so none is started: they would
+//! only hold ports. The name relay serves those nodes instead.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -34,8 +38,8 @@ pub struct ListenAddresses {
 pub struct Reconciler {
     /// The relay; owned here so listeners and redirects change together.
     pub relay: Relay,
-    /// The loaded programs.
-    pub datapath: Datapath,
+    /// The loaded programs; `None` when eBPF is not live on this node.
+    pub datapath: Option<Datapath>,
     listen: ListenAddresses,
     active: BTreeMap<SocketAddr, Active>,
     failed: BTreeMap<SocketAddr, String>,
@@ -43,7 +47,7 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// A reconciler with nothing live yet.
-    pub fn new(relay: Relay, datapath: Datapath, listen: ListenAddresses) -> Reconciler {
+    pub fn new(relay: Relay, datapath: Option<Datapath>, listen: ListenAddresses) -> Reconciler {
         Reconciler {
             relay,
             datapath,
@@ -65,10 +69,16 @@ impl Reconciler {
 
     /// Converges on `desired`. One frontend's failure never blocks the others:
     /// it is recorded, logged, and left on the pre-hairpin path (fail open).
+    /// Without a datapath nothing is made live (see the module docs).
     pub fn apply(&mut self, desired: &BTreeSet<Frontend>) {
         // The first entry for an address wins; the set's order makes that deterministic.
         let mut want: BTreeMap<SocketAddr, &Frontend> = BTreeMap::new();
-        for f in desired {
+        let redirectable = if self.datapath.is_some() {
+            desired
+        } else {
+            &BTreeSet::new()
+        };
+        for f in redirectable {
             want.entry(SocketAddr::new(f.ip, f.port)).or_insert(f);
         }
         self.failed.retain(|addr, _| want.contains_key(addr));
@@ -121,8 +131,13 @@ impl Reconciler {
                 if addr.is_ipv4() { "IPv4" } else { "IPv6" }
             )
         })?;
+        let Some(datapath) = self.datapath.as_mut() else {
+            return Err(
+                "eBPF is not live on this node: nothing would redirect to a listener".into(),
+            );
+        };
         let listener = self.relay.start(f, bind).map_err(|e| e.to_string())?;
-        if let Err(e) = self.datapath.insert(addr, listener) {
+        if let Err(e) = datapath.insert(addr, listener) {
             self.relay.stop(addr);
             return Err(e.to_string());
         }
@@ -132,7 +147,11 @@ impl Reconciler {
 
     fn retire(&mut self, addr: SocketAddr) {
         // Redirect first: once the map entry is gone no new connect reaches the listener.
-        if let Err(e) = self.datapath.remove(addr) {
+        let removed = match self.datapath.as_mut() {
+            Some(d) => d.remove(addr),
+            None => Ok(()),
+        };
+        if let Err(e) = removed {
             // Keep the listener so redirected connects still land somewhere.
             error!(frontend = %addr, error = %e, "could not remove redirect; keeping its listener");
             return;

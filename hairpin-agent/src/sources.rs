@@ -20,7 +20,7 @@ use tracing::{error, warn};
 use crate::{
     fallback::names::NameRoute,
     frontends::Frontend,
-    k8s,
+    k8s::{self, coredns::CorednsConfig},
     metrics::Metrics,
     run::RunArgs,
     state::{self, AgentState},
@@ -52,12 +52,15 @@ pub fn file_source(
     Ok(rx)
 }
 
-/// The Kubernetes source: reflectors and the decision, the Lease, and Events.
+/// The Kubernetes source: reflectors and the decision, the Lease, Events and the
+/// CoreDNS writer (`coredns`, when on). One Lease elects the one agent that writes
+/// both cluster-wide objects.
 pub async fn kubernetes_source(
     args: &RunArgs,
     metrics: Metrics,
     state: AgentState,
     name: String,
+    coredns: Option<CorednsConfig>,
 ) -> Result<DesiredRx> {
     let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
     let defaults = k8s::Defaults {
@@ -69,7 +72,7 @@ pub async fn kubernetes_source(
         None => health_state.source_recovered(&name),
     });
     let source = k8s::watch::spawn(client.clone(), defaults, metrics, health);
-    if args.events {
+    if args.events || coredns.is_some() {
         let node = match &args.node_name {
             Some(n) => n.clone(),
             None => nix::unistd::gethostname()
@@ -86,13 +89,26 @@ pub async fn kubernetes_source(
             renew_every: Duration::from_secs(5),
         };
         tokio::spawn(k8s::lease::run(client.clone(), lease, leader_tx));
-        tokio::spawn(k8s::events::run(
-            client,
-            node,
-            source.services.clone(),
-            source.snapshot.clone(),
-            leader_rx,
-        ));
+        if args.events {
+            tokio::spawn(k8s::events::run(
+                client.clone(),
+                node.clone(),
+                source.services.clone(),
+                source.snapshot.clone(),
+                leader_rx.clone(),
+            ));
+        }
+        if let Some(cfg) = coredns {
+            tokio::spawn(k8s::coredns_loop::run(
+                client,
+                cfg,
+                node,
+                routes_of(source.snapshot.clone()),
+                leader_rx,
+                state.clone(),
+                k8s::coredns_loop::Timing::default(),
+            ));
+        }
     }
     let (tx, rx) = watch::channel(None);
     let mut snapshot = source.snapshot;
@@ -122,6 +138,33 @@ pub async fn kubernetes_source(
         }
     });
     Ok(rx)
+}
+
+/// The routed hostnames of `snapshot`, `None` until it synced: the CoreDNS writer
+/// must never take "not listed yet" for "no names".
+fn routes_of(
+    mut snapshot: watch::Receiver<k8s::watch::KubeSnapshot>,
+) -> watch::Receiver<Option<Vec<NameRoute>>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        loop {
+            let next = {
+                let s = snapshot.borrow_and_update();
+                s.synced.then(|| s.routes.clone())
+            };
+            tx.send_if_modified(|cur| {
+                let modified = *cur != next;
+                if modified {
+                    *cur = next;
+                }
+                modified
+            });
+            if snapshot.changed().await.is_err() || tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// A Kubernetes decision in `/status`'s shape.

@@ -21,6 +21,10 @@ use crate::{
     reconcile::Reconciler,
 };
 
+#[path = "state_paths.rs"]
+mod paths;
+pub use paths::{CorednsStatus, ModeStatus, NamePaths, NamesStatus, join_paths};
+
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
 #[derive(Clone, Debug, Default)]
 pub struct AgentState {
@@ -44,6 +48,15 @@ pub struct Snapshot {
     pub last_reconcile: Option<ReconcileStatus>,
     /// Per-object decisions (Kubernetes Services), free-form for their producer.
     pub decisions: Vec<Decision>,
+    /// Which paths are live on this node and why; `None` from agents before modes.
+    #[serde(default)]
+    pub mode: Option<ModeStatus>,
+    /// The name relay, when it runs.
+    #[serde(default)]
+    pub names: Option<NamesStatus>,
+    /// The CoreDNS writer, when `--coredns` is not `off`.
+    #[serde(default)]
+    pub coredns: Option<CorednsStatus>,
 }
 
 /// The agent process.
@@ -77,6 +90,8 @@ pub enum FrontendState {
     Active,
     /// It could not be made live; traffic takes the pre-hairpin path.
     Failed,
+    /// No redirect (eBPF is not live), but names routed to it reach the name relay.
+    Fallback,
 }
 
 /// One frontend asked for.
@@ -96,8 +111,8 @@ pub struct FrontendStatus {
     pub listener: Option<SocketAddr>,
     /// Why it failed.
     pub reason: Option<String>,
-    /// How in-cluster clients reach the relay: `ebpf` now (`hosts`, `coredns` later), or
-    /// `none` when nothing redirects them.
+    /// How in-cluster clients reach a relay: `ebpf`, `hosts`, `coredns` joined by
+    /// commas (`ebpf,hosts`), or `none` when nothing leads them to one.
     pub path: String,
 }
 
@@ -199,39 +214,73 @@ impl AgentState {
         self.update(|s| s.attachment = attachment);
     }
 
-    /// Records the reconciler's frontends after applying `desired`, which took `took`.
-    pub fn record_apply(&self, rec: &Reconciler, desired: &BTreeSet<Frontend>, took: Duration) {
+    /// Records the reconciler's frontends after applying `desired`, which took `took`;
+    /// `names` says which of them the name relay reaches besides (or instead of) eBPF.
+    pub fn record_apply(
+        &self,
+        rec: &Reconciler,
+        desired: &BTreeSet<Frontend>,
+        names: &NamePaths,
+        took: Duration,
+    ) {
         let mut frontends: Vec<FrontendStatus> = rec
             .active()
-            .map(|a| FrontendStatus {
-                ip: a.frontend.ip,
-                port: a.frontend.port,
-                version: a.frontend.version,
-                source: a.frontend.source.clone(),
-                state: FrontendState::Active,
-                listener: Some(a.listener),
-                reason: None,
-                path: "ebpf".into(),
+            .map(|a| {
+                let addr = SocketAddr::new(a.frontend.ip, a.frontend.port);
+                let mut path = vec!["ebpf".to_string()];
+                path.extend(names.for_frontend(addr));
+                FrontendStatus {
+                    ip: a.frontend.ip,
+                    port: a.frontend.port,
+                    version: a.frontend.version,
+                    source: a.frontend.source.clone(),
+                    state: FrontendState::Active,
+                    listener: Some(a.listener),
+                    reason: None,
+                    path: join_paths(&path),
+                }
             })
             .collect();
         // The reconciler keeps only the reason; the rest comes from what was asked for.
         // The first frontend for an address is the one the reconciler tried (set order).
-        let mut seen = BTreeSet::new();
-        let failed = desired.iter().filter_map(|f| {
+        let mut seen: BTreeSet<SocketAddr> = rec
+            .active()
+            .map(|a| SocketAddr::new(a.frontend.ip, a.frontend.port))
+            .collect();
+        for f in desired {
             let addr = SocketAddr::new(f.ip, f.port);
-            let reason = rec.failed().get(&addr)?;
-            seen.insert(addr).then_some((f, reason))
-        });
-        frontends.extend(failed.map(|(f, reason)| FrontendStatus {
-            ip: f.ip,
-            port: f.port,
-            version: f.version,
-            source: f.source.clone(),
-            state: FrontendState::Failed,
-            listener: None,
-            reason: Some(reason.clone()),
-            path: "none".into(),
-        }));
+            if !seen.insert(addr) {
+                continue;
+            }
+            let by_name = names.for_frontend(addr);
+            let (state, reason) = match (rec.failed().get(&addr), by_name.is_empty()) {
+                (Some(reason), _) => (FrontendState::Failed, reason.clone()),
+                // Not tried: without a datapath the reconciler makes nothing live.
+                (None, false) => (
+                    FrontendState::Fallback,
+                    "eBPF is not live on this node: clients using its names reach the name relay"
+                        .to_string(),
+                ),
+                (None, true) => (
+                    FrontendState::Failed,
+                    "eBPF is not live on this node and no name routed to this address is published \
+                     through /etc/hosts or CoreDNS: clients take the pre-hairpin path"
+                        .to_string(),
+                ),
+            };
+            frontends.push(FrontendStatus {
+                ip: f.ip,
+                port: f.port,
+                version: f.version,
+                source: f.source.clone(),
+                state,
+                listener: (state == FrontendState::Fallback)
+                    .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
+                    .flatten(),
+                reason: Some(reason),
+                path: join_paths(&by_name),
+            });
+        }
         frontends.sort_by_key(|f| (f.ip, f.port));
         self.update(|s| {
             s.frontends = frontends;
@@ -289,7 +338,13 @@ impl Snapshot {
     /// Why the agent is not ready, or `None` when programs are attached and every
     /// source has synced.
     pub fn not_ready_reason(&self) -> Option<String> {
-        if self.attachment.is_none() {
+        // Programs are awaited only where eBPF is a live path (not in `fallback`, nor
+        // in `auto` after it fell back); agents that report no mode always had them.
+        let wants_programs = self
+            .mode
+            .as_ref()
+            .is_none_or(|m| m.live.iter().any(|p| p == "ebpf"));
+        if wants_programs && self.attachment.is_none() {
             return Some("programs are not attached".into());
         }
         if self.sources.is_empty() {

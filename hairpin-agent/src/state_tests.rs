@@ -83,3 +83,26 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
     let back: Snapshot = serde_json::from_value(json).expect("decode");
     assert_eq!(back, snap);
 }
+
+#[test]
+fn without_ebpf_live_readiness_does_not_wait_for_programs() {
+    let state = AgentState::new(0x68);
+    state.update(|s| {
+        s.mode = Some(ModeStatus {
+            configured: crate::mode::Mode::Fallback,
+            live: vec!["hosts".into()],
+            reason: "--mode fallback".into(),
+        })
+    });
+    state.source_synced("file f");
+    assert_eq!(state.snapshot().not_ready_reason(), None);
+    state.update(|s| {
+        if let Some(m) = s.mode.as_mut() {
+            m.live = vec!["ebpf".into()];
+        }
+    });
+    assert_eq!(
+        state.snapshot().not_ready_reason().as_deref(),
+        Some("programs are not attached")
+    );
+}

@@ -87,6 +87,27 @@ impl Agent {
         log_filter: &str,
         extra: &[&str],
     ) -> Agent {
+        Agent::start_at(node, specs, &node.cgroup, log_filter, extra)
+    }
+
+    /// As [`Agent::start_with`], attaching at `cgroup` instead of the node's cgroup
+    /// (the mode tests pass a directory that is not a cgroup, to make attach fail).
+    pub fn start_with_cgroup(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        cgroup: &std::path::Path,
+        extra: &[&str],
+    ) -> Agent {
+        Agent::start_at(node, specs, cgroup, "hairpin_agent=debug,info", extra)
+    }
+
+    fn start_at(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        cgroup: &std::path::Path,
+        log_filter: &str,
+        extra: &[&str],
+    ) -> Agent {
         let frontends = node.dir.join("frontends.yaml");
         fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
         let log = node.dir.join("agent.log");
@@ -99,7 +120,7 @@ impl Agent {
             "--frontends",
             frontends.to_str().expect("utf-8 path"),
             "--cgroup-path",
-            node.cgroup.to_str().expect("utf-8 path"),
+            cgroup.to_str().expect("utf-8 path"),
             "--node-ip",
             &node_ips,
             "--log",

@@ -22,6 +22,9 @@ use futures::stream;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+#[path = "fakeapi_objects.rs"]
+mod objects;
+
 /// Resources the fake serves, by URL collection path.
 const KINDS: [(&str, &str); 2] = [
     ("/api/v1/services", "ServiceList"),
@@ -57,6 +60,14 @@ struct State {
     leases: BTreeMap<String, Value>,
     /// Requests seen, as `METHOD path?query`.
     requests: Vec<String>,
+    /// ConfigMaps by namespace/name (see `fakeapi_objects`).
+    configmaps: BTreeMap<String, Value>,
+    /// DaemonSets by namespace/name, for lookups only.
+    daemonsets: BTreeMap<String, Value>,
+    /// A change another writer makes just before the next ConfigMap update lands.
+    concurrent: Option<(String, Value)>,
+    /// ConfigMap updates refused with 409.
+    conflicts: u64,
 }
 
 /// The running fake. Dropping it stops the server.
@@ -318,6 +329,9 @@ fn handle(
             },
             ev,
         );
+    }
+    if let Some(response) = objects::handle(&st, &method, &path, &body) {
+        return response;
     }
     if let Some(rest) = path.strip_prefix("/apis/coordination.k8s.io/v1/namespaces/") {
         return lease(&st, &method, rest, &body);

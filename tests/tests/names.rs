@@ -51,7 +51,11 @@ fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
             version: "v2",
         },
     ];
-    let mut agent = Agent::start_with(node, &specs, extra);
+    // `both`: these tests exercise the name relay beside eBPF; `auto` (the default)
+    // runs it only where the programs cannot attach (see tests/modes.rs).
+    let mut args = vec!["--mode", "both"];
+    args.extend_from_slice(extra);
+    let mut agent = Agent::start_with(node, &specs, &args);
     fs::write(&agent.frontends, FRONTENDS_WITH_HOSTS).expect("write frontends with hosts");
     agent.wait_for_log(ready, Duration::from_secs(10));
     agent

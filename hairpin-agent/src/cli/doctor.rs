@@ -184,6 +184,8 @@ fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
                 Status::Skip,
                 "needs the running agent (it reads the API server)",
             ),
+            // The CoreDNS writer's own findings come first: node-local-dns bypasses it.
+            Some(s) if name == "coredns" && s.coredns.is_some() => coredns_check(s),
             Some(s) => {
                 let hits: Vec<String> = s
                     .decisions
@@ -209,6 +211,29 @@ fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
         out.push(check);
     }
     out
+}
+
+/// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.
+fn coredns_check(s: &Snapshot) -> Check {
+    let Some(c) = &s.coredns else {
+        return Check::new("coredns", Status::Skip, "the CoreDNS writer is off");
+    };
+    if let Some(e) = &c.last_error {
+        return Check::new("coredns", Status::Fail, e.clone()).fix(
+            "fix the Corefile's main server block, or use --coredns import with coredns-custom",
+        );
+    }
+    if let Some(w) = &c.node_local_dns {
+        return Check::new("coredns", Status::Warn, w.clone());
+    }
+    Check::new(
+        "coredns",
+        Status::Ok,
+        format!(
+            "{} {}: {} rewrites to {}",
+            c.mode, c.configmap, c.rewrites, c.target
+        ),
+    )
 }
 
 /// The human rendering.

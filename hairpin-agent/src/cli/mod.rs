@@ -1,10 +1,11 @@
-//! The node debugging subcommands: `status`, `check`, `doctor`, `dump`. They talk to
+//! The node subcommands: `status`, `check`, `doctor`, `dump`, and `cleanup`. They talk to
 //! the agent on this node through its admin server and to the kernel directly, so
 //! they still say something useful when the agent is down.
 
 pub mod admin_client;
 pub mod check;
 pub mod check_report;
+pub mod cleanup;
 pub mod dns;
 pub mod doctor;
 pub mod dump;

@@ -88,6 +88,66 @@ pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
     })
 }
 
+/// The mode, the name relay and the CoreDNS writer, one line each when present.
+fn render_paths(s: &Snapshot, colour: bool) -> String {
+    let mut out = String::new();
+    if let Some(m) = &s.mode {
+        let live = if m.live.is_empty() {
+            paint("none", Tone::Bad, colour)
+        } else {
+            paint(&m.live.join(", "), Tone::Good, colour)
+        };
+        out.push_str(&format!(
+            "mode        {} (live: {live}): {}\n",
+            m.configured, m.reason
+        ));
+    }
+    if let Some(n) = &s.names {
+        let listeners: Vec<String> = n.listeners.iter().map(|l| l.to_string()).collect();
+        out.push_str(&format!(
+            "names       relay on {} ({} routes), hosts file {}{}\n",
+            if listeners.is_empty() {
+                "nothing yet".to_string()
+            } else {
+                listeners.join(", ")
+            },
+            n.routes,
+            n.hosts_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "not managed".into()),
+            n.link_note
+                .as_ref()
+                .map(|l| format!("; {l}"))
+                .unwrap_or_default(),
+        ));
+    }
+    if let Some(c) = &s.coredns {
+        out.push_str(&format!(
+            "coredns     {} {} -> {} ({}, {} rewrites, last write {})\n",
+            c.mode,
+            c.configmap,
+            c.target,
+            if c.leader {
+                "Lease holder: writes"
+            } else {
+                "not the Lease holder"
+            },
+            c.rewrites,
+            c.last_write.as_deref().unwrap_or("never"),
+        ));
+        for (what, text) in [("error", &c.last_error), ("warning", &c.node_local_dns)] {
+            if let Some(t) = text {
+                out.push_str(&format!(
+                    "            {}\n",
+                    paint(&format!("{what}: {t}"), Tone::Bad, colour)
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The human rendering of `report`.
 pub fn render(report: &StatusReport, colour: bool) -> String {
     match &report.status {
@@ -106,6 +166,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         "agent       hairpin-agent {} (pid {}, started {}): {ready}\n",
         s.agent.version, s.agent.pid, s.agent.started_at
     ));
+    out.push_str(&render_paths(s, colour));
     match &s.attachment {
         Some(a) => {
             out.push_str(&format!("programs    attached at {}\n", a.cgroup.display()));
@@ -141,6 +202,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         let state = match f.state {
             FrontendState::Active => Cell::toned("active", Tone::Good),
             FrontendState::Failed => Cell::toned("failed", Tone::Bad),
+            FrontendState::Fallback => Cell::toned("fallback", Tone::Warn),
         };
         t.row(vec![
             std::net::SocketAddr::new(f.ip, f.port).to_string().into(),

@@ -4,6 +4,8 @@
 
 pub mod annotations;
 pub mod client;
+pub mod coredns;
+pub mod coredns_loop;
 pub mod decide;
 pub mod decision;
 pub mod desired;

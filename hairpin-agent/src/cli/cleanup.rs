@@ -1,0 +1,249 @@
+//! `hairpin-agent cleanup`: removes everything hairpin ever wrote on this node and,
+//! when the API is reachable, in the cluster: the /etc/hosts block, the names
+//! address on its link, the CoreDNS lines (or the import key) and the Lease.
+//! Idempotent: what is already gone is reported as absent, not as an error.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, api::DeleteParams};
+use serde::Serialize;
+
+use super::{CliError, OutputFormat, print_json, print_text};
+use crate::{
+    fallback::{hostname::Hostname, hosts_writer},
+    k8s::{
+        self,
+        coredns::{CorednsConfig, CorednsMode, ObjectName, Written},
+    },
+    names_link,
+};
+
+/// Options of `cleanup`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Removes everything hairpin wrote: the managed block of the hosts file \
+(every other byte kept), the names address on --names-link (and the dummy link when hairpin \
+made it), hairpin's rewrite lines in the CoreDNS Corefile or its key in coredns-custom, and \
+the agent's Lease. Run it after removing the DaemonSet. Steps that need the API are skipped \
+with a note when no API server is reachable.",
+    after_help = "Exit status: 0 everything that existed was removed (or nothing was there); \
+1 something could not be removed.\n\nExamples:\n  hairpin-agent cleanup --hosts-file /etc/hosts \
+--names-link hairpin0 --names-address 169.254.20.11\n  hairpin-agent cleanup --coredns corefile --output json"
+)]
+pub struct CleanupArgs {
+    /// Hosts file whose managed block to remove. Unset: not touched.
+    #[arg(long, env = "HAIRPIN_HOSTS_FILE")]
+    pub hosts_file: Option<PathBuf>,
+
+    /// Link the names address was put on.
+    #[arg(long, env = "HAIRPIN_NAMES_LINK", requires = "names_address")]
+    pub names_link: Option<String>,
+
+    /// The names address to remove from --names-link.
+    #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
+    pub names_address: Option<IpAddr>,
+
+    /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
+    /// our key of coredns-custom; `off` touches neither.
+    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
+    pub coredns: CorednsMode,
+
+    /// The CoreDNS ConfigMap holding the Corefile.
+    #[arg(
+        long,
+        env = "HAIRPIN_COREDNS_CONFIGMAP",
+        default_value = "kube-system/coredns"
+    )]
+    pub coredns_configmap: ObjectName,
+
+    /// The coredns-custom ConfigMap.
+    #[arg(
+        long,
+        env = "HAIRPIN_COREDNS_CUSTOM_CONFIGMAP",
+        default_value = "kube-system/coredns-custom"
+    )]
+    pub coredns_custom_configmap: ObjectName,
+
+    /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are skipped.
+    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The agent's Lease, `namespace/name`, to delete.
+    #[arg(
+        long,
+        env = "HAIRPIN_LEASE",
+        default_value = "hairpin-system/hairpin-agent"
+    )]
+    pub lease: ObjectName,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// What happened to one thing hairpin may have written.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// It was there and is gone now.
+    Removed,
+    /// It was not there.
+    Absent,
+    /// Not attempted (not configured, or no API).
+    Skipped,
+    /// Removing it failed.
+    Failed,
+}
+
+/// One step of the report.
+#[derive(Debug, Serialize)]
+pub struct Step {
+    /// `hosts`, `names-address`, `coredns`, `lease`.
+    pub name: &'static str,
+    /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
+    pub object: String,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Detail: the error, or why it was skipped.
+    pub detail: Option<String>,
+}
+
+/// The JSON document `cleanup --output json` prints.
+#[derive(Debug, Serialize)]
+pub struct CleanupReport {
+    /// True when nothing failed.
+    pub ok: bool,
+    /// Each step in order.
+    pub steps: Vec<Step>,
+}
+
+fn step(name: &'static str, object: String, outcome: Outcome, detail: Option<String>) -> Step {
+    Step {
+        name,
+        object,
+        outcome,
+        detail,
+    }
+}
+
+/// Runs `cleanup`; returns the exit code.
+pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(clean(args));
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&render(&report))?,
+    }
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Does every step and reports each.
+pub async fn clean(args: &CleanupArgs) -> CleanupReport {
+    let mut steps = Vec::new();
+    if let Some(path) = &args.hosts_file {
+        let object = path.display().to_string();
+        steps.push(match hosts_writer::cleanup(path) {
+            Ok(true) => step("hosts", object, Outcome::Removed, None),
+            Ok(false) => step("hosts", object, Outcome::Absent, None),
+            Err(e) => step("hosts", object, Outcome::Failed, Some(e.to_string())),
+        });
+    }
+    if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
+        let object = format!("{address} on {link}");
+        steps.push(match names_link::remove(link, address).await {
+            Ok(r) if r.address_from.is_empty() && r.deleted_link.is_none() => {
+                step("names-address", object, Outcome::Absent, None)
+            }
+            Ok(r) => {
+                let mut detail = format!("removed from {}", r.address_from.join(", "));
+                if let Some(l) = r.deleted_link {
+                    detail.push_str(&format!("; deleted dummy link {l}"));
+                }
+                step("names-address", object, Outcome::Removed, Some(detail))
+            }
+            Err(e) => step(
+                "names-address",
+                object,
+                Outcome::Failed,
+                Some(e.to_string()),
+            ),
+        });
+    }
+    cluster_steps(args, &mut steps).await;
+    CleanupReport {
+        ok: steps.iter().all(|s| s.outcome != Outcome::Failed),
+        steps,
+    }
+}
+
+async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
+    let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
+        mode: args.coredns,
+        configmap: args.coredns_configmap.clone(),
+        custom: args.coredns_custom_configmap.clone(),
+        // Removal does not render rewrites; any exact name does.
+        target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
+    });
+    let cm_object = coredns
+        .as_ref()
+        .map(|c| format!("configmap {}", c.written()));
+    let lease_object = format!("lease {}", args.lease);
+    let client = match k8s::client::client(args.kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            let note = Some(format!("no Kubernetes API reachable: {e}"));
+            if let Some(o) = cm_object {
+                steps.push(step("coredns", o, Outcome::Skipped, note.clone()));
+            }
+            steps.push(step("lease", lease_object, Outcome::Skipped, note));
+            return;
+        }
+    };
+    if let (Some(cfg), Some(object)) = (coredns, cm_object) {
+        steps.push(match k8s::coredns::remove(&client, &cfg).await {
+            Ok(Written::Unchanged) => step("coredns", object, Outcome::Absent, None),
+            Ok(_) => step("coredns", object, Outcome::Removed, None),
+            Err(e) => step("coredns", object, Outcome::Failed, Some(e.to_string())),
+        });
+    }
+    let leases: Api<Lease> = Api::namespaced(client, &args.lease.namespace);
+    steps.push(
+        match leases
+            .delete(&args.lease.name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => step("lease", lease_object, Outcome::Removed, None),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                step("lease", lease_object, Outcome::Absent, None)
+            }
+            Err(e) => step("lease", lease_object, Outcome::Failed, Some(e.to_string())),
+        },
+    );
+}
+
+/// The human rendering.
+pub fn render(r: &CleanupReport) -> String {
+    let mut out = String::new();
+    for s in &r.steps {
+        let outcome = format!("{:?}", s.outcome).to_lowercase();
+        out.push_str(&format!("{:<14} {:<8} {}", s.name, outcome, s.object));
+        if let Some(d) = &s.detail {
+            out.push_str(&format!(": {d}"));
+        }
+        out.push('\n');
+    }
+    if r.steps.is_empty() {
+        out.push_str(
+            "nothing to clean: pass --hosts-file, --names-link/--names-address or --coredns\n",
+        );
+    }
+    out.push_str(if r.ok {
+        "cleanup complete\n"
+    } else {
+        "cleanup incomplete: see the failed steps\n"
+    });
+    out
+}

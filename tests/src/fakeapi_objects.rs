@@ -1,0 +1,177 @@
+//! The fake API server's ConfigMaps (get, create, update with resourceVersion
+//! conflict checking), DaemonSet lookups (for node-local-dns detection) and Lease
+//! deletion (for `cleanup`). Additive to the watch layer's Services and Ingresses.
+
+use std::sync::{Arc, Mutex};
+
+use axum::{http::Method, response::Response};
+use serde_json::{Value, json};
+
+use super::{FakeApi, State, respond, status};
+use axum::http::StatusCode;
+
+impl FakeApi {
+    /// Adds or replaces a ConfigMap as another writer would (a new resourceVersion).
+    pub fn put_configmap(&self, mut cm: Value) {
+        let mut st = self.state.lock().expect("fake API state");
+        st.rv += 1;
+        cm["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        let key = key(&cm);
+        st.configmaps.insert(key, cm);
+    }
+
+    /// The ConfigMap `namespace/name` as stored.
+    pub fn configmap(&self, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .configmaps
+            .get(key)
+            .cloned()
+    }
+
+    /// Adds a DaemonSet (looked up, never watched).
+    pub fn put_daemonset(&self, ds: Value) {
+        let key = key(&ds);
+        self.state
+            .lock()
+            .expect("fake API state")
+            .daemonsets
+            .insert(key, ds);
+    }
+
+    /// Just before the next update of ConfigMap `key` is checked, sets its
+    /// `data.<field>` to `value` as a concurrent writer, so that update gets 409.
+    pub fn change_before_next_update(&self, key: &str, field: &str, value: &str) {
+        let mut data = json!({});
+        data[field] = json!(value);
+        self.state.lock().expect("fake API state").concurrent = Some((key.to_string(), data));
+    }
+
+    /// ConfigMap updates refused with 409 Conflict so far.
+    pub fn conflicts(&self) -> u64 {
+        self.state.lock().expect("fake API state").conflicts
+    }
+}
+
+fn key(o: &Value) -> String {
+    let m = &o["metadata"];
+    format!(
+        "{}/{}",
+        m["namespace"].as_str().unwrap_or(""),
+        m["name"].as_str().unwrap_or("")
+    )
+}
+
+fn not_found(kind: &str, name: &str) -> Response {
+    status(404, "NotFound", &format!("{kind} \"{name}\" not found"))
+}
+
+/// Answers ConfigMap, DaemonSet and Lease-deletion requests; `None` for others.
+pub(super) fn handle(
+    st: &Arc<Mutex<State>>,
+    method: &Method,
+    path: &str,
+    body: &[u8],
+) -> Option<Response> {
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["api", "v1", "namespaces", ns, "configmaps", rest @ ..] => {
+            Some(configmap(st, method, ns, rest.first().copied(), body))
+        }
+        ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name] if method == Method::GET => {
+            let s = st.lock().expect("fake API state");
+            Some(match s.daemonsets.get(&format!("{ns}/{name}")) {
+                Some(ds) => respond(StatusCode::OK, ds.clone()),
+                None => not_found("daemonsets.apps", name),
+            })
+        }
+        [
+            "apis",
+            "coordination.k8s.io",
+            "v1",
+            "namespaces",
+            ns,
+            "leases",
+            name,
+        ] if method == Method::DELETE => {
+            let mut s = st.lock().expect("fake API state");
+            Some(match s.leases.remove(&format!("{ns}/{name}")) {
+                Some(_) => respond(
+                    StatusCode::OK,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                ),
+                None => not_found("leases.coordination.k8s.io", name),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn configmap(
+    st: &Arc<Mutex<State>>,
+    method: &Method,
+    ns: &str,
+    name: Option<&str>,
+    body: &[u8],
+) -> Response {
+    let mut s = st.lock().expect("fake API state");
+    let body: Value = serde_json::from_slice(body).unwrap_or(json!({}));
+    match (method.as_str(), name) {
+        ("GET", Some(n)) => match s.configmaps.get(&format!("{ns}/{n}")) {
+            Some(cm) => respond(StatusCode::OK, cm.clone()),
+            None => not_found("configmaps", n),
+        },
+        ("POST", None) => {
+            let n = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if s.configmaps.contains_key(&format!("{ns}/{n}")) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("configmaps \"{n}\" already exists"),
+                );
+            }
+            s.rv += 1;
+            let mut cm = body;
+            cm["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+            cm["metadata"]["namespace"] = json!(ns);
+            s.configmaps.insert(format!("{ns}/{n}"), cm.clone());
+            respond(StatusCode::CREATED, cm)
+        }
+        ("PUT", Some(n)) => {
+            let k = format!("{ns}/{n}");
+            if let Some((target, data)) = s.concurrent.take_if(|(t, _)| *t == k) {
+                s.rv += 1;
+                let rv = s.rv;
+                if let Some(cm) = s.configmaps.get_mut(&target) {
+                    for (field, value) in data.as_object().into_iter().flatten() {
+                        cm["data"][field] = value.clone();
+                    }
+                    cm["metadata"]["resourceVersion"] = json!(rv.to_string());
+                }
+            }
+            let Some(current) = s.configmaps.get(&k) else {
+                return not_found("configmaps", n);
+            };
+            // Optimistic concurrency exactly as the API server: an update must carry
+            // the resourceVersion it read (an empty one would be an unconditional write).
+            if current["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"] {
+                s.conflicts += 1;
+                return status(
+                    409,
+                    "Conflict",
+                    &format!(
+                        "Operation cannot be fulfilled on configmaps \"{n}\": the object has been modified; \
+                         please apply your changes to the latest version and try again"
+                    ),
+                );
+            }
+            s.rv += 1;
+            let mut cm = body;
+            cm["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+            s.configmaps.insert(k, cm.clone());
+            respond(StatusCode::OK, cm)
+        }
+        _ => status(405, "MethodNotAllowed", "unsupported configmap request"),
+    }
+}

@@ -1,0 +1,365 @@
+//! The CoreDNS writer against the fake API server over real HTTP: Corefile mode
+//! writes exactly `fallback::coredns::apply`'s text (nothing else changes), every
+//! update carries the resourceVersion (a concurrent edit gets 409 and is kept),
+//! import mode owns one key, an unrecognized Corefile is an error and an Event,
+//! only the Lease holder writes, and `cleanup` restores the Corefile byte for byte.
+
+use std::time::{Duration, Instant};
+
+use hairpin_agent::{
+    fallback::{
+        coredns::{self, IMPORT_KEY},
+        hostname::Hostname,
+        names::NameRoute,
+    },
+    frontends::ProxyVersion,
+    k8s::{
+        coredns::{CorednsConfig, CorednsMode, rewrites},
+        coredns_loop::{self, REASON_UNRECOGNIZED, Timing},
+    },
+    state::AgentState,
+};
+use hairpin_tests::{agent::agent_bin, fakeapi::FakeApi};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
+
+/// kubeadm's Corefile, as `kubectl -n kube-system get cm coredns -o yaml` shows it.
+const KUBEADM: &str = ".:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+";
+
+fn route(host: &str) -> NameRoute {
+    NameRoute {
+        host: Hostname::parse(host).expect("name"),
+        lb: "203.0.113.10".parse().expect("ip"),
+        ports: vec![80, 443],
+        version: ProxyVersion::V1,
+        source: "Ingress shop/web".into(),
+    }
+}
+
+fn routes() -> Vec<NameRoute> {
+    vec![
+        route("shop.example.com"),
+        route("*.apps.example.com"),
+        route("shop.example.com"),
+    ]
+}
+
+fn configmap(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "namespace": "kube-system"}, "data": data})
+}
+
+fn config(mode: CorednsMode) -> CorednsConfig {
+    CorednsConfig {
+        mode,
+        configmap: "kube-system/coredns".parse().expect("name"),
+        custom: "kube-system/coredns-custom".parse().expect("name"),
+        target: Hostname::parse(TARGET).expect("target"),
+    }
+}
+
+fn client(api: &FakeApi) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client")
+}
+
+struct Writer {
+    leader: watch::Sender<bool>,
+    routes: watch::Sender<Option<Vec<NameRoute>>>,
+    state: AgentState,
+}
+
+fn start(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
+    let (leader_tx, leader_rx) = watch::channel(leader);
+    let (routes_tx, routes_rx) = watch::channel(Some(routes()));
+    let state = AgentState::new(0x68);
+    tokio::spawn(coredns_loop::run(
+        client(api),
+        config(mode),
+        "node-a".into(),
+        routes_rx,
+        leader_rx,
+        state.clone(),
+        Timing {
+            conflict_retry: Duration::from_millis(50),
+            resync: Duration::from_millis(200),
+        },
+    ));
+    Writer {
+        leader: leader_tx,
+        routes: routes_tx,
+        state,
+    }
+}
+
+/// Waits until `pred` holds, or fails after `within` with `what`.
+async fn until(within: Duration, what: &str, pred: impl Fn() -> bool) {
+    let deadline = Instant::now() + within;
+    while !pred() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn corefile(api: &FakeApi) -> String {
+    api.configmap("kube-system/coredns").expect("configmap")["data"]["Corefile"]
+        .as_str()
+        .expect("Corefile")
+        .to_string()
+}
+
+fn puts(api: &FakeApi) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("PUT /api/v1/namespaces/kube-system/configmaps/"))
+        .count()
+}
+
+fn expected(original: &str) -> String {
+    let target = Hostname::parse(TARGET).expect("target");
+    coredns::apply(original, &rewrites(&routes(), &target)).expect("apply")
+}
+
+#[tokio::test]
+async fn corefile_mode_writes_our_lines_and_nothing_else() {
+    let api = FakeApi::start();
+    api.put_configmap(configmap(
+        "coredns",
+        json!({"Corefile": KUBEADM, "other": "kept\n"}),
+    ));
+    let w = start(&api, CorednsMode::Corefile, true);
+    until(Duration::from_secs(5), "Corefile written", || {
+        corefile(&api) != KUBEADM
+    })
+    .await;
+    let written = corefile(&api);
+    assert_eq!(written, expected(KUBEADM), "byte for byte apply()'s output");
+    assert_eq!(written.matches(coredns::MARKER).count(), 2, "{written}");
+    assert_eq!(coredns::remove(&written), KUBEADM, "nothing else changed");
+    let cm = api.configmap("kube-system/coredns").expect("configmap");
+    assert_eq!(cm["data"]["other"], "kept\n");
+    // Several resyncs later nothing more was written: the text did not change.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(puts(&api), 1, "{:#?}", api.requests());
+    let st = w.state.snapshot().coredns.expect("coredns status");
+    assert!(
+        st.leader && st.last_error.is_none() && st.rewrites == 2,
+        "{st:?}"
+    );
+
+    // Names gone: our lines go, the Corefile is the original again.
+    w.routes.send_replace(Some(Vec::new()));
+    until(Duration::from_secs(5), "lines removed", || {
+        corefile(&api) == KUBEADM
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_concurrent_edit_gets_409_and_is_kept_after_the_retry() {
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let edited = KUBEADM.replace("cache 30", "cache 60");
+    api.change_before_next_update("kube-system/coredns", "Corefile", &edited);
+    let _w = start(&api, CorednsMode::Corefile, true);
+    until(Duration::from_secs(5), "retried after 409", || {
+        corefile(&api).contains(coredns::MARKER)
+    })
+    .await;
+    assert_eq!(api.conflicts(), 1, "{:#?}", api.requests());
+    assert_eq!(
+        corefile(&api),
+        expected(&edited),
+        "the other writer's change is kept"
+    );
+}
+
+#[tokio::test]
+async fn import_mode_owns_only_its_key() {
+    let api = FakeApi::start();
+    let w = start(&api, CorednsMode::Import, true);
+    let ours = |api: &FakeApi| {
+        api.configmap("kube-system/coredns-custom")
+            .and_then(|cm| cm["data"][IMPORT_KEY].as_str().map(String::from))
+    };
+    let target = Hostname::parse(TARGET).expect("target");
+    let want = coredns::render_import(&rewrites(&routes(), &target));
+    until(Duration::from_secs(5), "coredns-custom created", || {
+        ours(&api).as_deref() == Some(want.as_str())
+    })
+    .await;
+    // Another key appears (k3s users put theirs here); ours changes; theirs stays.
+    let mut cm = api.configmap("kube-system/coredns-custom").expect("cm");
+    cm["data"]["mine.server"] = json!("example.org:53 { forward . 1.1.1.1 }\n");
+    api.put_configmap(cm);
+    w.routes.send_replace(Some(vec![route("only.example.com")]));
+    let want = coredns::render_import(&rewrites(&[route("only.example.com")], &target));
+    until(Duration::from_secs(5), "import key updated", || {
+        ours(&api).as_deref() == Some(want.as_str())
+    })
+    .await;
+    let cm = api.configmap("kube-system/coredns-custom").expect("cm");
+    assert_eq!(
+        cm["data"]["mine.server"],
+        "example.org:53 { forward . 1.1.1.1 }\n"
+    );
+    assert!(api.configmap("kube-system/coredns").is_none());
+}
+
+#[tokio::test]
+async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
+    let api = FakeApi::start();
+    let odd = "example.org:53 {\n    forward . 1.1.1.1\n}\n";
+    api.put_configmap(configmap("coredns", json!({"Corefile": odd})));
+    let w = start(&api, CorednsMode::Corefile, true);
+    until(Duration::from_secs(5), "event published", || {
+        !api.events().is_empty()
+    })
+    .await;
+    let ev = &api.events()[0];
+    assert_eq!(ev["reason"], REASON_UNRECOGNIZED);
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["regarding"]["kind"], "ConfigMap");
+    assert_eq!(ev["regarding"]["name"], "coredns");
+    let err = w
+        .state
+        .snapshot()
+        .coredns
+        .and_then(|c| c.last_error)
+        .expect("error in status");
+    assert!(
+        err.contains("kube-system/coredns") && err.contains("main server block"),
+        "{err}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(api.events().len(), 1, "one Event per distinct error");
+    assert_eq!(puts(&api), 0, "never written");
+    assert_eq!(corefile(&api), odd);
+}
+
+#[tokio::test]
+async fn only_the_lease_holder_writes() {
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    api.put_daemonset(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "node-local-dns", "namespace": "kube-system"}}));
+    let w = start(&api, CorednsMode::Corefile, false);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(puts(&api), 0, "a follower wrote: {:#?}", api.requests());
+    assert_eq!(corefile(&api), KUBEADM);
+    let st = w.state.snapshot().coredns.expect("status");
+    assert!(!st.leader);
+    let warning = st.node_local_dns.expect("node-local-dns warning");
+    assert!(
+        warning.contains("__PILLAR__UPSTREAM__SERVERS__"),
+        "{warning}"
+    );
+    w.leader.send_replace(true);
+    until(Duration::from_secs(5), "leader writes", || {
+        corefile(&api) == expected(KUBEADM)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let w = start(&api, CorednsMode::Corefile, true);
+    until(Duration::from_secs(5), "written", || {
+        corefile(&api) != KUBEADM
+    })
+    .await;
+    drop(w);
+    // A Lease as the agent makes one.
+    let c = client(&api);
+    let (tx, _rx) = watch::channel(false);
+    let lease = tokio::spawn(hairpin_agent::k8s::lease::run(
+        c,
+        hairpin_agent::k8s::lease::LeaseConfig {
+            namespace: "hairpin-system".into(),
+            name: "hairpin-agent".into(),
+            identity: "node-a".into(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(60),
+        },
+        tx,
+    ));
+    until(Duration::from_secs(5), "lease", || !api.leases().is_empty()).await;
+    lease.abort();
+
+    let dir = std::env::temp_dir().join(format!("hairpin-cleanup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let cleanup = || {
+        let out = std::process::Command::new(agent_bin())
+            .args([
+                "cleanup",
+                "--coredns",
+                "corefile",
+                "--output",
+                "json",
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig)
+            .output()
+            .expect("run cleanup");
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), json)
+    };
+    let (code, report) = tokio::task::block_in_place(cleanup);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(corefile(&api), KUBEADM, "byte for byte");
+    let outcomes: Vec<(&str, &str)> = report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or(""),
+                s["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("coredns", "removed"), ("lease", "removed")],
+        "{report:#}"
+    );
+    assert!(api.leases().is_empty());
+    // Idempotent: a second run finds nothing and still succeeds.
+    let (code, report) = tokio::task::block_in_place(cleanup);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["steps"][0]["outcome"], "absent", "{report:#}");
+    assert_eq!(report["steps"][1]["outcome"], "absent", "{report:#}");
+    assert_eq!(corefile(&api), KUBEADM);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,306 @@
+//! `--mode` on a simulated node: `fallback` attaches nothing and a host process
+//! resolving a name through the managed hosts file reaches nginx through the name
+//! relay (on a link-local address put on `lo` by `--names-link`) with the right
+//! PROXY header; `auto` is eBPF where it attaches and falls back to the hosts file
+//! where it does not, and `status` says which path is live and why. `cleanup`, run
+//! as a process on the node, restores the hosts file and removes the address.
+
+use std::{fs, path::Path, time::Duration};
+
+use hairpin_tests::{
+    agent::{Agent, FrontendSpec},
+    cli::run_cli,
+    names_support::sh_with_hosts_file,
+    node::{NODE_IP4, SimNode},
+    privileges::datapath_tests_can_run,
+    servers::start_nginx,
+    sh::run_in,
+};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+macro_rules! require_privileges {
+    () => {
+        if !datapath_tests_can_run(module_path!()) {
+            return;
+        }
+    };
+}
+
+/// The link-local address the name relay gets (beside node-local-dns's .10).
+const NAMES_ADDRESS: &str = "169.254.20.11";
+
+const WITH_HOSTS: &str = "frontends:
+- ip: \"203.0.113.10\"
+  ports: [80]
+  proxyProtocol: v1
+  hosts: [a.example.com]
+- ip: \"203.0.113.11\"
+  ports: [80]
+  proxyProtocol: v2
+";
+
+const NODE_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n# node file \xe9\n10.9.9.9 keep-me";
+
+fn specs() -> Vec<FrontendSpec> {
+    vec![FrontendSpec {
+        ip: "203.0.113.10",
+        ports: vec![80],
+        version: "v1",
+    }]
+}
+
+/// Starts the agent with `extra`, then gives it a name through a frontends reload.
+fn agent_with_names(node: &SimNode, cgroup: &Path, extra: &[&str], wait: &str) -> Agent {
+    let mut agent = Agent::start_with_cgroup(node, &specs(), cgroup, extra);
+    fs::write(&agent.frontends, WITH_HOSTS).expect("write frontends");
+    agent.wait_for_log(wait, Duration::from_secs(10));
+    agent
+}
+
+fn status(node: &SimNode) -> (i32, Value) {
+    let run = run_cli(node, &["status", "--output", "json"]);
+    (run.code, run.json())
+}
+
+fn frontend<'a>(s: &'a Value, ip: &str) -> &'a Value {
+    s["status"]["frontends"]
+        .as_array()
+        .expect("frontends")
+        .iter()
+        .find(|f| f["ip"] == ip)
+        .unwrap_or_else(|| panic!("no frontend {ip}: {s:#}"))
+}
+
+/// A host process resolves `a.example.com` through `hosts` and fetches it.
+fn fetch_by_name(node: &SimNode, hosts: &Path, agent: &Agent) -> String {
+    let got = sh_with_hosts_file(
+        node,
+        hosts,
+        "getent hosts a.example.com && curl -sS --max-time 10 http://a.example.com/",
+    );
+    assert!(got.ok(), "{got:?}\nagent:\n{}", agent.log());
+    got.body
+}
+
+#[test]
+fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let hosts_arg = hosts.to_str().expect("utf-8 path");
+    let mut agent = agent_with_names(
+        &node,
+        &node.cgroup,
+        &[
+            "--mode",
+            "fallback",
+            "--hosts-file",
+            hosts_arg,
+            "--names-link",
+            "lo",
+            "--names-address",
+            NAMES_ADDRESS,
+        ],
+        "hosts file updated",
+    );
+    let attached = node.attached_programs();
+    assert!(
+        !attached.contains("connect"),
+        "fallback attaches nothing: {attached}"
+    );
+    assert!(
+        agent.log().contains("--mode fallback: no programs loaded"),
+        "{}",
+        agent.log()
+    );
+    let lo = run_in(&node.node_ns, &["ip", "-4", "addr", "show", "dev", "lo"]);
+    assert!(lo.contains(&format!("{NAMES_ADDRESS}/32")), "{lo}");
+
+    let body = fetch_by_name(&node, &hosts, &agent);
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [NAMES_ADDRESS, "a.example.com"],
+        "{body}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("client={NODE_IP4}:")),
+        "host process -> the node IP as PROXY source: {body}"
+    );
+    assert!(lines[1].ends_with("dst=203.0.113.10:80"), "{body}");
+
+    let (code, s) = status(&node);
+    assert_eq!(code, 0, "ready without programs: {s:#}");
+    assert_eq!(s["status"]["mode"]["configured"], "fallback", "{s:#}");
+    assert_eq!(
+        s["status"]["mode"]["live"],
+        serde_json::json!(["hosts"]),
+        "{s:#}"
+    );
+    assert!(s["status"]["attachment"].is_null(), "{s:#}");
+    let named = frontend(&s, "203.0.113.10");
+    assert_eq!(named["path"], "hosts", "{s:#}");
+    assert_eq!(named["state"], "fallback", "{s:#}");
+    assert_eq!(named["listener"], format!("{NAMES_ADDRESS}:80"), "{s:#}");
+    let unnamed = frontend(&s, "203.0.113.11");
+    assert_eq!(unnamed["path"], "none", "{s:#}");
+    assert_eq!(unnamed["state"], "failed", "{s:#}");
+    assert_eq!(
+        s["status"]["names"]["link_note"],
+        format!("added {NAMES_ADDRESS} to lo"),
+        "{s:#}"
+    );
+
+    // SIGTERM keeps the block and the address for the next agent...
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
+    assert_ne!(fs::read(&hosts).expect("read"), NODE_HOSTS);
+    // ...`cleanup` removes both, and a second run finds nothing and still exits 0.
+    let args = [
+        "cleanup",
+        "--hosts-file",
+        hosts_arg,
+        "--names-link",
+        "lo",
+        "--names-address",
+        NAMES_ADDRESS,
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--output",
+        "json",
+    ];
+    let first = run_cli(&node, &args);
+    assert_eq!(first.code, 0, "{first:?}");
+    let report = first.json();
+    let outcomes: Vec<&str> = report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["outcome"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(outcomes, ["removed", "removed", "skipped"], "{report:#}");
+    assert_eq!(fs::read(&hosts).expect("read"), NODE_HOSTS, "byte for byte");
+    let lo = run_in(&node.node_ns, &["ip", "-4", "addr", "show", "dev", "lo"]);
+    assert!(!lo.contains(NAMES_ADDRESS), "{lo}");
+    let again = run_cli(&node, &args);
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.json()["steps"][0]["outcome"],
+        "absent",
+        "{}",
+        again.stdout
+    );
+    assert_eq!(
+        again.json()["steps"][1]["outcome"],
+        "absent",
+        "{}",
+        again.stdout
+    );
+}
+
+#[test]
+fn auto_mode_is_ebpf_where_it_attaches_and_leaves_the_hosts_file_alone() {
+    require_privileges!();
+    let node = SimNode::new();
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let hosts_arg = hosts.to_str().expect("utf-8 path");
+    let agent = agent_with_names(
+        &node,
+        &node.cgroup,
+        &["--hosts-file", hosts_arg],
+        "reconcile finished frontends=2",
+    );
+    let (code, s) = status(&node);
+    assert_eq!(code, 0, "{s:#}");
+    assert_eq!(s["status"]["mode"]["configured"], "auto", "{s:#}");
+    assert_eq!(
+        s["status"]["mode"]["live"],
+        serde_json::json!(["ebpf"]),
+        "{s:#}"
+    );
+    let reason = s["status"]["mode"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("programs attached"), "{reason}");
+    assert_eq!(frontend(&s, "203.0.113.10")["path"], "ebpf", "{s:#}");
+    assert!(node.attached_programs().contains("hairpin_connect4"));
+    assert_eq!(
+        fs::read(&hosts).expect("read"),
+        NODE_HOSTS,
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn auto_mode_falls_back_to_the_hosts_file_when_attach_fails_and_says_why() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let hosts_arg = hosts.to_str().expect("utf-8 path");
+    // A plain directory is not a cgroup: the attach fails.
+    let not_a_cgroup = node.dir.join("not-a-cgroup");
+    fs::create_dir_all(&not_a_cgroup).expect("dir");
+    // This kernel has no dummy link type: the address goes on lo, with a warning.
+    let agent = agent_with_names(
+        &node,
+        &not_a_cgroup,
+        &[
+            "--hosts-file",
+            hosts_arg,
+            "--names-link",
+            "hairpin0",
+            "--names-address",
+            NAMES_ADDRESS,
+        ],
+        "hosts file updated",
+    );
+    assert!(
+        agent.log().contains("eBPF could not be used on this node"),
+        "{}",
+        agent.log()
+    );
+    assert!(!node.attached_programs().contains("connect"));
+    let body = fetch_by_name(&node, &hosts, &agent);
+    assert!(body.contains("dst=203.0.113.10:80"), "{body}");
+
+    let (code, s) = status(&node);
+    assert_eq!(code, 0, "{s:#}");
+    assert_eq!(
+        s["status"]["mode"]["live"],
+        serde_json::json!(["hosts"]),
+        "{s:#}"
+    );
+    let reason = s["status"]["mode"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("eBPF could not be used"), "{reason}");
+    assert!(
+        reason.contains("not-a-cgroup"),
+        "the attach error names the cgroup: {reason}"
+    );
+    assert!(reason.contains("falling back"), "{reason}");
+    assert_eq!(frontend(&s, "203.0.113.10")["path"], "hosts", "{s:#}");
+    let note = s["status"]["names"]["link_note"].as_str().unwrap_or("");
+    let made_dummy = run_in(&node.node_ns, &["ip", "link", "show"]).contains("hairpin0");
+    if made_dummy {
+        assert!(note.contains("created dummy link hairpin0"), "{note}");
+    } else {
+        assert!(
+            note.contains("no dummy link type") && note.contains("to lo"),
+            "{note}"
+        );
+    }
+    let text = run_cli(&node, &["status"]);
+    assert!(
+        text.stdout.contains("mode        auto (live: hosts)"),
+        "{}",
+        text.stdout
+    );
+}
