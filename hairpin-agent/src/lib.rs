@@ -23,6 +23,5 @@ pub mod relay;
 pub mod run;
 pub mod run_args;
 pub mod sources;
-pub mod splice;
 pub mod state;
 pub mod static_source;
