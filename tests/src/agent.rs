@@ -110,22 +110,57 @@ impl Agent {
     ) -> Agent {
         let frontends = node.dir.join("frontends.yaml");
         fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let source = ["--frontends", frontends.to_str().expect("utf-8 path")];
+        let mut agent = Agent::spawn(node, &source, cgroup, log_filter, extra);
+        agent.frontends = frontends;
+        agent.wait_for_log("agent ready", Duration::from_secs(20));
+        agent
+    }
+
+    /// Starts the agent on `node` watching the (fake) API server of `kubeconfig`
+    /// instead of a frontends file, and waits until it is attached. It logs
+    /// `agent ready` only once the Service list has synced.
+    pub fn start_kube(node: &SimNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
+        let source = [
+            "--kubeconfig",
+            kubeconfig.to_str().expect("utf-8 path"),
+            "--node-name",
+            "sim-node",
+        ];
+        let mut agent = Agent::spawn(
+            node,
+            &source,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            extra,
+        );
+        agent.wait_for_log("programs attached", Duration::from_secs(20));
+        agent
+    }
+
+    /// `hairpin-agent run` with `source` flags in the node namespace, inside the
+    /// agent's child cgroup, attaching at `cgroup`, logging to the node's agent.log.
+    fn spawn(
+        node: &SimNode,
+        source: &[&str],
+        cgroup: &std::path::Path,
+        log_filter: &str,
+        extra: &[&str],
+    ) -> Agent {
         let log = node.dir.join("agent.log");
         let out = fs::File::create(&log).expect("agent log");
         let bin = agent_bin();
         let node_ips = format!("{NODE_IP4},{NODE_IP6}");
-        let mut argv = vec![
-            bin.to_str().expect("utf-8 path"),
-            "run",
-            "--frontends",
-            frontends.to_str().expect("utf-8 path"),
+        let mut argv = vec![bin.to_str().expect("utf-8 path"), "run"];
+        argv.extend_from_slice(source);
+        argv.extend_from_slice(&[
             "--cgroup-path",
             cgroup.to_str().expect("utf-8 path"),
             "--node-ip",
             &node_ips,
             "--log",
             log_filter,
-        ];
+        ]);
         argv.extend_from_slice(extra);
         let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
             // One admin socket per node: the default path is shared by the whole machine
@@ -136,53 +171,11 @@ impl Agent {
             .stderr(out)
             .spawn()
             .expect("start hairpin-agent");
-        let mut agent = Agent {
-            child: Some(child),
-            log,
-            frontends,
-        };
-        agent.wait_for_log("agent ready", Duration::from_secs(20));
-        agent
-    }
-
-    /// Starts the agent on `node` watching the (fake) API server of `kubeconfig`
-    /// instead of a frontends file, and waits until it is attached. It logs
-    /// `agent ready` only once the Service list has synced.
-    pub fn start_kube(node: &SimNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
-        let log = node.dir.join("agent.log");
-        let out = fs::File::create(&log).expect("agent log");
-        let bin = agent_bin();
-        let node_ips = format!("{NODE_IP4},{NODE_IP6}");
-        let mut argv = vec![
-            bin.to_str().expect("utf-8 path"),
-            "run",
-            "--kubeconfig",
-            kubeconfig.to_str().expect("utf-8 path"),
-            "--node-name",
-            "sim-node",
-            "--cgroup-path",
-            node.cgroup.to_str().expect("utf-8 path"),
-            "--node-ip",
-            &node_ips,
-            "--log",
-            "hairpin_agent=debug,info",
-        ];
-        argv.extend_from_slice(extra);
-        let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
-            // One admin socket per node: the default path is shared by the whole machine.
-            .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(out)
-            .spawn()
-            .expect("start hairpin-agent");
-        let mut agent = Agent {
+        Agent {
             child: Some(child),
             log,
             frontends: PathBuf::new(),
-        };
-        agent.wait_for_log("programs attached", Duration::from_secs(20));
-        agent
+        }
     }
 
     /// The agent's log so far.
