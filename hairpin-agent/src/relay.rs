@@ -273,59 +273,97 @@ impl Connection {
         self.metrics.connection_opened();
         let source = true_client(self.peer, self.local, &self.cfg);
         debug!(%source, "accepted");
-        match self.relay(source).await {
-            Ok((up, down)) => {
-                self.metrics.bytes(Direction::Upstream, up);
-                self.metrics.bytes(Direction::Downstream, down);
-                debug!(bytes_up = up, bytes_down = down, "closed");
-            }
-            Err((kind, e)) => {
-                self.metrics.upstream_error(kind);
-                warn!(?kind, error = %e, "relay failed");
-                // A reset tells the client at once, instead of an empty reply or a hang.
-                let _ = socket2::SockRef::from(&self.client).set_linger(Some(Duration::ZERO));
-            }
-        }
+        let to = Upstream {
+            target: self.target,
+            version: self.version,
+            source,
+        };
+        proxy(&mut self.client, &to, &[], &self.cfg, &self.metrics).await;
         self.metrics.connection_closed();
     }
+}
 
-    async fn relay(
-        &mut self,
-        source: SocketAddr,
-    ) -> Result<(u64, u64), (UpstreamError, io::Error)> {
-        let mut upstream = match timeout(
-            self.cfg.connect_timeout,
-            connect_marked(self.target, self.cfg.bypass_mark),
-        )
-        .await
-        {
-            Err(_) => {
-                return Err((
-                    UpstreamError::Timeout,
-                    io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
-                ));
-            }
-            Ok(Err(e)) => return Err((classify(&e), e)),
-            Ok(Ok(s)) => s,
-        };
-        // The header is a small write followed by the client's bytes: without NODELAY,
-        // Nagle holds the client's first segment behind the header's delayed ACK.
-        let _ = upstream.set_nodelay(true);
-        let _ = self.client.set_nodelay(true);
-        let header = Header::new(self.version, source, self.target);
-        upstream
-            .write_all(header.as_bytes())
-            .await
-            .map_err(|e| (classify(&e), e))?;
-        // tokio's copy_bidirectional, not splice(2): a splice relay measured 978 MB/s
-        // on the 1 GiB bulk case of `cargo xtask bench`, this path 1041 and 833 MB/s in
-        // two runs: within run-to-run spread, so the well-kept path stays. On the 2-core
-        // bench machine the relay shares a core with nginx, which bounds bulk anyway.
-        let size = self.cfg.buffer_size;
-        tokio::io::copy_bidirectional_with_sizes(&mut self.client, &mut upstream, size, size)
-            .await
-            .map_err(|e| (classify(&e), e))
+/// Where and how one accepted connection is relayed.
+pub(crate) struct Upstream {
+    /// The LoadBalancer address.
+    pub target: SocketAddr,
+    /// The header version its ingress expects.
+    pub version: ProxyVersion,
+    /// The true client the header names.
+    pub source: SocketAddr,
+}
+
+/// Relays `client` to `to.target` as both relays do: marked upstream socket, the
+/// PROXY header, then `first` (bytes already read from the client, which the name
+/// relay needed to route), then both ways with half-close. Counts the bytes; on
+/// failure counts the error and resets the client at once, instead of an empty
+/// reply or a hang.
+pub(crate) async fn proxy(
+    client: &mut TcpStream,
+    to: &Upstream,
+    first: &[u8],
+    cfg: &RelayConfig,
+    metrics: &Metrics,
+) {
+    match relay(client, to, first, cfg).await {
+        Ok((up, down)) => {
+            let up = up + first.len() as u64;
+            metrics.bytes(Direction::Upstream, up);
+            metrics.bytes(Direction::Downstream, down);
+            debug!(bytes_up = up, bytes_down = down, "closed");
+        }
+        Err((kind, e)) => {
+            metrics.upstream_error(kind);
+            warn!(?kind, error = %e, target = %to.target, "relay failed");
+            let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
+        }
     }
+}
+
+async fn relay(
+    client: &mut TcpStream,
+    to: &Upstream,
+    first: &[u8],
+    cfg: &RelayConfig,
+) -> Result<(u64, u64), (UpstreamError, io::Error)> {
+    let mut upstream = match timeout(
+        cfg.connect_timeout,
+        connect_marked(to.target, cfg.bypass_mark),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err((
+                UpstreamError::Timeout,
+                io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
+            ));
+        }
+        Ok(Err(e)) => return Err((classify(&e), e)),
+        Ok(Ok(s)) => s,
+    };
+    // The header is a small write followed by the client's bytes: without NODELAY,
+    // Nagle holds the client's first segment behind the header's delayed ACK.
+    let _ = upstream.set_nodelay(true);
+    let _ = client.set_nodelay(true);
+    let header = Header::new(to.version, to.source, to.target);
+    let written = if first.is_empty() {
+        upstream.write_all(header.as_bytes()).await
+    } else {
+        // Header and the bytes already read in one write, as the cloud LB sends them.
+        let mut both = Vec::with_capacity(header.as_bytes().len() + first.len());
+        both.extend_from_slice(header.as_bytes());
+        both.extend_from_slice(first);
+        upstream.write_all(&both).await
+    };
+    written.map_err(|e| (classify(&e), e))?;
+    // tokio's copy_bidirectional, not splice(2): a splice relay measured 978 MB/s
+    // on the 1 GiB bulk case of `cargo xtask bench`, this path 1041 and 833 MB/s in
+    // two runs: within run-to-run spread, so the well-kept path stays. On the 2-core
+    // bench machine the relay shares a core with nginx, which bounds bulk anyway.
+    let size = cfg.buffer_size;
+    tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, size, size)
+        .await
+        .map_err(|e| (classify(&e), e))
 }
 
 /// The address the PROXY header names as the client: the peer itself for pods;
@@ -347,7 +385,7 @@ pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> So
 /// Connects to `target` from a socket carrying `mark`, so the connect programs let
 /// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
 /// Shared with the name relay, whose upstream connects need the same guard.
-pub(crate) async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
+async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
     let socket = match target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -359,7 +397,7 @@ pub(crate) async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io:
 }
 
 /// The metrics label for an upstream failure (shared with the name relay).
-pub(crate) fn classify(e: &io::Error) -> UpstreamError {
+fn classify(e: &io::Error) -> UpstreamError {
     match e.kind() {
         io::ErrorKind::ConnectionRefused => UpstreamError::Refused,
         io::ErrorKind::TimedOut => UpstreamError::Timeout,

@@ -252,8 +252,8 @@ fn coredns_config(args: &RunArgs) -> Result<Option<CorednsConfig>> {
     }
     Ok(Some(CorednsConfig {
         mode: args.coredns,
-        configmap: args.coredns_configmap.clone(),
-        custom: args.coredns_custom_configmap.clone(),
+        configmap: args.coredns_objects.configmap.clone(),
+        custom: args.coredns_objects.custom_configmap.clone(),
         target: args.coredns_target.clone(),
     }))
 }

@@ -9,7 +9,7 @@ use std::{
 use crate::{
     fallback::hostname::Hostname,
     frontends::ProxyVersion,
-    k8s::coredns::{CorednsMode, ObjectName},
+    k8s::coredns::{CorednsMode, CorednsObjects},
     mode::Mode,
 };
 
@@ -132,21 +132,9 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
     pub coredns: CorednsMode,
 
-    /// The CoreDNS ConfigMap holding the Corefile (RKE2: kube-system/rke2-coredns-rke2-coredns).
-    #[arg(
-        long,
-        env = "HAIRPIN_COREDNS_CONFIGMAP",
-        default_value = "kube-system/coredns"
-    )]
-    pub coredns_configmap: ObjectName,
-
-    /// The ConfigMap CoreDNS imports custom server-block lines from (k3s, RKE2, AKS).
-    #[arg(
-        long,
-        env = "HAIRPIN_COREDNS_CUSTOM_CONFIGMAP",
-        default_value = "kube-system/coredns-custom"
-    )]
-    pub coredns_custom_configmap: ObjectName,
+    /// Which ConfigMaps the CoreDNS writing concerns.
+    #[command(flatten)]
+    pub coredns_objects: CorednsObjects,
 
     /// The name CoreDNS rewrites the hostnames to: the hairpin ClusterIP Service
     /// over this DaemonSet (internalTrafficPolicy: Local).

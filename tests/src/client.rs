@@ -16,7 +16,8 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn from(out: Output) -> Reply {
+    /// What a finished client process printed and returned.
+    pub fn from_output(out: Output) -> Reply {
         Reply {
             code: out.status.code().unwrap_or(-1),
             body: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -40,7 +41,7 @@ pub fn url(ip: &str, port: u16, path: &str) -> String {
 }
 
 fn curl(netns: &str, cgroup: &std::path::Path, url: &str) -> Reply {
-    Reply::from(output_in(
+    Reply::from_output(output_in(
         netns,
         Some(cgroup),
         &["curl", "-sS", "--max-time", "10", url],

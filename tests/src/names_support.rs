@@ -3,17 +3,13 @@
 //! for port 443, and clients that resolve names through a given hosts file or curl's
 //! `--resolve`. Additive: the shared harness is used as it is.
 
-use std::{
-    fs,
-    path::PathBuf,
-    process::{Child, Stdio},
-    time::{Duration, Instant},
-};
+use std::fs;
 
 use crate::{
     client::Reply,
     node::{LbRule, SimNode, default_lbs},
-    sh::{command_in, output_in, run},
+    servers::{Server, run_nginx},
+    sh::{output_in, run},
 };
 
 /// nginx TLS port behind LB 203.0.113.10:443 (body starts `tls-a`).
@@ -39,32 +35,9 @@ pub fn lbs_with_tls() -> Vec<LbRule> {
     lbs
 }
 
-/// The TLS nginx, killed on drop.
-pub struct TlsServer {
-    child: Child,
-    logs: Vec<PathBuf>,
-}
-
-impl TlsServer {
-    /// Everything it logged so far.
-    pub fn log(&self) -> String {
-        self.logs
-            .iter()
-            .map(|p| fs::read_to_string(p).unwrap_or_default())
-            .collect()
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts a second nginx in the ingress namespace with two TLS servers requiring the
 /// PROXY protocol, answering with the SNI and what the header said.
-pub fn start_tls_nginx(node: &SimNode) -> TlsServer {
+pub fn start_tls_nginx(node: &SimNode) -> Server {
     let dir = node.dir.join("nginx-tls");
     fs::create_dir_all(dir.join("tmp")).expect("nginx-tls dir");
     let d = dir.display().to_string();
@@ -119,59 +92,13 @@ http {{
         a = server(TLS_A_PORT, "tls-a"),
         b = server(TLS_B_PORT, "tls-b"),
     );
-    let conf_path = dir.join("nginx.conf");
-    fs::write(&conf_path, conf).expect("nginx.conf");
-    let conf_arg = conf_path.to_str().expect("utf-8 path");
-    let check = output_in(
-        &node.ingress_ns,
-        None,
-        &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d],
-    );
-    assert!(
-        check.status.success(),
-        "nginx -t: {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
-    let child = command_in(&node.ingress_ns, None, &["nginx", "-c", conf_arg, "-p", &d])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nginx-tls");
-    let server = TlsServer {
-        child,
-        logs: vec![dir.join("access.log"), dir.join("error.log")],
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = output_in(&node.ingress_ns, None, &["ss", "-Htln"]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        if [TLS_A_PORT, TLS_B_PORT]
-            .iter()
-            .all(|p| text.contains(&format!(":{p} ")))
-        {
-            return server;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nginx-tls not listening: {text}\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn reply(out: std::process::Output) -> Reply {
-    Reply {
-        code: out.status.code().unwrap_or(-1),
-        body: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_nginx(node, &dir, &conf, &[TLS_A_PORT, TLS_B_PORT])
 }
 
 /// curl `url` from the pod with `--resolve name:port:addr`: the name (so the SNI and
 /// Host) is real, its address is the name relay's. `-k`: the certificate is self-signed.
 pub fn curl_resolved_from_pod(node: &SimNode, resolve: &str, url: &str) -> Reply {
-    reply(output_in(
+    Reply::from_output(output_in(
         &node.pod_ns,
         Some(&node.pod_cgroup()),
         &[
@@ -195,7 +122,7 @@ pub fn sh_with_hosts_file(node: &SimNode, hosts: &std::path::Path, script: &str)
         "mount --bind {} /etc/hosts && {script}",
         hosts.to_str().expect("utf-8 path")
     );
-    reply(output_in(
+    Reply::from_output(output_in(
         &node.node_ns,
         Some(&node.host_cgroup()),
         &[

@@ -3,7 +3,7 @@
 
 use std::{
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
@@ -88,13 +88,20 @@ http {{
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
+    run_nginx(node, &dir, &conf, &[NGINX_PP_PORT, NGINX_PLAIN_PORT])
+}
+
+/// Writes `conf` to `dir/nginx.conf`, checks it with `nginx -t`, starts nginx with
+/// prefix `dir` in the ingress namespace and waits until `ports` listen.
+pub fn run_nginx(node: &SimNode, dir: &Path, conf: &str, ports: &[u16]) -> Server {
     let conf_path = dir.join("nginx.conf");
     fs::write(&conf_path, conf).expect("nginx.conf");
     let conf_arg = conf_path.to_str().expect("utf-8 path");
+    let prefix = dir.to_str().expect("utf-8 path");
     let check = output_in(
         &node.ingress_ns,
         None,
-        &["nginx", "-t", "-q", "-c", conf_arg, "-p", &d.to_string()],
+        &["nginx", "-t", "-q", "-c", conf_arg, "-p", prefix],
     );
     assert!(
         check.status.success(),
@@ -104,7 +111,7 @@ http {{
     let child = command_in(
         &node.ingress_ns,
         None,
-        &["nginx", "-c", conf_arg, "-p", &d.to_string()],
+        &["nginx", "-c", conf_arg, "-p", prefix],
     )
     .stdout(Stdio::null())
     .stderr(Stdio::null())
@@ -114,7 +121,7 @@ http {{
         child,
         logs: vec![dir.join("access.log"), dir.join("error.log")],
     };
-    wait_listening(node, &[NGINX_PP_PORT, NGINX_PLAIN_PORT]);
+    wait_listening(node, ports);
     server
 }
 

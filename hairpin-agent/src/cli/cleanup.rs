@@ -14,7 +14,7 @@ use crate::{
     fallback::{hostname::Hostname, hosts_writer},
     k8s::{
         self,
-        coredns::{CorednsConfig, CorednsMode, ObjectName, Written},
+        coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
     },
     names_link,
 };
@@ -49,21 +49,9 @@ pub struct CleanupArgs {
     #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
     pub coredns: CorednsMode,
 
-    /// The CoreDNS ConfigMap holding the Corefile.
-    #[arg(
-        long,
-        env = "HAIRPIN_COREDNS_CONFIGMAP",
-        default_value = "kube-system/coredns"
-    )]
-    pub coredns_configmap: ObjectName,
-
-    /// The coredns-custom ConfigMap.
-    #[arg(
-        long,
-        env = "HAIRPIN_COREDNS_CUSTOM_CONFIGMAP",
-        default_value = "kube-system/coredns-custom"
-    )]
-    pub coredns_custom_configmap: ObjectName,
+    /// Which ConfigMaps the CoreDNS writing concerns.
+    #[command(flatten)]
+    pub coredns_objects: CorednsObjects,
 
     /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are skipped.
     #[arg(long, env = "HAIRPIN_KUBECONFIG")]
@@ -182,8 +170,8 @@ pub async fn clean(args: &CleanupArgs) -> CleanupReport {
 async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
     let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
         mode: args.coredns,
-        configmap: args.coredns_configmap.clone(),
-        custom: args.coredns_custom_configmap.clone(),
+        configmap: args.coredns_objects.configmap.clone(),
+        custom: args.coredns_objects.custom_configmap.clone(),
         // Removal does not render rewrites; any exact name does.
         target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
     });

@@ -47,6 +47,27 @@ impl fmt::Display for CorednsMode {
     }
 }
 
+/// The ConfigMaps the CoreDNS writer edits, shared by `run` and `cleanup` so the
+/// same settings undo exactly what was written.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CorednsObjects {
+    /// The CoreDNS ConfigMap holding the Corefile (RKE2: kube-system/rke2-coredns-rke2-coredns).
+    #[arg(
+        long = "coredns-configmap",
+        env = "HAIRPIN_COREDNS_CONFIGMAP",
+        default_value = "kube-system/coredns"
+    )]
+    pub configmap: ObjectName,
+
+    /// The ConfigMap CoreDNS imports custom server-block lines from (k3s, RKE2, AKS).
+    #[arg(
+        long = "coredns-custom-configmap",
+        env = "HAIRPIN_COREDNS_CUSTOM_CONFIGMAP",
+        default_value = "kube-system/coredns-custom"
+    )]
+    pub custom_configmap: ObjectName,
+}
+
 /// A namespaced object's `namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectName {

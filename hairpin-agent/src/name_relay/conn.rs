@@ -2,21 +2,17 @@
 //! or HTTP Host), look it up, then relay to that LB exactly as the eBPF path's relay
 //! does: marked upstream socket, PROXY header, the bytes already read, both ways.
 
-use std::{io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     time::{Instant, timeout, timeout_at},
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{Peek, Shared, http_host::parse_host, sni::looks_like_tls, sni::parse_sni};
-use crate::{
-    metrics::{Direction, UpstreamError},
-    proxy_header::Header,
-    relay::{classify, connect_marked, true_client},
-};
+use crate::relay::{Upstream, proxy, true_client};
 
 /// Most bytes read while looking for the name: a ClientHello fits one 16 KiB record,
 /// and request heads beyond that are refused by most servers anyway.
@@ -54,7 +50,12 @@ pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, shared: Arc<S
                     let target = SocketAddr::new(route.lb, local.port());
                     let source = true_client(peer, local, &shared.relay);
                     debug!(%name, %target, %source, version = %route.version, route = %route.source, "routing by name");
-                    relay(&mut client, &buf, source, target, route.version, &shared).await;
+                    let to = Upstream {
+                        target,
+                        version: route.version,
+                        source,
+                    };
+                    proxy(&mut client, &to, &buf, &shared.relay, &shared.metrics).await;
                 }
                 None => refuse(&mut client, tls, Refusal::Unknown(name)).await,
             }
@@ -142,62 +143,4 @@ async fn refuse(client: &mut TcpStream, tls: bool, why: Refusal) {
         client.shutdown().await
     })
     .await;
-}
-
-async fn relay(
-    client: &mut TcpStream,
-    already: &[u8],
-    source: SocketAddr,
-    target: SocketAddr,
-    version: crate::frontends::ProxyVersion,
-    shared: &Shared,
-) {
-    let result: Result<(u64, u64), (UpstreamError, io::Error)> = async {
-        let mut upstream = match timeout(
-            shared.relay.connect_timeout,
-            connect_marked(target, shared.relay.bypass_mark),
-        )
-        .await
-        {
-            Err(_) => {
-                return Err((
-                    UpstreamError::Timeout,
-                    io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
-                ));
-            }
-            Ok(Err(e)) => return Err((classify(&e), e)),
-            Ok(Ok(s)) => s,
-        };
-        let _ = upstream.set_nodelay(true);
-        let _ = client.set_nodelay(true);
-        // Header and the bytes already read in one write: the ingress sees them as
-        // the cloud LB would send them, header first.
-        let header = Header::new(version, source, target);
-        let mut first = Vec::with_capacity(header.as_bytes().len() + already.len());
-        first.extend_from_slice(header.as_bytes());
-        first.extend_from_slice(already);
-        upstream
-            .write_all(&first)
-            .await
-            .map_err(|e| (classify(&e), e))?;
-        let size = shared.relay.buffer_size;
-        tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, size, size)
-            .await
-            .map_err(|e| (classify(&e), e))
-    }
-    .await;
-    match result {
-        Ok((up, down)) => {
-            let up = up + already.len() as u64;
-            shared.metrics.bytes(Direction::Upstream, up);
-            shared.metrics.bytes(Direction::Downstream, down);
-            debug!(bytes_up = up, bytes_down = down, "closed");
-        }
-        Err((kind, e)) => {
-            shared.metrics.upstream_error(kind);
-            warn!(?kind, error = %e, %target, "name relay upstream failed");
-            // As the eBPF path's relay: a reset tells the client at once.
-            let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
-        }
-    }
 }
