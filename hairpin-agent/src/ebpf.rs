@@ -229,20 +229,6 @@ impl Datapath {
         }
     }
 
-    /// The map's entries, decoded: frontend -> listener.
-    pub fn entries(&self) -> Vec<(SocketAddr, SocketAddr)> {
-        self.frontends
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| {
-                (
-                    decode(k.addr, k.port, k.family),
-                    decode(v.addr, v.port, v.family),
-                )
-            })
-            .collect()
-    }
-
     /// The per-CPU counters, summed.
     pub fn counters(&self) -> Vec<(Counter, u64)> {
         Counter::ALL

@@ -146,11 +146,6 @@ impl Relay {
         }
     }
 
-    /// The listener address of `frontend`, if one runs.
-    pub fn listener(&self, frontend: SocketAddr) -> Option<SocketAddr> {
-        self.listeners.get(&frontend).map(|l| l.local)
-    }
-
     /// Stops accepting for `frontend`. Connections already accepted run to completion.
     /// Call only after the redirect to it is gone.
     pub fn stop(&mut self, frontend: SocketAddr) {
