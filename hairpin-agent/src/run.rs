@@ -5,7 +5,7 @@
 //! says, then the admin server; then apply every change until SIGTERM.
 
 use std::{
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -22,7 +22,7 @@ use crate::{
     k8s::coredns::{CorednsConfig, CorednsMode},
     metrics::Metrics,
     mode::{self, Configured, EbpfOutcome},
-    name_relay::{NameRouting, NameRoutingConfig},
+    name_relay::{NameRouting, NameRoutingConfig, ServiceListener},
     names_link,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
@@ -114,7 +114,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // never takes ports 80/443.
     let names_address = args.names_address.or(listen.v4).or(listen.v6);
     let mut names = match names_address {
-        Some(address) if plan.name_relay && !args.names_ports.0.is_empty() => {
+        Some(address)
+            if plan.name_relay
+                && !(args.names_ports.0.is_empty() && args.names_service_ports.0.is_empty()) =>
+        {
             let link_note = names_on_link(&args, address).await?;
             state.update(|s| {
                 s.names = Some(NamesStatus {
@@ -129,6 +132,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 NameRoutingConfig {
                     address,
                     ports: args.names_ports.0.clone(),
+                    service_listeners: service_listeners(&args, node_v4, node_v6),
                     hosts_file: args.hosts_file.clone().filter(|_| plan.hosts),
                     peek_timeout: Duration::from_secs(5),
                 },
@@ -295,6 +299,25 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
     let mut datapath = Datapath::load(object, args.bypass_mark)?;
     datapath.attach(&cgroup)?;
     Ok((datapath, cgroup))
+}
+
+/// The name relay's listeners for the `hairpin` Service: every node IP at each
+/// target port (a hostNetwork pod's endpoints are the node's IPs).
+fn service_listeners(
+    args: &RunArgs,
+    node_v4: Option<IpAddr>,
+    node_v6: Option<IpAddr>,
+) -> Vec<ServiceListener> {
+    let mut out = Vec::new();
+    for ip in [node_v4, node_v6].into_iter().flatten() {
+        for &(routes_as, listen) in &args.names_service_ports.0 {
+            out.push(ServiceListener {
+                bind: SocketAddr::new(ip, listen),
+                routes_as,
+            });
+        }
+    }
+    out
 }
 
 /// Puts the names address on `--names-link` when set; returns what was done.

@@ -108,6 +108,20 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_NAMES_PORTS", default_value = "80,443", value_parser = parse_ports)]
     pub names_ports: Ports,
 
+    /// Where pods reach the name relay through the `hairpin` ClusterIP Service
+    /// (comma-separated SERVICE=LISTEN pairs): a hostNetwork endpoint is the node IP
+    /// and the Service's targetPort, so the relay also listens on each node IP at
+    /// LISTEN and routes those connections as if they came to SERVICE (the port the
+    /// client dialled, and the LB port relayed to). Must match the Service's ports;
+    /// empty or `off`: not listened on.
+    #[arg(
+        long,
+        env = "HAIRPIN_NAMES_SERVICE_PORTS",
+        default_value = "80=10080,443=10443",
+        value_parser = parse_port_map
+    )]
+    pub names_service_ports: PortMap,
+
     /// Hosts file whose managed block points the proxied names at the name relay
     /// (in a DaemonSet, a hostPath mount of the node's /etc/hosts). Unset: not managed.
     #[arg(long, env = "HAIRPIN_HOSTS_FILE")]
@@ -198,6 +212,38 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
         .map(Ports)
 }
 
+/// `SERVICE=LISTEN` port pairs (see `--names-service-ports`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortMap(pub Vec<(u16, u16)>);
+
+fn parse_port_map(s: &str) -> Result<PortMap, String> {
+    let s = s.trim();
+    if s.is_empty() || s == "off" {
+        return Ok(PortMap(Vec::new()));
+    }
+    let port = |p: &str| match p.trim().parse::<u16>() {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    };
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for pair in s.split(',') {
+        let parsed = pair
+            .split_once('=')
+            .and_then(|(svc, listen)| Some((port(svc)?, port(listen)?)));
+        let Some((svc, listen)) = parsed else {
+            return Err(format!(
+                "expected SERVICE=LISTEN port pairs such as 80=10080,443=10443 (or off), got {:?}",
+                pair.trim()
+            ));
+        };
+        if out.iter().any(|(_, l)| *l == listen) {
+            return Err(format!("listen port {listen} is given twice"));
+        }
+        out.push((svc, listen));
+    }
+    Ok(PortMap(out))
+}
+
 /// A rewrite target: one exact DNS name (the Service's FQDN).
 fn parse_target(s: &str) -> Result<Hostname, String> {
     let h = Hostname::parse(s).map_err(|e| e.to_string())?;
@@ -224,6 +270,27 @@ mod tests {
                 .contains("\"http\"")
         );
         assert!(parse_ports("0").is_err());
+    }
+
+    #[test]
+    fn service_port_pairs_parse_and_bad_ones_say_what_was_expected() {
+        assert_eq!(
+            parse_port_map("80=10080, 443=10443"),
+            Ok(PortMap(vec![(80, 10080), (443, 10443)]))
+        );
+        assert_eq!(parse_port_map("off"), Ok(PortMap(vec![])));
+        assert_eq!(parse_port_map(""), Ok(PortMap(vec![])));
+        let e = parse_port_map("80:10080").expect_err("wrong separator");
+        assert!(
+            e.contains("SERVICE=LISTEN") && e.contains("\"80:10080\""),
+            "{e}"
+        );
+        assert!(parse_port_map("80=0").is_err());
+        assert!(
+            parse_port_map("80=10080,443=10080")
+                .expect_err("same listen port")
+                .contains("10080")
+        );
     }
 
     #[test]

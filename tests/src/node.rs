@@ -316,6 +316,46 @@ impl SimNode {
         }
     }
 
+    /// Adds a ClusterIP Service with `internalTrafficPolicy: Local` as kube-proxy's
+    /// iptables mode programs it: KUBE-SERVICES matches `cluster_ip:port` (from
+    /// PREROUTING for pods, OUTPUT for host processes), marks traffic from outside
+    /// the pod CIDR for masquerade, and DNATs to the node-local endpoint through a
+    /// KUBE-SVL chain. With a hostNetwork endpoint, `endpoint` is a node IP.
+    pub fn add_cluster_ip(&self, cluster_ip: &str, port: u16, endpoint: &str, target_port: u16) {
+        let v6 = cluster_ip.contains(':');
+        let tag = format!("{}-{port}", cluster_ip.replace([':', '.'], ""));
+        let (svl, sep) = (format!("KUBE-SVL-{tag}"), format!("KUBE-SEP-{tag}"));
+        let (plen, pod_cidr, dest) = if v6 {
+            (
+                128,
+                "2001:db8:1::/64",
+                format!("[{endpoint}]:{target_port}"),
+            )
+        } else {
+            (32, "192.0.2.0/24", format!("{endpoint}:{target_port}"))
+        };
+        let name = format!("hairpin-system/hairpin:{port}");
+        let input = format!(
+            "*nat\n:{svl} - [0:0]\n:{sep} - [0:0]\n\
+             -A KUBE-SERVICES -d {cluster_ip}/{plen} -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport {port} -j {svl}\n\
+             -A {svl} ! -s {pod_cidr} -m comment --comment \"{name} cluster IP\" -j KUBE-MARK-MASQ\n\
+             -A {svl} -m comment --comment \"{name} -> {dest}\" -j {sep}\n\
+             -A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {dest}\n\
+             COMMIT\n"
+        );
+        let file = self.dir.join(format!("svc-{tag}"));
+        fs::write(&file, input).expect("write service rules");
+        let tool = if v6 {
+            "ip6tables-restore"
+        } else {
+            "iptables-restore"
+        };
+        run_in(
+            &self.node_ns,
+            &[tool, "--noflush", file.to_str().expect("utf-8 path")],
+        );
+    }
+
     /// Child cgroup for the pod's processes.
     pub fn pod_cgroup(&self) -> PathBuf {
         self.cgroup.join("pod")

@@ -8,7 +8,7 @@ use std::{fs, time::Duration};
 use hairpin_tests::{
     agent::{Agent, FrontendSpec},
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
-    node::{NODE_IP4, POD_IP4, SimNode},
+    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::{start_haproxy, start_nginx},
 };
@@ -246,4 +246,116 @@ fn sni_and_host_route_each_name_to_its_own_lb_with_the_true_client() {
     let log = agent.log();
     assert!(log.contains("hosts file not managed"), "{log}");
     assert!(log.contains("does not exist"), "{log}");
+}
+
+/// What a CoreDNS rewrite hands a pod: the `hairpin` Service's ClusterIP. kube-proxy
+/// DNATs it to this node's endpoint, the hostNetwork agent at the node IP and the
+/// Service's target port; the relay routes it as the Service port by Host or SNI.
+#[test]
+fn pods_reach_the_name_relay_through_the_hairpin_cluster_ip_service() {
+    require_privileges!();
+    const CLUSTER_IP4: &str = "203.0.113.200";
+    const CLUSTER_IP6: &str = "2001:db8:ffff::200";
+    let node = SimNode::with_lbs(&lbs_with_tls());
+    let _nginx = start_nginx(&node);
+    let _haproxy = start_haproxy(&node);
+    let tls = start_tls_nginx(&node);
+    // The base manifest's ports: 80 -> 10080, 443 -> 10443 (the agent's default).
+    for (cluster_ip, endpoint) in [(CLUSTER_IP4, NODE_IP4), (CLUSTER_IP6, NODE_IP6)] {
+        node.add_cluster_ip(cluster_ip, 80, endpoint, 10080);
+        node.add_cluster_ip(cluster_ip, 443, endpoint, 10443);
+    }
+    // The names address is elsewhere (as with --names-link), so only the Service
+    // listeners are on the node IPs: the test cannot pass by reaching :80 directly.
+    let agent = agent_with_names(
+        &node,
+        &["--names-address", "127.0.0.53", "--names-ports", "80,443"],
+        &format!("[{NODE_IP6}]:10443"),
+    );
+    let log = agent.log();
+    for l in [
+        format!("{NODE_IP4}:10080"),
+        format!("{NODE_IP4}:10443"),
+        format!("[{NODE_IP6}]:10080"),
+    ] {
+        assert!(log.contains(&l), "listener {l} missing:\n{log}");
+    }
+
+    let cases = [
+        (
+            CLUSTER_IP4,
+            POD_IP4,
+            "a.example.com",
+            "http",
+            80,
+            "client=",
+            "dst=203.0.113.10:80",
+        ),
+        (
+            CLUSTER_IP4,
+            POD_IP4,
+            "b.example.com",
+            "http",
+            80,
+            "client=",
+            "dst=203.0.113.11:80",
+        ),
+        (
+            CLUSTER_IP4,
+            POD_IP4,
+            "b.example.com",
+            "https",
+            443,
+            "tls-b sni=b.example.com client=",
+            "dst=203.0.113.11:443",
+        ),
+        (
+            CLUSTER_IP4,
+            POD_IP4,
+            "x.apps.example.com",
+            "https",
+            443,
+            "tls-a sni=x.apps.example.com client=",
+            "dst=203.0.113.10:443",
+        ),
+        // A v6 client to a v4 LB: TCP6 with the destination IPv4-mapped, as the spec
+        // allows (nginx prints the mapped form).
+        (
+            CLUSTER_IP6,
+            POD_IP6,
+            "a.example.com",
+            "http",
+            80,
+            "client=",
+            "dst=::ffff:203.0.113.10:80",
+        ),
+    ];
+    for (cluster_ip, client, name, scheme, port, prefix, dst) in cases {
+        let addr = if cluster_ip.contains(':') {
+            format!("[{cluster_ip}]")
+        } else {
+            cluster_ip.to_string()
+        };
+        let got = curl_resolved_from_pod(
+            &node,
+            &format!("{name}:{port}:{addr}"),
+            &format!("{scheme}://{name}/"),
+        );
+        assert!(
+            got.ok(),
+            "{name} {scheme} via {cluster_ip}: {got:?}\nagent:\n{}\ntls:\n{}",
+            agent.log(),
+            tls.log()
+        );
+        let body = got.body.trim_end();
+        let want = format!("{prefix}{client}:");
+        assert!(
+            body.starts_with(&want),
+            "{name} {scheme} via {cluster_ip}: the PROXY source must be the pod ({want}): {body}"
+        );
+        assert!(
+            body.ends_with(dst),
+            "{name} {scheme} via {cluster_ip}: {body}"
+        );
+    }
 }

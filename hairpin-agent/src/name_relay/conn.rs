@@ -38,16 +38,18 @@ enum Refusal {
     Unknown(String),
 }
 
-pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+/// Serves one client accepted on a listener whose connections route as `port`: the
+/// port the client dialled (the listener's own, or the Service port it stands for).
+pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, port: u16, shared: Arc<Shared>) {
     shared.metrics.connection_opened();
     let local = client.local_addr().unwrap_or(SocketAddr::new(peer.ip(), 0));
     let mut buf = Vec::with_capacity(4096);
     match peek_name(&mut client, &mut buf, shared.peek_timeout).await {
         Ok((tls, name)) => {
-            let route = shared.table.borrow().lookup(&name, local.port()).cloned();
+            let route = shared.table.borrow().lookup(&name, port).cloned();
             match route {
                 Some(route) => {
-                    let target = SocketAddr::new(route.lb, local.port());
+                    let target = SocketAddr::new(route.lb, port);
                     let source = true_client(peer, local, &shared.relay);
                     debug!(%name, %target, %source, version = %route.version, route = %route.source, "routing by name");
                     let to = Upstream {

@@ -12,7 +12,7 @@ pub mod sni;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::Duration,
 };
@@ -30,7 +30,6 @@ use crate::{
     },
     metrics::Metrics,
     relay::RelayConfig,
-    static_source,
 };
 
 /// What the first bytes of a connection say about the name it is for.
@@ -53,10 +52,23 @@ pub struct NameRoutingConfig {
     pub address: IpAddr,
     /// The ports to listen on (80 and 443 typically).
     pub ports: Vec<u16>,
+    /// Further listeners, each with the port its connections are routed as: the
+    /// node IPs at the `hairpin` Service's target ports, for pods (whose CoreDNS
+    /// answer is the Service) and anything else dialling the Service.
+    pub service_listeners: Vec<ServiceListener>,
     /// The hosts file to manage, if any.
     pub hosts_file: Option<PathBuf>,
     /// How long a client may take to send its ClientHello or request head.
     pub peek_timeout: Duration,
+}
+
+/// A listener whose connections are routed as if they came to another port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceListener {
+    /// Where to listen: a node IP and the Service's targetPort.
+    pub bind: SocketAddr,
+    /// The port the client dialled (the Service port), which is also the LB port.
+    pub routes_as: u16,
 }
 
 /// What every connection needs.
@@ -72,7 +84,9 @@ pub struct NameRouting {
     cfg: NameRoutingConfig,
     shared: Arc<Shared>,
     table: watch::Sender<Arc<RouteTable>>,
-    listeners: BTreeMap<u16, (SocketAddr, CancellationToken)>,
+    /// By requested bind address: the bound address (as the kernel reports it),
+    /// the port its connections route as, and its stop token.
+    listeners: BTreeMap<SocketAddr, (SocketAddr, u16, CancellationToken)>,
     connections: TaskTracker,
 }
 
@@ -97,7 +111,12 @@ impl NameRouting {
 
     /// Addresses the listeners are bound to.
     pub fn listeners(&self) -> Vec<SocketAddr> {
-        self.listeners.values().map(|(a, _)| *a).collect()
+        self.listeners.values().map(|(a, _, _)| *a).collect()
+    }
+
+    /// Whether a listener runs on the names address, which the hosts file points at.
+    fn serves_names_address(&self) -> bool {
+        self.listeners.keys().any(|a| a.ip() == self.cfg.address)
     }
 
     /// Routes new connections by `routes` and rewrites the hosts file to match.
@@ -114,7 +133,7 @@ impl NameRouting {
         let Some(path) = self.cfg.hosts_file.clone() else {
             return;
         };
-        let published: &[NameRoute] = if self.listeners.is_empty() {
+        let published: &[NameRoute] = if !self.serves_names_address() {
             &[]
         } else {
             routes
@@ -132,26 +151,23 @@ impl NameRouting {
         }
     }
 
-    /// Re-reads the static frontends file's `hosts` lists; a file that fails to
-    /// parse keeps the routes in use (fail static, as for the frontends).
-    pub fn reload_static(&mut self, path: &Path) {
-        match static_source::load_routes(path) {
-            Ok(routes) => {
-                for skip in &routes.skips {
-                    warn!(reason = ?skip.reason, "{}", skip.message);
-                }
-                self.update(&routes.routes);
-            }
-            Err(e) => error!(error = %e, "keeping the last good name routes"),
-        }
-    }
-
     fn start_listeners(&mut self) {
-        for port in self.cfg.ports.clone() {
-            if self.listeners.contains_key(&port) {
+        let wanted = self
+            .cfg
+            .ports
+            .iter()
+            .map(|p| (SocketAddr::new(self.cfg.address, *p), *p))
+            .chain(
+                self.cfg
+                    .service_listeners
+                    .iter()
+                    .map(|l| (l.bind, l.routes_as)),
+            )
+            .collect::<Vec<_>>();
+        for (want, routes_as) in wanted {
+            if self.listeners.contains_key(&want) {
                 continue;
             }
-            let want = SocketAddr::new(self.cfg.address, port);
             match bind(want) {
                 Ok(listener) => {
                     let local = listener.local_addr().unwrap_or(want);
@@ -159,14 +175,19 @@ impl NameRouting {
                     tokio::spawn(
                         accept_loop(
                             listener,
+                            routes_as,
                             stop.clone(),
                             self.shared.clone(),
                             self.connections.clone(),
                         )
                         .instrument(info_span!("name_listener", %local)),
                     );
-                    info!(%local, "name relay listening");
-                    self.listeners.insert(port, (local, stop));
+                    if local.port() == routes_as {
+                        info!(%local, "name relay listening");
+                    } else {
+                        info!(%local, routes_as, "name relay listening (Service target port)");
+                    }
+                    self.listeners.insert(want, (local, routes_as, stop));
                 }
                 Err(e) => {
                     error!(addr = %want, error = %e, "name relay cannot listen; names on this port are not routed")
@@ -178,7 +199,7 @@ impl NameRouting {
     /// Stops the listeners and waits up to `deadline` for open connections. The
     /// hosts file keeps its block (see [`hosts_writer`]).
     pub async fn drain(&mut self, deadline: Duration) {
-        for (_, (_, stop)) in std::mem::take(&mut self.listeners) {
+        for (_, (_, _, stop)) in std::mem::take(&mut self.listeners) {
             stop.cancel();
         }
         self.connections.close();
@@ -200,6 +221,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
+    routes_as: u16,
     stop: CancellationToken,
     shared: Arc<Shared>,
     connections: TaskTracker,
@@ -214,7 +236,7 @@ async fn accept_loop(
                         continue;
                     }
                     let span = info_span!("name_conn", client = %peer);
-                    connections.spawn(conn::serve(client, peer, shared.clone()).instrument(span));
+                    connections.spawn(conn::serve(client, peer, routes_as, shared.clone()).instrument(span));
                 }
                 Err(e) => {
                     warn!(error = %e, "accept failed");
@@ -224,22 +246,6 @@ async fn accept_loop(
             },
         }
     }
-}
-
-/// Builds the name relay for `run` from the static frontends file and starts it
-/// with the file's routes. Returns `None` when name routing is off (no ports).
-pub fn start_name_routing(
-    cfg: NameRoutingConfig,
-    relay: RelayConfig,
-    metrics: Metrics,
-    frontends_file: &Path,
-) -> Option<NameRouting> {
-    if cfg.ports.is_empty() {
-        return None;
-    }
-    let mut names = NameRouting::new(cfg, relay, metrics);
-    names.reload_static(frontends_file);
-    Some(names)
 }
 
 #[cfg(test)]
