@@ -26,10 +26,27 @@ use tokio::sync::broadcast;
 mod objects;
 
 /// Resources the fake serves, by URL collection path.
-const KINDS: [(&str, &str); 2] = [
+const KINDS: [(&str, &str); 4] = [
     ("/api/v1/services", "ServiceList"),
     ("/apis/networking.k8s.io/v1/ingresses", "IngressList"),
+    // Served only after `serve_gateway_api` (a cluster with the CRDs installed).
+    ("/apis/gateway.networking.k8s.io/v1/gateways", "GatewayList"),
+    (
+        "/apis/gateway.networking.k8s.io/v1/httproutes",
+        "HTTPRouteList",
+    ),
 ];
+
+/// The Gateway API group version the fake can serve (standard channel, v1).
+const GATEWAY_V1: &str = "/apis/gateway.networking.k8s.io/v1";
+
+/// The `apiVersion` of a collection's list: `v1` or `group/version`.
+fn api_version_of(coll: &str) -> &str {
+    match coll.strip_prefix("/apis/") {
+        Some(rest) => rest.rsplit_once('/').map_or(rest, |(gv, _)| gv),
+        None => "v1",
+    }
+}
 
 #[derive(Clone, Debug)]
 enum WatchMsg {
@@ -54,6 +71,8 @@ struct State {
     /// Watches from before this resourceVersion get 410 Gone.
     compacted_before: u64,
     down: bool,
+    /// Whether the Gateway API kinds are served (their CRDs "installed").
+    gateway_api: bool,
     /// Every Event object POSTed or PATCHed.
     events: Vec<Value>,
     /// Leases by namespace/name.
@@ -158,7 +177,14 @@ impl FakeApi {
         std::fs::write(path, text).expect("write kubeconfig");
     }
 
-    /// Adds or replaces an object (a Service or an Ingress), notifying watchers.
+    /// Serves the Gateway API's v1 kinds (Gateway, HTTPRoute) from now on, as a
+    /// cluster with its CRDs installed does; without it their discovery is a 404.
+    pub fn serve_gateway_api(&self) {
+        self.state.lock().expect("fake API state").gateway_api = true;
+    }
+
+    /// Adds or replaces an object (a Service, an Ingress, a Gateway or an
+    /// HTTPRoute), notifying watchers.
     pub fn apply(&self, mut object: Value) {
         let coll = collection_of(&object);
         let key = key_of(&object);
@@ -239,7 +265,11 @@ fn collection_of(object: &Value) -> &'static str {
     match object["kind"].as_str() {
         Some("Service") => KINDS[0].0,
         Some("Ingress") => KINDS[1].0,
-        other => panic!("the fake API serves Services and Ingresses, not {other:?}"),
+        Some("Gateway") => KINDS[2].0,
+        Some("HTTPRoute") => KINDS[3].0,
+        other => panic!(
+            "the fake API serves Services, Ingresses, Gateways and HTTPRoutes, not {other:?}"
+        ),
     }
 }
 
@@ -294,7 +324,21 @@ fn handle(
             return status(500, "InternalError", "etcdserver: request timed out");
         }
     }
-    if let Some((coll, list_kind)) = KINDS.iter().find(|(c, _)| *c == path) {
+    let gateway_api = st.lock().expect("fake API state").gateway_api;
+    if path == GATEWAY_V1 && gateway_api {
+        let resource = |name: &str, kind: &str| {
+            json!({"name": name, "singularName": "", "namespaced": true, "kind": kind,
+                   "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]})
+        };
+        return respond(
+            StatusCode::OK,
+            json!({"kind": "APIResourceList", "apiVersion": "v1",
+                   "groupVersion": "gateway.networking.k8s.io/v1",
+                   "resources": [resource("gateways", "Gateway"), resource("httproutes", "HTTPRoute")]}),
+        );
+    }
+    let served = |c: &str| gateway_api || !c.starts_with(GATEWAY_V1);
+    if let Some((coll, list_kind)) = KINDS.iter().find(|(c, _)| *c == path && served(c)) {
         let q = query(&uri);
         if q.get("watch").is_some_and(|v| v == "true" || v == "1") {
             let from: u64 = q
@@ -311,7 +355,7 @@ fn handle(
             .unwrap_or_default();
         return respond(
             StatusCode::OK,
-            json!({"kind": list_kind, "apiVersion": if coll.starts_with("/api/") { "v1" } else { "networking.k8s.io/v1" },
+            json!({"kind": list_kind, "apiVersion": api_version_of(coll),
                    "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
         );
     }

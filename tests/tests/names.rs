@@ -7,6 +7,7 @@ use std::{fs, time::Duration};
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec},
+    fakeapi::{FakeApi, fixture},
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
@@ -358,4 +359,79 @@ fn pods_reach_the_name_relay_through_the_hairpin_cluster_ip_service() {
             "{name} {scheme} via {cluster_ip}: {body}"
         );
     }
+}
+
+/// Gateway API through the Kubernetes source: an HTTPRoute's hostname, attached to
+/// a Gateway whose address is a proxied LB, is routed by the name relay to that LB;
+/// deleting the route takes the name away again.
+#[test]
+fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let api = FakeApi::start_in_netns(&node.node_ns);
+    api.serve_gateway_api();
+    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hairpin-agent/tests/fixtures");
+    // Envoy Gateway's LoadBalancer Service on DigitalOcean with the PROXY protocol:
+    // the DO fixture, renamed, on the simulated node's 203.0.113.12.
+    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    svc["metadata"]["name"] = "envoy-public".into();
+    svc["metadata"]["namespace"] = "envoy-gateway-system".into();
+    svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.12".into();
+    api.apply(svc);
+    let list = fixture(&fixtures.join("gateways/envoy-gateway.yaml"));
+    let items = list["items"].as_array().expect("items");
+    let gateway = items[0].clone();
+    let route = items[2].clone();
+    assert_eq!(
+        (gateway["kind"].as_str(), route["kind"].as_str()),
+        (Some("Gateway"), Some("HTTPRoute"))
+    );
+    api.apply(gateway);
+    api.apply(route.clone());
+
+    let kubeconfig = node.dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let mut agent = Agent::start_kube(&node, &kubeconfig, &["--mode", "both"]);
+    agent.wait_for_log("name relay listening", Duration::from_secs(20));
+    let log = agent.log();
+    assert!(
+        log.contains("watching Gateway API kind") && log.contains("HTTPRoute"),
+        "{log}"
+    );
+
+    let fetch = || {
+        curl_resolved_from_pod(
+            &node,
+            &format!("docs.example.net:80:{NODE_IP4}"),
+            "http://docs.example.net/",
+        )
+    };
+    let got = fetch();
+    assert!(got.ok(), "{got:?}\nagent:\n{}", agent.log());
+    let body = got.body.trim_end();
+    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
+    assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
+
+    api.delete(&route);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = fetch();
+        if got.body.contains("no proxied loadbalancer serves") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the name stayed routed after its HTTPRoute was deleted: {got:?}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
 }

@@ -38,7 +38,8 @@ pub struct KubeSnapshot {
     pub frontends: BTreeSet<Frontend>,
     /// One decision per LoadBalancer Service, for `status` and Events.
     pub decisions: Vec<DecisionView>,
-    /// Ingress hostnames routed to their own proxied LB, for the name fallbacks.
+    /// Ingress and Gateway API hostnames routed to their own proxied LB, for the
+    /// name fallbacks.
     pub routes: Vec<NameRoute>,
     /// Why hostnames were not routed (invalid, not proxied, conflicts).
     pub route_skips: Vec<String>,
@@ -80,6 +81,34 @@ pub struct KubeSource {
 
 /// Called with a resource's watch error, or `None` when it delivers again.
 pub type Health = Arc<dyn Fn(&'static str, Option<String>) + Send + Sync>;
+
+/// The Gateway API caches, filled in as discovery finds each kind served.
+#[derive(Clone, Default)]
+struct GatewayStores(Arc<std::sync::Mutex<Vec<(&'static str, Store<DynamicObject>)>>>);
+
+impl GatewayStores {
+    fn add(&self, kind: &'static str, store: Store<DynamicObject>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((kind, store));
+    }
+
+    /// Gateways, and the routes (HTTPRoute, TLSRoute) that attach to them.
+    fn objects(&self) -> (Vec<DynamicObject>, Vec<DynamicObject>) {
+        let stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut gateways, mut routes) = (Vec::new(), Vec::new());
+        for (kind, store) in stores.iter() {
+            let into = if *kind == "gateways" {
+                &mut gateways
+            } else {
+                &mut routes
+            };
+            into.extend(store.state().iter().map(|o| o.as_ref().clone()));
+        }
+        (gateways, routes)
+    }
+}
 
 /// Gateway API kinds watched when the CRDs are installed.
 const GATEWAY_KINDS: [(&str, &str); 3] = [
@@ -125,8 +154,10 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Healt
         health.clone(),
     ));
 
+    let gateway_stores = GatewayStores::default();
     tokio::spawn(watch_gateway_api(
         client,
+        gateway_stores.clone(),
         changed.clone(),
         metrics.clone(),
         health,
@@ -136,6 +167,7 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Healt
     tokio::spawn(decide_loop(
         services.clone(),
         ingresses.clone(),
+        gateway_stores,
         defaults,
         changed,
         tx,
@@ -184,7 +216,13 @@ async fn drive<K, S>(
 }
 
 /// Gateway API CRDs are optional: watch their kinds only when the API group answers.
-async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metrics, health: Health) {
+async fn watch_gateway_api(
+    client: Client,
+    stores: GatewayStores,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+    health: Health,
+) {
     for (version, kind) in GATEWAY_KINDS {
         let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", version, kind);
         let resource = match kube::discovery::pinned_kind(&client, &gvk).await {
@@ -197,6 +235,7 @@ async fn watch_gateway_api(client: Client, changed: Arc<Notify>, metrics: Metric
         info!(kind, version, "watching Gateway API kind");
         let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        stores.add(kind_name(&resource), writer.as_reader());
         let stream = reflector(
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
@@ -222,6 +261,7 @@ fn kind_name(ar: &ApiResource) -> &'static str {
 async fn decide_loop(
     services: Store<Service>,
     ingresses: Store<Ingress>,
+    gateway_api: GatewayStores,
     defaults: Defaults,
     changed: Arc<Notify>,
     tx: watch::Sender<KubeSnapshot>,
@@ -235,11 +275,11 @@ async fn decide_loop(
         let started = std::time::Instant::now();
         let all = services.state();
         let desired = decide_all(all.iter().map(|s| s.as_ref()), &defaults);
-        // Gateway API objects are watched but not yet fed to name routing.
+        let (gateways, routes) = gateway_api.objects();
         let names = name_routes(
             ingresses.state().iter().map(|i| i.as_ref()),
-            &[],
-            &[],
+            &gateways,
+            &routes,
             &desired.frontends,
         );
         let snapshot = KubeSnapshot {
