@@ -84,7 +84,10 @@ pub type Health = Arc<dyn Fn(&'static str, Option<String>) + Send + Sync>;
 
 /// The Gateway API caches, filled in as discovery finds each kind served.
 #[derive(Clone, Default)]
-struct GatewayStores(Arc<std::sync::Mutex<Vec<(&'static str, Store<DynamicObject>)>>>);
+struct GatewayStores(Arc<std::sync::Mutex<Vec<KindStore>>>);
+
+/// One Gateway API kind's cache, by its plural resource name.
+type KindStore = (&'static str, Store<DynamicObject>);
 
 impl GatewayStores {
     fn add(&self, kind: &'static str, store: Store<DynamicObject>) {
