@@ -3,6 +3,8 @@
 //! update carries the resourceVersion (a concurrent edit gets 409 and is kept),
 //! import mode owns one key, an unrecognized Corefile is an error and an Event,
 //! only the Lease holder writes, and `cleanup` restores the Corefile byte for byte.
+//! And end to end in a running agent: the rewrite it writes names the Service a pod
+//! then reaches the LB through.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +21,14 @@ use hairpin_agent::{
     },
     state::AgentState,
 };
-use hairpin_tests::{agent::agent_bin, fakeapi::FakeApi};
+use hairpin_tests::{
+    agent::{Agent, agent_bin},
+    fakeapi::{FakeApi, fixture},
+    names_support::curl_resolved_from_pod,
+    node::{NODE_IP4, POD_IP4, SimNode},
+    privileges::datapath_tests_can_run,
+    servers::start_nginx,
+};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -362,4 +371,71 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
     assert_eq!(report["steps"][1]["outcome"], "absent", "{report:#}");
     assert_eq!(corefile(&api), KUBEADM);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The whole CoreDNS path with a running agent process: it decides from the watch
+/// streams, takes the Lease, writes the rewrite for the Ingress host into the
+/// Corefile, and a pod given what CoreDNS would answer for that name (the rewrite
+/// target, the `hairpin` Service's ClusterIP) gets the page through the name relay
+/// with its own address in the PROXY header. There is no CoreDNS binary for this
+/// machine (Debian does not package it), so the DNS answer itself is the one step
+/// taken as given: the ClusterIP is passed to curl with `--resolve`.
+#[test]
+fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_service() {
+    if !datapath_tests_can_run(module_path!()) {
+        return;
+    }
+    const CLUSTER_IP: &str = "203.0.113.200";
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    node.add_cluster_ip(CLUSTER_IP, 80, NODE_IP4, 10080);
+    let api = FakeApi::start_in_netns(&node.node_ns);
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hairpin-agent/tests/fixtures");
+    api.apply(fixture(&fixtures.join("services/digitalocean.yaml")));
+    let ingresses = fixture(&fixtures.join("ingresses/two-controllers.yaml"));
+    let shop = ingresses["items"][0].clone();
+    assert_eq!(shop["metadata"]["name"], "shop");
+    api.apply(shop);
+    let kubeconfig = node.dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+
+    let mut agent = Agent::start_kube(
+        &node,
+        &kubeconfig,
+        &["--mode", "both", "--coredns", "corefile"],
+    );
+    agent.wait_for_log("CoreDNS rewrites written", Duration::from_secs(20));
+    let written = corefile(&api);
+    let line = format!("rewrite name exact shop.example.com {TARGET} # Added by hairpin");
+    assert!(written.contains(&line), "{written}");
+    assert_eq!(
+        coredns::remove(&written),
+        KUBEADM,
+        "only our lines were added"
+    );
+
+    // What CoreDNS answers for shop.example.com after that rewrite: the Service.
+    let got = curl_resolved_from_pod(
+        &node,
+        &format!("shop.example.com:80:{CLUSTER_IP}"),
+        "http://shop.example.com/",
+    );
+    assert!(got.ok(), "{got:?}\nagent:\n{}", agent.log());
+    let body = got.body.trim_end();
+    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
+    assert!(body.ends_with("dst=203.0.113.10:80"), "{body}");
+
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(
+        corefile(&api),
+        written,
+        "a restart keeps the rewrites (only `cleanup` removes them)"
+    );
 }
