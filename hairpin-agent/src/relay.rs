@@ -249,7 +249,7 @@ impl AcceptLoop {
 /// Closes a connection from a peer outside the client policy with a reset.
 pub(crate) fn refuse(client: &TcpStream, peer: SocketAddr, metrics: &Metrics) {
     metrics.refused_client();
-    debug!(%peer, "client not allowed by --allowed-clients; reset");
+    debug!(%peer, "client outside the relay client policy: refused (reset)");
     let _ = socket2::SockRef::from(client).set_linger(Some(Duration::ZERO));
 }
 

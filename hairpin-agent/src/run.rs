@@ -19,6 +19,7 @@ use crate::{
     admin::{self, AdminConfig},
     clients::ClientPolicy,
     ebpf::{self, Datapath},
+    k8s,
     k8s::coredns::{CorednsConfig, CorednsMode},
     metrics::Metrics,
     mode::{self, Configured, EbpfOutcome},
@@ -27,7 +28,7 @@ use crate::{
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
     sources,
-    state::{AgentState, AttachmentStatus, ModeStatus, NamePaths, NamesStatus},
+    state::{AgentState, AttachmentStatus, ClientsStatus, ModeStatus, NamePaths, NamesStatus},
 };
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -52,6 +53,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let metrics = Metrics::default();
     let state = AgentState::new(args.bypass_mark);
     // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
+    let mut kube = None;
     let (mut desired, source_name) = match &args.frontends {
         Some(path) => {
             let name = format!("file {}", path.display());
@@ -62,14 +64,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => {
             let name = "kubernetes".to_string();
+            let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
+            kube = Some(client.clone());
             let rx = sources::kubernetes_source(
+                client,
                 &args,
                 metrics.clone(),
                 state.clone(),
                 name.clone(),
                 coredns,
-            )
-            .await?;
+            )?;
             (rx, name)
         }
     };
@@ -106,7 +110,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             IpAddr::V6(v) => Some(v),
             IpAddr::V4(_) => None,
         }),
-        clients: client_policy(&args),
+        clients: client_policy(&args, kube, &state).await,
         buffer_size: 64 * 1024,
     };
     let relay = Relay::new(relay_config.clone(), metrics.clone());
@@ -333,14 +337,33 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
     Ok(Some(note))
 }
 
-/// The relays' client policy: `--allowed-clients` plus this node's own addresses and
-/// loopback (host processes); open, and said loudly, when none are given.
-fn client_policy(args: &RunArgs) -> ClientPolicy {
-    if args.allowed_clients.is_empty() {
-        warn!("no --allowed-clients: any peer that reaches a relay listener is served");
-        return ClientPolicy::default();
-    }
-    let mut nets = args.allowed_clients.clone();
+/// The relays' client policy: `--allowed-clients`, else this node's pod CIDRs from its
+/// Node object; plus this node's own addresses and loopback (host processes). Open,
+/// and said loudly (log, `status`, `doctor`), when neither gives a network: a wrong
+/// guess would refuse this node's own pods.
+async fn client_policy(
+    args: &RunArgs,
+    kube: Option<kube::Client>,
+    state: &AgentState,
+) -> ClientPolicy {
+    let (mut nets, source) = if !args.allowed_clients.is_empty() {
+        (
+            args.allowed_clients.clone(),
+            "--allowed-clients".to_string(),
+        )
+    } else {
+        match node_pod_cidrs(args, kube).await {
+            Ok((node, cidrs)) if !cidrs.is_empty() => (cidrs, format!("Node {node} spec.podCIDRs")),
+            Ok((node, _)) => {
+                let why = format!(
+                    "Node {node} has no spec.podCIDRs (the CNI allocates pod addresses itself, as \
+                     Calico and Cilium's cluster-pool IPAM do): set --allowed-clients to the pod CIDR"
+                );
+                return open_policy(state, why);
+            }
+            Err(why) => return open_policy(state, why),
+        }
+    };
     let own = args
         .node_ips
         .iter()
@@ -353,6 +376,42 @@ fn client_policy(args: &RunArgs) -> ClientPolicy {
             .filter_map(|n| n.parse::<ipnet::IpNet>().ok()),
     );
     let policy = ClientPolicy::new(nets);
-    info!(allowed = %policy, "relay client policy");
+    info!(allowed = %policy, from = %source, "relay client policy");
+    state.update(|s| {
+        s.clients = Some(ClientsStatus {
+            allowed: policy.to_string(),
+            source: format!("{source}, this node's addresses and loopback"),
+        })
+    });
     policy
+}
+
+/// This node's name and pod CIDRs, or why they cannot be had.
+async fn node_pod_cidrs(
+    args: &RunArgs,
+    kube: Option<kube::Client>,
+) -> Result<(String, Vec<ipnet::IpNet>), String> {
+    let Some(client) = kube else {
+        return Err("no --allowed-clients, and the frontends file gives no pod CIDRs".into());
+    };
+    let node = args.node_name().map_err(|e| format!("{e:#}"))?;
+    // Bounded: an API server that does not answer must not hold up the datapath.
+    match tokio::time::timeout(Duration::from_secs(10), k8s::node::pod_cidrs(client, &node)).await {
+        Ok(Ok(cidrs)) => Ok((node, cidrs)),
+        Ok(Err(e)) => Err(format!("no --allowed-clients, and {e}")),
+        Err(_) => Err(format!(
+            "no --allowed-clients, and Node {node} could not be read within 10 s"
+        )),
+    }
+}
+
+fn open_policy(state: &AgentState, why: String) -> ClientPolicy {
+    warn!(reason = %why, "relays serve any peer that reaches their listeners");
+    state.update(|s| {
+        s.clients = Some(ClientsStatus {
+            allowed: "any".into(),
+            source: why,
+        })
+    });
+    ClientPolicy::default()
 }

@@ -162,8 +162,10 @@ pub struct RunArgs {
 
     /// Networks whose clients the relays serve (comma-separated CIDRs or addresses):
     /// this node's pod CIDRs. The node's own addresses and loopback are always
-    /// allowed. Empty: every peer that reaches a listener is served (logged as a
-    /// warning at startup).
+    /// allowed. Unset: this node's Node `spec.podCIDRs` (Kubernetes source); where
+    /// the Node has none (Calico, Cilium cluster-pool IPAM) or cannot be read, every
+    /// peer that reaches a listener is served, with a warning in the log, `status`
+    /// and `doctor`.
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
 }
@@ -210,6 +212,19 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
         })
         .collect::<Result<Vec<u16>, String>>()
         .map(Ports)
+}
+
+impl RunArgs {
+    /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
+    pub fn node_name(&self) -> anyhow::Result<String> {
+        match &self.node_name {
+            Some(n) => Ok(n.clone()),
+            None => Ok(nix::unistd::gethostname()
+                .map_err(|e| anyhow::anyhow!("no --node-name and no host name: {e}"))?
+                .to_string_lossy()
+                .into_owned()),
+        }
+    }
 }
 
 /// `SERVICE=LISTEN` port pairs (see `--names-service-ports`).

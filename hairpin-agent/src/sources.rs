@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
@@ -55,14 +55,14 @@ pub fn file_source(
 /// The Kubernetes source: reflectors and the decision, the Lease, Events and the
 /// CoreDNS writer (`coredns`, when on). One Lease elects the one agent that writes
 /// both cluster-wide objects.
-pub async fn kubernetes_source(
+pub fn kubernetes_source(
+    client: kube::Client,
     args: &RunArgs,
     metrics: Metrics,
     state: AgentState,
     name: String,
     coredns: Option<CorednsConfig>,
 ) -> Result<DesiredRx> {
-    let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
     let defaults = k8s::Defaults {
         proxy_protocol: args.default_proxy_protocol.0,
     };
@@ -73,13 +73,7 @@ pub async fn kubernetes_source(
     });
     let source = k8s::watch::spawn(client.clone(), defaults, metrics, health);
     if args.events || coredns.is_some() {
-        let node = match &args.node_name {
-            Some(n) => n.clone(),
-            None => nix::unistd::gethostname()
-                .context("no --node-name and no host name")?
-                .to_string_lossy()
-                .into_owned(),
-        };
+        let node = args.node_name()?;
         let (leader_tx, leader_rx) = watch::channel(false);
         let lease = k8s::lease::LeaseConfig {
             namespace: args.namespace.clone(),

@@ -57,6 +57,19 @@ pub struct Snapshot {
     /// The CoreDNS writer, when `--coredns` is not `off`.
     #[serde(default)]
     pub coredns: Option<CorednsStatus>,
+    /// Which peers the relays serve, and where that came from.
+    #[serde(default)]
+    pub clients: Option<ClientsStatus>,
+}
+
+/// The relays' client policy as `status` and `doctor` show it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClientsStatus {
+    /// The allowed networks, comma-separated, or `any`.
+    pub allowed: String,
+    /// Where they came from (`--allowed-clients`, the Node's pod CIDRs) or, when
+    /// `any`, why nothing narrower could be used.
+    pub source: String,
 }
 
 /// The agent process.

@@ -81,6 +81,8 @@ struct State {
     requests: Vec<String>,
     /// ConfigMaps by namespace/name (see `fakeapi_objects`).
     configmaps: BTreeMap<String, Value>,
+    /// Nodes by name, for lookups only.
+    nodes: BTreeMap<String, Value>,
     /// DaemonSets by namespace/name, for lookups only.
     daemonsets: BTreeMap<String, Value>,
     /// A change another writer makes just before the next ConfigMap update lands.

@@ -1,5 +1,5 @@
 //! The fake API server's ConfigMaps (get, create, update with resourceVersion
-//! conflict checking), DaemonSet lookups (for node-local-dns detection) and Lease
+//! conflict checking), Node and DaemonSet lookups (pod CIDRs, node-local-dns) and Lease
 //! deletion (for `cleanup`). Additive to the watch layer's Services and Ingresses.
 
 use std::sync::{Arc, Mutex};
@@ -40,6 +40,16 @@ impl FakeApi {
             .insert(key, ds);
     }
 
+    /// Adds a Node (read with `get`, never watched).
+    pub fn put_node(&self, node: Value) {
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_string();
+        self.state
+            .lock()
+            .expect("fake API state")
+            .nodes
+            .insert(name, node);
+    }
+
     /// Just before the next update of ConfigMap `key` is checked, sets its
     /// `data.<field>` to `value` as a concurrent writer, so that update gets 409.
     pub fn change_before_next_update(&self, key: &str, field: &str, value: &str) {
@@ -78,6 +88,13 @@ pub(super) fn handle(
     match segs.as_slice() {
         ["api", "v1", "namespaces", ns, "configmaps", rest @ ..] => {
             Some(configmap(st, method, ns, rest.first().copied(), body))
+        }
+        ["api", "v1", "nodes", name] if method == Method::GET => {
+            let s = st.lock().expect("fake API state");
+            Some(match s.nodes.get(*name) {
+                Some(n) => respond(StatusCode::OK, n.clone()),
+                None => not_found("nodes", name),
+            })
         }
         ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name] if method == Method::GET => {
             let s = st.lock().expect("fake API state");

@@ -58,7 +58,7 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
-    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`.
+    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -118,6 +118,9 @@ pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
     list.push(checks::kube_proxy_mode(&kp));
     list.push(kube_proxy_frontends(&kp, agent.as_ref().ok()));
     list.extend(cluster_shape(agent.as_ref().ok()));
+    if let Some(c) = agent.as_ref().ok().and_then(|s| s.clients.as_ref()) {
+        list.push(clients_check(c));
+    }
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -211,6 +214,23 @@ fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
         out.push(check);
     }
     out
+}
+
+/// Whether the relays are limited to this node's pods and processes.
+fn clients_check(c: &crate::state::ClientsStatus) -> Check {
+    if c.allowed == "any" {
+        return Check::new(
+            "clients",
+            Status::Warn,
+            format!("relays serve any peer: {}", c.source),
+        )
+        .fix("set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s)");
+    }
+    Check::new(
+        "clients",
+        Status::Ok,
+        format!("{} ({})", c.allowed, c.source),
+    )
 }
 
 /// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.

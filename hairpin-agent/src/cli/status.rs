@@ -122,6 +122,9 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 .unwrap_or_default(),
         ));
     }
+    if let Some(c) = &s.clients {
+        out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
+    }
     if let Some(c) = &s.coredns {
         out.push_str(&format!(
             "coredns     {} {} -> {} ({}, {} rewrites, last write {})\n",

@@ -11,6 +11,7 @@ pub mod decision;
 pub mod desired;
 pub mod events;
 pub mod lease;
+pub mod node;
 pub mod provider_eval;
 pub mod providers;
 pub mod watch;
