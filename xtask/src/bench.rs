@@ -35,6 +35,9 @@ pub struct Options {
     /// Frontend counts for the footprint case, comma-separated (e.g. 1000,10000).
     #[arg(long)]
     pub sizes: Option<String>,
+    /// Hostnames for the name-routing footprint case (0 skips it).
+    #[arg(long)]
+    pub hostnames: Option<u64>,
     /// `perf record` the agent during one hairpin bulk transfer into this directory.
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
@@ -70,6 +73,7 @@ pub fn bench(opts: &Options) -> Result<()> {
         ("--bulk-mib", opts.bulk_mib),
         ("--connects", opts.connects.map(u64::from)),
         ("--changes", opts.changes.map(u64::from)),
+        ("--hostnames", opts.hostnames),
     ];
     for (flag, v) in numeric {
         if let Some(v) = v {

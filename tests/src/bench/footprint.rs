@@ -48,11 +48,49 @@ pub fn specs(n: usize) -> Vec<FrontendSpec> {
     out
 }
 
+/// The frontends file for `specs` with `hostnames` names spread over the synthetic
+/// LBs (`h<i>.bench.example.com`, never the real LB, which carries traffic).
+pub fn yaml_with_hosts(specs: &[FrontendSpec], hostnames: usize) -> String {
+    let synthetic = specs.len().saturating_sub(1).max(1);
+    let mut hosts: Vec<Vec<String>> = vec![Vec::new(); specs.len()];
+    for i in 0..hostnames {
+        hosts[1 + i % synthetic].push(format!("h{i}.bench.example.com"));
+    }
+    let mut s = String::from("frontends:\n");
+    for (f, names) in specs.iter().zip(hosts) {
+        let ports: Vec<String> = f.ports.iter().map(u16::to_string).collect();
+        s.push_str(&format!(
+            "- ip: \"{}\"\n  ports: [{}]\n  proxyProtocol: {}\n",
+            f.ip,
+            ports.join(", "),
+            f.version
+        ));
+        if !names.is_empty() {
+            s.push_str(&format!("  hosts: [{}]\n", names.join(", ")));
+        }
+    }
+    s
+}
+
+/// The agent flags of the hostnames case: the name relay and a hosts file of its own.
+pub fn names_args(hosts: &std::path::Path) -> Vec<String> {
+    vec![
+        "--mode".into(),
+        "both".into(),
+        "--hosts-file".into(),
+        hosts.to_string_lossy().into_owned(),
+    ]
+}
+
 /// One size's samples, one per round.
 #[derive(Clone, Debug, Default)]
 pub struct Footprint {
     /// Frontends proxied.
     pub size: usize,
+    /// Hostnames routed by the name relay and written to the hosts block.
+    pub hostnames: usize,
+    /// Size of the hosts file after the update, bytes.
+    pub hosts_bytes: Vec<f64>,
     /// Spawn to `agent ready`, ms (20 ms polling granularity).
     pub ready_ms: Vec<f64>,
     /// VmRSS a moment after ready, KiB.
@@ -122,6 +160,74 @@ pub fn measure(ctx: &Ctx, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Ve
     Ok(all)
 }
 
+/// The name-routing footprint: an agent with the name relay and a hosts file is
+/// given `size` frontends carrying `hostnames` names in one file change; the apply
+/// time covers the map, the listeners, the route table and the hosts block. Then RSS
+/// idle and under wrk, as for the frontends alone. `start` spawns an agent with the
+/// given frontends and extra flags.
+pub fn measure_names(
+    ctx: &Ctx,
+    size: usize,
+    hostnames: usize,
+    start: &dyn Fn(&[FrontendSpec], &[String]) -> Agent,
+) -> Result<Footprint> {
+    let relay = targets()
+        .into_iter()
+        .find(|t| t.hairpin)
+        .context("a hairpin target")?;
+    let mut f = Footprint {
+        size,
+        hostnames,
+        ..Footprint::default()
+    };
+    let full = specs(size);
+    let yaml = yaml_with_hosts(&full, hostnames);
+    let hosts = ctx.node.dir.join("bench-hosts");
+    for round in 0..ctx.opts.runs {
+        std::fs::write(&hosts, b"127.0.0.1\tlocalhost\n")?;
+        let mut agent = start(&base_specs(), &names_args(&hosts));
+        let t = Instant::now();
+        write_frontends(&agent, &yaml)?;
+        let needle = format!("reconcile finished frontends={size} failed=0 routes={hostnames} ");
+        agent.wait_for_log(&needle, Duration::from_secs(120));
+        f.apply_wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let log = agent.log();
+        let line = log.lines().find(|l| l.contains(&needle)).unwrap_or("");
+        let ms = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("elapsed_ms="))
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no elapsed_ms in {line:?}"))?;
+        f.apply_agent_ms.push(ms);
+        let written = std::fs::read_to_string(&hosts)?;
+        let entries = written
+            .lines()
+            .filter(|l| l.contains(".bench.example.com"))
+            .count();
+        anyhow::ensure!(
+            entries == hostnames,
+            "the hosts block has {entries} names, expected {hostnames}"
+        );
+        f.hosts_bytes.push(written.len() as f64);
+        std::thread::sleep(Duration::from_millis(300));
+        f.idle_kib.push(rss_kib(agent.pid()).unwrap_or(0) as f64);
+        let (res, load) = wrk_once(ctx, &relay, ctx.opts.wrk_secs.min(2), Some(agent.pid()))?;
+        anyhow::ensure!(
+            res.errors == 0,
+            "relay failed {} requests with {hostnames} hostnames",
+            res.errors
+        );
+        f.load_kib.push(load as f64);
+        eprintln!(
+            "  footprint {size} + {hostnames} hostnames round {round}: apply {ms:.0} ms, hosts {} KiB, idle {:.1} MiB, load {:.1} MiB",
+            written.len() / 1024,
+            f.idle_kib.last().copied().unwrap_or(0.0) / 1024.0,
+            load as f64 / 1024.0,
+        );
+    }
+    Ok(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +244,24 @@ mod tests {
             }
             assert_eq!(seen.len(), n);
         }
+    }
+
+    #[test]
+    fn hostnames_go_to_synthetic_lbs_only_and_each_once() {
+        let s = specs(1_000);
+        let yaml = yaml_with_hosts(&s, 500);
+        let first = yaml.split("\n- ").next().expect("first entry");
+        assert!(
+            !first.contains("hosts:"),
+            "the real LB carries no names: {first}"
+        );
+        for i in [0, 1, 250, 499] {
+            assert_eq!(
+                yaml.matches(&format!("h{i}.bench.example.com,")).count()
+                    + yaml.matches(&format!("h{i}.bench.example.com]")).count(),
+                1
+            );
+        }
+        assert!(!yaml.contains("h500.bench"));
     }
 }

@@ -132,6 +132,17 @@ pub fn run(opts: &Options) -> Result<Results> {
     eprintln!("footprint ({:?} frontends)", opts.sizes);
     let res = footprint::measure(&ctx, &|specs| start_agent(&node, specs));
     r.footprint = record(&mut r, "footprint", res).unwrap_or_default();
+    if let (Some(&size), true) = (opts.sizes.iter().max(), opts.hostnames > 0) {
+        eprintln!("footprint ({size} frontends, {} hostnames)", opts.hostnames);
+        let res = footprint::measure_names(&ctx, size, opts.hostnames, &|specs, extra| {
+            let mut args: Vec<&str> = AGENT_ARGS.to_vec();
+            args.extend(extra.iter().map(String::as_str));
+            Agent::start_logging(&node, specs, "info", &args)
+        });
+        if let Some(f) = record(&mut r, "footprint (hostnames)", res) {
+            r.footprint.push(f);
+        }
+    }
     r.notes.extend(method_notes(opts));
     Ok(r)
 }
@@ -143,6 +154,6 @@ fn method_notes(o: &Options) -> Vec<String> {
         format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; MB/s = 10^6 bytes/s from curl's own size and time. HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
         format!("connect(): {} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call; rounds alternate programs detached (no agent) and attached (agent with 2 frontends). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", o.connects),
         format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),
-        "Footprint: VmRSS from /proc/PID/status 300 ms after `agent ready` (idle) and the largest seen every 100 ms during a wrk run through the relay; start→ready is wall time with 20 ms polling; file change→reconciled is wall time (includes up to one 100 ms poll) and the agent's own `reconcile finished elapsed_ms` log field (a 1-frontend agent given the full set). 10,000 hostnames for the /etc/hosts block are not measured (that code is in progress elsewhere).".into(),
+        "Footprint: VmRSS from /proc/PID/status 300 ms after `agent ready` (idle) and the largest seen every 100 ms during a wrk run through the relay; start→ready is wall time with 20 ms polling; file change→reconciled is wall time (includes up to one 100 ms poll) and the agent's own `reconcile finished elapsed_ms` log field (a 1-frontend agent given the full set). Hostnames: an agent with `--mode both --hosts-file` (name relay and /etc/hosts block) starts with 1 frontend and is given the largest size's frontends with N hostnames (`h<i>.bench.example.com`, spread over the synthetic LBs) in one file change; apply is that reconcile (map, listeners, route table, hosts block written in place), checked by counting the names in the written file; RSS idle 300 ms after, and under a wrk run through the relay.".into(),
     ]
 }

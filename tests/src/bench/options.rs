@@ -19,6 +19,9 @@ pub struct Options {
     pub changes: usize,
     /// Frontend counts for the footprint case.
     pub sizes: Vec<usize>,
+    /// Hostnames for the name-routing footprint case (with the largest size's
+    /// frontends); 0 skips it.
+    pub hostnames: usize,
     /// Where the report goes; `None` prints only.
     pub out: Option<std::path::PathBuf>,
     /// The command line that produced the run, written into the report.
@@ -38,6 +41,7 @@ impl Options {
             connects: 20_000,
             changes: 20,
             sizes: vec![1_000, 10_000],
+            hostnames: 10_000,
             out: None,
             command: "cargo xtask bench".into(),
             profile: None,
@@ -54,6 +58,7 @@ impl Options {
             connects: 5_000,
             changes: 6,
             sizes: vec![1_000],
+            hostnames: 1_000,
             out: None,
             command: "cargo xtask bench --quick".into(),
             profile: None,
@@ -96,6 +101,7 @@ impl Options {
                             format!("--sizes: expected e.g. 1000,10000, got {value:?}")
                         })?
                 }
+                "--hostnames" => o.hostnames = num()? as usize,
                 "--out" => o.out = Some(value.into()),
                 "--profile" => o.profile = Some(value.into()),
                 "--command" => o.command = value.clone(),

@@ -174,6 +174,10 @@ fn main_table(r: &Results, out: &mut String) {
         );
     }
     for f in &r.footprint {
+        if f.hostnames > 0 {
+            names_rows(f, out);
+            continue;
+        }
         let mib = |v: &[f64]| Spread::of(&v.iter().map(|k| k / 1024.0).collect::<Vec<_>>());
         let (idle, load) = (mib(&f.idle_kib), mib(&f.load_kib));
         let limit = (f.size == 1_000).then_some(25.0);
@@ -196,6 +200,29 @@ fn main_table(r: &Results, out: &mut String) {
             cell(Spread::of(&f.apply_agent_ms), 0),
         );
     }
+}
+
+/// The rows of the hostnames footprint case (no start→ready: it starts small).
+fn names_rows(f: &Footprint, out: &mut String) {
+    let mib = |v: &[f64]| Spread::of(&v.iter().map(|k| k / 1024.0).collect::<Vec<_>>());
+    let kib = Spread::of(&f.hosts_bytes.iter().map(|b| b / 1024.0).collect::<Vec<_>>());
+    let _ = writeln!(
+        out,
+        "| agent RSS, {} frontends + {} hostnames (MiB) | idle {}, under wrk {} | — | — | — | reported |",
+        f.size,
+        f.hostnames,
+        cell(mib(&f.idle_kib), 1),
+        cell(mib(&f.load_kib), 1),
+    );
+    let _ = writeln!(
+        out,
+        "| apply {} frontends + {} hostnames incl. /etc/hosts block (ms) | file change→reconciled {} (agent-timed {}); hosts file {} KiB | — | — | — | reported |",
+        f.size,
+        f.hostnames,
+        cell(Spread::of(&f.apply_wall_ms), 0),
+        cell(Spread::of(&f.apply_agent_ms), 0),
+        cell(kib, 0),
+    );
 }
 
 fn detail(r: &Results, out: &mut String) {
