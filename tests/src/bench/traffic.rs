@@ -171,7 +171,17 @@ pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)
     for round in 0..ctx.opts.runs {
         for r in &mut all {
             let pid = r.target.hairpin.then_some(agent_pid);
+            // With --profile, the first PROXY v1 round through the relay runs under perf.
+            let perf = match &ctx.opts.profile {
+                Some(dir) if round == 0 && r.target.hairpin && !r.target.name.contains("v2") => {
+                    Some(start_perf(dir, agent_pid, "relay-rate")?)
+                }
+                _ => None,
+            };
             let (res, m) = wrk_once(ctx, &r.target, ctx.opts.wrk_secs, pid)?;
+            if let Some(p) = perf {
+                stop_perf(p)?;
+            }
             eprintln!(
                 "  rate round {round}: {:<32} {:>9.0} req/s p50 {:>7.0} us p99 {:>7.0} us errors {}",
                 r.target.name, res.requests_per_sec, res.p50_us, res.p99_us, res.errors
@@ -184,7 +194,8 @@ pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)
 }
 
 /// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
-/// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`.
+/// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`
+/// (and, in [`connection_rate`], its first PROXY v1 wrk round).
 pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets()
@@ -204,7 +215,9 @@ pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
         for (t, samples) in &mut out {
             let u = url(t.ip, t.port, "/bulk");
             let perf = match &ctx.opts.profile {
-                Some(dir) if round == 0 && t.hairpin => Some(start_perf(dir, agent_pid)?),
+                Some(dir) if round == 0 && t.hairpin => {
+                    Some(start_perf(dir, agent_pid, "relay-bulk")?)
+                }
                 _ => None,
             };
             let o = in_pod(
@@ -243,9 +256,9 @@ pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
     Ok(out)
 }
 
-fn start_perf(dir: &std::path::Path, pid: i32) -> Result<std::process::Child> {
+fn start_perf(dir: &std::path::Path, pid: i32, case: &str) -> Result<std::process::Child> {
     std::fs::create_dir_all(dir)?;
-    let data = dir.join("relay-bulk.perf.data");
+    let data = dir.join(format!("{case}.perf.data"));
     // cpu-clock: this machine's PMU has no hardware counters (perf stat shows <not supported>).
     let child = std::process::Command::new("perf")
         .args([
