@@ -20,7 +20,7 @@ use tokio::{
     time::timeout,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::{
     frontends::{Frontend, ProxyVersion},
@@ -115,6 +115,7 @@ impl Relay {
         let stop = CancellationToken::new();
         let accept = AcceptLoop {
             listener,
+            local,
             target,
             version: version.clone(),
             stop: stop.clone(),
@@ -193,6 +194,8 @@ fn decode_version(v: u8) -> ProxyVersion {
 
 struct AcceptLoop {
     listener: TcpListener,
+    /// The listener's address: bound to one address, so every accepted socket's too.
+    local: SocketAddr,
     target: SocketAddr,
     version: Arc<AtomicU8>,
     stop: CancellationToken,
@@ -224,17 +227,19 @@ impl AcceptLoop {
                     refuse(&client, peer, &self.metrics);
                     return;
                 }
-                let local = client.local_addr().unwrap_or(SocketAddr::new(peer.ip(), 0));
                 let conn = Connection {
                     client,
                     peer,
-                    local,
+                    local: self.local,
                     target: self.target,
                     version: decode_version(self.version.load(Ordering::Relaxed)),
                     cfg: self.cfg.clone(),
                     metrics: self.metrics.clone(),
                 };
-                let span = info_span!("conn", client = %peer, frontend = %self.target);
+                // Debug level: an enabled span per connection costs a formatted
+                // allocation on the accept path (seen in `cargo xtask bench --profile`);
+                // failures name the client themselves, inside the listener's span.
+                let span = debug_span!("conn", client = %peer);
                 self.connections.spawn(conn.serve().instrument(span));
             }
             Err(e) => {
@@ -309,7 +314,7 @@ pub(crate) async fn proxy(
         }
         Err((kind, e)) => {
             metrics.upstream_error(kind);
-            warn!(?kind, error = %e, target = %to.target, "relay failed");
+            warn!(?kind, error = %e, client = %to.source, target = %to.target, "relay failed");
             let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
         }
     }
