@@ -1,0 +1,188 @@
+//! deploy/uninstall: `hairpin-agent cleanup` once per node (a DaemonSet with the
+//! node's /etc/hosts) and once per cluster (a Job as the agent's ServiceAccount),
+//! with the settings of the install it undoes.
+
+use k8s_openapi::api::{batch::v1::Job, core::v1::Container};
+use serde_json::Value as Json;
+
+use super::{
+    VARIANTS,
+    flags::{cleanup_args, run_args},
+    render::{agent, daemonset, env_of, find, host_path, kustomize, parse_all, pod_spec, typed},
+};
+
+/// The cleanup Job's container.
+pub fn cleanup_job(objs: &[Json]) -> Container {
+    let job: Job =
+        typed(find(objs, "Job", "hairpin-cleanup").expect("a Job named hairpin-cleanup"));
+    let pod = job.spec.expect("spec").template.spec.expect("pod spec");
+    assert_eq!(pod.containers.len(), 1, "one container");
+    pod.containers[0].clone()
+}
+
+fn job_pod(objs: &[Json]) -> k8s_openapi::api::core::v1::PodSpec {
+    let job: Job = typed(find(objs, "Job", "hairpin-cleanup").expect("the Job"));
+    job.spec.expect("spec").template.spec.expect("pod spec")
+}
+
+fn runs_cleanup(c: &Container, source: &str) {
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["/usr/local/bin/hairpin-agent".to_string()][..]),
+        "{source}: {}",
+        c.name
+    );
+    assert_eq!(
+        c.args.as_deref(),
+        Some(&["cleanup".to_string()][..]),
+        "{source}"
+    );
+}
+
+#[test]
+fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
+    for v in VARIANTS {
+        let Some(install) = kustomize(v.dir) else {
+            return;
+        };
+        let Some(objs) = kustomize(v.uninstall) else {
+            return;
+        };
+        parse_all(&objs, v.uninstall);
+        let kinds: Vec<String> = objs
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        // Only these two: `kubectl delete -k` of the uninstall must leave the agent's
+        // ServiceAccount and RBAC, which the Job uses, to the install's own delete.
+        assert_eq!(
+            kinds,
+            ["DaemonSet/hairpin-cleanup", "Job/hairpin-cleanup"],
+            "{}",
+            v.uninstall
+        );
+        let agent_c = agent(&install);
+        let run = run_args(&env_of(&agent_c, v.dir), v.dir);
+
+        // Per node: the hosts block, through the same hostPath the agent wrote.
+        let ds = daemonset(&objs, "hairpin-cleanup");
+        let pod = pod_spec(&ds);
+        let init = pod.init_containers.clone().unwrap_or_default();
+        assert_eq!(
+            init.len(),
+            1,
+            "{}: one init container, the cleanup",
+            v.uninstall
+        );
+        runs_cleanup(&init[0], v.uninstall);
+        let node = cleanup_args(&env_of(&init[0], v.uninstall), v.uninstall);
+        let hosts = node
+            .hosts_file
+            .clone()
+            .expect("the node step cleans the hosts file");
+        assert_eq!(
+            host_path(&pod, &init[0], &hosts, v.uninstall),
+            ("/etc/hosts".into(), "File".into(), false),
+            "{}: the node's /etc/hosts, writable",
+            v.uninstall
+        );
+        if let Some(agent_hosts) = &run.hosts_file {
+            let install_pod = pod_spec(&daemonset(&install, "hairpin"));
+            assert_eq!(
+                host_path(&install_pod, &agent_c, agent_hosts, v.dir).0,
+                "/etc/hosts",
+                "{}: the file the agent wrote is the one cleaned",
+                v.dir
+            );
+        }
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(false),
+            "{}: the node step leaves the API steps to the Job (no token: they are skipped)",
+            v.uninstall
+        );
+        assert_eq!(
+            node.coredns,
+            hairpin_agent::k8s::coredns::CorednsMode::Off,
+            "{}: CoreDNS is the Job's",
+            v.uninstall
+        );
+        let tol = pod.tolerations.clone().unwrap_or_default();
+        assert!(
+            tol.iter()
+                .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+            "{}: every node the agent ran on",
+            v.uninstall
+        );
+        let pause = &pod.containers;
+        assert!(
+            pause.len() == 1
+                && pause[0]
+                    .image
+                    .as_deref()
+                    .is_some_and(|i| i.starts_with("registry.k8s.io/pause:")),
+            "{}: the pod idles once clean, so rollout status says every node is done",
+            v.uninstall
+        );
+
+        // Once per cluster: the Lease and the CoreDNS lines, as the agent's
+        // ServiceAccount (rbac.rs checks those Roles grant exactly these calls).
+        let job_pod = job_pod(&objs);
+        assert_eq!(
+            job_pod.service_account_name.as_deref(),
+            Some("hairpin"),
+            "{}",
+            v.uninstall
+        );
+        let job = cleanup_job(&objs);
+        runs_cleanup(&job, v.uninstall);
+        let cluster = cleanup_args(&env_of(&job, v.uninstall), v.uninstall);
+        assert!(
+            cluster.hosts_file.is_none(),
+            "{}: no host access in the Job",
+            v.uninstall
+        );
+        assert_eq!(
+            cluster.lease.to_string(),
+            format!("{}/{}", run.namespace, run.lease_name),
+            "{}: the Lease the agents of {} elect",
+            v.uninstall,
+            v.dir
+        );
+        assert_eq!(
+            cluster.coredns, run.coredns,
+            "{}: the CoreDNS mode of {}",
+            v.uninstall, v.dir
+        );
+        let written = |mode, objects: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
+            hairpin_agent::k8s::coredns::CorednsMode::Off => None,
+            hairpin_agent::k8s::coredns::CorednsMode::Corefile => {
+                Some(objects.configmap.to_string())
+            }
+            hairpin_agent::k8s::coredns::CorednsMode::Import => {
+                Some(objects.custom_configmap.to_string())
+            }
+        };
+        assert_eq!(
+            written(cluster.coredns, &cluster.coredns_objects),
+            written(run.coredns, &run.coredns_objects),
+            "{}: the ConfigMap {} wrote",
+            v.uninstall,
+            v.dir
+        );
+        let image = |c: &Container| c.image.clone().expect("image");
+        assert_eq!(
+            image(&job),
+            image(&agent_c),
+            "{}: the installed agent's image",
+            v.uninstall
+        );
+        assert_eq!(image(&init[0]), image(&agent_c), "{}", v.uninstall);
+    }
+}
