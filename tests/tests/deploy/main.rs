@@ -17,7 +17,9 @@
 //! engine here: the Dockerfile is checked statically).
 
 mod chart;
+mod daemonset;
 mod flags;
+mod image;
 mod rbac;
 mod render;
 mod uninstall;
@@ -25,13 +27,9 @@ mod uninstall;
 use std::{collections::BTreeSet, process::Command};
 
 use hairpin_agent::{k8s::coredns::CorednsMode, mode::Mode};
-use k8s_openapi::api::core::v1::Service;
 
-use flags::{admin_routes, agent_binary, global_env_names, run_args};
-use render::{
-    agent, daemonset, env_of, field_of, find, host_path, kustomize, mebibytes, parse_all, pod_spec,
-    read, root, typed,
-};
+use flags::{agent_binary, global_env_names, run_args};
+use render::{agent, env_of, field_of, kustomize, parse_all, root};
 
 /// One way to install hairpin, and what it is for.
 pub struct Variant {
@@ -220,99 +218,6 @@ fn each_variant_runs_the_agent_as_it_says() {
 }
 
 #[test]
-fn the_service_is_the_name_relays_listeners_and_the_coredns_target() {
-    let defaults = run_args(&Default::default(), "defaults");
-    let default_pairs = defaults.names_service_ports.0.clone();
-    assert!(
-        !default_pairs.is_empty(),
-        "the agent listens for the Service by default"
-    );
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let ds = daemonset(&objs, "hairpin");
-        let run = run_args(&env_of(&agent(&objs), v.dir), v.dir);
-        let Some(svc) = find(&objs, "Service", "hairpin") else {
-            // Without CoreDNS nothing points pods at a Service: none, and no listeners.
-            assert_eq!(
-                run.coredns,
-                CorednsMode::Off,
-                "{}: CoreDNS on needs the Service",
-                v.dir
-            );
-            assert!(
-                run.names_service_ports.0.is_empty(),
-                "{}: no Service, so no listeners for one",
-                v.dir
-            );
-            continue;
-        };
-        assert_ne!(
-            run.coredns,
-            CorednsMode::Off,
-            "{}: a Service nothing points at",
-            v.dir
-        );
-        let svc: Service = typed(svc);
-        let meta = svc.metadata.clone();
-        assert_eq!(
-            run.coredns_target.to_string(),
-            format!(
-                "{}.{}.svc.cluster.local",
-                meta.name.as_deref().unwrap_or_default(),
-                meta.namespace.as_deref().unwrap_or_default()
-            ),
-            "{}: CoreDNS rewrites names to this Service",
-            v.dir
-        );
-        let s = svc.spec.expect("spec");
-        assert_eq!(s.type_.as_deref(), Some("ClusterIP"), "{}", v.dir);
-        assert_eq!(
-            s.internal_traffic_policy.as_deref(),
-            Some("Local"),
-            "{}",
-            v.dir
-        );
-        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-        let pairs: Vec<(u16, u16)> = s
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| {
-                assert_eq!(p.protocol.as_deref(), Some("TCP"), "{}", v.dir);
-                let target = match &p.target_port {
-                    Some(IntOrString::Int(t)) => *t,
-                    other => panic!("{}: targetPort must be a number (hostNetwork pods name no ports): {other:?}", v.dir),
-                };
-                (p.port as u16, target as u16)
-            })
-            .collect();
-        assert_eq!(
-            pairs, run.names_service_ports.0,
-            "{}: Service port -> targetPort must be the agent's --names-service-ports",
-            v.dir
-        );
-        assert_eq!(
-            pairs, default_pairs,
-            "{}: and the agent's default, so an agent without the env still serves the Service",
-            v.dir
-        );
-        let labels = ds
-            .spec
-            .and_then(|s| s.template.metadata)
-            .and_then(|m| m.labels)
-            .unwrap_or_default();
-        for (key, val) in s.selector.unwrap_or_default() {
-            assert_eq!(
-                labels.get(&key),
-                Some(&val),
-                "{}: the Service selects the agent pods",
-                v.dir
-            );
-        }
-    }
-}
-
-#[test]
 fn env_names_are_flags_the_agent_binary_has() {
     // flags.rs parses `run`'s env in-process; this asks the built binary too, which
     // also knows the global flags (main.rs).
@@ -400,259 +305,6 @@ fn the_agent_binary_accepts_each_variants_settings() {
 }
 
 #[test]
-fn probes_hit_routes_the_admin_server_serves_on_its_address() {
-    let routes = admin_routes();
-    assert!(
-        routes.contains("/healthz") && routes.contains("/readyz"),
-        "admin.rs routes: {routes:?}"
-    );
-    let defaults = run_args(&Default::default(), "defaults");
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let c = agent(&objs);
-        let address = run_args(&env_of(&c, v.dir), v.dir).admin_address;
-        assert_eq!(
-            address, defaults.admin_address,
-            "{}: the agent's default admin address",
-            v.dir
-        );
-        assert!(
-            address.ip().is_loopback(),
-            "{}: admin address should stay node-local",
-            v.dir
-        );
-        for (what, probe, path) in [
-            ("startupProbe", &c.startup_probe, "/healthz"),
-            ("livenessProbe", &c.liveness_probe, "/healthz"),
-            ("readinessProbe", &c.readiness_probe, "/readyz"),
-        ] {
-            let get = probe
-                .as_ref()
-                .and_then(|p| p.http_get.as_ref())
-                .unwrap_or_else(|| panic!("{}: {what} must be an httpGet", v.dir));
-            let p = get.path.as_deref().unwrap_or("/");
-            assert_eq!(p, path, "{}: {what} path", v.dir);
-            assert!(
-                routes.contains(p),
-                "{}: {what} path {p} is not served by admin.rs ({routes:?})",
-                v.dir
-            );
-            assert_eq!(
-                get.port,
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
-                    address.port().into()
-                ),
-                "{}: {what} port must be the admin address's",
-                v.dir
-            );
-            // Kubelet would dial the node IP otherwise, where the loopback listener is not.
-            assert_eq!(
-                get.host.as_deref(),
-                Some(address.ip().to_string().as_str()),
-                "{}: {what} host",
-                v.dir
-            );
-        }
-    }
-}
-
-#[test]
-fn mounts_match_the_agents_paths() {
-    let defaults = run_args(&Default::default(), "defaults");
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let ds = daemonset(&objs, "hairpin");
-        let pod = pod_spec(&ds);
-        let c = agent(&objs);
-        let run = run_args(&env_of(&c, v.dir), v.dir);
-        let cgroup = run
-            .cgroup_path
-            .clone()
-            .expect("--cgroup-path (see the YAML: discovery finds the container's own cgroup)");
-        assert_eq!(
-            host_path(&pod, &c, &cgroup, v.dir),
-            ("/sys/fs/cgroup".into(), "Directory".into(), true),
-            "{}: --cgroup-path must be the node's cgroup2 hierarchy",
-            v.dir
-        );
-        assert_eq!(
-            run.admin_socket, defaults.admin_socket,
-            "{}: the socket `status` looks for by default",
-            v.dir
-        );
-        let dir = run.admin_socket.parent().expect("socket dir");
-        assert_eq!(
-            host_path(&pod, &c, dir, v.dir),
-            ("/run/hairpin".into(), "DirectoryOrCreate".into(), false),
-            "{}: the admin socket's directory must be the node's /run/hairpin",
-            v.dir
-        );
-        match &run.hosts_file {
-            Some(hosts) => assert_eq!(
-                host_path(&pod, &c, hosts, v.dir),
-                ("/etc/hosts".into(), "File".into(), false),
-                "{}: --hosts-file must be the node's /etc/hosts, writable",
-                v.dir
-            ),
-            None => assert!(
-                !pod.volumes.iter().flatten().any(|vol| vol
-                    .host_path
-                    .as_ref()
-                    .is_some_and(|h| h.path == "/etc/hosts")),
-                "{}: /etc/hosts mounted but not managed",
-                v.dir
-            ),
-        }
-        // Nothing else: no /sys/fs/bpf (nothing is pinned), no stray host paths.
-        let paths: BTreeSet<String> = pod
-            .volumes
-            .iter()
-            .flatten()
-            .filter_map(|vol| Some(vol.host_path.as_ref()?.path.clone()))
-            .collect();
-        let allowed: BTreeSet<String> = ["/sys/fs/cgroup", "/run/hairpin", "/etc/hosts"]
-            .map(String::from)
-            .into();
-        assert!(
-            paths.is_subset(&allowed),
-            "{}: unexpected host paths {paths:?}",
-            v.dir
-        );
-    }
-}
-
-#[test]
-fn daemonset_runs_everywhere_with_only_the_capabilities_it_needs() {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let ds = daemonset(&objs, "hairpin");
-        let spec = ds.spec.clone().expect("spec");
-        let pod = pod_spec(&ds);
-        let c = agent(&objs);
-        let run = run_args(&env_of(&c, v.dir), v.dir);
-        let k = v.dir;
-        assert_eq!(pod.host_network, Some(true), "{k}: hostNetwork");
-        assert_eq!(
-            pod.dns_policy.as_deref(),
-            Some("ClusterFirstWithHostNet"),
-            "{k}"
-        );
-        assert_eq!(
-            pod.priority_class_name.as_deref(),
-            Some("system-node-critical"),
-            "{k}"
-        );
-        let tol = pod.tolerations.clone().unwrap_or_default();
-        assert!(
-            tol.iter().any(|t| t.operator.as_deref() == Some("Exists")
-                && t.key.is_none()
-                && t.effect.is_none()),
-            "{k}: must tolerate every taint: {tol:?}"
-        );
-        let strategy = spec.update_strategy.expect("updateStrategy");
-        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"), "{k}");
-        let ru = strategy.rolling_update.expect("rollingUpdate");
-        assert_eq!(ru.max_unavailable, Some(Int(1)), "{k}: maxUnavailable");
-        assert_eq!(
-            ru.max_surge,
-            Some(Int(0)),
-            "{k}: two agents on one node collide (see the YAML)"
-        );
-        let grace = std::time::Duration::from_secs(
-            pod.termination_grace_period_seconds.expect("grace period") as u64,
-        );
-        assert!(
-            grace > run.drain_timeout,
-            "{k}: grace period {grace:?} must exceed the drain timeout {:?}",
-            run.drain_timeout
-        );
-
-        let sc = c.security_context.clone().expect("securityContext");
-        assert_eq!(sc.privileged, Some(false), "{k}");
-        assert_eq!(sc.allow_privilege_escalation, Some(false), "{k}");
-        assert_eq!(sc.read_only_root_filesystem, Some(true), "{k}");
-        assert_eq!(
-            sc.run_as_user,
-            Some(0),
-            "{k}: uid 0 writes the node's /etc/hosts"
-        );
-        let caps = sc.capabilities.expect("capabilities");
-        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "{k}");
-        let added: BTreeSet<String> = caps.add.unwrap_or_default().into_iter().collect();
-        // NET_BIND_SERVICE exactly when a name relay may run and binds a port < 1024.
-        let binds_low = run.mode.allows_names()
-            && (run.names_ports.0.iter().any(|p| *p < 1024)
-                || run.names_service_ports.0.iter().any(|(_, l)| *l < 1024));
-        let mut want: BTreeSet<String> = ["BPF", "NET_ADMIN"].map(String::from).into();
-        if binds_low {
-            want.insert("NET_BIND_SERVICE".into());
-        }
-        assert_eq!(added, want, "{k}: capabilities");
-    }
-}
-
-/// BENCHMARKS.md's idle RSS (MiB) for `frontends` (e.g. "1000").
-fn idle_rss(frontends: &str) -> String {
-    let text = read("BENCHMARKS.md");
-    let row = text
-        .lines()
-        .find(|l| l.starts_with(&format!("| agent RSS, {frontends} frontends (MiB)")))
-        .unwrap_or_else(|| panic!("BENCHMARKS.md has no RSS row for {frontends} frontends"));
-    let after = &row[row.find("idle ").expect("an idle figure") + 5..];
-    after
-        .split_whitespace()
-        .next()
-        .expect("a number")
-        .to_string()
-}
-
-#[test]
-fn resources_are_sized_from_the_benchmarks() {
-    let (k1, k10) = (idle_rss("1000"), idle_rss("10000"));
-    for file in [
-        "deploy/base/daemonset.yaml",
-        "deploy/chart/hairpin/values.yaml",
-    ] {
-        let text = read(file);
-        for claim in [
-            format!("{k1} MiB idle at 1,000 frontends"),
-            format!("{k10} MiB idle at 10,000"),
-        ] {
-            assert!(
-                text.contains(&claim),
-                "{file}: its comment must quote BENCHMARKS.md: {claim:?}"
-            );
-        }
-    }
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let r = agent(&objs).resources.expect("resources");
-        let get = |m: &Option<
-            std::collections::BTreeMap<
-                String,
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-            >,
-        >| {
-            mebibytes(&m.as_ref().and_then(|m| m.get("memory")).expect("memory").0)
-        };
-        let (request, limit) = (get(&r.requests), get(&r.limits));
-        let idle: f64 = k10.parse().expect("MiB");
-        assert!(
-            request >= idle,
-            "{}: the request covers an idle agent at 10,000 frontends ({idle} MiB)",
-            v.dir
-        );
-        assert!(limit > request, "{}", v.dir);
-        assert!(
-            r.limits.as_ref().is_some_and(|l| !l.contains_key("cpu")),
-            "{}: no CPU limit (throttling adds latency to relayed requests)",
-            v.dir
-        );
-    }
-}
-
-#[test]
 fn no_todo_or_planned_text_is_left_in_deploy() {
     let mut stack = vec![root().join("deploy")];
     let mut checked = 0;
@@ -678,71 +330,28 @@ fn no_todo_or_planned_text_is_left_in_deploy() {
 }
 
 #[test]
-fn dockerfile_builds_both_arches_and_ships_the_binary_the_daemonset_runs() {
-    let text = read("deploy/Dockerfile");
-    let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
-    assert_eq!(
-        froms.len(),
-        3,
-        "three stages: ebpf, agent, runtime: {froms:?}"
-    );
-    for stage in ["AS ebpf", "AS agent", "AS runtime"] {
+fn the_readme_lists_every_variant_and_the_uninstall_order() {
+    let readme = render::read("README.md");
+    for v in VARIANTS.iter().filter(|v| v.dir != "deploy/base") {
+        let name = v.dir.trim_start_matches("deploy/");
         assert!(
-            froms.iter().any(|f| f.ends_with(stage)),
-            "stage {stage} missing: {froms:?}"
+            readme.contains(name),
+            "README: the Install section lists {}",
+            v.dir
         );
     }
-    for f in &froms[..2] {
-        assert!(
-            f.contains("--platform=$BUILDPLATFORM"),
-            "build stages run natively and cross-compile: {f}"
-        );
-    }
-    for f in &froms {
-        let image = f
-            .split_whitespace()
-            .find(|w| !w.starts_with("--") && *w != "FROM")
-            .expect("image");
-        assert!(
-            image.contains(':') && !image.ends_with(":latest"),
-            "pin a tag, never latest: {f}"
-        );
-    }
-    assert!(!text.contains(":latest"), "no latest tags anywhere");
-    for needle in [
-        "ARG TARGETARCH",
-        "amd64)",
-        "arm64)",
-        "cargo xtask build-ebpf",
-        "--component rust-src",
-        "HAIRPIN_EBPF_OBJECT=",
-        "--release",
-    ] {
-        assert!(text.contains(needle), "Dockerfile lacks {needle:?}");
-    }
-    let runtime = &text[text.find("AS runtime").expect("runtime stage")..];
-    assert!(runtime.contains("COPY --from=agent /out/hairpin-agent /usr/local/bin/hairpin-agent"));
+    // Agents first (else they write back), then the cleanup, then the RBAC it uses.
+    let at = |s: &str| {
+        readme
+            .find(s)
+            .unwrap_or_else(|| panic!("README lacks {s:?}"))
+    };
     assert!(
-        runtime.contains("USER 0:0"),
-        "the runtime stage states its user"
+        at("delete ds/hairpin --cascade=foreground") < at("kubectl apply -k deploy/uninstall")
+            && at("kubectl apply -k deploy/uninstall")
+                < at("wait --for=condition=complete job/hairpin-cleanup")
+            && at("wait --for=condition=complete job/hairpin-cleanup")
+                < at("kubectl delete -k deploy/overlays/"),
+        "README: the uninstall order"
     );
-    assert!(
-        !runtime.contains("apt-get"),
-        "the runtime image holds only the binary"
-    );
-    if let Some(objs) = kustomize("deploy") {
-        let c = agent(&objs);
-        assert_eq!(
-            c.command.as_deref(),
-            Some(&["/usr/local/bin/hairpin-agent".to_string()][..])
-        );
-        let tag = read("deploy/chart/hairpin/Chart.yaml");
-        assert!(
-            c.image.as_deref().is_some_and(|i| tag.contains(&format!(
-                "appVersion: \"{}\"",
-                i.rsplit(':').next().unwrap_or_default()
-            ))),
-            "the kustomize image tag and the chart's appVersion agree"
-        );
-    }
 }
