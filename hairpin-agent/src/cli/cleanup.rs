@@ -65,9 +65,25 @@ pub struct CleanupArgs {
     )]
     pub lease: ObjectName,
 
+    /// What to clean: `node` (the hosts block and the names address, run on every
+    /// node), `cluster` (CoreDNS lines and the Lease, run once), or `all`.
+    #[arg(long, env = "HAIRPIN_CLEANUP_SCOPE", value_enum, default_value_t = Scope::All)]
+    pub scope: Scope,
+
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+/// `cleanup --scope`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scope {
+    /// This node's files and addresses only.
+    Node,
+    /// The cluster-wide objects only (CoreDNS lines or key, the Lease).
+    Cluster,
+    /// Both.
+    All,
 }
 
 /// What happened to one thing hairpin may have written.
@@ -131,6 +147,19 @@ pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
 /// Does every step and reports each.
 pub async fn clean(args: &CleanupArgs) -> CleanupReport {
     let mut steps = Vec::new();
+    if args.scope != Scope::Cluster {
+        node_steps(args, &mut steps).await;
+    }
+    if args.scope != Scope::Node {
+        cluster_steps(args, &mut steps).await;
+    }
+    CleanupReport {
+        ok: steps.iter().all(|s| s.outcome != Outcome::Failed),
+        steps,
+    }
+}
+
+async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
     if let Some(path) = &args.hosts_file {
         let object = path.display().to_string();
         steps.push(match hosts_writer::cleanup(path) {
@@ -159,11 +188,6 @@ pub async fn clean(args: &CleanupArgs) -> CleanupReport {
                 Some(e.to_string()),
             ),
         });
-    }
-    cluster_steps(args, &mut steps).await;
-    CleanupReport {
-        ok: steps.iter().all(|s| s.outcome != Outcome::Failed),
-        steps,
     }
 }
 
@@ -234,4 +258,48 @@ pub fn render(r: &CleanupReport) -> String {
         "cleanup incomplete: see the failed steps\n"
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CleanupArgs,
+    }
+
+    fn args(extra: &[&str]) -> CleanupArgs {
+        let mut argv = vec!["cleanup", "--kubeconfig", "/nonexistent/kubeconfig"];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).args
+    }
+
+    #[tokio::test]
+    async fn scope_node_touches_only_the_node_and_scope_cluster_only_the_cluster() {
+        let dir = std::env::temp_dir().join(format!("hairpin-cleanup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let hosts = dir.join("hosts");
+        let block = "127.0.0.1 localhost\n# BEGIN hairpin managed block (do not edit)\n192.0.2.1\ta.example.com\n# END hairpin managed block";
+        let path = hosts.to_str().expect("utf-8");
+
+        std::fs::write(&hosts, block).expect("write");
+        let cluster = clean(&args(&["--hosts-file", path, "--scope", "cluster"])).await;
+        let names: Vec<&str> = cluster.steps.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["lease"], "{:?}", cluster.steps);
+        assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
+
+        let node = clean(&args(&["--hosts-file", path, "--scope", "node"])).await;
+        let names: Vec<&str> = node.steps.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["hosts"], "{:?}", node.steps);
+        assert_eq!(node.steps[0].outcome, Outcome::Removed);
+        assert_eq!(
+            std::fs::read_to_string(&hosts).expect("read"),
+            "127.0.0.1 localhost"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -102,9 +102,15 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             );
         }
         assert_eq!(
+            node.scope,
+            hairpin_agent::cli::cleanup::Scope::Node,
+            "{}: the node step leaves the API steps to the Job",
+            v.uninstall
+        );
+        assert_eq!(
             pod.automount_service_account_token,
             Some(false),
-            "{}: the node step leaves the API steps to the Job (no token: they are skipped)",
+            "{}: the node step needs no API token",
             v.uninstall
         );
         assert_eq!(
@@ -143,6 +149,12 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
         let job = cleanup_job(&objs);
         runs_cleanup(&job, v.uninstall);
         let cluster = cleanup_args(&env_of(&job, v.uninstall), v.uninstall);
+        assert_eq!(
+            cluster.scope,
+            hairpin_agent::cli::cleanup::Scope::Cluster,
+            "{}: the Job cleans the cluster-wide objects only",
+            v.uninstall
+        );
         assert!(
             cluster.hosts_file.is_none(),
             "{}: no host access in the Job",
