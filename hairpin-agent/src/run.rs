@@ -292,7 +292,7 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
             )?
         }
     };
-    let mut datapath = Datapath::load(object, args.bypass_mark)?;
+    let mut datapath = Datapath::load_with_capacity(object, args.bypass_mark, args.max_frontends)?;
     datapath.attach(&cgroup)?;
     Ok((datapath, cgroup))
 }
