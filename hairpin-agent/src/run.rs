@@ -26,7 +26,7 @@ use crate::{
     names_link,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
-    sources,
+    resources, sources,
     state::{AgentState, AttachmentStatus, ModeStatus, NamePaths, NamesStatus},
 };
 
@@ -49,7 +49,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
         }
     };
+    resources::raise_nofile_limit();
     let metrics = Metrics::default();
+    resources::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
     let state = AgentState::new(args.bypass_mark);
     // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
     let (mut desired, source_name) = match &args.frontends {
