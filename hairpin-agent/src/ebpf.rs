@@ -16,7 +16,7 @@ use aya::{
 };
 use hairpin_ebpf::{
     AF_INET, AF_INET6, Counter, FrontendKey, GLOBAL_BYPASS_MARK, MAP_COUNTERS, MAP_FRONTENDS,
-    PROG_CONNECT4, PROG_CONNECT6, Redirect,
+    MAX_FRONTENDS, PROG_CONNECT4, PROG_CONNECT6, Redirect,
 };
 
 #[cfg(hairpin_ebpf_embedded)]
@@ -82,6 +82,17 @@ pub enum DatapathError {
         /// aya's error (boxed: aya's map errors are large).
         source: Box<aya::maps::MapError>,
     },
+    /// The frontends map has no room left (the kernel answered E2BIG).
+    #[error(
+        "the frontend map is full ({capacity} entries, --max-frontends): {frontend} is not \
+         proxied and takes the pre-hairpin path"
+    )]
+    MapFull {
+        /// The frontend that did not fit.
+        frontend: SocketAddr,
+        /// The map's capacity.
+        capacity: u32,
+    },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
     FamilyMismatch {
@@ -106,17 +117,29 @@ pub struct Datapath {
     frontends: HashMap<MapData, FrontendKey, Redirect>,
     counters: PerCpuArray<MapData, u64>,
     attachment: Option<Attachment>,
+    capacity: u32,
 }
 
 const PROGRAMS: [&str; 2] = [PROG_CONNECT4, PROG_CONNECT6];
 
 impl Datapath {
     /// Loads `object` with the bypass mark set, and both programs into the kernel
-    /// (not yet attached).
+    /// (not yet attached), with room for [`MAX_FRONTENDS`] frontends.
     pub fn load(object: &[u8], bypass_mark: u32) -> Result<Datapath, DatapathError> {
+        Datapath::load_with_capacity(object, bypass_mark, MAX_FRONTENDS)
+    }
+
+    /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
+    /// entries (the kernel preallocates them).
+    pub fn load_with_capacity(
+        object: &[u8],
+        bypass_mark: u32,
+        max_frontends: u32,
+    ) -> Result<Datapath, DatapathError> {
         raise_memlock_limit();
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_BYPASS_MARK, &bypass_mark, true)
+            .map_max_entries(MAP_FRONTENDS, max_frontends)
             .load(object)
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
         for name in PROGRAMS {
@@ -143,6 +166,7 @@ impl Datapath {
             frontends,
             counters,
             attachment: None,
+            capacity: max_frontends,
         })
     }
 
@@ -214,9 +238,14 @@ impl Datapath {
             family,
             pad: 0,
         };
-        self.frontends
-            .insert(key(frontend), value, 0)
-            .map_err(map_error("insert", MAP_FRONTENDS, frontend.to_string()))
+        match self.frontends.insert(key(frontend), value, 0) {
+            Ok(()) => Ok(()),
+            Err(e) if is_full(&e) => Err(DatapathError::MapFull {
+                frontend,
+                capacity: self.capacity,
+            }),
+            Err(e) => Err(map_error("insert", MAP_FRONTENDS, frontend.to_string())(e)),
+        }
     }
 
     /// Stops redirecting connects to `frontend`.
@@ -249,6 +278,12 @@ impl Drop for Datapath {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// A hash map refuses a new key with E2BIG once all its (preallocated) entries are used.
+fn is_full(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
+        if io_error.raw_os_error() == Some(nix::errno::Errno::E2BIG as i32))
 }
 
 fn map_error(
@@ -412,6 +447,28 @@ mod tests {
         assert_eq!(w[0].to_ne_bytes(), [203, 0, 113, 10]);
         assert_eq!(p.to_ne_bytes(), [0, 80]);
         assert_eq!(f, AF_INET);
+    }
+
+    #[test]
+    fn a_full_map_is_told_apart_from_other_insert_failures() {
+        let syscall = |errno: nix::errno::Errno| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: std::io::Error::from_raw_os_error(errno as i32),
+            })
+        };
+        assert!(is_full(&syscall(nix::errno::Errno::E2BIG)));
+        assert!(!is_full(&syscall(nix::errno::Errno::EPERM)));
+        assert!(!is_full(&aya::maps::MapError::KeyNotFound));
+        let e = DatapathError::MapFull {
+            frontend: "203.0.113.10:443".parse().expect("addr"),
+            capacity: 64,
+        };
+        assert_eq!(
+            e.to_string(),
+            "the frontend map is full (64 entries, --max-frontends): 203.0.113.10:443 is not \
+             proxied and takes the pre-hairpin path"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod names_link;
 pub mod proxy_header;
 pub mod reconcile;
 pub mod relay;
+pub mod resources;
 pub mod run;
 pub mod run_args;
 pub mod sources;

@@ -97,6 +97,13 @@ impl Metrics {
         self.active.dec();
     }
 
+    /// Relayed connections that have ended, since start.
+    pub fn connections_closed(&self) -> u64 {
+        self.connections
+            .get()
+            .saturating_sub(u64::try_from(self.active.get()).unwrap_or(0))
+    }
+
     /// Connections currently being relayed.
     pub fn active_connections(&self) -> i64 {
         self.active.get()

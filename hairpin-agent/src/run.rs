@@ -27,7 +27,7 @@ use crate::{
     names_link,
     reconcile::{ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
-    sources,
+    resources, sources,
     state::{AgentState, AttachmentStatus, ClientsStatus, ModeStatus, NamePaths, NamesStatus},
 };
 
@@ -50,7 +50,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
         }
     };
+    resources::raise_nofile_limit();
     let metrics = Metrics::default();
+    resources::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
     let state = AgentState::new(args.bypass_mark);
     // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
     let mut kube = None;
@@ -300,7 +302,7 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
             )?
         }
     };
-    let mut datapath = Datapath::load(object, args.bypass_mark)?;
+    let mut datapath = Datapath::load_with_capacity(object, args.bypass_mark, args.max_frontends)?;
     datapath.attach(&cgroup)?;
     Ok((datapath, cgroup))
 }

@@ -71,6 +71,13 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = parse_mark)]
     pub bypass_mark: u32,
 
+    /// Capacity of the kernel's frontends map: the most (LB IP, port) pairs this node
+    /// redirects. The kernel preallocates the entries; frontends beyond it are not
+    /// proxied (fail open) and /status says why.
+    #[arg(long, env = "HAIRPIN_MAX_FRONTENDS", default_value_t = hairpin_ebpf::MAX_FRONTENDS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_frontends: u32,
+
     /// Upstream connect timeout; the client is reset when it expires.
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod fakeapi;
+pub mod load;
 pub mod names_support;
 pub mod node;
 pub mod privileges;

@@ -1,0 +1,466 @@
+//! The reliability suite's traffic: a minimal upstream that answers with the PROXY
+//! header it received, and clients that hold or burst connections through the relay.
+//! Run by `tests/tests/reliability.rs` inside the simulated node's namespaces (the
+//! clients in the pod cgroup, so their connects are redirected like a pod's).
+//!
+//! Upstream protocol: the connection starts with a PROXY v1 or v2 header (else the
+//! server answers `no-proxy-header` and closes, as an ingress would refuse it); then
+//! each line is a command: `ping` (answer the header, keep open), `once` (answer,
+//! then close first, so TIME_WAIT stays on the server side), `stream` (send bytes
+//! until the peer goes), `reset` (close with a reset).
+//! The answer to `ping` and `once` is `proxy <v1|v2> src=IP:PORT dst=IP:PORT`.
+
+use std::{
+    io::{BufRead, BufReader, ErrorKind, Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+type Result<T> = std::result::Result<T, String>;
+
+const USAGE: &str = "usage: hairpin-load serve ADDR... | burst TARGET TOTAL THREADS SRC_IP DEADLINE_S | \
+                     hold TARGET N THREADS SRC_IP | probe TARGET TIMEOUT_MS SRC_IP | \
+                     reset TARGET SRC_IP | stream TARGET";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
+    let outcome = match a(0) {
+        "serve" => serve(&args[1..]),
+        "burst" => burst(a(1), a(2), a(3), a(4), a(5)),
+        "hold" => hold(a(1), a(2), a(3), a(4)),
+        "probe" => probe(a(1), a(2), a(3)),
+        "reset" => reset(a(1), a(2)),
+        "stream" => stream(a(1)),
+        _ => Err(USAGE.to_string()),
+    };
+    if let Err(e) = outcome {
+        eprintln!("hairpin-load {}: {e}", a(0));
+        std::process::exit(1);
+    }
+}
+
+fn parse<T: std::str::FromStr>(what: &str, s: &str) -> Result<T> {
+    s.parse().map_err(|_| format!("bad {what}: {s:?}\n{USAGE}"))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable across processes on this machine,
+/// unlike `Instant`, so the test can time events it did not see itself.
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+// ---- upstream ----
+
+fn serve(addrs: &[String]) -> Result<()> {
+    let addrs: Vec<SocketAddr> = addrs
+        .iter()
+        .map(|a| parse("listen address", a))
+        .collect::<Result<_>>()?;
+    if addrs.is_empty() {
+        return Err(USAGE.into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut tasks = Vec::new();
+        for addr in addrs {
+            let socket = match addr {
+                SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+                SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+            }
+            .map_err(|e| e.to_string())?;
+            socket.set_reuseaddr(true).map_err(|e| e.to_string())?;
+            socket.bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+            let listener = socket.listen(4096).map_err(|e| e.to_string())?;
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((s, _)) => {
+                            tokio::spawn(upstream_conn(s));
+                        }
+                        Err(e) => {
+                            eprintln!("accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        println!("listening");
+        for t in tasks {
+            let _ = t.await;
+        }
+        Ok(())
+    })
+}
+
+async fn upstream_conn(s: tokio::net::TcpStream) {
+    let _ = s.set_nodelay(true);
+    let mut r = tokio::io::BufReader::new(s);
+    let Ok(Some(header)) = read_proxy_header(&mut r).await else {
+        let _ = r.get_mut().write_all(b"no-proxy-header\n").await;
+        return;
+    };
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let s = r.get_mut();
+        match line.trim_end() {
+            "ping" => {
+                if s.write_all(header.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            "once" => {
+                let _ = s.write_all(header.as_bytes()).await;
+                return;
+            }
+            "stream" => {
+                let chunk = vec![b's'; 64 * 1024];
+                while s.write_all(&chunk).await.is_ok() {}
+                return;
+            }
+            "reset" => {
+                // Linger 0: close sends a reset instead of a FIN.
+                let zero = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                let _ = nix::sys::socket::setsockopt(&*s, nix::sys::socket::sockopt::Linger, &zero);
+                return;
+            }
+            other => {
+                let _ = s.write_all(format!("unknown {other}\n").as_bytes()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Reads a v1 or v2 header; `None` when the connection does not start with one.
+async fn read_proxy_header<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<String>> {
+    const V2_SIG: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
+    let mut first = [0u8; 12];
+    // Decide on the first byte when it can start neither header: a client that sent
+    // a short request without one gets its answer now, not after 12 bytes.
+    r.read_exact(&mut first[..1]).await?;
+    if first[0] != b'P' && first[0] != b'\r' {
+        return Ok(None);
+    }
+    r.read_exact(&mut first[1..]).await?;
+    if first == V2_SIG {
+        let mut fixed = [0u8; 4];
+        r.read_exact(&mut fixed).await?;
+        let len = u16::from_be_bytes([fixed[2], fixed[3]]) as usize;
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body).await?;
+        let (src, dst) = match fixed[1] >> 4 {
+            1 if len >= 12 => {
+                let ip = |o: usize| IpAddr::from([body[o], body[o + 1], body[o + 2], body[o + 3]]);
+                let port = |o: usize| u16::from_be_bytes([body[o], body[o + 1]]);
+                (
+                    SocketAddr::new(ip(0), port(8)),
+                    SocketAddr::new(ip(4), port(10)),
+                )
+            }
+            2 if len >= 36 => {
+                let ip = |o: usize| {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(&body[o..o + 16]);
+                    IpAddr::from(b)
+                };
+                let port = |o: usize| u16::from_be_bytes([body[o], body[o + 1]]);
+                (
+                    SocketAddr::new(ip(0), port(32)),
+                    SocketAddr::new(ip(16), port(34)),
+                )
+            }
+            _ => return Ok(None),
+        };
+        return Ok(Some(format!("proxy v2 src={src} dst={dst}\n")));
+    }
+    if !first.starts_with(b"PROXY ") {
+        return Ok(None);
+    }
+    let mut rest = Vec::new();
+    r.read_until(b'\n', &mut rest).await?;
+    let mut line = first.to_vec();
+    line.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&line);
+    let f: Vec<&str> = text.trim_end().split(' ').collect();
+    let (Some(src), Some(dst), Some(sport), Some(dport)) = (
+        f.get(2).and_then(|s| s.parse::<IpAddr>().ok()),
+        f.get(3).and_then(|s| s.parse::<IpAddr>().ok()),
+        f.get(4).and_then(|s| s.parse::<u16>().ok()),
+        f.get(5).and_then(|s| s.parse::<u16>().ok()),
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(format!(
+        "proxy v1 src={} dst={}\n",
+        SocketAddr::new(src, sport),
+        SocketAddr::new(dst, dport)
+    )))
+}
+
+// ---- clients ----
+
+/// Connects, sends `cmd` and reads the one-line answer; checks that the header
+/// named this socket as the source and `target` as the destination.
+fn exchange(
+    s: &mut BufReader<TcpStream>,
+    cmd: &str,
+    target: SocketAddr,
+    src: IpAddr,
+) -> Result<()> {
+    let local = s.get_ref().local_addr().map_err(|e| e.to_string())?;
+    s.get_mut()
+        .write_all(cmd.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = String::new();
+    s.read_line(&mut answer).map_err(|e| format!("read: {e}"))?;
+    let want = format!(" src={} dst={target}", SocketAddr::new(src, local.port()));
+    if !answer.starts_with("proxy v") || !answer.trim_end().ends_with(&want) {
+        return Err(format!("answer {answer:?}, wanted header{want}"));
+    }
+    Ok(())
+}
+
+fn connect(target: SocketAddr) -> Result<BufReader<TcpStream>> {
+    let s = TcpStream::connect_timeout(&target, Duration::from_secs(10))
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let _ = s.set_nodelay(true);
+    Ok(BufReader::new(s))
+}
+
+/// One short connection: `once`, the answer, then EOF from the server.
+fn one_shot(target: SocketAddr, src: IpAddr) -> Result<()> {
+    let mut s = connect(target)?;
+    exchange(&mut s, "once\n", target, src)?;
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .map_err(|e| format!("read to EOF: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the answer", rest.len()));
+    }
+    Ok(())
+}
+
+/// `total` one-shot connections from `threads` threads, none started after
+/// `deadline_s`; prints one summary line: `burst total=.. ok=.. errors=.. secs=..
+/// rate=..` (total counts the connections made) and up to 5 error samples on stderr.
+fn burst(target: &str, total: &str, threads: &str, src: &str, deadline_s: &str) -> Result<()> {
+    let target: SocketAddr = parse("target", target)?;
+    let total: u64 = parse("total", total)?;
+    let threads: usize = parse("threads", threads)?;
+    let src: IpAddr = parse("source IP", src)?;
+    let deadline = Duration::from_secs(parse("deadline", deadline_s)?);
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let samples = Arc::new(Mutex::new(Vec::<String>::new()));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (next, errors, samples) = (next.clone(), errors.clone(), samples.clone());
+            std::thread::spawn(move || {
+                loop {
+                    if started.elapsed() > deadline {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return;
+                    }
+                    if i > 0 && i % 100_000 == 0 {
+                        eprintln!(
+                            "burst: {i} connections, {:.1} s",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    if let Err(e) = one_shot(target, src) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        let mut s = samples.lock().unwrap_or_else(|p| p.into_inner());
+                        if s.len() < 5 {
+                            s.push(format!("connection {i}: {e}"));
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().map_err(|_| "worker panicked")?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let errors = errors.load(Ordering::Relaxed);
+    let total = next.load(Ordering::Relaxed).min(total);
+    for s in samples.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        eprintln!("error sample: {s}");
+    }
+    println!(
+        "burst total={total} ok={} errors={errors} secs={secs:.1} rate={:.0}",
+        total - errors,
+        total as f64 / secs
+    );
+    Ok(())
+}
+
+/// Opens `n` connections (each answered with its own header) and holds them all;
+/// prints `open N secs=..`, waits for a line on stdin, checks every connection once
+/// more, prints `verified N`, closes them all and prints `closed`.
+fn hold(target: &str, n: &str, threads: &str, src: &str) -> Result<()> {
+    let target: SocketAddr = parse("target", target)?;
+    let n: usize = parse("count", n)?;
+    let threads: usize = parse::<usize>("threads", threads)?.max(1);
+    let src: IpAddr = parse("source IP", src)?;
+    let started = Instant::now();
+    let per = n.div_ceil(threads);
+    let openers: Vec<_> = (0..threads)
+        .map(|t| {
+            let count = per.min(n.saturating_sub(t * per));
+            std::thread::spawn(move || -> Result<Vec<BufReader<TcpStream>>> {
+                (0..count)
+                    .map(|_| {
+                        let mut s = connect(target)?;
+                        exchange(&mut s, "ping\n", target, src)?;
+                        Ok(s)
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let mut conns = Vec::with_capacity(n);
+    for o in openers {
+        conns.extend(o.join().map_err(|_| "opener panicked")??);
+    }
+    println!(
+        "open {} secs={:.1}",
+        conns.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let mut go = String::new();
+    std::io::stdin()
+        .read_line(&mut go)
+        .map_err(|e| e.to_string())?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        exchange(c, "ping\n", target, src)
+            .map_err(|e| format!("connection {i} after hold: {e}"))?;
+    }
+    println!("verified {}", conns.len());
+    drop(conns);
+    println!("closed");
+    Ok(())
+}
+
+/// Tries a proxied one-shot every 5 ms until one succeeds; prints `ok AT_NS`
+/// (CLOCK_MONOTONIC of the success) or fails after `timeout_ms`.
+fn probe(target: &str, timeout_ms: &str, src: &str) -> Result<()> {
+    let target: SocketAddr = parse("target", target)?;
+    let timeout = Duration::from_millis(parse("timeout", timeout_ms)?);
+    let src: IpAddr = parse("source IP", src)?;
+    println!("probing");
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < timeout {
+        let tried = TcpStream::connect_timeout(&target, Duration::from_millis(500))
+            .map_err(|e| format!("connect: {e}"))
+            .and_then(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(500)))
+                    .map_err(|e| e.to_string())?;
+                let mut s = BufReader::new(s);
+                exchange(&mut s, "once\n", target, src)
+            });
+        match tried {
+            Ok(()) => {
+                println!("ok {}", monotonic_ns());
+                return Ok(());
+            }
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(format!(
+        "no proxied answer within {timeout:?}; last: {last}"
+    ))
+}
+
+/// One connection, two exchanges, then asks the upstream to reset it; prints
+/// `ended KIND after_ms=..` for how the client saw the end (`reset` or `eof`).
+fn reset(target: &str, src: &str) -> Result<()> {
+    let target: SocketAddr = parse("target", target)?;
+    let src: IpAddr = parse("source IP", src)?;
+    let mut s = connect(target)?;
+    exchange(&mut s, "ping\n", target, src)?;
+    exchange(&mut s, "ping\n", target, src)?;
+    let asked = Instant::now();
+    s.get_mut()
+        .write_all(b"reset\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = [0u8; 64];
+    let kind = match s.read(&mut buf) {
+        Ok(0) => "eof",
+        Ok(n) => return Err(format!("{n} unexpected bytes")),
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => "reset",
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => "hung",
+        Err(e) => return Err(format!("read: {e}")),
+    };
+    println!("ended {kind} after_ms={}", asked.elapsed().as_millis());
+    Ok(())
+}
+
+/// One connection receiving a stream: prints `receiving` after the first MiB, then
+/// reads until the connection ends and prints `ended KIND bytes=.. at_ns=..`.
+fn stream(target: &str) -> Result<()> {
+    let target: SocketAddr = parse("target", target)?;
+    let mut s = connect(target)?;
+    s.get_mut()
+        .write_all(b"stream\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    let mut announced = false;
+    let kind = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break "eof",
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break "reset",
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                break "hung";
+            }
+            Err(e) => return Err(format!("read: {e}")),
+        }
+        if !announced && total >= 1 << 20 {
+            println!("receiving");
+            std::io::stdout().flush().map_err(|e| e.to_string())?;
+            announced = true;
+        }
+        // A reader slower than the upstream keeps data in flight in every buffer.
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    println!("ended {kind} bytes={total} at_ns={}", monotonic_ns());
+    Ok(())
+}
