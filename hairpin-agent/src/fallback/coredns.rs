@@ -36,6 +36,10 @@ pub const IMPORT_KEY: &str = "hairpin.override";
 /// Server keys of the main server block: the root zone on the default port.
 const ROOT_KEYS: [&str; 4] = [".", ".:53", "dns://.", "dns://.:53"];
 
+/// Largest Corefile [`apply`] edits: a ConfigMap's data is limited to 1 MiB by the
+/// API server, so anything larger did not come from one and is not rewritten.
+pub const MAX_COREFILE_BYTES: usize = 1024 * 1024;
+
 /// Indentation used when the server block has no line to copy it from.
 const DEFAULT_INDENT: &str = "    ";
 
@@ -54,6 +58,14 @@ pub enum CorefileError {
     UnterminatedServerBlock {
         /// 1-based line of the opening line.
         line: usize,
+    },
+    /// The Corefile is larger than [`MAX_COREFILE_BYTES`].
+    #[error(
+        "corefile: expected at most {MAX_COREFILE_BYTES} bytes (the ConfigMap size limit), got {len}"
+    )]
+    TooLarge {
+        /// Its size in bytes.
+        len: usize,
     },
     /// A rewrite target must be one exact name (the relay's Service FQDN).
     #[error("rewrite target {target:?}: expected an exact service name, got a wildcard")]
@@ -175,8 +187,14 @@ pub fn remove(corefile: &str) -> String {
 /// after the main server block's opening line at the block's own indentation,
 /// each ending in [`MARKER`]. Lines hairpin added before are replaced; every
 /// other byte is kept, so `remove(&apply(x, r)?) == x` for a Corefile `x` without
-/// hairpin lines. Empty `rewrites` is [`remove`].
+/// hairpin lines. Empty `rewrites` is [`remove`]. A Corefile over
+/// [`MAX_COREFILE_BYTES`] is refused whole.
 pub fn apply(corefile: &str, rewrites: &[Rewrite]) -> Result<String, CorefileError> {
+    if corefile.len() > MAX_COREFILE_BYTES {
+        return Err(CorefileError::TooLarge {
+            len: corefile.len(),
+        });
+    }
     let base = remove(corefile);
     if rewrites.is_empty() {
         return Ok(base);

@@ -27,27 +27,27 @@ pub const END_MARKER: &str = "# END hairpin managed block";
 /// file should not be slurped and rewritten on every reconcile.
 pub const MAX_HOSTS_FILE_BYTES: usize = 1024 * 1024;
 
-/// Why a hosts file could not be edited or written.
-#[derive(Debug, Error)]
-pub enum HostsError {
-    /// A BEGIN marker line with no END marker after it.
+/// Why a hosts file's content cannot be edited: its markers are ambiguous or it
+/// is too large. Such a file is never written; the caller names the file
+/// ([`HostsError::Content`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BlockError {
+    /// A BEGIN marker line with no END marker after it (a half-written block).
     #[error(
-        "hosts file: managed block begins at line {line} but has no {END_MARKER:?} line after it"
+        "managed block begins at line {line} but has no end: expected a {END_MARKER:?} line after it"
     )]
     Unterminated {
         /// 1-based line of the BEGIN marker.
         line: usize,
     },
     /// An END marker line with no BEGIN marker before it.
-    #[error("hosts file: {END_MARKER:?} at line {line} has no {BEGIN_MARKER:?} line before it")]
+    #[error("{END_MARKER:?} at line {line}: expected a {BEGIN_MARKER:?} line before it")]
     StrayEnd {
         /// 1-based line of the END marker.
         line: usize,
     },
     /// More than one BEGIN (or END) marker: we will not guess which block is ours.
-    #[error(
-        "hosts file: expected at most one managed block, found markers at lines {first} and {second}"
-    )]
+    #[error("expected at most one managed block, found markers at lines {first} and {second}")]
     MultipleBlocks {
         /// 1-based line of the first marker of that kind.
         first: usize,
@@ -55,10 +55,32 @@ pub enum HostsError {
         second: usize,
     },
     /// The file is larger than [`MAX_HOSTS_FILE_BYTES`].
-    #[error("hosts file: expected at most {MAX_HOSTS_FILE_BYTES} bytes, got {len}")]
+    #[error("expected at most {MAX_HOSTS_FILE_BYTES} bytes, got {len}")]
     TooLarge {
         /// Its size in bytes.
-        len: usize,
+        len: u64,
+    },
+    /// With the managed block the file would exceed [`MAX_HOSTS_FILE_BYTES`]: it
+    /// is not written, or the next edit (and cleanup) would refuse our own file.
+    #[error(
+        "with the managed block the file would be {len} bytes; expected at most {MAX_HOSTS_FILE_BYTES}"
+    )]
+    WouldBeTooLarge {
+        /// The size it would have.
+        len: u64,
+    },
+}
+
+/// Why a hosts file could not be edited or written.
+#[derive(Debug, Error)]
+pub enum HostsError {
+    /// The file's content is not something hairpin edits; it was left unchanged.
+    #[error("hosts file {}: {source} (file left unchanged)", path.display())]
+    Content {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its content.
+        source: BlockError,
     },
     /// The file does not exist; it is never created (see [`write_in_place`]).
     #[error("hosts file {}: does not exist (expected the node's hosts file mounted there)", path.display())]
@@ -207,9 +229,11 @@ fn marker_of(line: &[u8]) -> Option<Marker> {
 }
 
 /// Finds the managed block, if any, rejecting anything ambiguous.
-fn locate(file: &[u8]) -> Result<Option<Located>, HostsError> {
+fn locate(file: &[u8]) -> Result<Option<Located>, BlockError> {
     if file.len() > MAX_HOSTS_FILE_BYTES {
-        return Err(HostsError::TooLarge { len: file.len() });
+        return Err(BlockError::TooLarge {
+            len: file.len() as u64,
+        });
     }
     // (line number, offset of the line's start) of the BEGIN marker, and
     // (line number, offset past the line, has a newline) of the END marker.
@@ -221,7 +245,7 @@ fn locate(file: &[u8]) -> Result<Option<Located>, HostsError> {
         match marker_of(line) {
             Some(Marker::Begin) => {
                 if let Some((first, _)) = begin {
-                    return Err(HostsError::MultipleBlocks {
+                    return Err(BlockError::MultipleBlocks {
                         first,
                         second: lineno,
                     });
@@ -230,13 +254,13 @@ fn locate(file: &[u8]) -> Result<Option<Located>, HostsError> {
             }
             Some(Marker::End) => {
                 if let Some((first, ..)) = end {
-                    return Err(HostsError::MultipleBlocks {
+                    return Err(BlockError::MultipleBlocks {
                         first,
                         second: lineno,
                     });
                 }
                 if begin.is_none() {
-                    return Err(HostsError::StrayEnd { line: lineno });
+                    return Err(BlockError::StrayEnd { line: lineno });
                 }
                 end = Some((lineno, offset + line.len(), line.ends_with(b"\n")));
             }
@@ -246,8 +270,8 @@ fn locate(file: &[u8]) -> Result<Option<Located>, HostsError> {
     }
     match (begin, end) {
         (None, None) => Ok(None),
-        (Some((line, _)), None) => Err(HostsError::Unterminated { line }),
-        (None, Some((line, ..))) => Err(HostsError::StrayEnd { line }),
+        (Some((line, _)), None) => Err(BlockError::Unterminated { line }),
+        (None, Some((line, ..))) => Err(BlockError::StrayEnd { line }),
         (Some((_, start)), Some((_, end, end_has_newline))) => Ok(Some(Located {
             start,
             end,
@@ -258,8 +282,10 @@ fn locate(file: &[u8]) -> Result<Option<Located>, HostsError> {
 
 /// Returns `original` with its managed block replaced by `block` (or appended at
 /// the end when it has none); an empty `block` removes the managed block.
-/// Bytes outside the block are kept exactly.
-pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, HostsError> {
+/// Bytes outside the block are kept exactly. A result over
+/// [`MAX_HOSTS_FILE_BYTES`] is refused, so hairpin never writes a file it would
+/// then refuse to edit or clean up.
+pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError> {
     let located = locate(original)?;
     let mut out = Vec::with_capacity(original.len() + 64 + block.len() * 40);
     match located {
@@ -304,12 +330,17 @@ pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, HostsError>
             }
         }
     }
+    if out.len() > MAX_HOSTS_FILE_BYTES {
+        return Err(BlockError::WouldBeTooLarge {
+            len: out.len() as u64,
+        });
+    }
     Ok(out)
 }
 
 /// Returns `original` without its managed block: the inverse of [`apply`] on a
 /// file that had none.
-pub fn remove(original: &[u8]) -> Result<Vec<u8>, HostsError> {
+pub fn remove(original: &[u8]) -> Result<Vec<u8>, BlockError> {
     apply(original, &HostsBlock::empty())
 }
 

@@ -115,20 +115,20 @@ fn ambiguous_files_are_errors_naming_the_lines() {
     let b = block(&[("10.0.0.1", "a.example.com")]);
     let unterminated = format!("x\n{BEGIN_MARKER}\n1.1.1.1 a\n");
     let err = apply(unterminated.as_bytes(), &b).unwrap_err();
-    assert!(matches!(err, HostsError::Unterminated { line: 2 }), "{err}");
+    assert!(matches!(err, BlockError::Unterminated { line: 2 }), "{err}");
     assert_eq!(
         err.to_string(),
-        "hosts file: managed block begins at line 2 but has no \"# END hairpin managed block\" line after it"
+        "managed block begins at line 2 but has no end: expected a \"# END hairpin managed block\" line after it"
     );
 
     let stray = format!("x\n{END_MARKER}\n{BEGIN_MARKER}\n{END_MARKER}\n");
     assert!(matches!(
         remove(stray.as_bytes()),
-        Err(HostsError::StrayEnd { line: 2 })
+        Err(BlockError::StrayEnd { line: 2 })
     ));
     assert!(matches!(
         remove(format!("{END_MARKER}\n").as_bytes()),
-        Err(HostsError::StrayEnd { line: 1 })
+        Err(BlockError::StrayEnd { line: 1 })
     ));
 
     let two = format!("{BEGIN_MARKER}\n{END_MARKER}\n{BEGIN_MARKER}\n{END_MARKER}\n");
@@ -136,7 +136,7 @@ fn ambiguous_files_are_errors_naming_the_lines() {
     assert!(
         matches!(
             err,
-            HostsError::MultipleBlocks {
+            BlockError::MultipleBlocks {
                 first: 1,
                 second: 3
             }
@@ -147,7 +147,7 @@ fn ambiguous_files_are_errors_naming_the_lines() {
     let nested = format!("{BEGIN_MARKER}\n{BEGIN_MARKER}\n{END_MARKER}\n");
     assert!(matches!(
         remove(nested.as_bytes()),
-        Err(HostsError::MultipleBlocks {
+        Err(BlockError::MultipleBlocks {
             first: 1,
             second: 2
         })
@@ -155,11 +155,36 @@ fn ambiguous_files_are_errors_naming_the_lines() {
 
     let huge = vec![b'#'; MAX_HOSTS_FILE_BYTES + 1];
     let err = apply(&huge, &b).unwrap_err();
-    assert!(matches!(err, HostsError::TooLarge { .. }), "{err}");
+    assert!(matches!(err, BlockError::TooLarge { .. }), "{err}");
     assert!(
         err.to_string()
-            .starts_with("hosts file: expected at most 1048576 bytes")
+            .starts_with("expected at most 1048576 bytes")
     );
+}
+
+/// Regression: a file just under the limit used to get the block appended, and
+/// then every later edit, cleanup included, refused the file as too large.
+#[test]
+fn an_edit_that_would_pass_the_size_limit_is_refused() {
+    let b = block(&[("10.0.0.1", "a.example.com")]);
+    let mut at_limit = vec![b'#'; MAX_HOSTS_FILE_BYTES - 1];
+    at_limit.push(b'\n');
+    let err = apply(&at_limit, &b).unwrap_err();
+    assert!(
+        matches!(err, BlockError::WouldBeTooLarge { len } if len > MAX_HOSTS_FILE_BYTES as u64)
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "with the managed block the file would be {} bytes; expected at most 1048576",
+            at_limit.len() + 95
+        )
+    );
+    // Removing is always possible, and a file with room takes the block.
+    assert_eq!(remove(&at_limit).unwrap(), at_limit);
+    let roomy = &at_limit[200..];
+    let applied = apply(roomy, &b).unwrap();
+    assert_eq!(remove(&applied).unwrap(), roomy);
 }
 
 #[test]

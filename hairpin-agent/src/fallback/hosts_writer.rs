@@ -7,10 +7,10 @@
 //! refused connect until then. [`cleanup`] (for `hairpin-agent cleanup` and node
 //! decommissioning) removes it, restoring the file byte for byte.
 
-use std::{net::IpAddr, path::Path};
+use std::{io::Read, net::IpAddr, path::Path};
 
 use super::{
-    hosts::{self, HostsBlock, HostsError, Skipped},
+    hosts::{self, BlockError, HostsBlock, HostsError, MAX_HOSTS_FILE_BYTES, Skipped},
     names::NameRoute,
 };
 
@@ -57,7 +57,10 @@ pub fn cleanup(path: &Path) -> Result<bool, HostsError> {
 
 fn rewrite(path: &Path, block: &HostsBlock) -> Result<bool, HostsError> {
     let original = read(path)?;
-    let new = hosts::apply(&original, block)?;
+    let new = hosts::apply(&original, block).map_err(|source| HostsError::Content {
+        path: path.to_owned(),
+        source,
+    })?;
     if new == original {
         return Ok(false);
     }
@@ -65,17 +68,35 @@ fn rewrite(path: &Path, block: &HostsBlock) -> Result<bool, HostsError> {
     Ok(true)
 }
 
+/// Reads the file, refusing one over [`MAX_HOSTS_FILE_BYTES`] by its size, so a
+/// runaway file is never read whole; the read itself is bounded too, in case the
+/// file grows between the stat and the read.
 fn read(path: &Path) -> Result<Vec<u8>, HostsError> {
-    std::fs::read(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => HostsError::Missing {
+    let io_err = |op: &'static str| {
+        move |source: std::io::Error| match source.kind() {
+            std::io::ErrorKind::NotFound => HostsError::Missing {
+                path: path.to_owned(),
+            },
+            _ => HostsError::Io {
+                op,
+                path: path.to_owned(),
+                source,
+            },
+        }
+    };
+    let file = std::fs::File::open(path).map_err(io_err("open"))?;
+    let len = file.metadata().map_err(io_err("stat"))?.len();
+    if len > MAX_HOSTS_FILE_BYTES as u64 {
+        return Err(HostsError::Content {
             path: path.to_owned(),
-        },
-        _ => HostsError::Io {
-            op: "read",
-            path: path.to_owned(),
-            source,
-        },
-    })
+            source: BlockError::TooLarge { len },
+        });
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    file.take(MAX_HOSTS_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err("read"))?;
+    Ok(buf)
 }
 
 #[cfg(test)]

@@ -94,7 +94,17 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
     let mut tcp_ports = Vec::new();
     for port in spec_ports {
         let protocol = annotations::protocol(port);
-        if protocol == "TCP" {
+        if protocol == "TCP" && !(1..=65535).contains(&port.port) {
+            // Kept out here so a Service whose ports are all invalid is skipped with
+            // this reason, not reported as proxied with no frontend.
+            decision.skips.push(Skip {
+                reason: SkipReason::InvalidPort,
+                message: format!(
+                    "port {} is outside 1-65535; not a TCP port hairpin can proxy",
+                    port_label(port)
+                ),
+            });
+        } else if protocol == "TCP" {
             tcp_ports.push(port.port);
         } else {
             decision.skips.push(Skip {
@@ -210,7 +220,13 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         decision.skips.push(Skip { reason, message });
     }
     if ips.is_empty() {
-        let reason = first_skip.unwrap_or(SkipReason::NoLoadBalancerStatus);
+        let Some(reason) = first_skip else {
+            // Only entries with neither an ip nor a hostname: not provisioned yet.
+            let message = format!(
+                "service {key} has status.loadBalancer.ingress entries without an ip or hostname: the load balancer is not provisioned"
+            );
+            return skipped(decision, SkipReason::NoLoadBalancerStatus, message);
+        };
         decision.outcome = Outcome::Skipped(reason);
         return decision;
     }
@@ -225,7 +241,7 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
     let source = format!("Service {key}");
     for ip in ips {
         for (port, version) in &chosen {
-            // Service ports are 1..=65535 (validated by the API server); anything else is skipped.
+            // Ports outside 1..=65535 were skipped above, as InvalidPort.
             let Ok(port) = u16::try_from(*port) else {
                 continue;
             };

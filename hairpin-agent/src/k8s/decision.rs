@@ -59,6 +59,9 @@ pub enum SkipReason {
     InvalidIngressIp,
     /// A port is UDP or SCTP; the PROXY header is a TCP thing here.
     NotTcp,
+    /// A port number outside 1..=65535 (the API server rejects these; a hand-made or
+    /// fake object may not).
+    InvalidPort,
     /// A port was left out by `hairpin.dev/ports` or by the provider's own port selection.
     PortNotSelected,
     /// Another Service claims the same (IP, port) with a different version and won.
@@ -78,6 +81,7 @@ impl SkipReason {
             SkipReason::IpModeProxy => "SkippedIpModeProxy",
             SkipReason::InvalidIngressIp => "SkippedInvalidIngressIp",
             SkipReason::NotTcp => "SkippedNotTcp",
+            SkipReason::InvalidPort => "SkippedInvalidPort",
             SkipReason::PortNotSelected => "SkippedPortNotSelected",
             SkipReason::Conflict => "SkippedConflict",
             SkipReason::NothingToProxy => "SkippedNothingToProxy",
