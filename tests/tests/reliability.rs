@@ -124,7 +124,7 @@ fn ten_thousand_connections_held_open_at_once() {
     assert_eq!(client.line(), "closed");
     client.wait_success(Duration::from_secs(10));
     let (_, fds_settled) = wait_for_fds(pid, base.fds, Duration::from_secs(10));
-    let (after, rss_settled) = wait_for_rss(pid, base.rss_kib + 32 * 1024, Duration::from_secs(25));
+    let (after, rss_settled) = wait_for_rss(pid, base.rss_kib + 24 * 1024, Duration::from_secs(25));
 
     eprintln!(
         "held {n_held} connections ({opened}): agent baseline {base}; all open {peak} \
@@ -199,7 +199,7 @@ fn a_million_connections_in_a_burst_without_an_error() {
     client.wait_success(Duration::from_secs(10));
     let peak = sampler.peak();
     let (_, settled) = wait_for_fds(pid, base.fds, Duration::from_secs(10));
-    let (after, rss_settled) = wait_for_rss(pid, base.rss_kib + 32 * 1024, Duration::from_secs(25));
+    let (after, rss_settled) = wait_for_rss(pid, base.rss_kib + 24 * 1024, Duration::from_secs(25));
     let status = agent_status(&node);
     let counters = &status["counters"];
 
