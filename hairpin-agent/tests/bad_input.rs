@@ -507,7 +507,7 @@ fn malformed_provider_annotations_never_panic_and_warn_naming_the_annotation() {
             let Some(Rule::Provider { annotations, .. }) = &d.rule else {
                 panic!("{context}")
             };
-            assert_eq!(annotations, &[key.clone()], "{context}");
+            assert_eq!(annotations, std::slice::from_ref(&key), "{context}");
             assert!(d.summary().contains(&key), "{context}");
             // ...and a value the provider's controller rejects is a warning that names
             // the Service, the annotation and what the controller expects.
