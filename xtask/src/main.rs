@@ -5,6 +5,7 @@
 
 mod bench;
 mod ebpf;
+mod fuzz;
 mod prereqs;
 
 use std::{path::PathBuf, process::Command};
@@ -41,6 +42,8 @@ enum Cmd {
     Demo,
     /// Measure hairpin against HAProxy send-proxy and a direct path; write BENCHMARKS.md (root).
     Bench(bench::Options),
+    /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (nightly).
+    Fuzz(fuzz::Options),
 }
 
 fn main() -> Result<()> {
@@ -57,6 +60,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Demo => demo(),
         Cmd::Bench(opts) => bench::bench(&opts),
+        Cmd::Fuzz(opts) => fuzz::fuzz(&opts),
     }
 }
 

@@ -199,7 +199,7 @@ pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
 }
 
 /// Where built tools are kept between runs: `$XDG_CACHE_HOME/hairpin` or `~/.cache/hairpin`.
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

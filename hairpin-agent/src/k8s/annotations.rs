@@ -12,6 +12,25 @@ pub const PROXY_PROTOCOL: &str = "hairpin.dev/proxy-protocol";
 /// Comma-separated Service port numbers or names: only these ports are proxied.
 pub const PORTS: &str = "hairpin.dev/ports";
 
+/// Most bytes of an annotation value (or one of its entries) quoted in a message:
+/// the Event that carries it holds 1 KiB, and what was expected must still fit.
+pub const EXCERPT_MAX: usize = 64;
+/// Most bytes of the Service's port list quoted in a message.
+const KNOWN_PORTS_MAX: usize = 256;
+
+/// `value` cut to `max` bytes on a character boundary, with `...` when cut, for
+/// quoting in a message.
+pub fn excerpt(value: &str, max: usize) -> String {
+    if value.len() <= max {
+        return value.to_string();
+    }
+    let mut cut = max;
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &value[..cut])
+}
+
 /// An invalid hairpin annotation. The Service is skipped until it is fixed; other Services
 /// are unaffected. Each message names the Service, the annotation and what was expected.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -21,7 +40,7 @@ pub enum AnnotationError {
     ProxyProtocol {
         /// `namespace/name`.
         service: String,
-        /// The value found.
+        /// The value found (its first 64 bytes when longer).
         value: String,
     },
     /// `hairpin.dev/ports` has an empty entry (`80,,443`, or an empty value).
@@ -31,7 +50,7 @@ pub enum AnnotationError {
     EmptyPortEntry {
         /// `namespace/name`.
         service: String,
-        /// The whole value.
+        /// The value (its first 64 bytes when longer).
         value: String,
     },
     /// A `hairpin.dev/ports` entry matches no port of the Service.
@@ -41,7 +60,7 @@ pub enum AnnotationError {
     UnknownPort {
         /// `namespace/name`.
         service: String,
-        /// The entry that matched nothing.
+        /// The entry that matched nothing (its first 64 bytes when longer).
         entry: String,
         /// The Service's ports, `80/http, 443/https`.
         known: String,
@@ -83,7 +102,7 @@ pub fn proxy_protocol(
         "off" => Ok(Some(OurSetting::Off)),
         _ => Err(AnnotationError::ProxyProtocol {
             service: service.to_string(),
-            value: value.to_string(),
+            value: excerpt(value, EXCERPT_MAX),
         }),
     }
 }
@@ -108,7 +127,7 @@ pub fn ports(
         if entry.is_empty() {
             return Err(AnnotationError::EmptyPortEntry {
                 service: service.to_string(),
-                value: value.to_string(),
+                value: excerpt(value, EXCERPT_MAX),
             });
         }
         // A name may look like anything but a number is always a number: port names must
@@ -128,11 +147,11 @@ pub fn ports(
                 .collect();
             return Err(AnnotationError::UnknownPort {
                 service: service.to_string(),
-                entry: entry.to_string(),
+                entry: excerpt(entry, EXCERPT_MAX),
                 known: if known.is_empty() {
                     "no ports".to_string()
                 } else {
-                    known.join(", ")
+                    excerpt(&known.join(", "), KNOWN_PORTS_MAX)
                 },
             });
         };
@@ -147,8 +166,8 @@ pub fn ports(
             None => {
                 return Err(AnnotationError::NotTcpPort {
                     service: service.to_string(),
-                    entry: entry.to_string(),
-                    protocol: protocol(port).to_string(),
+                    entry: excerpt(entry, EXCERPT_MAX),
+                    protocol: excerpt(protocol(port), EXCERPT_MAX),
                 });
             }
         }

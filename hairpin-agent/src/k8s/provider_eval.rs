@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::frontends::ProxyVersion;
 
+use super::annotations::{EXCERPT_MAX, excerpt};
 use super::providers::{
     Confidence, PROVIDER_ANNOTATIONS, ProviderAnnotation, ValueRule, aws_is_nlb,
 };
@@ -89,7 +90,8 @@ fn speak(row: &ProviderAnnotation, value: &str, port: i32, aws_nlb: bool) -> Res
                     for entry in list.split(',').map(str::trim) {
                         let n: i32 = entry.parse().map_err(|_| {
                             format!(
-                                "expected true, false, * or Service port numbers, got {entry:?}"
+                                "expected true, false, * or Service port numbers, got {:?}",
+                                excerpt(entry, EXCERPT_MAX)
                             )
                         })?;
                         listed |= n == port;
@@ -200,7 +202,8 @@ pub fn evaluate(
                 Ok(said) => said,
                 Err(expected) => {
                     let warning = format!(
-                        "service {service}: annotation {key} is {value:?}, which the {provider} controller does not accept ({expected}); hairpin ignores it"
+                        "service {service}: annotation {key} is {:?}, which the {provider} controller does not accept ({expected}); hairpin ignores it",
+                        excerpt(value, EXCERPT_MAX)
                     );
                     if !selection.warnings.contains(&warning) {
                         selection.warnings.push(warning);

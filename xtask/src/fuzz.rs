@@ -1,0 +1,318 @@
+//! `cargo xtask fuzz`: runs every cargo-fuzz target in `fuzz/` for a bounded time,
+//! installing nightly and cargo-fuzz when missing, and fails on any crash.
+//!
+//! Each target starts from its committed seeds (`fuzz/seeds/<target>`) and the
+//! corpus earlier runs grew (`fuzz/corpus/<target>`, not committed); libFuzzer's
+//! output goes to `fuzz/logs/<target>.log`, and a crashing input to
+//! `fuzz/artifacts/<target>/`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{prereqs, run, workspace_root};
+
+/// The cargo-fuzz release installed into the cache when missing.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// Options of `cargo xtask fuzz`.
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Seconds each target runs (libFuzzer's -max_total_time).
+    #[arg(long, default_value_t = 30)]
+    time: u64,
+    /// Only these targets (default: every target in fuzz/Cargo.toml).
+    #[arg(long = "target")]
+    targets: Vec<String>,
+    /// Sanitizer to build with. The code under test is safe Rust, so `none` (the
+    /// default) trades nothing for about twice the executions; debug assertions
+    /// and overflow checks stay on either way.
+    #[arg(long, default_value = "none", value_parser = ["none", "address"])]
+    sanitizer: String,
+}
+
+/// What one target's run showed.
+struct Outcome {
+    target: String,
+    seconds: u64,
+    executions: Option<u64>,
+    per_second: Option<u64>,
+    coverage: Option<u64>,
+    features: Option<u64>,
+    corpus: Option<u64>,
+    crash: Option<String>,
+    log: PathBuf,
+}
+
+/// Runs the targets and prints one line per target; fails if any crashed.
+pub fn fuzz(opts: &Options) -> Result<()> {
+    ensure_nightly()?;
+    let cargo_fuzz = ensure_cargo_fuzz()?;
+    let root = workspace_root();
+    let fuzz_dir = root.join("fuzz");
+    let all = list_targets(&cargo_fuzz, &root)?;
+    let targets: Vec<String> = if opts.targets.is_empty() {
+        all
+    } else {
+        for t in &opts.targets {
+            if !all.contains(t) {
+                bail!("no fuzz target {t:?}: expected one of {}", all.join(", "));
+            }
+        }
+        opts.targets.clone()
+    };
+    eprintln!(
+        "xtask: building {} fuzz targets (nightly, sanitizer {})",
+        targets.len(),
+        opts.sanitizer
+    );
+    run(fuzz_cmd(&cargo_fuzz, &root).args(["build", "--sanitizer", &opts.sanitizer]))?;
+
+    let logs = fuzz_dir.join("logs");
+    fs::create_dir_all(&logs).with_context(|| format!("failed to create {}", logs.display()))?;
+    let bin_dir = binary_dir(&root)?;
+    let mut outcomes = Vec::new();
+    for target in &targets {
+        eprintln!("xtask: fuzzing {target} for {} s", opts.time);
+        outcomes.push(run_target(&root, &bin_dir, target, opts, &logs)?);
+    }
+
+    println!(
+        "{:<18} {:>6} {:>12} {:>8} {:>6} {:>7} {:>7}  result",
+        "target", "secs", "executions", "exec/s", "cov", "ft", "corpus"
+    );
+    let show = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+    for o in &outcomes {
+        println!(
+            "{:<18} {:>6} {:>12} {:>8} {:>6} {:>7} {:>7}  {}",
+            o.target,
+            o.seconds,
+            show(o.executions),
+            show(o.per_second),
+            show(o.coverage),
+            show(o.features),
+            show(o.corpus),
+            o.crash.as_deref().unwrap_or("ok"),
+        );
+    }
+    let crashed: Vec<&Outcome> = outcomes.iter().filter(|o| o.crash.is_some()).collect();
+    if !crashed.is_empty() {
+        for o in &crashed {
+            eprintln!(
+                "xtask: {} failed: {} (log: {}); reproduce with `cargo +nightly fuzz run --sanitizer {} {} <artifact>`",
+                o.target,
+                o.crash.as_deref().unwrap_or_default(),
+                o.log.display(),
+                opts.sanitizer,
+                o.target,
+            );
+        }
+        bail!(
+            "{} of {} fuzz targets failed",
+            crashed.len(),
+            outcomes.len()
+        );
+    }
+    Ok(())
+}
+
+fn run_target(
+    root: &Path,
+    bin_dir: &Path,
+    target: &str,
+    opts: &Options,
+    logs: &Path,
+) -> Result<Outcome> {
+    let corpus = root.join("fuzz/corpus").join(target);
+    let artifacts = root.join("fuzz/artifacts").join(target);
+    for dir in [&corpus, &artifacts] {
+        fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    }
+    let seeds = root.join("fuzz/seeds").join(target);
+    let log_path = logs.join(format!("{target}.log"));
+    let log = fs::File::create(&log_path)
+        .with_context(|| format!("failed to create {}", log_path.display()))?;
+    // The binary `cargo fuzz build` made, run directly: `cargo fuzz run` would
+    // rebuild hairpin-agent first (its build script watches an optional file).
+    let mut cmd = Command::new(bin_dir.join(target));
+    cmd.arg(&corpus);
+    if seeds.is_dir() {
+        cmd.arg(&seeds);
+    }
+    let mut prefix = artifacts.into_os_string();
+    prefix.push("/");
+    cmd.arg(format!("-max_total_time={}", opts.time))
+        // An input that takes seconds is a bug here (every parser is linear).
+        .arg("-timeout=10")
+        .arg("-print_final_stats=1")
+        .arg({
+            let mut arg = std::ffi::OsString::from("-artifact_prefix=");
+            arg.push(&prefix);
+            arg
+        })
+        .current_dir(root)
+        .stdout(Stdio::null())
+        .stderr(log);
+    let started = Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    let seconds = started.elapsed().as_secs();
+    let text = fs::read(&log_path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .with_context(|| format!("failed to read {}", log_path.display()))?;
+    let mut outcome = parse_log(target, &text);
+    outcome.seconds = seconds;
+    outcome.log = log_path;
+    if !status.success() && outcome.crash.is_none() {
+        outcome.crash = Some(format!("exited with {status}"));
+    }
+    Ok(outcome)
+}
+
+/// Where `cargo fuzz build` puts the target binaries: `<target dir>/<host>/release`.
+fn binary_dir(root: &Path) -> Result<PathBuf> {
+    let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("fuzz/target"),
+    };
+    let version = Command::new("rustc")
+        .args(["+nightly", "-vV"])
+        .output()
+        .context("failed to run rustc +nightly -vV")?;
+    let host = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .context("rustc +nightly -vV printed no host triple")?;
+    Ok(target_dir.join(host).join("release"))
+}
+
+/// Reads libFuzzer's final stats and its last status line
+/// (`#N DONE cov: C ft: F corp: K/...`), and a crash's artifact path.
+fn parse_log(target: &str, text: &str) -> Outcome {
+    let stat = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("stat::{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let status_line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('#') && l.contains(" cov: "));
+    let field = |name: &str| {
+        status_line.and_then(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == name)?;
+            words.next()?.split('/').next()?.parse().ok()
+        })
+    };
+    let crash = text
+        .lines()
+        .find(|l| l.contains("Test unit written to"))
+        .map(|l| {
+            let why = text
+                .lines()
+                .find(|l| l.contains("==ERROR: libFuzzer") || l.contains("panicked at"))
+                .unwrap_or("crash");
+            format!("{} -> {}", why.trim(), l.rsplit(' ').next().unwrap_or(l))
+        });
+    Outcome {
+        target: target.to_string(),
+        seconds: 0,
+        executions: stat("number_of_executed_units"),
+        per_second: stat("average_exec_per_sec"),
+        coverage: field("cov:"),
+        features: field("ft:"),
+        corpus: field("corp:"),
+        crash,
+        log: PathBuf::new(),
+    }
+}
+
+fn fuzz_cmd(cargo_fuzz: &Path, root: &Path) -> Command {
+    let mut cmd = Command::new(cargo_fuzz);
+    // `cargo-fuzz fuzz ...` is how cargo itself invokes the subcommand.
+    // Through rustup's cargo proxy on nightly: the stable cargo that runs xtask
+    // exports CARGO (and may export RUSTC), which cargo-fuzz would otherwise follow.
+    cmd.arg("fuzz")
+        .current_dir(root)
+        .env("RUSTUP_TOOLCHAIN", "nightly")
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("RUSTC_BOOTSTRAP");
+    cmd
+}
+
+fn list_targets(cargo_fuzz: &Path, root: &Path) -> Result<Vec<String>> {
+    let out = fuzz_cmd(cargo_fuzz, root)
+        .arg("list")
+        .output()
+        .context("failed to run cargo fuzz list")?;
+    if !out.status.success() {
+        bail!(
+            "cargo fuzz list failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+/// cargo-fuzz needs a nightly toolchain (`-Z sanitizer`, `-C passes=sancov`).
+fn ensure_nightly() -> Result<()> {
+    let list = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .context("rustup is needed for the nightly toolchain cargo-fuzz uses")?;
+    if String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .any(|l| l.starts_with("nightly"))
+    {
+        return Ok(());
+    }
+    eprintln!("xtask: installing the nightly toolchain (cargo-fuzz needs it)");
+    run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
+}
+
+/// Returns the cargo-fuzz binary in the cache, installing it there once.
+fn ensure_cargo_fuzz() -> Result<PathBuf> {
+    let root = prereqs::cache_dir().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    let bin = root.join("bin/cargo-fuzz");
+    let works = |bin: &Path| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works(&bin) {
+        return Ok(bin);
+    }
+    eprintln!(
+        "xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION} into {} (once)",
+        root.display()
+    );
+    run(Command::new("cargo")
+        .args(["install", "--locked", "--force"])
+        .arg(format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"))
+        .arg("--root")
+        .arg(&root)
+        .env_remove("RUSTC_BOOTSTRAP"))
+    .context("could not install cargo-fuzz: run `cargo install --locked cargo-fuzz`")?;
+    if !works(&bin) {
+        bail!(
+            "cargo install put no working cargo-fuzz at {}",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
