@@ -36,6 +36,17 @@ pub struct Options {
     sanitizer: String,
 }
 
+impl Options {
+    /// What `cargo xtask test` runs: every target for 10 s, no sanitizer.
+    pub fn smoke() -> Options {
+        Options {
+            time: 10,
+            targets: Vec::new(),
+            sanitizer: "none".into(),
+        }
+    }
+}
+
 /// What one target's run showed.
 struct Outcome {
     target: String,

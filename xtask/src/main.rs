@@ -135,7 +135,10 @@ fn test(args: &[String]) -> Result<()> {
         .env("HAIRPIN_EBPF_OBJECT", &object)
         .env("HAIRPIN_AGENT_BIN", &agent))?;
     // The shared-types crate is not a default member (its binary targets BPF): test its library.
-    run(cargo().args(["test", "--package", "hairpin-ebpf", "--lib"]))
+    run(cargo().args(["test", "--package", "hairpin-ebpf", "--lib"]))?;
+    // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the
+    // run. The long runs are `cargo xtask fuzz --time N` (RELIABILITY.md).
+    fuzz::fuzz(&fuzz::Options::smoke())
 }
 
 fn demo() -> Result<()> {
