@@ -227,10 +227,17 @@ impl AcceptLoop {
                     refuse(&client, peer, &self.metrics);
                     return;
                 }
+                // Bound to one address, so the connection's own; a wildcard bind
+                // (`--listen-address 0.0.0.0`) needs the kernel's answer.
+                let local = if self.local.ip().is_unspecified() {
+                    client.local_addr().unwrap_or(self.local)
+                } else {
+                    self.local
+                };
                 let conn = Connection {
                     client,
                     peer,
-                    local: self.local,
+                    local,
                     target: self.target,
                     version: decode_version(self.version.load(Ordering::Relaxed)),
                     cfg: self.cfg.clone(),

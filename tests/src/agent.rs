@@ -16,21 +16,27 @@ use crate::{
 /// Path of the agent binary: HAIRPIN_AGENT_BIN (set by `cargo xtask test`), else the
 /// debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAIRPIN_AGENT_BIN") {
+    workspace_bin(
+        "HAIRPIN_AGENT_BIN",
+        "hairpin-agent",
+        "run the tests with `cargo xtask test`",
+    )
+}
+
+/// `$env` when set, else the binary `name` beside this test binary
+/// (target/<profile>/deps/<test> -> target/<profile>/<name>); `hint` says how to get
+/// it when neither exists.
+pub fn workspace_bin(env: &str, name: &str, hint: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
-    // target/debug/deps/<test> -> target/debug/hairpin-agent
     let bin = exe
         .ancestors()
         .nth(2)
         .expect("test binary lives in target/<profile>/deps")
-        .join("hairpin-agent");
-    assert!(
-        bin.exists(),
-        "no agent binary at {}: run the tests with `cargo xtask test`",
-        bin.display()
-    );
+        .join(name);
+    assert!(bin.exists(), "no {name} at {}: {hint}", bin.display());
     bin
 }
 

@@ -39,17 +39,11 @@ pub fn load_lbs() -> Vec<LbRule> {
 /// Path of the `hairpin-load` binary beside the test binary (cargo builds a
 /// package's binaries before its integration tests), or HAIRPIN_LOAD_BIN.
 pub fn load_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAIRPIN_LOAD_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe
-        .ancestors()
-        .nth(2)
-        .expect("test binary lives in target/<profile>/deps")
-        .join("hairpin-load");
-    assert!(bin.exists(), "no hairpin-load at {}", bin.display());
-    bin
+    crate::agent::workspace_bin(
+        "HAIRPIN_LOAD_BIN",
+        "hairpin-load",
+        "cargo builds it with the tests",
+    )
 }
 
 /// A helper process, SIGKILLed on drop; its stdout is read line by line.

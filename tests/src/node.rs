@@ -302,18 +302,24 @@ impl SimNode {
                 ));
             }
             let input = format!("*nat\n{chains}{rules}COMMIT\n");
-            let file = self.dir.join(if v6 { "rules6" } else { "rules4" });
-            fs::write(&file, input).expect("write rules");
-            let tool = if v6 {
-                "ip6tables-restore"
-            } else {
-                "iptables-restore"
-            };
-            run_in(
-                &self.node_ns,
-                &[tool, "--noflush", file.to_str().expect("utf-8 path")],
-            );
+            self.nat_restore(v6, if v6 { "rules6" } else { "rules4" }, &input);
         }
+    }
+
+    /// Loads `input` (iptables-restore format) into the node namespace's nat table
+    /// without flushing, keeping it in the scratch directory as `name`.
+    fn nat_restore(&self, v6: bool, name: &str, input: &str) {
+        let file = self.dir.join(name);
+        fs::write(&file, input).expect("write rules");
+        let tool = if v6 {
+            "ip6tables-restore"
+        } else {
+            "iptables-restore"
+        };
+        run_in(
+            &self.node_ns,
+            &[tool, "--noflush", file.to_str().expect("utf-8 path")],
+        );
     }
 
     /// Adds a ClusterIP Service with `internalTrafficPolicy: Local` as kube-proxy's
@@ -343,17 +349,7 @@ impl SimNode {
              -A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {dest}\n\
              COMMIT\n"
         );
-        let file = self.dir.join(format!("svc-{tag}"));
-        fs::write(&file, input).expect("write service rules");
-        let tool = if v6 {
-            "ip6tables-restore"
-        } else {
-            "iptables-restore"
-        };
-        run_in(
-            &self.node_ns,
-            &[tool, "--noflush", file.to_str().expect("utf-8 path")],
-        );
+        self.nat_restore(v6, &format!("svc-{tag}"), &input);
     }
 
     /// Child cgroup for the pod's processes.

@@ -189,8 +189,8 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &[Frontend]) -> NameRoutes {
 /// `frontends` (what the Service decision proxies). Conflicts are settled across kinds.
 pub fn name_routes<'a>(
     ingresses: impl IntoIterator<Item = &'a Ingress>,
-    gateways: &[DynamicObject],
-    routes: &[DynamicObject],
+    gateways: impl IntoIterator<Item = &'a DynamicObject>,
+    routes: impl IntoIterator<Item = &'a DynamicObject>,
     frontends: &[Frontend],
 ) -> NameRoutes {
     let mut claims = Vec::new();

@@ -91,9 +91,9 @@ fn identity(obj: &DynamicObject, default_kind: &str) -> (String, String) {
 /// A route's hostnames map to the addresses of every Gateway it names as a parent;
 /// the listener-level hostname intersection is left to the Gateway (a name the
 /// Gateway rejects fails there exactly as it would through the cloud LB).
-pub fn gateway_claims(
-    gateways: &[DynamicObject],
-    routes: &[DynamicObject],
+pub fn gateway_claims<'a>(
+    gateways: impl IntoIterator<Item = &'a DynamicObject>,
+    routes: impl IntoIterator<Item = &'a DynamicObject>,
 ) -> (Vec<Claim>, Vec<NameSkip>) {
     let mut claims = Vec::new();
     let mut skips = Vec::new();

@@ -98,7 +98,7 @@ impl GatewayStores {
     }
 
     /// Gateways, and the routes (HTTPRoute, TLSRoute) that attach to them.
-    fn objects(&self) -> (Vec<DynamicObject>, Vec<DynamicObject>) {
+    fn objects(&self) -> (Vec<Arc<DynamicObject>>, Vec<Arc<DynamicObject>>) {
         let stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (mut gateways, mut routes) = (Vec::new(), Vec::new());
         for (kind, store) in stores.iter() {
@@ -107,7 +107,7 @@ impl GatewayStores {
             } else {
                 &mut routes
             };
-            into.extend(store.state().iter().map(|o| o.as_ref().clone()));
+            into.extend(store.state());
         }
         (gateways, routes)
     }
@@ -281,8 +281,8 @@ async fn decide_loop(
         let (gateways, routes) = gateway_api.objects();
         let names = name_routes(
             ingresses.state().iter().map(|i| i.as_ref()),
-            &gateways,
-            &routes,
+            gateways.iter().map(|o| o.as_ref()),
+            routes.iter().map(|o| o.as_ref()),
             &desired.frontends,
         );
         let snapshot = KubeSnapshot {

@@ -38,11 +38,23 @@ enum Refusal {
     Unknown(String),
 }
 
-/// Serves one client accepted on a listener whose connections route as `port`: the
-/// port the client dialled (the listener's own, or the Service port it stands for).
-pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, port: u16, shared: Arc<Shared>) {
+/// Serves one client accepted on the listener bound at `local` (one address, so the
+/// connection's own) whose connections route as `port`: the port the client dialled
+/// (the listener's own, or the Service port it stands for).
+pub(super) async fn serve(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    port: u16,
+    shared: Arc<Shared>,
+) {
     shared.metrics.connection_opened();
-    let local = client.local_addr().unwrap_or(SocketAddr::new(peer.ip(), 0));
+    // A wildcard bind (`--names-address 0.0.0.0`) says nothing about the connection.
+    let local = if local.ip().is_unspecified() {
+        client.local_addr().unwrap_or(local)
+    } else {
+        local
+    };
     let mut buf = Vec::with_capacity(4096);
     match peek_name(&mut client, &mut buf, shared.peek_timeout).await {
         Ok((tls, name)) => {

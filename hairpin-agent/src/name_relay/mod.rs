@@ -175,6 +175,7 @@ impl NameRouting {
                     tokio::spawn(
                         accept_loop(
                             listener,
+                            local,
                             routes_as,
                             stop.clone(),
                             self.shared.clone(),
@@ -221,6 +222,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
+    local: SocketAddr,
     routes_as: u16,
     stop: CancellationToken,
     shared: Arc<Shared>,
@@ -236,7 +238,7 @@ async fn accept_loop(
                         continue;
                     }
                     let span = info_span!("name_conn", client = %peer);
-                    connections.spawn(conn::serve(client, peer, routes_as, shared.clone()).instrument(span));
+                    connections.spawn(conn::serve(client, peer, local, routes_as, shared.clone()).instrument(span));
                 }
                 Err(e) => {
                     warn!(error = %e, "accept failed");

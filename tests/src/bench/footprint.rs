@@ -135,18 +135,9 @@ pub fn measure(ctx: &Ctx, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Ve
             drop(agent);
 
             let mut agent = start(&base_specs());
-            let t = Instant::now();
-            write_frontends(&agent, &frontends_yaml(&full))?;
             let needle = format!("reconcile finished frontends={size} ");
-            agent.wait_for_log(&needle, Duration::from_secs(60));
-            f.apply_wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            let log = agent.log();
-            let line = log.lines().find(|l| l.contains(&needle)).unwrap_or("");
-            let ms = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("elapsed_ms="))
-                .and_then(|v| v.parse::<f64>().ok())
-                .with_context(|| format!("no elapsed_ms in {line:?}"))?;
+            let (wall, ms) = timed_apply(&mut agent, &frontends_yaml(&full), &needle, 60)?;
+            f.apply_wall_ms.push(wall);
             f.apply_agent_ms.push(ms);
             eprintln!(
                 "  footprint {size} round {round}: ready {:.0} ms, idle {:.1} MiB, load {:.1} MiB, apply {ms:.0} ms",
@@ -158,6 +149,23 @@ pub fn measure(ctx: &Ctx, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Ve
         all.push(f);
     }
     Ok(all)
+}
+
+/// Replaces `agent`'s frontends file with `yaml` and waits for the log line
+/// containing `needle`: (wall ms from the write, the agent's own `elapsed_ms`).
+fn timed_apply(agent: &mut Agent, yaml: &str, needle: &str, within_s: u64) -> Result<(f64, f64)> {
+    let t = Instant::now();
+    write_frontends(agent, yaml)?;
+    agent.wait_for_log(needle, Duration::from_secs(within_s));
+    let wall = t.elapsed().as_secs_f64() * 1e3;
+    let log = agent.log();
+    let line = log.lines().find(|l| l.contains(needle)).unwrap_or("");
+    let ms = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("elapsed_ms="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("no elapsed_ms in {line:?}"))?;
+    Ok((wall, ms))
 }
 
 /// The name-routing footprint: an agent with the name relay and a hosts file is
@@ -186,18 +194,9 @@ pub fn measure_names(
     for round in 0..ctx.opts.runs {
         std::fs::write(&hosts, b"127.0.0.1\tlocalhost\n")?;
         let mut agent = start(&base_specs(), &names_args(&hosts));
-        let t = Instant::now();
-        write_frontends(&agent, &yaml)?;
         let needle = format!("reconcile finished frontends={size} failed=0 routes={hostnames} ");
-        agent.wait_for_log(&needle, Duration::from_secs(120));
-        f.apply_wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        let log = agent.log();
-        let line = log.lines().find(|l| l.contains(&needle)).unwrap_or("");
-        let ms = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("elapsed_ms="))
-            .and_then(|v| v.parse::<f64>().ok())
-            .with_context(|| format!("no elapsed_ms in {line:?}"))?;
+        let (wall, ms) = timed_apply(&mut agent, &yaml, &needle, 120)?;
+        f.apply_wall_ms.push(wall);
         f.apply_agent_ms.push(ms);
         let written = std::fs::read_to_string(&hosts)?;
         let entries = written

@@ -29,7 +29,7 @@ use std::{collections::BTreeSet, process::Command};
 use hairpin_agent::{k8s::coredns::CorednsMode, mode::Mode};
 
 use flags::{agent_binary, global_env_names, run_args};
-use render::{agent, env_of, field_of, kustomize, parse_all, root};
+use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root};
 
 /// One way to install hairpin, and what it is for.
 pub struct Variant {
@@ -151,16 +151,7 @@ fn kustomize_renders_every_variant_into_kubernetes_types() {
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
         parse_all(&objs, v.dir);
-        let kinds: BTreeSet<String> = objs
-            .iter()
-            .map(|o| {
-                format!(
-                    "{}/{}",
-                    o["kind"].as_str().unwrap_or_default(),
-                    o["metadata"]["name"].as_str().unwrap_or_default()
-                )
-            })
-            .collect();
+        let kinds: BTreeSet<String> = kind_names(&objs).into_iter().collect();
         for must in [
             "Namespace/hairpin-system",
             "ServiceAccount/hairpin",

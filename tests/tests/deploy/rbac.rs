@@ -143,7 +143,7 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
     match run.coredns {
         CorednsMode::Off => {}
         CorednsMode::Corefile => {
-            v.extend(corefile_calls(&objects.configmap));
+            v.extend(configmap_edit_calls(&objects.configmap));
             // k8s/coredns_loop.rs `publish`: the ConfigMap the Warning Event is about.
             let o = &objects.configmap;
             v.push(call(
@@ -154,7 +154,7 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
         }
         CorednsMode::Import => {
             let o = &objects.custom_configmap;
-            v.extend(import_calls(o));
+            v.extend(configmap_edit_calls(o));
             // k8s/coredns.rs `write_import`: creates coredns-custom when missing; RBAC
             // cannot limit create by name.
             v.push(call(
@@ -181,29 +181,9 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
     v
 }
 
-/// k8s/coredns.rs `edit_corefile`: get_opt, then replace carrying the resourceVersion.
-fn corefile_calls(o: &ObjectName) -> Vec<Call> {
-    let cm = |verb| {
-        (
-            o.namespace.as_str(),
-            "",
-            "configmaps",
-            verb,
-            o.name.as_str(),
-        )
-    };
-    vec![
-        call(cm("get"), "k8s/coredns.rs", ".get_opt(&o.name)"),
-        call(
-            cm("update"),
-            "k8s/coredns.rs",
-            ".replace(&o.name, &PostParams::default(), &cm)",
-        ),
-    ]
-}
-
-/// k8s/coredns.rs `write_import`: get_opt, then replace of our key.
-fn import_calls(o: &ObjectName) -> Vec<Call> {
+/// k8s/coredns.rs `edit_corefile` and `write_import` alike: get_opt, then replace
+/// carrying the resourceVersion (the Corefile, or our key of the import ConfigMap).
+fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
     let cm = |verb| {
         (
             o.namespace.as_str(),
@@ -242,8 +222,8 @@ pub fn cleanup_calls(c: &CleanupArgs) -> Vec<Call> {
     // in import mode a missing coredns-custom is left missing (no create).
     match c.coredns {
         CorednsMode::Off => {}
-        CorednsMode::Corefile => v.extend(corefile_calls(&c.coredns_objects.configmap)),
-        CorednsMode::Import => v.extend(import_calls(&c.coredns_objects.custom_configmap)),
+        CorednsMode::Corefile => v.extend(configmap_edit_calls(&c.coredns_objects.configmap)),
+        CorednsMode::Import => v.extend(configmap_edit_calls(&c.coredns_objects.custom_configmap)),
     }
     v
 }

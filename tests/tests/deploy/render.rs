@@ -110,6 +110,19 @@ pub fn normalize(v: Json) -> Json {
     }
 }
 
+/// `Kind/name` of each object, in order.
+pub fn kind_names(objs: &[Json]) -> Vec<String> {
+    objs.iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// Every object round-trips through its type; an unexpected kind fails.
 pub fn parse_all(objs: &[Json], source: &str) {
     for o in objs {

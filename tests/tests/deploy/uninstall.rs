@@ -8,7 +8,10 @@ use serde_json::Value as Json;
 use super::{
     VARIANTS,
     flags::{cleanup_args, run_args},
-    render::{agent, daemonset, env_of, find, host_path, kustomize, parse_all, pod_spec, typed},
+    render::{
+        agent, daemonset, env_of, find, host_path, kind_names, kustomize, parse_all, pod_spec,
+        typed,
+    },
 };
 
 /// The cleanup Job's container.
@@ -49,16 +52,7 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             return;
         };
         parse_all(&objs, v.uninstall);
-        let kinds: Vec<String> = objs
-            .iter()
-            .map(|o| {
-                format!(
-                    "{}/{}",
-                    o["kind"].as_str().unwrap_or_default(),
-                    o["metadata"]["name"].as_str().unwrap_or_default()
-                )
-            })
-            .collect();
+        let kinds = kind_names(&objs);
         // Only these two: `kubectl delete -k` of the uninstall must leave the agent's
         // ServiceAccount and RBAC, which the Job uses, to the install's own delete.
         assert_eq!(
