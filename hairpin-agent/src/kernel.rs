@@ -29,6 +29,23 @@ pub enum KernelError {
     Programs(#[source] Box<aya::programs::ProgramError>),
 }
 
+impl KernelError {
+    /// True when the map no longer exists (ENOENT opening it by id): it was freed
+    /// between being listed and being opened, as an exiting agent's maps are.
+    pub fn is_gone(&self) -> bool {
+        match self {
+            Self::Map {
+                op: "open", source, ..
+            } => matches!(
+                source.as_ref(),
+                aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
+                    if io_error.raw_os_error() == Some(libc::ENOENT)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The kernel's object names: BPF_OBJ_NAME_LEN is 16 with the NUL, so names are cut to
 /// 15 bytes (`HAIRPIN_FRONTENDS` is `HAIRPIN_FRONTEN`; both programs are `hairpin_connect`).
 pub fn kernel_name(name: &str) -> &str {
@@ -223,5 +240,31 @@ mod tests {
             map_ids_of_pid(std::process::id()).expect("fdinfo"),
             Vec::<u32>::new()
         );
+    }
+
+    fn open_error(errno: i32) -> KernelError {
+        KernelError::Map {
+            op: "open",
+            id: 7,
+            source: Box::new(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_get_fd_by_id",
+                io_error: std::io::Error::from_raw_os_error(errno),
+            })),
+        }
+    }
+
+    #[test]
+    fn only_a_map_missing_at_open_is_gone() {
+        assert!(open_error(libc::ENOENT).is_gone());
+        assert!(!open_error(libc::EPERM).is_gone());
+        let KernelError::Map { source, id, .. } = open_error(libc::ENOENT) else {
+            unreachable!()
+        };
+        let read = KernelError::Map {
+            op: "read",
+            id,
+            source,
+        };
+        assert!(!read.is_gone());
     }
 }

@@ -96,10 +96,11 @@ pub fn run(args: &DumpArgs) -> Result<i32, CliError> {
         ("all", all.iter().map(|m| m.id).collect())
     };
     // Only hairpin's maps: a pid holds others too, and a wrong --map-id must not be decoded.
+    // A map freed between listing and opening (an agent exiting) is gone, not an error.
     let maps: Vec<MapDump> = all
         .iter()
         .filter(|m| ids.contains(&m.id))
-        .map(dump_one)
+        .filter_map(dump_one)
         .collect();
     let ok = !maps.is_empty() && maps.iter().all(|m| m.error.is_none());
     let report = DumpReport { selected_by, maps };
@@ -110,7 +111,7 @@ pub fn run(args: &DumpArgs) -> Result<i32, CliError> {
     Ok(if ok { 0 } else { 1 })
 }
 
-fn dump_one(m: &FoundMap) -> MapDump {
+fn dump_one(m: &FoundMap) -> Option<MapDump> {
     let mut d = MapDump {
         id: m.id,
         name: m.name.clone(),
@@ -132,15 +133,17 @@ fn dump_one(m: &FoundMap) -> MapDump {
                         .collect(),
                 )
             }
+            Err(e) if e.is_gone() => return None,
             Err(e) => d.error = Some(e.to_string()),
         }
     } else {
         match kernel::read_counters(m.id) {
             Ok(c) => d.counters = Some(c.into_iter().map(|(n, v)| (n.to_string(), v)).collect()),
+            Err(e) if e.is_gone() => return None,
             Err(e) => d.error = Some(e.to_string()),
         }
     }
-    d
+    Some(d)
 }
 
 /// The human rendering.
