@@ -1,7 +1,7 @@
 //! Prometheus metrics, served on `/metrics` by the admin server.
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, EncodeLabelValue, text::encode},
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
     metrics::{
         counter::Counter,
         family::Family,
@@ -20,8 +20,8 @@ pub enum Direction {
     Downstream,
 }
 
-/// Why an upstream connection failed.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+/// Why a relayed connection failed (the `kind` label, lower case).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum UpstreamError {
     /// connect() was refused (RST): nothing listens behind the LB for that port.
     Refused,
@@ -31,6 +31,32 @@ pub enum UpstreamError {
     Reset,
     /// Anything else (unreachable, descriptor limits...).
     Other,
+}
+
+impl UpstreamError {
+    /// Every kind, in label order.
+    pub const ALL: [UpstreamError; 4] = [
+        UpstreamError::Other,
+        UpstreamError::Refused,
+        UpstreamError::Reset,
+        UpstreamError::Timeout,
+    ];
+
+    /// The label value and `/status` key.
+    pub fn name(self) -> &'static str {
+        match self {
+            UpstreamError::Refused => "refused",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Reset => "reset",
+            UpstreamError::Other => "other",
+        }
+    }
+}
+
+impl EncodeLabelValue for UpstreamError {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.name())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,6 +86,7 @@ pub struct Metrics {
     active: Gauge,
     bytes: Family<DirectionLabel, Counter>,
     upstream_errors: Family<KindLabel, Counter>,
+    client_errors: Family<KindLabel, Counter>,
     frontends: Gauge,
     frontends_failed: Gauge,
     refused_clients: Counter,
@@ -75,6 +102,7 @@ impl Default for Metrics {
             active: Gauge::default(),
             bytes: Family::default(),
             upstream_errors: Family::default(),
+            client_errors: Family::default(),
             frontends: Gauge::default(),
             frontends_failed: Gauge::default(),
             refused_clients: Counter::default(),
@@ -123,6 +151,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a relayed connection that ended with an error on the client's side
+    /// (the client reset it, or keepalive found it gone).
+    pub fn client_error(&self, kind: UpstreamError) {
+        self.client_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
     /// Sets the number of frontends proxied and failed.
     pub fn set_frontends(&self, proxied: usize, failed: usize) {
         self.frontends.set(proxied as i64);
@@ -158,25 +192,26 @@ impl Metrics {
                 .get_or_create(&DirectionLabel { direction })
                 .get()
         };
-        let kinds = [
-            (UpstreamError::Refused, "refused"),
-            (UpstreamError::Timeout, "timeout"),
-            (UpstreamError::Reset, "reset"),
-            (UpstreamError::Other, "other"),
-        ];
         crate::state::RelayCounters {
             connections: self.connections.get(),
             active_connections: self.active.get(),
             bytes_upstream: bytes(Direction::Upstream),
             bytes_downstream: bytes(Direction::Downstream),
-            upstream_errors: kinds
+            upstream_errors: UpstreamError::ALL
                 .into_iter()
-                .map(|(kind, name)| {
+                .map(|kind| {
                     let n = self
                         .upstream_errors
                         .get_or_create(&KindLabel { kind })
                         .get();
-                    (name.to_string(), n)
+                    (kind.name().to_string(), n)
+                })
+                .collect(),
+            client_errors: UpstreamError::ALL
+                .into_iter()
+                .filter_map(|kind| {
+                    let n = self.client_errors.get(&KindLabel { kind })?.get();
+                    Some((kind.name().to_string(), n))
                 })
                 .collect(),
         }
@@ -200,6 +235,11 @@ impl Metrics {
             "relay_upstream_errors",
             "Upstream connection failures by kind",
             self.upstream_errors.clone(),
+        );
+        registry.register(
+            "relay_client_errors",
+            "Relayed connections ended by an error on the client's side, by kind (reset; timeout: keepalive found the client gone)",
+            self.client_errors.clone(),
         );
         registry.register(
             "frontends_proxied",

@@ -10,9 +10,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    time::Duration,
 };
 
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use crate::{ebpf::Datapath, frontends::Frontend, relay::Relay};
 
@@ -112,7 +113,12 @@ impl Reconciler {
                         );
                     }
                     Err(reason) => {
-                        error!(frontend = %addr, source = %f.source, %reason, "frontend not proxied");
+                        // Retries repeat the error: say it once per reason.
+                        if self.failed.get(&addr) == Some(&reason) {
+                            debug!(frontend = %addr, %reason, "frontend still not proxied");
+                        } else {
+                            error!(frontend = %addr, source = %f.source, %reason, "frontend not proxied");
+                        }
                         self.failed.insert(addr, reason);
                     }
                 },
@@ -159,5 +165,55 @@ impl Reconciler {
         self.relay.stop(addr);
         self.active.remove(&addr);
         info!(frontend = %addr, "frontend retired");
+    }
+}
+/// First retry of failed frontends after an apply that left some failed.
+pub const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest wait between retries of failed frontends.
+pub const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Doubling delays with a cap: 1 s, 2 s, 4 s ... 30 s, back to the first on reset
+/// (a change from the source, or nothing left failed).
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`, never above `max`.
+    pub fn new(first: Duration, max: Duration) -> Backoff {
+        Backoff {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    /// The delay to wait now; the one after is twice as long, up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// Back to the first delay.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_frontend_retries_double_up_to_the_cap_and_reset() {
+        let mut b = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
+        let secs: Vec<u64> = (0..8).map(|_| b.next_delay().as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_secs(1));
     }
 }

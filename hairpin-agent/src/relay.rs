@@ -6,16 +6,18 @@ use std::{
     collections::BTreeMap,
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU8, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
 use nix::sys::socket::{setsockopt, sockopt};
 use tokio::{
-    io::AsyncWriteExt,
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
     net::{TcpListener, TcpSocket, TcpStream},
     time::timeout,
 };
@@ -45,6 +47,27 @@ pub struct RelayConfig {
     pub clients: crate::clients::ClientPolicy,
     /// Size of each direction's copy buffer.
     pub buffer_size: usize,
+    /// TCP keepalive on both sides of every relayed connection: idle time before the
+    /// first probe (`None`: off). A peer that vanished without a FIN or RST (a pod
+    /// whose network namespace went away) is dropped after [`KEEPALIVE_PROBES`]
+    /// unanswered probes instead of holding two sockets and its buffers forever.
+    pub keepalive: Option<Duration>,
+}
+
+/// Unanswered keepalive probes before a relayed connection is dropped; they are sent
+/// every `min(keepalive, 10 s)`.
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns on TCP keepalive on `s` as `idle` says (see [`RelayConfig::keepalive`]).
+fn set_keepalive(s: &TcpStream, idle: Option<Duration>) {
+    let Some(idle) = idle else { return };
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(idle.min(Duration::from_secs(10)))
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
+        debug!(error = %e, "TCP keepalive not set");
+    }
 }
 
 /// Errors starting a listener.
@@ -319,12 +342,88 @@ pub(crate) async fn proxy(
             metrics.bytes(Direction::Downstream, down);
             debug!(bytes_up = up, bytes_down = down, "closed");
         }
-        Err((kind, e)) => {
+        Err((Side::Upstream, kind, e)) => {
             metrics.upstream_error(kind);
             warn!(?kind, error = %e, client = %to.source, target = %to.target, "relay failed");
             let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
         }
+        // A client resetting or found gone by keepalive is the client's business:
+        // counted apart, so upstream error alerts mean the LB path.
+        Err((Side::Client, kind, e)) => {
+            metrics.client_error(kind);
+            debug!(?kind, error = %e, client = %to.source, target = %to.target, "client side failed");
+            let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
+        }
     }
+}
+
+/// Which end of a relayed connection an error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Client,
+    Upstream,
+}
+
+/// Marks an error as the upstream socket's, so a failed copy can say which side broke.
+#[derive(Debug)]
+struct UpstreamFault(io::Error);
+
+impl std::fmt::Display for UpstreamFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream: {}", self.0)
+    }
+}
+
+impl std::error::Error for UpstreamFault {}
+
+/// The upstream stream, with every error it returns tagged [`UpstreamFault`].
+struct Tagged<'a>(&'a mut TcpStream);
+
+fn tag<T>(r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    r.map_err(|e| io::Error::new(e.kind(), UpstreamFault(e)))
+}
+
+impl AsyncRead for Tagged<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Tagged<'_> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        tag(Pin::new(&mut *self.0).poll_write(cx, buf))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_flush(cx))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_shutdown(cx))
+    }
+}
+
+/// The side and kind of a copy error: upstream when [`Tagged`] marked it.
+fn side_of(e: io::Error) -> (Side, UpstreamError, io::Error) {
+    let kind = classify(&e);
+    let upstream = e.get_ref().is_some_and(|inner| inner.is::<UpstreamFault>());
+    (
+        if upstream {
+            Side::Upstream
+        } else {
+            Side::Client
+        },
+        kind,
+        e,
+    )
 }
 
 async fn relay(
@@ -332,7 +431,7 @@ async fn relay(
     to: &Upstream,
     first: &[u8],
     cfg: &RelayConfig,
-) -> Result<(u64, u64), (UpstreamError, io::Error)> {
+) -> Result<(u64, u64), (Side, UpstreamError, io::Error)> {
     let mut upstream = match timeout(
         cfg.connect_timeout,
         connect_marked(to.target, cfg.bypass_mark),
@@ -341,17 +440,20 @@ async fn relay(
     {
         Err(_) => {
             return Err((
+                Side::Upstream,
                 UpstreamError::Timeout,
                 io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
             ));
         }
-        Ok(Err(e)) => return Err((classify(&e), e)),
+        Ok(Err(e)) => return Err((Side::Upstream, classify(&e), e)),
         Ok(Ok(s)) => s,
     };
     // The header is a small write followed by the client's bytes: without NODELAY,
     // Nagle holds the client's first segment behind the header's delayed ACK.
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
+    set_keepalive(client, cfg.keepalive);
+    set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
     let written = if first.is_empty() {
         upstream.write_all(header.as_bytes()).await
@@ -362,15 +464,15 @@ async fn relay(
         both.extend_from_slice(first);
         upstream.write_all(&both).await
     };
-    written.map_err(|e| (classify(&e), e))?;
+    written.map_err(|e| (Side::Upstream, classify(&e), e))?;
     // tokio's copy_bidirectional, not splice(2): a splice relay measured 978 MB/s
     // on the 1 GiB bulk case of `cargo xtask bench`, this path 1041 and 833 MB/s in
     // two runs: within run-to-run spread, so the well-kept path stays. On the 2-core
     // bench machine the relay shares a core with nginx, which bounds bulk anyway.
     let size = cfg.buffer_size;
-    tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, size, size)
+    tokio::io::copy_bidirectional_with_sizes(client, &mut Tagged(&mut upstream), size, size)
         .await
-        .map_err(|e| (classify(&e), e))
+        .map_err(side_of)
 }
 
 /// The address the PROXY header names as the client: the peer itself for pods;

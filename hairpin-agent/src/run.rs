@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use crate::run_args::{DefaultVersion, RunArgs, parse_mark};
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
     mode::{self, Configured, EbpfOutcome},
     name_relay::{NameRouting, NameRoutingConfig, ServiceListener},
     names_link,
-    reconcile::{ListenAddresses, Reconciler},
+    reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
     resources, sources,
     state::{AgentState, AttachmentStatus, ClientsStatus, ModeStatus, NamePaths, NamesStatus},
@@ -114,6 +114,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }),
         clients: client_policy(&args, kube, &state).await,
         buffer_size: 64 * 1024,
+        keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
     };
     let relay = Relay::new(relay_config.clone(), metrics.clone());
     // The name relay listens only once a route exists, so an agent without names
@@ -170,6 +171,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("failed to handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to handle SIGINT")?;
     let mut ready = false;
+    let mut retry = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
+    let mut retry_in: Option<Duration> = None;
     loop {
         // Apply what the source says now (None until it first synced).
         let next = desired.borrow_and_update().clone();
@@ -202,6 +205,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 elapsed_ms = took.as_secs_f64() * 1e3,
                 "reconcile finished"
             );
+            // A frontend that failed (no free listener port, a full map) is retried on
+            // its own, with backoff, instead of waiting for the next change.
+            retry_in = if rec.failed().is_empty() {
+                retry.reset();
+                None
+            } else {
+                let d = retry.next_delay();
+                debug!(failed = rec.failed().len(), retry_in = ?d, "failed frontends will be retried");
+                Some(d)
+            };
             if !ready {
                 ready = true;
                 info!(
@@ -212,10 +225,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 );
             }
         }
+        let retry_timer = async {
+            match retry_in {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = term.recv() => { info!("SIGTERM"); break }
             _ = int.recv() => { info!("SIGINT"); break }
-            changed = desired.changed() => if changed.is_err() { break },
+            changed = desired.changed() => {
+                if changed.is_err() { break }
+                retry.reset();
+            }
+            () = retry_timer => debug!("retrying failed frontends"),
         }
     }
 

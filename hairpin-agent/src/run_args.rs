@@ -82,6 +82,12 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
 
+    /// TCP keepalive on both sides of relayed connections: idle time before the first
+    /// probe; 3 unanswered probes, sent every min(this, 10s), drop the connection.
+    /// 0 turns it off.
+    #[arg(long, env = "HAIRPIN_RELAY_KEEPALIVE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub relay_keepalive: Duration,
+
     /// How long SIGTERM waits for open connections after redirects are removed.
     #[arg(long, env = "HAIRPIN_DRAIN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,

@@ -151,6 +151,9 @@ pub struct RelayCounters {
     pub bytes_downstream: u64,
     /// Upstream failures by kind (`refused`, `timeout`, `reset`, `other`).
     pub upstream_errors: BTreeMap<String, u64>,
+    /// Relayed connections ended by the client's side, by kind (only kinds seen).
+    #[serde(default)]
+    pub client_errors: BTreeMap<String, u64>,
 }
 
 /// Health of one source of desired frontends.

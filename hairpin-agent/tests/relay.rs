@@ -29,6 +29,7 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         node_ipv6: None,
         clients: ClientPolicy::default(),
         buffer_size: 16 * 1024,
+        keepalive: Some(Duration::from_secs(60)),
     }
 }
 
@@ -156,7 +157,7 @@ async fn a_refused_upstream_resets_the_client_at_once() {
         started.elapsed()
     );
     assert!(
-        metrics.render().contains("kind=\"Refused\""),
+        metrics.render().contains("kind=\"refused\""),
         "{}",
         metrics.render()
     );
@@ -198,7 +199,7 @@ async fn a_black_holed_upstream_times_out_and_resets_the_client() {
         "took {took:?}"
     );
     assert!(
-        metrics.render().contains("kind=\"Timeout\""),
+        metrics.render().contains("kind=\"timeout\""),
         "{}",
         metrics.render()
     );
@@ -285,5 +286,69 @@ async fn peers_outside_the_client_policy_are_reset_and_never_relayed() {
             .contains("hairpin_relay_refused_clients_total 1"),
         "{}",
         metrics.render()
+    );
+}
+
+/// Closes `s` with a reset (SO_LINGER 0) instead of a FIN.
+fn reset(s: TcpStream) {
+    let std = s.into_std().expect("std stream");
+    socket2::SockRef::from(&std)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger");
+    drop(std);
+}
+
+/// Waits (2 s at most) until `metrics.relay_counters()` satisfies `done`.
+async fn counters_when(
+    metrics: &Metrics,
+    done: impl Fn(&hairpin_agent::state::RelayCounters) -> bool,
+) -> hairpin_agent::state::RelayCounters {
+    for _ in 0..200 {
+        let c = metrics.relay_counters();
+        if done(&c) {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    metrics.relay_counters()
+}
+
+#[tokio::test]
+async fn a_reset_is_counted_against_the_side_that_sent_it() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    let (_relay, metrics, listener) = relay_to(target, ProxyVersion::V1, Duration::from_secs(2));
+
+    // The client resets: a client error, not an upstream one.
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let (mut up, _) = upstream.accept().await.expect("accept");
+    read_v1_line(&mut up).await;
+    client.write_all(b"ping").await.expect("write");
+    let mut ping = [0u8; 4];
+    up.read_exact(&mut ping).await.expect("relayed");
+    reset(client);
+    let c = counters_when(&metrics, |c| c.active_connections == 0).await;
+    assert_eq!(c.client_errors.get("reset"), Some(&1), "{c:?}");
+    assert!(c.upstream_errors.values().all(|n| *n == 0), "{c:?}");
+    drop(up);
+
+    // The upstream resets: an upstream error, and the client is reset too.
+    let mut client = TcpStream::connect(listener).await.expect("connect");
+    let (mut up, _) = upstream.accept().await.expect("accept");
+    read_v1_line(&mut up).await;
+    reset(up);
+    let mut rest = Vec::new();
+    let seen = client.read_to_end(&mut rest).await;
+    assert_eq!(
+        seen.expect_err("the client sees the reset").kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+    let c = counters_when(&metrics, |c| c.active_connections == 0).await;
+    assert_eq!(c.upstream_errors.get("reset"), Some(&1), "{c:?}");
+    assert_eq!(c.client_errors.get("reset"), Some(&1), "{c:?}");
+    let text = metrics.render();
+    assert!(
+        text.contains("hairpin_relay_client_errors_total{kind=\"reset\"} 1"),
+        "{text}"
     );
 }

@@ -367,6 +367,21 @@ impl SimNode {
         self.cgroup.join("agent")
     }
 
+    /// A cgroup outside the attached subtree (a sibling of the node cgroup), created on
+    /// first use: processes in it are never seen by the agent's programs, whatever the
+    /// agent is doing. Removed with the node.
+    pub fn outside_cgroup(&self) -> PathBuf {
+        let cg = self.outside_cgroup_path();
+        if !cg.exists() {
+            fs::create_dir(&cg).unwrap_or_else(|e| panic!("create cgroup {}: {e}", cg.display()));
+        }
+        cg
+    }
+
+    fn outside_cgroup_path(&self) -> PathBuf {
+        cgroup2_root().join(format!("{}-outside", self.id))
+    }
+
     /// Programs attached at the node cgroup, as bpftool lists them.
     pub fn attached_programs(&self) -> String {
         run(&[
@@ -385,6 +400,7 @@ impl Drop for SimNode {
             run_quiet(&["ip", "netns", "del", ns]);
         }
         remove_cgroup_tree(&self.cgroup);
+        remove_cgroup_tree(&self.outside_cgroup_path());
         if std::env::var_os("HAIRPIN_KEEP_LOGS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         }

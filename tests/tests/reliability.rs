@@ -343,6 +343,81 @@ fn a_client_vanishing_mid_stream_closes_the_upstream_side() {
         agent.log()
     );
     assert_eq!(after.fds, base.fds, "descriptors leaked: {after}");
+    // The streaming client's reset is the client's, not an upstream failure.
+    let relay = &wait_client_errors(&node, "reset", 1);
+    assert_eq!(relay["client_errors"]["reset"], 1, "{relay}");
+    assert_no_upstream_errors(relay);
+}
+
+/// Polls the agent's relay counters until `client_errors[kind]` reaches `want` (5 s).
+fn wait_client_errors(node: &SimNode, kind: &str, want: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let relay = agent_status(node)["counters"]["relay"].clone();
+        if relay["client_errors"][kind] == want || Instant::now() > deadline {
+            return relay;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn assert_no_upstream_errors(relay: &serde_json::Value) {
+    let upstream = relay["upstream_errors"]
+        .as_object()
+        .expect("upstream_errors");
+    assert!(
+        upstream.values().all(|v| v == 0),
+        "client-side failures counted as upstream errors: {relay}"
+    );
+}
+
+/// A client that vanishes without a FIN or a reset (its pod black-holed, as when a
+/// pod's network namespace goes away under it) while its connections sit idle: the
+/// relay's TCP keepalive (`--relay-keepalive 1s`: probes after 1 s idle, every 1 s,
+/// 3 unanswered drop it) closes both sides within seconds. Without keepalive the
+/// load upstream and the relay would hold them for as long as the agent runs.
+#[test]
+fn idle_connections_of_a_black_holed_client_are_dropped_by_keepalive() {
+    require_privileges!();
+    let node = SimNode::with_lbs(&load_lbs());
+    let _upstream = start_upstream(&node);
+    let agent = Agent::start_with(&node, &[spec(LOAD_LB4, "v1")], &["--relay-keepalive", "1s"]);
+    let base = footprint(agent.pid());
+    let target = addr(LOAD_LB4, 80);
+    let mut idle = pod_client(&node, &["hold", &target, "20", "1", POD_IP4]);
+    assert!(idle.line().starts_with("open 20 "));
+    assert_eq!(held_connections(&node.ingress_ns, UPSTREAM_PORT), 20);
+    // Still held after several keepalive periods while the client answers the probes.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        held_connections(&node.ingress_ns, UPSTREAM_PORT),
+        20,
+        "keepalive dropped connections whose client was alive\n{}",
+        agent.log()
+    );
+    // The pod stops answering anything: no FIN, no reset ever reaches the relay.
+    run_in(&node.pod_ns, &["iptables", "-I", "INPUT", "-j", "DROP"]);
+    let holed = Instant::now();
+    let dropped = wait_until(Duration::from_secs(20), || {
+        held_connections(&node.ingress_ns, UPSTREAM_PORT) == 0
+    });
+    let (after, settled) = wait_for_fds(agent.pid(), base.fds, Duration::from_secs(5));
+    eprintln!(
+        "black-holed client: 20 idle relayed connections dropped {:?} after the pod went \
+         silent; agent {base} -> {after} (settled in {settled:?})",
+        dropped.map(|_| holed.elapsed()),
+    );
+    assert!(
+        dropped.is_some(),
+        "{} connections of a silent client still held upstream after 20 s\n{}",
+        held_connections(&node.ingress_ns, UPSTREAM_PORT),
+        agent.log()
+    );
+    assert_eq!(after.fds, base.fds, "descriptors leaked: {after}");
+    let relay = &wait_client_errors(&node, "timeout", 20);
+    assert_eq!(relay["client_errors"]["timeout"], 20, "{relay}");
+    assert_no_upstream_errors(relay);
+    idle.kill();
 }
 
 /// Polls `probe` every 10 ms until it holds; how long it took, or `None` after `within`.
@@ -599,8 +674,10 @@ fn map_entries(node: &SimNode) -> Vec<(String, String)> {
 /// namespace's ephemeral range is narrowed to two ports and another process holds one.
 /// The first frontend gets the other; the second fails with an error naming it, in
 /// the log and /status; no map entry points at a listener that is not there, so its
-/// traffic takes the pre-hairpin path (fail open) while the first is relayed. Once a
-/// port is free again, SIGHUP retries it.
+/// traffic takes the pre-hairpin path (fail open) while the first is relayed. The
+/// agent retries it on its own (1 s, 2 s, 4 s ... up to 30 s apart) and says the
+/// error once; once a port is free again a retry makes it live without any change
+/// or signal.
 #[test]
 fn a_frontend_whose_listener_cannot_bind_is_skipped_and_fails_open() {
     require_privileges!();
@@ -662,18 +739,26 @@ fn a_frontend_whose_listener_cannot_bind_is_skipped_and_fails_open() {
     assert_eq!(skipped.code, 52, "pre-hairpin path expected: {skipped:?}");
     assert!(nginx_error_log(&node).contains("broken header"));
 
-    // The port is free again: a SIGHUP re-applies the file and retries the frontend.
+    // The port is free again: the agent's own retry picks it up, no signal, no change.
+    let freed = Instant::now();
     squatter.kill();
-    agent.signal(Signal::SIGHUP);
-    let retried = wait_until(Duration::from_secs(10), || {
+    let retried = wait_until(Duration::from_secs(40), || {
         from_pod(&node, &url("203.0.113.12", 80, "/")).ok()
     });
-    assert!(
-        retried.is_some(),
-        "not retried after SIGHUP\n{}",
-        agent.log()
+    let log = agent.log();
+    assert!(retried.is_some(), "not retried on its own\n{log}");
+    eprintln!(
+        "listener port unavailable: live again {:?} after the port was freed",
+        freed.elapsed()
     );
     assert_eq!(frontend_status(&node, "203.0.113.12")["state"], "active");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("frontend not proxied") && l.contains("203.0.113.12:80"))
+            .count(),
+        1,
+        "the error is said once, not on every retry\n{log}"
+    );
     agent.signal(Signal::SIGTERM);
     assert!(agent.wait(Duration::from_secs(30)).success());
 }

@@ -233,9 +233,14 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
+    let client_errors: Vec<String> = r
+        .client_errors
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     out.push_str(&format!(
         "counters    redirected {}, skipped by mark {}; connections {} ({} open), bytes up {} down {}\n\
-         \x20           upstream errors: {}\n",
+         \x20           upstream errors: {}; client errors: {}\n",
         get("redirected"),
         get("skipped_bypass_mark"),
         r.connections,
@@ -243,6 +248,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         r.bytes_upstream,
         r.bytes_downstream,
         if errors.is_empty() { "none".into() } else { errors.join(", ") },
+        if client_errors.is_empty() { "none".into() } else { client_errors.join(", ") },
     ));
     match &s.last_reconcile {
         Some(l) => out.push_str(&format!(

@@ -1,5 +1,7 @@
 //! What the connect programs cost every connect() in the attached cgroup: the same
-//! loop of connects from the pod with the programs detached (no agent) and attached.
+//! loop of connects from the pod with no agent, with the agent running but the loop
+//! in a cgroup outside the attached subtree, and with the loop under the programs;
+//! then the programs' own run time per call from the kernel's BPF run-time statistics.
 
 use std::process::Stdio;
 
@@ -8,10 +10,11 @@ use anyhow::{Context, Result};
 use super::{
     Ctx,
     probes::ConnectMode,
-    setup::{LB_PLAIN, LB_V1, in_pod},
+    setup::{LB_PLAIN, LB_V1, in_cgroup},
     stats::Spread,
 };
 use crate::agent::Agent;
+use hairpin_agent::kernel::{self, RunStats};
 
 /// One kind of destination.
 #[derive(Clone, Debug)]
@@ -50,29 +53,43 @@ pub fn cases() -> Vec<ConnectCase> {
     ]
 }
 
-/// ns per connect for one case, detached and attached, one sample per round.
+/// ns per connect for one case, one sample per round on each side.
 #[derive(Clone, Debug)]
 pub struct ConnectResult {
     /// The case.
     pub case: ConnectCase,
-    /// Programs detached.
+    /// No agent: nothing attached (the kernel skips the connect hooks altogether).
     pub detached: Vec<f64>,
-    /// Programs attached (agent running with the bench's frontends).
+    /// Agent running with its programs attached, the loop in a cgroup outside the
+    /// attached subtree: what every connect pays before any program is reached.
+    pub outside: Vec<f64>,
+    /// Agent running, the loop in the pod cgroup under the programs.
     pub attached: Vec<f64>,
+    /// The connect programs' own mean run time per run (ns), from the kernel's
+    /// run-time statistics during a separate attached run.
+    pub program_ns: Vec<f64>,
+    /// Program runs per connect() in those runs (1.0 when the hook ran once per call).
+    pub runs_per_connect: Vec<f64>,
 }
 
 impl ConnectResult {
-    /// Median attached minus median detached, ns.
+    /// Median attached minus median outside (both with the agent running), ns.
     pub fn added_ns(&self) -> Option<f64> {
+        Some(Spread::of(&self.attached)?.median - Spread::of(&self.outside)?.median)
+    }
+
+    /// Median attached minus median with no agent at all, ns.
+    pub fn added_vs_detached_ns(&self) -> Option<f64> {
         Some(Spread::of(&self.attached)?.median - Spread::of(&self.detached)?.median)
     }
 }
 
-fn measure(ctx: &Ctx, case: &ConnectCase) -> Result<f64> {
+fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f64> {
     let exe = std::env::current_exe()?;
     let n = ctx.opts.connects.to_string();
-    let out = in_pod(
+    let out = in_cgroup(
         ctx.node,
+        cgroup,
         ctx.client_cpu,
         &[
             exe.to_str().context("utf-8 exe path")?,
@@ -96,32 +113,83 @@ fn measure(ctx: &Ctx, case: &ConnectCase) -> Result<f64> {
         .with_context(|| format!("connect-loop printed {text:?}"))
 }
 
-/// Alternates detached and attached rounds so drift affects both sides alike.
-/// `start_agent` attaches the programs; dropping the agent detaches them.
+/// Every loaded hairpin program's run statistics, by program id.
+fn program_stats() -> Vec<(u32, RunStats)> {
+    kernel::hairpin_programs()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| Some((p.program_id, kernel::program_run_stats(p.program_id)?)))
+        .collect()
+}
+
+/// One attached run with BPF run-time statistics on: mean ns per program run and
+/// program runs per connect(), summed over hairpin's programs (only connect4 runs
+/// for these IPv4 loops).
+fn measure_program(ctx: &Ctx, case: &ConnectCase) -> Result<(f64, f64)> {
+    let stats_on = kernel::enable_run_time_stats()
+        .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
+    let before = program_stats();
+    measure(ctx, case, &ctx.node.pod_cgroup())?;
+    let after = program_stats();
+    drop(stats_on);
+    let (mut ns, mut runs) = (0u64, 0u64);
+    for (id, a) in &after {
+        if let Some((_, b)) = before.iter().find(|(bid, _)| bid == id) {
+            ns += a.run_time_ns.saturating_sub(b.run_time_ns);
+            runs += a.run_count.saturating_sub(b.run_count);
+        }
+    }
+    anyhow::ensure!(
+        runs > 0,
+        "{}: the connect programs did not run during an attached loop",
+        case.name
+    );
+    Ok((
+        ns as f64 / runs as f64,
+        runs as f64 / f64::from(ctx.opts.connects),
+    ))
+}
+
+/// Alternates rounds so drift affects every side alike: no agent, then one agent
+/// for the outside, attached and statistics runs. `start_agent` attaches the
+/// programs; dropping the agent detaches them.
 pub fn overhead(ctx: &Ctx, start_agent: &dyn Fn() -> Agent) -> Result<Vec<ConnectResult>> {
     let mut results: Vec<ConnectResult> = cases()
         .into_iter()
         .map(|case| ConnectResult {
             case,
             detached: Vec::new(),
+            outside: Vec::new(),
             attached: Vec::new(),
+            program_ns: Vec::new(),
+            runs_per_connect: Vec::new(),
         })
         .collect();
+    let pod = ctx.node.pod_cgroup();
+    let outside = ctx.node.outside_cgroup();
     for round in 0..ctx.opts.runs.max(3) {
         for r in &mut results {
-            r.detached.push(measure(ctx, &r.case)?);
+            r.detached.push(measure(ctx, &r.case, &pod)?);
         }
         let agent = start_agent();
         for r in &mut results {
-            r.attached.push(measure(ctx, &r.case)?);
+            r.outside.push(measure(ctx, &r.case, &outside)?);
+            r.attached.push(measure(ctx, &r.case, &pod)?);
+            let (ns, per) = measure_program(ctx, &r.case)?;
+            r.program_ns.push(ns);
+            r.runs_per_connect.push(per);
         }
         drop(agent);
         for r in &results {
+            let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
             eprintln!(
-                "  connect round {round}: {:<52} detached {:>7.0} ns attached {:>7.0} ns",
+                "  connect round {round}: {:<52} detached {:>7.0} outside {:>7.0} attached {:>7.0} ns; program {:>5.0} ns/run, {:.2} runs/connect",
                 r.case.name,
-                r.detached.last().copied().unwrap_or(0.0),
-                r.attached.last().copied().unwrap_or(0.0)
+                last(&r.detached),
+                last(&r.outside),
+                last(&r.attached),
+                last(&r.program_ns),
+                last(&r.runs_per_connect),
             );
         }
     }

@@ -132,12 +132,24 @@ fn main_table(r: &Results, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| connect() ns, {} | attached {} | detached {} | {} ns | {target} | {} |",
+            "| connect() ns, {} | attached {} | agent running, loop outside the attached cgroup: {}; no agent: {} ({} vs no agent) | {} ns | {target} | {} |",
             c.case.name,
             cell(Spread::of(&c.attached), 0),
+            cell(Spread::of(&c.outside), 0),
             cell(Spread::of(&c.detached), 0),
+            c.added_vs_detached_ns()
+                .map_or("—".into(), |a| format!("{a:+.0}")),
             added.map_or("—".into(), |a| format!("{a:+.0}")),
             if c.case.proxied { "reported" } else { met(ok) }
+        );
+    }
+    for c in &r.connect {
+        let _ = writeln!(
+            out,
+            "| connect4 program's own run time (kernel BPF stats), {}, ns per run | {} | runs per connect(): {} | — | — | reported |",
+            c.case.name,
+            cell(Spread::of(&c.program_ns), 0),
+            cell(Spread::of(&c.runs_per_connect), 2),
         );
     }
     let conv = &r.converge_file;

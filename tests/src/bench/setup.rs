@@ -2,7 +2,7 @@
 //! on :8081, a sparse bulk file), and HAProxy with `send-proxy` / `send-proxy-v2`
 //! in the node namespace, as hairpin-proxy's data plane runs it.
 
-use std::{fs, process::Command, time::Duration};
+use std::{fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
@@ -189,13 +189,18 @@ fn wait_listening(node: &SimNode, ns: &str, ports: &[u16], proc: &mut Proc) -> R
 
 /// A command run from the pod (pod namespace, pod cgroup), pinned to `cpu` when given.
 pub fn in_pod(node: &SimNode, cpu: Option<usize>, argv: &[&str]) -> Command {
+    in_cgroup(node, &node.pod_cgroup(), cpu, argv)
+}
+
+/// `argv` in the pod's network namespace and `cgroup`, pinned to `cpu` when given.
+pub fn in_cgroup(node: &SimNode, cgroup: &Path, cpu: Option<usize>, argv: &[&str]) -> Command {
     let cpu = cpu.map(|c| c.to_string());
     let mut full: Vec<&str> = Vec::new();
     if let Some(c) = cpu.as_deref() {
         full.extend(["taskset", "-c", c]);
     }
     full.extend_from_slice(argv);
-    command_in(&node.pod_ns, Some(&node.pod_cgroup()), &full)
+    command_in(&node.pod_ns, Some(cgroup), &full)
 }
 
 /// `http://ip:port/path`.
