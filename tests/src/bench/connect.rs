@@ -61,10 +61,13 @@ pub struct ConnectResult {
     /// No agent: nothing attached (the kernel skips the connect hooks altogether).
     pub detached: Vec<f64>,
     /// Agent running with its programs attached, the loop in a cgroup outside the
-    /// attached subtree: what every connect pays before any program is reached.
+    /// attached subtree: what every connect pays before any program is reached. One
+    /// sample per pair.
     pub outside: Vec<f64>,
-    /// Agent running, the loop in the pod cgroup under the programs.
+    /// Agent running, the loop in the pod cgroup under the programs; one per pair.
     pub attached: Vec<f64>,
+    /// attached − outside for each back-to-back pair (one process, milliseconds apart).
+    pub paired_added: Vec<f64>,
     /// The connect programs' own mean run time per run (ns), from the kernel's
     /// run-time statistics during a separate attached run.
     pub program_ns: Vec<f64>,
@@ -73,9 +76,10 @@ pub struct ConnectResult {
 }
 
 impl ConnectResult {
-    /// Median attached minus median outside (both with the agent running), ns.
-    pub fn added_ns(&self) -> Option<f64> {
-        Some(Spread::of(&self.attached)?.median - Spread::of(&self.outside)?.median)
+    /// What the programs add per connect: the paired differences (attached minus
+    /// outside, both with the agent running), median and range, ns.
+    pub fn added(&self) -> Option<Spread> {
+        Spread::of(&self.paired_added)
     }
 
     /// Median attached minus median with no agent at all, ns.
@@ -111,6 +115,54 @@ fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f6
     text.trim()
         .parse()
         .with_context(|| format!("connect-loop printed {text:?}"))
+}
+
+/// Back-to-back pairs per round in which the same child process times `connects / 4`
+/// calls from the outside cgroup and from the pod cgroup.
+pub const PAIRS: u32 = 10;
+
+/// One round of [`PAIRS`] (outside, attached) samples, ns per connect.
+fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
+    let exe = std::env::current_exe()?;
+    let n = (ctx.opts.connects / 4).max(1).to_string();
+    let outside = ctx.node.outside_cgroup();
+    let pod = ctx.node.pod_cgroup();
+    let out = in_cgroup(
+        ctx.node,
+        &pod,
+        ctx.client_cpu,
+        &[
+            exe.to_str().context("utf-8 exe path")?,
+            "connect-pairs",
+            case.mode.arg(),
+            &case.addr,
+            &n,
+            &PAIRS.to_string(),
+            outside.to_str().context("utf-8 cgroup path")?,
+            pod.to_str().context("utf-8 cgroup path")?,
+        ],
+    )
+    .stderr(Stdio::piped())
+    .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "connect-pairs {}: {}",
+        case.addr,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pairs: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(' ')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    anyhow::ensure!(
+        pairs.len() == PAIRS as usize,
+        "connect-pairs printed {text:?}"
+    );
+    Ok(pairs)
 }
 
 /// Every loaded hairpin program's run statistics, by program id.
@@ -161,20 +213,23 @@ pub fn overhead(ctx: &Ctx, start_agent: &dyn Fn() -> Agent) -> Result<Vec<Connec
             detached: Vec::new(),
             outside: Vec::new(),
             attached: Vec::new(),
+            paired_added: Vec::new(),
             program_ns: Vec::new(),
             runs_per_connect: Vec::new(),
         })
         .collect();
     let pod = ctx.node.pod_cgroup();
-    let outside = ctx.node.outside_cgroup();
     for round in 0..ctx.opts.runs.max(3) {
         for r in &mut results {
             r.detached.push(measure(ctx, &r.case, &pod)?);
         }
         let agent = start_agent();
         for r in &mut results {
-            r.outside.push(measure(ctx, &r.case, &outside)?);
-            r.attached.push(measure(ctx, &r.case, &pod)?);
+            for (o, a) in measure_pairs(ctx, &r.case)? {
+                r.outside.push(o);
+                r.attached.push(a);
+                r.paired_added.push(a - o);
+            }
             let (ns, per) = measure_program(ctx, &r.case)?;
             r.program_ns.push(ns);
             r.runs_per_connect.push(per);
@@ -183,11 +238,12 @@ pub fn overhead(ctx: &Ctx, start_agent: &dyn Fn() -> Agent) -> Result<Vec<Connec
         for r in &results {
             let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
             eprintln!(
-                "  connect round {round}: {:<52} detached {:>7.0} outside {:>7.0} attached {:>7.0} ns; program {:>5.0} ns/run, {:.2} runs/connect",
+                "  connect round {round}: {:<52} detached {:>7.0} outside {:>7.0} attached {:>7.0} ns (last pair), paired added median {:>+6.0} ns; program {:>5.0} ns/run, {:.2} runs/connect",
                 r.case.name,
                 last(&r.detached),
                 last(&r.outside),
                 last(&r.attached),
+                Spread::of(&r.paired_added).map_or(0.0, |s| s.median),
                 last(&r.program_ns),
                 last(&r.runs_per_connect),
             );

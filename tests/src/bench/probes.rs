@@ -37,9 +37,48 @@ pub fn connect_loop(args: &[String]) -> Result<()> {
     };
     let addr: SocketAddr = addr.parse().context("ADDR")?;
     let n: u32 = n.parse().context("N")?;
+    println!("{:.1}", time_connects(mode, addr, n)?);
+    Ok(())
+}
+
+/// `connect-pairs MODE ADDR N K CGROUP_A CGROUP_B`: K pairs of back-to-back loops of
+/// N connects, one from each cgroup (this process moves itself between them; a
+/// socket's cgroup, which decides which connect programs run, is the one its process
+/// is in when it is created). The order alternates pair by pair. Prints one line per
+/// pair: mean ns per connect from A, then from B. Pairs milliseconds apart cancel the
+/// drift that separate runs seconds apart carry.
+pub fn connect_pairs(args: &[String]) -> Result<()> {
+    let [mode, addr, n, k, a, b] = args else {
+        bail!("usage: connect-pairs refused|nonblocking ADDR N K CGROUP_A CGROUP_B");
+    };
+    let addr: SocketAddr = addr.parse().context("ADDR")?;
+    let n: u32 = n.parse().context("N")?;
+    let k: u32 = k.parse().context("K")?;
+    // One untimed loop first: page faults, the neighbour cache and conntrack warm up.
+    time_connects(mode, addr, n.min(1000))?;
+    for i in 0..k {
+        let mut ns = [0.0f64; 2];
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for slot in order {
+            join_cgroup(if slot == 0 { a } else { b })?;
+            ns[slot] = time_connects(mode, addr, n)?;
+        }
+        println!("{:.1} {:.1}", ns[0], ns[1]);
+    }
+    Ok(())
+}
+
+fn join_cgroup(cgroup: &str) -> Result<()> {
+    // Writing 0 moves the writing process.
+    std::fs::write(std::path::Path::new(cgroup).join("cgroup.procs"), "0")
+        .with_context(|| format!("join cgroup {cgroup}"))
+}
+
+/// Mean ns per socket()+connect()+close() over `n` calls.
+fn time_connects(mode: &str, addr: SocketAddr, n: u32) -> Result<f64> {
     let start = Instant::now();
     for _ in 0..n {
-        match mode.as_str() {
+        match mode {
             "refused" => match TcpStream::connect(addr) {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
                 other => bail!("connect {addr}: expected ECONNREFUSED, got {other:?}"),
@@ -48,9 +87,7 @@ pub fn connect_loop(args: &[String]) -> Result<()> {
             _ => bail!("unknown mode {mode}"),
         }
     }
-    let ns = start.elapsed().as_nanos() as f64 / f64::from(n);
-    println!("{ns:.1}");
-    Ok(())
+    Ok(start.elapsed().as_nanos() as f64 / f64::from(n.max(1)))
 }
 
 fn nonblocking_connect(addr: SocketAddr) -> Result<()> {

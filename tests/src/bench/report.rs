@@ -119,7 +119,7 @@ fn main_table(r: &Results, out: &mut String) {
         met(q.map(|q| q >= 0.90))
     );
     for c in &r.connect {
-        let added = c.added_ns();
+        let added = c.added();
         let target = if c.case.proxied {
             "— (different path)"
         } else {
@@ -128,18 +128,22 @@ fn main_table(r: &Results, out: &mut String) {
         let ok = if c.case.proxied {
             None
         } else {
-            added.map(|a| a < 1000.0)
+            added.map(|a| a.median < 1000.0)
         };
         let _ = writeln!(
             out,
-            "| connect() ns, {} | attached {} | agent running, loop outside the attached cgroup: {}; no agent: {} ({} vs no agent) | {} ns | {target} | {} |",
+            "| connect() ns, {} | attached {} | agent running, loop outside the attached cgroup: {}; no agent: {} ({} vs no agent) | added {} ns (paired, n={}) | {target} | {} |",
             c.case.name,
             cell(Spread::of(&c.attached), 0),
             cell(Spread::of(&c.outside), 0),
             cell(Spread::of(&c.detached), 0),
             c.added_vs_detached_ns()
                 .map_or("—".into(), |a| format!("{a:+.0}")),
-            added.map_or("—".into(), |a| format!("{a:+.0}")),
+            added.map_or("—".into(), |a| format!(
+                "{:+.0} ({:+.0} to {:+.0})",
+                a.median, a.min, a.max
+            )),
+            c.paired_added.len(),
             if c.case.proxied { "reported" } else { met(ok) }
         );
     }

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: measures hairpin against HAProxy `send-proxy` and a direct
 //! path on a simulated node, prints the table and writes BENCHMARKS.md.
 //!
-//! Also the child the bench re-executes inside the pod: `connect-loop` and `probe`.
+//! Also the child the bench re-executes inside the pod: `connect-loop`, `connect-pairs` and `probe`.
 
 use anyhow::{Context, Result};
 use hairpin_tests::bench::{
@@ -16,6 +16,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("connect-loop") => return probes::connect_loop(&args[1..]),
+        Some("connect-pairs") => return probes::connect_pairs(&args[1..]),
         Some("probe") => return probes::probe(&args[1..]),
         _ => {}
     }
