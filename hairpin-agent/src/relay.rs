@@ -59,7 +59,9 @@ pub struct RelayConfig {
 pub const KEEPALIVE_PROBES: u32 = 3;
 
 /// Turns on TCP keepalive on `s` as `idle` says (see [`RelayConfig::keepalive`]).
-fn set_keepalive(s: &TcpStream, idle: Option<Duration>) {
+/// Set on a listener, every accepted socket inherits it (the kernel clones the
+/// listener's options and arms the timer), so clients cost no syscall per connection.
+pub(crate) fn set_keepalive<S: std::os::fd::AsFd>(s: &S, idle: Option<Duration>) {
     let Some(idle) = idle else { return };
     let ka = socket2::TcpKeepalive::new()
         .with_time(idle)
@@ -132,6 +134,7 @@ impl Relay {
         // A relay restarted within TIME_WAIT must be able to take a port again.
         socket.set_reuseaddr(true).map_err(listen_err)?;
         socket.bind(want).map_err(listen_err)?;
+        set_keepalive(&socket, self.cfg.keepalive);
         let listener = socket.listen(1024).map_err(listen_err)?;
         let local = listener.local_addr().map_err(listen_err)?;
         let version = Arc::new(AtomicU8::new(encode_version(frontend.version)));
@@ -452,7 +455,7 @@ async fn relay(
     // Nagle holds the client's first segment behind the header's delayed ACK.
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    set_keepalive(client, cfg.keepalive);
+    // The client's socket has it from its listener (see `set_keepalive`).
     set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
     let written = if first.is_empty() {

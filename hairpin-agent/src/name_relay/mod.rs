@@ -168,7 +168,7 @@ impl NameRouting {
             if self.listeners.contains_key(&want) {
                 continue;
             }
-            match bind(want) {
+            match bind(want, self.shared.relay.keepalive) {
                 Ok(listener) => {
                     let local = listener.local_addr().unwrap_or(want);
                     let stop = CancellationToken::new();
@@ -210,13 +210,15 @@ impl NameRouting {
     }
 }
 
-fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+/// A listener on `addr`; its accepted sockets inherit TCP keepalive (`keepalive`).
+fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> std::io::Result<tokio::net::TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
+    crate::relay::set_keepalive(&socket, keepalive);
     socket.listen(1024)
 }
 
