@@ -133,35 +133,30 @@ pub fn hairpin_programs() -> Result<Vec<ProgramIds>, KernelError> {
     Ok(ids_of(&named).programs)
 }
 
-/// A program's accumulated run time and run count, as the kernel keeps them while
-/// BPF run-time statistics are enabled ([`enable_run_time_stats`] or the
-/// `kernel.bpf_stats_enabled` sysctl). `None` when the program is gone.
-pub fn program_run_stats(program_id: u32) -> Option<RunStats> {
+/// Every loaded program named like hairpin's, by program id, with its accumulated
+/// run time and run count as the kernel keeps them while BPF run-time statistics are
+/// enabled ([`enable_run_time_stats`] or the `kernel.bpf_stats_enabled` sysctl).
+pub fn hairpin_program_run_stats() -> Vec<(u32, RunStats)> {
     loaded_programs()
         .filter_map(Result::ok)
-        .find(|p| p.id() == program_id)
-        .map(|p| RunStats {
-            run_time_ns: u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX),
-            run_count: p.run_count(),
+        .filter(|p| p.name_as_str() == Some(kernel_name(PROG_CONNECT4)))
+        .map(|p| {
+            let stats = RunStats {
+                run_time_ns: u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX),
+                run_count: p.run_count(),
+            };
+            (p.id(), stats)
         })
+        .collect()
 }
 
-/// Counters of one program's runs (see [`program_run_stats`]).
+/// Counters of one program's runs (see [`hairpin_program_run_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
     /// Nanoseconds spent running it, summed over runs.
     pub run_time_ns: u64,
     /// Times it ran.
     pub run_count: u64,
-}
-
-impl RunStats {
-    /// Mean ns per run between `before` and `self`, with the number of runs.
-    pub fn since(&self, before: &RunStats) -> Option<(f64, u64)> {
-        let runs = self.run_count.checked_sub(before.run_count)?;
-        let ns = self.run_time_ns.checked_sub(before.run_time_ns)?;
-        (runs > 0).then(|| (ns as f64 / runs as f64, runs))
-    }
 }
 
 /// Turns BPF run-time statistics on for as long as the returned descriptor is open

@@ -345,16 +345,19 @@ pub(crate) async fn proxy(
             metrics.bytes(Direction::Downstream, down);
             debug!(bytes_up = up, bytes_down = down, "closed");
         }
-        Err((Side::Upstream, kind, e)) => {
-            metrics.upstream_error(kind);
-            warn!(?kind, error = %e, client = %to.source, target = %to.target, "relay failed");
-            let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
-        }
-        // A client resetting or found gone by keepalive is the client's business:
-        // counted apart, so upstream error alerts mean the LB path.
-        Err((Side::Client, kind, e)) => {
-            metrics.client_error(kind);
-            debug!(?kind, error = %e, client = %to.source, target = %to.target, "client side failed");
+        Err((side, kind, e)) => {
+            match side {
+                Side::Upstream => {
+                    metrics.upstream_error(kind);
+                    warn!(?kind, error = %e, client = %to.source, target = %to.target, "relay failed");
+                }
+                // A client resetting or found gone by keepalive is the client's
+                // business: counted apart, so upstream error alerts mean the LB path.
+                Side::Client => {
+                    metrics.client_error(kind);
+                    debug!(?kind, error = %e, client = %to.source, target = %to.target, "client side failed");
+                }
+            }
             let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
         }
     }

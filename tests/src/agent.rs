@@ -52,8 +52,14 @@ pub struct FrontendSpec {
 
 /// Renders a frontends file.
 pub fn frontends_yaml(specs: &[FrontendSpec]) -> String {
+    frontends_yaml_with_hosts(specs, &[])
+}
+
+/// Renders a frontends file; `hosts[i]`, when present and not empty, becomes the
+/// `hosts` of `specs[i]`.
+pub fn frontends_yaml_with_hosts(specs: &[FrontendSpec], hosts: &[Vec<String>]) -> String {
     let mut s = String::from("frontends:\n");
-    for f in specs {
+    for (i, f) in specs.iter().enumerate() {
         let ports: Vec<String> = f.ports.iter().map(u16::to_string).collect();
         s.push_str(&format!(
             "- ip: \"{}\"\n  ports: [{}]\n  proxyProtocol: {}\n",
@@ -61,6 +67,9 @@ pub fn frontends_yaml(specs: &[FrontendSpec]) -> String {
             ports.join(", "),
             f.version
         ));
+        if let Some(names) = hosts.get(i).filter(|n| !n.is_empty()) {
+            s.push_str(&format!("  hosts: [{}]\n", names.join(", ")));
+        }
     }
     s
 }

@@ -229,13 +229,13 @@ fn a_million_connections_in_a_burst_without_an_error() {
     );
 }
 
-/// Polls the agent's status until `counter` under `counters.relay.upstream_errors`
-/// reaches `want`.
-fn wait_upstream_errors(node: &SimNode, kind: &str, want: u64) -> serde_json::Value {
+/// Polls the agent's relay counters (5 s at most) until `counters.relay.<group>[kind]`
+/// (`upstream_errors` or `client_errors`) reaches `want`; returns the relay counters.
+fn wait_relay_errors(node: &SimNode, group: &str, kind: &str, want: u64) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let counters = agent_status(node)["counters"]["relay"].clone();
-        if counters["upstream_errors"][kind] == want || Instant::now() > deadline {
+        if counters[group][kind] == want || Instant::now() > deadline {
             return counters;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -277,7 +277,7 @@ fn an_upstream_reset_mid_stream_reaches_the_client_at_once() {
         }
     }
     let (after, settled) = wait_for_fds(pid, base.fds, Duration::from_secs(5));
-    let counters = wait_upstream_errors(&node, "reset", 2 * ROUNDS as u64);
+    let counters = wait_relay_errors(&node, "upstream_errors", "reset", 2 * ROUNDS as u64);
     eprintln!(
         "upstream reset x{}: client saw the reset within {worst} ms (worst); agent {base} -> \
          {after} (settled in {settled:?}); relay counters {counters}",
@@ -344,21 +344,9 @@ fn a_client_vanishing_mid_stream_closes_the_upstream_side() {
     );
     assert_eq!(after.fds, base.fds, "descriptors leaked: {after}");
     // The streaming client's reset is the client's, not an upstream failure.
-    let relay = &wait_client_errors(&node, "reset", 1);
+    let relay = &wait_relay_errors(&node, "client_errors", "reset", 1);
     assert_eq!(relay["client_errors"]["reset"], 1, "{relay}");
     assert_no_upstream_errors(relay);
-}
-
-/// Polls the agent's relay counters until `client_errors[kind]` reaches `want` (5 s).
-fn wait_client_errors(node: &SimNode, kind: &str, want: u64) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let relay = agent_status(node)["counters"]["relay"].clone();
-        if relay["client_errors"][kind] == want || Instant::now() > deadline {
-            return relay;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn assert_no_upstream_errors(relay: &serde_json::Value) {
@@ -414,7 +402,7 @@ fn idle_connections_of_a_black_holed_client_are_dropped_by_keepalive() {
         agent.log()
     );
     assert_eq!(after.fds, base.fds, "descriptors leaked: {after}");
-    let relay = &wait_client_errors(&node, "timeout", 20);
+    let relay = &wait_relay_errors(&node, "client_errors", "timeout", 20);
     assert_eq!(relay["client_errors"]["timeout"], 20, "{relay}");
     assert_no_upstream_errors(relay);
     idle.kill();

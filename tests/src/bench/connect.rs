@@ -14,7 +14,7 @@ use super::{
     stats::Spread,
 };
 use crate::agent::Agent;
-use hairpin_agent::kernel::{self, RunStats};
+use hairpin_agent::kernel;
 
 /// One kind of destination.
 #[derive(Clone, Debug)]
@@ -88,30 +88,32 @@ impl ConnectResult {
     }
 }
 
-fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f64> {
+/// Runs this bench binary's hidden subcommand `sub` with `args` from `cgroup` in the
+/// pod's namespace, on the client CPU; its stdout.
+fn run_child(ctx: &Ctx, cgroup: &std::path::Path, sub: &str, args: &[&str]) -> Result<String> {
     let exe = std::env::current_exe()?;
-    let n = ctx.opts.connects.to_string();
-    let out = in_cgroup(
-        ctx.node,
-        cgroup,
-        ctx.client_cpu,
-        &[
-            exe.to_str().context("utf-8 exe path")?,
-            "connect-loop",
-            case.mode.arg(),
-            &case.addr,
-            &n,
-        ],
-    )
-    .stderr(Stdio::piped())
-    .output()?;
+    let mut argv = vec![exe.to_str().context("utf-8 exe path")?, sub];
+    argv.extend_from_slice(args);
+    let out = in_cgroup(ctx.node, cgroup, ctx.client_cpu, &argv)
+        .stderr(Stdio::piped())
+        .output()?;
     anyhow::ensure!(
         out.status.success(),
-        "connect-loop {}: {}",
-        case.addr,
+        "{sub} {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f64> {
+    let n = ctx.opts.connects.to_string();
+    let text = run_child(
+        ctx,
+        cgroup,
+        "connect-loop",
+        &[case.mode.arg(), &case.addr, &n],
+    )?;
     text.trim()
         .parse()
         .with_context(|| format!("connect-loop printed {text:?}"))
@@ -123,17 +125,14 @@ pub const PAIRS: u32 = 10;
 
 /// One round of [`PAIRS`] (outside, attached) samples, ns per connect.
 fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
-    let exe = std::env::current_exe()?;
     let n = (ctx.opts.connects / 4).max(1).to_string();
     let outside = ctx.node.outside_cgroup();
     let pod = ctx.node.pod_cgroup();
-    let out = in_cgroup(
-        ctx.node,
+    let text = run_child(
+        ctx,
         &pod,
-        ctx.client_cpu,
+        "connect-pairs",
         &[
-            exe.to_str().context("utf-8 exe path")?,
-            "connect-pairs",
             case.mode.arg(),
             &case.addr,
             &n,
@@ -141,16 +140,7 @@ fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
             outside.to_str().context("utf-8 cgroup path")?,
             pod.to_str().context("utf-8 cgroup path")?,
         ],
-    )
-    .stderr(Stdio::piped())
-    .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "connect-pairs {}: {}",
-        case.addr,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    )?;
     let pairs: Vec<(f64, f64)> = text
         .lines()
         .filter_map(|l| {
@@ -165,24 +155,15 @@ fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
     Ok(pairs)
 }
 
-/// Every loaded hairpin program's run statistics, by program id.
-fn program_stats() -> Vec<(u32, RunStats)> {
-    kernel::hairpin_programs()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|p| Some((p.program_id, kernel::program_run_stats(p.program_id)?)))
-        .collect()
-}
-
 /// One attached run with BPF run-time statistics on: mean ns per program run and
 /// program runs per connect(), summed over hairpin's programs (only connect4 runs
 /// for these IPv4 loops).
 fn measure_program(ctx: &Ctx, case: &ConnectCase) -> Result<(f64, f64)> {
     let stats_on = kernel::enable_run_time_stats()
         .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
-    let before = program_stats();
+    let before = kernel::hairpin_program_run_stats();
     measure(ctx, case, &ctx.node.pod_cgroup())?;
-    let after = program_stats();
+    let after = kernel::hairpin_program_run_stats();
     drop(stats_on);
     let (mut ns, mut runs) = (0u64, 0u64);
     for (id, a) in &after {

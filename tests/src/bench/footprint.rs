@@ -56,20 +56,7 @@ pub fn yaml_with_hosts(specs: &[FrontendSpec], hostnames: usize) -> String {
     for i in 0..hostnames {
         hosts[1 + i % synthetic].push(format!("h{i}.bench.example.com"));
     }
-    let mut s = String::from("frontends:\n");
-    for (f, names) in specs.iter().zip(hosts) {
-        let ports: Vec<String> = f.ports.iter().map(u16::to_string).collect();
-        s.push_str(&format!(
-            "- ip: \"{}\"\n  ports: [{}]\n  proxyProtocol: {}\n",
-            f.ip,
-            ports.join(", "),
-            f.version
-        ));
-        if !names.is_empty() {
-            s.push_str(&format!("  hosts: [{}]\n", names.join(", ")));
-        }
-    }
-    s
+    crate::agent::frontends_yaml_with_hosts(specs, &hosts)
 }
 
 /// The agent flags of the hostnames case: the name relay and a hosts file of its own.
