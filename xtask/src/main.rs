@@ -86,6 +86,10 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
+    if std::env::var_os("CI").is_some() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        // CI builds a fresh clone once: incremental state is never reused, only stored.
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     cmd
 }
 
@@ -124,8 +128,14 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// Free space a cold `cargo xtask test` needs in the target dir's filesystem:
+/// measured 3.4 GB for target/ and fuzz/target together (fresh clone, CI=true),
+/// with room to spare.
+const TEST_DISK_NEED: u64 = 6 << 30;
+
 fn test(args: &[String]) -> Result<()> {
     prereqs::ensure_system_packages()?;
+    check_free_space(&target_dir(), TEST_DISK_NEED);
     let agent = build_agent(false)?;
     let object = ebpf::object_path();
     run(cargo()
@@ -139,6 +149,37 @@ fn test(args: &[String]) -> Result<()> {
     // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the
     // run. The long runs are `cargo xtask fuzz --time N` (RELIABILITY.md).
     fuzz::fuzz(&fuzz::Options::smoke())
+}
+
+/// Warns, naming the filesystem and the figures, when less than `need` bytes are
+/// free where the build writes: a full disk otherwise shows up as a linker dying
+/// of SIGBUS halfway through the run.
+fn check_free_space(dir: &std::path::Path, need: u64) {
+    let probe = dir
+        .ancestors()
+        .find(|d| d.exists())
+        .unwrap_or(std::path::Path::new("/"));
+    let out = Command::new("df").args(["-P", "-k"]).arg(probe).output();
+    let avail = out.ok().and_then(|o| {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = text.lines().nth(1)?.to_owned();
+        let kb: u64 = line.split_whitespace().nth(3)?.parse().ok()?;
+        Some(kb * 1024)
+    });
+    match avail {
+        Some(avail) if avail < need => eprintln!(
+            "xtask: warning: only {:.1} GiB free for {} (a cold build needs about {:.1} GiB): \
+             the build may fail with a linker bus error; free space or set CARGO_TARGET_DIR",
+            avail as f64 / f64::from(1u32 << 30),
+            probe.display(),
+            need as f64 / f64::from(1u32 << 30),
+        ),
+        Some(_) => {}
+        None => eprintln!(
+            "xtask: warning: could not read free space for {}",
+            probe.display()
+        ),
+    }
 }
 
 fn demo() -> Result<()> {
