@@ -28,7 +28,10 @@ use crate::{
     reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
     relay::{Relay, RelayConfig},
     resources, sources,
-    state::{AgentState, AttachmentStatus, ClientsStatus, ModeStatus, NamePaths, NamesStatus},
+    state::{
+        AgentState, AttachmentStatus, ClientsStatus, FailedListener, ModeStatus, NamePaths,
+        NamesStatus,
+    },
 };
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -180,13 +183,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
             let started = Instant::now();
             rec.apply(&next.frontends);
             let mut relay_ip = None;
+            let mut failed_listeners = 0;
             if let Some(n) = names.as_mut() {
                 n.update(&next.routes);
                 let listeners = n.listeners();
+                let failed: Vec<FailedListener> = n
+                    .failed_listeners()
+                    .into_iter()
+                    .map(|(address, error)| FailedListener { address, error })
+                    .collect();
+                failed_listeners = failed.len();
                 relay_ip = listeners.first().map(|a| a.ip());
                 state.update(|s| {
                     if let Some(st) = s.names.as_mut() {
                         st.listeners = listeners;
+                        st.failed_listeners = failed;
                         st.routes = next.routes.len();
                     }
                 });
@@ -205,14 +216,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 elapsed_ms = took.as_secs_f64() * 1e3,
                 "reconcile finished"
             );
-            // A frontend that failed (no free listener port, a full map) is retried on
-            // its own, with backoff, instead of waiting for the next change.
-            retry_in = if rec.failed().is_empty() {
+            // A frontend that failed (no free listener port, a full map) and a name
+            // relay listener that could not bind are retried on their own, with
+            // backoff, instead of waiting for the next change.
+            retry_in = if rec.failed().is_empty() && failed_listeners == 0 {
                 retry.reset();
                 None
             } else {
                 let d = retry.next_delay();
-                debug!(failed = rec.failed().len(), retry_in = ?d, "failed frontends will be retried");
+                debug!(
+                    failed = rec.failed().len(),
+                    failed_listeners,
+                    retry_in = ?d,
+                    "failed frontends and listeners will be retried"
+                );
                 Some(d)
             };
             if !ready {
@@ -238,7 +255,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 if changed.is_err() { break }
                 retry.reset();
             }
-            () = retry_timer => debug!("retrying failed frontends"),
+            () = retry_timer => debug!("retrying failed frontends and listeners"),
         }
     }
 

@@ -23,7 +23,7 @@ use crate::{
 
 #[path = "state_paths.rs"]
 mod paths;
-pub use paths::{CorednsStatus, ModeStatus, NamePaths, NamesStatus, join_paths};
+pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamePaths, NamesStatus, join_paths};
 
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
 #[derive(Clone, Debug, Default)]

@@ -33,10 +33,23 @@ pub struct NamesStatus {
     pub link_note: Option<String>,
     /// Bound listeners.
     pub listeners: Vec<SocketAddr>,
+    /// Listeners that could not be bound yet, with the error; retried with backoff.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_listeners: Vec<FailedListener>,
     /// The managed hosts file, when the hosts path is live.
     pub hosts_file: Option<PathBuf>,
     /// Hostnames routed.
     pub routes: usize,
+}
+
+/// A name relay listener the agent could not bind (the port taken, the address
+/// missing), and keeps retrying.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FailedListener {
+    /// The address it tries to bind.
+    pub address: SocketAddr,
+    /// The last bind error.
+    pub error: String,
 }
 
 /// The CoreDNS writer (cluster-wide; only the Lease holder writes).

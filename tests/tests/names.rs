@@ -3,11 +3,16 @@
 //! resolver in a private mount namespace. Each assertion carries the backend's
 //! body (which echoes the PROXY header) as evidence.
 
-use std::{fs, time::Duration};
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec},
+    cli::{admin_socket, run_cli},
     fakeapi::{FakeApi, fixture},
+    load::Helper,
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
@@ -428,6 +433,107 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    // Something else on the node already listens on the names address at :80.
+    let squat = format!("{NODE_IP4}:80");
+    let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
+    assert_eq!(squatter.line(), "listening");
+    let sock = admin_socket(&node);
+    let mut agent = agent_with_names(
+        &node,
+        &[
+            "--hosts-file",
+            hosts.to_str().expect("utf-8 path"),
+            "--admin-socket",
+            sock.to_str().expect("utf-8 path"),
+        ],
+        "name relay cannot listen",
+    );
+
+    // Said, shown in status and failed by doctor, with the address and the cause.
+    let status = run_cli(&node, &["status", "--output", "json"]).json();
+    let names = &status["status"]["names"];
+    let failed = names["failed_listeners"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(failed.len(), 1, "{names}");
+    assert_eq!(failed[0]["address"], squat.as_str(), "{names}");
+    let error = failed[0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("in use"), "{names}");
+    assert!(
+        names["listeners"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|a| *a == format!("{NODE_IP4}:443"))),
+        "the other port is unaffected: {names}"
+    );
+    let doctor = run_cli(&node, &["doctor", "--output", "json"]);
+    assert_eq!(doctor.code, 1, "{doctor:?}");
+    let check = doctor.json()["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "name_relay")
+        .cloned()
+        .unwrap_or_else(|| panic!("no name_relay check: {doctor:?}"));
+    assert_eq!(check["status"], "fail", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&squat),
+        "{check}"
+    );
+    let text = run_cli(&node, &["status"]);
+    assert!(
+        text.stdout.contains(&format!("cannot listen on {squat}: ")),
+        "{}",
+        text.stdout
+    );
+
+    // The port is freed: the agent binds it on its own (no signal, no change) and
+    // the name answers through the relay.
+    let freed = Instant::now();
+    squatter.kill();
+    let mut last = None;
+    while freed.elapsed() < Duration::from_secs(40) {
+        let got = sh_with_hosts_file(&node, &hosts, "curl -sS --max-time 5 http://a.example.com/");
+        if got.ok() && got.body.trim_end().ends_with("dst=203.0.113.10:80") {
+            last = None;
+            break;
+        }
+        last = Some(got);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = agent.log();
+    assert!(last.is_none(), "not retried on its own: {last:?}\n{log}");
+    eprintln!(
+        "name relay port held: listening {:?} after the port was freed",
+        freed.elapsed()
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("name relay cannot listen") && l.contains(&squat))
+            .count(),
+        1,
+        "the error is said once, not on every retry\n{log}"
+    );
+    let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
+    assert!(names.get("failed_listeners").is_none(), "{names}");
     agent.signal(Signal::SIGTERM);
     assert!(
         agent.wait(Duration::from_secs(30)).success(),

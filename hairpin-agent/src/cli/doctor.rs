@@ -58,7 +58,7 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
-    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`.
+    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -120,6 +120,9 @@ pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
     list.extend(cluster_shape(agent.as_ref().ok()));
     if let Some(c) = agent.as_ref().ok().and_then(|s| s.clients.as_ref()) {
         list.push(clients_check(c));
+    }
+    if let Some(n) = agent.as_ref().ok().and_then(|s| s.names.as_ref()) {
+        list.push(name_relay_check(n));
     }
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
@@ -231,6 +234,31 @@ fn clients_check(c: &crate::state::ClientsStatus) -> Check {
         Status::Ok,
         format!("{} ({})", c.allowed, c.source),
     )
+}
+
+/// Whether every name relay listener is bound: one that is not leaves the names
+/// on its port unrouted (and the hosts file without them, for the names address).
+fn name_relay_check(n: &crate::state::NamesStatus) -> Check {
+    if n.failed_listeners.is_empty() {
+        let detail = if n.listeners.is_empty() {
+            "no listener yet (no hostname routed)".to_string()
+        } else {
+            let l: Vec<String> = n.listeners.iter().map(|a| a.to_string()).collect();
+            format!("listening on {}", l.join(", "))
+        };
+        return Check::new("name_relay", Status::Ok, detail);
+    }
+    let failed: Vec<String> = n
+        .failed_listeners
+        .iter()
+        .map(|f| format!("{}: {}", f.address, f.error))
+        .collect();
+    Check::new(
+        "name_relay",
+        Status::Fail,
+        format!("cannot listen on {} (the agent keeps retrying)", failed.join("; ")),
+    )
+    .fix("find what holds the port (`ss -ltnp`) and stop it, or move the name relay with --names-address / --names-ports")
 }
 
 /// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.

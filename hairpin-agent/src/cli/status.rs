@@ -121,6 +121,14 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 .map(|l| format!("; {l}"))
                 .unwrap_or_default(),
         ));
+        for f in &n.failed_listeners {
+            out.push_str(&format!(
+                "            {} {}: {} (retrying)\n",
+                paint("cannot listen on", Tone::Bad, colour),
+                f.address,
+                f.error
+            ));
+        }
     }
     if let Some(c) = &s.clients {
         out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));

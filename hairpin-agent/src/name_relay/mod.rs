@@ -87,6 +87,9 @@ pub struct NameRouting {
     /// By requested bind address: the bound address (as the kernel reports it),
     /// the port its connections route as, and its stop token.
     listeners: BTreeMap<SocketAddr, (SocketAddr, u16, CancellationToken)>,
+    /// By requested bind address: why it could not be bound, until it is. The run
+    /// loop retries these with backoff; each error is logged once.
+    failed: BTreeMap<SocketAddr, String>,
     connections: TaskTracker,
 }
 
@@ -105,6 +108,7 @@ impl NameRouting {
             shared,
             table,
             listeners: BTreeMap::new(),
+            failed: BTreeMap::new(),
             connections: TaskTracker::new(),
         }
     }
@@ -112,6 +116,12 @@ impl NameRouting {
     /// Addresses the listeners are bound to.
     pub fn listeners(&self) -> Vec<SocketAddr> {
         self.listeners.values().map(|(a, _, _)| *a).collect()
+    }
+
+    /// Listeners that could not be bound (requested address, error), retried on
+    /// every [`update`](Self::update) until they are.
+    pub fn failed_listeners(&self) -> Vec<(SocketAddr, String)> {
+        self.failed.iter().map(|(a, e)| (*a, e.clone())).collect()
     }
 
     /// Whether a listener runs on the names address, which the hosts file points at.
@@ -123,8 +133,10 @@ impl NameRouting {
     ///
     /// Listeners start with the first non-empty set, so an agent without names never
     /// takes ports 80/443 on the node. A port that cannot be bound is logged and
-    /// left out; the hosts file names the relay only while a listener runs, so a
-    /// name is never pointed at an address nothing answers on.
+    /// left out and tried again on the next call (the run loop calls again with
+    /// backoff while [`failed_listeners`](Self::failed_listeners) is not empty);
+    /// the hosts file names the relay only while a listener runs, so a name is
+    /// never pointed at an address nothing answers on.
     pub fn update(&mut self, routes: &[NameRoute]) {
         if !routes.is_empty() {
             self.start_listeners();
@@ -183,15 +195,21 @@ impl NameRouting {
                         )
                         .instrument(info_span!("name_listener", %local)),
                     );
+                    let retried = self.failed.remove(&want).is_some();
                     if local.port() == routes_as {
-                        info!(%local, "name relay listening");
+                        info!(%local, retried, "name relay listening");
                     } else {
-                        info!(%local, routes_as, "name relay listening (Service target port)");
+                        info!(%local, routes_as, retried, "name relay listening (Service target port)");
                     }
                     self.listeners.insert(want, (local, routes_as, stop));
                 }
                 Err(e) => {
-                    error!(addr = %want, error = %e, "name relay cannot listen; names on this port are not routed")
+                    let why = e.to_string();
+                    // Said once per address and reason, not on every retry.
+                    if self.failed.get(&want) != Some(&why) {
+                        error!(addr = %want, error = %why, "name relay cannot listen; names on this port are not routed until it can (retrying)");
+                    }
+                    self.failed.insert(want, why);
                 }
             }
         }
