@@ -20,40 +20,43 @@ pub enum Direction {
     Downstream,
 }
 
-/// Why a relayed connection failed (the `kind` label, lower case).
+/// Why a relayed connection failed, on either side (the `kind` label of
+/// `hairpin_relay_upstream_errors_total` and `hairpin_relay_client_errors_total`,
+/// lower case). Which side failed is the metric, not the kind.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum UpstreamError {
+pub enum ConnError {
     /// connect() was refused (RST): nothing listens behind the LB for that port.
     Refused,
-    /// connect() did not complete within the connect timeout.
+    /// connect() did not complete within the connect timeout, or keepalive probes
+    /// went unanswered.
     Timeout,
-    /// The connection was reset while relaying.
+    /// The connection was reset (or the pipe broken) while relaying.
     Reset,
     /// Anything else (unreachable, descriptor limits...).
     Other,
 }
 
-impl UpstreamError {
+impl ConnError {
     /// Every kind, in label order.
-    pub const ALL: [UpstreamError; 4] = [
-        UpstreamError::Other,
-        UpstreamError::Refused,
-        UpstreamError::Reset,
-        UpstreamError::Timeout,
+    pub const ALL: [ConnError; 4] = [
+        ConnError::Other,
+        ConnError::Refused,
+        ConnError::Reset,
+        ConnError::Timeout,
     ];
 
     /// The label value and `/status` key.
     pub fn name(self) -> &'static str {
         match self {
-            UpstreamError::Refused => "refused",
-            UpstreamError::Timeout => "timeout",
-            UpstreamError::Reset => "reset",
-            UpstreamError::Other => "other",
+            ConnError::Refused => "refused",
+            ConnError::Timeout => "timeout",
+            ConnError::Reset => "reset",
+            ConnError::Other => "other",
         }
     }
 }
 
-impl EncodeLabelValue for UpstreamError {
+impl EncodeLabelValue for ConnError {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         std::fmt::Write::write_str(encoder, self.name())
     }
@@ -66,7 +69,7 @@ struct DirectionLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
-    kind: UpstreamError,
+    kind: ConnError,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -145,7 +148,7 @@ impl Metrics {
     }
 
     /// Counts an upstream failure.
-    pub fn upstream_error(&self, kind: UpstreamError) {
+    pub fn upstream_error(&self, kind: ConnError) {
         self.upstream_errors
             .get_or_create(&KindLabel { kind })
             .inc();
@@ -153,7 +156,7 @@ impl Metrics {
 
     /// Counts a relayed connection that ended with an error on the client's side
     /// (the client reset it, or keepalive found it gone).
-    pub fn client_error(&self, kind: UpstreamError) {
+    pub fn client_error(&self, kind: ConnError) {
         self.client_errors.get_or_create(&KindLabel { kind }).inc();
     }
 
@@ -197,7 +200,7 @@ impl Metrics {
             active_connections: self.active.get(),
             bytes_upstream: bytes(Direction::Upstream),
             bytes_downstream: bytes(Direction::Downstream),
-            upstream_errors: UpstreamError::ALL
+            upstream_errors: ConnError::ALL
                 .into_iter()
                 .map(|kind| {
                     let n = self
@@ -207,7 +210,7 @@ impl Metrics {
                     (kind.name().to_string(), n)
                 })
                 .collect(),
-            client_errors: UpstreamError::ALL
+            client_errors: ConnError::ALL
                 .into_iter()
                 .filter_map(|kind| {
                     let n = self.client_errors.get(&KindLabel { kind })?.get();

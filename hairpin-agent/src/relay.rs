@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::{
     frontends::{Frontend, ProxyVersion},
-    metrics::{Direction, Metrics, UpstreamError},
+    metrics::{ConnError, Direction, Metrics},
     proxy_header::Header,
 };
 
@@ -418,7 +418,7 @@ impl AsyncWrite for Tagged<'_> {
 }
 
 /// The side and kind of a copy error: upstream when [`Tagged`] marked it.
-fn side_of(e: io::Error) -> (Side, UpstreamError, io::Error) {
+fn side_of(e: io::Error) -> (Side, ConnError, io::Error) {
     let kind = classify(&e);
     let upstream = e.get_ref().is_some_and(|inner| inner.is::<UpstreamFault>());
     (
@@ -437,7 +437,7 @@ async fn relay(
     to: &Upstream,
     first: &[u8],
     cfg: &RelayConfig,
-) -> Result<(u64, u64), (Side, UpstreamError, io::Error)> {
+) -> Result<(u64, u64), (Side, ConnError, io::Error)> {
     let mut upstream = match timeout(
         cfg.connect_timeout,
         connect_marked(to.target, cfg.bypass_mark),
@@ -447,7 +447,7 @@ async fn relay(
         Err(_) => {
             return Err((
                 Side::Upstream,
-                UpstreamError::Timeout,
+                ConnError::Timeout,
                 io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
             ));
         }
@@ -512,11 +512,11 @@ async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<Tcp
 }
 
 /// The metrics label for an upstream failure (shared with the name relay).
-fn classify(e: &io::Error) -> UpstreamError {
+fn classify(e: &io::Error) -> ConnError {
     match e.kind() {
-        io::ErrorKind::ConnectionRefused => UpstreamError::Refused,
-        io::ErrorKind::TimedOut => UpstreamError::Timeout,
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => UpstreamError::Reset,
-        _ => UpstreamError::Other,
+        io::ErrorKind::ConnectionRefused => ConnError::Refused,
+        io::ErrorKind::TimedOut => ConnError::Timeout,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ConnError::Reset,
+        _ => ConnError::Other,
     }
 }
