@@ -7,6 +7,7 @@ use std::{
     net::SocketAddr,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use axum::{
@@ -20,7 +21,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
-use crate::{kernel, metrics::Metrics, state::AgentState};
+use crate::{
+    kernel,
+    metrics::Metrics,
+    state::{AgentState, RUN_LOOP_STALL},
+};
 
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -168,9 +173,18 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AdminError> {
 
 /// Alive: this handler ran, so the runtime is scheduling tasks and the state lock is
 /// not held forever.
-async fn healthz(State(s): State<Shared>) -> &'static str {
-    let _ = s.state.snapshot();
-    "ok\n"
+/// Alive: the runtime answers and the run loop has beaten within
+/// [`RUN_LOOP_STALL`]; otherwise 503 with how long it has been silent, so the
+/// kubelet restarts an agent stuck in an apply or a deadlock.
+async fn healthz(State(s): State<Shared>) -> Response {
+    match s.state.run_loop_stalled(Instant::now(), RUN_LOOP_STALL) {
+        None => "ok\n".into_response(),
+        Some(silent) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("run loop stalled: silent for {} s\n", silent.as_secs()),
+        )
+            .into_response(),
+    }
 }
 
 async fn readyz(State(s): State<Shared>) -> Response {

@@ -29,8 +29,8 @@ use crate::{
     relay::{Relay, RelayConfig},
     resources, sources,
     state::{
-        AgentState, AttachmentStatus, ClientsStatus, FailedListener, ModeStatus, NamePaths,
-        NamesStatus,
+        AgentState, AttachmentStatus, ClientsStatus, FailedListener, HEARTBEAT_EVERY, ModeStatus,
+        NamePaths, NamesStatus,
     },
 };
 
@@ -176,6 +176,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut ready = false;
     let mut retry = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
     let mut retry_in: Option<Duration> = None;
+    let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // Apply what the source says now (None until it first synced).
         let next = desired.borrow_and_update().clone();
@@ -248,14 +250,27 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = term.recv() => { info!("SIGTERM"); break }
-            _ = int.recv() => { info!("SIGINT"); break }
-            changed = desired.changed() => {
-                if changed.is_err() { break }
-                retry.reset();
+        tokio::pin!(retry_timer);
+        // Wait for a change, beating while idle so /healthz can tell a stuck loop.
+        let stop = loop {
+            state.beat();
+            tokio::select! {
+                _ = term.recv() => { info!("SIGTERM"); break true }
+                _ = int.recv() => { info!("SIGINT"); break true }
+                changed = desired.changed() => {
+                    if changed.is_err() { break true }
+                    retry.reset();
+                    break false;
+                }
+                () = &mut retry_timer => {
+                    debug!("retrying failed frontends and listeners");
+                    break false;
+                }
+                _ = heartbeat.tick() => {}
             }
-            () = retry_timer => debug!("retrying failed frontends and listeners"),
+        };
+        if stop {
+            break;
         }
     }
 

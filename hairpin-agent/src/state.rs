@@ -9,8 +9,8 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    sync::{Arc, PoisonError, RwLock},
-    time::{Duration, SystemTime},
+    sync::{Arc, Mutex, PoisonError, RwLock},
+    time::{Duration, Instant, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
@@ -29,7 +29,17 @@ pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamePaths, NamesStatu
 #[derive(Clone, Debug, Default)]
 pub struct AgentState {
     inner: Arc<RwLock<Snapshot>>,
+    /// When the run loop last went round or ticked; `None` before it started.
+    heartbeat: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How often the run loop beats while it waits for a change.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
+/// A run loop silent this long is stuck (an apply that never returns, a
+/// deadlock): `/healthz` fails so the kubelet restarts the agent. Twelve missed
+/// beats, and three times the longest drain the manifests allow.
+pub const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
 
 /// Everything `/status` reports. Counters are filled in per request by the admin server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -223,6 +233,26 @@ impl AgentState {
     /// Changes the snapshot under the lock.
     pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
         f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The run loop is alive now.
+    pub fn beat(&self) {
+        *self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// How long the run loop has been silent at `now`, when that is over `limit`;
+    /// `None` while it beats, and before it first started (start-up has its own
+    /// probe).
+    pub fn run_loop_stalled(&self, now: Instant, limit: Duration) -> Option<Duration> {
+        let last = (*self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))?;
+        let silent = now.saturating_duration_since(last);
+        (silent > limit).then_some(silent)
     }
 
     /// Records where the programs are attached (`None`: detached).

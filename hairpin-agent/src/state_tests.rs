@@ -106,3 +106,26 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
         Some("programs are not attached")
     );
 }
+
+#[test]
+fn the_run_loop_counts_as_stalled_only_after_it_started_and_fell_silent() {
+    let state = AgentState::new(0x68);
+    let limit = Duration::from_secs(60);
+    let later = |secs| Instant::now() + Duration::from_secs(secs);
+    assert_eq!(
+        state.run_loop_stalled(later(3600), limit),
+        None,
+        "not started yet"
+    );
+    state.beat();
+    assert_eq!(state.run_loop_stalled(later(59), limit), None);
+    let silent = state.run_loop_stalled(later(61), limit).expect("stalled");
+    assert!(
+        silent > limit && silent < Duration::from_secs(62),
+        "{silent:?}"
+    );
+    // A clone (the admin server's) sees the run loop's beats.
+    let admin = state.clone();
+    state.beat();
+    assert_eq!(admin.run_loop_stalled(later(30), limit), None);
+}
