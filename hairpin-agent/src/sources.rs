@@ -111,7 +111,10 @@ pub fn kubernetes_source(
             let next = {
                 let s = snapshot.borrow_and_update();
                 let decisions = s.decisions.iter().map(status_decision).collect();
-                state.update(|st| st.decisions = decisions);
+                state.update(|st| {
+                    st.decisions = decisions;
+                    st.cluster_dns = s.cluster_dns.clone();
+                });
                 s.synced.then(|| Desired {
                     frontends: s.frontends.clone(),
                     routes: s.routes.clone(),

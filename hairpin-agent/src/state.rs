@@ -64,6 +64,10 @@ pub struct Snapshot {
     /// The name relay, when it runs.
     #[serde(default)]
     pub names: Option<NamesStatus>,
+    /// The cluster DNS Service's IPs (kube-dns), from the Kubernetes source; what
+    /// `check` asks to resolve as a pod does when no --dns-server is given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_dns: Vec<IpAddr>,
     /// The CoreDNS writer, when `--coredns` is not `off`.
     #[serde(default)]
     pub coredns: Option<CorednsStatus>,

@@ -339,3 +339,46 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
         "{lease}"
     );
 }
+
+#[tokio::test]
+async fn the_cluster_dns_service_is_found_through_the_watch() {
+    let api = FakeApi::start();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hairpin-agent/tests/fixtures/cluster-dns");
+    api.apply(service("clusterip"));
+    let (source, _m) = start(&api);
+    let mut rx = source.snapshot.clone();
+    until(&mut rx, Duration::from_secs(5), "initial sync", |s| {
+        s.synced
+    })
+    .await;
+    assert!(rx.borrow().cluster_dns.is_empty(), "no DNS Service yet");
+
+    let rke2 = fixture(&dir.join("rke2-coredns-dual-stack.yaml"));
+    api.apply(rke2.clone());
+    let both: Vec<std::net::IpAddr> = vec![
+        "10.43.0.10".parse().unwrap(),
+        "2001:cafe:43::a".parse().unwrap(),
+    ];
+    until(&mut rx, Duration::from_secs(2), "rke2-coredns found", |s| {
+        s.cluster_dns == both
+    })
+    .await;
+    // kube-dns appearing beside it wins; its removal falls back.
+    let kube_dns = fixture(&dir.join("kubeadm-kube-dns.yaml"));
+    api.apply(kube_dns.clone());
+    until(&mut rx, Duration::from_secs(2), "kube-dns preferred", |s| {
+        s.cluster_dns == vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
+    })
+    .await;
+    api.delete(&kube_dns);
+    until(
+        &mut rx,
+        Duration::from_secs(2),
+        "back to rke2-coredns",
+        |s| s.cluster_dns == both,
+    )
+    .await;
+    // A DNS Service change alone must not disturb the frontends.
+    assert!(rx.borrow().frontends.is_empty());
+}

@@ -24,8 +24,8 @@ pub use super::check_report::{AddressReport, CheckReport, Coverage, Resolution, 
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     long_about = "Answers \"why does my in-cluster request to my own hostname fail?\" for one \
-target. Resolves it as the node does (getaddrinfo) and, with --dns-server, as a pod does (an \
-A/AAAA query to kube-dns). For each address it makes three connections: as an in-cluster \
+target. Resolves it as the node does (getaddrinfo) and as a pod does (an A/AAAA query to \
+--dns-server, or else to the cluster DNS Service the running agent found). For each address it makes three connections: as an in-cluster \
 client would now (through hairpin's redirect when one exists), directly to the LoadBalancer \
 address without a PROXY header, and directly with a PROXY v1 header - the two direct ones \
 carry the agent's bypass mark so hairpin's programs leave them alone. Each sends an HTTP \
@@ -47,8 +47,9 @@ pub struct CheckArgs {
     #[arg(long, env = "HAIRPIN_CHECK_TLS")]
     pub tls: bool,
 
-    /// Also resolve the name as a pod would, with a plain A/AAAA query to this DNS
-    /// server (the kube-dns Service IP, e.g. 10.96.0.10).
+    /// Resolve the name as a pod would, with a plain A/AAAA query to this DNS server
+    /// (the kube-dns Service IP, e.g. 10.96.0.10). Default: the cluster DNS Service
+    /// the running agent found (kube-dns, rke2-coredns...).
     #[arg(long, env = "HAIRPIN_DNS_SERVER")]
     pub dns_server: Option<IpAddr>,
 
@@ -112,8 +113,9 @@ pub fn parse_target(s: &str, tls: bool) -> Result<Target, String> {
 /// Runs `check`; returns the exit code.
 pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
     let target = parse_target(&args.target, args.tls).map_err(CliError::Usage)?;
-    let resolution = resolve(&target, args.dns_server, args.timeout);
     let agent = args.admin.status();
+    let dns = pod_dns_server(args.dns_server, agent.as_ref().ok());
+    let resolution = resolve(&target, dns, args.timeout);
     let kp = KubeProxy::observe();
     let mut addresses = Vec::new();
     for ip in resolution.addresses() {
@@ -157,7 +159,21 @@ pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
     Ok(report.exit_code)
 }
 
-fn resolve(t: &Target, dns_server: Option<IpAddr>, timeout: Duration) -> Resolution {
+/// The DNS server to resolve as a pod through: `--dns-server`, else the cluster
+/// DNS Service the agent found (its first IP), with where it came from.
+fn pod_dns_server(
+    flag: Option<IpAddr>,
+    agent: Option<&Snapshot>,
+) -> Option<(IpAddr, &'static str)> {
+    match flag {
+        Some(ip) => Some((ip, "--dns-server")),
+        None => agent
+            .and_then(|s| s.cluster_dns.first().copied())
+            .map(|ip| (ip, "the cluster DNS Service, from the agent")),
+    }
+}
+
+fn resolve(t: &Target, dns: Option<(IpAddr, &'static str)>, timeout: Duration) -> Resolution {
     if let Ok(ip) = t.host.parse::<IpAddr>() {
         return Resolution::literal(ip);
     }
@@ -165,10 +181,11 @@ fn resolve(t: &Target, dns_server: Option<IpAddr>, timeout: Duration) -> Resolut
         .to_socket_addrs()
         .map(|a| a.map(|s| s.ip()).collect::<Vec<_>>())
         .map_err(|e| e.to_string());
-    let pod = dns_server.map(|server| {
+    let pod = dns.map(|(server, from)| {
         let server = SocketAddr::new(server, 53);
         (
             server,
+            from,
             super::dns::lookup(server, &t.host, timeout).map_err(|e| e.to_string()),
         )
     });

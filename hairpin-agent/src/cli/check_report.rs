@@ -20,11 +20,17 @@ pub struct Resolution {
     pub node_error: Option<String>,
     /// The DNS server asked as a pod would, if any.
     pub pod_dns_server: Option<SocketAddr>,
+    /// Where that server came from: `--dns-server`, or the agent's cluster DNS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_dns_from: Option<&'static str>,
     /// What it answered.
     pub pod: Vec<IpAddr>,
     /// Why it could not, or why it was skipped.
     pub pod_note: Option<String>,
 }
+
+/// A pod-style lookup: the server asked, where it came from, and its answer.
+pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, String>);
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
@@ -40,7 +46,7 @@ impl Resolution {
     /// From the node's lookup and the optional pod-style one.
     pub fn from_lookups(
         node: Result<Vec<IpAddr>, String>,
-        pod: Option<(SocketAddr, Result<Vec<IpAddr>, String>)>,
+        pod: Option<PodLookup>,
     ) -> Resolution {
         let mut r = Resolution::default();
         match node {
@@ -48,17 +54,20 @@ impl Resolution {
             Err(e) => r.node_error = Some(e),
         }
         match pod {
-            Some((server, Ok(ips))) => {
+            Some((server, from, answer)) => {
                 r.pod_dns_server = Some(server);
-                r.pod = ips;
-            }
-            Some((server, Err(e))) => {
-                r.pod_dns_server = Some(server);
-                r.pod_note = Some(e);
+                r.pod_dns_from = Some(from);
+                match answer {
+                    Ok(ips) => r.pod = ips,
+                    Err(e) => r.pod_note = Some(e),
+                }
             }
             None => {
-                r.pod_note =
-                    Some("skipped: pass --dns-server (the kube-dns IP) to resolve as a pod".into())
+                r.pod_note = Some(
+                    "skipped: the agent knows no cluster DNS Service; pass --dns-server \
+                     (the kube-dns IP) to resolve as a pod"
+                        .into(),
+                )
             }
         }
         r
@@ -282,7 +291,11 @@ impl CheckReport {
             r.node_error.clone().unwrap_or_else(|| list(&r.node))
         ));
         let pod = match (&r.pod_dns_server, &r.pod_note) {
-            (Some(s), None) => format!("{} (asked {s})", list(&r.pod)),
+            (Some(s), None) => format!(
+                "{} (asked {s}{})",
+                list(&r.pod),
+                r.pod_dns_from.map(|f| format!(", {f}")).unwrap_or_default()
+            ),
             (_, Some(note)) => note.clone(),
             (None, None) => list(&r.pod),
         };

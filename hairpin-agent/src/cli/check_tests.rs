@@ -147,10 +147,33 @@ fn resolution_merges_node_and_pod_answers_without_duplicates() {
     let server: SocketAddr = "10.96.0.10:53".parse().expect("addr");
     let r = Resolution::from_lookups(
         Ok(vec![ip("203.0.113.10")]),
-        Some((server, Ok(vec![ip("203.0.113.10"), ip("2001:db8::10")]))),
+        Some((
+            server,
+            "--dns-server",
+            Ok(vec![ip("203.0.113.10"), ip("2001:db8::10")]),
+        )),
     );
     assert_eq!(r.addresses(), vec![ip("203.0.113.10"), ip("2001:db8::10")]);
+    assert_eq!(r.pod_dns_from, Some("--dns-server"));
     let r = Resolution::from_lookups(Err("no such host".into()), None);
     assert!(r.addresses().is_empty());
     assert!(r.pod_note.as_deref().expect("note").starts_with("skipped"));
+}
+
+#[test]
+fn pod_lookups_use_the_flag_else_the_agents_cluster_dns() {
+    let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+    let mut agent = Snapshot::default();
+    assert_eq!(pod_dns_server(None, Some(&agent)), None, "nothing known");
+    assert_eq!(pod_dns_server(None, None), None, "no agent");
+    agent.cluster_dns = vec![ip("10.43.0.10"), ip("2001:cafe:43::a")];
+    assert_eq!(
+        pod_dns_server(None, Some(&agent)),
+        Some((ip("10.43.0.10"), "the cluster DNS Service, from the agent"))
+    );
+    assert_eq!(
+        pod_dns_server(Some(ip("10.96.0.10")), Some(&agent)),
+        Some((ip("10.96.0.10"), "--dns-server")),
+        "the flag wins"
+    );
 }

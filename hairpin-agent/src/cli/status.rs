@@ -133,6 +133,13 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
     if let Some(c) = &s.clients {
         out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
     }
+    if !s.cluster_dns.is_empty() {
+        let ips: Vec<String> = s.cluster_dns.iter().map(|i| i.to_string()).collect();
+        out.push_str(&format!(
+            "cluster dns {} (what `check` asks to resolve as a pod)\n",
+            ips.join(", ")
+        ));
+    }
     if let Some(c) = &s.coredns {
         out.push_str(&format!(
             "coredns     {} {} -> {} ({}, {} rewrites, last write {})\n",

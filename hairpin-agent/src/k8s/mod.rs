@@ -4,6 +4,7 @@
 
 pub mod annotations;
 pub mod client;
+pub mod cluster_dns;
 pub mod coredns;
 pub mod coredns_loop;
 pub mod decide;

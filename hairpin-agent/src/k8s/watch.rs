@@ -5,7 +5,7 @@
 //! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
 //! list completes), so an API server that goes away never empties the frontends.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
@@ -22,7 +22,9 @@ use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use super::{Decision, Defaults, SkipReason, decide_all, decision::Outcome};
+use super::{
+    Decision, Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
+};
 use crate::{
     fallback::names::{NameRoute, name_routes},
     frontends::Frontend,
@@ -43,6 +45,8 @@ pub struct KubeSnapshot {
     pub routes: Vec<NameRoute>,
     /// Why hostnames were not routed (invalid, not proxied, conflicts).
     pub route_skips: Vec<String>,
+    /// The cluster DNS Service's IPs (see [`cluster_dns`]), for `check`.
+    pub cluster_dns: Vec<IpAddr>,
 }
 
 /// A decision in the shape `status` shows and an Event carries.
@@ -289,6 +293,7 @@ async fn decide_loop(
             routes: names.routes,
             route_skips: names.skips.iter().map(|s| s.message.clone()).collect(),
             synced: true,
+            cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
             frontends: desired.frontends.into_iter().collect(),
             decisions: desired
                 .decisions
