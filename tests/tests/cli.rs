@@ -4,6 +4,7 @@
 use hairpin_tests::{
     agent::FrontendSpec,
     cli::{admin_socket, run_cli, start_agent},
+    names_support::{lbs_with_tls, start_tls_nginx},
     node::{NODE_IP4, SimNode},
     privileges::datapath_tests_can_run,
     servers::start_nginx,
@@ -202,6 +203,59 @@ fn check_says_broken_before_hairpin_and_works_after() {
         text.stdout.contains("works through hairpin"),
         "{}",
         text.stdout
+    );
+}
+
+#[test]
+fn check_completes_a_real_tls_handshake_with_the_header_and_through_hairpin() {
+    require_privileges!();
+    // The TLS nginx behind 203.0.113.10:443 requires the PROXY protocol, as
+    // ingress-nginx with use-proxy-protocol does on its https port.
+    let node = SimNode::with_lbs(&lbs_with_tls());
+    let _nginx = start_nginx(&node);
+    let tls = start_tls_nginx(&node);
+    let tls_probes = |run: &hairpin_tests::cli::CliRun| {
+        let j = run.json();
+        let a = j["addresses"][0].clone();
+        assert_eq!(a["address"], "203.0.113.10:443", "{a}");
+        (j, a)
+    };
+
+    // Port 443 implies --tls.
+    let before = run_cli(&node, &["check", "203.0.113.10:443", "-o", "json"]);
+    assert_eq!(before.code, 1, "{before:?}\ntls:\n{}", tls.log());
+    let (j, a) = tls_probes(&before);
+    assert_eq!(j["target"]["tls"], true, "{j}");
+    assert_eq!(j["verdict"], "broken");
+    assert_eq!(a["probes"]["direct"]["outcome"], "no_answer", "{a}");
+    let with_header = &a["probes"]["direct_with_header"];
+    assert_eq!(with_header["outcome"], "answered", "{a}");
+    assert!(
+        with_header["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("TLS handshake complete (TLSv1_")),
+        "{a}"
+    );
+
+    let _agent = start_agent(
+        &node,
+        &[FrontendSpec {
+            ip: "203.0.113.10",
+            ports: vec![80, 443],
+            version: "v1",
+        }],
+    );
+    let after = run_cli(&node, &["check", "203.0.113.10:443", "-o", "json"]);
+    assert_eq!(after.code, 0, "{after:?}\ntls:\n{}", tls.log());
+    let (j, a) = tls_probes(&after);
+    assert_eq!(j["verdict"], "works");
+    assert_eq!(a["hairpin"]["state"], "active", "{a}");
+    assert_eq!(a["probes"]["in_cluster"]["outcome"], "answered", "{a}");
+    assert!(
+        a["probes"]["in_cluster"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("TLS handshake complete")),
+        "{a}"
     );
 }
 

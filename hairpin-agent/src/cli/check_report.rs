@@ -44,10 +44,7 @@ impl Resolution {
     }
 
     /// From the node's lookup and the optional pod-style one.
-    pub fn from_lookups(
-        node: Result<Vec<IpAddr>, String>,
-        pod: Option<PodLookup>,
-    ) -> Resolution {
+    pub fn from_lookups(node: Result<Vec<IpAddr>, String>, pod: Option<PodLookup>) -> Resolution {
         let mut r = Resolution::default();
         match node {
             Ok(ips) => r.node = ips,
