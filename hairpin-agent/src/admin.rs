@@ -177,7 +177,7 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AdminError> {
 /// [`RUN_LOOP_STALL`]; otherwise 503 with how long it has been silent, so the
 /// kubelet restarts an agent stuck in an apply or a deadlock.
 async fn healthz(State(s): State<Shared>) -> Response {
-    match s.state.run_loop_stalled(Instant::now(), RUN_LOOP_STALL) {
+    match stalled(&s.state) {
         None => "ok\n".into_response(),
         Some(silent) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -187,8 +187,20 @@ async fn healthz(State(s): State<Shared>) -> Response {
     }
 }
 
+/// The run loop's silence, when over [`RUN_LOOP_STALL`].
+fn stalled(state: &AgentState) -> Option<std::time::Duration> {
+    state.run_loop_stalled(Instant::now(), RUN_LOOP_STALL)
+}
+
+/// The snapshot with what is read per request: the run loop's liveness.
+fn live_snapshot(state: &AgentState) -> crate::state::Snapshot {
+    let mut snap = state.snapshot();
+    snap.run_loop_stalled_secs = stalled(state).map(|d| d.as_secs());
+    snap
+}
+
 async fn readyz(State(s): State<Shared>) -> Response {
-    match s.state.snapshot().not_ready_reason() {
+    match live_snapshot(&s.state).not_ready_reason() {
         None => Json(serde_json::json!({ "ready": true })).into_response(),
         Some(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -203,7 +215,7 @@ async fn metrics_text(State(s): State<Shared>) -> Response {
 }
 
 async fn status(State(s): State<Shared>) -> Response {
-    let mut snap = s.state.snapshot();
+    let mut snap = live_snapshot(&s.state);
     // Read per request: the kernel's counters move without the agent noticing.
     if let Some(id) = snap.attachment.as_ref().and_then(|a| a.ids.counters_map_id) {
         match kernel::read_counters(id) {

@@ -64,6 +64,10 @@ pub struct Snapshot {
     /// The name relay, when it runs.
     #[serde(default)]
     pub names: Option<NamesStatus>,
+    /// How long the run loop has been silent, when over the liveness limit (filled
+    /// per request by the admin server; `/healthz` fails meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_loop_stalled_secs: Option<u64>,
     /// The cluster DNS Service's IPs (kube-dns), from the Kubernetes source; what
     /// `check` asks to resolve as a pod does when no --dns-server is given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -388,6 +392,11 @@ impl Snapshot {
     /// Why the agent is not ready, or `None` when programs are attached and every
     /// source has synced.
     pub fn not_ready_reason(&self) -> Option<String> {
+        if let Some(secs) = self.run_loop_stalled_secs {
+            return Some(format!(
+                "run loop stalled: silent for {secs} s (liveness restarts the agent)"
+            ));
+        }
         // Programs are awaited only where eBPF is a live path (not in `fallback`, nor
         // in `auto` after it fell back); agents that report no mode always had them.
         let wants_programs = self

@@ -129,3 +129,23 @@ fn the_run_loop_counts_as_stalled_only_after_it_started_and_fell_silent() {
     state.beat();
     assert_eq!(admin.run_loop_stalled(later(30), limit), None);
 }
+
+#[test]
+fn a_stalled_run_loop_is_the_first_reason_not_to_be_ready() {
+    let state = AgentState::new(0x68);
+    state.set_attachment(Some(attached()));
+    state.source_synced("file /etc/hairpin/frontends.yaml");
+    let mut snap = state.snapshot();
+    assert_eq!(snap.not_ready_reason(), None);
+    snap.run_loop_stalled_secs = Some(75);
+    assert_eq!(
+        snap.not_ready_reason().as_deref(),
+        Some("run loop stalled: silent for 75 s (liveness restarts the agent)")
+    );
+    // Part of the /status JSON only while it is so.
+    let json = serde_json::to_value(&snap).expect("json");
+    assert_eq!(json["run_loop_stalled_secs"], 75);
+    snap.run_loop_stalled_secs = None;
+    let json = serde_json::to_value(&snap).expect("json");
+    assert!(json.get("run_loop_stalled_secs").is_none());
+}
