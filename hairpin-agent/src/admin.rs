@@ -171,11 +171,9 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AdminError> {
     Ok(l)
 }
 
-/// Alive: this handler ran, so the runtime is scheduling tasks and the state lock is
-/// not held forever.
-/// Alive: the runtime answers and the run loop has beaten within
-/// [`RUN_LOOP_STALL`]; otherwise 503 with how long it has been silent, so the
-/// kubelet restarts an agent stuck in an apply or a deadlock.
+/// Alive: this handler ran (the runtime schedules tasks) and the run loop has
+/// beaten within [`RUN_LOOP_STALL`]; otherwise 503 with how long it has been
+/// silent, so the kubelet restarts an agent stuck in an apply or a deadlock.
 async fn healthz(State(s): State<Shared>) -> Response {
     match stalled(&s.state) {
         None => "ok\n".into_response(),

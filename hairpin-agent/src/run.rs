@@ -29,8 +29,8 @@ use crate::{
     relay::{Relay, RelayConfig},
     resources, sources,
     state::{
-        AgentState, AttachmentStatus, ClientsStatus, FailedListener, HEARTBEAT_EVERY, ModeStatus,
-        NamePaths, NamesStatus,
+        AgentState, AttachmentStatus, ClientsStatus, HEARTBEAT_EVERY, ModeStatus, NamePaths,
+        NamesStatus,
     },
 };
 
@@ -189,11 +189,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             if let Some(n) = names.as_mut() {
                 n.update(&next.routes);
                 let listeners = n.listeners();
-                let failed: Vec<FailedListener> = n
-                    .failed_listeners()
-                    .into_iter()
-                    .map(|(address, error)| FailedListener { address, error })
-                    .collect();
+                let failed = n.failed_listeners();
                 failed_listeners = failed.len();
                 relay_ip = listeners.first().map(|a| a.ip());
                 state.update(|s| {

@@ -160,10 +160,16 @@ fn check_free_space(dir: &std::path::Path, need: u64) {
         .find(|d| d.exists())
         .unwrap_or(std::path::Path::new("/"));
     let out = Command::new("df").args(["-P", "-k"]).arg(probe).output();
+    // `df -P -k`: a header line, then `fs blocks used available ...` in KiB.
     let avail = out.ok().and_then(|o| {
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        let line = text.lines().nth(1)?.to_owned();
-        let kb: u64 = line.split_whitespace().nth(3)?.parse().ok()?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        let kb: u64 = text
+            .lines()
+            .nth(1)?
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()?;
         Some(kb * 1024)
     });
     match avail {

@@ -25,8 +25,8 @@ pub use super::check_report::{AddressReport, CheckReport, Coverage, Resolution, 
 #[command(
     long_about = "Answers \"why does my in-cluster request to my own hostname fail?\" for one \
 target. Resolves it as the node does (getaddrinfo) and as a pod does (an A/AAAA query to \
---dns-server, or else to the cluster DNS Service the running agent found). For each address it makes three connections: as an in-cluster \
-client would now (through hairpin's redirect when one exists), directly to the LoadBalancer \
+--dns-server, or else to the cluster DNS Service the running agent found). For each address \
+it makes three connections: as an in-cluster client would now (through hairpin's redirect when one exists), directly to the LoadBalancer \
 address without a PROXY header, and directly with a PROXY v1 header - the two direct ones \
 carry the agent's bypass mark so hairpin's programs leave them alone. Each sends an HTTP \
 GET / (or a TLS ClientHello with --tls or port 443). It then says whether kube-proxy \

@@ -30,6 +30,7 @@ use crate::{
     },
     metrics::Metrics,
     relay::RelayConfig,
+    state::FailedListener,
 };
 
 /// What the first bytes of a connection say about the name it is for.
@@ -118,10 +119,16 @@ impl NameRouting {
         self.listeners.values().map(|(a, _, _)| *a).collect()
     }
 
-    /// Listeners that could not be bound (requested address, error), retried on
-    /// every [`update`](Self::update) until they are.
-    pub fn failed_listeners(&self) -> Vec<(SocketAddr, String)> {
-        self.failed.iter().map(|(a, e)| (*a, e.clone())).collect()
+    /// Listeners that could not be bound, with their last error; retried on every
+    /// [`update`](Self::update) until they are.
+    pub fn failed_listeners(&self) -> Vec<FailedListener> {
+        self.failed
+            .iter()
+            .map(|(address, error)| FailedListener {
+                address: *address,
+                error: error.clone(),
+            })
+            .collect()
     }
 
     /// Whether a listener runs on the names address, which the hosts file points at.
