@@ -15,8 +15,8 @@
 
 use std::collections::BTreeSet;
 
-use hairpin_agent::fallback::{
-    coredns::{self, CorefileError, MARKER, Rewrite},
+use hairpin_agent::names::{
+    corefile::{self, CorefileError, MARKER, Rewrite},
     hostname::Hostname,
 };
 use libfuzzer_sys::fuzz_target;
@@ -67,8 +67,8 @@ fuzz_target!(|data: &[u8]| {
     let distinct: BTreeSet<String> = rewrites.iter().map(Rewrite::directive).collect();
 
     // remove: idempotent, drops exactly our lines and keeps the rest in order.
-    let removed = coredns::remove(&corefile);
-    assert_eq!(coredns::remove(&removed), removed);
+    let removed = corefile::remove(&corefile);
+    assert_eq!(corefile::remove(&removed), removed);
     let kept: String = corefile
         .split_inclusive('\n')
         .filter(|l| !is_ours(l))
@@ -76,16 +76,16 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(removed, kept);
     assert!(!removed.split_inclusive('\n').any(is_ours));
 
-    match coredns::apply(&corefile, &rewrites) {
+    match corefile::apply(&corefile, &rewrites) {
         Ok(out) => {
-            assert_eq!(coredns::remove(&out), removed, "apply then remove");
+            assert_eq!(corefile::remove(&out), removed, "apply then remove");
             assert_eq!(
-                coredns::apply(&out, &rewrites).as_ref(),
+                corefile::apply(&out, &rewrites).as_ref(),
                 Ok(&out),
                 "idempotent"
             );
             assert_eq!(
-                coredns::apply(&removed, &rewrites).as_ref(),
+                corefile::apply(&removed, &rewrites).as_ref(),
                 Ok(&out),
                 "old hairpin lines do not change the result"
             );
@@ -111,15 +111,15 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => {
             assert!(e.to_string().starts_with("corefile: "), "{e}");
             if matches!(e, CorefileError::TooLarge { .. }) {
-                assert!(corefile.len() > coredns::MAX_COREFILE_BYTES);
+                assert!(corefile.len() > corefile::MAX_COREFILE_BYTES);
             } else {
                 assert!(!rewrites.is_empty(), "nothing to add needs no server block");
-                assert_eq!(coredns::apply(&removed, &rewrites).err(), Some(e));
+                assert_eq!(corefile::apply(&removed, &rewrites).err(), Some(e));
             }
         }
     }
 
-    let import = coredns::render_import(&rewrites);
+    let import = corefile::render_import(&rewrites);
     let lines: Vec<&str> = import.lines().collect();
     assert_eq!(lines.len(), 1 + distinct.len(), "{import:?}");
     assert!(lines[0].starts_with("# "));

@@ -18,10 +18,11 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
 use hairpin_agent::{
-    frontends::ProxyVersion,
+    model::ProxyVersion,
     k8s::{
-        Defaults, Outcome, annotations, decide,
-        providers::{PROVIDER_ANNOTATIONS, ValueRule},
+        Defaults, Outcome, decide,
+        decide::annotations,
+        decide::providers::{PROVIDER_ANNOTATIONS, ValueRule},
         service_key,
     },
 };

@@ -17,8 +17,8 @@
 use std::net::IpAddr;
 
 use hairpin_agent::{
-    fallback::{
-        coredns::{self, Rewrite},
+    names::{
+        corefile::{self, Rewrite},
         hostname::Hostname,
         hosts::{self, HostsBlock},
     },
@@ -84,9 +84,9 @@ fuzz_target!(|data: &[u8]| {
     // Corefile: one directive line, removable, whatever the name.
     let target = Hostname::parse("hairpin.hairpin-system.svc.cluster.local").expect("target");
     let rewrite = Rewrite::new(host.clone(), target.clone()).expect("exact target");
-    let out = coredns::apply(COREFILE, &[rewrite.clone()]).expect("kubeadm Corefile");
+    let out = corefile::apply(COREFILE, &[rewrite.clone()]).expect("kubeadm Corefile");
     assert_eq!(out.lines().count(), COREFILE.lines().count() + 1);
-    assert_eq!(coredns::remove(&out), COREFILE);
+    assert_eq!(corefile::remove(&out), COREFILE);
     assert_eq!(out.matches('{').count(), 1);
     assert_eq!(out.matches('}').count(), 1);
     // A wildcard cannot be a rewrite target.

@@ -13,7 +13,7 @@
 
 use std::{net::IpAddr, sync::LazyLock};
 
-use hairpin_agent::fallback::{
+use hairpin_agent::names::{
     hostname::Hostname,
     hosts::{self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock},
 };

@@ -12,8 +12,8 @@
 #![no_main]
 
 use hairpin_agent::{
-    fallback::hostname::Hostname,
-    name_relay::{Peek, http_host::parse_host},
+    names::hostname::Hostname,
+    names::relay::{Peek, http_host::parse_host},
 };
 use libfuzzer_sys::fuzz_target;
 

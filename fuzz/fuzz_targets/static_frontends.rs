@@ -13,8 +13,8 @@
 use std::path::Path;
 
 use hairpin_agent::{
-    fallback::hostname::Hostname,
-    static_source::{StaticSourceError, parse, parse_routes},
+    names::hostname::Hostname,
+    agent::frontends_file::{StaticSourceError, parse, parse_routes},
 };
 use libfuzzer_sys::fuzz_target;
 

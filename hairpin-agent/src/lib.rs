@@ -1,28 +1,22 @@
 //! hairpin-agent: the per-node DaemonSet that makes in-cluster traffic to the
 //! cluster's own PROXY-protocol LoadBalancers carry the header the ingress expects.
 //!
-//! Layout follows the architecture: deciding what should exist is plain functions
-//! over plain data (`frontends`, `proxy_header`, ...); the edges (`ebpf`, `relay`)
-//! are thin and tested for real.
+//! One folder per concern; imports point one way, from the top of this list down:
+//!
+//! - [`cli`]: the node subcommands an operator runs (`status`, `check`, `doctor`, `dump`, `cleanup`).
+//! - [`agent`]: startup and the run loop; turns what a source wants into what is live.
+//! - [`k8s`]: pure decisions over API objects, and the thin edges that watch and write them.
+//! - [`names`]: hostnames, the /etc/hosts block, the Corefile text, and the name relay.
+//! - [`relay`]: listeners, the PROXY header and the proxy loop both relays share.
+//! - [`datapath`]: the BPF programs and their map, and reading them back from the kernel.
+//! - [`status`]: what the agent reports (`/status`, metrics, the admin server).
+//! - [`model`]: the vocabulary every part shares; it depends on nothing.
 
-pub mod admin;
+pub mod agent;
 pub mod cli;
-pub mod clients;
-pub mod ebpf;
-pub mod fallback;
-pub mod frontends;
+pub mod datapath;
 pub mod k8s;
-pub mod kernel;
-pub mod metrics;
-pub mod mode;
-pub mod name_relay;
-pub mod names_link;
-pub mod proxy_header;
-pub mod reconcile;
+pub mod model;
+pub mod names;
 pub mod relay;
-pub mod resources;
-pub mod run;
-pub mod run_args;
-pub mod sources;
-pub mod state;
-pub mod static_source;
+pub mod status;

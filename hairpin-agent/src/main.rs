@@ -33,7 +33,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
-    Run(Box<hairpin_agent::run::RunArgs>),
+    Run(Box<hairpin_agent::agent::args::RunArgs>),
     /// Show what the agent on this node is doing (or what the kernel says when it is down).
     Status(hairpin_agent::cli::status::StatusArgs),
     /// Say whether in-cluster requests to a host or IP work, and why not.
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(hairpin_agent::run::run(*args))
+            rt.block_on(hairpin_agent::agent::run(*args))
         }
         // The node subcommands exit with their verdict: scripts branch on it.
         Command::Status(args) => exit(hairpin_agent::cli::status::run(&args)?),

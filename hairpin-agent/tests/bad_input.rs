@@ -17,19 +17,19 @@ use std::{
 };
 
 use hairpin_agent::{
-    fallback::{
-        coredns::{self, CorefileError, MARKER, MAX_COREFILE_BYTES, Rewrite},
+    agent::frontends_file,
+    k8s::{
+        Defaults, Outcome, Rule, SkipReason, decide,
+        decide::providers::{PROVIDER_ANNOTATIONS, ValueRule},
+    },
+    model::ProxyVersion,
+    names::{
+        corefile::{self, CorefileError, MARKER, MAX_COREFILE_BYTES, Rewrite},
         hostname::Hostname,
         hosts::{BEGIN_MARKER, BlockError, END_MARKER, HostsError, MAX_HOSTS_FILE_BYTES},
         hosts_writer,
-        names::NameRoute,
+        routes::NameRoute,
     },
-    frontends::ProxyVersion,
-    k8s::{
-        Defaults, Outcome, Rule, SkipReason, decide,
-        providers::{PROVIDER_ANNOTATIONS, ValueRule},
-    },
-    static_source,
 };
 use k8s_openapi::api::core::v1::Service;
 
@@ -248,7 +248,7 @@ fn a_huge_corefile_is_refused_whole() {
     while huge.len() < 50 * 1024 * 1024 {
         huge.push_str(filler);
     }
-    let err = coredns::apply(&huge, &rewrites()).expect_err("too large");
+    let err = corefile::apply(&huge, &rewrites()).expect_err("too large");
     assert_eq!(err, CorefileError::TooLarge { len: huge.len() });
     assert_eq!(
         err.to_string(),
@@ -258,7 +258,7 @@ fn a_huge_corefile_is_refused_whole() {
         )
     );
     // Removing (cleanup) still works, linearly, and changes nothing here.
-    assert_eq!(coredns::remove(&huge), huge);
+    assert_eq!(corefile::remove(&huge), huge);
 }
 
 #[test]
@@ -271,9 +271,9 @@ fn binary_corefiles_round_trip() {
         ".:53 {\n\u{2028}\n}".to_string(),
     ] {
         let out =
-            coredns::apply(&original, &rewrites()).unwrap_or_else(|e| panic!("{original:?}: {e}"));
+            corefile::apply(&original, &rewrites()).unwrap_or_else(|e| panic!("{original:?}: {e}"));
         assert_eq!(out.matches(MARKER).count(), 2, "{out:?}");
-        assert_eq!(coredns::remove(&out), original);
+        assert_eq!(corefile::remove(&out), original);
     }
 }
 
@@ -285,25 +285,25 @@ fn half_written_and_duplicated_hairpin_lines_are_replaced_in_one_place() {
     let messy =
         format!("example.org:53 {{\n{stray}}}\n.:53 {{\n{stray}{stray}    errors\n}}\n{stray}");
     let clean = "example.org:53 {\n}\n.:53 {\n    errors\n}\n";
-    assert_eq!(coredns::remove(&messy), clean);
-    let out = coredns::apply(&messy, &rewrites()).expect("editable");
+    assert_eq!(corefile::remove(&messy), clean);
+    let out = corefile::apply(&messy, &rewrites()).expect("editable");
     assert_eq!(out.matches(MARKER).count(), 2, "{out}");
     assert!(!out.contains("old.example.com"), "{out}");
     assert!(
         out.starts_with(&format!("example.org:53 {{\n}}\n.:53 {{\n    rewrite name exact app.example.com {TARGET} {MARKER}\n")),
         "{out}"
     );
-    assert_eq!(coredns::remove(&out), clean);
+    assert_eq!(corefile::remove(&out), clean);
 
     // Truncated mid-edit: the opener is the last line, without its newline.
     assert_eq!(
-        coredns::apply("# head\n.:53 {", &rewrites()),
+        corefile::apply("# head\n.:53 {", &rewrites()),
         Err(CorefileError::UnterminatedServerBlock { line: 2 })
     );
     // Truncated after the opener (no closing brace): ours go in, and come out again.
     let truncated = ".:53 {\n    errors\n";
-    let out = coredns::apply(truncated, &rewrites()).expect("editable");
-    assert_eq!(coredns::remove(&out), truncated);
+    let out = corefile::apply(truncated, &rewrites()).expect("editable");
+    assert_eq!(corefile::remove(&out), truncated);
 }
 
 // ---- hostnames ------------------------------------------------------------------
@@ -347,7 +347,7 @@ fn injected_and_oversized_hostnames_are_rejected_naming_the_field() {
 
         // Through the frontends file: the file, the entry and the field are named.
         let yaml = frontends_file(&serde_json_string(value));
-        let err = static_source::parse_routes(path, &yaml).expect_err(value);
+        let err = frontends_file::parse_routes(path, &yaml).expect_err(value);
         let msg = err.to_string();
         assert!(
             msg.starts_with(

@@ -7,8 +7,8 @@
 
 use std::{fs, path::PathBuf};
 
-use hairpin_agent::fallback::{
-    coredns::{self, Rewrite},
+use hairpin_agent::names::{
+    corefile::{self, Rewrite},
     hostname::Hostname,
 };
 
@@ -88,30 +88,30 @@ fn apply_matches_golden_and_remove_restores_the_original() {
         let input_path = fixtures().join(format!("{name}.corefile"));
         let input = fs::read_to_string(&input_path)
             .unwrap_or_else(|e| panic!("{}: {e}", input_path.display()));
-        let applied = coredns::apply(&input, &rewrites).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let applied = corefile::apply(&input, &rewrites).unwrap_or_else(|e| panic!("{name}: {e}"));
         check_golden(&fixtures().join(format!("{name}.after")), &applied);
 
         assert_eq!(
-            coredns::remove(&applied),
+            corefile::remove(&applied),
             input,
             "{name}: remove(apply(x)) != x"
         );
         assert_eq!(
-            coredns::apply(&applied, &rewrites).unwrap(),
+            corefile::apply(&applied, &rewrites).unwrap(),
             applied,
             "{name}: apply is not idempotent"
         );
         assert_eq!(
-            coredns::apply(&applied, &[]).unwrap(),
+            corefile::apply(&applied, &[]).unwrap(),
             input,
             "{name}: applying nothing must remove"
         );
-        assert_eq!(applied.matches(coredns::MARKER).count(), 3, "{name}");
+        assert_eq!(applied.matches(corefile::MARKER).count(), 3, "{name}");
 
         // Changing the set replaces our lines and keeps the rest.
-        let fewer = coredns::apply(&applied, &rewrites[..1]).unwrap();
-        assert_eq!(fewer.matches(coredns::MARKER).count(), 1, "{name}");
-        assert_eq!(coredns::remove(&fewer), input, "{name}");
+        let fewer = corefile::apply(&applied, &rewrites[..1]).unwrap();
+        assert_eq!(fewer.matches(corefile::MARKER).count(), 1, "{name}");
+        assert_eq!(corefile::remove(&fewer), input, "{name}");
     }
 }
 
@@ -119,6 +119,6 @@ fn apply_matches_golden_and_remove_restores_the_original() {
 fn import_file_matches_golden() {
     check_golden(
         &fixtures().join("hairpin.override.after"),
-        &coredns::render_import(&rewrites()),
+        &corefile::render_import(&rewrites()),
     );
 }

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use hairpin_agent::{
-    frontends::ProxyVersion,
     k8s::{Defaults, Outcome, Rule, SkipReason, decide, decide_all},
+    model::ProxyVersion,
 };
 use k8s_openapi::api::core::v1::Service;
 

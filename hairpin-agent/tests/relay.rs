@@ -8,10 +8,10 @@ use std::{
 };
 
 use hairpin_agent::{
-    clients::{ClientPolicy, parse_net},
-    frontends::{Frontend, ProxyVersion},
-    metrics::Metrics,
+    model::{Frontend, ProxyVersion},
+    relay::clients::{ClientPolicy, parse_net},
     relay::{Relay, RelayConfig},
+    status::metrics::Metrics,
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -301,8 +301,8 @@ fn reset(s: TcpStream) {
 /// Waits (2 s at most) until `metrics.relay_counters()` satisfies `done`.
 async fn counters_when(
     metrics: &Metrics,
-    done: impl Fn(&hairpin_agent::state::RelayCounters) -> bool,
-) -> hairpin_agent::state::RelayCounters {
+    done: impl Fn(&hairpin_agent::status::RelayCounters) -> bool,
+) -> hairpin_agent::status::RelayCounters {
     for _ in 0..200 {
         let c = metrics.relay_counters();
         if done(&c) {

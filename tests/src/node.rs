@@ -453,7 +453,7 @@ fn remove_cgroup_tree(cg: &Path) {
 /// The cgroup v2 hierarchy's root mount.
 pub fn cgroup2_root() -> PathBuf {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
-    hairpin_agent::ebpf::find_cgroup2_root(&mountinfo)
+    hairpin_agent::datapath::find_cgroup2_root(&mountinfo)
         .expect("no cgroup v2 hierarchy is mounted: mount one with `mount -t cgroup2 none /sys/fs/cgroup/unified`")
 }
 

@@ -12,7 +12,7 @@
 
 use std::net::SocketAddr;
 
-use hairpin_agent::ebpf::{Datapath, embedded_object};
+use hairpin_agent::datapath::{Datapath, embedded_object};
 use hairpin_tests::{
     agent::{Agent, FrontendSpec},
     client::{from_pod, url},

@@ -9,17 +9,17 @@
 use std::time::{Duration, Instant};
 
 use hairpin_agent::{
-    fallback::{
-        coredns::{self, IMPORT_KEY},
+    k8s::coredns::{
+        CorednsConfig, CorednsMode, rewrites,
+        task::{self as coredns_loop, REASON_UNRECOGNIZED, Timing},
+    },
+    model::ProxyVersion,
+    names::{
+        corefile::{self, IMPORT_KEY},
         hostname::Hostname,
-        names::NameRoute,
+        routes::NameRoute,
     },
-    frontends::ProxyVersion,
-    k8s::{
-        coredns::{CorednsConfig, CorednsMode, rewrites},
-        coredns_loop::{self, REASON_UNRECOGNIZED, Timing},
-    },
-    state::AgentState,
+    status::AgentState,
 };
 use hairpin_tests::{
     agent::{Agent, agent_bin},
@@ -147,7 +147,7 @@ fn puts(api: &FakeApi) -> usize {
 
 fn expected(original: &str) -> String {
     let target = Hostname::parse(TARGET).expect("target");
-    coredns::apply(original, &rewrites(&routes(), &target)).expect("apply")
+    corefile::apply(original, &rewrites(&routes(), &target)).expect("apply")
 }
 
 #[tokio::test]
@@ -164,8 +164,8 @@ async fn corefile_mode_writes_our_lines_and_nothing_else() {
     .await;
     let written = corefile(&api);
     assert_eq!(written, expected(KUBEADM), "byte for byte apply()'s output");
-    assert_eq!(written.matches(coredns::MARKER).count(), 2, "{written}");
-    assert_eq!(coredns::remove(&written), KUBEADM, "nothing else changed");
+    assert_eq!(written.matches(corefile::MARKER).count(), 2, "{written}");
+    assert_eq!(corefile::remove(&written), KUBEADM, "nothing else changed");
     let cm = api.configmap("kube-system/coredns").expect("configmap");
     assert_eq!(cm["data"]["other"], "kept\n");
     // Several resyncs later nothing more was written: the text did not change.
@@ -193,7 +193,7 @@ async fn a_concurrent_edit_gets_409_and_is_kept_after_the_retry() {
     api.change_before_next_update("kube-system/coredns", "Corefile", &edited);
     let _w = start(&api, CorednsMode::Corefile, true);
     until(Duration::from_secs(5), "retried after 409", || {
-        corefile(&api).contains(coredns::MARKER)
+        corefile(&api).contains(corefile::MARKER)
     })
     .await;
     assert_eq!(api.conflicts(), 1, "{:#?}", api.requests());
@@ -213,7 +213,7 @@ async fn import_mode_owns_only_its_key() {
             .and_then(|cm| cm["data"][IMPORT_KEY].as_str().map(String::from))
     };
     let target = Hostname::parse(TARGET).expect("target");
-    let want = coredns::render_import(&rewrites(&routes(), &target));
+    let want = corefile::render_import(&rewrites(&routes(), &target));
     until(Duration::from_secs(5), "coredns-custom created", || {
         ours(&api).as_deref() == Some(want.as_str())
     })
@@ -223,7 +223,7 @@ async fn import_mode_owns_only_its_key() {
     cm["data"]["mine.server"] = json!("example.org:53 { forward . 1.1.1.1 }\n");
     api.put_configmap(cm);
     w.routes.send_replace(Some(vec![route("only.example.com")]));
-    let want = coredns::render_import(&rewrites(&[route("only.example.com")], &target));
+    let want = corefile::render_import(&rewrites(&[route("only.example.com")], &target));
     until(Duration::from_secs(5), "import key updated", || {
         ours(&api).as_deref() == Some(want.as_str())
     })
@@ -411,7 +411,7 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
     let line = format!("rewrite name exact shop.example.com {TARGET} # Added by hairpin");
     assert!(written.contains(&line), "{written}");
     assert_eq!(
-        coredns::remove(&written),
+        corefile::remove(&written),
         KUBEADM,
         "only our lines were added"
     );

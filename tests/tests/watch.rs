@@ -14,7 +14,7 @@ use hairpin_agent::{
         self,
         watch::{KubeSnapshot, KubeSource},
     },
-    metrics::Metrics,
+    status::metrics::Metrics,
 };
 use hairpin_tests::fakeapi::{FakeApi, fixture};
 use serde_json::{Value, json};
@@ -127,7 +127,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     until(&mut rx, Duration::from_secs(2), "v2", |s| {
         s.frontends
             .iter()
-            .all(|f| f.version == hairpin_agent::frontends::ProxyVersion::V2)
+            .all(|f| f.version == hairpin_agent::model::ProxyVersion::V2)
             && s.frontends.len() == 2
     })
     .await;

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use crate::state::Snapshot;
+use crate::status::Snapshot;
 
 /// How long any admin request may take: a hung agent must not hang the CLI.
 const TIMEOUT: Duration = Duration::from_secs(3);

@@ -11,12 +11,12 @@ use serde::Serialize;
 
 use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
-    fallback::{hostname::Hostname, hosts_writer},
     k8s::{
         self,
         coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
     },
-    names_link,
+    names::link as names_link,
+    names::{hostname::Hostname, hosts_writer},
 };
 
 /// Options of `cleanup`.

@@ -151,5 +151,4 @@ pub fn lookup(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<I
 }
 
 #[cfg(test)]
-#[path = "dns_tests.rs"]
 mod tests;

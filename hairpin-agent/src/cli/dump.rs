@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{
     AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text, table::Table,
 };
-use crate::kernel::{self, FoundMap, kernel_name};
+use crate::datapath::kernel::{self, FoundMap, kernel_name};
 
 /// Options of `dump`.
 #[derive(clap::Args, Debug, Clone)]

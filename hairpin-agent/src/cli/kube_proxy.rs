@@ -234,5 +234,4 @@ pub fn parse_ipvs_addrs(text: &str) -> Vec<ShortCircuit> {
 }
 
 #[cfg(test)]
-#[path = "kube_proxy_tests.rs"]
 mod tests;

@@ -4,7 +4,6 @@
 
 pub mod admin_client;
 pub mod check;
-pub mod check_report;
 pub mod cleanup;
 pub mod dns;
 pub mod doctor;

@@ -19,7 +19,7 @@ use rustls::{
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::{frontends::ProxyVersion, proxy_header::Header};
+use crate::{model::ProxyVersion, relay::header::Header};
 
 /// One probe to run.
 #[derive(Clone, Debug)]
@@ -242,5 +242,4 @@ impl ServerCertVerifier for AcceptAnyCert {
 }
 
 #[cfg(test)]
-#[path = "probe_tests.rs"]
 mod tests;

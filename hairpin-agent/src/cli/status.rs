@@ -8,8 +8,8 @@ use super::{
     table::{Cell, Table, Tone, paint},
 };
 use crate::{
-    kernel::{self, ProgramIds},
-    state::{FrontendState, Snapshot},
+    datapath::kernel::{self, ProgramIds},
+    status::{FrontendState, Snapshot},
 };
 
 /// Options of `status`.
@@ -358,5 +358,4 @@ fn opt(id: Option<u32>) -> String {
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;

@@ -1,22 +1,21 @@
-//! Kubernetes-facing decisions, kept pure: which LoadBalancer frontends need a PROXY header,
-//! decided from Service objects alone (pure), and the thin edges that feed and report them:
-//! the watch source, Events and the Lease.
+//! The Kubernetes side: which LoadBalancer frontends need a PROXY header and which
+//! hostnames lead to them, decided from API objects by pure functions ([`decide`]),
+//! and the thin edges that feed and report those decisions — the watches, the
+//! Lease, Events, the Node read and the CoreDNS ConfigMap writer — all started by
+//! [`source`] from one typed config.
+//!
+//! May not touch the datapath or the relays; what it decides reaches them through
+//! the agent.
 
-pub mod annotations;
 pub mod client;
-pub mod cluster_dns;
 pub mod coredns;
-pub mod coredns_loop;
 pub mod decide;
-pub mod decision;
-pub mod desired;
 pub mod events;
 pub mod lease;
 pub mod node;
-pub mod provider_eval;
-pub mod providers;
 pub mod watch;
 
-pub use decide::{Defaults, decide, service_key};
-pub use decision::{Decision, Outcome, Rule, Skip, SkipReason};
-pub use desired::{Conflict, DesiredState, decide_all};
+pub use decide::{
+    Conflict, Decision, Defaults, DesiredState, Outcome, Rule, Skip, SkipReason, decide,
+    decide_all, service_key,
+};

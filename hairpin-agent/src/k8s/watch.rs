@@ -22,13 +22,13 @@ use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use super::{
+use super::decide::{
     Decision, Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
 };
 use crate::{
-    fallback::names::{NameRoute, name_routes},
-    frontends::Frontend,
-    metrics::Metrics,
+    model::Frontend,
+    names::routes::{NameRoute, name_routes},
+    status::metrics::Metrics,
 };
 
 /// What the cluster says, as of the last change.

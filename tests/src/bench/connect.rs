@@ -14,7 +14,7 @@ use super::{
     stats::Spread,
 };
 use crate::agent::Agent;
-use hairpin_agent::kernel;
+use hairpin_agent::datapath::kernel;
 
 /// One kind of destination.
 #[derive(Clone, Debug)]

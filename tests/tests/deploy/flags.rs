@@ -9,7 +9,7 @@ use std::{
 };
 
 use clap::Parser;
-use hairpin_agent::{cli::cleanup::CleanupArgs, run::RunArgs};
+use hairpin_agent::{agent::args::RunArgs, cli::cleanup::CleanupArgs};
 
 use super::render::read;
 

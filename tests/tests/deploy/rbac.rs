@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 
 use hairpin_agent::{
+    agent::args::RunArgs,
     cli::cleanup::CleanupArgs,
     k8s::coredns::{CorednsMode, ObjectName},
-    run::RunArgs,
 };
 use serde_json::Value as Json;
 

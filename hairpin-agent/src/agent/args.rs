@@ -1,0 +1,331 @@
+//! The options of `hairpin-agent run`, validated by clap into typed values.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
+
+use crate::{
+    agent::mode::Mode,
+    k8s::coredns::{CorednsMode, CorednsObjects},
+    model::ProxyVersion,
+    names::hostname::Hostname,
+};
+
+/// Options of `run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// YAML file of frontends to proxy (LB IP, ports, proxyProtocol), instead of
+    /// watching the cluster: for debugging and running without an API server.
+    /// Reloaded when it changes and on SIGHUP; a broken edit keeps the last good set.
+    #[arg(long, env = "HAIRPIN_FRONTENDS")]
+    pub frontends: Option<PathBuf>,
+
+    /// kubeconfig to use instead of the in-cluster service account (or $KUBECONFIG).
+    #[arg(long, env = "HAIRPIN_KUBECONFIG", conflicts_with = "frontends")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// PROXY version for LoadBalancer Services that neither our annotation
+    /// (hairpin.dev/proxy-protocol) nor a known provider annotation decides.
+    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = parse_default_version)]
+    pub default_proxy_protocol: DefaultVersion,
+
+    /// This node's name (downward API `spec.nodeName`): the Lease identity and the
+    /// Event reporter instance. Default: the host name.
+    #[arg(long, env = "HAIRPIN_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Namespace of the agent's own objects (its Lease); downward API `metadata.namespace`.
+    #[arg(long, env = "HAIRPIN_NAMESPACE", default_value = "hairpin-system")]
+    pub namespace: String,
+
+    /// Name of the Lease that elects the one agent writing cluster-wide objects (Events).
+    #[arg(long, env = "HAIRPIN_LEASE_NAME", default_value = "hairpin-agent")]
+    pub lease_name: String,
+
+    /// Publish a Kubernetes Event on each Service whose decision changes (by the Lease holder).
+    #[arg(long, env = "HAIRPIN_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
+
+    /// cgroup v2 directory to attach at. Default: the root of the node's cgroup v2
+    /// hierarchy, found in /proc/self/mountinfo.
+    #[arg(long, env = "HAIRPIN_CGROUP_PATH")]
+    pub cgroup_path: Option<PathBuf>,
+
+    /// The node's IPs (comma-separated, one per family): the PROXY source for host
+    /// processes. In a DaemonSet, from the downward API `status.hostIPs`.
+    #[arg(long = "node-ip", env = "HAIRPIN_NODE_IPS", value_delimiter = ',')]
+    pub node_ips: Vec<IpAddr>,
+
+    /// Addresses the relay listeners bind (one per family), reachable from pods and
+    /// the host. Default: the node IPs.
+    #[arg(
+        long = "listen-address",
+        env = "HAIRPIN_LISTEN_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub listen_addresses: Vec<IpAddr>,
+
+    /// SO_MARK on the relay's upstream sockets; the programs skip sockets carrying it.
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = parse_mark)]
+    pub bypass_mark: u32,
+
+    /// Capacity of the kernel's frontends map: the most (LB IP, port) pairs this node
+    /// redirects. The kernel preallocates the entries; frontends beyond it are not
+    /// proxied (fail open) and /status says why.
+    #[arg(long, env = "HAIRPIN_MAX_FRONTENDS", default_value_t = hairpin_ebpf::MAX_FRONTENDS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_frontends: u32,
+
+    /// Upstream connect timeout; the client is reset when it expires.
+    #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// TCP keepalive on both sides of relayed connections: idle time before the first
+    /// probe; 3 unanswered probes, sent every min(this, 10s), drop the connection.
+    /// 0 turns it off.
+    #[arg(long, env = "HAIRPIN_RELAY_KEEPALIVE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub relay_keepalive: Duration,
+
+    /// How long SIGTERM waits for open connections after redirects are removed.
+    #[arg(long, env = "HAIRPIN_DRAIN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// How often the frontends file is checked for changes.
+    #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub frontends_poll: Duration,
+
+    /// TCP address of the admin server (/healthz, /readyz, /metrics, /status).
+    /// Node-local: the DaemonSet runs in the host network namespace.
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    pub admin_address: SocketAddr,
+
+    /// Unix socket of the admin server (mode 0600), which `hairpin-agent status` and
+    /// the other node subcommands read first. Its directory is created; a stale
+    /// socket left by a dead agent is replaced.
+    #[arg(
+        long,
+        env = "HAIRPIN_ADMIN_SOCKET",
+        default_value = "/run/hairpin/admin.sock"
+    )]
+    pub admin_socket: PathBuf,
+
+    /// Address the name relay listens on and /etc/hosts points names at. Default:
+    /// the first listen address (else the first node IP).
+    #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
+    pub names_address: Option<IpAddr>,
+
+    /// Ports the name relay listens on (comma-separated); each connection is routed
+    /// by TLS SNI or HTTP Host. Empty turns name routing off.
+    #[arg(long, env = "HAIRPIN_NAMES_PORTS", default_value = "80,443", value_parser = parse_ports)]
+    pub names_ports: Ports,
+
+    /// Where pods reach the name relay through the `hairpin` ClusterIP Service
+    /// (comma-separated SERVICE=LISTEN pairs): a hostNetwork endpoint is the node IP
+    /// and the Service's targetPort, so the relay also listens on each node IP at
+    /// LISTEN and routes those connections as if they came to SERVICE (the port the
+    /// client dialled, and the LB port relayed to). Must match the Service's ports;
+    /// empty or `off`: not listened on.
+    #[arg(
+        long,
+        env = "HAIRPIN_NAMES_SERVICE_PORTS",
+        default_value = "80=10080,443=10443",
+        value_parser = parse_port_map
+    )]
+    pub names_service_ports: PortMap,
+
+    /// Hosts file whose managed block points the proxied names at the name relay
+    /// (in a DaemonSet, a hostPath mount of the node's /etc/hosts). Unset: not managed.
+    #[arg(long, env = "HAIRPIN_HOSTS_FILE")]
+    pub hosts_file: Option<PathBuf>,
+
+    /// Which paths to use: `auto` (eBPF where it attaches, else the name relay with
+    /// /etc/hosts), `ebpf` (eBPF only), `fallback` (no eBPF: the name relay only),
+    /// `both` (eBPF and the name fallbacks).
+    #[arg(long, env = "HAIRPIN_MODE", value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+
+    /// Link to put --names-address on (as a /32 or /128): created as a `dummy` link
+    /// when missing (on kernels without the dummy type the address goes on `lo`), or
+    /// an existing link such as `lo`. Unset: the address is used as it is.
+    /// `hairpin-agent cleanup` removes the address.
+    #[arg(long, env = "HAIRPIN_NAMES_LINK", requires = "names_address")]
+    pub names_link: Option<String>,
+
+    /// Write CoreDNS rewrites for the routed hostnames (by the Lease holder):
+    /// `corefile` edits --coredns-configmap's Corefile, `import` owns the
+    /// `hairpin.override` key of --coredns-custom-configmap.
+    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
+    pub coredns: CorednsMode,
+
+    /// Which ConfigMaps the CoreDNS writing concerns.
+    #[command(flatten)]
+    pub coredns_objects: CorednsObjects,
+
+    /// The name CoreDNS rewrites the hostnames to: the hairpin ClusterIP Service
+    /// over this DaemonSet (internalTrafficPolicy: Local).
+    #[arg(
+        long,
+        env = "HAIRPIN_COREDNS_TARGET",
+        default_value = "hairpin.hairpin-system.svc.cluster.local",
+        value_parser = parse_target
+    )]
+    pub coredns_target: Hostname,
+
+    /// Networks whose clients the relays serve (comma-separated CIDRs or addresses):
+    /// this node's pod CIDRs. The node's own addresses and loopback are always
+    /// allowed. Unset: this node's Node `spec.podCIDRs` (Kubernetes source); where
+    /// the Node has none (Calico, Cilium cluster-pool IPAM) or cannot be read, every
+    /// peer that reaches a listener is served, with a warning in the log, `status`
+    /// and `doctor`.
+    #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    pub allowed_clients: Vec<ipnet::IpNet>,
+}
+
+/// `off`, `v1` or `v2`.
+#[derive(Clone, Copy, Debug)]
+pub struct DefaultVersion(pub Option<ProxyVersion>);
+
+fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
+    match s {
+        "off" | "none" => Ok(DefaultVersion(None)),
+        other => other.parse().map(|v| DefaultVersion(Some(v))),
+    }
+}
+
+/// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
+pub fn parse_mark(s: &str) -> Result<u32, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("expected a mark such as 0x68 or 104: {e}"))?;
+    if v == 0 {
+        return Err("the bypass mark must not be 0: every unmarked socket has mark 0".into());
+    }
+    Ok(v)
+}
+
+/// TCP ports, comma-separated; empty or `off` means none (name routing off).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ports(pub Vec<u16>);
+
+fn parse_ports(s: &str) -> Result<Ports, String> {
+    let s = s.trim();
+    if s.is_empty() || s == "off" {
+        return Ok(Ports(Vec::new()));
+    }
+    s.split(',')
+        .map(|p| match p.trim().parse::<u16>() {
+            Ok(0) | Err(_) => Err(format!(
+                "expected TCP ports such as 80,443 (or off), got {p:?}"
+            )),
+            Ok(n) => Ok(n),
+        })
+        .collect::<Result<Vec<u16>, String>>()
+        .map(Ports)
+}
+
+impl RunArgs {
+    /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
+    pub fn node_name(&self) -> anyhow::Result<String> {
+        match &self.node_name {
+            Some(n) => Ok(n.clone()),
+            None => Ok(nix::unistd::gethostname()
+                .map_err(|e| anyhow::anyhow!("no --node-name and no host name: {e}"))?
+                .to_string_lossy()
+                .into_owned()),
+        }
+    }
+}
+
+/// `SERVICE=LISTEN` port pairs (see `--names-service-ports`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortMap(pub Vec<(u16, u16)>);
+
+fn parse_port_map(s: &str) -> Result<PortMap, String> {
+    let s = s.trim();
+    if s.is_empty() || s == "off" {
+        return Ok(PortMap(Vec::new()));
+    }
+    let port = |p: &str| match p.trim().parse::<u16>() {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    };
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for pair in s.split(',') {
+        let parsed = pair
+            .split_once('=')
+            .and_then(|(svc, listen)| Some((port(svc)?, port(listen)?)));
+        let Some((svc, listen)) = parsed else {
+            return Err(format!(
+                "expected SERVICE=LISTEN port pairs such as 80=10080,443=10443 (or off), got {:?}",
+                pair.trim()
+            ));
+        };
+        if out.iter().any(|(_, l)| *l == listen) {
+            return Err(format!("listen port {listen} is given twice"));
+        }
+        out.push((svc, listen));
+    }
+    Ok(PortMap(out))
+}
+
+/// A rewrite target: one exact DNS name (the Service's FQDN).
+fn parse_target(s: &str) -> Result<Hostname, String> {
+    let h = Hostname::parse(s).map_err(|e| e.to_string())?;
+    if h.is_wildcard() {
+        return Err(format!(
+            "expected an exact service name, got the wildcard {s:?}"
+        ));
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_and_empty_or_off_means_none() {
+        assert_eq!(parse_ports("80,443"), Ok(Ports(vec![80, 443])));
+        assert_eq!(parse_ports(""), Ok(Ports(vec![])));
+        assert_eq!(parse_ports("off"), Ok(Ports(vec![])));
+        assert!(
+            parse_ports("80,http")
+                .expect_err("named port")
+                .contains("\"http\"")
+        );
+        assert!(parse_ports("0").is_err());
+    }
+
+    #[test]
+    fn service_port_pairs_parse_and_bad_ones_say_what_was_expected() {
+        assert_eq!(
+            parse_port_map("80=10080, 443=10443"),
+            Ok(PortMap(vec![(80, 10080), (443, 10443)]))
+        );
+        assert_eq!(parse_port_map("off"), Ok(PortMap(vec![])));
+        assert_eq!(parse_port_map(""), Ok(PortMap(vec![])));
+        let e = parse_port_map("80:10080").expect_err("wrong separator");
+        assert!(
+            e.contains("SERVICE=LISTEN") && e.contains("\"80:10080\""),
+            "{e}"
+        );
+        assert!(parse_port_map("80=0").is_err());
+        assert!(
+            parse_port_map("80=10080,443=10080")
+                .expect_err("same listen port")
+                .contains("10080")
+        );
+    }
+
+    #[test]
+    fn marks_parse_in_hex_and_decimal_and_zero_is_refused() {
+        assert_eq!(parse_mark("0x68"), Ok(0x68));
+        assert_eq!(parse_mark("104"), Ok(104));
+        assert!(parse_mark("0").is_err());
+        assert!(parse_mark("0xzz").is_err());
+    }
+}

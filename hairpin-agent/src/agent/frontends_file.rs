@@ -1,0 +1,281 @@
+//! The static frontends source, `--frontends FILE`: for running without an API
+//! server (debugging, the demo, the datapath tests).
+//!
+//! ```yaml
+//! frontends:
+//!   - ip: 203.0.113.10        # the LoadBalancer IP (v4 or v6)
+//!     ports: [80, 443]        # TCP ports
+//!     proxyProtocol: v1       # v1 or v2
+//!     name: ingress-nginx     # optional, shown in status and logs
+//!     hosts: [shop.example.com, "*.shop.example.com"]  # optional: names on this LB
+//! ```
+//!
+//! `hosts` feeds the name relay and the /etc/hosts block (see [`load_routes`]); a
+//! file without it reads exactly as before.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+use crate::{
+    model::{Frontend, ProxyVersion},
+    names::{
+        hostname::{Hostname, HostnameError},
+        routes::{Claim, NameRoutes, resolve},
+    },
+};
+
+/// Errors reading or validating a frontends file.
+#[derive(Debug, thiserror::Error)]
+pub enum StaticSourceError {
+    /// The file could not be read.
+    #[error("failed to read frontends file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not the expected YAML shape.
+    #[error("frontends file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// serde's description, with line and column.
+        message: String,
+    },
+    /// One entry is invalid.
+    #[error("frontends file {path}: frontends[{index}].{field}: {expected}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Index of the entry in `frontends`.
+        index: usize,
+        /// The offending field.
+        field: &'static str,
+        /// What was expected instead.
+        expected: String,
+    },
+    /// A name in an entry's `hosts` is not a valid hostname.
+    #[error("frontends file {path}: frontends[{index}].hosts[{host_index}]: {source}")]
+    InvalidHost {
+        /// The file.
+        path: PathBuf,
+        /// Index of the entry in `frontends`.
+        index: usize,
+        /// Index of the name in `hosts`.
+        host_index: usize,
+        /// Why the name was rejected.
+        source: HostnameError,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    frontends: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Entry {
+    ip: IpAddr,
+    ports: Vec<u16>,
+    proxy_protocol: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    hosts: Vec<String>,
+}
+
+fn source_of(path: &Path, name: Option<&str>) -> String {
+    match name {
+        Some(n) => format!("file {} ({n})", path.display()),
+        None => format!("file {}", path.display()),
+    }
+}
+
+/// Reads and validates `path`, returning the frontends sorted and deduplicated.
+pub fn load(path: &Path) -> Result<BTreeSet<Frontend>, StaticSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StaticSourceError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses the YAML `text` of the file at `path` (named in errors).
+pub fn parse(path: &Path, text: &str) -> Result<BTreeSet<Frontend>, StaticSourceError> {
+    let file: File = serde_yaml::from_str(text).map_err(|e| StaticSourceError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let invalid = |index, field, expected: &str| StaticSourceError::Invalid {
+        path: path.to_path_buf(),
+        index,
+        field,
+        expected: expected.to_string(),
+    };
+    let mut out = BTreeSet::new();
+    for (index, e) in file.frontends.into_iter().enumerate() {
+        let version: ProxyVersion = e
+            .proxy_protocol
+            .parse()
+            .map_err(|msg: String| invalid(index, "proxyProtocol", &msg))?;
+        if e.ip.is_unspecified() || e.ip.is_loopback() || e.ip.is_multicast() {
+            return Err(invalid(
+                index,
+                "ip",
+                &format!("a unicast LoadBalancer address, got {}", e.ip),
+            ));
+        }
+        if e.ports.is_empty() {
+            return Err(invalid(index, "ports", "at least one TCP port"));
+        }
+        if e.ports.contains(&0) {
+            return Err(invalid(index, "ports", "TCP ports from 1 to 65535, got 0"));
+        }
+        let source = source_of(path, e.name.as_deref());
+        for port in e.ports {
+            out.insert(Frontend {
+                ip: e.ip,
+                port,
+                version,
+                source: source.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Reads `path` and returns the name routes its entries' `hosts` lists ask for,
+/// each on its own entry's LB, ports and version.
+pub fn load_routes(path: &Path) -> Result<NameRoutes, StaticSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StaticSourceError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_routes(path, &text)
+}
+
+/// Parses the `hosts` lists of the YAML `text` of the file at `path` into routes.
+pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, StaticSourceError> {
+    let frontends: Vec<Frontend> = parse(path, text)?.into_iter().collect();
+    let file: File = serde_yaml::from_str(text).map_err(|e| StaticSourceError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let mut claims = Vec::new();
+    for (index, e) in file.frontends.into_iter().enumerate() {
+        for (host_index, value) in e.hosts.iter().enumerate() {
+            let host = Hostname::parse(value).map_err(|source| StaticSourceError::InvalidHost {
+                path: path.to_path_buf(),
+                index,
+                host_index,
+                source,
+            })?;
+            claims.push(Claim {
+                created: None,
+                source: source_of(path, e.name.as_deref()),
+                field: format!("frontends[{index}].hosts[{host_index}]"),
+                host,
+                lbs: vec![e.ip],
+            });
+        }
+    }
+    Ok(resolve(claims, &frontends))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<BTreeSet<Frontend>, StaticSourceError> {
+        parse(Path::new("f.yaml"), text)
+    }
+
+    #[test]
+    fn parses_both_families_and_versions() {
+        let got = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
+                     - ip: 2001:db8::10\n  ports: [80]\n  proxyProtocol: v2\n  name: lb6\n",
+        )
+        .expect("valid");
+        assert_eq!(got.len(), 3);
+        let v6 = got.iter().find(|f| f.ip.is_ipv6()).expect("v6 entry");
+        assert_eq!(v6.version, ProxyVersion::V2);
+        assert_eq!(v6.source, "file f.yaml (lb6)");
+    }
+
+    #[test]
+    fn errors_name_the_entry_and_field() {
+        let err = p("frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v3\n")
+            .expect_err("v3 is invalid")
+            .to_string();
+        assert_eq!(
+            err,
+            "frontends file f.yaml: frontends[0].proxyProtocol: expected v1 or v2, got \"v3\""
+        );
+        let err = p("frontends:\n- ip: 127.0.0.1\n  ports: [80]\n  proxyProtocol: v1\n")
+            .expect_err("loopback is invalid")
+            .to_string();
+        assert!(err.contains("frontends[0].ip"), "{err}");
+        let err = p("frontends:\n- ip: 203.0.113.1\n  ports: []\n  proxyProtocol: v1\n")
+            .expect_err("no ports")
+            .to_string();
+        assert!(err.contains("frontends[0].ports: at least one"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_addresses_are_rejected() {
+        let err = p("frontends:\n- ip: 203.0.113.1\n  port: [80]\n  proxyProtocol: v1\n")
+            .expect_err("typo")
+            .to_string();
+        assert!(err.contains("unknown field `port`"), "{err}");
+        assert!(
+            p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err()
+        );
+    }
+
+    #[test]
+    fn hosts_become_routes_on_their_own_entry_and_bad_names_are_named() {
+        let text = "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n  \
+                    hosts: [a.example.com, \"*.a.example.com\"]\n\
+                    - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  name: hap\n  hosts: [B.example.com]\n";
+        let routes = parse_routes(Path::new("f.yaml"), text).expect("valid");
+        let got: Vec<String> = routes
+            .routes
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {:?} {} {}",
+                    r.host, r.lb, r.ports, r.version, r.source
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "*.a.example.com 203.0.113.10 [80, 443] v1 file f.yaml",
+                "a.example.com 203.0.113.10 [80, 443] v1 file f.yaml",
+                "b.example.com 203.0.113.11 [80] v2 file f.yaml (hap)",
+            ]
+        );
+        assert_eq!(p(text).expect("frontends still parse").len(), 3);
+        let err = parse_routes(
+            Path::new("f.yaml"),
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  hosts: [ok.io, \"a b\"]\n",
+        )
+        .expect_err("bad host")
+        .to_string();
+        assert!(
+            err.starts_with("frontends file f.yaml: frontends[0].hosts[1]: hostname \"a b\""),
+            "{err}"
+        );
+    }
+}

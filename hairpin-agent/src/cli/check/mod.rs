@@ -1,0 +1,219 @@
+//! `hairpin-agent check <host|ip>[:port]`: does a request from inside the cluster to
+//! this name work, and if not, why? Resolves it as the node and (optionally) as a pod
+//! would, probes each address without and with a PROXY header, and says whether
+//! kube-proxy short-circuits it and whether hairpin covers it.
+
+use std::{
+    net::{IpAddr, SocketAddr, ToSocketAddrs},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use super::{
+    AdminArgs, CliError, OutputFormat, colour_stdout,
+    kube_proxy::{KubeProxy, ShortCircuit},
+    print_json, print_text,
+    probe::{self, Probe},
+};
+use crate::status::{FrontendState, Snapshot};
+
+mod report;
+#[cfg(test)]
+mod tests;
+
+pub use report::{AddressReport, CheckReport, Coverage, Resolution, Verdict, verdict};
+
+/// Options of `check`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Answers \"why does my in-cluster request to my own hostname fail?\" for one \
+target. Resolves it as the node does (getaddrinfo) and as a pod does (an A/AAAA query to \
+--dns-server, or else to the cluster DNS Service the running agent found). For each address \
+it makes three connections: as an in-cluster client would now (through hairpin's redirect when one exists), directly to the LoadBalancer \
+address without a PROXY header, and directly with a PROXY v1 header - the two direct ones \
+carry the agent's bypass mark so hairpin's programs leave them alone. Each sends an HTTP \
+GET / (or a TLS ClientHello with --tls or port 443). It then says whether kube-proxy \
+short-circuits the address (iptables, nftables or IPVS rules on this node) and whether the \
+running agent proxies it.",
+    after_help = "Exit status: 0 works for in-cluster clients (directly or through hairpin); \
+1 broken: the server needs the PROXY header and in-cluster connections do not get one; \
+2 could not check (the name did not resolve, nothing answered at all).\n\n\
+Examples:\n  hairpin-agent check 203.0.113.10\n  hairpin-agent check registry.example.com:443\n  \
+hairpin-agent check ingress.example.com --tls --dns-server 10.96.0.10 --output json"
+)]
+pub struct CheckArgs {
+    /// What to check: `host`, `ip`, `host:port`, `ip:port` or `[ipv6]:port`. The port
+    /// defaults to 443 with --tls, else 80.
+    pub target: String,
+
+    /// Probe with a TLS handshake instead of HTTP (implied by port 443).
+    #[arg(long, env = "HAIRPIN_CHECK_TLS")]
+    pub tls: bool,
+
+    /// Resolve the name as a pod would, with a plain A/AAAA query to this DNS server
+    /// (the kube-dns Service IP, e.g. 10.96.0.10). Default: the cluster DNS Service
+    /// the running agent found (kube-dns, rke2-coredns...).
+    #[arg(long, env = "HAIRPIN_DNS_SERVER")]
+    pub dns_server: Option<IpAddr>,
+
+    /// The agent's bypass mark, set on the direct probes so hairpin does not redirect them.
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = crate::agent::args::parse_mark)]
+    pub bypass_mark: u32,
+
+    /// Timeout of each connect and each reply.
+    #[arg(long, env = "HAIRPIN_CHECK_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// A parsed target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Target {
+    /// Name or IP literal, without brackets.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// TLS probe.
+    pub tls: bool,
+}
+
+/// Parses `host|ip[:port]`, bracketed IPv6 included; port 443 implies TLS.
+pub fn parse_target(s: &str, tls: bool) -> Result<Target, String> {
+    let bad = || format!("target {s:?}: expected host, ip, host:port, ip:port or [ipv6]:port");
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p.parse::<u16>().map_err(|_| bad())?),
+            None if after.is_empty() => None,
+            None => return Err(bad()),
+        };
+        (h.to_string(), port)
+    } else if s.matches(':').count() > 1 {
+        (s.to_string(), None) // a bare IPv6 address
+    } else if let Some((h, p)) = s.split_once(':') {
+        (h.to_string(), Some(p.parse::<u16>().map_err(|_| bad())?))
+    } else {
+        (s.to_string(), None)
+    };
+    if host.is_empty() || port == Some(0) {
+        return Err(bad());
+    }
+    let port = port.unwrap_or(if tls { 443 } else { 80 });
+    Ok(Target {
+        host,
+        port,
+        tls: tls || port == 443,
+    })
+}
+
+/// Runs `check`; returns the exit code.
+pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
+    let target = parse_target(&args.target, args.tls).map_err(CliError::Usage)?;
+    let agent = args.admin.status();
+    let dns = pod_dns_server(args.dns_server, agent.as_ref().ok());
+    let resolution = resolve(&target, dns, args.timeout);
+    let kp = KubeProxy::observe();
+    let mut addresses = Vec::new();
+    for ip in resolution.addresses() {
+        let addr = SocketAddr::new(ip, target.port);
+        let probe = |header, mark| {
+            probe::run(&Probe {
+                addr,
+                host: target.host.clone(),
+                tls: target.tls,
+                header,
+                mark,
+                timeout: args.timeout,
+            })
+        };
+        let in_cluster = probe(false, None);
+        let direct = probe(false, Some(args.bypass_mark));
+        let direct_with_header = probe(true, Some(args.bypass_mark));
+        let coverage = coverage(agent.as_ref().ok(), addr);
+        let kube_proxy: Vec<ShortCircuit> =
+            kp.matching(ip, target.port).into_iter().cloned().collect();
+        addresses.push(AddressReport::new(
+            addr,
+            kube_proxy,
+            coverage,
+            in_cluster,
+            direct,
+            direct_with_header,
+        ));
+    }
+    let report = CheckReport::new(
+        target,
+        resolution,
+        agent.err().map(|e| e.to_string()),
+        kp,
+        addresses,
+    );
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&report.render(colour_stdout()))?,
+    }
+    Ok(report.exit_code)
+}
+
+/// The DNS server to resolve as a pod through: `--dns-server`, else the cluster
+/// DNS Service the agent found (its first IP), with where it came from.
+fn pod_dns_server(
+    flag: Option<IpAddr>,
+    agent: Option<&Snapshot>,
+) -> Option<(IpAddr, &'static str)> {
+    match flag {
+        Some(ip) => Some((ip, "--dns-server")),
+        None => agent
+            .and_then(|s| s.cluster_dns.first().copied())
+            .map(|ip| (ip, "the cluster DNS Service, from the agent")),
+    }
+}
+
+fn resolve(t: &Target, dns: Option<(IpAddr, &'static str)>, timeout: Duration) -> Resolution {
+    if let Ok(ip) = t.host.parse::<IpAddr>() {
+        return Resolution::literal(ip);
+    }
+    let node = (t.host.as_str(), t.port)
+        .to_socket_addrs()
+        .map(|a| a.map(|s| s.ip()).collect::<Vec<_>>())
+        .map_err(|e| e.to_string());
+    let pod = dns.map(|(server, from)| {
+        let server = SocketAddr::new(server, 53);
+        (
+            server,
+            from,
+            super::dns::lookup(server, &t.host, timeout).map_err(|e| e.to_string()),
+        )
+    });
+    Resolution::from_lookups(node, pod)
+}
+
+/// Whether the agent's /status proxies `addr`.
+fn coverage(agent: Option<&Snapshot>, addr: SocketAddr) -> Coverage {
+    let Some(s) = agent else {
+        return Coverage::Unknown;
+    };
+    match s
+        .frontends
+        .iter()
+        .find(|f| f.ip == addr.ip() && f.port == addr.port())
+    {
+        Some(f) if f.state == FrontendState::Active => Coverage::Active {
+            listener: f.listener,
+            version: f.version.to_string(),
+            path: f.path.clone(),
+        },
+        Some(f) => Coverage::Failed {
+            reason: f.reason.clone().unwrap_or_default(),
+        },
+        None => Coverage::NotCovered,
+    }
+}

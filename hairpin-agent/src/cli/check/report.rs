@@ -1,0 +1,375 @@
+//! What `check` found, as JSON and as text, and the verdict rules.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+
+use super::Target;
+use crate::cli::{
+    kube_proxy::{KubeProxy, Mode, ShortCircuit},
+    probe::{Outcome, ProbeResult},
+    table::{Cell, Table, Tone, paint},
+};
+
+/// How the name resolved.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Resolution {
+    /// As the node resolves it (getaddrinfo: /etc/hosts, then its DNS).
+    pub node: Vec<IpAddr>,
+    /// Why the node could not.
+    pub node_error: Option<String>,
+    /// The DNS server asked as a pod would, if any.
+    pub pod_dns_server: Option<SocketAddr>,
+    /// Where that server came from: `--dns-server`, or the agent's cluster DNS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_dns_from: Option<&'static str>,
+    /// What it answered.
+    pub pod: Vec<IpAddr>,
+    /// Why it could not, or why it was skipped.
+    pub pod_note: Option<String>,
+}
+
+/// A pod-style lookup: the server asked, where it came from, and its answer.
+pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, String>);
+
+impl Resolution {
+    /// An IP literal: nothing to resolve.
+    pub fn literal(ip: IpAddr) -> Resolution {
+        Resolution {
+            node: vec![ip],
+            pod: vec![ip],
+            pod_note: Some("an IP address: no lookup".into()),
+            ..Resolution::default()
+        }
+    }
+
+    /// From the node's lookup and the optional pod-style one.
+    pub fn from_lookups(node: Result<Vec<IpAddr>, String>, pod: Option<PodLookup>) -> Resolution {
+        let mut r = Resolution::default();
+        match node {
+            Ok(ips) => r.node = ips,
+            Err(e) => r.node_error = Some(e),
+        }
+        match pod {
+            Some((server, from, answer)) => {
+                r.pod_dns_server = Some(server);
+                r.pod_dns_from = Some(from);
+                match answer {
+                    Ok(ips) => r.pod = ips,
+                    Err(e) => r.pod_note = Some(e),
+                }
+            }
+            None => {
+                r.pod_note = Some(
+                    "skipped: the agent knows no cluster DNS Service; pass --dns-server \
+                     (the kube-dns IP) to resolve as a pod"
+                        .into(),
+                )
+            }
+        }
+        r
+    }
+
+    /// Every address found, node's first, without duplicates.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for ip in self.node.iter().chain(&self.pod) {
+            if !out.contains(ip) {
+                out.push(*ip);
+            }
+        }
+        out
+    }
+}
+
+/// Whether the running agent proxies an address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Coverage {
+    /// A listener and redirect are live.
+    Active {
+        /// The relay listener.
+        listener: Option<SocketAddr>,
+        /// The PROXY version it writes.
+        version: String,
+        /// How clients reach it (`ebpf`).
+        path: String,
+    },
+    /// The agent tried and failed.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// The agent does not proxy it.
+    NotCovered,
+    /// The agent did not answer.
+    Unknown,
+}
+
+/// The verdict for an address, or for the whole target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// In-cluster clients get an answer.
+    Works,
+    /// The server wants the header and in-cluster clients do not send one.
+    Broken,
+    /// Nothing answered: no conclusion.
+    Unknown,
+}
+
+impl Verdict {
+    /// The process exit code for it.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Works => 0,
+            Verdict::Broken => 1,
+            Verdict::Unknown => 2,
+        }
+    }
+}
+
+/// The rules: the in-cluster probe answering is what matters; failing that, the
+/// header probe answering means the header is what is missing.
+pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Verdict {
+    if in_cluster.answered() {
+        Verdict::Works
+    } else if direct_with_header.answered() {
+        Verdict::Broken
+    } else {
+        Verdict::Unknown
+    }
+}
+
+/// Probes of one address.
+#[derive(Clone, Debug, Serialize)]
+pub struct Probes {
+    /// Unmarked, no header: what an in-cluster client gets now.
+    pub in_cluster: ProbeResult,
+    /// Marked, no header: the LB path without hairpin.
+    pub direct: ProbeResult,
+    /// Marked, PROXY v1 header first: what the cloud LB would send.
+    pub direct_with_header: ProbeResult,
+}
+
+/// Everything about one resolved address.
+#[derive(Clone, Debug, Serialize)]
+pub struct AddressReport {
+    /// The address probed.
+    pub address: SocketAddr,
+    /// kube-proxy rules sending it straight to the backends.
+    pub kube_proxy: Vec<ShortCircuit>,
+    /// Whether hairpin proxies it.
+    pub hairpin: Coverage,
+    /// The three probes.
+    pub probes: Probes,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The verdict in a sentence.
+    pub explanation: String,
+}
+
+impl AddressReport {
+    /// Builds the report and its verdict.
+    pub fn new(
+        address: SocketAddr,
+        kube_proxy: Vec<ShortCircuit>,
+        hairpin: Coverage,
+        in_cluster: ProbeResult,
+        direct: ProbeResult,
+        direct_with_header: ProbeResult,
+    ) -> AddressReport {
+        let verdict = verdict(&in_cluster, &direct_with_header);
+        let covered = matches!(hairpin, Coverage::Active { .. });
+        let explanation = match verdict {
+            Verdict::Works if covered && !direct.answered() => {
+                "works through hairpin: the server needs the PROXY header and hairpin adds it".into()
+            }
+            Verdict::Works if covered => "works (hairpin proxies it)".into(),
+            Verdict::Works => "works directly: no PROXY header needed".into(),
+            Verdict::Broken if covered => {
+                "broken: hairpin proxies it but the in-cluster path fails; see the agent's log and upstream errors".into()
+            }
+            Verdict::Broken => match &hairpin {
+                Coverage::Unknown => "broken: the server needs the PROXY header and no hairpin agent answers on this node".into(),
+                Coverage::Failed { reason } => format!("broken: the server needs the PROXY header and hairpin failed to proxy it: {reason}"),
+                _ => "broken: the server needs the PROXY header and hairpin does not cover this address (add it to the frontends, or check the Service's annotations)".into(),
+            },
+            Verdict::Unknown => format!("could not check: nothing answered ({})", in_cluster.detail),
+        };
+        AddressReport {
+            address,
+            kube_proxy,
+            hairpin,
+            probes: Probes {
+                in_cluster,
+                direct,
+                direct_with_header,
+            },
+            verdict,
+            explanation,
+        }
+    }
+}
+
+/// The JSON document `check --output json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    /// What was checked.
+    pub target: Target,
+    /// How it resolved.
+    pub resolution: Resolution,
+    /// True when the agent's /status answered.
+    pub agent_reachable: bool,
+    /// Why it did not.
+    pub agent_error: Option<String>,
+    /// kube-proxy modes found on the node.
+    pub kube_proxy_modes: Vec<Mode>,
+    /// Caveats reading kube-proxy's rules.
+    pub kube_proxy_notes: Vec<String>,
+    /// Each address.
+    pub addresses: Vec<AddressReport>,
+    /// Overall: broken if any address is, else works if any does, else unknown.
+    pub verdict: Verdict,
+    /// The process exit code.
+    pub exit_code: i32,
+}
+
+impl CheckReport {
+    /// Assembles the report and the overall verdict.
+    pub fn new(
+        target: Target,
+        resolution: Resolution,
+        agent_error: Option<String>,
+        kp: KubeProxy,
+        addresses: Vec<AddressReport>,
+    ) -> CheckReport {
+        let any = |v| addresses.iter().any(|a| a.verdict == v);
+        let verdict = if any(Verdict::Broken) {
+            Verdict::Broken
+        } else if any(Verdict::Works) {
+            Verdict::Works
+        } else {
+            Verdict::Unknown
+        };
+        CheckReport {
+            target,
+            resolution,
+            agent_reachable: agent_error.is_none(),
+            agent_error,
+            kube_proxy_modes: kp.modes,
+            kube_proxy_notes: kp.notes,
+            addresses,
+            verdict,
+            exit_code: verdict.exit_code(),
+        }
+    }
+
+    /// The human rendering.
+    pub fn render(&self, colour: bool) -> String {
+        let t = &self.target;
+        let mut out = format!(
+            "check {}:{} ({})\n",
+            t.host,
+            t.port,
+            if t.tls { "tls" } else { "http" }
+        );
+        let list = |ips: &[IpAddr]| {
+            let v: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+            if v.is_empty() {
+                "nothing".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let r = &self.resolution;
+        out.push_str(&format!(
+            "  node resolves  {}\n",
+            r.node_error.clone().unwrap_or_else(|| list(&r.node))
+        ));
+        let pod = match (&r.pod_dns_server, &r.pod_note) {
+            (Some(s), None) => format!(
+                "{} (asked {s}{})",
+                list(&r.pod),
+                r.pod_dns_from.map(|f| format!(", {f}")).unwrap_or_default()
+            ),
+            (_, Some(note)) => note.clone(),
+            (None, None) => list(&r.pod),
+        };
+        out.push_str(&format!("  pod resolves   {pod}\n"));
+        out.push_str(&format!(
+            "  agent          {}\n",
+            match &self.agent_error {
+                None => "reachable".to_string(),
+                Some(e) => paint(e, Tone::Warn, colour),
+            }
+        ));
+        for a in &self.addresses {
+            out.push_str(&format!("\n{}\n", a.address));
+            let kp = if a.kube_proxy.is_empty() {
+                "does not short-circuit it (traffic leaves the node towards the LB)".to_string()
+            } else {
+                let rules: Vec<String> = a
+                    .kube_proxy
+                    .iter()
+                    .map(|r| format!("{}: {}", r.mode.name(), r.rule))
+                    .collect();
+                format!("short-circuits it to the backends ({})", rules.join("; "))
+            };
+            out.push_str(&format!("  kube-proxy  {kp}\n"));
+            let hp = match &a.hairpin {
+                Coverage::Active {
+                    listener,
+                    version,
+                    path,
+                } => format!(
+                    "covers it: {path} redirect to {} (PROXY {version})",
+                    listener.map(|l| l.to_string()).unwrap_or_default()
+                ),
+                Coverage::Failed { reason } => format!("failed to cover it: {reason}"),
+                Coverage::NotCovered => "does not cover it".into(),
+                Coverage::Unknown => "unknown (agent not reachable)".into(),
+            };
+            out.push_str(&format!("  hairpin     {hp}\n"));
+            let mut table = Table::new(&["PROBE", "HOW", "RESULT"]);
+            let cell = |p: &ProbeResult| {
+                let tone = if p.answered() { Tone::Good } else { Tone::Bad };
+                let word = match p.outcome {
+                    Outcome::Answered => "answered",
+                    Outcome::NoAnswer => "no answer",
+                    Outcome::ConnectFailed => "connect failed",
+                };
+                Cell::toned(format!("{word}: {}", p.detail), tone)
+            };
+            table.row(vec![
+                "in-cluster".into(),
+                "as clients connect now".into(),
+                cell(&a.probes.in_cluster),
+            ]);
+            table.row(vec![
+                "direct".into(),
+                "bypass mark, no header".into(),
+                cell(&a.probes.direct),
+            ]);
+            table.row(vec![
+                "direct+header".into(),
+                "bypass mark, PROXY v1".into(),
+                cell(&a.probes.direct_with_header),
+            ]);
+            out.push_str(&table.render(2, colour));
+            let tone = match a.verdict {
+                Verdict::Works => Tone::Good,
+                Verdict::Broken => Tone::Bad,
+                Verdict::Unknown => Tone::Warn,
+            };
+            out.push_str(&format!(
+                "  verdict     {}\n",
+                paint(&a.explanation, tone, colour)
+            ));
+        }
+        if self.addresses.is_empty() {
+            out.push_str("\nno address to probe\n");
+        }
+        out
+    }
+}

@@ -1,0 +1,206 @@
+//! The node-local checks of `doctor`: kernel, BPF, cgroup v2, capabilities, kube-proxy.
+
+use aya::programs::ProgramType;
+
+use super::{Check, Status};
+use crate::{cli::kube_proxy::KubeProxy, datapath};
+
+/// The kernel release's (major, minor), from `uname -r` text such as `6.18.0-1-amd64`.
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+pub(super) fn kernel() -> Check {
+    let release = match nix::sys::utsname::uname() {
+        Ok(u) => u.release().to_string_lossy().into_owned(),
+        Err(e) => return Check::new("kernel", Status::Fail, format!("uname failed: {e}")),
+    };
+    match kernel_version(&release) {
+        // cgroup bpf_links (the attachment that vanishes with the agent) came in 5.7.
+        Some(v) if v >= (5, 7) => Check::new("kernel", Status::Ok, format!("Linux {release}")),
+        Some(_) => Check::new(
+            "kernel",
+            Status::Fail,
+            format!("Linux {release}: cgroup bpf_links need 5.7 or newer"),
+        )
+        .fix("upgrade the node's kernel, or use the /etc/hosts and CoreDNS fallbacks only"),
+        None => Check::new(
+            "kernel",
+            Status::Warn,
+            format!("unrecognised release {release:?}"),
+        ),
+    }
+}
+
+pub(super) fn bpf() -> Check {
+    match aya::sys::is_program_supported(ProgramType::CgroupSockAddr) {
+        Ok(true) => {
+            let f = aya::features();
+            let detail = format!(
+                "cgroup sock_addr programs loadable; global data {}, object names {}",
+                yes(f.bpf_global_data()),
+                yes(f.bpf_name())
+            );
+            // The bypass mark is a global the loader sets: without global data the
+            // object cannot load.
+            if f.bpf_global_data() {
+                Check::new("bpf", Status::Ok, detail)
+            } else {
+                Check::new("bpf", Status::Fail, detail).fix("a kernel with BPF global data (5.2+) is needed")
+            }
+        }
+        Ok(false) => Check::new("bpf", Status::Fail, "this kernel cannot load cgroup sock_addr programs")
+            .fix("enable CONFIG_CGROUP_BPF and CONFIG_BPF_SYSCALL"),
+        Err(e) => Check::new("bpf", Status::Fail, format!("the bpf syscall failed: {e}"))
+            .fix("run as root, or with CAP_BPF and CAP_SYS_ADMIN; check kernel.unprivileged_bpf_disabled and seccomp"),
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+pub(super) fn ebpf_object(bypass_mark: u32) -> Check {
+    let Some(object) = datapath::embedded_object() else {
+        return Check::new(
+            "ebpf_object",
+            Status::Warn,
+            "this binary was built without its eBPF object",
+        )
+        .fix("build with `cargo xtask build`");
+    };
+    // Load (and so verify) both programs without attaching; dropping unloads them.
+    match datapath::Datapath::load(object, bypass_mark) {
+        Ok(_) => Check::new(
+            "ebpf_object",
+            Status::Ok,
+            "connect4 and connect6 pass the verifier (loaded, not attached)",
+        ),
+        Err(e) => Check::new("ebpf_object", Status::Fail, e.to_string())
+            .fix("see the verifier log above; report it with `uname -r`"),
+    }
+}
+
+pub(super) fn cgroup2() -> Check {
+    let mountinfo = match std::fs::read_to_string("/proc/self/mountinfo") {
+        Ok(m) => m,
+        Err(e) => {
+            return Check::new(
+                "cgroup2",
+                Status::Fail,
+                format!("cannot read /proc/self/mountinfo: {e}"),
+            );
+        }
+    };
+    match datapath::find_cgroup2_root(&mountinfo) {
+        Some(p) => Check::new("cgroup2", Status::Ok, format!("hierarchy root at {}", p.display())),
+        None => Check::new("cgroup2", Status::Fail, "no cgroup v2 hierarchy root is mounted")
+            .fix("mount -t cgroup2 none /sys/fs/cgroup (or mount the host's at a hostPath and pass --cgroup-path)"),
+    }
+}
+
+/// Bits of the effective capability set, from /proc/self/status text.
+pub fn effective_caps(status: &str) -> Option<u64> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+const CAPS: [(&str, u32); 3] = [
+    ("CAP_NET_ADMIN", 12),
+    ("CAP_SYS_ADMIN", 21),
+    ("CAP_BPF", 39),
+];
+
+pub(super) fn capabilities() -> Check {
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .as_deref()
+        .and_then(effective_caps);
+    let Some(caps) = caps else {
+        return Check::new(
+            "capabilities",
+            Status::Warn,
+            "cannot read CapEff from /proc/self/status",
+        );
+    };
+    let has = |bit: u32| caps & (1u64 << bit) != 0;
+    let present: Vec<&str> = CAPS
+        .iter()
+        .filter(|(_, b)| has(*b))
+        .map(|(n, _)| *n)
+        .collect();
+    let missing: Vec<&str> = CAPS
+        .iter()
+        .filter(|(_, b)| !has(*b))
+        .map(|(n, _)| *n)
+        .collect();
+    // Loading needs CAP_BPF or CAP_SYS_ADMIN; attaching at a cgroup and SO_MARK need
+    // CAP_NET_ADMIN; listing other processes' programs needs CAP_SYS_ADMIN.
+    let can_load = has(39) || has(21);
+    if can_load && has(12) && has(21) {
+        Check::new(
+            "capabilities",
+            Status::Ok,
+            format!("effective: {}", present.join(", ")),
+        )
+    } else {
+        Check::new(
+            "capabilities",
+            if can_load && has(12) {
+                Status::Warn
+            } else {
+                Status::Fail
+            },
+            format!("missing: {}", missing.join(", ")),
+        )
+        .fix("run as root, or add them in the pod's securityContext.capabilities.add")
+    }
+}
+
+pub(super) fn kube_proxy_mode(kp: &KubeProxy) -> Check {
+    let name = "kube_proxy_mode";
+    if kp.modes.is_empty() {
+        let mut c = Check::new(
+            name,
+            Status::Warn,
+            "no kube-proxy rules found (iptables KUBE-SERVICES, nftables kube-proxy table, kube-ipvs0): \
+             kube-proxy may be replaced by Cilium or Calico eBPF",
+        )
+        .fix("with an eBPF service LB, check that hairpin's connect hooks run before its root programs");
+        if !kp.notes.is_empty() {
+            c.detail.push_str(&format!(" ({})", kp.notes.join("; ")));
+        }
+        return c;
+    }
+    let modes: Vec<&str> = kp.modes.iter().map(|m| m.name()).collect();
+    let lbs = kp.rules.len();
+    Check::new(
+        name,
+        Status::Ok,
+        format!("{} ({lbs} service destinations)", modes.join(" + ")),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_parse() {
+        assert_eq!(kernel_version("6.18.0-1-amd64"), Some((6, 18)));
+        assert_eq!(kernel_version("5.4.0-150-generic"), Some((5, 4)));
+        assert!(kernel_version("5.4.0") < Some((5, 7)));
+        assert_eq!(kernel_version("weird"), None);
+    }
+
+    #[test]
+    fn capabilities_parse_from_proc_status() {
+        let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(effective_caps(status), Some(0x1ff_ffff_ffff));
+        assert_eq!(effective_caps("Name:\tx\n"), None);
+    }
+}

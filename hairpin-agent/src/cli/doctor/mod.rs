@@ -1,0 +1,312 @@
+//! `hairpin-agent doctor`: can hairpin work on this node, and what stands in the way?
+//! Each check reports ok, warn, fail or skip, with a concrete fix when not ok.
+
+use serde::Serialize;
+
+use super::{
+    AdminArgs, CliError, OutputFormat, colour_stdout,
+    kube_proxy::KubeProxy,
+    print_json, print_text,
+    table::{Cell, Table, Tone},
+};
+use crate::status::{FrontendState, Snapshot};
+
+mod checks;
+pub use checks::{effective_caps, kernel_version};
+
+/// Options of `doctor`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    long_about = "Checks what hairpin needs on this node: the kernel version and BPF support \
+(cgroup sock_addr programs, loading the embedded object through the verifier), the cgroup v2 \
+mount, this process's capabilities, the agent's health, kube-proxy's mode and whether it \
+short-circuits the proxied LoadBalancer IPs, and the cluster-side shape (ipMode, CoreDNS, \
+node-local-dns) as the running agent reports it.",
+    after_help = "Exit status: 0 no check failed (warnings allowed); 1 at least one check failed.\n\n\
+Examples:\n  hairpin-agent doctor\n  hairpin-agent doctor --output json | jq '.checks[] | select(.status != \"ok\")'"
+)]
+pub struct DoctorArgs {
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// The bypass mark to load the embedded object with (as the agent would).
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = crate::agent::args::parse_mark)]
+    pub bypass_mark: u32,
+
+    /// Output format.
+    #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// A check's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Works, with a caveat.
+    Warn,
+    /// hairpin cannot work (or not fully) until fixed.
+    Fail,
+    /// Could not be checked from here.
+    Skip,
+}
+
+/// One check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
+    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`.
+    pub name: &'static str,
+    /// The result.
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// What to do, when not ok.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A check result.
+    pub fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            status,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    /// With a fix line.
+    pub fn fix(mut self, fix: impl Into<String>) -> Check {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+/// The JSON document `doctor --output json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct DoctorReport {
+    /// Every check, in order.
+    pub checks: Vec<Check>,
+    /// True when none failed.
+    pub ok: bool,
+}
+
+/// Runs `doctor`; returns the exit code.
+pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
+    let mut list = vec![
+        checks::kernel(),
+        checks::bpf(),
+        checks::ebpf_object(args.bypass_mark),
+        checks::cgroup2(),
+        checks::capabilities(),
+    ];
+    let agent = args.admin.status();
+    list.push(match &agent {
+        Ok(s) => match s.not_ready_reason() {
+            None => Check::new("agent", Status::Ok, format!("pid {} ready", s.agent.pid)),
+            Some(r) => Check::new("agent", Status::Warn, format!("pid {} not ready: {r}", s.agent.pid))
+                .fix("see `hairpin-agent status` and the agent's log"),
+        },
+        Err(e) => Check::new("agent", Status::Warn, e.to_string())
+            .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket/--admin-address"),
+    });
+    let kp = KubeProxy::observe();
+    list.push(checks::kube_proxy_mode(&kp));
+    list.push(kube_proxy_frontends(&kp, agent.as_ref().ok()));
+    list.extend(cluster_shape(agent.as_ref().ok()));
+    if let Some(c) = agent.as_ref().ok().and_then(|s| s.clients.as_ref()) {
+        list.push(clients_check(c));
+    }
+    if let Some(n) = agent.as_ref().ok().and_then(|s| s.names.as_ref()) {
+        list.push(name_relay_check(n));
+    }
+    let report = DoctorReport {
+        ok: list.iter().all(|c| c.status != Status::Fail),
+        checks: list,
+    };
+    match args.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
+    }
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Whether kube-proxy short-circuits each frontend the agent proxies.
+pub fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
+    let name = "kube_proxy_frontends";
+    let Some(s) = agent else {
+        return Check::new(
+            name,
+            Status::Skip,
+            "needs the running agent (its frontends)",
+        );
+    };
+    let active: Vec<_> = s
+        .frontends
+        .iter()
+        .filter(|f| f.state == FrontendState::Active)
+        .collect();
+    if active.is_empty() {
+        return Check::new(name, Status::Skip, "the agent proxies no frontend");
+    }
+    let missing: Vec<String> = active
+        .iter()
+        .filter(|f| kp.matching(f.ip, f.port).is_empty())
+        .map(|f| std::net::SocketAddr::new(f.ip, f.port).to_string())
+        .collect();
+    if missing.is_empty() {
+        Check::new(
+            name,
+            Status::Ok,
+            format!(
+                "kube-proxy short-circuits all {} proxied frontends: hairpin is needed and in place",
+                active.len()
+            ),
+        )
+    } else {
+        Check::new(
+            name,
+            Status::Warn,
+            format!("no kube-proxy rule for {}: in-cluster traffic to them leaves the node", missing.join(", ")),
+        )
+        .fix("if their Services say ipMode: Proxy or kube-proxy is replaced (Cilium, Calico eBPF), hairpin is harmless there; otherwise check the Service's status.loadBalancer")
+    }
+}
+
+/// ipMode and CoreDNS shape, from the agent's Kubernetes decisions.
+fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
+    let mut out = Vec::new();
+    for (name, words) in [
+        ("ip_mode", &["ipmode"][..]),
+        ("coredns", &["coredns", "nodelocal", "node-local"][..]),
+    ] {
+        let check = match agent {
+            None => Check::new(
+                name,
+                Status::Skip,
+                "needs the running agent (it reads the API server)",
+            ),
+            // The CoreDNS writer's own findings come first: node-local-dns bypasses it.
+            Some(s) if name == "coredns" && s.coredns.is_some() => coredns_check(s),
+            Some(s) => {
+                let hits: Vec<String> = s
+                    .decisions
+                    .iter()
+                    .filter(|d| {
+                        let text =
+                            format!("{} {} {}", d.object, d.reason, d.message).to_lowercase();
+                        words.iter().any(|w| text.contains(w))
+                    })
+                    .map(|d| format!("{}: {} ({})", d.object, d.message, d.reason))
+                    .collect();
+                if hits.is_empty() {
+                    Check::new(
+                        name,
+                        Status::Skip,
+                        "the agent reported no Kubernetes decision about it",
+                    )
+                } else {
+                    Check::new(name, Status::Ok, hits.join("; "))
+                }
+            }
+        };
+        out.push(check);
+    }
+    out
+}
+
+/// Whether the relays are limited to this node's pods and processes.
+fn clients_check(c: &crate::status::ClientsStatus) -> Check {
+    if c.allowed == "any" {
+        return Check::new(
+            "clients",
+            Status::Warn,
+            format!("relays serve any peer: {}", c.source),
+        )
+        .fix("set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s)");
+    }
+    Check::new(
+        "clients",
+        Status::Ok,
+        format!("{} ({})", c.allowed, c.source),
+    )
+}
+
+/// Whether every name relay listener is bound: one that is not leaves the names
+/// on its port unrouted (and the hosts file without them, for the names address).
+fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
+    if n.failed_listeners.is_empty() {
+        let detail = if n.listeners.is_empty() {
+            "no listener yet (no hostname routed)".to_string()
+        } else {
+            let l: Vec<String> = n.listeners.iter().map(|a| a.to_string()).collect();
+            format!("listening on {}", l.join(", "))
+        };
+        return Check::new("name_relay", Status::Ok, detail);
+    }
+    let failed: Vec<String> = n
+        .failed_listeners
+        .iter()
+        .map(|f| format!("{}: {}", f.address, f.error))
+        .collect();
+    Check::new(
+        "name_relay",
+        Status::Fail,
+        format!("cannot listen on {} (the agent keeps retrying)", failed.join("; ")),
+    )
+    .fix("find what holds the port (`ss -ltnp`) and stop it, or move the name relay with --names-address / --names-ports")
+}
+
+/// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.
+fn coredns_check(s: &Snapshot) -> Check {
+    let Some(c) = &s.coredns else {
+        return Check::new("coredns", Status::Skip, "the CoreDNS writer is off");
+    };
+    if let Some(e) = &c.last_error {
+        return Check::new("coredns", Status::Fail, e.clone()).fix(
+            "fix the Corefile's main server block, or use --coredns import with coredns-custom",
+        );
+    }
+    if let Some(w) = &c.node_local_dns {
+        return Check::new("coredns", Status::Warn, w.clone());
+    }
+    Check::new(
+        "coredns",
+        Status::Ok,
+        format!(
+            "{} {}: {} rewrites to {}",
+            c.mode, c.configmap, c.rewrites, c.target
+        ),
+    )
+}
+
+/// The human rendering.
+pub fn render(r: &DoctorReport, colour: bool) -> String {
+    let mut t = Table::new(&["CHECK", "STATUS", "DETAIL"]);
+    for c in &r.checks {
+        let tone = match c.status {
+            Status::Ok => Tone::Good,
+            Status::Warn | Status::Skip => Tone::Warn,
+            Status::Fail => Tone::Bad,
+        };
+        let status = format!("{:?}", c.status).to_lowercase();
+        t.row(vec![
+            c.name.into(),
+            Cell::toned(status, tone),
+            c.detail.as_str().into(),
+        ]);
+        if let Some(fix) = &c.fix {
+            t.row(vec!["".into(), "".into(), format!("fix: {fix}").into()]);
+        }
+    }
+    let mut out = t.render(0, colour);
+    out.push_str(if r.ok {
+        "\nno check failed\n"
+    } else {
+        "\nsome checks failed\n"
+    });
+    out
+}

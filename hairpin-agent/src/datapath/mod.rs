@@ -1,0 +1,523 @@
+//! The kernel side's edge: loading the embedded object, attaching connect4/connect6
+//! at a cgroup v2 directory through bpf_links this process owns, and writing the
+//! frontend map. A link owned by the process disappears with it, so a crashed agent
+//! leaves no redirect behind.
+
+pub mod kernel;
+
+use std::{
+    fs::File,
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{CgroupAttachMode, CgroupSockAddr, cgroup_sock_addr::CgroupSockAddrLinkId},
+};
+use hairpin_ebpf::{
+    AF_INET, AF_INET6, Counter, FrontendKey, GLOBAL_BYPASS_MARK, MAP_COUNTERS, MAP_FRONTENDS,
+    MAX_FRONTENDS, PROG_CONNECT4, PROG_CONNECT6, Redirect,
+};
+
+#[cfg(hairpin_ebpf_embedded)]
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
+
+/// The BPF object compiled into this binary, if it was built with one.
+pub fn embedded_object() -> Option<&'static [u8]> {
+    #[cfg(hairpin_ebpf_embedded)]
+    return Some(OBJECT);
+    #[cfg(not(hairpin_ebpf_embedded))]
+    None
+}
+
+/// Errors at the BPF boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// The agent was compiled without the object.
+    #[error(
+        "this hairpin-agent was built without its eBPF object: run `cargo xtask build` \
+         (or `cargo xtask build-ebpf`, then rebuild with HAIRPIN_EBPF_OBJECT set)"
+    )]
+    NotEmbedded,
+    /// The object failed to load (verifier, permissions, kernel support).
+    #[error("failed to load the eBPF object: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// A program or map is missing from the object.
+    #[error("the eBPF object has no {kind} named {name}")]
+    Missing {
+        /// `program` or `map`.
+        kind: &'static str,
+        /// Its name.
+        name: &'static str,
+    },
+    /// A program failed to load or attach.
+    #[error("failed to {op} {program} (cgroup {cgroup:?}): {source}")]
+    Program {
+        /// `load` or `attach`.
+        op: &'static str,
+        /// The program.
+        program: &'static str,
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// aya's error (boxed: it carries the verifier log).
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// The cgroup directory could not be opened.
+    #[error("failed to open cgroup {path}: {source}")]
+    Cgroup {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A map operation failed.
+    #[error("failed to {op} {map} entry for {frontend}: {source}")]
+    Map {
+        /// `insert`, `remove` or `read`.
+        op: &'static str,
+        /// The map.
+        map: &'static str,
+        /// The frontend concerned.
+        frontend: String,
+        /// aya's error (boxed: aya's map errors are large).
+        source: Box<aya::maps::MapError>,
+    },
+    /// The frontends map has no room left (the kernel answered E2BIG).
+    #[error(
+        "the frontend map is full ({capacity} entries, --max-frontends): {frontend} is not \
+         proxied and takes the pre-hairpin path"
+    )]
+    MapFull {
+        /// The frontend that did not fit.
+        frontend: SocketAddr,
+        /// The map's capacity.
+        capacity: u32,
+    },
+    /// A listener of the other family cannot serve a frontend.
+    #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
+    FamilyMismatch {
+        /// The frontend.
+        frontend: SocketAddr,
+        /// The listener.
+        listener: SocketAddr,
+    },
+}
+
+/// Where the programs are attached.
+#[derive(Debug)]
+pub struct Attachment {
+    /// The cgroup v2 directory.
+    pub cgroup: PathBuf,
+    links: Vec<(&'static str, CgroupSockAddrLinkId)>,
+}
+
+/// The loaded programs and their maps.
+pub struct Datapath {
+    ebpf: Ebpf,
+    frontends: HashMap<MapData, FrontendKey, Redirect>,
+    counters: PerCpuArray<MapData, u64>,
+    attachment: Option<Attachment>,
+    capacity: u32,
+}
+
+const PROGRAMS: [&str; 2] = [PROG_CONNECT4, PROG_CONNECT6];
+
+impl Datapath {
+    /// Loads `object` with the bypass mark set, and both programs into the kernel
+    /// (not yet attached), with room for [`MAX_FRONTENDS`] frontends.
+    pub fn load(object: &[u8], bypass_mark: u32) -> Result<Datapath, DatapathError> {
+        Datapath::load_with_capacity(object, bypass_mark, MAX_FRONTENDS)
+    }
+
+    /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
+    /// entries (the kernel preallocates them).
+    pub fn load_with_capacity(
+        object: &[u8],
+        bypass_mark: u32,
+        max_frontends: u32,
+    ) -> Result<Datapath, DatapathError> {
+        raise_memlock_limit();
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_BYPASS_MARK, &bypass_mark, true)
+            .map_max_entries(MAP_FRONTENDS, max_frontends)
+            .load(object)
+            .map_err(|e| DatapathError::Load(Box::new(e)))?;
+        for name in PROGRAMS {
+            program(&mut ebpf, name, "load", Path::new(""))?
+                .load()
+                .map_err(program_error(name, "load", Path::new("")))?;
+        }
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or(DatapathError::Missing { kind: "map", name })
+        };
+        let frontends = HashMap::try_from(take(&mut ebpf, MAP_FRONTENDS)?).map_err(map_error(
+            "open",
+            MAP_FRONTENDS,
+            String::new(),
+        ))?;
+        let counters = PerCpuArray::try_from(take(&mut ebpf, MAP_COUNTERS)?).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
+        Ok(Datapath {
+            ebpf,
+            frontends,
+            counters,
+            attachment: None,
+            capacity: max_frontends,
+        })
+    }
+
+    /// Attaches both programs at `cgroup` (a cgroup v2 directory), beside whatever
+    /// else is attached there: bpf_links are always multi-attach, never replacing.
+    pub fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
+        let dir = File::open(cgroup).map_err(|source| DatapathError::Cgroup {
+            path: cgroup.to_path_buf(),
+            source,
+        })?;
+        let mut links = Vec::new();
+        for name in PROGRAMS {
+            // On kernels >= 5.7 aya makes a bpf_link; Single is what it passes as
+            // flags, and the kernel runs links in multi mode regardless.
+            let id = program(&mut self.ebpf, name, "attach", cgroup)?
+                .attach(&dir, CgroupAttachMode::Single)
+                .map_err(program_error(name, "attach", cgroup))?;
+            links.push((name, id));
+        }
+        Ok(self.attachment.insert(Attachment {
+            cgroup: cgroup.to_path_buf(),
+            links,
+        }))
+    }
+
+    /// Detaches both programs: from now on no connect is redirected.
+    pub fn detach(&mut self) {
+        let Some(att) = self.attachment.take() else {
+            return;
+        };
+        for (name, id) in att.links {
+            let detached = program(&mut self.ebpf, name, "detach", &att.cgroup).and_then(|p| {
+                p.detach(id)
+                    .map_err(program_error(name, "detach", &att.cgroup))
+            });
+            if let Err(e) = detached {
+                tracing::warn!(error = %e, "detach failed");
+            }
+        }
+    }
+
+    /// Where the programs are attached, if they are.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        self.attachment.as_ref()
+    }
+
+    /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
+    pub fn kernel_ids(&self) -> crate::datapath::kernel::KernelIds {
+        let infos: Vec<(&str, aya::programs::ProgramInfo)> = PROGRAMS
+            .iter()
+            .filter_map(|name| Some((*name, self.ebpf.program(name)?.info().ok()?)))
+            .collect();
+        crate::datapath::kernel::ids_of(&infos)
+    }
+
+    /// Redirects connects to `frontend` to `listener`.
+    pub fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+    ) -> Result<(), DatapathError> {
+        if frontend.is_ipv4() != listener.is_ipv4() {
+            return Err(DatapathError::FamilyMismatch { frontend, listener });
+        }
+        let (addr, port, family) = encode(listener);
+        let value = Redirect {
+            addr,
+            port,
+            family,
+            pad: 0,
+        };
+        match self.frontends.insert(key(frontend), value, 0) {
+            Ok(()) => Ok(()),
+            Err(e) if is_full(&e) => Err(DatapathError::MapFull {
+                frontend,
+                capacity: self.capacity,
+            }),
+            Err(e) => Err(map_error("insert", MAP_FRONTENDS, frontend.to_string())(e)),
+        }
+    }
+
+    /// Stops redirecting connects to `frontend`.
+    pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
+        match self.frontends.remove(&key(frontend)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(
+                source,
+            )),
+        }
+    }
+
+    /// The per-CPU counters, summed.
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        Counter::ALL
+            .iter()
+            .map(|c| {
+                let total = self
+                    .counters
+                    .get(&(*c as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                (*c, total)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// A hash map refuses a new key with E2BIG once all its (preallocated) entries are used.
+fn is_full(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
+        if io_error.raw_os_error() == Some(nix::errno::Errno::E2BIG as i32))
+}
+
+fn map_error(
+    op: &'static str,
+    map: &'static str,
+    frontend: String,
+) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
+    move |source| DatapathError::Map {
+        op,
+        map,
+        frontend,
+        source: Box::new(source),
+    }
+}
+
+/// One of our programs, as the connect-hook type.
+fn program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+    op: &'static str,
+    cgroup: &Path,
+) -> Result<&'a mut CgroupSockAddr, DatapathError> {
+    ebpf.program_mut(name)
+        .ok_or(DatapathError::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(program_error(name, op, cgroup))
+}
+
+fn program_error(
+    program: &'static str,
+    op: &'static str,
+    cgroup: &Path,
+) -> impl FnOnce(aya::programs::ProgramError) -> DatapathError {
+    let cgroup = cgroup.to_path_buf();
+    move |source| DatapathError::Program {
+        op,
+        program,
+        cgroup,
+        source: Box::new(source),
+    }
+}
+
+fn key(frontend: SocketAddr) -> FrontendKey {
+    let (addr, port, family) = encode(frontend);
+    FrontendKey {
+        addr,
+        port,
+        family,
+        pad: 0,
+    }
+}
+
+/// Address words and port in network byte order, as the programs see them.
+fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
+    let port = a.port().to_be();
+    match a.ip() {
+        IpAddr::V4(ip) => ([u32::from_ne_bytes(ip.octets()), 0, 0, 0], port, AF_INET),
+        IpAddr::V6(ip) => {
+            let o = ip.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], port, AF_INET6)
+        }
+    }
+}
+
+/// The inverse of `encode`: a map key or value's address words back to an address.
+pub(crate) fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
+    let port = u16::from_be(port);
+    if family == AF_INET {
+        SocketAddr::from((addr[0].to_ne_bytes(), port))
+    } else {
+        let mut o = [0u8; 16];
+        for (i, w) in addr.iter().enumerate() {
+            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        SocketAddr::from((o, port))
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so the load
+/// does not fail there with a misleading EPERM. Newer kernels ignore it.
+fn raise_memlock_limit() {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+    if let Err(e) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+        tracing::debug!(error = %e, "could not raise RLIMIT_MEMLOCK");
+    }
+}
+
+/// Finds the cgroup v2 hierarchy's root mount in `mountinfo` (the text of
+/// /proc/self/mountinfo).
+///
+/// mountinfo shows each mount's root relative to the reader's cgroup namespace:
+/// `/` is the namespace's root (the node's root only outside a container's own
+/// cgroup namespace), `/../..` lies above it (the host's hierarchy mounted into a
+/// namespaced container by hostPath), and `/kubepods/...` is a subtree (a
+/// container's own cgroup without a cgroup namespace). The highest mount wins;
+/// subtrees never do. Among equals, /sys/fs/cgroup, then the shortest mount point.
+pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
+    let mut found: Vec<(usize, PathBuf)> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let fstype = post.split_whitespace().next()?;
+            let mut f = pre.split_whitespace();
+            let root = f.nth(3)?;
+            let mount_point = f.next()?;
+            if fstype != "cgroup2" {
+                return None;
+            }
+            let up = root
+                .split('/')
+                .filter(|c| !c.is_empty())
+                .take_while(|c| *c == "..")
+                .count();
+            let is_root_or_above = root.split('/').filter(|c| !c.is_empty()).all(|c| c == "..");
+            is_root_or_above.then(|| (up, PathBuf::from(unescape(mount_point))))
+        })
+        .collect();
+    found.sort_by_key(|(up, p)| {
+        (
+            std::cmp::Reverse(*up),
+            p != Path::new("/sys/fs/cgroup"),
+            p.as_os_str().len(),
+        )
+    });
+    found.into_iter().next().map(|(_, p)| p)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_round_trips_both_families() {
+        for a in [
+            "203.0.113.10:443",
+            "[2001:db8::10]:80",
+            "[::ffff:192.0.2.1]:1",
+        ] {
+            let a: SocketAddr = a.parse().expect("addr");
+            let (w, p, f) = encode(a);
+            assert_eq!(decode(w, p, f), a);
+        }
+    }
+
+    #[test]
+    fn encoding_is_network_byte_order_like_bpf_sock_addr() {
+        let (w, p, f) = encode("203.0.113.10:80".parse().expect("addr"));
+        // The kernel's user_ip4 is the address bytes as they sit in memory.
+        assert_eq!(w[0].to_ne_bytes(), [203, 0, 113, 10]);
+        assert_eq!(p.to_ne_bytes(), [0, 80]);
+        assert_eq!(f, AF_INET);
+    }
+
+    #[test]
+    fn a_full_map_is_told_apart_from_other_insert_failures() {
+        let syscall = |errno: nix::errno::Errno| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: std::io::Error::from_raw_os_error(errno as i32),
+            })
+        };
+        assert!(is_full(&syscall(nix::errno::Errno::E2BIG)));
+        assert!(!is_full(&syscall(nix::errno::Errno::EPERM)));
+        assert!(!is_full(&aya::maps::MapError::KeyNotFound));
+        let e = DatapathError::MapFull {
+            frontend: "203.0.113.10:443".parse().expect("addr"),
+            capacity: 64,
+        };
+        assert_eq!(
+            e.to_string(),
+            "the frontend map is full (64 entries, --max-frontends): 203.0.113.10:443 is not \
+             proxied and takes the pre-hairpin path"
+        );
+    }
+
+    #[test]
+    fn finds_the_unified_hierarchy_beside_v1_controllers() {
+        let mi = "\
+25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
+26 25 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+33 25 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn in_a_private_cgroup_namespace_the_hosts_hierarchy_wins() {
+        // The container runtime's own cgroup2 mount shows `/` (the namespace root);
+        // the hostPath mount of the node's /sys/fs/cgroup lies above it.
+        let mi = "\
+50 40 0:30 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw
+51 40 0:30 /../../.. /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
+    }
+
+    #[test]
+    fn skips_a_namespaced_cgroup_root_and_prefers_sys_fs_cgroup() {
+        let mi = "\
+40 30 0:30 /kubepods/pod1/ctr /sys/fs/cgroup ro - cgroup2 cgroup2 rw
+41 30 0:30 / /host/sys\\040fs/cgroup rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/host/sys fs/cgroup"))
+        );
+        let mi = "\
+1 0 0:30 / /run/cilium/cgroupv2 rw - cgroup2 cgroup2 rw
+2 0 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(
+            find_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
+    }
+}

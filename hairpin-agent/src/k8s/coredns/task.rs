@@ -1,0 +1,163 @@
+//! The CoreDNS writer's loop: while this agent holds the Lease, keeps CoreDNS's
+//! ConfigMap in step with the routed hostnames; re-reads after a 409 and resyncs
+//! periodically, so an edit that drops our lines is repaired. A Corefile it cannot
+//! edit is logged, put in `/status`, and reported once as a Warning Event on the
+//! ConfigMap (reason `CorefileUnrecognized`).
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, Resource,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use super::{self as coredns, CorednsConfig, CorednsError, Written};
+use crate::{
+    names::routes::NameRoute,
+    status::{AgentState, CorednsStatus, rfc3339},
+};
+
+/// Event reason on a ConfigMap whose Corefile has no main server block.
+pub const REASON_UNRECOGNIZED: &str = "CorefileUnrecognized";
+
+/// Loop timing.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Retry after a 409 Conflict (re-read at once, nearly).
+    pub conflict_retry: Duration,
+    /// Resync even without a change: repairs edits by others, retries errors.
+    pub resync: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            conflict_retry: Duration::from_millis(500),
+            resync: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Runs forever. `routes` is `None` until the source has synced (so an empty set at
+/// startup never removes lines it did not mean to); `leader` says whether to write.
+pub async fn run(
+    client: Client,
+    cfg: CorednsConfig,
+    node: String,
+    mut routes: watch::Receiver<Option<Vec<NameRoute>>>,
+    mut leader: watch::Receiver<bool>,
+    state: AgentState,
+    timing: Timing,
+) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "hairpin-agent".into(),
+            instance: Some(node),
+        },
+    );
+    let warning = coredns::node_local_dns(&client).await;
+    if let Some(w) = &warning {
+        warn!("{w}");
+    }
+    state.update(|s| {
+        s.coredns = Some(CorednsStatus {
+            mode: cfg.mode.to_string(),
+            configmap: cfg.written().to_string(),
+            target: cfg.target.to_string(),
+            node_local_dns: warning,
+            ..CorednsStatus::default()
+        })
+    });
+    let mut reported: Option<String> = None;
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        let current = routes.borrow_and_update().clone();
+        let mut wait = timing.resync;
+        if let (true, Some(current)) = (is_leader, current) {
+            let rewrites = coredns::rewrites(&current, &cfg.target);
+            let result = coredns::sync(&client, &cfg, &rewrites).await;
+            match &result {
+                Ok(Written::Unchanged) => {}
+                Ok(w) => {
+                    info!(configmap = %cfg.written(), rewrites = rewrites.len(), written = ?w, "CoreDNS rewrites written")
+                }
+                Err(CorednsError::Conflict(_)) => {
+                    warn!(configmap = %cfg.written(), "CoreDNS ConfigMap changed under us (409): re-reading");
+                    wait = timing.conflict_retry;
+                }
+                Err(e) => error!(error = %e, "CoreDNS not written"),
+            }
+            if let Err(e @ CorednsError::Unrecognized { .. }) = &result {
+                let message = e.to_string();
+                if reported.as_ref() != Some(&message) {
+                    if let Err(err) = publish(&client, &recorder, &cfg, &message).await {
+                        warn!(error = %err, "failed to publish the CorefileUnrecognized Event");
+                    } else {
+                        reported = Some(message);
+                    }
+                }
+            } else if result.is_ok() {
+                reported = None;
+            }
+            record(&state, true, &result, rewrites.len());
+        } else {
+            state.update(|s| {
+                if let Some(c) = s.coredns.as_mut() {
+                    c.leader = is_leader;
+                }
+            });
+            if !is_leader {
+                // A new leader reports afresh.
+                reported = None;
+            }
+        }
+        tokio::select! {
+            r = routes.changed() => if r.is_err() { return },
+            r = leader.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn record(state: &AgentState, leader: bool, result: &Result<Written, CorednsError>, n: usize) {
+    state.update(|s| {
+        let Some(c) = s.coredns.as_mut() else {
+            return;
+        };
+        c.leader = leader;
+        match result {
+            Ok(w) => {
+                c.last_error = None;
+                c.rewrites = n;
+                if *w != Written::Unchanged {
+                    c.last_write = Some(rfc3339(SystemTime::now()));
+                }
+            }
+            Err(e) => c.last_error = Some(e.to_string()),
+        }
+    });
+}
+
+async fn publish(
+    client: &Client,
+    recorder: &Recorder,
+    cfg: &CorednsConfig,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let o = &cfg.configmap;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &o.namespace)
+        .get(&o.name)
+        .await?;
+    let event = Event {
+        type_: EventType::Warning,
+        reason: REASON_UNRECOGNIZED.into(),
+        note: Some(message.to_string()),
+        action: "RewriteNames".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &cm.object_ref(&())).await
+}

@@ -1,0 +1,116 @@
+//! Deciding for every Service at once: one deduplicated, sorted set of frontends, with
+//! conflicts between Services resolved the same way on every node.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::{api::core::v1::Service, apimachinery::pkg::apis::meta::v1::Time};
+
+use crate::model::{Frontend, ProxyVersion};
+
+use super::{
+    decision::{Decision, Outcome, Skip, SkipReason},
+    service::{Defaults, decide},
+};
+
+/// Two Services claim the same (IP, port) with different PROXY versions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// The LB IP.
+    pub ip: IpAddr,
+    /// The TCP port.
+    pub port: u16,
+    /// `namespace/name` of the Service that keeps the frontend.
+    pub winner: String,
+    /// The version the winner asked for, which is used.
+    pub winner_version: ProxyVersion,
+    /// `namespace/name` of the Service that lost it.
+    pub loser: String,
+    /// The version the loser asked for.
+    pub loser_version: ProxyVersion,
+}
+
+/// What should exist cluster-wide, plus every Service's decision for `status` and Events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredState {
+    /// One frontend per (IP, port), sorted.
+    pub frontends: Vec<Frontend>,
+    /// Every Service's decision, sorted by `namespace/name`.
+    pub decisions: Vec<Decision>,
+    /// Conflicts found, in the order they were resolved.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// Decides for every Service and merges the frontends.
+///
+/// Two Services may share an LB IP (MetalLB `allow-shared-ip`, or one LB fronting several
+/// Services). The same (IP, port) with the same version is merged; with different versions the
+/// oldest Service (creationTimestamp, then `namespace/name`) wins on every node alike, and the
+/// loser's decision records the conflict as a skip and a warning.
+pub fn decide_all<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    defaults: &Defaults,
+) -> DesiredState {
+    let mut ordered: Vec<(Option<&'a Time>, Option<&'a str>, Decision)> = services
+        .into_iter()
+        .map(|s| {
+            let meta = &s.metadata;
+            (
+                meta.creation_timestamp.as_ref(),
+                meta.uid.as_deref(),
+                decide(s, defaults),
+            )
+        })
+        .collect();
+    // Services without a timestamp (not from an API server) sort after all that have one; the
+    // uid breaks the last tie so that input order never matters.
+    ordered.sort_by(|(ta, ua, a), (tb, ub, b)| {
+        (ta.is_none(), ta, &a.service, ua).cmp(&(tb.is_none(), tb, &b.service, ub))
+    });
+
+    let mut claimed: BTreeMap<(IpAddr, u16), Frontend> = BTreeMap::new();
+    let mut conflicts = Vec::new();
+    let mut decisions = Vec::with_capacity(ordered.len());
+    for (_, _, mut decision) in ordered {
+        let mut kept = Vec::with_capacity(decision.frontends.len());
+        for frontend in std::mem::take(&mut decision.frontends) {
+            let Some(owner) = claimed.get(&(frontend.ip, frontend.port)) else {
+                claimed.insert((frontend.ip, frontend.port), frontend.clone());
+                kept.push(frontend);
+                continue;
+            };
+            if owner.version == frontend.version {
+                kept.push(frontend);
+                continue;
+            }
+            let winner = owner.source.trim_start_matches("Service ").to_string();
+            let message = format!(
+                "{}:{} is claimed by service {winner} with PROXY {}, which is older; service {} asks for {} and loses it",
+                frontend.ip, frontend.port, owner.version, decision.service, frontend.version
+            );
+            conflicts.push(Conflict {
+                ip: frontend.ip,
+                port: frontend.port,
+                winner,
+                winner_version: owner.version,
+                loser: decision.service.clone(),
+                loser_version: frontend.version,
+            });
+            decision.warnings.push(message.clone());
+            decision.skips.push(Skip {
+                reason: SkipReason::Conflict,
+                message,
+            });
+        }
+        decision.frontends = kept;
+        if decision.frontends.is_empty() && decision.outcome == Outcome::Proxied {
+            decision.outcome = Outcome::Skipped(SkipReason::Conflict);
+        }
+        decisions.push(decision);
+    }
+    decisions.sort_by(|a, b| a.service.cmp(&b.service));
+    DesiredState {
+        frontends: claimed.into_values().collect(),
+        decisions,
+        conflicts,
+    }
+}

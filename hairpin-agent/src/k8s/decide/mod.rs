@@ -1,0 +1,21 @@
+//! The pure deciders: plain functions from API objects to what should exist, unit-
+//! tested with recorded objects. Nothing here performs I/O.
+//!
+//! - [`service`]: one Service -> the frontends it asks for, and why ([`decision`]).
+//! - [`annotations`], [`providers`], [`provider_eval`]: our annotation and the
+//!   cloud providers' PROXY-protocol annotations.
+//! - [`desired`]: every Service -> one frontend per LB address (the oldest Service
+//!   wins a conflict) and the hostnames routed to them.
+//! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
+
+pub mod annotations;
+pub mod cluster_dns;
+pub mod decision;
+pub mod desired;
+pub mod provider_eval;
+pub mod providers;
+pub mod service;
+
+pub use decision::{Decision, Outcome, Rule, Skip, SkipReason};
+pub use desired::{Conflict, DesiredState, decide_all};
+pub use service::{Defaults, decide, service_key};

@@ -1,0 +1,281 @@
+//! The name relay: listeners on one node-local address (ports 80 and 443 by
+//! default) that serve names rather than IPs. /etc/hosts (and, later, CoreDNS)
+//! points the proxied hostnames here; each connection is routed by its TLS SNI or
+//! HTTP Host to the LoadBalancer that name belongs to, with the same PROXY header
+//! the eBPF path's relay writes. Used where the programs cannot attach, and for
+//! clients that use names.
+
+mod conn;
+pub mod http_host;
+pub mod sni;
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{net::TcpSocket, sync::watch, time::timeout};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{Instrument, error, info, info_span, warn};
+
+pub use conn::MAX_PEEK;
+
+use crate::{
+    names::{
+        hosts_writer,
+        routes::{NameRoute, RouteTable},
+    },
+    relay::RelayConfig,
+    status::FailedListener,
+    status::metrics::Metrics,
+};
+
+/// What the first bytes of a connection say about the name it is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peek {
+    /// Not enough bytes yet to decide.
+    NeedMore,
+    /// The name the client asked for, as sent (the route lookup validates it).
+    Name(String),
+    /// A complete ClientHello without SNI, or request head without Host.
+    NoName,
+    /// Not this protocol, or malformed; says what was expected.
+    Invalid(&'static str),
+}
+
+/// Name routing settings, validated once at startup.
+#[derive(Clone, Debug)]
+pub struct NameRoutingConfig {
+    /// The node-local address the listeners bind and /etc/hosts names.
+    pub address: IpAddr,
+    /// The ports to listen on (80 and 443 typically).
+    pub ports: Vec<u16>,
+    /// Further listeners, each with the port its connections are routed as: the
+    /// node IPs at the `hairpin` Service's target ports, for pods (whose CoreDNS
+    /// answer is the Service) and anything else dialling the Service.
+    pub service_listeners: Vec<ServiceListener>,
+    /// The hosts file to manage, if any.
+    pub hosts_file: Option<PathBuf>,
+    /// How long a client may take to send its ClientHello or request head.
+    pub peek_timeout: Duration,
+}
+
+/// A listener whose connections are routed as if they came to another port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceListener {
+    /// Where to listen: a node IP and the Service's targetPort.
+    pub bind: SocketAddr,
+    /// The port the client dialled (the Service port), which is also the LB port.
+    pub routes_as: u16,
+}
+
+/// What every connection needs.
+struct Shared {
+    relay: RelayConfig,
+    metrics: Metrics,
+    table: watch::Receiver<Arc<RouteTable>>,
+    peek_timeout: Duration,
+}
+
+/// The running name relay and hosts-file writer.
+pub struct NameRouting {
+    cfg: NameRoutingConfig,
+    shared: Arc<Shared>,
+    table: watch::Sender<Arc<RouteTable>>,
+    /// By requested bind address: the bound address (as the kernel reports it),
+    /// the port its connections route as, and its stop token.
+    listeners: BTreeMap<SocketAddr, (SocketAddr, u16, CancellationToken)>,
+    /// By requested bind address: why it could not be bound, until it is. The run
+    /// loop retries these with backoff; each error is logged once.
+    failed: BTreeMap<SocketAddr, String>,
+    connections: TaskTracker,
+}
+
+impl NameRouting {
+    /// A name relay with no routes and no listeners yet.
+    pub fn new(cfg: NameRoutingConfig, relay: RelayConfig, metrics: Metrics) -> NameRouting {
+        let (table, rx) = watch::channel(Arc::new(RouteTable::default()));
+        let shared = Arc::new(Shared {
+            relay,
+            metrics,
+            table: rx,
+            peek_timeout: cfg.peek_timeout,
+        });
+        NameRouting {
+            cfg,
+            shared,
+            table,
+            listeners: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            connections: TaskTracker::new(),
+        }
+    }
+
+    /// Addresses the listeners are bound to.
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        self.listeners.values().map(|(a, _, _)| *a).collect()
+    }
+
+    /// Listeners that could not be bound, with their last error; retried on every
+    /// [`update`](Self::update) until they are.
+    pub fn failed_listeners(&self) -> Vec<FailedListener> {
+        self.failed
+            .iter()
+            .map(|(address, error)| FailedListener {
+                address: *address,
+                error: error.clone(),
+            })
+            .collect()
+    }
+
+    /// Whether a listener runs on the names address, which the hosts file points at.
+    fn serves_names_address(&self) -> bool {
+        self.listeners.keys().any(|a| a.ip() == self.cfg.address)
+    }
+
+    /// Routes new connections by `routes` and rewrites the hosts file to match.
+    ///
+    /// Listeners start with the first non-empty set, so an agent without names never
+    /// takes ports 80/443 on the node. A port that cannot be bound is logged and
+    /// left out and tried again on the next call (the run loop calls again with
+    /// backoff while [`failed_listeners`](Self::failed_listeners) is not empty);
+    /// the hosts file names the relay only while a listener runs, so a name is
+    /// never pointed at an address nothing answers on.
+    pub fn update(&mut self, routes: &[NameRoute]) {
+        if !routes.is_empty() {
+            self.start_listeners();
+        }
+        self.table.send_replace(Arc::new(RouteTable::new(routes)));
+        let Some(path) = self.cfg.hosts_file.clone() else {
+            return;
+        };
+        let published: &[NameRoute] = if !self.serves_names_address() {
+            &[]
+        } else {
+            routes
+        };
+        match hosts_writer::sync(&path, published, self.cfg.address) {
+            Ok(report) => {
+                for s in &report.skipped {
+                    warn!(host = %s.hostname, reason = %s.reason, "hosts file: name left out");
+                }
+                if report.changed {
+                    info!(path = %path.display(), entries = report.entries, "hosts file updated");
+                }
+            }
+            Err(e) => error!(error = %e, "hosts file not managed"),
+        }
+    }
+
+    fn start_listeners(&mut self) {
+        let wanted = self
+            .cfg
+            .ports
+            .iter()
+            .map(|p| (SocketAddr::new(self.cfg.address, *p), *p))
+            .chain(
+                self.cfg
+                    .service_listeners
+                    .iter()
+                    .map(|l| (l.bind, l.routes_as)),
+            )
+            .collect::<Vec<_>>();
+        for (want, routes_as) in wanted {
+            if self.listeners.contains_key(&want) {
+                continue;
+            }
+            match bind(want, self.shared.relay.keepalive) {
+                Ok(listener) => {
+                    let local = listener.local_addr().unwrap_or(want);
+                    let stop = CancellationToken::new();
+                    tokio::spawn(
+                        accept_loop(
+                            listener,
+                            local,
+                            routes_as,
+                            stop.clone(),
+                            self.shared.clone(),
+                            self.connections.clone(),
+                        )
+                        .instrument(info_span!("name_listener", %local)),
+                    );
+                    let retried = self.failed.remove(&want).is_some();
+                    if local.port() == routes_as {
+                        info!(%local, retried, "name relay listening");
+                    } else {
+                        info!(%local, routes_as, retried, "name relay listening (Service target port)");
+                    }
+                    self.listeners.insert(want, (local, routes_as, stop));
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    // Said once per address and reason, not on every retry.
+                    if self.failed.get(&want) != Some(&why) {
+                        error!(addr = %want, error = %why, "name relay cannot listen; names on this port are not routed until it can (retrying)");
+                    }
+                    self.failed.insert(want, why);
+                }
+            }
+        }
+    }
+
+    /// Stops the listeners and waits up to `deadline` for open connections. The
+    /// hosts file keeps its block (see [`hosts_writer`]).
+    pub async fn drain(&mut self, deadline: Duration) {
+        for (_, (_, _, stop)) in std::mem::take(&mut self.listeners) {
+            stop.cancel();
+        }
+        self.connections.close();
+        if timeout(deadline, self.connections.wait()).await.is_err() {
+            warn!("name relay: drain deadline reached");
+        }
+    }
+}
+
+/// A listener on `addr`; its accepted sockets inherit TCP keepalive (`keepalive`).
+fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    crate::relay::set_keepalive(&socket, keepalive);
+    socket.listen(1024)
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    local: SocketAddr,
+    routes_as: u16,
+    stop: CancellationToken,
+    shared: Arc<Shared>,
+    connections: TaskTracker,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((client, peer)) => {
+                    if !shared.relay.clients.allows(peer.ip()) {
+                        crate::relay::refuse(&client, peer, &shared.metrics);
+                        continue;
+                    }
+                    let span = info_span!("name_conn", client = %peer);
+                    connections.spawn(conn::serve(client, peer, local, routes_as, shared.clone()).instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    // EMFILE/ENFILE persist until something closes: do not spin on them.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod proptests;

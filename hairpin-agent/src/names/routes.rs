@@ -1,0 +1,283 @@
+//! Which hostnames route to which proxied LoadBalancer: the map behind the name relay
+//! and the /etc/hosts block.
+//!
+//! Each host is tied to the LB of the object that names it (an Ingress's
+//! `status.loadBalancer`, a Gateway's `status.addresses`), never "all hosts to one
+//! LB" (hairpin-proxy issue 17: with two ingress controllers, half the names broke).
+//! Pure: objects in, routes and reasons out. The object readers are in
+//! [`super::names_ingress`] and [`super::names_gateway`].
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use k8s_openapi::{api::networking::v1::Ingress, apimachinery::pkg::apis::meta::v1::Time};
+use kube::api::DynamicObject;
+
+use super::hostname::Hostname;
+use crate::model::{Frontend, ProxyVersion};
+
+pub use super::gateway::gateway_claims;
+pub use super::ingress::ingress_claims;
+
+/// One hostname routed to one proxied LoadBalancer.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NameRoute {
+    /// The name clients use (exact or `*.example.com`).
+    pub host: Hostname,
+    /// The LoadBalancer IP the name's object is published on.
+    pub lb: IpAddr,
+    /// The proxied TCP ports of that LB with this header version, sorted.
+    pub ports: Vec<u16>,
+    /// The PROXY header the ingress behind the LB expects.
+    pub version: ProxyVersion,
+    /// The object that named the host: `Ingress ns/name`, `HTTPRoute ns/name`, ...
+    pub source: String,
+}
+
+/// Why a host was not routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NameSkipReason {
+    /// The field's value is not a valid DNS name.
+    InvalidHostname,
+    /// The object has no LoadBalancer IP in its status yet (or only hostnames).
+    NoLoadBalancerIp,
+    /// The object's LB IP is not a proxied frontend: no header is needed there.
+    NotProxied,
+    /// A route's parent Gateway is not known.
+    ParentNotFound,
+    /// The object could not be read (a Gateway API object of an unexpected shape).
+    Unreadable,
+    /// An older object claims the same host on another LB and keeps it.
+    Conflict,
+}
+
+/// One host (or object) left out, with a sentence naming the object and field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameSkip {
+    /// Machine-readable reason.
+    pub reason: NameSkipReason,
+    /// `Kind ns/name: field: what happened`.
+    pub message: String,
+}
+
+impl fmt::Display for NameSkip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A host claimed by an object, before the frontends and other claims are consulted.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The object's creationTimestamp: older objects win conflicts.
+    pub created: Option<Time>,
+    /// `Kind ns/name`.
+    pub source: String,
+    /// The field the host came from, e.g. `spec.rules[0].host`.
+    pub field: String,
+    /// The validated host.
+    pub host: Hostname,
+    /// The object's LoadBalancer IPs.
+    pub lbs: Vec<IpAddr>,
+}
+
+/// The routes, plus everything left out, for `status` and logs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NameRoutes {
+    /// Sorted by host, then LB.
+    pub routes: Vec<NameRoute>,
+    /// Hosts left out, each with its reason.
+    pub skips: Vec<NameSkip>,
+}
+
+/// Ties each claim to its own LB's proxied frontends and settles conflicts.
+///
+/// Claims are taken oldest object first (then by source name, so every node agrees).
+/// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
+/// by path on one controller is ordinary); claimed on different LBs by another
+/// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
+pub fn resolve(mut claims: Vec<Claim>, frontends: &[Frontend]) -> NameRoutes {
+    claims.sort_by(|a, b| {
+        (a.created.is_none(), &a.created, &a.source, &a.field).cmp(&(
+            b.created.is_none(),
+            &b.created,
+            &b.source,
+            &b.field,
+        ))
+    });
+    let mut out = NameRoutes::default();
+    // host -> (winning source, its LB IPs)
+    let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
+    let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
+    for claim in claims {
+        let at = format!("{}: {}", claim.source, claim.field);
+        if claim.lbs.is_empty() {
+            out.skips.push(NameSkip {
+                reason: NameSkipReason::NoLoadBalancerIp,
+                message: format!(
+                    "{at}: host {} has no loadbalancer ip in the object's status",
+                    claim.host
+                ),
+            });
+            continue;
+        }
+        let mut proxied = BTreeSet::new();
+        for lb in &claim.lbs {
+            let per_version = ports_by_version(*lb, frontends);
+            if per_version.is_empty() {
+                out.skips.push(NameSkip {
+                    reason: NameSkipReason::NotProxied,
+                    message: format!(
+                        "{at}: host {} is on loadbalancer {lb}, which is not a proxied frontend",
+                        claim.host
+                    ),
+                });
+                continue;
+            }
+            proxied.insert((*lb, per_version));
+        }
+        if proxied.is_empty() {
+            continue;
+        }
+        let lbs: BTreeSet<IpAddr> = proxied.iter().map(|(lb, _)| *lb).collect();
+        match owners.get_mut(&claim.host) {
+            Some((owner, owned)) if *owner != claim.source && *owned != lbs => {
+                let (owned, owner) = (join(owned), owner.clone());
+                out.skips.push(NameSkip {
+                    reason: NameSkipReason::Conflict,
+                    message: format!(
+                        "{at}: host {} is claimed on loadbalancer {} by {owner}, which is older; \
+                         {} asks for {} and loses it",
+                        claim.host,
+                        owned,
+                        claim.source,
+                        join(&lbs)
+                    ),
+                });
+                continue;
+            }
+            // The same object naming the host on more LBs (dual-stack, two parents) adds them.
+            Some((owner, owned)) if *owner == claim.source => owned.extend(lbs),
+            Some(_) => {}
+            None => {
+                owners.insert(claim.host.clone(), (claim.source.clone(), lbs));
+            }
+        }
+        let owner = owners
+            .get(&claim.host)
+            .map_or_else(|| claim.source.clone(), |(o, _)| o.clone());
+        for (lb, per_version) in proxied {
+            for (version, ports) in per_version {
+                routes.insert(NameRoute {
+                    host: claim.host.clone(),
+                    lb,
+                    ports,
+                    version,
+                    source: owner.clone(),
+                });
+            }
+        }
+    }
+    out.routes = routes.into_iter().collect();
+    out
+}
+
+/// The routes for every object at once: Ingresses, Gateways and their routes, tied to
+/// `frontends` (what the Service decision proxies). Conflicts are settled across kinds.
+pub fn name_routes<'a>(
+    ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateways: impl IntoIterator<Item = &'a DynamicObject>,
+    routes: impl IntoIterator<Item = &'a DynamicObject>,
+    frontends: &[Frontend],
+) -> NameRoutes {
+    let mut claims = Vec::new();
+    let mut skips = Vec::new();
+    for ingress in ingresses {
+        let (c, s) = ingress_claims(ingress);
+        claims.extend(c);
+        skips.extend(s);
+    }
+    let (c, s) = gateway_claims(gateways, routes);
+    claims.extend(c);
+    skips.extend(s);
+    let mut out = resolve(claims, frontends);
+    skips.append(&mut out.skips);
+    out.skips = skips;
+    out
+}
+
+fn join(ips: &BTreeSet<IpAddr>) -> String {
+    ips.iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The proxied ports of `lb`, grouped by header version.
+fn ports_by_version(lb: IpAddr, frontends: &[Frontend]) -> BTreeMap<ProxyVersion, Vec<u16>> {
+    let mut out: BTreeMap<ProxyVersion, Vec<u16>> = BTreeMap::new();
+    for f in frontends.iter().filter(|f| f.ip == lb) {
+        out.entry(f.version).or_default().push(f.port);
+    }
+    for ports in out.values_mut() {
+        ports.sort_unstable();
+        ports.dedup();
+    }
+    out
+}
+
+/// Routes indexed for the relay: exact names first, then `*.parent` wildcards
+/// matching exactly one more label.
+#[derive(Clone, Debug, Default)]
+pub struct RouteTable {
+    by_host: BTreeMap<String, Vec<NameRoute>>,
+}
+
+impl RouteTable {
+    /// Indexes `routes`; for a host on several LBs the lowest address is tried first.
+    pub fn new(routes: &[NameRoute]) -> RouteTable {
+        let mut by_host: BTreeMap<String, Vec<NameRoute>> = BTreeMap::new();
+        for r in routes {
+            by_host
+                .entry(r.host.as_str().to_owned())
+                .or_default()
+                .push(r.clone());
+        }
+        for list in by_host.values_mut() {
+            list.sort();
+        }
+        RouteTable { by_host }
+    }
+
+    /// Whether there are no routes.
+    pub fn is_empty(&self) -> bool {
+        self.by_host.is_empty()
+    }
+
+    /// The route for a client's `name` (from SNI or Host) on `port`: the exact name,
+    /// else the wildcard of its parent. A name that is not a valid hostname, or is
+    /// itself a wildcard, matches nothing.
+    pub fn lookup(&self, name: &str, port: u16) -> Option<&NameRoute> {
+        let host = Hostname::parse(name).ok().filter(|h| !h.is_wildcard())?;
+        fn on_port(list: &[NameRoute], port: u16) -> Option<&NameRoute> {
+            list.iter().find(|r| r.ports.contains(&port))
+        }
+        if let Some(route) = self
+            .by_host
+            .get(host.as_str())
+            .and_then(|l| on_port(l, port))
+        {
+            return Some(route);
+        }
+        let (_, parent) = host.as_str().split_once('.')?;
+        self.by_host
+            .get(&format!("*.{parent}"))
+            .and_then(|l| on_port(l, port))
+    }
+}
+
+#[cfg(test)]
+mod tests;

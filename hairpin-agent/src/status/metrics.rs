@@ -1,0 +1,282 @@
+//! Prometheus metrics, served on `/metrics` by the admin server.
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+/// Direction of relayed bytes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Direction {
+    /// Client to LoadBalancer (after the PROXY header).
+    Upstream,
+    /// LoadBalancer to client.
+    Downstream,
+}
+
+/// Why a relayed connection failed, on either side (the `kind` label of
+/// `hairpin_relay_upstream_errors_total` and `hairpin_relay_client_errors_total`,
+/// lower case). Which side failed is the metric, not the kind.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ConnError {
+    /// connect() was refused (RST): nothing listens behind the LB for that port.
+    Refused,
+    /// connect() did not complete within the connect timeout, or keepalive probes
+    /// went unanswered.
+    Timeout,
+    /// The connection was reset (or the pipe broken) while relaying.
+    Reset,
+    /// Anything else (unreachable, descriptor limits...).
+    Other,
+}
+
+impl ConnError {
+    /// Every kind, in label order.
+    pub const ALL: [ConnError; 4] = [
+        ConnError::Other,
+        ConnError::Refused,
+        ConnError::Reset,
+        ConnError::Timeout,
+    ];
+
+    /// The label value and `/status` key.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnError::Refused => "refused",
+            ConnError::Timeout => "timeout",
+            ConnError::Reset => "reset",
+            ConnError::Other => "other",
+        }
+    }
+}
+
+impl EncodeLabelValue for ConnError {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.name())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: Direction,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: ConnError,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: &'static str,
+}
+
+/// Seconds, from 100 µs to about 13 s.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// Every metric the agent exports. Cloning shares the underlying values.
+#[derive(Clone)]
+pub struct Metrics {
+    connections: Counter,
+    active: Gauge,
+    bytes: Family<DirectionLabel, Counter>,
+    upstream_errors: Family<KindLabel, Counter>,
+    client_errors: Family<KindLabel, Counter>,
+    frontends: Gauge,
+    frontends_failed: Gauge,
+    refused_clients: Counter,
+    watch_restarts: Family<ResourceLabel, Counter>,
+    decide_seconds: Histogram,
+    reconcile_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            connections: Counter::default(),
+            active: Gauge::default(),
+            bytes: Family::default(),
+            upstream_errors: Family::default(),
+            client_errors: Family::default(),
+            frontends: Gauge::default(),
+            frontends_failed: Gauge::default(),
+            refused_clients: Counter::default(),
+            watch_restarts: Family::default(),
+            decide_seconds: duration_histogram(),
+            reconcile_seconds: duration_histogram(),
+        }
+    }
+}
+
+impl Metrics {
+    /// A connection was accepted by a relay listener.
+    pub fn connection_opened(&self) {
+        self.connections.inc();
+        self.active.inc();
+    }
+
+    /// A relayed connection ended.
+    pub fn connection_closed(&self) {
+        self.active.dec();
+    }
+
+    /// Relayed connections that have ended, since start.
+    pub fn connections_closed(&self) -> u64 {
+        self.connections
+            .get()
+            .saturating_sub(u64::try_from(self.active.get()).unwrap_or(0))
+    }
+
+    /// Connections currently being relayed.
+    pub fn active_connections(&self) -> i64 {
+        self.active.get()
+    }
+
+    /// Adds relayed bytes.
+    pub fn bytes(&self, direction: Direction, n: u64) {
+        self.bytes
+            .get_or_create(&DirectionLabel { direction })
+            .inc_by(n);
+    }
+
+    /// Counts an upstream failure.
+    pub fn upstream_error(&self, kind: ConnError) {
+        self.upstream_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
+    }
+
+    /// Counts a relayed connection that ended with an error on the client's side
+    /// (the client reset it, or keepalive found it gone).
+    pub fn client_error(&self, kind: ConnError) {
+        self.client_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Sets the number of frontends proxied and failed.
+    pub fn set_frontends(&self, proxied: usize, failed: usize) {
+        self.frontends.set(proxied as i64);
+        self.frontends_failed.set(failed as i64);
+    }
+
+    /// Counts a connection reset because its peer is outside the client policy.
+    pub fn refused_client(&self) {
+        self.refused_clients.inc();
+    }
+
+    /// Counts a failed watch of `resource` (it restarts with backoff).
+    pub fn watch_restart(&self, resource: &'static str) {
+        self.watch_restarts
+            .get_or_create(&ResourceLabel { resource })
+            .inc();
+    }
+
+    /// Records how long deciding the desired frontends took.
+    pub fn observe_decide(&self, d: std::time::Duration) {
+        self.decide_seconds.observe(d.as_secs_f64());
+    }
+
+    /// Records how long applying a desired state took.
+    pub fn observe_reconcile(&self, d: std::time::Duration) {
+        self.reconcile_seconds.observe(d.as_secs_f64());
+    }
+
+    /// The relay's counters now, for `/status`.
+    pub fn relay_counters(&self) -> crate::status::RelayCounters {
+        let bytes = |direction| {
+            self.bytes
+                .get_or_create(&DirectionLabel { direction })
+                .get()
+        };
+        crate::status::RelayCounters {
+            connections: self.connections.get(),
+            active_connections: self.active.get(),
+            bytes_upstream: bytes(Direction::Upstream),
+            bytes_downstream: bytes(Direction::Downstream),
+            upstream_errors: ConnError::ALL
+                .into_iter()
+                .map(|kind| {
+                    let n = self
+                        .upstream_errors
+                        .get_or_create(&KindLabel { kind })
+                        .get();
+                    (kind.name().to_string(), n)
+                })
+                .collect(),
+            client_errors: ConnError::ALL
+                .into_iter()
+                .filter_map(|kind| {
+                    let n = self.client_errors.get(&KindLabel { kind })?.get();
+                    Some((kind.name().to_string(), n))
+                })
+                .collect(),
+        }
+    }
+
+    /// Renders the OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut registry = Registry::with_prefix("hairpin");
+        registry.register(
+            "relay_connections",
+            "Connections accepted by relay listeners",
+            self.connections.clone(),
+        );
+        registry.register(
+            "relay_active_connections",
+            "Connections being relayed now",
+            self.active.clone(),
+        );
+        registry.register("relay_bytes", "Bytes relayed", self.bytes.clone());
+        registry.register(
+            "relay_upstream_errors",
+            "Upstream connection failures by kind",
+            self.upstream_errors.clone(),
+        );
+        registry.register(
+            "relay_client_errors",
+            "Relayed connections ended by an error on the client's side, by kind (reset; timeout: keepalive found the client gone)",
+            self.client_errors.clone(),
+        );
+        registry.register(
+            "frontends_proxied",
+            "Frontends with a live listener and redirect",
+            self.frontends.clone(),
+        );
+        registry.register(
+            "frontends_failed",
+            "Frontends that could not be made live (left on the pre-hairpin path)",
+            self.frontends_failed.clone(),
+        );
+        registry.register(
+            "relay_refused_clients",
+            "Connections reset because the peer is outside --allowed-clients",
+            self.refused_clients.clone(),
+        );
+        registry.register(
+            "watch_restarts",
+            "Kubernetes watch failures by resource (each retried with backoff)",
+            self.watch_restarts.clone(),
+        );
+        registry.register(
+            "decide_duration_seconds",
+            "Time to decide the desired frontends from the cluster's objects",
+            self.decide_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time to apply a desired state to listeners and maps",
+            self.reconcile_seconds.clone(),
+        );
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        encode(&mut out, &registry).expect("encoding metrics into a String");
+        out
+    }
+}

@@ -1,0 +1,425 @@
+//! What the running agent knows about itself, for the admin server's `/status` and
+//! `/readyz` and for the node CLI that reads them.
+//!
+//! The run loop writes a [`Snapshot`] through [`AgentState`] after each change; the
+//! admin server only reads it. The same types deserialize on the CLI side, so the
+//! field names below are the stable JSON contract of `/status`.
+
+pub mod admin;
+pub mod metrics;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::{Arc, Mutex, PoisonError, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    agent::reconcile::Reconciler,
+    datapath::kernel::KernelIds,
+    model::{Frontend, ProxyVersion},
+};
+
+mod paths;
+pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamePaths, NamesStatus, join_paths};
+
+/// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
+#[derive(Clone, Debug, Default)]
+pub struct AgentState {
+    inner: Arc<RwLock<Snapshot>>,
+    /// When the run loop last went round or ticked; `None` before it started.
+    heartbeat: Arc<Mutex<Option<Instant>>>,
+}
+
+/// How often the run loop beats while it waits for a change.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
+/// A run loop silent this long is stuck (an apply that never returns, a
+/// deadlock): `/healthz` fails so the kubelet restarts the agent. Twelve missed
+/// beats, and three times the longest drain the manifests allow.
+pub const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
+
+/// Everything `/status` reports. Counters are filled in per request by the admin server.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Snapshot {
+    /// The agent process.
+    pub agent: AgentInfo,
+    /// Where the programs are attached; `None` before attach and after detach.
+    pub attachment: Option<AttachmentStatus>,
+    /// Every frontend asked for, live or failed.
+    pub frontends: Vec<FrontendStatus>,
+    /// Kernel and relay counters.
+    pub counters: Counters,
+    /// Each source of desired frontends (the file, Kubernetes watches).
+    pub sources: Vec<SourceStatus>,
+    /// The last time desired state was applied.
+    pub last_reconcile: Option<ReconcileStatus>,
+    /// Per-object decisions (Kubernetes Services), free-form for their producer.
+    pub decisions: Vec<Decision>,
+    /// Which paths are live on this node and why; `None` from agents before modes.
+    #[serde(default)]
+    pub mode: Option<ModeStatus>,
+    /// The name relay, when it runs.
+    #[serde(default)]
+    pub names: Option<NamesStatus>,
+    /// How long the run loop has been silent, when over the liveness limit (filled
+    /// per request by the admin server; `/healthz` fails meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_loop_stalled_secs: Option<u64>,
+    /// The cluster DNS Service's IPs (kube-dns), from the Kubernetes source; what
+    /// `check` asks to resolve as a pod does when no --dns-server is given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_dns: Vec<IpAddr>,
+    /// The CoreDNS writer, when `--coredns` is not `off`.
+    #[serde(default)]
+    pub coredns: Option<CorednsStatus>,
+    /// Which peers the relays serve, and where that came from.
+    #[serde(default)]
+    pub clients: Option<ClientsStatus>,
+}
+
+/// The relays' client policy as `status` and `doctor` show it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClientsStatus {
+    /// The allowed networks, comma-separated, or `any`.
+    pub allowed: String,
+    /// Where they came from (`--allowed-clients`, the Node's pod CIDRs) or, when
+    /// `any`, why nothing narrower could be used.
+    pub source: String,
+}
+
+/// The agent process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentInfo {
+    /// Crate version.
+    pub version: String,
+    /// Process id, to pair with `dump --pid`.
+    pub pid: u32,
+    /// RFC 3339 start time.
+    pub started_at: String,
+    /// SO_MARK of relay upstream sockets, which the programs skip.
+    pub bypass_mark: u32,
+}
+
+/// Where and how the programs are attached.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttachmentStatus {
+    /// The cgroup v2 directory.
+    pub cgroup: PathBuf,
+    /// Kernel ids of the programs, links and maps.
+    #[serde(flatten)]
+    pub ids: KernelIds,
+}
+
+/// Whether a frontend is proxied now.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FrontendState {
+    /// A listener and a redirect are live.
+    Active,
+    /// It could not be made live; traffic takes the pre-hairpin path.
+    Failed,
+    /// No redirect (eBPF is not live), but names routed to it reach the name relay.
+    Fallback,
+}
+
+/// One frontend asked for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FrontendStatus {
+    /// The LoadBalancer IP.
+    pub ip: IpAddr,
+    /// The TCP port.
+    pub port: u16,
+    /// The PROXY version written.
+    pub version: ProxyVersion,
+    /// What asked for it.
+    pub source: String,
+    /// Active or failed.
+    pub state: FrontendState,
+    /// The relay listener when active.
+    pub listener: Option<SocketAddr>,
+    /// Why it failed.
+    pub reason: Option<String>,
+    /// How in-cluster clients reach a relay: `ebpf`, `hosts`, `coredns` joined by
+    /// commas (`ebpf,hosts`), or `none` when nothing leads them to one.
+    pub path: String,
+}
+
+/// Counters, summed over CPUs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    /// The programs' counters by name (`redirected`, `skipped_bypass_mark`).
+    pub kernel: BTreeMap<String, u64>,
+    /// The relay's.
+    pub relay: RelayCounters,
+}
+
+/// The relay's counters, as `/metrics` also exports them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RelayCounters {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections open now.
+    pub active_connections: i64,
+    /// Bytes client -> LB.
+    pub bytes_upstream: u64,
+    /// Bytes LB -> client.
+    pub bytes_downstream: u64,
+    /// Upstream failures by kind (`refused`, `timeout`, `reset`, `other`).
+    pub upstream_errors: BTreeMap<String, u64>,
+    /// Relayed connections ended by the client's side, by kind (only kinds seen).
+    #[serde(default)]
+    pub client_errors: BTreeMap<String, u64>,
+}
+
+/// Health of one source of desired frontends.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SourceStatus {
+    /// `file /path`, `kubernetes services`, ...
+    pub name: String,
+    /// True once it delivered a complete first set.
+    pub synced: bool,
+    /// RFC 3339 time of the last good delivery.
+    pub last_sync: Option<String>,
+    /// The last error, cleared by the next good delivery.
+    pub last_error: Option<String>,
+}
+
+/// The last apply of desired state.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReconcileStatus {
+    /// RFC 3339 time it finished.
+    pub at: String,
+    /// How long it took, in milliseconds.
+    pub duration_ms: f64,
+}
+
+/// One decision about a Kubernetes object, as its producer words it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Decision {
+    /// `Service ns/name` and the like.
+    pub object: String,
+    /// Short machine-readable state (`proxied`, `skipped`, ...).
+    pub state: String,
+    /// Short machine-readable reason (`IPModeProxy`, `NoProxyProtocol`, ...).
+    pub reason: String,
+    /// Human sentence.
+    pub message: String,
+}
+
+/// RFC 3339 at second precision, the format of every time in [`Snapshot`].
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+impl AgentState {
+    /// A state for this process, nothing attached or synced yet.
+    pub fn new(bypass_mark: u32) -> AgentState {
+        let state = AgentState::default();
+        state.update(|s| {
+            s.agent = AgentInfo {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                pid: std::process::id(),
+                started_at: rfc3339(SystemTime::now()),
+                bypass_mark,
+            }
+        });
+        state
+    }
+
+    /// A copy of the snapshot.
+    pub fn snapshot(&self) -> Snapshot {
+        // A writer that panicked left a whole snapshot behind: still worth serving.
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Changes the snapshot under the lock.
+    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The run loop is alive now.
+    pub fn beat(&self) {
+        *self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// How long the run loop has been silent at `now`, when that is over `limit`;
+    /// `None` while it beats, and before it first started (start-up has its own
+    /// probe).
+    pub fn run_loop_stalled(&self, now: Instant, limit: Duration) -> Option<Duration> {
+        let last = (*self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))?;
+        let silent = now.saturating_duration_since(last);
+        (silent > limit).then_some(silent)
+    }
+
+    /// Records where the programs are attached (`None`: detached).
+    pub fn set_attachment(&self, attachment: Option<AttachmentStatus>) {
+        self.update(|s| s.attachment = attachment);
+    }
+
+    /// Records the reconciler's frontends after applying `desired`, which took `took`;
+    /// `names` says which of them the name relay reaches besides (or instead of) eBPF.
+    pub fn record_apply(
+        &self,
+        rec: &Reconciler,
+        desired: &BTreeSet<Frontend>,
+        names: &NamePaths,
+        took: Duration,
+    ) {
+        let mut frontends: Vec<FrontendStatus> = rec
+            .active()
+            .map(|a| {
+                let addr = SocketAddr::new(a.frontend.ip, a.frontend.port);
+                let mut path = vec!["ebpf".to_string()];
+                path.extend(names.for_frontend(addr));
+                FrontendStatus {
+                    ip: a.frontend.ip,
+                    port: a.frontend.port,
+                    version: a.frontend.version,
+                    source: a.frontend.source.clone(),
+                    state: FrontendState::Active,
+                    listener: Some(a.listener),
+                    reason: None,
+                    path: join_paths(&path),
+                }
+            })
+            .collect();
+        // The reconciler keeps only the reason; the rest comes from what was asked for.
+        // The first frontend for an address is the one the reconciler tried (set order).
+        let mut seen: BTreeSet<SocketAddr> = rec
+            .active()
+            .map(|a| SocketAddr::new(a.frontend.ip, a.frontend.port))
+            .collect();
+        for f in desired {
+            let addr = SocketAddr::new(f.ip, f.port);
+            if !seen.insert(addr) {
+                continue;
+            }
+            let by_name = names.for_frontend(addr);
+            let (state, reason) = match (rec.failed().get(&addr), by_name.is_empty()) {
+                (Some(reason), _) => (FrontendState::Failed, reason.clone()),
+                // Not tried: without a datapath the reconciler makes nothing live.
+                (None, false) => (
+                    FrontendState::Fallback,
+                    "eBPF is not live on this node: clients using its names reach the name relay"
+                        .to_string(),
+                ),
+                (None, true) => (
+                    FrontendState::Failed,
+                    "eBPF is not live on this node and no name routed to this address is published \
+                     through /etc/hosts or CoreDNS: clients take the pre-hairpin path"
+                        .to_string(),
+                ),
+            };
+            frontends.push(FrontendStatus {
+                ip: f.ip,
+                port: f.port,
+                version: f.version,
+                source: f.source.clone(),
+                state,
+                listener: (state == FrontendState::Fallback)
+                    .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
+                    .flatten(),
+                reason: Some(reason),
+                path: join_paths(&by_name),
+            });
+        }
+        frontends.sort_by_key(|f| (f.ip, f.port));
+        self.update(|s| {
+            s.frontends = frontends;
+            s.last_reconcile = Some(ReconcileStatus {
+                at: rfc3339(SystemTime::now()),
+                duration_ms: took.as_secs_f64() * 1000.0,
+            });
+        });
+    }
+
+    /// Records a good delivery from source `name`: it is synced from now on.
+    pub fn source_synced(&self, name: &str) {
+        self.with_source(name, |src| {
+            src.synced = true;
+            src.last_sync = Some(rfc3339(SystemTime::now()));
+            src.last_error = None;
+        });
+    }
+
+    /// Registers source `name` as not yet synced, so readiness waits for it.
+    pub fn register_source(&self, name: &str) {
+        self.with_source(name, |_| {});
+    }
+
+    /// Clears the last error of source `name` (its watch recovered).
+    pub fn source_recovered(&self, name: &str) {
+        self.with_source(name, |src| src.last_error = None);
+    }
+
+    /// Records an error from source `name`; a synced source stays synced (fail static).
+    pub fn source_error(&self, name: &str, error: &str) {
+        self.with_source(name, |src| src.last_error = Some(error.to_string()));
+    }
+
+    fn with_source(&self, name: &str, f: impl FnOnce(&mut SourceStatus)) {
+        self.update(|s| {
+            let idx = match s.sources.iter().position(|x| x.name == name) {
+                Some(i) => i,
+                None => {
+                    s.sources.push(SourceStatus {
+                        name: name.to_string(),
+                        synced: false,
+                        last_sync: None,
+                        last_error: None,
+                    });
+                    s.sources.len() - 1
+                }
+            };
+            f(&mut s.sources[idx]);
+        });
+    }
+}
+
+impl Snapshot {
+    /// Why the agent is not ready, or `None` when programs are attached and every
+    /// source has synced.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if let Some(secs) = self.run_loop_stalled_secs {
+            return Some(format!(
+                "run loop stalled: silent for {secs} s (liveness restarts the agent)"
+            ));
+        }
+        // Programs are awaited only where eBPF is a live path (not in `fallback`, nor
+        // in `auto` after it fell back); agents that report no mode always had them.
+        let wants_programs = self
+            .mode
+            .as_ref()
+            .is_none_or(|m| m.live.iter().any(|p| p == "ebpf"));
+        if wants_programs && self.attachment.is_none() {
+            return Some("programs are not attached".into());
+        }
+        if self.sources.is_empty() {
+            return Some("no source of frontends has reported yet".into());
+        }
+        let pending: Vec<&str> = self
+            .sources
+            .iter()
+            .filter(|s| !s.synced)
+            .map(|s| s.name.as_str())
+            .collect();
+        (!pending.is_empty()).then(|| format!("sources not synced: {}", pending.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests;
