@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result};
 
-use crate::{prereqs, run, workspace_root};
+use crate::{prereqs, run, toolchain, workspace_root};
 
 /// Options of `build-ebpf`.
 #[derive(clap::Args, Debug, Default)]
@@ -30,7 +30,7 @@ pub fn object_path() -> PathBuf {
 
 /// Ensures the toolchain and bpf-linker, builds the object and returns its path.
 pub fn build(opts: &Options) -> Result<PathBuf> {
-    let tc = prereqs::ensure_bpf_toolchain()?;
+    let tc = toolchain::bpf_toolchain()?;
     let linker_dir = prereqs::ensure_bpf_linker(&tc)?;
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut paths = vec![linker_dir];

@@ -1,5 +1,5 @@
 //! `cargo xtask fuzz`: runs every cargo-fuzz target in `fuzz/` for a bounded time,
-//! installing nightly and cargo-fuzz when missing, and fails on any crash.
+//! installing the pinned nightly and cargo-fuzz when missing, and fails on any crash.
 //!
 //! Each target starts from its committed seeds (`fuzz/seeds/<target>`) and the
 //! corpus earlier runs grew (`fuzz/corpus/<target>`, not committed); libFuzzer's
@@ -15,7 +15,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{prereqs, run, workspace_root};
+use crate::{
+    prereqs, run,
+    toolchain::{self, NIGHTLY},
+    workspace_root,
+};
 
 /// The cargo-fuzz release installed into the cache when missing.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
@@ -62,7 +66,7 @@ struct Outcome {
 
 /// Runs the targets and prints one line per target; fails if any crashed.
 pub fn fuzz(opts: &Options) -> Result<()> {
-    ensure_nightly()?;
+    toolchain::ensure_nightly(&[])?;
     let cargo_fuzz = ensure_cargo_fuzz()?;
     let root = workspace_root();
     let fuzz_dir = root.join("fuzz");
@@ -78,7 +82,7 @@ pub fn fuzz(opts: &Options) -> Result<()> {
         opts.targets.clone()
     };
     eprintln!(
-        "xtask: building {} fuzz targets (nightly, sanitizer {})",
+        "xtask: building {} fuzz targets ({NIGHTLY}, sanitizer {})",
         targets.len(),
         opts.sanitizer
     );
@@ -115,7 +119,7 @@ pub fn fuzz(opts: &Options) -> Result<()> {
     if !crashed.is_empty() {
         for o in &crashed {
             eprintln!(
-                "xtask: {} failed: {} (log: {}); reproduce with `cargo +nightly fuzz run --sanitizer {} {} <artifact>`",
+                "xtask: {} failed: {} (log: {}); reproduce with `cargo +{NIGHTLY} fuzz run --sanitizer {} {} <artifact>`",
                 o.target,
                 o.crash.as_deref().unwrap_or_default(),
                 o.log.display(),
@@ -193,13 +197,14 @@ fn binary_dir(root: &Path) -> Result<PathBuf> {
         None => root.join("fuzz/target"),
     };
     let version = Command::new("rustc")
-        .args(["+nightly", "-vV"])
+        .arg(format!("+{NIGHTLY}"))
+        .arg("-vV")
         .output()
-        .context("failed to run rustc +nightly -vV")?;
+        .with_context(|| format!("failed to run rustc +{NIGHTLY} -vV"))?;
     let host = String::from_utf8_lossy(&version.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
-        .context("rustc +nightly -vV printed no host triple")?;
+        .with_context(|| format!("rustc +{NIGHTLY} -vV printed no host triple"))?;
     Ok(target_dir.join(host).join("release"))
 }
 
@@ -248,11 +253,11 @@ fn parse_log(target: &str, text: &str) -> Outcome {
 fn fuzz_cmd(cargo_fuzz: &Path, root: &Path) -> Command {
     let mut cmd = Command::new(cargo_fuzz);
     // `cargo-fuzz fuzz ...` is how cargo itself invokes the subcommand.
-    // Through rustup's cargo proxy on nightly: the stable cargo that runs xtask
+    // Through rustup's cargo proxy on the pinned nightly: the stable cargo that runs xtask
     // exports CARGO (and may export RUSTC), which cargo-fuzz would otherwise follow.
     cmd.arg("fuzz")
         .current_dir(root)
-        .env("RUSTUP_TOOLCHAIN", "nightly")
+        .env("RUSTUP_TOOLCHAIN", NIGHTLY)
         .env_remove("CARGO")
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
@@ -277,22 +282,6 @@ fn list_targets(cargo_fuzz: &Path, root: &Path) -> Result<Vec<String>> {
         .filter(|l| !l.is_empty())
         .map(str::to_string)
         .collect())
-}
-
-/// cargo-fuzz needs a nightly toolchain (`-Z sanitizer`, `-C passes=sancov`).
-fn ensure_nightly() -> Result<()> {
-    let list = Command::new("rustup")
-        .args(["toolchain", "list"])
-        .output()
-        .context("rustup is needed for the nightly toolchain cargo-fuzz uses")?;
-    if String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .any(|l| l.starts_with("nightly"))
-    {
-        return Ok(());
-    }
-    eprintln!("xtask: installing the nightly toolchain (cargo-fuzz needs it)");
-    run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
 }
 
 /// Returns the cargo-fuzz binary in the cache, installing it there once.

@@ -1,12 +1,15 @@
 //! Developer commands: `cargo xtask <command>`.
 //!
 //! Every command installs what it needs (idempotently) before it runs, so the two
-//! commands in the README work on a fresh machine.
+//! commands in the README work on a fresh machine. `demo`, `test` and `bench` need
+//! root and re-run themselves through sudo when started as another user.
 
 mod bench;
 mod ebpf;
 mod fuzz;
 mod prereqs;
+mod root;
+mod toolchain;
 
 use std::{path::PathBuf, process::Command};
 
@@ -22,9 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install every prerequisite: Debian packages, rust-src, bpf-linker.
+    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker.
     Setup,
-    /// Build the eBPF object (installing rust-src and bpf-linker when missing).
+    /// Build the eBPF object (installing the pinned nightly, rust-src and bpf-linker when missing).
     BuildEbpf(ebpf::Options),
     /// Build the eBPF object and the agent with it embedded.
     Build {
@@ -32,17 +35,17 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
-    /// Run every test: unit, relay, and the privileged datapath suites (root).
+    /// Check formatting and clippy, then run every test suite and fuzz target briefly (as root: asks sudo otherwise).
     Test {
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Build a simulated node and show a request failing without hairpin and succeeding with it.
+    /// Build a simulated node and show a request failing without hairpin and succeeding with it (as root).
     Demo,
-    /// Measure hairpin against HAProxy send-proxy and a direct path; write BENCHMARKS.md (root).
+    /// Measure hairpin against HAProxy send-proxy and a direct path; write BENCHMARKS.md (as root).
     Bench(bench::Options),
-    /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (nightly).
+    /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (the pinned nightly).
     Fuzz(fuzz::Options),
 }
 
@@ -51,15 +54,24 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Setup => {
             prereqs::ensure_system_packages()?;
-            let toolchain = prereqs::ensure_bpf_toolchain()?;
+            let toolchain = toolchain::bpf_toolchain()?;
             prereqs::ensure_bpf_linker(&toolchain)?;
             Ok(())
         }
         Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
         Cmd::Build { release } => build_agent(release).map(|bin| println!("{}", bin.display())),
-        Cmd::Test { args } => test(&args),
-        Cmd::Demo => demo(),
-        Cmd::Bench(opts) => bench::bench(&opts),
+        Cmd::Test { args } => {
+            root::ensure_root("test")?;
+            test(&args)
+        }
+        Cmd::Demo => {
+            root::ensure_root("demo")?;
+            demo()
+        }
+        Cmd::Bench(opts) => {
+            root::ensure_root("bench")?;
+            bench::bench(&opts)
+        }
         Cmd::Fuzz(opts) => fuzz::fuzz(&opts),
     }
 }
@@ -96,6 +108,11 @@ fn cargo() -> Command {
 /// Builds the BPF object, then the agent embedding it; returns the agent binary.
 fn build_agent(release: bool) -> Result<PathBuf> {
     let object = ebpf::build(&ebpf::Options::default())?;
+    build_agent_with(&object, release)
+}
+
+/// Builds the agent (and the test binaries) embedding `object`; returns the agent binary.
+fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args([
         "build",
@@ -105,7 +122,7 @@ fn build_agent(release: bool) -> Result<PathBuf> {
         "hairpin-tests",
         "--bins",
     ])
-    .env("HAIRPIN_EBPF_OBJECT", &object);
+    .env("HAIRPIN_EBPF_OBJECT", object);
     if release {
         cmd.arg("--release");
     }
@@ -136,8 +153,27 @@ const TEST_DISK_NEED: u64 = 6 << 30;
 fn test(args: &[String]) -> Result<()> {
     prereqs::ensure_system_packages()?;
     check_free_space(&target_dir(), TEST_DISK_NEED);
-    let agent = build_agent(false)?;
-    let object = ebpf::object_path();
+    prereqs::ensure_lint_tools()?;
+    // Formatting first: it costs nothing and needs no build.
+    run(cargo().args(["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
+    let object = ebpf::build(&ebpf::Options::default())?;
+    // Every workspace crate on the host, hairpin-ebpf included: its library and its
+    // binary's host stub. The programs (compiled only for bpfel-unknown-none) are not
+    // linted; the verifier checks them in the datapath suites. The object's path is
+    // set as the build below sets it, so the agent's build script does not rerun.
+    run(cargo()
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("HAIRPIN_EBPF_OBJECT", &object))
+    .context("clippy found warnings")?;
+    let agent = build_agent_with(&object, false)?;
     run(cargo()
         .args(["test", "--workspace", "--exclude", "hairpin-ebpf"])
         .arg("--")

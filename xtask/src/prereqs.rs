@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::run;
+use crate::{run, toolchain::BpfToolchain};
 
 /// Debian packages the datapath tests, the demo and the benchmarks use, with the
 /// binary that proves each is installed.
@@ -39,7 +39,7 @@ pub fn ensure_system_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !nix_is_root() {
+    if !crate::root::is_root() {
         bail!(
             "missing packages {}: run `sudo apt-get install -y {}` or run this command as root",
             missing.join(", "),
@@ -62,63 +62,34 @@ pub fn ensure_system_packages() -> Result<()> {
     Ok(())
 }
 
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc_geteuid() == 0 }
-}
-
-unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
-
-/// The toolchain that builds the BPF crate.
-#[derive(Debug, Clone)]
-pub struct BpfToolchain {
-    /// `nightly` or `stable`, as rustup names it.
-    pub name: String,
-    /// Stable needs `RUSTC_BOOTSTRAP=1` for `-Z build-std`.
-    pub needs_bootstrap: bool,
-    /// The toolchain's sysroot.
-    pub sysroot: PathBuf,
-}
-
-/// Picks nightly when rustup has it, else stable with RUSTC_BOOTSTRAP, and makes sure
-/// that toolchain has `rust-src` (needed to build `core` for the BPF target).
-pub fn ensure_bpf_toolchain() -> Result<BpfToolchain> {
-    let list = output(Command::new("rustup").args(["toolchain", "list"])).context(
-        "rustup is needed to build the eBPF object: install it from your distribution or rustup.rs",
-    )?;
-    let (name, needs_bootstrap) = if list.lines().any(|l| l.starts_with("nightly")) {
-        ("nightly", false)
-    } else {
-        ("stable", true)
+/// Adds rustfmt and clippy to the toolchain that runs the workspace's cargo when it
+/// lacks them (rustup's minimal profile has neither): `cargo xtask test` runs both.
+pub fn ensure_lint_tools() -> Result<()> {
+    let works = |sub: &str| {
+        crate::cargo()
+            .args([sub, "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
     };
-    let installed = output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        name,
-    ]))?;
-    if !installed.lines().any(|l| l.starts_with("rust-src")) {
-        eprintln!("xtask: adding rust-src to the {name} toolchain");
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]))
-            .with_context(|| {
-                format!(
-                    "could not add rust-src: run `rustup component add rust-src --toolchain {name}`"
-                )
-            })?;
+    let missing: Vec<&str> = [("fmt", "rustfmt"), ("clippy", "clippy")]
+        .into_iter()
+        .filter(|(sub, _)| !works(sub))
+        .map(|(_, component)| component)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
     }
-    let sysroot = output(
-        Command::new("rustc")
-            .arg(format!("+{name}"))
-            .args(["--print", "sysroot"]),
-    )?;
-    Ok(BpfToolchain {
-        name: name.to_string(),
-        needs_bootstrap,
-        sysroot: PathBuf::from(sysroot.trim()),
+    eprintln!("xtask: adding {} to the toolchain", missing.join(" and "));
+    run(Command::new("rustup")
+        .current_dir(crate::workspace_root())
+        .args(["component", "add"])
+        .args(&missing))
+    .with_context(|| {
+        format!(
+            "could not add {}: run `rustup component add {}`",
+            missing.join(", "),
+            missing.join(" ")
+        )
     })
 }
 
@@ -153,7 +124,16 @@ pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
         .and_then(|m| m.parse().ok())
         .with_context(|| format!("cannot read the LLVM major version from {libllvm}"))?;
 
-    let cache = cache_dir().join(format!("bpf-linker-{BPF_LINKER_VERSION}-{libllvm}"));
+    // Keyed by the toolchain too: the linker loads libLLVM through symlinks into
+    // that toolchain's sysroot, and one soname (`...-rust-1.97.0-nightly`) spans
+    // many nightlies.
+    let toolchain_dir = tc
+        .sysroot
+        .file_name()
+        .map_or_else(|| tc.name.clone(), |n| n.to_string_lossy().into_owned());
+    let cache = cache_dir().join(format!(
+        "bpf-linker-{BPF_LINKER_VERSION}-{toolchain_dir}-{libllvm}"
+    ));
     let bin_dir = cache.join("bin");
     let linker = bin_dir.join("bpf-linker");
     if linker.exists()
@@ -205,17 +185,4 @@ pub fn cache_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("/var/cache"))
         .join("hairpin")
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
