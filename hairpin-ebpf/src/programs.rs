@@ -144,6 +144,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+/// The kernel reads this section at load: "Dual MIT/GPL" is in its list of
+/// GPL-compatible licenses (`license_is_gpl_compatible`), so GPL-only helpers stay
+/// available. It matches the crate's `MIT OR GPL-2.0-only`.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
