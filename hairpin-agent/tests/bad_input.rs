@@ -386,7 +386,7 @@ fn digitalocean_without_annotations() -> Service {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/services/digitalocean.yaml");
     let text = fs::read_to_string(&path).expect("fixture");
-    let mut svc: Service = serde_yaml::from_str(&text).expect("a Service");
+    let mut svc: Service = yaml_serde::from_str(&text).expect("a Service");
     svc.metadata.annotations = Some(Default::default());
     svc
 }

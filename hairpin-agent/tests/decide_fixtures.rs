@@ -15,7 +15,7 @@ fn load(name: &str) -> Service {
         .join(name);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_yaml::from_str(&text)
+    yaml_serde::from_str(&text)
         .unwrap_or_else(|e| panic!("parsing {} as a Service: {e}", path.display()))
 }
 

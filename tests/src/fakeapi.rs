@@ -498,5 +498,5 @@ fn watch(
 pub fn fixture(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+    yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }

@@ -80,7 +80,7 @@ mod tests {
     use super::*;
 
     fn node(yaml: &str) -> Node {
-        serde_yaml::from_str(yaml).expect("node yaml")
+        yaml_serde::from_str(yaml).expect("node yaml")
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use serde_json::Value as Json;
-use serde_yaml::Value as Yaml;
+use yaml_serde::Value as Yaml;
 
 use super::{
     VARIANTS,
@@ -81,7 +81,7 @@ fn render_chart_template(src: &str, values: &Yaml, namespace: &str) -> String {
             ["eq", p, lit] => Yaml::Bool(scalar(&lookup(p)) == lit.trim_matches('"')),
             ["ne", p, lit] => Yaml::Bool(scalar(&lookup(p)) != lit.trim_matches('"')),
             ["toYaml", p] => {
-                let text = serde_yaml::to_string(&lookup(p)).expect("toYaml");
+                let text = yaml_serde::to_string(&lookup(p)).expect("toYaml");
                 Yaml::String(text.trim_end().to_string())
             }
             other => panic!("chart: unsupported expression {other:?}"),
@@ -133,7 +133,7 @@ fn render_chart_template(src: &str, values: &Yaml, namespace: &str) -> String {
 /// (dotted keys), in namespace hairpin-system.
 fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
     let mut values: Yaml =
-        serde_yaml::from_str(&read("deploy/chart/hairpin/values.yaml")).expect("values.yaml");
+        yaml_serde::from_str(&read("deploy/chart/hairpin/values.yaml")).expect("values.yaml");
     for (key, v) in set {
         let mut cur = &mut values;
         for k in key.split('.') {
@@ -199,7 +199,7 @@ fn chart_renders_what_kustomize_renders() {
         let set: Vec<(&str, Yaml)> = v
             .chart
             .iter()
-            .map(|(k, val)| (*k, serde_yaml::from_str(val).expect("a YAML value")))
+            .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
             .collect();
         let chart = render_chart(&set);
         parse_all(&chart, "chart");
@@ -241,7 +241,7 @@ fn no_env_refers_to_another() {
 
 #[test]
 fn chart_renderer_refuses_what_it_does_not_implement() {
-    let values: Yaml = serde_yaml::from_str("a: 1").expect("yaml");
+    let values: Yaml = yaml_serde::from_str("a: 1").expect("yaml");
     for src in [
         "{{ include \"x\" . }}",
         "{{ range .Values.a }}{{ end }}",

@@ -15,7 +15,7 @@ use k8s_openapi::api::{
 };
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use serde_yaml::Value as Yaml;
+use yaml_serde::Value as Yaml;
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -60,7 +60,7 @@ pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
 
 /// Splits a multi-document YAML stream into JSON values, dropping empty documents.
 pub fn docs(text: &str) -> Vec<Json> {
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|d| Yaml::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}")))
         .filter(|v| !v.is_null())
         .map(|v| serde_json::to_value(v).expect("YAML maps to JSON"))

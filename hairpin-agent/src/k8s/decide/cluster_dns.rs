@@ -79,7 +79,7 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+        yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {

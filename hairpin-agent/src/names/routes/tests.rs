@@ -15,13 +15,13 @@ struct List<T> {
 }
 
 fn ingresses() -> Vec<Ingress> {
-    serde_yaml::from_str::<List<Ingress>>(INGRESSES)
+    yaml_serde::from_str::<List<Ingress>>(INGRESSES)
         .expect("ingress fixture")
         .items
 }
 
 fn gateway_objects() -> (Vec<DynamicObject>, Vec<DynamicObject>) {
-    let items = serde_yaml::from_str::<List<DynamicObject>>(GATEWAYS)
+    let items = yaml_serde::from_str::<List<DynamicObject>>(GATEWAYS)
         .expect("gateway fixture")
         .items;
     items
