@@ -14,31 +14,35 @@ use std::path::Path;
 
 use hairpin_agent::{
     names::hostname::Hostname,
-    agent::frontends_file::{StaticSourceError, parse, parse_routes},
+    agent::frontends_file::{FrontendsFileError, parse, parse_routes},
 };
 use libfuzzer_sys::fuzz_target;
 
 const FILE: &str = "fuzz/frontends.yaml";
 
-fn check_error(e: &StaticSourceError) {
+fn check_error(e: &FrontendsFileError) {
     let msg = e.to_string();
     assert!(
         msg.starts_with(&format!("frontends file {FILE}: ")),
         "{msg}"
     );
     match e {
-        StaticSourceError::Invalid {
+        FrontendsFileError::Invalid {
             field, expected, ..
         } => {
             assert!(msg.contains(&format!("].{field}: ")), "{msg}");
             assert!(!expected.is_empty());
         }
-        StaticSourceError::InvalidHost { source, .. } => {
+        FrontendsFileError::InvalidHost { source, .. } => {
             assert!(msg.contains("].hosts["), "{msg}");
             assert!(msg.ends_with(&source.to_string()));
         }
-        StaticSourceError::Parse { message, .. } => assert!(!message.is_empty()),
-        StaticSourceError::Read { .. } => panic!("parsing text never reads"),
+        FrontendsFileError::Conflict { first, .. } => {
+            assert!(msg.contains("].ports["), "{msg}");
+            assert!(first.starts_with("frontends["), "{msg}");
+        }
+        FrontendsFileError::Parse { message, .. } => assert!(!message.is_empty()),
+        FrontendsFileError::Read { .. } => panic!("parsing text never reads"),
     }
 }
 
@@ -82,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         Err(e) => {
-            assert!(matches!(e, StaticSourceError::InvalidHost { .. }), "{e}");
+            assert!(matches!(e, FrontendsFileError::InvalidHost { .. }), "{e}");
             check_error(&e);
         }
     }

@@ -1,7 +1,15 @@
-//! The frontends hairpin proxies: which LoadBalancer (IP, TCP port) pairs need a
-//! PROXY header, and which version.
+//! The vocabulary every part of the agent shares: the frontends hairpin proxies
+//! (which LoadBalancer IP and TCP port need a PROXY header, and which version),
+//! the agent's `--mode`, and the paths that lead clients to a relay.
+//!
+//! Plain data; depends on nothing else in the crate.
 
-use std::{fmt, net::IpAddr, str::FromStr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -46,4 +54,273 @@ pub struct Frontend {
     pub version: ProxyVersion,
     /// What asked for it, for `status` and logs: `Service ns/name`, `file PATH`.
     pub source: String,
+}
+
+impl Frontend {
+    /// The LoadBalancer address, `ip:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
+    }
+}
+
+/// The frontends to proxy, at most one per LoadBalancer address.
+///
+/// Which frontend owns an `ip:port` is decided once, by the source that produced
+/// the set and with that source's rule (the oldest Service in the cluster; in the
+/// frontends file a second entry is an error). Everything downstream reads the
+/// decision from here instead of deciding again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frontends(BTreeMap<SocketAddr, Frontend>);
+
+impl Frontends {
+    /// No frontends.
+    pub fn new() -> Frontends {
+        Frontends::default()
+    }
+
+    /// Adds `frontend`; when its address is already owned, leaves the set as it
+    /// is and returns the owner, for the caller's rule to report.
+    pub fn insert(&mut self, frontend: Frontend) -> Result<(), &Frontend> {
+        use std::collections::btree_map::Entry;
+        match self.0.entry(frontend.addr()) {
+            Entry::Vacant(v) => {
+                v.insert(frontend);
+                Ok(())
+            }
+            Entry::Occupied(o) => Err(o.into_mut()),
+        }
+    }
+
+    /// The frontend that owns `addr`.
+    pub fn get(&self, addr: &SocketAddr) -> Option<&Frontend> {
+        self.0.get(addr)
+    }
+
+    /// Whether `addr` is owned.
+    pub fn contains(&self, addr: &SocketAddr) -> bool {
+        self.0.contains_key(addr)
+    }
+
+    /// The frontends on LoadBalancer IP `ip`, in port order.
+    pub fn on_ip(&self, ip: IpAddr) -> impl Iterator<Item = &Frontend> {
+        self.0
+            .range(SocketAddr::new(ip, 0)..=SocketAddr::new(ip, u16::MAX))
+            .map(|(_, f)| f)
+    }
+
+    /// The frontends in address order.
+    pub fn iter(&self) -> impl Iterator<Item = &Frontend> {
+        self.0.values()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a Frontends {
+    type Item = &'a Frontend;
+    type IntoIter = std::collections::btree_map::Values<'a, SocketAddr, Frontend>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.values()
+    }
+}
+
+/// `--mode`: which paths the agent may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// eBPF where it attaches; where it does not, the name relay with /etc/hosts.
+    Auto,
+    /// eBPF only: no name relay, no hosts file, no CoreDNS. Fails when it cannot attach.
+    Ebpf,
+    /// No eBPF at all (nothing loaded or attached): the name relay only.
+    Fallback,
+    /// eBPF and the name fallbacks together. Fails when eBPF cannot attach.
+    Both,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Auto => "auto",
+            Mode::Ebpf => "ebpf",
+            Mode::Fallback => "fallback",
+            Mode::Both => "both",
+        })
+    }
+}
+
+impl Mode {
+    /// Whether the programs are loaded and attached at all.
+    pub fn tries_ebpf(self) -> bool {
+        self != Mode::Fallback
+    }
+
+    /// Whether a load or attach failure stops the agent (rather than falling back).
+    pub fn requires_ebpf(self) -> bool {
+        matches!(self, Mode::Ebpf | Mode::Both)
+    }
+
+    /// Whether CoreDNS may be written in this mode (`ebpf` touches no DNS).
+    pub fn allows_names(self) -> bool {
+        self != Mode::Ebpf
+    }
+}
+
+/// A path that leads in-cluster clients to a relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LivePath {
+    /// The connect programs redirect LoadBalancer IPs to the per-frontend relay.
+    Ebpf,
+    /// The node's /etc/hosts block points names at the name relay.
+    Hosts,
+    /// CoreDNS rewrites point pods' names at the hairpin Service (the name relay).
+    Coredns,
+}
+
+impl LivePath {
+    /// The name used in `/status`, flags and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LivePath::Ebpf => "ebpf",
+            LivePath::Hosts => "hosts",
+            LivePath::Coredns => "coredns",
+        }
+    }
+
+    /// Whether this path goes through the name relay (every path but eBPF does).
+    pub fn is_name_path(self) -> bool {
+        self != LivePath::Ebpf
+    }
+}
+
+impl fmt::Display for LivePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LivePath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ebpf" => Ok(LivePath::Ebpf),
+            "hosts" => Ok(LivePath::Hosts),
+            "coredns" => Ok(LivePath::Coredns),
+            other => Err(format!("expected ebpf, hosts or coredns, got {other:?}")),
+        }
+    }
+}
+
+/// The paths that reach one frontend, in `/status` as one string: `ebpf,hosts`, or
+/// `none` when nothing leads clients to a relay.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Paths(pub Vec<LivePath>);
+
+impl Paths {
+    /// True when no path reaches the frontend.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<Vec<LivePath>> for Paths {
+    fn from(v: Vec<LivePath>) -> Paths {
+        Paths(v)
+    }
+}
+
+impl fmt::Display for Paths {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(p.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Paths {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "none" || s.is_empty() {
+            return Ok(Paths::default());
+        }
+        s.split(',')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map(Paths)
+    }
+}
+
+impl Serialize for Paths {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Paths {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frontend(addr: &str, version: ProxyVersion, source: &str) -> Frontend {
+        let a: SocketAddr = addr.parse().expect("addr");
+        Frontend {
+            ip: a.ip(),
+            port: a.port(),
+            version,
+            source: source.into(),
+        }
+    }
+
+    #[test]
+    fn an_address_has_one_owner_and_a_second_claim_names_it() {
+        let mut set = Frontends::new();
+        set.insert(frontend("203.0.113.10:80", ProxyVersion::V2, "first"))
+            .expect("free");
+        let owner = set
+            .insert(frontend("203.0.113.10:80", ProxyVersion::V1, "second"))
+            .expect_err("taken");
+        assert_eq!(owner.source, "first");
+        assert_eq!(set.len(), 1);
+        assert_eq!(
+            set.get(&"203.0.113.10:80".parse().expect("addr"))
+                .map(|f| f.version),
+            Some(ProxyVersion::V2)
+        );
+    }
+
+    #[test]
+    fn paths_read_and_write_as_status_spells_them() {
+        let both = Paths(vec![LivePath::Ebpf, LivePath::Hosts]);
+        assert_eq!(both.to_string(), "ebpf,hosts");
+        assert_eq!("ebpf,hosts".parse::<Paths>(), Ok(both.clone()));
+        assert_eq!(Paths::default().to_string(), "none");
+        assert_eq!("none".parse::<Paths>(), Ok(Paths::default()));
+        assert_eq!(
+            serde_json::to_string(&both).expect("json"),
+            "\"ebpf,hosts\""
+        );
+        assert!("ebpf,dns".parse::<Paths>().is_err());
+    }
 }

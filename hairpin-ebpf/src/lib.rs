@@ -5,6 +5,8 @@
 //! one side cannot silently misread the other.
 #![no_std]
 
+use core::net::{IpAddr, SocketAddr};
+
 /// ELF name of the cgroup/connect4 program.
 pub const PROG_CONNECT4: &str = "hairpin_connect4";
 /// ELF name of the cgroup/connect6 program.
@@ -66,6 +68,70 @@ pub struct Redirect {
     pub pad: u8,
 }
 
+/// An address as the programs see it in `bpf_sock_addr`: address words and port in
+/// network byte order, and the family. An IPv4 address occupies word 0.
+fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
+    let port = a.port().to_be();
+    match a.ip() {
+        IpAddr::V4(ip) => ([u32::from_ne_bytes(ip.octets()), 0, 0, 0], port, AF_INET),
+        IpAddr::V6(ip) => {
+            let o = ip.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], port, AF_INET6)
+        }
+    }
+}
+
+/// The inverse of [`encode`].
+fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
+    let port = u16::from_be(port);
+    if family == AF_INET {
+        SocketAddr::from((addr[0].to_ne_bytes(), port))
+    } else {
+        let mut o = [0u8; 16];
+        for (i, w) in addr.iter().enumerate() {
+            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        SocketAddr::from((o, port))
+    }
+}
+
+impl FrontendKey {
+    /// The key for the frontend `a` (LoadBalancer IP and TCP port).
+    pub fn new(a: SocketAddr) -> FrontendKey {
+        let (addr, port, family) = encode(a);
+        FrontendKey {
+            addr,
+            port,
+            family,
+            pad: 0,
+        }
+    }
+
+    /// The frontend this key names.
+    pub fn socket_addr(&self) -> SocketAddr {
+        decode(self.addr, self.port, self.family)
+    }
+}
+
+impl Redirect {
+    /// The value that rewrites a connect to the listener `a`.
+    pub fn new(a: SocketAddr) -> Redirect {
+        let (addr, port, family) = encode(a);
+        Redirect {
+            addr,
+            port,
+            family,
+            pad: 0,
+        }
+    }
+
+    /// The listener this value rewrites to.
+    pub fn socket_addr(&self) -> SocketAddr {
+        decode(self.addr, self.port, self.family)
+    }
+}
+
 /// Indices into [`MAP_COUNTERS`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +177,29 @@ mod tests {
         assert_eq!(align_of::<FrontendKey>(), 4);
         assert_eq!(size_of::<Redirect>(), 20);
         assert_eq!(align_of::<Redirect>(), 4);
+    }
+
+    #[test]
+    fn encoding_round_trips_both_families() {
+        for a in [
+            "203.0.113.10:443",
+            "[2001:db8::10]:80",
+            "[::ffff:192.0.2.1]:1",
+        ] {
+            let a: SocketAddr = a.parse().expect("addr");
+            assert_eq!(FrontendKey::new(a).socket_addr(), a);
+            assert_eq!(Redirect::new(a).socket_addr(), a);
+        }
+    }
+
+    #[test]
+    fn encoding_is_network_byte_order_like_bpf_sock_addr() {
+        let k = FrontendKey::new("203.0.113.10:80".parse().expect("addr"));
+        // The kernel's user_ip4 is the address bytes as they sit in memory.
+        assert_eq!(k.addr[0].to_ne_bytes(), [203, 0, 113, 10]);
+        assert_eq!(k.port.to_ne_bytes(), [0, 80]);
+        assert_eq!(k.family, AF_INET);
+        assert_eq!(k.pad, 0);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::{
 };
 
 use crate::{
-    agent::mode::Mode,
     k8s::coredns::{CorednsMode, CorednsObjects},
+    model::Mode,
     model::ProxyVersion,
     names::hostname::Hostname,
 };

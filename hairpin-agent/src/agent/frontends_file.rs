@@ -1,4 +1,4 @@
-//! The static frontends source, `--frontends FILE`: for running without an API
+//! The frontends file, `--frontends FILE`: the source for running without an API
 //! server (debugging, the demo, the datapath tests).
 //!
 //! ```yaml
@@ -10,11 +10,11 @@
 //!     hosts: [shop.example.com, "*.shop.example.com"]  # optional: names on this LB
 //! ```
 //!
-//! `hosts` feeds the name relay and the /etc/hosts block (see [`load_routes`]); a
-//! file without it reads exactly as before.
+//! `hosts` feeds the name relay and the /etc/hosts block. Each LoadBalancer
+//! address belongs to one entry: the same `ip` and port in two places is refused
+//! with both named, since the file's author must say which header that address gets.
 
 use std::{
-    collections::BTreeSet,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -22,7 +22,7 @@ use std::{
 use serde::Deserialize;
 
 use crate::{
-    model::{Frontend, ProxyVersion},
+    model::{Frontend, Frontends, ProxyVersion},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -31,7 +31,7 @@ use crate::{
 
 /// Errors reading or validating a frontends file.
 #[derive(Debug, thiserror::Error)]
-pub enum StaticSourceError {
+pub enum FrontendsFileError {
     /// The file could not be read.
     #[error("failed to read frontends file {path}: {source}")]
     Read {
@@ -59,6 +59,23 @@ pub enum StaticSourceError {
         field: &'static str,
         /// What was expected instead.
         expected: String,
+    },
+    /// Two entries name the same LoadBalancer address.
+    #[error(
+        "frontends file {path}: frontends[{index}].ports[{port_index}]: {addr} is already listed \
+         at {first}; list each ip and port once, with the proxyProtocol it needs"
+    )]
+    Conflict {
+        /// The file.
+        path: PathBuf,
+        /// Index of the second entry in `frontends`.
+        index: usize,
+        /// Index of the port in that entry's `ports`.
+        port_index: usize,
+        /// The address listed twice.
+        addr: std::net::SocketAddr,
+        /// Where it was listed first, as `frontends[I].ports[J]`.
+        first: String,
     },
     /// A name in an entry's `hosts` is not a valid hostname.
     #[error("frontends file {path}: frontends[{index}].hosts[{host_index}]: {source}")]
@@ -100,29 +117,41 @@ fn source_of(path: &Path, name: Option<&str>) -> String {
     }
 }
 
-/// Reads and validates `path`, returning the frontends sorted and deduplicated.
-pub fn load(path: &Path) -> Result<BTreeSet<Frontend>, StaticSourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StaticSourceError::Read {
+/// What one version of the file says: the frontends, and the names routed to them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FrontendsFile {
+    /// One frontend per LoadBalancer address.
+    pub frontends: Frontends,
+    /// The `hosts` names, each routed to its own entry's LB.
+    pub routes: NameRoutes,
+}
+
+/// Reads `path` once and parses it.
+pub fn load(path: &Path) -> Result<FrontendsFile, FrontendsFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FrontendsFileError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(path, &text)
+    parse_file(path, &text)
 }
 
-/// Parses the YAML `text` of the file at `path` (named in errors).
-pub fn parse(path: &Path, text: &str) -> Result<BTreeSet<Frontend>, StaticSourceError> {
-    let file: File = serde_yaml::from_str(text).map_err(|e| StaticSourceError::Parse {
+/// Parses the YAML `text` of the file at `path` (named in errors): frontends and
+/// routes from one parse, so both always come from the same version of the file.
+pub fn parse_file(path: &Path, text: &str) -> Result<FrontendsFile, FrontendsFileError> {
+    let file: File = yaml_serde::from_str(text).map_err(|e| FrontendsFileError::Parse {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    let invalid = |index, field, expected: &str| StaticSourceError::Invalid {
+    let invalid = |index, field, expected: &str| FrontendsFileError::Invalid {
         path: path.to_path_buf(),
         index,
         field,
         expected: expected.to_string(),
     };
-    let mut out = BTreeSet::new();
-    for (index, e) in file.frontends.into_iter().enumerate() {
+    let mut frontends = Frontends::new();
+    // Where each address was first listed, for the conflict error.
+    let mut listed = std::collections::BTreeMap::new();
+    for (index, e) in file.frontends.iter().enumerate() {
         let version: ProxyVersion = e
             .proxy_protocol
             .parse()
@@ -141,44 +170,36 @@ pub fn parse(path: &Path, text: &str) -> Result<BTreeSet<Frontend>, StaticSource
             return Err(invalid(index, "ports", "TCP ports from 1 to 65535, got 0"));
         }
         let source = source_of(path, e.name.as_deref());
-        for port in e.ports {
-            out.insert(Frontend {
+        for (port_index, &port) in e.ports.iter().enumerate() {
+            let frontend = Frontend {
                 ip: e.ip,
                 port,
                 version,
                 source: source.clone(),
-            });
+            };
+            let addr = frontend.addr();
+            if frontends.insert(frontend).is_err() {
+                return Err(FrontendsFileError::Conflict {
+                    path: path.to_path_buf(),
+                    index,
+                    port_index,
+                    addr,
+                    first: listed.get(&addr).cloned().unwrap_or_default(),
+                });
+            }
+            listed.insert(addr, format!("frontends[{index}].ports[{port_index}]"));
         }
     }
-    Ok(out)
-}
-
-/// Reads `path` and returns the name routes its entries' `hosts` lists ask for,
-/// each on its own entry's LB, ports and version.
-pub fn load_routes(path: &Path) -> Result<NameRoutes, StaticSourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StaticSourceError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_routes(path, &text)
-}
-
-/// Parses the `hosts` lists of the YAML `text` of the file at `path` into routes.
-pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, StaticSourceError> {
-    let frontends: Vec<Frontend> = parse(path, text)?.into_iter().collect();
-    let file: File = serde_yaml::from_str(text).map_err(|e| StaticSourceError::Parse {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
     let mut claims = Vec::new();
-    for (index, e) in file.frontends.into_iter().enumerate() {
+    for (index, e) in file.frontends.iter().enumerate() {
         for (host_index, value) in e.hosts.iter().enumerate() {
-            let host = Hostname::parse(value).map_err(|source| StaticSourceError::InvalidHost {
-                path: path.to_path_buf(),
-                index,
-                host_index,
-                source,
-            })?;
+            let host =
+                Hostname::parse(value).map_err(|source| FrontendsFileError::InvalidHost {
+                    path: path.to_path_buf(),
+                    index,
+                    host_index,
+                    source,
+                })?;
             claims.push(Claim {
                 created: None,
                 source: source_of(path, e.name.as_deref()),
@@ -188,14 +209,26 @@ pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, StaticSourceE
             });
         }
     }
-    Ok(resolve(claims, &frontends))
+    let routes = resolve(claims, &frontends);
+    Ok(FrontendsFile { frontends, routes })
+}
+
+/// The frontends of the YAML `text` of the file at `path`.
+pub fn parse(path: &Path, text: &str) -> Result<Frontends, FrontendsFileError> {
+    parse_file(path, text).map(|f| f.frontends)
+}
+
+/// The name routes the entries' `hosts` lists ask for, each on its own entry's LB,
+/// ports and version.
+pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, FrontendsFileError> {
+    parse_file(path, text).map(|f| f.routes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn p(text: &str) -> Result<BTreeSet<Frontend>, StaticSourceError> {
+    fn p(text: &str) -> Result<Frontends, FrontendsFileError> {
         parse(Path::new("f.yaml"), text)
     }
 
@@ -239,6 +272,28 @@ mod tests {
         assert!(err.contains("unknown field `port`"), "{err}");
         assert!(
             p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err()
+        );
+    }
+
+    #[test]
+    fn the_same_address_twice_is_refused_naming_both_entries() {
+        let err = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.10\n  ports: [443]\n  proxyProtocol: v2\n",
+        )
+        .expect_err("443 twice")
+        .to_string();
+        assert_eq!(
+            err,
+            "frontends file f.yaml: frontends[1].ports[0]: 203.0.113.10:443 is already listed at \
+             frontends[0].ports[1]; list each ip and port once, with the proxyProtocol it needs"
+        );
+        let err = p("frontends:\n- ip: 2001:db8::10\n  ports: [80, 80]\n  proxyProtocol: v1\n")
+            .expect_err("80 twice in one entry")
+            .to_string();
+        assert!(
+            err.contains("frontends[0].ports[1]: [2001:db8::10]:80 is already listed at frontends[0].ports[0]"),
+            "{err}"
         );
     }
 

@@ -1,251 +1,330 @@
-//! `hairpin-agent run`: the DaemonSet's main loop.
+//! `hairpin-agent run`: the DaemonSet's agent, from startup to shutdown.
 //!
-//! Startup order: sources first (a bad file or kubeconfig changes nothing), then the
-//! datapath as `--mode` allows, then the name relay as the resulting [`mode::Plan`]
-//! says, then the admin server; then apply every change until SIGTERM.
+//! [`Agent::start`] takes the source first (a bad file or kubeconfig changes
+//! nothing), then the datapath as `--mode` allows, then the name relay as the
+//! resulting [`mode::Plan`] says, then the admin server. [`Agent::apply`] makes what
+//! the source wants live, [`Agent::wait`] waits for the next reason to apply, and
+//! [`Agent::shutdown`] removes the redirects before it lets connections drain.
+//!
+//! Owns the order of those steps and turning flags into typed configs for the parts
+//! below it (k8s, names, relay, datapath, status); owns no protocol or kernel code
+//! of its own.
 
 pub mod args;
+pub mod clients;
 pub mod frontends_file;
 pub mod limits;
 pub mod mode;
 pub mod reconcile;
+pub mod report;
 pub mod source;
 
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    time::Interval,
+};
 use tracing::{debug, info, warn};
+
+use args::RunArgs;
+use mode::{Configured, EbpfOutcome, Plan};
+use reconcile::{
+    Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler, Trigger,
+};
+use report::NamePaths;
+use source::{Desired, DesiredRx};
 
 use crate::{
     datapath::{self, Datapath},
-    k8s,
-    k8s::coredns::{CorednsConfig, CorednsMode},
-    names::link as names_link,
-    names::relay::{NameRouting, NameRoutingConfig, ServiceListener},
-    relay::clients::ClientPolicy,
+    k8s::{
+        self,
+        coredns::{CorednsConfig, CorednsMode},
+        source::{SourceConfig, WriterConfig},
+    },
+    model::LivePath,
+    names::{
+        link as names_link,
+        relay::{NameRouting, NameRoutingConfig, ServiceListener},
+    },
     relay::{Relay, RelayConfig},
-    status::admin::{self, AdminConfig},
-    status::metrics::Metrics,
     status::{
-        AgentState, AttachmentStatus, ClientsStatus, HEARTBEAT_EVERY, ModeStatus, NamePaths,
-        NamesStatus,
+        AgentState, AttachmentStatus, HEARTBEAT_EVERY, ModeStatus, NamesStatus,
+        admin::{self, AdminConfig, AdminServer, KernelCounters},
+        metrics::Metrics,
     },
 };
-use args::RunArgs;
-use mode::{Configured, EbpfOutcome};
-use reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler};
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<()> {
-    let coredns = coredns_config(&args)?;
-    let node_v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
-    let node_v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
-    if node_v4.is_none() && node_v6.is_none() {
-        bail!("no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)");
-    }
-    let listen = if args.listen_addresses.is_empty() {
-        ListenAddresses {
-            v4: node_v4,
-            v6: node_v6,
-        }
-    } else {
-        ListenAddresses {
-            v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
-            v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
-        }
-    };
-    limits::raise_nofile_limit();
-    let metrics = Metrics::default();
-    limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
-    let state = AgentState::new(args.bypass_mark);
-    // Sources fail before anything is attached: a bad file or kubeconfig changes nothing.
-    let mut kube = None;
-    let (mut desired, source_name) = match &args.frontends {
-        Some(path) => {
-            let name = format!("file {}", path.display());
-            (
-                source::file_source(path, args.frontends_poll, state.clone(), name.clone())?,
-                name,
-            )
-        }
-        None => {
-            let name = "kubernetes".to_string();
-            let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
-            kube = Some(client.clone());
-            let rx = source::kubernetes_source(
-                client,
-                &args,
-                metrics.clone(),
-                state.clone(),
-                name.clone(),
-                coredns,
-            )?;
-            (rx, name)
-        }
-    };
-    state.register_source(&source_name);
-
-    let (datapath, outcome, cgroup) = start_datapath(&args)?;
-    let plan = mode::plan(
-        args.mode,
-        &outcome,
-        Configured {
-            hosts_file: args.hosts_file.is_some(),
-            coredns: args.coredns != CorednsMode::Off,
-        },
-    );
-    info!(mode = %args.mode, live = ?plan.live(), reason = %plan.reason, "paths decided");
-    state.update(|s| {
-        s.mode = Some(ModeStatus {
-            configured: args.mode,
-            live: plan.live(),
-            reason: plan.reason.clone(),
-        })
-    });
-
-    let relay_config = RelayConfig {
-        // Without programs nothing skips marked sockets, and setting a mark needs
-        // CAP_NET_ADMIN: leave it off.
-        bypass_mark: plan.ebpf.then_some(args.bypass_mark),
-        connect_timeout: args.connect_timeout,
-        node_ipv4: node_v4.and_then(|i| match i {
-            IpAddr::V4(v) => Some(v),
-            IpAddr::V6(_) => None,
-        }),
-        node_ipv6: node_v6.and_then(|i| match i {
-            IpAddr::V6(v) => Some(v),
-            IpAddr::V4(_) => None,
-        }),
-        clients: client_policy(&args, kube, &state).await,
-        buffer_size: 64 * 1024,
-        keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
-    };
-    let relay = Relay::new(relay_config.clone(), metrics.clone());
-    // The name relay listens only once a route exists, so an agent without names
-    // never takes ports 80/443.
-    let names_address = args.names_address.or(listen.v4).or(listen.v6);
-    let mut names = match names_address {
-        Some(address)
-            if plan.name_relay
-                && !(args.names_ports.0.is_empty() && args.names_service_ports.0.is_empty()) =>
-        {
-            let link_note = names_on_link(&args, address).await?;
-            state.update(|s| {
-                s.names = Some(NamesStatus {
-                    address: Some(address),
-                    link: args.names_link.clone(),
-                    link_note,
-                    hosts_file: args.hosts_file.clone().filter(|_| plan.hosts),
-                    ..NamesStatus::default()
-                })
-            });
-            Some(NameRouting::new(
-                NameRoutingConfig {
-                    address,
-                    ports: args.names_ports.0.clone(),
-                    service_listeners: service_listeners(&args, node_v4, node_v6),
-                    hosts_file: args.hosts_file.clone().filter(|_| plan.hosts),
-                    peek_timeout: Duration::from_secs(5),
-                },
-                relay_config,
-                metrics.clone(),
-            ))
-        }
-        _ => None,
-    };
-    let name_paths: Vec<String> = plan.live().into_iter().filter(|p| p != "ebpf").collect();
-    let mut rec = Reconciler::new(relay, datapath, listen);
-    if let (Some(d), Some(cgroup)) = (rec.datapath.as_ref(), cgroup.as_ref()) {
-        state.set_attachment(Some(AttachmentStatus {
-            cgroup: cgroup.clone(),
-            ids: d.kernel_ids(),
-        }));
-    }
-    // Up before the first sync: /healthz answers and /readyz says what it waits for.
-    let admin = admin::start(
-        &AdminConfig {
-            address: Some(args.admin_address),
-            socket: Some(args.admin_socket.clone()),
-        },
-        state.clone(),
-        metrics.clone(),
-    )
-    .await?;
-
-    let mut term = signal(SignalKind::terminate()).context("failed to handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("failed to handle SIGINT")?;
-    let mut ready = false;
-    let mut retry = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
-    let mut retry_in: Option<Duration> = None;
-    let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut agent = Agent::start(args).await?;
+    let mut trigger = Trigger::Change;
     loop {
-        // Apply what the source says now (None until it first synced).
-        let next = desired.borrow_and_update().clone();
-        if let Some(next) = next {
-            let started = Instant::now();
-            rec.apply(&next.frontends);
-            let mut relay_ip = None;
-            let mut failed_listeners = 0;
-            if let Some(n) = names.as_mut() {
-                n.update(&next.routes);
-                let listeners = n.listeners();
-                let failed = n.failed_listeners();
-                failed_listeners = failed.len();
-                relay_ip = listeners.first().map(|a| a.ip());
-                state.update(|s| {
-                    if let Some(st) = s.names.as_mut() {
-                        st.listeners = listeners;
-                        st.failed_listeners = failed;
-                        st.routes = next.routes.len();
-                    }
-                });
-            }
-            let took = started.elapsed();
-            metrics.observe_reconcile(took);
-            metrics.set_frontends(rec.active().count(), rec.failed().len());
-            let paths = NamePaths::new(name_paths.clone(), &next.routes, relay_ip);
-            state.record_apply(&rec, &next.frontends, &paths, took);
-            state.source_synced(&source_name);
-            // How long a change takes to apply at scale: `cargo xtask bench` reads this.
-            info!(
-                frontends = rec.active().count(),
-                failed = rec.failed().len(),
-                routes = next.routes.len(),
-                elapsed_ms = took.as_secs_f64() * 1e3,
-                "reconcile finished"
-            );
-            // A frontend that failed (no free listener port, a full map) and a name
-            // relay listener that could not bind are retried on their own, with
-            // backoff, instead of waiting for the next change.
-            retry_in = if rec.failed().is_empty() && failed_listeners == 0 {
-                retry.reset();
-                None
-            } else {
-                let d = retry.next_delay();
-                debug!(
-                    failed = rec.failed().len(),
-                    failed_listeners,
-                    retry_in = ?d,
-                    "failed frontends and listeners will be retried"
-                );
-                Some(d)
-            };
-            if !ready {
-                ready = true;
-                info!(
-                    live = ?plan.live(),
-                    frontends = rec.active().count(),
-                    failed = rec.failed().len(),
-                    "agent ready"
-                );
-            }
+        agent.apply(trigger);
+        match agent.wait().await {
+            Wake::Changed => trigger = Trigger::Change,
+            Wake::Retry => trigger = Trigger::Retry,
+            Wake::Stop => break,
         }
+    }
+    agent.shutdown().await;
+    Ok(())
+}
+
+/// Why [`Agent::wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// The source delivered a new desired state.
+    Changed,
+    /// Failed frontends or name listeners are due for a retry.
+    Retry,
+    /// SIGTERM, SIGINT, or the source ended.
+    Stop,
+}
+
+/// The running agent.
+pub struct Agent {
+    state: AgentState,
+    metrics: Metrics,
+    desired: DesiredRx,
+    source_name: String,
+    plan: Plan,
+    reconciler: Reconciler<Datapath, Relay>,
+    names: Option<NameRouting>,
+    admin: Option<AdminServer>,
+    drain_timeout: Duration,
+    signals: (Signal, Signal),
+    ready: bool,
+    retry: Backoff,
+    retry_in: Option<Duration>,
+    heartbeat: Interval,
+}
+
+impl Agent {
+    /// Starts everything in the order the module docs give; fails before anything
+    /// is attached when the source, the flags or the admin server are unusable.
+    pub async fn start(args: RunArgs) -> Result<Agent> {
+        let coredns = coredns_config(&args)?;
+        let node_v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
+        let node_v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
+        if node_v4.is_none() && node_v6.is_none() {
+            bail!(
+                "no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)"
+            );
+        }
+        let listen = if args.listen_addresses.is_empty() {
+            ListenAddresses {
+                v4: node_v4,
+                v6: node_v6,
+            }
+        } else {
+            ListenAddresses {
+                v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
+                v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
+            }
+        };
+        limits::raise_nofile_limit();
+        let metrics = Metrics::default();
+        limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
+        let state = AgentState::new(args.bypass_mark);
+        let signals = (
+            signal(SignalKind::terminate()).context("failed to handle SIGTERM")?,
+            signal(SignalKind::interrupt()).context("failed to handle SIGINT")?,
+        );
+
+        // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
+        let (desired, source_name, kube) = match &args.frontends {
+            Some(path) => {
+                let name = format!("file {}", path.display());
+                let rx = source::file(path, args.frontends_poll, state.clone(), name.clone())?;
+                (rx, name, None)
+            }
+            None => {
+                let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
+                let cfg = source_config(&args, coredns)?;
+                let name = cfg.name.clone();
+                let rx = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
+                (rx, name, Some(client))
+            }
+        };
+        state.register_source(&source_name);
+
+        let (datapath, outcome, cgroup) = start_datapath(&args)?;
+        let plan = mode::plan(
+            args.mode,
+            &outcome,
+            Configured {
+                hosts_file: args.hosts_file.is_some(),
+                coredns: args.coredns != CorednsMode::Off,
+            },
+        );
+        info!(mode = %args.mode, live = ?plan.live(), reason = %plan.reason, "paths decided");
+        state.update(|s| {
+            s.mode = Some(ModeStatus {
+                configured: args.mode,
+                live: plan.live(),
+                reason: plan.reason.clone(),
+            })
+        });
+        if let (Some(d), Some(cgroup)) = (datapath.as_ref(), cgroup) {
+            state.set_attachment(Some(AttachmentStatus {
+                cgroup,
+                ids: d.kernel_ids(),
+            }));
+        }
+
+        let relay_config = RelayConfig {
+            // Without programs nothing skips marked sockets, and setting a mark needs
+            // CAP_NET_ADMIN: leave it off.
+            bypass_mark: plan.ebpf.then_some(args.bypass_mark),
+            connect_timeout: args.connect_timeout,
+            node_ipv4: node_v4.and_then(|i| match i {
+                IpAddr::V4(v) => Some(v),
+                IpAddr::V6(_) => None,
+            }),
+            node_ipv6: node_v6.and_then(|i| match i {
+                IpAddr::V6(v) => Some(v),
+                IpAddr::V4(_) => None,
+            }),
+            clients: clients::policy(&args, kube, &state).await,
+            buffer_size: 64 * 1024,
+            keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
+        };
+        let names = start_names(
+            &args,
+            &plan,
+            listen,
+            node_v4,
+            node_v6,
+            &relay_config,
+            &metrics,
+            &state,
+        )
+        .await?;
+        let relay = Relay::new(relay_config, metrics.clone());
+        let reconciler = Reconciler::new(datapath, relay, listen);
+
+        // Up before the first sync: /healthz answers and /readyz says what it waits for.
+        let kernel: KernelCounters = Arc::new(|id| {
+            datapath::kernel::read_counters(id)
+                .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+                .map_err(|e| e.to_string())
+        });
+        let admin = admin::start(
+            &AdminConfig {
+                address: Some(args.admin_address),
+                socket: Some(args.admin_socket.clone()),
+            },
+            state.clone(),
+            metrics.clone(),
+            Some(kernel),
+        )
+        .await?;
+        let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Agent {
+            state,
+            metrics,
+            desired,
+            source_name,
+            plan,
+            reconciler,
+            names,
+            admin: Some(admin),
+            drain_timeout: args.drain_timeout,
+            signals,
+            ready: false,
+            retry: Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX),
+            retry_in: None,
+            heartbeat,
+        })
+    }
+
+    /// Makes what the source says now live (nothing before it first synced), and
+    /// reports it; arms the retry timer while something can still come right.
+    pub fn apply(&mut self, trigger: Trigger) {
+        let Some(next) = self.desired.borrow_and_update().clone() else {
+            return;
+        };
+        let started = Instant::now();
+        self.reconciler.apply(&next.frontends, trigger);
+        let (relay_ip, failed_listeners) = self.apply_names(&next);
+        let took = started.elapsed();
+        self.report(&next, relay_ip, took);
+        // A frontend that failed transiently (a port taken) and a name relay
+        // listener that could not bind are retried on their own, with backoff,
+        // instead of waiting for the next change.
+        self.retry_in = if !self.reconciler.has_transient_failures() && failed_listeners == 0 {
+            self.retry.reset();
+            None
+        } else {
+            let d = self.retry.next_delay();
+            debug!(failed = self.reconciler.failed().len(), failed_listeners, retry_in = ?d,
+                "failed frontends and listeners will be retried");
+            Some(d)
+        };
+        if !self.ready {
+            self.ready = true;
+            info!(
+                live = ?self.plan.live(),
+                frontends = self.reconciler.active().count(),
+                failed = self.reconciler.failed().len(),
+                "agent ready"
+            );
+        }
+    }
+
+    /// Routes names and starts name listeners; the relay's address and how many
+    /// listeners are still failing.
+    fn apply_names(&mut self, next: &Desired) -> (Option<IpAddr>, usize) {
+        let Some(n) = self.names.as_mut() else {
+            return (None, 0);
+        };
+        n.update(&next.routes);
+        let listeners = n.listeners();
+        let failed = n.failed_listeners();
+        let (relay_ip, count) = (listeners.first().map(|a| a.ip()), failed.len());
+        self.state.update(|s| {
+            if let Some(st) = s.names.as_mut() {
+                st.listeners = listeners;
+                st.failed_listeners = failed;
+                st.routes = next.routes.len();
+            }
+        });
+        (relay_ip, count)
+    }
+
+    fn report(&self, next: &Desired, relay_ip: Option<IpAddr>, took: Duration) {
+        let rec = &self.reconciler;
+        self.metrics.observe_reconcile(took);
+        self.metrics
+            .set_frontends(rec.active().count(), rec.failed().len());
+        let name_paths: Vec<LivePath> = self.plan.name_paths();
+        let paths = NamePaths::new(name_paths, &next.routes, relay_ip);
+        let statuses =
+            report::frontend_statuses(rec.active(), rec.failed(), &next.frontends, &paths);
+        self.state.record_frontends(statuses, took);
+        self.state.source_synced(&self.source_name);
+        // How long a change takes to apply at scale: `cargo xtask bench` reads this.
+        info!(
+            frontends = rec.active().count(),
+            failed = rec.failed().len(),
+            routes = next.routes.len(),
+            elapsed_ms = took.as_secs_f64() * 1e3,
+            "reconcile finished"
+        );
+    }
+
+    /// Waits for the next reason to apply, beating while idle so `/healthz` can
+    /// tell a stuck loop.
+    pub async fn wait(&mut self) -> Wake {
+        let retry_in = self.retry_in;
         let retry_timer = async {
             match retry_in {
                 Some(d) => tokio::time::sleep(d).await,
@@ -253,53 +332,76 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         };
         tokio::pin!(retry_timer);
-        // Wait for a change, beating while idle so /healthz can tell a stuck loop.
-        let stop = loop {
-            state.beat();
+        loop {
+            self.state.beat();
             tokio::select! {
-                _ = term.recv() => { info!("SIGTERM"); break true }
-                _ = int.recv() => { info!("SIGINT"); break true }
-                changed = desired.changed() => {
-                    if changed.is_err() { break true }
-                    retry.reset();
-                    break false;
+                _ = self.signals.0.recv() => { info!("SIGTERM"); return Wake::Stop }
+                _ = self.signals.1.recv() => { info!("SIGINT"); return Wake::Stop }
+                changed = self.desired.changed() => {
+                    if changed.is_err() { return Wake::Stop }
+                    self.retry.reset();
+                    return Wake::Changed;
                 }
                 () = &mut retry_timer => {
                     debug!("retrying failed frontends and listeners");
-                    break false;
+                    return Wake::Retry;
                 }
-                _ = heartbeat.tick() => {}
+                _ = self.heartbeat.tick() => {}
             }
-        };
-        if stop {
-            break;
         }
     }
 
-    // Stop redirecting first, so no new connection depends on this process...
-    if let Some(d) = rec.datapath.as_mut() {
-        d.detach();
-        state.set_attachment(None);
-        let counters: Vec<String> = d
-            .counters()
-            .into_iter()
-            .map(|(c, n)| format!("{}={n}", c.name()))
-            .collect();
-        info!(counters = %counters.join(" "), "kernel counters");
-        info!("redirects removed");
-    }
-    // ...then let the connections already relayed finish, within a bound. The name
-    // relay drains alongside; its hosts-file block and link address stay for the
-    // next agent (`hairpin-agent cleanup` removes them).
-    let names_drain = async {
-        if let Some(n) = names.as_mut() {
-            n.drain(args.drain_timeout).await;
+    /// Stops redirecting first, so no new connection depends on this process, then
+    /// lets the connections already relayed finish, within `--drain-timeout`. The
+    /// name relay drains alongside; its hosts-file block and link address stay for
+    /// the next agent (`hairpin-agent cleanup` removes them).
+    pub async fn shutdown(mut self) {
+        if let Some(d) = self.reconciler.map_mut() {
+            d.detach();
+            self.state.set_attachment(None);
+            let counters: Vec<String> = d
+                .counters()
+                .into_iter()
+                .map(|(c, n)| format!("{}={n}", c.name()))
+                .collect();
+            info!(counters = %counters.join(" "), "kernel counters");
+            info!("redirects removed");
         }
+        let deadline = self.drain_timeout;
+        let names_drain = async {
+            if let Some(n) = self.names.as_mut() {
+                n.drain(deadline).await;
+            }
+        };
+        let (left, ()) = tokio::join!(self.reconciler.listeners_mut().drain(deadline), names_drain);
+        if let Some(admin) = self.admin.take() {
+            admin.shutdown().await;
+        }
+        info!(left, "agent stopped");
+    }
+}
+
+/// The Kubernetes source's settings: a Lease and its writer only when something
+/// cluster-wide is written (Events, CoreDNS).
+fn source_config(args: &RunArgs, coredns: Option<CorednsConfig>) -> Result<SourceConfig> {
+    let writer = if args.events || coredns.is_some() {
+        Some(WriterConfig {
+            namespace: args.namespace.clone(),
+            lease: args.lease_name.clone(),
+            node: args.node_name()?,
+            events: args.events,
+            coredns,
+        })
+    } else {
+        None
     };
-    let (left, ()) = tokio::join!(rec.relay.drain(args.drain_timeout), names_drain);
-    admin.shutdown().await;
-    info!(left, "agent stopped");
-    Ok(())
+    Ok(SourceConfig {
+        defaults: k8s::Defaults {
+            proxy_protocol: args.default_proxy_protocol.0,
+        },
+        name: "kubernetes".into(),
+        writer,
+    })
 }
 
 /// The CoreDNS writer's settings, or `None` when it is off; refuses combinations
@@ -364,6 +466,53 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
     Ok((datapath, cgroup))
 }
 
+/// The name relay, when the plan runs one and ports are configured. It listens
+/// only once a route exists, so an agent without names never takes ports 80/443.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "startup wiring: each is one already-validated piece"
+)]
+async fn start_names(
+    args: &RunArgs,
+    plan: &Plan,
+    listen: ListenAddresses,
+    node_v4: Option<IpAddr>,
+    node_v6: Option<IpAddr>,
+    relay: &RelayConfig,
+    metrics: &Metrics,
+    state: &AgentState,
+) -> Result<Option<NameRouting>> {
+    let Some(address) = args.names_address.or(listen.v4).or(listen.v6) else {
+        return Ok(None);
+    };
+    if !plan.name_relay || (args.names_ports.0.is_empty() && args.names_service_ports.0.is_empty())
+    {
+        return Ok(None);
+    }
+    let link_note = names_on_link(args, address).await?;
+    let hosts_file = args.hosts_file.clone().filter(|_| plan.hosts);
+    state.update(|s| {
+        s.names = Some(NamesStatus {
+            address: Some(address),
+            link: args.names_link.clone(),
+            link_note,
+            hosts_file: hosts_file.clone(),
+            ..NamesStatus::default()
+        })
+    });
+    Ok(Some(NameRouting::new(
+        NameRoutingConfig {
+            address,
+            ports: args.names_ports.0.clone(),
+            service_listeners: service_listeners(args, node_v4, node_v6),
+            hosts_file,
+            peek_timeout: Duration::from_secs(5),
+        },
+        relay.clone(),
+        metrics.clone(),
+    )))
+}
+
 /// The name relay's listeners for the `hairpin` Service: every node IP at each
 /// target port (a hostNetwork pod's endpoints are the node's IPs).
 fn service_listeners(
@@ -394,83 +543,4 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
     let note = outcome.note(address);
     info!(link = outcome.link(), %address, "{note}");
     Ok(Some(note))
-}
-
-/// The relays' client policy: `--allowed-clients`, else this node's pod CIDRs from its
-/// Node object; plus this node's own addresses and loopback (host processes). Open,
-/// and said loudly (log, `status`, `doctor`), when neither gives a network: a wrong
-/// guess would refuse this node's own pods.
-async fn client_policy(
-    args: &RunArgs,
-    kube: Option<kube::Client>,
-    state: &AgentState,
-) -> ClientPolicy {
-    let (mut nets, source) = if !args.allowed_clients.is_empty() {
-        (
-            args.allowed_clients.clone(),
-            "--allowed-clients".to_string(),
-        )
-    } else {
-        match node_pod_cidrs(args, kube).await {
-            Ok((node, cidrs)) if !cidrs.is_empty() => (cidrs, format!("Node {node} spec.podCIDRs")),
-            Ok((node, _)) => {
-                let why = format!(
-                    "Node {node} has no spec.podCIDRs (the CNI allocates pod addresses itself, as \
-                     Calico and Cilium's cluster-pool IPAM do): set --allowed-clients to the pod CIDR"
-                );
-                return open_policy(state, why);
-            }
-            Err(why) => return open_policy(state, why),
-        }
-    };
-    let own = args
-        .node_ips
-        .iter()
-        .chain(&args.listen_addresses)
-        .chain(args.names_address.iter());
-    nets.extend(own.copied().map(ipnet::IpNet::from));
-    nets.extend(
-        ["127.0.0.0/8", "::1/128"]
-            .iter()
-            .filter_map(|n| n.parse::<ipnet::IpNet>().ok()),
-    );
-    let policy = ClientPolicy::new(nets);
-    info!(allowed = %policy, from = %source, "relay client policy");
-    state.update(|s| {
-        s.clients = Some(ClientsStatus {
-            allowed: policy.to_string(),
-            source: format!("{source}, this node's addresses and loopback"),
-        })
-    });
-    policy
-}
-
-/// This node's name and pod CIDRs, or why they cannot be had.
-async fn node_pod_cidrs(
-    args: &RunArgs,
-    kube: Option<kube::Client>,
-) -> Result<(String, Vec<ipnet::IpNet>), String> {
-    let Some(client) = kube else {
-        return Err("no --allowed-clients, and the frontends file gives no pod CIDRs".into());
-    };
-    let node = args.node_name().map_err(|e| format!("{e:#}"))?;
-    // Bounded: an API server that does not answer must not hold up the datapath.
-    match tokio::time::timeout(Duration::from_secs(10), k8s::node::pod_cidrs(client, &node)).await {
-        Ok(Ok(cidrs)) => Ok((node, cidrs)),
-        Ok(Err(e)) => Err(format!("no --allowed-clients, and {e}")),
-        Err(_) => Err(format!(
-            "no --allowed-clients, and Node {node} could not be read within 10 s"
-        )),
-    }
-}
-
-fn open_policy(state: &AgentState, why: String) -> ClientPolicy {
-    warn!(reason = %why, "relays serve any peer that reaches their listeners");
-    state.update(|s| {
-        s.clients = Some(ClientsStatus {
-            allowed: "any".into(),
-            source: why,
-        })
-    });
-    ClientPolicy::default()
 }

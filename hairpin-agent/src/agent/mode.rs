@@ -2,53 +2,9 @@
 //! redirect, the /etc/hosts block, CoreDNS rewrites (both through the name relay).
 //!
 //! Pure: the configured [`Mode`], what the datapath attempt came to and what is
-//! configured in, a [`Plan`] out. `run` follows the plan and `/status` shows it.
+//! configured in, a [`Plan`] out. The agent follows the plan and `/status` shows it.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
-/// `--mode`: which paths the agent may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// eBPF where it attaches; where it does not, the name relay with /etc/hosts.
-    Auto,
-    /// eBPF only: no name relay, no hosts file, no CoreDNS. Fails when it cannot attach.
-    Ebpf,
-    /// No eBPF at all (nothing loaded or attached): the name relay only.
-    Fallback,
-    /// eBPF and the name fallbacks together. Fails when eBPF cannot attach.
-    Both,
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Auto => "auto",
-            Mode::Ebpf => "ebpf",
-            Mode::Fallback => "fallback",
-            Mode::Both => "both",
-        })
-    }
-}
-
-impl Mode {
-    /// Whether the programs are loaded and attached at all.
-    pub fn tries_ebpf(self) -> bool {
-        self != Mode::Fallback
-    }
-
-    /// Whether a load or attach failure stops the agent (rather than falling back).
-    pub fn requires_ebpf(self) -> bool {
-        matches!(self, Mode::Ebpf | Mode::Both)
-    }
-
-    /// Whether CoreDNS may be written in this mode (`ebpf` touches no DNS).
-    pub fn allows_names(self) -> bool {
-        self != Mode::Ebpf
-    }
-}
+use crate::model::{LivePath, Mode};
 
 /// What loading and attaching the programs came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,17 +42,24 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The live paths by name, in a fixed order: `ebpf`, `hosts`, `coredns`.
-    pub fn live(&self) -> Vec<String> {
+    /// The live paths, in a fixed order: eBPF, hosts, CoreDNS.
+    pub fn live(&self) -> Vec<LivePath> {
         [
-            (self.ebpf, "ebpf"),
-            (self.hosts, "hosts"),
-            (self.coredns, "coredns"),
+            (self.ebpf, LivePath::Ebpf),
+            (self.hosts, LivePath::Hosts),
+            (self.coredns, LivePath::Coredns),
         ]
         .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, name)| name.to_string())
+        .filter_map(|(on, path)| on.then_some(path))
         .collect()
+    }
+
+    /// The live paths that go through the name relay.
+    pub fn name_paths(&self) -> Vec<LivePath> {
+        self.live()
+            .into_iter()
+            .filter(|p| p.is_name_path())
+            .collect()
     }
 }
 
@@ -191,17 +154,17 @@ mod tests {
     #[test]
     fn auto_uses_hosts_only_where_ebpf_fails() {
         let live = plan(Mode::Auto, &EbpfOutcome::Attached, ALL);
-        assert_eq!(live.live(), ["ebpf", "coredns"]);
+        assert_eq!(live.live(), [LivePath::Ebpf, LivePath::Coredns]);
         assert!(live.name_relay, "CoreDNS sends this node's pods here");
         let no_dns = Configured {
             coredns: false,
             ..ALL
         };
         let ebpf_only = plan(Mode::Auto, &EbpfOutcome::Attached, no_dns);
-        assert_eq!(ebpf_only.live(), ["ebpf"]);
+        assert_eq!(ebpf_only.live(), [LivePath::Ebpf]);
         assert!(!ebpf_only.name_relay);
         let failed = plan(Mode::Auto, &EbpfOutcome::Failed("EPERM".into()), no_dns);
-        assert_eq!(failed.live(), ["hosts"]);
+        assert_eq!(failed.live(), [LivePath::Hosts]);
         assert!(failed.name_relay);
         assert!(failed.reason.contains("EPERM"), "{}", failed.reason);
         assert!(failed.reason.contains("falling back"), "{}", failed.reason);
@@ -211,15 +174,15 @@ mod tests {
     fn explicit_modes() {
         assert_eq!(
             plan(Mode::Ebpf, &EbpfOutcome::Attached, ALL).live(),
-            ["ebpf"]
+            [LivePath::Ebpf]
         );
         assert_eq!(
             plan(Mode::Fallback, &EbpfOutcome::NotTried, ALL).live(),
-            ["hosts", "coredns"]
+            [LivePath::Hosts, LivePath::Coredns]
         );
         assert_eq!(
             plan(Mode::Both, &EbpfOutcome::Attached, ALL).live(),
-            ["ebpf", "hosts", "coredns"]
+            [LivePath::Ebpf, LivePath::Hosts, LivePath::Coredns]
         );
         let none = Configured {
             hosts_file: false,

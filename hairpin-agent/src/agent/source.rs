@@ -4,113 +4,65 @@
 //! synced once, so the agent never applies an empty set it did not mean.
 
 use std::{
-    collections::BTreeSet,
     path::{Path, PathBuf},
-    sync::Arc,
     time::{Duration, SystemTime},
 };
 
-use anyhow::Result;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
 };
 use tracing::{error, warn};
 
+use super::frontends_file::{self, FrontendsFile};
 use crate::{
-    agent::args::RunArgs,
-    agent::frontends_file as static_source,
-    k8s::{self, coredns::CorednsConfig},
-    model::Frontend,
+    k8s::{self, source::SourceConfig},
+    model::Frontends,
     names::routes::NameRoute,
-    status::metrics::Metrics,
-    status::{self, AgentState},
+    status::{AgentState, metrics::Metrics},
 };
 
 /// What a source says should exist.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
-    /// LoadBalancer frontends to redirect and relay.
-    pub frontends: BTreeSet<Frontend>,
+    /// LoadBalancer frontends to redirect and relay, one per address.
+    pub frontends: Frontends,
     /// Hostnames the name relay routes to their own LB (and /etc/hosts points at it).
     pub routes: Vec<NameRoute>,
 }
 
-/// The receiving end the main loop applies from.
+/// The receiving end the agent applies from.
 pub type DesiredRx = watch::Receiver<Option<Desired>>;
 
-/// The static source: the file now, then on every change.
-pub fn file_source(
+/// The frontends file now, then on every change; `name` is the source's name in
+/// `/status`. A file that does not load now is an error: nothing is attached yet.
+pub fn file(
     path: &Path,
     every: Duration,
     state: AgentState,
     name: String,
-) -> Result<DesiredRx> {
-    let initial = load_file(path)?;
+) -> Result<DesiredRx, frontends_file::FrontendsFileError> {
+    let initial = load(path)?;
     let (tx, rx) = watch::channel(Some(initial));
     tokio::spawn(watch_file(path.to_path_buf(), every, tx, state, name));
     Ok(rx)
 }
 
-/// The Kubernetes source: reflectors and the decision, the Lease, Events and the
-/// CoreDNS writer (`coredns`, when on). One Lease elects the one agent that writes
-/// both cluster-wide objects.
-pub fn kubernetes_source(
+/// The cluster, through [`k8s::source`]: decisions go to `/status` as they come,
+/// and the desired state once the Service list has synced.
+pub fn kubernetes(
     client: kube::Client,
-    args: &RunArgs,
+    cfg: SourceConfig,
     metrics: Metrics,
     state: AgentState,
-    name: String,
-    coredns: Option<CorednsConfig>,
-) -> Result<DesiredRx> {
-    let defaults = k8s::Defaults {
-        proxy_protocol: args.default_proxy_protocol.0,
-    };
-    let health_state = state.clone();
-    let health: k8s::watch::Health = Arc::new(move |resource, error| match error {
-        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
-        None => health_state.source_recovered(&name),
-    });
-    let source = k8s::watch::spawn(client.clone(), defaults, metrics, health);
-    if args.events || coredns.is_some() {
-        let node = args.node_name()?;
-        let (leader_tx, leader_rx) = watch::channel(false);
-        let lease = k8s::lease::LeaseConfig {
-            namespace: args.namespace.clone(),
-            name: args.lease_name.clone(),
-            identity: node.clone(),
-            duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-        };
-        tokio::spawn(k8s::lease::run(client.clone(), lease, leader_tx));
-        if args.events {
-            tokio::spawn(k8s::events::run(
-                client.clone(),
-                node.clone(),
-                source.services.clone(),
-                source.snapshot.clone(),
-                leader_rx.clone(),
-            ));
-        }
-        if let Some(cfg) = coredns {
-            tokio::spawn(k8s::coredns::task::run(
-                client,
-                cfg,
-                node,
-                routes_of(source.snapshot.clone()),
-                leader_rx,
-                state.clone(),
-                k8s::coredns::task::Timing::default(),
-            ));
-        }
-    }
+) -> DesiredRx {
+    let mut snapshot = k8s::source::spawn(client, cfg, metrics, state.clone());
     let (tx, rx) = watch::channel(None);
-    let mut snapshot = source.snapshot;
     tokio::spawn(async move {
         loop {
             let next = {
                 let s = snapshot.borrow_and_update();
-                let decisions = s.decisions.iter().map(status_decision).collect();
+                let decisions = s.decisions.iter().map(|d| d.to_status()).collect();
                 state.update(|st| {
                     st.decisions = decisions;
                     st.cluster_dns = s.cluster_dns.clone();
@@ -134,55 +86,11 @@ pub fn kubernetes_source(
             }
         }
     });
-    Ok(rx)
-}
-
-/// The routed hostnames of `snapshot`, `None` until it synced: the CoreDNS writer
-/// must never take "not listed yet" for "no names".
-fn routes_of(
-    mut snapshot: watch::Receiver<k8s::watch::KubeSnapshot>,
-) -> watch::Receiver<Option<Vec<NameRoute>>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        loop {
-            let next = {
-                let s = snapshot.borrow_and_update();
-                s.synced.then(|| s.routes.clone())
-            };
-            tx.send_if_modified(|cur| {
-                let modified = *cur != next;
-                if modified {
-                    *cur = next;
-                }
-                modified
-            });
-            if snapshot.changed().await.is_err() || tx.is_closed() {
-                return;
-            }
-        }
-    });
     rx
 }
 
-/// A Kubernetes decision in `/status`'s shape.
-fn status_decision(d: &k8s::watch::DecisionView) -> status::Decision {
-    let kind = if d.reason == "Proxied" {
-        "proxied"
-    } else if d.reason == "InvalidAnnotation" {
-        "invalid"
-    } else {
-        "skipped"
-    };
-    status::Decision {
-        object: d.object.clone(),
-        state: kind.into(),
-        reason: d.reason.clone(),
-        message: d.message.clone(),
-    }
-}
-
 /// Reloads the frontends file when its modification time or size changes, and on
-/// SIGHUP. A file that fails to parse keeps the last good set (fail static).
+/// SIGHUP. A file that fails to load keeps the last good set (fail static).
 async fn watch_file(
     path: PathBuf,
     every: Duration,
@@ -214,7 +122,7 @@ async fn watch_file(
             continue;
         }
         last = now;
-        match load_file(&path) {
+        match load(&path) {
             Ok(set) => {
                 if tx.send(Some(set)).is_err() {
                     return;
@@ -228,15 +136,14 @@ async fn watch_file(
     }
 }
 
-/// The frontends file, with the hostnames routed to its LBs.
-fn load_file(path: &Path) -> Result<Desired, static_source::StaticSourceError> {
-    let frontends = static_source::load(path)?;
-    let names = static_source::load_routes(path)?;
-    for skip in &names.skips {
+/// The frontends file, read and parsed once, with the hostnames routed to its LBs.
+fn load(path: &Path) -> Result<Desired, frontends_file::FrontendsFileError> {
+    let FrontendsFile { frontends, routes } = frontends_file::load(path)?;
+    for skip in &routes.skips {
         warn!(reason = ?skip.reason, "{}", skip.message);
     }
     Ok(Desired {
         frontends,
-        routes: names.routes,
+        routes: routes.routes,
     })
 }

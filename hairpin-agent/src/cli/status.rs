@@ -8,7 +8,8 @@ use super::{
     table::{Cell, Table, Tone, paint},
 };
 use crate::{
-    datapath::kernel::{self, ProgramIds},
+    datapath::kernel,
+    status::ProgramIds,
     status::{FrontendState, Snapshot},
 };
 
@@ -95,7 +96,15 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
         let live = if m.live.is_empty() {
             paint("none", Tone::Bad, colour)
         } else {
-            paint(&m.live.join(", "), Tone::Good, colour)
+            paint(
+                &m.live
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Tone::Good,
+                colour,
+            )
         };
         out.push_str(&format!(
             "mode        {} (live: {live}): {}\n",
@@ -225,7 +234,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         t.row(vec![
             std::net::SocketAddr::new(f.ip, f.port).to_string().into(),
             state,
-            f.path.as_str().into(),
+            f.path.to_string().into(),
             f.listener
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| "-".into())

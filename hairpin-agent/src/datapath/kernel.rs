@@ -11,6 +11,8 @@ use aya::{
 use hairpin_ebpf::{Counter, FrontendKey, MAP_COUNTERS, MAP_FRONTENDS, PROG_CONNECT4, Redirect};
 use serde::{Deserialize, Serialize};
 
+use crate::status::{KernelIds, ProgramIds};
+
 /// Errors reading kernel objects.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -50,30 +52,6 @@ impl KernelError {
 /// 15 bytes (`HAIRPIN_FRONTENDS` is `HAIRPIN_FRONTEN`; both programs are `hairpin_connect`).
 pub fn kernel_name(name: &str) -> &str {
     name.get(..15).unwrap_or(name)
-}
-
-/// One program with its links.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ProgramIds {
-    /// ELF name (`hairpin_connect4`), or the kernel's truncated one when found by listing.
-    pub name: String,
-    /// Kernel program id.
-    pub program_id: u32,
-    /// bpf_link ids attaching it.
-    pub link_ids: Vec<u32>,
-    /// Map ids it uses.
-    pub map_ids: Vec<u32>,
-}
-
-/// Kernel ids of one datapath: its programs and its two maps.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KernelIds {
-    /// connect4 and connect6.
-    pub programs: Vec<ProgramIds>,
-    /// Id of the frontends map.
-    pub frontends_map_id: Option<u32>,
-    /// Id of the counters map.
-    pub counters_map_id: Option<u32>,
 }
 
 /// One hairpin map found in the kernel.
@@ -223,12 +201,7 @@ pub fn read_frontends(id: u32) -> Result<Vec<(SocketAddr, SocketAddr)>, KernelEr
     let mut out: Vec<(SocketAddr, SocketAddr)> = map
         .iter()
         .filter_map(Result::ok)
-        .map(|(k, v)| {
-            (
-                crate::datapath::decode(k.addr, k.port, k.family),
-                crate::datapath::decode(v.addr, v.port, v.family),
-            )
-        })
+        .map(|(k, v)| (k.socket_addr(), v.socket_addr()))
         .collect();
     out.sort();
     Ok(out)

@@ -3,11 +3,14 @@
 //! frontend map. A link owned by the process disappears with it, so a crashed agent
 //! leaves no redirect behind.
 
+pub mod cgroup;
 pub mod kernel;
+
+pub use cgroup::find_cgroup2_root;
 
 use std::{
     fs::File,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
@@ -17,8 +20,8 @@ use aya::{
     programs::{CgroupAttachMode, CgroupSockAddr, cgroup_sock_addr::CgroupSockAddrLinkId},
 };
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, Counter, FrontendKey, GLOBAL_BYPASS_MARK, MAP_COUNTERS, MAP_FRONTENDS,
-    MAX_FRONTENDS, PROG_CONNECT4, PROG_CONNECT6, Redirect,
+    Counter, FrontendKey, GLOBAL_BYPASS_MARK, MAP_COUNTERS, MAP_FRONTENDS, MAX_FRONTENDS,
+    PROG_CONNECT4, PROG_CONNECT6, Redirect,
 };
 
 #[cfg(hairpin_ebpf_embedded)]
@@ -216,7 +219,7 @@ impl Datapath {
     }
 
     /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
-    pub fn kernel_ids(&self) -> crate::datapath::kernel::KernelIds {
+    pub fn kernel_ids(&self) -> crate::status::KernelIds {
         let infos: Vec<(&str, aya::programs::ProgramInfo)> = PROGRAMS
             .iter()
             .filter_map(|name| Some((*name, self.ebpf.program(name)?.info().ok()?)))
@@ -233,14 +236,10 @@ impl Datapath {
         if frontend.is_ipv4() != listener.is_ipv4() {
             return Err(DatapathError::FamilyMismatch { frontend, listener });
         }
-        let (addr, port, family) = encode(listener);
-        let value = Redirect {
-            addr,
-            port,
-            family,
-            pad: 0,
-        };
-        match self.frontends.insert(key(frontend), value, 0) {
+        match self
+            .frontends
+            .insert(FrontendKey::new(frontend), Redirect::new(listener), 0)
+        {
             Ok(()) => Ok(()),
             Err(e) if is_full(&e) => Err(DatapathError::MapFull {
                 frontend,
@@ -252,7 +251,7 @@ impl Datapath {
 
     /// Stops redirecting connects to `frontend`.
     pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
-        match self.frontends.remove(&key(frontend)) {
+        match self.frontends.remove(&FrontendKey::new(frontend)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(
                 source,
@@ -331,43 +330,6 @@ fn program_error(
     }
 }
 
-fn key(frontend: SocketAddr) -> FrontendKey {
-    let (addr, port, family) = encode(frontend);
-    FrontendKey {
-        addr,
-        port,
-        family,
-        pad: 0,
-    }
-}
-
-/// Address words and port in network byte order, as the programs see them.
-fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
-    let port = a.port().to_be();
-    match a.ip() {
-        IpAddr::V4(ip) => ([u32::from_ne_bytes(ip.octets()), 0, 0, 0], port, AF_INET),
-        IpAddr::V6(ip) => {
-            let o = ip.octets();
-            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
-            ([w(0), w(4), w(8), w(12)], port, AF_INET6)
-        }
-    }
-}
-
-/// The inverse of `encode`: a map key or value's address words back to an address.
-pub(crate) fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
-    let port = u16::from_be(port);
-    if family == AF_INET {
-        SocketAddr::from((addr[0].to_ne_bytes(), port))
-    } else {
-        let mut o = [0u8; 16];
-        for (i, w) in addr.iter().enumerate() {
-            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
-        }
-        SocketAddr::from((o, port))
-    }
-}
-
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so the load
 /// does not fail there with a misleading EPERM. Newer kernels ignore it.
 fn raise_memlock_limit() {
@@ -377,79 +339,9 @@ fn raise_memlock_limit() {
     }
 }
 
-/// Finds the cgroup v2 hierarchy's root mount in `mountinfo` (the text of
-/// /proc/self/mountinfo).
-///
-/// mountinfo shows each mount's root relative to the reader's cgroup namespace:
-/// `/` is the namespace's root (the node's root only outside a container's own
-/// cgroup namespace), `/../..` lies above it (the host's hierarchy mounted into a
-/// namespaced container by hostPath), and `/kubepods/...` is a subtree (a
-/// container's own cgroup without a cgroup namespace). The highest mount wins;
-/// subtrees never do. Among equals, /sys/fs/cgroup, then the shortest mount point.
-pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
-    let mut found: Vec<(usize, PathBuf)> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (pre, post) = line.split_once(" - ")?;
-            let fstype = post.split_whitespace().next()?;
-            let mut f = pre.split_whitespace();
-            let root = f.nth(3)?;
-            let mount_point = f.next()?;
-            if fstype != "cgroup2" {
-                return None;
-            }
-            let up = root
-                .split('/')
-                .filter(|c| !c.is_empty())
-                .take_while(|c| *c == "..")
-                .count();
-            let is_root_or_above = root.split('/').filter(|c| !c.is_empty()).all(|c| c == "..");
-            is_root_or_above.then(|| (up, PathBuf::from(unescape(mount_point))))
-        })
-        .collect();
-    found.sort_by_key(|(up, p)| {
-        (
-            std::cmp::Reverse(*up),
-            p != Path::new("/sys/fs/cgroup"),
-            p.as_os_str().len(),
-        )
-    });
-    found.into_iter().next().map(|(_, p)| p)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn encoding_round_trips_both_families() {
-        for a in [
-            "203.0.113.10:443",
-            "[2001:db8::10]:80",
-            "[::ffff:192.0.2.1]:1",
-        ] {
-            let a: SocketAddr = a.parse().expect("addr");
-            let (w, p, f) = encode(a);
-            assert_eq!(decode(w, p, f), a);
-        }
-    }
-
-    #[test]
-    fn encoding_is_network_byte_order_like_bpf_sock_addr() {
-        let (w, p, f) = encode("203.0.113.10:80".parse().expect("addr"));
-        // The kernel's user_ip4 is the address bytes as they sit in memory.
-        assert_eq!(w[0].to_ne_bytes(), [203, 0, 113, 10]);
-        assert_eq!(p.to_ne_bytes(), [0, 80]);
-        assert_eq!(f, AF_INET);
-    }
 
     #[test]
     fn a_full_map_is_told_apart_from_other_insert_failures() {
@@ -470,54 +362,6 @@ mod tests {
             e.to_string(),
             "the frontend map is full (64 entries, --max-frontends): 203.0.113.10:443 is not \
              proxied and takes the pre-hairpin path"
-        );
-    }
-
-    #[test]
-    fn finds_the_unified_hierarchy_beside_v1_controllers() {
-        let mi = "\
-25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
-26 25 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
-33 25 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
-";
-        assert_eq!(
-            find_cgroup2_root(mi),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-    }
-
-    #[test]
-    fn in_a_private_cgroup_namespace_the_hosts_hierarchy_wins() {
-        // The container runtime's own cgroup2 mount shows `/` (the namespace root);
-        // the hostPath mount of the node's /sys/fs/cgroup lies above it.
-        let mi = "\
-50 40 0:30 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw
-51 40 0:30 /../../.. /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw
-";
-        assert_eq!(
-            find_cgroup2_root(mi),
-            Some(PathBuf::from("/host/sys/fs/cgroup"))
-        );
-    }
-
-    #[test]
-    fn skips_a_namespaced_cgroup_root_and_prefers_sys_fs_cgroup() {
-        let mi = "\
-40 30 0:30 /kubepods/pod1/ctr /sys/fs/cgroup ro - cgroup2 cgroup2 rw
-41 30 0:30 / /host/sys\\040fs/cgroup rw - cgroup2 cgroup2 rw
-";
-        assert_eq!(
-            find_cgroup2_root(mi),
-            Some(PathBuf::from("/host/sys fs/cgroup"))
-        );
-        let mi = "\
-1 0 0:30 / /run/cilium/cgroupv2 rw - cgroup2 cgroup2 rw
-2 0 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
-";
-        assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(
-            find_cgroup2_root("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
-            None
         );
     }
 }

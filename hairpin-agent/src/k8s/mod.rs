@@ -13,6 +13,7 @@ pub mod decide;
 pub mod events;
 pub mod lease;
 pub mod node;
+pub mod source;
 pub mod watch;
 
 pub use decide::{

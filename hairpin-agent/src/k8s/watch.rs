@@ -5,7 +5,7 @@
 //! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
 //! list completes), so an API server that goes away never empties the frontends.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
@@ -26,9 +26,9 @@ use super::decide::{
     Decision, Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
 };
 use crate::{
-    model::Frontend,
+    model::Frontends,
     names::routes::{NameRoute, name_routes},
-    status::metrics::Metrics,
+    status::{self, DecisionState, metrics::Metrics},
 };
 
 /// What the cluster says, as of the last change.
@@ -36,8 +36,8 @@ use crate::{
 pub struct KubeSnapshot {
     /// True once the Service list has been received at least once.
     pub synced: bool,
-    /// The frontends to proxy.
-    pub frontends: BTreeSet<Frontend>,
+    /// The frontends to proxy, one per LB address (the oldest Service owns it).
+    pub frontends: Frontends,
     /// One decision per LoadBalancer Service, for `status` and Events.
     pub decisions: Vec<DecisionView>,
     /// Ingress and Gateway API hostnames routed to their own proxied LB, for the
@@ -54,6 +54,8 @@ pub struct KubeSnapshot {
 pub struct DecisionView {
     /// `Service namespace/name`.
     pub object: String,
+    /// What was decided, in one word.
+    pub state: DecisionState,
     /// CamelCase reason (`Proxied`, `SkippedIpModeProxy`, `InvalidAnnotation`, ...).
     pub reason: String,
     /// Human sentence.
@@ -63,9 +65,24 @@ pub struct DecisionView {
 }
 
 impl DecisionView {
+    /// The decision as `/status` lists it.
+    pub fn to_status(&self) -> status::Decision {
+        status::Decision {
+            object: self.object.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            message: self.message.clone(),
+        }
+    }
+
     fn from(d: &Decision) -> DecisionView {
         DecisionView {
             object: format!("Service {}", d.service),
+            state: match d.outcome {
+                Outcome::Proxied => DecisionState::Proxied,
+                Outcome::Skipped(_) => DecisionState::Skipped,
+                Outcome::Invalid(_) => DecisionState::Invalid,
+            },
             reason: d.reason().to_string(),
             message: d.summary(),
             warning: d.is_warning(),
@@ -294,7 +311,7 @@ async fn decide_loop(
             route_skips: names.skips.iter().map(|s| s.message.clone()).collect(),
             synced: true,
             cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
-            frontends: desired.frontends.into_iter().collect(),
+            frontends: desired.frontends,
             decisions: desired
                 .decisions
                 .iter()

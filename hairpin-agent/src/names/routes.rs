@@ -17,7 +17,7 @@ use k8s_openapi::{api::networking::v1::Ingress, apimachinery::pkg::apis::meta::v
 use kube::api::DynamicObject;
 
 use super::hostname::Hostname;
-use crate::model::{Frontend, ProxyVersion};
+use crate::model::{Frontends, ProxyVersion};
 
 pub use super::gateway::gateway_claims;
 pub use super::ingress::ingress_claims;
@@ -99,7 +99,7 @@ pub struct NameRoutes {
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
 /// by path on one controller is ordinary); claimed on different LBs by another
 /// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
-pub fn resolve(mut claims: Vec<Claim>, frontends: &[Frontend]) -> NameRoutes {
+pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
     claims.sort_by(|a, b| {
         (a.created.is_none(), &a.created, &a.source, &a.field).cmp(&(
             b.created.is_none(),
@@ -191,7 +191,7 @@ pub fn name_routes<'a>(
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateways: impl IntoIterator<Item = &'a DynamicObject>,
     routes: impl IntoIterator<Item = &'a DynamicObject>,
-    frontends: &[Frontend],
+    frontends: &Frontends,
 ) -> NameRoutes {
     let mut claims = Vec::new();
     let mut skips = Vec::new();
@@ -217,14 +217,11 @@ fn join(ips: &BTreeSet<IpAddr>) -> String {
 }
 
 /// The proxied ports of `lb`, grouped by header version.
-fn ports_by_version(lb: IpAddr, frontends: &[Frontend]) -> BTreeMap<ProxyVersion, Vec<u16>> {
+fn ports_by_version(lb: IpAddr, frontends: &Frontends) -> BTreeMap<ProxyVersion, Vec<u16>> {
     let mut out: BTreeMap<ProxyVersion, Vec<u16>> = BTreeMap::new();
-    for f in frontends.iter().filter(|f| f.ip == lb) {
+    // In port order and one per port: the set owns each address once.
+    for f in frontends.on_ip(lb) {
         out.entry(f.version).or_default().push(f.port);
-    }
-    for ports in out.values_mut() {
-        ports.sort_unstable();
-        ports.dedup();
     }
     out
 }

@@ -3,10 +3,12 @@
 //! root on the node reads `/status`). The node CLI talks to either.
 
 use std::{
+    collections::BTreeMap,
     io,
     net::SocketAddr,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Instant,
 };
 
@@ -21,11 +23,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
-use crate::{
-    datapath::kernel,
-    status::metrics::Metrics,
-    status::{AgentState, RUN_LOOP_STALL},
-};
+use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics};
 
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -65,10 +63,16 @@ pub enum AdminError {
     InUse(PathBuf),
 }
 
+/// Reads the programs' counters from the counters map with this kernel id, per
+/// `/status` request (they move without the agent noticing). Given by whoever
+/// owns the datapath, so this server needs no BPF code of its own.
+pub type KernelCounters = Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, String> + Send + Sync>;
+
 #[derive(Clone)]
 struct Shared {
     state: AgentState,
     metrics: Metrics,
+    kernel: Option<KernelCounters>,
 }
 
 /// The running admin server; [`AdminServer::shutdown`] stops it and removes the socket.
@@ -80,14 +84,18 @@ pub struct AdminServer {
     pub local_addr: Option<SocketAddr>,
 }
 
-/// The routes, over `state` and `metrics`.
-pub fn router(state: AgentState, metrics: Metrics) -> Router {
+/// The routes, over `state` and `metrics`; `kernel` reads the programs' counters.
+pub fn router(state: AgentState, metrics: Metrics, kernel: Option<KernelCounters>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/status", get(status))
-        .with_state(Shared { state, metrics })
+        .with_state(Shared {
+            state,
+            metrics,
+            kernel,
+        })
 }
 
 /// Binds both listeners and serves them until [`AdminServer::shutdown`].
@@ -95,8 +103,9 @@ pub async fn start(
     cfg: &AdminConfig,
     state: AgentState,
     metrics: Metrics,
+    kernel: Option<KernelCounters>,
 ) -> Result<AdminServer, AdminError> {
-    let app = router(state, metrics);
+    let app = router(state, metrics, kernel);
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     let mut local_addr = None;
@@ -191,7 +200,7 @@ fn stalled(state: &AgentState) -> Option<std::time::Duration> {
 }
 
 /// The snapshot with what is read per request: the run loop's liveness.
-fn live_snapshot(state: &AgentState) -> crate::status::Snapshot {
+fn live_snapshot(state: &AgentState) -> Snapshot {
     let mut snap = state.snapshot();
     snap.run_loop_stalled_secs = stalled(state).map(|d| d.as_secs());
     snap
@@ -215,11 +224,10 @@ async fn metrics_text(State(s): State<Shared>) -> Response {
 async fn status(State(s): State<Shared>) -> Response {
     let mut snap = live_snapshot(&s.state);
     // Read per request: the kernel's counters move without the agent noticing.
-    if let Some(id) = snap.attachment.as_ref().and_then(|a| a.ids.counters_map_id) {
-        match kernel::read_counters(id) {
-            Ok(c) => {
-                snap.counters.kernel = c.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
-            }
+    let id = snap.attachment.as_ref().and_then(|a| a.ids.counters_map_id);
+    if let (Some(id), Some(read)) = (id, &s.kernel) {
+        match read(id) {
+            Ok(c) => snap.counters.kernel = c,
             Err(e) => warn!(error = %e, "could not read kernel counters"),
         }
     }

@@ -9,7 +9,7 @@ pub mod admin;
 pub mod metrics;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError, RwLock},
@@ -18,14 +18,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    agent::reconcile::Reconciler,
-    datapath::kernel::KernelIds,
-    model::{Frontend, ProxyVersion},
-};
+use crate::model::{LivePath, Paths, ProxyVersion};
 
 mod paths;
-pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamePaths, NamesStatus, join_paths};
+pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamesStatus};
 
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
 #[derive(Clone, Debug, Default)]
@@ -115,6 +111,30 @@ pub struct AttachmentStatus {
     pub ids: KernelIds,
 }
 
+/// One program with its links.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgramIds {
+    /// ELF name (`hairpin_connect4`), or the kernel's truncated one when found by listing.
+    pub name: String,
+    /// Kernel program id.
+    pub program_id: u32,
+    /// bpf_link ids attaching it.
+    pub link_ids: Vec<u32>,
+    /// Map ids it uses.
+    pub map_ids: Vec<u32>,
+}
+
+/// Kernel ids of one datapath: its programs and its two maps.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelIds {
+    /// connect4 and connect6.
+    pub programs: Vec<ProgramIds>,
+    /// Id of the frontends map.
+    pub frontends_map_id: Option<u32>,
+    /// Id of the counters map.
+    pub counters_map_id: Option<u32>,
+}
+
 /// Whether a frontend is proxied now.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -144,9 +164,32 @@ pub struct FrontendStatus {
     pub listener: Option<SocketAddr>,
     /// Why it failed.
     pub reason: Option<String>,
+    /// When a failed frontend is tried again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
     /// How in-cluster clients reach a relay: `ebpf`, `hosts`, `coredns` joined by
     /// commas (`ebpf,hosts`), or `none` when nothing leads them to one.
-    pub path: String,
+    pub path: Paths,
+}
+
+/// When a failed frontend is tried again.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryPolicy {
+    /// Soon, with backoff (1 s doubling to 30 s): the cause may pass by itself.
+    Backoff,
+    /// At the next change of the desired frontends: retrying alone cannot fix it.
+    OnChange,
+}
+
+impl RetryPolicy {
+    /// How `status` says it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RetryPolicy::Backoff => "retrying with backoff",
+            RetryPolicy::OnChange => "waits for a change",
+        }
+    }
 }
 
 /// Counters, summed over CPUs.
@@ -198,13 +241,36 @@ pub struct ReconcileStatus {
     pub duration_ms: f64,
 }
 
+/// What was decided for an object, in one word.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DecisionState {
+    /// At least one of its frontends is proxied.
+    Proxied,
+    /// Nothing of it is proxied, for the reason given.
+    Skipped,
+    /// An annotation of ours is invalid; skipped until it is fixed.
+    Invalid,
+}
+
+impl DecisionState {
+    /// The word `/status` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionState::Proxied => "proxied",
+            DecisionState::Skipped => "skipped",
+            DecisionState::Invalid => "invalid",
+        }
+    }
+}
+
 /// One decision about a Kubernetes object, as its producer words it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Decision {
     /// `Service ns/name` and the like.
     pub object: String,
-    /// Short machine-readable state (`proxied`, `skipped`, ...).
-    pub state: String,
+    /// What was decided.
+    pub state: DecisionState,
     /// Short machine-readable reason (`IPModeProxy`, `NoProxyProtocol`, ...).
     pub reason: String,
     /// Human sentence.
@@ -270,73 +336,9 @@ impl AgentState {
         self.update(|s| s.attachment = attachment);
     }
 
-    /// Records the reconciler's frontends after applying `desired`, which took `took`;
-    /// `names` says which of them the name relay reaches besides (or instead of) eBPF.
-    pub fn record_apply(
-        &self,
-        rec: &Reconciler,
-        desired: &BTreeSet<Frontend>,
-        names: &NamePaths,
-        took: Duration,
-    ) {
-        let mut frontends: Vec<FrontendStatus> = rec
-            .active()
-            .map(|a| {
-                let addr = SocketAddr::new(a.frontend.ip, a.frontend.port);
-                let mut path = vec!["ebpf".to_string()];
-                path.extend(names.for_frontend(addr));
-                FrontendStatus {
-                    ip: a.frontend.ip,
-                    port: a.frontend.port,
-                    version: a.frontend.version,
-                    source: a.frontend.source.clone(),
-                    state: FrontendState::Active,
-                    listener: Some(a.listener),
-                    reason: None,
-                    path: join_paths(&path),
-                }
-            })
-            .collect();
-        // The reconciler keeps only the reason; the rest comes from what was asked for.
-        // The first frontend for an address is the one the reconciler tried (set order).
-        let mut seen: BTreeSet<SocketAddr> = rec
-            .active()
-            .map(|a| SocketAddr::new(a.frontend.ip, a.frontend.port))
-            .collect();
-        for f in desired {
-            let addr = SocketAddr::new(f.ip, f.port);
-            if !seen.insert(addr) {
-                continue;
-            }
-            let by_name = names.for_frontend(addr);
-            let (state, reason) = match (rec.failed().get(&addr), by_name.is_empty()) {
-                (Some(reason), _) => (FrontendState::Failed, reason.clone()),
-                // Not tried: without a datapath the reconciler makes nothing live.
-                (None, false) => (
-                    FrontendState::Fallback,
-                    "eBPF is not live on this node: clients using its names reach the name relay"
-                        .to_string(),
-                ),
-                (None, true) => (
-                    FrontendState::Failed,
-                    "eBPF is not live on this node and no name routed to this address is published \
-                     through /etc/hosts or CoreDNS: clients take the pre-hairpin path"
-                        .to_string(),
-                ),
-            };
-            frontends.push(FrontendStatus {
-                ip: f.ip,
-                port: f.port,
-                version: f.version,
-                source: f.source.clone(),
-                state,
-                listener: (state == FrontendState::Fallback)
-                    .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
-                    .flatten(),
-                reason: Some(reason),
-                path: join_paths(&by_name),
-            });
-        }
+    /// Records every frontend asked for and how it stands, after an apply that
+    /// took `took`.
+    pub fn record_frontends(&self, mut frontends: Vec<FrontendStatus>, took: Duration) {
         frontends.sort_by_key(|f| (f.ip, f.port));
         self.update(|s| {
             s.frontends = frontends;
@@ -404,7 +406,7 @@ impl Snapshot {
         let wants_programs = self
             .mode
             .as_ref()
-            .is_none_or(|m| m.live.iter().any(|p| p == "ebpf"));
+            .is_none_or(|m| m.live.contains(&LivePath::Ebpf));
         if wants_programs && self.attachment.is_none() {
             return Some("programs are not attached".into());
         }

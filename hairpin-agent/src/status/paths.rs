@@ -1,23 +1,22 @@
 //! The parts of `/status` about which path is live: the mode, the name relay and
-//! the CoreDNS writer, and how each frontend is reached. Re-exported by `state`.
+//! the CoreDNS writer.
 
 use std::{
-    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
 };
 
 use serde::{Deserialize, Serialize};
 
-use crate::{agent::mode::Mode, names::routes::NameRoute};
+use crate::model::{LivePath, Mode};
 
 /// Which paths are live on this node, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ModeStatus {
     /// `--mode` as given.
     pub configured: Mode,
-    /// The live paths: `ebpf`, `hosts`, `coredns` (empty when none is).
-    pub live: Vec<String>,
+    /// The live paths (empty when none is).
+    pub live: Vec<LivePath>,
     /// Why, in one sentence (the attach error when `auto` fell back).
     pub reason: String,
 }
@@ -71,85 +70,4 @@ pub struct CorednsStatus {
     pub last_error: Option<String>,
     /// Warning when node-local-dns is installed (its answers bypass CoreDNS rewrites).
     pub node_local_dns: Option<String>,
-}
-
-/// How clients reach the name relay: the live name paths and the LB ports names route to.
-#[derive(Clone, Debug, Default)]
-pub struct NamePaths {
-    /// Live name paths: `hosts`, `coredns`.
-    pub live: Vec<String>,
-    /// The LB addresses at least one routed name leads to.
-    pub routed: BTreeSet<SocketAddr>,
-    /// The name relay's address, when it listens.
-    pub relay: Option<IpAddr>,
-}
-
-impl NamePaths {
-    /// The paths for `routes` with `live` name paths (empty when the name relay is off).
-    pub fn new(live: Vec<String>, routes: &[NameRoute], relay: Option<IpAddr>) -> NamePaths {
-        let routed = routes
-            .iter()
-            .flat_map(|r| r.ports.iter().map(|p| SocketAddr::new(r.lb, *p)))
-            .collect();
-        NamePaths {
-            live,
-            routed,
-            relay,
-        }
-    }
-
-    /// The name paths reaching LB address `addr`, if any.
-    pub fn for_frontend(&self, addr: SocketAddr) -> Vec<String> {
-        if self.relay.is_some() && self.routed.contains(&addr) {
-            self.live.clone()
-        } else {
-            Vec::new()
-        }
-    }
-}
-
-/// `ebpf,hosts`, or `none` when nothing leads clients to a relay.
-pub fn join_paths(paths: &[String]) -> String {
-    if paths.is_empty() {
-        "none".into()
-    } else {
-        paths.join(",")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{model::ProxyVersion, names::hostname::Hostname};
-
-    #[test]
-    fn frontends_are_reached_by_the_name_paths_of_their_routes() {
-        let routes = [NameRoute {
-            host: Hostname::parse("a.example.com").expect("name"),
-            lb: "203.0.113.10".parse().expect("ip"),
-            ports: vec![80],
-            version: ProxyVersion::V1,
-            source: "test".into(),
-        }];
-        let p = NamePaths::new(
-            vec!["hosts".into()],
-            &routes,
-            Some("169.254.20.11".parse().expect("ip")),
-        );
-        assert_eq!(
-            p.for_frontend("203.0.113.10:80".parse().expect("a")),
-            ["hosts"]
-        );
-        assert!(
-            p.for_frontend("203.0.113.10:81".parse().expect("a"))
-                .is_empty()
-        );
-        assert_eq!(join_paths(&[]), "none");
-        assert_eq!(join_paths(&["ebpf".into(), "hosts".into()]), "ebpf,hosts");
-        let off = NamePaths::new(vec!["hosts".into()], &routes, None);
-        assert!(
-            off.for_frontend("203.0.113.10:80".parse().expect("a"))
-                .is_empty()
-        );
-    }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::model::{LivePath, Mode, Paths};
 
 fn attached() -> AttachmentStatus {
     AttachmentStatus {
@@ -54,7 +55,7 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
     state.update(|s| {
         s.decisions.push(Decision {
             object: "Service ingress-nginx/controller".into(),
-            state: "skipped".into(),
+            state: DecisionState::Skipped,
             reason: "IPModeProxy".into(),
             message: "the LB says ipMode: Proxy".into(),
         });
@@ -66,7 +67,8 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
             state: FrontendState::Failed,
             listener: None,
             reason: Some("no IPv4 listen address".into()),
-            path: "none".into(),
+            retry: None,
+            path: Paths::default(),
         });
     });
     let snap = state.snapshot();
@@ -89,8 +91,8 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
     let state = AgentState::new(0x68);
     state.update(|s| {
         s.mode = Some(ModeStatus {
-            configured: crate::agent::mode::Mode::Fallback,
-            live: vec!["hosts".into()],
+            configured: Mode::Fallback,
+            live: vec![LivePath::Hosts],
             reason: "--mode fallback".into(),
         })
     });
@@ -98,7 +100,7 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
     assert_eq!(state.snapshot().not_ready_reason(), None);
     state.update(|s| {
         if let Some(m) = s.mode.as_mut() {
-            m.live = vec!["ebpf".into()];
+            m.live = vec![LivePath::Ebpf];
         }
     });
     assert_eq!(

@@ -26,7 +26,7 @@ mod uninstall;
 
 use std::{collections::BTreeSet, process::Command};
 
-use hairpin_agent::{agent::mode::Mode, k8s::coredns::CorednsMode};
+use hairpin_agent::{k8s::coredns::CorednsMode, model::Mode};
 
 use flags::{agent_binary, global_env_names, run_args};
 use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root};

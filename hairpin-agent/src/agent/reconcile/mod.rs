@@ -1,29 +1,129 @@
 //! Turning a desired set of frontends into listeners and map entries.
 //!
-//! Order matters for never breaking traffic: a listener exists before the redirect
-//! to it, and the redirect is gone before its listener stops.
+//! [`plan`] decides the steps from what is live, what failed and what is wanted,
+//! touching nothing; [`Reconciler::apply`] performs them through two small traits,
+//! [`RedirectMap`] (the BPF frontend map) and [`Listeners`] (the relay), so the
+//! order and the retry policy are unit-tested without a kernel.
 //!
-//! Without a datapath (`--mode fallback`, or `auto` where the programs could not
-//! attach) nothing redirects to a per-IP listener, so none is started: they would
-//! only hold ports. The name relay serves those nodes instead.
+//! Order is what keeps traffic flowing: a listener exists before the redirect to
+//! it, and the redirect is gone before its listener stops. One frontend's failure
+//! never blocks another's; a failed frontend stays on the pre-hairpin path (fail
+//! open). A transient failure (a port or an address not free yet) is retried with
+//! backoff; a permanent one (no listen address for its family, a full map) waits
+//! for the next change, since retrying cannot fix it.
+
+mod plan;
+#[cfg(test)]
+mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     time::Duration,
 };
 
 use tracing::{debug, error, info};
 
-use crate::{datapath::Datapath, model::Frontend, relay::Relay};
+pub use plan::{Step, Trigger, plan};
+
+use crate::{
+    datapath::{Datapath, DatapathError},
+    model::{Frontend, Frontends, ProxyVersion},
+    relay::Relay,
+};
 
 /// A frontend being proxied now.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Active {
     /// What was asked for.
     pub frontend: Frontend,
     /// Its relay listener.
     pub listener: SocketAddr,
+}
+
+/// A frontend that could not be made live, as it was asked for and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    /// What was asked for.
+    pub frontend: Frontend,
+    /// Why it is not live.
+    pub error: FrontendError,
+}
+
+/// Why a frontend is not live.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrontendError {
+    /// No listen address of the frontend's family is configured.
+    #[error("no {family} listen address: pass --listen-address or --node-ip with one")]
+    NoListenAddress {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+    },
+    /// The listener could not be started (its message names the address).
+    #[error("{0}")]
+    Listen(String),
+    /// The frontend map has no room left.
+    #[error("{0}")]
+    MapFull(String),
+    /// The map refused the entry for another reason.
+    #[error("{0}")]
+    Map(String),
+}
+
+impl FrontendError {
+    /// True when retrying cannot help until something changes: the configuration
+    /// (no listen address) or the set of frontends (a full map).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            FrontendError::NoListenAddress { .. } | FrontendError::MapFull(_)
+        )
+    }
+}
+
+/// The BPF frontend map, as the reconciler uses it.
+pub trait RedirectMap {
+    /// Redirects connects to `frontend` to `listener`.
+    fn insert(&mut self, frontend: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError>;
+    /// Stops redirecting connects to `frontend`; absent is not an error.
+    fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
+}
+
+/// The relay's per-frontend listeners, as the reconciler uses them.
+pub trait Listeners {
+    /// Starts a listener for `frontend` on `bind` (an ephemeral port); its address.
+    fn start(&mut self, frontend: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError>;
+    /// Changes the header version new connections to `frontend` get.
+    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion);
+    /// Stops accepting for `frontend`; connections already accepted run on.
+    fn stop(&mut self, frontend: SocketAddr);
+}
+
+impl RedirectMap for Datapath {
+    fn insert(&mut self, frontend: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError> {
+        Datapath::insert(self, frontend, listener).map_err(|e| match e {
+            DatapathError::MapFull { .. } => FrontendError::MapFull(e.to_string()),
+            e => FrontendError::Map(e.to_string()),
+        })
+    }
+
+    fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
+        Datapath::remove(self, frontend).map_err(|e| FrontendError::Map(e.to_string()))
+    }
+}
+
+impl Listeners for Relay {
+    fn start(&mut self, frontend: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError> {
+        Relay::start(self, frontend, bind).map_err(|e| FrontendError::Listen(e.to_string()))
+    }
+
+    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion) {
+        Relay::set_version(self, frontend, version);
+    }
+
+    fn stop(&mut self, frontend: SocketAddr) {
+        Relay::stop(self, frontend);
+    }
 }
 
 /// Listener addresses per family.
@@ -35,23 +135,22 @@ pub struct ListenAddresses {
     pub v6: Option<IpAddr>,
 }
 
-/// Holds the relay, the datapath and what is live.
-pub struct Reconciler {
-    /// The relay; owned here so listeners and redirects change together.
-    pub relay: Relay,
-    /// The loaded programs; `None` when eBPF is not live on this node.
-    pub datapath: Option<Datapath>,
+/// The map (when a datapath is live), the listeners, and what is live and failed.
+pub struct Reconciler<M, L> {
+    map: Option<M>,
+    listeners: L,
     listen: ListenAddresses,
     active: BTreeMap<SocketAddr, Active>,
-    failed: BTreeMap<SocketAddr, String>,
+    failed: BTreeMap<SocketAddr, Failed>,
 }
 
-impl Reconciler {
-    /// A reconciler with nothing live yet.
-    pub fn new(relay: Relay, datapath: Option<Datapath>, listen: ListenAddresses) -> Reconciler {
+impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
+    /// A reconciler with nothing live yet. Without a `map` (eBPF is not live on
+    /// this node) nothing redirects to a per-frontend listener, so none is started.
+    pub fn new(map: Option<M>, listeners: L, listen: ListenAddresses) -> Self {
         Reconciler {
-            relay,
-            datapath,
+            map,
+            listeners,
             listen,
             active: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -63,117 +162,132 @@ impl Reconciler {
         self.active.values()
     }
 
-    /// Frontends that could not be made live, with the reason.
-    pub fn failed(&self) -> &BTreeMap<SocketAddr, String> {
+    /// Frontends that could not be made live, by address.
+    pub fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
         &self.failed
     }
 
-    /// Converges on `desired`. One frontend's failure never blocks the others:
-    /// it is recorded, logged, and left on the pre-hairpin path (fail open).
-    /// Without a datapath nothing is made live (see the module docs).
-    pub fn apply(&mut self, desired: &BTreeSet<Frontend>) {
-        // The first entry for an address wins; the set's order makes that deterministic.
-        let mut want: BTreeMap<SocketAddr, &Frontend> = BTreeMap::new();
-        let redirectable = if self.datapath.is_some() {
-            desired
-        } else {
-            &BTreeSet::new()
-        };
-        for f in redirectable {
-            want.entry(SocketAddr::new(f.ip, f.port)).or_insert(f);
-        }
-        self.failed.retain(|addr, _| want.contains_key(addr));
+    /// Whether some failure is worth retrying before the next change.
+    pub fn has_transient_failures(&self) -> bool {
+        self.failed.values().any(|f| !f.error.is_permanent())
+    }
 
-        let gone: Vec<SocketAddr> = self
-            .active
-            .keys()
-            .filter(|a| !want.contains_key(a))
-            .copied()
-            .collect();
-        for addr in gone {
-            self.retire(addr);
-        }
-        for (addr, f) in want {
-            match self.active.get_mut(&addr) {
-                Some(a) if a.frontend.version != f.version || a.frontend.source != f.source => {
-                    self.relay.set_version(addr, f.version);
-                    info!(frontend = %addr, version = %f.version, "frontend updated");
-                    a.frontend = f.clone();
-                }
-                Some(_) => {}
-                None => match self.start(addr, f) {
-                    Ok(listener) => {
-                        self.failed.remove(&addr);
-                        self.active.insert(
-                            addr,
-                            Active {
-                                frontend: f.clone(),
-                                listener,
-                            },
-                        );
-                    }
-                    Err(reason) => {
-                        // Retries repeat the error: say it once per reason.
-                        if self.failed.get(&addr) == Some(&reason) {
-                            debug!(frontend = %addr, %reason, "frontend still not proxied");
-                        } else {
-                            error!(frontend = %addr, source = %f.source, %reason, "frontend not proxied");
-                        }
-                        self.failed.insert(addr, reason);
-                    }
-                },
+    /// The map, when a datapath is live.
+    pub fn map(&self) -> Option<&M> {
+        self.map.as_ref()
+    }
+
+    /// The map, when a datapath is live.
+    pub fn map_mut(&mut self) -> Option<&mut M> {
+        self.map.as_mut()
+    }
+
+    /// The listeners.
+    pub fn listeners_mut(&mut self) -> &mut L {
+        &mut self.listeners
+    }
+
+    /// Converges on `desired`: plans the steps and performs them in order.
+    pub fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
+        let redirecting = self.map.is_some();
+        // A failure no longer asked for is forgotten.
+        self.failed
+            .retain(|a, _| redirecting && desired.contains(a));
+        for step in plan(&self.active, &self.failed, desired, redirecting, trigger) {
+            match step {
+                Step::Retire(addr) => self.retire(addr),
+                Step::Update(f) => self.update(f),
+                Step::Start(f) => self.start(f),
             }
         }
     }
 
-    fn start(&mut self, addr: SocketAddr, f: &Frontend) -> Result<SocketAddr, String> {
+    fn update(&mut self, f: Frontend) {
+        let addr = f.addr();
+        if let Some(a) = self.active.get_mut(&addr) {
+            if a.frontend.version != f.version {
+                self.listeners.set_version(addr, f.version);
+            }
+            info!(frontend = %addr, version = %f.version, source = %f.source, "frontend updated");
+            a.frontend = f;
+        }
+    }
+
+    fn start(&mut self, f: Frontend) {
+        let addr = f.addr();
+        match self.make_live(&f) {
+            Ok(listener) => {
+                self.failed.remove(&addr);
+                info!(frontend = %addr, %listener, version = %f.version, source = %f.source, "frontend proxied");
+                self.active.insert(
+                    addr,
+                    Active {
+                        frontend: f,
+                        listener,
+                    },
+                );
+            }
+            Err(error) => {
+                // Retries repeat the error: say it once per reason.
+                if self.failed.get(&addr).map(|x| &x.error) == Some(&error) {
+                    debug!(frontend = %addr, reason = %error, "frontend still not proxied");
+                } else {
+                    error!(frontend = %addr, source = %f.source, reason = %error,
+                        permanent = error.is_permanent(), "frontend not proxied");
+                }
+                self.failed.insert(addr, Failed { frontend: f, error });
+            }
+        }
+    }
+
+    /// Listener first, then the redirect; a redirect that fails takes its listener down.
+    fn make_live(&mut self, f: &Frontend) -> Result<SocketAddr, FrontendError> {
+        let addr = f.addr();
         let bind = match addr {
-            SocketAddr::V4(_) => self.listen.v4,
-            SocketAddr::V6(_) => self.listen.v6,
-        }
-        .ok_or_else(|| {
-            format!(
-                "no {} listen address: pass --listen-address or --node-ip with one",
-                if addr.is_ipv4() { "IPv4" } else { "IPv6" }
-            )
-        })?;
-        let Some(datapath) = self.datapath.as_mut() else {
-            return Err(
+            SocketAddr::V4(_) => self
+                .listen
+                .v4
+                .ok_or(FrontendError::NoListenAddress { family: "IPv4" }),
+            SocketAddr::V6(_) => self
+                .listen
+                .v6
+                .ok_or(FrontendError::NoListenAddress { family: "IPv6" }),
+        }?;
+        let Some(map) = self.map.as_mut() else {
+            return Err(FrontendError::Map(
                 "eBPF is not live on this node: nothing would redirect to a listener".into(),
-            );
+            ));
         };
-        let listener = self.relay.start(f, bind).map_err(|e| e.to_string())?;
-        if let Err(e) = datapath.insert(addr, listener) {
-            self.relay.stop(addr);
-            return Err(e.to_string());
+        let listener = self.listeners.start(f, bind)?;
+        if let Err(e) = map.insert(addr, listener) {
+            self.listeners.stop(addr);
+            return Err(e);
         }
-        info!(frontend = %addr, %listener, version = %f.version, source = %f.source, "frontend proxied");
         Ok(listener)
     }
 
     fn retire(&mut self, addr: SocketAddr) {
         // Redirect first: once the map entry is gone no new connect reaches the listener.
-        let removed = match self.datapath.as_mut() {
-            Some(d) => d.remove(addr),
-            None => Ok(()),
-        };
-        if let Err(e) = removed {
+        if let Some(map) = self.map.as_mut()
+            && let Err(e) = map.remove(addr)
+        {
             // Keep the listener so redirected connects still land somewhere.
             error!(frontend = %addr, error = %e, "could not remove redirect; keeping its listener");
             return;
         }
-        self.relay.stop(addr);
+        self.listeners.stop(addr);
         self.active.remove(&addr);
         info!(frontend = %addr, "frontend retired");
     }
 }
+
 /// First retry of failed frontends after an apply that left some failed.
 pub const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Longest wait between retries of failed frontends.
 pub const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Doubling delays with a cap: 1 s, 2 s, 4 s ... 30 s, back to the first on reset
-/// (a change from the source, or nothing left failed).
+/// (a change from the source, or nothing left to retry).
 #[derive(Clone, Debug)]
 pub struct Backoff {
     first: Duration,
@@ -201,19 +315,5 @@ impl Backoff {
     /// Back to the first delay.
     pub fn reset(&mut self) {
         self.next = self.first;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failed_frontend_retries_double_up_to_the_cap_and_reset() {
-        let mut b = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
-        let secs: Vec<u64> = (0..8).map(|_| b.next_delay().as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_secs(1));
     }
 }

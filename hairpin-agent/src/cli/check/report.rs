@@ -10,6 +10,7 @@ use crate::cli::{
     probe::{Outcome, ProbeResult},
     table::{Cell, Table, Tone, paint},
 };
+use crate::model::Paths;
 
 /// How the name resolved.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -93,7 +94,7 @@ pub enum Coverage {
         /// The PROXY version it writes.
         version: String,
         /// How clients reach it (`ebpf`).
-        path: String,
+        path: Paths,
     },
     /// The agent tried and failed.
     Failed {

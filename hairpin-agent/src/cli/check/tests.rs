@@ -1,5 +1,8 @@
 use super::*;
-use crate::cli::probe::{Outcome, ProbeResult};
+use crate::{
+    cli::probe::{Outcome, ProbeResult},
+    model::{LivePath, Paths},
+};
 
 fn t(host: &str, port: u16, tls: bool) -> Target {
     Target {
@@ -125,14 +128,15 @@ fn coverage_comes_from_the_agents_frontends() {
         state: FrontendState::Active,
         listener: Some("192.0.2.1:4000".parse().expect("addr")),
         reason: None,
-        path: "ebpf".into(),
+        retry: None,
+        path: Paths(vec![LivePath::Ebpf]),
     });
     assert_eq!(
         coverage(Some(&snap), addr),
         Coverage::Active {
             listener: Some("192.0.2.1:4000".parse().expect("addr")),
             version: "v2".into(),
-            path: "ebpf".into()
+            path: Paths(vec![LivePath::Ebpf])
         }
     );
     assert_eq!(

@@ -1,8 +1,7 @@
 use super::*;
 use crate::{
-    datapath::kernel::KernelIds,
-    model::ProxyVersion,
-    status::{AttachmentStatus, FrontendStatus, SourceStatus},
+    model::{LivePath, Paths, ProxyVersion},
+    status::{AttachmentStatus, FrontendStatus, KernelIds, SourceStatus},
 };
 
 fn snapshot() -> Snapshot {
@@ -31,7 +30,8 @@ fn snapshot() -> Snapshot {
         state: FrontendState::Active,
         listener: Some("192.0.2.1:40001".parse().expect("addr")),
         reason: None,
-        path: "ebpf".into(),
+        retry: None,
+        path: Paths(vec![LivePath::Ebpf]),
     });
     s.sources.push(SourceStatus {
         name: "file f.yaml".into(),

@@ -1,11 +1,11 @@
 //! Deciding for every Service at once: one deduplicated, sorted set of frontends, with
 //! conflicts between Services resolved the same way on every node.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use k8s_openapi::{api::core::v1::Service, apimachinery::pkg::apis::meta::v1::Time};
 
-use crate::model::{Frontend, ProxyVersion};
+use crate::model::{Frontends, ProxyVersion};
 
 use super::{
     decision::{Decision, Outcome, Skip, SkipReason},
@@ -32,8 +32,8 @@ pub struct Conflict {
 /// What should exist cluster-wide, plus every Service's decision for `status` and Events.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DesiredState {
-    /// One frontend per (IP, port), sorted.
-    pub frontends: Vec<Frontend>,
+    /// One frontend per (IP, port).
+    pub frontends: Frontends,
     /// Every Service's decision, sorted by `namespace/name`.
     pub decisions: Vec<Decision>,
     /// Conflicts found, in the order they were resolved.
@@ -67,16 +67,18 @@ pub fn decide_all<'a>(
         (ta.is_none(), ta, &a.service, ua).cmp(&(tb.is_none(), tb, &b.service, ub))
     });
 
-    let mut claimed: BTreeMap<(IpAddr, u16), Frontend> = BTreeMap::new();
+    let mut claimed = Frontends::new();
     let mut conflicts = Vec::new();
     let mut decisions = Vec::with_capacity(ordered.len());
     for (_, _, mut decision) in ordered {
         let mut kept = Vec::with_capacity(decision.frontends.len());
         for frontend in std::mem::take(&mut decision.frontends) {
-            let Some(owner) = claimed.get(&(frontend.ip, frontend.port)) else {
-                claimed.insert((frontend.ip, frontend.port), frontend.clone());
-                kept.push(frontend);
-                continue;
+            let owner = match claimed.insert(frontend.clone()) {
+                Ok(()) => {
+                    kept.push(frontend);
+                    continue;
+                }
+                Err(owner) => owner,
             };
             if owner.version == frontend.version {
                 kept.push(frontend);
@@ -109,7 +111,7 @@ pub fn decide_all<'a>(
     }
     decisions.sort_by(|a, b| a.service.cmp(&b.service));
     DesiredState {
-        frontends: claimed.into_values().collect(),
+        frontends: claimed,
         decisions,
         conflicts,
     }

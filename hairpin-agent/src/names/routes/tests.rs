@@ -5,6 +5,7 @@ use kube::api::DynamicObject;
 use serde::Deserialize;
 
 use super::*;
+use crate::model::Frontend;
 
 const INGRESSES: &str = include_str!("../../../tests/fixtures/ingresses/two-controllers.yaml");
 const GATEWAYS: &str = include_str!("../../../tests/fixtures/gateways/envoy-gateway.yaml");
@@ -39,16 +40,20 @@ fn fe(ip: &str, port: u16, version: ProxyVersion) -> Frontend {
 }
 
 /// What the Service decision proxies: both controllers' LBs, not the plain one (.99).
-fn frontends() -> Vec<Frontend> {
+fn frontends() -> Frontends {
     use ProxyVersion::{V1, V2};
-    vec![
+    let mut set = Frontends::new();
+    for f in [
         fe("203.0.113.10", 80, V1),
         fe("203.0.113.10", 443, V1),
         fe("203.0.113.11", 443, V2),
         fe("203.0.113.11", 80, V2),
         fe("2001:db8:ffff::11", 80, V2),
         fe("203.0.113.12", 443, V1),
-    ]
+    ] {
+        set.insert(f).expect("one frontend per address");
+    }
+    set
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -204,10 +209,13 @@ fn a_host_on_two_lbs_with_two_versions_routes_each_port_to_its_version() {
         host: Hostname::parse("x.example.com").expect("name"),
         lbs: vec![ip("203.0.113.10")],
     };
-    let frontends = [
+    let mut frontends = Frontends::new();
+    for f in [
         fe("203.0.113.10", 80, ProxyVersion::V1),
         fe("203.0.113.10", 443, ProxyVersion::V2),
-    ];
+    ] {
+        frontends.insert(f).expect("free");
+    }
     let got = resolve(vec![claim], &frontends);
     let table = RouteTable::new(&got.routes);
     assert_eq!(

@@ -1,0 +1,313 @@
+//! The reconciler against a recording map and listeners: the ordering invariant,
+//! one failure leaving the others alone, and which failures are retried.
+
+use std::{cell::RefCell, collections::BTreeSet, rc::Rc};
+
+use super::*;
+
+/// Every call, in order, as `op addr`.
+type Log = Rc<RefCell<Vec<String>>>;
+
+#[derive(Default)]
+struct FakeMap {
+    log: Log,
+    entries: BTreeSet<SocketAddr>,
+    capacity: usize,
+    refuse_remove: bool,
+}
+
+impl RedirectMap for FakeMap {
+    fn insert(&mut self, frontend: SocketAddr, _listener: SocketAddr) -> Result<(), FrontendError> {
+        self.log.borrow_mut().push(format!("redirect {frontend}"));
+        if self.entries.len() >= self.capacity && !self.entries.contains(&frontend) {
+            return Err(FrontendError::MapFull(format!("full: {frontend}")));
+        }
+        self.entries.insert(frontend);
+        Ok(())
+    }
+
+    fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
+        self.log.borrow_mut().push(format!("unredirect {frontend}"));
+        if self.refuse_remove {
+            return Err(FrontendError::Map("EPERM".into()));
+        }
+        self.entries.remove(&frontend);
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct FakeListeners {
+    log: Log,
+    running: BTreeSet<SocketAddr>,
+    /// Frontends whose listener cannot bind (a port taken).
+    busy: BTreeSet<SocketAddr>,
+    next_port: u16,
+}
+
+impl Listeners for FakeListeners {
+    fn start(&mut self, f: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError> {
+        self.log.borrow_mut().push(format!("listen {}", f.addr()));
+        if self.busy.contains(&f.addr()) {
+            return Err(FrontendError::Listen(format!("in use: {}", f.addr())));
+        }
+        self.running.insert(f.addr());
+        self.next_port += 1;
+        Ok(SocketAddr::new(bind, 40000 + self.next_port))
+    }
+
+    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion) {
+        self.log
+            .borrow_mut()
+            .push(format!("version {frontend} {version}"));
+    }
+
+    fn stop(&mut self, frontend: SocketAddr) {
+        self.log.borrow_mut().push(format!("stop {frontend}"));
+        self.running.remove(&frontend);
+    }
+}
+
+fn fe(addr: &str, version: ProxyVersion) -> Frontend {
+    let a: SocketAddr = addr.parse().expect("addr");
+    Frontend {
+        ip: a.ip(),
+        port: a.port(),
+        version,
+        source: "test".into(),
+    }
+}
+
+fn set(frontends: &[Frontend]) -> Frontends {
+    let mut s = Frontends::new();
+    for f in frontends {
+        s.insert(f.clone()).expect("one per address");
+    }
+    s
+}
+
+fn reconciler(capacity: usize) -> (Reconciler<FakeMap, FakeListeners>, Log) {
+    let log = Log::default();
+    let map = FakeMap {
+        log: log.clone(),
+        capacity,
+        ..FakeMap::default()
+    };
+    let listeners = FakeListeners {
+        log: log.clone(),
+        ..FakeListeners::default()
+    };
+    let listen = ListenAddresses {
+        v4: Some("192.0.2.1".parse().expect("ip")),
+        v6: None,
+    };
+    (Reconciler::new(Some(map), listeners, listen), log)
+}
+
+fn take(log: &Log) -> Vec<String> {
+    std::mem::take(&mut *log.borrow_mut())
+}
+
+use ProxyVersion::{V1, V2};
+
+#[test]
+fn a_listener_exists_before_its_redirect_and_outlives_it() {
+    let (mut r, log) = reconciler(16);
+    let a = fe("203.0.113.10:80", V1);
+    r.apply(&set(std::slice::from_ref(&a)), Trigger::Change);
+    assert_eq!(
+        take(&log),
+        ["listen 203.0.113.10:80", "redirect 203.0.113.10:80"]
+    );
+    r.apply(&Frontends::new(), Trigger::Change);
+    assert_eq!(
+        take(&log),
+        ["unredirect 203.0.113.10:80", "stop 203.0.113.10:80"]
+    );
+    assert_eq!(r.active().count(), 0);
+}
+
+#[test]
+fn retirements_come_before_starts_so_a_full_map_makes_room_first() {
+    let (mut r, log) = reconciler(1);
+    r.apply(&set(&[fe("203.0.113.20:80", V1)]), Trigger::Change);
+    take(&log);
+    // Swap the one frontend for another in one change: the map holds only one.
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    assert_eq!(
+        take(&log),
+        [
+            "unredirect 203.0.113.20:80",
+            "stop 203.0.113.20:80",
+            "listen 203.0.113.10:80",
+            "redirect 203.0.113.10:80",
+        ]
+    );
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_version_change_updates_the_listener_in_place() {
+    let (mut r, log) = reconciler(16);
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    take(&log);
+    r.apply(&set(&[fe("203.0.113.10:80", V2)]), Trigger::Change);
+    assert_eq!(take(&log), ["version 203.0.113.10:80 v2"]);
+    let live: Vec<ProxyVersion> = r.active().map(|a| a.frontend.version).collect();
+    assert_eq!(live, [V2]);
+}
+
+#[test]
+fn one_failure_leaves_the_others_live_and_a_failed_redirect_stops_its_listener() {
+    let (mut r, log) = reconciler(2);
+    r.listeners
+        .busy
+        .insert("203.0.113.11:80".parse().expect("addr"));
+    let want = set(&[
+        fe("203.0.113.10:80", V1),
+        fe("203.0.113.11:80", V1),
+        fe("203.0.113.12:80", V1),
+        fe("203.0.113.13:80", V1),
+        fe("[2001:db8::10]:80", V1),
+    ]);
+    r.apply(&want, Trigger::Change);
+    let live: Vec<String> = r.active().map(|a| a.frontend.addr().to_string()).collect();
+    assert_eq!(live, ["203.0.113.10:80", "203.0.113.12:80"]);
+    let failed: Vec<(String, bool)> = r
+        .failed()
+        .iter()
+        .map(|(a, f)| (a.to_string(), f.error.is_permanent()))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("203.0.113.11:80".to_string(), false), // port taken: transient
+            ("203.0.113.13:80".to_string(), true),  // map full: permanent
+            ("[2001:db8::10]:80".to_string(), true), // no IPv6 address: permanent
+        ]
+    );
+    // The full map's refusal took the listener it had started down again; no
+    // redirect ever pointed at a listener that is not there.
+    assert!(
+        !r.listeners
+            .running
+            .contains(&"203.0.113.13:80".parse().expect("a"))
+    );
+    let log = take(&log);
+    let started = log.iter().position(|l| l == "listen 203.0.113.13:80");
+    let refused = log.iter().position(|l| l == "redirect 203.0.113.13:80");
+    let stopped = log.iter().position(|l| l == "stop 203.0.113.13:80");
+    assert!(started < refused && refused < stopped, "{log:?}");
+    assert!(
+        !log.iter().any(|l| l == "redirect 203.0.113.11:80"),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_retry_tries_transient_failures_and_leaves_permanent_ones_for_a_change() {
+    let (mut r, log) = reconciler(1);
+    r.listeners
+        .busy
+        .insert("203.0.113.10:80".parse().expect("addr"));
+    let want = set(&[
+        fe("203.0.113.10:80", V1),
+        fe("203.0.113.11:80", V1),
+        fe("203.0.113.12:80", V1),
+    ]);
+    r.apply(&want, Trigger::Change);
+    // .10 busy (transient), .11 live, .12 map full (permanent).
+    assert!(r.has_transient_failures());
+    take(&log);
+    r.apply(&want, Trigger::Retry);
+    assert_eq!(
+        take(&log),
+        ["listen 203.0.113.10:80"],
+        "only the transient one"
+    );
+
+    // The port is free again: the next retry makes it live... into a map with no
+    // room (capacity 1), a permanent failure, so nothing is left to retry.
+    r.listeners.busy.clear();
+    r.apply(&want, Trigger::Retry);
+    assert!(!r.has_transient_failures());
+    assert_eq!(r.failed().len(), 2);
+
+    // A change (the live one gone) frees the map: permanent failures are tried again.
+    take(&log);
+    let smaller = set(&[fe("203.0.113.10:80", V1), fe("203.0.113.12:80", V1)]);
+    r.apply(&smaller, Trigger::Change);
+    assert_eq!(
+        take(&log),
+        [
+            "unredirect 203.0.113.11:80",
+            "stop 203.0.113.11:80",
+            "listen 203.0.113.10:80",
+            "redirect 203.0.113.10:80",
+            "listen 203.0.113.12:80",
+            "redirect 203.0.113.12:80",
+            "stop 203.0.113.12:80",
+        ]
+    );
+    let live: Vec<String> = r.active().map(|a| a.frontend.addr().to_string()).collect();
+    assert_eq!(live, ["203.0.113.10:80"]);
+    let failed: Vec<String> = r.failed().keys().map(ToString::to_string).collect();
+    assert_eq!(
+        failed,
+        ["203.0.113.12:80"],
+        "forgotten once no longer wanted: .11"
+    );
+}
+
+#[test]
+fn a_permanent_failure_is_retried_on_retry_when_what_is_asked_changed() {
+    let (mut r, log) = reconciler(0);
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    take(&log);
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Retry);
+    assert!(take(&log).is_empty());
+    r.apply(&set(&[fe("203.0.113.10:80", V2)]), Trigger::Retry);
+    assert_eq!(
+        take(&log),
+        [
+            "listen 203.0.113.10:80",
+            "redirect 203.0.113.10:80",
+            "stop 203.0.113.10:80"
+        ]
+    );
+}
+
+#[test]
+fn a_redirect_that_cannot_be_removed_keeps_its_listener() {
+    let (mut r, log) = reconciler(16);
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    r.map.as_mut().expect("map").refuse_remove = true;
+    take(&log);
+    r.apply(&Frontends::new(), Trigger::Change);
+    assert_eq!(take(&log), ["unredirect 203.0.113.10:80"]);
+    assert_eq!(r.active().count(), 1, "still live: connects still land");
+}
+
+#[test]
+fn without_a_datapath_nothing_is_started() {
+    let log = Log::default();
+    let listeners = FakeListeners {
+        log: log.clone(),
+        ..FakeListeners::default()
+    };
+    let mut r: Reconciler<FakeMap, FakeListeners> =
+        Reconciler::new(None, listeners, ListenAddresses::default());
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    assert!(take(&log).is_empty());
+    assert_eq!(r.active().count(), 0);
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn failed_frontend_retries_double_up_to_the_cap_and_reset() {
+    let mut b = Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX);
+    let secs: Vec<u64> = (0..8).map(|_| b.next_delay().as_secs()).collect();
+    assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
+    b.reset();
+    assert_eq!(b.next_delay(), Duration::from_secs(1));
+}

@@ -1,0 +1,227 @@
+//! How each frontend stands, in `/status`'s words: live through eBPF, reached only
+//! by names through the name relay, or failed and why. Pure: from what the
+//! reconciler holds, what was asked for and which name paths are live.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+};
+
+use super::reconcile::{Active, Failed};
+use crate::{
+    model::{Frontends, LivePath, Paths},
+    names::routes::NameRoute,
+    status::{FrontendState, FrontendStatus, RetryPolicy},
+};
+
+/// How clients reach the name relay: the live name paths and the LB ports names route to.
+#[derive(Clone, Debug, Default)]
+pub struct NamePaths {
+    /// Live name paths: hosts, CoreDNS.
+    pub live: Vec<LivePath>,
+    /// The LB addresses at least one routed name leads to.
+    pub routed: BTreeSet<SocketAddr>,
+    /// The name relay's address, when it listens.
+    pub relay: Option<IpAddr>,
+}
+
+impl NamePaths {
+    /// The paths for `routes` with `live` name paths (empty when the name relay is off).
+    pub fn new(live: Vec<LivePath>, routes: &[NameRoute], relay: Option<IpAddr>) -> NamePaths {
+        let routed = routes
+            .iter()
+            .flat_map(|r| r.ports.iter().map(|p| SocketAddr::new(r.lb, *p)))
+            .collect();
+        NamePaths {
+            live,
+            routed,
+            relay,
+        }
+    }
+
+    /// The name paths reaching LB address `addr`, if any.
+    pub fn for_frontend(&self, addr: SocketAddr) -> Vec<LivePath> {
+        if self.relay.is_some() && self.routed.contains(&addr) {
+            self.live.clone()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// Every frontend in `desired`, as `/status` lists it.
+pub fn frontend_statuses<'a>(
+    active: impl Iterator<Item = &'a Active>,
+    failed: &std::collections::BTreeMap<SocketAddr, Failed>,
+    desired: &Frontends,
+    names: &NamePaths,
+) -> Vec<FrontendStatus> {
+    let mut out: Vec<FrontendStatus> = active
+        .map(|a| {
+            let addr = a.frontend.addr();
+            let mut path = vec![LivePath::Ebpf];
+            path.extend(names.for_frontend(addr));
+            FrontendStatus {
+                ip: a.frontend.ip,
+                port: a.frontend.port,
+                version: a.frontend.version,
+                source: a.frontend.source.clone(),
+                state: FrontendState::Active,
+                listener: Some(a.listener),
+                reason: None,
+                retry: None,
+                path: Paths(path),
+            }
+        })
+        .collect();
+    let live: BTreeSet<SocketAddr> = out.iter().map(|f| SocketAddr::new(f.ip, f.port)).collect();
+    for f in desired.iter().filter(|f| !live.contains(&f.addr())) {
+        let by_name = names.for_frontend(f.addr());
+        let (state, reason, retry) = match (failed.get(&f.addr()), by_name.is_empty()) {
+            (Some(x), _) => (
+                FrontendState::Failed,
+                x.error.to_string(),
+                Some(if x.error.is_permanent() {
+                    RetryPolicy::OnChange
+                } else {
+                    RetryPolicy::Backoff
+                }),
+            ),
+            // Not tried: without a datapath the reconciler makes nothing live.
+            (None, false) => (
+                FrontendState::Fallback,
+                "eBPF is not live on this node: clients using its names reach the name relay"
+                    .to_string(),
+                None,
+            ),
+            (None, true) => (
+                FrontendState::Failed,
+                "eBPF is not live on this node and no name routed to this address is published \
+                 through /etc/hosts or CoreDNS: clients take the pre-hairpin path"
+                    .to_string(),
+                None,
+            ),
+        };
+        out.push(FrontendStatus {
+            ip: f.ip,
+            port: f.port,
+            version: f.version,
+            source: f.source.clone(),
+            state,
+            listener: (state == FrontendState::Fallback)
+                .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
+                .flatten(),
+            reason: Some(reason),
+            retry,
+            path: Paths(by_name),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        agent::reconcile::FrontendError,
+        model::{Frontend, ProxyVersion},
+        names::hostname::Hostname,
+    };
+
+    fn routes() -> [NameRoute; 1] {
+        [NameRoute {
+            host: Hostname::parse("a.example.com").expect("name"),
+            lb: "203.0.113.10".parse().expect("ip"),
+            ports: vec![80],
+            version: ProxyVersion::V1,
+            source: "test".into(),
+        }]
+    }
+
+    #[test]
+    fn frontends_are_reached_by_the_name_paths_of_their_routes() {
+        let p = NamePaths::new(
+            vec![LivePath::Hosts],
+            &routes(),
+            Some("169.254.20.11".parse().expect("ip")),
+        );
+        assert_eq!(
+            p.for_frontend("203.0.113.10:80".parse().expect("a")),
+            [LivePath::Hosts]
+        );
+        assert!(
+            p.for_frontend("203.0.113.10:81".parse().expect("a"))
+                .is_empty()
+        );
+        let off = NamePaths::new(vec![LivePath::Hosts], &routes(), None);
+        assert!(
+            off.for_frontend("203.0.113.10:80".parse().expect("a"))
+                .is_empty()
+        );
+    }
+
+    fn fe(addr: &str) -> Frontend {
+        let a: SocketAddr = addr.parse().expect("addr");
+        Frontend {
+            ip: a.ip(),
+            port: a.port(),
+            version: ProxyVersion::V2,
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn each_frontend_is_listed_once_with_its_state_path_and_retry() {
+        let desired = {
+            let mut s = Frontends::new();
+            for a in ["203.0.113.10:80", "203.0.113.11:80", "203.0.113.12:80"] {
+                s.insert(fe(a)).expect("free");
+            }
+            s
+        };
+        let active = [Active {
+            frontend: fe("203.0.113.10:80"),
+            listener: "192.0.2.1:40001".parse().expect("a"),
+        }];
+        let failed = BTreeMap::from([
+            (
+                "203.0.113.11:80".parse().expect("a"),
+                Failed {
+                    frontend: fe("203.0.113.11:80"),
+                    error: FrontendError::MapFull("full".into()),
+                },
+            ),
+            (
+                "203.0.113.12:80".parse().expect("a"),
+                Failed {
+                    frontend: fe("203.0.113.12:80"),
+                    error: FrontendError::Listen("in use".into()),
+                },
+            ),
+        ]);
+        let names = NamePaths::new(
+            vec![LivePath::Hosts],
+            &routes(),
+            Some("169.254.20.11".parse().expect("ip")),
+        );
+        let got: Vec<String> = frontend_statuses(active.iter(), &failed, &desired, &names)
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}:{} {:?} {} {:?} {:?}",
+                    f.ip, f.port, f.state, f.path, f.retry, f.reason
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "203.0.113.10:80 Active ebpf,hosts None None",
+                "203.0.113.11:80 Failed none Some(OnChange) Some(\"full\")",
+                "203.0.113.12:80 Failed none Some(Backoff) Some(\"in use\")",
+            ]
+        );
+    }
+}
