@@ -1,9 +1,17 @@
 //! The `Host` of a plain HTTP/1.x request, read from the request head (RFC 9112 3.2).
 //!
-//! Pure and total over any byte slice: hostile or truncated input yields
-//! [`Peek::NeedMore`] or [`Peek::Invalid`], never a panic.
+//! The head is parsed by httparse, hyper's parser; this module adds the early
+//! method check (so a TLS or binary client is refused at once rather than after the
+//! read timeout), the one-Host rule, and the name normalization. Pure and total over
+//! any byte slice: hostile or truncated input yields [`Peek::NeedMore`] or
+//! [`Peek::Invalid`], never a panic.
 
 use super::Peek;
+
+/// Header fields one request head may carry: hyper's default limit. A head with
+/// more is refused, not read further ([`MAX_PEEK`](super::MAX_PEEK) bounds its
+/// bytes anyway).
+const MAX_HEADERS: usize = 100;
 
 /// Reads the Host header from the start of an HTTP/1.x connection.
 ///
@@ -14,31 +22,23 @@ pub fn parse_host(buf: &[u8]) -> Peek {
     if let Some(why) = not_a_request_line(buf) {
         return Peek::Invalid(why);
     }
-    let Some(head_len) = head_end(buf) else {
-        return Peek::NeedMore;
-    };
-    let head = &buf[..head_len];
-    let mut lines = head
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let request_line = lines.next().unwrap_or_default();
-    if !request_line.ends_with(b" HTTP/1.1") && !request_line.ends_with(b" HTTP/1.0") {
-        return Peek::Invalid("expected an http/1.x request line");
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Peek::NeedMore,
+        Err(e) => return Peek::Invalid(why_not(e)),
     }
     let mut host: Option<&[u8]> = None;
-    for line in lines {
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let (name, value) = (&line[..colon], &line[colon + 1..]);
-        if !name.eq_ignore_ascii_case(b"host") {
+    for h in req.headers.iter() {
+        if !h.name.eq_ignore_ascii_case("host") {
             continue;
         }
         if host.is_some() {
             // RFC 9112 3.2: a request with two Host fields must be rejected.
             return Peek::Invalid("expected one host header, got several");
         }
-        host = Some(value.trim_ascii());
+        host = Some(h.value.trim_ascii());
     }
     match host {
         None => Peek::NoName,
@@ -49,17 +49,19 @@ pub fn parse_host(buf: &[u8]) -> Peek {
     }
 }
 
-/// Where the head ends (just before the blank line), if it is complete.
-fn head_end(buf: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
-        let line = &buf[at..at + nl];
-        if line.is_empty() || line == b"\r" {
-            return Some(at);
-        }
-        at += nl + 1;
+/// What a request head httparse refuses was expected to be.
+fn why_not(e: httparse::Error) -> &'static str {
+    match e {
+        // The method was admitted by `not_a_request_line`: what follows is the
+        // target (Token) or the version (Version: HTTP/2.0, HTTP/3 and the like).
+        httparse::Error::Token
+        | httparse::Error::Version
+        | httparse::Error::Status
+        | httparse::Error::NewLine => "expected an http/1.x request line",
+        httparse::Error::HeaderName => "expected a header field name",
+        httparse::Error::HeaderValue => "expected a header field value",
+        httparse::Error::TooManyHeaders => "expected at most 100 header fields",
     }
-    None
 }
 
 /// Why the bytes so far cannot start a request line, if they cannot: the method is
@@ -136,6 +138,39 @@ mod tests {
             b"GET / HTTP/1.1\r\nHost:\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a.io:http\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: \xff\r\n\r\n",
+        ] {
+            assert!(matches!(parse_host(bad), Peek::Invalid(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_head_with_more_fields_than_the_header_array_is_refused() {
+        let head = |fields: usize| {
+            let mut req = String::from("GET / HTTP/1.1\r\nHost: a.io\r\n");
+            for i in 1..fields {
+                req.push_str(&format!("X-Filler-{i}: {}\r\n", "v".repeat(100)));
+            }
+            req + "\r\n"
+        };
+        assert_eq!(parse_host(head(MAX_HEADERS).as_bytes()), name("a.io"));
+        let too_many = head(MAX_HEADERS + 1);
+        assert_eq!(
+            parse_host(too_many.as_bytes()),
+            Peek::Invalid("expected at most 100 header fields")
+        );
+        assert!(
+            why_not(httparse::Error::TooManyHeaders).contains(&MAX_HEADERS.to_string()),
+            "the message names the limit"
+        );
+    }
+
+    #[test]
+    fn malformed_header_lines_are_invalid() {
+        for bad in [
+            &b"GET / HTTP/1.1\r\nHost: a.io\r\nno colon here\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost : a.io\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\x00.io\r\n\r\n",
+            b"GET /a b HTTP/1.1\r\nHost: a.io\r\n\r\n",
         ] {
             assert!(matches!(parse_host(bad), Peek::Invalid(_)), "{bad:?}");
         }
