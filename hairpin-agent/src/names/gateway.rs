@@ -14,8 +14,8 @@ use kube::api::DynamicObject;
 use serde::Deserialize;
 
 use super::{
+    claims::{Claim, NameSkip, NameSkipReason},
     hostname::Hostname,
-    routes::{Claim, NameSkip, NameSkipReason},
 };
 
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";

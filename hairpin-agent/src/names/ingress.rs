@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::{
+    claims::{Claim, NameSkip, NameSkipReason},
     hostname::Hostname,
-    routes::{Claim, NameSkip, NameSkipReason},
 };
 
 /// The hosts one Ingress names, as claims on its LB IPs, and the values that are

@@ -9,6 +9,7 @@
 //! Everything but [`hosts_writer`], [`hosts::write_in_place`], [`link`] and
 //! [`relay`] is sans-IO. Does not touch the BPF datapath nor the Kubernetes API.
 
+pub mod claims;
 pub mod corefile;
 pub mod gateway;
 pub mod hostname;

@@ -4,23 +4,20 @@
 //! Each host is tied to the LB of the object that names it (an Ingress's
 //! `status.loadBalancer`, a Gateway's `status.addresses`), never "all hosts to one
 //! LB" (hairpin-proxy issue 17: with two ingress controllers, half the names broke).
-//! Pure: objects in, routes and reasons out. The object readers are in
-//! [`super::names_ingress`] and [`super::names_gateway`].
+//! Pure: objects in, routes and reasons out. The object readers, which turn
+//! objects into [`Claim`]s, are in [`super::ingress`] and [`super::gateway`].
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fmt,
     net::IpAddr,
 };
 
-use k8s_openapi::{api::networking::v1::Ingress, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::DynamicObject;
 
-use super::hostname::Hostname;
+pub use super::claims::{Claim, NameSkip, NameSkipReason};
+use super::{gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims};
 use crate::model::{Frontends, ProxyVersion};
-
-pub use super::gateway::gateway_claims;
-pub use super::ingress::ingress_claims;
 
 /// One hostname routed to one proxied LoadBalancer.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -35,53 +32,6 @@ pub struct NameRoute {
     pub version: ProxyVersion,
     /// The object that named the host: `Ingress ns/name`, `HTTPRoute ns/name`, ...
     pub source: String,
-}
-
-/// Why a host was not routed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum NameSkipReason {
-    /// The field's value is not a valid DNS name.
-    InvalidHostname,
-    /// The object has no LoadBalancer IP in its status yet (or only hostnames).
-    NoLoadBalancerIp,
-    /// The object's LB IP is not a proxied frontend: no header is needed there.
-    NotProxied,
-    /// A route's parent Gateway is not known.
-    ParentNotFound,
-    /// The object could not be read (a Gateway API object of an unexpected shape).
-    Unreadable,
-    /// An older object claims the same host on another LB and keeps it.
-    Conflict,
-}
-
-/// One host (or object) left out, with a sentence naming the object and field.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NameSkip {
-    /// Machine-readable reason.
-    pub reason: NameSkipReason,
-    /// `Kind ns/name: field: what happened`.
-    pub message: String,
-}
-
-impl fmt::Display for NameSkip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// A host claimed by an object, before the frontends and other claims are consulted.
-#[derive(Clone, Debug)]
-pub struct Claim {
-    /// The object's creationTimestamp: older objects win conflicts.
-    pub created: Option<Time>,
-    /// `Kind ns/name`.
-    pub source: String,
-    /// The field the host came from, e.g. `spec.rules[0].host`.
-    pub field: String,
-    /// The validated host.
-    pub host: Hostname,
-    /// The object's LoadBalancer IPs.
-    pub lbs: Vec<IpAddr>,
 }
 
 /// The routes, plus everything left out, for `status` and logs.

@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-use super::Target;
+use super::target::Target;
 use crate::cli::{
     kube_proxy::{KubeProxy, Mode, ShortCircuit},
     probe::{Outcome, ProbeResult},

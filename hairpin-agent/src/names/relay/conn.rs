@@ -12,7 +12,7 @@ use tokio::{
 use tracing::{debug, info};
 
 use super::{Peek, Shared, http_host::parse_host, sni::looks_like_tls, sni::parse_sni};
-use crate::relay::{Upstream, proxy, true_client};
+use crate::relay::proxy::{Upstream, proxy, true_client};
 
 /// Most bytes read while looking for the name: a ClientHello fits one 16 KiB record,
 /// and request heads beyond that are refused by most servers anyway.
@@ -38,9 +38,9 @@ enum Refusal {
     Unknown(String),
 }
 
-/// Serves one client accepted on the listener bound at `local` (one address, so the
-/// connection's own) whose connections route as `port`: the port the client dialled
-/// (the listener's own, or the Service port it stands for).
+/// Serves one client accepted at `local` on a listener whose connections route as
+/// `port`: the port the client dialled (the listener's own, or the Service port it
+/// stands for).
 pub(super) async fn serve(
     mut client: TcpStream,
     peer: SocketAddr,
@@ -49,12 +49,6 @@ pub(super) async fn serve(
     shared: Arc<Shared>,
 ) {
     shared.metrics.connection_opened();
-    // A wildcard bind (`--names-address 0.0.0.0`) says nothing about the connection.
-    let local = if local.ip().is_unspecified() {
-        client.local_addr().unwrap_or(local)
-    } else {
-        local
-    };
     let mut buf = Vec::with_capacity(4096);
     match peek_name(&mut client, &mut buf, shared.peek_timeout).await {
         Ok((tls, name)) => {

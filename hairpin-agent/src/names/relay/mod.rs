@@ -1,6 +1,6 @@
 //! The name relay: listeners on one node-local address (ports 80 and 443 by
-//! default) that serve names rather than IPs. /etc/hosts (and, later, CoreDNS)
-//! points the proxied hostnames here; each connection is routed by its TLS SNI or
+//! default) that serve names rather than IPs. /etc/hosts and CoreDNS point the
+//! proxied hostnames here; each connection is routed by its TLS SNI or
 //! HTTP Host to the LoadBalancer that name belongs to, with the same PROXY header
 //! the eBPF path's relay writes. Used where the programs cannot attach, and for
 //! clients that use names.
@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{net::TcpSocket, sync::watch, time::timeout};
+use tokio::{sync::watch, time::timeout};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, error, info, info_span, warn};
 
@@ -28,7 +28,7 @@ use crate::{
         hosts_writer,
         routes::{NameRoute, RouteTable},
     },
-    relay::RelayConfig,
+    relay::{RelayConfig, listener},
     status::FailedListener,
     status::metrics::Metrics,
 };
@@ -187,18 +187,24 @@ impl NameRouting {
             if self.listeners.contains_key(&want) {
                 continue;
             }
-            match bind(want, self.shared.relay.keepalive) {
+            match listener::bind(want, self.shared.relay.keepalive) {
                 Ok(listener) => {
                     let local = listener.local_addr().unwrap_or(want);
                     let stop = CancellationToken::new();
+                    let shared = self.shared.clone();
+                    let serve = move |client, peer, local| {
+                        conn::serve(client, peer, local, routes_as, shared.clone())
+                            .instrument(info_span!("name_conn", client = %peer))
+                    };
                     tokio::spawn(
-                        accept_loop(
+                        listener::accept_loop(
                             listener,
                             local,
-                            routes_as,
                             stop.clone(),
-                            self.shared.clone(),
+                            self.shared.relay.clients.clone(),
+                            self.shared.metrics.clone(),
                             self.connections.clone(),
+                            serve,
                         )
                         .instrument(info_span!("name_listener", %local)),
                     );
@@ -231,48 +237,6 @@ impl NameRouting {
         self.connections.close();
         if timeout(deadline, self.connections.wait()).await.is_err() {
             warn!("name relay: drain deadline reached");
-        }
-    }
-}
-
-/// A listener on `addr`; its accepted sockets inherit TCP keepalive (`keepalive`).
-fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    crate::relay::set_keepalive(&socket, keepalive);
-    socket.listen(1024)
-}
-
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    local: SocketAddr,
-    routes_as: u16,
-    stop: CancellationToken,
-    shared: Arc<Shared>,
-    connections: TaskTracker,
-) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((client, peer)) => {
-                    if !shared.relay.clients.allows(peer.ip()) {
-                        crate::relay::refuse(&client, peer, &shared.metrics);
-                        continue;
-                    }
-                    let span = info_span!("name_conn", client = %peer);
-                    connections.spawn(conn::serve(client, peer, local, routes_as, shared.clone()).instrument(span));
-                }
-                Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    // EMFILE/ENFILE persist until something closes: do not spin on them.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
         }
     }
 }

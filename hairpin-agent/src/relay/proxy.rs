@@ -1,0 +1,231 @@
+//! One relayed connection, as both relays carry it: a marked upstream socket to the
+//! LoadBalancer address, the PROXY header naming the true client, the bytes the
+//! client already sent, then both ways with half-close; a failure resets the
+//! client at once instead of leaving it an empty reply or a hang.
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use nix::sys::socket::{setsockopt, sockopt};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
+    net::{TcpSocket, TcpStream},
+    time::timeout,
+};
+use tracing::{debug, warn};
+
+use super::{RelayConfig, header::Header, listener::set_keepalive};
+use crate::{
+    model::ProxyVersion,
+    status::metrics::{ConnError, Direction, Metrics},
+};
+
+/// Where and how one accepted connection is relayed.
+pub(crate) struct Upstream {
+    /// The LoadBalancer address.
+    pub target: SocketAddr,
+    /// The header version its ingress expects.
+    pub version: ProxyVersion,
+    /// The true client the header names.
+    pub source: SocketAddr,
+}
+
+/// Relays `client` to `to.target` as both relays do: marked upstream socket, the
+/// PROXY header, then `first` (bytes already read from the client, which the name
+/// relay needed to route), then both ways with half-close. Counts the bytes; on
+/// failure counts the error and resets the client at once, instead of an empty
+/// reply or a hang.
+pub(crate) async fn proxy(
+    client: &mut TcpStream,
+    to: &Upstream,
+    first: &[u8],
+    cfg: &RelayConfig,
+    metrics: &Metrics,
+) {
+    match relay(client, to, first, cfg).await {
+        Ok((up, down)) => {
+            let up = up + first.len() as u64;
+            metrics.bytes(Direction::Upstream, up);
+            metrics.bytes(Direction::Downstream, down);
+            debug!(bytes_up = up, bytes_down = down, "closed");
+        }
+        Err((side, kind, e)) => {
+            match side {
+                Side::Upstream => {
+                    metrics.upstream_error(kind);
+                    warn!(?kind, error = %e, client = %to.source, target = %to.target, "relay failed");
+                }
+                // A client resetting or found gone by keepalive is the client's
+                // business: counted apart, so upstream error alerts mean the LB path.
+                Side::Client => {
+                    metrics.client_error(kind);
+                    debug!(?kind, error = %e, client = %to.source, target = %to.target, "client side failed");
+                }
+            }
+            let _ = socket2::SockRef::from(&*client).set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+/// Which end of a relayed connection an error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Client,
+    Upstream,
+}
+
+/// Marks an error as the upstream socket's, so a failed copy can say which side broke.
+#[derive(Debug)]
+struct UpstreamFault(io::Error);
+
+impl std::fmt::Display for UpstreamFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream: {}", self.0)
+    }
+}
+
+impl std::error::Error for UpstreamFault {}
+
+/// The upstream stream, with every error it returns tagged [`UpstreamFault`].
+struct Tagged<'a>(&'a mut TcpStream);
+
+fn tag<T>(r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    r.map_err(|e| io::Error::new(e.kind(), UpstreamFault(e)))
+}
+
+impl AsyncRead for Tagged<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Tagged<'_> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        tag(Pin::new(&mut *self.0).poll_write(cx, buf))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_flush(cx))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tag(Pin::new(&mut *self.0).poll_shutdown(cx))
+    }
+}
+
+/// The side and kind of a copy error: upstream when [`Tagged`] marked it.
+fn side_of(e: io::Error) -> (Side, ConnError, io::Error) {
+    let kind = classify(&e);
+    let upstream = e.get_ref().is_some_and(|inner| inner.is::<UpstreamFault>());
+    (
+        if upstream {
+            Side::Upstream
+        } else {
+            Side::Client
+        },
+        kind,
+        e,
+    )
+}
+
+async fn relay(
+    client: &mut TcpStream,
+    to: &Upstream,
+    first: &[u8],
+    cfg: &RelayConfig,
+) -> Result<(u64, u64), (Side, ConnError, io::Error)> {
+    let mut upstream = match timeout(
+        cfg.connect_timeout,
+        connect_marked(to.target, cfg.bypass_mark),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err((
+                Side::Upstream,
+                ConnError::Timeout,
+                io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"),
+            ));
+        }
+        Ok(Err(e)) => return Err((Side::Upstream, classify(&e), e)),
+        Ok(Ok(s)) => s,
+    };
+    // The header is a small write followed by the client's bytes: without NODELAY,
+    // Nagle holds the client's first segment behind the header's delayed ACK.
+    let _ = upstream.set_nodelay(true);
+    let _ = client.set_nodelay(true);
+    // The client's socket has it from its listener (see `set_keepalive`).
+    set_keepalive(&upstream, cfg.keepalive);
+    let header = Header::new(to.version, to.source, to.target);
+    let written = if first.is_empty() {
+        upstream.write_all(header.as_bytes()).await
+    } else {
+        // Header and the bytes already read in one write, as the cloud LB sends them.
+        let mut both = Vec::with_capacity(header.as_bytes().len() + first.len());
+        both.extend_from_slice(header.as_bytes());
+        both.extend_from_slice(first);
+        upstream.write_all(&both).await
+    };
+    written.map_err(|e| (Side::Upstream, classify(&e), e))?;
+    // tokio's copy_bidirectional, not splice(2): a splice relay measured 978 MB/s
+    // on the 1 GiB bulk case of `cargo xtask bench`, this path 1041 and 833 MB/s in
+    // two runs: within run-to-run spread, so the well-kept path stays. On the 2-core
+    // bench machine the relay shares a core with nginx, which bounds bulk anyway.
+    let size = cfg.buffer_size;
+    tokio::io::copy_bidirectional_with_sizes(client, &mut Tagged(&mut upstream), size, size)
+        .await
+        .map_err(side_of)
+}
+
+/// The address the PROXY header names as the client: the peer itself for pods;
+/// for processes on the node (loopback, or the listener's own address as source)
+/// the node's primary IP, which is what the cloud LB would have seen.
+pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> SocketAddr {
+    let ip = peer.ip().to_canonical();
+    let from_host = ip.is_loopback() || ip == local.ip().to_canonical();
+    let node = match ip {
+        IpAddr::V4(_) => cfg.node_ipv4.map(IpAddr::V4),
+        IpAddr::V6(_) => cfg.node_ipv6.map(IpAddr::V6),
+    };
+    match (from_host, node) {
+        (true, Some(node)) => SocketAddr::new(node, peer.port()),
+        _ => SocketAddr::new(ip, peer.port()),
+    }
+}
+
+/// Connects to `target` from a socket carrying `mark`, so the connect programs let
+/// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
+/// Shared with the name relay, whose upstream connects need the same guard.
+async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
+    let socket = match target {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if let Some(mark) = mark {
+        setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
+    }
+    socket.connect(target).await
+}
+
+/// The metrics label for an upstream failure (shared with the name relay).
+fn classify(e: &io::Error) -> ConnError {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => ConnError::Refused,
+        io::ErrorKind::TimedOut => ConnError::Timeout,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ConnError::Reset,
+        _ => ConnError::Other,
+    }
+}
