@@ -1,8 +1,8 @@
-//! The Corefile editor (`fallback::coredns`, whose text `k8s::coredns` writes into
+//! The Corefile editor (`names::corefile`, whose text `k8s::coredns` writes into
 //! the ConfigMap) over arbitrary text.
 //!
 //! Input: a Corefile, optionally followed by a NUL byte and one hostname per line
-//! (a plain Corefile seed uses a fixed list). Invariants (fallback/proptests.rs,
+//! (a plain Corefile seed uses a fixed list). Invariants (names/proptests.rs,
 //! over any text):
 //! - `remove` is idempotent and leaves no hairpin line; every other line is kept;
 //! - `apply` then `remove` gives back `remove(x)` (so `x` itself when it had no

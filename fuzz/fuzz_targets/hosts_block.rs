@@ -1,6 +1,6 @@
 //! The /etc/hosts block editor (`fallback::hosts`) over arbitrary file bytes.
 //!
-//! Invariants (the proptests in fallback/proptests.rs, over any bytes rather than
+//! Invariants (the proptests in names/proptests.rs, over any bytes rather than
 //! generated lines):
 //! - the editor accepts a file exactly when an independent scan finds at most one
 //!   BEGIN and one END marker line, in that order; an error names marker lines;

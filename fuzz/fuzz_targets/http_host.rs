@@ -2,7 +2,7 @@
 //!
 //! Invariants:
 //! - total, and more bytes never change an answer: every prefix answers `NeedMore`
-//!   or exactly what the whole input answers (name_relay/proptests.rs);
+//!   or exactly what the whole input answers (names/relay/proptests.rs);
 //! - a name is non-empty, lowercase, on one line, not an IPv6 literal (the route
 //!   lookup validates it as a hostname);
 //! - differential: when httparse (hyper's parser) reads a complete HTTP/1.x

@@ -1,7 +1,7 @@
 //! The TLS SNI parser (`name_relay::sni`) over a connection's first bytes.
 //!
 //! Invariants:
-//! - total: any bytes give an answer, never a panic (name_relay/proptests.rs);
+//! - total: any bytes give an answer, never a panic (names/relay/proptests.rs);
 //! - more bytes never change an answer: every prefix of the input answers
 //!   `NeedMore` or exactly what the whole input answers;
 //! - a name is non-empty text found verbatim in the input;

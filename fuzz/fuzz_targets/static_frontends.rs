@@ -1,4 +1,4 @@
-//! The static frontends file (`--frontends FILE`, `static_source`) over arbitrary
+//! The static frontends file (`--frontends FILE`, `agent::frontends_file`) over arbitrary
 //! text: frontends and the `hosts` lists the name relay and /etc/hosts use.
 //!
 //! Invariants:

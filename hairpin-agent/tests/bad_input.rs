@@ -4,8 +4,8 @@
 //! never a panic, and never a partial write.
 //!
 //! Cases already covered elsewhere are not repeated here: the pure marker errors
-//! (fallback/hosts_tests.rs), hostile hostname strings (fallback/hostname.rs), invalid
-//! names in Ingress/Gateway fields (fallback/names_tests.rs), hairpin's own invalid
+//! (names/hosts/tests.rs), hostile hostname strings (names/hostname.rs), invalid
+//! names in Ingress/Gateway fields (names/routes/tests.rs), hairpin's own invalid
 //! annotations from fixtures (tests/decide_fixtures.rs), the ConfigMap edge's errors
 //! (tests/tests/coredns.rs), and arbitrary input (fuzz/ and the proptests).
 

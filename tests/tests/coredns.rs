@@ -1,5 +1,5 @@
 //! The CoreDNS writer against the fake API server over real HTTP: Corefile mode
-//! writes exactly `fallback::coredns::apply`'s text (nothing else changes), every
+//! writes exactly `names::corefile::apply`'s text (nothing else changes), every
 //! update carries the resourceVersion (a concurrent edit gets 409 and is kept),
 //! import mode owns one key, an unrecognized Corefile is an error and an Event,
 //! only the Lease holder writes, and `cleanup` restores the Corefile byte for byte.

@@ -180,10 +180,9 @@ async fn relay(
         upstream.write_all(&both).await
     };
     written.map_err(|e| (Side::Upstream, classify(&e), e))?;
-    // tokio's copy_bidirectional, not splice(2): a splice relay measured 978 MB/s
-    // on the 1 GiB bulk case of `cargo xtask bench`, this path 1041 and 833 MB/s in
-    // two runs: within run-to-run spread, so the well-kept path stays. On the 2-core
-    // bench machine the relay shares a core with nginx, which bounds bulk anyway.
+    // tokio's copy_bidirectional, not splice(2): splice was no faster on the bulk
+    // case of `cargo xtask bench` (within run-to-run spread; docs/architecture.md),
+    // so the well-kept path stays.
     let size = cfg.buffer_size;
     tokio::io::copy_bidirectional_with_sizes(client, &mut Tagged(&mut upstream), size, size)
         .await

@@ -56,7 +56,7 @@ pub struct Snapshot {
     pub last_reconcile: Option<ReconcileStatus>,
     /// Per-object decisions (Kubernetes Services), free-form for their producer.
     pub decisions: Vec<Decision>,
-    /// Which paths are live on this node and why; `None` from agents before modes.
+    /// Which paths are live on this node and why; `None` until the agent decided.
     #[serde(default)]
     pub mode: Option<ModeStatus>,
     /// The name relay, when it runs.
@@ -402,7 +402,7 @@ impl Snapshot {
             ));
         }
         // Programs are awaited only where eBPF is a live path (not in `fallback`, nor
-        // in `auto` after it fell back); agents that report no mode always had them.
+        // in `auto` after it fell back); before the paths are decided, they are.
         let wants_programs = self
             .mode
             .as_ref()

@@ -112,7 +112,7 @@ fn probes_hit_routes_the_admin_server_serves_on_its_address() {
     let routes = admin_routes();
     assert!(
         routes.contains("/healthz") && routes.contains("/readyz"),
-        "admin.rs routes: {routes:?}"
+        "status/admin.rs routes: {routes:?}"
     );
     let defaults = run_args(&Default::default(), "defaults");
     for v in VARIANTS {
@@ -142,7 +142,7 @@ fn probes_hit_routes_the_admin_server_serves_on_its_address() {
             assert_eq!(p, path, "{}: {what} path", v.dir);
             assert!(
                 routes.contains(p),
-                "{}: {what} path {p} is not served by admin.rs ({routes:?})",
+                "{}: {what} path {p} is not served by status/admin.rs ({routes:?})",
                 v.dir
             );
             assert_eq!(

@@ -118,9 +118,9 @@ pub fn agent_binary() -> Option<PathBuf> {
     bin
 }
 
-/// The routes admin.rs serves (`.route("/path", ...)`).
+/// The routes status/admin.rs serves (`.route("/path", ...)`).
 pub fn admin_routes() -> BTreeSet<String> {
-    let src = read("hairpin-agent/src/admin.rs");
+    let src = read("hairpin-agent/src/status/admin.rs");
     src.match_indices(".route(\"")
         .map(|(i, m)| {
             src[i + m.len()..]

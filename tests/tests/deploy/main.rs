@@ -5,7 +5,7 @@
 //! What is verified here: every rendered object parses into its k8s-openapi type with
 //! no field lost (a misspelt field fails); `kubectl kustomize` renders every variant;
 //! the agent's env parses through its own clap options (`flags.rs`) into the settings
-//! each variant is for; probes hit routes that admin.rs serves on the admin address's
+//! each variant is for; probes hit routes that status/admin.rs serves on the admin address's
 //! port; mounts match the parsed paths; the Service's ports are the name relay's
 //! listeners; the RBAC equals the calls the code makes with those settings, exactly,
 //! each call pointing at its code (`rbac.rs`); the uninstall undoes what its install
@@ -194,7 +194,7 @@ fn each_variant_runs_the_agent_as_it_says() {
             v.dir
         );
         assert_eq!(run.hosts_file.is_some(), v.hosts, "{}: --hosts-file", v.dir);
-        // run.rs `coredns_config` refuses CoreDNS without the name relay.
+        // agent/mod.rs `coredns_config` refuses CoreDNS without the name relay.
         assert!(
             run.coredns == CorednsMode::Off || run.mode.allows_names(),
             "{}: --coredns needs a mode with the name relay",
@@ -265,7 +265,7 @@ fn env_names_are_flags_the_agent_binary_has() {
 
 #[test]
 fn the_agent_binary_accepts_each_variants_settings() {
-    // Beyond clap: run.rs refuses some combinations (CoreDNS with --mode ebpf) before
+    // Beyond clap: the agent (agent/mod.rs) refuses some combinations (CoreDNS with --mode ebpf) before
     // it touches anything. Run `hairpin-agent run` with the DaemonSet's env and a
     // kubeconfig that does not exist: the agent validates every setting, then fails
     // building the client, before it attaches or binds anything.

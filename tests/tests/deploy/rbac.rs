@@ -98,7 +98,7 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
         ));
     }
     let coredns = run.coredns != CorednsMode::Off;
-    // sources.rs `kubernetes_source`: the Lease election runs when Events or the
+    // k8s/source.rs `spawn`: the Lease election runs when Events or the
     // CoreDNS writer are on. k8s/lease.rs `attempt`: get_opt and replace of the Lease
     // (--lease-name) in --namespace; create when none exists (not limitable by name).
     if run.events || coredns {
@@ -122,13 +122,13 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
     }
     // kube_runtime's Recorder::publish creates an events.k8s.io Event in the object's
     // namespace and patches it when the Event repeats: k8s/events.rs (Services, with
-    // --events), k8s/coredns_loop.rs (CorefileUnrecognized on the Corefile ConfigMap).
+    // --events), k8s/coredns/task.rs (CorefileUnrecognized on the Corefile ConfigMap).
     let mut events = Vec::new();
     if run.events {
         events.push("k8s/events.rs");
     }
     if run.coredns == CorednsMode::Corefile {
-        events.push("k8s/coredns_loop.rs");
+        events.push("k8s/coredns/task.rs");
     }
     for file in events {
         for verb in ["create", "patch"] {
@@ -144,44 +144,44 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
         CorednsMode::Off => {}
         CorednsMode::Corefile => {
             v.extend(configmap_edit_calls(&objects.configmap));
-            // k8s/coredns_loop.rs `publish`: the ConfigMap the Warning Event is about.
+            // k8s/coredns/task.rs `publish`: the ConfigMap the Warning Event is about.
             let o = &objects.configmap;
             v.push(call(
                 (&o.namespace, "", "configmaps", "get", &o.name),
-                "k8s/coredns_loop.rs",
+                "k8s/coredns/task.rs",
                 ".get(&o.name)",
             ));
         }
         CorednsMode::Import => {
             let o = &objects.custom_configmap;
             v.extend(configmap_edit_calls(o));
-            // k8s/coredns.rs `write_import`: creates coredns-custom when missing; RBAC
+            // k8s/coredns/mod.rs `write_import`: creates coredns-custom when missing; RBAC
             // cannot limit create by name.
             v.push(call(
                 (&o.namespace, "", "configmaps", "create", "*"),
-                "k8s/coredns.rs",
+                "k8s/coredns/mod.rs",
                 "create(&PostParams::default(), &cm)",
             ));
         }
     }
-    // k8s/coredns.rs `node_local_dns` (from the CoreDNS loop): its DaemonSet, else its
+    // k8s/coredns/mod.rs `node_local_dns` (from the CoreDNS loop): its DaemonSet, else its
     // ConfigMap, in kube-system.
     if coredns {
         v.push(call(
             ("kube-system", "apps", "daemonsets", "get", "node-local-dns"),
-            "k8s/coredns.rs",
+            "k8s/coredns/mod.rs",
             "ds.get_opt(\"node-local-dns\")",
         ));
         v.push(call(
             ("kube-system", "", "configmaps", "get", "node-local-dns"),
-            "k8s/coredns.rs",
+            "k8s/coredns/mod.rs",
             "cm.get_opt(\"node-local-dns\")",
         ));
     }
     v
 }
 
-/// k8s/coredns.rs `edit_corefile` and `write_import` alike: get_opt, then replace
+/// k8s/coredns/mod.rs `edit_corefile` and `write_import` alike: get_opt, then replace
 /// carrying the resourceVersion (the Corefile, or our key of the import ConfigMap).
 fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
     let cm = |verb| {
@@ -194,10 +194,10 @@ fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
         )
     };
     vec![
-        call(cm("get"), "k8s/coredns.rs", ".get_opt(&o.name)"),
+        call(cm("get"), "k8s/coredns/mod.rs", ".get_opt(&o.name)"),
         call(
             cm("update"),
-            "k8s/coredns.rs",
+            "k8s/coredns/mod.rs",
             ".replace(&o.name, &PostParams::default(), &cm)",
         ),
     ]
@@ -218,7 +218,7 @@ pub fn cleanup_calls(c: &CleanupArgs) -> Vec<Call> {
         "cli/cleanup.rs",
         ".delete(&args.lease.name",
     )];
-    // k8s/coredns.rs `remove`: the same edit as the writer's, with our lines taken out;
+    // k8s/coredns/mod.rs `remove`: the same edit as the writer's, with our lines taken out;
     // in import mode a missing coredns-custom is left missing (no create).
     match c.coredns {
         CorednsMode::Off => {}

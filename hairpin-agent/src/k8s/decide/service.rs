@@ -1,6 +1,6 @@
 //! The pure decision for one Service: which (LB IP, TCP port) frontends need a PROXY header.
 //!
-//! Order of the rules, per DESIGN.md "Which frontends are proxied": type LoadBalancer; our
+//! Order of the rules (docs/architecture.md, "The control plane"): type LoadBalancer; our
 //! annotations valid; PROXY on by `hairpin.dev/proxy-protocol`, else a provider annotation,
 //! else the agent-wide default; LB ingress IPs without `ipMode: Proxy`; TCP ports, narrowed by
 //! `hairpin.dev/ports` and, when our annotation is absent, by the provider's own port selection.
