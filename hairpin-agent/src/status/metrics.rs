@@ -57,7 +57,7 @@ impl ConnError {
 }
 
 impl EncodeLabelValue for ConnError {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
         std::fmt::Write::write_str(encoder, self.name())
     }
 }

@@ -90,7 +90,7 @@ impl ConnectResult {
 
 /// Runs this bench binary's hidden subcommand `sub` with `args` from `cgroup` in the
 /// pod's namespace, on the client CPU; its stdout.
-fn run_child(ctx: &Ctx, cgroup: &std::path::Path, sub: &str, args: &[&str]) -> Result<String> {
+fn run_child(ctx: &Ctx<'_>, cgroup: &std::path::Path, sub: &str, args: &[&str]) -> Result<String> {
     let exe = std::env::current_exe()?;
     let mut argv = vec![exe.to_str().context("utf-8 exe path")?, sub];
     argv.extend_from_slice(args);
@@ -106,7 +106,7 @@ fn run_child(ctx: &Ctx, cgroup: &std::path::Path, sub: &str, args: &[&str]) -> R
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f64> {
+fn measure(ctx: &Ctx<'_>, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f64> {
     let n = ctx.opts.connects.to_string();
     let text = run_child(
         ctx,
@@ -124,7 +124,7 @@ fn measure(ctx: &Ctx, case: &ConnectCase, cgroup: &std::path::Path) -> Result<f6
 pub const PAIRS: u32 = 10;
 
 /// One round of [`PAIRS`] (outside, attached) samples, ns per connect.
-fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
+fn measure_pairs(ctx: &Ctx<'_>, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
     let n = (ctx.opts.connects / 4).max(1).to_string();
     let outside = ctx.node.outside_cgroup();
     let pod = ctx.node.pod_cgroup();
@@ -158,7 +158,7 @@ fn measure_pairs(ctx: &Ctx, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
 /// One attached run with BPF run-time statistics on: mean ns per program run and
 /// program runs per connect(), summed over hairpin's programs (only connect4 runs
 /// for these IPv4 loops).
-fn measure_program(ctx: &Ctx, case: &ConnectCase) -> Result<(f64, f64)> {
+fn measure_program(ctx: &Ctx<'_>, case: &ConnectCase) -> Result<(f64, f64)> {
     let stats_on = kernel::enable_run_time_stats()
         .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
     let before = kernel::hairpin_program_run_stats();
@@ -186,7 +186,7 @@ fn measure_program(ctx: &Ctx, case: &ConnectCase) -> Result<(f64, f64)> {
 /// Alternates rounds so drift affects every side alike: no agent, then one agent
 /// for the outside, attached and statistics runs. `start_agent` attaches the
 /// programs; dropping the agent detaches them.
-pub fn overhead(ctx: &Ctx, start_agent: &dyn Fn() -> Agent) -> Result<Vec<ConnectResult>> {
+pub fn overhead(ctx: &Ctx<'_>, start_agent: &dyn Fn() -> Agent) -> Result<Vec<ConnectResult>> {
     let mut results: Vec<ConnectResult> = cases()
         .into_iter()
         .map(|case| ConnectResult {

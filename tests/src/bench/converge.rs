@@ -48,7 +48,7 @@ pub fn write_frontends(agent: &Agent, yaml: &str) -> Result<()> {
 /// The file source (`--frontends`, polled every `--frontends-poll`): milliseconds from
 /// the file being replaced to the pod's connect to LB_V2 being redirected (odd
 /// changes add the frontend, even ones remove it), one sample per change.
-pub fn file_source(ctx: &Ctx, agent: &Agent) -> Result<Vec<f64>> {
+pub fn file_source(ctx: &Ctx<'_>, agent: &Agent) -> Result<Vec<f64>> {
     measure(ctx, |adding| {
         let specs = if adding {
             toggled_specs()
@@ -62,7 +62,7 @@ pub fn file_source(ctx: &Ctx, agent: &Agent) -> Result<Vec<f64>> {
 /// The Kubernetes watch source: milliseconds from a Service for LB_V2 appearing in
 /// (or leaving) the recorded API server's watch stream to the pod's connect being
 /// redirected (or not), with an agent that watches that server.
-pub fn watch_stream(ctx: &Ctx) -> Result<Vec<f64>> {
+pub fn watch_stream(ctx: &Ctx<'_>) -> Result<Vec<f64>> {
     let api = FakeApi::start_in_netns(&ctx.node.node_ns);
     let kubeconfig = ctx.node.dir.join("bench-kubeconfig");
     api.write_kubeconfig(&kubeconfig);
@@ -96,7 +96,7 @@ fn lb_service(ip: &str) -> serde_json::Value {
 
 /// Runs `ctx.opts.changes` changes through `change(adding)`, timing each from just
 /// before the change to the pod's probe seeing LB_V2 redirected (or no longer).
-fn measure(ctx: &Ctx, mut change: impl FnMut(bool) -> Result<()>) -> Result<Vec<f64>> {
+fn measure(ctx: &Ctx<'_>, mut change: impl FnMut(bool) -> Result<()>) -> Result<Vec<f64>> {
     let exe = std::env::current_exe()?;
     let exe = exe.to_str().context("utf-8 exe path")?;
     let target = format!("{LB_V2}:80");

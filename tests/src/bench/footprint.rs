@@ -93,7 +93,7 @@ pub struct Footprint {
 
 /// Measures each size `ctx.opts.runs` times. `start` spawns an agent with the given
 /// frontends (RLIMIT_NOFILE already raised by the caller: one listener per frontend).
-pub fn measure(ctx: &Ctx, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Vec<Footprint>> {
+pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Vec<Footprint>> {
     let relay = targets()
         .into_iter()
         .find(|t| t.hairpin)
@@ -161,7 +161,7 @@ fn timed_apply(agent: &mut Agent, yaml: &str, needle: &str, within_s: u64) -> Re
 /// idle and under wrk, as for the frontends alone. `start` spawns an agent with the
 /// given frontends and extra flags.
 pub fn measure_names(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     size: usize,
     hostnames: usize,
     start: &dyn Fn(&[FrontendSpec], &[String]) -> Agent,

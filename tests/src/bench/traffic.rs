@@ -84,7 +84,7 @@ impl RateRuns {
 
 /// Checks each target answers 200 from the pod before timing it: a broken path
 /// would otherwise show up as a suspiciously fast row.
-pub fn sanity(ctx: &Ctx) -> Result<()> {
+pub fn sanity(ctx: &Ctx<'_>) -> Result<()> {
     for t in targets() {
         let u = url(t.ip, t.port, "/");
         let out = in_pod(ctx.node, None, &["curl", "-sS", "--max-time", "5", &u]).output()?;
@@ -102,7 +102,7 @@ pub fn sanity(ctx: &Ctx) -> Result<()> {
 
 /// Runs wrk for `secs` against `t` from the pod; samples `agent_pid`'s RSS meanwhile.
 pub fn wrk_once(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     t: &Target,
     secs: u32,
     agent_pid: Option<i32>,
@@ -155,7 +155,7 @@ pub fn wrk_once(
 
 /// Rounds of wrk over every target, interleaved so drift hits all targets alike.
 /// Returns the runs and the agent's largest RSS (KiB) while it carried load.
-pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)> {
+pub fn connection_rate(ctx: &Ctx<'_>, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)> {
     let mut all: Vec<RateRuns> = targets()
         .into_iter()
         .map(|target| RateRuns {
@@ -196,7 +196,7 @@ pub fn connection_rate(ctx: &Ctx, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)
 /// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
 /// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`
 /// (and, in [`connection_rate`], its first PROXY v1 wrk round).
-pub fn bulk(ctx: &Ctx, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
+pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets()
         .into_iter()
