@@ -1,0 +1,346 @@
+//! Startup: flags into typed configs, then the source, the datapath, the relays
+//! and the admin server, in the order that changes nothing when a step fails
+//! before the programs attach.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{info, warn};
+
+use super::{
+    Agent,
+    args::RunArgs,
+    clients, limits,
+    mode::{self, Configured, EbpfOutcome, Plan},
+    reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
+    source,
+};
+use crate::{
+    datapath::{self, Datapath},
+    k8s::{
+        self,
+        coredns::{CorednsConfig, CorednsMode},
+        source::{SourceConfig, WriterConfig},
+    },
+    names::{
+        link as names_link,
+        relay::{NameRouting, NameRoutingConfig, ServiceListener},
+    },
+    relay::{Relay, RelayConfig},
+    status::{
+        AgentState, AttachmentStatus, HEARTBEAT_EVERY, ModeStatus, NamesStatus,
+        admin::{self, AdminConfig, KernelCounters},
+        metrics::Metrics,
+    },
+};
+
+impl Agent {
+    /// Starts everything in the order the module docs give; fails before anything
+    /// is attached when the source, the flags or the admin server are unusable.
+    pub async fn start(args: RunArgs) -> Result<Agent> {
+        let coredns = coredns_config(&args)?;
+        let node_v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
+        let node_v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
+        if node_v4.is_none() && node_v6.is_none() {
+            bail!(
+                "no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)"
+            );
+        }
+        let listen = if args.listen_addresses.is_empty() {
+            ListenAddresses {
+                v4: node_v4,
+                v6: node_v6,
+            }
+        } else {
+            ListenAddresses {
+                v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
+                v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
+            }
+        };
+        limits::raise_nofile_limit();
+        let metrics = Metrics::default();
+        limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
+        let state = AgentState::new(args.bypass_mark);
+        let signals = (
+            signal(SignalKind::terminate()).context("failed to handle SIGTERM")?,
+            signal(SignalKind::interrupt()).context("failed to handle SIGINT")?,
+        );
+
+        // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
+        let (desired, source_name, kube) = match &args.frontends {
+            Some(path) => {
+                let name = format!("file {}", path.display());
+                let rx = source::file(path, args.frontends_poll, state.clone(), name.clone())?;
+                (rx, name, None)
+            }
+            None => {
+                let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
+                let cfg = source_config(&args, coredns)?;
+                let name = cfg.name.clone();
+                let rx = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
+                (rx, name, Some(client))
+            }
+        };
+        state.register_source(&source_name);
+
+        let (datapath, outcome, cgroup) = start_datapath(&args)?;
+        let plan = mode::plan(
+            args.mode,
+            &outcome,
+            Configured {
+                hosts_file: args.hosts_file.is_some(),
+                coredns: args.coredns != CorednsMode::Off,
+            },
+        );
+        info!(mode = %args.mode, live = ?plan.live(), reason = %plan.reason, "paths decided");
+        state.update(|s| {
+            s.mode = Some(ModeStatus {
+                configured: args.mode,
+                live: plan.live(),
+                reason: plan.reason.clone(),
+            })
+        });
+        if let (Some(d), Some(cgroup)) = (datapath.as_ref(), cgroup) {
+            state.set_attachment(Some(AttachmentStatus {
+                cgroup,
+                ids: d.kernel_ids(),
+            }));
+        }
+
+        let relay_config = RelayConfig {
+            // Without programs nothing skips marked sockets, and setting a mark needs
+            // CAP_NET_ADMIN: leave it off.
+            bypass_mark: plan.ebpf.then_some(args.bypass_mark),
+            connect_timeout: args.connect_timeout,
+            node_ipv4: node_v4.and_then(|i| match i {
+                IpAddr::V4(v) => Some(v),
+                IpAddr::V6(_) => None,
+            }),
+            node_ipv6: node_v6.and_then(|i| match i {
+                IpAddr::V6(v) => Some(v),
+                IpAddr::V4(_) => None,
+            }),
+            clients: clients::policy(&args, kube, &state).await,
+            buffer_size: 64 * 1024,
+            keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
+        };
+        let names = start_names(
+            &args,
+            &plan,
+            listen,
+            node_v4,
+            node_v6,
+            &relay_config,
+            &metrics,
+            &state,
+        )
+        .await?;
+        let relay = Relay::new(relay_config, metrics.clone());
+        let reconciler = Reconciler::new(datapath, relay, listen);
+
+        // Up before the first sync: /healthz answers and /readyz says what it waits for.
+        let kernel: KernelCounters = Arc::new(|id| {
+            datapath::kernel::read_counters(id)
+                .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+                .map_err(|e| e.to_string())
+        });
+        let admin = admin::start(
+            &AdminConfig {
+                address: Some(args.admin_address),
+                socket: Some(args.admin_socket.clone()),
+            },
+            state.clone(),
+            metrics.clone(),
+            Some(kernel),
+        )
+        .await?;
+        let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Agent {
+            state,
+            metrics,
+            desired,
+            source_name,
+            plan,
+            reconciler,
+            names,
+            admin: Some(admin),
+            drain_timeout: args.drain_timeout,
+            signals,
+            ready: false,
+            retry: Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX),
+            retry_in: None,
+            heartbeat,
+        })
+    }
+}
+
+/// The Kubernetes source's settings: a Lease and its writer only when something
+/// cluster-wide is written (Events, CoreDNS).
+fn source_config(args: &RunArgs, coredns: Option<CorednsConfig>) -> Result<SourceConfig> {
+    let writer = if args.events || coredns.is_some() {
+        Some(WriterConfig {
+            namespace: args.namespace.clone(),
+            lease: args.lease_name.clone(),
+            node: args.node_name()?,
+            events: args.events,
+            coredns,
+        })
+    } else {
+        None
+    };
+    Ok(SourceConfig {
+        defaults: k8s::Defaults {
+            proxy_protocol: args.default_proxy_protocol.0,
+        },
+        name: "kubernetes".into(),
+        writer,
+    })
+}
+
+/// The CoreDNS writer's settings, or `None` when it is off; refuses combinations
+/// that cannot work.
+fn coredns_config(args: &RunArgs) -> Result<Option<CorednsConfig>> {
+    if args.coredns == CorednsMode::Off {
+        return Ok(None);
+    }
+    if !args.mode.allows_names() {
+        bail!(
+            "--coredns {} needs the name relay: --mode ebpf runs none (use --mode both or auto)",
+            args.coredns
+        );
+    }
+    if args.frontends.is_some() {
+        bail!("--coredns writes through the Kubernetes API: it cannot be used with --frontends");
+    }
+    Ok(Some(CorednsConfig {
+        mode: args.coredns,
+        configmap: args.coredns_objects.configmap.clone(),
+        custom: args.coredns_objects.custom_configmap.clone(),
+        target: args.coredns_target.clone(),
+    }))
+}
+
+/// Loads and attaches the programs as `--mode` allows. `auto` turns a failure into
+/// [`EbpfOutcome::Failed`] with a warning; `ebpf` and `both` stop on it.
+fn start_datapath(args: &RunArgs) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
+    if !args.mode.tries_ebpf() {
+        info!("--mode fallback: no programs loaded");
+        return Ok((None, EbpfOutcome::NotTried, None));
+    }
+    match attach(args) {
+        Ok((datapath, cgroup)) => {
+            info!(cgroup = %cgroup.display(), "programs attached");
+            Ok((Some(datapath), EbpfOutcome::Attached, Some(cgroup)))
+        }
+        Err(e) if args.mode.requires_ebpf() => Err(e),
+        Err(e) => {
+            let reason = format!("{e:#}");
+            warn!(%reason, "eBPF could not be used on this node: falling back to the name relay (/etc/hosts, CoreDNS)");
+            Ok((None, EbpfOutcome::Failed(reason), None))
+        }
+    }
+}
+
+fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
+    let object = datapath::embedded_object().ok_or(datapath::DatapathError::NotEmbedded)?;
+    let cgroup = match &args.cgroup_path {
+        Some(p) => p.clone(),
+        None => {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+                .context("failed to read /proc/self/mountinfo")?;
+            datapath::find_cgroup2_root(&mountinfo).context(
+                "no cgroup v2 hierarchy root is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) \
+                 or pass --cgroup-path",
+            )?
+        }
+    };
+    let mut datapath = Datapath::load_with_capacity(object, args.bypass_mark, args.max_frontends)?;
+    datapath.attach(&cgroup)?;
+    Ok((datapath, cgroup))
+}
+
+/// The name relay, when the plan runs one and ports are configured. It listens
+/// only once a route exists, so an agent without names never takes ports 80/443.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "startup wiring: each is one already-validated piece"
+)]
+async fn start_names(
+    args: &RunArgs,
+    plan: &Plan,
+    listen: ListenAddresses,
+    node_v4: Option<IpAddr>,
+    node_v6: Option<IpAddr>,
+    relay: &RelayConfig,
+    metrics: &Metrics,
+    state: &AgentState,
+) -> Result<Option<NameRouting>> {
+    let Some(address) = args.names_address.or(listen.v4).or(listen.v6) else {
+        return Ok(None);
+    };
+    if !plan.name_relay || (args.names_ports.0.is_empty() && args.names_service_ports.0.is_empty())
+    {
+        return Ok(None);
+    }
+    let link_note = names_on_link(args, address).await?;
+    let hosts_file = args.hosts_file.clone().filter(|_| plan.hosts);
+    state.update(|s| {
+        s.names = Some(NamesStatus {
+            address: Some(address),
+            link: args.names_link.clone(),
+            link_note,
+            hosts_file: hosts_file.clone(),
+            ..NamesStatus::default()
+        })
+    });
+    Ok(Some(NameRouting::new(
+        NameRoutingConfig {
+            address,
+            ports: args.names_ports.0.clone(),
+            service_listeners: service_listeners(args, node_v4, node_v6),
+            hosts_file,
+            peek_timeout: Duration::from_secs(5),
+        },
+        relay.clone(),
+        metrics.clone(),
+    )))
+}
+
+/// The name relay's listeners for the `hairpin` Service: every node IP at each
+/// target port (a hostNetwork pod's endpoints are the node's IPs).
+fn service_listeners(
+    args: &RunArgs,
+    node_v4: Option<IpAddr>,
+    node_v6: Option<IpAddr>,
+) -> Vec<ServiceListener> {
+    let mut out = Vec::new();
+    for ip in [node_v4, node_v6].into_iter().flatten() {
+        for &(routes_as, listen) in &args.names_service_ports.0 {
+            out.push(ServiceListener {
+                bind: SocketAddr::new(ip, listen),
+                routes_as,
+            });
+        }
+    }
+    out
+}
+
+/// Puts the names address on `--names-link` when set; returns what was done.
+async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>> {
+    let Some(link) = &args.names_link else {
+        return Ok(None);
+    };
+    let outcome = names_link::ensure(link, address)
+        .await
+        .with_context(|| format!("--names-link {link}: cannot put {address} on it"))?;
+    let note = outcome.note(address);
+    info!(link = outcome.link(), %address, "{note}");
+    Ok(Some(note))
+}
