@@ -241,7 +241,11 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
                 .into(),
             f.version.to_string().into(),
             f.source.as_str().into(),
-            f.reason.clone().unwrap_or_default().into(),
+            match (&f.reason, f.retry) {
+                (Some(r), Some(retry)) => format!("{r} ({})", retry.describe()),
+                (r, _) => r.clone().unwrap_or_default(),
+            }
+            .into(),
         ]);
     }
     out.push_str(&if t.is_empty() {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::{
     model::{LivePath, Paths, ProxyVersion},
-    status::{AttachmentStatus, FrontendStatus, KernelIds, SourceStatus},
+    status::{AttachmentStatus, FrontendStatus, KernelIds, RetryPolicy, SourceStatus},
 };
 
 fn snapshot() -> Snapshot {
@@ -106,6 +106,36 @@ fn an_unreachable_agent_renders_what_the_kernel_has() {
     let text = render(&r, false);
     assert!(
         text.contains("hairpin_connect  9        not attached  1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_failed_frontend_says_why_and_when_it_is_tried_again() {
+    let mut s = snapshot();
+    for (port, reason, retry) in [
+        (81, "the frontend map is full", RetryPolicy::OnChange),
+        (82, "address in use", RetryPolicy::Backoff),
+    ] {
+        s.frontends.push(FrontendStatus {
+            ip: "203.0.113.10".parse().expect("ip"),
+            port,
+            version: ProxyVersion::V1,
+            source: "file f.yaml".into(),
+            state: FrontendState::Failed,
+            listener: None,
+            reason: Some(reason.into()),
+            retry: Some(retry),
+            path: Paths::default(),
+        });
+    }
+    let text = render(&report(Some(s)), false);
+    assert!(
+        text.contains("the frontend map is full (waits for a change)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("address in use (retrying with backoff)\n"),
         "{text}"
     );
 }
