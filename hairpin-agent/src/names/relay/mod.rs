@@ -91,6 +91,8 @@ pub struct NameRouting {
     /// By requested bind address: why it could not be bound, until it is. The run
     /// loop retries these with backoff; each error is logged once.
     failed: BTreeMap<SocketAddr, String>,
+    /// How many routes the hosts file left out last time: a change is said once.
+    withheld: usize,
     connections: TaskTracker,
 }
 
@@ -110,6 +112,7 @@ impl NameRouting {
             table,
             listeners: BTreeMap::new(),
             failed: BTreeMap::new(),
+            withheld: 0,
             connections: TaskTracker::new(),
         }
     }
@@ -131,9 +134,24 @@ impl NameRouting {
             .collect()
     }
 
-    /// Whether a listener runs on the names address, which the hosts file points at.
-    fn serves_names_address(&self) -> bool {
-        self.listeners.keys().any(|a| a.ip() == self.cfg.address)
+    /// The routes the hosts file may name: none of their ports may be a names port
+    /// whose listener is not bound (taken by another process). /etc/hosts cannot
+    /// point a name somewhere per port, so such a name stays on its pre-hairpin
+    /// path rather than reaching an address that refuses it on that port.
+    fn servable(&self, routes: &[NameRoute]) -> Vec<NameRoute> {
+        let address = self.cfg.address;
+        let unbound: Vec<u16> = self
+            .cfg
+            .ports
+            .iter()
+            .copied()
+            .filter(|p| !self.listeners.contains_key(&SocketAddr::new(address, *p)))
+            .collect();
+        routes
+            .iter()
+            .filter(|r| !r.ports.iter().any(|p| unbound.contains(p)))
+            .cloned()
+            .collect()
     }
 
     /// Routes new connections by `routes` and rewrites the hosts file to match.
@@ -142,8 +160,8 @@ impl NameRouting {
     /// takes ports 80/443 on the node. A port that cannot be bound is logged and
     /// left out and tried again on the next call (the run loop calls again with
     /// backoff while [`failed_listeners`](Self::failed_listeners) is not empty);
-    /// the hosts file names the relay only while a listener runs, so a name is
-    /// never pointed at an address nothing answers on.
+    /// the hosts file names the relay for a name only while every names port it
+    /// uses has a listener, so a name is never pointed at an address that refuses it.
     pub fn update(&mut self, routes: &[NameRoute]) {
         if !routes.is_empty() {
             self.start_listeners();
@@ -152,12 +170,16 @@ impl NameRouting {
         let Some(path) = self.cfg.hosts_file.clone() else {
             return;
         };
-        let published: &[NameRoute] = if !self.serves_names_address() {
-            &[]
-        } else {
-            routes
-        };
-        match hosts_writer::sync(&path, published, self.cfg.address) {
+        let published = self.servable(routes);
+        let withheld = routes.len() - published.len();
+        if withheld != self.withheld && withheld > 0 {
+            warn!(
+                withheld,
+                "hosts file: names with a port the name relay cannot serve are left out"
+            );
+        }
+        self.withheld = withheld;
+        match hosts_writer::sync(&path, &published, self.cfg.address) {
             Ok(report) => {
                 for s in &report.skipped {
                     warn!(host = %s.hostname, reason = %s.reason, "hosts file: name left out");
