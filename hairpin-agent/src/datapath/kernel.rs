@@ -29,6 +29,9 @@ pub enum KernelError {
     /// Programs could not be enumerated (usually: no CAP_SYS_ADMIN/CAP_BPF).
     #[error("failed to list bpf programs: {0}")]
     Programs(#[source] Box<aya::programs::ProgramError>),
+    /// Links could not be enumerated (kernels before 5.8, or no CAP_BPF).
+    #[error("failed to list bpf links: {0}")]
+    Links(#[source] Box<aya::programs::links::LinkError>),
 }
 
 impl KernelError {
@@ -63,12 +66,29 @@ pub struct FoundMap {
     pub name: String,
 }
 
+/// Every bpf link the kernel lists, as (program id, link id). Kernels before 5.8
+/// cannot list links: that is an error, not an empty list. A link freed between
+/// being listed and being opened (another tool's, going away) is skipped.
+pub fn links() -> Result<Vec<(u32, u32)>, KernelError> {
+    let mut found = Vec::new();
+    let mut first_error = None;
+    for l in loaded_links() {
+        match l {
+            Ok(l) => found.push((l.program_id(), l.id())),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if found.is_empty() => Err(KernelError::Links(Box::new(e))),
+        _ => Ok(found),
+    }
+}
+
 /// Ids for `programs` (ELF name, kernel info), with their links found by listing.
 pub fn ids_of(programs: &[(&str, ProgramInfo)]) -> KernelIds {
-    let links: Vec<(u32, u32)> = loaded_links()
-        .filter_map(Result::ok)
-        .map(|l| (l.program_id(), l.id()))
-        .collect();
+    let links = links().unwrap_or_default();
     let mut ids = KernelIds::default();
     for (name, info) in programs {
         let map_ids = info.map_ids().ok().flatten().unwrap_or_default();

@@ -98,6 +98,24 @@ pub enum DatapathError {
         /// The map's capacity.
         capacity: u32,
     },
+    /// A program was attached without a bpf_link (kernels before 5.7 attach the
+    /// legacy way), or the kernel cannot list links to confirm it (before 5.8).
+    /// A legacy attachment outlives a killed agent and keeps redirecting to
+    /// listeners that are gone, so the eBPF path is refused rather than risked.
+    #[error(
+        "{program} at cgroup {cgroup:?} is not attached through a bpf_link ({why}): a legacy \
+         attachment outlives a killed agent and would keep redirecting to a dead relay, so \
+         hairpin does not run its eBPF path on this kernel (5.8 or newer is needed; --mode \
+         auto falls back to the name relay)"
+    )]
+    NotALink {
+        /// The program.
+        program: &'static str,
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// What the kernel said.
+        why: String,
+    },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
     FamilyMismatch {
@@ -191,10 +209,47 @@ impl Datapath {
                 .map_err(program_error(name, "attach", cgroup))?;
             links.push((name, id));
         }
-        Ok(self.attachment.insert(Attachment {
+        self.attachment = Some(Attachment {
             cgroup: cgroup.to_path_buf(),
             links,
-        }))
+        });
+        // Checked, not assumed: aya falls back to a legacy attach where the kernel
+        // has no cgroup links, and that one would outlive this process.
+        if let Err((program, why)) = self.confirm_links() {
+            self.detach();
+            return Err(DatapathError::NotALink {
+                program,
+                cgroup: cgroup.to_path_buf(),
+                why,
+            });
+        }
+        Ok(self
+            .attachment
+            .as_ref()
+            .expect("the attachment was recorded above and links were confirmed"))
+    }
+
+    /// Ok when every program has a bpf_link the kernel lists; else the first that
+    /// does not, and why.
+    fn confirm_links(&self) -> Result<(), (&'static str, String)> {
+        let links = kernel::links().map_err(|e| {
+            (
+                PROGRAMS[0],
+                format!("the kernel cannot list bpf links: {e}"),
+            )
+        })?;
+        for name in PROGRAMS {
+            let id = self
+                .ebpf
+                .program(name)
+                .and_then(|p| p.info().ok())
+                .map(|i| i.id())
+                .ok_or((name, "its program id cannot be read".to_string()))?;
+            if !links.iter().any(|(program, _)| *program == id) {
+                return Err((name, format!("no bpf link of program id {id}")));
+            }
+        }
+        Ok(())
     }
 
     /// Detaches both programs: from now on no connect is redirected.
@@ -342,6 +397,25 @@ fn raise_memlock_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_legacy_attachment_is_refused_with_the_reason_and_what_to_do() {
+        let e = DatapathError::NotALink {
+            program: "hairpin_connect4",
+            cgroup: "/sys/fs/cgroup".into(),
+            why: "no bpf link of program id 7".into(),
+        };
+        let text = e.to_string();
+        for part in [
+            "hairpin_connect4 at cgroup \"/sys/fs/cgroup\" is not attached through a bpf_link",
+            "(no bpf link of program id 7)",
+            "outlives a killed agent",
+            "5.8 or newer",
+            "--mode auto falls back to the name relay",
+        ] {
+            assert!(text.contains(part), "{text}");
+        }
+    }
 
     #[test]
     fn a_full_map_is_told_apart_from_other_insert_failures() {
