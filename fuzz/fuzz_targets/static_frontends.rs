@@ -7,14 +7,15 @@
 //! - an accepted frontend is a unicast LB address with a TCP port in 1..=65535,
 //!   attributed to the file;
 //! - routes parse only where frontends parse, and each route is a valid hostname
-//!   on one of the file's own frontends' LBs and ports.
+//!   on one of the file's own frontends' LBs and ports, inside the names scope
+//!   (`--names-domains`; the always-refused names never come through).
 #![no_main]
 
 use std::path::Path;
 
 use hairpin_agent::{
-    names::hostname::Hostname,
     agent::frontends_file::{FrontendsFileError, parse, parse_routes},
+    names::{hostname::Hostname, scope::NameScope},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -52,11 +53,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let path = Path::new(FILE);
+    let scope = NameScope::new(&["example.com", "a.io", "x.y.z"], "cluster.local")
+        .expect("a valid scope");
     let frontends = match parse(path, text) {
         Ok(f) => f,
         Err(e) => {
             check_error(&e);
-            let routes = parse_routes(path, text).expect_err("routes need valid frontends");
+            let routes = parse_routes(path, text, &scope).expect_err("routes need valid frontends");
             check_error(&routes);
             return;
         }
@@ -70,10 +73,11 @@ fuzz_target!(|data: &[u8]| {
             f.source
         );
     }
-    match parse_routes(path, text) {
+    match parse_routes(path, text, &scope) {
         Ok(routes) => {
             for r in &routes.routes {
                 assert_eq!(Hostname::parse(r.host.as_str()).as_ref(), Ok(&r.host));
+                assert_eq!(scope.check(&r.host), Ok(()), "{r:?}");
                 assert!(!r.ports.is_empty());
                 for port in &r.ports {
                     assert!(

@@ -347,7 +347,8 @@ fn injected_and_oversized_hostnames_are_rejected_naming_the_field() {
 
         // Through the frontends file: the file, the entry and the field are named.
         let yaml = frontends_file(&serde_json_string(value));
-        let err = frontends_file::parse_routes(path, &yaml).expect_err(value);
+        let scope = hairpin_agent::names::scope::NameScope::none();
+        let err = frontends_file::parse_routes(path, &yaml, &scope).expect_err(value);
         let msg = err.to_string();
         assert!(
             msg.starts_with(

@@ -14,6 +14,7 @@ use hairpin_agent::{
         self,
         watch::{KubeSnapshot, KubeSource},
     },
+    names::scope::NameScope,
     status::metrics::Metrics,
 };
 use hairpin_tests::fakeapi::{FakeApi, fixture};
@@ -38,10 +39,16 @@ fn client(api: &FakeApi) -> kube::Client {
 }
 
 fn start(api: &FakeApi) -> (KubeSource, Metrics) {
+    start_scoped(api, NameScope::none())
+}
+
+/// As [`start`], publishing hostnames within `scope`.
+fn start_scoped(api: &FakeApi, scope: NameScope) -> (KubeSource, Metrics) {
     let metrics = Metrics::default();
     let source = k8s::watch::spawn(
         client(api),
         k8s::Defaults::default(),
+        scope,
         metrics.clone(),
         std::sync::Arc::new(|_, _| {}),
     );

@@ -181,6 +181,20 @@ pub struct RunArgs {
     /// and `doctor`.
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
+
+    /// Domains whose hostnames may be published (comma-separated, e.g.
+    /// `example.com,shop.example.org`): a name is published in /etc/hosts and CoreDNS
+    /// only when it equals a listed domain or ends with `.` and one. Empty (the
+    /// default): no names are published, as `status` and `doctor` say. Whatever is
+    /// listed, the cluster domain, `*.svc` names, `localhost`, single labels, this
+    /// node's names, the API server, metadata endpoints and public suffixes
+    /// (`*.com`) are refused.
+    #[arg(long, env = "HAIRPIN_NAMES_DOMAINS", value_delimiter = ',')]
+    pub names_domains: Vec<String>,
+
+    /// The cluster's DNS domain: it and every name under it are never published.
+    #[arg(long, env = "HAIRPIN_CLUSTER_DOMAIN", default_value = crate::names::scope::DEFAULT_CLUSTER_DOMAIN)]
+    pub cluster_domain: String,
 }
 
 /// `off`, `v1` or `v2`.

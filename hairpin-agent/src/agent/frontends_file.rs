@@ -10,7 +10,10 @@
 //!     hosts: [shop.example.com, "*.shop.example.com"]  # optional: names on this LB
 //! ```
 //!
-//! `hosts` feeds the name relay and the /etc/hosts block. Each LoadBalancer
+//! `hosts` feeds the name relay and the /etc/hosts block, within the same
+//! `--names-domains` scope as the cluster's names: a name outside it, or always
+//! refused (`localhost`, the cluster domain, ...), is left out with a warning
+//! naming the rule, and the rest of the file applies. Each LoadBalancer
 //! address belongs to one entry: the same `ip` and port in two places is refused
 //! with both named, since the file's author must say which header that address gets.
 
@@ -26,6 +29,7 @@ use crate::{
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
+        scope::NameScope,
     },
 };
 
@@ -126,18 +130,23 @@ pub struct FrontendsFile {
     pub routes: NameRoutes,
 }
 
-/// Reads `path` once and parses it.
-pub fn load(path: &Path) -> Result<FrontendsFile, FrontendsFileError> {
+/// Reads `path` once and parses it, routing its `hosts` within `scope`.
+pub fn load(path: &Path, scope: &NameScope) -> Result<FrontendsFile, FrontendsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| FrontendsFileError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_file(path, &text)
+    parse_file(path, &text, scope)
 }
 
 /// Parses the YAML `text` of the file at `path` (named in errors): frontends and
 /// routes from one parse, so both always come from the same version of the file.
-pub fn parse_file(path: &Path, text: &str) -> Result<FrontendsFile, FrontendsFileError> {
+/// `hosts` names outside `scope` are skips in the routes, not errors.
+pub fn parse_file(
+    path: &Path,
+    text: &str,
+    scope: &NameScope,
+) -> Result<FrontendsFile, FrontendsFileError> {
     let file: File = yaml_serde::from_str(text).map_err(|e| FrontendsFileError::Parse {
         path: path.to_path_buf(),
         message: e.to_string(),
@@ -203,25 +212,31 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FrontendsFile, FrontendsFil
             claims.push(Claim {
                 created: None,
                 source: source_of(path, e.name.as_deref()),
+                object: None,
                 field: format!("frontends[{index}].hosts[{host_index}]"),
                 host,
                 lbs: vec![e.ip],
             });
         }
     }
-    let routes = resolve(claims, &frontends);
+    let routes = resolve(claims, &frontends, scope);
     Ok(FrontendsFile { frontends, routes })
 }
 
-/// The frontends of the YAML `text` of the file at `path`.
+/// The frontends of the YAML `text` of the file at `path` (its `hosts` are still
+/// validated as names).
 pub fn parse(path: &Path, text: &str) -> Result<Frontends, FrontendsFileError> {
-    parse_file(path, text).map(|f| f.frontends)
+    parse_file(path, text, &NameScope::none()).map(|f| f.frontends)
 }
 
-/// The name routes the entries' `hosts` lists ask for, each on its own entry's LB,
-/// ports and version.
-pub fn parse_routes(path: &Path, text: &str) -> Result<NameRoutes, FrontendsFileError> {
-    parse_file(path, text).map(|f| f.routes)
+/// The name routes the entries' `hosts` lists ask for within `scope`, each on its
+/// own entry's LB, ports and version.
+pub fn parse_routes(
+    path: &Path,
+    text: &str,
+    scope: &NameScope,
+) -> Result<NameRoutes, FrontendsFileError> {
+    parse_file(path, text, scope).map(|f| f.routes)
 }
 
 #[cfg(test)]
@@ -230,6 +245,10 @@ mod tests {
 
     fn p(text: &str) -> Result<Frontends, FrontendsFileError> {
         parse(Path::new("f.yaml"), text)
+    }
+
+    fn example_com() -> NameScope {
+        NameScope::new(&["example.com"], "cluster.local").expect("scope")
     }
 
     #[test]
@@ -302,7 +321,7 @@ mod tests {
         let text = "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n  \
                     hosts: [a.example.com, \"*.a.example.com\"]\n\
                     - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  name: hap\n  hosts: [B.example.com]\n";
-        let routes = parse_routes(Path::new("f.yaml"), text).expect("valid");
+        let routes = parse_routes(Path::new("f.yaml"), text, &example_com()).expect("valid");
         let got: Vec<String> = routes
             .routes
             .iter()
@@ -325,6 +344,7 @@ mod tests {
         let err = parse_routes(
             Path::new("f.yaml"),
             "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  hosts: [ok.io, \"a b\"]\n",
+            &example_com(),
         )
         .expect_err("bad host")
         .to_string();
@@ -332,5 +352,47 @@ mod tests {
             err.starts_with("frontends file f.yaml: frontends[0].hosts[1]: hostname \"a b\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn hosts_outside_the_scope_are_left_out_naming_the_rule_and_the_rest_applies() {
+        // The names the issue saw written into /etc/hosts, beside one that is fine.
+        let text = "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  name: lb\n  \
+                    hosts: [localhost, kubernetes.default.svc.cluster.local, metadata.google.internal, \
+                    registry-1.docker.io, \"*.com\", intranet, shop.example.com]\n";
+        let routes = parse_routes(Path::new("f.yaml"), text, &example_com()).expect("valid");
+        let hosts: Vec<&str> = routes.routes.iter().map(|r| r.host.as_str()).collect();
+        assert_eq!(hosts, ["shop.example.com"]);
+        let skips: Vec<String> = routes.skips.iter().map(|s| s.message.clone()).collect();
+        assert_eq!(
+            skips,
+            [
+                "file f.yaml (lb): frontends[0].hosts[0]: host localhost refused (rule localhost): \
+                 loopback names must keep resolving to this machine; expected a name that is not localhost",
+                "file f.yaml (lb): frontends[0].hosts[1]: host kubernetes.default.svc.cluster.local \
+                 refused (rule cluster-domain): names in the cluster domain cluster.local belong to \
+                 Services and Pods; expected a name outside cluster.local",
+                "file f.yaml (lb): frontends[0].hosts[2]: host metadata.google.internal refused \
+                 (rule metadata-endpoint): cloud metadata endpoints and cloud-internal zones \
+                 (nodes' own names) are never redirected; expected a name that is not a metadata endpoint",
+                "file f.yaml (lb): frontends[0].hosts[3]: host registry-1.docker.io refused (rule \
+                 outside-domains): it is not under a domain listed in --names-domains; expected a \
+                 name under example.com",
+                "file f.yaml (lb): frontends[0].hosts[4]: host *.com refused (rule public-suffix): \
+                 it is a wildcard directly under the public suffix com; expected a name under a \
+                 registrable domain (example.com, not com)",
+                "file f.yaml (lb): frontends[0].hosts[5]: host intranet refused (rule single-label): \
+                 single-label names are resolved through search domains; expected a name with at \
+                 least two labels (app.example.com)",
+            ]
+        );
+        assert!(routes.skips.iter().all(|s| s.object.is_none()));
+        // The default scope publishes nothing, and the frontends still apply.
+        let none = parse_file(Path::new("f.yaml"), text, &NameScope::none()).expect("valid");
+        assert!(none.routes.routes.is_empty());
+        assert_eq!(none.frontends.len(), 1);
+        assert!(none.routes.skips.iter().any(|s| s.message.contains(
+            "host shop.example.com refused (rule no-domains): --names-domains is empty"
+        )));
     }
 }

@@ -138,6 +138,7 @@ impl Agent {
                 st.listeners = listeners;
                 st.failed_listeners = failed;
                 st.routes = next.routes.len();
+                st.skips = next.route_skips.clone();
             }
         });
         (relay_ip, count)

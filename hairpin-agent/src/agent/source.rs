@@ -18,7 +18,7 @@ use super::frontends_file::{self, FrontendsFile};
 use crate::{
     k8s::{self, source::SourceConfig},
     model::Frontends,
-    names::routes::NameRoute,
+    names::{routes::NameRoute, scope::NameScope},
     status::{AgentState, metrics::Metrics},
 };
 
@@ -29,22 +29,34 @@ pub struct Desired {
     pub frontends: Frontends,
     /// Hostnames the name relay routes to their own LB (and /etc/hosts points at it).
     pub routes: Vec<NameRoute>,
+    /// Hostnames left out (refused by `--names-domains` and its rules, not accepted
+    /// by their Gateway, not proxied, conflicts), one sentence each, for `/status`.
+    pub route_skips: Vec<String>,
 }
 
 /// The receiving end the agent applies from.
 pub type DesiredRx = watch::Receiver<Option<Desired>>;
 
 /// The frontends file now, then on every change; `name` is the source's name in
-/// `/status`. A file that does not load now is an error: nothing is attached yet.
+/// `/status`; its `hosts` are routed within `scope`. A file that does not load now
+/// is an error: nothing is attached yet.
 pub fn file(
     path: &Path,
     every: Duration,
     state: AgentState,
     name: String,
+    scope: NameScope,
 ) -> Result<DesiredRx, frontends_file::FrontendsFileError> {
-    let initial = load(path)?;
+    let initial = load(path, &scope)?;
     let (tx, rx) = watch::channel(Some(initial));
-    tokio::spawn(watch_file(path.to_path_buf(), every, tx, state, name));
+    tokio::spawn(watch_file(
+        path.to_path_buf(),
+        every,
+        tx,
+        state,
+        name,
+        scope,
+    ));
     Ok(rx)
 }
 
@@ -70,6 +82,7 @@ pub fn kubernetes(
                 s.synced.then(|| Desired {
                     frontends: s.frontends.clone(),
                     routes: s.routes.clone(),
+                    route_skips: s.route_skips.iter().map(|k| k.message.clone()).collect(),
                 })
             };
             if next.is_some() {
@@ -97,6 +110,7 @@ async fn watch_file(
     tx: watch::Sender<Option<Desired>>,
     state: AgentState,
     name: String,
+    scope: NameScope,
 ) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
@@ -122,7 +136,7 @@ async fn watch_file(
             continue;
         }
         last = now;
-        match load(&path) {
+        match load(&path, &scope) {
             Ok(set) => {
                 if tx.send(Some(set)).is_err() {
                     return;
@@ -136,14 +150,16 @@ async fn watch_file(
     }
 }
 
-/// The frontends file, read and parsed once, with the hostnames routed to its LBs.
-fn load(path: &Path) -> Result<Desired, frontends_file::FrontendsFileError> {
-    let FrontendsFile { frontends, routes } = frontends_file::load(path)?;
+/// The frontends file, read and parsed once, with the hostnames routed to its LBs
+/// within `scope`. Each skip is logged once per load (a load follows an edit).
+fn load(path: &Path, scope: &NameScope) -> Result<Desired, frontends_file::FrontendsFileError> {
+    let FrontendsFile { frontends, routes } = frontends_file::load(path, scope)?;
     for skip in &routes.skips {
-        warn!(reason = ?skip.reason, "{}", skip.message);
+        warn!(reason = ?skip.reason, "hostname left out: {}", skip.message);
     }
     Ok(Desired {
         frontends,
         routes: routes.routes,
+        route_skips: routes.skips.into_iter().map(|s| s.message).collect(),
     })
 }

@@ -31,6 +31,7 @@ use crate::{
     names::{
         link as names_link,
         relay::{NameRouting, NameRoutingConfig, ServiceListener},
+        scope::{NameScope, ScopeRule},
     },
     relay::{Relay, RelayConfig},
     status::{
@@ -72,21 +73,40 @@ impl Agent {
             signal(SignalKind::interrupt()).context("failed to handle SIGINT")?,
         );
 
+        let scope = names_scope(&args)?;
         // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
-        let (desired, source_name, kube) = match &args.frontends {
+        let (desired, source_name, kube, scope) = match &args.frontends {
             Some(path) => {
                 let name = format!("file {}", path.display());
-                let rx = source::file(path, args.frontends_poll, state.clone(), name.clone())?;
-                (rx, name, None)
+                let rx = source::file(
+                    path,
+                    args.frontends_poll,
+                    state.clone(),
+                    name.clone(),
+                    scope.clone(),
+                )?;
+                (rx, name, None, scope)
             }
             None => {
-                let client = k8s::client::client(args.kubeconfig.as_deref()).await?;
-                let cfg = source_config(&args, coredns)?;
+                let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
+                let scope = match k8s::client::api_server_name(&config) {
+                    Some(host) => {
+                        scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host")
+                    }
+                    None => scope,
+                };
+                let client = k8s::client::from_config(config)?;
+                let cfg = source_config(&args, coredns, scope.clone())?;
                 let name = cfg.name.clone();
                 let rx = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
-                (rx, name, Some(client))
+                (rx, name, Some(client), scope)
             }
         };
+        if scope.domains().is_empty() {
+            warn!("--names-domains is empty: no hostname is published (/etc/hosts, CoreDNS)");
+        } else {
+            info!(domains = ?scope.domains(), "hostnames are published under these domains only");
+        }
         state.register_source(&source_name);
 
         let (datapath, outcome, cgroup) = start_datapath(&args)?;
@@ -132,6 +152,7 @@ impl Agent {
         };
         let names = start_names(
             &args,
+            &scope,
             &plan,
             listen,
             node_v4,
@@ -181,9 +202,30 @@ impl Agent {
     }
 }
 
+/// Which names may be published: `--names-domains` and `--cluster-domain`, validated
+/// once, refusing this node's names too (the API server's is added with the client).
+fn names_scope(args: &RunArgs) -> Result<NameScope> {
+    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?;
+    if let Ok(node) = args.node_name() {
+        scope = scope.refuse_own(&node, ScopeRule::NodeName, "this node's name");
+    }
+    if let Ok(host) = nix::unistd::gethostname() {
+        scope = scope.refuse_own(
+            &host.to_string_lossy(),
+            ScopeRule::NodeName,
+            "this node's host name",
+        );
+    }
+    Ok(scope)
+}
+
 /// The Kubernetes source's settings: a Lease and its writer only when something
 /// cluster-wide is written (Events, CoreDNS).
-fn source_config(args: &RunArgs, coredns: Option<CorednsConfig>) -> Result<SourceConfig> {
+fn source_config(
+    args: &RunArgs,
+    coredns: Option<CorednsConfig>,
+    scope: NameScope,
+) -> Result<SourceConfig> {
     let writer = if args.events || coredns.is_some() {
         Some(WriterConfig {
             namespace: args.namespace.clone(),
@@ -199,6 +241,7 @@ fn source_config(args: &RunArgs, coredns: Option<CorednsConfig>) -> Result<Sourc
         defaults: k8s::Defaults {
             proxy_protocol: args.default_proxy_protocol.0,
         },
+        scope,
         name: "kubernetes".into(),
         writer,
     })
@@ -274,6 +317,7 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
 )]
 async fn start_names(
     args: &RunArgs,
+    scope: &NameScope,
     plan: &Plan,
     listen: ListenAddresses,
     node_v4: Option<IpAddr>,
@@ -297,6 +341,8 @@ async fn start_names(
             link: args.names_link.clone(),
             link_note,
             hosts_file: hosts_file.clone(),
+            domains: scope.domains().to_vec(),
+            scope: scope.describe(),
             ..NamesStatus::default()
         })
     });

@@ -32,6 +32,27 @@ pub enum ClientError {
 /// A client from `kubeconfig` when given, else inferred (in-cluster, then
 /// `$KUBECONFIG` / `~/.kube/config`).
 pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
+    from_config(config(kubeconfig).await?)
+}
+
+/// A client from a configuration read by [`config`].
+pub fn from_config(config: Config) -> Result<Client, ClientError> {
+    Client::try_from(config).map_err(ClientError::Build)
+}
+
+/// The API server's host when it is a name (not an IP address), from the
+/// configuration's cluster URL: a name that must never be published.
+pub fn api_server_name(config: &Config) -> Option<String> {
+    let host = config.cluster_url.host()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.parse::<std::net::IpAddr>()
+        .is_err()
+        .then(|| host.to_owned())
+}
+
+/// The configuration from `kubeconfig` when given, else inferred (in-cluster, then
+/// `$KUBECONFIG` / `~/.kube/config`).
+pub async fn config(kubeconfig: Option<&Path>) -> Result<Config, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
@@ -47,5 +68,21 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
         }
         None => Config::infer().await.map_err(ClientError::Infer)?,
     };
-    Client::try_from(config).map_err(ClientError::Build)
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_server_is_named_only_when_its_host_is_a_name() {
+        let at = |url: &str| api_server_name(&Config::new(url.parse().expect("url")));
+        assert_eq!(
+            at("https://api.k8s.example.com:6443"),
+            Some("api.k8s.example.com".into())
+        );
+        assert_eq!(at("https://10.96.0.1:443"), None);
+        assert_eq!(at("https://[2001:db8::1]:6443"), None);
+    }
 }

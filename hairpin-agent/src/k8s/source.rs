@@ -14,7 +14,7 @@ use super::{
     watch::{Health, KubeSnapshot},
 };
 use crate::{
-    names::routes::NameRoute,
+    names::{routes::NameRoute, scope::NameScope},
     status::{AgentState, metrics::Metrics},
 };
 
@@ -23,6 +23,8 @@ use crate::{
 pub struct SourceConfig {
     /// Agent-wide decision settings.
     pub defaults: Defaults,
+    /// Which hostnames may be published (`--names-domains` and the names always refused).
+    pub scope: NameScope,
     /// The name `/status` lists this source under (`kubernetes`).
     pub name: String,
     /// The Lease and what its holder writes; `None` when this agent writes nothing
@@ -39,7 +41,8 @@ pub struct WriterConfig {
     pub lease: String,
     /// This node's name: the Lease holder identity and the Events' reporter.
     pub node: String,
-    /// Publish an Event on each Service whose decision changed.
+    /// Publish an Event on each Service whose decision changed, and a Warning on each
+    /// Ingress or Gateway route whose hostname was refused.
     pub events: bool,
     /// Keep CoreDNS rewriting the routed names, when set.
     pub coredns: Option<CorednsConfig>,
@@ -58,7 +61,7 @@ pub fn spawn(
         Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
         None => health_state.source_recovered(&name),
     });
-    let source = super::watch::spawn(client.clone(), cfg.defaults, metrics, health);
+    let source = super::watch::spawn(client.clone(), cfg.defaults, cfg.scope, metrics, health);
     let Some(w) = cfg.writer else {
         return source.snapshot;
     };

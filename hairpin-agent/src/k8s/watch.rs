@@ -5,7 +5,7 @@
 //! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
 //! list completes), so an API server that goes away never empties the frontends.
 
-use std::{net::IpAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
@@ -27,7 +27,10 @@ use super::decide::{
 };
 use crate::{
     model::Frontends,
-    names::routes::{NameRoute, name_routes},
+    names::{
+        routes::{NameRoute, NameSkip, NameSkipReason, name_routes},
+        scope::{NameScope, ScopeRule},
+    },
     status::{self, DecisionState, metrics::Metrics},
 };
 
@@ -43,8 +46,9 @@ pub struct KubeSnapshot {
     /// Ingress and Gateway API hostnames routed to their own proxied LB, for the
     /// name fallbacks.
     pub routes: Vec<NameRoute>,
-    /// Why hostnames were not routed (invalid, not proxied, conflicts).
-    pub route_skips: Vec<String>,
+    /// Why hostnames were not routed (invalid, refused by the names scope, not
+    /// accepted by their Gateway, not proxied, conflicts), with the object at fault.
+    pub route_skips: Vec<NameSkip>,
     /// The cluster DNS Service's IPs (see [`cluster_dns`]), for `check`.
     pub cluster_dns: Vec<IpAddr>,
 }
@@ -141,8 +145,14 @@ const GATEWAY_KINDS: [(&str, &str); 3] = [
     ("v1alpha2", "TLSRoute"),
 ];
 
-/// Starts the reflectors and the decision loop.
-pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Health) -> KubeSource {
+/// Starts the reflectors and the decision loop; hostnames are routed within `scope`.
+pub fn spawn(
+    client: Client,
+    defaults: Defaults,
+    scope: NameScope,
+    metrics: Metrics,
+    health: Health,
+) -> KubeSource {
     let changed = Arc::new(Notify::new());
     let (services, svc_writer) = reflector::store::<Service>();
     let svc_stream = reflector(
@@ -192,7 +202,7 @@ pub fn spawn(client: Client, defaults: Defaults, metrics: Metrics, health: Healt
         services.clone(),
         ingresses.clone(),
         gateway_stores,
-        defaults,
+        Decide { defaults, scope },
         changed,
         tx,
         metrics,
@@ -282,11 +292,17 @@ fn kind_name(ar: &ApiResource) -> &'static str {
     }
 }
 
+/// What the decision needs besides the caches.
+struct Decide {
+    defaults: Defaults,
+    scope: NameScope,
+}
+
 async fn decide_loop(
     services: Store<Service>,
     ingresses: Store<Ingress>,
     gateway_api: GatewayStores,
-    defaults: Defaults,
+    Decide { defaults, scope }: Decide,
     changed: Arc<Notify>,
     tx: watch::Sender<KubeSnapshot>,
     metrics: Metrics,
@@ -295,6 +311,13 @@ async fn decide_loop(
         return;
     }
     info!("Service cache synced");
+    if scope.domains().is_empty() {
+        warn!(
+            "--names-domains is empty: no Ingress or Gateway hostname is published \
+             (/etc/hosts, CoreDNS); list the domains names may be published under"
+        );
+    }
+    let mut logged = SkipLog::default();
     loop {
         let started = std::time::Instant::now();
         let all = services.state();
@@ -305,10 +328,12 @@ async fn decide_loop(
             gateways.iter().map(|o| o.as_ref()),
             routes.iter().map(|o| o.as_ref()),
             &desired.frontends,
+            &scope,
         );
+        logged.log_new(&names.skips);
         let snapshot = KubeSnapshot {
             routes: names.routes,
-            route_skips: names.skips.iter().map(|s| s.message.clone()).collect(),
+            route_skips: names.skips,
             synced: true,
             cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
             frontends: desired.frontends,
@@ -330,5 +355,32 @@ async fn decide_loop(
         changed.notified().await;
         // Coalesce a burst (a re-list applies many objects) into one decision.
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The skips logged last round: each skip is logged once, when it first appears
+/// (again only after it went away), not on every decision round.
+#[derive(Default)]
+struct SkipLog(BTreeSet<String>);
+
+impl SkipLog {
+    fn log_new(&mut self, skips: &[NameSkip]) {
+        let mut now = BTreeSet::new();
+        for skip in skips {
+            if !now.insert(skip.message.clone()) || self.0.contains(&skip.message) {
+                continue;
+            }
+            match skip.reason {
+                // Said once at startup; every hostname would repeat it.
+                NameSkipReason::Refused(ScopeRule::NoDomains) => {
+                    debug!(reason = ?skip.reason, "hostname left out: {}", skip.message);
+                }
+                NameSkipReason::NoLoadBalancerIp | NameSkipReason::NotProxied => {
+                    info!(reason = ?skip.reason, "hostname left out: {}", skip.message);
+                }
+                _ => warn!(reason = ?skip.reason, "hostname left out: {}", skip.message),
+            }
+        }
+        self.0 = now;
     }
 }

@@ -5,23 +5,71 @@ use std::{fmt, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::hostname::Hostname;
+use super::{hostname::Hostname, scope::ScopeRule};
 
 /// Why a host was not routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NameSkipReason {
     /// The field's value is not a valid DNS name.
     InvalidHostname,
+    /// The name is outside `--names-domains` or always refused: the rule it broke.
+    Refused(ScopeRule),
     /// The object has no LoadBalancer IP in its status yet (or only hostnames).
     NoLoadBalancerIp,
     /// The object's LB IP is not a proxied frontend: no header is needed there.
     NotProxied,
     /// A route's parent Gateway is not known.
     ParentNotFound,
+    /// A route's parent Gateway has not accepted it: no `status.parents[]` entry for
+    /// that parentRef with condition `Accepted` `True`.
+    RouteNotAccepted,
+    /// None of the parent Gateway's listeners the route attaches to admits it: not
+    /// the route's namespace (`allowedRoutes.namespaces.from`, or only through a
+    /// `Selector` this agent cannot evaluate), or not its kind.
+    RouteNotAllowedByListeners,
+    /// The route's hostname matches no hostname of the listeners that admit it.
+    RouteHostnameNotOnListener,
     /// The object could not be read (a Gateway API object of an unexpected shape).
     Unreadable,
     /// An older object claims the same host on another LB and keeps it.
     Conflict,
+}
+
+impl NameSkipReason {
+    /// The rule's name when a tenant's object asked for something refused
+    /// (a Warning Event on it), `None` for the ordinary states (no LB yet, not
+    /// proxied, `--names-domains` empty).
+    pub fn warning_rule(self) -> Option<&'static str> {
+        match self {
+            NameSkipReason::Refused(ScopeRule::NoDomains) => None,
+            NameSkipReason::Refused(rule) => Some(rule.event_reason()),
+            NameSkipReason::RouteNotAccepted => Some("RouteNotAcceptedByGateway"),
+            NameSkipReason::RouteNotAllowedByListeners => Some("RouteNotAllowedByListeners"),
+            NameSkipReason::RouteHostnameNotOnListener => Some("RouteHostnameNotOnListener"),
+            NameSkipReason::InvalidHostname => Some("InvalidHostname"),
+            NameSkipReason::Conflict => Some("HostnameConflict"),
+            NameSkipReason::NoLoadBalancerIp
+            | NameSkipReason::NotProxied
+            | NameSkipReason::ParentNotFound
+            | NameSkipReason::Unreadable => None,
+        }
+    }
+}
+
+/// The Kubernetes object a claim or skip came from, enough for an Event's
+/// `regarding` reference.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectId {
+    /// `networking.k8s.io/v1`, `gateway.networking.k8s.io/v1`, ...
+    pub api_version: String,
+    /// `Ingress`, `HTTPRoute`, `TLSRoute`, `Gateway`.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid, when the object carries one.
+    pub uid: Option<String>,
 }
 
 /// One host (or object) left out, with a sentence naming the object and field.
@@ -31,6 +79,8 @@ pub struct NameSkip {
     pub reason: NameSkipReason,
     /// `Kind ns/name: field: what happened`.
     pub message: String,
+    /// The Kubernetes object at fault, when there is one (not for the frontends file).
+    pub object: Option<ObjectId>,
 }
 
 impl fmt::Display for NameSkip {
@@ -46,6 +96,8 @@ pub struct Claim {
     pub created: Option<Time>,
     /// `Kind ns/name`.
     pub source: String,
+    /// The Kubernetes object, when the claim comes from one.
+    pub object: Option<ObjectId>,
     /// The field the host came from, e.g. `spec.rules[0].host`.
     pub field: String,
     /// The validated host.

@@ -3,6 +3,22 @@
 //! Gateway through `spec.parentRefs`, each tied to that Gateway's
 //! `status.addresses[]` of type `IPAddress`.
 //!
+//! A route's hostname counts for a Gateway only when all of these hold, since
+//! whoever may create a route in one namespace must not steer names through a
+//! Gateway that does not serve them:
+//!
+//! - **accepted**: the route's `status.parents[]` has an entry for that parentRef
+//!   with condition `Accepted` `True` (written by the Gateway's controller);
+//! - **allowed**: a listener the parentRef attaches to (by `sectionName` and `port`,
+//!   else all) admits the route's namespace by `allowedRoutes.namespaces.from`:
+//!   `Same` (the default) or `All`. `Selector` needs Namespace labels, which the
+//!   agent does not watch: such listeners admit nothing here. It must take the
+//!   route's kind too (`allowedRoutes.kinds`, else the listener protocol's kinds).
+//!   Checked even when the status says Accepted, as a status can be written by any
+//!   controller;
+//! - **on a listener**: the hostname lies within the hostname of one of the
+//!   admitting listeners (or one of them has none).
+//!
 //! Read from [`DynamicObject`]s through the few fields used here, rather than the
 //! `gateway-api` crate: its 0.22 release is built on kube 4 / k8s-openapi 0.28, and
 //! the agent is on kube 5 / k8s-openapi 0.29, whose types it cannot share. These
@@ -14,7 +30,7 @@ use kube::api::DynamicObject;
 use serde::Deserialize;
 
 use super::{
-    claims::{Claim, NameSkip, NameSkipReason},
+    claims::{Claim, NameSkip, NameSkipReason, ObjectId},
     hostname::Hostname,
 };
 
@@ -36,7 +52,32 @@ struct GatewaySpec {
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct Listener {
+    name: String,
     hostname: Option<String>,
+    port: Option<u32>,
+    protocol: String,
+    allowed_routes: Option<AllowedRoutes>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct AllowedRoutes {
+    namespaces: Option<RouteNamespaces>,
+    kinds: Vec<RouteGroupKind>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RouteGroupKind {
+    group: Option<String>,
+    kind: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RouteNamespaces {
+    /// `Same` (the default), `All` or `Selector`.
+    from: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -58,6 +99,7 @@ struct Address {
 #[serde(default, rename_all = "camelCase")]
 struct RouteData {
     spec: RouteSpec,
+    status: RouteStatus,
 }
 
 #[derive(Deserialize, Default)]
@@ -74,38 +116,101 @@ struct ParentRef {
     kind: Option<String>,
     namespace: Option<String>,
     name: String,
+    section_name: Option<String>,
+    port: Option<u32>,
 }
 
-fn identity(obj: &DynamicObject, default_kind: &str) -> (String, String) {
-    let kind = obj
-        .types
-        .as_ref()
-        .map_or(default_kind, |t| t.kind.as_str())
-        .to_owned();
+impl ParentRef {
+    fn is_gateway(&self) -> bool {
+        self.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
+            && self.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+    }
+
+    /// Whether `self` and `other` name the same parent, defaults filled in (a
+    /// controller may echo the parentRef with or without them).
+    fn same_as(&self, other: &ParentRef, route_ns: &str) -> bool {
+        let norm = |p: &ParentRef| {
+            (
+                p.group
+                    .clone()
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or_else(|| GATEWAY_GROUP.into()),
+                p.kind.clone().unwrap_or_else(|| "Gateway".into()),
+                p.namespace.clone().unwrap_or_else(|| route_ns.into()),
+                p.name.clone(),
+                p.section_name.clone(),
+                p.port,
+            )
+        };
+        norm(self) == norm(other)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RouteStatus {
+    parents: Vec<RouteParentStatus>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RouteParentStatus {
+    parent_ref: ParentRef,
+    conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Condition {
+    #[serde(rename = "type")]
+    kind: String,
+    status: String,
+    reason: Option<String>,
+}
+
+/// A readable Gateway: where it is published and its listeners.
+struct KnownGateway {
+    namespace: String,
+    key: String,
+    lbs: Vec<IpAddr>,
+    listeners: Vec<Listener>,
+}
+
+fn identity(obj: &DynamicObject, default_kind: &str) -> (String, String, ObjectId) {
+    let (api_version, kind) = obj.types.as_ref().map_or_else(
+        || (format!("{GATEWAY_GROUP}/v1"), default_kind.to_owned()),
+        |t| (t.api_version.clone(), t.kind.clone()),
+    );
     let ns = obj.metadata.namespace.as_deref().unwrap_or("default");
     let name = obj.metadata.name.as_deref().unwrap_or("");
-    (kind, format!("{ns}/{name}"))
+    let id = ObjectId {
+        api_version,
+        kind: kind.clone(),
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        uid: obj.metadata.uid.clone(),
+    };
+    (kind, format!("{ns}/{name}"), id)
 }
 
 /// Claims from Gateways (listener hostnames) and from `routes` attached to them.
-/// A route's hostnames map to the addresses of every Gateway it names as a parent;
-/// the listener-level hostname intersection is left to the Gateway (a name the
-/// Gateway rejects fails there exactly as it would through the cloud LB).
+/// A route's hostnames map to the addresses of each parent Gateway that accepted
+/// it, admits its namespace and has a listener for the hostname (module docs);
+/// every other case is a skip naming the rule.
 pub fn gateway_claims<'a>(
     gateways: impl IntoIterator<Item = &'a DynamicObject>,
     routes: impl IntoIterator<Item = &'a DynamicObject>,
 ) -> (Vec<Claim>, Vec<NameSkip>) {
     let mut claims = Vec::new();
     let mut skips = Vec::new();
-    // (namespace/name, LB IPs) of every readable Gateway.
-    let mut known: Vec<(String, Vec<IpAddr>)> = Vec::new();
+    let mut known: Vec<KnownGateway> = Vec::new();
     for gw in gateways {
-        let (kind, key) = identity(gw, "Gateway");
+        let (kind, key, object) = identity(gw, "Gateway");
         let source = format!("{kind} {key}");
         let data: GatewayData = match serde_json::from_value(gw.data.clone()) {
             Ok(d) => d,
             Err(e) => {
-                skips.push(unreadable(&source, &e));
+                skips.push(unreadable(&source, &e, &object));
                 continue;
             }
         };
@@ -123,84 +228,324 @@ pub fn gateway_claims<'a>(
                         "{source}: status.addresses[{i}].value: expected an ip address, got {:?}",
                         a.value
                     ),
+                    object: Some(object.clone()),
                 }),
             }
         }
+        let from = Origin {
+            obj: gw,
+            source: &source,
+            object: &object,
+        };
         for (i, l) in data.spec.listeners.iter().enumerate() {
             if let Some(value) = &l.hostname {
                 let field = format!("spec.listeners[{i}].hostname");
-                push_claim(gw, &source, field, value, &lbs, &mut claims, &mut skips);
+                from.claim(field, value, &lbs, &mut claims, &mut skips);
             }
         }
-        known.push((key, lbs));
+        known.push(KnownGateway {
+            namespace: object.namespace.clone(),
+            key,
+            lbs,
+            listeners: data.spec.listeners,
+        });
     }
     for route in routes {
-        let (kind, key) = identity(route, "HTTPRoute");
-        let source = format!("{kind} {key}");
-        let data: RouteData = match serde_json::from_value(route.data.clone()) {
-            Ok(d) => d,
-            Err(e) => {
-                skips.push(unreadable(&source, &e));
-                continue;
-            }
-        };
-        let route_ns = route.metadata.namespace.as_deref().unwrap_or("default");
-        for (p, parent) in data.spec.parent_refs.iter().enumerate() {
-            let is_gateway = parent.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
-                && parent.kind.as_deref().unwrap_or("Gateway") == "Gateway";
-            if !is_gateway {
-                continue;
-            }
-            let parent_key = format!(
-                "{}/{}",
-                parent.namespace.as_deref().unwrap_or(route_ns),
-                parent.name
-            );
-            let Some((_, lbs)) = known.iter().find(|(k, _)| *k == parent_key) else {
-                skips.push(NameSkip {
-                    reason: NameSkipReason::ParentNotFound,
-                    message: format!(
-                        "{source}: spec.parentRefs[{p}]: expected an existing gateway, got {parent_key}"
-                    ),
-                });
-                continue;
-            };
-            for (i, value) in data.spec.hostnames.iter().enumerate() {
-                let field = format!("spec.hostnames[{i}]");
-                push_claim(route, &source, field, value, lbs, &mut claims, &mut skips);
-            }
-        }
+        route_claims(route, &known, &mut claims, &mut skips);
     }
     (claims, skips)
 }
 
-fn push_claim(
-    obj: &DynamicObject,
-    source: &str,
-    field: String,
-    value: &str,
-    lbs: &[IpAddr],
+/// The claims of one route, through each of its parent Gateways.
+fn route_claims(
+    route: &DynamicObject,
+    known: &[KnownGateway],
     claims: &mut Vec<Claim>,
     skips: &mut Vec<NameSkip>,
 ) {
-    match Hostname::parse(value) {
-        Ok(host) => claims.push(Claim {
-            created: obj.metadata.creation_timestamp.clone(),
-            source: source.to_owned(),
-            field,
-            host,
-            lbs: lbs.to_vec(),
-        }),
-        Err(e) => skips.push(NameSkip {
-            reason: NameSkipReason::InvalidHostname,
-            message: format!("{source}: {field}: {e}"),
-        }),
+    let (kind, key, object) = identity(route, "HTTPRoute");
+    let source = format!("{kind} {key}");
+    let data: RouteData = match serde_json::from_value(route.data.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            skips.push(unreadable(&source, &e, &object));
+            return;
+        }
+    };
+    let skip = |reason, message: String| NameSkip {
+        reason,
+        message,
+        object: Some(object.clone()),
+    };
+    let route_ns = object.namespace.as_str();
+    let from = Origin {
+        obj: route,
+        source: &source,
+        object: &object,
+    };
+    for (p, parent) in data.spec.parent_refs.iter().enumerate() {
+        if !parent.is_gateway() {
+            continue;
+        }
+        let parent_key = format!(
+            "{}/{}",
+            parent.namespace.as_deref().unwrap_or(route_ns),
+            parent.name
+        );
+        let Some(gw) = known.iter().find(|g| g.key == parent_key) else {
+            skips.push(skip(
+                NameSkipReason::ParentNotFound,
+                format!(
+                    "{source}: spec.parentRefs[{p}]: expected an existing gateway, got {parent_key}"
+                ),
+            ));
+            continue;
+        };
+        if let Err(got) = acceptance(&data.status, parent, route_ns) {
+            skips.push(skip(
+                NameSkipReason::RouteNotAccepted,
+                format!(
+                    "{source}: status.parents: expected Gateway {parent_key} to have accepted \
+                     spec.parentRefs[{p}] (an entry for it with condition Accepted True), got {got}"
+                ),
+            ));
+            continue;
+        }
+        let attached: Vec<&Listener> = gw
+            .listeners
+            .iter()
+            .filter(|l| parent.section_name.as_ref().is_none_or(|s| *s == l.name))
+            .filter(|l| parent.port.is_none_or(|port| l.port == Some(port)))
+            .collect();
+        if attached.is_empty() {
+            skips.push(skip(
+                NameSkipReason::RouteNotAccepted,
+                format!(
+                    "{source}: spec.parentRefs[{p}]: expected a listener of Gateway {parent_key}{}, got none",
+                    listener_wanted(parent)
+                ),
+            ));
+            continue;
+        }
+        let admitting: Vec<&Listener> = attached
+            .iter()
+            .copied()
+            .filter(|l| admission(l, &gw.namespace, &object).is_ok())
+            .collect();
+        if admitting.is_empty() {
+            let why: Vec<String> = attached
+                .iter()
+                .filter_map(|l| admission(l, &gw.namespace, &object).err())
+                .collect();
+            skips.push(skip(
+                NameSkipReason::RouteNotAllowedByListeners,
+                format!(
+                    "{source}: spec.parentRefs[{p}]: no listener of Gateway {parent_key} admits \
+                     {kind} from namespace {route_ns}: {}",
+                    why.join("; ")
+                ),
+            ));
+            continue;
+        }
+        for (i, value) in data.spec.hostnames.iter().enumerate() {
+            let field = format!("spec.hostnames[{i}]");
+            if let Ok(host) = Hostname::parse(value)
+                && !admitting.iter().any(|l| on_listener(l, &host))
+            {
+                let names: Vec<String> = admitting
+                    .iter()
+                    .filter_map(|l| l.hostname.as_ref().map(|h| format!("{} {h}", l.name)))
+                    .collect();
+                skips.push(skip(
+                    NameSkipReason::RouteHostnameNotOnListener,
+                    format!(
+                        "{source}: {field}: host {host} is not served by Gateway {parent_key}: \
+                         expected a name within the hostname of a listener that admits the \
+                         route (listener {})",
+                        names.join(", listener ")
+                    ),
+                ));
+                continue;
+            }
+            from.claim(field, value, &gw.lbs, claims, skips);
+        }
     }
 }
 
-fn unreadable(source: &str, e: &serde_json::Error) -> NameSkip {
+/// `Ok` when a `status.parents[]` entry for `parent` says `Accepted` `True`;
+/// otherwise what was found instead.
+fn acceptance(status: &RouteStatus, parent: &ParentRef, route_ns: &str) -> Result<(), String> {
+    let entries: Vec<&RouteParentStatus> = status
+        .parents
+        .iter()
+        .filter(|s| s.parent_ref.same_as(parent, route_ns))
+        .collect();
+    let accepted = |e: &&RouteParentStatus| {
+        e.conditions
+            .iter()
+            .any(|c| c.kind == "Accepted" && c.status == "True")
+    };
+    if entries.iter().any(accepted) {
+        return Ok(());
+    }
+    let Some(first) = entries.first() else {
+        return Err("no entry for it".into());
+    };
+    match first.conditions.iter().find(|c| c.kind == "Accepted") {
+        Some(c) => Err(format!(
+            "Accepted {}{}",
+            c.status,
+            c.reason
+                .as_ref()
+                .map(|r| format!(" (reason {r})"))
+                .unwrap_or_default()
+        )),
+        None => Err("an entry without an Accepted condition".into()),
+    }
+}
+
+/// `Ok` when `listener` (of a Gateway in `gateway_ns`) admits `route` (its
+/// namespace and kind), else a phrase naming the listener, the field and what it
+/// expects.
+fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<(), String> {
+    let name = &listener.name;
+    let route_ns = route.namespace.as_str();
+    let from = listener
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.as_deref())
+        .unwrap_or("Same");
+    match from {
+        "All" => {}
+        "Same" if route_ns == gateway_ns => {}
+        "Same" => {
+            return Err(format!(
+                "listener {name} allowedRoutes.namespaces.from is Same: expected the route in \
+                 namespace {gateway_ns}"
+            ));
+        }
+        "Selector" => {
+            return Err(format!(
+                "listener {name} allowedRoutes.namespaces.from is Selector, which hairpin does \
+                 not evaluate (it does not watch Namespace labels): expected Same or All"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "listener {name} allowedRoutes.namespaces.from: expected All, Same or Selector, \
+                 got {other:?}"
+            ));
+        }
+    }
+    let group = route.api_version.split_once('/').map_or("", |(g, _)| g);
+    let kinds = listener
+        .allowed_routes
+        .as_ref()
+        .map(|a| a.kinds.as_slice())
+        .unwrap_or_default();
+    if !kinds.is_empty() {
+        let listed = kinds
+            .iter()
+            .any(|k| k.kind == route.kind && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == group);
+        if !listed {
+            let names: Vec<&str> = kinds.iter().map(|k| k.kind.as_str()).collect();
+            return Err(format!(
+                "listener {name} allowedRoutes.kinds is {}: expected {}",
+                names.join(", "),
+                route.kind
+            ));
+        }
+        return Ok(());
+    }
+    // No kinds listed: the protocol's own (Gateway API's defaults); other protocols
+    // are implementation-specific and left to the Gateway's acceptance.
+    let by_protocol: &[&str] = match listener.protocol.as_str() {
+        "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
+        "TLS" => &["TLSRoute"],
+        "TCP" => &["TCPRoute"],
+        "UDP" => &["UDPRoute"],
+        _ => return Ok(()),
+    };
+    if by_protocol.contains(&route.kind.as_str()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "listener {name} (protocol {}) takes {}: expected {}",
+            listener.protocol,
+            by_protocol.join(", "),
+            route.kind
+        ))
+    }
+}
+
+/// Whether the route hostname `host` lies within `listener`'s hostname: any name
+/// when it has none; that exact name; or, for `*.example.com`, a name (or
+/// wildcard) under `example.com` (a Gateway API wildcard matches one or more labels).
+fn on_listener(listener: &Listener, host: &Hostname) -> bool {
+    let Some(value) = &listener.hostname else {
+        return true;
+    };
+    let Ok(l) = Hostname::parse(value) else {
+        return false;
+    };
+    if !l.is_wildcard() {
+        return !host.is_wildcard() && host.as_str() == l.as_str();
+    }
+    let under = host
+        .base()
+        .strip_suffix(l.base())
+        .is_some_and(|rest| rest.ends_with('.'));
+    under || (host.is_wildcard() && host.base() == l.base())
+}
+
+fn listener_wanted(parent: &ParentRef) -> String {
+    match (&parent.section_name, parent.port) {
+        (Some(s), Some(port)) => format!(" named {s} on port {port}"),
+        (Some(s), None) => format!(" named {s}"),
+        (None, Some(port)) => format!(" on port {port}"),
+        (None, None) => String::new(),
+    }
+}
+
+/// The object a claim comes from.
+struct Origin<'a> {
+    obj: &'a DynamicObject,
+    source: &'a str,
+    object: &'a ObjectId,
+}
+
+impl Origin<'_> {
+    fn claim(
+        &self,
+        field: String,
+        value: &str,
+        lbs: &[IpAddr],
+        claims: &mut Vec<Claim>,
+        skips: &mut Vec<NameSkip>,
+    ) {
+        match Hostname::parse(value) {
+            Ok(host) => claims.push(Claim {
+                created: self.obj.metadata.creation_timestamp.clone(),
+                source: self.source.to_owned(),
+                object: Some(self.object.clone()),
+                field,
+                host,
+                lbs: lbs.to_vec(),
+            }),
+            Err(e) => skips.push(NameSkip {
+                reason: NameSkipReason::InvalidHostname,
+                message: format!("{}: {field}: {e}", self.source),
+                object: Some(self.object.clone()),
+            }),
+        }
+    }
+}
+
+fn unreadable(source: &str, e: &serde_json::Error, object: &ObjectId) -> NameSkip {
     NameSkip {
         reason: NameSkipReason::Unreadable,
         message: format!("{source}: expected a gateway api object: {e}"),
+        object: Some(object.clone()),
     }
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::{
-    claims::{Claim, NameSkip, NameSkipReason},
+    claims::{Claim, NameSkip, NameSkipReason, ObjectId},
     hostname::Hostname,
 };
 
@@ -20,8 +20,15 @@ pub fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
         meta.namespace.as_deref().unwrap_or("default"),
         meta.name.as_deref().unwrap_or("")
     );
+    let object = ObjectId {
+        api_version: "networking.k8s.io/v1".into(),
+        kind: "Ingress".into(),
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone(),
+    };
     let mut skips = Vec::new();
-    let lbs = lb_ips(ingress, &source, &mut skips);
+    let lbs = lb_ips(ingress, &source, &object, &mut skips);
     let mut fields: Vec<(String, &str)> = Vec::new();
     if let Some(spec) = &ingress.spec {
         for (i, rule) in spec.rules.iter().flatten().enumerate() {
@@ -41,6 +48,7 @@ pub fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
             Ok(host) => claims.push(Claim {
                 created: meta.creation_timestamp.clone(),
                 source: source.clone(),
+                object: Some(object.clone()),
                 field,
                 host,
                 lbs: lbs.clone(),
@@ -48,6 +56,7 @@ pub fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
             Err(e) => skips.push(NameSkip {
                 reason: NameSkipReason::InvalidHostname,
                 message: format!("{source}: {field}: {e}"),
+                object: Some(object.clone()),
             }),
         }
     }
@@ -56,7 +65,12 @@ pub fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
 
 /// The Ingress's LB IPs, in status order; entries with only a hostname (AWS ELB)
 /// are passed over, unparsable IPs reported.
-fn lb_ips(ingress: &Ingress, source: &str, skips: &mut Vec<NameSkip>) -> Vec<IpAddr> {
+fn lb_ips(
+    ingress: &Ingress,
+    source: &str,
+    object: &ObjectId,
+    skips: &mut Vec<NameSkip>,
+) -> Vec<IpAddr> {
     let entries = ingress
         .status
         .as_ref()
@@ -73,6 +87,7 @@ fn lb_ips(ingress: &Ingress, source: &str, skips: &mut Vec<NameSkip>) -> Vec<IpA
                 message: format!(
                     "{source}: status.loadBalancer.ingress[{i}].ip: expected an ip address, got {ip:?}"
                 ),
+                object: Some(object.clone()),
             }),
         }
     }

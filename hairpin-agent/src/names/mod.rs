@@ -3,7 +3,8 @@
 //! /etc/hosts, CoreDNS rewrites (their text; [`crate::k8s::coredns`] writes them),
 //! and the names address on a link.
 //!
-//! Owns: hostname validation, claims from Ingress and Gateway objects and the routes
+//! Owns: hostname validation, which names may be published at all ([`scope`]:
+//! `--names-domains` and the names always refused), claims from Ingress and Gateway objects and the routes
 //! they resolve to, the hosts block and its writer, the Corefile text, the names
 //! link, and the name relay ([`relay`]), which routes by TLS SNI or HTTP Host.
 //! Everything but [`hosts_writer`], [`hosts::write_in_place`], [`link`] and
@@ -19,6 +20,7 @@ pub mod ingress;
 pub mod link;
 pub mod relay;
 pub mod routes;
+pub mod scope;
 
 #[cfg(test)]
 mod proptests;

@@ -15,8 +15,10 @@ use std::{
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::DynamicObject;
 
-pub use super::claims::{Claim, NameSkip, NameSkipReason};
-use super::{gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims};
+pub use super::claims::{Claim, NameSkip, NameSkipReason, ObjectId};
+use super::{
+    gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
+};
 use crate::model::{Frontends, ProxyVersion};
 
 /// One hostname routed to one proxied LoadBalancer.
@@ -45,11 +47,28 @@ pub struct NameRoutes {
 
 /// Ties each claim to its own LB's proxied frontends and settles conflicts.
 ///
-/// Claims are taken oldest object first (then by source name, so every node agrees).
+/// First every claim goes through `scope`: a host outside `--names-domains`, or
+/// always refused (the cluster domain, `localhost`, ...), never reaches a route, so
+/// it can neither be published nor win a conflict. Claims are taken oldest object first (then by source name, so every node agrees).
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
 /// by path on one controller is ordinary); claimed on different LBs by another
 /// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
-pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
+pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> NameRoutes {
+    let mut out = NameRoutes::default();
+    let mut claims: Vec<Claim> = claims
+        .into_iter()
+        .filter(|c| match scope.check(&c.host) {
+            Ok(()) => true,
+            Err(refusal) => {
+                out.skips.push(NameSkip {
+                    reason: NameSkipReason::Refused(refusal.rule),
+                    message: format!("{}: {}: {}", c.source, c.field, refusal.message),
+                    object: c.object.clone(),
+                });
+                false
+            }
+        })
+        .collect();
     claims.sort_by(|a, b| {
         (a.created.is_none(), &a.created, &a.source, &a.field).cmp(&(
             b.created.is_none(),
@@ -58,7 +77,6 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
             &b.field,
         ))
     });
-    let mut out = NameRoutes::default();
     // host -> (winning source, its LB IPs)
     let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
     let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
@@ -71,6 +89,7 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
                     "{at}: host {} has no loadbalancer ip in the object's status",
                     claim.host
                 ),
+                object: claim.object.clone(),
             });
             continue;
         }
@@ -84,6 +103,7 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
                         "{at}: host {} is on loadbalancer {lb}, which is not a proxied frontend",
                         claim.host
                     ),
+                    object: claim.object.clone(),
                 });
                 continue;
             }
@@ -106,6 +126,7 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
                         claim.source,
                         join(&lbs)
                     ),
+                    object: claim.object.clone(),
                 });
                 continue;
             }
@@ -136,12 +157,14 @@ pub fn resolve(mut claims: Vec<Claim>, frontends: &Frontends) -> NameRoutes {
 }
 
 /// The routes for every object at once: Ingresses, Gateways and their routes, tied to
-/// `frontends` (what the Service decision proxies). Conflicts are settled across kinds.
+/// `frontends` (what the Service decision proxies), within `scope`. Conflicts are
+/// settled across kinds.
 pub fn name_routes<'a>(
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateways: impl IntoIterator<Item = &'a DynamicObject>,
     routes: impl IntoIterator<Item = &'a DynamicObject>,
     frontends: &Frontends,
+    scope: &NameScope,
 ) -> NameRoutes {
     let mut claims = Vec::new();
     let mut skips = Vec::new();
@@ -153,7 +176,7 @@ pub fn name_routes<'a>(
     let (c, s) = gateway_claims(gateways, routes);
     claims.extend(c);
     skips.extend(s);
-    let mut out = resolve(claims, frontends);
+    let mut out = resolve(claims, frontends, scope);
     skips.append(&mut out.skips);
     out.skips = skips;
     out

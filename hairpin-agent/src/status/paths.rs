@@ -39,6 +39,17 @@ pub struct NamesStatus {
     pub hosts_file: Option<PathBuf>,
     /// Hostnames routed.
     pub routes: usize,
+    /// `--names-domains`: the domains names are published under (empty: none is).
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// The names scope in one sentence: the domains, or
+    /// `none: --names-domains is empty, no names are published`.
+    #[serde(default)]
+    pub scope: String,
+    /// Hostnames left out, one sentence each naming the object, the field and the
+    /// rule (outside the domains, always refused, not accepted by the Gateway, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skips: Vec<String>,
 }
 
 /// A name relay listener the agent could not bind (the port taken, the address

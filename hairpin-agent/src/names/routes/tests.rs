@@ -5,7 +5,7 @@ use kube::api::DynamicObject;
 use serde::Deserialize;
 
 use super::*;
-use crate::model::Frontend;
+use crate::{model::Frontend, names::scope::ScopeRule};
 
 const INGRESSES: &str = include_str!("../../../tests/fixtures/ingresses/two-controllers.yaml");
 const GATEWAYS: &str = include_str!("../../../tests/fixtures/gateways/envoy-gateway.yaml");
@@ -50,10 +50,16 @@ fn frontends() -> Frontends {
         fe("203.0.113.11", 80, V2),
         fe("2001:db8:ffff::11", 80, V2),
         fe("203.0.113.12", 443, V1),
+        fe("203.0.113.13", 80, V1),
     ] {
         set.insert(f).expect("one frontend per address");
     }
     set
+}
+
+/// The domains the fixtures' names are under.
+fn scope() -> NameScope {
+    NameScope::new(&["example.com", "example.net"], "cluster.local").expect("scope")
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -75,7 +81,7 @@ fn summary(routes: &NameRoutes) -> Vec<String> {
 
 #[test]
 fn each_host_goes_to_its_own_ingress_controllers_lb() {
-    let got = name_routes(&ingresses(), &[], &[], &frontends());
+    let got = name_routes(&ingresses(), &[], &[], &frontends(), &scope());
     assert_eq!(
         summary(&got),
         [
@@ -90,7 +96,7 @@ fn each_host_goes_to_its_own_ingress_controllers_lb() {
 
 #[test]
 fn every_left_out_host_says_which_object_and_field() {
-    let got = name_routes(&ingresses(), &[], &[], &frontends());
+    let got = name_routes(&ingresses(), &[], &[], &frontends(), &scope());
     let mut skips: Vec<(NameSkipReason, &str)> = got
         .skips
         .iter()
@@ -131,21 +137,25 @@ fn input_order_does_not_change_the_result() {
     let mut reversed = ingresses();
     reversed.reverse();
     assert_eq!(
-        name_routes(&reversed, &[], &[], &frontends()),
-        name_routes(&ingresses(), &[], &[], &frontends())
+        name_routes(&reversed, &[], &[], &frontends(), &scope()),
+        name_routes(&ingresses(), &[], &[], &frontends(), &scope())
     );
 }
 
 #[test]
-fn gateway_listeners_and_attached_routes_use_the_gateways_address() {
+fn gateway_listeners_and_accepted_admitted_routes_use_the_gateways_address() {
     let (gateways, routes) = gateway_objects();
-    let got = name_routes(&[], &gateways, &routes, &frontends());
+    let got = name_routes(&[], &gateways, &routes, &frontends(), &scope());
     assert_eq!(
         summary(&got),
         [
             "*.apps.example.net 203.0.113.12 [443] v1 <- Gateway envoy-gateway-system/public",
             "db.apps.example.net 203.0.113.12 [443] v1 <- TLSRoute data/db",
             "docs.example.net 203.0.113.12 [443] v1 <- HTTPRoute docs/docs",
+            "reports.internal.example.net 203.0.113.13 [80] v1 <- Gateway platform/internal",
+            "shop.apps.example.net 203.0.113.12 [443] v1 <- TLSRoute tenant-a/squat",
+            // tenant-a/rejected is older and names it too, but its Gateway refused it.
+            "wiki.internal.example.net 203.0.113.13 [80] v1 <- HTTPRoute platform/wiki",
         ]
     );
     let mut reasons: Vec<(NameSkipReason, String)> = got
@@ -154,34 +164,267 @@ fn gateway_listeners_and_attached_routes_use_the_gateways_address() {
         .map(|s| (s.reason, s.message.clone()))
         .collect();
     reasons.sort();
-    assert_eq!(reasons.len(), 3, "{reasons:#?}");
-    assert_eq!(reasons[0].0, NameSkipReason::InvalidHostname);
-    assert!(
-        reasons[0]
-            .1
-            .starts_with("HTTPRoute docs/docs: spec.hostnames[2]: hostname \"docs example.net\""),
-        "{}",
-        reasons[0].1
-    );
-    assert_eq!(reasons[1].0, NameSkipReason::NoLoadBalancerIp);
-    assert!(
-        reasons[1]
-            .1
-            .starts_with("Gateway edge/edge: spec.listeners[0].hostname")
-    );
-    assert_eq!(
-        reasons[2],
+    let want: Vec<(NameSkipReason, &str)> = vec![
+        (
+            NameSkipReason::InvalidHostname,
+            "HTTPRoute docs/docs: spec.hostnames[2]: hostname \"docs example.net\": expected only \
+             letters, digits, '-' and '.', got ' '",
+        ),
+        (
+            NameSkipReason::NoLoadBalancerIp,
+            "Gateway edge/edge: spec.listeners[0].hostname: host edge.example.net has no \
+             loadbalancer ip in the object's status",
+        ),
         (
             NameSkipReason::ParentNotFound,
-            "TLSRoute data/db: spec.parentRefs[1]: expected an existing gateway, got data/missing"
-                .into()
-        )
+            "TLSRoute data/db: spec.parentRefs[1]: expected an existing gateway, got data/missing",
+        ),
+        (
+            NameSkipReason::RouteNotAccepted,
+            "HTTPRoute tenant-a/pending: status.parents: expected Gateway \
+             envoy-gateway-system/public to have accepted spec.parentRefs[0] (an entry for it \
+             with condition Accepted True), got no entry for it",
+        ),
+        (
+            NameSkipReason::RouteNotAccepted,
+            "HTTPRoute tenant-a/rejected: status.parents: expected Gateway platform/internal to \
+             have accepted spec.parentRefs[0] (an entry for it with condition Accepted True), \
+             got Accepted False (reason NotAllowedByListeners)",
+        ),
+        (
+            NameSkipReason::RouteNotAllowedByListeners,
+            "HTTPRoute data/reports: spec.parentRefs[0]: no listener of Gateway platform/internal \
+             admits HTTPRoute from namespace data: listener reports \
+             allowedRoutes.namespaces.from is Selector, which hairpin does not evaluate (it does \
+             not watch Namespace labels): expected Same or All",
+        ),
+        (
+            NameSkipReason::RouteNotAllowedByListeners,
+            "HTTPRoute tenant-a/forged: spec.parentRefs[0]: no listener of Gateway \
+             platform/internal admits HTTPRoute from namespace tenant-a: listener http \
+             allowedRoutes.namespaces.from is Same: expected the route in namespace platform; \
+             listener reports allowedRoutes.namespaces.from is Selector, which hairpin does not \
+             evaluate (it does not watch Namespace labels): expected Same or All",
+        ),
+        (
+            NameSkipReason::RouteHostnameNotOnListener,
+            "TLSRoute tenant-a/squat: spec.hostnames[1]: host billing.example.net is not served \
+             by Gateway envoy-gateway-system/public: expected a name within the hostname of a \
+             listener that admits the route (listener tls-apps *.apps.example.net)",
+        ),
+    ];
+    let got_reasons: Vec<(NameSkipReason, &str)> =
+        reasons.iter().map(|(r, m)| (*r, m.as_str())).collect();
+    assert_eq!(got_reasons, want);
+    // Every skip of a route or Gateway carries the object, for its Warning Event.
+    let forged = got
+        .skips
+        .iter()
+        .find(|s| s.message.starts_with("HTTPRoute tenant-a/forged"))
+        .and_then(|s| s.object.clone())
+        .expect("object");
+    assert_eq!(
+        (
+            forged.kind.as_str(),
+            forged.namespace.as_str(),
+            forged.name.as_str()
+        ),
+        ("HTTPRoute", "tenant-a", "forged")
+    );
+    assert_eq!(forged.api_version, "gateway.networking.k8s.io/v1");
+    assert!(got.skips.iter().all(|s| s.object.is_some()));
+}
+
+/// One HTTPRoute in `ns` on Gateway `platform/internal` (fixture) with `status`.
+fn route_on_internal(ns: &str, section: Option<&str>, accepted: Option<&str>) -> DynamicObject {
+    let mut parent = serde_json::json!({"name": "internal", "namespace": "platform"});
+    if let Some(s) = section {
+        parent["sectionName"] = s.into();
+    }
+    let mut obj = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "r", "namespace": ns, "creationTimestamp": "2025-01-01T00:00:00Z"},
+        "spec": {"parentRefs": [parent.clone()], "hostnames": ["r.internal.example.net"]},
+    });
+    if let Some(status) = accepted {
+        obj["status"] = serde_json::json!({"parents": [{
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "parentRef": parent,
+            "conditions": [{"type": "Accepted", "status": status, "reason": "Accepted"}],
+        }]});
+    }
+    serde_json::from_value(obj).expect("route")
+}
+
+#[test]
+fn a_route_counts_only_when_accepted_and_in_a_namespace_the_listener_admits() {
+    let (gateways, _) = gateway_objects();
+    let one = |route: DynamicObject| {
+        let got = name_routes(&[], &gateways, &[route], &frontends(), &scope());
+        let routed = got
+            .routes
+            .iter()
+            .any(|r| r.host.as_str() == "r.internal.example.net");
+        let reasons: Vec<NameSkipReason> = got
+            .skips
+            .iter()
+            .filter(|s| s.message.starts_with("HTTPRoute"))
+            .map(|s| s.reason)
+            .collect();
+        (routed, reasons)
+    };
+    // Same namespace as the Gateway, accepted: routed.
+    assert_eq!(
+        one(route_on_internal("platform", Some("http"), Some("True"))),
+        (true, vec![])
+    );
+    // Accepted False, or no status at all: not.
+    assert_eq!(
+        one(route_on_internal("platform", Some("http"), Some("False"))),
+        (false, vec![NameSkipReason::RouteNotAccepted])
+    );
+    assert_eq!(
+        one(route_on_internal("platform", Some("http"), None)),
+        (false, vec![NameSkipReason::RouteNotAccepted])
+    );
+    // Another namespace on a `Same` listener, even with an Accepted status: not.
+    assert_eq!(
+        one(route_on_internal("tenant-a", Some("http"), Some("True"))),
+        (false, vec![NameSkipReason::RouteNotAllowedByListeners])
+    );
+    // A sectionName the Gateway has no listener for.
+    let (routed, reasons) = one(route_on_internal("platform", Some("nope"), Some("True")));
+    assert!(!routed);
+    assert_eq!(reasons, vec![NameSkipReason::RouteNotAccepted]);
+}
+
+#[test]
+fn a_route_kind_the_listener_does_not_take_is_not_admitted() {
+    let (gateways, _) = gateway_objects();
+    // An HTTPRoute on the public Gateway's TLS listener (kinds: TLSRoute).
+    let route: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {
+            "parentRefs": [{"name": "public", "namespace": "envoy-gateway-system", "sectionName": "tls-apps"}],
+            "hostnames": ["web.apps.example.net"],
+        },
+        "status": {"parents": [{
+            "parentRef": {"name": "public", "namespace": "envoy-gateway-system", "sectionName": "tls-apps"},
+            "conditions": [{"type": "Accepted", "status": "True"}],
+        }]},
+    }))
+    .expect("route");
+    let got = name_routes(&[], &gateways, &[route], &frontends(), &scope());
+    let skip = got
+        .skips
+        .iter()
+        .find(|s| s.message.starts_with("HTTPRoute shop/web"))
+        .expect("skip");
+    assert_eq!(skip.reason, NameSkipReason::RouteNotAllowedByListeners);
+    assert!(
+        skip.message
+            .ends_with("listener tls-apps allowedRoutes.kinds is TLSRoute: expected HTTPRoute"),
+        "{}",
+        skip.message
+    );
+}
+
+#[test]
+fn refused_names_never_reach_routes_and_each_names_its_rule() {
+    // Tenant A's Ingress names tenant B's Service, the node, the metadata server and
+    // names outside the listed domains; tenant B's Ingress names its own host.
+    let ingress = |ns: &str, name: &str, created: &str, lb: &str, hosts: &[&str]| -> Ingress {
+        let rules: Vec<serde_json::Value> = hosts
+            .iter()
+            .map(|h| serde_json::json!({"host": h}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created,
+                         "uid": format!("uid-{name}")},
+            "spec": {"rules": rules},
+            "status": {"loadBalancer": {"ingress": [{"ip": lb}]}},
+        }))
+        .expect("ingress")
+    };
+    let a = ingress(
+        "tenant-a",
+        "hijack",
+        "2025-01-01T00:00:00Z",
+        "203.0.113.10",
+        &[
+            "api.tenant-b.svc.cluster.local",
+            "*.tenant-b.svc.cluster.local",
+            "localhost",
+            "intranet",
+            "*.com",
+            "metadata.google.internal",
+            "registry-1.docker.io",
+        ],
+    );
+    let b = ingress(
+        "tenant-b",
+        "api",
+        "2025-02-01T00:00:00Z",
+        "203.0.113.11",
+        &["api.example.com"],
+    );
+    let got = name_routes(&[a, b], &[], &[], &frontends(), &scope());
+    assert_eq!(
+        summary(&got),
+        ["api.example.com 203.0.113.11 [80, 443] v2 <- Ingress tenant-b/api",]
+    );
+    let rules: Vec<NameSkipReason> = got.skips.iter().map(|s| s.reason).collect();
+    assert_eq!(
+        rules,
+        [
+            NameSkipReason::Refused(ScopeRule::ClusterDomain),
+            NameSkipReason::Refused(ScopeRule::ClusterDomain),
+            NameSkipReason::Refused(ScopeRule::Localhost),
+            NameSkipReason::Refused(ScopeRule::SingleLabel),
+            NameSkipReason::Refused(ScopeRule::PublicSuffix),
+            NameSkipReason::Refused(ScopeRule::Metadata),
+            NameSkipReason::Refused(ScopeRule::OutsideDomains),
+        ]
+    );
+    assert_eq!(
+        got.skips[0].message,
+        "Ingress tenant-a/hijack: spec.rules[0].host: host api.tenant-b.svc.cluster.local refused \
+         (rule cluster-domain): names in the cluster domain cluster.local belong to Services and \
+         Pods; expected a name outside cluster.local"
+    );
+    let object = got.skips[0].object.as_ref().expect("object");
+    assert_eq!(
+        (object.kind.as_str(), object.uid.as_deref()),
+        ("Ingress", Some("uid-hijack"))
+    );
+}
+
+#[test]
+fn an_empty_domain_list_publishes_no_name_from_any_object() {
+    let (gateways, routes) = gateway_objects();
+    let got = name_routes(
+        &ingresses(),
+        &gateways,
+        &routes,
+        &frontends(),
+        &NameScope::none(),
+    );
+    assert!(got.routes.is_empty(), "{:#?}", got.routes);
+    assert!(
+        got.skips
+            .iter()
+            .any(|s| s.reason == NameSkipReason::Refused(ScopeRule::NoDomains))
     );
 }
 
 #[test]
 fn lookup_prefers_exact_then_one_label_wildcards_and_checks_the_port() {
-    let got = name_routes(&ingresses(), &[], &[], &frontends());
+    let got = name_routes(&ingresses(), &[], &[], &frontends(), &scope());
     let table = RouteTable::new(&got.routes);
     let lb = |name: &str, port| table.lookup(name, port).map(|r| r.lb);
     assert_eq!(lb("shop.example.com", 443), Some(ip("203.0.113.10")));
@@ -205,6 +448,7 @@ fn a_host_on_two_lbs_with_two_versions_routes_each_port_to_its_version() {
     let claim = Claim {
         created: None,
         source: "Ingress a/b".into(),
+        object: None,
         field: "spec.rules[0].host".into(),
         host: Hostname::parse("x.example.com").expect("name"),
         lbs: vec![ip("203.0.113.10")],
@@ -216,7 +460,7 @@ fn a_host_on_two_lbs_with_two_versions_routes_each_port_to_its_version() {
     ] {
         frontends.insert(f).expect("free");
     }
-    let got = resolve(vec![claim], &frontends);
+    let got = resolve(vec![claim], &frontends, &scope());
     let table = RouteTable::new(&got.routes);
     assert_eq!(
         table.lookup("x.example.com", 80).map(|r| r.version),
