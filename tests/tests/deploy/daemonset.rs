@@ -359,3 +359,26 @@ fn resources_are_sized_from_the_benchmarks() {
         );
     }
 }
+
+/// The agent and its cleanup are Linux programs (BPF, /etc/hosts): in a cluster with
+/// Windows nodes they must never be scheduled there, where they would crash-loop.
+#[test]
+fn every_pod_hairpin_runs_selects_linux_nodes() {
+    for v in VARIANTS {
+        for dir in [v.dir, v.uninstall] {
+            let Some(objs) = kustomize(dir) else { return };
+            for obj in &objs {
+                let kind = obj["kind"].as_str().unwrap_or_default();
+                if !matches!(kind, "DaemonSet" | "Job" | "Deployment") {
+                    continue;
+                }
+                let selector = &obj["spec"]["template"]["spec"]["nodeSelector"];
+                assert_eq!(
+                    selector["kubernetes.io/os"], "linux",
+                    "{dir}: {kind} {} has nodeSelector {selector}",
+                    obj["metadata"]["name"]
+                );
+            }
+        }
+    }
+}
