@@ -300,10 +300,79 @@ fn half_written_and_duplicated_hairpin_lines_are_replaced_in_one_place() {
         corefile::apply("# head\n.:53 {", &rewrites()),
         Err(CorefileError::UnterminatedServerBlock { line: 2 })
     );
-    // Truncated after the opener (no closing brace): ours go in, and come out again.
+    // Truncated after the opener (no closing brace): CoreDNS refuses such a file
+    // ("expected '}'"), so nothing is added to it; removing ours still works. (Before
+    // issue 14 this case was edited, producing another file CoreDNS would refuse.)
     let truncated = ".:53 {\n    errors\n";
-    let out = corefile::apply(truncated, &rewrites()).expect("editable");
-    assert_eq!(corefile::remove(&out), truncated);
+    assert_eq!(
+        corefile::apply(truncated, &rewrites()),
+        Err(CorefileError::UnclosedBlock { line: 1 })
+    );
+    let with_ours = format!(".:53 {{\n{stray}    errors\n");
+    assert_eq!(
+        corefile::apply(&with_ours, &[]).expect("removable"),
+        truncated
+    );
+}
+
+/// Issue 14 finding 3: whatever the Corefile, `apply` never returns a text CoreDNS
+/// could not parse. Unbalanced input is refused with the line; balanced input with a
+/// nested `forward . X {` before the main block is edited in the main block.
+#[test]
+fn an_unparseable_corefile_is_never_produced() {
+    let refused: [(&str, CorefileError); 5] = [
+        (
+            ".:53 {\n    errors\n",
+            CorefileError::UnclosedBlock { line: 1 },
+        ),
+        (
+            ".:53 {\n    forward . 1.1.1.1 {\n}\n",
+            CorefileError::UnclosedBlock { line: 1 },
+        ),
+        (".:53 {\n}\n}\n", CorefileError::UnexpectedClose { line: 3 }),
+        (
+            "}\n.:53 {\n    errors\n}\n",
+            CorefileError::UnexpectedClose { line: 1 },
+        ),
+        (
+            ".:53 {\n    hosts \"x\n}\n",
+            CorefileError::UnterminatedQuote { line: 2 },
+        ),
+    ];
+    for (corefile, want) in refused {
+        let err = corefile::apply(corefile, &rewrites()).expect_err(corefile);
+        assert_eq!(err, want, "{corefile:?}");
+        assert!(err.to_string().starts_with("corefile: "), "{err}");
+    }
+    // Every prefix of a real Corefile with a nested block: either refused or edited
+    // with our lines at depth 1 of the main block (checked by `apply` itself, and
+    // again here by counting braces before each of our lines).
+    let full = "stub.local:53 {\n    forward . 10.150.0.1 {\n        force_tcp\n    }\n}\n.:53 {\n    errors\n    cache 30\n}\n";
+    for cut in 0..=full.len() {
+        let Ok(out) = corefile::apply(&full[..cut], &rewrites()) else {
+            continue;
+        };
+        // Only the whole file, or the whole file without its last newline.
+        assert!(
+            cut + 1 >= full.len(),
+            "edited a truncated Corefile: {:?}",
+            &full[..cut]
+        );
+        let mut depth = 0i32;
+        for line in out.lines() {
+            if line.ends_with(MARKER) {
+                assert_eq!(depth, 1, "{out}");
+            }
+            depth += line.matches('{').count() as i32 - line.matches('}').count() as i32;
+        }
+        assert_eq!(depth, 0);
+        assert!(
+            out.contains(&format!(
+                ".:53 {{\n    rewrite name exact app.example.com {TARGET} {MARKER}\n"
+            )),
+            "{out}"
+        );
+    }
 }
 
 // ---- hostnames ------------------------------------------------------------------

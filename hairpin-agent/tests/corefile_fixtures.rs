@@ -3,7 +3,9 @@
 //! For each `tests/fixtures/corefiles/<name>.corefile` the result of `apply` must
 //! equal `<name>.after`, removing it must give back the input byte for byte, and
 //! applying twice must change nothing. Run with `HAIRPIN_BLESS=1` to rewrite the
-//! `.after` files after an intended change, then review the diff.
+//! `.after` files after an intended change, then review the diff. Besides the
+//! distributions' Corefiles, `constructed-*` fixtures are written by hand for a case
+//! no distribution ships by default (each says so in its first lines).
 
 use std::{fs, path::PathBuf};
 
@@ -24,6 +26,14 @@ const DISTRIBUTIONS: [&str; 8] = [
     "microk8s",
     "rke2",
 ];
+
+/// Hand-written Corefiles for cases found in review, labelled `constructed-`.
+const CONSTRUCTED: [&str; 1] = ["constructed-stub-domain-forward"];
+
+/// Every fixture: the distributions, then the constructed ones.
+fn all_fixtures() -> impl Iterator<Item = &'static str> {
+    DISTRIBUTIONS.into_iter().chain(CONSTRUCTED)
+}
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corefiles")
@@ -78,13 +88,15 @@ fn every_distribution_has_a_fixture_and_nothing_else_is_there() {
         })
         .collect();
     found.sort();
-    assert_eq!(found, DISTRIBUTIONS);
+    let mut want: Vec<&str> = all_fixtures().collect();
+    want.sort();
+    assert_eq!(found, want);
 }
 
 #[test]
 fn apply_matches_golden_and_remove_restores_the_original() {
     let rewrites = rewrites();
-    for name in DISTRIBUTIONS {
+    for name in all_fixtures() {
         let input_path = fixtures().join(format!("{name}.corefile"));
         let input = fs::read_to_string(&input_path)
             .unwrap_or_else(|e| panic!("{}: {e}", input_path.display()));
@@ -113,6 +125,36 @@ fn apply_matches_golden_and_remove_restores_the_original() {
         assert_eq!(fewer.matches(corefile::MARKER).count(), 1, "{name}");
         assert_eq!(corefile::remove(&fewer), input, "{name}");
     }
+}
+
+/// The constructed stub-domain case: ours go right after `.:53 {`, and the
+/// stub block's nested `forward` block is byte for byte what it was.
+#[test]
+fn the_nested_forward_block_is_left_alone() {
+    let name = "constructed-stub-domain-forward";
+    let input = fs::read_to_string(fixtures().join(format!("{name}.corefile"))).expect("fixture");
+    let applied = corefile::apply(&input, &rewrites()).expect("editable");
+    let ours: Vec<usize> = applied
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.ends_with(corefile::MARKER))
+        .map(|(i, _)| i)
+        .collect();
+    let lines: Vec<&str> = applied.lines().collect();
+    assert_eq!(lines[ours[0] - 1], ".:53 {", "{applied}");
+    assert!(
+        applied.contains("    forward . 10.150.0.1 {\n        force_tcp\n    }\n}\n"),
+        "{applied}"
+    );
+    // Cut the main block's closing brace: unbalanced, refused, nothing produced.
+    let cut = input
+        .trim_end()
+        .strip_suffix('}')
+        .expect("ends with the main block's brace");
+    assert_eq!(
+        corefile::apply(cut, &rewrites()),
+        Err(corefile::CorefileError::UnclosedBlock { line: 19 })
+    );
 }
 
 #[test]

@@ -118,11 +118,113 @@ proptest! {
         prop_assume!(coredns::remove(&corefile) == corefile);
         let target = Hostname::parse("hairpin.hairpin-system.svc.cluster.local").unwrap();
         let rewrites: Vec<_> = hosts.into_iter().map(|h| coredns::Rewrite::new(h, target.clone()).unwrap()).collect();
-        let out = coredns::apply(&corefile, &rewrites).unwrap();
+        // Random braces are mostly unbalanced: CoreDNS refuses those, and so does
+        // `apply`, exactly when the reference reading below does.
+        let opener = before.matches('\n').count() + 1;
+        let editable = reference_depths(&corefile).is_some_and(|d| d[opener] == 0);
+        let out = match coredns::apply(&corefile, &rewrites) {
+            Ok(out) => out,
+            Err(e) => {
+                prop_assert!(!editable, "refused a balanced Corefile ({e}): {corefile:?}");
+                return Ok(());
+            }
+        };
+        prop_assert!(editable, "edited an unbalanced Corefile: {corefile:?}");
         prop_assert_eq!(coredns::remove(&out), corefile.clone());
         prop_assert_eq!(coredns::apply(&out, &rewrites).unwrap(), out.clone());
         for line in out.lines().filter(|l| l.ends_with(coredns::MARKER)) {
             prop_assert!(!line.contains('}') && !line.contains('{'), "{line:?}");
         }
+        // Ours at depth 1, right after the only root opener.
+        let depths = reference_depths(&out).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        prop_assert_eq!(lines[opener], ".:53 {");
+        for (i, line) in lines.iter().enumerate().filter(|(_, l)| l.ends_with(coredns::MARKER)) {
+            prop_assert!(i > opener && i <= opener + rewrites.len() && depths[i] == 1, "{i}: {line:?}");
+        }
     }
+
+    #[test]
+    fn corefile_lines_go_into_the_first_root_server_block_and_nowhere_else(
+        blocks in proptest::collection::vec(server_block(), 1..5),
+        hosts in proptest::collection::vec(hostname(), 1..4),
+    ) {
+        let corefile: String = blocks.iter().map(|(_, text)| text.as_str()).collect();
+        let target = Hostname::parse("hairpin.hairpin-system.svc.cluster.local").unwrap();
+        let rewrites: Vec<_> = hosts.into_iter().map(|h| coredns::Rewrite::new(h, target.clone()).unwrap()).collect();
+        let result = coredns::apply(&corefile, &rewrites);
+        let Some(main) = blocks.iter().position(|(root, _)| *root) else {
+            prop_assert_eq!(result, Err(coredns::CorefileError::NoMainServerBlock));
+            return Ok(());
+        };
+        let out = result.unwrap();
+        prop_assert_eq!(coredns::remove(&out), corefile.clone());
+        // Our lines sit right after the main block's first line (its opener).
+        let opener_line: usize = blocks[..main].iter().map(|(_, t)| t.lines().count()).sum();
+        let opener_text = blocks[main].1.lines().next().unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        prop_assert_eq!(lines[opener_line], opener_text);
+        let ours: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].ends_with(coredns::MARKER)).collect();
+        prop_assert!(!ours.is_empty());
+        prop_assert_eq!(ours[0], opener_line + 1, "{}", out);
+        prop_assert_eq!(*ours.last().unwrap() - ours[0] + 1, ours.len());
+        let depths = reference_depths(&out).unwrap();
+        for &i in &ours {
+            prop_assert_eq!(depths[i], 1, "{}", out);
+        }
+    }
+}
+
+/// Brace depth at the start of each line, read as simply as the generators above
+/// allow (no quotes; a `#` starts a comment; a `{` or `}` token, or a word ending
+/// in `{` last on its line, is a brace), or `None` when unbalanced.
+fn reference_depths(corefile: &str) -> Option<Vec<usize>> {
+    let mut depth: usize = 0;
+    let mut out = Vec::new();
+    for line in corefile.split('\n') {
+        out.push(depth);
+        let code = line.split('#').next().unwrap_or("");
+        let words: Vec<&str> = code.split_whitespace().collect();
+        for (i, w) in words.iter().enumerate() {
+            if *w == "{" || (w.len() > 1 && w.ends_with('{') && i + 1 == words.len()) {
+                depth += 1;
+            } else if *w == "}" {
+                depth = depth.checked_sub(1)?;
+            }
+        }
+    }
+    (depth == 0).then_some(out)
+}
+
+/// A plugin line for a server block body: plain directives, comments holding
+/// braces, quoted arguments holding braces (read by CoreDNS as text), and nested
+/// blocks, among them `forward . ADDR {` whose `.` is not a server key.
+fn body_line() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("    errors\n".to_string()),
+        Just("    cache 30\n".to_string()),
+        Just("    # .:53 { not an opener }\n".to_string()),
+        Just("    template IN A example.org {\n        answer \"{{ .Name }} 60 IN A 10.0.0.1\"\n    }\n".to_string()),
+        Just("    forward . 10.150.0.1 {\n        force_tcp\n    }\n".to_string()),
+        Just("    forward . /etc/resolv.conf {\n       max_concurrent 1000\n    }\n".to_string()),
+        Just("    health {\n       lameduck 5s\n    }\n".to_string()),
+        Just("    hosts {\n        10.0.0.1 \"{a}\"\n        fallthrough\n    }\n".to_string()),
+    ]
+}
+
+/// A server block: (whether its keys hold the root zone, its text).
+fn server_block() -> impl Strategy<Value = (bool, String)> {
+    (
+        prop_oneof![
+            Just((false, "consul.local:53 {")),
+            Just((false, "example.org {")),
+            Just((false, ".:5353 {")),
+            Just((true, ".:53 {")),
+            Just((true, ". {")),
+            Just((true, "dns://.:53 {")),
+            Just((true, ".:53 , example.org:53 {")),
+        ],
+        proptest::collection::vec(body_line(), 0..5),
+    )
+        .prop_map(|((root, opener), body)| (root, format!("{opener}\n{}}}\n", body.concat())))
 }

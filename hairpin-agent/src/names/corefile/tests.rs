@@ -169,3 +169,187 @@ fn import_file_lists_the_directives() {
     assert!(IMPORT_KEY.ends_with(".override"));
     assert_eq!(render_import(&[]).lines().count(), 1);
 }
+
+/// Finding 3 of issue 14: a stub-domain server block whose `forward` has its own
+/// block came before `.:53 {`; its line `forward . 10.150.0.1 {` has `.` among its
+/// words and ends in `{`, and the rewrites landed inside it. CoreDNS then refused
+/// the reload (`rewrite` is not a `forward` option) and a restart crash-looped.
+#[test]
+fn a_nested_forward_block_is_not_the_main_server_block() {
+    let corefile = "consul.local:53 {
+    errors
+    forward . 10.150.0.1 {
+        force_tcp
+    }
+}
+.:53 {
+    errors
+    forward . /etc/resolv.conf
+}
+";
+    let out = apply(corefile, &[rw("a.io")]).unwrap();
+    assert_eq!(
+        out,
+        format!(
+            "consul.local:53 {{
+    errors
+    forward . 10.150.0.1 {{
+        force_tcp
+    }}
+}}
+.:53 {{
+    rewrite name exact a.io {TARGET} {MARKER}
+    errors
+    forward . /etc/resolv.conf
+}}
+"
+        )
+    );
+    assert_eq!(remove(&out), corefile);
+    // Only the nested block and no main block: refused, never put inside it.
+    let only_stub = "consul.local:53 {\n    forward . 10.150.0.1 {\n        force_tcp\n    }\n}\n";
+    assert_eq!(
+        apply(only_stub, &[rw("a.io")]),
+        Err(CorefileError::NoMainServerBlock)
+    );
+}
+
+#[test]
+fn comments_and_quoted_strings_are_read_as_coredns_reads_them() {
+    // A `#` anywhere outside quotes starts a comment, even inside a word; braces in
+    // comments and inside longer quoted strings open nothing (a quoted `"{"` alone
+    // would: the parser compares token text).
+    let corefile = "# .:53 {
+example.org {
+    template IN A example.org {
+        answer \"{{ .Name }} 60 IN A 10.0.0.1\" # }
+    }
+    hosts {
+        10.0.0.1 \"} {\"
+    }
+}
+.:53 {# main, with a comment glued to the brace
+    errors
+}
+";
+    let out = apply(corefile, &[rw("a.io")]).unwrap();
+    assert!(
+        out.contains(&format!(
+            ".:53 {{# main, with a comment glued to the brace\n    rewrite name exact a.io {TARGET} {MARKER}\n    errors\n"
+        )),
+        "{out}"
+    );
+    assert_eq!(out.matches(MARKER).count(), 1);
+    assert_eq!(remove(&out), corefile);
+
+    // A quoted string spanning lines hides an opener-looking line.
+    let quoted = "example.org {\n    hosts \"\n.:53 {\n\" \n}\n. {\n}\n";
+    let out = apply(quoted, &[rw("a.io")]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.ends_with(&format!(
+            ". {{\n    rewrite name exact a.io {TARGET} {MARKER}\n}}\n"
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_lexer_follows_corednss_rules() {
+    let lexed = lex("\u{feff}a#b c\n\"q \\\"x\\\" \\n\" {\r\n}\"\" d\r\n\"{\"");
+    let words: Vec<(&str, usize, bool)> = lexed
+        .tokens
+        .iter()
+        .map(|t| (t.text.as_str(), t.line, t.quoted))
+        .collect();
+    assert_eq!(
+        words,
+        [
+            ("a", 0, false),
+            ("q \"x\" \\n", 1, true),
+            ("{", 1, false),
+            ("}\"\"", 2, false),
+            ("d", 2, false),
+            ("{", 3, true),
+        ]
+    );
+    assert_eq!(lexed.open_quote, None);
+    assert_eq!(lex("a \"b\nc").open_quote, Some(0));
+}
+
+#[test]
+fn corefiles_coredns_would_refuse_are_refused_naming_the_line() {
+    let cases: [(&str, CorefileError, &str); 5] = [
+        // A quoted "}" is a brace to CoreDNS's parser (it compares token text).
+        (
+            ".:53 {\n    hosts \"}\"\n}\n",
+            CorefileError::UnexpectedClose { line: 3 },
+            "corefile: line 3: '}' closes no block (expected every '}' to match an earlier '{')",
+        ),
+        (
+            ".:53 {\n    errors\n}\n}\n",
+            CorefileError::UnexpectedClose { line: 4 },
+            "corefile: line 4: '}' closes no block (expected every '}' to match an earlier '{')",
+        ),
+        (
+            ".:53 {\n    errors\n    health {\n}\n",
+            CorefileError::UnclosedBlock { line: 1 },
+            "corefile: block opened at line 1 is never closed (expected a matching '}')",
+        ),
+        (
+            "example.org {\n    forward . 1.1.1.1 {\n}\n.:53 {\n}\n",
+            CorefileError::UnclosedBlock { line: 1 },
+            "corefile: block opened at line 1 is never closed (expected a matching '}')",
+        ),
+        (
+            ".:53 {\n    hosts \"oops\n}\n",
+            CorefileError::UnterminatedQuote { line: 2 },
+            "corefile: quoted string opened at line 2 never ends (expected a closing '\"')",
+        ),
+    ];
+    for (corefile, want, message) in cases {
+        let err = apply(corefile, &[rw("a.io")]).unwrap_err();
+        assert_eq!(err, want, "{corefile:?}");
+        assert_eq!(err.to_string(), message);
+        // Removing our lines never needs the structure (cleanup always works).
+        assert_eq!(apply(corefile, &[]).unwrap(), corefile);
+    }
+}
+
+/// Lines an older hairpin put inside a nested block are taken out and the
+/// rewrites go where they belong.
+#[test]
+fn lines_misplaced_by_an_older_version_are_moved_to_the_main_block() {
+    let misplaced = format!(
+        "stub.local {{\n    forward . 10.150.0.1 {{\n    rewrite name exact a.io {TARGET} {MARKER}\n        force_tcp\n    }}\n}}\n.:53 {{\n    errors\n}}\n"
+    );
+    let out = apply(&misplaced, &[rw("a.io")]).unwrap();
+    assert_eq!(
+        out,
+        format!(
+            "stub.local {{\n    forward . 10.150.0.1 {{\n        force_tcp\n    }}\n}}\n.:53 {{\n    rewrite name exact a.io {TARGET} {MARKER}\n    errors\n}}\n"
+        )
+    );
+}
+
+#[test]
+fn validation_refuses_an_edit_that_is_not_ours_at_depth_one() {
+    let base = "stub {\n    forward . 1.1.1.1 {\n    }\n}\n.:53 {\n}\n";
+    let line = format!("    rewrite name exact a.io {TARGET} {MARKER}\n");
+    // Inside the nested block: what the old editor produced.
+    let nested = base.replacen("1.1.1.1 {\n", &format!("1.1.1.1 {{\n{line}"), 1);
+    let err = validate(base, &nested, 1).unwrap_err();
+    assert!(
+        matches!(&err, CorefileError::InvalidEdit { reason } if reason.contains("line 3")),
+        "{err}"
+    );
+    assert!(err.to_string().ends_with("; nothing written"), "{err}");
+    // Right after the main opener: accepted.
+    let good = base.replacen(".:53 {\n", &format!(".:53 {{\n{line}"), 1);
+    assert_eq!(validate(base, &good, 1), Ok(()));
+    // Something else changed too.
+    let changed = good.replace("1.1.1.1", "9.9.9.9");
+    assert!(validate(base, &changed, 1).is_err());
+    // A brace or a second directive smuggled onto our line.
+    let smuggled = good.replace("cluster.local #", "cluster.local } #");
+    assert!(validate(base, &smuggled, 1).is_err());
+}
