@@ -404,7 +404,14 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
     let mut agent = Agent::start_kube(
         &node,
         &kubeconfig,
-        &["--mode", "both", "--coredns", "corefile"],
+        &[
+            "--mode",
+            "both",
+            "--coredns",
+            "corefile",
+            "--names-domains",
+            "example.com",
+        ],
     );
     agent.wait_for_log("CoreDNS rewrites written", Duration::from_secs(20));
     let written = corefile(&api);

@@ -52,7 +52,10 @@ fn specs() -> Vec<FrontendSpec> {
 
 /// Starts the agent with `extra`, then gives it a name through a frontends reload.
 fn agent_with_names(node: &SimNode, cgroup: &Path, extra: &[&str], wait: &str) -> Agent {
-    let mut agent = Agent::start_with_cgroup(node, &specs(), cgroup, extra);
+    // a.example.com is published only with its domain listed.
+    let mut args = vec!["--names-domains", "example.com"];
+    args.extend_from_slice(extra);
+    let mut agent = Agent::start_with_cgroup(node, &specs(), cgroup, &args);
     fs::write(&agent.frontends, WITH_HOSTS).expect("write frontends");
     agent.wait_for_log(wait, Duration::from_secs(10));
     agent

@@ -59,7 +59,8 @@ fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
     ];
     // `both`: these tests exercise the name relay beside eBPF; `auto` (the default)
     // runs it only where the programs cannot attach (see tests/modes.rs).
-    let mut args = vec!["--mode", "both"];
+    // The names are under example.com: list it, as an operator would.
+    let mut args = vec!["--mode", "both", "--names-domains", "example.com"];
     args.extend_from_slice(extra);
     let mut agent = Agent::start_with(node, &specs, &args);
     fs::write(&agent.frontends, FRONTENDS_WITH_HOSTS).expect("write frontends with hosts");
@@ -153,6 +154,116 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     // `cleanup` removes it and restores the file byte for byte.
     assert!(hairpin_agent::names::hosts_writer::cleanup(&hosts).expect("cleanup"));
     assert_eq!(fs::read(&hosts).expect("read hosts"), NODE_HOSTS);
+}
+
+/// The names the issue saw written into a node's /etc/hosts, beside one the operator
+/// listed: only the listed one gets a line; each other is left out naming its rule,
+/// in the log and in `/status`, and a real resolver still answers `localhost` from the
+/// node's own line.
+#[test]
+fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let sock = admin_socket(&node);
+    let specs = [FrontendSpec {
+        ip: "203.0.113.10",
+        ports: vec![80],
+        version: "v1",
+    }];
+    let mut agent = Agent::start_with(
+        &node,
+        &specs,
+        &[
+            "--mode",
+            "both",
+            "--names-domains",
+            "example.com",
+            "--hosts-file",
+            hosts.to_str().expect("utf-8 path"),
+            "--admin-socket",
+            sock.to_str().expect("utf-8 path"),
+        ],
+    );
+    fs::write(
+        &agent.frontends,
+        "frontends:
+- ip: \"203.0.113.10\"
+  ports: [80]
+  proxyProtocol: v1
+  hosts: [localhost, kubernetes.default.svc.cluster.local, metadata.google.internal,
+          registry-1.docker.io, intranet, a.example.com]
+",
+    )
+    .expect("write frontends");
+    agent.wait_for_log("hosts file updated", Duration::from_secs(10));
+
+    let written = fs::read(&hosts).expect("read hosts");
+    assert!(written.starts_with(NODE_HOSTS), "the node's lines survive");
+    let block = String::from_utf8_lossy(&written[NODE_HOSTS.len()..]).into_owned();
+    assert_eq!(
+        block,
+        format!(
+            "\n# BEGIN hairpin managed block (do not edit)\n{NODE_IP4}\ta.example.com\n\
+             # END hairpin managed block"
+        ),
+        "only the name under --names-domains"
+    );
+    let log = agent.log();
+    for rule in [
+        "host localhost refused (rule localhost)",
+        "host kubernetes.default.svc.cluster.local refused (rule cluster-domain)",
+        "host metadata.google.internal refused (rule metadata-endpoint)",
+        "host registry-1.docker.io refused (rule outside-domains)",
+        "host intranet refused (rule single-label)",
+    ] {
+        assert!(log.contains(rule), "{rule}: {log}");
+    }
+    let status = run_cli(&node, &["status", "--output", "json"]).json();
+    let names = &status["status"]["names"];
+    assert_eq!(
+        names["domains"],
+        serde_json::json!(["example.com"]),
+        "{names}"
+    );
+    let skips = names["skips"].as_array().cloned().unwrap_or_default();
+    assert_eq!(skips.len(), 5, "{names}");
+    assert!(
+        skips[0]
+            .as_str()
+            .is_some_and(|s| s.contains("frontends[0].hosts[0]: host localhost refused")),
+        "{names}"
+    );
+    let got = sh_with_hosts_file(
+        &node,
+        &hosts,
+        "getent hosts localhost; getent hosts metadata.google.internal || echo none; \
+         curl -sS --max-time 10 http://a.example.com/",
+    );
+    let lines: Vec<&str> = got.body.lines().collect();
+    assert!(
+        lines
+            .first()
+            .and_then(|l| l.split_whitespace().next())
+            .is_some_and(|a| a == "127.0.0.1" || a == "::1"),
+        "localhost is the node's own line, not the relay: {got:?}"
+    );
+    assert_eq!(lines.get(1), Some(&"none"), "{got:?}");
+    assert!(
+        lines
+            .get(2)
+            .is_some_and(|l| l.ends_with("dst=203.0.113.10:80")),
+        "the allowed name reaches its LB through the relay: {got:?}\n{}",
+        agent.log()
+    );
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
 }
 
 #[test]
@@ -398,7 +509,11 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
 
     let kubeconfig = node.dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
-    let mut agent = Agent::start_kube(&node, &kubeconfig, &["--mode", "both"]);
+    let mut agent = Agent::start_kube(
+        &node,
+        &kubeconfig,
+        &["--mode", "both", "--names-domains", "example.net"],
+    );
     agent.wait_for_log("name relay listening", Duration::from_secs(20));
     let log = agent.log();
     assert!(

@@ -66,6 +66,8 @@ pub fn names_args(hosts: &std::path::Path) -> Vec<String> {
         "both".into(),
         "--hosts-file".into(),
         hosts.to_string_lossy().into_owned(),
+        "--names-domains".into(),
+        "bench.example.com".into(),
     ]
 }
 

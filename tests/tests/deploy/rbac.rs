@@ -121,8 +121,9 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
         ));
     }
     // kube_runtime's Recorder::publish creates an events.k8s.io Event in the object's
-    // namespace and patches it when the Event repeats: k8s/events.rs (Services, with
-    // --events), k8s/coredns/task.rs (CorefileUnrecognized on the Corefile ConfigMap).
+    // namespace and patches it when the Event repeats: k8s/events.rs (Services, and
+    // Ingresses / Gateway routes whose hostname was refused, with --events),
+    // k8s/coredns/task.rs (CorefileUnrecognized on the Corefile ConfigMap).
     let mut events = Vec::new();
     if run.events {
         events.push("k8s/events.rs");
