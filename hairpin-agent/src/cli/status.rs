@@ -138,6 +138,26 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 f.error
             ));
         }
+        if n.domains.is_empty() {
+            // Every name is left out for the same reason: say it once.
+            out.push_str(&format!(
+                "            {} ({} hostnames left out)\n",
+                paint(
+                    "no names published: --names-domains is empty",
+                    Tone::Warn,
+                    colour
+                ),
+                n.skips.len()
+            ));
+        } else {
+            out.push_str(&format!(
+                "            published under {}\n",
+                n.domains.join(", ")
+            ));
+            for skip in &n.skips {
+                out.push_str(&format!("            left out: {skip}\n"));
+            }
+        }
     }
     if let Some(c) = &s.clients {
         out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));

@@ -57,7 +57,8 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
-    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`.
+    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
+    /// `names_scope`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -122,6 +123,7 @@ pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
     }
     if let Some(n) = agent.as_ref().ok().and_then(|s| s.names.as_ref()) {
         list.push(name_relay_check(n));
+        list.push(names_scope_check(n));
     }
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
@@ -260,6 +262,35 @@ fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
     .fix("find what holds the port (`ss -ltnp`) and stop it, or move the name relay with --names-address / --names-ports")
 }
 
+/// Which hostnames the agent may publish: a warning while `--names-domains` is empty
+/// (no name reaches /etc/hosts or CoreDNS), else the domains and how many names were
+/// left out.
+fn names_scope_check(n: &crate::status::NamesStatus) -> Check {
+    if n.domains.is_empty() {
+        return Check::new(
+            "names_scope",
+            Status::Warn,
+            "none: --names-domains is empty, no names are published",
+        )
+        .fix(
+            "list the domains hostnames may be published under in --names-domains \
+             (HAIRPIN_NAMES_DOMAINS; chart value names.domains), e.g. example.com",
+        );
+    }
+    let left_out = match n.skips.len() {
+        0 => String::new(),
+        k => format!("; {k} hostname(s) left out, each with its rule in `hairpin-agent status`"),
+    };
+    Check::new(
+        "names_scope",
+        Status::Ok,
+        format!(
+            "names under {} are published{left_out}",
+            n.domains.join(", ")
+        ),
+    )
+}
+
 /// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.
 fn coredns_check(s: &Snapshot) -> Check {
     let Some(c) = &s.coredns else {
@@ -309,4 +340,39 @@ pub fn render(r: &DoctorReport, colour: bool) -> String {
         "\nsome checks failed\n"
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::NamesStatus;
+
+    #[test]
+    fn an_empty_names_domains_list_warns_with_the_fix_and_a_listed_one_is_ok() {
+        let empty = names_scope_check(&NamesStatus::default());
+        assert_eq!(empty.status, Status::Warn);
+        assert_eq!(
+            empty.detail,
+            "none: --names-domains is empty, no names are published"
+        );
+        assert!(
+            empty
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("HAIRPIN_NAMES_DOMAINS"))
+        );
+        let listed = names_scope_check(&NamesStatus {
+            domains: vec!["example.com".into()],
+            skips: vec![
+                "Ingress a/b: spec.rules[0].host: host localhost refused (rule localhost)".into(),
+            ],
+            ..NamesStatus::default()
+        });
+        assert_eq!(listed.status, Status::Ok);
+        assert_eq!(
+            listed.detail,
+            "names under example.com are published; 1 hostname(s) left out, each with its rule \
+             in `hairpin-agent status`"
+        );
+    }
 }
