@@ -21,8 +21,11 @@ use hairpin_agent::{
     model::ProxyVersion,
     k8s::{
         Defaults, Outcome, decide,
-        decide::annotations,
-        decide::providers::{PROVIDER_ANNOTATIONS, ValueRule},
+        decide::{
+            annotations,
+            lb_address::builtin_refusal,
+            providers::{PROVIDER_ANNOTATIONS, ValueRule},
+        },
         service_key,
     },
 };
@@ -222,7 +225,13 @@ fn service(u: &mut Unstructured) -> Result<(Service, Defaults)> {
         }),
     };
     let proxy_protocol = *u.choose(&[None, Some(ProxyVersion::V1), Some(ProxyVersion::V2)])?;
-    Ok((service, Defaults { proxy_protocol }))
+    Ok((
+        service,
+        Defaults {
+            proxy_protocol,
+            ..Defaults::default()
+        },
+    ))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -301,6 +310,11 @@ fuzz_target!(|data: &[u8]| {
                             && i.ip.as_deref().and_then(|ip| ip.parse().ok()) == Some(f.ip)
                     }),
                     "{f:?} is not an ingress IP without ipMode Proxy"
+                );
+                assert_eq!(
+                    builtin_refusal(f.ip),
+                    None,
+                    "{f:?}: no LoadBalancer has this address"
                 );
                 assert_eq!(f.source, format!("Service {key}"));
                 match ours.as_deref() {

@@ -259,6 +259,7 @@ fn skips_say_why_per_port_and_per_ingress_entry() {
 fn the_agent_default_applies_only_where_nothing_else_decides() {
     let v1 = Defaults {
         proxy_protocol: Some(ProxyVersion::V1),
+        ..Defaults::default()
     };
     let exoscale = decide(&load("exoscale.yaml"), &v1);
     assert_eq!(exoscale.reason(), "Proxied");
@@ -344,4 +345,70 @@ fn print_summaries() {
         let d = decide(&load(&name), &Defaults::default());
         println!("{name}: {} | {}", d.reason(), d.summary());
     }
+}
+
+/// A LoadBalancer status is written by whoever may update the Service's status: an
+/// address no LoadBalancer has (the metadata endpoint, loopback, a cluster IP, this
+/// node) is never redirected, and the decision is a Warning naming the address.
+#[test]
+fn load_balancer_addresses_no_lb_may_have_are_refused_with_a_warning() {
+    use hairpin_agent::k8s::decide::lb_address::LbAddressPolicy;
+    let with_ip = |ip: &str| {
+        let mut s = load("digitalocean.yaml");
+        let status = s.status.as_mut().expect("status");
+        let lb = status.load_balancer.as_mut().expect("lb");
+        lb.ingress.as_mut().expect("ingress")[0].ip = Some(ip.into());
+        s
+    };
+    for (ip, says) in [
+        ("169.254.169.254", "link-local"),
+        ("127.0.0.1", "loopback"),
+        ("192.0.2.1", "an address of this node"),
+    ] {
+        let defaults = Defaults {
+            addresses: LbAddressPolicy {
+                reserved: vec![(
+                    "192.0.2.1/32".parse().expect("net"),
+                    "an address of this node".into(),
+                )],
+                ..LbAddressPolicy::default()
+            },
+            ..Defaults::default()
+        };
+        let d = decide(&with_ip(ip), &defaults);
+        assert_eq!(
+            d.outcome,
+            Outcome::Skipped(SkipReason::UnsafeIngressIp),
+            "{ip}"
+        );
+        assert!(d.frontends.is_empty(), "{ip}");
+        assert!(d.is_warning(), "{ip}");
+        let summary = d.summary();
+        assert!(summary.contains(ip) && summary.contains(says), "{summary}");
+    }
+    // Another Service's cluster IP published as this one's LB address.
+    let victim = load("digitalocean.yaml");
+    let cluster_ip = victim
+        .spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.clone())
+        .expect("ip");
+    let mut thief = with_ip(&cluster_ip);
+    thief.metadata.name = Some("thief".into());
+    thief.metadata.namespace = Some("tenant-a".into());
+    let all = decide_all([&victim, &thief], &Defaults::default());
+    let d = all
+        .decisions
+        .iter()
+        .find(|d| d.service == "tenant-a/thief")
+        .expect("thief decided");
+    assert_eq!(d.outcome, Outcome::Skipped(SkipReason::UnsafeIngressIp));
+    assert!(
+        d.summary().contains(&format!(
+            "{cluster_ip} is the cluster IP of Service ingress-nginx/ingress-nginx-controller"
+        )),
+        "{}",
+        d.summary()
+    );
+    assert_eq!(all.frontends.len(), 2, "the victim's own frontends stay");
 }

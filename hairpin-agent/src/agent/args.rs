@@ -96,14 +96,36 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_FRONTENDS_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub frontends_poll: Duration,
 
-    /// TCP address of the admin server (/healthz, /readyz, /metrics, /status).
-    /// Node-local: the DaemonSet runs in the host network namespace.
+    /// TCP address of the admin server's probes and metrics (/healthz, /readyz,
+    /// /metrics). Node-local: the DaemonSet runs in the host network namespace.
     #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
     pub admin_address: SocketAddr,
 
-    /// Unix socket of the admin server (mode 0600), which `hairpin-agent status` and
-    /// the other node subcommands read first. Its directory is created; a stale
-    /// socket left by a dead agent is replaced.
+    /// A further address serving /metrics alone, for a Prometheus that scrapes the
+    /// node's network (e.g. `0.0.0.0:9902`). Unset: none; /metrics stays on
+    /// --admin-address.
+    #[arg(long, env = "HAIRPIN_METRICS_ADDRESS")]
+    pub metrics_address: Option<SocketAddr>,
+
+    /// Most connections both relays hold at once; past it new ones are reset at
+    /// accept (counted in hairpin_relay_shed_total). About 32 KiB each: the
+    /// default stays under the DaemonSet's 512 MiB memory limit.
+    #[arg(long, env = "HAIRPIN_MAX_CONNECTIONS", default_value_t = 12_000)]
+    pub max_connections: usize,
+
+    /// Most connections the relays hold at once from one client address (a pod; the
+    /// node's own processes share the node IP), so one client cannot take them all.
+    #[arg(
+        long,
+        env = "HAIRPIN_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 2_000
+    )]
+    pub max_connections_per_source: usize,
+
+    /// Unix socket of the admin server (mode 0600): everything, /status included,
+    /// which only this socket serves; `hairpin-agent status` and the other node
+    /// subcommands read it. Its directory is created; a stale socket left by a dead
+    /// agent is replaced.
     #[arg(
         long,
         env = "HAIRPIN_ADMIN_SOCKET",
@@ -181,6 +203,18 @@ pub struct RunArgs {
     /// and `doctor`.
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
+
+    /// The ranges the cloud hands out for LoadBalancer addresses (comma-separated
+    /// CIDRs): a Service whose `status.loadBalancer` names an address outside them is
+    /// not redirected. Unset: any address but the refused classes (loopback,
+    /// link-local, multicast, this node's addresses, cluster IPs, --reserved-cidrs).
+    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    pub lb_cidrs: Vec<ipnet::IpNet>,
+
+    /// Networks no LoadBalancer address may be in (comma-separated CIDRs): the pod and
+    /// service networks, the nodes' network. Addresses in them are never redirected.
+    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    pub reserved_cidrs: Vec<ipnet::IpNet>,
 
     /// Domains whose hostnames may be published (comma-separated, e.g.
     /// `example.com,shop.example.org`): a name is published in /etc/hosts and CoreDNS

@@ -25,6 +25,7 @@ use std::{
 use serde::Deserialize;
 
 use crate::{
+    k8s::decide::lb_address::builtin_refusal,
     model::{Frontend, Frontends, ProxyVersion},
     names::{
         hostname::{Hostname, HostnameError},
@@ -165,11 +166,11 @@ pub fn parse_file(
             .proxy_protocol
             .parse()
             .map_err(|msg: String| invalid(index, "proxyProtocol", &msg))?;
-        if e.ip.is_unspecified() || e.ip.is_loopback() || e.ip.is_multicast() {
+        if let Some(class) = builtin_refusal(e.ip) {
             return Err(invalid(
                 index,
                 "ip",
-                &format!("a unicast LoadBalancer address, got {}", e.ip),
+                &format!("a LoadBalancer address, got {} ({class})", e.ip),
             ));
         }
         if e.ports.is_empty() {

@@ -26,6 +26,7 @@ use crate::{
     k8s::{
         self,
         coredns::{CorednsConfig, CorednsMode},
+        decide::lb_address::LbAddressPolicy,
         source::{SourceConfig, WriterConfig},
     },
     names::{
@@ -33,7 +34,10 @@ use crate::{
         relay::{NameRouting, NameRoutingConfig, ServiceListener},
         scope::{NameScope, ScopeRule},
     },
-    relay::{Relay, RelayConfig},
+    relay::{
+        Relay, RelayConfig,
+        listener::{ConnGate, ConnLimits},
+    },
     status::{
         AgentState, AttachmentStatus, HEARTBEAT_EVERY, ModeStatus, NamesStatus,
         admin::{self, AdminConfig, KernelCounters},
@@ -147,6 +151,10 @@ impl Agent {
                 IpAddr::V4(_) => None,
             }),
             clients: clients::policy(&args, kube, &state).await,
+            gate: ConnGate::new(ConnLimits {
+                total: args.max_connections,
+                per_source: args.max_connections_per_source,
+            }),
             buffer_size: 64 * 1024,
             keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
         };
@@ -175,6 +183,7 @@ impl Agent {
             &AdminConfig {
                 address: Some(args.admin_address),
                 socket: Some(args.admin_socket.clone()),
+                metrics: args.metrics_address,
             },
             state.clone(),
             metrics.clone(),
@@ -240,11 +249,37 @@ fn source_config(
     Ok(SourceConfig {
         defaults: k8s::Defaults {
             proxy_protocol: args.default_proxy_protocol.0,
+            addresses: lb_addresses(args),
         },
         scope,
         name: "kubernetes".into(),
         writer,
     })
+}
+
+/// Which LoadBalancer addresses may be redirected: never this node's own, nor the
+/// operator's reserved networks; only `--lb-cidrs` when given.
+fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
+    let own = args
+        .node_ips
+        .iter()
+        .chain(&args.listen_addresses)
+        .chain(args.names_address.iter())
+        .map(|ip| {
+            (
+                ipnet::IpNet::from(*ip),
+                "an address of this node".to_string(),
+            )
+        });
+    let listed = args
+        .reserved_cidrs
+        .iter()
+        .map(|n| (*n, "in --reserved-cidrs".to_string()));
+    LbAddressPolicy {
+        reserved: own.chain(listed).collect(),
+        allowed: args.lb_cidrs.clone(),
+        ..LbAddressPolicy::default()
+    }
 }
 
 /// The CoreDNS writer's settings, or `None` when it is off; refuses combinations

@@ -57,6 +57,10 @@ pub enum SkipReason {
     IpModeProxy,
     /// An ingress entry's `ip` does not parse as an IP address.
     InvalidIngressIp,
+    /// An ingress entry's IP is one no LoadBalancer may have (loopback, link-local,
+    /// this node, a cluster IP, outside `--lb-cidrs`): redirecting it would take over
+    /// traffic that is not the LoadBalancer's.
+    UnsafeIngressIp,
     /// A port is UDP or SCTP; the PROXY header is a TCP thing here.
     NotTcp,
     /// A port number outside 1..=65535 (the API server rejects these; a hand-made or
@@ -80,6 +84,7 @@ impl SkipReason {
             SkipReason::HostnameOnly => "SkippedHostnameOnly",
             SkipReason::IpModeProxy => "SkippedIpModeProxy",
             SkipReason::InvalidIngressIp => "SkippedInvalidIngressIp",
+            SkipReason::UnsafeIngressIp => "SkippedUnsafeIngressIp",
             SkipReason::NotTcp => "SkippedNotTcp",
             SkipReason::InvalidPort => "SkippedInvalidPort",
             SkipReason::PortNotSelected => "SkippedPortNotSelected",
@@ -139,7 +144,14 @@ impl Decision {
     /// Whether the Event should be `Warning` rather than `Normal`.
     pub fn is_warning(&self) -> bool {
         matches!(self.outcome, Outcome::Invalid(_))
-            || matches!(self.outcome, Outcome::Skipped(SkipReason::Conflict))
+            || matches!(
+                self.outcome,
+                Outcome::Skipped(SkipReason::Conflict | SkipReason::UnsafeIngressIp)
+            )
+            || self
+                .skips
+                .iter()
+                .any(|s| s.reason == SkipReason::UnsafeIngressIp)
             || !self.warnings.is_empty()
     }
 

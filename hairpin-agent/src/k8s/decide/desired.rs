@@ -50,6 +50,24 @@ pub fn decide_all<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     defaults: &Defaults,
 ) -> DesiredState {
+    let services: Vec<&'a Service> = services.into_iter().collect();
+    // A cluster IP is never a LoadBalancer's: ours to refuse for every Service.
+    let mut defaults = defaults.clone();
+    for s in &services {
+        let ips = s
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.cluster_ips.as_deref())
+            .unwrap_or(&[]);
+        for ip in ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()) {
+            defaults
+                .addresses
+                .cluster_ips
+                .entry(ip)
+                .or_insert_with(|| super::service::service_key(s));
+        }
+    }
+    let defaults = &defaults;
     let mut ordered: Vec<(Option<&'a Time>, Option<&'a str>, Decision)> = services
         .into_iter()
         .map(|s| {

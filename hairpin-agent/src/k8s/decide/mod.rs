@@ -6,12 +6,14 @@
 //!   cloud providers' PROXY-protocol annotations.
 //! - [`desired`]: every Service -> one frontend per LB address (the oldest Service
 //!   wins a conflict) and the hostnames routed to them.
+//! - [`lb_address`]: which LoadBalancer addresses may be redirected at all.
 //! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
 
 pub mod annotations;
 pub mod cluster_dns;
 pub mod decision;
 pub mod desired;
+pub mod lb_address;
 pub mod provider_eval;
 pub mod providers;
 pub mod service;

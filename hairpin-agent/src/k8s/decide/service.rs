@@ -14,6 +14,7 @@ use crate::model::{Frontend, ProxyVersion};
 use super::{
     annotations::{self, OurSetting},
     decision::{Decision, Outcome, Rule, Skip, SkipReason},
+    lb_address::LbAddressPolicy,
     provider_eval,
 };
 
@@ -23,6 +24,8 @@ pub struct Defaults {
     /// PROXY version for LoadBalancer Services that neither our annotation nor a provider
     /// annotation decides; `None` (the default) leaves them alone.
     pub proxy_protocol: Option<ProxyVersion>,
+    /// Which LoadBalancer addresses may be redirected.
+    pub addresses: LbAddressPolicy,
 }
 
 /// `namespace/name` of a Service; a missing namespace reads as `default`, as kubectl does.
@@ -201,12 +204,18 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
                         "load balancer IP {addr} has ipMode Proxy, so in-cluster traffic already goes through the load balancer"
                     ),
                 ),
-                Ok(addr) => {
-                    if !ips.contains(&addr) {
-                        ips.push(addr);
+                Ok(addr) => match defaults.addresses.refusal(addr) {
+                    Some(why) => (
+                        SkipReason::UnsafeIngressIp,
+                        format!("status.loadBalancer.ingress ip {why}: hairpin never redirects it"),
+                    ),
+                    None => {
+                        if !ips.contains(&addr) {
+                            ips.push(addr);
+                        }
+                        continue;
                     }
-                    continue;
-                }
+                },
             },
             (None, Some(host)) => (
                 SkipReason::HostnameOnly,
