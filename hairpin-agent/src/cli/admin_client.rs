@@ -108,9 +108,21 @@ impl AdminArgs {
         })
     }
 
-    /// The agent's `/status`.
+    /// The agent's `/status`, which it serves on its unix socket only.
     pub fn status(&self) -> Result<Snapshot, AdminClientError> {
         let reply = self.get("/status")?;
+        if reply.code == 404 {
+            // The socket did not answer and the TCP address has no /status.
+            return Err(AdminClientError::BadReply {
+                path: "/status".into(),
+                detail: format!(
+                    "404 on {}: /status is served on the admin socket only ({}), which \
+                     needs root on the node (or pass --admin-socket)",
+                    self.admin_address,
+                    self.admin_socket.display()
+                ),
+            });
+        }
         if reply.code != 200 {
             return Err(AdminClientError::BadReply {
                 path: "/status".into(),

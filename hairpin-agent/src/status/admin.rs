@@ -1,6 +1,8 @@
-//! The admin server: `/healthz`, `/readyz`, `/metrics` and `/status`, on a TCP address
-//! (node-local: the DaemonSet is hostNetwork) and on a unix socket (mode 0600, so only
-//! root on the node reads `/status`). The node CLI talks to either.
+//! The admin server: `/healthz`, `/readyz` and `/metrics` on a TCP address
+//! (node-local by default: the DaemonSet is hostNetwork), everything and `/status`
+//! on a unix socket (mode 0600: every LoadBalancer, hostname and listener is for
+//! root on the node only), and optionally `/metrics` alone on an address of its own
+//! for a Prometheus on the node's network. The node CLI reads `/status` from the socket.
 
 use std::{
     collections::BTreeMap,
@@ -28,13 +30,30 @@ use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics};
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Where the admin server listens.
+/// Where the admin server listens, and what each listener serves.
 #[derive(Clone, Debug)]
 pub struct AdminConfig {
-    /// TCP address, e.g. 127.0.0.1:9901; `None` to serve no TCP.
+    /// TCP address for the probes and metrics (`/healthz`, `/readyz`, `/metrics`),
+    /// e.g. 127.0.0.1:9901; `None` to serve no TCP.
     pub address: Option<SocketAddr>,
-    /// Unix socket path; `None` to serve no socket.
+    /// Unix socket path (mode 0600) serving everything, `/status` included: every
+    /// LoadBalancer, hostname and listener is for root on the node only. `None` to
+    /// serve no socket.
     pub socket: Option<PathBuf>,
+    /// A further TCP address serving `/metrics` only, for a Prometheus that scrapes
+    /// the node's network; `None` (the default) to serve none.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// What one listener of the admin server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routes {
+    /// `/healthz`, `/readyz`, `/metrics`: what probes and a local scraper need.
+    Probes,
+    /// `/metrics` alone.
+    Metrics,
+    /// Everything, `/status` included.
+    All,
 }
 
 /// Errors starting the admin server.
@@ -84,18 +103,28 @@ pub struct AdminServer {
     pub local_addr: Option<SocketAddr>,
 }
 
-/// The routes, over `state` and `metrics`; `kernel` reads the programs' counters.
-pub fn router(state: AgentState, metrics: Metrics, kernel: Option<KernelCounters>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .route("/status", get(status))
-        .with_state(Shared {
-            state,
-            metrics,
-            kernel,
-        })
+/// The `routes` of one listener, over `state` and `metrics`; `kernel` reads the
+/// programs' counters.
+pub fn router(
+    routes: Routes,
+    state: AgentState,
+    metrics: Metrics,
+    kernel: Option<KernelCounters>,
+) -> Router {
+    let mut r = Router::new().route("/metrics", get(metrics_text));
+    if routes != Routes::Metrics {
+        r = r
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz));
+    }
+    if routes == Routes::All {
+        r = r.route("/status", get(status));
+    }
+    r.with_state(Shared {
+        state,
+        metrics,
+        kernel,
+    })
 }
 
 /// Binds both listeners and serves them until [`AdminServer::shutdown`].
@@ -105,16 +134,23 @@ pub async fn start(
     metrics: Metrics,
     kernel: Option<KernelCounters>,
 ) -> Result<AdminServer, AdminError> {
-    let app = router(state, metrics, kernel);
+    let app = |routes| router(routes, state.clone(), metrics.clone(), kernel.clone());
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     let mut local_addr = None;
-    if let Some(address) = cfg.address {
+    for (address, routes) in [
+        (cfg.address, Routes::Probes),
+        (cfg.metrics, Routes::Metrics),
+    ] {
+        let Some(address) = address else { continue };
         let l = TcpListener::bind(address)
             .await
             .map_err(|source| AdminError::Listen { address, source })?;
-        local_addr = l.local_addr().ok();
-        let (app, stop) = (app.clone(), stop.clone());
+        let bound = l.local_addr().ok();
+        if routes == Routes::Probes {
+            local_addr = bound;
+        }
+        let (app, stop) = (app(routes), stop.clone());
         tasks.spawn(async move {
             let served = axum::serve(l, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
@@ -123,11 +159,11 @@ pub async fn start(
                 warn!(error = %e, "admin server (tcp) stopped");
             }
         });
-        info!(address = ?local_addr, "admin server listening");
+        info!(address = ?bound, ?routes, "admin server listening");
     }
     if let Some(path) = &cfg.socket {
         let l = bind_socket(path)?;
-        let (app, stop) = (app.clone(), stop.clone());
+        let (app, stop) = (app(Routes::All), stop.clone());
         tasks.spawn(async move {
             let served = axum::serve(l, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
@@ -233,4 +269,81 @@ async fn status(State(s): State<Shared>) -> Response {
     }
     snap.counters.relay = s.metrics.relay_counters();
     Json(snap).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `GET path` over TCP; the status code.
+    async fn code(address: SocketAddr, path: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("read");
+        reply
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("a status line")
+    }
+
+    /// `GET path` over the unix socket; the status code.
+    async fn socket_code(path: &Path, route: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::UnixStream::connect(path)
+            .await
+            .expect("connect");
+        s.write_all(format!("GET {route} HTTP/1.0\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("read");
+        reply
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("a status line")
+    }
+
+    #[tokio::test]
+    async fn status_is_served_on_the_socket_only_and_metrics_alone_on_its_own_address() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("admin.sock");
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        // The metrics address: bind one to learn a free port, then give it back.
+        let metrics_address = std::net::TcpListener::bind(any)
+            .and_then(|l| l.local_addr())
+            .expect("free port");
+        let server = start(
+            &AdminConfig {
+                address: Some(any),
+                socket: Some(socket.clone()),
+                metrics: Some(metrics_address),
+            },
+            AgentState::new(0x68),
+            Metrics::default(),
+            None,
+        )
+        .await
+        .expect("admin server");
+        let probes = server.local_addr.expect("tcp address");
+        assert_eq!(code(probes, "/metrics").await, 200);
+        assert_eq!(code(probes, "/healthz").await, 200);
+        assert_eq!(code(probes, "/readyz").await, 503, "nothing synced yet");
+        assert_eq!(code(probes, "/status").await, 404, "not on the network");
+        assert_eq!(code(metrics_address, "/metrics").await, 200);
+        for path in ["/status", "/healthz", "/readyz"] {
+            assert_eq!(code(metrics_address, path).await, 404, "{path}");
+        }
+        assert_eq!(socket_code(&socket, "/status").await, 200);
+        assert_eq!(socket_code(&socket, "/metrics").await, 200);
+        server.shutdown().await;
+        assert!(!socket.exists(), "the socket is removed at shutdown");
+    }
 }
