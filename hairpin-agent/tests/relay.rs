@@ -10,7 +10,10 @@ use std::{
 use hairpin_agent::{
     model::{Frontend, ProxyVersion},
     relay::clients::{ClientPolicy, parse_net},
-    relay::{Relay, RelayConfig},
+    relay::{
+        Relay, RelayConfig,
+        listener::{ConnGate, ConnLimits},
+    },
     status::metrics::Metrics,
 };
 use tokio::{
@@ -28,6 +31,10 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         node_ipv4: Some(Ipv4Addr::new(192, 0, 2, 1)),
         node_ipv6: None,
         clients: ClientPolicy::default(),
+        gate: ConnGate::new(ConnLimits {
+            total: 10_000,
+            per_source: 10_000,
+        }),
         buffer_size: 16 * 1024,
         keepalive: Some(Duration::from_secs(60)),
     }
@@ -351,4 +358,87 @@ async fn a_reset_is_counted_against_the_side_that_sent_it() {
         text.contains("hairpin_relay_client_errors_total{kind=\"reset\"} 1"),
         "{text}"
     );
+}
+
+/// A client holding more connections than its cap gets the extra ones reset at
+/// accept, while another client is still served; closing its connections gives the
+/// places back. Sources are two loopback addresses, as two pods would be.
+#[tokio::test]
+async fn a_flood_past_the_per_source_cap_is_shed_while_another_client_is_served() {
+    let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+    let target = upstream.local_addr().expect("addr");
+    // The upstream holds every connection until its client closes, as an ingress would.
+    let held = tokio::spawn(async move {
+        while let Ok((mut s, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink).await;
+            });
+        }
+    });
+    let metrics = Metrics::default();
+    let mut cfg = config(Duration::from_secs(2));
+    cfg.gate = ConnGate::new(ConnLimits {
+        total: 100,
+        per_source: 5,
+    });
+    let gate = cfg.gate.clone();
+    let mut relay = Relay::new(cfg, metrics.clone());
+    let listener = relay
+        .start(&frontend(target, ProxyVersion::V1), LOCALHOST)
+        .expect("listen");
+    let from = |ip: [u8; 4]| async move {
+        let s = tokio::net::TcpSocket::new_v4().expect("socket");
+        s.bind(SocketAddr::from((ip, 0))).expect("bind source");
+        s.connect(listener).await.expect("connect")
+    };
+    let mut flood = Vec::new();
+    for _ in 0..5 {
+        flood.push(from([127, 0, 0, 2]).await);
+    }
+    // Wait until the relay holds all five.
+    let started = Instant::now();
+    while gate.open() < 5 && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gate.open(), 5);
+
+    // The sixth from the same client is reset without a byte.
+    let mut extra = from([127, 0, 0, 2]).await;
+    let mut buf = [0u8; 1];
+    let shed = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf))
+        .await
+        .expect("the relay answers at once");
+    assert!(
+        matches!(shed, Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+            || matches!(shed, Ok(0)),
+        "{shed:?}"
+    );
+    assert!(
+        metrics
+            .render()
+            .contains("hairpin_relay_shed_total{reason=\"per_source\"} 1"),
+        "{}",
+        metrics.render()
+    );
+
+    // Another client is served meanwhile.
+    let mut other = from([127, 0, 0, 3]).await;
+    other.write_all(b"x").await.expect("write");
+    let started = Instant::now();
+    while gate.open() < 6 && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gate.open(), 6, "the other client holds a place");
+
+    // The flood ends: its places come back.
+    drop(flood);
+    drop(extra);
+    let started = Instant::now();
+    while gate.open() > 1 && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gate.open(), 1, "only the other client's connection is held");
+    drop(other);
+    held.abort();
 }

@@ -82,7 +82,10 @@ fn an_address_listed_twice_is_refused_and_the_last_good_set_stays_live() {
             .is_some_and(|e| e.contains("203.0.113.10:80 is already listed")),
         "{source}"
     );
-    assert_eq!(source["synced"], true, "a bad edit does not unsync: {source}");
+    assert_eq!(
+        source["synced"], true,
+        "a bad edit does not unsync: {source}"
+    );
     let frontends = s["frontends"].as_array().expect("frontends");
     assert_eq!(frontends.len(), 1, "nothing of the bad edit applied: {s:#}");
     assert_eq!(frontends[0]["port"], 80);

@@ -1,15 +1,23 @@
 //! Listening, as both relays do it: a socket whose accepted connections inherit
-//! TCP keepalive, an accept loop that resets peers outside the client policy, and
-//! a stop that still takes the connects already queued.
+//! TCP keepalive, an accept loop that resets peers outside the client policy and
+//! sheds connections past the caps, and a stop that still takes the connects
+//! already queued.
 
-use std::{future::Future, io, net::SocketAddr, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    io,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
     time::timeout,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use super::clients::ClientPolicy;
 use crate::status::metrics::Metrics;
@@ -32,6 +40,135 @@ pub(crate) fn set_keepalive<S: std::os::fd::AsFd>(s: &S, idle: Option<Duration>)
     }
 }
 
+/// How many connections the relays hold at once: in all, and from one peer address.
+/// Every held connection costs two sockets and up to two copy buffers; past the
+/// caps a flood from one pod would take the agent's memory (and with it every
+/// node's hosts block and redirects) rather than its own connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Across every listener of both relays.
+    pub total: usize,
+    /// From one client address (a pod; the node's own processes share the node IP).
+    pub per_source: usize,
+}
+
+/// Which cap shed a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    /// [`ConnLimits::total`].
+    Total,
+    /// [`ConnLimits::per_source`].
+    PerSource,
+}
+
+impl Shed {
+    /// The metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shed::Total => "total",
+            Shed::PerSource => "per_source",
+        }
+    }
+}
+
+/// The open connections of every listener sharing it, admitted against the caps.
+/// Cloning shares the counts: both relays hold one gate.
+#[derive(Clone, Debug)]
+pub struct ConnGate {
+    limits: ConnLimits,
+    open: Arc<Mutex<Open>>,
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+    /// Sheds since the last log line, and when that was: said at most every 10 s.
+    shed_unsaid: u64,
+    said_at: Option<Instant>,
+}
+
+/// One admitted connection; gives its place back when dropped.
+#[derive(Debug)]
+pub struct Permit {
+    gate: ConnGate,
+    source: IpAddr,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut open = self.gate.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// How often a run of sheds is said in the log.
+const SHED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl ConnGate {
+    /// A gate with `limits` and nothing open.
+    pub fn new(limits: ConnLimits) -> ConnGate {
+        ConnGate {
+            limits,
+            open: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        // Counts are plain integers: a panicking holder left them usable.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for a connection from `source`, or the cap it would pass.
+    pub fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
+        let source = source.to_canonical();
+        let mut open = self.lock();
+        let from_source = open.by_source.get(&source).copied().unwrap_or(0);
+        let refused = if open.total >= self.limits.total {
+            Some(Shed::Total)
+        } else if from_source >= self.limits.per_source {
+            Some(Shed::PerSource)
+        } else {
+            None
+        };
+        if let Some(shed) = refused {
+            open.shed_unsaid += 1;
+            let due = open.said_at.is_none_or(|t| t.elapsed() >= SHED_LOG_EVERY);
+            if due {
+                warn!(
+                    cap = shed.as_str(),
+                    %source,
+                    shed = open.shed_unsaid,
+                    open = open.total,
+                    total_cap = self.limits.total,
+                    per_source_cap = self.limits.per_source,
+                    "relay connection caps reached: new connections are reset (said at most every 10 s)"
+                );
+                open.shed_unsaid = 0;
+                open.said_at = Some(Instant::now());
+            }
+            return Err(shed);
+        }
+        open.total += 1;
+        *open.by_source.entry(source).or_insert(0) += 1;
+        Ok(Permit {
+            gate: self.clone(),
+            source,
+        })
+    }
+
+    /// Connections held now.
+    pub fn open(&self) -> usize {
+        self.lock().total
+    }
+}
+
 /// A listener on `addr` (port 0: an ephemeral one) whose accepted sockets inherit
 /// TCP keepalive as `keepalive` says. `SO_REUSEADDR`: a relay restarted within
 /// TIME_WAIT must be able to take its ports again.
@@ -46,9 +183,23 @@ pub fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> io::Result<TcpList
     socket.listen(1024)
 }
 
+/// What every accepted connection is checked against, counted in, and run on.
+#[derive(Clone)]
+pub struct Admission {
+    /// Peers outside it are reset.
+    pub clients: ClientPolicy,
+    /// Connections past its caps are reset.
+    pub gate: ConnGate,
+    /// Refusals and sheds are counted here.
+    pub metrics: Metrics,
+    /// Every admitted connection runs as one of its tasks (drained at shutdown).
+    pub connections: TaskTracker,
+}
+
 /// Accepts on `listener` (bound at `local`) until `stop`, resets peers outside
-/// `clients`, and runs `serve(client, peer, local)` for every other connection as
-/// a task of `connections`. `local` is the connection's own address unless the
+/// the client policy and connections past the caps, and runs
+/// `serve(client, peer, local)` for every other connection as a task, holding its
+/// place in the gate until it ends. `local` is the connection's own address unless the
 /// listener is bound to a wildcard, when the kernel is asked.
 ///
 /// Once stopped it still takes what is queued or arrives within a short quiet
@@ -58,14 +209,18 @@ pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
     local: SocketAddr,
     stop: CancellationToken,
-    clients: ClientPolicy,
-    metrics: Metrics,
-    connections: TaskTracker,
+    admission: Admission,
     serve: F,
 ) where
     F: Fn(TcpStream, SocketAddr, SocketAddr) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let Admission {
+        clients,
+        gate,
+        metrics,
+        connections,
+    } = admission;
     let handle = |accepted: io::Result<(TcpStream, SocketAddr)>| {
         let (client, peer) = match accepted {
             Ok(a) => a,
@@ -75,12 +230,27 @@ pub async fn accept_loop<F, Fut>(
             refuse(&client, peer, &metrics);
             return Ok(());
         }
+        let permit = match gate.admit(peer.ip()) {
+            Ok(p) => p,
+            Err(shed) => {
+                metrics.shed(shed.as_str());
+                reset(&client);
+                return Ok(());
+            }
+        };
         let local = if local.ip().is_unspecified() {
             client.local_addr().unwrap_or(local)
         } else {
             local
         };
-        connections.spawn(serve(client, peer, local));
+        let served = serve(client, peer, local);
+        connections.spawn(
+            async move {
+                let _held = permit;
+                served.await;
+            }
+            .in_current_span(),
+        );
         Ok(())
     };
     loop {
@@ -105,5 +275,40 @@ pub async fn accept_loop<F, Fut>(
 fn refuse(client: &TcpStream, peer: SocketAddr, metrics: &Metrics) {
     metrics.refused_client();
     debug!(%peer, "client outside the relay client policy: refused (reset)");
+    reset(client);
+}
+
+/// Closes `client` with a reset when dropped: the peer learns at once, and no
+/// TIME_WAIT is left behind.
+fn reset(client: &TcpStream) {
     let _ = socket2::SockRef::from(client).set_linger(Some(Duration::ZERO));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn the_gate_sheds_past_either_cap_and_gives_places_back() {
+        let gate = ConnGate::new(ConnLimits {
+            total: 3,
+            per_source: 2,
+        });
+        let a1 = gate.admit(ip("192.0.2.10")).expect("a1");
+        let _a2 = gate
+            .admit(ip("::ffff:192.0.2.10"))
+            .expect("a2, the same source");
+        assert_eq!(gate.admit(ip("192.0.2.10")).err(), Some(Shed::PerSource));
+        let _b1 = gate.admit(ip("192.0.2.11")).expect("b1");
+        assert_eq!(gate.admit(ip("192.0.2.12")).err(), Some(Shed::Total));
+        assert_eq!(gate.open(), 3);
+        drop(a1);
+        assert_eq!(gate.open(), 2);
+        let _a3 = gate.admit(ip("192.0.2.10")).expect("a place again");
+        assert_eq!(gate.clone().open(), 3, "clones share the counts");
+    }
 }

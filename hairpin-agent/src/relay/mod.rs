@@ -52,6 +52,8 @@ pub struct RelayConfig {
     pub node_ipv6: Option<Ipv6Addr>,
     /// Which peers may use the relays (this node and its pods).
     pub clients: crate::relay::clients::ClientPolicy,
+    /// The connection caps, shared by every listener of both relays.
+    pub gate: listener::ConnGate,
     /// Size of each direction's copy buffer.
     pub buffer_size: usize,
     /// TCP keepalive on both sides of every relayed connection: idle time before the
@@ -140,9 +142,12 @@ impl Relay {
                 listener,
                 local,
                 stop.clone(),
-                self.cfg.clients.clone(),
-                self.metrics.clone(),
-                self.connections.clone(),
+                listener::Admission {
+                    clients: self.cfg.clients.clone(),
+                    gate: self.cfg.gate.clone(),
+                    metrics: self.metrics.clone(),
+                    connections: self.connections.clone(),
+                },
                 serve,
             )
             .instrument(info_span!("listener", %local, frontend = %target)),

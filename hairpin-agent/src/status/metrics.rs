@@ -77,6 +77,11 @@ struct ResourceLabel {
     resource: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Seconds, from 100 µs to about 13 s.
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -93,6 +98,7 @@ pub struct Metrics {
     frontends: Gauge,
     frontends_failed: Gauge,
     refused_clients: Counter,
+    shed: Family<ReasonLabel, Counter>,
     watch_restarts: Family<ResourceLabel, Counter>,
     decide_seconds: Histogram,
     reconcile_seconds: Histogram,
@@ -109,6 +115,7 @@ impl Default for Metrics {
             frontends: Gauge::default(),
             frontends_failed: Gauge::default(),
             refused_clients: Counter::default(),
+            shed: Family::default(),
             watch_restarts: Family::default(),
             decide_seconds: duration_histogram(),
             reconcile_seconds: duration_histogram(),
@@ -171,6 +178,12 @@ impl Metrics {
         self.refused_clients.inc();
     }
 
+    /// Counts a connection reset at accept because a connection cap was reached:
+    /// `reason` is `total` or `per_source`.
+    pub fn shed(&self, reason: &'static str) {
+        self.shed.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
     /// Counts a failed watch of `resource` (it restarts with backoff).
     pub fn watch_restart(&self, resource: &'static str) {
         self.watch_restarts
@@ -217,6 +230,13 @@ impl Metrics {
                     Some((kind.name().to_string(), n))
                 })
                 .collect(),
+            shed: ["total", "per_source"]
+                .into_iter()
+                .filter_map(|reason| {
+                    let n = self.shed.get(&ReasonLabel { reason })?.get();
+                    Some((reason.to_string(), n))
+                })
+                .collect(),
         }
     }
 
@@ -258,6 +278,11 @@ impl Metrics {
             "relay_refused_clients",
             "Connections reset because the peer is outside --allowed-clients",
             self.refused_clients.clone(),
+        );
+        registry.register(
+            "relay_shed",
+            "Connections reset at accept because a cap was reached (--max-connections total, --max-connections-per-source)",
+            self.shed.clone(),
         );
         registry.register(
             "watch_restarts",

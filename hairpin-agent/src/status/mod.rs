@@ -217,6 +217,9 @@ pub struct RelayCounters {
     /// Relayed connections ended by the client's side, by kind (only kinds seen).
     #[serde(default)]
     pub client_errors: BTreeMap<String, u64>,
+    /// Connections reset at accept because a cap was reached, by cap (only caps hit).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shed: BTreeMap<String, u64>,
 }
 
 /// Health of one source of desired frontends.

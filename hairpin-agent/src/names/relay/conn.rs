@@ -9,7 +9,7 @@ use tokio::{
     net::TcpStream,
     time::{Instant, timeout, timeout_at},
 };
-use tracing::{debug, info};
+use tracing::debug;
 
 use super::{Peek, Shared, http_host::parse_host, sni::looks_like_tls, sni::parse_sni};
 use crate::relay::proxy::{Upstream, proxy, true_client};
@@ -75,6 +75,11 @@ pub(super) async fn serve(
 
 /// Reads into `buf` until the parser for the protocol the first byte announces
 /// has a name; returns whether it is TLS, and the name.
+///
+/// The parser runs on the first bytes (so garbage is refused at once) and then
+/// only when what arrived can have completed the message: an HTTP head's blank
+/// line, or a TLS record's full length. A client trickling a 16 KiB head byte by
+/// byte costs one parse, not one per read.
 async fn peek_name(
     client: &mut TcpStream,
     buf: &mut Vec<u8>,
@@ -82,9 +87,11 @@ async fn peek_name(
 ) -> Result<(bool, String), (bool, Refusal)> {
     let deadline = Instant::now() + within;
     let mut chunk = [0u8; 4096];
+    let mut parsed_at = None;
     loop {
         let tls = buf.first().is_some_and(|b| looks_like_tls(*b));
-        if !buf.is_empty() {
+        if !buf.is_empty() && worth_parsing(buf, tls, parsed_at) {
+            parsed_at = Some(buf.len());
             let peek = if tls { parse_sni(buf) } else { parse_host(buf) };
             match peek {
                 Peek::NeedMore => {}
@@ -104,6 +111,26 @@ async fn peek_name(
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// Whether `buf`, last parsed when it was `parsed_at` bytes long, may now hold a
+/// complete message: always on the first look; for HTTP when the bytes since
+/// (with three before, for a terminator split across reads) hold a line end
+/// followed by a blank line; for TLS once the first record is complete.
+fn worth_parsing(buf: &[u8], tls: bool, parsed_at: Option<usize>) -> bool {
+    let Some(at) = parsed_at else {
+        return true;
+    };
+    if tls {
+        // Record header: type, version (2), length (2).
+        let record = buf
+            .get(3..5)
+            .map(|l| 5 + usize::from(u16::from_be_bytes([l[0], l[1]])));
+        // A ClientHello spread over several records: parse as they come.
+        return record.is_none_or(|len| buf.len() >= len);
+    }
+    let fresh = &buf[at.saturating_sub(3)..];
+    fresh.windows(2).any(|w| w == b"\n\n") || fresh.windows(3).any(|w| w == b"\n\r\n")
 }
 
 /// Answers a refused client as helpfully as its protocol allows, then closes.
@@ -131,7 +158,9 @@ async fn refuse(client: &mut TcpStream, tls: bool, why: Refusal) {
             format!("no proxied loadbalancer serves {name:?}"),
         ),
     };
-    info!(tls, reason = %detail, "name relay refused connection");
+    // Debug: a client may send many; each refusal is answered and counted by the
+    // client, and a flood must not flood the log.
+    debug!(tls, reason = %detail, "name relay refused connection");
     let reply: Vec<u8> = if tls {
         match why {
             Refusal::NoName | Refusal::Unknown(_) => TLS_UNRECOGNIZED_NAME.to_vec(),
@@ -151,4 +180,34 @@ async fn refuse(client: &mut TcpStream, tls: bool, why: Refusal) {
         client.shutdown().await
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trickled_head_is_parsed_when_it_can_have_ended() {
+        let head = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n";
+        assert!(worth_parsing(head, false, None), "the first look parses");
+        assert!(!worth_parsing(head, false, Some(10)), "no blank line yet");
+        let done = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n\r\n";
+        assert!(worth_parsing(done, false, Some(head.len())));
+        // The terminator split across reads: "\r\n" then "\r\n".
+        assert!(worth_parsing(done, false, Some(done.len() - 1)));
+        assert!(worth_parsing(b"GET / HTTP/1.0\n\n", false, Some(15)));
+    }
+
+    #[test]
+    fn a_tls_record_is_parsed_once_it_is_whole() {
+        let mut record = vec![22, 3, 1, 0, 10];
+        record.extend_from_slice(&[1; 4]);
+        assert!(!worth_parsing(&record, true, Some(5)));
+        record.extend_from_slice(&[1; 6]);
+        assert!(worth_parsing(&record, true, Some(9)));
+        assert!(
+            worth_parsing(&[22, 3], true, Some(1)),
+            "no length yet: parse"
+        );
+    }
 }

@@ -223,9 +223,12 @@ impl NameRouting {
                             listener,
                             local,
                             stop.clone(),
-                            self.shared.relay.clients.clone(),
-                            self.shared.metrics.clone(),
-                            self.connections.clone(),
+                            listener::Admission {
+                                clients: self.shared.relay.clients.clone(),
+                                gate: self.shared.relay.gate.clone(),
+                                metrics: self.shared.metrics.clone(),
+                                connections: self.connections.clone(),
+                            },
                             serve,
                         )
                         .instrument(info_span!("name_listener", %local)),
