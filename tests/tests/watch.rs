@@ -389,3 +389,95 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
     // A DNS Service change alone must not disturb the frontends.
     assert!(rx.borrow().frontends.is_empty());
 }
+
+/// A tenant's Ingress naming another tenant's Service: the Lease holder puts a Warning
+/// Event naming the rule on that Ingress (not on the Service, not for the allowed
+/// name), once, and the allowed name is routed.
+#[tokio::test]
+async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
+    let api = FakeApi::start();
+    api.apply(service("digitalocean"));
+    api.apply(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {
+            "name": "hijack", "namespace": "tenant-a",
+            "uid": "0f0e0000-0000-4000-8000-0000000000a1",
+            "creationTimestamp": "2025-03-01T10:00:00Z",
+        },
+        "spec": {
+            "ingressClassName": "nginx",
+            "rules": [{"host": "api.tenant-b.svc.cluster.local"}, {"host": "shop.example.com"}],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
+    }));
+    let scope = NameScope::new(&["example.com"], "cluster.local").expect("scope");
+    let (source, _m) = start_scoped(&api, scope);
+    let mut rx = source.snapshot.clone();
+    until(
+        &mut rx,
+        Duration::from_secs(5),
+        "shop.example.com routed",
+        |s| {
+            s.routes
+                .iter()
+                .any(|r| r.host.as_str() == "shop.example.com")
+        },
+    )
+    .await;
+    assert!(
+        !rx.borrow()
+            .routes
+            .iter()
+            .any(|r| r.host.as_str().contains("svc")),
+        "{:?}",
+        rx.borrow().routes
+    );
+    let (_leader_tx, leader_rx) = watch::channel(true);
+    tokio::spawn(k8s::events::run(
+        client(&api),
+        "node-a".into(),
+        source.services.clone(),
+        source.snapshot.clone(),
+        leader_rx,
+    ));
+    let warning = |e: &Value| e["reason"] == "HostnameRefusedClusterDomain";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !api.events().iter().any(warning) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Later decision rounds must not repeat it.
+    api.apply(service("clusterip"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events = api.events();
+    let warnings: Vec<&Value> = events.iter().filter(|e| warning(e)).collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one Warning for one refusal: {events:#?}"
+    );
+    let e = warnings[0];
+    assert_eq!(e["type"], "Warning", "{e}");
+    assert_eq!(e["regarding"]["kind"], "Ingress", "{e}");
+    assert_eq!(e["regarding"]["namespace"], "tenant-a", "{e}");
+    assert_eq!(e["regarding"]["name"], "hijack", "{e}");
+    assert_eq!(
+        e["regarding"]["uid"], "0f0e0000-0000-4000-8000-0000000000a1",
+        "{e}"
+    );
+    let note = e["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with(
+            "Ingress tenant-a/hijack: spec.rules[0].host: host api.tenant-b.svc.cluster.local \
+             refused (rule cluster-domain)"
+        ),
+        "{e}"
+    );
+    assert!(
+        events.iter().all(|e| !e["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("shop.example.com")),
+        "no Event for the allowed name: {events:#?}"
+    );
+}
