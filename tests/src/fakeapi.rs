@@ -85,6 +85,8 @@ struct State {
     nodes: BTreeMap<String, Value>,
     /// DaemonSets by namespace/name, for lookups only.
     daemonsets: BTreeMap<String, Value>,
+    /// Deployments by namespace/name, for lookups only (the CoreDNS version).
+    deployments: BTreeMap<String, Value>,
     /// A change another writer makes just before the next ConfigMap update lands.
     concurrent: Option<(String, Value)>,
     /// ConfigMap updates refused with 409.

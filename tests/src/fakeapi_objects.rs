@@ -1,6 +1,7 @@
 //! The fake API server's ConfigMaps (get, create, update with resourceVersion
-//! conflict checking), Node and DaemonSet lookups (pod CIDRs, node-local-dns) and Lease
-//! deletion (for `cleanup`). Additive to the watch layer's Services and Ingresses.
+//! conflict checking), Node, DaemonSet and Deployment lookups (pod CIDRs,
+//! node-local-dns, the CoreDNS version) and Lease deletion (for `cleanup`). Additive
+//! to the watch layer's Services and Ingresses.
 
 use std::sync::{Arc, Mutex};
 
@@ -40,6 +41,16 @@ impl FakeApi {
             .insert(key, ds);
     }
 
+    /// Adds a Deployment (looked up, never watched).
+    pub fn put_deployment(&self, d: Value) {
+        let key = key(&d);
+        self.state
+            .lock()
+            .expect("fake API state")
+            .deployments
+            .insert(key, d);
+    }
+
     /// Adds a Node (read with `get`, never watched).
     pub fn put_node(&self, node: Value) {
         let name = node["metadata"]["name"].as_str().unwrap_or("").to_string();
@@ -77,7 +88,7 @@ fn not_found(kind: &str, name: &str) -> Response {
     status(404, "NotFound", &format!("{kind} \"{name}\" not found"))
 }
 
-/// Answers ConfigMap, DaemonSet and Lease-deletion requests; `None` for others.
+/// Answers ConfigMap, DaemonSet, Deployment and Lease-deletion requests; `None` for others.
 pub(super) fn handle(
     st: &Arc<Mutex<State>>,
     method: &Method,
@@ -101,6 +112,13 @@ pub(super) fn handle(
             Some(match s.daemonsets.get(&format!("{ns}/{name}")) {
                 Some(ds) => respond(StatusCode::OK, ds.clone()),
                 None => not_found("daemonsets.apps", name),
+            })
+        }
+        ["apis", "apps", "v1", "namespaces", ns, "deployments", name] if method == Method::GET => {
+            let s = st.lock().expect("fake API state");
+            Some(match s.deployments.get(&format!("{ns}/{name}")) {
+                Some(d) => respond(StatusCode::OK, d.clone()),
+                None => not_found("deployments.apps", name),
             })
         }
         [

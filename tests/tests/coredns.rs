@@ -3,7 +3,9 @@
 //! update carries the resourceVersion (a concurrent edit gets 409 and is kept),
 //! import mode owns one key, an unrecognized Corefile is an error and an Event,
 //! only the Lease holder writes, and `cleanup` restores the Corefile byte for byte.
-//! And end to end in a running agent: the rewrite it writes names the Service a pod
+//! Wildcard rewrites (`answer auto`) are written only for a CoreDNS Deployment at
+//! 1.8.4 or later and held back, with a warning in status, below it or when the
+//! version is unknown. And end to end in a running agent: the rewrite it writes names the Service a pod
 //! then reaches the LB through.
 
 use std::time::{Duration, Instant};
@@ -99,7 +101,24 @@ struct Writer {
     state: AgentState,
 }
 
+/// kubeadm's CoreDNS image for Kubernetes 1.30.
+const CURRENT_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.11.1";
+
+/// The CoreDNS Deployment as kubeadm names it, running `image`.
+fn coredns_deployment(image: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "coredns", "namespace": "kube-system"},
+           "spec": {"selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                    "template": {"spec": {"containers": [{"name": "coredns", "image": image}]}}}})
+}
+
+/// Starts the writer against a cluster running a current CoreDNS.
 fn start(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
+    api.put_deployment(coredns_deployment(CURRENT_IMAGE));
+    start_writer(api, mode, leader)
+}
+
+fn start_writer(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
     let (leader_tx, leader_rx) = watch::channel(leader);
     let (routes_tx, routes_rx) = watch::channel(Some(routes()));
     let state = AgentState::new(0x68);
@@ -265,6 +284,111 @@ async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
     assert_eq!(api.events().len(), 1, "one Event per distinct error");
     assert_eq!(puts(&api), 0, "never written");
     assert_eq!(corefile(&api), odd);
+}
+
+/// Issue 14 finding 3: a Corefile CoreDNS itself could not parse (here the main
+/// block's closing brace is missing) is never edited: an error in status naming the
+/// ConfigMap and the line, one Warning Event, no write.
+#[tokio::test]
+async fn an_unbalanced_corefile_is_never_written() {
+    let api = FakeApi::start();
+    let cut = KUBEADM.trim_end().strip_suffix('}').expect("closing brace");
+    api.put_configmap(configmap("coredns", json!({"Corefile": cut})));
+    let w = start(&api, CorednsMode::Corefile, true);
+    until(Duration::from_secs(5), "event published", || {
+        !api.events().is_empty()
+    })
+    .await;
+    assert_eq!(api.events()[0]["reason"], REASON_UNRECOGNIZED);
+    let err = w
+        .state
+        .snapshot()
+        .coredns
+        .and_then(|c| c.last_error)
+        .expect("error in status");
+    assert_eq!(
+        err,
+        "configmap kube-system/coredns: data.Corefile: corefile: block opened at line 1 is \
+         never closed (expected a matching '}')"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(puts(&api), 0, "never written: {:#?}", api.requests());
+    assert_eq!(corefile(&api), cut);
+}
+
+/// Issue 14 finding 3: `answer auto` needs CoreDNS 1.8.4 (an older one refuses the
+/// whole Corefile). Against 1.8.3 only the exact name is written and status says
+/// which wildcard was held back and why; after the upgrade the wildcard follows
+/// within a resync. With no Deployment to read, the version is unknown: the same.
+#[tokio::test]
+async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    api.put_deployment(coredns_deployment("registry.k8s.io/coredns/coredns:v1.8.3"));
+    let w = start_writer(&api, CorednsMode::Corefile, true);
+    let target = Hostname::parse(TARGET).expect("target");
+    let exact_only: Vec<_> = rewrites(&routes(), &target)
+        .into_iter()
+        .filter(|r| !r.host().is_wildcard())
+        .collect();
+    let want = corefile::apply(KUBEADM, &exact_only).expect("apply");
+    until(Duration::from_secs(5), "exact names written", || {
+        corefile(&api) == want
+    })
+    .await;
+    assert!(
+        !corefile(&api).contains("answer auto"),
+        "{}",
+        corefile(&api)
+    );
+    let st = w.state.snapshot().coredns.expect("status");
+    let held = st.held_back.clone().expect("held-back warning in status");
+    assert!(
+        held.contains("*.apps.example.com")
+            && held.contains(
+                "CoreDNS 1.8.3 (image registry.k8s.io/coredns/coredns:v1.8.3) is older than 1.8.4"
+            ),
+        "{held}"
+    );
+    assert!(st.last_error.is_none() && st.rewrites == 1, "{st:?}");
+
+    // The upgrade: every rewrite, and the warning goes.
+    api.put_deployment(coredns_deployment(CURRENT_IMAGE));
+    until(
+        Duration::from_secs(5),
+        "wildcard written after the upgrade",
+        || corefile(&api) == expected(KUBEADM),
+    )
+    .await;
+    until(Duration::from_secs(5), "warning cleared", || {
+        w.state
+            .snapshot()
+            .coredns
+            .is_some_and(|c| c.held_back.is_none() && c.rewrites == 2)
+    })
+    .await;
+
+    // No Deployment by that name: unknown, held back again, naming the object.
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let w = start_writer(&api, CorednsMode::Import, true);
+    until(Duration::from_secs(5), "unknown version reported", || {
+        w.state
+            .snapshot()
+            .coredns
+            .and_then(|c| c.held_back)
+            .is_some_and(|h| {
+                h.contains(
+                    "the CoreDNS version is unknown (Deployment kube-system/coredns: not found)",
+                )
+            })
+    })
+    .await;
+    let import = api
+        .configmap("kube-system/coredns-custom")
+        .and_then(|cm| cm["data"][IMPORT_KEY].as_str().map(String::from))
+        .expect("import key");
+    assert_eq!(import, corefile::render_import(&exact_only));
 }
 
 #[tokio::test]

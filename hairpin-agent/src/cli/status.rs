@@ -183,7 +183,11 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
             c.rewrites,
             c.last_write.as_deref().unwrap_or("never"),
         ));
-        for (what, text) in [("error", &c.last_error), ("warning", &c.node_local_dns)] {
+        for (what, text) in [
+            ("error", &c.last_error),
+            ("warning", &c.node_local_dns),
+            ("warning", &c.held_back),
+        ] {
             if let Some(t) = text {
                 out.push_str(&format!(
                     "            {}\n",

@@ -7,13 +7,15 @@
 //! - `rewrite name exact FROM TO` always rewrites the answer back to FROM
 //!   ("answers for rewrites of type `exact` are always rewritten"; `newExactNameRule`
 //!   sets auto), in every CoreDNS release. We add no `answer` option to it: before
-//!   `answer auto` existed (coredns/coredns#4473, 2021; in the v1.8.5 README) an
+//!   `answer auto` existed (coredns/coredns#4473, first released in v1.8.4) an
 //!   exact rule with options was a parse error that would stop CoreDNS loading.
 //! - `rewrite name regex FROM TO answer auto` maps the rewritten question name in the
 //!   answer back to whatever name the client asked (`responseRuleFor` with auto
 //!   builds a remap from the rewritten name to the original). That is the only way
 //!   to point a whole wildcard at one target and still answer with the name asked
-//!   (coredns/coredns#2389), so wildcard rules need CoreDNS with `answer auto`.
+//!   (coredns/coredns#2389), so wildcard rules need CoreDNS 1.8.4 or later: the
+//!   writer reads the running version and holds them back below it
+//!   (`k8s::coredns::version`).
 //!
 //! The queried name CoreDNS matches is lowercase and fully qualified (`a.b.` with
 //! the trailing dot), hence the `\.$` anchor in wildcard patterns.

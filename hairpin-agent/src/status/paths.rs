@@ -81,4 +81,8 @@ pub struct CorednsStatus {
     pub last_error: Option<String>,
     /// Warning when node-local-dns is installed (its answers bypass CoreDNS rewrites).
     pub node_local_dns: Option<String>,
+    /// Warning when wildcard rewrites are held back: the CoreDNS version is older
+    /// than 1.8.4 (no `answer auto`) or unknown; names them and says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<String>,
 }

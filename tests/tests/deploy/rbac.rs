@@ -165,6 +165,17 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
             ));
         }
     }
+    // k8s/coredns/mod.rs `coredns_version` (from the CoreDNS loop, each round): the
+    // CoreDNS Deployment named like the main ConfigMap (--coredns-configmap, also in
+    // import mode), for the image tag that says whether `answer auto` is understood.
+    if coredns {
+        let o = &objects.configmap;
+        v.push(call(
+            (&o.namespace, "apps", "deployments", "get", &o.name),
+            "k8s/coredns/mod.rs",
+            "Api::<Deployment>::namespaced(",
+        ));
+    }
     // k8s/coredns/mod.rs `node_local_dns` (from the CoreDNS loop): its DaemonSet, else its
     // ConfigMap, in kube-system.
     if coredns {

@@ -304,6 +304,9 @@ fn coredns_check(s: &Snapshot) -> Check {
     if let Some(w) = &c.node_local_dns {
         return Check::new("coredns", Status::Warn, w.clone());
     }
+    if let Some(w) = &c.held_back {
+        return Check::new("coredns", Status::Warn, w.clone());
+    }
     Check::new(
         "coredns",
         Status::Ok,

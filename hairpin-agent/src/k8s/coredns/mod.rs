@@ -7,13 +7,18 @@
 //! edit (kubectl, a distribution's reconciler) makes ours fail with 409 instead of
 //! overwriting it; the caller re-reads next round. Nothing is written when the
 //! text would not change. The loop that calls this, as Lease holder, is in
-//! [`task`].
+//! [`task`]; which rewrites the running CoreDNS can take (its version, read from
+//! its Deployment) is in [`version`].
 
 pub mod task;
+pub mod version;
 
 use std::{collections::BTreeMap, fmt, str::FromStr};
 
-use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    core::v1::ConfigMap,
+};
 use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
@@ -313,6 +318,20 @@ async fn write_import(
                 .map_err(api_err("update", o))?;
             Ok(Written::Updated)
         }
+    }
+}
+
+/// What the CoreDNS Deployment with the same namespace/name as the main ConfigMap
+/// (`--coredns-configmap`: kube-system/coredns, RKE2 rke2-coredns-rke2-coredns)
+/// says about the CoreDNS version; API errors (RBAC) make it unknown, naming them.
+/// Read every round, so an upgrade is seen within one resync.
+pub async fn coredns_version(client: &Client, o: &ObjectName) -> version::Found {
+    match Api::<Deployment>::namespaced(client.clone(), &o.namespace)
+        .get_opt(&o.name)
+        .await
+    {
+        Ok(d) => version::from_deployment(o, d.as_ref()),
+        Err(e) => version::Found::Unknown(format!("Deployment {o}: failed to get: {e}")),
     }
 }
 

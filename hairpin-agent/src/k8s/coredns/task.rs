@@ -2,7 +2,10 @@
 //! ConfigMap in step with the routed hostnames; re-reads after a 409 and resyncs
 //! periodically, so an edit that drops our lines is repaired. A Corefile it cannot
 //! edit is logged, put in `/status`, and reported once as a Warning Event on the
-//! ConfigMap (reason `CorefileUnrecognized`).
+//! ConfigMap (reason `CorefileUnrecognized`). Each round first reads the CoreDNS
+//! version: wildcard rewrites need 1.8.4 (`answer auto`), so below it, or when it
+//! cannot be read, they are held back, logged once and put in `/status`
+//! ([`super::version`] says why this rather than writing them without the option).
 
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +17,7 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::{self as coredns, CorednsConfig, CorednsError, Written};
+use super::{self as coredns, CorednsConfig, CorednsError, Written, version};
 use crate::{
     names::routes::NameRoute,
     status::{AgentState, CorednsStatus, rfc3339},
@@ -73,12 +76,27 @@ pub async fn run(
         })
     });
     let mut reported: Option<String> = None;
+    let mut held_back: Option<String> = None;
     loop {
         let is_leader = *leader.borrow_and_update();
         let current = routes.borrow_and_update().clone();
         let mut wait = timing.resync;
         if let (true, Some(current)) = (is_leader, current) {
-            let rewrites = coredns::rewrites(&current, &cfg.target);
+            let found = coredns::coredns_version(&client, &cfg.configmap).await;
+            let (rewrites, held) =
+                version::usable(coredns::rewrites(&current, &cfg.target), &found);
+            if held != held_back {
+                if let Some(w) = &held {
+                    warn!("{w}");
+                }
+                held_back = held;
+                let shown = held_back.clone();
+                state.update(|s| {
+                    if let Some(c) = s.coredns.as_mut() {
+                        c.held_back = shown;
+                    }
+                });
+            }
             let result = coredns::sync(&client, &cfg, &rewrites).await;
             match &result {
                 Ok(Written::Unchanged) => {}
