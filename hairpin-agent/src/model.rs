@@ -174,12 +174,16 @@ impl Mode {
     }
 }
 
-/// A path that leads in-cluster clients to a relay.
+/// A path that gets in-cluster clients their header: the kernel, or a relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LivePath {
     /// The connect programs redirect LoadBalancer IPs to the per-frontend relay.
     Ebpf,
+    /// The kernel path: the connect programs leave the destination alone and the
+    /// kernel writes the header on the client's own socket (a socket the kernel path
+    /// cannot take is redirected to the per-frontend relay).
+    Kernel,
     /// The node's /etc/hosts block points names at the name relay.
     Hosts,
     /// CoreDNS rewrites point pods' names at the hairpin Service (the name relay).
@@ -191,14 +195,16 @@ impl LivePath {
     pub fn as_str(self) -> &'static str {
         match self {
             LivePath::Ebpf => "ebpf",
+            LivePath::Kernel => "kernel",
             LivePath::Hosts => "hosts",
             LivePath::Coredns => "coredns",
         }
     }
 
-    /// Whether this path goes through the name relay (every path but eBPF does).
+    /// Whether this path goes through the name relay (every path but the eBPF and
+    /// kernel paths does).
     pub fn is_name_path(self) -> bool {
-        self != LivePath::Ebpf
+        !matches!(self, LivePath::Ebpf | LivePath::Kernel)
     }
 }
 
@@ -213,10 +219,34 @@ impl FromStr for LivePath {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "ebpf" => Ok(LivePath::Ebpf),
+            "kernel" => Ok(LivePath::Kernel),
             "hosts" => Ok(LivePath::Hosts),
             "coredns" => Ok(LivePath::Coredns),
-            other => Err(format!("expected ebpf, hosts or coredns, got {other:?}")),
+            other => Err(format!(
+                "expected ebpf, kernel, hosts or coredns, got {other:?}"
+            )),
         }
+    }
+}
+
+/// `--kernel-path`: whether the kernel writes headers for frontends whose client
+/// speaks first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelPathMode {
+    /// Every frontend takes the relay path.
+    Off,
+    /// The kernel writes the header on the client's own socket where this kernel
+    /// can; elsewhere every frontend takes the relay path.
+    On,
+}
+
+impl fmt::Display for KernelPathMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelPathMode::Off => "off",
+            KernelPathMode::On => "on",
+        })
     }
 }
 
@@ -322,5 +352,9 @@ mod tests {
             "\"ebpf,hosts\""
         );
         assert!("ebpf,dns".parse::<Paths>().is_err());
+        let kernel = Paths(vec![LivePath::Kernel, LivePath::Hosts]);
+        assert_eq!(kernel.to_string(), "kernel,hosts");
+        assert_eq!("kernel,hosts".parse::<Paths>(), Ok(kernel));
+        assert!(!LivePath::Kernel.is_name_path());
     }
 }

@@ -18,6 +18,48 @@ pub const MAP_COUNTERS: &str = "HAIRPIN_COUNTERS";
 /// ELF name of the global holding the bypass mark, set by the loader.
 pub const GLOBAL_BYPASS_MARK: &str = "HAIRPIN_BYPASS_MARK";
 
+/// ELF name of the cgroup/connect4 program of the kernel path: as [`PROG_CONNECT4`],
+/// and a frontend marked for the kernel header leaves the destination alone and marks
+/// the socket instead. Loaded instead of [`PROG_CONNECT4`] when the kernel path is on.
+/// (The kernel cuts both names to the same 15 bytes, `hairpin_connect`.)
+pub const PROG_CONNECT4_KERNEL: &str = "hairpin_connect4_kernel";
+/// ELF name of the cgroup/connect6 program of the kernel path (see [`PROG_CONNECT4_KERNEL`]).
+pub const PROG_CONNECT6_KERNEL: &str = "hairpin_connect6_kernel";
+/// ELF name of the sock_ops program: puts established marked sockets in
+/// [`MAP_SOCKETS`] and takes them out once their header went out.
+pub const PROG_SOCK_OPS: &str = "hairpin_sockops";
+/// ELF name of the sk_msg program on [`MAP_SOCKETS`]: writes the header ahead of a
+/// marked socket's first bytes.
+pub const PROG_SK_MSG: &str = "hairpin_sk_msg";
+/// ELF name of the SOCKHASH (socket cookie -> socket) holding established sockets
+/// whose header is not written yet.
+pub const MAP_SOCKETS: &str = "HAIRPIN_SOCKETS";
+/// ELF name of the socket-local storage holding each marked socket's [`PendingHeader`].
+pub const MAP_PENDING: &str = "HAIRPIN_PENDING";
+/// ELF name of the global holding the node's IPv4 address (network byte order), the
+/// header's source for a socket whose own address is loopback or the LB address itself.
+pub const GLOBAL_NODE_IP4: &str = "HAIRPIN_NODE_IP4";
+/// ELF name of the global holding the node's IPv6 address words (network byte order).
+pub const GLOBAL_NODE_IP6: &str = "HAIRPIN_NODE_IP6";
+
+/// Default capacity of [`MAP_SOCKETS`]. A socket stays in it from the end of its
+/// handshake until the first acknowledgement after its first write, so this bounds
+/// the connections being opened at once, not the connections open.
+pub const MAX_KERNEL_SOCKETS: u32 = 65_536;
+
+/// [`Redirect::header`] of a frontend taking the relay path: connects are rewritten
+/// to the relay listener, which writes the header.
+pub const HEADER_RELAY: u8 = 0;
+/// [`Redirect::header`] of a frontend taking the kernel path with a PROXY v1 header.
+pub const HEADER_V1: u8 = 1;
+/// [`Redirect::header`] of a frontend taking the kernel path with a PROXY v2 header.
+pub const HEADER_V2: u8 = 2;
+
+/// Room for one header in [`PendingHeader::header`]: the longest v1 line is 104
+/// bytes, v2 over IPv6 is 52. A power of two, so the programs can bound every
+/// write position with a mask the verifier understands.
+pub const HEADER_ROOM: usize = 128;
+
 /// Default SO_MARK the relay puts on its upstream sockets so the programs skip them.
 ///
 /// Chosen outside the bits the field already claims on packet marks: kube-proxy's
@@ -51,7 +93,8 @@ pub struct FrontendKey {
     pub pad: u8,
 }
 
-/// Value of [`MAP_FRONTENDS`]: the node-local relay listener a connect is rewritten to.
+/// Value of [`MAP_FRONTENDS`]: the node-local relay listener a connect is rewritten
+/// to, and whether the kernel writes the header instead.
 ///
 /// Same encoding as [`FrontendKey`]. The family may differ from the key's only for
 /// IPv4-mapped IPv6 connects, which are rewritten to the IPv4-mapped listener.
@@ -64,8 +107,48 @@ pub struct Redirect {
     pub port: u16,
     /// [`AF_INET`] or [`AF_INET6`].
     pub family: u8,
+    /// [`HEADER_RELAY`] (the listener writes the header), or [`HEADER_V1`] /
+    /// [`HEADER_V2`]: the kernel path's connect programs leave the destination alone
+    /// and the header is written on the client's own socket. The listener stays the
+    /// fallback for a socket the kernel path cannot take. The plain connect programs
+    /// ignore this byte.
+    pub header: u8,
+}
+
+/// [`PendingHeader::state`]: nothing to do (not marked, or done).
+pub const PENDING_NONE: u8 = 0;
+/// [`PendingHeader::state`]: marked at connect, waiting for the handshake to finish.
+pub const PENDING_CONNECTING: u8 = 1;
+/// [`PendingHeader::state`]: established and in [`MAP_SOCKETS`] with its header
+/// formatted, waiting for the first write.
+pub const PENDING_FIRST_WRITE: u8 = 2;
+/// [`PendingHeader::state`]: the header went out; the socket leaves [`MAP_SOCKETS`]
+/// at its next RTT callback.
+pub const PENDING_WRITTEN: u8 = 3;
+
+/// Value of [`MAP_PENDING`], socket-local storage of a socket marked for the kernel
+/// path: what its header needs, and the header once formatted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingHeader {
+    /// The header's bytes (the first [`PendingHeader::len`] of them), formatted when
+    /// the handshake finishes, when the socket's own address and port are known.
+    pub header: [u8; HEADER_ROOM],
+    /// The original destination (the LB address) in network byte order, IPv4 in word
+    /// 0 (also for an IPv4-mapped connect6).
+    pub dst: [u32; 4],
+    /// The original destination port in network byte order.
+    pub dst_port: u16,
+    /// [`AF_INET`] or [`AF_INET6`]: the header's family (TCP4 or TCP6).
+    pub family: u8,
+    /// [`HEADER_V1`] or [`HEADER_V2`].
+    pub version: u8,
+    /// One of the `PENDING_*` states.
+    pub state: u8,
+    /// Length of the formatted header.
+    pub len: u8,
     /// Always zero.
-    pub pad: u8,
+    pub pad: [u8; 2],
 }
 
 /// An address as the programs see it in `bpf_sock_addr`: address words and port in
@@ -122,7 +205,17 @@ impl Redirect {
             addr,
             port,
             family,
-            pad: 0,
+            header: HEADER_RELAY,
+        }
+    }
+
+    /// The value for a kernel-path frontend: the kernel writes a `header`
+    /// ([`HEADER_V1`] or [`HEADER_V2`]) on the client's socket; a socket the kernel
+    /// path cannot take is still rewritten to the listener `a`.
+    pub fn kernel(a: SocketAddr, header: u8) -> Redirect {
+        Redirect {
+            header,
+            ..Redirect::new(a)
         }
     }
 
@@ -141,11 +234,39 @@ pub enum Counter {
     /// Connects to a proxied frontend left alone because the socket carries the bypass mark
     /// (the relay's own upstream connections).
     SkippedBypassMark = 1,
+    /// Connects to a kernel-path frontend marked for an in-kernel header.
+    KernelMarked = 2,
+    /// Headers the kernel path wrote ahead of a socket's first bytes.
+    KernelHeadersWritten = 3,
+    /// Connects to a kernel-path frontend that could not be marked (no socket
+    /// storage): rewritten to the relay listener instead, which writes the header.
+    KernelFallbackRelay = 4,
+    /// Established marked sockets that could not enter [`MAP_SOCKETS`] (full, or a
+    /// socket the map refuses): their connection has no header.
+    KernelMissedInsert = 5,
+    /// Marked sockets whose first bytes left before the header could be put ahead of
+    /// them (TCP Fast Open, a send() queued while connecting): no header.
+    KernelMissedDataFirst = 6,
+    /// First writes where inserting room for the header failed (memory): no header.
+    KernelMissedPush = 7,
+    /// First writes where the room was made but the header could not be copied into
+    /// it; the room is taken out again: no header.
+    KernelMissedWrite = 8,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 2] = [Counter::Redirected, Counter::SkippedBypassMark];
+    pub const ALL: [Counter; 9] = [
+        Counter::Redirected,
+        Counter::SkippedBypassMark,
+        Counter::KernelMarked,
+        Counter::KernelHeadersWritten,
+        Counter::KernelFallbackRelay,
+        Counter::KernelMissedInsert,
+        Counter::KernelMissedDataFirst,
+        Counter::KernelMissedPush,
+        Counter::KernelMissedWrite,
+    ];
     /// Length of [`MAP_COUNTERS`].
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -154,7 +275,25 @@ impl Counter {
         match self {
             Counter::Redirected => "redirected",
             Counter::SkippedBypassMark => "skipped_bypass_mark",
+            Counter::KernelMarked => "kernel_marked",
+            Counter::KernelHeadersWritten => "kernel_headers_written",
+            Counter::KernelFallbackRelay => "kernel_fallback_relay",
+            Counter::KernelMissedInsert => "kernel_missed_insert",
+            Counter::KernelMissedDataFirst => "kernel_missed_data_first",
+            Counter::KernelMissedPush => "kernel_missed_push",
+            Counter::KernelMissedWrite => "kernel_missed_write",
         }
+    }
+
+    /// True for the counters of a connection the kernel path left without its header.
+    pub const fn is_kernel_miss(self) -> bool {
+        matches!(
+            self,
+            Counter::KernelMissedInsert
+                | Counter::KernelMissedDataFirst
+                | Counter::KernelMissedPush
+                | Counter::KernelMissedWrite
+        )
     }
 }
 
@@ -164,6 +303,8 @@ mod user {
     unsafe impl aya::Pod for super::FrontendKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Redirect {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PendingHeader {}
 }
 
 #[cfg(test)]
@@ -177,6 +318,30 @@ mod tests {
         assert_eq!(align_of::<FrontendKey>(), 4);
         assert_eq!(size_of::<Redirect>(), 20);
         assert_eq!(align_of::<Redirect>(), 4);
+        assert_eq!(size_of::<PendingHeader>(), HEADER_ROOM + 24);
+        assert_eq!(align_of::<PendingHeader>(), 4);
+        assert!(HEADER_ROOM.is_power_of_two() && HEADER_ROOM >= 108);
+    }
+
+    #[test]
+    fn a_kernel_value_keeps_its_listener_for_the_fallback() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let v = Redirect::kernel(l, HEADER_V2);
+        assert_eq!(v.socket_addr(), l);
+        assert_eq!(v.header, HEADER_V2);
+        assert_eq!(Redirect::new(l).header, HEADER_RELAY);
+    }
+
+    #[test]
+    fn only_the_missed_counters_are_misses() {
+        for c in Counter::ALL {
+            assert_eq!(
+                c.is_kernel_miss(),
+                c.name().starts_with("kernel_missed_"),
+                "{}",
+                c.name()
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::{
 
 use crate::{
     k8s::coredns::{CorednsMode, CorednsObjects},
+    model::KernelPathMode,
     model::Mode,
     model::ProxyVersion,
     names::hostname::Hostname,
@@ -77,6 +78,20 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_MAX_FRONTENDS", default_value_t = hairpin_ebpf::MAX_FRONTENDS,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_frontends: u32,
+
+    /// Write the PROXY header inside the kernel, on the client's own socket, for
+    /// frontends whose client speaks first (`on`), instead of through the relay
+    /// (`off`). No listener, copy or process in the path, and connections outlive
+    /// the agent. Where this kernel cannot run it, every frontend takes the relay
+    /// path and `status` says why; a socket the kernel path cannot take is relayed.
+    #[arg(long, env = "HAIRPIN_KERNEL_PATH", value_enum, default_value_t = KernelPathMode::Off)]
+    pub kernel_path: KernelPathMode,
+
+    /// Capacity of the kernel path's sockets map: connections between the end of
+    /// their handshake and the acknowledgement of their first write, node-wide.
+    #[arg(long, env = "HAIRPIN_KERNEL_PATH_SOCKETS", default_value_t = hairpin_ebpf::MAX_KERNEL_SOCKETS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub kernel_path_sockets: u32,
 
     /// Upstream connect timeout; the client is reset when it expires.
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]

@@ -59,7 +59,7 @@ pub fn frontend_statuses<'a>(
     let mut out: Vec<FrontendStatus> = active
         .map(|a| {
             let addr = a.frontend.addr();
-            let mut path = vec![LivePath::Ebpf];
+            let mut path = vec![a.path];
             path.extend(names.for_frontend(addr));
             FrontendStatus {
                 ip: a.frontend.ip,
@@ -176,15 +176,28 @@ mod tests {
     fn each_frontend_is_listed_once_with_its_state_path_and_retry() {
         let desired = {
             let mut s = Frontends::new();
-            for a in ["203.0.113.10:80", "203.0.113.11:80", "203.0.113.12:80"] {
+            for a in [
+                "203.0.113.10:80",
+                "203.0.113.11:80",
+                "203.0.113.12:80",
+                "203.0.113.13:80",
+            ] {
                 s.insert(fe(a)).expect("free");
             }
             s
         };
-        let active = [Active {
-            frontend: fe("203.0.113.10:80"),
-            listener: "192.0.2.1:40001".parse().expect("a"),
-        }];
+        let active = [
+            Active {
+                frontend: fe("203.0.113.10:80"),
+                listener: "192.0.2.1:40001".parse().expect("a"),
+                path: LivePath::Ebpf,
+            },
+            Active {
+                frontend: fe("203.0.113.13:80"),
+                listener: "192.0.2.1:40002".parse().expect("a"),
+                path: LivePath::Kernel,
+            },
+        ];
         let failed = BTreeMap::from([
             (
                 "203.0.113.11:80".parse().expect("a"),
@@ -219,6 +232,7 @@ mod tests {
             got,
             [
                 "203.0.113.10:80 Active ebpf,hosts None None",
+                "203.0.113.13:80 Active kernel None None",
                 "203.0.113.11:80 Failed none Some(OnChange) Some(\"full\")",
                 "203.0.113.12:80 Failed none Some(Backoff) Some(\"in use\")",
             ]

@@ -22,7 +22,7 @@ use super::{
     source,
 };
 use crate::{
-    datapath::{self, Datapath},
+    datapath::{self, Datapath, KernelPath, LoadOptions},
     k8s::{
         self,
         coredns::{CorednsConfig, CorednsMode},
@@ -39,7 +39,8 @@ use crate::{
         listener::{ConnGate, ConnLimits},
     },
     status::{
-        AgentState, AttachmentStatus, HEARTBEAT_EVERY, ModeStatus, NamesStatus,
+        AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
+        ModeStatus, NamesStatus,
         admin::{self, AdminConfig, KernelCounters},
         metrics::Metrics,
     },
@@ -135,6 +136,9 @@ impl Agent {
                 cgroup,
                 ids: d.kernel_ids(),
             }));
+        }
+        if let Some(d) = datapath.as_ref() {
+            report_kernel_path(&args, d, &state, &metrics);
         }
 
         let relay_config = RelayConfig {
@@ -339,7 +343,7 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
             )?
         }
     };
-    let mut datapath = Datapath::load_with_capacity(object, args.bypass_mark, args.max_frontends)?;
+    let mut datapath = Datapath::load_with(object, &load_options(args))?;
     datapath.attach(&cgroup)?;
     Ok((datapath, cgroup))
 }
@@ -424,4 +428,54 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
     let note = outcome.note(address);
     info!(link = outcome.link(), %address, "{note}");
     Ok(Some(note))
+}
+
+/// What the datapath loads: `--max-frontends`, `--bypass-mark`, and the kernel path
+/// when `--kernel-path on` (its header names the node for host sockets as the relay does).
+fn load_options(args: &RunArgs) -> LoadOptions {
+    LoadOptions {
+        bypass_mark: args.bypass_mark,
+        max_frontends: args.max_frontends,
+        kernel_path: args.kernel_path == crate::model::KernelPathMode::On,
+        max_kernel_sockets: args.kernel_path_sockets,
+        node_ipv4: args.node_ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(v) => Some(*v),
+            IpAddr::V6(_) => None,
+        }),
+        node_ipv6: args.node_ips.iter().find_map(|ip| match ip {
+            IpAddr::V6(v) => Some(*v),
+            IpAddr::V4(_) => None,
+        }),
+    }
+}
+
+/// Says in `status` and the log how the kernel path stands, and exports the
+/// programs' counters on `/metrics`.
+fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics: &Metrics) {
+    let (kernel_state, reason) = match d.kernel_path() {
+        KernelPath::On => (KernelPathState::On, None),
+        KernelPath::Off => (KernelPathState::Off, None),
+        KernelPath::Unavailable(why) => (KernelPathState::Unavailable, Some(why.clone())),
+    };
+    info!(configured = %args.kernel_path, state = %d.kernel_path(), "kernel path");
+    let ids = d.kernel_ids();
+    state.update(|s| {
+        s.kernel_path = Some(KernelPathStatus {
+            configured: args.kernel_path,
+            state: kernel_state,
+            reason,
+            sockets_map_id: d
+                .kernel_path()
+                .is_on()
+                .then(|| d.sockets_map_id())
+                .flatten(),
+        })
+    });
+    if let Some(id) = ids.counters_map_id {
+        metrics.set_kernel_counters(Arc::new(move || {
+            datapath::kernel::read_counters(id)
+                .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+                .unwrap_or_default()
+        }));
+    }
 }

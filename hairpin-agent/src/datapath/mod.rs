@@ -2,27 +2,39 @@
 //! at a cgroup v2 directory through bpf_links this process owns, and writing the
 //! frontend map. A link owned by the process disappears with it, so a crashed agent
 //! leaves no redirect behind.
+//!
+//! With the kernel path on (and loadable), a sock_ops program is attached beside
+//! them and an sk_msg program on the sockets map, and the connect programs that mark
+//! sockets replace the plain ones; see [`KernelPath`].
 
 pub mod cgroup;
 pub mod kernel;
+mod kernel_path;
 
 pub use cgroup::find_cgroup2_root;
+pub use kernel_path::KernelPath;
 
 use std::{
     fs::File,
-    net::SocketAddr,
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSockAddr, cgroup_sock_addr::CgroupSockAddrLinkId},
+    maps::{HashMap, MapData, PerCpuArray, SockHash},
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, SkMsg, SockOps, cgroup_sock_addr::CgroupSockAddrLinkId,
+        sock_ops::SockOpsLinkId,
+    },
 };
 use hairpin_ebpf::{
-    Counter, FrontendKey, GLOBAL_BYPASS_MARK, MAP_COUNTERS, MAP_FRONTENDS, MAX_FRONTENDS,
-    PROG_CONNECT4, PROG_CONNECT6, Redirect,
+    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PROG_SK_MSG, PROG_SOCK_OPS,
+    Redirect,
 };
+
+use crate::model::ProxyVersion;
 
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -132,6 +144,40 @@ pub struct Attachment {
     /// The cgroup v2 directory.
     pub cgroup: PathBuf,
     links: Vec<(&'static str, CgroupSockAddrLinkId)>,
+    sock_ops: Option<SockOpsLinkId>,
+}
+
+/// What to load: the relay path's settings, and the kernel path's when asked for.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// SO_MARK of the relay's upstream sockets, which the connect programs skip.
+    pub bypass_mark: u32,
+    /// Capacity of the frontends map (preallocated).
+    pub max_frontends: u32,
+    /// Whether to try the kernel path.
+    pub kernel_path: bool,
+    /// Capacity of the sockets map (allocated as used): established sockets whose
+    /// header is not out yet.
+    pub max_kernel_sockets: u32,
+    /// The node's IPv4 address: the header's source for a socket whose own address
+    /// is loopback or the LB address (as the relay names host processes).
+    pub node_ipv4: Option<Ipv4Addr>,
+    /// The node's IPv6 address, likewise.
+    pub node_ipv6: Option<Ipv6Addr>,
+}
+
+impl LoadOptions {
+    /// The relay path only, with `bypass_mark` and room for [`MAX_FRONTENDS`].
+    pub fn relay(bypass_mark: u32) -> LoadOptions {
+        LoadOptions {
+            bypass_mark,
+            max_frontends: MAX_FRONTENDS,
+            kernel_path: false,
+            max_kernel_sockets: MAX_KERNEL_SOCKETS,
+            node_ipv4: None,
+            node_ipv6: None,
+        }
+    }
 }
 
 /// The loaded programs and their maps.
@@ -139,17 +185,18 @@ pub struct Datapath {
     ebpf: Ebpf,
     frontends: HashMap<MapData, FrontendKey, Redirect>,
     counters: PerCpuArray<MapData, u64>,
+    sockets: SockHash<MapData, u64>,
+    sockets_id: Option<u32>,
     attachment: Option<Attachment>,
     capacity: u32,
+    kernel_path: KernelPath,
 }
-
-const PROGRAMS: [&str; 2] = [PROG_CONNECT4, PROG_CONNECT6];
 
 impl Datapath {
     /// Loads `object` with the bypass mark set, and both programs into the kernel
     /// (not yet attached), with room for [`MAX_FRONTENDS`] frontends.
     pub fn load(object: &[u8], bypass_mark: u32) -> Result<Datapath, DatapathError> {
-        Datapath::load_with_capacity(object, bypass_mark, MAX_FRONTENDS)
+        Datapath::load_with(object, &LoadOptions::relay(bypass_mark))
     }
 
     /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
@@ -159,16 +206,57 @@ impl Datapath {
         bypass_mark: u32,
         max_frontends: u32,
     ) -> Result<Datapath, DatapathError> {
+        Datapath::load_with(
+            object,
+            &LoadOptions {
+                max_frontends,
+                ..LoadOptions::relay(bypass_mark)
+            },
+        )
+    }
+
+    /// Loads `object` as `opts` say. The kernel path's programs are tried first when
+    /// asked for; when this kernel cannot run them the relay path's connect programs
+    /// load instead and [`Datapath::kernel_path`] says why. Nothing is attached yet.
+    pub fn load_with(object: &[u8], opts: &LoadOptions) -> Result<Datapath, DatapathError> {
         raise_memlock_limit();
+        let node4 = opts
+            .node_ipv4
+            .map_or(0, |ip| u32::from_ne_bytes(ip.octets()));
+        let node6 = opts.node_ipv6.map_or([0; 4], |ip| {
+            FrontendKey::new(SocketAddr::new(ip.into(), 0)).addr
+        });
+        // Not preallocated, but kept small while unused.
+        let sockets = if opts.kernel_path {
+            opts.max_kernel_sockets
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_BYPASS_MARK, &bypass_mark, true)
-            .map_max_entries(MAP_FRONTENDS, max_frontends)
+            .override_global(GLOBAL_BYPASS_MARK, &opts.bypass_mark, true)
+            .override_global(GLOBAL_NODE_IP4, &node4, true)
+            .override_global(GLOBAL_NODE_IP6, &node6, true)
+            .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
+            .map_max_entries(MAP_SOCKETS, sockets)
             .load(object)
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
-        for name in PROGRAMS {
-            program(&mut ebpf, name, "load", Path::new(""))?
-                .load()
-                .map_err(program_error(name, "load", Path::new("")))?;
+        let kernel_path = if opts.kernel_path {
+            match kernel_path::load(&mut ebpf) {
+                Ok(()) => KernelPath::On,
+                Err(why) => {
+                    tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
+                    KernelPath::Unavailable(why)
+                }
+            }
+        } else {
+            KernelPath::Off
+        };
+        if !kernel_path.is_on() {
+            for name in kernel_path.connect_programs() {
+                program(&mut ebpf, name, "load", Path::new(""))?
+                    .load()
+                    .map_err(program_error(name, "load", Path::new("")))?;
+            }
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name)
@@ -184,13 +272,66 @@ impl Datapath {
             MAP_COUNTERS,
             String::new(),
         ))?;
+        let sockets = take(&mut ebpf, MAP_SOCKETS)?;
+        let sockets_id = match &sockets {
+            aya::maps::Map::SockHash(m) => m.info().ok().map(|i| i.id()),
+            _ => None,
+        };
+        let sockets =
+            SockHash::try_from(sockets).map_err(map_error("open", MAP_SOCKETS, String::new()))?;
         Ok(Datapath {
             ebpf,
             frontends,
             counters,
+            sockets,
+            sockets_id,
             attachment: None,
-            capacity: max_frontends,
+            capacity: opts.max_frontends,
+            kernel_path,
         })
+    }
+
+    /// How the kernel path stands: off, unavailable (why), or on.
+    pub fn kernel_path(&self) -> &KernelPath {
+        &self.kernel_path
+    }
+
+    /// The programs attached at the cgroup through bpf_links, by ELF name.
+    fn linked_programs(&self) -> Vec<&'static str> {
+        let mut names = self.kernel_path.connect_programs().to_vec();
+        if self.kernel_path.is_on() {
+            names.push(PROG_SOCK_OPS);
+        }
+        names
+    }
+
+    /// Attaches sk_msg to the sockets map, then sock_ops at `dir`: before any connect
+    /// program, so every socket marked has both behind it.
+    fn attach_kernel_path(
+        &mut self,
+        dir: &File,
+        cgroup: &Path,
+    ) -> Result<SockOpsLinkId, DatapathError> {
+        let fd = self.sockets.fd().try_clone().map_err(|source| {
+            map_error("open", MAP_SOCKETS, String::new())(aya::maps::MapError::SyscallError(
+                aya::sys::SyscallError {
+                    call: "dup",
+                    io_error: source,
+                },
+            ))
+        })?;
+        let missing = |name| DatapathError::Missing {
+            kind: "program",
+            name,
+        };
+        kernel_path::program::<SkMsg>(&mut self.ebpf, PROG_SK_MSG)
+            .ok_or(missing(PROG_SK_MSG))?
+            .attach(&fd)
+            .map_err(program_error(PROG_SK_MSG, "attach", cgroup))?;
+        kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS)
+            .ok_or(missing(PROG_SOCK_OPS))?
+            .attach(dir, CgroupAttachMode::Single)
+            .map_err(program_error(PROG_SOCK_OPS, "attach", cgroup))
     }
 
     /// Attaches both programs at `cgroup` (a cgroup v2 directory), beside whatever
@@ -200,8 +341,15 @@ impl Datapath {
             path: cgroup.to_path_buf(),
             source,
         })?;
+        // The sk_msg program stays on the map until this process exits, so sockets
+        // already established when the programs detach still get their header.
+        let sock_ops = if self.kernel_path.is_on() {
+            Some(self.attach_kernel_path(&dir, cgroup)?)
+        } else {
+            None
+        };
         let mut links = Vec::new();
-        for name in PROGRAMS {
+        for name in self.kernel_path.connect_programs() {
             // On kernels >= 5.7 aya makes a bpf_link; Single is what it passes as
             // flags, and the kernel runs links in multi mode regardless.
             let id = program(&mut self.ebpf, name, "attach", cgroup)?
@@ -212,6 +360,7 @@ impl Datapath {
         self.attachment = Some(Attachment {
             cgroup: cgroup.to_path_buf(),
             links,
+            sock_ops,
         });
         // Checked, not assumed: aya falls back to a legacy attach where the kernel
         // has no cgroup links, and that one would outlive this process.
@@ -232,13 +381,14 @@ impl Datapath {
     /// Ok when every program has a bpf_link the kernel lists; else the first that
     /// does not, and why.
     fn confirm_links(&self) -> Result<(), (&'static str, String)> {
+        let programs = self.linked_programs();
         let links = kernel::links().map_err(|e| {
             (
-                PROGRAMS[0],
+                programs[0],
                 format!("the kernel cannot list bpf links: {e}"),
             )
         })?;
-        for name in PROGRAMS {
+        for name in programs {
             let id = self
                 .ebpf
                 .program(name)
@@ -252,7 +402,9 @@ impl Datapath {
         Ok(())
     }
 
-    /// Detaches both programs: from now on no connect is redirected.
+    /// Detaches the connect programs, then sock_ops: from now on no connect is
+    /// redirected or marked. Sockets already waiting for their first write keep the
+    /// sk_msg program until this process exits.
     pub fn detach(&mut self) {
         let Some(att) = self.attachment.take() else {
             return;
@@ -266,6 +418,12 @@ impl Datapath {
                 tracing::warn!(error = %e, "detach failed");
             }
         }
+        if let Some(id) = att.sock_ops
+            && let Some(p) = kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS)
+            && let Err(e) = p.detach(id)
+        {
+            tracing::warn!(error = %e, "detach of {PROG_SOCK_OPS} failed");
+        }
     }
 
     /// Where the programs are attached, if they are.
@@ -275,26 +433,50 @@ impl Datapath {
 
     /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
     pub fn kernel_ids(&self) -> crate::status::KernelIds {
-        let infos: Vec<(&str, aya::programs::ProgramInfo)> = PROGRAMS
+        let mut names = self.linked_programs();
+        if self.kernel_path.is_on() {
+            names.push(PROG_SK_MSG);
+        }
+        let infos: Vec<(&str, aya::programs::ProgramInfo)> = names
             .iter()
             .filter_map(|name| Some((*name, self.ebpf.program(name)?.info().ok()?)))
             .collect();
         crate::datapath::kernel::ids_of(&infos)
     }
 
-    /// Redirects connects to `frontend` to `listener`.
+    /// Redirects connects to `frontend` to `listener` (the relay path, whatever the
+    /// kernel path's state).
     pub fn insert(
         &mut self,
         frontend: SocketAddr,
         listener: SocketAddr,
     ) -> Result<(), DatapathError> {
+        self.insert_value(frontend, listener, Redirect::new(listener))
+    }
+
+    /// As [`Datapath::insert`] for a frontend whose ingress expects `version`
+    /// headers: with the kernel path on, the kernel writes them on the client's own
+    /// socket and the listener is the fallback; otherwise its relay writes them.
+    pub fn insert_frontend(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        version: ProxyVersion,
+    ) -> Result<(), DatapathError> {
+        let value = self.kernel_path.value(listener, version);
+        self.insert_value(frontend, listener, value)
+    }
+
+    fn insert_value(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        value: Redirect,
+    ) -> Result<(), DatapathError> {
         if frontend.is_ipv4() != listener.is_ipv4() {
             return Err(DatapathError::FamilyMismatch { frontend, listener });
         }
-        match self
-            .frontends
-            .insert(FrontendKey::new(frontend), Redirect::new(listener), 0)
-        {
+        match self.frontends.insert(FrontendKey::new(frontend), value, 0) {
             Ok(()) => Ok(()),
             Err(e) if is_full(&e) => Err(DatapathError::MapFull {
                 frontend,
@@ -312,6 +494,17 @@ impl Datapath {
                 source,
             )),
         }
+    }
+
+    /// Kernel id of the sockets map, for `status` and `dump`.
+    pub fn sockets_map_id(&self) -> Option<u32> {
+        self.sockets_id
+    }
+
+    /// How many sockets wait in the sockets map now (established, header not out or
+    /// not yet acknowledged).
+    pub fn kernel_sockets(&self) -> usize {
+        self.sockets.keys().filter(Result::is_ok).count()
     }
 
     /// The per-CPU counters, summed.

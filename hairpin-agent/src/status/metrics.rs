@@ -1,5 +1,7 @@
 //! Prometheus metrics, served on `/metrics` by the admin server.
 
+use std::sync::{Arc, PoisonError, RwLock};
+
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
     metrics::{
@@ -82,6 +84,15 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    event: String,
+}
+
+/// Reads the kernel programs' counters (name, total) when `/metrics` is scraped:
+/// they move without the agent noticing.
+pub type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
 /// Seconds, from 100 µs to about 13 s.
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -102,6 +113,7 @@ pub struct Metrics {
     watch_restarts: Family<ResourceLabel, Counter>,
     decide_seconds: Histogram,
     reconcile_seconds: Histogram,
+    kernel: Arc<RwLock<Option<KernelCounterReader>>>,
 }
 
 impl Default for Metrics {
@@ -119,6 +131,7 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             decide_seconds: duration_histogram(),
             reconcile_seconds: duration_histogram(),
+            kernel: Arc::default(),
         }
     }
 }
@@ -199,6 +212,12 @@ impl Metrics {
     /// Records how long applying a desired state took.
     pub fn observe_reconcile(&self, d: std::time::Duration) {
         self.reconcile_seconds.observe(d.as_secs_f64());
+    }
+
+    /// Exports the kernel programs' counters, read by `read` at each scrape, as
+    /// `hairpin_kernel_events_total{event=NAME}`.
+    pub fn set_kernel_counters(&self, read: KernelCounterReader) {
+        *self.kernel.write().unwrap_or_else(PoisonError::into_inner) = Some(read);
     }
 
     /// The relay's counters now, for `/status`.
@@ -299,9 +318,57 @@ impl Metrics {
             "Time to apply a desired state to listeners and maps",
             self.reconcile_seconds.clone(),
         );
+        let kernel = self
+            .kernel
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(read) = kernel {
+            let events: Family<EventLabel, Counter> = Family::default();
+            for (event, n) in read() {
+                events.get_or_create(&EventLabel { event }).inc_by(n);
+            }
+            registry.register(
+                "kernel_events",
+                "The eBPF programs' counters by event: redirected, skipped_bypass_mark, and the \
+                 kernel path's kernel_marked, kernel_headers_written, kernel_fallback_relay and \
+                 kernel_missed_* (a connection left without its header)",
+                events,
+            );
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         encode(&mut out, &registry).expect("encoding metrics into a String");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_counters_are_read_at_each_scrape_and_exported_by_event() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("hairpin_kernel_events"));
+        let n = Arc::new(std::sync::atomic::AtomicU64::new(3));
+        let seen = n.clone();
+        m.set_kernel_counters(Arc::new(move || {
+            vec![(
+                "kernel_headers_written".to_string(),
+                seen.load(std::sync::atomic::Ordering::Relaxed),
+            )]
+        }));
+        assert!(
+            m.render()
+                .contains("hairpin_kernel_events_total{event=\"kernel_headers_written\"} 3"),
+            "{}",
+            m.render()
+        );
+        n.store(5, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            m.render()
+                .contains("hairpin_kernel_events_total{event=\"kernel_headers_written\"} 5")
+        );
     }
 }

@@ -18,7 +18,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{LivePath, Paths, ProxyVersion};
+use crate::model::{KernelPathMode, LivePath, Paths, ProxyVersion};
 
 mod paths;
 pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamesStatus};
@@ -76,6 +76,38 @@ pub struct Snapshot {
     /// Which peers the relays serve, and where that came from.
     #[serde(default)]
     pub clients: Option<ClientsStatus>,
+    /// The kernel path (in-kernel headers), when the programs were loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<KernelPathStatus>,
+}
+
+/// Whether the kernel writes headers on clients' own sockets.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct KernelPathStatus {
+    /// `--kernel-path`.
+    pub configured: KernelPathMode,
+    /// What runs: `on`, `off`, or `unavailable` (this kernel cannot run it; every
+    /// frontend takes the relay path).
+    pub state: KernelPathState,
+    /// Why it is unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Kernel id of the sockets map (established sockets whose header is not out
+    /// yet), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets_map_id: Option<u32>,
+}
+
+/// [`KernelPathStatus::state`].
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelPathState {
+    /// Frontends whose client speaks first get in-kernel headers.
+    On,
+    /// Not asked for.
+    Off,
+    /// Asked for, but this kernel cannot run it.
+    Unavailable,
 }
 
 /// The relays' client policy as `status` and `doctor` show it.

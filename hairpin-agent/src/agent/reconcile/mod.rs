@@ -28,7 +28,7 @@ pub use plan::{Step, Trigger, plan};
 
 use crate::{
     datapath::{Datapath, DatapathError},
-    model::{Frontend, Frontends, ProxyVersion},
+    model::{Frontend, Frontends, LivePath, ProxyVersion},
     relay::Relay,
 };
 
@@ -39,6 +39,9 @@ pub struct Active {
     pub frontend: Frontend,
     /// Its relay listener.
     pub listener: SocketAddr,
+    /// How its clients get their header: [`LivePath::Ebpf`] (the relay) or
+    /// [`LivePath::Kernel`], as the map entry says.
+    pub path: LivePath,
 }
 
 /// A frontend that could not be made live, as it was asked for and why.
@@ -83,8 +86,15 @@ impl FrontendError {
 
 /// The BPF frontend map, as the reconciler uses it.
 pub trait RedirectMap {
-    /// Redirects connects to `frontend` to `listener`.
-    fn insert(&mut self, frontend: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError>;
+    /// Redirects connects to `frontend` to `listener`, which writes `version`
+    /// headers (or has the kernel write them, where the kernel path is on). Inserting
+    /// an address again replaces its entry. Returns the path the entry gives it.
+    fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        version: ProxyVersion,
+    ) -> Result<LivePath, FrontendError>;
     /// Stops redirecting connects to `frontend`; absent is not an error.
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
 }
@@ -100,10 +110,20 @@ pub trait Listeners {
 }
 
 impl RedirectMap for Datapath {
-    fn insert(&mut self, frontend: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError> {
-        Datapath::insert(self, frontend, listener).map_err(|e| match e {
+    fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        version: ProxyVersion,
+    ) -> Result<LivePath, FrontendError> {
+        Datapath::insert_frontend(self, frontend, listener, version).map_err(|e| match e {
             DatapathError::MapFull { .. } => FrontendError::MapFull(e.to_string()),
             e => FrontendError::Map(e.to_string()),
+        })?;
+        Ok(if self.kernel_path().is_on() {
+            LivePath::Kernel
+        } else {
+            LivePath::Ebpf
         })
     }
 
@@ -207,6 +227,13 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         if let Some(a) = self.active.get_mut(&addr) {
             if a.frontend.version != f.version {
                 self.listeners.set_version(addr, f.version);
+                // The kernel path reads the version from the map entry.
+                if let Some(map) = self.map.as_mut()
+                    && let Err(e) = map.insert(addr, a.listener, f.version)
+                {
+                    error!(frontend = %addr, error = %e,
+                        "could not change the header version in the map: the kernel path keeps the old one");
+                }
             }
             info!(frontend = %addr, version = %f.version, source = %f.source, "frontend updated");
             a.frontend = f;
@@ -216,14 +243,15 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
     fn start(&mut self, f: Frontend) {
         let addr = f.addr();
         match self.make_live(&f) {
-            Ok(listener) => {
+            Ok((listener, path)) => {
                 self.failed.remove(&addr);
-                info!(frontend = %addr, %listener, version = %f.version, source = %f.source, "frontend proxied");
+                info!(frontend = %addr, %listener, version = %f.version, source = %f.source, %path, "frontend proxied");
                 self.active.insert(
                     addr,
                     Active {
                         frontend: f,
                         listener,
+                        path,
                     },
                 );
             }
@@ -240,8 +268,9 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         }
     }
 
-    /// Listener first, then the redirect; a redirect that fails takes its listener down.
-    fn make_live(&mut self, f: &Frontend) -> Result<SocketAddr, FrontendError> {
+    /// Listener first, then the redirect; a redirect that fails takes its listener
+    /// down. The listener and the path the map entry gives the frontend.
+    fn make_live(&mut self, f: &Frontend) -> Result<(SocketAddr, LivePath), FrontendError> {
         let addr = f.addr();
         let bind = match addr {
             SocketAddr::V4(_) => self
@@ -259,11 +288,13 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
             ));
         };
         let listener = self.listeners.start(f, bind)?;
-        if let Err(e) = map.insert(addr, listener) {
-            self.listeners.stop(addr);
-            return Err(e);
+        match map.insert(addr, listener, f.version) {
+            Ok(path) => Ok((listener, path)),
+            Err(e) => {
+                self.listeners.stop(addr);
+                Err(e)
+            }
         }
-        Ok(listener)
     }
 
     fn retire(&mut self, addr: SocketAddr) {

@@ -14,16 +14,32 @@ struct FakeMap {
     entries: BTreeSet<SocketAddr>,
     capacity: usize,
     refuse_remove: bool,
+    /// Entries give the kernel path, as a datapath with it on does.
+    kernel: bool,
 }
 
 impl RedirectMap for FakeMap {
-    fn insert(&mut self, frontend: SocketAddr, _listener: SocketAddr) -> Result<(), FrontendError> {
-        self.log.borrow_mut().push(format!("redirect {frontend}"));
+    fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        _listener: SocketAddr,
+        version: ProxyVersion,
+    ) -> Result<LivePath, FrontendError> {
+        let line = if self.entries.contains(&frontend) {
+            format!("rewrite {frontend} {version}")
+        } else {
+            format!("redirect {frontend}")
+        };
+        self.log.borrow_mut().push(line);
         if self.entries.len() >= self.capacity && !self.entries.contains(&frontend) {
             return Err(FrontendError::MapFull(format!("full: {frontend}")));
         }
         self.entries.insert(frontend);
-        Ok(())
+        Ok(if self.kernel {
+            LivePath::Kernel
+        } else {
+            LivePath::Ebpf
+        })
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
@@ -147,14 +163,39 @@ fn retirements_come_before_starts_so_a_full_map_makes_room_first() {
 }
 
 #[test]
-fn a_version_change_updates_the_listener_in_place() {
+fn a_version_change_updates_the_listener_and_the_map_entry_in_place() {
     let (mut r, log) = reconciler(16);
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
     take(&log);
     r.apply(&set(&[fe("203.0.113.10:80", V2)]), Trigger::Change);
-    assert_eq!(take(&log), ["version 203.0.113.10:80 v2"]);
+    // The map entry carries the version for the kernel path.
+    assert_eq!(
+        take(&log),
+        ["version 203.0.113.10:80 v2", "rewrite 203.0.113.10:80 v2"]
+    );
     let live: Vec<ProxyVersion> = r.active().map(|a| a.frontend.version).collect();
     assert_eq!(live, [V2]);
+}
+
+#[test]
+fn each_active_frontend_records_the_path_its_map_entry_gives() {
+    let (mut r, _log) = reconciler(16);
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(paths, [LivePath::Ebpf]);
+
+    let (mut r, log) = reconciler(16);
+    if let Some(m) = r.map_mut() {
+        m.kernel = true;
+    }
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    // Still listener first: it is the fallback for sockets the kernel path cannot take.
+    assert_eq!(
+        take(&log),
+        ["listen 203.0.113.10:80", "redirect 203.0.113.10:80"]
+    );
+    let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(paths, [LivePath::Kernel]);
 }
 
 #[test]

@@ -1,0 +1,184 @@
+//! The kernel path's programs: sock_ops and sk_msg, and the connect programs that
+//! mark sockets instead of rewriting them. Whether this kernel can run them is found
+//! by loading them: a program type the kernel lacks, a helper it refuses or a
+//! verifier rejection each leave the kernel path unavailable with the reason, and
+//! the relay path works as before.
+
+use std::{fmt, net::SocketAddr};
+
+use aya::{
+    Ebpf,
+    programs::{CgroupSockAddr, ProgramError, ProgramType, SkMsg, SockOps},
+    sys::is_program_supported,
+};
+use hairpin_ebpf::{
+    HEADER_V1, HEADER_V2, PROG_CONNECT4, PROG_CONNECT4_KERNEL, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
+    PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+};
+
+use crate::model::ProxyVersion;
+
+/// How the kernel path stands on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// `--kernel-path off`: every frontend takes the relay path.
+    Off,
+    /// Asked for, but this kernel cannot run it (the reason): every frontend takes
+    /// the relay path.
+    Unavailable(String),
+    /// The programs are loaded: frontends whose client speaks first get their
+    /// header written by the kernel, on the client's own socket.
+    On,
+}
+
+impl KernelPath {
+    /// Whether kernel-path frontends get in-kernel headers.
+    pub fn is_on(&self) -> bool {
+        *self == KernelPath::On
+    }
+
+    /// The connect programs to load and attach: the marking ones when on.
+    pub(super) fn connect_programs(&self) -> [&'static str; 2] {
+        if self.is_on() {
+            [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL]
+        } else {
+            [PROG_CONNECT4, PROG_CONNECT6]
+        }
+    }
+
+    /// The frontend map's value for `listener` with header `version`: a kernel
+    /// header when on, the relay otherwise. The listener stays in the value, the
+    /// fallback for a socket the kernel path cannot take.
+    pub(super) fn value(&self, listener: SocketAddr, version: ProxyVersion) -> Redirect {
+        match (self, version) {
+            (KernelPath::On, ProxyVersion::V1) => Redirect::kernel(listener, HEADER_V1),
+            (KernelPath::On, ProxyVersion::V2) => Redirect::kernel(listener, HEADER_V2),
+            _ => Redirect::new(listener),
+        }
+    }
+}
+
+impl fmt::Display for KernelPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelPath::Off => f.write_str("off"),
+            KernelPath::Unavailable(why) => write!(f, "unavailable: {why}"),
+            KernelPath::On => f.write_str("on"),
+        }
+    }
+}
+
+/// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops and
+/// the marking connect programs. On any failure, unloads what it loaded and says why.
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), String> {
+    for (kind, name) in [
+        (ProgramType::SockOps, "sock_ops"),
+        (ProgramType::SkMsg, "sk_msg"),
+    ] {
+        match is_program_supported(kind) {
+            Ok(true) => {}
+            Ok(false) => return Err(format!("this kernel has no {name} programs")),
+            Err(e) => return Err(format!("probing {name} programs failed: {e}")),
+        }
+    }
+    let loaded = load_each(ebpf);
+    if loaded.is_err() {
+        unload(ebpf);
+    }
+    loaded
+}
+
+fn load_each(ebpf: &mut Ebpf) -> Result<(), String> {
+    let missing = |name: &str| format!("the eBPF object has no program {name}");
+    let failed = |name: &str, e: ProgramError| {
+        tracing::debug!(program = name, error = %e, "kernel path program did not load");
+        format!("{name} did not load: {}", short(&e))
+    };
+    let p: &mut SkMsg = program(ebpf, PROG_SK_MSG).ok_or_else(|| missing(PROG_SK_MSG))?;
+    p.load().map_err(|e| failed(PROG_SK_MSG, e))?;
+    let p: &mut SockOps = program(ebpf, PROG_SOCK_OPS).ok_or_else(|| missing(PROG_SOCK_OPS))?;
+    p.load().map_err(|e| failed(PROG_SOCK_OPS, e))?;
+    for name in [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL] {
+        let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
+        p.load().map_err(|e| failed(name, e))?;
+    }
+    Ok(())
+}
+
+/// Unloads whichever kernel-path programs are loaded (none is attached yet).
+fn unload(ebpf: &mut Ebpf) {
+    if let Some(p) = program::<SkMsg>(ebpf, PROG_SK_MSG) {
+        let _ = p.unload();
+    }
+    if let Some(p) = program::<SockOps>(ebpf, PROG_SOCK_OPS) {
+        let _ = p.unload();
+    }
+    for name in [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL] {
+        if let Some(p) = program::<CgroupSockAddr>(ebpf, name) {
+            let _ = p.unload();
+        }
+    }
+}
+
+/// Program `name` as type `T`, if the object has it with that type.
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Option<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    ebpf.program_mut(name)?.try_into().ok()
+}
+
+/// A load error in one line: the syscall's error and the verifier's last words
+/// (its whole log goes to the debug log).
+fn short(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let tail = &tail[tail.len().saturating_sub(2)..];
+            if tail.is_empty() {
+                io_error.to_string()
+            } else {
+                format!("{io_error} (verifier: {})", tail.join(" / "))
+            }
+        }
+        e => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        assert_eq!(
+            KernelPath::On.value(l, ProxyVersion::V1),
+            Redirect::kernel(l, HEADER_V1)
+        );
+        assert_eq!(
+            KernelPath::On.value(l, ProxyVersion::V2),
+            Redirect::kernel(l, HEADER_V2)
+        );
+        for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+            assert_eq!(off.value(l, ProxyVersion::V2), Redirect::new(l));
+            assert_eq!(off.connect_programs(), [PROG_CONNECT4, PROG_CONNECT6]);
+        }
+        assert_eq!(
+            KernelPath::On.connect_programs(),
+            [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL]
+        );
+        assert_eq!(
+            KernelPath::Unavailable("this kernel has no sk_msg programs".into()).to_string(),
+            "unavailable: this kernel has no sk_msg programs"
+        );
+    }
+}

@@ -1,0 +1,596 @@
+//! The kernel path on a simulated node: with `--kernel-path on`, the connect
+//! programs leave the destination alone and the kernel writes the PROXY header on
+//! the client's own socket (sock_ops + sk_msg), in front of its first bytes. Real
+//! nginx (`listen ... proxy_protocol`) and haproxy (`accept-proxy`) say what the
+//! header carried; the relay must see none of these connections.
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpListener},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use hairpin_agent::{model::ProxyVersion, relay::header::Header};
+use hairpin_tests::{
+    agent::{Agent, FrontendSpec},
+    client::{Reply, from_host, from_pod, url},
+    node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
+    privileges::datapath_tests_can_run,
+    servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
+    sh::command_in,
+};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+/// The source address of a host process's socket towards the LBs: the node's address
+/// on the interface its route to them uses (in the simulated node, the uplink towards
+/// the ingress namespace; on a real node, usually its InternalIP). The kernel path
+/// names the socket's own address; the relay names `--node-ip` instead.
+const NODE_UPLINK4: &str = "198.51.100.1";
+/// The same for IPv6.
+const NODE_UPLINK6: &str = "2001:db8:2::1";
+
+fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
+    FrontendSpec {
+        ip,
+        ports: vec![80],
+        version,
+    }
+}
+
+/// nginx over v4 and v6 with v1 and v2, haproxy with v1 (v4) and v2 (v6).
+fn all_frontends() -> Vec<FrontendSpec> {
+    vec![
+        spec("203.0.113.10", "v1"),
+        spec("2001:db8:ffff::10", "v1"),
+        spec("203.0.113.11", "v1"),
+        spec("2001:db8:ffff::11", "v2"),
+        spec("203.0.113.12", "v2"),
+        spec("2001:db8:ffff::12", "v2"),
+    ]
+}
+
+const KERNEL_PATH_ON: &[&str] = &["--kernel-path", "on"];
+
+macro_rules! require_privileges {
+    () => {
+        if !datapath_tests_can_run(module_path!()) {
+            return;
+        }
+    };
+}
+
+/// `GET path` on the agent's admin socket.
+fn admin_get(node: &SimNode, path: &str) -> String {
+    let sock = node.dir.join("admin.sock");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "--unix-socket"])
+        .arg(&sock)
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .expect("run curl");
+    assert!(
+        out.status.success(),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn status(node: &SimNode) -> Value {
+    serde_json::from_str(&admin_get(node, "/status")).expect("status is json")
+}
+
+fn kernel_counter(status: &Value, name: &str) -> u64 {
+    status["counters"]["kernel"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no kernel counter {name}: {}", status["counters"]))
+}
+
+/// Every `kernel_missed_*` counter is zero: no connection went without its header.
+fn assert_no_misses(status: &Value) {
+    let kernel = status["counters"]["kernel"]
+        .as_object()
+        .expect("kernel counters");
+    for (name, n) in kernel {
+        if name.starts_with("kernel_missed_") {
+            assert_eq!(n.as_u64(), Some(0), "{name}: {kernel:?}");
+        }
+    }
+}
+
+fn assert_true_client(who: &str, reply: &Reply, client: &str, lb: &str, agent: &Agent) {
+    assert!(
+        reply.ok(),
+        "{who} -> {lb}: {reply:?}\nagent:\n{}",
+        agent.log()
+    );
+    assert!(
+        reply.body.starts_with(&format!("client={client}:")),
+        "{who} -> {lb}: the header must name {client}: {}",
+        reply.body
+    );
+    assert!(
+        reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
+        "{who} -> {lb}: {}",
+        reply.body
+    );
+}
+
+#[test]
+fn pod_and_node_requests_get_the_header_from_the_kernel_v1_v2_v4_v6() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let cases = [
+        ("203.0.113.10", POD_IP4, NODE_UPLINK4),
+        ("2001:db8:ffff::10", POD_IP6, NODE_UPLINK6),
+        ("203.0.113.12", POD_IP4, NODE_UPLINK4),
+        ("2001:db8:ffff::12", POD_IP6, NODE_UPLINK6),
+    ];
+    for (lb, pod_ip, node_ip) in cases {
+        let pod = from_pod(&node, &url(lb, 80, "/"));
+        assert_true_client("pod", &pod, pod_ip, lb, &agent);
+        let host = from_host(&node, &url(lb, 80, "/"));
+        assert_true_client("node", &host, node_ip, lb, &agent);
+    }
+    let access = nginx_access_log(&node);
+    assert_eq!(access.lines().count(), 2 * cases.len(), "{access}");
+    assert!(!nginx_error_log(&node).contains("broken header"));
+    // The kernel wrote every header: the relay accepted nothing and no connect was
+    // rewritten to it.
+    assert!(
+        !agent.log().contains("accepted"),
+        "the relay must not see these:\n{}",
+        agent.log()
+    );
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 8, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 0, "{s}");
+    assert_no_misses(&s);
+}
+
+#[test]
+fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_gets_a_tcp4_header() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    // curl opens an AF_INET6 socket for ::ffff:203.0.113.10: connect6 marks it with
+    // the IPv4 frontend, and its (mapped) local address becomes a TCP4 source.
+    let target = "http://[::ffff:203.0.113.10]:80/";
+    assert_true_client(
+        "pod",
+        &from_pod(&node, target),
+        POD_IP4,
+        "203.0.113.10",
+        &agent,
+    );
+    assert_true_client(
+        "node",
+        &from_host(&node, target),
+        NODE_UPLINK4,
+        "203.0.113.10",
+        &agent,
+    );
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 2, "{s}");
+    assert_no_misses(&s);
+}
+
+#[test]
+fn haproxy_accept_proxy_takes_the_kernels_v1_and_v2_headers() {
+    require_privileges!();
+    let node = SimNode::new();
+    let haproxy = start_haproxy(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    // 203.0.113.11 is proxied with v1, 2001:db8:ffff::11 with v2.
+    for (lb, pod_ip, node_ip) in [
+        ("203.0.113.11", POD_IP4, NODE_UPLINK4),
+        ("2001:db8:ffff::11", POD_IP6, NODE_UPLINK6),
+    ] {
+        assert_true_client(
+            "pod",
+            &from_pod(&node, &url(lb, 80, "/")),
+            pod_ip,
+            lb,
+            &agent,
+        );
+        assert_true_client(
+            "node",
+            &from_host(&node, &url(lb, 80, "/")),
+            node_ip,
+            lb,
+            &agent,
+        );
+    }
+    let log = haproxy.log();
+    for needle in [
+        format!("haproxy client={POD_IP4}:"),
+        format!("haproxy client={NODE_UPLINK4}:"),
+        format!("haproxy client={POD_IP6}:"),
+        format!("haproxy client={NODE_UPLINK6}:"),
+        "dst=203.0.113.11:80 status=200".to_string(),
+        "dst=2001:db8:ffff::11:80 status=200".to_string(),
+    ] {
+        assert!(
+            log.contains(&needle),
+            "haproxy log lacks {needle:?}:\n{log}"
+        );
+    }
+    assert!(!agent.log().contains("accepted"), "{}", agent.log());
+}
+
+/// LBs DNATed to a raw capture server on port 9000 of the ingress namespace: v1 on
+/// port 80 and v2 on port 81, over IPv4 and over an IPv6 address with two zero runs
+/// of equal length (the first becomes `::`).
+const CAPTURE_LB4: &str = "203.0.113.20";
+const CAPTURE_LB6: &str = "2001:db8:0:0:1:0:0:20";
+const CAPTURE_PORT: u16 = 9000;
+
+/// Accepts `n` connections in `netns` on CAPTURE_PORT, answering each HTTP request
+/// with a small response; sends what each connection carried up to the end of its
+/// request head.
+fn capture_server(netns: &str, n: usize) -> mpsc::Receiver<Vec<u8>> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        // This thread alone moves into the ingress namespace.
+        let f = std::fs::File::open(&ns).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let listener = TcpListener::bind(("::", CAPTURE_PORT)).expect("bind capture port");
+        ready_tx.send(()).expect("ready");
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
+            );
+            if tx.send(got).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("capture server ready");
+    rx
+}
+
+/// The source port a header names (v1: the fifth field; v2: after both addresses).
+fn header_source_port(got: &[u8], version: ProxyVersion, v6: bool) -> u16 {
+    match version {
+        ProxyVersion::V1 => {
+            let line = got.split(|b| *b == b'\r').next().expect("a line");
+            let line = std::str::from_utf8(line).expect("ascii header");
+            line.split(' ')
+                .nth(4)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no source port in {line:?}"))
+        }
+        ProxyVersion::V2 => {
+            let at = 16 + if v6 { 32 } else { 8 };
+            u16::from_be_bytes([got[at], got[at + 1]])
+        }
+    }
+}
+
+#[test]
+fn the_kernels_header_bytes_equal_the_relays_encoder() {
+    require_privileges!();
+    let mut lbs = default_lbs();
+    for (lb_ip, lb_port) in [
+        (CAPTURE_LB4, 80),
+        (CAPTURE_LB4, 81),
+        (CAPTURE_LB6, 80),
+        (CAPTURE_LB6, 81),
+    ] {
+        lbs.push(LbRule {
+            lb_ip,
+            lb_port,
+            backend_port: CAPTURE_PORT,
+            name: "capture/raw:http",
+        });
+    }
+    let node = SimNode::with_lbs(&lbs);
+    let specs = [
+        FrontendSpec {
+            ip: CAPTURE_LB4,
+            ports: vec![80],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: CAPTURE_LB4,
+            ports: vec![81],
+            version: "v2",
+        },
+        FrontendSpec {
+            ip: CAPTURE_LB6,
+            ports: vec![80],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: CAPTURE_LB6,
+            ports: vec![81],
+            version: "v2",
+        },
+    ];
+    let agent = Agent::start_with(&node, &specs, KERNEL_PATH_ON);
+    let cases = [
+        (CAPTURE_LB4, 80, ProxyVersion::V1),
+        (CAPTURE_LB4, 81, ProxyVersion::V2),
+        (CAPTURE_LB6, 80, ProxyVersion::V1),
+        (CAPTURE_LB6, 81, ProxyVersion::V2),
+    ];
+    let captured = capture_server(&node.ingress_ns, 2 * cases.len());
+    for (lb, port, version) in cases {
+        let v6 = lb.contains(':');
+        let lb_ip: IpAddr = lb.parse().expect("lb ip");
+        for (who, client, reply) in [
+            (
+                "pod",
+                if v6 { POD_IP6 } else { POD_IP4 },
+                from_pod(&node, &url(lb, port, "/")),
+            ),
+            (
+                "node",
+                if v6 { NODE_UPLINK6 } else { NODE_UPLINK4 },
+                from_host(&node, &url(lb, port, "/")),
+            ),
+        ] {
+            assert!(
+                reply.ok(),
+                "{who} -> {lb}:{port}: {reply:?}\n{}",
+                agent.log()
+            );
+            let got = captured
+                .recv_timeout(Duration::from_secs(5))
+                .expect("a captured connection");
+            let sport = header_source_port(&got, version, v6);
+            let client: IpAddr = client.parse().expect("client ip");
+            let want = Header::new(
+                version,
+                SocketAddr::new(client, sport),
+                SocketAddr::new(lb_ip, port),
+            );
+            let want = want.as_bytes();
+            assert!(
+                got.starts_with(want) && got[want.len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+                "{who} -> {lb}:{port} {version}: the kernel wrote\n  {:?}\nthe relay's encoder writes\n  {:?}",
+                got.escape_ascii().to_string(),
+                want.escape_ascii().to_string()
+            );
+        }
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
+    assert_no_misses(&s);
+}
+
+#[test]
+fn destinations_that_are_not_proxied_are_untouched() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    // Another port of a proxied IP, and another IP: the plain server would answer
+    // 400 to a header it does not expect.
+    for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
+        for (who, reply) in [
+            ("pod", from_pod(&node, &target)),
+            ("node", from_host(&node, &target)),
+        ] {
+            assert!(reply.ok(), "{who} -> {target}: {reply:?}");
+            assert!(
+                reply.body.starts_with("plain remote="),
+                "{who} -> {target}: {}",
+                reply.body
+            );
+        }
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 0, "{s}");
+    assert!(!agent.log().contains("accepted"), "{}", agent.log());
+}
+
+/// A keep-alive client in the pod: one request on a connection to 203.0.113.10:80,
+/// then, once `dir/go` exists, a second request on the same connection. Each body is
+/// written to `dir/first` and `dir/second`.
+fn keep_alive_client(node: &SimNode, dir: &Path) -> Child {
+    let d = dir.display();
+    let script = format!(
+        r#"exec 3<>/dev/tcp/203.0.113.10/80
+req() {{
+    printf 'GET /%s HTTP/1.1\r\nHost: lb\r\n\r\n' "$1" >&3
+    len=0
+    while IFS= read -r line <&3; do
+        line=${{line%$'\r'}}
+        [ -z "$line" ] && break
+        case "$line" in [Cc]ontent-[Ll]ength:*) len=${{line#*: }};; esac
+    done
+    [ "$len" -gt 0 ] && IFS= read -r -N "$len" body <&3 && printf '%s' "$body"
+}}
+req one > {d}/first.tmp; mv {d}/first.tmp {d}/first
+while [ ! -e {d}/go ]; do sleep 0.05; done
+req two > {d}/second.tmp; mv {d}/second.tmp {d}/second
+"#
+    );
+    command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", &script],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the keep-alive client")
+}
+
+/// Waits for `file` to exist, at most `within`; its contents.
+fn wait_file(file: &Path, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(s) = std::fs::read_to_string(file) {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Opens a keep-alive connection, gets one answer, SIGKILLs the agent, asks again
+/// on the same connection; the two answers (the second `None` when the connection
+/// did not survive).
+fn answers_across_kill_9(node: &SimNode, extra: &[&str]) -> (String, Option<String>, Agent) {
+    let _ = std::fs::remove_dir_all(node.dir.join("ka"));
+    let dir = node.dir.join("ka");
+    std::fs::create_dir_all(&dir).expect("client dir");
+    let mut agent = Agent::start_with(node, &all_frontends(), extra);
+    let mut client = keep_alive_client(node, &dir);
+    let first = wait_file(&dir.join("first"), Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no first answer\nagent:\n{}", agent.log()));
+    agent.signal(Signal::SIGKILL);
+    agent.wait(Duration::from_secs(10));
+    std::fs::write(dir.join("go"), "").expect("go");
+    let second = wait_file(&dir.join("second"), Duration::from_secs(10)).filter(|s| !s.is_empty());
+    let _ = client.kill();
+    let _ = client.wait();
+    (first, second, agent)
+}
+
+#[test]
+fn an_established_keep_alive_connection_keeps_answering_after_the_agent_is_killed() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let (first, second, agent) = answers_across_kill_9(&node, KERNEL_PATH_ON);
+    assert!(
+        first.starts_with(&format!("client={POD_IP4}:")),
+        "{first}\nagent:\n{}",
+        agent.log()
+    );
+    // Same connection, same header: the answer names the same client port.
+    assert_eq!(
+        second.as_deref(),
+        Some(first.as_str()),
+        "the connection must outlive the agent"
+    );
+    assert!(!agent.log().contains("accepted"), "{}", agent.log());
+    // And the agent left nothing attached: no connect, no sock_ops program.
+    let mut attached = node.attached_programs();
+    for _ in 0..50 {
+        if !attached.contains("connect") && !attached.contains("sock_ops") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        attached = node.attached_programs();
+    }
+    assert!(
+        !attached.contains("connect") && !attached.contains("sock_ops"),
+        "still attached after SIGKILL: {attached}"
+    );
+    // A new connection takes the pre-hairpin path, as before hairpin.
+    let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
+    let access = nginx_access_log(&node);
+    assert_eq!(
+        access.matches(&format!("pp_client={POD_IP4}:")).count(),
+        2,
+        "{access}"
+    );
+}
+
+#[test]
+fn a_relayed_keep_alive_connection_does_not_survive_the_agent_being_killed() {
+    require_privileges!();
+    // The same scenario through the relay path (the default): the relay lives in the
+    // agent process, so its connections die with it. This is what the kernel path fixes.
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let (first, second, agent) = answers_across_kill_9(&node, &[]);
+    assert!(
+        first.starts_with(&format!("client={POD_IP4}:")),
+        "{first}\nagent:\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        second, None,
+        "a relayed connection cannot outlive the relay"
+    );
+}
+
+#[test]
+fn status_and_metrics_show_the_kernel_path_and_its_counters() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let _agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    assert!(from_pod(&node, &url("203.0.113.10", 80, "/")).ok());
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["configured"], "on", "{s}");
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}");
+    assert!(s["kernel_path"]["sockets_map_id"].is_u64(), "{s}");
+    let frontends = s["frontends"].as_array().expect("frontends");
+    assert_eq!(frontends.len(), 6, "{s}");
+    for f in frontends {
+        assert_eq!(f["state"], "active", "{f}");
+        assert_eq!(f["path"], "kernel", "{f}");
+    }
+    let programs: Vec<&str> = s["attachment"]["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(
+        programs,
+        [
+            "hairpin_connect4_kernel",
+            "hairpin_connect6_kernel",
+            "hairpin_sockops",
+            "hairpin_sk_msg"
+        ],
+        "{s}"
+    );
+    let metrics = admin_get(&node, "/metrics");
+    for line in [
+        "hairpin_kernel_events_total{event=\"kernel_headers_written\"} 1",
+        "hairpin_kernel_events_total{event=\"kernel_marked\"} 1",
+        "hairpin_kernel_events_total{event=\"kernel_missed_push\"} 0",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
+    }
+}
+
+#[test]
+fn with_the_kernel_path_off_status_says_so_and_frontends_take_the_relay() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start(&node, &all_frontends());
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["state"], "off", "{s}");
+    for f in s["frontends"].as_array().expect("frontends") {
+        assert_eq!(f["path"], "ebpf", "{f}");
+    }
+    assert_eq!(kernel_counter(&s, "redirected"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+}
