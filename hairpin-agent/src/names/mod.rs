@@ -4,9 +4,10 @@
 //! and the names address on a link.
 //!
 //! Owns: hostname validation, which names may be published at all ([`scope`]:
-//! `--names-domains` and the names always refused), claims from Ingress and Gateway objects and the routes
-//! they resolve to, the hosts block and its writer, the Corefile text, the names
-//! link, and the name relay ([`relay`]), which routes by TLS SNI or HTTP Host.
+//! `--names-domains` and the names always refused), claims from Ingress and Gateway
+//! objects and the routes they resolve to, the hosts block and its writer, the
+//! Corefile text, the names link, and the name relay ([`relay`]), which routes by
+//! TLS SNI or HTTP Host.
 //! Everything but [`hosts_writer`], [`hosts::write_in_place`], [`link`] and
 //! [`relay`] is sans-IO. Does not touch the BPF datapath nor the Kubernetes API.
 
