@@ -10,7 +10,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::{
         WatchStreamExt,
@@ -161,7 +161,8 @@ pub fn spawn(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff(),
+        .default_backoff()
+        .modify(slim),
     );
     tokio::spawn(drive(
         "services",
@@ -178,7 +179,8 @@ pub fn spawn(
             Api::<Ingress>::all(client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff(),
+        .default_backoff()
+        .modify(slim),
     );
     tokio::spawn(drive(
         "ingresses",
@@ -272,7 +274,9 @@ async fn watch_gateway_api(
         stores.add(kind_name(&resource), writer.as_reader());
         let stream = reflector(
             writer,
-            watcher(api, watcher::Config::default()).default_backoff(),
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .modify(slim),
         );
         tokio::spawn(drive(
             kind_name(&resource),
@@ -282,6 +286,15 @@ async fn watch_gateway_api(
             health.clone(),
         ));
     }
+}
+
+/// Drops what every node would otherwise cache for no use: `managedFields` and
+/// kubectl's last-applied copy of the whole object (often larger than the rest).
+/// Nothing hairpin decides reads either.
+fn slim<K: ResourceExt>(o: &mut K) {
+    o.managed_fields_mut().clear();
+    o.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
 }
 
 fn kind_name(ar: &ApiResource) -> &'static str {
@@ -364,12 +377,15 @@ async fn decide_loop(
 struct SkipLog(BTreeSet<String>);
 
 impl SkipLog {
-    fn log_new(&mut self, skips: &[NameSkip]) {
+    /// Logs the skips not logged last round; returns how many it logged.
+    fn log_new(&mut self, skips: &[NameSkip]) -> usize {
         let mut now = BTreeSet::new();
+        let mut logged = 0;
         for skip in skips {
             if !now.insert(skip.message.clone()) || self.0.contains(&skip.message) {
                 continue;
             }
+            logged += 1;
             match skip.reason {
                 // Said once at startup; every hostname would repeat it.
                 NameSkipReason::Refused(ScopeRule::NoDomains) => {
@@ -382,5 +398,60 @@ impl SkipLog {
             }
         }
         self.0 = now;
+        logged
+    }
+}
+
+#[cfg(test)]
+mod skip_log_tests {
+    use super::*;
+
+    #[test]
+    fn each_skip_is_logged_once_until_it_goes_away() {
+        let skip = |m: &str| NameSkip {
+            reason: NameSkipReason::Refused(ScopeRule::Localhost),
+            message: m.into(),
+            object: None,
+        };
+        let mut log = SkipLog::default();
+        assert_eq!(log.log_new(&[skip("a"), skip("a"), skip("b")]), 2);
+        // The next decision rounds say the same: nothing new is logged.
+        assert_eq!(log.log_new(&[skip("a"), skip("b")]), 0);
+        assert_eq!(log.log_new(&[skip("b"), skip("c")]), 1);
+        // `a` went away and came back: logged again.
+        assert_eq!(log.log_new(&[skip("a"), skip("b"), skip("c")]), 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    use super::*;
+
+    #[test]
+    fn cached_objects_keep_what_decisions_read_and_drop_the_rest() {
+        let mut svc = Service::default();
+        svc.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default(); 3]);
+        svc.metadata.annotations = Some(
+            [
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                    "{...the whole object...}".to_string(),
+                ),
+                (
+                    "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol".to_string(),
+                    "true".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        slim(&mut svc);
+        assert_eq!(svc.metadata.managed_fields, Some(vec![]));
+        let left: Vec<&String> = svc.annotations().keys().collect();
+        assert_eq!(
+            left,
+            ["service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol"]
+        );
     }
 }
