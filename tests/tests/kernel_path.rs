@@ -235,8 +235,8 @@ const CAPTURE_PORT: u16 = 9000;
 
 /// Accepts `n` connections in `netns` on CAPTURE_PORT, answering each HTTP request
 /// with a small response; sends what each connection carried up to the end of its
-/// request head.
-fn capture_server(netns: &str, n: usize) -> mpsc::Receiver<Vec<u8>> {
+/// request head. With `fast_open`, the listener takes TCP Fast Open data.
+fn capture_server(netns: &str, n: usize, fast_open: bool) -> mpsc::Receiver<Vec<u8>> {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let ns = format!("/run/netns/{netns}");
@@ -245,6 +245,21 @@ fn capture_server(netns: &str, n: usize) -> mpsc::Receiver<Vec<u8>> {
         let f = std::fs::File::open(&ns).expect("open netns");
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
         let listener = TcpListener::bind(("::", CAPTURE_PORT)).expect("bind capture port");
+        if fast_open {
+            use std::os::fd::AsRawFd;
+            let queue: libc::c_int = 16;
+            // SAFETY: a valid listening socket and a c_int option value.
+            let rc = unsafe {
+                libc::setsockopt(
+                    listener.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_FASTOPEN,
+                    (&raw const queue).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "TCP_FASTOPEN: {}", std::io::Error::last_os_error());
+        }
         ready_tx.send(()).expect("ready");
         for _ in 0..n {
             let (mut conn, _) = listener.accept().expect("accept");
@@ -290,9 +305,8 @@ fn header_source_port(got: &[u8], version: ProxyVersion, v6: bool) -> u16 {
     }
 }
 
-#[test]
-fn the_kernels_header_bytes_equal_the_relays_encoder() {
-    require_privileges!();
+/// The default LBs and the capture LBs.
+fn capture_node() -> SimNode {
     let mut lbs = default_lbs();
     for (lb_ip, lb_port) in [
         (CAPTURE_LB4, 80),
@@ -307,7 +321,13 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
             name: "capture/raw:http",
         });
     }
-    let node = SimNode::with_lbs(&lbs);
+    SimNode::with_lbs(&lbs)
+}
+
+#[test]
+fn the_kernels_header_bytes_equal_the_relays_encoder() {
+    require_privileges!();
+    let node = capture_node();
     let specs = [
         FrontendSpec {
             ip: CAPTURE_LB4,
@@ -337,7 +357,7 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
         (CAPTURE_LB6, 80, ProxyVersion::V1),
         (CAPTURE_LB6, 81, ProxyVersion::V2),
     ];
-    let captured = capture_server(&node.ingress_ns, 2 * cases.len());
+    let captured = capture_server(&node.ingress_ns, 2 * cases.len(), false);
     for (lb, port, version) in cases {
         let v6 = lb.contains(':');
         let lb_ip: IpAddr = lb.parse().expect("lb ip");
@@ -593,4 +613,121 @@ fn with_the_kernel_path_off_status_says_so_and_frontends_take_the_relay() {
     }
     assert_eq!(kernel_counter(&s, "redirected"), 1, "{s}");
     assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+}
+
+// ---- Known gaps, counted ----------------------------------------------------------
+//
+// The kernel path cannot yet put every connection on the relay when it cannot write
+// the header. Until it does, each such connection must be counted: these tests pin
+// that the misses are never silent.
+
+/// Waits until the kernel counter `name` reaches `want`; its last value.
+fn wait_counter(node: &SimNode, name: &str, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = kernel_counter(&status(node), name);
+        if n >= want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn tcp_fast_open_data_leaves_without_the_header_and_is_counted() {
+    require_privileges!();
+    let node = capture_node();
+    // The ingress accepts Fast Open: the first connection gets a cookie, the second
+    // carries its request in the SYN, before sk_msg can see the socket.
+    hairpin_tests::sh::run_in(
+        &node.ingress_ns,
+        &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"],
+    );
+    let agent = Agent::start_with(
+        &node,
+        &[FrontendSpec {
+            ip: CAPTURE_LB4,
+            ports: vec![80],
+            version: "v1",
+        }],
+        KERNEL_PATH_ON,
+    );
+    let captured = capture_server(&node.ingress_ns, 2, true);
+    let fast_open = || {
+        Reply::from_output(hairpin_tests::sh::output_in(
+            &node.pod_ns,
+            Some(&node.pod_cgroup()),
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "10",
+                "--tcp-fastopen",
+                &url(CAPTURE_LB4, 80, "/"),
+            ],
+        ))
+    };
+    // A non-blocking first write after the handshake takes the sk_msg path.
+    let first = fast_open();
+    assert!(first.ok(), "{first:?}\n{}", agent.log());
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("first connection");
+    assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
+    // With the cookie, the data rides on the SYN.
+    let second = fast_open();
+    assert!(second.ok(), "{second:?}");
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("second connection");
+    assert!(
+        got.starts_with(b"GET / "),
+        "known gap: fast open data has no header: {}",
+        got.escape_ascii()
+    );
+    assert_eq!(
+        wait_counter(&node, "kernel_missed_data_first", 1),
+        1,
+        "the miss must be counted\n{}",
+        agent.log()
+    );
+    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+}
+
+#[test]
+fn a_full_sockets_map_is_counted_as_a_miss() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with(
+        &node,
+        &all_frontends(),
+        &["--kernel-path", "on", "--kernel-path-sockets", "1"],
+    );
+    // An established connection that has not written yet holds the one slot.
+    let mut holder = command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", "exec 3<>/dev/tcp/203.0.113.10/80; sleep 30"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the holder");
+    let marked = wait_counter(&node, "kernel_marked", 1);
+    assert_eq!(marked, 1, "{}", agent.log());
+    std::thread::sleep(Duration::from_millis(200));
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        reply.code, 52,
+        "known gap: no room in the map, no header: {reply:?}"
+    );
+    assert_eq!(
+        wait_counter(&node, "kernel_missed_insert", 1),
+        1,
+        "the miss must be counted\n{}",
+        agent.log()
+    );
 }

@@ -84,6 +84,21 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), String> {
     let loaded = load_each(ebpf);
     if loaded.is_err() {
         unload(ebpf);
+        return loaded;
+    }
+    // What the verifier walked, per program: the headroom left below its limit.
+    for name in [
+        PROG_CONNECT4_KERNEL,
+        PROG_CONNECT6_KERNEL,
+        PROG_SOCK_OPS,
+        PROG_SK_MSG,
+    ] {
+        let info = ebpf.program(name).and_then(|p| p.info().ok());
+        tracing::debug!(
+            program = name,
+            verified_instructions = info.and_then(|i| i.verified_instruction_count()),
+            "kernel path program loaded"
+        );
     }
     loaded
 }
