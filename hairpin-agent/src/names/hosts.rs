@@ -5,12 +5,36 @@
 //! how it was added, so that removing it restores the original byte for byte:
 //! a block appended to a file that did not end with a newline is written with a
 //! newline before it and none after its END line.
+//!
+//! The file is rewritten in place (a single-file bind mount cannot be renamed
+//! onto), so [`plan`] orders the writes so that a kill at any byte leaves a file
+//! that parses and that the next sync repairs exactly:
+//! - A block at the end of the file (where hairpin appends it) is first marked
+//!   *pending* by one byte: its BEGIN line's `#` becomes `%` ([`PENDING_MARKER`];
+//!   `&`, [`PENDING_JOINED_MARKER`], when a newline was added before it), which
+//!   claims everything from that line to the end of the file for hairpin. Then the
+//!   new block is written, the file truncated, and one byte turns `%` back into `#`.
+//!   A new block is written pending and committed the same way; while its pending
+//!   line is itself half written, the file's last line is a prefix of it, which
+//!   counts as pending too. Removing a block at the end is one truncate.
+//! - A block with other lines after it keeps its length: a shorter block is padded
+//!   with one blank line before its END line, so its END line stays at the same
+//!   offset and the lines after it never move. Such a same-length overwrite is
+//!   valid at every byte: the BEGIN and END lines are the same bytes before and
+//!   after, and no mix of old and new lines hairpin writes spells a marker.
+//!
+//! Growing a block that has lines after it, or removing it, moves those lines:
+//! that is one write (then a truncate, with blank lines padding the write so a
+//! kill before the truncate leaves only blank lines behind), valid between the
+//! two but not at every byte inside the write. Residual case: a kill right after
+//! the newline written before a new block, in a file that had none, leaves that
+//! newline (harmless; `cleanup` then keeps it).
 
 use std::{
     collections::BTreeSet,
     fmt,
     fs::OpenOptions,
-    io::{self, Write},
+    io,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -23,6 +47,12 @@ use super::hostname::Hostname;
 pub const BEGIN_MARKER: &str = "# BEGIN hairpin managed block (do not edit)";
 /// Last line of the managed block.
 pub const END_MARKER: &str = "# END hairpin managed block";
+/// First line of a block being written at the end of the file: everything from it
+/// to the end of the file is hairpin's. [`BEGIN_MARKER`] with `%` for `#`.
+pub const PENDING_MARKER: &str = "% BEGIN hairpin managed block (do not edit)";
+/// As [`PENDING_MARKER`], for a block appended to a file that did not end with a
+/// newline (removing it also removes the newline written before it).
+pub const PENDING_JOINED_MARKER: &str = "& BEGIN hairpin managed block (do not edit)";
 /// Larger files are refused: a real /etc/hosts is a few KiB, and a runaway
 /// file should not be slurped and rewritten on every reconcile.
 pub const MAX_HOSTS_FILE_BYTES: usize = 1024 * 1024;
@@ -46,7 +76,8 @@ pub enum BlockError {
         /// 1-based line of the END marker.
         line: usize,
     },
-    /// More than one BEGIN (or END) marker: we will not guess which block is ours.
+    /// More than one BEGIN (or END, or pending) marker: we will not guess which
+    /// block is ours.
     #[error("expected at most one managed block, found markers at lines {first} and {second}")]
     MultipleBlocks {
         /// 1-based line of the first marker of that kind.
@@ -85,6 +116,19 @@ pub enum HostsError {
     /// The file does not exist; it is never created (see [`write_in_place`]).
     #[error("hosts file {}: does not exist (expected the node's hosts file mounted there)", path.display())]
     Missing {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+    /// The path reaches a file that no longer has a name on the host (nlink 0):
+    /// something replaced the host's file by rename (or deleted it), and this
+    /// single-file bind mount still shows the old one, which no resolver reads.
+    #[error(
+        "hosts file {}: the file behind this path was replaced or deleted on the host (it has no links left, nlink 0), \
+         so nothing written here reaches a resolver; a tool rewrote the host's hosts file by rename and the \
+         single-file mount still shows the old file: restart the pod to mount the new one",
+        path.display()
+    )]
+    Replaced {
         /// The path that was opened.
         path: PathBuf,
     },
@@ -198,13 +242,18 @@ impl HostsBlock {
 }
 
 /// Where the managed block sits in a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Located {
-    /// Offset of the BEGIN line's first byte.
+    /// Offset of the BEGIN (or pending) line's first byte.
     start: usize,
-    /// Offset just past the END line, its newline included when it has one.
+    /// Offset just past the END line, its newline included when it has one; the
+    /// end of the file for a pending block.
     end: usize,
-    /// Whether the END line ends with `\n`.
+    /// Whether the END line ends with `\n` (a pending block: whether its marker
+    /// is [`PENDING_MARKER`], not [`PENDING_JOINED_MARKER`]).
     end_has_newline: bool,
+    /// A block being written: from its line to the end of the file.
+    pending: bool,
 }
 
 /// Which marker a line is.
@@ -212,6 +261,8 @@ struct Located {
 enum Marker {
     Begin,
     End,
+    /// A pending BEGIN; `true` for [`PENDING_MARKER`], `false` for the joined one.
+    Pending(bool),
 }
 
 /// The marker a line holds, ignoring surrounding blanks and a CRLF ending, so a
@@ -223,9 +274,26 @@ fn marker_of(line: &[u8]) -> Option<Marker> {
         Some(Marker::Begin)
     } else if line == END_MARKER.as_bytes() {
         Some(Marker::End)
+    } else if line == PENDING_MARKER.as_bytes() {
+        Some(Marker::Pending(true))
+    } else if line == PENDING_JOINED_MARKER.as_bytes() {
+        Some(Marker::Pending(false))
     } else {
         None
     }
+}
+
+/// Whether the file's last line, without a newline, is the start of a pending
+/// line being written: a non-empty proper prefix of either pending marker.
+/// Returns the flavour as [`Marker::Pending`] does.
+fn pending_fragment(last_line: &[u8]) -> Option<bool> {
+    if last_line.is_empty() || last_line.ends_with(b"\n") {
+        return None;
+    }
+    [(PENDING_MARKER, true), (PENDING_JOINED_MARKER, false)]
+        .into_iter()
+        .find(|(m, _)| m.len() > last_line.len() && m.as_bytes().starts_with(last_line))
+        .map(|(_, kept)| kept)
 }
 
 /// Finds the managed block, if any, rejecting anything ambiguous.
@@ -240,9 +308,26 @@ fn locate(file: &[u8]) -> Result<Option<Located>, BlockError> {
     let mut begin: Option<(usize, usize)> = None;
     let mut end: Option<(usize, usize, bool)> = None;
     let mut offset = 0;
+    let mut last: Option<(usize, usize, &[u8])> = None;
     for (idx, line) in file.split_inclusive(|&b| b == b'\n').enumerate() {
         let lineno = idx + 1;
+        last = Some((lineno, offset, line));
         match marker_of(line) {
+            Some(Marker::Pending(kept)) => {
+                // Everything from here on is the block being written.
+                if let Some((first, _)) = begin {
+                    return Err(BlockError::MultipleBlocks {
+                        first,
+                        second: lineno,
+                    });
+                }
+                return Ok(Some(Located {
+                    start: offset,
+                    end: file.len(),
+                    end_has_newline: kept,
+                    pending: true,
+                }));
+            }
             Some(Marker::Begin) => {
                 if let Some((first, _)) = begin {
                     return Err(BlockError::MultipleBlocks {
@@ -268,23 +353,39 @@ fn locate(file: &[u8]) -> Result<Option<Located>, BlockError> {
         }
         offset += line.len();
     }
-    match (begin, end) {
-        (None, None) => Ok(None),
-        (Some((line, _)), None) => Err(BlockError::Unterminated { line }),
-        (None, Some((line, ..))) => Err(BlockError::StrayEnd { line }),
-        (Some((_, start)), Some((_, end, end_has_newline))) => Ok(Some(Located {
+    let fragment = last.and_then(|(lineno, offset, line)| {
+        pending_fragment(line).map(|kept| (lineno, offset, kept))
+    });
+    match (begin, end, fragment) {
+        (None, None, None) => Ok(None),
+        (Some((line, _)), None, _) => Err(BlockError::Unterminated { line }),
+        (None, Some((line, ..)), _) => Err(BlockError::StrayEnd { line }),
+        (None, None, Some((_, start, kept))) => Ok(Some(Located {
+            start,
+            end: file.len(),
+            end_has_newline: kept,
+            pending: true,
+        })),
+        (Some((first, _)), Some(_), Some((second, ..))) => {
+            Err(BlockError::MultipleBlocks { first, second })
+        }
+        (Some((_, start)), Some((_, end, end_has_newline)), None) => Ok(Some(Located {
             start,
             end,
             end_has_newline,
+            pending: false,
         })),
     }
 }
 
 /// Returns `original` with its managed block replaced by `block` (or appended at
 /// the end when it has none); an empty `block` removes the managed block.
-/// Bytes outside the block are kept exactly. A result over
-/// [`MAX_HOSTS_FILE_BYTES`] is refused, so hairpin never writes a file it would
-/// then refuse to edit or clean up.
+/// Bytes outside the block are kept exactly. A pending block (one a killed write
+/// left, see the module docs) is replaced or removed like any other. When lines
+/// follow the block and the new one is shorter, it is padded with a blank line
+/// before its END line to the old block's length, so those lines stay where they
+/// are (see [`plan`]). A result over [`MAX_HOSTS_FILE_BYTES`] is refused, so
+/// hairpin never writes a file it would then refuse to edit or clean up.
 pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError> {
     let located = locate(original)?;
     let mut out = Vec::with_capacity(original.len() + 64 + block.len() * 40);
@@ -293,6 +394,7 @@ pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError>
             start,
             end,
             end_has_newline,
+            ..
         }) => {
             let before = &original[..start];
             let after = &original[end..];
@@ -307,11 +409,22 @@ pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError>
                 out.extend_from_slice(before);
                 out.extend_from_slice(after);
             } else {
-                out.extend_from_slice(before);
-                out.extend_from_slice(&block.render_without_final_newline());
+                let mut rendered = block.render_without_final_newline();
                 if end_has_newline {
-                    out.push(b'\n');
+                    rendered.push(b'\n');
                 }
+                let old_len = end - start;
+                if !after.is_empty() && rendered.len() < old_len {
+                    // Keep the lines after the block where they are: one blank line
+                    // (spaces, then a newline) before END takes up the difference.
+                    let pad = old_len - rendered.len();
+                    let at = rendered.len() - END_MARKER.len() - 1;
+                    let mut line = vec![b' '; pad - 1];
+                    line.push(b'\n');
+                    rendered.splice(at..at, line);
+                }
+                out.extend_from_slice(before);
+                out.extend_from_slice(&rendered);
                 out.extend_from_slice(after);
             }
         }
@@ -344,18 +457,147 @@ pub fn remove(original: &[u8]) -> Result<Vec<u8>, BlockError> {
     apply(original, &HostsBlock::empty())
 }
 
-/// Overwrites the existing file at `path` with `new`, in place.
+/// One write of [`plan`]: bytes at an offset, or the file cut (or grown) to a length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `bytes` written at offset `at`, in order.
+    Write {
+        /// Offset of the first byte.
+        at: usize,
+        /// What is written there.
+        bytes: Vec<u8>,
+    },
+    /// The file's length set to this (ftruncate).
+    Truncate(usize),
+    /// Everything written so far is made durable (fdatasync) before what follows,
+    /// so a power cut cannot persist a later step without an earlier one.
+    Sync,
+}
+
+/// The writes that turn the file `old` into `new` in place such that a kill
+/// between any two bytes leaves a file that parses and from which [`apply`] gives
+/// `new` again (see the module docs for the scheme and its one residual case).
+/// `new` is expected to be `apply(old, block)`; anything else is written plainly:
+/// the changed tail at once, padded with newlines to the old length when shorter,
+/// then a truncate.
+pub fn plan(old: &[u8], new: &[u8]) -> Vec<Step> {
+    let same = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let (Ok(before), Ok(after)) = (locate(old), locate(new)) else {
+        return plain(old, new, same);
+    };
+    let at_end = |l: &Located, file: &[u8]| l.end == file.len();
+    match (before, after) {
+        // Removing a block at the end of the file: one truncate.
+        (Some(b), None) if at_end(&b, old) && old.starts_with(new) => {
+            vec![Step::Truncate(new.len())]
+        }
+        // A new block appended: written pending, then committed.
+        (None, Some(a)) if !a.pending && at_end(&a, new) && new.starts_with(old) => {
+            let mut bytes = new[old.len()..].to_vec();
+            bytes[a.start - old.len()] = pending_byte(a.end_has_newline);
+            vec![
+                Step::Write {
+                    at: old.len(),
+                    bytes,
+                },
+                Step::Sync,
+                Step::Write {
+                    at: a.start,
+                    bytes: vec![b'#'],
+                },
+            ]
+        }
+        // A block at the end replaced: marked pending, rewritten, cut, committed.
+        (Some(b), Some(a))
+            if !a.pending && b.start == a.start && at_end(&b, old) && at_end(&a, new) =>
+        {
+            let mut steps = vec![
+                Step::Write {
+                    at: a.start,
+                    bytes: vec![pending_byte(a.end_has_newline)],
+                },
+                Step::Sync,
+            ];
+            let from = same.max(a.start + 1);
+            if from < new.len() {
+                steps.push(Step::Write {
+                    at: from,
+                    bytes: new[from..].to_vec(),
+                });
+            }
+            if new.len() < old.len() {
+                steps.push(Step::Truncate(new.len()));
+            }
+            steps.extend([
+                Step::Sync,
+                Step::Write {
+                    at: a.start,
+                    bytes: vec![b'#'],
+                },
+            ]);
+            steps
+        }
+        // A block with lines after it, same length (padded by `apply`): overwrite
+        // the bytes that differ; BEGIN and END stay the same bytes at the same place.
+        (Some(b), Some(a))
+            if !b.pending
+                && (b.start, b.end) == (a.start, a.end)
+                && old.len() == new.len()
+                && !at_end(&a, new) =>
+        {
+            let last = (0..new.len()).rev().find(|&i| old[i] != new[i]);
+            match last {
+                Some(last) if same <= last => vec![Step::Write {
+                    at: same,
+                    bytes: new[same..=last].to_vec(),
+                }],
+                _ => Vec::new(),
+            }
+        }
+        _ => plain(old, new, same),
+    }
+}
+
+/// The first byte of a pending block's line.
+fn pending_byte(kept_newline: bool) -> u8 {
+    if kept_newline {
+        PENDING_MARKER.as_bytes()[0]
+    } else {
+        PENDING_JOINED_MARKER.as_bytes()[0]
+    }
+}
+
+/// The changed tail in one write; when shorter, padded with newlines to the old
+/// length before the truncate, so a kill in between leaves blank lines, never the
+/// old file's tail (a second END line).
+fn plain(old: &[u8], new: &[u8], same: usize) -> Vec<Step> {
+    let mut bytes = new[same.min(new.len())..].to_vec();
+    let mut steps = Vec::new();
+    if new.len() < old.len() {
+        bytes.resize(bytes.len() + old.len() - new.len(), b'\n');
+    }
+    if !bytes.is_empty() {
+        steps.push(Step::Write { at: same, bytes });
+    }
+    if new.len() < old.len() {
+        steps.push(Step::Truncate(new.len()));
+    }
+    steps
+}
+
+/// Overwrites the existing file at `path` with `new`, in place, by [`plan`].
 ///
 /// The node's /etc/hosts is usually a single-file bind mount, where rename(2)
 /// onto it fails with EBUSY or EXDEV, so this opens the file itself: O_WRONLY,
 /// never O_CREAT (a missing file means a wrong mount, not something to create),
-/// writes, truncates to the new length and fsyncs. Nothing is written when the
+/// runs the plan's writes in order and fsyncs. Nothing is written when the
 /// content is already `new`, so an unchanged reconcile does not touch the file.
+/// A file with no links left (replaced on the host by rename) is
+/// [`HostsError::Replaced`], before anything is written.
 ///
-/// Not atomic: a reader racing the write may see the new content followed by the
-/// tail of the old one until the truncate. Writing before truncating keeps the
-/// window to a longer file rather than an empty one, which would break every
-/// lookup on the node.
+/// Not atomic for readers: one racing the writes may see a half-written block
+/// (resolvers then miss or mismatch a name for that instant); the file on disk
+/// is valid between any two bytes written, which is what a killed agent leaves.
 pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
     let missing_or = |op: &'static str, source: io::Error| match source.kind() {
         io::ErrorKind::NotFound => HostsError::Missing {
@@ -371,10 +613,15 @@ pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
     let len = std::fs::metadata(path)
         .map_err(|e| missing_or("stat", e))?
         .len();
-    if len == new.len() as u64 && std::fs::read(path).map_err(|e| missing_or("read", e))? == new {
+    let old = if len <= MAX_HOSTS_FILE_BYTES as u64 || len == new.len() as u64 {
+        Some(std::fs::read(path).map_err(|e| missing_or("read", e))?)
+    } else {
+        None
+    };
+    if old.as_deref() == Some(new) {
         return Ok(());
     }
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|source| {
@@ -390,12 +637,60 @@ pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
                 missing_or("open", source)
             }
         })?;
-    file.write_all(new).map_err(|e| missing_or("write", e))?;
-    file.set_len(new.len() as u64)
-        .map_err(|e| missing_or("truncate", e))?;
+    check_linked(path, &file)?;
+    // A file too large to read (never one hairpin wrote) is overwritten plainly.
+    let steps = match &old {
+        Some(old) => plan(old, new),
+        None => vec![
+            Step::Write {
+                at: 0,
+                bytes: new.to_vec(),
+            },
+            Step::Truncate(new.len()),
+        ],
+    };
+    run(path, &file, &steps)?;
     file.sync_all().map_err(|e| missing_or("fsync", e))?;
     Ok(())
 }
 
+/// [`HostsError::Replaced`] when the open file has no links left.
+pub(crate) fn check_linked(path: &Path, file: &std::fs::File) -> Result<(), HostsError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().map_err(|source| HostsError::Io {
+        op: "stat",
+        path: path.to_owned(),
+        source,
+    })?;
+    if meta.nlink() == 0 {
+        return Err(HostsError::Replaced {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs `steps` on the open `file`.
+fn run(path: &Path, file: &std::fs::File, steps: &[Step]) -> Result<(), HostsError> {
+    use std::os::unix::fs::FileExt;
+    let io = |op: &'static str| {
+        move |source: io::Error| HostsError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    for step in steps {
+        match step {
+            Step::Write { at, bytes } => {
+                file.write_all_at(bytes, *at as u64).map_err(io("write"))?
+            }
+            Step::Truncate(len) => file.set_len(*len as u64).map_err(io("truncate"))?,
+            Step::Sync => file.sync_data().map_err(io("fsync"))?,
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -85,6 +85,8 @@ fn read(path: &Path) -> Result<Vec<u8>, HostsError> {
         }
     };
     let file = std::fs::File::open(path).map_err(io_err("open"))?;
+    // Checked on every sync, written or not: a replaced file is never seen again.
+    hosts::check_linked(path, &file)?;
     let len = file.metadata().map_err(io_err("stat"))?.len();
     if len > MAX_HOSTS_FILE_BYTES as u64 {
         return Err(HostsError::Content {
@@ -151,6 +153,30 @@ mod tests {
         assert!(cleanup(&path).expect("cleanup"));
         assert_eq!(std::fs::read(&path).expect("read"), ORIGINAL);
         assert!(!cleanup(&path).expect("cleanup twice"));
+    }
+
+    /// A hosts file replaced on the host (nlink 0 behind the mount) is an error on
+    /// every sync, even one that would write nothing, and for cleanup.
+    #[test]
+    fn a_replaced_file_is_reported_by_every_sync_and_cleanup() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("hosts");
+        std::fs::write(&real, ORIGINAL).expect("write");
+        let relay: IpAddr = "192.0.2.1".parse().expect("ip");
+        let routes = [route("a.example.com", "203.0.113.10")];
+        sync(&real, &routes, relay).expect("first sync");
+        let held = std::fs::File::open(&real).expect("open");
+        std::fs::remove_file(&real).expect("unlink");
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        for err in [
+            sync(&path, &routes, relay).expect_err("unchanged sync"),
+            sync(&path, &[], relay).expect_err("changing sync"),
+            cleanup(&path).expect_err("cleanup"),
+        ] {
+            assert!(matches!(err, HostsError::Replaced { .. }), "{err}");
+            assert!(err.to_string().contains("restart the pod"), "{err}");
+        }
     }
 
     #[test]

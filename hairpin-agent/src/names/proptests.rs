@@ -100,6 +100,20 @@ proptest! {
         prop_assert_eq!(removed, [x.as_slice(), tail.as_slice()].concat());
     }
 
+    /// Issue 14 finding 9: whatever the file and the blocks, a kill at any byte of
+    /// the writes leaves a file that parses and that the next sync repairs
+    /// (`hosts::tests::check_every_byte`), wherever `plan` promises it.
+    #[test]
+    fn hosts_writes_are_valid_at_every_byte(x in hosts_file(), tail in hosts_file(),
+                                            b1 in block(), b2 in block(), middle in any::<bool>()) {
+        let mut old = hosts::apply(&x, &b1).unwrap();
+        if middle && old.ends_with(b"\n") {
+            old.extend_from_slice(&tail);
+        }
+        hosts::tests::check_every_byte(&old, &b2);
+        hosts::tests::check_every_byte(&x, &b2);
+    }
+
     #[test]
     fn arbitrary_strings_never_inject_into_rewrite_lines(s in "\\PC{0,40}|[a-z0-9.*{}#\"\n -]{0,40}") {
         let Ok(host) = Hostname::parse(&s) else { return Ok(()) };

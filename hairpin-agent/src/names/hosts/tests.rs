@@ -1,6 +1,6 @@
 //! Unit tests for the hosts block (pure) and `write_in_place` (on real files).
 
-use std::{net::IpAddr, os::unix::fs::PermissionsExt, time::SystemTime};
+use std::{net::IpAddr, os::unix::fs::PermissionsExt, path::PathBuf, time::SystemTime};
 
 use super::*;
 
@@ -316,4 +316,295 @@ fn read_only_bind_mount(path: &Path) -> io::Result<()> {
         check(libc::mount(null(), target.as_ptr(), null(), flags, null()))?;
     }
     Ok(())
+}
+
+/// Runs `steps` on `state` one byte at a time, calling `check` on the file as a
+/// kill would leave it: before the first step, after every byte written, after
+/// each truncate. Returns the final content.
+pub(crate) fn simulate(
+    mut state: Vec<u8>,
+    steps: &[Step],
+    mut check: impl FnMut(&[u8]),
+) -> Vec<u8> {
+    check(&state);
+    for step in steps {
+        match step {
+            Step::Write { at, bytes } => {
+                for (i, b) in bytes.iter().enumerate() {
+                    let at = at + i;
+                    if at == state.len() {
+                        state.push(*b);
+                    } else {
+                        state[at] = *b;
+                    }
+                    check(&state);
+                }
+            }
+            Step::Truncate(len) => {
+                state.resize(*len, 0);
+                check(&state);
+            }
+            Step::Sync => {}
+        }
+    }
+    state
+}
+
+/// Whether `plan` promises a valid file at every byte for this edit: everything
+/// but growing or removing a block that has other lines after it.
+pub(crate) fn byte_safe(old: &[u8], new: &[u8]) -> bool {
+    match locate(old) {
+        Ok(Some(l)) if l.end < old.len() => old.len() == new.len(),
+        _ => true,
+    }
+}
+
+/// Every state a kill can leave while `old` becomes `apply(old, b)`: it parses,
+/// the next sync turns it into exactly `new`, and removing the block gives what
+/// removing it from `new` gives (except the one residual: the newline written
+/// before a new block in a file that had none).
+pub(crate) fn check_every_byte(old: &[u8], b: &HostsBlock) {
+    let new = apply(old, b).unwrap();
+    let steps = plan(old, &new);
+    let safe = byte_safe(old, &new);
+    let residual = [old, b"\n".as_slice()].concat();
+    let mut states = 0;
+    let end = simulate(old.to_vec(), &steps, |state| {
+        states += 1;
+        if !safe {
+            return;
+        }
+        let ctx = || {
+            format!(
+                "old {:?} -> new {:?}, killed at {:?}",
+                String::from_utf8_lossy(old),
+                String::from_utf8_lossy(&new),
+                String::from_utf8_lossy(state)
+            )
+        };
+        assert!(locate(state).is_ok(), "does not parse: {}", ctx());
+        if state == residual.as_slice() && !old.ends_with(b"\n") && !old.is_empty() {
+            // The residual case: only the newline before the new block was written;
+            // the file reads as one that always ended with a newline.
+            return;
+        }
+        assert_eq!(
+            apply(state, b).as_deref(),
+            Ok(new.as_slice()),
+            "not repaired: {}",
+            ctx()
+        );
+        assert_eq!(remove(state), remove(&new), "outside bytes: {}", ctx());
+    });
+    assert_eq!(end, new, "the plan ends at new");
+    assert!(states > 0);
+}
+
+#[test]
+fn a_kill_at_any_byte_leaves_a_file_that_parses_and_the_next_sync_repairs() {
+    let one = block(&[("10.0.0.1", "a.example.com")]);
+    let three = block(&[
+        ("10.0.0.1", "a.example.com"),
+        ("10.0.0.2", "b.example.com"),
+        ("fd00::3", "c.example.com"),
+    ]);
+    let other = block(&[("10.0.0.9", "z.example.com")]);
+    let empty = HostsBlock::empty();
+    let originals: [&[u8]; 4] = [ORIGINAL, b"", b"no final newline", b"crlf\r\n"];
+    for x in originals {
+        let with_one = apply(x, &one).unwrap();
+        let with_three = apply(x, &three).unwrap();
+        // Create, grow, shrink, same length, remove: the block at the end.
+        for (old, new) in [
+            (x.to_vec(), &one),
+            (with_one.clone(), &three),
+            (with_three.clone(), &one),
+            (with_one.clone(), &other),
+            (with_three.clone(), &empty),
+        ] {
+            check_every_byte(&old, new);
+        }
+        // Lines after the block (someone appended them): same length and shorter
+        // blocks keep them in place; the write is valid at every byte.
+        for tail in [b"10.1.1.1\tadded-later\n".as_slice(), b"x"] {
+            let mid_three = [with_three.as_slice(), tail].concat();
+            let mid_one = [with_one.as_slice(), tail].concat();
+            if !with_three.ends_with(b"\n") {
+                continue;
+            }
+            check_every_byte(&mid_three, &one);
+            check_every_byte(&mid_one, &other);
+            let shrunk = apply(&mid_three, &one).unwrap();
+            assert_eq!(shrunk.len(), mid_three.len(), "padded, not moved");
+            assert!(shrunk.ends_with(tail));
+            // The padded block is stable and removable byte for byte.
+            assert_eq!(apply(&shrunk, &one).unwrap(), shrunk);
+            assert_eq!(remove(&shrunk).unwrap(), [x, tail].concat());
+            // Growing it back reuses the room.
+            check_every_byte(&shrunk, &three);
+        }
+    }
+}
+
+#[test]
+fn pending_blocks_are_hairpins_to_the_end_of_the_file() {
+    let b = block(&[("10.0.0.1", "a.example.com")]);
+    // A pending line claims the rest of the file, whatever it holds (a torn block,
+    // two END lines, a cut line).
+    let file = [
+        ORIGINAL,
+        format!("{PENDING_MARKER}\n10.0.0.7\tgarb\n{END_MARKER}\n{END_MARKER}\n10.0.0.2 b")
+            .as_bytes(),
+    ]
+    .concat();
+    assert_eq!(remove(&file).unwrap(), ORIGINAL);
+    let applied = apply(&file, &b).unwrap();
+    assert_eq!(applied, apply(ORIGINAL, &b).unwrap());
+    // The joined flavour: the newline before it goes too.
+    let joined = format!("no newline\n{PENDING_JOINED_MARKER}\n10.0.0.7");
+    assert_eq!(remove(joined.as_bytes()).unwrap(), b"no newline");
+    assert_eq!(
+        apply(joined.as_bytes(), &b).unwrap(),
+        apply(b"no newline", &b).unwrap()
+    );
+    // A pending line half written is the last line, a prefix of the marker.
+    for cut in 1..PENDING_MARKER.len() {
+        let torn = [ORIGINAL, &PENDING_MARKER.as_bytes()[..cut]].concat();
+        assert_eq!(remove(&torn).unwrap(), ORIGINAL, "{cut}");
+    }
+    // Anything not a prefix, or followed by a newline, is an ordinary line.
+    for kept in [&b"%x"[..], b"% BEGIN hairpin managed block (do\n", b"#"] {
+        let f = [ORIGINAL, kept].concat();
+        assert_eq!(
+            remove(&f).unwrap(),
+            f,
+            "{:?}",
+            String::from_utf8_lossy(kept)
+        );
+    }
+    // A pending line after a complete block, or after a BEGIN: ambiguous.
+    let two = format!("{BEGIN_MARKER}\n{END_MARKER}\n{PENDING_MARKER}\n");
+    assert_eq!(
+        remove(two.as_bytes()),
+        Err(BlockError::MultipleBlocks {
+            first: 1,
+            second: 3
+        })
+    );
+    let frag = format!("{BEGIN_MARKER}\n{END_MARKER}\n%");
+    assert_eq!(
+        remove(frag.as_bytes()),
+        Err(BlockError::MultipleBlocks {
+            first: 1,
+            second: 3
+        })
+    );
+}
+
+/// Issue 14 finding 9, on a real file: the old writer wrote the new content and
+/// then truncated; killed in between, a shorter block left the old tail behind,
+/// with a second END line, and every later sync and cleanup refused the file. Now
+/// the same kill (every write done, the truncate not) leaves a pending block that
+/// parses, and the next sync repairs it exactly.
+#[test]
+fn a_kill_between_the_write_and_the_truncate_is_repaired_by_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hosts");
+    let long = block(&[
+        ("10.0.0.1", "a.example.com"),
+        ("10.0.0.2", "b.example.com"),
+        ("10.0.0.3", "c.example.com"),
+    ]);
+    let short = block(&[("10.0.0.1", "a.example.com")]);
+    let old = apply(ORIGINAL, &long).unwrap();
+    let new = apply(&old, &short).unwrap();
+
+    // What the old writer left: new content over the old, no truncate.
+    let mut torn_before = old.clone();
+    torn_before[..new.len()].copy_from_slice(&new);
+    assert!(matches!(
+        locate(&torn_before),
+        Err(BlockError::MultipleBlocks { .. })
+    ));
+
+    std::fs::write(&path, &old).unwrap();
+    let steps = plan(&old, &new);
+    let cut = steps
+        .iter()
+        .position(|s| matches!(s, Step::Truncate(_)))
+        .expect("a shorter block is truncated");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    run(&path, &file, &steps[..cut]).unwrap();
+    drop(file);
+    let left = std::fs::read(&path).unwrap();
+    assert_eq!(left.len(), old.len(), "the truncate did not run");
+    let text = String::from_utf8_lossy(&left).into_owned();
+    assert!(
+        text.contains(&format!("\n{PENDING_MARKER}\n")),
+        "pending: {text}"
+    );
+    assert_eq!(
+        remove(&left).unwrap(),
+        ORIGINAL,
+        "parses, outside bytes kept"
+    );
+
+    // The next sync with the same names writes exactly the new file.
+    let target = apply(&left, &short).unwrap();
+    assert_eq!(target, new);
+    write_in_place(&path, &target).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), new);
+    // And cleanup restores the original.
+    write_in_place(&path, &remove(&new).unwrap()).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), ORIGINAL);
+}
+
+/// A tool on the host that replaces /etc/hosts by rename leaves the agent's
+/// single-file bind mount on the old inode, now without a name (nlink 0). Simulated
+/// with a file unlinked while open, reached through /proc/self/fd as the mount
+/// reaches it: the error names the path and the cause, and nothing is written.
+#[test]
+fn a_replaced_hosts_file_is_a_clear_error_naming_the_path_and_the_cause() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("hosts");
+    std::fs::write(&real, ORIGINAL).unwrap();
+    let held = std::fs::File::open(&real).unwrap();
+    std::fs::remove_file(&real).unwrap();
+    let path = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+
+    let err = write_in_place(&path, b"changed\n").unwrap_err();
+    assert!(matches!(err, HostsError::Replaced { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("hosts file {}: ", path.display()))
+            && msg.contains("nlink 0")
+            && msg.contains("replaced")
+            && msg.contains("restart the pod"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), ORIGINAL, "nothing written");
+}
+
+/// The one write that moves lines after the block (removing it, here) is padded
+/// with newlines to the old length: killed before the truncate, the file parses,
+/// holds no block, and only blank lines follow what was there.
+#[test]
+fn removing_a_block_with_lines_after_it_leaves_only_blank_lines_if_killed() {
+    let b = block(&[("10.0.0.1", "a.example.com")]);
+    let tail = b"10.1.1.1\tadded-later\n";
+    let old = [apply(ORIGINAL, &b).unwrap().as_slice(), tail].concat();
+    let new = remove(&old).unwrap();
+    assert_eq!(new, [ORIGINAL, tail].concat());
+    let steps = plan(&old, &new);
+    let [Step::Write { .. }, Step::Truncate(len)] = steps.as_slice() else {
+        panic!("{steps:?}");
+    };
+    assert_eq!(*len, new.len());
+    let killed = simulate(old.clone(), &steps[..1], |_| {});
+    assert_eq!(killed.len(), old.len());
+    assert!(killed.starts_with(&new));
+    assert!(killed[new.len()..].iter().all(|&c| c == b'\n'));
+    assert_eq!(locate(&killed), Ok(None));
+    assert_eq!(simulate(old, &steps, |_| {}), new);
 }
