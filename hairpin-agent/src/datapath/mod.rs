@@ -501,12 +501,6 @@ impl Datapath {
         self.sockets_id
     }
 
-    /// How many sockets wait in the sockets map now (established, header not out or
-    /// not yet acknowledged).
-    pub fn kernel_sockets(&self) -> usize {
-        self.sockets.keys().filter(Result::is_ok).count()
-    }
-
     /// The per-CPU counters, summed.
     pub fn counters(&self) -> Vec<(Counter, u64)> {
         Counter::ALL
