@@ -187,6 +187,8 @@ pub struct Datapath {
     counters: PerCpuArray<MapData, u64>,
     sockets: SockHash<MapData, u64>,
     sockets_id: Option<u32>,
+    /// The connect programs loaded: the marking ones when the kernel path loaded.
+    connect: [&'static str; 2],
     attachment: Option<Attachment>,
     capacity: u32,
     kernel_path: KernelPath,
@@ -285,6 +287,7 @@ impl Datapath {
             counters,
             sockets,
             sockets_id,
+            connect: kernel_path.connect_programs(),
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
@@ -298,7 +301,7 @@ impl Datapath {
 
     /// The programs attached at the cgroup through bpf_links, by ELF name.
     fn linked_programs(&self) -> Vec<&'static str> {
-        let mut names = self.kernel_path.connect_programs().to_vec();
+        let mut names = self.connect.to_vec();
         if self.kernel_path.is_on() {
             names.push(PROG_SOCK_OPS);
         }
@@ -344,12 +347,21 @@ impl Datapath {
         // The sk_msg program stays on the map until this process exits, so sockets
         // already established when the programs detach still get their header.
         let sock_ops = if self.kernel_path.is_on() {
-            Some(self.attach_kernel_path(&dir, cgroup)?)
+            match self.attach_kernel_path(&dir, cgroup) {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    // The marking connect programs stay: with the kernel path off,
+                    // no entry asks them to mark, and they redirect as the plain ones.
+                    tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
+                    self.kernel_path = KernelPath::Unavailable(e.to_string());
+                    None
+                }
+            }
         } else {
             None
         };
         let mut links = Vec::new();
-        for name in self.kernel_path.connect_programs() {
+        for name in self.connect {
             // On kernels >= 5.7 aya makes a bpf_link; Single is what it passes as
             // flags, and the kernel runs links in multi mode regardless.
             let id = program(&mut self.ebpf, name, "attach", cgroup)?
