@@ -132,11 +132,13 @@ impl Agent {
         n.update(&next.routes);
         let listeners = n.listeners();
         let failed = n.failed_listeners();
+        let hosts_error = n.hosts_error();
         let (relay_ip, count) = (listeners.first().map(|a| a.ip()), failed.len());
         self.state.update(|s| {
             if let Some(st) = s.names.as_mut() {
                 st.listeners = listeners;
                 st.failed_listeners = failed;
+                st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
                 st.skips = next.route_skips.clone();
             }

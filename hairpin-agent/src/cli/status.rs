@@ -130,6 +130,12 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 .map(|l| format!("; {l}"))
                 .unwrap_or_default(),
         ));
+        if let Some(e) = &n.hosts_error {
+            out.push_str(&format!(
+                "            {}\n",
+                paint(&format!("error: {e}"), Tone::Bad, colour)
+            ));
+        }
         for f in &n.failed_listeners {
             out.push_str(&format!(
                 "            {} {}: {} (retrying)\n",

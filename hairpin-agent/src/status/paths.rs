@@ -37,6 +37,10 @@ pub struct NamesStatus {
     pub failed_listeners: Vec<FailedListener>,
     /// The managed hosts file, when the hosts path is live.
     pub hosts_file: Option<PathBuf>,
+    /// Why the hosts file was not written on the last update (content refused,
+    /// read-only, replaced on the host), `None` when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts_error: Option<String>,
     /// Hostnames routed.
     pub routes: usize,
     /// `--names-domains`: the domains names are published under (empty: none is).

@@ -240,6 +240,12 @@ fn clients_check(c: &crate::status::ClientsStatus) -> Check {
 /// Whether every name relay listener is bound: one that is not leaves the names
 /// on its port unrouted (and the hosts file without them, for the names address).
 fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
+    if let Some(e) = &n.hosts_error {
+        return Check::new("name_relay", Status::Fail, e.clone()).fix(
+            "the error says what to fix (a file replaced on the host: restart the pod; \
+             a refused block: fix or remove the marker lines named)",
+        );
+    }
     if n.failed_listeners.is_empty() {
         let detail = if n.listeners.is_empty() {
             "no listener yet (no hostname routed)".to_string()
@@ -377,5 +383,27 @@ mod tests {
             "names under example.com are published; 1 hostname(s) left out, each with its rule \
              in `hairpin-agent status`"
         );
+    }
+
+    /// Issue 14: a hosts file the agent cannot write (here: replaced on the host) and
+    /// wildcard rewrites held back for an old CoreDNS are not "ok" in doctor.
+    #[test]
+    fn a_hosts_file_error_fails_and_held_back_rewrites_warn() {
+        let replaced = name_relay_check(&NamesStatus {
+            hosts_error: Some("hosts file /host/etc/hosts: ... nlink 0 ...".into()),
+            ..NamesStatus::default()
+        });
+        assert_eq!(replaced.status, Status::Fail);
+        assert!(replaced.detail.contains("nlink 0"), "{}", replaced.detail);
+        let snapshot = Snapshot {
+            coredns: Some(crate::status::CorednsStatus {
+                held_back: Some("1 wildcard name(s) not rewritten in CoreDNS".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let check = coredns_check(&snapshot);
+        assert_eq!(check.status, Status::Warn);
+        assert!(check.detail.starts_with("1 wildcard"), "{}", check.detail);
     }
 }

@@ -93,6 +93,8 @@ pub struct NameRouting {
     failed: BTreeMap<SocketAddr, String>,
     /// How many routes the hosts file left out last time: a change is said once.
     withheld: usize,
+    /// Why the hosts file could not be written last time (logged once per message).
+    hosts_error: Option<String>,
     connections: TaskTracker,
 }
 
@@ -113,6 +115,7 @@ impl NameRouting {
             listeners: BTreeMap::new(),
             failed: BTreeMap::new(),
             withheld: 0,
+            hosts_error: None,
             connections: TaskTracker::new(),
         }
     }
@@ -120,6 +123,12 @@ impl NameRouting {
     /// Addresses the listeners are bound to.
     pub fn listeners(&self) -> Vec<SocketAddr> {
         self.listeners.values().map(|(a, _, _)| *a).collect()
+    }
+
+    /// Why the hosts file was not written by the last [`update`](Self::update)
+    /// (for `/status`), `None` when it was (or is not managed).
+    pub fn hosts_error(&self) -> Option<String> {
+        self.hosts_error.clone()
     }
 
     /// Listeners that could not be bound, with their last error; retried on every
@@ -181,6 +190,7 @@ impl NameRouting {
         self.withheld = withheld;
         match hosts_writer::sync(&path, &published, self.cfg.address) {
             Ok(report) => {
+                self.hosts_error = None;
                 for s in &report.skipped {
                     warn!(host = %s.hostname, reason = %s.reason, "hosts file: name left out");
                 }
@@ -188,7 +198,13 @@ impl NameRouting {
                     info!(path = %path.display(), entries = report.entries, "hosts file updated");
                 }
             }
-            Err(e) => error!(error = %e, "hosts file not managed"),
+            Err(e) => {
+                let message = e.to_string();
+                if self.hosts_error.as_ref() != Some(&message) {
+                    error!(error = %message, "hosts file not managed");
+                }
+                self.hosts_error = Some(message);
+            }
         }
     }
 
