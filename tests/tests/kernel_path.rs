@@ -823,3 +823,27 @@ fn a_full_sockets_map_is_counted_as_a_miss() {
         agent.log()
     );
 }
+
+#[test]
+fn a_host_socket_whose_source_is_the_lb_address_itself_names_the_node_ip() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // As kube-proxy's IPVS mode binds LB addresses on kube-ipvs0: the LB address is
+    // local, so a host socket connecting to it takes it as its source. The header
+    // names --node-ip instead, as the relay does for host processes.
+    hairpin_tests::sh::run_in(
+        &node.node_ns,
+        &["ip", "addr", "add", "203.0.113.10/32", "dev", "lo"],
+    );
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let host = from_host(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client(
+        "node",
+        &host,
+        hairpin_tests::node::NODE_IP4,
+        "203.0.113.10",
+        &agent,
+    );
+    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+}
