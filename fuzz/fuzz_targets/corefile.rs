@@ -10,6 +10,11 @@
 //! - `apply` adds exactly one line per distinct rewrite, contiguous, right after a
 //!   line opening a block, each a single `rewrite name ...` directive with no
 //!   brace, quote or second comment (nothing injected), with the file's line ending;
+//! - for input without quotes, CR or BOM (read by a much simpler reference: words
+//!   split on whitespace, `#` to the end of the line a comment, `{`/`}` words and a
+//!   word ending in `{` last on its line as braces): `apply` succeeds only on a
+//!   balanced Corefile, with our lines at depth 1 right after a depth-0 line; an
+//!   unbalanced one is refused (`UnexpectedClose` / `UnclosedBlock`);
 //! - the import file has one directive line per distinct rewrite.
 #![no_main]
 
@@ -23,6 +28,29 @@ use libfuzzer_sys::fuzz_target;
 
 const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
 const DEFAULT_HOSTS: [&str; 3] = ["app.example.com", "*.apps.example.com", "API.example.com."];
+
+/// Brace depth at the start of each line by the simple reference reading, or
+/// `None` when unbalanced (only for input without `"`, CR or a BOM).
+fn reference_depths(corefile: &str) -> Option<Vec<i64>> {
+    let mut depth = 0i64;
+    let mut out = Vec::new();
+    for line in corefile.split('\n') {
+        out.push(depth);
+        let code = line.split('#').next().unwrap_or("");
+        let words: Vec<&str> = code.split_whitespace().collect();
+        for (i, w) in words.iter().enumerate() {
+            if *w == "{" || (w.len() > 1 && w.ends_with('{') && i + 1 == words.len()) {
+                depth += 1;
+            } else if *w == "}" {
+                depth -= 1;
+                if depth < 0 {
+                    return None;
+                }
+            }
+        }
+    }
+    (depth == 0).then_some(out)
+}
 
 fn is_ours(line: &str) -> bool {
     line.trim_end().ends_with(MARKER)
@@ -76,40 +104,39 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(removed, kept);
     assert!(!removed.split_inclusive('\n').any(is_ours));
 
+    let simple = !corefile.contains(['"', '\r', '\u{feff}']);
     match corefile::apply(&corefile, &rewrites) {
-        Ok(out) => {
-            assert_eq!(corefile::remove(&out), removed, "apply then remove");
-            assert_eq!(
-                corefile::apply(&out, &rewrites).as_ref(),
-                Ok(&out),
-                "idempotent"
+        Ok(out) if simple && !rewrites.is_empty() => {
+            assert!(
+                reference_depths(&removed).is_some(),
+                "edited an unbalanced Corefile"
             );
-            assert_eq!(
-                corefile::apply(&removed, &rewrites).as_ref(),
-                Ok(&out),
-                "old hairpin lines do not change the result"
-            );
-            let lines: Vec<&str> = out.split_inclusive('\n').collect();
-            let ours: Vec<usize> = (0..lines.len()).filter(|&i| is_ours(lines[i])).collect();
-            assert_eq!(ours.len(), distinct.len(), "one line per rewrite: {out:?}");
-            if let (Some(&first), Some(&last)) = (ours.first(), ours.last()) {
-                assert_eq!(last - first + 1, ours.len(), "contiguous");
-                let opener = lines[first - 1];
-                assert!(opener.contains('{'), "after a block opener: {opener:?}");
-                let eol = if opener.ends_with("\r\n") {
-                    "\r\n"
-                } else {
-                    "\n"
-                };
-                for &i in &ours {
-                    check_directive(lines[i]);
-                    assert!(lines[i].ends_with(eol), "{:?} after {opener:?}", lines[i]);
-                    assert_eq!(lines[i].matches('#').count(), 1, "{:?}", lines[i]);
+            let depths = reference_depths(&out).expect("the edit is balanced");
+            let lines: Vec<&str> = out.split('\n').collect();
+            for (i, line) in lines.iter().enumerate().filter(|(_, l)| is_ours(l)) {
+                assert_eq!(depths[i], 1, "{line:?} at depth {}", depths[i]);
+                if !is_ours(lines[i - 1]) {
+                    assert_eq!(depths[i - 1], 0, "after a depth-0 opener");
                 }
             }
+            check_ok(&removed, &out, &rewrites, &distinct);
+        }
+        Ok(out) => check_ok(&removed, &out, &rewrites, &distinct),
+        Err(e @ (CorefileError::UnexpectedClose { .. } | CorefileError::UnclosedBlock { .. }))
+            if simple =>
+        {
+            assert!(
+                reference_depths(&removed).is_none(),
+                "refused a balanced Corefile: {e}"
+            );
+            assert_eq!(corefile::apply(&removed, &rewrites).err(), Some(e));
         }
         Err(e) => {
             assert!(e.to_string().starts_with("corefile: "), "{e}");
+            assert!(
+                !matches!(e, CorefileError::InvalidEdit { .. }),
+                "apply built an edit its own check refused: {e}"
+            );
             if matches!(e, CorefileError::TooLarge { .. }) {
                 assert!(corefile.len() > corefile::MAX_COREFILE_BYTES);
             } else {
@@ -128,3 +155,36 @@ fuzz_target!(|data: &[u8]| {
         assert!(!line.contains('#'));
     }
 });
+
+/// The invariants of a successful edit (see the module docs).
+fn check_ok(removed: &str, out: &str, rewrites: &[Rewrite], distinct: &BTreeSet<String>) {
+    assert_eq!(corefile::remove(out), removed, "apply then remove");
+    assert_eq!(
+        corefile::apply(out, rewrites).as_deref(),
+        Ok(out),
+        "idempotent"
+    );
+    assert_eq!(
+        corefile::apply(removed, rewrites).as_deref(),
+        Ok(out),
+        "old hairpin lines do not change the result"
+    );
+    let lines: Vec<&str> = out.split_inclusive('\n').collect();
+    let ours: Vec<usize> = (0..lines.len()).filter(|&i| is_ours(lines[i])).collect();
+    assert_eq!(ours.len(), distinct.len(), "one line per rewrite: {out:?}");
+    if let (Some(&first), Some(&last)) = (ours.first(), ours.last()) {
+        assert_eq!(last - first + 1, ours.len(), "contiguous");
+        let opener = lines[first - 1];
+        assert!(opener.contains('{'), "after a block opener: {opener:?}");
+        let eol = if opener.ends_with("\r\n") {
+            "\r\n"
+        } else {
+            "\n"
+        };
+        for &i in &ours {
+            check_directive(lines[i]);
+            assert!(lines[i].ends_with(eol), "{:?} after {opener:?}", lines[i]);
+            assert_eq!(lines[i].matches('#').count(), 1, "{:?}", lines[i]);
+        }
+    }
+}

@@ -3,19 +3,31 @@
 //! Invariants (the proptests in names/proptests.rs, over any bytes rather than
 //! generated lines):
 //! - the editor accepts a file exactly when an independent scan finds at most one
-//!   BEGIN and one END marker line, in that order; an error names marker lines;
-//! - every byte before the BEGIN line and after the END line survives `apply`;
+//!   BEGIN and one END marker line, in that order, before any pending line (a
+//!   pending BEGIN line, or a last line without newline that is a proper prefix of
+//!   one), and no BEGIN at all when there is a pending line; an error names marker
+//!   lines;
+//! - every byte before the BEGIN line and after the END line survives `apply`; a
+//!   pending block runs to the end of the file;
 //! - on a file without a block, `remove(apply(x, b)) == x` byte for byte, `apply` is
 //!   idempotent, and replacing the block with another then removing still gives `x`;
 //! - the written block has exactly one BEGIN and one END line and one `ip\tname`
-//!   line per entry, each name a valid hostname (nothing injected).
+//!   line per entry (plus, when lines follow a block that shrank, one blank padding
+//!   line before END), each name a valid hostname (nothing injected);
+//! - `hosts::plan`'s writes, cut after any byte, leave a file the editor accepts
+//!   and from which `apply` gives the planned result, except where the plan says
+//!   otherwise (growing or removing a block that has lines after it) and the one
+//!   residual state (only the newline before a new block written).
 #![no_main]
 
 use std::{net::IpAddr, sync::LazyLock};
 
 use hairpin_agent::names::{
     hostname::Hostname,
-    hosts::{self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock},
+    hosts::{
+        self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock, PENDING_JOINED_MARKER,
+        PENDING_MARKER, Step,
+    },
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -47,10 +59,12 @@ static BLOCKS: LazyLock<Vec<HostsBlock>> = LazyLock::new(|| {
 enum Kind {
     Begin,
     End,
+    /// A pending BEGIN line, or the last line cut short inside one.
+    Pending,
 }
 
 /// A marker line found by the reference scan.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct MarkerLine {
     kind: Kind,
     /// 1-based.
@@ -74,11 +88,20 @@ fn markers(file: &[u8]) -> Vec<MarkerLine> {
         } else {
             line
         };
-        let body = body.trim_ascii();
-        let kind = if body == BEGIN_MARKER.as_bytes() {
+        let trimmed = body.trim_ascii();
+        let pending = [PENDING_MARKER, PENDING_JOINED_MARKER];
+        let kind = if trimmed == BEGIN_MARKER.as_bytes() {
             Some(Kind::Begin)
-        } else if body == END_MARKER.as_bytes() {
+        } else if trimmed == END_MARKER.as_bytes() {
             Some(Kind::End)
+        } else if pending.iter().any(|m| trimmed == m.as_bytes())
+            || (!has_newline
+                && !body.is_empty()
+                && pending
+                    .iter()
+                    .any(|m| m.len() > body.len() && m.as_bytes().starts_with(body)))
+        {
+            Some(Kind::Pending)
         } else {
             None
         };
@@ -101,7 +124,8 @@ fn is_marker(found: &[MarkerLine], line: usize, kind: Kind) -> bool {
 }
 
 /// The block written into `out` has one line per entry, each `ip\tname` with a
-/// valid name, between exactly one BEGIN and one END line.
+/// valid name, between exactly one BEGIN and one END line (a blank padding line
+/// aside).
 fn check_written_block(out: &[u8], block: &HostsBlock) {
     let found = markers(out);
     if block.is_empty() {
@@ -111,7 +135,10 @@ fn check_written_block(out: &[u8], block: &HostsBlock) {
     assert_eq!(found.len(), 2, "one BEGIN and one END: {out:?}");
     assert_eq!((found[0].kind, found[1].kind), (Kind::Begin, Kind::End));
     let inner = &out[found[0].end..found[1].start];
-    let lines: Vec<&[u8]> = inner.split_inclusive(|&b| b == b'\n').collect();
+    let lines: Vec<&[u8]> = inner
+        .split_inclusive(|&b| b == b'\n')
+        .filter(|l| !l.trim_ascii().is_empty())
+        .collect();
     assert_eq!(lines.len(), block.len(), "one line per entry: {inner:?}");
     for (line, (ip, name)) in lines.iter().zip(block.iter()) {
         let text = std::str::from_utf8(line).expect("rendered lines are ASCII");
@@ -127,7 +154,14 @@ fn check_written_block(out: &[u8], block: &HostsBlock) {
 }
 
 fuzz_target!(|x: &[u8]| {
-    let found = markers(x);
+    let all = markers(x);
+    // A pending line claims the rest of the file: markers after it do not count.
+    let pending = all.iter().find(|m| m.kind == Kind::Pending);
+    let found: Vec<MarkerLine> = all
+        .iter()
+        .filter(|m| pending.is_none_or(|p| m.line < p.line))
+        .copied()
+        .collect();
     let begins: Vec<&MarkerLine> = found.iter().filter(|m| m.kind == Kind::Begin).collect();
     let ends: Vec<&MarkerLine> = found.iter().filter(|m| m.kind == Kind::End).collect();
     let acceptable = begins.len() <= 1
@@ -136,7 +170,8 @@ fuzz_target!(|x: &[u8]| {
         && begins
             .first()
             .zip(ends.first())
-            .is_none_or(|(b, e)| b.line < e.line);
+            .is_none_or(|(b, e)| b.line < e.line)
+        && (pending.is_none() || begins.is_empty());
 
     let removed = match hosts::remove(x) {
         Err(e) => {
@@ -148,7 +183,8 @@ fuzz_target!(|x: &[u8]| {
                     assert!(first < second);
                     assert!(
                         (is_marker(&found, first, Kind::Begin)
-                            && is_marker(&found, second, Kind::Begin))
+                            && (is_marker(&found, second, Kind::Begin)
+                                || is_marker(&all, second, Kind::Pending)))
                             || (is_marker(&found, first, Kind::End)
                                 && is_marker(&found, second, Kind::End))
                     );
@@ -169,6 +205,25 @@ fuzz_target!(|x: &[u8]| {
     };
 
     match (begins.first(), ends.first()) {
+        _ if pending.is_some() => {
+            // A pending block: everything from its line is hairpin's.
+            let p = pending.expect("checked");
+            let before = &x[..p.start];
+            let joined = x[p.start..].starts_with(&PENDING_JOINED_MARKER.as_bytes()[..1]);
+            let want = if joined {
+                before.strip_suffix(b"\n").unwrap_or(before)
+            } else {
+                before
+            };
+            assert_eq!(removed, want, "a pending block runs to the end of the file");
+            for b in BLOCKS.iter().filter(|b| !b.is_empty()) {
+                let out = hosts::apply(x, b).expect("accepted above");
+                assert!(out.starts_with(before));
+                check_written_block(&out, b);
+                assert_eq!(hosts::remove(&out).as_ref(), Ok(&removed));
+            }
+            round_trips(&removed);
+        }
         (Some(begin), Some(end)) => {
             // A file with a block: bytes before and after it survive every edit.
             let before = &x[..begin.start];
@@ -197,6 +252,49 @@ fuzz_target!(|x: &[u8]| {
     }
 });
 
+/// Runs `hosts::plan(old, new)` one byte at a time; every state a kill could leave
+/// is accepted and `apply` gives `new` from it, where the plan promises that.
+fn kill_anywhere(old: &[u8], new: &[u8], block: &HostsBlock) {
+    let steps = hosts::plan(old, new);
+    // Not promised: growing or removing a block that has lines after its END.
+    let lines_after = markers(old)
+        .iter()
+        .any(|m| m.kind == Kind::End && m.end < old.len());
+    let promised = !lines_after || old.len() == new.len();
+    let residual = [old, b"\n".as_slice()].concat();
+    let mut state = old.to_vec();
+    let check = |state: &[u8]| {
+        if !promised || (state == residual.as_slice() && !old.is_empty() && !old.ends_with(b"\n")) {
+            return;
+        }
+        assert_eq!(
+            hosts::apply(state, block).as_deref(),
+            Ok(new),
+            "killed at {state:?}"
+        );
+    };
+    for step in &steps {
+        match step {
+            Step::Write { at, bytes } => {
+                for (i, b) in bytes.iter().enumerate() {
+                    if at + i == state.len() {
+                        state.push(*b);
+                    } else {
+                        state[at + i] = *b;
+                    }
+                    check(&state);
+                }
+            }
+            Step::Truncate(len) => {
+                state.resize(*len, 0);
+                check(&state);
+            }
+            Step::Sync => {}
+        }
+    }
+    assert_eq!(state, new, "the plan ends at the result");
+}
+
 /// On a file without a block, applying any block then removing it (or replacing
 /// it first) gives back the original byte for byte.
 fn round_trips(x: &[u8]) {
@@ -213,8 +311,10 @@ fn round_trips(x: &[u8]) {
             Ok(&applied),
             "idempotent"
         );
+        kill_anywhere(x, &applied, b);
         let other = &BLOCKS[(i + 1) % BLOCKS.len()];
         let replaced = hosts::apply(&applied, other).expect("our own block is editable");
+        kill_anywhere(&applied, &replaced, other);
         check_written_block(&replaced, other);
         assert_eq!(
             hosts::remove(&replaced).as_deref(),

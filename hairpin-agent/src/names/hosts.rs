@@ -29,6 +29,12 @@
 //! two but not at every byte inside the write. Residual case: a kill right after
 //! the newline written before a new block, in a file that had none, leaves that
 //! newline (harmless; `cleanup` then keeps it).
+//!
+//! "A kill" is the agent stopping between any two bytes (SIGKILL, OOM). For a power
+//! cut, an fdatasync between the pending mark, the rewrite and the commit keeps
+//! them in that order on disk. Resolvers read a pending block's lines as usual
+//! (the `%` line is not an address, so they skip it); a reader racing a write may
+//! see a half-written entry for that instant.
 
 use std::{
     collections::BTreeSet,
