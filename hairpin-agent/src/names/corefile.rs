@@ -286,7 +286,8 @@ struct LineInfo {
     /// The line begins inside a quoted string opened on an earlier line.
     in_quote: bool,
     /// The line opens a server block holding the root zone: it starts at depth 0,
-    /// its last token opens a block, and a key before that on the line is a root key.
+    /// its last token opens a block and is its only brace, and a key before that on
+    /// the line is a root key.
     opens_root_block: bool,
 }
 
@@ -331,16 +332,23 @@ fn structure(corefile: &str) -> (Vec<LineInfo>, Option<CorefileError>) {
             .position(|t| t.line != line)
             .map_or(tokens.len(), |n| i + n);
         let on_line = &tokens[i..end];
-        let opens_root_block = open.is_empty() && is_open(tokens, end - 1) && {
-            let last = &on_line[on_line.len() - 1];
-            let glued = (last.text != "{").then(|| &last.text[..last.text.len() - 1]);
-            on_line[..on_line.len() - 1]
+        // Only a line whose one brace is its last token: after `. { errors } x {` the
+        // next line is at depth 2, not in the server block's body.
+        let opens_root_block = open.is_empty()
+            && is_open(tokens, end - 1)
+            && on_line[..on_line.len() - 1]
                 .iter()
-                .map(|t| t.text.as_str())
-                .chain(glued)
-                .flat_map(|k| k.split(','))
-                .any(|k| ROOT_KEYS.contains(&k))
-        };
+                .all(|t| t.text != "{" && t.text != "}")
+            && {
+                let last = &on_line[on_line.len() - 1];
+                let glued = (last.text != "{").then(|| &last.text[..last.text.len() - 1]);
+                on_line[..on_line.len() - 1]
+                    .iter()
+                    .map(|t| t.text.as_str())
+                    .chain(glued)
+                    .flat_map(|k| k.split(','))
+                    .any(|k| ROOT_KEYS.contains(&k))
+            };
         if let Some(li) = info.get_mut(line) {
             li.depth = open.len();
             li.opens_root_block = opens_root_block;

@@ -206,6 +206,21 @@ fn a_nested_forward_block_is_not_the_main_server_block() {
         )
     );
     assert_eq!(remove(&out), corefile);
+    // An opener line holding another brace first (found by the corefile fuzz
+    // target): the line after it is at depth 2, so it is not the main block.
+    let two_braces = ". { errors } x . {\n    health\n}\n";
+    assert_eq!(
+        apply(two_braces, &[rw("a.io")]),
+        Err(CorefileError::NoMainServerBlock)
+    );
+    let then_main = format!("{two_braces}.:53 {{\n}}\n");
+    assert!(
+        apply(&then_main, &[rw("a.io")])
+            .unwrap()
+            .ends_with(&format!(
+                ".:53 {{\n    rewrite name exact a.io {TARGET} {MARKER}\n}}\n"
+            ))
+    );
     // Only the nested block and no main block: refused, never put inside it.
     let only_stub = "consul.local:53 {\n    forward . 10.150.0.1 {\n        force_tcp\n    }\n}\n";
     assert_eq!(
