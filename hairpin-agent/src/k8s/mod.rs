@@ -1,5 +1,5 @@
 //! The Kubernetes side: which LoadBalancer frontends need a PROXY header and which
-//! hostnames lead to them, decided from API objects by pure functions ([`decide`]),
+//! hostnames lead to them, decided from API objects by pure functions ([`mod@decide`]),
 //! and the thin edges that feed and report those decisions — the watches, the
 //! Lease, Events, the Node read and the CoreDNS ConfigMap writer — all started by
 //! [`source`] from one typed config.

@@ -396,7 +396,7 @@ pub fn remove(corefile: &str) -> String {
 /// lexer does (comments, quoted strings), so a plugin block such as
 /// `forward . 10.150.0.1 {` inside another server block never counts. A Corefile
 /// CoreDNS would refuse (a `}` closing nothing, a block or a quote never closed)
-/// is refused, and the result is checked before it is returned ([`validate`]):
+/// is refused, and the result is checked before it is returned (`validate`):
 /// balanced, ours at depth 1 right after one root block's opening line, nothing
 /// else changed. Removing (empty `rewrites`, [`remove`]) is not checked: it only
 /// takes out lines hairpin added, wherever an earlier version put them.

@@ -19,7 +19,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{RelayConfig, header::Header, listener::set_keepalive};
+use super::{config::RelayConfig, header::Header, listener::set_keepalive};
 use crate::{
     model::ProxyVersion,
     status::metrics::{ConnError, Direction, Metrics},

@@ -109,6 +109,8 @@ pub async fn run(
                 }
                 Err(e) => error!(error = %e, "CoreDNS not written"),
             }
+            // Status first: whoever sees the Event finds the error in `/status` too.
+            record(&state, true, &result, rewrites.len());
             if let Err(e @ CorednsError::Unrecognized { .. }) = &result {
                 let message = e.to_string();
                 if reported.as_ref() != Some(&message) {
@@ -121,7 +123,6 @@ pub async fn run(
             } else if result.is_ok() {
                 reported = None;
             }
-            record(&state, true, &result, rewrites.len());
         } else {
             state.update(|s| {
                 if let Some(c) = s.coredns.as_mut() {
