@@ -275,17 +275,18 @@ async fn status(State(s): State<Shared>) -> Response {
 mod tests {
     use super::*;
 
-    /// `GET path` over TCP; the status code.
-    async fn code(address: SocketAddr, path: &str) -> u16 {
+    /// `GET path` over `stream`; the status code.
+    async fn get<S>(mut stream: S, path: &str) -> u16
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(address)
-            .await
-            .expect("connect");
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
             .await
             .expect("write");
         let mut reply = String::new();
-        s.read_to_string(&mut reply).await.expect("read");
+        stream.read_to_string(&mut reply).await.expect("read");
         reply
             .split_whitespace()
             .nth(1)
@@ -293,22 +294,24 @@ mod tests {
             .expect("a status line")
     }
 
-    /// `GET path` over the unix socket; the status code.
-    async fn socket_code(path: &Path, route: &str) -> u16 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::UnixStream::connect(path)
-            .await
-            .expect("connect");
-        s.write_all(format!("GET {route} HTTP/1.0\r\n\r\n").as_bytes())
-            .await
-            .expect("write");
-        let mut reply = String::new();
-        s.read_to_string(&mut reply).await.expect("read");
-        reply
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("a status line")
+    async fn code(address: SocketAddr, path: &str) -> u16 {
+        get(
+            tokio::net::TcpStream::connect(address)
+                .await
+                .expect("connect"),
+            path,
+        )
+        .await
+    }
+
+    async fn socket_code(socket: &Path, path: &str) -> u16 {
+        get(
+            tokio::net::UnixStream::connect(socket)
+                .await
+                .expect("connect"),
+            path,
+        )
+        .await
     }
 
     #[tokio::test]
