@@ -398,7 +398,7 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
 }
 
 #[test]
-fn admin_endpoints_answer_on_the_socket_and_the_node_loopback() {
+fn admin_endpoints_answer_on_the_socket_and_the_node_loopback_and_status_only_on_the_socket() {
     require_privileges!();
     let node = SimNode::new();
     let _agent = start_agent(&node, &lb10());
@@ -429,6 +429,10 @@ fn admin_endpoints_answer_on_the_socket_and_the_node_loopback() {
         "{metrics}"
     );
     assert!(metrics.contains("hairpin_frontends_proxied 1"), "{metrics}");
-    let status = curl(&["http://127.0.0.1:9901/status"]);
+    // /status lists every LoadBalancer, hostname and listener: the socket (0600)
+    // serves it, the node's TCP address does not.
+    let status = curl(&["--unix-socket", s, "http://agent/status"]);
     assert!(status.contains(r#""state":"active""#), "{status}");
+    let over_tcp = curl(&["http://127.0.0.1:9901/status"]);
+    assert!(over_tcp.starts_with("HTTP/1.1 404"), "{over_tcp}");
 }
