@@ -90,7 +90,16 @@ fn ten_thousand_connections_held_open_at_once() {
     raise_nofile(2 * WANTED as u64 + 1024);
     let node = load_node();
     let _upstream = start_upstream(&node);
-    let agent = Agent::start_logging(&node, &[spec(LOAD_LB4, "v1")], "info", &[]);
+    // One client holds them all: this measures what the relay can hold, so the
+    // per-source cap (2,000 by default, against one pod taking every connection) is
+    // raised to the count; the total cap's default (12,000) already allows it.
+    let per_source = WANTED.to_string();
+    let agent = Agent::start_logging(
+        &node,
+        &[spec(LOAD_LB4, "v1")],
+        "info",
+        &["--max-connections-per-source", &per_source],
+    );
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(300));
     let base = footprint(pid);
