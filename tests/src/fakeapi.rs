@@ -22,7 +22,6 @@ use futures::stream;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-#[path = "fakeapi_objects.rs"]
 mod objects;
 
 /// Resources the fake serves, by URL collection path.
@@ -79,7 +78,7 @@ struct State {
     leases: BTreeMap<String, Value>,
     /// Requests seen, as `METHOD path?query`.
     requests: Vec<String>,
-    /// ConfigMaps by namespace/name (see `fakeapi_objects`).
+    /// ConfigMaps by namespace/name (see `objects`).
     configmaps: BTreeMap<String, Value>,
     /// Nodes by name, for lookups only.
     nodes: BTreeMap<String, Value>,
