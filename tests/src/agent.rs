@@ -50,6 +50,28 @@ pub struct FrontendSpec {
     pub version: &'static str,
 }
 
+/// One frontend on port 80 of `ip` with PROXY `version`.
+pub fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
+    FrontendSpec {
+        ip,
+        ports: vec![80],
+        version,
+    }
+}
+
+/// The simulated node's frontends: nginx over v4 and v6 with v1 and v2, haproxy
+/// with v1 (v4) and v2 (v6).
+pub fn all_frontends() -> Vec<FrontendSpec> {
+    vec![
+        spec("203.0.113.10", "v1"),
+        spec("2001:db8:ffff::10", "v1"),
+        spec("203.0.113.11", "v1"),
+        spec("2001:db8:ffff::11", "v2"),
+        spec("203.0.113.12", "v2"),
+        spec("2001:db8:ffff::12", "v2"),
+    ]
+}
+
 /// Renders a frontends file.
 pub fn frontends_yaml(specs: &[FrontendSpec]) -> String {
     frontends_yaml_with_hosts(specs, &[])

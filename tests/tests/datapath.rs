@@ -5,33 +5,13 @@
 use std::time::Duration;
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, all_frontends},
     client::{from_host, from_pod, url},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
 };
 use nix::sys::signal::Signal;
-
-fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
-    FrontendSpec {
-        ip,
-        ports: vec![80],
-        version,
-    }
-}
-
-/// The frontends most tests proxy: nginx over v4 and v6 (v1), nginx over v2, haproxy.
-fn all_frontends() -> Vec<FrontendSpec> {
-    vec![
-        spec("203.0.113.10", "v1"),
-        spec("2001:db8:ffff::10", "v1"),
-        spec("203.0.113.11", "v1"),
-        spec("2001:db8:ffff::11", "v2"),
-        spec("203.0.113.12", "v2"),
-        spec("2001:db8:ffff::12", "v2"),
-    ]
-}
 
 macro_rules! require_privileges {
     () => {

@@ -15,7 +15,7 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, all_frontends},
     client::{Reply, from_host, from_pod, url},
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     privileges::datapath_tests_can_run,
@@ -32,26 +32,6 @@ use serde_json::Value;
 const NODE_UPLINK4: &str = "198.51.100.1";
 /// The same for IPv6.
 const NODE_UPLINK6: &str = "2001:db8:2::1";
-
-fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
-    FrontendSpec {
-        ip,
-        ports: vec![80],
-        version,
-    }
-}
-
-/// nginx over v4 and v6 with v1 and v2, haproxy with v1 (v4) and v2 (v6).
-fn all_frontends() -> Vec<FrontendSpec> {
-    vec![
-        spec("203.0.113.10", "v1"),
-        spec("2001:db8:ffff::10", "v1"),
-        spec("203.0.113.11", "v1"),
-        spec("2001:db8:ffff::11", "v2"),
-        spec("203.0.113.12", "v2"),
-        spec("2001:db8:ffff::12", "v2"),
-    ]
-}
 
 const KERNEL_PATH_ON: &[&str] = &["--kernel-path", "on"];
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     bench::setup::tune_namespaces,
     cli::run_cli,
     client::{from_host, from_pod, url},
@@ -46,14 +46,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Held by the cases that load the machine or time something.
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn spec(ip: &'static str, version: &'static str) -> FrontendSpec {
-    FrontendSpec {
-        ip,
-        ports: vec![80],
-        version,
-    }
 }
 
 /// A node with the load upstream behind LOAD_LB4/LOAD_LB6, namespaces tuned as the

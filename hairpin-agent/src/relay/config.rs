@@ -5,7 +5,13 @@ use std::{
     time::Duration,
 };
 
-use super::{clients::ClientPolicy, listener::ConnGate};
+use tokio_util::task::TaskTracker;
+
+use super::{
+    clients::ClientPolicy,
+    listener::{Admission, ConnGate},
+};
+use crate::status::metrics::Metrics;
 
 /// Relay settings, validated once at startup.
 #[derive(Clone, Debug)]
@@ -31,4 +37,17 @@ pub struct RelayConfig {
     /// whose network namespace went away) is dropped after [`super::KEEPALIVE_PROBES`]
     /// unanswered probes instead of holding two sockets and its buffers forever.
     pub keepalive: Option<Duration>,
+}
+
+impl RelayConfig {
+    /// What a listener of either relay checks its accepted connections against,
+    /// counting in `metrics` and running them on `connections`.
+    pub fn admission(&self, metrics: &Metrics, connections: &TaskTracker) -> Admission {
+        Admission {
+            clients: self.clients.clone(),
+            gate: self.gate.clone(),
+            metrics: metrics.clone(),
+            connections: connections.clone(),
+        }
+    }
 }

@@ -119,12 +119,7 @@ impl Relay {
                 listener,
                 local,
                 stop.clone(),
-                listener::Admission {
-                    clients: self.cfg.clients.clone(),
-                    gate: self.cfg.gate.clone(),
-                    metrics: self.metrics.clone(),
-                    connections: self.connections.clone(),
-                },
+                self.cfg.admission(&self.metrics, &self.connections),
                 serve,
             )
             .instrument(info_span!("listener", %local, frontend = %target)),

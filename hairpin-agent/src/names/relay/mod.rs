@@ -239,12 +239,9 @@ impl NameRouting {
                             listener,
                             local,
                             stop.clone(),
-                            listener::Admission {
-                                clients: self.shared.relay.clients.clone(),
-                                gate: self.shared.relay.gate.clone(),
-                                metrics: self.shared.metrics.clone(),
-                                connections: self.connections.clone(),
-                            },
+                            self.shared
+                                .relay
+                                .admission(&self.shared.metrics, &self.connections),
                             serve,
                         )
                         .instrument(info_span!("name_listener", %local)),
