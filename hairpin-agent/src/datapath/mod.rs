@@ -13,9 +13,9 @@ pub mod kernel;
 mod kernel_path;
 
 pub use cgroup::find_cgroup2_root;
-pub use error::DatapathError;
-use error::{is_full, map_error, program_error};
-pub use kernel_path::KernelPath;
+pub use error::{DatapathError, Denial, classify_denial};
+use error::{is_full, load_error, map_error, program_error};
+pub use kernel_path::{KernelPath, describe as describe_value, read_frontend_paths};
 
 use std::{
     fs::File,
@@ -37,7 +37,7 @@ use hairpin_ebpf::{
     Redirect,
 };
 
-use crate::model::ProxyVersion;
+use crate::model::{FirstSpeaker, ProxyVersion};
 
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -153,7 +153,7 @@ impl Datapath {
             .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
             .map_max_entries(MAP_SOCKETS, sockets)
             .load(object)
-            .map_err(|e| DatapathError::Load(Box::new(e)))?;
+            .map_err(load_error)?;
         let kernel_path = if opts.kernel_path {
             match kernel_path::load(&mut ebpf) {
                 Ok(()) => KernelPath::On,
@@ -379,16 +379,20 @@ impl Datapath {
     }
 
     /// As [`Datapath::insert`] for a frontend whose ingress expects `version`
-    /// headers: with the kernel path on, the kernel writes them on the client's own
-    /// socket and the listener is the fallback; otherwise its relay writes them.
+    /// headers: with the kernel path on and a client that speaks `first`, the kernel
+    /// writes them on the client's own socket and the listener is the fallback;
+    /// otherwise (off, unavailable, or a server that speaks first) its relay writes
+    /// them. Whether the entry gives the kernel path.
     pub fn insert_frontend(
         &mut self,
         frontend: SocketAddr,
         listener: SocketAddr,
         version: ProxyVersion,
-    ) -> Result<(), DatapathError> {
-        let value = self.kernel_path.value(listener, version);
-        self.insert_value(frontend, listener, value)
+        first: FirstSpeaker,
+    ) -> Result<bool, DatapathError> {
+        let value = self.kernel_path.value(listener, version, first);
+        self.insert_value(frontend, listener, value)?;
+        Ok(value.is_kernel())
     }
 
     fn insert_value(

@@ -161,6 +161,58 @@ pub(super) fn capabilities() -> Check {
     }
 }
 
+/// Marks the agent's attach error as [`datapath::DatapathError::Seccomp`]'s.
+const SECCOMP_REFUSED: &str = "a seccomp filter refused bpf()";
+
+pub(super) fn seccomp(agent: Option<&crate::status::Snapshot>) -> Check {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let reason = agent
+        .and_then(|s| s.mode.as_ref())
+        .map(|m| m.reason.as_str());
+    seccomp_check(&status, reason)
+}
+
+/// The `seccomp` check from this process's /proc/self/status text (inside the pod,
+/// `kubectl exec` runs under the container's filter) and the agent's mode reason: a
+/// fail when the agent's programs were refused by a seccomp filter.
+pub fn seccomp_check(status: &str, agent_reason: Option<&str>) -> Check {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let here = match (field("Seccomp"), field("NoNewPrivs")) {
+        (Some(mode), nnp) => format!(
+            "this process: Seccomp {mode} ({}), NoNewPrivs {}",
+            match mode {
+                "0" => "no filter",
+                "1" => "strict",
+                "2" => "filter",
+                _ => "unknown",
+            },
+            nnp.unwrap_or("?")
+        ),
+        (None, _) => "this process: no Seccomp field in /proc/self/status".to_string(),
+    };
+    match agent_reason {
+        Some(r) if r.contains(SECCOMP_REFUSED) => Check::new(
+            "seccomp",
+            Status::Fail,
+            format!(
+                "the agent's programs were refused by a seccomp filter (the runtime's default \
+                 profile allows bpf() only with CAP_SYS_ADMIN); {here}"
+            ),
+        )
+        .fix(
+            "run the pod with the Localhost profile hairpin/bpf.json (deploy/components/seccomp-localhost, \
+             or the chart's seccompProfile.type=Localhost) or seccompProfile: Unconfined, or upgrade \
+             containerd to 1.6.9, 1.7.0 or later; see docs/seccomp.md",
+        ),
+        _ => Check::new("seccomp", Status::Ok, here),
+    }
+}
+
 pub(super) fn kube_proxy_mode(kp: &KubeProxy) -> Check {
     let name = "kube_proxy_mode";
     if kp.modes.is_empty() {
@@ -195,6 +247,37 @@ mod tests {
         assert_eq!(kernel_version("5.4.0-150-generic"), Some((5, 4)));
         assert!(kernel_version("5.4.0") < Some((5, 7)));
         assert_eq!(kernel_version("weird"), None);
+    }
+
+    #[test]
+    fn seccomp_fails_when_the_agent_says_its_programs_were_filtered() {
+        let status = "Name:\tx\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        let c = seccomp_check(
+            status,
+            Some(
+                "--mode auto: eBPF could not be used (a seccomp filter refused bpf() (EPERM ...)), \
+                 falling back",
+            ),
+        );
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains("Seccomp 2 (filter), NoNewPrivs 1"),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.expect("a fix");
+        assert!(
+            fix.contains("hairpin/bpf.json") && fix.contains("Unconfined"),
+            "{fix}"
+        );
+        let c = seccomp_check(status, Some("--mode auto: programs attached"));
+        assert_eq!(c.status, Status::Ok);
+        assert_eq!(c.detail, "this process: Seccomp 2 (filter), NoNewPrivs 1");
+        let c = seccomp_check("Name:\tx\nNoNewPrivs:\t0\nSeccomp:\t0\n", None);
+        assert_eq!(
+            c.detail,
+            "this process: Seccomp 0 (no filter), NoNewPrivs 0"
+        );
     }
 
     #[test]

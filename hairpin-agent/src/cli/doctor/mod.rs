@@ -12,7 +12,7 @@ use super::{
 use crate::status::{FrontendState, Snapshot};
 
 mod checks;
-pub use checks::{effective_caps, kernel_version};
+pub use checks::{effective_caps, kernel_version, seccomp_check};
 
 /// Options of `doctor`.
 #[derive(clap::Args, Debug, Clone)]
@@ -57,7 +57,7 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
-    /// `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
+    /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
     /// `names_scope`.
     pub name: &'static str,
     /// The result.
@@ -115,6 +115,7 @@ pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
             .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket/--admin-address"),
     });
     let kp = KubeProxy::observe();
+    list.push(checks::seccomp(agent.as_ref().ok()));
     list.push(checks::kube_proxy_mode(&kp));
     list.push(kube_proxy_frontends(&kp, agent.as_ref().ok()));
     list.extend(cluster_shape(agent.as_ref().ok()));
@@ -220,15 +221,57 @@ fn cluster_shape(agent: Option<&Snapshot>) -> Vec<Check> {
     out
 }
 
-/// Whether the relays are limited to this node's pods and processes.
+/// Whether the relays are limited to this node's pods and processes, and serve
+/// the pods at all.
 fn clients_check(c: &crate::status::ClientsStatus) -> Check {
-    if c.allowed == "any" {
+    let open = c.allowed == "any"
+        || c.allowed
+            .split(',')
+            .any(|n| n == "0.0.0.0/0" || n == "::/0");
+    if open {
         return Check::new(
             "clients",
             Status::Warn,
-            format!("relays serve any peer: {}", c.source),
+            format!("relays serve any peer that reaches them: {}", c.source),
         )
         .fix("set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s)");
+    }
+    if c.node_only {
+        return Check::new("clients", Status::Warn, c.source.clone()).fix(
+            "set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s), or run \
+             with the Kubernetes source so the pods are learned",
+        );
+    }
+    if let Some(l) = &c.learned {
+        if let Some(e) = &l.error {
+            return Check::new(
+                "clients",
+                Status::Warn,
+                format!(
+                    "this node's pods cannot be learned ({e}): pods not yet known are refused \
+                     ({} pods known)",
+                    l.pods
+                ),
+            )
+            .fix(
+                "grant the agent's ServiceAccount list and watch on pods, or set --allowed-clients",
+            );
+        }
+        if !l.synced {
+            return Check::new(
+                "clients",
+                Status::Warn,
+                "this node's pods are not listed yet: pods wait, then are refused".to_string(),
+            );
+        }
+        return Check::new(
+            "clients",
+            Status::Ok,
+            format!(
+                "{} ({}; {} pods, {} addresses learned)",
+                c.allowed, c.source, l.pods, l.addresses
+            ),
+        );
     }
     Check::new(
         "clients",
