@@ -244,6 +244,9 @@ pub struct RunArgs {
     /// The cluster's DNS domain: it and every name under it are never published.
     #[arg(long, env = "HAIRPIN_CLUSTER_DOMAIN", default_value = crate::names::scope::DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
+    /// Caps on published names, and the hosts file's write pace.
+    #[command(flatten)]
+    pub name_limits: super::name_limits::NameLimitArgs,
 }
 
 /// `off`, `v1` or `v2`.

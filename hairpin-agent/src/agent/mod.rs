@@ -15,6 +15,7 @@ pub mod clients;
 pub mod frontends_file;
 pub mod limits;
 pub mod mode;
+pub mod name_limits;
 pub mod reconcile;
 pub mod report;
 pub mod source;
@@ -141,6 +142,7 @@ impl Agent {
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
                 st.skips = next.route_skips.clone();
+                st.limits = Some(next.name_limits.clone());
             }
         });
         (relay_ip, count)

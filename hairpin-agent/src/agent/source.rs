@@ -19,7 +19,7 @@ use crate::{
     k8s::{self, source::SourceConfig},
     model::Frontends,
     names::{routes::NameRoute, scope::NameScope},
-    status::{AgentState, metrics::Metrics},
+    status::{AgentState, NameLimitsStatus, metrics::Metrics},
 };
 
 /// What a source says should exist.
@@ -32,6 +32,8 @@ pub struct Desired {
     /// Hostnames left out (refused by `--names-domains` and its rules, not accepted
     /// by their Gateway, not proxied, conflicts), one sentence each, for `/status`.
     pub route_skips: Vec<String>,
+    /// The caps on names, and how many names they withheld by namespace.
+    pub name_limits: NameLimitsStatus,
 }
 
 /// The receiving end the agent applies from.
@@ -83,6 +85,7 @@ pub fn kubernetes(
                     frontends: s.frontends.clone(),
                     routes: s.routes.clone(),
                     route_skips: s.route_skips.iter().map(|k| k.message.clone()).collect(),
+                    name_limits: s.name_limits.clone(),
                 })
             };
             if next.is_some() {
@@ -161,5 +164,6 @@ fn load(path: &Path, scope: &NameScope) -> Result<Desired, frontends_file::Front
         frontends,
         routes: routes.routes,
         route_skips: routes.skips.into_iter().map(|s| s.message).collect(),
+        name_limits: routes.limits,
     })
 }

@@ -218,7 +218,8 @@ impl Agent {
 /// Which names may be published: `--names-domains` and `--cluster-domain`, validated
 /// once, refusing this node's names too (the API server's is added with the client).
 fn names_scope(args: &RunArgs) -> Result<NameScope> {
-    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?;
+    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?
+        .with_limits(args.name_limits.limits());
     if let Ok(node) = args.node_name() {
         scope = scope.refuse_own(&node, ScopeRule::NodeName, "this node's name");
     }
@@ -391,6 +392,8 @@ async fn start_names(
             ports: args.names_ports.0.clone(),
             service_listeners: service_listeners(args, node_v4, node_v6),
             hosts_file,
+            hosts_min_interval: args.name_limits.hosts_min_interval,
+            report_to: Some(state.clone()),
             peek_timeout: Duration::from_secs(5),
         },
         relay.clone(),

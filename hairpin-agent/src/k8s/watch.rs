@@ -49,6 +49,8 @@ pub struct KubeSnapshot {
     /// Why hostnames were not routed (invalid, refused by the names scope, not
     /// accepted by their Gateway, not proxied, conflicts), with the object at fault.
     pub route_skips: Vec<NameSkip>,
+    /// The caps on names, and how many they withheld (each also in `route_skips`).
+    pub name_limits: status::NameLimitsStatus,
     /// The cluster DNS Service's IPs (see [`cluster_dns`]), for `check`.
     pub cluster_dns: Vec<IpAddr>,
 }
@@ -347,6 +349,7 @@ async fn decide_loop(
         let snapshot = KubeSnapshot {
             routes: names.routes,
             route_skips: names.skips,
+            name_limits: names.limits,
             synced: true,
             cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
             frontends: desired.frontends,

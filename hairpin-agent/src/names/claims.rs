@@ -5,7 +5,7 @@ use std::{fmt, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{hostname::Hostname, scope::ScopeRule};
+use super::{hostname::Hostname, limits::CapRule, scope::ScopeRule};
 
 /// Why a host was not routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -33,6 +33,8 @@ pub enum NameSkipReason {
     Unreadable,
     /// An older object claims the same host on another LB and keeps it.
     Conflict,
+    /// Withheld by `--max-names-per-namespace` or `--max-names`: the cap it hit.
+    Capped(CapRule),
 }
 
 impl NameSkipReason {
@@ -48,6 +50,7 @@ impl NameSkipReason {
             NameSkipReason::RouteHostnameNotOnListener => Some("RouteHostnameNotOnListener"),
             NameSkipReason::InvalidHostname => Some("InvalidHostname"),
             NameSkipReason::Conflict => Some("HostnameConflict"),
+            NameSkipReason::Capped(rule) => Some(rule.event_reason()),
             NameSkipReason::NoLoadBalancerIp
             | NameSkipReason::NotProxied
             | NameSkipReason::ParentNotFound

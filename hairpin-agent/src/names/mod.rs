@@ -4,7 +4,8 @@
 //! and the names address on a link.
 //!
 //! Owns: hostname validation, which names may be published at all ([`scope`]:
-//! `--names-domains` and the names always refused), claims from Ingress and Gateway
+//! `--names-domains` and the names always refused) and how many ([`limits`]:
+//! per namespace and in all), claims from Ingress and Gateway
 //! objects and the routes they resolve to, the hosts block and its writer, the
 //! Corefile text, the names link, and the name relay ([`relay`]), which routes by
 //! TLS SNI or HTTP Host.
@@ -18,6 +19,7 @@ pub mod hostname;
 pub mod hosts;
 pub mod hosts_writer;
 pub mod ingress;
+pub mod limits;
 pub mod link;
 pub mod relay;
 pub mod routes;

@@ -17,9 +17,12 @@ use kube::api::DynamicObject;
 
 pub use super::claims::{Claim, NameSkip, NameSkipReason, ObjectId};
 use super::{
-    gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
+    gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, limits, scope::NameScope,
 };
-use crate::model::{Frontends, ProxyVersion};
+use crate::{
+    model::{Frontends, ProxyVersion},
+    status::NameLimitsStatus,
+};
 
 /// One hostname routed to one proxied LoadBalancer.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,6 +46,8 @@ pub struct NameRoutes {
     pub routes: Vec<NameRoute>,
     /// Hosts left out, each with its reason.
     pub skips: Vec<NameSkip>,
+    /// The caps on names (the scope's), and how many names they withheld.
+    pub limits: NameLimitsStatus,
 }
 
 /// Ties each claim to its own LB's proxied frontends and settles conflicts.
@@ -50,6 +55,9 @@ pub struct NameRoutes {
 /// First every claim goes through `scope`: a host outside `--names-domains`, or
 /// always refused (the cluster domain, `localhost`, ...), never reaches a route, so
 /// it can neither be published nor win a conflict. Claims are taken oldest object first (then by source name, so every node agrees).
+/// Then the scope's caps ([`limits`]) withhold the names past
+/// `--max-names-per-namespace` in their namespace and past `--max-names` in all,
+/// each a [`NameSkipReason::Capped`]; a withheld name cannot win a conflict either.
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
 /// by path on one controller is ordinary); claimed on different LBs by another
 /// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
@@ -77,9 +85,9 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
             &b.field,
         ))
     });
-    // host -> (winning source, its LB IPs)
-    let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
-    let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
+    // Each claim with its proxied LBs; those without any are left out here and
+    // count under no cap.
+    let mut viable = Vec::with_capacity(claims.len());
     for claim in claims {
         let at = format!("{}: {}", claim.source, claim.field);
         if claim.lbs.is_empty() {
@@ -109,7 +117,39 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
             }
             proxied.insert((*lb, per_version));
         }
-        if proxied.is_empty() {
+        if !proxied.is_empty() {
+            viable.push((claim, proxied));
+        }
+    }
+    // The caps, before conflicts: a withheld name cannot keep a name from the
+    // namespace that would publish it.
+    let limits = scope.limits();
+    let withheld = limits::withhold(
+        viable.iter().map(|(c, _)| {
+            (
+                limits::namespace_of(c.object.as_ref()),
+                &c.host,
+                c.created.as_ref(),
+            )
+        }),
+        limits,
+    );
+    out.limits = withheld.report(limits);
+    // host -> (winning source, its LB IPs)
+    let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
+    let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
+    for (claim, proxied) in viable {
+        let at = format!("{}: {}", claim.source, claim.field);
+        let namespace = limits::namespace_of(claim.object.as_ref());
+        if let Some(rule) = withheld.rule(namespace, &claim.host) {
+            out.skips.push(NameSkip {
+                reason: NameSkipReason::Capped(rule),
+                message: format!(
+                    "{at}: {}",
+                    withheld.message(rule, namespace, &claim.host, limits)
+                ),
+                object: claim.object.clone(),
+            });
             continue;
         }
         let lbs: BTreeSet<IpAddr> = proxied.iter().map(|(lb, _)| *lb).collect();

@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use super::hostname::Hostname;
+use super::{hostname::Hostname, limits::NameLimits};
 
 /// Metadata endpoints reached by name, refused as exact names (and under any
 /// wildcard that would cover them). What was found, per cloud:
@@ -168,6 +168,8 @@ pub struct NameScope {
     cluster_domain: String,
     /// (name, what it is): the node name, the host name, the API server's host.
     own: Vec<(String, ScopeRule, &'static str)>,
+    /// How many of the names it lets through may be published.
+    limits: NameLimits,
 }
 
 impl NameScope {
@@ -178,6 +180,7 @@ impl NameScope {
             domains: Vec::new(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             own: Vec::new(),
+            limits: NameLimits::default(),
         }
     }
 
@@ -207,6 +210,7 @@ impl NameScope {
             domains: Vec::new(),
             cluster_domain: cluster.as_str().to_owned(),
             own: Vec::new(),
+            limits: NameLimits::default(),
         };
         for value in domains {
             let value = value.as_ref().trim();
@@ -252,6 +256,17 @@ impl NameScope {
             self.own.push((h.as_str().to_owned(), rule, what));
         }
         self
+    }
+
+    /// The same scope publishing at most `limits` names (the defaults otherwise).
+    pub fn with_limits(mut self, limits: NameLimits) -> NameScope {
+        self.limits = limits;
+        self
+    }
+
+    /// The caps on how many names are published.
+    pub fn limits(&self) -> NameLimits {
+        self.limits
     }
 
     /// The listed domains, sorted.

@@ -113,6 +113,9 @@ pub struct Metrics {
     watch_restarts: Family<ResourceLabel, Counter>,
     decide_seconds: Histogram,
     reconcile_seconds: Histogram,
+    hosts_writes: Counter,
+    hosts_coalesced: Counter,
+    hosts_pending: Gauge,
     kernel: Arc<RwLock<Option<KernelCounterReader>>>,
 }
 
@@ -131,6 +134,9 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             decide_seconds: duration_histogram(),
             reconcile_seconds: duration_histogram(),
+            hosts_writes: Counter::default(),
+            hosts_coalesced: Counter::default(),
+            hosts_pending: Gauge::default(),
             kernel: Arc::default(),
         }
     }
@@ -212,6 +218,26 @@ impl Metrics {
     /// Records how long applying a desired state took.
     pub fn observe_reconcile(&self, d: std::time::Duration) {
         self.reconcile_seconds.observe(d.as_secs_f64());
+    }
+
+    /// Counts a write that changed the hosts file.
+    pub fn hosts_written(&self) {
+        self.hosts_writes.inc();
+    }
+
+    /// Counts a desired hosts block replaced by a newer one before it was written.
+    pub fn hosts_coalesced(&self) {
+        self.hosts_coalesced.inc();
+    }
+
+    /// Whether a hosts block waits for `--hosts-min-interval`.
+    pub fn set_hosts_pending(&self, pending: bool) {
+        self.hosts_pending.set(i64::from(pending));
+    }
+
+    /// Writes that changed the hosts file and blocks coalesced, since start.
+    pub fn hosts_counts(&self) -> (u64, u64) {
+        (self.hosts_writes.get(), self.hosts_coalesced.get())
     }
 
     /// Exports the kernel programs' counters, read by `read` at each scrape, as
@@ -317,6 +343,21 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Time to apply a desired state to listeners and maps",
             self.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "hosts_writes",
+            "Writes that changed the hosts file's managed block (at most one per --hosts-min-interval)",
+            self.hosts_writes.clone(),
+        );
+        registry.register(
+            "hosts_coalesced_changes",
+            "Desired hosts blocks replaced by a newer one before they were written",
+            self.hosts_coalesced.clone(),
+        );
+        registry.register(
+            "hosts_write_pending",
+            "1 while a hosts block waits for --hosts-min-interval",
+            self.hosts_pending.clone(),
         );
         let kernel = self
             .kernel

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::{KernelPathMode, LivePath, Paths, ProxyVersion};
 
 mod paths;
-pub use paths::{CorednsStatus, FailedListener, ModeStatus, NamesStatus};
+pub use paths::{
+    CorednsStatus, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus, NamesStatus,
+};
 
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
 #[derive(Clone, Debug, Default)]

@@ -2,6 +2,7 @@
 //! the CoreDNS writer.
 
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
 };
@@ -54,6 +55,46 @@ pub struct NamesStatus {
     /// rule (outside the domains, always refused, not accepted by the Gateway, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skips: Vec<String>,
+    /// The caps on published names and what they withheld; `None` before the
+    /// first routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<NameLimitsStatus>,
+    /// The hosts file writer's pace, when the hosts file is managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts_writer: Option<HostsWriterStatus>,
+}
+
+/// `--max-names-per-namespace` and `--max-names`, and the names they withheld
+/// (each also listed in `skips`, naming its object and rule).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NameLimitsStatus {
+    /// `--max-names-per-namespace`.
+    pub max_names_per_namespace: usize,
+    /// `--max-names`.
+    pub max_names: usize,
+    /// Names withheld by either cap, in all.
+    pub withheld: usize,
+    /// Names withheld, by namespace (the frontends file counts as
+    /// `(frontends file)`); only namespaces with names withheld.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub withheld_by_namespace: BTreeMap<String, usize>,
+}
+
+/// How often the hosts file is written: at most once per `--hosts-min-interval`,
+/// the latest block winning.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostsWriterStatus {
+    /// `--hosts-min-interval`, in milliseconds.
+    pub min_interval_ms: u64,
+    /// Writes that changed the file, since start.
+    pub writes: u64,
+    /// Desired blocks replaced by a newer one before they were written.
+    pub coalesced: u64,
+    /// RFC 3339 time of the last write that changed the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_write: Option<String>,
+    /// Whether a block waits for the interval to pass.
+    pub pending: bool,
 }
 
 /// A name relay listener the agent could not bind (the port taken, the address

@@ -25,12 +25,12 @@ pub use conn::MAX_PEEK;
 
 use crate::{
     names::{
-        hosts_writer,
+        hosts_writer::HostsWriter,
         routes::{NameRoute, RouteTable},
     },
     relay::{RelayConfig, listener},
     status::FailedListener,
-    status::metrics::Metrics,
+    status::{AgentState, metrics::Metrics},
 };
 
 /// What the first bytes of a connection say about the name it is for.
@@ -59,6 +59,10 @@ pub struct NameRoutingConfig {
     pub service_listeners: Vec<ServiceListener>,
     /// The hosts file to manage, if any.
     pub hosts_file: Option<PathBuf>,
+    /// The hosts file is written at most once per this interval (`--hosts-min-interval`).
+    pub hosts_min_interval: Duration,
+    /// Where the hosts file writer reports (the names status), when anywhere.
+    pub report_to: Option<AgentState>,
     /// How long a client may take to send its ClientHello or request head.
     pub peek_timeout: Duration,
 }
@@ -93,8 +97,8 @@ pub struct NameRouting {
     failed: BTreeMap<SocketAddr, String>,
     /// How many routes the hosts file left out last time: a change is said once.
     withheld: usize,
-    /// Why the hosts file could not be written last time (logged once per message).
-    hosts_error: Option<String>,
+    /// The hosts file's writer, when one is managed.
+    hosts: Option<HostsWriter>,
     connections: TaskTracker,
 }
 
@@ -102,6 +106,15 @@ impl NameRouting {
     /// A name relay with no routes and no listeners yet.
     pub fn new(cfg: NameRoutingConfig, relay: RelayConfig, metrics: Metrics) -> NameRouting {
         let (table, rx) = watch::channel(Arc::new(RouteTable::default()));
+        let hosts = cfg.hosts_file.clone().map(|path| {
+            HostsWriter::spawn(
+                path,
+                cfg.address,
+                cfg.hosts_min_interval,
+                metrics.clone(),
+                cfg.report_to.clone(),
+            )
+        });
         let shared = Arc::new(Shared {
             relay,
             metrics,
@@ -115,7 +128,7 @@ impl NameRouting {
             listeners: BTreeMap::new(),
             failed: BTreeMap::new(),
             withheld: 0,
-            hosts_error: None,
+            hosts,
             connections: TaskTracker::new(),
         }
     }
@@ -128,7 +141,7 @@ impl NameRouting {
     /// Why the hosts file was not written by the last [`update`](Self::update)
     /// (for `/status`), `None` when it was (or is not managed).
     pub fn hosts_error(&self) -> Option<String> {
-        self.hosts_error.clone()
+        self.hosts.as_ref().and_then(HostsWriter::error)
     }
 
     /// Listeners that could not be bound, with their last error; retried on every
@@ -163,7 +176,9 @@ impl NameRouting {
             .collect()
     }
 
-    /// Routes new connections by `routes` and rewrites the hosts file to match.
+    /// Routes new connections by `routes` and asks the hosts file writer for the
+    /// block to match (written at once or, within `--hosts-min-interval` of the
+    /// last write, at its end: see [`crate::names::hosts_writer`]).
     ///
     /// Listeners start with the first non-empty set, so an agent without names never
     /// takes ports 80/443 on the node. A port that cannot be bound is logged and
@@ -176,9 +191,9 @@ impl NameRouting {
             self.start_listeners();
         }
         self.table.send_replace(Arc::new(RouteTable::new(routes)));
-        let Some(path) = self.cfg.hosts_file.clone() else {
+        if self.hosts.is_none() {
             return;
-        };
+        }
         let published = self.servable(routes);
         let withheld = routes.len() - published.len();
         if withheld != self.withheld && withheld > 0 {
@@ -188,23 +203,8 @@ impl NameRouting {
             );
         }
         self.withheld = withheld;
-        match hosts_writer::sync(&path, &published, self.cfg.address) {
-            Ok(report) => {
-                self.hosts_error = None;
-                for s in &report.skipped {
-                    warn!(host = %s.hostname, reason = %s.reason, "hosts file: name left out");
-                }
-                if report.changed {
-                    info!(path = %path.display(), entries = report.entries, "hosts file updated");
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                if self.hosts_error.as_ref() != Some(&message) {
-                    error!(error = %message, "hosts file not managed");
-                }
-                self.hosts_error = Some(message);
-            }
+        if let Some(hosts) = self.hosts.as_mut() {
+            hosts.set(&published);
         }
     }
 
@@ -267,8 +267,12 @@ impl NameRouting {
     }
 
     /// Stops the listeners and waits up to `deadline` for open connections. The
-    /// hosts file keeps its block (see [`hosts_writer`]).
+    /// hosts file keeps its block (see [`crate::names::hosts_writer`]), written first if a change
+    /// was still waiting for `--hosts-min-interval`.
     pub async fn drain(&mut self, deadline: Duration) {
+        if let Some(hosts) = self.hosts.as_mut() {
+            hosts.shutdown().await;
+        }
         for (_, (_, _, stop)) in std::mem::take(&mut self.listeners) {
             stop.cancel();
         }
