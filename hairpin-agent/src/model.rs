@@ -43,6 +43,45 @@ impl FromStr for ProxyVersion {
     }
 }
 
+/// Which side of a frontend's connections sends the first bytes.
+///
+/// The kernel path writes the header ahead of the client's first write, so it can
+/// serve only frontends whose client speaks first (HTTP, TLS); on a port whose
+/// server speaks first (SMTP, IMAP, FTP, MySQL, PostgreSQL's SSL request aside) the
+/// client waits for a banner that the server, waiting for its header, never sends.
+/// Those frontends always take the relay path, which writes the header at accept.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum FirstSpeaker {
+    /// The client writes first (HTTP, TLS): the default.
+    #[default]
+    Client,
+    /// The server writes first (a banner or greeting): the relay path only.
+    Server,
+}
+
+impl fmt::Display for FirstSpeaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FirstSpeaker::Client => "client",
+            FirstSpeaker::Server => "server",
+        })
+    }
+}
+
+impl FromStr for FirstSpeaker {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "client" => Ok(FirstSpeaker::Client),
+            "server" => Ok(FirstSpeaker::Server),
+            other => Err(format!("expected client or server, got {other:?}")),
+        }
+    }
+}
+
 /// One proxied frontend: connects to `ip:port` get a PROXY `version` header.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
@@ -54,6 +93,10 @@ pub struct Frontend {
     pub version: ProxyVersion,
     /// What asked for it, for `status` and logs: `Service ns/name`, `file PATH`.
     pub source: String,
+    /// Which side speaks first; a server-speaks-first frontend always takes the
+    /// relay path, also with the kernel path on.
+    #[serde(default)]
+    pub first_speaker: FirstSpeaker,
 }
 
 impl Frontend {
@@ -320,6 +363,7 @@ mod tests {
             port: a.port(),
             version,
             source: source.into(),
+            first_speaker: FirstSpeaker::Client,
         }
     }
 
@@ -356,5 +400,17 @@ mod tests {
         assert_eq!(kernel.to_string(), "kernel,hosts");
         assert_eq!("kernel,hosts".parse::<Paths>(), Ok(kernel));
         assert!(!LivePath::Kernel.is_name_path());
+    }
+
+    #[test]
+    fn first_speaker_reads_client_or_server_and_defaults_to_client() {
+        assert_eq!(" Server ".parse(), Ok(FirstSpeaker::Server));
+        assert_eq!("client".parse(), Ok(FirstSpeaker::Client));
+        assert_eq!(
+            "smtp".parse::<FirstSpeaker>(),
+            Err("expected client or server, got \"smtp\"".to_string())
+        );
+        assert_eq!(FirstSpeaker::default(), FirstSpeaker::Client);
+        assert_eq!(FirstSpeaker::Server.to_string(), "server");
     }
 }

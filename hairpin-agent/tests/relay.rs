@@ -46,6 +46,7 @@ fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
         port: target.port(),
         version,
         source: "test".into(),
+        first_speaker: Default::default(),
     }
 }
 

@@ -54,6 +54,11 @@ pub const HEADER_RELAY: u8 = 0;
 pub const HEADER_V1: u8 = 1;
 /// [`Redirect::header`] of a frontend taking the kernel path with a PROXY v2 header.
 pub const HEADER_V2: u8 = 2;
+/// [`Redirect::header`] of a frontend taking the relay path although the kernel path
+/// is on, because its server speaks first: the programs treat it as
+/// [`HEADER_RELAY`] (every value but [`HEADER_V1`] and [`HEADER_V2`] is the relay);
+/// `dump` reads it to say why.
+pub const HEADER_RELAY_SERVER_FIRST: u8 = 0x80;
 
 /// Room for one header in [`PendingHeader::header`]: the longest v1 line is 104
 /// bytes, v2 over IPv6 is 52. A power of two, so the programs can bound every
@@ -219,9 +224,25 @@ impl Redirect {
         }
     }
 
+    /// The value for a frontend whose server speaks first, with the kernel path on:
+    /// the relay path, saying why.
+    pub fn server_first(a: SocketAddr) -> Redirect {
+        Redirect {
+            header: HEADER_RELAY_SERVER_FIRST,
+            ..Redirect::new(a)
+        }
+    }
+
     /// The listener this value rewrites to.
     pub fn socket_addr(&self) -> SocketAddr {
         decode(self.addr, self.port, self.family)
+    }
+
+    /// Whether the kernel path's connect programs mark sockets for this frontend
+    /// (an in-kernel header) rather than rewrite them to the listener. Any value
+    /// but the two versions is the relay: when in doubt, relay.
+    pub const fn is_kernel(&self) -> bool {
+        self.header == HEADER_V1 || self.header == HEADER_V2
     }
 }
 
@@ -330,6 +351,11 @@ mod tests {
         assert_eq!(v.socket_addr(), l);
         assert_eq!(v.header, HEADER_V2);
         assert_eq!(Redirect::new(l).header, HEADER_RELAY);
+        assert!(v.is_kernel() && Redirect::kernel(l, HEADER_V1).is_kernel());
+        let s = Redirect::server_first(l);
+        assert_eq!(s.socket_addr(), l);
+        assert!(!s.is_kernel() && !Redirect::new(l).is_kernel());
+        assert!(!Redirect::kernel(l, 7).is_kernel());
     }
 
     #[test]

@@ -19,9 +19,9 @@ use aya_ebpf::{
     programs::{SkMsgContext, SockAddrContext, SockOpsContext},
 };
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_RELAY, HEADER_ROOM,
-    HEADER_V2, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE,
-    PENDING_NONE, PENDING_WRITTEN, PendingHeader, Redirect,
+    AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM, HEADER_V2,
+    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
+    PENDING_WRITTEN, PendingHeader, Redirect,
 };
 
 const SOCK_STREAM: u32 = 1;
@@ -83,7 +83,7 @@ fn connect4<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
         };
         if let Some(to) = lookup(sa, &key) {
             // The kernel writes the header on this socket: the destination stays.
-            if KERNEL && to.header != HEADER_RELAY && mark(ctx, &key, to.header) {
+            if KERNEL && to.is_kernel() && mark(ctx, &key, to.header) {
                 return 1;
             }
             // A v6 listener cannot serve an AF_INET socket: only v4 redirects apply here.
@@ -146,7 +146,7 @@ fn connect6<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
             }
         };
         if let Some(to) = lookup(sa, &key) {
-            if KERNEL && to.header != HEADER_RELAY && mark(ctx, &key, to.header) {
+            if KERNEL && to.is_kernel() && mark(ctx, &key, to.header) {
                 return 1;
             }
             let addr = match (mapped, to.family) {

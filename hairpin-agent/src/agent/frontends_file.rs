@@ -8,7 +8,16 @@
 //!     proxyProtocol: v1       # v1 or v2
 //!     name: ingress-nginx     # optional, shown in status and logs
 //!     hosts: [shop.example.com, "*.shop.example.com"]  # optional: names on this LB
+//!   - ip: 203.0.113.10
+//!     ports: [25, 143]
+//!     proxyProtocol: v1
+//!     firstSpeaker: server    # optional: client (the default) or server
 //! ```
+//!
+//! `firstSpeaker: server` marks ports whose server sends the first bytes (SMTP,
+//! IMAP, FTP, MySQL): they always take the relay path, also with `--kernel-path on`,
+//! since the kernel path writes the header ahead of the client's first write. It
+//! applies to every port of its entry; ports of one LB that differ go in two entries.
 //!
 //! `hosts` feeds the name relay and the /etc/hosts block, within the same
 //! `--names-domains` scope as the cluster's names: a name outside it, or always
@@ -26,7 +35,7 @@ use serde::Deserialize;
 
 use crate::{
     k8s::decide::lb_address::builtin_refusal,
-    model::{Frontend, Frontends, ProxyVersion},
+    model::{FirstSpeaker, Frontend, Frontends, ProxyVersion},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -113,6 +122,8 @@ struct Entry {
     name: Option<String>,
     #[serde(default)]
     hosts: Vec<String>,
+    #[serde(default, alias = "first_speaker")]
+    first_speaker: Option<String>,
 }
 
 fn source_of(path: &Path, name: Option<&str>) -> String {
@@ -166,6 +177,12 @@ pub fn parse_file(
             .proxy_protocol
             .parse()
             .map_err(|msg: String| invalid(index, "proxyProtocol", &msg))?;
+        let first_speaker: FirstSpeaker = match &e.first_speaker {
+            None => FirstSpeaker::Client,
+            Some(v) => v
+                .parse()
+                .map_err(|msg: String| invalid(index, "firstSpeaker", &msg))?,
+        };
         if let Some(class) = builtin_refusal(e.ip) {
             return Err(invalid(
                 index,
@@ -186,6 +203,7 @@ pub fn parse_file(
                 port,
                 version,
                 source: source.clone(),
+                first_speaker,
             };
             let addr = frontend.addr();
             if frontends.insert(frontend).is_err() {
@@ -282,6 +300,45 @@ mod tests {
             .expect_err("no ports")
             .to_string();
         assert!(err.contains("frontends[0].ports: at least one"), "{err}");
+    }
+
+    #[test]
+    fn first_speaker_is_per_entry_defaults_to_client_and_a_bad_value_is_named() {
+        let got = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.10\n  ports: [25]\n  proxyProtocol: v1\n  firstSpeaker: server\n\
+                     - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  firstSpeaker: Client\n",
+        )
+        .expect("valid");
+        let speakers: Vec<String> = got
+            .iter()
+            .map(|f| format!("{} {}", f.addr(), f.first_speaker))
+            .collect();
+        assert_eq!(
+            speakers,
+            [
+                "203.0.113.10:25 server",
+                "203.0.113.10:80 client",
+                "203.0.113.10:443 client",
+                "203.0.113.11:80 client",
+            ]
+        );
+        let err = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.11\n  ports: [25]\n  proxyProtocol: v1\n  firstSpeaker: smtp\n",
+        )
+        .expect_err("smtp is not a speaker")
+        .to_string();
+        assert_eq!(
+            err,
+            "frontends file f.yaml: frontends[1].firstSpeaker: expected client or server, got \"smtp\""
+        );
+        // The snake_case spelling is read too.
+        let got = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [25]\n  proxyProtocol: v1\n  first_speaker: server\n",
+        )
+        .expect("valid");
+        assert!(got.iter().all(|f| f.first_speaker == FirstSpeaker::Server));
     }
 
     #[test]

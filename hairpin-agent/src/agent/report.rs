@@ -68,7 +68,8 @@ pub fn frontend_statuses<'a>(
                 source: a.frontend.source.clone(),
                 state: FrontendState::Active,
                 listener: Some(a.listener),
-                reason: None,
+                // Why it takes its path, when the kernel path was asked for.
+                reason: a.why.clone(),
                 retry: None,
                 path: Paths(path),
             }
@@ -169,6 +170,7 @@ mod tests {
             port: a.port(),
             version: ProxyVersion::V2,
             source: "test".into(),
+            first_speaker: Default::default(),
         }
     }
 
@@ -191,11 +193,13 @@ mod tests {
                 frontend: fe("203.0.113.10:80"),
                 listener: "192.0.2.1:40001".parse().expect("a"),
                 path: LivePath::Ebpf,
+                why: None,
             },
             Active {
                 frontend: fe("203.0.113.13:80"),
                 listener: "192.0.2.1:40002".parse().expect("a"),
                 path: LivePath::Kernel,
+                why: None,
             },
         ];
         let failed = BTreeMap::from([

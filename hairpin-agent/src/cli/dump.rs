@@ -65,6 +65,10 @@ pub struct Entry {
     pub frontend: String,
     /// The relay listener it is rewritten to.
     pub listener: String,
+    /// What the entry does with a connect: `kernel v1`, `kernel v2` (the kernel
+    /// writes the header; the listener is the fallback), `relay`, or
+    /// `relay (server speaks first)`.
+    pub path: String,
 }
 
 /// The JSON document `dump --output json` prints.
@@ -122,13 +126,14 @@ fn dump_one(m: &FoundMap) -> Option<MapDump> {
     };
     if m.name == kernel_name(hairpin_ebpf::MAP_FRONTENDS) {
         d.kind = "frontends";
-        match kernel::read_frontends(m.id) {
+        match crate::datapath::read_frontend_paths(m.id) {
             Ok(e) => {
                 d.entries = Some(
                     e.into_iter()
-                        .map(|(f, l)| Entry {
+                        .map(|(f, l, path)| Entry {
                             frontend: f.to_string(),
                             listener: l.to_string(),
+                            path: path.to_string(),
                         })
                         .collect(),
                 )
@@ -158,9 +163,13 @@ pub fn render(r: &DumpReport, colour: bool) -> String {
             out.push_str(&format!("  error: {e}\n"));
         }
         if let Some(entries) = &m.entries {
-            let mut t = Table::new(&["FRONTEND", "LISTENER"]);
+            let mut t = Table::new(&["FRONTEND", "LISTENER", "PATH"]);
             for e in entries {
-                t.row(vec![e.frontend.as_str().into(), e.listener.as_str().into()]);
+                t.row(vec![
+                    e.frontend.as_str().into(),
+                    e.listener.as_str().into(),
+                    e.path.as_str().into(),
+                ]);
             }
             out.push_str(&t.render(2, colour));
         }

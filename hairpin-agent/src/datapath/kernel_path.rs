@@ -12,11 +12,12 @@ use aya::{
     sys::is_program_supported,
 };
 use hairpin_ebpf::{
-    HEADER_V1, HEADER_V2, PROG_CONNECT4, PROG_CONNECT4_KERNEL, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
-    PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    FrontendKey, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2, PROG_CONNECT4,
+    PROG_CONNECT4_KERNEL, PROG_CONNECT6, PROG_CONNECT6_KERNEL, PROG_SK_MSG, PROG_SOCK_OPS,
+    Redirect,
 };
 
-use crate::model::ProxyVersion;
+use crate::model::{FirstSpeaker, ProxyVersion};
 
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,13 +48,42 @@ impl KernelPath {
     }
 
     /// The frontend map's value for `listener` with header `version`: a kernel
-    /// header when on, the relay otherwise. The listener stays in the value, the
-    /// fallback for a socket the kernel path cannot take.
-    pub(super) fn value(&self, listener: SocketAddr, version: ProxyVersion) -> Redirect {
-        match (self, version) {
-            (KernelPath::On, ProxyVersion::V1) => Redirect::kernel(listener, HEADER_V1),
-            (KernelPath::On, ProxyVersion::V2) => Redirect::kernel(listener, HEADER_V2),
+    /// header when on and the client speaks first, the relay otherwise. The listener
+    /// stays in the value, the fallback for a socket the kernel path cannot take.
+    pub(super) fn value(
+        &self,
+        listener: SocketAddr,
+        version: ProxyVersion,
+        first: FirstSpeaker,
+    ) -> Redirect {
+        match (self, first, version) {
+            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V1) => {
+                Redirect::kernel(listener, HEADER_V1)
+            }
+            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V2) => {
+                Redirect::kernel(listener, HEADER_V2)
+            }
+            (KernelPath::On, FirstSpeaker::Server, _) => Redirect::server_first(listener),
             _ => Redirect::new(listener),
+        }
+    }
+
+    /// Why a frontend whose `first` side speaks first takes the path it takes, when
+    /// the kernel path was asked for (`None` when it is off: everything is relayed).
+    pub fn why(&self, first: FirstSpeaker) -> Option<String> {
+        match (self, first) {
+            (KernelPath::Off, _) => None,
+            (KernelPath::Unavailable(_), _) => {
+                Some("relay: the kernel path is unavailable on this node".into())
+            }
+            (KernelPath::On, FirstSpeaker::Client) => {
+                Some("kernel: the client speaks first".into())
+            }
+            (KernelPath::On, FirstSpeaker::Server) => Some(
+                "relay: the server speaks first (the kernel writes the header only ahead of \
+                 the client's first bytes)"
+                    .into(),
+            ),
         }
     }
 }
@@ -66,6 +96,41 @@ impl fmt::Display for KernelPath {
             KernelPath::On => f.write_str("on"),
         }
     }
+}
+
+/// What a frontends map value does with a connect, for `dump`: `kernel v1`,
+/// `kernel v2`, `relay` or `relay (server speaks first)`.
+pub fn describe(value: &Redirect) -> &'static str {
+    match value.header {
+        HEADER_V1 => "kernel v1",
+        HEADER_V2 => "kernel v2",
+        HEADER_RELAY_SERVER_FIRST => "relay (server speaks first)",
+        _ => "relay",
+    }
+}
+
+/// The frontends map `id` with what each entry does: frontend, listener and
+/// [`describe`]'s words, in frontend order.
+pub fn read_frontend_paths(
+    id: u32,
+) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel::KernelError> {
+    use aya::maps::{HashMap, Map, MapData};
+    let error = |op, source| super::kernel::KernelError::Map {
+        op,
+        id,
+        source: Box::new(source),
+    };
+    let data = MapData::from_id(id).map_err(|e| error("open", e))?;
+    let map = Map::from_map_data(data).map_err(|e| error("open", e))?;
+    let map: HashMap<MapData, FrontendKey, Redirect> =
+        HashMap::try_from(map).map_err(|e| error("read", e))?;
+    let mut out: Vec<_> = map
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| (k.socket_addr(), v.socket_addr(), describe(&v)))
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 /// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops and
@@ -173,18 +238,73 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dump_says_what_each_map_value_does() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let words: Vec<&str> = [
+            Redirect::kernel(l, HEADER_V1),
+            Redirect::kernel(l, HEADER_V2),
+            Redirect::new(l),
+            Redirect::server_first(l),
+        ]
+        .iter()
+        .map(describe)
+        .collect();
+        assert_eq!(
+            words,
+            [
+                "kernel v1",
+                "kernel v2",
+                "relay",
+                "relay (server speaks first)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        for version in [ProxyVersion::V1, ProxyVersion::V2] {
+            let v = KernelPath::On.value(l, version, FirstSpeaker::Server);
+            assert_eq!(v, Redirect::server_first(l));
+            assert!(!v.is_kernel());
+            for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+                assert_eq!(
+                    off.value(l, version, FirstSpeaker::Server),
+                    Redirect::new(l)
+                );
+            }
+        }
+        assert!(
+            KernelPath::On
+                .why(FirstSpeaker::Server)
+                .is_some_and(|w| w.starts_with("relay: the server speaks first"))
+        );
+        assert_eq!(
+            KernelPath::On.why(FirstSpeaker::Client).as_deref(),
+            Some("kernel: the client speaks first")
+        );
+        assert_eq!(KernelPath::Off.why(FirstSpeaker::Server), None);
+        assert!(
+            KernelPath::Unavailable("x".into())
+                .why(FirstSpeaker::Client)
+                .is_some_and(|w| w.starts_with("relay: "))
+        );
+    }
+
+    #[test]
     fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
         let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let client = FirstSpeaker::Client;
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V1),
+            KernelPath::On.value(l, ProxyVersion::V1, client),
             Redirect::kernel(l, HEADER_V1)
         );
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V2),
+            KernelPath::On.value(l, ProxyVersion::V2, client),
             Redirect::kernel(l, HEADER_V2)
         );
         for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
-            assert_eq!(off.value(l, ProxyVersion::V2), Redirect::new(l));
+            assert_eq!(off.value(l, ProxyVersion::V2, client), Redirect::new(l));
             assert_eq!(off.connect_programs(), [PROG_CONNECT4, PROG_CONNECT6]);
         }
         assert_eq!(

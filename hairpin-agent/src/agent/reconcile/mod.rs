@@ -42,6 +42,18 @@ pub struct Active {
     /// How its clients get their header: [`LivePath::Ebpf`] (the relay) or
     /// [`LivePath::Kernel`], as the map entry says.
     pub path: LivePath,
+    /// Why it takes that path, when the kernel path was asked for (a
+    /// server-speaks-first frontend is relayed, an unavailable kernel path relays all).
+    pub why: Option<String>,
+}
+
+/// The path a map entry gives a frontend, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// [`LivePath::Ebpf`] (the relay) or [`LivePath::Kernel`].
+    pub path: LivePath,
+    /// Why, when the kernel path was asked for.
+    pub why: Option<String>,
 }
 
 /// A frontend that could not be made live, as it was asked for and why.
@@ -86,15 +98,12 @@ impl FrontendError {
 
 /// The BPF frontend map, as the reconciler uses it.
 pub trait RedirectMap {
-    /// Redirects connects to `frontend` to `listener`, which writes `version`
-    /// headers (or has the kernel write them, where the kernel path is on). Inserting
-    /// an address again replaces its entry. Returns the path the entry gives it.
-    fn insert(
-        &mut self,
-        frontend: SocketAddr,
-        listener: SocketAddr,
-        version: ProxyVersion,
-    ) -> Result<LivePath, FrontendError>;
+    /// Redirects connects to `frontend` to `listener`, which writes its version's
+    /// headers (or has the kernel write them, where the kernel path is on and the
+    /// client speaks first). Inserting an address again replaces its entry. Returns
+    /// the path the entry gives it.
+    fn insert(&mut self, frontend: &Frontend, listener: SocketAddr)
+    -> Result<Route, FrontendError>;
     /// Stops redirecting connects to `frontend`; absent is not an error.
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
 }
@@ -112,18 +121,27 @@ pub trait Listeners {
 impl RedirectMap for Datapath {
     fn insert(
         &mut self,
-        frontend: SocketAddr,
+        frontend: &Frontend,
         listener: SocketAddr,
-        version: ProxyVersion,
-    ) -> Result<LivePath, FrontendError> {
-        Datapath::insert_frontend(self, frontend, listener, version).map_err(|e| match e {
+    ) -> Result<Route, FrontendError> {
+        let kernel = Datapath::insert_frontend(
+            self,
+            frontend.addr(),
+            listener,
+            frontend.version,
+            frontend.first_speaker,
+        )
+        .map_err(|e| match e {
             DatapathError::MapFull { .. } => FrontendError::MapFull(e.to_string()),
             e => FrontendError::Map(e.to_string()),
         })?;
-        Ok(if self.kernel_path().is_on() {
-            LivePath::Kernel
-        } else {
-            LivePath::Ebpf
+        Ok(Route {
+            path: if kernel {
+                LivePath::Kernel
+            } else {
+                LivePath::Ebpf
+            },
+            why: self.kernel_path().why(frontend.first_speaker),
         })
     }
 
@@ -227,15 +245,25 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         if let Some(a) = self.active.get_mut(&addr) {
             if a.frontend.version != f.version {
                 self.listeners.set_version(addr, f.version);
-                // The kernel path reads the version from the map entry.
-                if let Some(map) = self.map.as_mut()
-                    && let Err(e) = map.insert(addr, a.listener, f.version)
-                {
-                    error!(frontend = %addr, error = %e,
-                        "could not change the header version in the map: the kernel path keeps the old one");
+            }
+            // The kernel path reads the version and the path from the map entry.
+            if a.frontend.version != f.version || a.frontend.first_speaker != f.first_speaker {
+                match self.map.as_mut().map(|map| map.insert(&f, a.listener)) {
+                    Some(Ok(route)) => {
+                        a.path = route.path;
+                        a.why = route.why;
+                    }
+                    Some(Err(e)) => {
+                        error!(frontend = %addr, error = %e,
+                            "could not change the frontend's map entry: it keeps its old header version and path");
+                        // Keep what the map still says, so the next change tries again.
+                        return;
+                    }
+                    None => {}
                 }
             }
-            info!(frontend = %addr, version = %f.version, source = %f.source, "frontend updated");
+            info!(frontend = %addr, version = %f.version, source = %f.source,
+                first_speaker = %f.first_speaker, path = %a.path, "frontend updated");
             a.frontend = f;
         }
     }
@@ -243,15 +271,18 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
     fn start(&mut self, f: Frontend) {
         let addr = f.addr();
         match self.make_live(&f) {
-            Ok((listener, path)) => {
+            Ok((listener, route)) => {
                 self.failed.remove(&addr);
-                info!(frontend = %addr, %listener, version = %f.version, source = %f.source, %path, "frontend proxied");
+                info!(frontend = %addr, %listener, version = %f.version, source = %f.source,
+                    first_speaker = %f.first_speaker, path = %route.path,
+                    why = route.why.as_deref().unwrap_or(""), "frontend proxied");
                 self.active.insert(
                     addr,
                     Active {
                         frontend: f,
                         listener,
-                        path,
+                        path: route.path,
+                        why: route.why,
                     },
                 );
             }
@@ -270,7 +301,7 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
 
     /// Listener first, then the redirect; a redirect that fails takes its listener
     /// down. The listener and the path the map entry gives the frontend.
-    fn make_live(&mut self, f: &Frontend) -> Result<(SocketAddr, LivePath), FrontendError> {
+    fn make_live(&mut self, f: &Frontend) -> Result<(SocketAddr, Route), FrontendError> {
         let addr = f.addr();
         let bind = match addr {
             SocketAddr::V4(_) => self
@@ -288,8 +319,8 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
             ));
         };
         let listener = self.listeners.start(f, bind)?;
-        match map.insert(addr, listener, f.version) {
-            Ok(path) => Ok((listener, path)),
+        match map.insert(f, listener) {
+            Ok(route) => Ok((listener, route)),
             Err(e) => {
                 self.listeners.stop(addr);
                 Err(e)

@@ -4,6 +4,7 @@
 use std::{cell::RefCell, collections::BTreeSet, rc::Rc};
 
 use super::*;
+use crate::model::FirstSpeaker;
 
 /// Every call, in order, as `op addr`.
 type Log = Rc<RefCell<Vec<String>>>;
@@ -19,12 +20,8 @@ struct FakeMap {
 }
 
 impl RedirectMap for FakeMap {
-    fn insert(
-        &mut self,
-        frontend: SocketAddr,
-        _listener: SocketAddr,
-        version: ProxyVersion,
-    ) -> Result<LivePath, FrontendError> {
+    fn insert(&mut self, f: &Frontend, _listener: SocketAddr) -> Result<Route, FrontendError> {
+        let (frontend, version) = (f.addr(), f.version);
         let line = if self.entries.contains(&frontend) {
             format!("rewrite {frontend} {version}")
         } else {
@@ -35,10 +32,17 @@ impl RedirectMap for FakeMap {
             return Err(FrontendError::MapFull(format!("full: {frontend}")));
         }
         self.entries.insert(frontend);
-        Ok(if self.kernel {
-            LivePath::Kernel
+        // As the datapath: a server-speaks-first frontend is relayed.
+        Ok(if self.kernel && f.first_speaker == FirstSpeaker::Client {
+            Route {
+                path: LivePath::Kernel,
+                why: Some("kernel".into()),
+            }
         } else {
-            LivePath::Ebpf
+            Route {
+                path: LivePath::Ebpf,
+                why: self.kernel.then(|| "relay".into()),
+            }
         })
     }
 
@@ -91,6 +95,7 @@ fn fe(addr: &str, version: ProxyVersion) -> Frontend {
         port: a.port(),
         version,
         source: "test".into(),
+        first_speaker: FirstSpeaker::Client,
     }
 }
 
@@ -196,6 +201,33 @@ fn each_active_frontend_records_the_path_its_map_entry_gives() {
     );
     let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
     assert_eq!(paths, [LivePath::Kernel]);
+}
+
+#[test]
+fn a_frontend_turning_server_first_has_its_entry_rewritten_to_the_relay_path() {
+    let (mut r, log) = reconciler(16);
+    if let Some(m) = r.map_mut() {
+        m.kernel = true;
+    }
+    let client = fe("203.0.113.10:25", V1);
+    let server = Frontend {
+        first_speaker: FirstSpeaker::Server,
+        ..client.clone()
+    };
+    r.apply(&set(std::slice::from_ref(&server)), Trigger::Change);
+    let got: Vec<(LivePath, Option<String>)> =
+        r.active().map(|a| (a.path, a.why.clone())).collect();
+    assert_eq!(got, [(LivePath::Ebpf, Some("relay".to_string()))]);
+    take(&log);
+    // Only the first speaker changes: the entry is rewritten, the listener stays.
+    r.apply(&set(std::slice::from_ref(&client)), Trigger::Change);
+    assert_eq!(take(&log), ["rewrite 203.0.113.10:25 v1"]);
+    let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(got, [LivePath::Kernel]);
+    r.apply(&set(&[server]), Trigger::Change);
+    assert_eq!(take(&log), ["rewrite 203.0.113.10:25 v1"]);
+    let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(got, [LivePath::Ebpf]);
 }
 
 #[test]

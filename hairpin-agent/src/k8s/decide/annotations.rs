@@ -1,16 +1,21 @@
 //! hairpin's own annotations on a Service, parsed and validated.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServicePort;
 use thiserror::Error;
 
-use crate::model::ProxyVersion;
+use crate::model::{FirstSpeaker, ProxyVersion};
 
 /// `v1 | v2 | off`: overrides provider annotations and the default for this Service.
 pub const PROXY_PROTOCOL: &str = "hairpin.dev/proxy-protocol";
 /// Comma-separated Service port numbers or names: only these ports are proxied.
 pub const PORTS: &str = "hairpin.dev/ports";
+/// Which side speaks first: `client` (the default) or `server` for every port, or
+/// `PORT=client|server` entries separated by commas (PORT a number or name, as in
+/// [`PORTS`]; ports not listed are `client`). Server-speaks-first ports always take
+/// the relay path.
+pub const FIRST_SPEAKER: &str = "hairpin.dev/first-speaker";
 
 /// Most bytes of an annotation value (or one of its entries) quoted in a message:
 /// the Event that carries it holds 1 KiB, and what was expected must still fit.
@@ -65,6 +70,23 @@ pub enum AnnotationError {
         /// The Service's ports, `80/http, 443/https`.
         known: String,
     },
+    /// `hairpin.dev/first-speaker` is not `client`, `server` or `PORT=client|server`
+    /// entries naming TCP ports of the Service.
+    #[error(
+        "service {service}: annotation {FIRST_SPEAKER} is {value:?}; expected client, server, or \
+         PORT=client|server entries separated by commas, PORT a TCP port number or name in \
+         spec.ports (the Service has {known}){detail}"
+    )]
+    FirstSpeaker {
+        /// `namespace/name`.
+        service: String,
+        /// The value (its first 64 bytes when longer).
+        value: String,
+        /// The Service's TCP ports, `80/http, 25/smtp`.
+        known: String,
+        /// What was wrong with one entry, `: "x" is ...`, or empty.
+        detail: String,
+    },
     /// A `hairpin.dev/ports` entry names a UDP or SCTP port.
     #[error(
         "service {service}: annotation {PORTS} lists {entry:?}, a {protocol} port; hairpin proxies TCP ports only"
@@ -105,6 +127,92 @@ pub fn proxy_protocol(
             value: excerpt(value, EXCERPT_MAX),
         }),
     }
+}
+
+/// What `hairpin.dev/first-speaker` says, port by port.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FirstSpeakers {
+    /// Every port not listed in `ports`.
+    pub all: FirstSpeaker,
+    /// Ports listed one by one.
+    pub ports: BTreeMap<i32, FirstSpeaker>,
+}
+
+impl FirstSpeakers {
+    /// Who speaks first on Service port `port`.
+    pub fn for_port(&self, port: i32) -> FirstSpeaker {
+        self.ports.get(&port).copied().unwrap_or(self.all)
+    }
+}
+
+/// Parses `hairpin.dev/first-speaker` against the Service's ports; absent is every
+/// port `client`.
+pub fn first_speaker(
+    service: &str,
+    value: Option<&str>,
+    spec_ports: &[ServicePort],
+) -> Result<FirstSpeakers, AnnotationError> {
+    let Some(value) = value else {
+        return Ok(FirstSpeakers::default());
+    };
+    let error = |detail: String| {
+        let known: Vec<String> = spec_ports
+            .iter()
+            .filter(|p| protocol(p) == "TCP")
+            .map(|p| match &p.name {
+                Some(name) => format!("{}/{name}", p.port),
+                None => p.port.to_string(),
+            })
+            .collect();
+        AnnotationError::FirstSpeaker {
+            service: service.to_string(),
+            value: excerpt(value, EXCERPT_MAX),
+            known: if known.is_empty() {
+                "no TCP ports".to_string()
+            } else {
+                excerpt(&known.join(", "), KNOWN_PORTS_MAX)
+            },
+            detail,
+        }
+    };
+    if let Ok(all) = value.parse::<FirstSpeaker>() {
+        return Ok(FirstSpeakers {
+            all,
+            ports: BTreeMap::new(),
+        });
+    }
+    let mut out = FirstSpeakers::default();
+    for entry in value.split(',').map(str::trim) {
+        let Some((port, speaker)) = entry.split_once('=') else {
+            return Err(error(format!(
+                ": {:?} is not PORT=client|server",
+                excerpt(entry, EXCERPT_MAX)
+            )));
+        };
+        let (port, speaker) = (port.trim(), speaker.trim());
+        let speaker: FirstSpeaker = speaker.parse().map_err(|_| {
+            error(format!(
+                ": {:?} is neither client nor server",
+                excerpt(speaker, EXCERPT_MAX)
+            ))
+        })?;
+        let number: Option<i32> = port.parse().ok();
+        let found = spec_ports.iter().find(|p| {
+            protocol(p) == "TCP"
+                && match number {
+                    Some(n) => p.port == n,
+                    None => p.name.as_deref() == Some(port),
+                }
+        });
+        let Some(found) = found else {
+            return Err(error(format!(
+                ": {:?} is not a TCP port of the Service",
+                excerpt(port, EXCERPT_MAX)
+            )));
+        };
+        out.ports.insert(found.port, speaker);
+    }
+    Ok(out)
 }
 
 /// A port's protocol, `TCP` when absent (the API server's default).
@@ -200,6 +308,48 @@ mod tests {
             Ok(Some(OurSetting::Off))
         );
         assert!(proxy_protocol("a/b", Some("true")).is_err());
+    }
+
+    #[test]
+    fn first_speaker_for_every_port_or_port_by_port() {
+        let spec = [
+            port("http", 80, None),
+            port("smtp", 25, Some("TCP")),
+            port("imap", 143, None),
+            port("dns", 53, Some("UDP")),
+        ];
+        let absent = first_speaker("a/b", None, &spec).expect("valid");
+        assert_eq!(absent.for_port(25), FirstSpeaker::Client);
+        let all = first_speaker("a/b", Some(" Server"), &spec).expect("valid");
+        assert_eq!(all.for_port(80), FirstSpeaker::Server);
+        assert_eq!(all.for_port(25), FirstSpeaker::Server);
+        let some = first_speaker("a/b", Some("smtp=server, 143 = server,80=client"), &spec)
+            .expect("valid");
+        assert_eq!(some.for_port(25), FirstSpeaker::Server);
+        assert_eq!(some.for_port(143), FirstSpeaker::Server);
+        assert_eq!(some.for_port(80), FirstSpeaker::Client);
+        assert_eq!(some.for_port(8080), FirstSpeaker::Client);
+        let err = first_speaker("a/b", Some("smtp"), &spec).expect_err("no speaker");
+        assert_eq!(
+            err.to_string(),
+            "service a/b: annotation hairpin.dev/first-speaker is \"smtp\"; expected client, \
+             server, or PORT=client|server entries separated by commas, PORT a TCP port number or \
+             name in spec.ports (the Service has 80/http, 25/smtp, 143/imap): \"smtp\" is not \
+             PORT=client|server"
+        );
+        let err = first_speaker("a/b", Some("dns=server"), &spec).expect_err("udp");
+        assert!(
+            err.to_string()
+                .ends_with(": \"dns\" is not a TCP port of the Service"),
+            "{err}"
+        );
+        let err = first_speaker("a/b", Some("25=banner"), &spec).expect_err("bad speaker");
+        assert!(
+            err.to_string()
+                .ends_with(": \"banner\" is neither client nor server"),
+            "{err}"
+        );
+        assert!(first_speaker("a/b", Some("25=server,"), &spec).is_err());
     }
 
     #[test]

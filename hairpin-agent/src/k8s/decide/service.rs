@@ -62,7 +62,9 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
 
     let service_type = spec.and_then(|s| s.type_.as_deref()).unwrap_or("ClusterIP");
     if service_type != "LoadBalancer" {
-        if notes.contains_key(annotations::PROXY_PROTOCOL) || notes.contains_key(annotations::PORTS)
+        if notes.contains_key(annotations::PROXY_PROTOCOL)
+            || notes.contains_key(annotations::PORTS)
+            || notes.contains_key(annotations::FIRST_SPEAKER)
         {
             decision.warnings.push(format!(
                 "service {key} has hairpin annotations but is of type {service_type}; they only apply to type LoadBalancer"
@@ -88,6 +90,17 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         spec_ports,
     ) {
         Ok(narrowed) => narrowed,
+        Err(error) => {
+            decision.outcome = Outcome::Invalid(error);
+            return decision;
+        }
+    };
+    let speakers = match annotations::first_speaker(
+        &key,
+        notes.get(annotations::FIRST_SPEAKER).map(String::as_str),
+        spec_ports,
+    ) {
+        Ok(speakers) => speakers,
         Err(error) => {
             decision.outcome = Outcome::Invalid(error);
             return decision;
@@ -259,6 +272,7 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
                 port,
                 version: *version,
                 source: source.clone(),
+                first_speaker: speakers.for_port(i32::from(port)),
             });
         }
     }
@@ -270,5 +284,70 @@ fn port_label(port: &k8s_openapi::api::core::v1::ServicePort) -> String {
     match &port.name {
         Some(name) => format!("{}/{name}", port.port),
         None => port.port.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::FirstSpeaker;
+
+    fn service(annotations: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "mail", "namespace": "ns", "annotations": annotations},
+            "spec": {"type": "LoadBalancer", "ports": [
+                {"name": "http", "port": 80},
+                {"name": "smtp", "port": 25},
+                {"name": "imap", "port": 143},
+            ]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
+        }))
+        .expect("service")
+    }
+
+    fn speakers(d: &Decision) -> Vec<String> {
+        d.frontends
+            .iter()
+            .map(|f| format!("{} {}", f.port, f.first_speaker))
+            .collect()
+    }
+
+    #[test]
+    fn first_speaker_annotation_sets_each_frontend_and_a_bad_one_invalidates_the_service() {
+        let pp = |extra: Option<&str>| {
+            let mut notes = serde_json::json!({"hairpin.dev/proxy-protocol": "v1"});
+            if let Some(v) = extra {
+                notes["hairpin.dev/first-speaker"] = v.into();
+            }
+            decide(&service(notes), &Defaults::default())
+        };
+        assert_eq!(
+            speakers(&pp(None)),
+            ["25 client", "80 client", "143 client"]
+        );
+        assert_eq!(
+            speakers(&pp(Some("server"))),
+            ["25 server", "80 server", "143 server"]
+        );
+        assert_eq!(
+            speakers(&pp(Some("smtp=server,143=server"))),
+            ["25 server", "80 client", "143 server"]
+        );
+        let bad = pp(Some("pop3=server"));
+        assert!(bad.frontends.is_empty());
+        match bad.outcome {
+            Outcome::Invalid(e) => assert!(
+                e.to_string()
+                    .contains("\"pop3\" is not a TCP port of the Service"),
+                "{e}"
+            ),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        assert!(
+            pp(Some("server"))
+                .frontends
+                .iter()
+                .all(|f| f.first_speaker == FirstSpeaker::Server)
+        );
     }
 }

@@ -36,6 +36,7 @@ fn fe(ip: &str, port: u16, version: ProxyVersion) -> Frontend {
         port,
         version,
         source: format!("Service for {ip}"),
+        first_speaker: Default::default(),
     }
 }
 
