@@ -136,6 +136,17 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 paint(&format!("error: {e}"), Tone::Bad, colour)
             ));
         }
+        if let Some(w) = &n.hosts_writer {
+            out.push_str(&format!(
+                "            hosts file written {} times (last {}), at most once per {}; \
+                 {} changes coalesced{}\n",
+                w.writes,
+                w.last_write.as_deref().unwrap_or("never"),
+                humantime::format_duration(std::time::Duration::from_millis(w.min_interval_ms)),
+                w.coalesced,
+                if w.pending { ", one waiting" } else { "" },
+            ));
+        }
         for f in &n.failed_listeners {
             out.push_str(&format!(
                 "            {} {}: {} (retrying)\n",
@@ -160,6 +171,22 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
                 "            published under {}\n",
                 n.domains.join(", ")
             ));
+            if let Some(l) = n.limits.as_ref().filter(|l| l.withheld > 0) {
+                let by: Vec<String> = l
+                    .withheld_by_namespace
+                    .iter()
+                    .map(|(ns, k)| format!("{ns} {k}"))
+                    .collect();
+                let capped = format!(
+                    "{} names withheld by the caps (--max-names-per-namespace {}, --max-names {})",
+                    l.withheld, l.max_names_per_namespace, l.max_names
+                );
+                out.push_str(&format!(
+                    "            {}: {}\n",
+                    paint(&capped, Tone::Warn, colour),
+                    by.join(", ")
+                ));
+            }
             for skip in &n.skips {
                 out.push_str(&format!("            left out: {skip}\n"));
             }

@@ -92,6 +92,52 @@ fn a_live_agent_renders_programs_frontends_counters_and_sources() {
     assert!(!text.contains("decisions"), "{text}");
 }
 
+/// Issue 14: names withheld by the caps are counted by namespace, with the caps,
+/// and the hosts file writer says how often it wrote and what it coalesced.
+#[test]
+fn names_withheld_by_the_caps_and_the_hosts_writers_pace_are_shown() {
+    let mut s = snapshot();
+    s.names = Some(crate::status::NamesStatus {
+        domains: vec!["example.com".into()],
+        hosts_file: Some("/host/etc/hosts".into()),
+        skips: vec![
+            "Ingress tenant-a/a3: spec.rules[0].host: host a3.example.com withheld \
+                     (rule max-names-per-namespace): ..."
+                .into(),
+        ],
+        limits: Some(crate::status::NameLimitsStatus {
+            max_names_per_namespace: 3,
+            max_names: 2000,
+            withheld: 7,
+            withheld_by_namespace: [("tenant-a".to_owned(), 7)].into(),
+        }),
+        hosts_writer: Some(crate::status::HostsWriterStatus {
+            min_interval_ms: 2000,
+            writes: 4,
+            coalesced: 98,
+            last_write: Some("2026-05-19T10:00:02Z".into()),
+            pending: true,
+        }),
+        ..Default::default()
+    });
+    let text = render(&report(Some(s)), false);
+    assert!(
+        text.contains(
+            "            7 names withheld by the caps (--max-names-per-namespace 3, \
+             --max-names 2000): tenant-a 7\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "            hosts file written 4 times (last 2026-05-19T10:00:02Z), at most once \
+             per 2s; 98 changes coalesced, one waiting\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("left out: Ingress tenant-a/a3"), "{text}");
+}
+
 #[test]
 fn an_unreachable_agent_renders_what_the_kernel_has() {
     let mut r = report(None);
