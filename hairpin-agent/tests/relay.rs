@@ -30,7 +30,7 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         connect_timeout,
         node_ipv4: Some(Ipv4Addr::new(192, 0, 2, 1)),
         node_ipv6: None,
-        clients: ClientPolicy::default(),
+        clients: ClientPolicy::any(),
         gate: ConnGate::new(ConnLimits {
             total: 10_000,
             per_source: 10_000,

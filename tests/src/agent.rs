@@ -13,6 +13,10 @@ use crate::{
     sh::command_in,
 };
 
+/// The simulated pod network (the pod's /24 and /64), passed as `--allowed-clients`
+/// to agents reading a frontends file.
+pub const SIM_POD_NETWORKS: &str = "192.0.2.0/24,2001:db8:1::/64";
+
 /// Path of the agent binary: HAIRPIN_AGENT_BIN (set by `cargo xtask test`), else the
 /// debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
@@ -138,6 +142,19 @@ impl Agent {
         Agent::start_at(node, specs, cgroup, "hairpin_agent=debug,info", extra)
     }
 
+    /// As [`Agent::start`], without `--allowed-clients`: the file names no pod
+    /// network, so the relays serve the node only.
+    pub fn start_without_pod_network(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
+        Agent::start_file(
+            node,
+            specs,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            &[],
+            false,
+        )
+    }
+
     fn start_at(
         node: &SimNode,
         specs: &[FrontendSpec],
@@ -145,9 +162,25 @@ impl Agent {
         log_filter: &str,
         extra: &[&str],
     ) -> Agent {
+        Agent::start_file(node, specs, cgroup, log_filter, extra, true)
+    }
+
+    fn start_file(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        cgroup: &std::path::Path,
+        log_filter: &str,
+        extra: &[&str],
+        pod_network: bool,
+    ) -> Agent {
         let frontends = node.dir.join("frontends.yaml");
         fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
-        let source = ["--frontends", frontends.to_str().expect("utf-8 path")];
+        // A file source names no pod network: the simulated pod's, as an operator
+        // would pass this node's pod CIDR (without it only the node is served).
+        let mut source = vec!["--frontends", frontends.to_str().expect("utf-8 path")];
+        if pod_network {
+            source.extend_from_slice(&["--allowed-clients", SIM_POD_NETWORKS]);
+        }
         let mut agent = Agent::spawn(node, &source, cgroup, log_filter, extra);
         agent.frontends = frontends;
         agent.wait_for_log("agent ready", Duration::from_secs(20));

@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 mod objects;
 
 /// Resources the fake serves, by URL collection path.
-const KINDS: [(&str, &str); 4] = [
+const KINDS: [(&str, &str); 5] = [
     ("/api/v1/services", "ServiceList"),
     ("/apis/networking.k8s.io/v1/ingresses", "IngressList"),
     // Served only after `serve_gateway_api` (a cluster with the CRDs installed).
@@ -34,6 +34,8 @@ const KINDS: [(&str, &str); 4] = [
         "/apis/gateway.networking.k8s.io/v1/httproutes",
         "HTTPRouteList",
     ),
+    // Listed and watched with a `spec.nodeName=` field selector, as the agent does.
+    ("/api/v1/pods", "PodList"),
 ];
 
 /// The Gateway API group version the fake can serve (standard channel, v1).
@@ -270,8 +272,9 @@ fn collection_of(object: &Value) -> &'static str {
         Some("Ingress") => KINDS[1].0,
         Some("Gateway") => KINDS[2].0,
         Some("HTTPRoute") => KINDS[3].0,
+        Some("Pod") => KINDS[4].0,
         other => panic!(
-            "the fake API serves Services, Ingresses, Gateways and HTTPRoutes, not {other:?}"
+            "the fake API serves Services, Ingresses, Gateways, HTTPRoutes and Pods, not {other:?}"
         ),
     }
 }
@@ -348,13 +351,19 @@ fn handle(
                 .get("resourceVersion")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
-            return watch(&st, &tx, coll, from);
+            return watch(&st, &tx, coll, from, FieldSelector::of(&q));
         }
+        let selector = FieldSelector::of(&q);
         let s = st.lock().expect("fake API state");
         let items: Vec<Value> = s
             .objects
             .get(coll)
-            .map(|m| m.values().cloned().collect())
+            .map(|m| {
+                m.values()
+                    .filter(|o| selector.selects(o))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         return respond(
             StatusCode::OK,
@@ -451,29 +460,66 @@ fn gone_line(rv: u64) -> axum::body::Bytes {
     )
 }
 
+/// A `fieldSelector` of one `path=value` term (all the agent sends), e.g.
+/// `spec.nodeName=sim-node`; none selects everything.
+#[derive(Clone, Debug, Default)]
+struct FieldSelector(Option<(String, String)>);
+
+impl FieldSelector {
+    fn of(q: &HashMap<String, String>) -> FieldSelector {
+        let Some(raw) = q.get("fieldSelector") else {
+            return FieldSelector(None);
+        };
+        let decoded = raw
+            .replace("%3D", "=")
+            .replace("%3d", "=")
+            .replace("%2F", "/");
+        let (path, value) = decoded.split_once('=').unwrap_or_else(|| {
+            panic!("the fake API takes path=value field selectors, not {raw:?}")
+        });
+        FieldSelector(Some((path.to_string(), value.to_string())))
+    }
+
+    fn selects(&self, object: &Value) -> bool {
+        let Some((path, value)) = &self.0 else {
+            return true;
+        };
+        let mut at = object;
+        for part in path.split('.') {
+            at = &at[part];
+        }
+        at.as_str().unwrap_or("") == value
+    }
+}
+
 /// A watch: history after `from`, then live changes, until disconnected or expired.
 fn watch(
     st: &Arc<Mutex<State>>,
     tx: &broadcast::Sender<WatchMsg>,
     coll: &'static str,
     from: u64,
+    selector: FieldSelector,
 ) -> Response {
     let s = st.lock().expect("fake API state");
     let rx = tx.subscribe();
+    let live_selector = selector.clone();
     let streaming = |first: Vec<axum::body::Bytes>, rx: Option<broadcast::Receiver<WatchMsg>>| {
         let backlog = stream::iter(first.into_iter().map(Ok::<_, std::io::Error>));
-        let live = stream::unfold(rx, move |rx| async move {
-            let mut rx = rx?;
-            loop {
-                match tokio::time::timeout(Duration::from_secs(300), rx.recv()).await {
-                    Ok(Ok(WatchMsg::Event {
-                        kind, ty, object, ..
-                    })) if kind == coll => {
-                        return Some((Ok(line(ty, &object)), Some(rx)));
+        let live = stream::unfold(rx, move |rx| {
+            let selector = live_selector.clone();
+            async move {
+                let mut rx = rx?;
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(300), rx.recv()).await {
+                        Ok(Ok(WatchMsg::Event {
+                            kind, ty, object, ..
+                        })) if kind == coll && selector.selects(&object) => {
+                            return Some((Ok(line(ty, &object)), Some(rx)));
+                        }
+                        Ok(Ok(WatchMsg::Event { .. })) => continue,
+                        Ok(Ok(WatchMsg::Gone)) => return Some((Ok(gone_line(from)), None)),
+                        Ok(Ok(WatchMsg::Disconnect)) | Ok(Err(_)) | Err(_) => return None,
                     }
-                    Ok(Ok(WatchMsg::Event { .. })) => continue,
-                    Ok(Ok(WatchMsg::Gone)) => return Some((Ok(gone_line(from)), None)),
-                    Ok(Ok(WatchMsg::Disconnect)) | Ok(Err(_)) | Err(_) => return None,
                 }
             }
         });
@@ -489,7 +535,7 @@ fn watch(
     let backlog: Vec<_> = s
         .history
         .iter()
-        .filter(|(rv, k, _, _)| *k == coll && *rv > from)
+        .filter(|(rv, k, _, o)| *k == coll && *rv > from && selector.selects(o))
         .map(|(_, _, ty, o)| line(ty, o))
         .collect();
     streaming(backlog, Some(rx))

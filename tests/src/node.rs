@@ -21,6 +21,14 @@ use std::{
 
 use crate::sh::{run, run_in, run_quiet};
 
+/// The node's address on the link of [`SimNode::add_off_node_peer`] (RFC 2544's
+/// benchmarking range: routed nowhere).
+pub const OFF_NODE_GW4: &str = "198.18.0.1";
+/// A peer off the node, on the node's segment.
+pub const OFF_NODE_PEER4: &str = "198.18.0.2";
+/// Its IPv6 address.
+pub const OFF_NODE_PEER6: &str = "2001:db8:3::2";
+
 /// The node's IPv4 address (on its pod-facing veth), the PROXY source for host processes.
 pub const NODE_IP4: &str = "192.0.2.1";
 /// The node's IPv6 address.
@@ -245,6 +253,83 @@ impl SimNode {
         for child in ["pod", "host", "agent"] {
             fs::create_dir(self.cgroup.join(child)).expect("create child cgroup");
         }
+    }
+
+    /// A peer off the node: its own namespace on a link of the node's (its
+    /// "uplink" segment, as another machine on the node's L2 network would be), with
+    /// routes through the node to everything the node serves: the node IP, the relays'
+    /// link-local default address and the LB range. Returns its namespace name; it is
+    /// removed with the node.
+    pub fn add_off_node_peer(&mut self) -> String {
+        let ns = format!("{}-peer", self.id);
+        run(&["ip", "netns", "add", &ns]);
+        self.netns_created.push(ns.clone());
+        run_in(&ns, &["ip", "link", "set", "lo", "up"]);
+        self.veth("c", &self.node_ns.clone(), "vpeer", &ns, "eth0");
+        run_in(
+            &self.node_ns,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{OFF_NODE_GW4}/24"),
+                "dev",
+                "vpeer",
+            ],
+        );
+        run_in(
+            &self.node_ns,
+            &[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "2001:db8:3::1/64",
+                "dev",
+                "vpeer",
+                "nodad",
+            ],
+        );
+        run_in(&self.node_ns, &["ip", "link", "set", "vpeer", "up"]);
+        run_in(
+            &ns,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{OFF_NODE_PEER4}/24"),
+                "dev",
+                "eth0",
+            ],
+        );
+        run_in(
+            &ns,
+            &[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{OFF_NODE_PEER6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        run_in(&ns, &["ip", "link", "set", "eth0", "up"]);
+        run_in(&ns, &["ip", "route", "add", "default", "via", OFF_NODE_GW4]);
+        run_in(
+            &ns,
+            &[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "2001:db8:3::1",
+            ],
+        );
+        ns
     }
 
     fn veth(&self, tag: &str, a_ns: &str, a_name: &str, b_ns: &str, b_name: &str) {

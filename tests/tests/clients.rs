@@ -8,12 +8,12 @@ use std::{path::PathBuf, time::Duration};
 use hairpin_tests::{
     agent::Agent,
     cli::{admin_socket, run_cli},
-    client::{from_host, from_pod, url},
+    client::{Reply, from_host, from_pod, url},
     fakeapi::{FakeApi, fixture},
-    node::{NODE_IP4, POD_IP4, SimNode},
+    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::start_nginx,
-    sh::run_in,
+    sh::{output_in, run_in},
 };
 use serde_json::{Value, json};
 
@@ -25,6 +25,10 @@ fn node_object(pod_cidrs: &[&str]) -> Value {
 
 /// A node with its DO Service proxied and its Node object carrying `pod_cidrs`.
 fn start(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>) -> Agent {
+    start_with(node, api, pod_cidrs, &[])
+}
+
+fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: &[&str]) -> Agent {
     if let Some(c) = pod_cidrs {
         api.put_node(node_object(c));
     }
@@ -34,11 +38,9 @@ fn start(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>) -> Agent {
     let kubeconfig = node.dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let sock = admin_socket(node);
-    let mut agent = Agent::start_kube(
-        node,
-        &kubeconfig,
-        &["--admin-socket", sock.to_str().expect("utf-8 path")],
-    );
+    let mut args = vec!["--admin-socket", sock.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    let mut agent = Agent::start_kube(node, &kubeconfig, &args);
     agent.wait_for_log("agent ready", Duration::from_secs(20));
     agent
 }
@@ -80,7 +82,8 @@ fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
     let clients = status_clients(&node);
     assert_eq!(
         clients["allowed"],
-        "192.0.2.0/24,2001:db8:1::/64,192.0.2.1/32,2001:db8:1::1/128,127.0.0.0/8,::1/128",
+        "192.0.2.0/24,2001:db8:1::/64,192.0.2.1/32,2001:db8:1::1/128,169.254.104.1/32,\
+         fd68:6169:7270:696e::1/128,127.0.0.0/8,::1/128",
         "{clients}"
     );
     assert!(
@@ -118,24 +121,186 @@ fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
     );
 }
 
+fn pod_object(name: &str, node: &str, ips: &[&str]) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "shop", "resourceVersion": "1"},
+           "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app"}]},
+           "status": {"phase": "Running", "podIP": ips[0],
+                      "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}})
+}
+
+/// curl from `netns` (outside every attached cgroup: an off-node peer) to `url`.
+fn curl_from(netns: &str, url: &str, host: &str) -> Reply {
+    Reply::from_output(output_in(
+        netns,
+        None,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-H",
+            &format!("Host: {host}"),
+            url,
+        ],
+    ))
+}
+
+/// Where a Node has no pod CIDRs (the AWS VPC CNI, Azure CNI, Calico and Cilium
+/// cluster-pool IPAM), the relays learn this node's pods from the Pods bound to it
+/// and serve nobody else: a pod is served once known (also when it connects just
+/// before the watch delivers it), a host process is served, and a peer off the
+/// node, with routes to every address the relays listen on, is reset at each of
+/// them: the frontend's relay listener (v4 and v6 link-local defaults), the name
+/// relay on its address and the hairpin Service's target ports on the node IP.
 #[test]
-fn without_pod_cidrs_the_relays_stay_open_and_say_why() {
+fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused() {
+    if !datapath_tests_can_run(module_path!()) {
+        return;
+    }
+    let mut node = SimNode::new();
+    let peer = node.add_off_node_peer();
+    let _nginx = start_nginx(&node);
+    let api = FakeApi::start_in_netns(&node.node_ns);
+    // A pod of another node: never learned here.
+    api.apply(pod_object("elsewhere", "other-node", &["192.0.2.77"]));
+    // Calico-style: the Node has no pod CIDRs. Names under example.net are routed
+    // (an Ingress on the DO LB), so the name relay listens too.
+    api.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "shop", "resourceVersion": "1",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"rules": [{"host": "shop.example.net"}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
+    );
+    let mut agent = start_with(
+        &node,
+        &api,
+        Some(&[]),
+        &["--mode", "both", "--names-domains", "example.net"],
+    );
+    agent.wait_for_log("name relay listening", Duration::from_secs(20));
+    let target = url("203.0.113.10", 80, "/");
+
+    // The pod is not a Pod object yet: it connects, and is served once the watch
+    // delivers it within the grace.
+    let learned_late = std::thread::scope(|s| {
+        let waiting = s.spawn(|| from_pod(&node, &target));
+        std::thread::sleep(Duration::from_millis(800));
+        api.apply(pod_object("web", "sim-node", &[POD_IP4, POD_IP6]));
+        waiting.join().expect("curl thread")
+    });
+    assert!(
+        learned_late.body.starts_with(&format!("client={POD_IP4}:")),
+        "a pod published while it waited is served: {learned_late:?}\n{}",
+        agent.log()
+    );
+    let host = from_host(&node, &target);
+    assert!(
+        host.body.starts_with(&format!("client={NODE_IP4}:")),
+        "{host:?}"
+    );
+    let clients = status_clients(&node);
+    assert_eq!(
+        (
+            clients["learned"]["pods"].as_u64(),
+            clients["learned"]["synced"].as_bool()
+        ),
+        (Some(1), Some(true)),
+        "{clients}"
+    );
+    assert!(
+        clients["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("Node sim-node has no spec.podCIDRs")
+                && s.contains("spec.nodeName=sim-node")),
+        "{clients}"
+    );
+
+    // Every listener, from off the node: the relay listener of the frontend (as the
+    // redirect names it), the name relay and the Service target ports.
+    let status = run_cli(&node, &["status", "--output", "json"]).json();
+    let listener = status["status"]["frontends"]
+        .as_array()
+        .expect("frontends")
+        .iter()
+        .find(|f| f["ip"] == "203.0.113.10" && f["port"] == 80)
+        .and_then(|f| f["listener"].as_str())
+        .unwrap_or_else(|| panic!("no listener for 203.0.113.10:80 in {status}"))
+        .to_string();
+    assert!(
+        listener.starts_with("169.254.104.1:"),
+        "the relay listens on the link-local default, not the node IP: {listener}"
+    );
+    let before = refused(&node);
+    let targets = [
+        format!("http://{listener}/"),
+        "http://169.254.104.1:80/".to_string(),
+        format!("http://{NODE_IP4}:10080/"),
+        format!("http://[{NODE_IP6}]:10080/"),
+    ];
+    let replies: Vec<(String, Reply)> = std::thread::scope(|s| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|t| s.spawn(|| (t.clone(), curl_from(&peer, t, "shop.example.net"))))
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().expect("curl thread"))
+            .collect()
+    });
+    for (t, reply) in &replies {
+        assert!(
+            matches!(reply.code, 7 | 52 | 56),
+            "an off-node peer must not be served at {t}: {reply:?}\n{}",
+            agent.log()
+        );
+        assert!(!reply.body.contains("client="), "{t}: {reply:?}");
+    }
+    assert_eq!(
+        refused(&node) - before,
+        targets.len() as u64,
+        "each attempt reached a listener and was refused by the policy (not a missing route)"
+    );
+    // The pod is still served after the flood of refusals; a deleted Pod is forgotten.
+    assert!(from_pod(&node, &target).ok());
+    api.delete(&pod_object("web", "sim-node", &[POD_IP4, POD_IP6]));
+    std::thread::sleep(Duration::from_millis(300));
+    let gone = from_pod(&node, &target);
+    assert!(
+        matches!(gone.code, 7 | 52 | 56),
+        "a pod whose Pod object is gone is refused: {gone:?}"
+    );
+}
+
+/// With a frontends file and no `--allowed-clients` there is no pod network to
+/// serve: the relays serve the node itself only (fail closed), and `status` and
+/// `doctor` say how to widen it.
+#[test]
+fn a_file_source_without_allowed_clients_serves_the_node_only() {
     if !datapath_tests_can_run(module_path!()) {
         return;
     }
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let api = FakeApi::start_in_netns(&node.node_ns);
-    // Calico-style: the Node has no pod CIDRs.
-    let _agent = start(&node, &api, Some(&[]));
-    let pod = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert!(pod.ok(), "{pod:?}");
+    let _agent = Agent::start_without_pod_network(
+        &node,
+        &[hairpin_tests::agent::spec("203.0.113.10", "v1")],
+    );
+    let target = url("203.0.113.10", 80, "/");
+    let pod = from_pod(&node, &target);
+    assert!(matches!(pod.code, 7 | 52 | 56), "{pod:?}");
+    let host = from_host(&node, &target);
+    assert!(
+        host.body.starts_with(&format!("client={NODE_IP4}:")),
+        "{host:?}"
+    );
     let clients = status_clients(&node);
-    assert_eq!(clients["allowed"], "any", "{clients}");
+    assert_eq!(clients["node_only"], true, "{clients}");
     assert!(
         clients["source"]
             .as_str()
-            .is_some_and(|s| s.contains("Node sim-node has no spec.podCIDRs")),
+            .is_some_and(|s| s.contains("set --allowed-clients")),
         "{clients}"
     );
     let report = run_cli(&node, &["doctor", "--output", "json"]).json();

@@ -1,7 +1,7 @@
 //! The options of `hairpin-agent run`, validated by clap into typed values.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -60,13 +60,23 @@ pub struct RunArgs {
     pub node_ips: Vec<IpAddr>,
 
     /// Addresses the relay listeners bind (one per family), reachable from pods and
-    /// the host. Default: the node IPs.
+    /// the host. Default: the node-local 169.254.104.1 and fd68:6169:7270:696e::1
+    /// (for each family the node has an IP of), put on --listen-link, never the
+    /// routable node IP: a peer off the node has no route to them.
     #[arg(
         long = "listen-address",
         env = "HAIRPIN_LISTEN_ADDRESSES",
         value_delimiter = ','
     )]
     pub listen_addresses: Vec<IpAddr>,
+
+    /// Link to put the listen addresses on (as a /32 or /128), as node-local-dns
+    /// does: created as a `dummy` link when missing (on kernels without the dummy
+    /// type the addresses go on `lo`), or an existing link. Default: `hairpin0`
+    /// when the default listen addresses are used; `none`: the addresses are used as
+    /// they are (an address the node already has). `hairpin-agent cleanup` removes them.
+    #[arg(long, env = "HAIRPIN_LISTEN_LINK")]
+    pub listen_link: Option<String>,
 
     /// SO_MARK on the relay's upstream sockets; the programs skip sockets carrying it.
     #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = parse_mark)]
@@ -293,6 +303,22 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
         .map(Ports)
 }
 
+/// The relays' default IPv4 listen address: link-local (169.254.0.0/16 is never
+/// routed off a link), beside node-local-dns's 169.254.20.10.
+pub const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
+
+/// The relays' default IPv6 listen address: a unique-local address ("hairpin" in
+/// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
+pub const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
+
+/// The link the default listen addresses go on.
+pub const DEFAULT_LISTEN_LINK: &str = "hairpin0";
+
+/// Both default listen addresses.
+pub fn default_listen_addresses() -> impl Iterator<Item = IpAddr> {
+    [IpAddr::V4(DEFAULT_LISTEN_V4), IpAddr::V6(DEFAULT_LISTEN_V6)].into_iter()
+}
+
 impl RunArgs {
     /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
     pub fn node_name(&self) -> anyhow::Result<String> {
@@ -302,6 +328,17 @@ impl RunArgs {
                 .map_err(|e| anyhow::anyhow!("no --node-name and no host name: {e}"))?
                 .to_string_lossy()
                 .into_owned()),
+        }
+    }
+
+    /// The link the listen addresses go on: `--listen-link` (`none`: no link), else
+    /// [`DEFAULT_LISTEN_LINK`] when the default addresses are used.
+    pub fn listen_link(&self) -> Option<&str> {
+        match self.listen_link.as_deref() {
+            Some("none" | "") => None,
+            Some(link) => Some(link),
+            None if self.listen_addresses.is_empty() => Some(DEFAULT_LISTEN_LINK),
+            None => None,
         }
     }
 }

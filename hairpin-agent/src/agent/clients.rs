@@ -1,7 +1,10 @@
-//! Which peers the relays serve: `--allowed-clients`, else this node's pod CIDRs
-//! from its Node object; plus this node's own addresses and loopback (host
-//! processes). Open, and said loudly (log, `status`, `doctor`), when neither gives
-//! a network: a wrong guess would refuse this node's own pods.
+//! Which peers the relays serve, failing closed: `--allowed-clients`, else this
+//! node's pod CIDRs from its Node object, else this node's pods learned one by one
+//! from the Pods bound to it; always this node's own addresses and loopback (host
+//! processes). Where no pod network can be had (no Kubernetes source, no node
+//! name) only the node itself is served, and the log, `status` and `doctor` say
+//! how to widen it. Never "anyone": a relay that served any peer reaching it
+//! would let the world past the LoadBalancer's source ranges.
 
 use std::time::Duration;
 
@@ -10,8 +13,8 @@ use tracing::{info, warn};
 use super::args::RunArgs;
 use crate::{
     k8s,
-    relay::clients::ClientPolicy,
-    status::{AgentState, ClientsStatus},
+    relay::clients::{ClientPolicy, LearnedClients},
+    status::{AgentState, ClientsStatus, LearnedClientsStatus},
 };
 
 /// The relays' client policy, recorded in `state`.
@@ -20,72 +23,149 @@ pub async fn policy(
     kube: Option<kube::Client>,
     state: &AgentState,
 ) -> ClientPolicy {
-    let (mut nets, source) = if !args.allowed_clients.is_empty() {
-        (
-            args.allowed_clients.clone(),
-            "--allowed-clients".to_string(),
-        )
-    } else {
-        match node_pod_cidrs(args, kube).await {
-            Ok((node, cidrs)) if !cidrs.is_empty() => (cidrs, format!("Node {node} spec.podCIDRs")),
-            Ok((node, _)) => {
-                let why = format!(
-                    "Node {node} has no spec.podCIDRs (the CNI allocates pod addresses itself, as \
-                     Calico and Cilium's cluster-pool IPAM do): set --allowed-clients to the pod CIDR"
-                );
-                return open(state, why);
-            }
-            Err(why) => return open(state, why),
+    let own = own_networks(args);
+    if !args.allowed_clients.is_empty() {
+        let mut nets = args.allowed_clients.clone();
+        nets.extend(own);
+        return fixed(state, nets, "--allowed-clients".into());
+    }
+    let Some(client) = kube else {
+        return node_only(
+            state,
+            own,
+            "no --allowed-clients, and the frontends file names no pod network".into(),
+        );
+    };
+    let node = match args.node_name() {
+        Ok(node) => node,
+        Err(e) => {
+            return node_only(state, own, format!("no --allowed-clients, and {e:#}"));
         }
     };
-    let own = args
+    let why_learn = match node_pod_cidrs(client.clone(), &node).await {
+        Ok(cidrs) if !cidrs.is_empty() => {
+            let mut nets = cidrs;
+            nets.extend(own);
+            return fixed(state, nets, format!("Node {node} spec.podCIDRs"));
+        }
+        Ok(_) => format!(
+            "Node {node} has no spec.podCIDRs (the CNI allocates pod addresses itself, as \
+             the AWS VPC CNI, Azure CNI, Calico and Cilium's cluster-pool IPAM do)"
+        ),
+        Err(why) => why,
+    };
+    learning(state, client, node, own, why_learn)
+}
+
+/// This node's own addresses (the relays' listeners included) and loopback.
+fn own_networks(args: &RunArgs) -> Vec<ipnet::IpNet> {
+    let mut nets: Vec<ipnet::IpNet> = args
         .node_ips
         .iter()
         .chain(&args.listen_addresses)
-        .chain(args.names_address.iter());
-    nets.extend(own.copied().map(ipnet::IpNet::from));
+        .chain(args.names_address.iter())
+        .copied()
+        .map(ipnet::IpNet::from)
+        .collect();
+    nets.extend(super::args::default_listen_addresses().map(ipnet::IpNet::from));
     nets.extend(
         ["127.0.0.0/8", "::1/128"]
             .iter()
             .filter_map(|n| n.parse::<ipnet::IpNet>().ok()),
     );
+    nets.dedup();
+    nets
+}
+
+fn fixed(state: &AgentState, nets: Vec<ipnet::IpNet>, source: String) -> ClientPolicy {
     let policy = ClientPolicy::new(nets);
     info!(allowed = %policy, from = %source, "relay client policy");
+    record(
+        state,
+        &policy,
+        format!("{source}, this node's addresses and loopback"),
+        None,
+    );
+    policy
+}
+
+fn node_only(state: &AgentState, own: Vec<ipnet::IpNet>, why: String) -> ClientPolicy {
+    let policy = ClientPolicy::new(own);
+    let source = format!(
+        "{why}: only this node's addresses and loopback are served (pods are refused); \
+         set --allowed-clients to this node's pod CIDR"
+    );
+    warn!(allowed = %policy, reason = %source, "relay client policy serves the node only");
+    record(state, &policy, source, None);
     state.update(|s| {
-        s.clients = Some(ClientsStatus {
-            allowed: policy.to_string(),
-            source: format!("{source}, this node's addresses and loopback"),
-        })
+        if let Some(c) = s.clients.as_mut() {
+            c.node_only = true;
+        }
     });
     policy
 }
 
-/// This node's name and pod CIDRs, or why they cannot be had.
-async fn node_pod_cidrs(
-    args: &RunArgs,
-    kube: Option<kube::Client>,
-) -> Result<(String, Vec<ipnet::IpNet>), String> {
-    let Some(client) = kube else {
-        return Err("no --allowed-clients, and the frontends file gives no pod CIDRs".into());
-    };
-    let node = args.node_name().map_err(|e| format!("{e:#}"))?;
-    // Bounded: an API server that does not answer must not hold up the datapath.
-    match tokio::time::timeout(Duration::from_secs(10), k8s::node::pod_cidrs(client, &node)).await {
-        Ok(Ok(cidrs)) => Ok((node, cidrs)),
-        Ok(Err(e)) => Err(format!("no --allowed-clients, and {e}")),
-        Err(_) => Err(format!(
-            "no --allowed-clients, and Node {node} could not be read within 10 s"
-        )),
-    }
+/// Learns this node's pods from the Pods bound to it, in the background.
+fn learning(
+    state: &AgentState,
+    client: kube::Client,
+    node: String,
+    own: Vec<ipnet::IpNet>,
+    why: String,
+) -> ClientPolicy {
+    let learned = LearnedClients::default();
+    let policy = ClientPolicy::new(own).learning(learned.clone());
+    let source = format!(
+        "{why}: this node's pods are learned from the Pods with {}, plus this node's \
+         addresses and loopback",
+        k8s::pods::selector(&node)
+    );
+    info!(allowed = %policy, from = %source, "relay client policy");
+    record(
+        state,
+        &policy,
+        source,
+        Some(LearnedClientsStatus::default()),
+    );
+    let state = state.clone();
+    tokio::spawn(k8s::pods::watch(client, node, move |pods| {
+        learned.replace(pods.addresses.clone());
+        state.update(|s| {
+            if let Some(c) = s.clients.as_mut() {
+                c.learned = Some(LearnedClientsStatus {
+                    pods: pods.pods,
+                    addresses: pods.addresses.len(),
+                    synced: pods.synced,
+                    error: pods.error.clone(),
+                });
+            }
+        });
+    }));
+    policy
 }
 
-fn open(state: &AgentState, why: String) -> ClientPolicy {
-    warn!(reason = %why, "relays serve any peer that reaches their listeners");
+fn record(
+    state: &AgentState,
+    policy: &ClientPolicy,
+    source: String,
+    learned: Option<LearnedClientsStatus>,
+) {
     state.update(|s| {
         s.clients = Some(ClientsStatus {
-            allowed: "any".into(),
-            source: why,
+            allowed: policy.to_string(),
+            source,
+            node_only: false,
+            learned,
         })
     });
-    ClientPolicy::default()
+}
+
+/// This node's pod CIDRs, or why they cannot be had.
+async fn node_pod_cidrs(client: kube::Client, node: &str) -> Result<Vec<ipnet::IpNet>, String> {
+    // Bounded: an API server that does not answer must not hold up the datapath.
+    match tokio::time::timeout(Duration::from_secs(10), k8s::node::pod_cidrs(client, node)).await {
+        Ok(Ok(cidrs)) => Ok(cidrs),
+        Ok(Err(e)) => Err(format!("{e}")),
+        Err(_) => Err(format!("Node {node} could not be read within 10 s")),
+    }
 }

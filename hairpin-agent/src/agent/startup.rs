@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::RunArgs,
+    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, RunArgs},
     clients, limits,
     mode::{self, Configured, EbpfOutcome, Plan},
     reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
@@ -40,7 +40,7 @@ use crate::{
     },
     status::{
         AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
-        ModeStatus, NamesStatus,
+        ListenStatus, ModeStatus, NamesStatus,
         admin::{self, AdminConfig, KernelCounters},
         metrics::Metrics,
     },
@@ -58,17 +58,7 @@ impl Agent {
                 "no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)"
             );
         }
-        let listen = if args.listen_addresses.is_empty() {
-            ListenAddresses {
-                v4: node_v4,
-                v6: node_v6,
-            }
-        } else {
-            ListenAddresses {
-                v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
-                v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
-            }
-        };
+        let listen = listen_addresses(&args, node_v4, node_v6);
         limits::raise_nofile_limit();
         let metrics = Metrics::default();
         limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
@@ -114,6 +104,15 @@ impl Agent {
         }
         state.register_source(&source_name);
 
+        // Before the programs attach: redirects must find their listeners' address.
+        let listen_note = listen_on_link(&args, listen).await?;
+        state.update(|s| {
+            s.listen = Some(ListenStatus {
+                addresses: [listen.v4, listen.v6].into_iter().flatten().collect(),
+                link: args.listen_link().map(str::to_string),
+                note: listen_note,
+            })
+        });
         let (datapath, outcome, cgroup) = start_datapath(&args)?;
         let plan = mode::plan(
             args.mode,
@@ -418,6 +417,45 @@ fn service_listeners(
         }
     }
     out
+}
+
+/// Where the relays listen: `--listen-address`, else the node-local defaults for
+/// each family this node has an IP of.
+fn listen_addresses(
+    args: &RunArgs,
+    node_v4: Option<IpAddr>,
+    node_v6: Option<IpAddr>,
+) -> ListenAddresses {
+    if args.listen_addresses.is_empty() {
+        return ListenAddresses {
+            v4: node_v4.map(|_| IpAddr::V4(DEFAULT_LISTEN_V4)),
+            v6: node_v6.map(|_| IpAddr::V6(DEFAULT_LISTEN_V6)),
+        };
+    }
+    ListenAddresses {
+        v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
+        v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
+    }
+}
+
+/// Puts the listen addresses on the listen link (see `--listen-link`); returns
+/// what was done, one line per address.
+async fn listen_on_link(args: &RunArgs, listen: ListenAddresses) -> Result<Option<String>> {
+    let Some(link) = args.listen_link() else {
+        return Ok(None);
+    };
+    let mut notes = Vec::new();
+    for address in [listen.v4, listen.v6].into_iter().flatten() {
+        let outcome = names_link::ensure(link, address).await.with_context(|| {
+            format!(
+                "--listen-link {link}: cannot put the relays' listen address {address} on it                  (needs CAP_NET_ADMIN; --listen-link none uses --listen-address as it is)"
+            )
+        })?;
+        let note = outcome.note(address);
+        info!(link = outcome.link(), %address, "{note}");
+        notes.push(note);
+    }
+    Ok(Some(notes.join("; ")))
 }
 
 /// Puts the names address on `--names-link` when set; returns what was done.

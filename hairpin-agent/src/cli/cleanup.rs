@@ -44,6 +44,20 @@ pub struct CleanupArgs {
     #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
     pub names_address: Option<IpAddr>,
 
+    /// Link the relays' listen addresses were put on (`run --listen-link`); `none`:
+    /// not touched.
+    #[arg(long, env = "HAIRPIN_LISTEN_LINK", default_value = crate::agent::args::DEFAULT_LISTEN_LINK)]
+    pub listen_link: String,
+
+    /// The listen addresses to remove from --listen-link. Default: the agent's
+    /// defaults (169.254.104.1, fd68:6169:7270:696e::1).
+    #[arg(
+        long = "listen-address",
+        env = "HAIRPIN_LISTEN_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub listen_addresses: Vec<IpAddr>,
+
     /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
     /// our key of coredns-custom; `off` touches neither.
     #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
@@ -168,26 +182,38 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
             Err(e) => step("hosts", object, Outcome::Failed, Some(e.to_string())),
         });
     }
+    if args.listen_link != "none" && !args.listen_link.is_empty() {
+        let addresses = if args.listen_addresses.is_empty() {
+            crate::agent::args::default_listen_addresses().collect()
+        } else {
+            args.listen_addresses.clone()
+        };
+        for address in addresses {
+            steps.push(remove_address("listen-address", &args.listen_link, address).await);
+        }
+    }
     if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
-        let object = format!("{address} on {link}");
-        steps.push(match names_link::remove(link, address).await {
+        steps.push(remove_address("names-address", link, address).await);
+    }
+}
+
+/// Removes `address` from `link` (deleting the dummy link when it is left empty).
+async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Step {
+    let object = format!("{address} on {link}");
+    {
+        match names_link::remove(link, address).await {
             Ok(r) if r.address_from.is_empty() && r.deleted_link.is_none() => {
-                step("names-address", object, Outcome::Absent, None)
+                step(what, object, Outcome::Absent, None)
             }
             Ok(r) => {
                 let mut detail = format!("removed from {}", r.address_from.join(", "));
                 if let Some(l) = r.deleted_link {
                     detail.push_str(&format!("; deleted dummy link {l}"));
                 }
-                step("names-address", object, Outcome::Removed, Some(detail))
+                step(what, object, Outcome::Removed, Some(detail))
             }
-            Err(e) => step(
-                "names-address",
-                object,
-                Outcome::Failed,
-                Some(e.to_string()),
-            ),
-        });
+            Err(e) => step(what, object, Outcome::Failed, Some(e.to_string())),
+        }
     }
 }
 
@@ -292,7 +318,16 @@ mod tests {
         assert_eq!(names, ["lease"], "{:?}", cluster.steps);
         assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
 
-        let node = clean(&args(&["--hosts-file", path, "--scope", "node"])).await;
+        // `--listen-link none`: this test must not touch the machine's own links.
+        let node = clean(&args(&[
+            "--hosts-file",
+            path,
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+        ]))
+        .await;
         let names: Vec<&str> = node.steps.iter().map(|s| s.name).collect();
         assert_eq!(names, ["hosts"], "{:?}", node.steps);
         assert_eq!(node.steps[0].outcome, Outcome::Removed);
@@ -301,5 +336,10 @@ mod tests {
             "127.0.0.1 localhost"
         );
         let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            args(&[]).listen_link,
+            "hairpin0",
+            "by default the node scope removes the relays' listen addresses from hairpin0"
+        );
     }
 }

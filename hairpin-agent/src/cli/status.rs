@@ -192,8 +192,26 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
             }
         }
     }
+    if let Some(l) = &s.listen {
+        let addresses: Vec<String> = l.addresses.iter().map(ToString::to_string).collect();
+        let on = match &l.link {
+            Some(link) => format!("on {link}"),
+            None => "as given (--listen-link none)".to_string(),
+        };
+        out.push_str(&format!("listen      {} {on}\n", addresses.join(", ")));
+    }
     if let Some(c) = &s.clients {
         out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
+        if let Some(l) = &c.learned {
+            let synced = if l.synced { "" } else { ", not listed yet" };
+            out.push_str(&format!(
+                "            learned {} pods, {} addresses{synced}\n",
+                l.pods, l.addresses
+            ));
+            if let Some(e) = &l.error {
+                out.push_str(&format!("            learning failing: {e}\n"));
+            }
+        }
     }
     if !s.cluster_dns.is_empty() {
         let ips: Vec<String> = s.cluster_dns.iter().map(|i| i.to_string()).collect();

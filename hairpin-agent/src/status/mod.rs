@@ -78,6 +78,9 @@ pub struct Snapshot {
     /// Which peers the relays serve, and where that came from.
     #[serde(default)]
     pub clients: Option<ClientsStatus>,
+    /// Where the relays listen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<ListenStatus>,
     /// The kernel path (in-kernel headers), when the programs were loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<KernelPathStatus>,
@@ -117,9 +120,43 @@ pub enum KernelPathState {
 pub struct ClientsStatus {
     /// The allowed networks, comma-separated, or `any`.
     pub allowed: String,
-    /// Where they came from (`--allowed-clients`, the Node's pod CIDRs) or, when
-    /// `any`, why nothing narrower could be used.
+    /// Where they came from (`--allowed-clients`, the Node's pod CIDRs, this node's
+    /// Pods) or why only the node itself is served.
     pub source: String,
+    /// Only this node's own addresses and loopback are served: no pod network was
+    /// given or could be had.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_only: bool,
+    /// This node's pods learned from the Pods bound to it, when the policy learns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<LearnedClientsStatus>,
+}
+
+/// Where the relays listen.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ListenStatus {
+    /// The listen addresses (one per family).
+    pub addresses: Vec<IpAddr>,
+    /// The link they were put on (`--listen-link`), when one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// What was done to put them there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The pod addresses the client policy learned from this node's Pods.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LearnedClientsStatus {
+    /// Pods with an address.
+    pub pods: usize,
+    /// Their addresses.
+    pub addresses: usize,
+    /// Whether the first list has completed (until then, pods wait and are refused).
+    pub synced: bool,
+    /// The watch's last error, until it recovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The agent process.
