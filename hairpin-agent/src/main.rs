@@ -34,6 +34,8 @@ enum LogFormat {
 enum Command {
     /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
     Run(Box<hairpin_agent::agent::args::RunArgs>),
+    /// Write CoreDNS rewrites for the routed hostnames: the writer Deployment, apart from the DaemonSet.
+    CorednsWriter(Box<hairpin_agent::agent::coredns_writer::CorednsWriterArgs>),
     /// Show what the agent on this node is doing (or what the kernel says when it is down).
     Status(hairpin_agent::cli::status::StatusArgs),
     /// Say whether in-cluster requests to a host or IP work, and why not.
@@ -62,6 +64,10 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(hairpin_agent::agent::run(*args))
+        }
+        Command::CorednsWriter(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))
         }
         // The node subcommands exit with their verdict: scripts branch on it.
         Command::Status(args) => exit(hairpin_agent::cli::status::run(&args)?),

@@ -190,7 +190,22 @@ impl Agent {
     /// Starts the agent on `node` watching the (fake) API server of `kubeconfig`
     /// instead of a frontends file, and waits until it is attached. It logs
     /// `agent ready` only once the Service list has synced.
+    /// The simulated pod network is passed as `--allowed-clients` (these fakes
+    /// serve no Node or Pod objects unless a test adds them);
+    /// [`Agent::start_kube_default_clients`] leaves the client policy to the agent.
     pub fn start_kube(node: &SimNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
+        let mut args = vec!["--allowed-clients", SIM_POD_NETWORKS];
+        args.extend_from_slice(extra);
+        Agent::start_kube_default_clients(node, kubeconfig, &args)
+    }
+
+    /// As [`Agent::start_kube`], without `--allowed-clients`: the agent's default
+    /// client policy (the Node's pod CIDRs, else this node's Pods).
+    pub fn start_kube_default_clients(
+        node: &SimNode,
+        kubeconfig: &std::path::Path,
+        extra: &[&str],
+    ) -> Agent {
         let source = [
             "--kubeconfig",
             kubeconfig.to_str().expect("utf-8 path"),

@@ -21,6 +21,12 @@ use std::{
 
 use crate::sh::{run, run_in, run_quiet};
 
+/// Where the agent's relays listen by default (`--listen-address`): node-local,
+/// on `lo` of the node namespace here (this kernel has no dummy link type).
+pub const RELAY_IP4: &str = "169.254.104.1";
+/// The IPv6 default.
+pub const RELAY_IP6: &str = "fd68:6169:7270:696e::1";
+
 /// The node's address on the link of [`SimNode::add_off_node_peer`] (RFC 2544's
 /// benchmarking range: routed nowhere).
 pub const OFF_NODE_GW4: &str = "198.18.0.1";

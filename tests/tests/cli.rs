@@ -5,7 +5,7 @@ use hairpin_tests::{
     agent::FrontendSpec,
     cli::{admin_socket, run_cli, start_agent},
     names_support::{lbs_with_tls, start_tls_nginx},
-    node::{NODE_IP4, SimNode},
+    node::{RELAY_IP4, SimNode},
     privileges::datapath_tests_can_run,
     servers::start_nginx,
     sh::output_in,
@@ -64,7 +64,7 @@ fn status_reports_attachment_frontends_sources_and_counters() {
         f["listener"]
             .as_str()
             .expect("listener")
-            .starts_with(&format!("{NODE_IP4}:"))
+            .starts_with(&format!("{RELAY_IP4}:"))
     );
     assert_eq!(s["sources"][0]["synced"], true);
     assert!(
@@ -355,7 +355,7 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
         fe["entries"][0]["listener"]
             .as_str()
             .expect("l")
-            .starts_with(NODE_IP4)
+            .starts_with(RELAY_IP4)
     );
     let ctr = maps
         .iter()

@@ -40,7 +40,7 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
     let sock = admin_socket(node);
     let mut args = vec!["--admin-socket", sock.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
-    let mut agent = Agent::start_kube(node, &kubeconfig, &args);
+    let mut agent = Agent::start_kube_default_clients(node, &kubeconfig, &args);
     agent.wait_for_log("agent ready", Duration::from_secs(20));
     agent
 }

@@ -11,7 +11,7 @@ use hairpin_tests::{
     agent::{Agent, FrontendSpec},
     cli::run_cli,
     names_support::sh_with_hosts_file,
-    node::{NODE_IP4, SimNode},
+    node::{NODE_IP4, RELAY_IP4, SimNode},
     privileges::datapath_tests_can_run,
     servers::start_nginx,
     sh::run_in,
@@ -188,10 +188,36 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
         .iter()
         .map(|s| s["outcome"].as_str().unwrap_or(""))
         .collect();
-    assert_eq!(outcomes, ["removed", "removed", "skipped"], "{report:#}");
+    let names: Vec<&str> = report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap_or(""))
+        .collect();
+    // The hosts block, the relays' two listen addresses (the agent's defaults, on
+    // lo here), the names address; the Lease needs the API.
+    assert_eq!(
+        names,
+        [
+            "hosts",
+            "listen-address",
+            "listen-address",
+            "names-address",
+            "lease"
+        ],
+        "{report:#}"
+    );
+    assert_eq!(
+        outcomes,
+        ["removed", "removed", "removed", "removed", "skipped"],
+        "{report:#}"
+    );
     assert_eq!(fs::read(&hosts).expect("read"), NODE_HOSTS, "byte for byte");
     let lo = run_in(&node.node_ns, &["ip", "-4", "addr", "show", "dev", "lo"]);
-    assert!(!lo.contains(NAMES_ADDRESS), "{lo}");
+    assert!(
+        !lo.contains(NAMES_ADDRESS) && !lo.contains(RELAY_IP4),
+        "{lo}"
+    );
     let again = run_cli(&node, &args);
     assert_eq!(again.code, 0, "{again:?}");
     assert_eq!(

@@ -14,9 +14,10 @@ use hairpin_tests::{
     fakeapi::{FakeApi, fixture},
     load::Helper,
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
-    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
+    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
     privileges::datapath_tests_can_run,
     servers::{start_haproxy, start_nginx},
+    sh::run_in,
 };
 use nix::sys::signal::Signal;
 
@@ -94,8 +95,8 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     assert_eq!(
         block,
         format!(
-            "\n# BEGIN hairpin managed block (do not edit)\n{NODE_IP4}\ta.example.com\n\
-             {NODE_IP4}\tb.example.com\n# END hairpin managed block"
+            "\n# BEGIN hairpin managed block (do not edit)\n{RELAY_IP4}\ta.example.com\n\
+             {RELAY_IP4}\tb.example.com\n# END hairpin managed block"
         ),
         "exact names only, pointing at the name relay; the wildcard is left out"
     );
@@ -123,7 +124,7 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     assert_eq!(lines.len(), 3, "{}", got.body);
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        [NODE_IP4, "a.example.com"]
+        [RELAY_IP4, "a.example.com"]
     );
     assert!(
         lines[1].starts_with(&format!("client={NODE_IP4}:")),
@@ -206,7 +207,7 @@ fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
     assert_eq!(
         block,
         format!(
-            "\n# BEGIN hairpin managed block (do not edit)\n{NODE_IP4}\ta.example.com\n\
+            "\n# BEGIN hairpin managed block (do not edit)\n{RELAY_IP4}\ta.example.com\n\
              # END hairpin managed block"
         ),
         "only the name under --names-domains"
@@ -283,7 +284,7 @@ fn sni_and_host_route_each_name_to_its_own_lb_with_the_true_client() {
 
     let fetch = |name: &str, scheme: &str, port: u16| {
         let url = format!("{scheme}://{name}/");
-        curl_resolved_from_pod(&node, &format!("{name}:{port}:{NODE_IP4}"), &url)
+        curl_resolved_from_pod(&node, &format!("{name}:{port}:{RELAY_IP4}"), &url)
     };
     let cases = [
         (
@@ -524,7 +525,7 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     let fetch = || {
         curl_resolved_from_pod(
             &node,
-            &format!("docs.example.net:80:{NODE_IP4}"),
+            &format!("docs.example.net:80:{RELAY_IP4}"),
             "http://docs.example.net/",
         )
     };
@@ -563,8 +564,13 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     let _nginx = start_nginx(&node);
     let hosts = node.dir.join("hosts");
     fs::write(&hosts, NODE_HOSTS).expect("write hosts");
-    // Something else on the node already listens on the names address at :80.
-    let squat = format!("{NODE_IP4}:80");
+    // Something else on the node already listens on the names address at :80 (the
+    // address left on lo by an earlier agent).
+    run_in(
+        &node.node_ns,
+        &["ip", "addr", "add", &format!("{RELAY_IP4}/32"), "dev", "lo"],
+    );
+    let squat = format!("{RELAY_IP4}:80");
     let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
     assert_eq!(squatter.line(), "listening");
     let sock = admin_socket(&node);
@@ -593,7 +599,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     assert!(
         names["listeners"]
             .as_array()
-            .is_some_and(|l| l.iter().any(|a| *a == format!("{NODE_IP4}:443"))),
+            .is_some_and(|l| l.iter().any(|a| *a == format!("{RELAY_IP4}:443"))),
         "the other port is unaffected: {names}"
     );
     let doctor = run_cli(&node, &["doctor", "--output", "json"]);
@@ -654,6 +660,117 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     );
     let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
     assert!(names.get("failed_listeners").is_none(), "{names}");
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
+}
+
+/// Issue 14: a tenant past `--max-names-per-namespace` loses only its own newest
+/// names; another namespace's name is still published, and `status` counts what
+/// was withheld.
+#[test]
+fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_another() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let sock = admin_socket(&node);
+    let api = FakeApi::start_in_netns(&node.node_ns);
+    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hairpin-agent/tests/fixtures");
+    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.10".into();
+    api.apply(svc);
+    let ingress = |ns: &str, name: &str, created: &str, host: &str| {
+        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": "1",
+                         "creationTimestamp": created},
+            "spec": {"rules": [{"host": host}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}})
+    };
+    // tenant-a asks for five names, a cap of three; tenant-b, newer, for one.
+    for i in 0..5 {
+        api.apply(ingress(
+            "tenant-a",
+            &format!("a{i}"),
+            &format!("2026-01-01T00:00:0{i}Z"),
+            &format!("a{i}.example.com"),
+        ));
+    }
+    api.apply(ingress(
+        "tenant-b",
+        "b",
+        "2026-02-01T00:00:00Z",
+        "b.example.com",
+    ));
+    let kubeconfig = node.dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let mut agent = Agent::start_kube(
+        &node,
+        &kubeconfig,
+        &[
+            "--mode",
+            "both",
+            "--names-domains",
+            "example.com",
+            "--max-names-per-namespace",
+            "3",
+            "--hosts-file",
+            hosts.to_str().expect("utf-8 path"),
+            "--admin-socket",
+            sock.to_str().expect("utf-8 path"),
+        ],
+    );
+    let names_in_block = || -> Vec<String> {
+        let written = fs::read(&hosts).expect("read hosts");
+        String::from_utf8_lossy(&written[NODE_HOSTS.len()..])
+            .lines()
+            .filter_map(|l| l.split('\t').nth(1).map(str::to_owned))
+            .collect()
+    };
+    let want = [
+        "a0.example.com",
+        "a1.example.com",
+        "a2.example.com",
+        "b.example.com",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while names_in_block() != want {
+        assert!(
+            Instant::now() < deadline,
+            "hosts block {:?}, expected {want:?}\n{}",
+            names_in_block(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = agent.log();
+    assert!(
+        log.contains(
+            "Ingress tenant-a/a3: spec.rules[0].host: host a3.example.com withheld \
+             (rule max-names-per-namespace)"
+        ),
+        "{log}"
+    );
+    let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
+    let limits = &names["limits"];
+    assert_eq!(limits["max_names_per_namespace"], 3, "{names}");
+    assert_eq!(limits["withheld"], 2, "{names}");
+    assert_eq!(
+        limits["withheld_by_namespace"],
+        serde_json::json!({"tenant-a": 2}),
+        "{names}"
+    );
+    assert!(
+        names["hosts_writer"]["writes"]
+            .as_u64()
+            .is_some_and(|w| w >= 1),
+        "{names}"
+    );
     agent.signal(Signal::SIGTERM);
     assert!(
         agent.wait(Duration::from_secs(30)).success(),

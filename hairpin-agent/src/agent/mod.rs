@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod clients;
+pub mod coredns_writer;
 pub mod frontends_file;
 pub mod limits;
 pub mod mode;

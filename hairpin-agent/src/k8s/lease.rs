@@ -1,10 +1,19 @@
 //! One writer for cluster-wide objects: a coordination.k8s.io/v1 Lease.
 //!
-//! Every agent runs this; the holder writes Events (and, with the DNS fallback, the
-//! CoreDNS ConfigMap). Every write carries the Lease's resourceVersion, so two
-//! agents racing for an expired Lease cannot both win: the loser gets 409 Conflict.
+//! The DaemonSet's agents elect the one that writes Events (`hairpin-agent`); the
+//! `coredns-writer` replicas elect the one that writes CoreDNS (`hairpin-coredns`).
+//! Every write carries the Lease's resourceVersion, so two candidates racing for an
+//! expired Lease cannot both win: the loser gets 409 Conflict.
+//!
+//! Expiry is judged on two clocks: the holder's own `renewTime` plus its
+//! `leaseDurationSeconds`, and, as client-go's leader election does, this process's
+//! own observation: a Lease whose resourceVersion has not changed for longer than
+//! our own duration is expired whatever its times say. So a Lease created by another
+//! account (RBAC cannot limit `create` by name) with a renew time in the future or a
+//! duration of years cannot keep the rightful candidates out for more than one
+//! duration.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -71,13 +80,42 @@ pub fn step(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Step {
     }
 }
 
-/// Runs the election forever, publishing whether this agent holds the Lease.
+/// `step` seen from this process: a Lease held by someone else that has not changed
+/// (same resourceVersion) for longer than `duration` is taken over, whatever its
+/// own times claim.
+pub fn step_observed(step: Step, unchanged_for: Duration, duration: Duration) -> Step {
+    match step {
+        Step::Follow(_) if unchanged_for > duration => Step::TakeOver,
+        other => other,
+    }
+}
+
+/// The resourceVersion last seen, and since when (this process's clock).
+#[derive(Debug, Default)]
+struct Observed(Option<(String, Instant)>);
+
+impl Observed {
+    /// How long `rv` has been the Lease's resourceVersion, as far as we have seen.
+    fn unchanged_for(&mut self, rv: Option<&str>, now: Instant) -> Duration {
+        let rv = rv.unwrap_or_default();
+        match &self.0 {
+            Some((seen, since)) if seen == rv => now.saturating_duration_since(*since),
+            _ => {
+                self.0 = Some((rv.to_string(), now));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+/// Runs the election forever, publishing whether this process holds the Lease.
 pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut tick = tokio::time::interval(cfg.renew_every);
+    let mut observed = Observed::default();
     loop {
         tick.tick().await;
-        let held = match attempt(&api, &cfg).await {
+        let held = match attempt(&api, &cfg, &mut observed).await {
             Ok(held) => held,
             Err(e) => {
                 warn!(lease = %cfg.name, error = %e, "lease update failed");
@@ -91,10 +129,23 @@ pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>) 
     }
 }
 
-async fn attempt(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+async fn attempt(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    observed: &mut Observed,
+) -> Result<bool, kube::Error> {
     let current = api.get_opt(&cfg.name).await?;
     let now = Timestamp::now();
-    let step = step(current.as_ref(), &cfg.identity, now);
+    let rv = current
+        .as_ref()
+        .and_then(|l| l.metadata.resource_version.as_deref());
+    let unchanged_for = observed.unchanged_for(rv, Instant::now());
+    let claimed = step(current.as_ref(), &cfg.identity, now);
+    let step = step_observed(claimed.clone(), unchanged_for, cfg.duration);
+    if let (Step::Follow(holder), Step::TakeOver) = (&claimed, &step) {
+        warn!(lease = %cfg.name, %holder, unchanged_secs = unchanged_for.as_secs(),
+            "the Lease's holder has not renewed it while we watched, whatever its times say: taking it over");
+    }
     let stamp = Some(MicroTime(now));
     let result = match (step, current) {
         (Step::Follow(_), _) => return Ok(false),
@@ -171,5 +222,52 @@ mod tests {
             Step::TakeOver
         );
         assert_eq!(step(Some(&lease("", ago(1), 15)), "a", now), Step::TakeOver);
+    }
+
+    #[test]
+    fn a_lease_nobody_renews_is_taken_over_whatever_its_times_claim() {
+        let now = Timestamp::from_second(1_000_000).expect("timestamp");
+        // Created by another account with a renew time a year ahead and a duration of years.
+        let forged = lease(
+            "mallory",
+            now + SignedDuration::from_hours(24 * 365),
+            i32::MAX,
+        );
+        let claimed = step(Some(&forged), "writer-0", now);
+        assert_eq!(claimed, Step::Follow("mallory".into()));
+        let ours = Duration::from_secs(15);
+        assert_eq!(
+            step_observed(claimed.clone(), Duration::from_secs(10), ours),
+            claimed,
+            "not yet: it may still be renewed"
+        );
+        assert_eq!(
+            step_observed(claimed, Duration::from_secs(16), ours),
+            Step::TakeOver
+        );
+        // Our own Lease is renewed, never taken over from ourselves.
+        assert_eq!(
+            step_observed(Step::Renew, Duration::from_secs(100), ours),
+            Step::Renew
+        );
+    }
+
+    #[test]
+    fn a_changing_resource_version_restarts_the_observation() {
+        let t0 = Instant::now();
+        let mut o = Observed::default();
+        assert_eq!(o.unchanged_for(Some("1"), t0), Duration::ZERO);
+        assert_eq!(
+            o.unchanged_for(Some("1"), t0 + Duration::from_secs(7)),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            o.unchanged_for(Some("2"), t0 + Duration::from_secs(9)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            o.unchanged_for(Some("2"), t0 + Duration::from_secs(12)),
+            Duration::from_secs(3)
+        );
     }
 }

@@ -1,7 +1,13 @@
-//! The Kubernetes source, started from one typed [`SourceConfig`]: the reflectors
-//! and the decision ([`super::watch`]), and, when asked for, the Lease that elects
-//! the one agent that writes cluster-wide objects, the Events it publishes and the
-//! CoreDNS writer it runs.
+//! The Kubernetes source, started from one typed config: the reflectors and the
+//! decision ([`super::watch`]), and
+//!
+//! - for the DaemonSet ([`spawn`], [`SourceConfig`]), when asked for, the Lease that
+//!   elects the one agent that publishes Events;
+//! - for `hairpin-agent coredns-writer` ([`spawn_coredns_writer`],
+//!   [`CorednsWriterConfig`]), its own Lease and the CoreDNS loop its holder runs.
+//!
+//! The DaemonSet never writes CoreDNS: its ServiceAccount has no access to
+//! kube-system, so root on one node cannot rewrite every pod's DNS.
 
 use std::{sync::Arc, time::Duration};
 
@@ -28,11 +34,11 @@ pub struct SourceConfig {
     /// The name `/status` lists this source under (`kubernetes`).
     pub name: String,
     /// The Lease and what its holder writes; `None` when this agent writes nothing
-    /// cluster-wide (no Events, no CoreDNS).
+    /// cluster-wide (no Events).
     pub writer: Option<WriterConfig>,
 }
 
-/// The one writer of cluster-wide objects, elected by a Lease.
+/// The one agent that publishes Events, elected by a Lease.
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
     /// The Lease's namespace.
@@ -44,8 +50,34 @@ pub struct WriterConfig {
     /// Publish an Event on each Service whose decision changed, and a Warning on each
     /// Ingress or Gateway route whose hostname was refused.
     pub events: bool,
-    /// Keep CoreDNS rewriting the routed names, when set.
+    /// Ignored: `run` no longer writes CoreDNS (`hairpin-agent coredns-writer`, its
+    /// own Deployment and ServiceAccount, does). Kept only until agent/startup.rs
+    /// stops setting it.
     pub coredns: Option<CorednsConfig>,
+}
+
+/// The CoreDNS writer's source: the same watches and decision as the DaemonSet's,
+/// its own Lease, and the CoreDNS loop.
+#[derive(Clone, Debug)]
+pub struct CorednsWriterConfig {
+    /// Decision settings: the same as the DaemonSet's, so the names are the same.
+    pub defaults: Defaults,
+    /// Which hostnames may be published.
+    pub scope: NameScope,
+    /// The name `/status` lists this source under.
+    pub name: String,
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name (not the agents' one: a different election).
+    pub lease: String,
+    /// This replica's identity (its pod name): the Lease holder and Event reporter.
+    pub identity: String,
+    /// How long the Lease holds without renewal; renewed every third of it.
+    pub lease_duration: Duration,
+    /// What is written.
+    pub coredns: CorednsConfig,
+    /// Resync, conflict retry, and the least time between two writes.
+    pub timing: task::Timing,
 }
 
 /// Starts the source; the snapshot changes whenever the decision does.
@@ -62,7 +94,7 @@ pub fn spawn(
         None => health_state.source_recovered(&name),
     });
     let source = super::watch::spawn(client.clone(), cfg.defaults, cfg.scope, metrics, health);
-    let Some(w) = cfg.writer else {
+    let Some(w) = cfg.writer.filter(|w| w.events) else {
         return source.snapshot;
     };
     let (leader_tx, leader_rx) = watch::channel(false);
@@ -74,26 +106,58 @@ pub fn spawn(
         renew_every: Duration::from_secs(5),
     };
     tokio::spawn(lease::run(client.clone(), lease, leader_tx));
-    if w.events {
-        tokio::spawn(events::run(
-            client.clone(),
-            w.node.clone(),
-            source.services.clone(),
-            source.snapshot.clone(),
-            leader_rx.clone(),
-        ));
-    }
-    if let Some(coredns) = w.coredns {
-        tokio::spawn(task::run(
-            client,
-            coredns,
-            w.node,
-            routes_of(source.snapshot.clone()),
-            leader_rx,
+    tokio::spawn(events::run(
+        client,
+        w.node,
+        source.services.clone(),
+        source.snapshot.clone(),
+        leader_rx,
+    ));
+    source.snapshot
+}
+
+/// Starts the CoreDNS writer's source: the watches, its Lease and, while it holds
+/// the Lease, the CoreDNS loop. The snapshot says when the watches synced.
+pub fn spawn_coredns_writer(
+    client: kube::Client,
+    cfg: CorednsWriterConfig,
+    metrics: Metrics,
+    state: AgentState,
+) -> watch::Receiver<KubeSnapshot> {
+    let health_state = state.clone();
+    let name = cfg.name.clone();
+    let health: Health = Arc::new(move |resource, error| match error {
+        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
+        None => health_state.source_recovered(&name),
+    });
+    let source = super::watch::spawn(
+        client.clone(),
+        cfg.defaults,
+        cfg.scope,
+        metrics.clone(),
+        health,
+    );
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let lease = lease::LeaseConfig {
+        namespace: cfg.namespace,
+        name: cfg.lease,
+        identity: cfg.identity.clone(),
+        duration: cfg.lease_duration,
+        renew_every: cfg.lease_duration / 3,
+    };
+    tokio::spawn(lease::run(client.clone(), lease, leader_tx));
+    tokio::spawn(task::run(
+        client,
+        cfg.coredns,
+        task::Reporting {
+            instance: cfg.identity,
             state,
-            task::Timing::default(),
-        ));
-    }
+            metrics,
+        },
+        routes_of(source.snapshot.clone()),
+        leader_rx,
+        cfg.timing,
+    ));
     source.snapshot
 }
 

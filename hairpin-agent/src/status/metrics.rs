@@ -116,6 +116,9 @@ pub struct Metrics {
     hosts_writes: Counter,
     hosts_coalesced: Counter,
     hosts_pending: Gauge,
+    coredns_writes: Counter,
+    coredns_coalesced: Counter,
+    coredns_pending: Gauge,
     kernel: Arc<RwLock<Option<KernelCounterReader>>>,
 }
 
@@ -137,6 +140,9 @@ impl Default for Metrics {
             hosts_writes: Counter::default(),
             hosts_coalesced: Counter::default(),
             hosts_pending: Gauge::default(),
+            coredns_writes: Counter::default(),
+            coredns_coalesced: Counter::default(),
+            coredns_pending: Gauge::default(),
             kernel: Arc::default(),
         }
     }
@@ -238,6 +244,22 @@ impl Metrics {
     /// Writes that changed the hosts file and blocks coalesced, since start.
     pub fn hosts_counts(&self) -> (u64, u64) {
         (self.hosts_writes.get(), self.hosts_coalesced.get())
+    }
+
+    /// Counts a write (update or create) of CoreDNS's ConfigMap.
+    pub fn coredns_written(&self) {
+        self.coredns_writes.inc();
+    }
+
+    /// Counts a change of the routed names folded into a CoreDNS write that was
+    /// already waiting for the minimum interval between writes.
+    pub fn coredns_coalesced(&self) {
+        self.coredns_coalesced.inc();
+    }
+
+    /// Whether a CoreDNS write waits for the minimum interval between writes.
+    pub fn set_coredns_pending(&self, pending: bool) {
+        self.coredns_pending.set(i64::from(pending));
     }
 
     /// Exports the kernel programs' counters, read by `read` at each scrape, as
@@ -358,6 +380,21 @@ impl Metrics {
             "hosts_write_pending",
             "1 while a hosts block waits for --hosts-min-interval",
             self.hosts_pending.clone(),
+        );
+        registry.register(
+            "coredns_writes",
+            "Writes (update or create) of CoreDNS's ConfigMap by this process",
+            self.coredns_writes.clone(),
+        );
+        registry.register(
+            "coredns_coalesced_changes",
+            "Changes of the routed names folded into a CoreDNS write already waiting for the minimum interval between writes",
+            self.coredns_coalesced.clone(),
+        );
+        registry.register(
+            "coredns_write_pending",
+            "1 while a CoreDNS write waits for the minimum interval between writes",
+            self.coredns_pending.clone(),
         );
         let kernel = self
             .kernel

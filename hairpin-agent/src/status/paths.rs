@@ -130,4 +130,14 @@ pub struct CorednsStatus {
     /// than 1.8.4 (no `answer auto`) or unknown; names them and says why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_back: Option<String>,
+    /// RFC 3339 time since which a change waits for the minimum interval between
+    /// writes (`--coredns-min-write-interval`); `None` when nothing waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_since: Option<String>,
+    /// Writes (update or create) of the ConfigMap by this process.
+    #[serde(default)]
+    pub writes: u64,
+    /// Changes of the routed names folded into a write already waiting.
+    #[serde(default)]
+    pub coalesced: u64,
 }

@@ -8,9 +8,10 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::{
     VARIANTS,
-    flags::{admin_routes, run_args},
+    flags::{admin_routes, run_args, writer_args},
     render::{
         agent, daemonset, env_of, find, host_path, kustomize, mebibytes, pod_spec, read, typed,
+        writer,
     },
 };
 
@@ -49,8 +50,11 @@ fn the_service_is_the_name_relays_listeners_and_the_coredns_target() {
         );
         let svc: Service = typed(svc);
         let meta = svc.metadata.clone();
+        let w = writer(&objs).unwrap_or_else(|| panic!("{}: a Service and no writer", v.dir));
         assert_eq!(
-            run.coredns_target.to_string(),
+            writer_args(&env_of(&w, v.dir), v.dir)
+                .coredns_target
+                .to_string(),
             format!(
                 "{}.{}.svc.cluster.local",
                 meta.name.as_deref().unwrap_or_default(),

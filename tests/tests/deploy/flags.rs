@@ -9,7 +9,10 @@ use std::{
 };
 
 use clap::Parser;
-use hairpin_agent::{agent::args::RunArgs, cli::cleanup::CleanupArgs};
+use hairpin_agent::{
+    agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
+    cli::cleanup::CleanupArgs,
+};
 
 use super::render::read;
 
@@ -19,6 +22,14 @@ use super::render::read;
 struct Run {
     #[command(flatten)]
     args: RunArgs,
+}
+
+/// `hairpin-agent coredns-writer`'s options.
+#[derive(Parser, Debug)]
+#[command(name = "coredns-writer")]
+struct Writer {
+    #[command(flatten)]
+    args: CorednsWriterArgs,
 }
 
 /// `hairpin-agent cleanup`'s options.
@@ -32,6 +43,11 @@ struct Cleanup {
 /// The env parsed as `run` parses it.
 pub fn run_args(env: &BTreeMap<String, String>, source: &str) -> RunArgs {
     parse::<Run>(env, source).args
+}
+
+/// The env parsed as `coredns-writer` parses it.
+pub fn writer_args(env: &BTreeMap<String, String>, source: &str) -> CorednsWriterArgs {
+    parse::<Writer>(env, source).args
 }
 
 /// The env parsed as `cleanup` parses it.

@@ -28,8 +28,8 @@ use std::{collections::BTreeSet, process::Command};
 
 use hairpin_agent::{k8s::coredns::CorednsMode, model::Mode};
 
-use flags::{agent_binary, global_env_names, run_args};
-use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root};
+use flags::{agent_binary, global_env_names, run_args, writer_args};
+use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root, writer};
 
 /// One way to install hairpin, and what it is for.
 pub struct Variant {
@@ -37,7 +37,8 @@ pub struct Variant {
     pub dir: &'static str,
     /// The agent's --mode.
     pub mode: Mode,
-    /// The agent's --coredns.
+    /// The agent's --coredns (CoreDNS sends pods to its name relay), and the mode of
+    /// the hairpin-coredns writer Deployment (off: no writer).
     pub coredns: CorednsMode,
     /// The ConfigMap the CoreDNS writer edits, `namespace/name`.
     pub written: Option<&'static str>,
@@ -137,7 +138,14 @@ fn every_kustomization_is_a_variant_or_an_uninstall() {
         .iter()
         .flat_map(|v| [v.dir.to_string(), v.uninstall.to_string()])
         // Not installable alone: the component, and the uninstall's shared base.
-        .chain(["deploy/components/coredns", "deploy/uninstall/base"].map(String::from))
+        .chain(
+            [
+                "deploy/components/coredns",
+                "deploy/uninstall/coredns-writer",
+                "deploy/uninstall/base",
+            ]
+            .map(String::from),
+        )
         .collect();
     let found = kustomizations_under("deploy");
     assert_eq!(
@@ -167,6 +175,18 @@ fn kustomize_renders_every_variant_into_kubernetes_types() {
                 v.dir
             );
         }
+        let writer = [
+            "Deployment/hairpin-coredns",
+            "ServiceAccount/hairpin-coredns",
+        ];
+        for w in writer {
+            assert_eq!(
+                kinds.contains(w),
+                v.coredns != CorednsMode::Off,
+                "{}: {w} exactly when CoreDNS is written",
+                v.dir
+            );
+        }
         assert!(
             !objs.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
             "{}: a PDB does not apply to a DaemonSet's rollout (it gates evictions only) and would block node drains",
@@ -182,11 +202,28 @@ fn each_variant_runs_the_agent_as_it_says() {
         let run = run_args(&env_of(&agent(&objs), v.dir), v.dir);
         assert_eq!(run.mode, v.mode, "{}: --mode", v.dir);
         assert_eq!(run.coredns, v.coredns, "{}: --coredns", v.dir);
-        let written = match run.coredns {
-            CorednsMode::Off => None,
-            CorednsMode::Corefile => Some(run.coredns_objects.configmap.to_string()),
-            CorednsMode::Import => Some(run.coredns_objects.custom_configmap.to_string()),
-        };
+        // The agents write no CoreDNS; the writer Deployment does, in the same mode.
+        let written = writer(&objs).map(|c| {
+            let w = writer_args(&env_of(&c, v.dir), v.dir);
+            assert_eq!(w.coredns, v.coredns, "{}: the writer's --coredns", v.dir);
+            assert_eq!(
+                (w.names_domains.clone(), w.cluster_domain.clone()),
+                (run.names_domains.clone(), run.cluster_domain.clone()),
+                "{}: the writer publishes the names the agents route",
+                v.dir
+            );
+            assert_eq!(
+                w.coredns_target.to_string(),
+                run.coredns_target.to_string(),
+                "{}",
+                v.dir
+            );
+            match w.coredns {
+                CorednsMode::Off => panic!("{}: a writer that writes nothing", v.dir),
+                CorednsMode::Corefile => w.coredns_objects.configmap.to_string(),
+                CorednsMode::Import => w.coredns_objects.custom_configmap.to_string(),
+            }
+        });
         assert_eq!(
             written.as_deref(),
             v.written,
@@ -261,6 +298,39 @@ fn env_names_are_flags_the_agent_binary_has() {
             .iter()
             .all(|g| help.contains(&format!("[env: {g}=")))
     );
+    let out = Command::new(&bin)
+        .args(["coredns-writer", "--help"])
+        .output()
+        .expect("coredns-writer --help");
+    assert!(
+        out.status.success(),
+        "`hairpin-agent coredns-writer --help` failed"
+    );
+    let help = String::from_utf8_lossy(&out.stdout);
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        let Some(c) = writer(&objs) else { continue };
+        for e in c.env.iter().flatten() {
+            assert!(
+                help.contains(&format!("[env: {}=", e.name)),
+                "{}: env {} is not in `hairpin-agent coredns-writer --help`",
+                v.dir,
+                e.name
+            );
+        }
+        assert_eq!(
+            c.args,
+            Some(vec!["coredns-writer".to_string()]),
+            "{}",
+            v.dir
+        );
+        assert_eq!(
+            field_of(&c, "HAIRPIN_IDENTITY").as_deref(),
+            Some("metadata.name"),
+            "{}: each replica its own Lease identity",
+            v.dir
+        );
+    }
 }
 
 #[test]
@@ -272,26 +342,28 @@ fn the_agent_binary_accepts_each_variants_settings() {
     let Some(bin) = agent_binary() else { return };
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
-        let c = agent(&objs);
-        let out = Command::new(&bin)
-            .args(c.args.clone().unwrap_or_default())
-            .env_clear()
-            .env("RUST_BACKTRACE", "0")
-            .envs(env_of(&c, v.dir))
-            .env(
-                "HAIRPIN_KUBECONFIG",
-                "/nonexistent/hairpin-deploy-test/kubeconfig",
-            )
-            .output()
-            .expect("run the agent");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.code() == Some(1)
-                && stderr.contains("failed to read kubeconfig /nonexistent/"),
-            "{}: the agent did not accept the DaemonSet's settings (exit {:?}):\n{stderr}",
-            v.dir,
-            out.status.code()
-        );
+        for c in [Some(agent(&objs)), writer(&objs)].into_iter().flatten() {
+            let out = Command::new(&bin)
+                .args(c.args.clone().unwrap_or_default())
+                .env_clear()
+                .env("RUST_BACKTRACE", "0")
+                .envs(env_of(&c, v.dir))
+                .env(
+                    "HAIRPIN_KUBECONFIG",
+                    "/nonexistent/hairpin-deploy-test/kubeconfig",
+                )
+                .output()
+                .expect("run the agent");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.code() == Some(1)
+                    && stderr.contains("failed to read kubeconfig /nonexistent/"),
+                "{}: {} did not accept its manifest's settings (exit {:?}):\n{stderr}",
+                v.dir,
+                c.name,
+                out.status.code()
+            );
+        }
     }
 }
 

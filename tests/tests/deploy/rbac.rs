@@ -1,10 +1,13 @@
-//! RBAC: the API calls the agent makes in a given configuration, each pointing at
-//! the code that makes it, against the Roles a kustomization renders.
+//! RBAC: the API calls each ServiceAccount's processes make in a given
+//! configuration, each pointing at the code that makes it, against the Roles a
+//! kustomization renders and binds to that account: `hairpin` (the DaemonSet's
+//! `run` and the uninstall Job's `cleanup`) and `hairpin-coredns` (the writer
+//! Deployment's `coredns-writer` and the hairpin-cleanup-coredns Job's `cleanup`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hairpin_agent::{
-    agent::args::RunArgs,
+    agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
     cli::cleanup::CleanupArgs,
     k8s::coredns::{CorednsMode, ObjectName},
 };
@@ -12,10 +15,15 @@ use serde_json::Value as Json;
 
 use super::{
     VARIANTS,
-    flags::{cleanup_args, run_args},
-    render::{agent, env_of, kustomize, read},
-    uninstall::cleanup_job,
+    flags::{cleanup_args, run_args, writer_args},
+    render::{agent, env_of, kustomize, read, writer},
+    uninstall::{cleanup_job, coredns_cleanup_job},
 };
+
+/// The agents' ServiceAccount.
+const AGENT: &str = "hairpin";
+/// The CoreDNS writer's ServiceAccount.
+const WRITER: &str = "hairpin-coredns";
 
 /// One permission: (namespace or "*" for cluster-wide, apiGroup, resource, verb,
 /// resourceName or "*").
@@ -48,9 +56,8 @@ fn call(
     }
 }
 
-/// What `hairpin-agent run` calls with `run`'s settings (the Kubernetes source).
-pub fn run_calls(run: &RunArgs) -> Vec<Call> {
-    assert!(run.frontends.is_none(), "the DaemonSet watches the cluster");
+/// k8s/watch.rs: what both `run` and `coredns-writer` watch, cluster-wide, read-only.
+fn watch_calls() -> Vec<Call> {
     let mut v = Vec::new();
     // k8s/watch.rs `spawn`: `watcher(Api::<Service>::all(..))` lists then watches,
     // cluster-wide; the same for Ingress; `watch_gateway_api`: Gateway, HTTPRoute and
@@ -88,6 +95,43 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
         "k8s/watch.rs",
         "Api::<DynamicObject>::all_with(",
     ));
+    v
+}
+
+/// k8s/lease.rs `attempt`: get_opt and replace of the Lease `name` in `ns`; create
+/// when none exists (not limitable by name).
+fn lease_calls(ns: &str, name: &str) -> Vec<Call> {
+    let lease = |verb, name| (ns, "coordination.k8s.io", "leases", verb, name);
+    vec![
+        call(lease("get", name), "k8s/lease.rs", "api.get_opt(&cfg.name)"),
+        call(
+            lease("update", name),
+            "k8s/lease.rs",
+            "api.replace(&cfg.name",
+        ),
+        call(
+            lease("create", "*"),
+            "k8s/lease.rs",
+            "api.create(&PostParams::default(), &lease)",
+        ),
+    ]
+}
+
+/// What `hairpin-agent run` calls with `run`'s settings (the Kubernetes source).
+/// Whatever its --coredns, `run` writes nothing in CoreDNS (k8s/source.rs `spawn`
+/// starts no CoreDNS loop): --coredns only keeps the name relay running.
+pub fn run_calls(run: &RunArgs) -> Vec<Call> {
+    assert!(run.frontends.is_none(), "the DaemonSet watches the cluster");
+    let mut v = watch_calls();
+    // k8s/pods.rs `watch`: this node's pods (field selector spec.nodeName), for the
+    // client policy's addresses.
+    for verb in ["list", "watch"] {
+        v.push(call(
+            ("*", "", "pods", verb, "*"),
+            "k8s/pods.rs",
+            "Api::<Pod>::all(",
+        ));
+    }
     // k8s/node.rs `pod_cidrs`: this node's Node, read once for the default
     // --allowed-clients (its pod CIDRs); not needed when they are given.
     if run.allowed_clients.is_empty() {
@@ -97,61 +141,48 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
             "Api::<Node>::all(",
         ));
     }
-    let coredns = run.coredns != CorednsMode::Off;
-    // k8s/source.rs `spawn`: the Lease election runs when Events or the
-    // CoreDNS writer are on. k8s/lease.rs `attempt`: get_opt and replace of the Lease
-    // (--lease-name) in --namespace; create when none exists (not limitable by name).
-    if run.events || coredns {
-        let (ns, name) = (run.namespace.as_str(), run.lease_name.as_str());
-        let lease = |verb, name| (ns, "coordination.k8s.io", "leases", verb, name);
-        v.push(call(
-            lease("get", name),
-            "k8s/lease.rs",
-            "api.get_opt(&cfg.name)",
-        ));
-        v.push(call(
-            lease("update", name),
-            "k8s/lease.rs",
-            "api.replace(&cfg.name",
-        ));
-        v.push(call(
-            lease("create", "*"),
-            "k8s/lease.rs",
-            "api.create(&PostParams::default(), &lease)",
-        ));
-    }
-    // kube_runtime's Recorder::publish creates an events.k8s.io Event in the object's
-    // namespace and patches it when the Event repeats: k8s/events.rs (Services, and
-    // Ingresses / Gateway routes whose hostname was refused, with --events),
-    // k8s/coredns/task.rs (CorefileUnrecognized on the Corefile ConfigMap).
-    let mut events = Vec::new();
+    // k8s/source.rs `spawn`: the Lease election runs when Events are on.
     if run.events {
-        events.push("k8s/events.rs");
-    }
-    if run.coredns == CorednsMode::Corefile {
-        events.push("k8s/coredns/task.rs");
-    }
-    for file in events {
+        v.extend(lease_calls(&run.namespace, &run.lease_name));
+        // kube_runtime's Recorder::publish creates an events.k8s.io Event in the
+        // object's namespace and patches it when the Event repeats: k8s/events.rs
+        // (Services, and Ingresses / Gateway routes whose hostname was refused).
         for verb in ["create", "patch"] {
             v.push(call(
                 ("*", "events.k8s.io", "events", verb, "*"),
-                file,
+                "k8s/events.rs",
                 "recorder.publish(",
             ));
         }
     }
-    let objects = &run.coredns_objects;
-    match run.coredns {
-        CorednsMode::Off => {}
+    v
+}
+
+/// What `hairpin-agent coredns-writer` calls with `w`'s settings.
+pub fn writer_calls(w: &CorednsWriterArgs) -> Vec<Call> {
+    let mut v = watch_calls();
+    // k8s/source.rs `spawn_coredns_writer`: its own Lease, always.
+    v.extend(lease_calls(&w.namespace, &w.lease_name));
+    let objects = &w.coredns_objects;
+    match w.coredns {
+        CorednsMode::Off => panic!("coredns-writer refuses --coredns off"),
         CorednsMode::Corefile => {
-            v.extend(configmap_edit_calls(&objects.configmap));
-            // k8s/coredns/task.rs `publish`: the ConfigMap the Warning Event is about.
             let o = &objects.configmap;
+            v.extend(configmap_edit_calls(o));
+            // k8s/coredns/task.rs `publish`: the ConfigMap the Warning Event is about,
+            // and the Event, in that ConfigMap's namespace (kube's Recorder).
             v.push(call(
                 (&o.namespace, "", "configmaps", "get", &o.name),
                 "k8s/coredns/task.rs",
                 ".get(&o.name)",
             ));
+            for verb in ["create", "patch"] {
+                v.push(call(
+                    (&o.namespace, "events.k8s.io", "events", verb, "*"),
+                    "k8s/coredns/task.rs",
+                    "recorder.publish(",
+                ));
+            }
         }
         CorednsMode::Import => {
             let o = &objects.custom_configmap;
@@ -165,31 +196,25 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
             ));
         }
     }
-    // k8s/coredns/mod.rs `coredns_version` (from the CoreDNS loop, each round): the
-    // CoreDNS Deployment named like the main ConfigMap (--coredns-configmap, also in
-    // import mode), for the image tag that says whether `answer auto` is understood.
-    if coredns {
-        let o = &objects.configmap;
-        v.push(call(
-            (&o.namespace, "apps", "deployments", "get", &o.name),
-            "k8s/coredns/mod.rs",
-            "Api::<Deployment>::namespaced(",
-        ));
-    }
-    // k8s/coredns/mod.rs `node_local_dns` (from the CoreDNS loop): its DaemonSet, else its
-    // ConfigMap, in kube-system.
-    if coredns {
-        v.push(call(
-            ("kube-system", "apps", "daemonsets", "get", "node-local-dns"),
-            "k8s/coredns/mod.rs",
-            "ds.get_opt(\"node-local-dns\")",
-        ));
-        v.push(call(
-            ("kube-system", "", "configmaps", "get", "node-local-dns"),
-            "k8s/coredns/mod.rs",
-            "cm.get_opt(\"node-local-dns\")",
-        ));
-    }
+    // k8s/coredns/mod.rs `coredns_version` (each round): the CoreDNS Deployment named
+    // like the main ConfigMap (--coredns-configmap, also in import mode).
+    let o = &objects.configmap;
+    v.push(call(
+        (&o.namespace, "apps", "deployments", "get", &o.name),
+        "k8s/coredns/mod.rs",
+        "Api::<Deployment>::namespaced(",
+    ));
+    // k8s/coredns/mod.rs `node_local_dns` (at start): its DaemonSet, else its ConfigMap.
+    v.push(call(
+        ("kube-system", "apps", "daemonsets", "get", "node-local-dns"),
+        "k8s/coredns/mod.rs",
+        "ds.get_opt(\"node-local-dns\")",
+    ));
+    v.push(call(
+        ("kube-system", "", "configmaps", "get", "node-local-dns"),
+        "k8s/coredns/mod.rs",
+        "cm.get_opt(\"node-local-dns\")",
+    ));
     v
 }
 
@@ -244,10 +269,11 @@ fn grants(calls: &[Call]) -> BTreeSet<Grant> {
     calls.iter().map(|c| c.grant.clone()).collect()
 }
 
-/// The grants the rendered Roles and ClusterRoles give, after checking that each is
-/// bound to exactly the agent's ServiceAccount.
-pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeSet<Grant> {
-    let mut out = BTreeSet::new();
+/// The grants the rendered Roles and ClusterRoles give, by the ServiceAccount (in
+/// hairpin-system) each is bound to; a binding of anything else, or of more than one
+/// subject, fails.
+pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeMap<String, BTreeSet<Grant>> {
+    let mut out: BTreeMap<String, BTreeSet<Grant>> = BTreeMap::new();
     for o in objs {
         let (kind, ns) = match o["kind"].as_str() {
             Some("ClusterRole") => ("ClusterRole", "*".to_string()),
@@ -261,19 +287,32 @@ pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeSet<Grant> {
             _ => continue,
         };
         let name = o["metadata"]["name"].as_str().expect("name");
-        let binding = objs.iter().find(|b| {
-            b["kind"] == format!("{kind}Binding")
-                && b["roleRef"]["name"] == name
-                && b["roleRef"]["kind"] == kind
-                && (kind == "ClusterRole" || b["metadata"]["namespace"] == ns.as_str())
-        });
-        let binding =
-            binding.unwrap_or_else(|| panic!("{source}: {kind} {name} is bound to nothing"));
+        let bindings: Vec<&Json> = objs
+            .iter()
+            .filter(|b| {
+                b["kind"] == format!("{kind}Binding")
+                    && b["roleRef"]["name"] == name
+                    && b["roleRef"]["kind"] == kind
+                    && (kind == "ClusterRole" || b["metadata"]["namespace"] == ns.as_str())
+            })
+            .collect();
         assert_eq!(
-            binding["subjects"],
-            serde_json::json!([{"kind": "ServiceAccount", "name": "hairpin", "namespace": "hairpin-system"}]),
-            "{source}: {kind}Binding for {name} must bind exactly the agent's ServiceAccount"
+            bindings.len(),
+            1,
+            "{source}: {kind} {name} must be bound exactly once"
         );
+        let subjects = bindings[0]["subjects"].as_array().expect("subjects");
+        assert_eq!(subjects.len(), 1, "{source}: {kind} {name}: one subject");
+        let sa = subjects[0]["name"]
+            .as_str()
+            .expect("subject name")
+            .to_string();
+        assert_eq!(
+            subjects[0],
+            serde_json::json!({"kind": "ServiceAccount", "name": sa, "namespace": "hairpin-system"}),
+            "{source}: {kind}Binding for {name} binds a ServiceAccount of hairpin-system"
+        );
+        let into = out.entry(sa).or_default();
         for rule in o["rules"].as_array().expect("rules") {
             let list = |k: &str| -> Vec<String> {
                 rule[k]
@@ -303,7 +342,7 @@ pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeSet<Grant> {
                             "{source}: wildcard in {kind} {name}"
                         );
                         for n in &names {
-                            out.insert((
+                            into.insert((
                                 ns.clone(),
                                 group.clone(),
                                 resource.clone(),
@@ -319,18 +358,45 @@ pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeSet<Grant> {
     out
 }
 
-/// Every call of every variant: the agent's with its DaemonSet's env, and cleanup's
-/// with its uninstall Job's env (the Job runs as the agent's ServiceAccount).
-fn expected_calls(objs: &[Json], dir: &str, uninstall: &str) -> Option<Vec<Call>> {
+/// Every call of every variant, by ServiceAccount: the agent's with its DaemonSet's
+/// env and cleanup's with its uninstall Job's env (as `hairpin`); the writer's with
+/// its Deployment's env and cleanup's with the hairpin-cleanup-coredns Job's env (as
+/// `hairpin-coredns`).
+fn expected_calls(
+    objs: &[Json],
+    dir: &str,
+    uninstall: &str,
+) -> Option<BTreeMap<String, Vec<Call>>> {
     let run = run_args(&env_of(&agent(objs), dir), dir);
-    let job = cleanup_job(&kustomize(uninstall)?);
+    let removal = kustomize(uninstall)?;
+    let job = cleanup_job(&removal);
     let cleanup = cleanup_args(&env_of(&job, uninstall), uninstall);
-    Some(
+    let mut out = BTreeMap::new();
+    out.insert(
+        AGENT.to_string(),
         run_calls(&run)
             .into_iter()
             .chain(cleanup_calls(&cleanup))
             .collect(),
-    )
+    );
+    if let Some(c) = writer(objs) {
+        let w = writer_args(&env_of(&c, dir), dir);
+        let job = coredns_cleanup_job(&removal)
+            .unwrap_or_else(|| panic!("{uninstall}: no hairpin-cleanup-coredns Job"));
+        let cleanup = cleanup_args(&env_of(&job, uninstall), uninstall);
+        out.insert(
+            WRITER.to_string(),
+            writer_calls(&w)
+                .into_iter()
+                .chain(cleanup_calls(&cleanup))
+                .collect(),
+        );
+    }
+    Some(out)
+}
+
+fn is_write(verb: &str) -> bool {
+    !matches!(verb, "get" | "list" | "watch")
 }
 
 #[test]
@@ -340,15 +406,122 @@ fn rbac_is_exactly_what_the_code_calls_in_each_variant() {
         let Some(calls) = expected_calls(&objs, v.dir, v.uninstall) else {
             return;
         };
-        let (rendered, expected) = (rendered_grants(&objs, v.dir), grants(&calls));
-        let extra: Vec<_> = rendered.difference(&expected).collect();
-        let missing: Vec<_> = expected.difference(&rendered).collect();
-        assert!(
-            extra.is_empty() && missing.is_empty(),
-            "{}: RBAC differs from the calls the code makes with this variant's settings\n  \
-             granted, not called: {extra:?}\n  called, not granted: {missing:?}",
+        let rendered = rendered_grants(&objs, v.dir);
+        assert_eq!(
+            rendered.keys().collect::<Vec<_>>(),
+            calls.keys().collect::<Vec<_>>(),
+            "{}: the ServiceAccounts granted anything",
             v.dir
         );
+        for (sa, calls) in &calls {
+            let (rendered, expected) = (&rendered[sa], grants(calls));
+            let extra: Vec<_> = rendered.difference(&expected).collect();
+            let missing: Vec<_> = expected.difference(rendered).collect();
+            assert!(
+                extra.is_empty() && missing.is_empty(),
+                "{}: {sa}: RBAC differs from the calls the code makes with this variant's settings\n  \
+                 granted, not called: {extra:?}\n  called, not granted: {missing:?}",
+                v.dir
+            );
+        }
+    }
+}
+
+/// Issue 14: root on one node holds that node's agent token, so the agents' account
+/// may write nothing that changes what other nodes or pods do: no access to
+/// kube-system at all, and no write anywhere but Events (informational) and its own
+/// namespace's Leases.
+#[test]
+fn the_agents_account_writes_nothing_but_events_and_its_lease() {
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        let grants = rendered_grants(&objs, v.dir);
+        let agent = &grants[AGENT];
+        for g in agent {
+            let (ns, group, resource, verb, _) = g;
+            assert_ne!(
+                ns, "kube-system",
+                "{}: the agents' account in kube-system: {g:?}",
+                v.dir
+            );
+            if !is_write(verb) {
+                continue;
+            }
+            let event = group == "events.k8s.io"
+                && resource == "events"
+                && (verb == "create" || verb == "patch");
+            let own_lease =
+                ns == "hairpin-system" && group == "coordination.k8s.io" && resource == "leases";
+            assert!(
+                event || own_lease,
+                "{}: the agents' account may write {g:?}",
+                v.dir
+            );
+        }
+        assert!(
+            !agent.iter().any(|g| g.2 == "configmaps"),
+            "{}: the agents' account touches no ConfigMap",
+            v.dir
+        );
+    }
+}
+
+/// The writer's account: writes only the ConfigMap it is configured for (by name),
+/// its own Lease, and (corefile mode) Events in kube-system; create of ConfigMaps in
+/// kube-system only in import mode (RBAC cannot limit create by name); reads
+/// cluster-wide only what it watches.
+#[test]
+fn the_writers_account_writes_only_its_configmap_and_lease() {
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        let grants = rendered_grants(&objs, v.dir);
+        let Some(w) = grants.get(WRITER) else {
+            assert_eq!(v.coredns, CorednsMode::Off, "{}: no writer account", v.dir);
+            continue;
+        };
+        let (ns, name) = v
+            .written
+            .expect("written")
+            .split_once('/')
+            .expect("ns/name");
+        for g in w {
+            let (gns, group, resource, verb, gname) = g;
+            if gns == "*" {
+                assert!(
+                    !is_write(verb)
+                        && [
+                            "services",
+                            "ingresses",
+                            "gateways",
+                            "httproutes",
+                            "tlsroutes"
+                        ]
+                        .contains(&resource.as_str()),
+                    "{}: the writer's cluster-wide grant {g:?}",
+                    v.dir
+                );
+                continue;
+            }
+            if !is_write(verb) {
+                continue;
+            }
+            let ours = gns == ns && resource == "configmaps" && gname == name && verb == "update";
+            let create = gns == ns
+                && resource == "configmaps"
+                && gname == "*"
+                && verb == "create"
+                && v.coredns == CorednsMode::Import;
+            let lease = gns == "hairpin-system"
+                && group == "coordination.k8s.io"
+                && resource == "leases"
+                && (gname == "hairpin-coredns" || verb == "create");
+            let event = gns == ns && group == "events.k8s.io" && v.coredns == CorednsMode::Corefile;
+            assert!(
+                ours || create || lease || event,
+                "{}: the writer's account may write {g:?}",
+                v.dir
+            );
+        }
     }
 }
 
@@ -360,7 +533,7 @@ fn every_cited_call_is_in_the_code() {
         let Some(c) = expected_calls(&objs, v.dir, v.uninstall) else {
             return;
         };
-        calls.extend(c);
+        calls.extend(c.into_values().flatten());
     }
     let mut seen = BTreeSet::new();
     for c in calls {
@@ -395,14 +568,20 @@ fn the_call_table_follows_the_settings() {
             .collect()
     };
     assert!(configmaps(&of(&[])).is_empty(), "CoreDNS off: no ConfigMap");
+    assert!(
+        configmaps(&of(&[("HAIRPIN_COREDNS", "corefile")])).is_empty(),
+        "run --coredns corefile writes no CoreDNS: the writer does"
+    );
+    let writer_of =
+        |pairs: &[(&str, &str)]| grants(&writer_calls(&writer_args(&env(pairs), "test")));
     assert_eq!(
-        configmaps(&of(&[("HAIRPIN_COREDNS", "corefile")])),
+        configmaps(&writer_of(&[("HAIRPIN_COREDNS", "corefile")])),
         ["get coredns", "get node-local-dns", "update coredns"]
             .map(String::from)
             .into()
     );
     assert_eq!(
-        configmaps(&of(&[("HAIRPIN_COREDNS", "import")])),
+        configmaps(&writer_of(&[("HAIRPIN_COREDNS", "import")])),
         [
             "create *",
             "get coredns-custom",
@@ -417,9 +596,10 @@ fn the_call_table_follows_the_settings() {
         ("HAIRPIN_ALLOWED_CLIENTS", "10.0.0.0/24"),
     ]);
     assert!(
-        quiet
-            .iter()
-            .all(|g| g.2 == "services" || g.2 == "ingresses" || g.1.starts_with("gateway")),
+        quiet.iter().all(|g| g.2 == "services"
+            || g.2 == "ingresses"
+            || g.2 == "pods"
+            || g.1.starts_with("gateway")),
         "no Events, no CoreDNS: no Lease; allowed clients given: no Node: {quiet:?}"
     );
 }

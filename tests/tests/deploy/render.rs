@@ -8,7 +8,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    apps::v1::DaemonSet,
+    apps::v1::{DaemonSet, Deployment},
     batch::v1::Job,
     core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
@@ -134,6 +134,7 @@ pub fn parse_all(objs: &[Json], source: &str) {
             "Role" => round_trips::<Role>(o),
             "RoleBinding" => round_trips::<RoleBinding>(o),
             "DaemonSet" => round_trips::<DaemonSet>(o),
+            "Deployment" => round_trips::<Deployment>(o),
             "Service" => round_trips::<Service>(o),
             "Job" => round_trips::<Job>(o),
             other => panic!("{source}: unexpected kind {other:?}: add it to this test"),
@@ -165,6 +166,13 @@ pub fn agent(objs: &[Json]) -> Container {
     only_container(&pod_spec(&daemonset(objs, "hairpin")))
 }
 
+/// The CoreDNS writer Deployment's container, when the variant has one.
+pub fn writer(objs: &[Json]) -> Option<Container> {
+    let d: Deployment = typed(find(objs, "Deployment", "hairpin-coredns")?);
+    let pod = d.spec.expect("spec").template.spec.expect("pod spec");
+    Some(only_container(&pod))
+}
+
 /// A container's environment as the process sees it: `value`s as written, downward
 /// API fields given plausible values for a dual-stack node.
 pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
@@ -180,6 +188,7 @@ pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
                     "status.hostIPs" => "192.0.2.1,2001:db8::1".into(),
                     "status.hostIP" => "192.0.2.1".into(),
                     "metadata.namespace" => "hairpin-system".into(),
+                    "metadata.name" => "hairpin-coredns-5d8f7-x2x9q".into(),
                     other => panic!("{source}: {}: add a value for fieldPath {other}", e.name),
                 },
                 (None, None) => panic!("{source}: {} has neither value nor fieldRef", e.name),

@@ -1,16 +1,17 @@
 //! deploy/uninstall: `hairpin-agent cleanup` once per node (a DaemonSet with the
-//! node's /etc/hosts) and once per cluster (a Job as the agent's ServiceAccount),
-//! with the settings of the install it undoes.
+//! node's /etc/hosts) and once per cluster (a Job as the agent's ServiceAccount, and
+//! for the CoreDNS overlays one as the writer's), with the settings of the install it
+//! undoes.
 
 use k8s_openapi::api::{batch::v1::Job, core::v1::Container};
 use serde_json::Value as Json;
 
 use super::{
     VARIANTS,
-    flags::{cleanup_args, run_args},
+    flags::{cleanup_args, run_args, writer_args},
     render::{
         agent, daemonset, env_of, find, host_path, kind_names, kustomize, parse_all, pod_spec,
-        typed,
+        typed, writer,
     },
 };
 
@@ -23,9 +24,16 @@ pub fn cleanup_job(objs: &[Json]) -> Container {
     pod.containers[0].clone()
 }
 
-fn job_pod(objs: &[Json]) -> k8s_openapi::api::core::v1::PodSpec {
-    let job: Job = typed(find(objs, "Job", "hairpin-cleanup").expect("the Job"));
-    job.spec.expect("spec").template.spec.expect("pod spec")
+/// The CoreDNS cleanup Job's container (uninstalls of the CoreDNS overlays).
+pub fn coredns_cleanup_job(objs: &[Json]) -> Option<Container> {
+    let pod = job_pod(objs, "hairpin-cleanup-coredns")?;
+    assert_eq!(pod.containers.len(), 1, "one container");
+    Some(pod.containers[0].clone())
+}
+
+fn job_pod(objs: &[Json], name: &str) -> Option<k8s_openapi::api::core::v1::PodSpec> {
+    let job: Job = typed(find(objs, "Job", name)?);
+    Some(job.spec.expect("spec").template.spec.expect("pod spec"))
 }
 
 fn runs_cleanup(c: &Container, source: &str) {
@@ -53,14 +61,13 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
         };
         parse_all(&objs, v.uninstall);
         let kinds = kind_names(&objs);
-        // Only these two: `kubectl delete -k` of the uninstall must leave the agent's
-        // ServiceAccount and RBAC, which the Job uses, to the install's own delete.
-        assert_eq!(
-            kinds,
-            ["DaemonSet/hairpin-cleanup", "Job/hairpin-cleanup"],
-            "{}",
-            v.uninstall
-        );
+        // Only these: `kubectl delete -k` of the uninstall must leave the ServiceAccounts
+        // and RBAC, which the Jobs use, to the install's own delete.
+        let mut want = vec!["DaemonSet/hairpin-cleanup", "Job/hairpin-cleanup"];
+        if v.coredns != hairpin_agent::k8s::coredns::CorednsMode::Off {
+            want.push("Job/hairpin-cleanup-coredns");
+        }
+        assert_eq!(kinds, want, "{}", v.uninstall);
         let agent_c = agent(&install);
         let run = run_args(&env_of(&agent_c, v.dir), v.dir);
 
@@ -133,9 +140,9 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
 
         // Once per cluster: the Lease and the CoreDNS lines, as the agent's
         // ServiceAccount (rbac.rs checks those Roles grant exactly these calls).
-        let job_pod = job_pod(&objs);
+        let cluster_pod = job_pod(&objs, "hairpin-cleanup").expect("the Job");
         assert_eq!(
-            job_pod.service_account_name.as_deref(),
+            cluster_pod.service_account_name.as_deref(),
             Some("hairpin"),
             "{}",
             v.uninstall
@@ -162,9 +169,10 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             v.dir
         );
         assert_eq!(
-            cluster.coredns, run.coredns,
-            "{}: the CoreDNS mode of {}",
-            v.uninstall, v.dir
+            cluster.coredns,
+            hairpin_agent::k8s::coredns::CorednsMode::Off,
+            "{}: the agents wrote no CoreDNS, and their account may not touch it",
+            v.uninstall
         );
         let written = |mode, objects: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
             hairpin_agent::k8s::coredns::CorednsMode::Off => None,
@@ -175,13 +183,50 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
                 Some(objects.custom_configmap.to_string())
             }
         };
-        assert_eq!(
-            written(cluster.coredns, &cluster.coredns_objects),
-            written(run.coredns, &run.coredns_objects),
-            "{}: the ConfigMap {} wrote",
-            v.uninstall,
-            v.dir
-        );
+        // Once per cluster, as the writer's ServiceAccount: its lines and its Lease.
+        match (writer(&install), coredns_cleanup_job(&objs)) {
+            (None, None) => {}
+            (Some(w), Some(job)) => {
+                let w = writer_args(&env_of(&w, v.dir), v.dir);
+                let pod = job_pod(&objs, "hairpin-cleanup-coredns").expect("the Job");
+                assert_eq!(
+                    pod.service_account_name.as_deref(),
+                    Some("hairpin-coredns"),
+                    "{}",
+                    v.uninstall
+                );
+                runs_cleanup(&job, v.uninstall);
+                let c = cleanup_args(&env_of(&job, v.uninstall), v.uninstall);
+                assert_eq!(
+                    c.scope,
+                    hairpin_agent::cli::cleanup::Scope::Cluster,
+                    "{}",
+                    v.uninstall
+                );
+                assert!(c.hosts_file.is_none(), "{}", v.uninstall);
+                assert_eq!(
+                    c.lease.to_string(),
+                    format!("{}/{}", w.namespace, w.lease_name),
+                    "{}: the writers' Lease",
+                    v.uninstall
+                );
+                assert_eq!(c.coredns, w.coredns, "{}", v.uninstall);
+                assert_eq!(
+                    written(c.coredns, &c.coredns_objects),
+                    written(w.coredns, &w.coredns_objects),
+                    "{}: the ConfigMap the writer of {} wrote",
+                    v.uninstall,
+                    v.dir
+                );
+                assert_eq!(job.image, agent_c.image, "{}", v.uninstall);
+            }
+            (w, j) => panic!(
+                "{}: a writer ({}) needs a CoreDNS cleanup Job ({})",
+                v.uninstall,
+                w.is_some(),
+                j.is_some()
+            ),
+        }
         let image = |c: &Container| c.image.clone().expect("image");
         assert_eq!(
             image(&job),

@@ -173,6 +173,18 @@ pub enum Written {
     Created,
 }
 
+/// Parses a rewrite target (`--coredns-target`): one exact DNS name, the hairpin
+/// Service's FQDN.
+pub fn parse_target(s: &str) -> Result<Hostname, String> {
+    let h = Hostname::parse(s).map_err(|e| e.to_string())?;
+    if h.is_wildcard() {
+        return Err(format!(
+            "expected an exact service name, got the wildcard {s:?}"
+        ));
+    }
+    Ok(h)
+}
+
 /// One rewrite per distinct routed hostname (exact and wildcard) to `target`.
 pub fn rewrites(routes: &[NameRoute], target: &Hostname) -> Vec<Rewrite> {
     let mut hosts: Vec<&Hostname> = routes.iter().map(|r| &r.host).collect();

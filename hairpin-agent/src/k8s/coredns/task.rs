@@ -1,4 +1,4 @@
-//! The CoreDNS writer's loop: while this agent holds the Lease, keeps CoreDNS's
+//! The CoreDNS writer's loop: while this process holds the Lease, keeps CoreDNS's
 //! ConfigMap in step with the routed hostnames; re-reads after a 409 and resyncs
 //! periodically, so an edit that drops our lines is repaired. A Corefile it cannot
 //! edit is logged, put in `/status`, and reported once as a Warning Event on the
@@ -6,8 +6,15 @@
 //! version: wildcard rewrites need 1.8.4 (`answer auto`), so below it, or when it
 //! cannot be read, they are held back, logged once and put in `/status`
 //! ([`super::version`] says why this rather than writing them without the option).
+//!
+//! Writes are rate-limited: after a write, the next one waits at least
+//! [`Timing::min_write_interval`], and every change of the names meanwhile is folded
+//! into that one write (an Ingress that flaps rewrites the ConfigMap, and so makes
+//! every CoreDNS reload it, once per interval at most). `/status` shows since when a
+//! write waits (`pending_since`), how many changes were folded and how many writes
+//! were made; `/metrics` the same as `hairpin_coredns_*`.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -15,12 +22,12 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{self as coredns, CorednsConfig, CorednsError, Written, version};
 use crate::{
     names::routes::NameRoute,
-    status::{AgentState, CorednsStatus, rfc3339},
+    status::{AgentState, CorednsStatus, metrics::Metrics, rfc3339},
 };
 
 /// Event reason on a ConfigMap whose Corefile has no main server block.
@@ -33,6 +40,9 @@ pub struct Timing {
     pub conflict_retry: Duration,
     /// Resync even without a change: repairs edits by others, retries errors.
     pub resync: Duration,
+    /// The least time between two writes of the ConfigMap; changes meanwhile are
+    /// coalesced into the next write.
+    pub min_write_interval: Duration,
 }
 
 impl Default for Timing {
@@ -40,8 +50,30 @@ impl Default for Timing {
         Timing {
             conflict_retry: Duration::from_millis(500),
             resync: Duration::from_secs(30),
+            min_write_interval: Duration::from_secs(10),
         }
     }
+}
+
+/// Who writes, and where it reports.
+#[derive(Clone)]
+pub struct Reporting {
+    /// The Event reporter's instance (the Lease identity).
+    pub instance: String,
+    /// `/status`.
+    pub state: AgentState,
+    /// `/metrics`.
+    pub metrics: Metrics,
+}
+
+/// When the next round may write: at once, or after the interval since the last
+/// write (pure, so the rate limit is unit-tested).
+pub fn write_at(
+    last_write: Option<Instant>,
+    min_interval: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    last_write.map(|t| t + min_interval).filter(|at| *at > now)
 }
 
 /// Runs forever. `routes` is `None` until the source has synced (so an empty set at
@@ -49,17 +81,21 @@ impl Default for Timing {
 pub async fn run(
     client: Client,
     cfg: CorednsConfig,
-    node: String,
+    report: Reporting,
     mut routes: watch::Receiver<Option<Vec<NameRoute>>>,
     mut leader: watch::Receiver<bool>,
-    state: AgentState,
     timing: Timing,
 ) {
+    let Reporting {
+        instance,
+        state,
+        metrics,
+    } = report;
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: "hairpin-agent".into(),
-            instance: Some(node),
+            instance: Some(instance),
         },
     );
     let warning = coredns::node_local_dns(&client).await;
@@ -77,11 +113,26 @@ pub async fn run(
     });
     let mut reported: Option<String> = None;
     let mut held_back: Option<String> = None;
+    let mut last_write: Option<Instant> = None;
+    // Since when a change waits for the interval (wall clock, for `/status`).
+    let mut pending: Option<SystemTime> = None;
     loop {
         let is_leader = *leader.borrow_and_update();
         let current = routes.borrow_and_update().clone();
         let mut wait = timing.resync;
-        if let (true, Some(current)) = (is_leader, current) {
+        let waiting = is_leader && current.is_some();
+        let deferred =
+            write_at(last_write, timing.min_write_interval, Instant::now()).filter(|_| waiting);
+        if let Some(at) = deferred {
+            // Rate-limited: this round waits; changes meanwhile fold into it.
+            if pending.is_none() {
+                pending = Some(SystemTime::now());
+                debug!(configmap = %cfg.written(), in_ms = at.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "CoreDNS write waits for the minimum interval between writes");
+            }
+            wait = at.saturating_duration_since(Instant::now());
+        } else if let (true, Some(current)) = (is_leader, current) {
+            pending = None;
             let found = coredns::coredns_version(&client, &cfg.configmap).await;
             let (rewrites, held) =
                 version::usable(coredns::rewrites(&current, &cfg.target), &found);
@@ -101,6 +152,8 @@ pub async fn run(
             match &result {
                 Ok(Written::Unchanged) => {}
                 Ok(w) => {
+                    last_write = Some(Instant::now());
+                    metrics.coredns_written();
                     info!(configmap = %cfg.written(), rewrites = rewrites.len(), written = ?w, "CoreDNS rewrites written")
                 }
                 Err(CorednsError::Conflict(_)) => {
@@ -124,6 +177,8 @@ pub async fn run(
                 reported = None;
             }
         } else {
+            // Not leading (or not synced): nothing waits to be written by us.
+            pending = None;
             state.update(|s| {
                 if let Some(c) = s.coredns.as_mut() {
                     c.leader = is_leader;
@@ -134,8 +189,25 @@ pub async fn run(
                 reported = None;
             }
         }
+        metrics.set_coredns_pending(pending.is_some());
+        let shown = pending.map(rfc3339);
+        state.update(|s| {
+            if let Some(c) = s.coredns.as_mut() {
+                c.pending_since = shown;
+            }
+        });
         tokio::select! {
-            r = routes.changed() => if r.is_err() { return },
+            r = routes.changed() => {
+                if r.is_err() { return }
+                if pending.is_some() {
+                    metrics.coredns_coalesced();
+                    state.update(|s| {
+                        if let Some(c) = s.coredns.as_mut() {
+                            c.coalesced += 1;
+                        }
+                    });
+                }
+            }
             r = leader.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(wait) => {}
         }
@@ -154,6 +226,7 @@ fn record(state: &AgentState, leader: bool, result: &Result<Written, CorednsErro
                 c.rewrites = n;
                 if *w != Written::Unchanged {
                     c.last_write = Some(rfc3339(SystemTime::now()));
+                    c.writes += 1;
                 }
             }
             Err(e) => c.last_error = Some(e.to_string()),
@@ -179,4 +252,21 @@ async fn publish(
         secondary: None,
     };
     recorder.publish(&event, &cm.object_ref(&())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_waits_for_the_interval_since_the_last_write_only() {
+        let t0 = Instant::now();
+        let every = Duration::from_secs(10);
+        assert_eq!(write_at(None, every, t0), None, "never wrote: at once");
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(write_at(Some(t0), every, at(3)), Some(at(10)));
+        assert_eq!(write_at(Some(t0), every, at(10)), None);
+        assert_eq!(write_at(Some(t0), every, at(11)), None);
+        assert_eq!(write_at(Some(t0), Duration::ZERO, t0), None, "0: no limit");
+    }
 }
