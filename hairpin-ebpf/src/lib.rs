@@ -25,6 +25,13 @@ pub const GLOBAL_BYPASS_MARK: &str = "HAIRPIN_BYPASS_MARK";
 pub const PROG_CONNECT4_KERNEL: &str = "hairpin_connect4_kernel";
 /// ELF name of the cgroup/connect6 program of the kernel path (see [`PROG_CONNECT4_KERNEL`]).
 pub const PROG_CONNECT6_KERNEL: &str = "hairpin_connect6_kernel";
+/// ELF name of the cgroup/connect4 program of the kernel path that also sends MPTCP
+/// subflows to the relay. It asks `bpf_skc_to_mptcp_sock`, which the kernel grants
+/// only to a loader with CAP_PERFMON (or CAP_SYS_ADMIN): where it does not load,
+/// [`PROG_CONNECT4_KERNEL`] is loaded instead and MPTCP sockets are counted misses.
+pub const PROG_CONNECT4_KERNEL_MPTCP: &str = "hairpin_connect4_kernel_mptcp";
+/// ELF name of the connect6 twin of [`PROG_CONNECT4_KERNEL_MPTCP`].
+pub const PROG_CONNECT6_KERNEL_MPTCP: &str = "hairpin_connect6_kernel_mptcp";
 /// ELF name of the sock_ops program: puts established marked sockets in
 /// [`MAP_SOCKETS`] and takes them out once their header went out.
 pub const PROG_SOCK_OPS: &str = "hairpin_sockops";
@@ -36,6 +43,14 @@ pub const PROG_SK_MSG: &str = "hairpin_sk_msg";
 pub const MAP_SOCKETS: &str = "HAIRPIN_SOCKETS";
 /// ELF name of the socket-local storage holding each marked socket's [`PendingHeader`].
 pub const MAP_PENDING: &str = "HAIRPIN_PENDING";
+/// ELF name of the one-slot array holding how many sockets are in [`MAP_SOCKETS`]
+/// now (added to and taken from atomically), which the connect programs compare
+/// with [`GLOBAL_SOCKETS_LIMIT`].
+pub const MAP_SOCKETS_FILL: &str = "HAIRPIN_FILL";
+/// ELF name of the global holding how many sockets [`MAP_SOCKETS`] may hold before
+/// the connect programs send new connects to the relay instead: its capacity less a
+/// margin for sockets still connecting (see [`sockets_limit`]). Set by the loader.
+pub const GLOBAL_SOCKETS_LIMIT: &str = "HAIRPIN_SOCKETS_LIMIT";
 /// ELF name of the global holding the node's IPv4 address (network byte order), the
 /// header's source for a socket whose own address is loopback or the LB address itself.
 pub const GLOBAL_NODE_IP4: &str = "HAIRPIN_NODE_IP4";
@@ -47,6 +62,13 @@ pub const GLOBAL_NODE_IP6: &str = "HAIRPIN_NODE_IP6";
 /// the connections being opened at once, not the connections open.
 pub const MAX_KERNEL_SOCKETS: u32 = 65_536;
 
+/// The fill of a sockets map of `capacity` at which new connects go to the relay:
+/// a sixteenth is kept for sockets marked but still connecting (not in the map yet,
+/// not counted), so the map is never found full at the end of a handshake unless
+/// that many connect at once; those are still counted as `kernel_missed_insert`.
+pub const fn sockets_limit(capacity: u32) -> u32 {
+    capacity - capacity / 16
+}
 /// [`Redirect::header`] of a frontend taking the relay path: connects are rewritten
 /// to the relay listener, which writes the header.
 pub const HEADER_RELAY: u8 = 0;
@@ -273,11 +295,23 @@ pub enum Counter {
     /// First writes where the room was made but the header could not be copied into
     /// it; the room is taken out again: no header.
     KernelMissedWrite = 8,
+    /// Connects to a kernel-path frontend from an MPTCP subflow (a sockhash refuses
+    /// it, so the kernel could not write its header): sent to the relay listener
+    /// instead, which it reaches as plain TCP.
+    KernelFallbackMptcp = 9,
+    /// Connects to a kernel-path frontend while [`MAP_SOCKETS`] holds its limit
+    /// ([`sockets_limit`]): sent to the relay listener instead.
+    KernelFallbackFull = 10,
+    /// Sockets that entered [`MAP_SOCKETS`].
+    KernelSocketsEntered = 11,
+    /// Sockets that left [`MAP_SOCKETS`] (header out, or closed); the map holds the
+    /// difference from [`Counter::KernelSocketsEntered`].
+    KernelSocketsLeft = 12,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 13] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -287,6 +321,10 @@ impl Counter {
         Counter::KernelMissedDataFirst,
         Counter::KernelMissedPush,
         Counter::KernelMissedWrite,
+        Counter::KernelFallbackMptcp,
+        Counter::KernelFallbackFull,
+        Counter::KernelSocketsEntered,
+        Counter::KernelSocketsLeft,
     ];
     /// Length of [`MAP_COUNTERS`].
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -303,6 +341,10 @@ impl Counter {
             Counter::KernelMissedDataFirst => "kernel_missed_data_first",
             Counter::KernelMissedPush => "kernel_missed_push",
             Counter::KernelMissedWrite => "kernel_missed_write",
+            Counter::KernelFallbackMptcp => "kernel_fallback_mptcp",
+            Counter::KernelFallbackFull => "kernel_fallback_full",
+            Counter::KernelSocketsEntered => "kernel_sockets_entered",
+            Counter::KernelSocketsLeft => "kernel_sockets_left",
         }
     }
 
@@ -391,6 +433,13 @@ mod tests {
         assert_eq!(k.port.to_ne_bytes(), [0, 80]);
         assert_eq!(k.family, AF_INET);
         assert_eq!(k.pad, 0);
+    }
+
+    #[test]
+    fn the_sockets_limit_keeps_a_margin_and_never_reaches_zero() {
+        assert_eq!(sockets_limit(MAX_KERNEL_SOCKETS), 61_440);
+        assert_eq!(sockets_limit(1), 1);
+        assert_eq!(sockets_limit(16), 15);
     }
 
     #[test]

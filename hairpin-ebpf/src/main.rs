@@ -6,6 +6,14 @@
 //! degrades to the pre-hairpin behaviour instead of breaking traffic.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// The BPF target has no compare-and-swap, so core's atomic types offer no fetch_add
+// there; the intrinsic lowers to the BPF atomic add instruction. The programs build
+// with the pinned nightly only.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(internal_features, reason = "core_intrinsics for the BPF atomic add")
+)]
 
 #[cfg(target_arch = "bpf")]
 mod programs;

@@ -1,21 +1,23 @@
 use core::{
     ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_xadd},
     ptr::{null_mut, read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
     bindings::{
         BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_RTT_CB,
-        BPF_SOCK_OPS_RTT_CB_FLAG, bpf_sock, bpf_sock_addr, bpf_sock_ops, sk_action::SK_PASS,
+        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, bpf_sock,
+        bpf_sock_addr, bpf_sock_ops, sk_action::SK_PASS,
     },
     btf_maps::SkStorage,
     helpers::{
         bpf_get_socket_cookie, bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data,
-        bpf_msg_push_data, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_sock_hash_update,
-        bpf_sock_ops_cb_flags_set,
+        bpf_msg_push_data, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
+        bpf_sock_hash_update, bpf_sock_ops_cb_flags_set,
     },
     macros::{btf_map, cgroup_sock_addr, map, sk_msg, sock_ops},
-    maps::{HashMap, PerCpuArray, SockHash},
+    maps::{Array, HashMap, PerCpuArray, SockHash},
     programs::{SkMsgContext, SockAddrContext, SockOpsContext},
 };
 use hairpin_ebpf::{
@@ -26,6 +28,7 @@ use hairpin_ebpf::{
 
 const SOCK_STREAM: u32 = 1;
 const IPPROTO_TCP: u32 = 6;
+const TCP_CLOSE: u32 = 7;
 /// `::ffff:0:0/96` as the third address word, in network byte order.
 const V4_MAPPED_WORD: u32 = 0xffff_u32.to_be();
 
@@ -40,6 +43,15 @@ static HAIRPIN_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counte
 /// cookie; [`hairpin_sk_msg`] runs on their writes. The loader sizes it.
 #[map(name = "HAIRPIN_SOCKETS")]
 static HAIRPIN_SOCKETS: SockHash<u64> = SockHash::with_max_entries(MAX_KERNEL_SOCKETS, 0);
+
+/// How many sockets [`HAIRPIN_SOCKETS`] holds now: added to at each insert, taken
+/// from when a socket leaves (header out, or closed), atomically.
+#[map(name = "HAIRPIN_FILL")]
+static HAIRPIN_FILL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// [`HAIRPIN_FILL`] at which connects go to the relay; the loader overrides it.
+#[unsafe(no_mangle)]
+static HAIRPIN_SOCKETS_LIMIT: u32 = hairpin_ebpf::sockets_limit(MAX_KERNEL_SOCKETS);
 
 /// What a marked socket's header needs, on the socket itself: freed with it.
 #[btf_map(name = "HAIRPIN_PENDING")]
@@ -59,19 +71,26 @@ static HAIRPIN_NODE_IP6: [u32; 4] = [0; 4];
 
 #[cgroup_sock_addr(connect4)]
 pub fn hairpin_connect4(ctx: SockAddrContext) -> i32 {
-    connect4::<false>(&ctx)
+    connect4::<false, false>(&ctx)
 }
 
 /// connect4 of the kernel path: kernel-path frontends are marked, not rewritten.
 #[cgroup_sock_addr(connect4)]
 pub fn hairpin_connect4_kernel(ctx: SockAddrContext) -> i32 {
-    connect4::<true>(&ctx)
+    connect4::<true, false>(&ctx)
+}
+
+/// As [`hairpin_connect4_kernel`], and MPTCP subflows go to the relay (needs a
+/// helper only CAP_PERFMON may use: the loader falls back to the one above).
+#[cgroup_sock_addr(connect4)]
+pub fn hairpin_connect4_kernel_mptcp(ctx: SockAddrContext) -> i32 {
+    connect4::<true, true>(&ctx)
 }
 
 /// With `KERNEL` false this is exactly the relay-only program: the kernel-path branch
-/// is compiled out.
+/// is compiled out. `MPTCP` asks whether the socket is an MPTCP subflow.
 #[inline(always)]
-fn connect4<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
+fn connect4<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands every cgroup/connect4 program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
@@ -83,7 +102,11 @@ fn connect4<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
         };
         if let Some(to) = lookup(sa, &key) {
             // The kernel writes the header on this socket: the destination stays.
-            if KERNEL && to.is_kernel() && mark(ctx, &key, to.header) {
+            if KERNEL
+                && to.is_kernel()
+                && kernel_can_take::<MPTCP>(sa)
+                && mark(ctx, &key, to.header)
+            {
                 return 1;
             }
             // A v6 listener cannot serve an AF_INET socket: only v4 redirects apply here.
@@ -103,19 +126,25 @@ fn connect4<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(connect6)]
 pub fn hairpin_connect6(ctx: SockAddrContext) -> i32 {
-    connect6::<false>(&ctx)
+    connect6::<false, false>(&ctx)
 }
 
 /// connect6 of the kernel path: kernel-path frontends are marked, not rewritten.
 #[cgroup_sock_addr(connect6)]
 pub fn hairpin_connect6_kernel(ctx: SockAddrContext) -> i32 {
-    connect6::<true>(&ctx)
+    connect6::<true, false>(&ctx)
+}
+
+/// As [`hairpin_connect6_kernel`], and MPTCP subflows go to the relay.
+#[cgroup_sock_addr(connect6)]
+pub fn hairpin_connect6_kernel_mptcp(ctx: SockAddrContext) -> i32 {
+    connect6::<true, true>(&ctx)
 }
 
 /// As [`connect4`]; an IPv4-mapped destination is marked with its IPv4 frontend, so
 /// its header is TCP4 as the relay's is.
 #[inline(always)]
-fn connect6<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
+fn connect6<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands every cgroup/connect6 program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
@@ -146,7 +175,11 @@ fn connect6<const KERNEL: bool>(ctx: &SockAddrContext) -> i32 {
             }
         };
         if let Some(to) = lookup(sa, &key) {
-            if KERNEL && to.is_kernel() && mark(ctx, &key, to.header) {
+            if KERNEL
+                && to.is_kernel()
+                && kernel_can_take::<MPTCP>(sa)
+                && mark(ctx, &key, to.header)
+            {
                 return 1;
             }
             let addr = match (mapped, to.family) {
@@ -211,6 +244,51 @@ fn count(c: Counter) {
 // at the next RTT callback (a sockhash delete is refused inside sk_msg). Every way a
 // marked connection can end up without its header is counted.
 
+/// Whether the kernel path can be sure to write this socket's header; when not, the
+/// reason is counted and the caller relays it. When in doubt, relay: a sockets map
+/// at its limit, or (`MPTCP`) an MPTCP subflow, which a sockhash refuses. What this
+/// kernel does not let a connect program see (TCP_FASTOPEN_CONNECT, MSG_FASTOPEN,
+/// and MPTCP without CAP_PERFMON) is left to the miss counters.
+#[inline(always)]
+fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr) -> bool {
+    // SAFETY: a read-only global the loader may have rewritten before load.
+    let limit = u64::from(unsafe { read_volatile(&HAIRPIN_SOCKETS_LIMIT) });
+    if let Some(fill) = HAIRPIN_FILL.get_ptr(0) {
+        // SAFETY: a valid slot of the array for this program run.
+        if unsafe { read_volatile(fill) } >= limit {
+            count(Counter::KernelFallbackFull);
+            return false;
+        }
+    }
+    if MPTCP {
+        // SAFETY: `sk` is always set for connect hooks; the helper takes any socket
+        // and returns the MPTCP socket a subflow belongs to, else null.
+        let msk = unsafe { bpf_skc_to_mptcp_sock(sa.__bindgen_anon_1.sk.cast()) };
+        if !msk.is_null() {
+            count(Counter::KernelFallbackMptcp);
+            return false;
+        }
+    }
+    true
+}
+
+/// Adds `delta` (1, or `u64::MAX` for -1) to the sockets map's fill.
+#[inline(always)]
+fn fill_add(delta: u64) {
+    if let Some(p) = HAIRPIN_FILL.get_ptr_mut(0) {
+        // SAFETY: a valid, aligned u64 slot shared by every CPU, only ever added to
+        // atomically. The result is unused, so this is one atomic add instruction.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, delta) };
+    }
+}
+
+/// A socket left the sockets map (its header is out, or it closed).
+#[inline(always)]
+fn left_the_map() {
+    fill_add(u64::MAX);
+    count(Counter::KernelSocketsLeft);
+}
+
 /// Marks the connecting socket for an in-kernel header to `key`; false when it
 /// cannot be marked (no socket storage), and the caller relays it instead.
 #[inline(always)]
@@ -263,6 +341,8 @@ pub fn hairpin_sockops(ctx: SockOpsContext) -> u32 {
         established(ctx.ops);
     } else if op == BPF_SOCK_OPS_RTT_CB {
         rtt(ctx.ops);
+    } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
+        closed(ctx.ops);
     }
     // sock_ops results travel in `reply`, which is left alone; 1 means "ok".
     1
@@ -306,11 +386,36 @@ fn established(ops: *mut bpf_sock_ops) {
         count(Counter::KernelMissedInsert);
         return;
     }
+    fill_add(1);
+    count(Counter::KernelSocketsEntered);
+    // RTT samples to take it out once the header is out; state changes to see a
+    // close first (the map drops a closed socket by itself, the fill must follow).
     // SAFETY: context read and the flags helper on this context.
     unsafe {
-        let flags = (*ops).bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTT_CB_FLAG;
+        let flags =
+            (*ops).bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG;
         bpf_sock_ops_cb_flags_set(ops, flags as i32);
     }
+}
+
+/// The socket closed while in the map: the map drops it, the fill follows.
+#[inline(always)]
+fn closed(ops: *mut bpf_sock_ops) {
+    // SAFETY: as in `established`.
+    let Some(p) = pending_of(unsafe { (*ops).__bindgen_anon_2.sk }) else {
+        return;
+    };
+    if p.state == PENDING_FIRST_WRITE {
+        // SAFETY: context read.
+        if unsafe { (*ops).data_segs_out } != 0 {
+            // Bytes left that sk_msg never saw, and no RTT sample came to say so.
+            count(Counter::KernelMissedDataFirst);
+        }
+    } else if p.state != PENDING_WRITTEN {
+        return;
+    }
+    p.state = PENDING_NONE;
+    left_the_map();
 }
 
 /// An RTT sample: once the header is out (or can no longer be), the socket leaves
@@ -334,12 +439,14 @@ fn rtt(ops: *mut bpf_sock_ops) {
         return;
     }
     p.state = PENDING_NONE;
+    left_the_map();
     // SAFETY: helpers on this context, a stack key, and this socket's storage (not
     // touched after its delete).
     unsafe {
         let cookie = bpf_get_socket_cookie(ops.cast());
         bpf_map_delete_elem(sockets_map(), (&raw const cookie).cast());
-        let flags = (*ops).bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_RTT_CB_FLAG;
+        let flags =
+            (*ops).bpf_sock_ops_cb_flags & !(BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
         bpf_sock_ops_cb_flags_set(ops, flags as i32);
         bpf_sk_storage_delete(pending_map(), sk.cast());
     }

@@ -653,8 +653,8 @@ fn status_and_metrics_show_the_kernel_path_and_its_counters() {
     assert_eq!(
         programs,
         [
-            "hairpin_connect4_kernel",
-            "hairpin_connect6_kernel",
+            "hairpin_connect4_kernel_mptcp",
+            "hairpin_connect6_kernel_mptcp",
             "hairpin_sockops",
             "hairpin_sk_msg"
         ],
@@ -687,11 +687,12 @@ fn with_the_kernel_path_off_status_says_so_and_frontends_take_the_relay() {
     assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
 }
 
-// ---- Known gaps, counted ----------------------------------------------------------
+// ---- Fallbacks and known gaps ------------------------------------------------------
 //
-// The kernel path cannot yet put every connection on the relay when it cannot write
-// the header. Until it does, each such connection must be counted: these tests pin
-// that the misses are never silent.
+// Where the connect program can tell that the kernel could not write the header (a
+// full sockets map, an MPTCP subflow), it sends the socket to the relay. What it
+// cannot see on this kernel (TCP Fast Open data) goes without a header, and each such
+// connection is counted: these tests pin that the misses are never silent.
 
 /// Waits until the kernel counter `name` reaches `want`; its last value.
 fn wait_counter(node: &SimNode, name: &str, want: u64) -> u64 {
@@ -767,7 +768,7 @@ fn tcp_fast_open_data_leaves_without_the_header_and_is_counted() {
 }
 
 #[test]
-fn a_full_sockets_map_is_counted_as_a_miss() {
+fn a_full_sockets_map_sends_new_connects_to_the_relay_until_a_slot_frees() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
@@ -786,22 +787,195 @@ fn a_full_sockets_map_is_counted_as_a_miss() {
     .stderr(Stdio::null())
     .spawn()
     .expect("start the holder");
-    let marked = wait_counter(&node, "kernel_marked", 1);
-    assert_eq!(marked, 1, "{}", agent.log());
-    std::thread::sleep(Duration::from_millis(200));
+    let entered = wait_counter(&node, "kernel_sockets_entered", 1);
+    assert_eq!(entered, 1, "{}", agent.log());
+    // The map is at its limit: the connect program sends the next connect to the
+    // relay, which writes the header.
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_full"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 1, "{s}");
+    assert_no_misses(&s);
+    // The holder closes without writing: its slot is free again, and the next
+    // connection takes the kernel path.
     let _ = holder.kill();
     let _ = holder.wait();
     assert_eq!(
-        reply.code, 52,
-        "known gap: no room in the map, no header: {reply:?}"
-    );
-    assert_eq!(
-        wait_counter(&node, "kernel_missed_insert", 1),
+        wait_counter(&node, "kernel_sockets_left", 1),
         1,
-        "the miss must be counted\n{}",
+        "a closed socket leaves the fill\n{}",
         agent.log()
     );
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_fallback_full"), 1, "{s}");
+    assert_eq!(wait_counter(&node, "kernel_sockets_left", 2), 2, "{s}");
+    assert_no_misses(&status(&node));
+}
+
+/// Whether this kernel has MPTCP on in `netns`.
+fn mptcp_enabled(netns: &str) -> bool {
+    let out = hairpin_tests::sh::output_in(netns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
+    String::from_utf8_lossy(&out.stdout).trim() == "1"
+}
+
+/// One HTTP/1.0 request from the pod over an MPTCP socket; the reply's body.
+fn mptcp_get(node: &SimNode, lb: &str) -> String {
+    let family = if lb.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
+    let py = format!(
+        r#"
+import socket
+s = socket.socket(socket.{family}, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
+s.settimeout(5)
+s.connect(("{lb}", 80))
+s.sendall(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")
+reply = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    reply += chunk
+print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
+"#
+    );
+    let out = hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["python3", "-c", &py],
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
+
+#[test]
+fn an_mptcp_client_is_sent_to_the_relay_and_gets_its_header() {
+    require_privileges!();
+    let node = SimNode::new();
+    if !mptcp_enabled(&node.pod_ns) {
+        eprintln!("SKIPPED {}: this kernel has no MPTCP", module_path!());
+        return;
+    }
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    // An MPTCP subflow looks like TCP to the connect program, but a sockhash refuses
+    // it, so the kernel could never write its header: the program asks whether the
+    // socket is a subflow and sends it to the relay, which it reaches as plain TCP.
+    for (lb, pod_ip) in [("203.0.113.10", POD_IP4), ("2001:db8:ffff::10", POD_IP6)] {
+        let body = mptcp_get(&node, lb);
+        assert!(
+            body.starts_with(&format!("client={pod_ip}:"))
+                && body.ends_with(&format!("dst={lb}:80")),
+            "MPTCP -> {lb}: {body}\n{}",
+            agent.log()
+        );
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_mptcp"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+    assert_no_misses(&s);
+    // Plain TCP still takes the kernel path.
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+}
+
+#[test]
+fn fast_open_connect_and_msg_fastopen_data_go_without_the_header_and_are_counted() {
+    require_privileges!();
+    // Known gap, pinned: neither TCP_FASTOPEN_CONNECT nor MSG_FASTOPEN can be seen
+    // by a connect program on this kernel (bpf_getsockopt refuses the option), so
+    // the socket is marked; once the client holds a cookie its first bytes ride on
+    // the SYN, before sock_ops or sk_msg can act. MSG_FASTOPEN's sendto() also
+    // waits for the handshake inside tcp_sendmsg, a path sk_msg never sees. Each
+    // such connection reaches the server without a header and is counted.
+    let node = capture_node();
+    for ns in [&node.ingress_ns, &node.pod_ns] {
+        hairpin_tests::sh::run_in(ns, &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"]);
+    }
+    let agent = Agent::start_with(
+        &node,
+        &[FrontendSpec {
+            ip: CAPTURE_LB4,
+            ports: vec![80],
+            version: "v1",
+        }],
+        KERNEL_PATH_ON,
+    );
+    let captured = capture_server(&node.ingress_ns, 3, true);
+    let py = format!(
+        r#"
+import socket
+req = b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n"
+def tfo_connect():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_TCP, 30, 1)  # TCP_FASTOPEN_CONNECT
+    s.settimeout(5)
+    s.connect(("{CAPTURE_LB4}", 80))
+    s.sendall(req)
+    return s.recv(4096)
+def msg_fastopen():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.sendto(req, socket.MSG_FASTOPEN, ("{CAPTURE_LB4}", 80))
+    return s.recv(4096)
+for f in [tfo_connect, tfo_connect, msg_fastopen]:
+    print(f().split(b"\r\n")[0].decode())
+"#
+    );
+    let out = hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["python3", "-c", &py],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            captured
+                .recv_timeout(Duration::from_secs(5))
+                .expect("a captured connection"),
+        );
+    }
+    // The first connection fetches the cookie: no data on its SYN, the header goes
+    // out ahead of its first write.
+    assert!(
+        got[0].starts_with(b"PROXY TCP4 "),
+        "{}",
+        got[0].escape_ascii()
+    );
+    for g in &got[1..] {
+        assert!(
+            g.starts_with(b"GET / "),
+            "known gap: fast open data has no header: {}",
+            g.escape_ascii()
+        );
+    }
+    assert_eq!(
+        wait_counter(&node, "kernel_missed_data_first", 2),
+        2,
+        "each miss must be counted\n{}",
+        agent.log()
+    );
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 3, "{s}");
 }
 
 #[test]
@@ -826,4 +1000,233 @@ fn a_host_socket_whose_source_is_the_lb_address_itself_names_the_node_ip() {
         &agent,
     );
     assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+}
+
+// ---- Server-speaks-first frontends ------------------------------------------------
+
+/// A server-speaks-first LB (an SMTP-like banner server behind a PROXY-aware
+/// frontend) on port 25 of CAPTURE_LB4, DNATed to BANNER_PORT in the ingress.
+const BANNER_PORT: u16 = 9025;
+
+/// Accepts `n` connections in `netns` on BANNER_PORT as a PROXY-aware server whose
+/// server speaks first: it reads the PROXY v1 line (at most 2 s), then writes its
+/// banner, reads the client's command and answers. Sends the header line each
+/// connection carried (empty when none came in time).
+fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&ns).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
+        ready_tx.send(()).expect("ready");
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n") && got.len() < 108 {
+                match conn.read(&mut byte) {
+                    Ok(1) => got.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let header = if got.starts_with(b"PROXY ") && got.ends_with(b"\r\n") {
+                String::from_utf8_lossy(&got).trim_end().to_string()
+            } else {
+                String::new()
+            };
+            if !header.is_empty() {
+                let _ = conn.write_all(b"220 banner ready\r\n");
+                let mut cmd = [0u8; 64];
+                if let Ok(k) = conn.read(&mut cmd)
+                    && cmd[..k].starts_with(b"QUIT")
+                {
+                    let _ = conn.write_all(b"221 bye\r\n");
+                }
+            }
+            if tx.send(header).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("banner server ready");
+    rx
+}
+
+/// A pod client of a server-speaks-first protocol: waits for the banner (3 s),
+/// then says QUIT; prints what the server said.
+fn banner_client(node: &SimNode, lb: &str, port: u16) -> String {
+    let py = format!(
+        r#"
+import socket
+s = socket.create_connection(("{lb}", {port}), timeout=3)
+try:
+    banner = s.recv(100)
+    s.sendall(b"QUIT\r\n")
+    print(banner.decode().strip() + "|" + s.recv(100).decode().strip())
+except socket.timeout:
+    print("timeout")
+"#
+    );
+    let out = hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["python3", "-c", &py],
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The frontends file with the nginx LB (client first) and the banner LB, whose
+/// entry says `first_speaker` when given.
+fn banner_frontends(first_speaker: Option<&str>) -> String {
+    let mut s = format!(
+        "frontends:\n- ip: \"203.0.113.10\"\n  ports: [80]\n  proxyProtocol: v1\n\
+         - ip: \"{CAPTURE_LB4}\"\n  ports: [25]\n  proxyProtocol: v1\n  name: mail\n"
+    );
+    if let Some(who) = first_speaker {
+        s.push_str(&format!("  firstSpeaker: {who}\n"));
+    }
+    s
+}
+
+/// Waits until /status lists `addr` with `reason` (None: no reason); the status.
+fn wait_frontend_reason(node: &SimNode, addr: (&str, u16), reason: Option<&str>) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(node);
+        let found = s["frontends"].as_array().and_then(|fs| {
+            fs.iter()
+                .find(|f| f["ip"] == addr.0 && f["port"] == addr.1)
+                .cloned()
+        });
+        let now = found
+            .as_ref()
+            .map(|f| f["reason"].as_str().map(str::to_string));
+        if now == Some(reason.map(str::to_string)) || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_server_first_frontend_takes_the_relay_while_client_first_ones_keep_the_kernel_path() {
+    require_privileges!();
+    let mut lbs = default_lbs();
+    lbs.push(LbRule {
+        lb_ip: CAPTURE_LB4,
+        lb_port: 25,
+        backend_port: BANNER_PORT,
+        name: "mail/banner:smtp",
+    });
+    let node = SimNode::with_lbs(&lbs);
+    let _nginx = start_nginx(&node);
+    let headers = banner_server(&node.ingress_ns, 2);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+
+    // Without the setting, the kernel path takes the banner frontend too: the client
+    // waits for the banner and the server for the header, which never comes.
+    std::fs::write(&agent.frontends, banner_frontends(None)).expect("frontends");
+    agent.signal(Signal::SIGHUP);
+    let s = wait_frontend_reason(
+        &node,
+        (CAPTURE_LB4, 25),
+        Some("kernel: the client speaks first"),
+    );
+    let talk = banner_client(&node, CAPTURE_LB4, 25);
+    assert!(
+        !talk.starts_with("220"),
+        "no banner without a header: {talk}\n{s}"
+    );
+    let got = headers
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a connection");
+    assert_eq!(got, "", "no header reached the server");
+    assert_eq!(kernel_counter(&status(&node), "kernel_marked"), 1);
+
+    // firstSpeaker: server. The entry is rewritten to the relay path; nginx's
+    // frontend keeps the kernel path.
+    std::fs::write(&agent.frontends, banner_frontends(Some("server"))).expect("frontends");
+    agent.signal(Signal::SIGHUP);
+    let relay_why = "relay: the server speaks first (the kernel writes the header only ahead \
+                     of the client's first bytes)";
+    let s = wait_frontend_reason(&node, (CAPTURE_LB4, 25), Some(relay_why));
+    let by_addr = |ip: &str, port: u16| {
+        s["frontends"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["ip"] == ip && f["port"] == port))
+            .cloned()
+            .unwrap_or_else(|| panic!("no frontend {ip}:{port}: {s}"))
+    };
+    let mail = by_addr(CAPTURE_LB4, 25);
+    assert_eq!(mail["path"], "ebpf", "{mail}");
+    assert_eq!(mail["reason"], relay_why, "{mail}");
+    let web = by_addr("203.0.113.10", 80);
+    assert_eq!(web["path"], "kernel", "{web}");
+    assert_eq!(web["reason"], "kernel: the client speaks first", "{web}");
+
+    let before = status(&node);
+    let talk = banner_client(&node, CAPTURE_LB4, 25);
+    assert_eq!(talk, "220 banner ready|221 bye", "{}", agent.log());
+    let got = headers
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a connection");
+    assert!(
+        got.starts_with(&format!("PROXY TCP4 {POD_IP4} {CAPTURE_LB4} ")) && got.ends_with(" 25"),
+        "the relay's header names the pod: {got:?}"
+    );
+    // A client-first frontend still gets the kernel's header.
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    let after = status(&node);
+    let delta = |name: &str| kernel_counter(&after, name) - kernel_counter(&before, name);
+    assert_eq!(
+        delta("redirected"),
+        1,
+        "the banner connection is relayed: {after}"
+    );
+    assert_eq!(
+        delta("kernel_marked"),
+        1,
+        "only the web connection is marked: {after}"
+    );
+    assert_eq!(delta("kernel_headers_written"), 1, "{after}");
+    assert_no_misses(&after);
+
+    // dump shows each entry's path from the map itself.
+    let dump = Command::new(hairpin_tests::agent::agent_bin())
+        .args(["dump", "--output", "json"])
+        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+        .output()
+        .expect("run dump");
+    let dump: Value = serde_json::from_slice(&dump.stdout).expect("dump json");
+    let entries: Vec<(String, String)> = dump["maps"]
+        .as_array()
+        .expect("maps")
+        .iter()
+        .filter_map(|m| m["entries"].as_array())
+        .flatten()
+        .map(|e| {
+            (
+                e["frontend"].as_str().unwrap_or("").to_string(),
+                e["path"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        entries.contains(&(
+            format!("{CAPTURE_LB4}:25"),
+            "relay (server speaks first)".into()
+        )),
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&("203.0.113.10:80".into(), "kernel v1".into())),
+        "{entries:?}"
+    );
 }

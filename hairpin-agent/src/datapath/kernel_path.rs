@@ -13,8 +13,8 @@ use aya::{
 };
 use hairpin_ebpf::{
     FrontendKey, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2, PROG_CONNECT4,
-    PROG_CONNECT4_KERNEL, PROG_CONNECT6, PROG_CONNECT6_KERNEL, PROG_SK_MSG, PROG_SOCK_OPS,
-    Redirect,
+    PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_MPTCP, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
+    PROG_CONNECT6_KERNEL_MPTCP, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
 };
 
 use crate::model::{FirstSpeaker, ProxyVersion};
@@ -134,8 +134,10 @@ pub fn read_frontend_paths(
 }
 
 /// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops and
-/// the marking connect programs. On any failure, unloads what it loaded and says why.
-pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), String> {
+/// the marking connect programs, the ones that also send MPTCP subflows to the relay
+/// where the kernel lets this process use their helper (CAP_PERFMON). On any other
+/// failure, unloads what it loaded and says why. The connect programs loaded.
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     for (kind, name) in [
         (ProgramType::SockOps, "sock_ops"),
         (ProgramType::SkMsg, "sk_msg"),
@@ -146,18 +148,15 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), String> {
             Err(e) => return Err(format!("probing {name} programs failed: {e}")),
         }
     }
-    let loaded = load_each(ebpf);
-    if loaded.is_err() {
-        unload(ebpf);
-        return loaded;
-    }
+    let connect = match load_each(ebpf) {
+        Ok(connect) => connect,
+        Err(e) => {
+            unload(ebpf);
+            return Err(e);
+        }
+    };
     // What the verifier walked, per program: the headroom left below its limit.
-    for name in [
-        PROG_CONNECT4_KERNEL,
-        PROG_CONNECT6_KERNEL,
-        PROG_SOCK_OPS,
-        PROG_SK_MSG,
-    ] {
+    for name in [connect[0], connect[1], PROG_SOCK_OPS, PROG_SK_MSG] {
         let info = ebpf.program(name).and_then(|p| p.info().ok());
         tracing::debug!(
             program = name,
@@ -165,10 +164,10 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), String> {
             "kernel path program loaded"
         );
     }
-    loaded
+    Ok(connect)
 }
 
-fn load_each(ebpf: &mut Ebpf) -> Result<(), String> {
+fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     let missing = |name: &str| format!("the eBPF object has no program {name}");
     let failed = |name: &str, e: ProgramError| {
         tracing::debug!(program = name, error = %e, "kernel path program did not load");
@@ -178,11 +177,32 @@ fn load_each(ebpf: &mut Ebpf) -> Result<(), String> {
     p.load().map_err(|e| failed(PROG_SK_MSG, e))?;
     let p: &mut SockOps = program(ebpf, PROG_SOCK_OPS).ok_or_else(|| missing(PROG_SOCK_OPS))?;
     p.load().map_err(|e| failed(PROG_SOCK_OPS, e))?;
-    for name in [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL] {
+    let mptcp = [PROG_CONNECT4_KERNEL_MPTCP, PROG_CONNECT6_KERNEL_MPTCP];
+    let mut refused = None;
+    for name in mptcp {
+        let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
+        if let Err(e) = p.load() {
+            refused = Some(short(&e));
+            break;
+        }
+    }
+    let Some(why) = refused else {
+        return Ok(mptcp);
+    };
+    for name in mptcp {
+        if let Some(p) = program::<CgroupSockAddr>(ebpf, name) {
+            let _ = p.unload();
+        }
+    }
+    tracing::warn!(reason = %why,
+        "the kernel path cannot tell MPTCP subflows at connect (bpf_skc_to_mptcp_sock needs CAP_PERFMON): \
+         their connections go without a header and are counted as kernel_missed_insert");
+    let connect = [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL];
+    for name in connect {
         let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
         p.load().map_err(|e| failed(name, e))?;
     }
-    Ok(())
+    Ok(connect)
 }
 
 /// Unloads whichever kernel-path programs are loaded (none is attached yet).
@@ -193,7 +213,12 @@ fn unload(ebpf: &mut Ebpf) {
     if let Some(p) = program::<SockOps>(ebpf, PROG_SOCK_OPS) {
         let _ = p.unload();
     }
-    for name in [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL] {
+    for name in [
+        PROG_CONNECT4_KERNEL,
+        PROG_CONNECT6_KERNEL,
+        PROG_CONNECT4_KERNEL_MPTCP,
+        PROG_CONNECT6_KERNEL_MPTCP,
+    ] {
         if let Some(p) = program::<CgroupSockAddr>(ebpf, name) {
             let _ = p.unload();
         }

@@ -32,9 +32,9 @@ use aya::{
     },
 };
 use hairpin_ebpf::{
-    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PROG_SK_MSG, PROG_SOCK_OPS,
-    Redirect,
+    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6,
+    GLOBAL_SOCKETS_LIMIT, MAP_COUNTERS, MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS,
+    MAX_KERNEL_SOCKETS, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
 };
 
 use crate::model::{FirstSpeaker, ProxyVersion};
@@ -142,28 +142,31 @@ impl Datapath {
         });
         // Not preallocated, but kept small while unused.
         let sockets = if opts.kernel_path {
-            opts.max_kernel_sockets
+            opts.max_kernel_sockets.max(1)
         } else {
             1
         };
+        // Past this fill, connects to kernel-path frontends go to the relay.
+        let sockets_limit = hairpin_ebpf::sockets_limit(sockets);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_BYPASS_MARK, &opts.bypass_mark, true)
             .override_global(GLOBAL_NODE_IP4, &node4, true)
             .override_global(GLOBAL_NODE_IP6, &node6, true)
+            .override_global(GLOBAL_SOCKETS_LIMIT, &sockets_limit, true)
             .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
             .map_max_entries(MAP_SOCKETS, sockets)
             .load(object)
             .map_err(load_error)?;
-        let kernel_path = if opts.kernel_path {
+        let (kernel_path, kernel_connect) = if opts.kernel_path {
             match kernel_path::load(&mut ebpf) {
-                Ok(()) => KernelPath::On,
+                Ok(connect) => (KernelPath::On, Some(connect)),
                 Err(why) => {
                     tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                    KernelPath::Unavailable(why)
+                    (KernelPath::Unavailable(why), None)
                 }
             }
         } else {
-            KernelPath::Off
+            (KernelPath::Off, None)
         };
         if !kernel_path.is_on() {
             for name in kernel_path.connect_programs() {
@@ -199,7 +202,7 @@ impl Datapath {
             counters,
             sockets,
             sockets_id,
-            connect: kernel_path.connect_programs(),
+            connect: kernel_connect.unwrap_or_else(|| kernel_path.connect_programs()),
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
