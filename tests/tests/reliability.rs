@@ -26,7 +26,7 @@ use hairpin_tests::{
         load_lbs, monotonic_ns, nofile_limits, pod_client, raise_nofile, start_upstream,
         wait_for_fds, wait_for_rss,
     },
-    node::{NODE_IP4, POD_IP4, POD_IP6, SimNode},
+    node::{NODE_IP4, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
     privileges::datapath_tests_can_run,
     servers::{nginx_error_log, start_nginx},
     sh::run_in,
@@ -683,7 +683,12 @@ fn a_frontend_whose_listener_cannot_bind_is_skipped_and_fails_open() {
         )
     };
     range("47000 47001");
-    let squat = format!("{NODE_IP4}:47000");
+    // The relays' address, as an earlier agent left it on lo.
+    run_in(
+        &node.node_ns,
+        &["ip", "addr", "add", &format!("{RELAY_IP4}/32"), "dev", "lo"],
+    );
+    let squat = format!("{RELAY_IP4}:47000");
     let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
     assert_eq!(squatter.line(), "listening");
     let mut agent = Agent::start(
@@ -719,7 +724,7 @@ fn a_frontend_whose_listener_cannot_bind_is_skipped_and_fails_open() {
     );
     assert_eq!(
         entries,
-        vec![("203.0.113.10:80".to_string(), format!("{NODE_IP4}:47001"))]
+        vec![("203.0.113.10:80".to_string(), format!("{RELAY_IP4}:47001"))]
     );
     assert!(
         proxied.ok() && proxied.body.starts_with(&format!("client={POD_IP4}:")),
