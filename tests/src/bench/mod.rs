@@ -104,16 +104,57 @@ pub fn run(opts: &Options) -> Result<Results> {
     let agent = start_agent(&node, &traffic_specs());
     std::thread::sleep(Duration::from_millis(300));
     let idle = procs::rss_kib(agent.pid()).unwrap_or(0);
-    if record(&mut r, "sanity", traffic::sanity(&ctx)).is_some() {
+    let relay = traffic::targets();
+    if record(&mut r, "sanity", traffic::sanity(&ctx, &relay)).is_some() {
         eprintln!("connection rate (wrk, {} s per run)", opts.wrk_secs);
-        let res = traffic::connection_rate(&ctx, agent.pid());
+        let res = traffic::connection_rate(&ctx, agent.pid(), &relay);
         if let Some((rate, load)) = record(&mut r, "connection rate", res) {
             r.rate = rate;
             r.rss_small = Some((idle, load));
         }
         eprintln!("bulk ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx, agent.pid());
+        let res = traffic::bulk(&ctx, agent.pid(), &relay);
         r.bulk = record(&mut r, "bulk", res).unwrap_or_default();
+    }
+    drop(agent);
+
+    // The same rows with the kernel writing the header on the client's socket.
+    let mut args: Vec<&str> = AGENT_ARGS.to_vec();
+    args.extend(["--kernel-path", "on"]);
+    let agent = Agent::start_logging(&node, &traffic_specs(), "info", &args);
+    let kernel = traffic::kernel_targets();
+    let on = agent.log().contains("state=on");
+    let checked = if on {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(
+            "the kernel path is not on: {}",
+            agent
+                .log()
+                .lines()
+                .find(|l| l.contains("kernel path configured"))
+                .unwrap_or("no kernel path line in the agent log")
+        ))
+    };
+    if record(&mut r, "kernel path", checked).is_some()
+        && record(
+            &mut r,
+            "sanity (kernel path)",
+            traffic::sanity(&ctx, &kernel),
+        )
+        .is_some()
+    {
+        eprintln!(
+            "kernel path: connection rate (wrk, {} s per run)",
+            opts.wrk_secs
+        );
+        let res = traffic::connection_rate(&ctx, agent.pid(), &kernel);
+        if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
+            r.rate_kernel = rate;
+        }
+        eprintln!("kernel path: bulk ({} MiB per transfer)", opts.bulk_mib);
+        let res = traffic::bulk(&ctx, agent.pid(), &kernel);
+        r.bulk_kernel = record(&mut r, "bulk (kernel path)", res).unwrap_or_default();
     }
     drop(agent);
 
@@ -151,6 +192,7 @@ fn method_notes(o: &Options) -> Vec<String> {
     vec![
         format!("Topology: `hairpin_tests::node::SimNode` (pod, node and ingress network namespaces, veths, kube-proxy-style iptables DNAT). nginx with `listen 80 proxy_protocol` (and a plain :8081) in the ingress namespace behind every path; agent built in release with the BPF object embedded, running at `--log info`."),
         format!("Connection rate: `wrk -t1 -c{} -d{}s --latency -H 'Connection: close'` from the pod namespace inside the pod cgroup, a new TCP connection per request; targets interleaved round by round after a 1 s warm-up each. hairpin: the client dials the LB IP and the connect4 program redirects it to the relay. HAProxy: `mode tcp`, `server lb <LB IP>:80 send-proxy[-v2]`, bound on the node IP in the node namespace outside the attached cgroup (hairpin-proxy's data plane; the client dials it directly). Direct: an unproxied LB IP DNATed to nginx's plain port. The programs stay attached for all targets, so every client connect pays the same lookup.", o.wrk_connections, o.wrk_secs),
+        "Kernel path: the rate and bulk cases again with an agent run with `--kernel-path on` (connect4 marks the socket and leaves the destination, sock_ops and sk_msg write the header on the client's own socket), the hairpin rows replaced by the kernel path's and the direct and HAProxy rows measured again in the same rounds, so each ratio compares runs of one sitting. Upload and the sock_ops and sk_msg programs' own run time are not measured yet.".into(),
         format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; MB/s = 10^6 bytes/s from curl's own size and time. HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
         format!("connect(): {full} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call. Each round runs the loop with no agent (no connect program attached anywhere, so the kernel skips the hook), then starts the agent (2 frontends) and runs one child process that moves itself back and forth {pairs} times between a cgroup outside the attached subtree (same namespace, same running agent, no program on the path) and the pod cgroup under the programs, timing {per} connects on each side of every pair (order alternating); 'added' is the median (and range) of the per-pair differences attached minus outside, so drift and the agent's presence on the 2-core machine fall on both sides alike. The outside and attached cells are per pair; the no-agent cell is one {full}-connect run per round. A third run per round turns on the kernel's BPF run-time statistics (BPF_ENABLE_STATS) and reads hairpin's programs' run_time_ns and run_cnt before and after: the program's own ns per run, and runs per connect() (1.00 = the hook ran once per call). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", full = o.connects, per = (o.connects / 4).max(1), pairs = connect::PAIRS),
         format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),

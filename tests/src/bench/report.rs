@@ -8,8 +8,11 @@ use super::{
     footprint::Footprint,
     options::Options,
     stats::{Spread, percentile, ratio},
-    traffic::{RateRuns, Target},
+    traffic::{KERNEL_V1, KERNEL_V2, RateRuns, Target},
 };
+
+/// Row label of the direct path.
+const DIRECT: &str = "direct (plain nginx, no PROXY)";
 
 /// Everything one bench run measured; a case that failed leaves its field empty and
 /// says why in `failures`.
@@ -21,6 +24,10 @@ pub struct Results {
     pub rss_small: Option<(u64, u64)>,
     /// Bulk MB/s per target.
     pub bulk: Vec<(Target, Vec<f64>)>,
+    /// wrk rounds per target with the kernel path on.
+    pub rate_kernel: Vec<RateRuns>,
+    /// Bulk MB/s per target with the kernel path on.
+    pub bulk_kernel: Vec<(Target, Vec<f64>)>,
     /// connect() ns per case.
     pub connect: Vec<ConnectResult>,
     /// File-source convergence, ms per change.
@@ -49,6 +56,76 @@ fn met(ok: Option<bool>) -> &'static str {
 
 fn rate_by<'a>(r: &'a Results, name: &str) -> Option<&'a RateRuns> {
     r.rate.iter().find(|x| x.target.name == name)
+}
+
+fn q_cell(q: Option<f64>) -> String {
+    q.map_or("—".into(), |q| format!("{q:.2}×"))
+}
+
+/// The kernel path's rows: rate and p99 against direct (the targets) and HAProxy,
+/// bulk against direct, all from the kernel path's own rounds.
+fn kernel_rows(r: &Results, out: &mut String) {
+    if r.rate_kernel.is_empty() && r.bulk_kernel.is_empty() {
+        return;
+    }
+    let by = |name: &str| r.rate_kernel.iter().find(|x| x.target.name == name);
+    let direct = by(DIRECT);
+    for (v, k, ha) in [
+        ("v1", KERNEL_V1, "HAProxy send-proxy"),
+        ("v2", KERNEL_V2, "HAProxy send-proxy-v2"),
+    ] {
+        let (h, a) = (by(k), by(ha));
+        let rps = (
+            h.and_then(RateRuns::rps),
+            direct.and_then(RateRuns::rps),
+            a.and_then(RateRuns::rps),
+        );
+        let q = ratio(rps.0, rps.1);
+        let _ = writeln!(
+            out,
+            "| new connections/s, **kernel path**, PROXY {v} | {} | direct: {}; {ha}: {} ({}) | {} | ≥ 0.90× direct | {} |",
+            cell(rps.0, 0),
+            cell(rps.1, 0),
+            cell(rps.2, 0),
+            ratio(rps.0, rps.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+            q_cell(q),
+            met(q.map(|q| q >= 0.90))
+        );
+        let p99 = (
+            h.and_then(RateRuns::p99),
+            direct.and_then(RateRuns::p99),
+            a.and_then(RateRuns::p99),
+        );
+        let q = ratio(p99.0, p99.1);
+        let _ = writeln!(
+            out,
+            "| p99 latency, **kernel path**, PROXY {v} (ms) | {} | direct: {}; {ha}: {} ({}) | {} | ≤ 1.10× direct | {} |",
+            cell(ms(p99.0), 2),
+            cell(ms(p99.1), 2),
+            cell(ms(p99.2), 2),
+            ratio(p99.0, p99.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+            q_cell(q),
+            met(q.map(|q| q <= 1.10))
+        );
+    }
+    let bulk = |name: &str| {
+        r.bulk_kernel
+            .iter()
+            .find(|(t, _)| t.name == name)
+            .and_then(|(_, v)| Spread::of(v))
+    };
+    let (kb, db, ab) = (bulk(KERNEL_V1), bulk(DIRECT), bulk("HAProxy send-proxy"));
+    let q = ratio(kb, db);
+    let _ = writeln!(
+        out,
+        "| bulk download, **kernel path** (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
+        cell(kb, 0),
+        cell(db, 0),
+        cell(ab, 0),
+        ratio(kb, ab).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+        q_cell(q),
+        met(q.map(|q| q >= 0.90))
+    );
 }
 
 fn ms(s: Option<Spread>) -> Option<Spread> {
@@ -118,6 +195,7 @@ fn main_table(r: &Results, out: &mut String) {
         q.map_or("—".into(), |q| format!("{q:.2}×")),
         met(q.map(|q| q >= 0.90))
     );
+    kernel_rows(r, out);
     for c in &r.connect {
         let added = c.added();
         let target = if c.case.proxied {
@@ -256,9 +334,29 @@ fn detail(r: &Results, out: &mut String) {
             );
         }
     }
-    if !r.bulk.is_empty() {
-        out.push_str("\n### Bulk, every target\n\n| target | MB/s |\n|---|---|\n");
-        for (t, v) in &r.bulk {
+    if !r.rate_kernel.is_empty() {
+        out.push_str("\n### Connection rate, every target, kernel path run\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n");
+        for x in &r.rate_kernel {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                x.target.name,
+                cell(x.rps(), 0),
+                cell(ms(x.p50()), 2),
+                cell(ms(x.p99()), 2),
+                x.errors()
+            );
+        }
+    }
+    for (title, bulk) in [("", &r.bulk), (", kernel path run", &r.bulk_kernel)] {
+        if bulk.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "\n### Bulk, every target{title}\n\n| target | MB/s |\n|---|---|\n"
+        );
+        for (t, v) in bulk {
             let _ = writeln!(out, "| {} | {} |", t.name, cell(Spread::of(v), 0));
         }
     }
@@ -286,4 +384,80 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{traffic::kernel_targets, wrk::WrkResult};
+
+    fn runs(t: &Target, rps: f64, p99_us: f64) -> RateRuns {
+        RateRuns {
+            target: t.clone(),
+            runs: vec![WrkResult {
+                requests_per_sec: rps,
+                p50_us: p99_us / 2.0,
+                p99_us,
+                requests: 1000,
+                errors: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() {
+        let mut r = Results::default();
+        for t in kernel_targets() {
+            let (rps, p99) = match t.name {
+                DIRECT => (10_000.0, 1_000.0),
+                KERNEL_V1 => (9_500.0, 1_050.0),
+                KERNEL_V2 => (8_000.0, 1_500.0),
+                _ => (5_000.0, 2_000.0),
+            };
+            r.rate_kernel.push(runs(&t, rps, p99));
+            if !t.name.contains("v2") {
+                r.bulk_kernel.push((
+                    t.clone(),
+                    vec![if t.name == DIRECT { 1000.0 } else { 950.0 }],
+                ));
+            }
+        }
+        let mut out = String::new();
+        kernel_rows(&r, &mut out);
+        let rows: Vec<&str> = out.lines().collect();
+        assert_eq!(rows.len(), 5, "{out}");
+        assert!(
+            rows[0].starts_with("| new connections/s, **kernel path**, PROXY v1 | 9500 "),
+            "{out}"
+        );
+        assert!(
+            rows[0].contains("kernel/HAProxy 1.90×")
+                && rows[0].ends_with("| 0.95× | ≥ 0.90× direct | **met** |"),
+            "{out}"
+        );
+        assert!(
+            rows[1].ends_with("| 1.05× | ≤ 1.10× direct | **met** |"),
+            "{out}"
+        );
+        assert!(
+            rows[2].ends_with("| 0.80× | ≥ 0.90× direct | **missed** |"),
+            "{out}"
+        );
+        assert!(
+            rows[3].ends_with("| 1.50× | ≤ 1.10× direct | **missed** |"),
+            "{out}"
+        );
+        assert!(
+            rows[4].starts_with("| bulk download, **kernel path** (MB/s) | 950 "),
+            "{out}"
+        );
+        assert!(
+            rows[4].ends_with("| 0.95× | ≥ 0.90× direct | **met** |"),
+            "{out}"
+        );
+        // Without a kernel path run there are no rows.
+        let mut none = String::new();
+        kernel_rows(&Results::default(), &mut none);
+        assert!(none.is_empty());
+    }
 }

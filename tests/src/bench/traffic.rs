@@ -31,6 +31,33 @@ pub struct Target {
     pub hairpin: bool,
 }
 
+/// The kernel path's rows: the same LBs as the relay's, reached with an agent run
+/// with `--kernel-path on`, between the same direct and HAProxy rows so drift
+/// falls on all alike.
+pub fn kernel_targets() -> Vec<Target> {
+    targets()
+        .into_iter()
+        .map(|t| match t.name {
+            "hairpin relay, PROXY v1" => Target {
+                name: KERNEL_V1,
+                hairpin: false,
+                ..t
+            },
+            "hairpin relay, PROXY v2" => Target {
+                name: KERNEL_V2,
+                hairpin: false,
+                ..t
+            },
+            _ => t,
+        })
+        .collect()
+}
+
+/// Row label of the kernel path with PROXY v1.
+pub const KERNEL_V1: &str = "hairpin kernel path, PROXY v1";
+/// Row label of the kernel path with PROXY v2.
+pub const KERNEL_V2: &str = "hairpin kernel path, PROXY v2";
+
 /// The data planes compared, in the order they run within each round.
 pub fn targets() -> Vec<Target> {
     let t = |name, ip, port, hairpin| Target {
@@ -82,10 +109,10 @@ impl RateRuns {
     }
 }
 
-/// Checks each target answers 200 from the pod before timing it: a broken path
-/// would otherwise show up as a suspiciously fast row.
-pub fn sanity(ctx: &Ctx<'_>) -> Result<()> {
-    for t in targets() {
+/// Checks each of `targets` answers 200 from the pod before timing it: a broken
+/// path would otherwise show up as a suspiciously fast row.
+pub fn sanity(ctx: &Ctx<'_>, targets: &[Target]) -> Result<()> {
+    for t in targets {
         let u = url(t.ip, t.port, "/");
         let out = in_pod(ctx.node, None, &["curl", "-sS", "--max-time", "5", &u]).output()?;
         let body = String::from_utf8_lossy(&out.stdout);
@@ -153,11 +180,16 @@ pub fn wrk_once(
     Ok((r, max_rss))
 }
 
-/// Rounds of wrk over every target, interleaved so drift hits all targets alike.
+/// Rounds of wrk over `targets`, interleaved so drift hits all targets alike.
 /// Returns the runs and the agent's largest RSS (KiB) while it carried load.
-pub fn connection_rate(ctx: &Ctx<'_>, agent_pid: i32) -> Result<(Vec<RateRuns>, u64)> {
-    let mut all: Vec<RateRuns> = targets()
-        .into_iter()
+pub fn connection_rate(
+    ctx: &Ctx<'_>,
+    agent_pid: i32,
+    targets: &[Target],
+) -> Result<(Vec<RateRuns>, u64)> {
+    let mut all: Vec<RateRuns> = targets
+        .iter()
+        .cloned()
         .map(|target| RateRuns {
             target,
             runs: Vec::new(),
@@ -196,11 +228,12 @@ pub fn connection_rate(ctx: &Ctx<'_>, agent_pid: i32) -> Result<(Vec<RateRuns>, 
 /// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
 /// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`
 /// (and, in [`connection_rate`], its first PROXY v1 wrk round).
-pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32) -> Result<Vec<(Target, Vec<f64>)>> {
+pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<(Target, Vec<f64>)>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
-    let wanted: Vec<Target> = targets()
-        .into_iter()
+    let wanted: Vec<Target> = targets
+        .iter()
         .filter(|t| !t.name.contains("v2"))
+        .cloned()
         .collect();
     let mut out: Vec<(Target, Vec<f64>)> = wanted.into_iter().map(|t| (t, Vec::new())).collect();
     // Warm-up, not recorded: the first read of the sparse file fills the page cache.
