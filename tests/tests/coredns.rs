@@ -454,6 +454,10 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
         let out = std::process::Command::new(agent_bin())
             .args([
                 "cleanup",
+                // The cluster's objects only: this test runs in the machine's own
+                // network namespace, whose links the node scope would look at.
+                "--scope",
+                "cluster",
                 "--coredns",
                 "corefile",
                 "--output",

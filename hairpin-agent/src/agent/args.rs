@@ -6,13 +6,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    k8s::coredns::{CorednsMode, CorednsObjects},
-    model::KernelPathMode,
-    model::Mode,
-    model::ProxyVersion,
-    names::hostname::Hostname,
-};
+use crate::{k8s::coredns::CorednsMode, model::KernelPathMode, model::Mode, model::ProxyVersion};
 
 /// Options of `run`.
 #[derive(clap::Args, Debug, Clone)]
@@ -200,25 +194,12 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_NAMES_LINK", requires = "names_address")]
     pub names_link: Option<String>,
 
-    /// Write CoreDNS rewrites for the routed hostnames (by the Lease holder):
-    /// `corefile` edits --coredns-configmap's Corefile, `import` owns the
-    /// `hairpin.override` key of --coredns-custom-configmap.
+    /// CoreDNS sends pods' lookups of the routed names to this node's name relay
+    /// (the `hairpin-agent coredns-writer` Deployment writes the rewrites; this
+    /// DaemonSet never writes cluster DNS): run the name relay for them. `corefile`
+    /// and `import` name how the writer writes; `off`: no CoreDNS rewrites.
     #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
     pub coredns: CorednsMode,
-
-    /// Which ConfigMaps the CoreDNS writing concerns.
-    #[command(flatten)]
-    pub coredns_objects: CorednsObjects,
-
-    /// The name CoreDNS rewrites the hostnames to: the hairpin ClusterIP Service
-    /// over this DaemonSet (internalTrafficPolicy: Local).
-    #[arg(
-        long,
-        env = "HAIRPIN_COREDNS_TARGET",
-        default_value = "hairpin.hairpin-system.svc.cluster.local",
-        value_parser = parse_target
-    )]
-    pub coredns_target: Hostname,
 
     /// Networks whose clients the relays serve (comma-separated CIDRs or addresses):
     /// this node's pod CIDRs. The node's own addresses and loopback are always
@@ -263,7 +244,7 @@ pub struct RunArgs {
 #[derive(Clone, Copy, Debug)]
 pub struct DefaultVersion(pub Option<ProxyVersion>);
 
-fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
+pub(crate) fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
     match s {
         "off" | "none" => Ok(DefaultVersion(None)),
         other => other.parse().map(|v| DefaultVersion(Some(v))),
@@ -373,17 +354,6 @@ fn parse_port_map(s: &str) -> Result<PortMap, String> {
         out.push((svc, listen));
     }
     Ok(PortMap(out))
-}
-
-/// A rewrite target: one exact DNS name (the Service's FQDN).
-fn parse_target(s: &str) -> Result<Hostname, String> {
-    let h = Hostname::parse(s).map_err(|e| e.to_string())?;
-    if h.is_wildcard() {
-        return Err(format!(
-            "expected an exact service name, got the wildcard {s:?}"
-        ));
-    }
-    Ok(h)
 }
 
 #[cfg(test)]

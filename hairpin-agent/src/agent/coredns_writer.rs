@@ -25,7 +25,7 @@ use crate::{
         decide::lb_address::LbAddressPolicy,
         source::CorednsWriterConfig,
     },
-    model::{LivePath, Mode, ProxyVersion},
+    model::{LivePath, Mode},
     names::{
         hostname::Hostname,
         scope::{NameScope, ScopeRule},
@@ -103,7 +103,7 @@ pub struct CorednsWriterArgs {
 
     /// PROXY version for LoadBalancer Services that neither hairpin's annotation nor
     /// a provider annotation decides: the same as the agents' (`run`'s flag).
-    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = parse_default_version)]
+    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = super::args::parse_default_version)]
     pub default_proxy_protocol: DefaultVersion,
 
     /// The cloud's LoadBalancer ranges (comma-separated CIDRs): the same as the agents'.
@@ -136,15 +136,12 @@ pub struct CorednsWriterArgs {
     /// A further address serving /metrics alone. Unset: none.
     #[arg(long, env = "HAIRPIN_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
-}
 
-fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
-    match s {
-        "off" | "none" => Ok(DefaultVersion(None)),
-        other => other
-            .parse::<ProxyVersion>()
-            .map(|v| DefaultVersion(Some(v))),
-    }
+    /// The caps on published names: the same values as the DaemonSet's, so the
+    /// Corefile and every node's hosts block withhold the same names
+    /// (`--hosts-min-interval` does not apply here).
+    #[command(flatten)]
+    pub name_limits: super::name_limits::NameLimitArgs,
 }
 
 /// The name `/status` lists the writer's watches under.
@@ -160,7 +157,8 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
             .to_string_lossy()
             .into_owned(),
     };
-    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?;
+    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?
+        .with_limits(args.name_limits.limits());
     let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
     if let Some(host) = k8s::client::api_server_name(&config) {
         scope = scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host");

@@ -25,7 +25,7 @@ use crate::{
     datapath::{self, Datapath, KernelPath, LoadOptions},
     k8s::{
         self,
-        coredns::{CorednsConfig, CorednsMode},
+        coredns::CorednsMode,
         decide::lb_address::LbAddressPolicy,
         source::{SourceConfig, WriterConfig},
     },
@@ -50,7 +50,7 @@ impl Agent {
     /// Starts everything in the order the module docs give; fails before anything
     /// is attached when the source, the flags or the admin server are unusable.
     pub async fn start(args: RunArgs) -> Result<Agent> {
-        let coredns = coredns_config(&args)?;
+        check_coredns(&args)?;
         let node_v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
         let node_v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
         if node_v4.is_none() && node_v6.is_none() {
@@ -91,7 +91,7 @@ impl Agent {
                     None => scope,
                 };
                 let client = k8s::client::from_config(config)?;
-                let cfg = source_config(&args, coredns, scope.clone())?;
+                let cfg = source_config(&args, scope.clone())?;
                 let name = cfg.name.clone();
                 let rx = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
                 (rx, name, Some(client), scope)
@@ -234,18 +234,15 @@ fn names_scope(args: &RunArgs) -> Result<NameScope> {
 
 /// The Kubernetes source's settings: a Lease and its writer only when something
 /// cluster-wide is written (Events, CoreDNS).
-fn source_config(
-    args: &RunArgs,
-    coredns: Option<CorednsConfig>,
-    scope: NameScope,
-) -> Result<SourceConfig> {
-    let writer = if args.events || coredns.is_some() {
+fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig> {
+    // The Lease only elects who publishes Events: CoreDNS is written by its own
+    // Deployment (`hairpin-agent coredns-writer`).
+    let writer = if args.events {
         Some(WriterConfig {
             namespace: args.namespace.clone(),
             lease: args.lease_name.clone(),
             node: args.node_name()?,
             events: args.events,
-            coredns,
         })
     } else {
         None
@@ -286,11 +283,12 @@ fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
     }
 }
 
-/// The CoreDNS writer's settings, or `None` when it is off; refuses combinations
-/// that cannot work.
-fn coredns_config(args: &RunArgs) -> Result<Option<CorednsConfig>> {
+/// Refuses `--coredns` combinations that cannot work: CoreDNS sends pods to the
+/// name relay, which `--mode ebpf` does not run, and the rewrites follow the
+/// Kubernetes source's names.
+fn check_coredns(args: &RunArgs) -> Result<()> {
     if args.coredns == CorednsMode::Off {
-        return Ok(None);
+        return Ok(());
     }
     if !args.mode.allows_names() {
         bail!(
@@ -299,14 +297,11 @@ fn coredns_config(args: &RunArgs) -> Result<Option<CorednsConfig>> {
         );
     }
     if args.frontends.is_some() {
-        bail!("--coredns writes through the Kubernetes API: it cannot be used with --frontends");
+        bail!(
+            "--coredns follows the Kubernetes source's names: it cannot be used with --frontends"
+        );
     }
-    Ok(Some(CorednsConfig {
-        mode: args.coredns,
-        configmap: args.coredns_objects.configmap.clone(),
-        custom: args.coredns_objects.custom_configmap.clone(),
-        target: args.coredns_target.clone(),
-    }))
+    Ok(())
 }
 
 /// Loads and attaches the programs as `--mode` allows. `auto` turns a failure into

@@ -50,10 +50,6 @@ pub struct WriterConfig {
     /// Publish an Event on each Service whose decision changed, and a Warning on each
     /// Ingress or Gateway route whose hostname was refused.
     pub events: bool,
-    /// Ignored: `run` no longer writes CoreDNS (`hairpin-agent coredns-writer`, its
-    /// own Deployment and ServiceAccount, does). Kept only until agent/startup.rs
-    /// stops setting it.
-    pub coredns: Option<CorednsConfig>,
 }
 
 /// The CoreDNS writer's source: the same watches and decision as the DaemonSet's,
