@@ -11,6 +11,7 @@ pub mod fakeapi;
 pub mod load;
 pub mod names_support;
 pub mod node;
+pub mod pod;
 pub mod privileges;
 pub mod servers;
 pub mod sh;

@@ -309,12 +309,28 @@ impl Datapath {
     /// does not, and why.
     fn confirm_links(&self) -> Result<(), (&'static str, String)> {
         let programs = self.linked_programs();
-        let links = kernel::links().map_err(|e| {
-            (
-                programs[0],
-                format!("the kernel cannot list bpf links: {e}"),
-            )
-        })?;
+        let links = match kernel::links() {
+            Ok(links) => links,
+            // Listing links (BPF_LINK_GET_NEXT_ID) needs CAP_SYS_ADMIN, which the
+            // DaemonSet does not grant (CAP_BPF only). aya 0.14 (pinned exactly) attaches
+            // through bpf_link_create whenever it finds a 5.7 or newer kernel, and fails
+            // rather than falling back to a legacy attach, so there the ids it returned
+            // are links; only where it found an older kernel can they be legacy ones.
+            Err(e)
+                if error::errno(&e) == Some(nix::errno::Errno::EPERM as i32)
+                    && aya::util::KernelVersion::current()
+                        .is_ok_and(|v| v >= aya::util::KernelVersion::new(5, 7, 0)) =>
+            {
+                tracing::debug!(error = %e, "bpf links cannot be listed without CAP_SYS_ADMIN: aya attached through bpf_link_create (kernel 5.7 or newer)");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err((
+                    programs[0],
+                    format!("the kernel cannot list bpf links: {e}"),
+                ));
+            }
+        };
         for name in programs {
             let id = self
                 .ebpf

@@ -131,7 +131,7 @@ fn render_chart_template(src: &str, values: &Yaml, namespace: &str) -> String {
 
 /// Renders every YAML template of the chart with values.yaml overridden by `set`
 /// (dotted keys), in namespace hairpin-system.
-fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
+pub(super) fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
     let mut values: Yaml =
         yaml_serde::from_str(&read("deploy/chart/hairpin/values.yaml")).expect("values.yaml");
     for (key, v) in set {
@@ -168,7 +168,7 @@ fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
 /// kustomize's strategic merge moves patched entries to the front, and the order of
 /// plain `value`s carries no meaning (no entry refers to another with `$(NAME)`,
 /// which `no_env_refers_to_another` checks).
-fn comparable(objs: Vec<Json>) -> BTreeMap<String, Json> {
+pub(super) fn comparable(objs: Vec<Json>) -> BTreeMap<String, Json> {
     objs.into_iter()
         .filter(|o| o["kind"] != "Namespace")
         .map(|mut o| {

@@ -22,6 +22,7 @@ mod flags;
 mod image;
 mod rbac;
 mod render;
+mod seccomp;
 mod uninstall;
 
 use std::{collections::BTreeSet, process::Command};
@@ -141,6 +142,7 @@ fn every_kustomization_is_a_variant_or_an_uninstall() {
         .chain(
             [
                 "deploy/components/coredns",
+                "deploy/components/seccomp-localhost",
                 "deploy/uninstall/coredns-writer",
                 "deploy/uninstall/base",
             ]
