@@ -148,6 +148,10 @@ fn pod_and_node_requests_get_the_header_from_the_kernel_v1_v2_v4_v6() {
     assert_eq!(kernel_counter(&s, "kernel_marked"), 8, "{s}");
     assert_eq!(kernel_counter(&s, "redirected"), 0, "{s}");
     assert_no_misses(&s);
+    // Every socket that entered the sockets map left it: the fill the connect
+    // programs compare with the map's limit is back to zero.
+    assert_eq!(kernel_counter(&s, "kernel_sockets_entered"), 8, "{s}");
+    assert_eq!(wait_counter(&node, "kernel_sockets_left", 8), 8, "{s}");
 }
 
 #[test]
