@@ -1234,3 +1234,72 @@ fn a_server_first_frontend_takes_the_relay_while_client_first_ones_keep_the_kern
         "{entries:?}"
     );
 }
+
+/// Drops `caps` from this thread's effective set (capabilities are per thread).
+fn drop_effective_caps(caps: &[u32]) {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset with a v3 header and two data words, as the ABI says.
+    unsafe {
+        assert_eq!(
+            libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()),
+            0
+        );
+        for cap in caps {
+            data[(cap / 32) as usize].effective &= !(1 << (cap % 32));
+        }
+        assert_eq!(
+            libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()),
+            0,
+            "capset: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[test]
+fn the_counters_read_through_the_agents_own_descriptor_without_cap_sys_admin() {
+    require_privileges!();
+    let Some(object) = hairpin_agent::datapath::embedded_object() else {
+        panic!("the agent was built without its BPF object: run cargo xtask build-ebpf first");
+    };
+    // A thread of its own: dropping capabilities affects this thread only.
+    std::thread::spawn(move || {
+        let d = hairpin_agent::datapath::Datapath::load(object, 0x68).expect("load");
+        let id = d
+            .kernel_ids()
+            .counters_map_id
+            .expect("the counters map has an id");
+        let reader = d.counters_reader().expect("a reader");
+        // As the DaemonSet runs the agent: CAP_BPF and CAP_NET_ADMIN, no
+        // CAP_SYS_ADMIN (21) and no CAP_PERFMON (38).
+        drop_effective_caps(&[21, 38]);
+        let by_id = hairpin_agent::datapath::kernel::read_counters(id);
+        assert!(
+            by_id.is_err(),
+            "opening a map by id needs CAP_SYS_ADMIN: {by_id:?}"
+        );
+        let names: Vec<&str> = reader.read().into_iter().map(|(n, _)| n).collect();
+        assert!(
+            names.contains(&"kernel_fallback_full") && names.contains(&"kernel_missed_insert"),
+            "{names:?}"
+        );
+    })
+    .join()
+    .expect("the reader works without CAP_SYS_ADMIN");
+}

@@ -19,6 +19,7 @@ pub use kernel_path::{KernelPath, describe as describe_value, read_frontend_path
 
 use std::{
     fs::File,
+    os::fd::AsFd,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
 };
@@ -450,18 +451,62 @@ impl Datapath {
 
     /// The per-CPU counters, summed.
     pub fn counters(&self) -> Vec<(Counter, u64)> {
-        Counter::ALL
-            .iter()
-            .map(|c| {
-                let total = self
-                    .counters
-                    .get(&(*c as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
-                (*c, total)
-            })
+        sum_counters(&self.counters)
+    }
+
+    /// A reader of the counters through this process's own descriptor of the map,
+    /// for `/status` and `/metrics`: opening the map by id (`dump`, and
+    /// [`kernel::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
+    /// grant, so there the kernel path's fallback and miss counters would not show.
+    pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
+        use aya::maps::IterableMap;
+        let fd = self
+            .counters
+            .map()
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| {
+                map_error("open", MAP_COUNTERS, String::new())(aya::maps::MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "dup",
+                        io_error: source,
+                    },
+                ))
+            })?;
+        let data =
+            MapData::from_fd(fd).map_err(map_error("open", MAP_COUNTERS, String::new()))?;
+        let map = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
+            .map_err(map_error("open", MAP_COUNTERS, String::new()))?;
+        Ok(CountersReader(map))
+    }
+}
+
+/// The programs' counters, read through a descriptor this process holds (see
+/// [`Datapath::counters_reader`]); valid while the process runs.
+pub struct CountersReader(PerCpuArray<MapData, u64>);
+
+impl CountersReader {
+    /// The per-CPU counters, summed, by name.
+    pub fn read(&self) -> Vec<(&'static str, u64)> {
+        sum_counters(&self.0)
+            .into_iter()
+            .map(|(c, v)| (c.name(), v))
             .collect()
     }
+}
+
+fn sum_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(Counter, u64)> {
+    Counter::ALL
+        .iter()
+        .map(|c| {
+            let total = map
+                .get(&(*c as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0);
+            (*c, total)
+        })
+        .collect()
 }
 
 impl Drop for Datapath {
