@@ -19,8 +19,8 @@ pub use kernel_path::{KernelPath, describe as describe_value, read_frontend_path
 
 use std::{
     fs::File,
-    os::fd::AsFd,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -474,10 +474,12 @@ impl Datapath {
                     },
                 ))
             })?;
-        let data =
-            MapData::from_fd(fd).map_err(map_error("open", MAP_COUNTERS, String::new()))?;
-        let map = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
-            .map_err(map_error("open", MAP_COUNTERS, String::new()))?;
+        let data = MapData::from_fd(fd).map_err(map_error("open", MAP_COUNTERS, String::new()))?;
+        let map = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
         Ok(CountersReader(map))
     }
 }
