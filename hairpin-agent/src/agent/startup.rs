@@ -174,14 +174,37 @@ impl Agent {
         )
         .await?;
         let relay = Relay::new(relay_config, metrics.clone());
+        // Read through the agent's own descriptor: opening the map by id (as `dump`
+        // does) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
+        let reader = datapath.as_ref().and_then(|d| match d.counters_reader() {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                warn!(error = %e, "the kernel counters cannot be read through the agent's own map descriptor");
+                None
+            }
+        });
         let reconciler = Reconciler::new(datapath, relay, listen);
 
         // Up before the first sync: /healthz answers and /readyz says what it waits for.
-        let kernel: KernelCounters = Arc::new(|id| {
-            datapath::kernel::read_counters(id)
+        let own = reader.clone();
+        let kernel: KernelCounters = Arc::new(move |id| match &own {
+            Some(r) => Ok(r
+                .read()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect()),
+            None => datapath::kernel::read_counters(id)
                 .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string()),
         });
+        if let Some(r) = reader {
+            metrics.set_kernel_counters(Arc::new(move || {
+                r.read()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_string(), v))
+                    .collect()
+            }));
+        }
         let admin = admin::start(
             &AdminConfig {
                 address: Some(args.admin_address),
@@ -507,6 +530,7 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
                 .flatten(),
         })
     });
+    // Until the agent's own reader replaces it (see `Agent::start`): by id.
     if let Some(id) = ids.counters_map_id {
         metrics.set_kernel_counters(Arc::new(move || {
             datapath::kernel::read_counters(id)
