@@ -88,9 +88,10 @@ async fn peek_name(
     let deadline = Instant::now() + within;
     let mut chunk = [0u8; 4096];
     let mut parsed_at = None;
+    let mut scanned = 0;
     loop {
         let tls = buf.first().is_some_and(|b| looks_like_tls(*b));
-        if !buf.is_empty() && worth_parsing(buf, tls, parsed_at) {
+        if !buf.is_empty() && worth_parsing(buf, tls, parsed_at, &mut scanned) {
             parsed_at = Some(buf.len());
             let peek = if tls { parse_sni(buf) } else { parse_host(buf) };
             match peek {
@@ -114,13 +115,16 @@ async fn peek_name(
 }
 
 /// Whether `buf`, last parsed when it was `parsed_at` bytes long, may now hold a
-/// complete message: always on the first look; for HTTP when the bytes since
-/// (with three before, for a terminator split across reads) hold a line end
-/// followed by a blank line; for TLS once the first record is complete.
-fn worth_parsing(buf: &[u8], tls: bool, parsed_at: Option<usize>) -> bool {
-    let Some(at) = parsed_at else {
+/// complete message: always on the first look; for HTTP when the bytes not yet
+/// scanned (from `scanned`, with three before, for a terminator split across reads)
+/// hold a line end followed by a blank line; for TLS once the first record is
+/// complete. Each byte is scanned once (`scanned` moves to the end), so a head that
+/// never ends costs linear time, not a rescan per read.
+fn worth_parsing(buf: &[u8], tls: bool, parsed_at: Option<usize>, scanned: &mut usize) -> bool {
+    let from = std::mem::replace(scanned, buf.len());
+    if parsed_at.is_none() {
         return true;
-    };
+    }
     if tls {
         // Record header: type, version (2), length (2).
         let record = buf
@@ -129,7 +133,7 @@ fn worth_parsing(buf: &[u8], tls: bool, parsed_at: Option<usize>) -> bool {
         // A ClientHello spread over several records: parse as they come.
         return record.is_none_or(|len| buf.len() >= len);
     }
-    let fresh = &buf[at.saturating_sub(3)..];
+    let fresh = &buf[from.min(buf.len()).saturating_sub(3)..];
     fresh.windows(2).any(|w| w == b"\n\n") || fresh.windows(3).any(|w| w == b"\n\r\n")
 }
 
@@ -189,24 +193,65 @@ mod tests {
     #[test]
     fn a_trickled_head_is_parsed_when_it_can_have_ended() {
         let head = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n";
-        assert!(worth_parsing(head, false, None), "the first look parses");
-        assert!(!worth_parsing(head, false, Some(10)), "no blank line yet");
+        let mut scanned = 0;
+        assert!(
+            worth_parsing(head, false, None, &mut scanned),
+            "the first look parses"
+        );
+        assert_eq!(scanned, head.len());
+        let mut scanned = 10;
+        assert!(
+            !worth_parsing(head, false, Some(10), &mut scanned),
+            "no blank line yet"
+        );
         let done = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n\r\n";
-        assert!(worth_parsing(done, false, Some(head.len())));
+        let mut scanned = head.len();
+        assert!(worth_parsing(done, false, Some(head.len()), &mut scanned));
         // The terminator split across reads: "\r\n" then "\r\n".
-        assert!(worth_parsing(done, false, Some(done.len() - 1)));
-        assert!(worth_parsing(b"GET / HTTP/1.0\n\n", false, Some(15)));
+        let mut scanned = done.len() - 1;
+        assert!(worth_parsing(
+            done,
+            false,
+            Some(done.len() - 1),
+            &mut scanned
+        ));
+        let mut scanned = 15;
+        assert!(worth_parsing(
+            b"GET / HTTP/1.0\n\n",
+            false,
+            Some(15),
+            &mut scanned
+        ));
+    }
+
+    #[test]
+    fn a_head_that_never_ends_is_scanned_once() {
+        // Trickled a byte at a time: every byte is looked at a bounded number of
+        // times (the three before a read, for a split terminator), never rescanned
+        // from the last parse.
+        let mut buf = b"GET / HTTP/1.1\r\nHost: a.example.com\r\nX-Pad: ".to_vec();
+        let mut scanned = 0;
+        assert!(worth_parsing(&buf, false, None, &mut scanned));
+        let parsed_at = Some(buf.len());
+        for _ in 0..16_000 {
+            buf.push(b'a');
+            assert!(!worth_parsing(&buf, false, parsed_at, &mut scanned));
+            assert_eq!(scanned, buf.len());
+        }
+        buf.extend_from_slice(b"\r\n\r\n");
+        assert!(worth_parsing(&buf, false, parsed_at, &mut scanned));
     }
 
     #[test]
     fn a_tls_record_is_parsed_once_it_is_whole() {
         let mut record = vec![22, 3, 1, 0, 10];
         record.extend_from_slice(&[1; 4]);
-        assert!(!worth_parsing(&record, true, Some(5)));
+        let mut scanned = 5;
+        assert!(!worth_parsing(&record, true, Some(5), &mut scanned));
         record.extend_from_slice(&[1; 6]);
-        assert!(worth_parsing(&record, true, Some(9)));
+        assert!(worth_parsing(&record, true, Some(9), &mut scanned));
         assert!(
-            worth_parsing(&[22, 3], true, Some(1)),
+            worth_parsing(&[22, 3], true, Some(1), &mut 1),
             "no length yet: parse"
         );
     }
