@@ -5,6 +5,7 @@ use std::{fmt, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+pub use super::object::ObjectId;
 use super::{hostname::Hostname, limits::CapRule, scope::ScopeRule};
 
 /// Why a host was not routed.
@@ -57,22 +58,6 @@ impl NameSkipReason {
             | NameSkipReason::Unreadable => None,
         }
     }
-}
-
-/// The Kubernetes object a claim or skip came from, enough for an Event's
-/// `regarding` reference.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectId {
-    /// `networking.k8s.io/v1`, `gateway.networking.k8s.io/v1`, ...
-    pub api_version: String,
-    /// `Ingress`, `HTTPRoute`, `TLSRoute`, `Gateway`.
-    pub kind: String,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Its uid, when the object carries one.
-    pub uid: Option<String>,
 }
 
 /// One host (or object) left out, with a sentence naming the object and field.

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{claims::ObjectId, hostname::Hostname};
+use super::{hostname::Hostname, object::ObjectId};
 use crate::status::NameLimitsStatus;
 
 /// `--max-names-per-namespace`'s default.
