@@ -21,11 +21,6 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_KUBECONFIG", conflicts_with = "frontends")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// PROXY version for LoadBalancer Services that neither our annotation
-    /// (hairpin.dev/proxy-protocol) nor a known provider annotation decides.
-    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = parse_default_version)]
-    pub default_proxy_protocol: DefaultVersion,
-
     /// This node's name (downward API `spec.nodeName`): the Lease identity and the
     /// Event reporter instance. Default: the host name.
     #[arg(long, env = "HAIRPIN_NODE_NAME")]
@@ -204,11 +199,28 @@ pub struct RunArgs {
     /// Networks whose clients the relays serve (comma-separated CIDRs or addresses):
     /// this node's pod CIDRs. The node's own addresses and loopback are always
     /// allowed. Unset: this node's Node `spec.podCIDRs` (Kubernetes source); where
-    /// the Node has none (Calico, Cilium cluster-pool IPAM) or cannot be read, every
-    /// peer that reaches a listener is served, with a warning in the log, `status`
-    /// and `doctor`.
+    /// the Node has none (the AWS VPC CNI, Azure CNI, Calico and Cilium cluster-pool
+    /// IPAM) or cannot be read, this node's pods learned from the Pods bound to it;
+    /// with a frontends file, only the node itself (fails closed, as the log,
+    /// `status` and `doctor` say).
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
+
+    /// What is proxied and which names are published: shared with `coredns-writer`,
+    /// so the Corefile and the nodes decide alike.
+    #[command(flatten)]
+    pub decision: DecisionArgs,
+}
+
+/// The options that decide which frontends are proxied and which hostnames are
+/// published, shared by `run` and `coredns-writer` (the same flags and env, so the
+/// CoreDNS writer publishes exactly the names the agents route).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DecisionArgs {
+    /// PROXY version for LoadBalancer Services that neither our annotation
+    /// (hairpin.dev/proxy-protocol) nor a known provider annotation decides.
+    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = parse_default_version)]
+    pub default_proxy_protocol: DefaultVersion,
 
     /// The ranges the cloud hands out for LoadBalancer addresses (comma-separated
     /// CIDRs): a Service whose `status.loadBalancer` names an address outside them is

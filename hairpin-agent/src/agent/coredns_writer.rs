@@ -17,7 +17,6 @@ use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
-use super::args::DefaultVersion;
 use crate::{
     k8s::{
         self,
@@ -101,27 +100,10 @@ pub struct CorednsWriterArgs {
     #[arg(long, env = "HAIRPIN_IDENTITY")]
     pub identity: Option<String>,
 
-    /// PROXY version for LoadBalancer Services that neither hairpin's annotation nor
-    /// a provider annotation decides: the same as the agents' (`run`'s flag).
-    #[arg(long, env = "HAIRPIN_DEFAULT_PROXY_PROTOCOL", default_value = "off", value_parser = super::args::parse_default_version)]
-    pub default_proxy_protocol: DefaultVersion,
-
-    /// The cloud's LoadBalancer ranges (comma-separated CIDRs): the same as the agents'.
-    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
-    pub lb_cidrs: Vec<ipnet::IpNet>,
-
-    /// Networks no LoadBalancer address may be in: the same as the agents'.
-    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
-    pub reserved_cidrs: Vec<ipnet::IpNet>,
-
-    /// Domains whose hostnames may be published (comma-separated): the same as the
-    /// agents'. Empty (the default): no names are published.
-    #[arg(long, env = "HAIRPIN_NAMES_DOMAINS", value_delimiter = ',')]
-    pub names_domains: Vec<String>,
-
-    /// The cluster's DNS domain: it and every name under it are never published.
-    #[arg(long, env = "HAIRPIN_CLUSTER_DOMAIN", default_value = crate::names::scope::DEFAULT_CLUSTER_DOMAIN)]
-    pub cluster_domain: String,
+    /// What is proxied and which names are published: the same flags as the
+    /// agents' (`run`), so the Corefile holds exactly the names they route.
+    #[command(flatten)]
+    pub decision: super::args::DecisionArgs,
 
     /// TCP address of /healthz, /readyz and /metrics (in a pod: 0.0.0.0:PORT, which
     /// the kubelet's probes dial on the pod IP).
@@ -136,12 +118,6 @@ pub struct CorednsWriterArgs {
     /// A further address serving /metrics alone. Unset: none.
     #[arg(long, env = "HAIRPIN_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
-
-    /// The caps on published names: the same values as the DaemonSet's, so the
-    /// Corefile and every node's hosts block withhold the same names
-    /// (`--hosts-min-interval` does not apply here).
-    #[command(flatten)]
-    pub name_limits: super::name_limits::NameLimitArgs,
 }
 
 /// The name `/status` lists the writer's watches under.
@@ -157,8 +133,8 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
             .to_string_lossy()
             .into_owned(),
     };
-    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?
-        .with_limits(args.name_limits.limits());
+    let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
+        .with_limits(args.decision.name_limits.limits());
     let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
     if let Some(host) = k8s::client::api_server_name(&config) {
         scope = scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host");
@@ -188,14 +164,15 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
     state.register_source(SOURCE);
     let cfg = CorednsWriterConfig {
         defaults: k8s::Defaults {
-            proxy_protocol: args.default_proxy_protocol.0,
+            proxy_protocol: args.decision.default_proxy_protocol.0,
             addresses: LbAddressPolicy {
                 reserved: args
+                    .decision
                     .reserved_cidrs
                     .iter()
                     .map(|n| (*n, "in --reserved-cidrs".to_string()))
                     .collect(),
-                allowed: args.lb_cidrs.clone(),
+                allowed: args.decision.lb_cidrs.clone(),
                 ..LbAddressPolicy::default()
             },
         },

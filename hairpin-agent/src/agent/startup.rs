@@ -240,8 +240,8 @@ impl Agent {
 /// Which names may be published: `--names-domains` and `--cluster-domain`, validated
 /// once, refusing this node's names too (the API server's is added with the client).
 fn names_scope(args: &RunArgs) -> Result<NameScope> {
-    let mut scope = NameScope::new(&args.names_domains, &args.cluster_domain)?
-        .with_limits(args.name_limits.limits());
+    let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
+        .with_limits(args.decision.name_limits.limits());
     if let Ok(node) = args.node_name() {
         scope = scope.refuse_own(&node, ScopeRule::NodeName, "this node's name");
     }
@@ -272,7 +272,7 @@ fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig> {
     };
     Ok(SourceConfig {
         defaults: k8s::Defaults {
-            proxy_protocol: args.default_proxy_protocol.0,
+            proxy_protocol: args.decision.default_proxy_protocol.0,
             addresses: lb_addresses(args),
         },
         scope,
@@ -296,12 +296,13 @@ fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
             )
         });
     let listed = args
+        .decision
         .reserved_cidrs
         .iter()
         .map(|n| (*n, "in --reserved-cidrs".to_string()));
     LbAddressPolicy {
         reserved: own.chain(listed).collect(),
-        allowed: args.lb_cidrs.clone(),
+        allowed: args.decision.lb_cidrs.clone(),
         ..LbAddressPolicy::default()
     }
 }
@@ -409,7 +410,7 @@ async fn start_names(
             ports: args.names_ports.0.clone(),
             service_listeners: service_listeners(args, node_v4, node_v6),
             hosts_file,
-            hosts_min_interval: args.name_limits.hosts_min_interval,
+            hosts_min_interval: args.decision.name_limits.hosts_min_interval,
             report_to: Some(state.clone()),
             peek_timeout: Duration::from_secs(5),
         },

@@ -209,8 +209,14 @@ fn each_variant_runs_the_agent_as_it_says() {
             let w = writer_args(&env_of(&c, v.dir), v.dir);
             assert_eq!(w.coredns, v.coredns, "{}: the writer's --coredns", v.dir);
             assert_eq!(
-                (w.names_domains.clone(), w.cluster_domain.clone()),
-                (run.names_domains.clone(), run.cluster_domain.clone()),
+                (
+                    w.decision.names_domains.clone(),
+                    w.decision.cluster_domain.clone()
+                ),
+                (
+                    run.decision.names_domains.clone(),
+                    run.decision.cluster_domain.clone()
+                ),
                 "{}: the writer publishes the names the agents route",
                 v.dir
             );
