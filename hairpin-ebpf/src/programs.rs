@@ -1,20 +1,22 @@
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
+    mem::MaybeUninit,
     ptr::{null_mut, read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
     bindings::{
         BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_RTT_CB,
-        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, bpf_sock,
-        bpf_sock_addr, bpf_sock_ops, sk_action::SK_PASS,
+        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, bpf_dynptr,
+        bpf_sock, bpf_sock_addr, bpf_sock_ops, sk_action::SK_PASS,
     },
     btf_maps::SkStorage,
     helpers::{
-        bpf_get_socket_cookie, bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data,
-        bpf_msg_push_data, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
-        bpf_sock_hash_update, bpf_sock_ops_cb_flags_set,
+        bpf_dynptr_from_mem, bpf_dynptr_read, bpf_dynptr_write, bpf_get_socket_cookie,
+        bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data,
+        bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock, bpf_sock_hash_update,
+        bpf_sock_ops_cb_flags_set,
     },
     macros::{btf_map, cgroup_sock_addr, map, sk_msg, sock_ops},
     maps::{Array, HashMap, PerCpuArray, SockHash},
@@ -24,6 +26,7 @@ use hairpin_ebpf::{
     AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM, HEADER_V2,
     MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
     PENDING_WRITTEN, PendingHeader, Redirect,
+    text::{IP6_FIRST, IP6_GAP, IP6_NEXT, dec, groups, hex, ip6_plan, pack, zero_groups},
 };
 
 const SOCK_STREAM: u32 = 1;
@@ -488,29 +491,41 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
 }
 
 /// Copies the header into the pulled room at `data`, checking every byte against
-/// `data_end` as the verifier needs.
+/// `data_end` as the verifier needs. Unrolled by a macro so that every offset, into
+/// the packet and into the storage, is a constant: without CAP_PERFMON the verifier
+/// refuses packet pointer arithmetic with a register ("pointer arithmetic with it
+/// prohibited for !root"), and would explore a speculative path at every
+/// variable-offset access to the storage.
 #[inline(always)]
 fn copy_header(data: usize, data_end: usize, p: &PendingHeader) -> bool {
     let len = usize::from(p.len);
-    let mut i = 0;
-    while i < HEADER_ROOM {
-        if i >= len {
-            return true;
-        }
-        let at = data + i;
-        if at + 1 > data_end {
-            return false;
-        }
-        // SAFETY: inside [data, data_end), checked just above.
-        unsafe { write_volatile(at as *mut u8, p.header[i]) };
-        i += 1;
+    macro_rules! bytes {
+        ($($i:literal)*) => {$(
+            if $i >= len {
+                return true;
+            }
+            if data + $i + 1 > data_end {
+                return false;
+            }
+            // SAFETY: inside [data, data_end), checked just above.
+            unsafe { write_volatile((data + $i) as *mut u8, p.header[$i]) };
+        )*};
     }
+    bytes!(
+        0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+        32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59
+        60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87
+        88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111
+        112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127
+    );
+    const _: () = assert!(HEADER_ROOM == 128, "copy_header unrolls HEADER_ROOM bytes");
     true
 }
 
-/// Formats the header into `p.header` (length in `p.len`): src is the socket's own
-/// address and port (the node's address instead when that is loopback or the LB
-/// address itself, as the relay does), dst the original destination.
+/// Formats the header into `p.header` (length in `p.len`; 0 when it could not be
+/// formatted, which sk_msg counts as a miss): src is the socket's own address and
+/// port (the node's address instead when that is loopback or the LB address itself,
+/// as the relay does), dst the original destination.
 #[inline(always)]
 fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
     // SAFETY: context reads, one 32-bit load each (volatile: never merged).
@@ -529,9 +544,30 @@ fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
     };
     let dport = u16::from_be(p.dst_port);
     let dst = p.dst;
-    let out = Out(p);
-    out.reset();
-    if p_family(&out) == AF_INET {
+    let (family, version) = (p.family, p.version);
+    p.len = 0;
+    // Made in place and never moved: the verifier refuses a dynptr read as plain
+    // stack bytes.
+    let mut d = MaybeUninit::<bpf_dynptr>::uninit();
+    // SAFETY: `p.header` is this socket's storage, valid while the program runs; the
+    // dynptr covers exactly its HEADER_ROOM bytes.
+    let made = unsafe {
+        bpf_dynptr_from_mem(
+            (&raw mut p.header).cast(),
+            HEADER_ROOM as u32,
+            0,
+            d.as_mut_ptr(),
+        )
+    };
+    if made != 0 {
+        return;
+    }
+    let mut out = Out {
+        d: d.as_ptr(),
+        pos: 0,
+        ok: true,
+    };
+    if family == AF_INET {
         // An AF_INET6 socket that connected to ::ffff:a.b.c.d has a mapped address.
         let mut src = if sock_family == u32::from(AF_INET6) {
             local6[3]
@@ -545,17 +581,14 @@ fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
                 src = node;
             }
         }
-        if p_version(&out) == HEADER_V2 {
+        if version == HEADER_V2 {
             out.v2_prefix(0x11, 12);
-            out.bytes4(src);
-            out.bytes4(dst[0]);
-            out.be16(sport);
-            out.be16(dport);
+            out.word(u64::from(src) | u64::from(dst[0]) << 32, 8);
+            out.ports_v2(sport, dport);
         } else {
-            out.text(b"PROXY TCP4 ");
-            out.ip4(src);
-            out.put(b' ');
-            out.ip4(dst[0]);
+            out.v1_prefix(true);
+            out.ip4(src, b' ');
+            out.ip4(dst[0], b' ');
             out.ports(sport, dport);
         }
     } else {
@@ -575,191 +608,170 @@ fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
                 src = node;
             }
         }
-        if p_version(&out) == HEADER_V2 {
+        if version == HEADER_V2 {
             out.v2_prefix(0x21, 36);
-            for w in src {
-                out.bytes4(w);
-            }
-            for w in dst {
-                out.bytes4(w);
-            }
-            out.be16(sport);
-            out.be16(dport);
+            out.word(u64::from(src[0]) | u64::from(src[1]) << 32, 8);
+            out.word(u64::from(src[2]) | u64::from(src[3]) << 32, 8);
+            out.word(u64::from(dst[0]) | u64::from(dst[1]) << 32, 8);
+            out.word(u64::from(dst[2]) | u64::from(dst[3]) << 32, 8);
+            out.ports_v2(sport, dport);
         } else {
-            out.text(b"PROXY TCP6 ");
+            out.v1_prefix(false);
             out.ip6(src);
-            out.put(b' ');
+            out.word(u64::from(b' '), 1);
             out.ip6(dst);
+            out.word(u64::from(b' '), 1);
             out.ports(sport, dport);
         }
     }
+    if out.ok {
+        // At most 104 bytes (a v1 TCP6 line): the position fits.
+        p.len = out.pos as u8;
+    }
 }
 
-#[inline(always)]
-fn p_family(out: &Out) -> u8 {
-    // SAFETY: `out` holds a valid storage pointer.
-    unsafe { (*out.0).family }
+/// Appends to a socket's header through a dynptr over it: every write is a helper
+/// call at a position the helper checks, so the verifier sees no pointer arithmetic
+/// with a variable offset (which, without CAP_PERFMON, it sanitizes by exploring a
+/// speculative path at each one: past its limit for a v6 text line). Bytes go out in
+/// words of up to 8, always writing 8 bytes (the next word overwrites the excess;
+/// the longest header ends 8 bytes short of [`HEADER_ROOM`] at least).
+struct Out {
+    /// A dynptr over the header, on the stack of [`format_header`].
+    d: *const bpf_dynptr,
+    pos: u32,
+    ok: bool,
 }
-
-#[inline(always)]
-fn p_version(out: &Out) -> u8 {
-    // SAFETY: as above.
-    unsafe { (*out.0).version }
-}
-
-/// Appends to a socket's header. The write position lives in the storage itself and
-/// is re-read (volatile) for every byte, so the verifier sees an unknown position
-/// masked below [`HEADER_ROOM`]: one bounds proof per byte, and the paths through
-/// numbers of different widths meet in one state instead of multiplying.
-struct Out(*mut PendingHeader);
 
 impl Out {
+    /// The first `n` (at most 8) bytes of `w`, first byte lowest.
     #[inline(always)]
-    fn reset(&self) {
-        // SAFETY: valid storage pointer for this program run.
-        unsafe { write_volatile(&raw mut (*self.0).len, 0) };
+    fn word(&mut self, w: u64, n: u32) {
+        let mut buf = w;
+        // SAFETY: the dynptr made in `new`, an 8-byte stack buffer; the helper checks
+        // the range against the dynptr's size.
+        let r = unsafe { bpf_dynptr_write(self.d, self.pos, (&raw mut buf).cast(), 8, 0) };
+        self.ok &= r == 0;
+        self.pos += n;
     }
 
+    /// `PROXY TCP4 ` or `PROXY TCP6 ` (`four` false) of a v1 line.
     #[inline(always)]
-    fn put(&self, b: u8) {
-        // SAFETY: as above; the index is masked into the buffer.
-        unsafe {
-            let at = usize::from(read_volatile(&raw const (*self.0).len)) & (HEADER_ROOM - 1);
-            (*self.0).header[at] = b;
-            write_volatile(&raw mut (*self.0).len, (at + 1) as u8);
-        }
-    }
-
-    #[inline(always)]
-    fn text(&self, s: &[u8]) {
-        for b in s {
-            self.put(*b);
+    fn v1_prefix(&mut self, four: bool) {
+        self.word(const { pack(b"PROXY TC") }, 8);
+        if four {
+            self.word(const { pack(b"P4 ") }, 3);
+        } else {
+            self.word(const { pack(b"P6 ") }, 3);
         }
     }
 
     /// The 12-byte signature, version 2 / PROXY, the family byte and the address length.
     #[inline(always)]
-    fn v2_prefix(&self, family: u8, addr_len: u16) {
-        self.text(b"\r\n\r\n\0\r\nQUIT\n");
-        self.put(0x21);
-        self.put(family);
-        self.be16(addr_len);
+    fn v2_prefix(&mut self, family: u8, addr_len: u16) {
+        self.word(const { pack(b"\r\n\r\n\0\r\nQ") }, 8);
+        let [hi, lo] = addr_len.to_be_bytes();
+        self.word(
+            const { pack(b"UIT\n\x21") }
+                | u64::from(family) << 40
+                | u64::from(hi) << 48
+                | u64::from(lo) << 56,
+            8,
+        );
     }
 
-    /// An address word (network byte order) as its four bytes.
+    /// The two ports of a v2 header, big-endian.
     #[inline(always)]
-    fn bytes4(&self, w: u32) {
-        for b in w.to_ne_bytes() {
-            self.put(b);
-        }
+    fn ports_v2(&mut self, sport: u16, dport: u16) {
+        let [s0, s1] = sport.to_be_bytes();
+        let [d0, d1] = dport.to_be_bytes();
+        self.word(
+            u64::from(s0) | u64::from(s1) << 8 | u64::from(d0) << 16 | u64::from(d1) << 24,
+            4,
+        );
     }
 
+    /// `SPORT DPORT\r\n`, the end of a v1 line.
     #[inline(always)]
-    fn be16(&self, v: u16) {
-        for b in v.to_be_bytes() {
-            self.put(b);
-        }
+    fn ports(&mut self, sport: u16, dport: u16) {
+        let (w, n) = dec(u32::from(sport));
+        self.word(w | u64::from(b' ') << (8 * n), n + 1);
+        let (w, n) = dec(u32::from(dport));
+        self.word(
+            w | u64::from(b'\r') << (8 * n) | u64::from(b'\n') << (8 * n + 8),
+            n + 2,
+        );
     }
 
-    /// ` SPORT DPORT\r\n` of a v1 line.
+    /// Dotted quad of an address in network byte order, then `end`.
     #[inline(always)]
-    fn ports(&self, sport: u16, dport: u16) {
-        self.put(b' ');
-        self.dec(u32::from(sport));
-        self.put(b' ');
-        self.dec(u32::from(dport));
-        self.text(b"\r\n");
-    }
-
-    /// `v` (below 100000) in decimal, without leading zeros.
-    #[inline(always)]
-    fn dec(&self, v: u32) {
-        let mut started = false;
-        for div in [10_000, 1_000, 100, 10] {
-            let d = (v / div) % 10;
-            if d != 0 || started {
-                started = true;
-                self.put(b'0' + d as u8);
-            }
-        }
-        self.put(b'0' + (v % 10) as u8);
-    }
-
-    /// `v` in lowercase hex, without leading zeros (Rust's `{:x}`).
-    #[inline(always)]
-    fn hex(&self, v: u16) {
-        let mut started = false;
-        for shift in [12, 8, 4] {
-            let d = ((v >> shift) & 0xf) as u8;
-            if d != 0 || started {
-                started = true;
-                self.put(hex_digit(d));
-            }
-        }
-        self.put(hex_digit((v & 0xf) as u8));
-    }
-
-    /// Dotted quad of an address in network byte order.
-    #[inline(always)]
-    fn ip4(&self, w: u32) {
+    fn ip4(&mut self, w: u32, end: u8) {
         let o = w.to_ne_bytes();
-        self.dec(u32::from(o[0]));
-        self.put(b'.');
-        self.dec(u32::from(o[1]));
-        self.put(b'.');
-        self.dec(u32::from(o[2]));
-        self.put(b'.');
-        self.dec(u32::from(o[3]));
+        for (i, sep) in [(0, b'.'), (1, b'.'), (2, b'.'), (3, end)] {
+            let (w, n) = dec(u32::from(o[i]));
+            self.word(w | u64::from(sep) << (8 * n), n + 1);
+        }
     }
 
     /// An IPv6 address exactly as Rust's `Ipv6Addr` displays it (which the relay's
     /// header uses): the first longest run of two or more zero groups as `::`.
-    /// IPv4-mapped addresses never get here (their header is TCP4).
+    /// IPv4-mapped addresses never get here (their header is TCP4). What each group
+    /// prints comes from [`ip6_plan`] by the mask of zero groups: one table read
+    /// instead of the branches over the runs, which the verifier would walk apart.
     #[inline(always)]
-    fn ip6(&self, w: [u32; 4]) {
-        let mut g = [0u16; 8];
-        for i in 0..4 {
-            let b = w[i].to_ne_bytes();
-            g[2 * i] = u16::from_be_bytes([b[0], b[1]]);
-            g[2 * i + 1] = u16::from_be_bytes([b[2], b[3]]);
-        }
-        let (mut start, mut len, mut cur_start, mut cur_len) = (0usize, 0usize, 0usize, 0usize);
-        for (i, v) in g.iter().enumerate() {
-            if *v == 0 {
-                if cur_len == 0 {
-                    cur_start = i;
+    fn ip6(&mut self, w: [u32; 4]) {
+        let g = groups(w);
+        let zeros = zero_groups(&g);
+        let Some(plan) = plan_of(zeros) else {
+            self.ok = false;
+            return;
+        };
+        macro_rules! print_groups {
+            ($($i:literal)*) => {$(
+                match (plan >> (2 * $i)) & 3 {
+                    IP6_GAP => self.word(const { pack(b"::") }, 2),
+                    IP6_FIRST => {
+                        let (h, n) = hex(g[$i]);
+                        self.word(h, n);
+                    }
+                    IP6_NEXT => {
+                        let (h, n) = hex(g[$i]);
+                        self.word(u64::from(b':') | h << 8, n + 1);
+                    }
+                    _ => {}
                 }
-                cur_len += 1;
-                if cur_len > len {
-                    start = cur_start;
-                    len = cur_len;
-                }
-            } else {
-                cur_len = 0;
-            }
+            )*};
         }
-        if len < 2 {
-            len = 0;
-        }
-        for (i, v) in g.iter().enumerate() {
-            if len > 0 && i >= start && i < start + len {
-                if i == start {
-                    self.put(b':');
-                    self.put(b':');
-                }
-                continue;
-            }
-            if i > 0 && !(len > 0 && i == start + len) {
-                self.put(b':');
-            }
-            self.hex(*v);
-        }
+        print_groups!(0 1 2 3 4 5 6 7);
     }
 }
 
+/// [`ip6_plan`] of every mask, built at compile time. Writable only so that a dynptr
+/// can be made over it: read through a helper, never at a variable offset (which the
+/// verifier, without CAP_PERFMON, sanitizes and then stops pruning on scalars for
+/// the whole program, `explore_alu_limits`). Nothing writes it.
+static mut IP6_PLANS: [u32; 256] = {
+    let mut t = [0; 256];
+    let mut z = 0;
+    while z < 256 {
+        t[z] = ip6_plan(z as u32);
+        z += 1;
+    }
+    t
+};
+
+/// [`ip6_plan`] of `zeros`, read from [`IP6_PLANS`] (None if the helpers fail).
 #[inline(always)]
-fn hex_digit(d: u8) -> u8 {
-    if d < 10 { b'0' + d } else { b'a' + d - 10 }
+fn plan_of(zeros: u32) -> Option<u32> {
+    let mut d = MaybeUninit::<bpf_dynptr>::uninit();
+    let mut plan = 0u32;
+    // SAFETY: the table is a global the program owns, valid for its whole run; the
+    // dynptr covers exactly it and is read within it, by the helper.
+    let read = unsafe {
+        bpf_dynptr_from_mem((&raw mut IP6_PLANS).cast(), 256 * 4, 0, d.as_mut_ptr()) == 0
+            && bpf_dynptr_read((&raw mut plan).cast(), 4, d.as_ptr(), (zeros & 0xff) * 4, 0) == 0
+    };
+    read.then_some(plan)
 }
 
 #[cfg(not(test))]
