@@ -947,3 +947,42 @@ impl Drop for PodProcess {
         }
     }
 }
+
+/// Makes `cmd` (run as root) start with exactly the capabilities `caps` (`CAP_`
+/// names), as the container's process would have them: every other one dropped from
+/// the bounding set (which is what a root process's permitted and effective sets
+/// become at execve), the permitted and effective sets cut to `caps`, and the
+/// ambient set cleared. Only the child is changed; steps that need more (joining a
+/// network namespace) must be registered on `cmd` before this.
+pub fn with_only_caps(cmd: &mut std::process::Command, caps: &[&str]) {
+    use std::os::unix::process::CommandExt;
+    let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .expect("read cap_last_cap")
+        .trim()
+        .parse()
+        .expect("cap_last_cap is a number");
+    let keep: BTreeSet<u32> = caps.iter().map(|c| cap_number(c)).collect();
+    let mask: u64 = keep.iter().fold(0, |m, c| m | (1u64 << c));
+    // SAFETY: the closure only makes prctl and capset system calls, which are
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            for cap in 0..=last_cap {
+                if mask & (1u64 << cap) == 0
+                    && libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            capset(mask, mask, 0)?;
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+}

@@ -15,9 +15,10 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec, all_frontends},
+    agent::{Agent, FrontendSpec, SIM_POD_NETWORKS, agent_bin, all_frontends, frontends_yaml},
     client::{Reply, from_host, from_pod, url},
-    node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
+    node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
+    pod::{cap_number, with_only_caps},
     privileges::datapath_tests_can_run,
     servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
     sh::command_in,
@@ -330,11 +331,9 @@ fn capture_node() -> SimNode {
     SimNode::with_lbs(&lbs)
 }
 
-#[test]
-fn the_kernels_header_bytes_equal_the_relays_encoder() {
-    require_privileges!();
-    let node = capture_node();
-    let specs = [
+/// The capture frontends: v1 and v2, over IPv4 and IPv6.
+fn capture_specs() -> [FrontendSpec; 4] {
+    [
         FrontendSpec {
             ip: CAPTURE_LB4,
             ports: vec![80],
@@ -355,8 +354,13 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
             ports: vec![81],
             version: "v2",
         },
-    ];
-    let agent = Agent::start_with(&node, &specs, KERNEL_PATH_ON);
+    ]
+}
+
+/// A pod and a host request to each of [`capture_specs`]' frontends: the bytes ahead
+/// of each request are exactly the relay's encoder's header, and the kernel wrote
+/// every one of them. `log` is the agent's log, for the failure messages.
+fn assert_capture_headers_equal_the_relays_encoder(node: &SimNode, log: impl Fn() -> String) {
     let cases = [
         (CAPTURE_LB4, 80, ProxyVersion::V1),
         (CAPTURE_LB4, 81, ProxyVersion::V2),
@@ -371,19 +375,15 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
             (
                 "pod",
                 if v6 { POD_IP6 } else { POD_IP4 },
-                from_pod(&node, &url(lb, port, "/")),
+                from_pod(node, &url(lb, port, "/")),
             ),
             (
                 "node",
                 if v6 { NODE_UPLINK6 } else { NODE_UPLINK4 },
-                from_host(&node, &url(lb, port, "/")),
+                from_host(node, &url(lb, port, "/")),
             ),
         ] {
-            assert!(
-                reply.ok(),
-                "{who} -> {lb}:{port}: {reply:?}\n{}",
-                agent.log()
-            );
+            assert!(reply.ok(), "{who} -> {lb}:{port}: {reply:?}\n{}", log());
             let got = captured
                 .recv_timeout(Duration::from_secs(5))
                 .expect("a captured connection");
@@ -403,9 +403,165 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
             );
         }
     }
+}
+
+#[test]
+fn the_kernels_header_bytes_equal_the_relays_encoder() {
+    require_privileges!();
+    let node = capture_node();
+    let agent = Agent::start_with(&node, &capture_specs(), KERNEL_PATH_ON);
+    assert_capture_headers_equal_the_relays_encoder(&node, || agent.log());
     let s = status(&node);
     assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
     assert_no_misses(&s);
+}
+
+/// The DaemonSet's capabilities (deploy/base/daemonset.yaml): no CAP_PERFMON, no
+/// CAP_SYS_ADMIN.
+const DAEMONSET_CAPS: [&str; 3] = ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
+
+/// The agent as [`Agent::start_with`] runs it, but with exactly `caps`; killed on drop.
+struct CappedAgent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl CappedAgent {
+    fn start(node: &SimNode, specs: &[FrontendSpec], extra: &[&str], caps: &[&str]) -> CappedAgent {
+        use std::os::{fd::AsRawFd, unix::process::CommandExt};
+        let frontends = node.dir.join("frontends.yaml");
+        std::fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let log = node.dir.join("agent.log");
+        let netns = std::fs::File::open(format!("/run/netns/{}", node.node_ns)).expect("netns");
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(node.agent_cgroup().join("cgroup.procs"))
+            .expect("the agent's cgroup");
+        let (netns_fd, procs_fd) = (netns.as_raw_fd(), procs.as_raw_fd());
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("run")
+            .arg("--frontends")
+            .arg(&frontends)
+            .args(["--allowed-clients", SIM_POD_NETWORKS, "--cgroup-path"])
+            .arg(&node.cgroup)
+            .args(["--node-ip", &format!("{NODE_IP4},{NODE_IP6}")])
+            .args(["--log", "hairpin_agent=debug,info"])
+            .args(extra)
+            .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"));
+        // SAFETY: setns and write on descriptors opened above, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Writing 0 moves the writing process itself.
+                if libc::write(procs_fd, b"0\n".as_ptr().cast(), 2) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // After joining the namespace, which needs CAP_SYS_ADMIN.
+        with_only_caps(&mut cmd, caps);
+        let child = cmd.spawn().expect("start hairpin-agent");
+        drop((netns, procs));
+        let agent = CappedAgent { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !agent.log().contains("agent ready") {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not get ready:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A `CapXxx:` line of its /proc status, as a mask.
+    fn caps(&self, which: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the agent's status");
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{which}:")))
+            .unwrap_or_else(|| panic!("no {which} in {status}"));
+        u64::from_str_radix(line.trim(), 16).expect("a hex mask")
+    }
+}
+
+impl Drop for CappedAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and_v2_headers() {
+    require_privileges!();
+    let node = capture_node();
+    let agent = CappedAgent::start(&node, &capture_specs(), KERNEL_PATH_ON, &DAEMONSET_CAPS);
+    let want = DAEMONSET_CAPS
+        .iter()
+        .fold(0u64, |m, c| m | (1 << cap_number(c)));
+    for set in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(agent.caps(set), want, "{set}: only {DAEMONSET_CAPS:?}");
+    }
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}\n{}", agent.log());
+    let programs: Vec<&str> = s["attachment"]["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    // bpf_skc_to_mptcp_sock needs CAP_PERFMON: the MPTCP-aware connect programs
+    // fall back to the plain marking ones, and the agent says so.
+    assert_eq!(
+        programs,
+        [
+            "hairpin_connect4_kernel",
+            "hairpin_connect6_kernel",
+            "hairpin_sockops",
+            "hairpin_sk_msg"
+        ],
+        "{s}"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("bpf_skc_to_mptcp_sock needs CAP_PERFMON"),
+        "{}",
+        agent.log()
+    );
+    assert_capture_headers_equal_the_relays_encoder(&node, || agent.log());
+    // /metrics reads the counters through the agent's own map descriptor. (status
+    // finds the counters map by id, which needs CAP_SYS_ADMIN: not asserted here.)
+    let metrics = admin_get(&node, "/metrics");
+    let event = |name: &str| format!("hairpin_kernel_events_total{{event=\"{name}\"}} ");
+    assert!(
+        metrics.contains(&format!("{}8\n", event("kernel_headers_written"))),
+        "{metrics}"
+    );
+    for miss in [
+        "kernel_missed_insert",
+        "kernel_missed_data_first",
+        "kernel_missed_push",
+        "kernel_missed_write",
+    ] {
+        assert!(
+            metrics.contains(&format!("{}0\n", event(miss))),
+            "{miss}: {metrics}"
+        );
+    }
 }
 
 #[test]
