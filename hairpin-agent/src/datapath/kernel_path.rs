@@ -171,7 +171,11 @@ fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     let missing = |name: &str| format!("the eBPF object has no program {name}");
     let failed = |name: &str, e: ProgramError| {
         tracing::debug!(program = name, error = %e, "kernel path program did not load");
-        format!("{name} did not load: {}", short(&e))
+        format!(
+            "{name} did not load: {}{}",
+            short(&e),
+            perfmon_note(has_perfmon())
+        )
     };
     let p: &mut SkMsg = program(ebpf, PROG_SK_MSG).ok_or_else(|| missing(PROG_SK_MSG))?;
     p.load().map_err(|e| failed(PROG_SK_MSG, e))?;
@@ -203,6 +207,28 @@ fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
         p.load().map_err(|e| failed(name, e))?;
     }
     Ok(connect)
+}
+
+/// CAP_PERFMON (38) in this thread's effective set; None when it cannot be read.
+fn has_perfmon() -> Option<bool> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    let eff = u64::from_str_radix(eff.trim(), 16).ok()?;
+    Some(eff & (1 << 38) != 0)
+}
+
+/// What a load failure adds when the loader has no CAP_PERFMON: the programs are
+/// written to verify without it (the DaemonSet does not grant it), but the verifier
+/// is stricter then, so a refusal there is most likely that.
+fn perfmon_note(perfmon: Option<bool>) -> &'static str {
+    match perfmon {
+        Some(false) => {
+            " (the agent has no CAP_PERFMON, under which the verifier is stricter: \
+             speculative paths, pointer arithmetic; the programs are meant to verify \
+             without it, so this is a bug to report)"
+        }
+        _ => "",
+    }
 }
 
 /// Unloads whichever kernel-path programs are loaded (none is attached yet).
@@ -261,6 +287,14 @@ fn short(e: &ProgramError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_without_cap_perfmon_names_it() {
+        assert!(perfmon_note(Some(false)).contains("no CAP_PERFMON"));
+        assert_eq!(perfmon_note(Some(true)), "");
+        assert_eq!(perfmon_note(None), "");
+        assert!(has_perfmon().is_some());
+    }
 
     #[test]
     fn dump_says_what_each_map_value_does() {
