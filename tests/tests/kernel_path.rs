@@ -543,8 +543,13 @@ fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and
         agent.log()
     );
     assert_capture_headers_equal_the_relays_encoder(&node, || agent.log());
-    // /metrics reads the counters through the agent's own map descriptor. (status
-    // finds the counters map by id, which needs CAP_SYS_ADMIN: not asserted here.)
+    // /metrics and /status read the counters through the agent's own map
+    // descriptor (opening the map by id would need CAP_SYS_ADMIN).
+    assert_eq!(
+        kernel_counter(&status(&node), "kernel_headers_written"),
+        8,
+        "status shows the kernel counters without CAP_SYS_ADMIN"
+    );
     let metrics = admin_get(&node, "/metrics");
     let event = |name: &str| format!("hairpin_kernel_events_total{{event=\"{name}\"}} ");
     assert!(

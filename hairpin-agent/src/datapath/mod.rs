@@ -385,7 +385,18 @@ impl Datapath {
             .iter()
             .filter_map(|name| Some((*name, self.ebpf.program(name)?.info().ok()?)))
             .collect();
-        crate::datapath::kernel::ids_of(&infos)
+        let mut ids = crate::datapath::kernel::ids_of(&infos);
+        // `ids_of` names the maps by opening them by id, which needs CAP_SYS_ADMIN
+        // (the DaemonSet holds CAP_BPF only); the agent's own descriptors say it
+        // without: `/status` finds its counters through these ids.
+        use aya::maps::IterableMap;
+        if ids.counters_map_id.is_none() {
+            ids.counters_map_id = self.counters.map().info().ok().map(|i| i.id());
+        }
+        if ids.frontends_map_id.is_none() {
+            ids.frontends_map_id = self.frontends.map().info().ok().map(|i| i.id());
+        }
+        ids
     }
 
     /// Redirects connects to `frontend` to `listener` (the relay path, whatever the
