@@ -2,7 +2,7 @@
 //! JSON output is checked field by field; exit codes are part of the contract.
 
 use hairpin_tests::{
-    agent::FrontendSpec,
+    agent::{Agent, FrontendSpec},
     cli::{admin_socket, run_cli, start_agent},
     names_support::{lbs_with_tls, start_tls_nginx},
     node::{RELAY_IP4, SimNode},
@@ -109,6 +109,12 @@ fn status_reports_attachment_frontends_sources_and_counters() {
         "{}",
         text.stdout
     );
+    assert!(
+        text.stdout
+            .contains("kernel path off (--kernel-path off): every frontend takes the relay\n"),
+        "{}",
+        text.stdout
+    );
     assert!(!text.stdout.contains('\x1b'), "no colour into a pipe");
 }
 
@@ -183,6 +189,8 @@ fn check_says_broken_before_hairpin_and_works_after() {
     assert_eq!(j["verdict"], "works");
     let a = &j["addresses"][0];
     assert_eq!(a["hairpin"]["state"], "active", "{a}");
+    assert_eq!(a["hairpin"]["header_by"], "relay", "{a}");
+    assert_eq!(a["hairpin"]["why"], "the kernel path is off", "{a}");
     assert_eq!(a["probes"]["in_cluster"]["outcome"], "answered", "{a}");
     assert_eq!(
         a["probes"]["direct"]["outcome"], "no_answer",
@@ -203,6 +211,107 @@ fn check_says_broken_before_hairpin_and_works_after() {
         text.stdout.contains("works through hairpin"),
         "{}",
         text.stdout
+    );
+}
+
+/// Issue 13: with `--kernel-path on`, `status` shows the kernel path (state, the
+/// sockets map's fill and capacity, headers written, fallbacks, misses) and which
+/// frontend's header the kernel writes; `doctor` checks it; `check` says the
+/// destination takes the kernel path.
+#[test]
+fn status_doctor_and_check_show_the_kernel_path() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let sock = admin_socket(&node);
+    let agent = Agent::start_with(
+        &node,
+        &lb10(),
+        &[
+            "--admin-socket",
+            sock.to_str().expect("utf-8 path"),
+            "--kernel-path",
+            "on",
+            "--kernel-path-sockets",
+            "1024",
+        ],
+    );
+    let j = run_cli(&node, &["status", "-o", "json"]).json();
+    let kp = &j["status"]["kernel_path"];
+    if kp["state"] != "on" {
+        // This kernel (or this process's privileges) cannot run it: say why.
+        assert_eq!(kp["state"], "unavailable", "{kp}");
+        let text = run_cli(&node, &["status"]).stdout;
+        assert!(text.contains("kernel path unavailable: "), "{text}");
+        return;
+    }
+    assert_eq!(kp["sockets_capacity"], 1024, "{kp}");
+    let curl = output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["curl", "-sS", "--max-time", "5", "http://203.0.113.10/"],
+    );
+    assert!(curl.status.success(), "{curl:?}\nagent:\n{}", agent.log());
+
+    let text = run_cli(&node, &["status"]);
+    assert_eq!(text.code, 0, "{text:?}");
+    let out = &text.stdout;
+    assert!(
+        out.contains("kernel path on (--kernel-path on): the kernel writes the header"),
+        "{out}"
+    );
+    let id = kp["sockets_map_id"].as_u64().expect("sockets map id");
+    assert!(
+        out.contains(&format!("            sockets map id {id}: ")),
+        "{out}"
+    );
+    assert!(
+        out.contains(" of 1024 in use (new connects go to the relay from 960)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("            headers written 1 of 1 sockets marked; to the relay instead: "),
+        "{out}"
+    );
+    assert!(
+        out.contains("            missed none: no connection went without its header\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("203.0.113.10:80  active  kernel  kernel"),
+        "{out}"
+    );
+    assert!(out.contains("kernel: the client speaks first"), "{out}");
+
+    let j = run_cli(&node, &["doctor", "-o", "json"]).json();
+    let check = j["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "kernel_path")
+        .cloned()
+        .unwrap_or_else(|| panic!("no kernel_path check: {j}"));
+    assert_eq!(check["status"], "ok", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("on: 1 headers written by the kernel, none missed")),
+        "{check}"
+    );
+
+    let run = run_cli(&node, &["check", "203.0.113.10", "-o", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let a = &run.json()["addresses"][0];
+    assert_eq!(a["hairpin"]["path"], "kernel", "{a}");
+    assert_eq!(a["hairpin"]["header_by"], "kernel", "{a}");
+    assert_eq!(a["hairpin"]["why"], "the client speaks first", "{a}");
+    let text = run_cli(&node, &["check", "203.0.113.10"]).stdout;
+    assert!(
+        text.contains(
+            "kernel path: the kernel writes PROXY v1 on the client's socket (the client speaks \
+             first; a socket it cannot take goes to the relay at "
+        ),
+        "{text}"
     );
 }
 

@@ -529,6 +529,7 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
                 .is_on()
                 .then(|| d.sockets_map_id())
                 .flatten(),
+            sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
         })
     });
     // Until the agent's own reader replaces it (see `Agent::start`): by id.

@@ -101,6 +101,10 @@ pub struct KernelPathStatus {
     /// yet), when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sockets_map_id: Option<u32>,
+    /// Capacity of the sockets map (`--kernel-path-sockets`), when on: past its
+    /// limit (the capacity less a sixteenth) new connects go to the relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets_capacity: Option<u32>,
 }
 
 /// [`KernelPathStatus::state`].

@@ -14,14 +14,17 @@ use super::{
     print_json, print_text,
     probe::{self, Probe},
 };
-use crate::status::{FrontendState, Snapshot};
+use crate::{
+    model::LivePath,
+    status::{FrontendState, FrontendStatus, KernelPathState, Snapshot},
+};
 
 mod report;
 mod target;
 #[cfg(test)]
 mod tests;
 
-pub use report::{AddressReport, CheckReport, Coverage, Resolution, Verdict, verdict};
+pub use report::{AddressReport, CheckReport, Coverage, HeaderBy, Resolution, Verdict, verdict};
 pub use target::{Target, parse_target};
 
 /// Options of `check`.
@@ -34,8 +37,10 @@ it makes three connections: as an in-cluster client would now (through hairpin's
 address without a PROXY header, and directly with a PROXY v1 header - the two direct ones \
 carry the agent's bypass mark so hairpin's programs leave them alone. Each sends an HTTP \
 GET / (or a TLS ClientHello with --tls or port 443). It then says whether kube-proxy \
-short-circuits the address (iptables, nftables or IPVS rules on this node) and whether the \
-running agent proxies it.",
+short-circuits the address (iptables, nftables or IPVS rules on this node), whether the \
+running agent proxies it, and through which path: the kernel path (the kernel writes the \
+header on the client's own socket) or the relay listener, and why (the server speaks first, \
+the kernel path is off or unavailable).",
     after_help = "Exit status: 0 works for in-cluster clients (directly or through hairpin); \
 1 broken: the server needs the PROXY header and in-cluster connections do not get one; \
 2 could not check (the name did not resolve, nothing answered at all).\n\n\
@@ -166,14 +171,51 @@ fn coverage(agent: Option<&Snapshot>, addr: SocketAddr) -> Coverage {
         .iter()
         .find(|f| f.ip == addr.ip() && f.port == addr.port())
     {
-        Some(f) if f.state == FrontendState::Active => Coverage::Active {
-            listener: f.listener,
-            version: f.version.to_string(),
-            path: f.path.clone(),
-        },
+        Some(f) if f.state == FrontendState::Active => {
+            let (header_by, why) = header_path(s, f);
+            Coverage::Active {
+                listener: f.listener,
+                version: f.version.to_string(),
+                path: f.path.clone(),
+                header_by,
+                why,
+            }
+        }
         Some(f) => Coverage::Failed {
             reason: f.reason.clone().unwrap_or_default(),
         },
         None => Coverage::NotCovered,
     }
+}
+
+/// Who writes the header of an in-cluster connection to the active frontend `f`,
+/// and why: the frontend's path and reason (`kernel: ...`, `relay: ...`) as the
+/// agent decided them, with the kernel path's state for a frontend the agent gave
+/// no reason for.
+fn header_path(s: &Snapshot, f: &FrontendStatus) -> (HeaderBy, String) {
+    let reason = f.reason.as_deref().unwrap_or("");
+    if f.path.0.contains(&LivePath::Kernel) {
+        let why = reason.strip_prefix("kernel: ").unwrap_or(reason);
+        let why = if why.is_empty() {
+            "the client speaks first"
+        } else {
+            why
+        };
+        return (HeaderBy::Kernel, why.to_string());
+    }
+    let why = match s
+        .kernel_path
+        .as_ref()
+        .map(|k| (k.state, k.reason.as_deref()))
+    {
+        Some((KernelPathState::Unavailable, why)) => format!(
+            "the kernel path is unavailable on this node: {}",
+            why.unwrap_or("no reason given")
+        ),
+        // The agent names the cause on the frontend (the server speaks first).
+        _ if reason.starts_with("relay: ") => reason["relay: ".len()..].to_string(),
+        Some((KernelPathState::On, _)) => "the kernel path does not take it".to_string(),
+        Some((KernelPathState::Off, _)) | None => "the kernel path is off".to_string(),
+    };
+    (HeaderBy::Relay, why)
 }

@@ -93,8 +93,14 @@ pub enum Coverage {
         listener: Option<SocketAddr>,
         /// The PROXY version it writes.
         version: String,
-        /// How clients reach it (`ebpf`).
+        /// How clients reach it (`ebpf`, `kernel`).
         path: Paths,
+        /// Who writes the header of an in-cluster connection to it: the kernel, on
+        /// the client's own socket, or the relay listener.
+        header_by: HeaderBy,
+        /// Why it takes that path (the client speaks first; the server speaks first;
+        /// the kernel path is off or unavailable, and why).
+        why: String,
     },
     /// The agent tried and failed.
     Failed {
@@ -105,6 +111,17 @@ pub enum Coverage {
     NotCovered,
     /// The agent did not answer.
     Unknown,
+}
+
+/// Who writes the PROXY header of an in-cluster connection to a covered address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderBy {
+    /// The kernel path: the kernel writes it on the client's own socket, ahead of
+    /// its first bytes (a socket it cannot take goes to the relay listener).
+    Kernel,
+    /// The relay listener the connect is redirected to writes it at accept.
+    Relay,
 }
 
 /// The verdict for an address, or for the whole target.
@@ -323,9 +340,26 @@ impl CheckReport {
                     listener,
                     version,
                     path,
+                    header_by: HeaderBy::Kernel,
+                    why,
                 } => format!(
-                    "covers it: {path} redirect to {} (PROXY {version})",
-                    listener.map(|l| l.to_string()).unwrap_or_default()
+                    "covers it ({path}): kernel path: the kernel writes PROXY {version} on the \
+                     client's socket ({why}; a socket it cannot take goes to the relay at {})",
+                    listener
+                        .map(|l| l.to_string())
+                        .unwrap_or_else(|| "?".into())
+                ),
+                Coverage::Active {
+                    listener,
+                    version,
+                    path,
+                    header_by: HeaderBy::Relay,
+                    why,
+                } => format!(
+                    "covers it ({path}): relay at {} writes PROXY {version}: {why}",
+                    listener
+                        .map(|l| l.to_string())
+                        .unwrap_or_else(|| "?".into())
                 ),
                 Coverage::Failed { reason } => format!("failed to cover it: {reason}"),
                 Coverage::NotCovered => "does not cover it".into(),

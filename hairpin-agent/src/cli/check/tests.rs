@@ -2,6 +2,7 @@ use super::*;
 use crate::{
     cli::probe::{Outcome, ProbeResult},
     model::{LivePath, Paths},
+    status::KernelPathState,
 };
 
 fn t(host: &str, port: u16, tls: bool) -> Target {
@@ -136,7 +137,9 @@ fn coverage_comes_from_the_agents_frontends() {
         Coverage::Active {
             listener: Some("192.0.2.1:4000".parse().expect("addr")),
             version: "v2".into(),
-            path: Paths(vec![LivePath::Ebpf])
+            path: Paths(vec![LivePath::Ebpf]),
+            header_by: HeaderBy::Relay,
+            why: "the kernel path is off".into(),
         }
     );
     assert_eq!(
@@ -180,4 +183,162 @@ fn pod_lookups_use_the_flag_else_the_agents_cluster_dns() {
         Some((ip("10.96.0.10"), "--dns-server")),
         "the flag wins"
     );
+}
+
+/// An agent with `--kernel-path` in `state` (its reason) and two active frontends:
+/// port 80 as the agent reports a kernel-path one (or, when the kernel path is not
+/// on, a relayed one), port 25 whose server speaks first.
+fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
+    let on = state == KernelPathState::On;
+    let mut snap = Snapshot {
+        kernel_path: Some(crate::status::KernelPathStatus {
+            configured: crate::model::KernelPathMode::On,
+            state,
+            reason: reason.map(Into::into),
+            sockets_map_id: on.then_some(33),
+            sockets_capacity: on.then_some(65_536),
+        }),
+        ..Snapshot::default()
+    };
+    let why = |first: &str| match (state, first) {
+        (KernelPathState::Off, _) => None,
+        (KernelPathState::Unavailable, _) => {
+            Some("relay: the kernel path is unavailable on this node".to_string())
+        }
+        (KernelPathState::On, "client") => Some("kernel: the client speaks first".into()),
+        (KernelPathState::On, _) => Some(
+            "relay: the server speaks first (the kernel writes the header only ahead of the \
+             client's first bytes)"
+                .into(),
+        ),
+    };
+    for (port, first, listener) in [
+        (80, "client", "192.0.2.1:4000"),
+        (25, "server", "192.0.2.1:4001"),
+    ] {
+        let kernel = on && first == "client";
+        snap.frontends.push(crate::status::FrontendStatus {
+            ip: "203.0.113.10".parse().expect("ip"),
+            port,
+            version: crate::model::ProxyVersion::V1,
+            source: "file f".into(),
+            state: FrontendState::Active,
+            listener: Some(listener.parse().expect("addr")),
+            reason: why(first),
+            retry: None,
+            path: Paths(vec![if kernel {
+                LivePath::Kernel
+            } else {
+                LivePath::Ebpf
+            }]),
+        });
+    }
+    snap
+}
+
+fn covered(snap: &Snapshot, port: u16) -> (HeaderBy, String) {
+    match coverage(
+        Some(snap),
+        SocketAddr::new("203.0.113.10".parse().expect("ip"), port),
+    ) {
+        Coverage::Active { header_by, why, .. } => (header_by, why),
+        other => panic!("not active: {other:?}"),
+    }
+}
+
+/// Issue 13: `check` says which path a destination takes and why: the kernel for a
+/// client-speaks-first frontend with the kernel path on, else the relay because the
+/// server speaks first, or the kernel path is unavailable (with its reason) or off.
+#[test]
+fn check_says_which_path_a_destination_takes_and_why() {
+    let on = kernel_path_agent(KernelPathState::On, None);
+    assert_eq!(
+        covered(&on, 80),
+        (HeaderBy::Kernel, "the client speaks first".into())
+    );
+    assert_eq!(
+        covered(&on, 25),
+        (
+            HeaderBy::Relay,
+            "the server speaks first (the kernel writes the header only ahead of the client's \
+             first bytes)"
+                .into()
+        )
+    );
+    let unavailable = kernel_path_agent(
+        KernelPathState::Unavailable,
+        Some("this kernel has no sk_msg programs"),
+    );
+    for port in [80, 25] {
+        assert_eq!(
+            covered(&unavailable, port),
+            (
+                HeaderBy::Relay,
+                "the kernel path is unavailable on this node: this kernel has no sk_msg programs"
+                    .into()
+            )
+        );
+    }
+    let off = kernel_path_agent(KernelPathState::Off, None);
+    assert_eq!(
+        covered(&off, 80),
+        (HeaderBy::Relay, "the kernel path is off".into())
+    );
+    // An agent from before the kernel path: no `kernel_path`, no reason.
+    let mut old = off.clone();
+    old.kernel_path = None;
+    assert_eq!(
+        covered(&old, 80),
+        (HeaderBy::Relay, "the kernel path is off".into())
+    );
+}
+
+/// The path, in the text and the JSON of the report.
+#[test]
+fn the_path_a_destination_takes_is_in_the_text_and_the_json() {
+    use Outcome::*;
+    let on = kernel_path_agent(KernelPathState::On, None);
+    let address = |port| {
+        let addr = SocketAddr::new("203.0.113.10".parse().expect("ip"), port);
+        AddressReport::new(
+            addr,
+            vec![],
+            coverage(Some(&on), addr),
+            r(Answered),
+            r(NoAnswer),
+            r(Answered),
+        )
+    };
+    let report = CheckReport::new(
+        t("203.0.113.10", 80, false),
+        Resolution::literal("203.0.113.10".parse().expect("ip")),
+        None,
+        KubeProxy::default(),
+        vec![address(80), address(25)],
+    );
+    let text = report.render(false);
+    assert!(
+        text.contains(
+            "  hairpin     covers it (kernel): kernel path: the kernel writes PROXY v1 on the \
+             client's socket (the client speaks first; a socket it cannot take goes to the relay \
+             at 192.0.2.1:4000)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  hairpin     covers it (ebpf): relay at 192.0.2.1:4001 writes PROXY v1: the server \
+             speaks first (the kernel writes the header only ahead of the client's first bytes)\n"
+        ),
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).expect("json");
+    let hp = &json["addresses"][0]["hairpin"];
+    assert_eq!(hp["state"], "active", "{hp}");
+    assert_eq!(hp["path"], "kernel", "{hp}");
+    assert_eq!(hp["header_by"], "kernel", "{hp}");
+    assert_eq!(hp["why"], "the client speaks first", "{hp}");
+    let hp = &json["addresses"][1]["hairpin"];
+    assert_eq!(hp["header_by"], "relay", "{hp}");
+    assert_eq!(hp["listener"], "192.0.2.1:4001", "{hp}");
 }

@@ -57,6 +57,39 @@ pub(super) fn bpf() -> Check {
     }
 }
 
+/// What the kernel path needs that this kernel lacks: Linux 5.19 (the dynptr
+/// helpers its sock_ops program formats the header with), sock_ops and sk_msg
+/// programs (or that could not be probed, with the error).
+pub(super) fn kernel_path_lacking() -> Vec<String> {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut out: Vec<String> = kernel_path_release(&release).into_iter().collect();
+    out.extend(
+        [
+            (ProgramType::SockOps, "sock_ops"),
+            (ProgramType::SkMsg, "sk_msg"),
+        ]
+        .into_iter()
+        .filter_map(|(kind, name)| match aya::sys::is_program_supported(kind) {
+            Ok(true) => None,
+            Ok(false) => Some(format!("{name} programs")),
+            Err(e) => Some(format!("{name} programs (the probe failed: {e})")),
+        }),
+    );
+    out
+}
+
+/// What a kernel `release` older than the kernel path's 5.19 lacks, if it is.
+fn kernel_path_release(release: &str) -> Option<String> {
+    match kernel_version(release) {
+        Some(v) if v < (5, 19) => Some(format!(
+            "Linux 5.19 (this is {release}; the dynptr helpers came in 5.19)"
+        )),
+        _ => None,
+    }
+}
+
 fn yes(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }
@@ -278,6 +311,17 @@ mod tests {
             c.detail,
             "this process: Seccomp 0 (no filter), NoNewPrivs 0"
         );
+    }
+
+    #[test]
+    fn the_kernel_path_needs_5_19() {
+        assert_eq!(
+            kernel_path_release("5.15.0-91-generic").as_deref(),
+            Some("Linux 5.19 (this is 5.15.0-91-generic; the dynptr helpers came in 5.19)")
+        );
+        assert_eq!(kernel_path_release("5.19.0"), None);
+        assert_eq!(kernel_path_release("6.18.0-1-amd64"), None);
+        assert_eq!(kernel_path_release("weird"), None);
     }
 
     #[test]

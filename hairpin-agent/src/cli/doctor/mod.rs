@@ -9,7 +9,10 @@ use super::{
     print_json, print_text,
     table::{Cell, Table, Tone},
 };
-use crate::status::{FrontendState, Snapshot};
+use crate::status::{FrontendState, KernelPathState, Snapshot};
+
+use super::status::KernelTally;
+use hairpin_ebpf::Counter;
 
 mod checks;
 pub use checks::{effective_caps, kernel_version, seccomp_check};
@@ -20,8 +23,9 @@ pub use checks::{effective_caps, kernel_version, seccomp_check};
     long_about = "Checks what hairpin needs on this node: the kernel version and BPF support \
 (cgroup sock_addr programs, loading the embedded object through the verifier), the cgroup v2 \
 mount, this process's capabilities, the agent's health, kube-proxy's mode and whether it \
-short-circuits the proxied LoadBalancer IPs, and the cluster-side shape (ipMode, CoreDNS, \
-node-local-dns) as the running agent reports it.",
+short-circuits the proxied LoadBalancer IPs, the cluster-side shape (ipMode, CoreDNS, \
+node-local-dns) as the running agent reports it, and the kernel path: whether it runs, what \
+this kernel lacks when it cannot, and whether any connection went without its header.",
     after_help = "Exit status: 0 no check failed (warnings allowed); 1 at least one check failed.\n\n\
 Examples:\n  hairpin-agent doctor\n  hairpin-agent doctor --output json | jq '.checks[] | select(.status != \"ok\")'"
 )]
@@ -58,7 +62,7 @@ pub enum Status {
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
-    /// `names_scope`.
+    /// `names_scope`, `kernel_path`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -126,6 +130,18 @@ pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
         list.push(name_relay_check(n));
         list.push(names_scope_check(n));
     }
+    let unavailable = agent.as_ref().ok().is_some_and(|s| {
+        s.kernel_path
+            .as_ref()
+            .is_some_and(|k| k.state == KernelPathState::Unavailable)
+    });
+    // What this kernel lacks is probed here only when the agent could not use it.
+    let lacking = if unavailable {
+        checks::kernel_path_lacking()
+    } else {
+        Vec::new()
+    };
+    list.push(kernel_path_check(agent.as_ref().ok(), &lacking));
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -340,6 +356,128 @@ fn names_scope_check(n: &crate::status::NamesStatus) -> Check {
     )
 }
 
+/// How the kernel path stands: skipped when off, ok when on and no connection went
+/// without its header, a warning naming each miss counter when some did, and a
+/// warning with the reason and the fix when it was asked for but this kernel (or
+/// the agent's privileges) cannot run it. `lacking`: what this kernel was found to
+/// lack (program types), probed by the caller when unavailable.
+fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
+    let name = "kernel_path";
+    let Some(s) = agent else {
+        return Check::new(
+            name,
+            Status::Skip,
+            "needs the running agent (its --kernel-path and counters)",
+        );
+    };
+    let Some(kp) = &s.kernel_path else {
+        return Check::new(
+            name,
+            Status::Skip,
+            "the agent reports no kernel path (its programs are not loaded)",
+        );
+    };
+    let tally = KernelTally::new(&s.counters.kernel);
+    match kp.state {
+        KernelPathState::Off => Check::new(
+            name,
+            Status::Skip,
+            format!(
+                "off (--kernel-path {}): every frontend takes the relay path",
+                kp.configured
+            ),
+        ),
+        KernelPathState::Unavailable => {
+            let reason = kp.reason.as_deref().unwrap_or("no reason given");
+            let mut detail = format!(
+                "asked for (--kernel-path {}) but unavailable: {reason}; every frontend takes \
+                 the relay path (headers are still written)",
+                kp.configured
+            );
+            if !lacking.is_empty() {
+                detail.push_str(&format!("; this kernel lacks {}", lacking.join(" and ")));
+            }
+            let fix = if !lacking.is_empty() || reason.contains("this kernel has no") {
+                "run Linux 5.19 or newer with sock_ops and sk_msg BPF programs (sockmap \
+                 support), or set --kernel-path off"
+            } else if reason.contains("did not load") {
+                "the kernel path needs Linux 5.19 or newer and verifies with the DaemonSet's \
+                 capabilities (CAP_BPF, CAP_NET_ADMIN): a refusal on such a kernel is a bug to \
+                 report with `uname -r` and the agent's debug log (the verifier's words); \
+                 meanwhile set --kernel-path off"
+            } else {
+                "see the agent's log for the error above, or set --kernel-path off"
+            };
+            Check::new(name, Status::Warn, detail).fix(fix)
+        }
+        KernelPathState::On => {
+            let fill = match kp.sockets_capacity {
+                Some(cap) => format!("sockets map {} of {cap} in use", tally.in_map),
+                None => format!("sockets map {} in use", tally.in_map),
+            };
+            let relayed = format!(
+                "{} connects sent to the relay instead ({})",
+                tally.relayed(),
+                tally.describe_fallbacks()
+            );
+            let missed = tally.missed();
+            if missed == 0 {
+                return Check::new(
+                    name,
+                    Status::Ok,
+                    format!(
+                        "on: {} headers written by the kernel, none missed; {relayed}; {fill}",
+                        tally.written
+                    ),
+                );
+            }
+            let fixes: Vec<&str> = tally
+                .misses
+                .iter()
+                .filter(|m| m.2 > 0)
+                .map(|(c, _, _)| miss_fix(*c))
+                .collect();
+            Check::new(
+                name,
+                Status::Warn,
+                format!(
+                    "on, but {missed} connections went without their PROXY header since the \
+                     agent started: {}; {} headers written by the kernel; {relayed}; {fill}",
+                    tally.describe_misses(),
+                    tally.written
+                ),
+            )
+            .fix(fixes.join("; "))
+        }
+    }
+}
+
+/// What to do about the connections one miss counter counts.
+fn miss_fix(counter: Counter) -> &'static str {
+    match counter {
+        Counter::KernelMissedDataFirst => {
+            "kernel_missed_data_first: clients send data before their handshake completes \
+             (TCP Fast Open: TCP_FASTOPEN_CONNECT, MSG_FASTOPEN; or a blocking send() while \
+             connecting), which the kernel path cannot put a header ahead of: turn Fast Open \
+             off in those clients (net.ipv4.tcp_fastopen), mark their port \
+             `hairpin.dev/first-speaker: server` so it takes the relay, or set --kernel-path off"
+        }
+        Counter::KernelMissedInsert => {
+            "kernel_missed_insert: more sockets finished their handshake at once than the \
+             sockets map holds (raise --kernel-path-sockets), or the map refused a socket: an \
+             MPTCP subflow, which the connect programs send to the relay only where the agent \
+             holds CAP_PERFMON (add it to the container's capabilities, or set --kernel-path \
+             off)"
+        }
+        Counter::KernelMissedPush | Counter::KernelMissedWrite => {
+            "kernel_missed_push / kernel_missed_write: the node was short of socket memory \
+             when the header was written (see net.ipv4.tcp_mem and the node's memory); if it \
+             repeats, set --kernel-path off"
+        }
+        _ => "see the counter's meaning in docs/architecture.md, \"The kernel path\"",
+    }
+}
+
 /// What the agent's CoreDNS writer reports: its error, or node-local-dns in the way.
 fn coredns_check(s: &Snapshot) -> Check {
     let Some(c) = &s.coredns else {
@@ -425,6 +563,136 @@ mod tests {
             listed.detail,
             "names under example.com are published; 1 hostname(s) left out, each with its rule \
              in `hairpin-agent status`"
+        );
+    }
+
+    fn kernel_path_agent(
+        state: crate::status::KernelPathState,
+        reason: Option<&str>,
+        counters: &[(&str, u64)],
+    ) -> Snapshot {
+        let mut s = Snapshot {
+            kernel_path: Some(crate::status::KernelPathStatus {
+                configured: crate::model::KernelPathMode::On,
+                state,
+                reason: reason.map(Into::into),
+                sockets_map_id: Some(33),
+                sockets_capacity: Some(65_536),
+            }),
+            ..Default::default()
+        };
+        for (n, v) in counters {
+            s.counters.kernel.insert((*n).into(), *v);
+        }
+        s
+    }
+
+    /// Issue 13: the kernel path check is skipped when off or without an agent, ok
+    /// when on and nothing was missed, with the headers written and the fallbacks.
+    #[test]
+    fn the_kernel_path_is_skipped_when_off_and_ok_when_nothing_was_missed() {
+        assert_eq!(kernel_path_check(None, &[]).status, Status::Skip);
+        assert_eq!(
+            kernel_path_check(Some(&Snapshot::default()), &[]).status,
+            Status::Skip
+        );
+        let mut off = kernel_path_agent(KernelPathState::Off, None, &[]);
+        if let Some(k) = off.kernel_path.as_mut() {
+            k.configured = crate::model::KernelPathMode::Off;
+        }
+        let c = kernel_path_check(Some(&off), &[]);
+        assert_eq!(c.status, Status::Skip);
+        assert_eq!(
+            c.detail,
+            "off (--kernel-path off): every frontend takes the relay path"
+        );
+        let on = kernel_path_agent(
+            KernelPathState::On,
+            None,
+            &[
+                ("kernel_headers_written", 120),
+                ("kernel_fallback_mptcp", 2),
+                ("kernel_sockets_entered", 125),
+                ("kernel_sockets_left", 122),
+            ],
+        );
+        let c = kernel_path_check(Some(&on), &[]);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert_eq!(
+            c.detail,
+            "on: 120 headers written by the kernel, none missed; 2 connects sent to the relay \
+             instead (no socket storage 0, sockets map near full 0, MPTCP subflow 2); sockets \
+             map 3 of 65536 in use"
+        );
+        assert!(c.fix.is_none());
+    }
+
+    /// A connection without its header is a warning naming the counter, what it
+    /// means, and what to do.
+    #[test]
+    fn kernel_path_misses_warn_with_each_counter_and_its_fix() {
+        let s = kernel_path_agent(
+            KernelPathState::On,
+            None,
+            &[
+                ("kernel_headers_written", 10),
+                ("kernel_missed_data_first", 2),
+                ("kernel_missed_insert", 1),
+            ],
+        );
+        let c = kernel_path_check(Some(&s), &[]);
+        assert_eq!(c.status, Status::Warn);
+        assert!(
+            c.detail.starts_with(
+                "on, but 3 connections went without their PROXY header since the agent \
+                 started: kernel_missed_data_first 2 (data sent before the handshake \
+                 completed: TCP Fast Open, or a send() queued while connecting); \
+                 kernel_missed_insert 1 (the socket could not enter the sockets map"
+            ),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.expect("a fix");
+        assert!(
+            fix.contains("turn Fast Open off") && fix.contains("raise --kernel-path-sockets"),
+            "{fix}"
+        );
+        assert!(!fix.contains("kernel_missed_push"), "{fix}");
+    }
+
+    /// Asked for but unavailable: a warning with the reason, what this kernel lacks,
+    /// and the fix for that cause.
+    #[test]
+    fn an_unavailable_kernel_path_warns_with_the_reason_and_the_fix() {
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some("this kernel has no sk_msg programs"),
+            &[],
+        );
+        let c = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
+        assert_eq!(c.status, Status::Warn);
+        assert_eq!(
+            c.detail,
+            "asked for (--kernel-path on) but unavailable: this kernel has no sk_msg programs; \
+             every frontend takes the relay path (headers are still written); this kernel \
+             lacks sk_msg programs"
+        );
+        assert!(
+            c.fix.as_deref().is_some_and(|f| f.contains("sk_msg")),
+            "{c:?}"
+        );
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some("hairpin_sockops did not load: Permission denied (os error 13)"),
+            &[],
+        );
+        let c = kernel_path_check(Some(&s), &[]);
+        assert_eq!(c.status, Status::Warn);
+        assert!(
+            c.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("5.19") && f.contains("a bug to report")),
+            "{c:?}"
         );
     }
 

@@ -185,3 +185,187 @@ fn a_failed_frontend_says_why_and_when_it_is_tried_again() {
         "{text}"
     );
 }
+
+/// A `/status` of an agent with `--kernel-path on`, as it serves it (trimmed to what
+/// the kernel path lines read): two frontends, one whose server speaks first.
+const KERNEL_PATH_STATUS: &str = r#"{
+  "agent": {"version": "0.1.0", "pid": 42, "started_at": "2026-05-19T10:00:00Z", "bypass_mark": 104},
+  "attachment": null,
+  "frontends": [
+    {"ip": "203.0.113.10", "port": 80, "version": "v1", "source": "file f.yaml", "state": "active",
+     "listener": "192.0.2.1:40001", "reason": "kernel: the client speaks first", "path": "kernel"},
+    {"ip": "203.0.113.10", "port": 25, "version": "v2", "source": "file f.yaml", "state": "active",
+     "listener": "192.0.2.1:40002",
+     "reason": "relay: the server speaks first (the kernel writes the header only ahead of the client's first bytes)",
+     "path": "ebpf"}
+  ],
+  "counters": {
+    "kernel": {"redirected": 4, "skipped_bypass_mark": 4, "kernel_marked": 12,
+               "kernel_headers_written": 9, "kernel_fallback_relay": 0, "kernel_fallback_full": 1,
+               "kernel_fallback_mptcp": 2, "kernel_missed_insert": 0, "kernel_missed_data_first": 0,
+               "kernel_missed_push": 0, "kernel_missed_write": 0, "kernel_sockets_entered": 10,
+               "kernel_sockets_left": 9},
+    "relay": {"connections": 4, "active_connections": 0, "bytes_upstream": 1, "bytes_downstream": 2,
+              "upstream_errors": {}}
+  },
+  "sources": [{"name": "file f.yaml", "synced": true, "last_sync": null, "last_error": null}],
+  "last_reconcile": null,
+  "decisions": [],
+  "kernel_path": {"configured": "on", "state": "on", "sockets_map_id": 33, "sockets_capacity": 64}
+}"#;
+
+fn kernel_path_snapshot() -> Snapshot {
+    serde_json::from_str(KERNEL_PATH_STATUS).expect("a /status document")
+}
+
+/// Issue 13: the kernel path's state, its sockets map fill against the capacity,
+/// headers written, fallbacks to the relay by reason; each frontend says who writes
+/// its header and why.
+#[test]
+fn the_kernel_path_shows_its_fill_headers_fallbacks_and_each_frontends_writer() {
+    let text = render(&report(Some(kernel_path_snapshot())), false);
+    assert!(
+        text.contains(
+            "kernel path on (--kernel-path on): the kernel writes the header of \
+             client-speaks-first frontends on the client's own socket\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "            sockets map id 33: 1 of 64 in use (new connects go to the relay from 60)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "            headers written 9 of 12 sockets marked; to the relay instead: no socket \
+             storage 0, sockets map near full 1, MPTCP subflow 2\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("            missed none: no connection went without its header\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FRONTEND         STATE   PATH    HEADER  LISTENER"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  203.0.113.10:80  active  kernel  kernel  192.0.2.1:40001  v1     file f.yaml  \
+             kernel: the client speaks first\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  203.0.113.10:25  active  ebpf    relay   192.0.2.1:40002  v2     file f.yaml  \
+             relay: the server speaks first"
+        ),
+        "{text}"
+    );
+}
+
+/// A miss is a connection that went without its header: named with what it means,
+/// and painted as a warning on a terminal; so is a sockets map at its limit.
+#[test]
+fn kernel_path_misses_are_named_and_painted_as_warnings() {
+    let mut s = kernel_path_snapshot();
+    s.counters
+        .kernel
+        .insert("kernel_missed_data_first".into(), 3);
+    s.counters.kernel.insert("kernel_missed_push".into(), 1);
+    s.counters
+        .kernel
+        .insert("kernel_sockets_entered".into(), 70);
+    let text = render(&report(Some(s.clone())), false);
+    assert!(
+        text.contains(
+            "            missed 4: connections that went without their header: \
+             kernel_missed_data_first 3 (data sent before the handshake completed: TCP Fast \
+             Open, or a send() queued while connecting); kernel_missed_push 1 (no memory to \
+             make room for the header)\n"
+        ),
+        "{text}"
+    );
+    let coloured = render(&report(Some(s)), true);
+    assert!(
+        coloured.contains("\x1b[33mmissed 4: connections that went without their header"),
+        "{coloured}"
+    );
+    assert!(coloured.contains("\x1b[33m61 of 64 in use"), "{coloured}");
+    let clean = render(&report(Some(kernel_path_snapshot())), true);
+    assert!(
+        clean.contains("            missed none: no connection went without its header\n"),
+        "{clean}"
+    );
+}
+
+/// Asked for but unavailable: the reason, and every frontend is relayed; off: one
+/// line and the frontends table as without the kernel path.
+#[test]
+fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
+    let mut s = kernel_path_snapshot();
+    s.counters.kernel.retain(|k, _| !k.starts_with("kernel_"));
+    s.kernel_path = Some(crate::status::KernelPathStatus {
+        configured: KernelPathMode::On,
+        state: KernelPathState::Unavailable,
+        reason: Some("this kernel has no sk_msg programs".into()),
+        sockets_map_id: None,
+        sockets_capacity: None,
+    });
+    for f in &mut s.frontends {
+        f.path = Paths(vec![LivePath::Ebpf]);
+        f.reason = Some("relay: the kernel path is unavailable on this node".into());
+    }
+    let text = render(&report(Some(s.clone())), false);
+    assert!(
+        text.contains(
+            "kernel path unavailable: this kernel has no sk_msg programs (--kernel-path on): \
+             every frontend takes the relay\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("sockets map"), "{text}");
+    assert!(
+        text.contains("  203.0.113.10:80  active  ebpf  relay   192.0.2.1:40001"),
+        "{text}"
+    );
+    let coloured = render(&report(Some(s.clone())), true);
+    assert!(
+        coloured.contains("\x1b[33munavailable: this kernel has no sk_msg programs"),
+        "{coloured}"
+    );
+
+    s.kernel_path = Some(crate::status::KernelPathStatus {
+        configured: KernelPathMode::Off,
+        state: KernelPathState::Off,
+        reason: None,
+        sockets_map_id: None,
+        sockets_capacity: None,
+    });
+    let text = render(&report(Some(s)), false);
+    assert!(
+        text.contains("kernel path off (--kernel-path off): every frontend takes the relay\n"),
+        "{text}"
+    );
+    assert!(!text.contains("HEADER"), "{text}");
+    assert!(!text.contains("missed"), "{text}");
+}
+
+/// Every counter of a connection without its header, and every fallback, is said.
+#[test]
+fn every_kernel_miss_and_fallback_counter_has_its_words() {
+    for c in Counter::ALL {
+        let named = |list: &[(Counter, &str)]| list.iter().any(|(k, _)| *k == c);
+        assert_eq!(c.is_kernel_miss(), named(&KERNEL_MISSES), "{}", c.name());
+        assert_eq!(
+            c.name().starts_with("kernel_fallback_"),
+            named(&KERNEL_FALLBACKS),
+            "{}",
+            c.name()
+        );
+    }
+}
