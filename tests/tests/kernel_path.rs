@@ -1464,3 +1464,190 @@ fn the_counters_read_through_the_agents_own_descriptor_without_cap_sys_admin() {
     .join()
     .expect("the reader works without CAP_SYS_ADMIN");
 }
+
+// ---- SIGTERM and sockets that have not written yet --------------------------------
+//
+// The sockets map and sk_msg go with the agent, so an established socket that has not
+// written yet when the agent exits would never get its header. On SIGTERM the connect
+// programs detach first; sock_ops and sk_msg stay until the map is empty, within
+// `--drain-timeout`.
+
+/// A pod client to the v1 capture frontend that connects at once and writes its
+/// request only once `dir/go` exists (at most about 10 s later), then reads the reply.
+fn late_writer(node: &SimNode, dir: &Path) -> Child {
+    std::fs::create_dir_all(dir).expect("client dir");
+    let d = dir.display();
+    let script = format!(
+        r#"exec 3<>/dev/tcp/{CAPTURE_LB4}/80
+for _ in $(seq 500); do [ -e {d}/go ] && break; sleep 0.02; done
+printf 'GET / HTTP/1.1\r\nHost: lb\r\n\r\n' >&3
+cat <&3 > {d}/reply
+"#
+    );
+    command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", &script],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the client")
+}
+
+/// The capture node's v1 IPv4 frontend only.
+fn capture_v1() -> [FrontendSpec; 1] {
+    [FrontendSpec {
+        ip: CAPTURE_LB4,
+        ports: vec![80],
+        version: "v1",
+    }]
+}
+
+/// Whether process `pid` is still running (not exited, not a zombie awaiting its wait).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn sigterm_waits_for_an_established_socket_to_write_its_header() {
+    require_privileges!();
+    let node = capture_node();
+    let drain_timeout = Duration::from_secs(10);
+    let mut agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &["--kernel-path", "on", "--drain-timeout", "10s"],
+    );
+    let captured = capture_server(&node.ingress_ns, 1, false);
+    let dir = node.dir.join("late");
+    let mut client = late_writer(&node, &dir);
+    assert_eq!(
+        wait_counter(&node, "kernel_sockets_entered", 1),
+        1,
+        "{}",
+        agent.log()
+    );
+    let term = Instant::now();
+    agent.signal(Signal::SIGTERM);
+    agent.wait_for_log(
+        "waiting for kernel-path sockets to write their header in_map=1",
+        Duration::from_secs(5),
+    );
+    // The client writes 1 s after SIGTERM: the agent must still be there.
+    std::thread::sleep(Duration::from_secs(1).saturating_sub(term.elapsed()));
+    assert!(
+        running(agent.pid()),
+        "the agent left before the socket wrote:\n{}",
+        agent.log()
+    );
+    let wrote = term.elapsed();
+    std::fs::write(dir.join("go"), "").expect("go");
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("nothing captured\nagent:\n{}", agent.log()));
+    let status = agent.wait(drain_timeout + Duration::from_secs(5));
+    let exited = term.elapsed();
+    assert!(status.success(), "{}", agent.log());
+    let sport = header_source_port(&got, ProxyVersion::V1, false);
+    let want = Header::new(
+        ProxyVersion::V1,
+        SocketAddr::new(POD_IP4.parse().expect("pod ip"), sport),
+        SocketAddr::new(CAPTURE_LB4.parse().expect("lb ip"), 80),
+    );
+    assert!(
+        got.starts_with(want.as_bytes())
+            && got[want.as_bytes().len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "the header must go out during the drain: {}\nagent:\n{}",
+        got.escape_ascii(),
+        agent.log()
+    );
+    // It exits once the socket has left the map: after the write, well before the
+    // drain timeout.
+    assert!(
+        exited > wrote && exited < Duration::from_secs(5),
+        "wrote at {wrote:?}, exited at {exited:?}:\n{}",
+        agent.log()
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("kernel-path sockets map empty") && log.contains("kernel_unwritten=0"),
+        "{log}"
+    );
+    assert!(!log.contains("without their PROXY header"), "{log}");
+    assert!(
+        wait_file(&dir.join("reply"), Duration::from_secs(5)).is_some_and(|r| r.contains("ok")),
+        "the client gets its answer"
+    );
+    let _ = client.kill();
+    let _ = client.wait();
+}
+
+#[test]
+fn sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_header() {
+    require_privileges!();
+    let node = capture_node();
+    let mut agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &["--kernel-path", "on", "--drain-timeout", "2s"],
+    );
+    let captured = capture_server(&node.ingress_ns, 1, false);
+    let dir = node.dir.join("never");
+    let mut client = late_writer(&node, &dir);
+    assert_eq!(
+        wait_counter(&node, "kernel_sockets_entered", 1),
+        1,
+        "{}",
+        agent.log()
+    );
+    let map_id = status(&node)["kernel_path"]["sockets_map_id"]
+        .as_u64()
+        .expect("the sockets map's id");
+    let term = Instant::now();
+    agent.signal(Signal::SIGTERM);
+    let status = agent.wait(Duration::from_secs(10));
+    let exited = term.elapsed();
+    assert!(status.success(), "{}", agent.log());
+    assert!(
+        exited >= Duration::from_secs(2) && exited < Duration::from_secs(4),
+        "the agent must wait out the drain timeout, no more: {exited:?}\n{}",
+        agent.log()
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("go without their PROXY header unwritten=1")
+            && log.contains("kernel_unwritten=1"),
+        "the socket left without its header must be logged:\n{log}"
+    );
+    // And that is what happens: written once the map is gone (the kernel frees it
+    // shortly after the process exits), it has no header.
+    let gone = Instant::now();
+    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!map_exists(map_id), "the sockets map outlived the agent");
+    std::fs::write(dir.join("go"), "").expect("go");
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a captured connection");
+    assert!(got.starts_with(b"GET / "), "{}", got.escape_ascii());
+    let _ = client.kill();
+    let _ = client.wait();
+}
+
+/// Whether the kernel still has map `id`.
+fn map_exists(id: u64) -> bool {
+    Command::new("bpftool")
+        .args(["map", "show", "id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::Result;
 use tokio::{signal::unix::Signal, time::Interval};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use args::RunArgs;
 use mode::Plan;
@@ -38,7 +38,7 @@ use report::NamePaths;
 use source::{Desired, DesiredRx};
 
 use crate::{
-    datapath::Datapath,
+    datapath::{Datapath, drain_kernel_sockets},
     model::LivePath,
     names::relay::NameRouting,
     relay::Relay,
@@ -203,29 +203,57 @@ impl Agent {
     /// Stops redirecting first, so no new connection depends on this process, then
     /// lets the connections already relayed finish, within `--drain-timeout`. The
     /// name relay drains alongside; its hosts-file block and link address stay for
-    /// the next agent (`hairpin-agent cleanup` removes them).
+    /// the next agent (`hairpin-agent cleanup` removes them). With the kernel path on,
+    /// only the connect programs detach at first: sock_ops and sk_msg stay until the
+    /// sockets map is empty (every established marked socket has written its header,
+    /// or closed), alongside the relay's drain and within the same deadline, since
+    /// the map and sk_msg go with this process.
     pub async fn shutdown(mut self) {
+        let deadline = self.drain_timeout;
+        let until = tokio::time::Instant::now() + deadline;
+        let mut kernel_sockets = None;
+        if let Some(d) = self.reconciler.map_mut() {
+            if d.detach_connect() {
+                // Read through this process's own descriptor: opening the map by id
+                // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
+                match d.counters_reader() {
+                    Ok(r) => kernel_sockets = Some(r),
+                    Err(e) => warn!(error = %e,
+                        "the kernel path's sockets cannot be counted: sock_ops detaches now, and \
+                         sockets that have not written yet may go without their header"),
+                }
+            }
+            self.state.set_attachment(None);
+            info!("redirects removed");
+        }
+        let kernel_drain = async {
+            match &kernel_sockets {
+                Some(r) => drain_kernel_sockets(|| r.fill(), until).await,
+                None => 0,
+            }
+        };
+        let names_drain = async {
+            if let Some(n) = self.names.as_mut() {
+                n.drain(deadline).await;
+            }
+        };
+        let (left, (), unwritten) = tokio::join!(
+            self.reconciler.listeners_mut().drain(deadline),
+            names_drain,
+            kernel_drain
+        );
         if let Some(d) = self.reconciler.map_mut() {
             d.detach();
-            self.state.set_attachment(None);
             let counters: Vec<String> = d
                 .counters()
                 .into_iter()
                 .map(|(c, n)| format!("{}={n}", c.name()))
                 .collect();
             info!(counters = %counters.join(" "), "kernel counters");
-            info!("redirects removed");
         }
-        let deadline = self.drain_timeout;
-        let names_drain = async {
-            if let Some(n) = self.names.as_mut() {
-                n.drain(deadline).await;
-            }
-        };
-        let (left, ()) = tokio::join!(self.reconciler.listeners_mut().drain(deadline), names_drain);
         if let Some(admin) = self.admin.take() {
             admin.shutdown().await;
         }
-        info!(left, "agent stopped");
+        info!(left, kernel_unwritten = unwritten, "agent stopped");
     }
 }

@@ -4,7 +4,7 @@
 //! verifier rejection each leave the kernel path unavailable with the reason, and
 //! the relay path works as before.
 
-use std::{fmt, net::SocketAddr};
+use std::{fmt, net::SocketAddr, time::Duration};
 
 use aya::{
     Ebpf,
@@ -131,6 +131,65 @@ pub fn read_frontend_paths(
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// The sockets map's fill, from the counters ([`super::CountersReader::fill`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fill {
+    /// Established marked sockets in the map: their header is not out yet.
+    pub in_map: u64,
+    /// Marked sockets not yet seen established (`kernel_marked` less those that
+    /// entered the map or missed it at their handshake): handshakes under way, and
+    /// connects that failed (which never settle). An estimate: a socket that entered
+    /// and later missed its header by data first is counted on both sides.
+    pub connecting: u64,
+}
+
+/// How long a handshake already under way when the connect programs detach may
+/// still take to reach sock_ops: a lost SYN is sent again 1 s after the connect.
+pub const HANDSHAKE_SETTLE: Duration = Duration::from_millis(1500);
+
+/// How often the fill is read while waiting.
+const FILL_POLL: Duration = Duration::from_millis(20);
+
+/// After the connect programs detached (sock_ops and sk_msg still on), waits until
+/// the sockets map is empty, every socket's header out or the socket closed, and no
+/// marked socket can still be connecting (for at most [`HANDSHAKE_SETTLE`]), or
+/// until `deadline`. `read` gives the fill. The sockets still in the map at the
+/// deadline: established, not yet written, and their header will never be written
+/// (the map and sk_msg go with this process); logged as such.
+pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time::Instant) -> u64 {
+    let started = tokio::time::Instant::now();
+    let first = read();
+    tracing::info!(
+        in_map = first.in_map,
+        connecting = first.connecting,
+        "waiting for kernel-path sockets to write their header"
+    );
+    let mut fill = first;
+    loop {
+        let now = tokio::time::Instant::now();
+        let settled = fill.connecting == 0 || now.duration_since(started) >= HANDSHAKE_SETTLE;
+        if fill.in_map == 0 && settled {
+            tracing::info!(
+                waited_ms = now.duration_since(started).as_millis() as u64,
+                "kernel-path sockets map empty: every header is out"
+            );
+            return 0;
+        }
+        if now >= deadline {
+            if fill.in_map > 0 {
+                tracing::warn!(
+                    unwritten = fill.in_map,
+                    "drain deadline reached: kernel-path sockets established but not yet \
+                     written go without their PROXY header"
+                );
+            }
+            return fill.in_map;
+        }
+        tokio::time::sleep(FILL_POLL.min(deadline - now)).await;
+        fill = read();
+    }
 }
 
 /// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops and
@@ -287,6 +346,77 @@ fn short(e: &ProgramError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fills(seq: Vec<Fill>) -> impl Fn() -> Fill {
+        let seq = std::sync::Mutex::new(seq.into_iter());
+        let last = std::sync::Mutex::new(Fill::default());
+        move || {
+            let next = seq.lock().expect("lock").next();
+            let mut last = last.lock().expect("lock");
+            if let Some(f) = next {
+                *last = f;
+            }
+            *last
+        }
+    }
+
+    fn fill(in_map: u64, connecting: u64) -> Fill {
+        Fill { in_map, connecting }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_kernel_drain_ends_when_the_map_empties() {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_secs(20);
+        let read = fills(vec![fill(2, 0), fill(2, 0), fill(1, 0), fill(0, 0)]);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert!(start.elapsed() < Duration::from_millis(100));
+        // An empty map at once, nothing connecting: no wait at all.
+        let read = fills(vec![fill(0, 0)]);
+        let start = tokio::time::Instant::now();
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_kernel_drain_gives_handshakes_under_way_time_to_enter_the_map() {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_secs(20);
+        // A connect that never settles (it failed): waited for HANDSHAKE_SETTLE.
+        assert_eq!(
+            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline).await,
+            0
+        );
+        let waited = start.elapsed();
+        assert!(
+            waited >= HANDSHAKE_SETTLE && waited < HANDSHAKE_SETTLE + FILL_POLL * 2,
+            "{waited:?}"
+        );
+        // One that enters the map, then writes: waited for until it left.
+        let start = tokio::time::Instant::now();
+        let read = fills(vec![fill(0, 1), fill(1, 0), fill(1, 0), fill(0, 0)]);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert!(start.elapsed() < HANDSHAKE_SETTLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_kernel_drain_gives_up_at_the_deadline_with_the_sockets_left() {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_secs(2);
+        assert_eq!(
+            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline).await,
+            1
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        // A deadline shorter than the settle time still holds.
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_millis(300);
+        assert_eq!(
+            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline).await,
+            0
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+    }
 
     #[test]
     fn a_refusal_without_cap_perfmon_names_it() {

@@ -15,7 +15,9 @@ mod kernel_path;
 pub use cgroup::find_cgroup2_root;
 pub use error::{DatapathError, Denial, classify_denial};
 use error::{is_full, load_error, map_error, program_error};
-pub use kernel_path::{KernelPath, describe as describe_value, read_frontend_paths};
+pub use kernel_path::{
+    Fill, KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
+};
 
 use std::{
     fs::File,
@@ -346,22 +348,40 @@ impl Datapath {
         Ok(())
     }
 
-    /// Detaches the connect programs, then sock_ops: from now on no connect is
-    /// redirected or marked. Sockets already waiting for their first write keep the
-    /// sk_msg program until this process exits.
-    pub fn detach(&mut self) {
-        let Some(att) = self.attachment.take() else {
-            return;
+    /// Detaches the connect programs only: from now on no connect is redirected or
+    /// marked. sock_ops stays, so sockets already marked still enter the sockets map
+    /// at their handshake and leave it at their first RTT sample (or close), and
+    /// sk_msg stays on the map until this process exits, so they still get their
+    /// header. Whether sock_ops is still attached: then the sockets map is worth
+    /// waiting for ([`CountersReader::fill`]) before [`Datapath::detach`].
+    pub fn detach_connect(&mut self) -> bool {
+        let Some(att) = self.attachment.as_mut() else {
+            return false;
         };
-        for (name, id) in att.links {
-            let detached = program(&mut self.ebpf, name, "detach", &att.cgroup).and_then(|p| {
-                p.detach(id)
-                    .map_err(program_error(name, "detach", &att.cgroup))
-            });
+        let links = std::mem::take(&mut att.links);
+        let cgroup = att.cgroup.clone();
+        let sock_ops = att.sock_ops.is_some();
+        for (name, id) in links {
+            let detached = program(&mut self.ebpf, name, "detach", &cgroup)
+                .and_then(|p| p.detach(id).map_err(program_error(name, "detach", &cgroup)));
             if let Err(e) = detached {
                 tracing::warn!(error = %e, "detach failed");
             }
         }
+        if !sock_ops {
+            self.attachment = None;
+        }
+        sock_ops
+    }
+
+    /// Detaches whatever is still attached at the cgroup: the connect programs, then
+    /// sock_ops (no socket enters or leaves the sockets map after this). sk_msg stays
+    /// on the map until this process exits.
+    pub fn detach(&mut self) {
+        self.detach_connect();
+        let Some(att) = self.attachment.take() else {
+            return;
+        };
         if let Some(id) = att.sock_ops
             && let Some(p) = kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS)
             && let Err(e) = p.detach(id)
@@ -506,6 +526,27 @@ impl CountersReader {
             .into_iter()
             .map(|(c, v)| (c.name(), v))
             .collect()
+    }
+
+    /// The sockets map's fill as the counters tell it: sockets in the map (entered
+    /// less left) and marked sockets not yet seen established. Each difference reads
+    /// its subtrahends first, so a socket that moves on between the reads is never
+    /// missed, only counted twice.
+    pub fn fill(&self) -> kernel_path::Fill {
+        let get = |c: Counter| -> u64 {
+            self.0
+                .get(&(c as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0)
+        };
+        let left = get(Counter::KernelSocketsLeft);
+        let settled = get(Counter::KernelMissedInsert) + get(Counter::KernelMissedDataFirst);
+        let entered = get(Counter::KernelSocketsEntered);
+        let marked = get(Counter::KernelMarked);
+        kernel_path::Fill {
+            in_map: entered.saturating_sub(left),
+            connecting: marked.saturating_sub(entered + settled),
+        }
     }
 }
 
