@@ -155,6 +155,29 @@ impl Agent {
         )
     }
 
+    /// As [`Agent::start_with`], with `yaml` as the frontends file as written (for
+    /// settings [`FrontendSpec`] does not carry, such as `firstSpeaker`).
+    pub fn start_with_frontends_yaml(node: &SimNode, yaml: &str, extra: &[&str]) -> Agent {
+        let frontends = node.dir.join("frontends.yaml");
+        fs::write(&frontends, yaml).expect("write frontends");
+        let source = [
+            "--frontends",
+            frontends.to_str().expect("utf-8 path"),
+            "--allowed-clients",
+            SIM_POD_NETWORKS,
+        ];
+        let mut agent = Agent::spawn(
+            node,
+            &source,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            extra,
+        );
+        agent.frontends = frontends;
+        agent.wait_for_log("agent ready", Duration::from_secs(20));
+        agent
+    }
+
     fn start_at(
         node: &SimNode,
         specs: &[FrontendSpec],
@@ -326,4 +349,26 @@ impl Drop for Agent {
             let _ = c.wait();
         }
     }
+}
+
+/// `GET path` on the admin socket of `node`'s agent; the body.
+pub fn admin_get(node: &SimNode, path: &str) -> String {
+    let sock = node.dir.join("admin.sock");
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5", "--unix-socket"])
+        .arg(&sock)
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .expect("run curl");
+    assert!(
+        out.status.success(),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `/status` document of `node`'s agent.
+pub fn status(node: &SimNode) -> serde_json::Value {
+    serde_json::from_str(&admin_get(node, "/status")).expect("status is json")
 }

@@ -62,6 +62,15 @@ pub struct LbRule {
     pub name: &'static str,
 }
 
+/// How the simulated kube-proxy programs its LoadBalancer DNAT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeProxyMode {
+    /// iptables mode: KUBE-SERVICES and friends in the nat table.
+    Iptables,
+    /// nftables mode: the `kube-proxy` tables of the `ip` and `ip6` families.
+    Nftables,
+}
+
 /// nginx with `listen 80 proxy_protocol`, ingress-nginx with use-proxy-protocol.
 pub const NGINX_PP_PORT: u16 = 80;
 /// haproxy with `accept-proxy`.
@@ -157,6 +166,17 @@ impl SimNode {
 
     /// Builds the node with `lbs` as kube-proxy rules.
     pub fn with_lbs(lbs: &[LbRule]) -> SimNode {
+        SimNode::with_lbs_in(lbs, KubeProxyMode::Iptables)
+    }
+
+    /// Builds the node with the default LoadBalancer rules as kube-proxy's nftables
+    /// mode programs them (and no iptables rules at all).
+    pub fn nftables() -> SimNode {
+        SimNode::with_lbs_in(&default_lbs(), KubeProxyMode::Nftables)
+    }
+
+    /// Builds the node with `lbs` as kube-proxy rules in `mode`.
+    pub fn with_lbs_in(lbs: &[LbRule], mode: KubeProxyMode) -> SimNode {
         sweep_stale();
         let id = format!(
             "{PREFIX}{}x{}",
@@ -175,11 +195,11 @@ impl SimNode {
             netns_created: Vec::new(),
         };
         // From here on, a panic drops `node` and removes what was made so far.
-        node.build(lbs);
+        node.build(lbs, mode);
         node
     }
 
-    fn build(&mut self, lbs: &[LbRule]) {
+    fn build(&mut self, lbs: &[LbRule], mode: KubeProxyMode) {
         let _ = fs::remove_dir_all(&self.dir);
         fs::create_dir_all(&self.dir).expect("create scratch dir");
         for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns].map(|s| s.to_string()) {
@@ -253,7 +273,10 @@ impl SimNode {
         );
         run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-        self.kube_proxy_rules(lbs);
+        match mode {
+            KubeProxyMode::Iptables => self.kube_proxy_rules(lbs),
+            KubeProxyMode::Nftables => self.kube_proxy_nft_rules(lbs),
+        }
         fs::create_dir(&self.cgroup)
             .unwrap_or_else(|e| panic!("create cgroup {}: {e}", self.cgroup.display()));
         for child in ["pod", "host", "agent"] {
@@ -395,6 +418,80 @@ impl SimNode {
             let input = format!("*nat\n{chains}{rules}COMMIT\n");
             self.nat_restore(v6, if v6 { "rules6" } else { "rules4" }, &input);
         }
+    }
+
+    /// `nft -f` input in kube-proxy's nftables-mode shape, one table per family
+    /// (`ip kube-proxy`, `ip6 kube-proxy`): base chains at prerouting (pod traffic) and
+    /// output (node traffic) jump to `services`, whose `service-ips` verdict map sends
+    /// each LB `ip . tcp . port` to `external-*` (mark for masquerade) -> `service-*`
+    /// (`numgen` over the endpoints) -> `endpoint-*` with DNAT; `masquerading` at
+    /// postrouting.
+    fn kube_proxy_nft_rules(&self, lbs: &[LbRule]) {
+        let mut input = String::new();
+        for v6 in [false, true] {
+            let (family, addr_type, daddr, backend) = if v6 {
+                ("ip6", "ipv6_addr", "ip6 daddr", format!("[{INGRESS_IP6}]"))
+            } else {
+                ("ip", "ipv4_addr", "ip daddr", INGRESS_IP4.to_string())
+            };
+            let mut chains = String::new();
+            let mut elements = Vec::new();
+            for (i, lb) in lbs
+                .iter()
+                .filter(|l| l.lb_ip.contains(':') == v6)
+                .enumerate()
+            {
+                let (ext, svc, ep) = (
+                    format!("external-{i}"),
+                    format!("service-{i}"),
+                    format!("endpoint-{i}"),
+                );
+                chains.push_str(&format!(
+                    "\tchain {ep} {{\n\t\tcomment \"{name}\"\n\t\tmeta l4proto tcp dnat to {backend}:{bport}\n\t}}\n\
+                     \tchain {svc} {{\n\t\tnumgen random mod 1 vmap {{ 0 : goto {ep} }}\n\t}}\n\
+                     \tchain {ext} {{\n\t\tjump mark-for-masquerade\n\t\tgoto {svc}\n\t}}\n",
+                    name = lb.name,
+                    bport = lb.backend_port,
+                ));
+                elements.push(format!("{} . tcp . {} : goto {ext}", lb.lb_ip, lb.lb_port));
+            }
+            let map = if elements.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\tmap service-ips {{\n\t\ttype {addr_type} . inet_proto . inet_service : verdict\n\
+                     \t\tcomment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"\n\
+                     \t\telements = {{ {} }}\n\t}}\n\
+                     \tchain services {{\n\t\t{daddr} . meta l4proto . th dport vmap @service-ips\n\t}}\n",
+                    elements.join(", ")
+                )
+            };
+            // Output at -100, dstnat's value: older nft (1.0.6) takes the name at
+            // prerouting only.
+            let services = if elements.is_empty() {
+                ""
+            } else {
+                "jump services; "
+            };
+            input.push_str(&format!(
+                "table {family} kube-proxy {{\n\
+                 \tcomment \"rules for kube-proxy\"\n\
+                 \tchain mark-for-masquerade {{\n\t\tmeta mark set meta mark | 0x4000\n\t}}\n\
+                 \tchain masquerading {{\n\t\tmeta mark & 0x4000 == 0 return\n\
+                 \t\tmeta mark set meta mark ^ 0x4000\n\t\tmasquerade fully-random\n\t}}\n\
+                 {chains}{map}\
+                 \tchain nat-prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept; {services}\n\t}}\n\
+                 \tchain nat-output {{\n\t\ttype nat hook output priority -100; policy accept; {services}\n\t}}\n\
+                 \tchain nat-postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept; jump masquerading\n\t}}\n\
+                 }}\n"
+            ));
+        }
+        let file = self.dir.join("rules.nft");
+        fs::write(&file, &input).expect("write nft rules");
+        run_in(
+            &self.node_ns,
+            &["nft", "-f", file.to_str().expect("utf-8 path")],
+        );
     }
 
     /// Loads `input` (iptables-restore format) into the node namespace's nat table

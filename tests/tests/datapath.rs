@@ -1,17 +1,30 @@
 //! The datapath on a simulated node: real programs attached at a real cgroup,
-//! kube-proxy-style DNAT, nginx and haproxy requiring the PROXY protocol.
-//! Each assertion carries the server's log line or response body as evidence.
+//! kube-proxy-style DNAT (iptables and nftables), nginx and haproxy requiring the
+//! PROXY protocol. Each assertion carries the server's log line or response body as
+//! evidence.
+//!
+//! Every case runs on both paths (the `relay_path` and `kernel_path` modules at the
+//! end): the relay path (the default: the connect programs send the client to the
+//! agent's relay, which writes the header) and the kernel path (`--kernel-path on`:
+//! the kernel writes the header on the client's own socket). Each case also asserts
+//! which path carried its connections, from the agent's counters.
 
-use std::time::Duration;
+use std::{
+    io::{Read, Write},
+    net::TcpListener,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use hairpin_tests::{
-    agent::{Agent, all_frontends},
-    client::{from_host, from_pod, url},
-    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
+    agent::{Agent, all_frontends, status},
+    client::{Reply, from_host, from_pod, url},
+    node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
     privileges::datapath_tests_can_run,
     servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
 };
 use nix::sys::signal::Signal;
+use serde_json::Value;
 
 macro_rules! require_privileges {
     () => {
@@ -21,6 +34,166 @@ macro_rules! require_privileges {
     };
 }
 
+/// Which path carries the proxied connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// The default: the connect programs rewrite the destination to the agent's
+    /// relay, which connects upstream and writes the header.
+    Relay,
+    /// `--kernel-path on`: the destination is left alone and the kernel writes the
+    /// header on the client's own socket, ahead of its first bytes.
+    Kernel,
+}
+
+impl Path {
+    /// The agent's extra `run` arguments.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Path::Relay => &[],
+            Path::Kernel => &["--kernel-path", "on"],
+        }
+    }
+
+    /// Starts the agent with the node's frontends on this path.
+    fn start(self, node: &SimNode) -> Agent {
+        Agent::start_with(node, &all_frontends(), self.args())
+    }
+
+    /// The client a host process's header names. The relay names `--node-ip`; the
+    /// kernel names the socket's own source address, the node's address on its
+    /// route to the LBs (in the simulated node, the uplink towards the ingress).
+    fn host_client(self, v6: bool) -> &'static str {
+        match (self, v6) {
+            (Path::Relay, false) => NODE_IP4,
+            (Path::Relay, true) => NODE_IP6,
+            (Path::Kernel, false) => "198.51.100.1",
+            (Path::Kernel, true) => "2001:db8:2::1",
+        }
+    }
+
+    /// Asserts that exactly `n` connections since `before` took this path and none
+    /// the other: for the kernel, `n` sockets marked and `n` headers written, no
+    /// connect redirected and nothing accepted by the relay; for the relay, the
+    /// reverse.
+    fn assert_carried(self, node: &SimNode, before: &Carried, n: u64, agent: &Agent) {
+        let now = Carried::read(node);
+        let delta = now.since(before);
+        let want = match self {
+            Path::Relay => Carried {
+                headers_written: 0,
+                marked: 0,
+                redirected: n,
+                relay_connections: n,
+            },
+            Path::Kernel => Carried {
+                headers_written: n,
+                marked: n,
+                redirected: 0,
+                relay_connections: 0,
+            },
+        };
+        assert_eq!(
+            delta,
+            want,
+            "{self:?} path: {n} connections expected on it\nstatus counters: {}\nagent:\n{}",
+            status(node)["counters"],
+            agent.log()
+        );
+    }
+
+    /// Waits until at least `n` connections since `before` took this path.
+    fn wait_carried(self, node: &SimNode, before: &Carried, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let d = Carried::read(node).since(before);
+            let seen = match self {
+                Path::Relay => d.relay_connections,
+                Path::Kernel => d.headers_written,
+            };
+            if seen >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{self:?} path: {n} connections expected: {d:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The counters that say which path carried a connection, from `/status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Carried {
+    /// `counters.kernel.kernel_headers_written`: headers the kernel wrote.
+    headers_written: u64,
+    /// `counters.kernel.kernel_marked`: connects left for the kernel to write.
+    marked: u64,
+    /// `counters.kernel.redirected`: connects sent to the relay.
+    redirected: u64,
+    /// `counters.relay.connections`: connections the relay accepted.
+    relay_connections: u64,
+}
+
+impl Carried {
+    fn read(node: &SimNode) -> Carried {
+        let s = status(node);
+        let get = |v: &Value, what: &str| {
+            v.as_u64()
+                .unwrap_or_else(|| panic!("no {what}: {}", s["counters"]))
+        };
+        let kernel = |name: &str| get(&s["counters"]["kernel"][name], name);
+        Carried {
+            headers_written: kernel("kernel_headers_written"),
+            marked: kernel("kernel_marked"),
+            redirected: kernel("redirected"),
+            relay_connections: get(&s["counters"]["relay"]["connections"], "relay connections"),
+        }
+    }
+
+    fn since(&self, before: &Carried) -> Carried {
+        Carried {
+            headers_written: self.headers_written - before.headers_written,
+            marked: self.marked - before.marked,
+            redirected: self.redirected - before.redirected,
+            relay_connections: self.relay_connections - before.relay_connections,
+        }
+    }
+}
+
+/// `read()` once `done` holds for it, or after 3 s whatever it is: servers log a
+/// request after answering it, so a log can lag the reply.
+fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut text = read();
+    while !done(&text) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        text = read();
+    }
+    text
+}
+
+/// The reply succeeded and names `client` as the source and `lb:80` as the
+/// destination of its header.
+fn assert_true_client(who: &str, reply: &Reply, client: &str, lb: &str, agent: &Agent) {
+    assert!(
+        reply.ok(),
+        "{who} -> {lb}: {reply:?}\nagent:\n{}",
+        agent.log()
+    );
+    assert!(
+        reply.body.starts_with(&format!("client={client}:")),
+        "{who} -> {lb}: the header must name {client}: {}",
+        reply.body
+    );
+    assert!(
+        reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
+        "{who} -> {lb}: {}",
+        reply.body
+    );
+}
+
+/// Path-independent: no agent runs.
 #[test]
 fn without_hairpin_pod_and_node_get_an_empty_reply_and_nginx_logs_broken_header() {
     require_privileges!();
@@ -48,190 +221,182 @@ fn without_hairpin_pod_and_node_get_an_empty_reply_and_nginx_logs_broken_header(
     assert!(errors.contains("while reading PROXY protocol"), "{errors}");
 }
 
-#[test]
-fn with_hairpin_pod_and_node_requests_carry_the_true_client() {
+fn with_hairpin_pod_and_node_requests_carry_the_true_client(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
+    let host_ip = path.host_client(false);
 
     let pod = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert!(
-        pod.ok(),
-        "pod request failed: {pod:?}\nagent:\n{}",
-        agent.log()
-    );
-    assert!(
-        pod.body.starts_with(&format!("client={POD_IP4}:")),
-        "nginx must see the pod's IP as the PROXY source: {}",
-        pod.body
-    );
-    assert!(
-        pod.body.trim_end().ends_with("dst=203.0.113.10:80"),
-        "{}",
-        pod.body
-    );
-
+    assert_true_client("pod", &pod, POD_IP4, "203.0.113.10", &agent);
     let host = from_host(&node, &url("203.0.113.10", 80, "/"));
-    assert!(
-        host.ok(),
-        "node request failed: {host:?}\nagent:\n{}",
-        agent.log()
-    );
-    assert!(
-        host.body.starts_with(&format!("client={NODE_IP4}:")),
-        "{}",
-        host.body
-    );
-    assert!(
-        host.body.trim_end().ends_with("dst=203.0.113.10:80"),
-        "{}",
-        host.body
-    );
+    assert_true_client("node", &host, host_ip, "203.0.113.10", &agent);
+    path.assert_carried(&node, &before, 2, &agent);
 
-    let access = nginx_access_log(&node);
+    let access = eventually(|| nginx_access_log(&node), |a| a.lines().count() == 2);
     assert!(
         access.contains(&format!("pp_client={POD_IP4}:")),
         "{access}"
     );
     assert!(
-        access.contains(&format!("pp_client={NODE_IP4}:")),
+        access.contains(&format!("pp_client={host_ip}:")),
         "{access}"
     );
     assert!(access.contains("pp_dst=203.0.113.10:80"), "{access}");
     assert!(!nginx_error_log(&node).contains("broken header"));
 }
 
-#[test]
-fn ipv6_and_proxy_v2_frontends_work_from_pod_and_node() {
+fn ipv6_and_proxy_v2_frontends_work_from_pod_and_node(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
     let cases = [
         ("2001:db8:ffff::10", "v1"),
         ("203.0.113.12", "v2"),
         ("2001:db8:ffff::12", "v2"),
     ];
     for (lb, version) in cases {
-        let (pod_ip, node_ip) = if lb.contains(':') {
-            (POD_IP6, NODE_IP6)
-        } else {
-            (POD_IP4, NODE_IP4)
-        };
+        let v6 = lb.contains(':');
+        let pod_ip = if v6 { POD_IP6 } else { POD_IP4 };
         for (who, reply, client) in [
             ("pod", from_pod(&node, &url(lb, 80, "/")), pod_ip),
-            ("node", from_host(&node, &url(lb, 80, "/")), node_ip),
+            (
+                "node",
+                from_host(&node, &url(lb, 80, "/")),
+                path.host_client(v6),
+            ),
         ] {
-            assert!(
-                reply.ok(),
-                "{who} -> {lb} ({version}): {reply:?}\nagent:\n{}",
-                agent.log()
-            );
-            assert!(
-                reply.body.starts_with(&format!("client={client}:")),
-                "{who} -> {lb}: {}",
-                reply.body
-            );
-            assert!(
-                reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
-                "{who} -> {lb}: {}",
-                reply.body
-            );
+            assert_true_client(&format!("{who} ({version})"), &reply, client, lb, &agent);
         }
     }
-    let access = nginx_access_log(&node);
+    path.assert_carried(&node, &before, 6, &agent);
+    let access = eventually(|| nginx_access_log(&node), |a| a.lines().count() == 6);
     assert_eq!(access.lines().count(), 6, "{access}");
     assert!(!nginx_error_log(&node).contains("broken header"));
 }
 
-#[test]
-fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_is_redirected() {
+fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_carries_the_true_client(
+    path: Path,
+) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
     // curl opens an AF_INET6 socket for ::ffff:203.0.113.10: connect6 sees a mapped
-    // address and must use the IPv4 frontend's listener.
-    for (who, reply, client) in [
-        (
-            "pod",
-            from_pod(&node, "http://[::ffff:203.0.113.10]:80/"),
-            POD_IP4,
-        ),
-        (
-            "node",
-            from_host(&node, "http://[::ffff:203.0.113.10]:80/"),
-            NODE_IP4,
-        ),
-    ] {
-        assert!(reply.ok(), "{who}: {reply:?}\nagent:\n{}", agent.log());
-        assert!(
-            reply.body.starts_with(&format!("client={client}:")),
-            "{who}: {}",
-            reply.body
-        );
-        assert!(
-            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
-            "{who}: {}",
-            reply.body
-        );
-    }
+    // address and must use the IPv4 frontend (its listener on the relay path; a TCP4
+    // header from the mapped source on the kernel path).
+    let target = "http://[::ffff:203.0.113.10]:80/";
+    assert_true_client(
+        "pod",
+        &from_pod(&node, target),
+        POD_IP4,
+        "203.0.113.10",
+        &agent,
+    );
+    assert_true_client(
+        "node",
+        &from_host(&node, target),
+        path.host_client(false),
+        "203.0.113.10",
+        &agent,
+    );
+    path.assert_carried(&node, &before, 2, &agent);
 }
 
-#[test]
-fn haproxy_accept_proxy_takes_v1_and_v2_headers() {
+fn haproxy_accept_proxy_takes_v1_and_v2_headers(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let haproxy = start_haproxy(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
     // 203.0.113.11 is proxied with v1, 2001:db8:ffff::11 with v2.
-    for (lb, pod_ip, node_ip) in [
-        ("203.0.113.11", POD_IP4, NODE_IP4),
-        ("2001:db8:ffff::11", POD_IP6, NODE_IP6),
+    for (lb, pod_ip, v6) in [
+        ("203.0.113.11", POD_IP4, false),
+        ("2001:db8:ffff::11", POD_IP6, true),
     ] {
         let pod = from_pod(&node, &url(lb, 80, "/"));
-        assert!(pod.ok(), "pod -> {lb}: {pod:?}\nagent:\n{}", agent.log());
-        assert!(
-            pod.body.starts_with(&format!("client={pod_ip}:")),
-            "{}",
-            pod.body
-        );
-        assert!(
-            pod.body.trim_end().ends_with(&format!("dst={lb}:80")),
-            "{}",
-            pod.body
-        );
+        assert_true_client("pod", &pod, pod_ip, lb, &agent);
         let host = from_host(&node, &url(lb, 80, "/"));
-        assert!(host.ok(), "node -> {lb}: {host:?}");
-        assert!(
-            host.body.starts_with(&format!("client={node_ip}:")),
-            "{}",
-            host.body
-        );
+        assert_true_client("node", &host, path.host_client(v6), lb, &agent);
     }
-    let log = haproxy.log();
-    for needle in [
+    path.assert_carried(&node, &before, 4, &agent);
+    let needles = [
         format!("haproxy client={POD_IP4}:"),
-        format!("haproxy client={NODE_IP4}:"),
+        format!("haproxy client={}:", path.host_client(false)),
         format!("haproxy client={POD_IP6}:"),
-        format!("haproxy client={NODE_IP6}:"),
+        format!("haproxy client={}:", path.host_client(true)),
         "dst=203.0.113.11:80 status=200".to_string(),
         "dst=2001:db8:ffff::11:80 status=200".to_string(),
-    ] {
-        assert!(
-            log.contains(&needle),
-            "haproxy log lacks {needle:?}:\n{log}"
-        );
+    ];
+    let log = eventually(|| haproxy.log(), |l| needles.iter().all(|n| l.contains(n)));
+    for needle in &needles {
+        assert!(log.contains(needle), "haproxy log lacks {needle:?}:\n{log}");
     }
 }
 
-#[test]
-fn destinations_that_are_not_proxied_are_untouched() {
+fn pod_and_node_requests_carry_the_true_client_through_nftables_dnat(path: Path) {
+    require_privileges!();
+    // kube-proxy's nftables mode: the same LBs as a `kube-proxy` table's verdict map,
+    // no iptables rules at all.
+    let node = SimNode::nftables();
+    let _nginx = start_nginx(&node);
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
+    let cases = [
+        ("203.0.113.10", "v1"),
+        ("2001:db8:ffff::10", "v1"),
+        ("203.0.113.12", "v2"),
+        ("2001:db8:ffff::12", "v2"),
+    ];
+    for (lb, version) in cases {
+        let v6 = lb.contains(':');
+        let pod_ip = if v6 { POD_IP6 } else { POD_IP4 };
+        let pod = from_pod(&node, &url(lb, 80, "/"));
+        assert_true_client(&format!("pod ({version})"), &pod, pod_ip, lb, &agent);
+        let host = from_host(&node, &url(lb, 80, "/"));
+        let host_ip = path.host_client(v6);
+        assert_true_client(&format!("node ({version})"), &host, host_ip, lb, &agent);
+    }
+    path.assert_carried(&node, &before, 8, &agent);
+    // Another port of a proxied IP, DNATed by the same map, is left alone.
+    let before = Carried::read(&node);
+    for (who, reply) in [
+        ("pod", from_pod(&node, &url("203.0.113.10", 81, "/"))),
+        ("node", from_host(&node, &url("203.0.113.10", 81, "/"))),
+    ] {
+        assert!(reply.ok(), "{who} -> :81: {reply:?}");
+        assert!(reply.body.starts_with("plain remote="), "{}", reply.body);
+    }
+    path.assert_carried(&node, &before, 0, &agent);
+    // The plain server logs to the same file, without a PROXY client.
+    let lines = |a: &str, proxied: bool| {
+        a.lines()
+            .filter(|l| l.starts_with("pp_client=-:") != proxied)
+            .count()
+    };
+    let access = eventually(
+        || nginx_access_log(&node),
+        |a| lines(a, true) == 8 && lines(a, false) == 2,
+    );
+    assert_eq!(
+        (lines(&access, true), lines(&access, false)),
+        (8, 2),
+        "{access}"
+    );
+    assert!(!nginx_error_log(&node).contains("broken header"));
+}
+
+fn destinations_that_are_not_proxied_are_untouched(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
     // Another port of a proxied IP, and another IP: both lead to the plain server,
     // which would answer 400 to a PROXY header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
@@ -247,6 +412,8 @@ fn destinations_that_are_not_proxied_are_untouched() {
             );
         }
     }
+    // Neither path saw them: nothing redirected, marked, written or accepted.
+    path.assert_carried(&node, &before, 0, &agent);
     assert!(
         !agent.log().contains("accepted"),
         "the relay must not see these:\n{}",
@@ -254,35 +421,97 @@ fn destinations_that_are_not_proxied_are_untouched() {
     );
 }
 
-#[test]
-fn the_relays_own_upstream_connection_is_not_redirected_again() {
+/// Two requests on one keep-alive connection from the pod; curl's reply.
+fn two_requests_on_one_connection(node: &SimNode, target: &str) -> Reply {
+    Reply::from_output(hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["curl", "-sS", "--max-time", "10", target, target],
+    ))
+}
+
+fn no_loop_each_connection_is_carried_once(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start(&node, &all_frontends());
+    let mut agent = path.start(&node);
+    let before = Carried::read(&node);
     const N: usize = 5;
+    let target = url("203.0.113.10", 80, "/");
     for _ in 0..N {
-        let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
-        assert!(r.ok(), "{r:?}");
+        let r = two_requests_on_one_connection(&node, &target);
+        assert!(r.ok(), "{r:?}\nagent:\n{}", agent.log());
+        assert_eq!(
+            r.body.matches(&format!("client={POD_IP4}:")).count(),
+            2,
+            "{}",
+            r.body
+        );
     }
+    // One connection per pair of requests, on this path only: the relay's own
+    // upstream connections are not redirected again (a loop would show the relay
+    // accepting them), and the kernel writes one header per connection, not one
+    // per write.
+    path.assert_carried(&node, &before, N as u64, &agent);
+    let access = eventually(|| nginx_access_log(&node), |a| a.lines().count() == 2 * N);
+    let lines: Vec<&str> = access.lines().collect();
+    assert_eq!(lines.len(), 2 * N, "{access}");
+    // A second header would reach nginx as the second request's line (a 400).
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains(&format!("pp_client={POD_IP4}:"))
+                && l.contains("\"GET / HTTP/1.1\" 200")),
+        "{access}"
+    );
+    let mut sources: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    sources.sort_unstable();
+    sources.dedup();
+    assert_eq!(sources.len(), N, "one header per connection: {access}");
+
     agent.signal(Signal::SIGTERM);
     assert!(agent.wait(Duration::from_secs(30)).success());
     let log = agent.log();
-    // One accepted connection per request: a loop would show the relay accepting
-    // its own upstream connections.
-    assert_eq!(log.matches("accepted").count(), N, "{log}");
-    // The kernel's own count: N connects redirected, N relay connects skipped by mark.
-    assert!(log.contains(&format!("redirected={N}")), "{log}");
-    assert!(log.contains(&format!("skipped_bypass_mark={N}")), "{log}");
-    assert_eq!(nginx_access_log(&node).lines().count(), N);
+    let (accepted, redirected, skipped) = match path {
+        Path::Relay => (N, N, N),
+        // The kernel path never redirects, so there is no relay upstream to skip.
+        Path::Kernel => (0, 0, 0),
+    };
+    assert_eq!(log.matches("accepted").count(), accepted, "{log}");
+    // The kernel's own count, logged at exit: connects redirected, and the relay's
+    // upstream connects skipped by their mark.
+    assert_eq!(
+        logged_counter(&log, "redirected"),
+        redirected as u64,
+        "{log}"
+    );
+    assert_eq!(
+        logged_counter(&log, "skipped_bypass_mark"),
+        skipped as u64,
+        "{log}"
+    );
 }
 
-#[test]
-fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before() {
+/// The kernel counter `name` from the agent's `kernel counters` line at exit.
+fn logged_counter(log: &str, name: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("kernel counters"))
+        .unwrap_or_else(|| panic!("no kernel counters logged:\n{log}"));
+    line.split(|c: char| c.is_whitespace() || c == '"')
+        .map(|t| t.trim_start_matches("counters="))
+        .find_map(|t| t.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start(&node, &all_frontends());
+    let mut agent = path.start(&node);
     let attached = node.attached_programs();
     assert_eq!(
         attached.matches("cgroup_inet4_connect").count(),
@@ -294,35 +523,51 @@ fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before() {
         1,
         "{attached}"
     );
-    assert!(from_pod(&node, &url("203.0.113.10", 80, "/")).ok());
+    // The kernel path adds a sock_ops program (its sk_msg program hangs on the
+    // sockets map, not on the cgroup).
+    let sock_ops = usize::from(path == Path::Kernel);
+    assert_eq!(attached.matches("sock_ops").count(), sock_ops, "{attached}");
+    let before = Carried::read(&node);
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    path.assert_carried(&node, &before, 1, &agent);
 
     agent.signal(Signal::SIGKILL);
     agent.wait(Duration::from_secs(10));
     // Link release is synchronous with the last fd closing, but be patient with the
     // kernel's deferred cleanup of the process's files.
+    let gone = |a: &str| !a.contains("connect") && !a.contains("sock_ops");
     let mut attached = node.attached_programs();
     for _ in 0..50 {
-        if !attached.contains("connect") {
+        if gone(&attached) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
         attached = node.attached_programs();
     }
-    assert!(
-        !attached.contains("connect"),
-        "still attached after SIGKILL: {attached}"
+    assert!(gone(&attached), "still attached after SIGKILL: {attached}");
+    for (who, reply) in [
+        ("pod", from_pod(&node, &url("203.0.113.10", 80, "/"))),
+        ("node", from_host(&node, &url("203.0.113.10", 80, "/"))),
+    ] {
+        assert_eq!(
+            reply.code, 52,
+            "{who}: pre-hairpin behaviour expected: {reply:?}"
+        );
+    }
+    let errors = eventually(
+        || nginx_error_log(&node),
+        |e| e.matches("broken header").count() == 2,
     );
-    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_eq!(reply.code, 52, "pre-hairpin behaviour expected: {reply:?}");
-    assert!(nginx_error_log(&node).contains("broken header"));
+    assert_eq!(errors.matches("broken header").count(), 2, "{errors}");
 }
 
-#[test]
-fn sigterm_lets_an_in_flight_transfer_complete() {
+fn sigterm_lets_an_in_flight_transfer_complete(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start(&node, &all_frontends());
+    let mut agent = path.start(&node);
+    let before = Carried::read(&node);
     // /slow is rate limited to 1 MiB/s: about three seconds of transfer.
     let out = node.dir.join("slow.out");
     let mut curl = hairpin_tests::sh::command_in(
@@ -334,13 +579,16 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
             "--max-time",
             "30",
             "-o",
-            out.to_str().expect("utf-8"),
+            out.to_str().expect("utf-8 path"),
             &url("203.0.113.10", 80, "/slow"),
         ],
     )
     .spawn()
     .expect("start curl");
-    agent.wait_for_log("accepted", Duration::from_secs(5));
+    // On the relay path the agent must drain it; on the kernel path it runs on the
+    // client's own socket, which the agent's exit does not touch.
+    path.wait_carried(&node, &before, 1);
+    path.assert_carried(&node, &before, 1, &agent);
     std::thread::sleep(Duration::from_millis(500));
     agent.signal(Signal::SIGTERM);
     agent.wait_for_log("redirects removed", Duration::from_secs(5));
@@ -348,7 +596,7 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(
         fresh.code, 52,
-        "new connections must not be redirected while draining: {fresh:?}"
+        "new connections must not be proxied while draining: {fresh:?}"
     );
     let status = curl.wait().expect("curl");
     assert!(
@@ -370,12 +618,12 @@ fn sigterm_lets_an_in_flight_transfer_complete() {
     );
 }
 
-#[test]
-fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address() {
+fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let agent = Agent::start(&node, &all_frontends());
+    let agent = path.start(&node);
+    let before = Carried::read(&node);
     // bash's /dev/tcp connects like any client (through the cgroup hook), then sends
     // a forged header naming 6.6.6.6 before its request.
     let script = "exec 3<>/dev/tcp/203.0.113.10/80; \
@@ -398,11 +646,163 @@ fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address() {
         a.contains(&format!("pp_client={POD_IP4}:"))
             && a.contains("\"PROXY TCP4 6.6.6.6 203.0.113.10 1111 80\" 400")
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let mut access = nginx_access_log(&node);
-    while !logged(&access) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        access = nginx_access_log(&node);
-    }
+    let access = eventually(|| nginx_access_log(&node), logged);
     assert!(logged(&access), "{access}\nagent:\n{}", agent.log());
+    path.assert_carried(&node, &before, 1, &agent);
 }
+
+// ---- A server-speaks-first frontend ---------------------------------------------
+
+/// The banner LB (an SMTP-like server behind a PROXY-aware frontend), DNATed to
+/// BANNER_PORT in the ingress.
+const BANNER_LB: &str = "203.0.113.20";
+const BANNER_PORT: u16 = 9025;
+
+/// Accepts `n` connections in `netns` on BANNER_PORT as a PROXY-aware server whose
+/// server speaks first: it reads the PROXY v1 line (at most 2 s), then writes its
+/// banner, reads the client's command and answers. Sends the header line each
+/// connection carried (empty when none came in time).
+fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        // This thread alone moves into the ingress namespace.
+        let f = std::fs::File::open(&ns).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
+        ready_tx.send(()).expect("ready");
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n") && got.len() < 108 {
+                match conn.read(&mut byte) {
+                    Ok(1) => got.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let header = if got.starts_with(b"PROXY ") && got.ends_with(b"\r\n") {
+                String::from_utf8_lossy(&got).trim_end().to_string()
+            } else {
+                String::new()
+            };
+            if !header.is_empty() {
+                let _ = conn.write_all(b"220 banner ready\r\n");
+                let mut cmd = [0u8; 64];
+                if let Ok(k) = conn.read(&mut cmd)
+                    && cmd[..k].starts_with(b"QUIT")
+                {
+                    let _ = conn.write_all(b"221 bye\r\n");
+                }
+            }
+            if tx.send(header).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("banner server ready");
+    rx
+}
+
+/// A client of the banner LB in `netns` and `cgroup`: waits for the banner (3 s),
+/// then says QUIT; what the server said.
+fn banner_client(netns: &str, cgroup: &std::path::Path) -> String {
+    let py = format!(
+        r#"
+import socket
+s = socket.create_connection(("{BANNER_LB}", 25), timeout=3)
+try:
+    banner = s.recv(100)
+    s.sendall(b"QUIT\r\n")
+    print(banner.decode().strip() + "|" + s.recv(100).decode().strip())
+except socket.timeout:
+    print("timeout")
+"#
+    );
+    let out = hairpin_tests::sh::output_in(netns, Some(cgroup), &["python3", "-c", &py]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn a_server_first_frontend_works_through_the_relay(path: Path) {
+    require_privileges!();
+    let mut lbs = default_lbs();
+    lbs.push(LbRule {
+        lb_ip: BANNER_LB,
+        lb_port: 25,
+        backend_port: BANNER_PORT,
+        name: "mail/banner:smtp",
+    });
+    let node = SimNode::with_lbs(&lbs);
+    let headers = banner_server(&node.ingress_ns, 2);
+    // The kernel writes a header only ahead of the client's first bytes, which a
+    // server-speaks-first client sends only after the banner: with `firstSpeaker:
+    // server` the frontend takes the relay on both paths.
+    let yaml = format!(
+        "frontends:\n- ip: \"{BANNER_LB}\"\n  ports: [25]\n  proxyProtocol: v1\n  \
+         name: mail\n  firstSpeaker: server\n"
+    );
+    let agent = Agent::start_with_frontends_yaml(&node, &yaml, path.args());
+    let before = Carried::read(&node);
+    for (who, ns, cgroup, client) in [
+        ("pod", &node.pod_ns, node.pod_cgroup(), POD_IP4),
+        // Relayed, so the header names --node-ip on both paths.
+        ("node", &node.node_ns, node.host_cgroup(), NODE_IP4),
+    ] {
+        let talk = banner_client(ns, &cgroup);
+        assert_eq!(
+            talk,
+            "220 banner ready|221 bye",
+            "{who}\nagent:\n{}",
+            agent.log()
+        );
+        let got = headers
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a connection");
+        assert!(
+            got.starts_with(&format!("PROXY TCP4 {client} {BANNER_LB} ")) && got.ends_with(" 25"),
+            "{who}: the relay's header names {client}: {got:?}"
+        );
+    }
+    Path::Relay.assert_carried(&node, &before, 2, &agent);
+}
+
+/// Each case on both paths: `relay_path::<case>` and `kernel_path::<case>`.
+macro_rules! on_both_paths {
+    ($($case:ident),* $(,)?) => {
+        mod relay_path {
+            $(
+                #[test]
+                fn $case() {
+                    super::$case(super::Path::Relay)
+                }
+            )*
+        }
+        mod kernel_path {
+            $(
+                #[test]
+                fn $case() {
+                    super::$case(super::Path::Kernel)
+                }
+            )*
+        }
+    };
+}
+
+on_both_paths!(
+    with_hairpin_pod_and_node_requests_carry_the_true_client,
+    ipv6_and_proxy_v2_frontends_work_from_pod_and_node,
+    a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_carries_the_true_client,
+    haproxy_accept_proxy_takes_v1_and_v2_headers,
+    pod_and_node_requests_carry_the_true_client_through_nftables_dnat,
+    destinations_that_are_not_proxied_are_untouched,
+    no_loop_each_connection_is_carried_once,
+    after_kill_9_nothing_stays_attached_and_traffic_is_as_before,
+    sigterm_lets_an_in_flight_transfer_complete,
+    a_client_sending_its_own_proxy_header_cannot_spoof_its_address,
+    a_server_first_frontend_works_through_the_relay,
+);
