@@ -56,6 +56,10 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal: container logs are files.
         .with_ansi(std::io::stderr().is_terminal());
+    // init() also installs tracing-log's LogTracer (the `tracing-log` feature): `log`
+    // records reach this subscriber and its filter, among them the programs'
+    // diagnostic events, which aya-log reads from their ring buffer (target
+    // `hairpin_ebpf::programs`).
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

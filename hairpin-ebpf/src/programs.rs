@@ -22,6 +22,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, SockHash},
     programs::{SkMsgContext, SockAddrContext, SockOpsContext},
 };
+use aya_log_ebpf::{debug, info, warn};
 use hairpin_ebpf::{
     AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM, HEADER_V2,
     MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
@@ -34,6 +35,54 @@ const IPPROTO_TCP: u32 = 6;
 const TCP_CLOSE: u32 = 7;
 /// `::ffff:0:0/96` as the third address word, in network byte order.
 const V4_MAPPED_WORD: u32 = 0xffff_u32.to_be();
+
+/// A diagnostic event through aya-log, naming the frontend (its address words and
+/// port in network byte order, as in [`FrontendKey`] and [`PendingHeader`]) with
+/// `{:i} port {}` in `$fmt`, then at most one more argument (an error number). One
+/// format string serves both families: the address goes out as 4 or 16 bytes, and
+/// user space prints either.
+///
+/// Only on the rare paths (fallbacks, misses, failures), never on a plain redirect
+/// or a header written. Each event is its own `#[inline(never)]` function, a BPF
+/// subprogram with its own stack frame: inlined, aya-log's record building (a ring
+/// buffer reservation filled at constant offsets) reshuffles the caller's stack
+/// slots, and without CAP_PERFMON the verifier refuses a scalar written over a
+/// spilled pointer. aya-log's level check reads a read-only global the loader sets
+/// from the agent's `--log`, so the verifier drops the events below it.
+macro_rules! event {
+    ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr) => {
+        event!($level, $fmt, $family, $addr, $port, 0)
+    };
+    ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr, $arg:expr) => {{
+        #[inline(never)]
+        fn emit(family: u8, addr: &[u32; 4], port: u16, arg: i64) {
+            let port = u16::from_be(port);
+            // Only the events whose message has an `{}` for it print it.
+            let _ = arg;
+            if family == AF_INET {
+                $level!((), $fmt, addr[0].to_ne_bytes(), port, arg);
+            } else {
+                $level!((), $fmt, ip6_octets(addr), port, arg);
+            }
+        }
+        emit($family, &$addr, $port, $arg);
+    }};
+}
+
+/// The 16 bytes of an IPv6 address held as words in network byte order.
+#[inline(always)]
+fn ip6_octets(w: &[u32; 4]) -> [u8; 16] {
+    let [a, b, c, d] = [
+        w[0].to_ne_bytes(),
+        w[1].to_ne_bytes(),
+        w[2].to_ne_bytes(),
+        w[3].to_ne_bytes(),
+    ];
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
+    ]
+}
 
 #[map(name = "HAIRPIN_FRONTENDS")]
 static HAIRPIN_FRONTENDS: HashMap<FrontendKey, Redirect> =
@@ -107,7 +156,7 @@ fn connect4<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32
             // The kernel writes the header on this socket: the destination stays.
             if KERNEL
                 && to.is_kernel()
-                && kernel_can_take::<MPTCP>(sa)
+                && kernel_can_take::<MPTCP>(sa, &key)
                 && mark(ctx, &key, to.header)
             {
                 return 1;
@@ -180,7 +229,7 @@ fn connect6<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32
         if let Some(to) = lookup(sa, &key) {
             if KERNEL
                 && to.is_kernel()
-                && kernel_can_take::<MPTCP>(sa)
+                && kernel_can_take::<MPTCP>(sa, &key)
                 && mark(ctx, &key, to.header)
             {
                 return 1;
@@ -253,13 +302,22 @@ fn count(c: Counter) {
 /// kernel does not let a connect program see (TCP_FASTOPEN_CONNECT, MSG_FASTOPEN,
 /// and MPTCP without CAP_PERFMON) is left to the miss counters.
 #[inline(always)]
-fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr) -> bool {
+fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> bool {
     // SAFETY: a read-only global the loader may have rewritten before load.
     let limit = u64::from(unsafe { read_volatile(&HAIRPIN_SOCKETS_LIMIT) });
     if let Some(fill) = HAIRPIN_FILL.get_ptr(0) {
         // SAFETY: a valid slot of the array for this program run.
         if unsafe { read_volatile(fill) } >= limit {
             count(Counter::KernelFallbackFull);
+            // Under load this is every new connect until a slot frees: info, and
+            // the counter says how many.
+            event!(
+                info,
+                "kernel_fallback_full: the sockets map is at its limit, the connect to {:i} port {} goes to the relay",
+                key.family,
+                key.addr,
+                key.port
+            );
             return false;
         }
     }
@@ -269,6 +327,14 @@ fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr) -> bool {
         let msk = unsafe { bpf_skc_to_mptcp_sock(sa.__bindgen_anon_1.sk.cast()) };
         if !msk.is_null() {
             count(Counter::KernelFallbackMptcp);
+            // Every subflow of an MPTCP client: expected, so debug.
+            event!(
+                debug,
+                "kernel_fallback_mptcp: an MPTCP subflow to {:i} port {} goes to the relay",
+                key.family,
+                key.addr,
+                key.port
+            );
             return false;
         }
     }
@@ -300,6 +366,13 @@ fn mark(ctx: &SockAddrContext, key: &FrontendKey, header: u8) -> bool {
     let p = unsafe { HAIRPIN_PENDING.get_or_insert_ptr_mut(ctx, None) };
     if p.is_null() {
         count(Counter::KernelFallbackRelay);
+        event!(
+            warn,
+            "kernel_fallback_relay: no socket storage could be created for the connect to {:i} port {}: it goes to the relay",
+            key.family,
+            key.addr,
+            key.port
+        );
         return false;
     }
     // SAFETY: non-null storage of this socket, valid while the program runs.
@@ -366,6 +439,13 @@ fn established(ops: *mut bpf_sock_ops) {
         // TCP Fast Open data rode on the SYN: it already left without a header.
         p.state = PENDING_NONE;
         count(Counter::KernelMissedDataFirst);
+        event!(
+            info,
+            "kernel_missed_data_first: data went with the SYN (TCP Fast Open) on a connection to {:i} port {}: no header",
+            p.family,
+            p.dst,
+            p.dst_port
+        );
         return;
     }
     format_header(ops, p);
@@ -387,6 +467,14 @@ fn established(ops: *mut bpf_sock_ops) {
         // Full, or a socket a sockhash refuses: it will write without a header.
         p.state = PENDING_NONE;
         count(Counter::KernelMissedInsert);
+        event!(
+            warn,
+            "kernel_missed_insert: a connection to {:i} port {} could not enter the sockets map (error {}): no header",
+            p.family,
+            p.dst,
+            p.dst_port,
+            inserted
+        );
         return;
     }
     fill_add(1);
@@ -413,6 +501,13 @@ fn closed(ops: *mut bpf_sock_ops) {
         if unsafe { (*ops).data_segs_out } != 0 {
             // Bytes left that sk_msg never saw, and no RTT sample came to say so.
             count(Counter::KernelMissedDataFirst);
+            event!(
+                info,
+                "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of, and closed: no header",
+                p.family,
+                p.dst,
+                p.dst_port
+            );
         }
     } else if p.state != PENDING_WRITTEN {
         return;
@@ -438,6 +533,13 @@ fn rtt(ops: *mut bpf_sock_ops) {
         // Data went out but sk_msg never saw it: a send() that was already
         // waiting for the handshake, or a path sk_msg does not cover.
         count(Counter::KernelMissedDataFirst);
+        event!(
+            info,
+            "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of: no header",
+            p.family,
+            p.dst,
+            p.dst_port
+        );
     } else if p.state != PENDING_WRITTEN {
         return;
     }
@@ -470,11 +572,27 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
     let len = u32::from(p.len);
     if len == 0 || len as usize > HEADER_ROOM {
         count(Counter::KernelMissedWrite);
+        event!(
+            warn,
+            "kernel_missed_write: the header of a connection to {:i} port {} could not be formatted: no header",
+            p.family,
+            p.dst,
+            p.dst_port
+        );
         return SK_PASS;
     }
     // SAFETY: helper calls on this context.
-    if unsafe { bpf_msg_push_data(msg, 0, len, 0) } != 0 {
+    let pushed = unsafe { bpf_msg_push_data(msg, 0, len, 0) };
+    if pushed != 0 {
         count(Counter::KernelMissedPush);
+        event!(
+            warn,
+            "kernel_missed_push: no room for the header of a connection to {:i} port {} (error {}): no header",
+            p.family,
+            p.dst,
+            p.dst_port,
+            pushed
+        );
         return SK_PASS;
     }
     // SAFETY: as above; the pushed room is taken out again when it cannot be filled,
@@ -483,6 +601,13 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
         if bpf_msg_pull_data(msg, 0, len, 0) != 0 || !copy_header(ctx.data(), ctx.data_end(), p) {
             bpf_msg_pop_data(msg, 0, len, 0);
             count(Counter::KernelMissedWrite);
+            event!(
+                warn,
+                "kernel_missed_write: the header of a connection to {:i} port {} could not be copied: no header",
+                p.family,
+                p.dst,
+                p.dst_port
+            );
             return SK_PASS;
         }
     }
@@ -776,7 +901,7 @@ fn plan_of(zeros: u32) -> Option<u32> {
 
 #[cfg(not(test))]
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
 }
 

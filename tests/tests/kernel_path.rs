@@ -1651,3 +1651,67 @@ fn map_exists(id: u64) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+// ---- The programs' diagnostic events (aya-log) --------------------------------------
+
+/// The agent's log lines that came from the programs through aya-log.
+fn program_events(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("hairpin_ebpf")).collect()
+}
+
+#[test]
+fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_path() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // `--log info`, the agent's default.
+    let agent = Agent::start_logging(
+        &node,
+        &all_frontends(),
+        "info",
+        &["--kernel-path", "on", "--kernel-path-sockets", "1"],
+    );
+    // An established connection that has not written yet holds the one slot.
+    let mut holder = command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", "exec 3<>/dev/tcp/203.0.113.10/80; sleep 30"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the holder");
+    assert_eq!(wait_counter(&node, "kernel_sockets_entered", 1), 1);
+    assert!(program_events(&agent.log()).is_empty(), "{}", agent.log());
+    // The next connect goes to the relay, and the connect program says so.
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    let log = eventually(|| agent.log(), |l| !program_events(l).is_empty());
+    let events = program_events(&log);
+    assert_eq!(events.len(), 1, "{log}");
+    assert!(
+        events[0].contains(" INFO ")
+            && events[0].contains("kernel_fallback_full")
+            && events[0].contains("203.0.113.10 port 80"),
+        "{log}"
+    );
+    // A slot frees; the next connection takes the kernel path and its header is
+    // written: nothing more from the programs.
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(wait_counter(&node, "kernel_sockets_left", 1), 1);
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(program_events(&agent.log()).len(), 1, "{}", agent.log());
+    drop(agent);
+
+    // The relay path: a redirected connect logs nothing at the default level.
+    let agent = Agent::start_logging(&node, &all_frontends(), "info", &[]);
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+    assert_eq!(kernel_counter(&status(&node), "redirected"), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(program_events(&agent.log()).is_empty(), "{}", agent.log());
+}

@@ -107,6 +107,8 @@ pub struct Datapath {
     attachment: Option<Attachment>,
     capacity: u32,
     kernel_path: KernelPath,
+    /// Reads the programs' aya-log events into the agent's log while it lives.
+    _events: Option<EventsReader>,
 }
 
 impl Datapath {
@@ -151,7 +153,13 @@ impl Datapath {
         };
         // Past this fill, connects to kernel-path frontends go to the relay.
         let sockets_limit = hairpin_ebpf::sockets_limit(sockets);
+        // The programs' diagnostic events go to a ring buffer that a task reads; with
+        // no runtime to run it, none are written.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let log_level = if runtime.is_some() { events_level() } else { 0 };
         let mut ebpf = EbpfLoader::new()
+            // Not every object logs (must_exist false): it is aya-log's own global.
+            .override_global(aya_log::LEVEL, &log_level, false)
             .override_global(GLOBAL_BYPASS_MARK, &opts.bypass_mark, true)
             .override_global(GLOBAL_NODE_IP4, &node4, true)
             .override_global(GLOBAL_NODE_IP6, &node6, true)
@@ -199,6 +207,8 @@ impl Datapath {
         };
         let sockets =
             SockHash::try_from(sockets).map_err(map_error("open", MAP_SOCKETS, String::new()))?;
+        // Every program is loaded: the ring buffer's descriptor can move to the reader.
+        let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
             ebpf,
             frontends,
@@ -209,6 +219,7 @@ impl Datapath {
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
+            _events: events,
         })
     }
 
@@ -566,6 +577,70 @@ fn sum_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(Counter, u64)> {
 impl Drop for Datapath {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+/// aya-log's level for the programs' events: the most verbose level the agent's
+/// `--log` filter lets through for any target (0: none). It is a read-only global of
+/// the object, so the verifier drops the events below it; finer per-target filtering
+/// (`hairpin_ebpf=debug`) happens in the subscriber, as for the agent's own events.
+fn events_level() -> u8 {
+    use aya_log::Level;
+    let level = match tracing::level_filters::LevelFilter::current().into_level() {
+        None => return 0,
+        Some(tracing::Level::ERROR) => Level::Error,
+        Some(tracing::Level::WARN) => Level::Warn,
+        Some(tracing::Level::INFO) => Level::Info,
+        Some(tracing::Level::DEBUG) => Level::Debug,
+        Some(_) => Level::Trace,
+    };
+    level.into()
+}
+
+/// The task reading the programs' aya-log ring buffer into the agent's log (through
+/// the `log` crate, which the subscriber bridges to tracing); aborted on drop.
+struct EventsReader(tokio::task::AbortHandle);
+
+impl EventsReader {
+    /// Takes the ring buffer out of `ebpf` and reads it on `rt`; None (and a debug
+    /// line) when it cannot, which the datapath does without.
+    fn start(ebpf: &mut Ebpf, rt: &tokio::runtime::Handle) -> Option<EventsReader> {
+        let logger = match aya_log::EbpfLogger::init(ebpf) {
+            Ok(logger) => logger,
+            Err(e) => {
+                tracing::debug!(error = %e, "the programs' events are not read (aya-log)");
+                return None;
+            }
+        };
+        let _entered = rt.enter();
+        // SAFETY: the logger owns the ring buffer's descriptor and keeps it, open
+        // and the same, for as long as it lives, which is as long as the AsyncFd.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+        };
+        let mut fd = match registered {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::debug!(error = %e, "the programs' events are not read (aya-log)");
+                return None;
+            }
+        };
+        let task = rt.spawn(async move {
+            loop {
+                let Ok(mut ready) = fd.readable_mut().await else {
+                    return;
+                };
+                ready.get_inner_mut().flush();
+                ready.clear_ready();
+            }
+        });
+        Some(EventsReader(task.abort_handle()))
+    }
+}
+
+impl Drop for EventsReader {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
