@@ -59,8 +59,11 @@ pub fn yaml_with_hosts(specs: &[FrontendSpec], hostnames: usize) -> String {
     crate::agent::frontends_yaml_with_hosts(specs, &hosts)
 }
 
-/// The agent flags of the hostnames case: the name relay and a hosts file of its own.
-pub fn names_args(hosts: &std::path::Path) -> Vec<String> {
+/// The agent flags of the hostnames case: the name relay and a hosts file of its own,
+/// with the names caps (200 per namespace, 2,000 in all by default; the frontends
+/// file counts as one namespace) raised to the case's count: it measures what the
+/// agent costs at that many names, which an operator allows by raising the caps.
+pub fn names_args(hosts: &std::path::Path, hostnames: usize) -> Vec<String> {
     vec![
         "--mode".into(),
         "both".into(),
@@ -68,6 +71,10 @@ pub fn names_args(hosts: &std::path::Path) -> Vec<String> {
         hosts.to_string_lossy().into_owned(),
         "--names-domains".into(),
         "bench.example.com".into(),
+        "--max-names-per-namespace".into(),
+        hostnames.to_string(),
+        "--max-names".into(),
+        hostnames.to_string(),
     ]
 }
 
@@ -182,7 +189,7 @@ pub fn measure_names(
     let hosts = ctx.node.dir.join("bench-hosts");
     for round in 0..ctx.opts.runs {
         std::fs::write(&hosts, b"127.0.0.1\tlocalhost\n")?;
-        let mut agent = start(&base_specs(), &names_args(&hosts));
+        let mut agent = start(&base_specs(), &names_args(&hosts, hostnames));
         let needle = format!("reconcile finished frontends={size} failed=0 routes={hostnames} ");
         let (wall, ms) = timed_apply(&mut agent, &yaml, &needle, 120)?;
         f.apply_wall_ms.push(wall);
