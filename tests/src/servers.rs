@@ -3,8 +3,11 @@
 
 use std::{
     fs,
+    io::{Read, Write},
+    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Stdio},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -198,4 +201,79 @@ fn wait_listening(node: &SimNode, ports: &[u16]) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Where [`banner_server`] listens in the ingress namespace (a test's LB rule DNATs a
+/// port-25 LB to it).
+pub const BANNER_PORT: u16 = 9025;
+
+/// Accepts `n` connections in `netns` on BANNER_PORT as a PROXY-aware server whose
+/// server speaks first: it reads the PROXY v1 line (at most 2 s), then writes its
+/// banner, reads the client's command and answers. Sends the header line each
+/// connection carried (empty when none came in time).
+pub fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        // This thread alone moves into the namespace.
+        let f = std::fs::File::open(&ns).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
+        ready_tx.send(()).expect("ready");
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n") && got.len() < 108 {
+                match conn.read(&mut byte) {
+                    Ok(1) => got.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let header = if got.starts_with(b"PROXY ") && got.ends_with(b"\r\n") {
+                String::from_utf8_lossy(&got).trim_end().to_string()
+            } else {
+                String::new()
+            };
+            if !header.is_empty() {
+                let _ = conn.write_all(b"220 banner ready\r\n");
+                let mut cmd = [0u8; 64];
+                if let Ok(k) = conn.read(&mut cmd)
+                    && cmd[..k].starts_with(b"QUIT")
+                {
+                    let _ = conn.write_all(b"221 bye\r\n");
+                }
+            }
+            if tx.send(header).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("banner server ready");
+    rx
+}
+
+/// A client of a server-speaks-first LB at `lb`:`port` in `netns` and `cgroup`:
+/// waits for the banner (3 s), then says QUIT; what the server said
+/// (`banner|answer`, or `timeout`).
+pub fn banner_client(netns: &str, cgroup: &Path, lb: &str, port: u16) -> String {
+    let py = format!(
+        r#"
+import socket
+s = socket.create_connection(("{lb}", {port}), timeout=3)
+try:
+    banner = s.recv(100)
+    s.sendall(b"QUIT\r\n")
+    print(banner.decode().strip() + "|" + s.recv(100).decode().strip())
+except socket.timeout:
+    print("timeout")
+"#
+    );
+    let out = output_in(netns, Some(cgroup), &["python3", "-c", &py]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

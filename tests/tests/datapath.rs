@@ -9,19 +9,17 @@
 //! the kernel writes the header on the client's own socket). Each case also asserts
 //! which path carried its connections, from the agent's counters.
 
-use std::{
-    io::{Read, Write},
-    net::TcpListener,
-    sync::mpsc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::{Agent, all_frontends, status},
     client::{Reply, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
     privileges::datapath_tests_can_run,
-    servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
+    servers::{
+        BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
+        start_haproxy, start_nginx,
+    },
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -656,77 +654,6 @@ fn a_client_sending_its_own_proxy_header_cannot_spoof_its_address(path: Path) {
 /// The banner LB (an SMTP-like server behind a PROXY-aware frontend), DNATed to
 /// BANNER_PORT in the ingress.
 const BANNER_LB: &str = "203.0.113.20";
-const BANNER_PORT: u16 = 9025;
-
-/// Accepts `n` connections in `netns` on BANNER_PORT as a PROXY-aware server whose
-/// server speaks first: it reads the PROXY v1 line (at most 2 s), then writes its
-/// banner, reads the client's command and answers. Sends the header line each
-/// connection carried (empty when none came in time).
-fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    let ns = format!("/run/netns/{netns}");
-    std::thread::spawn(move || {
-        // This thread alone moves into the ingress namespace.
-        let f = std::fs::File::open(&ns).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
-        ready_tx.send(()).expect("ready");
-        for _ in 0..n {
-            let (mut conn, _) = listener.accept().expect("accept");
-            conn.set_read_timeout(Some(Duration::from_secs(2)))
-                .expect("timeout");
-            let mut got = Vec::new();
-            let mut byte = [0u8; 1];
-            while !got.ends_with(b"\r\n") && got.len() < 108 {
-                match conn.read(&mut byte) {
-                    Ok(1) => got.push(byte[0]),
-                    _ => break,
-                }
-            }
-            let header = if got.starts_with(b"PROXY ") && got.ends_with(b"\r\n") {
-                String::from_utf8_lossy(&got).trim_end().to_string()
-            } else {
-                String::new()
-            };
-            if !header.is_empty() {
-                let _ = conn.write_all(b"220 banner ready\r\n");
-                let mut cmd = [0u8; 64];
-                if let Ok(k) = conn.read(&mut cmd)
-                    && cmd[..k].starts_with(b"QUIT")
-                {
-                    let _ = conn.write_all(b"221 bye\r\n");
-                }
-            }
-            if tx.send(header).is_err() {
-                return;
-            }
-        }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("banner server ready");
-    rx
-}
-
-/// A client of the banner LB in `netns` and `cgroup`: waits for the banner (3 s),
-/// then says QUIT; what the server said.
-fn banner_client(netns: &str, cgroup: &std::path::Path) -> String {
-    let py = format!(
-        r#"
-import socket
-s = socket.create_connection(("{BANNER_LB}", 25), timeout=3)
-try:
-    banner = s.recv(100)
-    s.sendall(b"QUIT\r\n")
-    print(banner.decode().strip() + "|" + s.recv(100).decode().strip())
-except socket.timeout:
-    print("timeout")
-"#
-    );
-    let out = hairpin_tests::sh::output_in(netns, Some(cgroup), &["python3", "-c", &py]);
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn a_server_first_frontend_works_through_the_relay(path: Path) {
     require_privileges!();
@@ -753,7 +680,7 @@ fn a_server_first_frontend_works_through_the_relay(path: Path) {
         // Relayed, so the header names --node-ip on both paths.
         ("node", &node.node_ns, node.host_cgroup(), NODE_IP4),
     ] {
-        let talk = banner_client(ns, &cgroup);
+        let talk = banner_client(ns, &cgroup, BANNER_LB, 25);
         assert_eq!(
             talk,
             "220 banner ready|221 bye",

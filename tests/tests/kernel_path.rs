@@ -15,12 +15,18 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec, SIM_POD_NETWORKS, agent_bin, all_frontends, frontends_yaml},
+    agent::{
+        Agent, FrontendSpec, SIM_POD_NETWORKS, admin_get, agent_bin, all_frontends, frontends_yaml,
+        status,
+    },
     client::{Reply, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::{cap_number, with_only_caps},
     privileges::datapath_tests_can_run,
-    servers::{nginx_access_log, nginx_error_log, start_haproxy, start_nginx},
+    servers::{
+        BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
+        start_haproxy, start_nginx,
+    },
     sh::command_in,
 };
 use nix::sys::signal::Signal;
@@ -44,23 +50,6 @@ macro_rules! require_privileges {
     };
 }
 
-/// `GET path` on the agent's admin socket.
-fn admin_get(node: &SimNode, path: &str) -> String {
-    let sock = node.dir.join("admin.sock");
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "5", "--unix-socket"])
-        .arg(&sock)
-        .arg(format!("http://localhost{path}"))
-        .output()
-        .expect("run curl");
-    assert!(
-        out.status.success(),
-        "GET {path}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// `read()` once `done` holds for it, or after 3 s whatever it is: servers log a
 /// request after answering it, so a log can lag the reply.
 fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
@@ -71,10 +60,6 @@ fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String 
         text = read();
     }
     text
-}
-
-fn status(node: &SimNode) -> Value {
-    serde_json::from_str(&admin_get(node, "/status")).expect("status is json")
 }
 
 fn kernel_counter(status: &Value, name: &str) -> u64 {
@@ -1169,82 +1154,9 @@ fn a_host_socket_whose_source_is_the_lb_address_itself_names_the_node_ip() {
 
 // ---- Server-speaks-first frontends ------------------------------------------------
 
-/// A server-speaks-first LB (an SMTP-like banner server behind a PROXY-aware
-/// frontend) on port 25 of CAPTURE_LB4, DNATed to BANNER_PORT in the ingress.
-const BANNER_PORT: u16 = 9025;
-
-/// Accepts `n` connections in `netns` on BANNER_PORT as a PROXY-aware server whose
-/// server speaks first: it reads the PROXY v1 line (at most 2 s), then writes its
-/// banner, reads the client's command and answers. Sends the header line each
-/// connection carried (empty when none came in time).
-fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    let ns = format!("/run/netns/{netns}");
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(&ns).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
-        ready_tx.send(()).expect("ready");
-        for _ in 0..n {
-            let (mut conn, _) = listener.accept().expect("accept");
-            conn.set_read_timeout(Some(Duration::from_secs(2)))
-                .expect("timeout");
-            let mut got = Vec::new();
-            let mut byte = [0u8; 1];
-            while !got.ends_with(b"\r\n") && got.len() < 108 {
-                match conn.read(&mut byte) {
-                    Ok(1) => got.push(byte[0]),
-                    _ => break,
-                }
-            }
-            let header = if got.starts_with(b"PROXY ") && got.ends_with(b"\r\n") {
-                String::from_utf8_lossy(&got).trim_end().to_string()
-            } else {
-                String::new()
-            };
-            if !header.is_empty() {
-                let _ = conn.write_all(b"220 banner ready\r\n");
-                let mut cmd = [0u8; 64];
-                if let Ok(k) = conn.read(&mut cmd)
-                    && cmd[..k].starts_with(b"QUIT")
-                {
-                    let _ = conn.write_all(b"221 bye\r\n");
-                }
-            }
-            if tx.send(header).is_err() {
-                return;
-            }
-        }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("banner server ready");
-    rx
-}
-
-/// A pod client of a server-speaks-first protocol: waits for the banner (3 s),
-/// then says QUIT; prints what the server said.
-fn banner_client(node: &SimNode, lb: &str, port: u16) -> String {
-    let py = format!(
-        r#"
-import socket
-s = socket.create_connection(("{lb}", {port}), timeout=3)
-try:
-    banner = s.recv(100)
-    s.sendall(b"QUIT\r\n")
-    print(banner.decode().strip() + "|" + s.recv(100).decode().strip())
-except socket.timeout:
-    print("timeout")
-"#
-    );
-    let out = hairpin_tests::sh::output_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["python3", "-c", &py],
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+// A server-speaks-first LB (an SMTP-like banner server behind a PROXY-aware
+// frontend, `servers::banner_server`) on port 25 of CAPTURE_LB4, DNATed to
+// BANNER_PORT in the ingress.
 
 /// The frontends file with the nginx LB (client first) and the banner LB, whose
 /// entry says `first_speaker` when given.
@@ -1303,7 +1215,7 @@ fn a_server_first_frontend_takes_the_relay_while_client_first_ones_keep_the_kern
         (CAPTURE_LB4, 25),
         Some("kernel: the client speaks first"),
     );
-    let talk = banner_client(&node, CAPTURE_LB4, 25);
+    let talk = banner_client(&node.pod_ns, &node.pod_cgroup(), CAPTURE_LB4, 25);
     assert!(
         !talk.starts_with("220"),
         "no banner without a header: {talk}\n{s}"
@@ -1336,7 +1248,7 @@ fn a_server_first_frontend_takes_the_relay_while_client_first_ones_keep_the_kern
     assert_eq!(web["reason"], "kernel: the client speaks first", "{web}");
 
     let before = status(&node);
-    let talk = banner_client(&node, CAPTURE_LB4, 25);
+    let talk = banner_client(&node.pod_ns, &node.pod_cgroup(), CAPTURE_LB4, 25);
     assert_eq!(talk, "220 banner ready|221 bye", "{}", agent.log());
     let got = headers
         .recv_timeout(Duration::from_secs(5))
