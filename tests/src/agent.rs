@@ -17,6 +17,34 @@ use crate::{
 /// to agents reading a frontends file.
 pub const SIM_POD_NETWORKS: &str = "192.0.2.0/24,2001:db8:1::/64";
 
+/// Waits until the file `log` contains `needle`; panics with the log if it does not
+/// within `within` or `child` (`who`, for the message) exits first.
+pub fn wait_for_log_of(
+    who: &str,
+    log: &std::path::Path,
+    mut child: Option<&mut Child>,
+    needle: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        if let Some(c) = child.as_deref_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            panic!("{who} exited ({status}) before logging {needle:?}:\n{text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{who} did not log {needle:?} within {within:?}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Path of the agent binary: HAIRPIN_AGENT_BIN (set by `cargo xtask test`), else the
 /// debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
@@ -294,23 +322,7 @@ impl Agent {
     /// Waits until the log contains `needle`; panics with the log if it never does
     /// or the agent exits first.
     pub fn wait_for_log(&mut self, needle: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let log = self.log();
-            if log.contains(needle) {
-                return;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!("agent exited ({status}) before logging {needle:?}:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent did not log {needle:?} within {within:?}:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_log_of("agent", &self.log, self.child.as_mut(), needle, within);
     }
 
     /// The agent's pid.

@@ -896,23 +896,13 @@ impl PodProcess {
     /// Waits until the log contains `needle`; panics with the log if it does not
     /// within `within` or the process exits first.
     pub fn wait_for_log(&mut self, needle: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let log = self.log();
-            if log.contains(needle) {
-                return;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!("the pod's process exited ({status}) before logging {needle:?}:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the pod's process did not log {needle:?} within {within:?}:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::agent::wait_for_log_of(
+            "the pod's process",
+            &self.log,
+            self.child.as_mut(),
+            needle,
+            within,
+        );
     }
 
     /// Waits for it to exit, at most `within`; its exit code.

@@ -265,7 +265,6 @@ fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig> {
             namespace: args.namespace.clone(),
             lease: args.lease_name.clone(),
             node: args.node_name()?,
-            events: args.events,
         })
     } else {
         None

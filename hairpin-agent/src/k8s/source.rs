@@ -38,7 +38,9 @@ pub struct SourceConfig {
     pub writer: Option<WriterConfig>,
 }
 
-/// The one agent that publishes Events, elected by a Lease.
+/// The one agent that publishes Events (one on each Service whose decision changed,
+/// a Warning on each Ingress or Gateway route whose hostname was refused), elected
+/// by a Lease. Absent when `--events` is off.
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
     /// The Lease's namespace.
@@ -47,9 +49,6 @@ pub struct WriterConfig {
     pub lease: String,
     /// This node's name: the Lease holder identity and the Events' reporter.
     pub node: String,
-    /// Publish an Event on each Service whose decision changed, and a Warning on each
-    /// Ingress or Gateway route whose hostname was refused.
-    pub events: bool,
 }
 
 /// The CoreDNS writer's source: the same watches and decision as the DaemonSet's,
@@ -76,6 +75,14 @@ pub struct CorednsWriterConfig {
     pub timing: task::Timing,
 }
 
+/// Reports a watch's failures and recoveries on the source `name` in `state`.
+fn source_health(state: AgentState, name: String) -> Health {
+    Arc::new(move |resource, error| match error {
+        Some(e) => state.source_error(&name, &format!("{resource}: {e}")),
+        None => state.source_recovered(&name),
+    })
+}
+
 /// Starts the source; the snapshot changes whenever the decision does.
 pub fn spawn(
     client: kube::Client,
@@ -83,14 +90,9 @@ pub fn spawn(
     metrics: Metrics,
     state: AgentState,
 ) -> watch::Receiver<KubeSnapshot> {
-    let health_state = state.clone();
-    let name = cfg.name.clone();
-    let health: Health = Arc::new(move |resource, error| match error {
-        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
-        None => health_state.source_recovered(&name),
-    });
+    let health = source_health(state.clone(), cfg.name.clone());
     let source = super::watch::spawn(client.clone(), cfg.defaults, cfg.scope, metrics, health);
-    let Some(w) = cfg.writer.filter(|w| w.events) else {
+    let Some(w) = cfg.writer else {
         return source.snapshot;
     };
     let (leader_tx, leader_rx) = watch::channel(false);
@@ -120,12 +122,7 @@ pub fn spawn_coredns_writer(
     metrics: Metrics,
     state: AgentState,
 ) -> watch::Receiver<KubeSnapshot> {
-    let health_state = state.clone();
-    let name = cfg.name.clone();
-    let health: Health = Arc::new(move |resource, error| match error {
-        Some(e) => health_state.source_error(&name, &format!("{resource}: {e}")),
-        None => health_state.source_recovered(&name),
-    });
+    let health = source_health(state.clone(), cfg.name.clone());
     let source = super::watch::spawn(
         client.clone(),
         cfg.defaults,
