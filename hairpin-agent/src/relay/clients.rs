@@ -39,14 +39,6 @@ pub struct ClientPolicy {
     learned: Option<LearnedClients>,
 }
 
-impl PartialEq for ClientPolicy {
-    fn eq(&self, other: &ClientPolicy) -> bool {
-        self.allowed == other.allowed
-            && self.any == other.any
-            && self.learned.is_some() == other.learned.is_some()
-    }
-}
-
 /// What the policy says of one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
