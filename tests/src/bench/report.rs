@@ -7,6 +7,7 @@ use super::{
     connect::ConnectResult,
     footprint::Footprint,
     options::Options,
+    programs::ProgramRuns,
     stats::{Spread, percentile, ratio},
     traffic::{KERNEL_V1, KERNEL_V2, RateRuns, Target},
 };
@@ -28,6 +29,12 @@ pub struct Results {
     pub rate_kernel: Vec<RateRuns>,
     /// Bulk MB/s per target with the kernel path on.
     pub bulk_kernel: Vec<(Target, Vec<f64>)>,
+    /// Upload MB/s per target (relay run).
+    pub upload: Vec<(Target, Vec<f64>)>,
+    /// Upload MB/s per target with the kernel path on.
+    pub upload_kernel: Vec<(Target, Vec<f64>)>,
+    /// The kernel path's programs' own run time under wrk.
+    pub kernel_programs: Vec<ProgramRuns>,
     /// connect() ns per case.
     pub connect: Vec<ConnectResult>,
     /// File-source convergence, ms per change.
@@ -108,24 +115,47 @@ fn kernel_rows(r: &Results, out: &mut String) {
             met(q.map(|q| q <= 1.10))
         );
     }
-    let bulk = |name: &str| {
-        r.bulk_kernel
-            .iter()
-            .find(|(t, _)| t.name == name)
-            .and_then(|(_, v)| Spread::of(v))
-    };
-    let (kb, db, ab) = (bulk(KERNEL_V1), bulk(DIRECT), bulk("HAProxy send-proxy"));
-    let q = ratio(kb, db);
-    let _ = writeln!(
-        out,
-        "| bulk download, **kernel path** (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
-        cell(kb, 0),
-        cell(db, 0),
-        cell(ab, 0),
-        ratio(kb, ab).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
-        q_cell(q),
-        met(q.map(|q| q >= 0.90))
-    );
+    for (way, runs) in [
+        ("bulk download", &r.bulk_kernel),
+        ("bulk upload", &r.upload_kernel),
+    ] {
+        if runs.is_empty() {
+            continue;
+        }
+        let (kb, db, ab) = (
+            spread_of(runs, KERNEL_V1),
+            spread_of(runs, DIRECT),
+            spread_of(runs, "HAProxy send-proxy"),
+        );
+        let q = ratio(kb, db);
+        let _ = writeln!(
+            out,
+            "| {way}, **kernel path** (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
+            cell(kb, 0),
+            cell(db, 0),
+            cell(ab, 0),
+            ratio(kb, ab).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+            q_cell(q),
+            met(q.map(|q| q >= 0.90))
+        );
+    }
+    for p in &r.kernel_programs {
+        let _ = writeln!(
+            out,
+            "| `{}` program's own run time (kernel BPF stats), {}, ns per run | {} | runs per request: {} | — | — | reported |",
+            p.program,
+            p.target,
+            cell(Spread::of(&p.ns_per_run), 0),
+            cell(Spread::of(&p.runs_per_request), 2),
+        );
+    }
+}
+
+/// The spread of the transfer runs of the target named `name`.
+fn spread_of(runs: &[(Target, Vec<f64>)], name: &str) -> Option<Spread> {
+    runs.iter()
+        .find(|(t, _)| t.name == name)
+        .and_then(|(_, v)| Spread::of(v))
 }
 
 fn ms(s: Option<Spread>) -> Option<Spread> {
@@ -195,6 +225,22 @@ fn main_table(r: &Results, out: &mut String) {
         q.map_or("—".into(), |q| format!("{q:.2}×")),
         met(q.map(|q| q >= 0.90))
     );
+    if !r.upload.is_empty() {
+        let (hu, du, au) = (
+            spread_of(&r.upload, "hairpin relay, PROXY v1"),
+            spread_of(&r.upload, DIRECT),
+            spread_of(&r.upload, "HAProxy send-proxy"),
+        );
+        let _ = writeln!(
+            out,
+            "| bulk upload (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | — | reported |",
+            cell(hu, 0),
+            cell(du, 0),
+            cell(au, 0),
+            ratio(hu, au).map_or("—".into(), |q| format!("hairpin/HAProxy {q:.2}×")),
+            q_cell(ratio(hu, du)),
+        );
+    }
     kernel_rows(r, out);
     for c in &r.connect {
         let added = c.added();
@@ -348,14 +394,16 @@ fn detail(r: &Results, out: &mut String) {
             );
         }
     }
-    for (title, bulk) in [("", &r.bulk), (", kernel path run", &r.bulk_kernel)] {
+    for (title, bulk) in [
+        ("Bulk, every target", &r.bulk),
+        ("Bulk, every target, kernel path run", &r.bulk_kernel),
+        ("Upload, every target", &r.upload),
+        ("Upload, every target, kernel path run", &r.upload_kernel),
+    ] {
         if bulk.is_empty() {
             continue;
         }
-        let _ = write!(
-            out,
-            "\n### Bulk, every target{title}\n\n| target | MB/s |\n|---|---|\n"
-        );
+        let _ = write!(out, "\n### {title}\n\n| target | MB/s |\n|---|---|\n");
         for (t, v) in bulk {
             let _ = writeln!(out, "| {} | {} |", t.name, cell(Spread::of(v), 0));
         }
@@ -420,12 +468,22 @@ mod tests {
                     t.clone(),
                     vec![if t.name == DIRECT { 1000.0 } else { 950.0 }],
                 ));
+                r.upload_kernel.push((
+                    t.clone(),
+                    vec![if t.name == DIRECT { 1000.0 } else { 850.0 }],
+                ));
             }
         }
+        r.kernel_programs.push(ProgramRuns {
+            target: KERNEL_V1,
+            program: "hairpin_sockops".into(),
+            ns_per_run: vec![700.0],
+            runs_per_request: vec![3.0],
+        });
         let mut out = String::new();
         kernel_rows(&r, &mut out);
         let rows: Vec<&str> = out.lines().collect();
-        assert_eq!(rows.len(), 5, "{out}");
+        assert_eq!(rows.len(), 7, "{out}");
         assert!(
             rows[0].starts_with("| new connections/s, **kernel path**, PROXY v1 | 9500 "),
             "{out}"
@@ -453,6 +511,20 @@ mod tests {
         );
         assert!(
             rows[4].ends_with("| 0.95× | ≥ 0.90× direct | **met** |"),
+            "{out}"
+        );
+        assert!(
+            rows[5].starts_with("| bulk upload, **kernel path** (MB/s) | 850 "),
+            "{out}"
+        );
+        assert!(
+            rows[5].ends_with("| 0.85× | ≥ 0.90× direct | **missed** |"),
+            "{out}"
+        );
+        assert!(
+            rows[6].starts_with(
+                "| `hairpin_sockops` program's own run time (kernel BPF stats), hairpin kernel path, PROXY v1, ns per run | 700 "
+            ) && rows[6].ends_with("| runs per request: 3.00 | — | — | reported |"),
             "{out}"
         );
         // Without a kernel path run there are no rows.

@@ -23,8 +23,21 @@ pub const LB_PLAIN: &str = "203.0.113.99";
 /// different pre-NAT address carries another timestamp offset, fails PAWS against
 /// that TIME_WAIT, and waits a 1 s retransmit (seen as errors and 1 s p99 when shared).
 pub const NGINX_PP_V2_PORT: u16 = 82;
+/// The LB HAProxy's `send-proxy` server dials: its own address and nginx port, for
+/// the same reason. The kernel path's connects leave the pod masqueraded to the node
+/// IP, as HAProxy's leave the node; when both reached LB_V1, nginx's TIME_WAIT from
+/// a pod flow refused HAProxy's SYN on the same node port (the pod's and the node's
+/// timestamp offsets differ), every HAProxy round lost requests to 1 s
+/// retransmits, and its rows in the kernel-path run were void.
+pub const LB_HAPROXY_V1: &str = "203.0.113.20";
+/// The LB HAProxy's `send-proxy-v2` server dials.
+pub const LB_HAPROXY_V2: &str = "203.0.113.22";
+/// nginx's PROXY port behind [`LB_HAPROXY_V1`].
+pub const NGINX_PP_HAPROXY_PORT: u16 = 83;
+/// nginx's PROXY port behind [`LB_HAPROXY_V2`].
+pub const NGINX_PP_HAPROXY_V2_PORT: u16 = 84;
 /// The bench's kube-proxy rules: LB_V1:80 and LB_V2:80 to nginx's two PROXY ports,
-/// LB_PLAIN:80 to its plain port.
+/// HAProxy's two LBs to two more, LB_PLAIN:80 to its plain port.
 pub fn bench_lbs() -> Vec<LbRule> {
     let r = |lb_ip, backend_port, name| LbRule {
         lb_ip,
@@ -35,6 +48,16 @@ pub fn bench_lbs() -> Vec<LbRule> {
     vec![
         r(LB_V1, NGINX_PP_PORT, "bench/pp-v1:http"),
         r(LB_V2, NGINX_PP_V2_PORT, "bench/pp-v2:http"),
+        r(
+            LB_HAPROXY_V1,
+            NGINX_PP_HAPROXY_PORT,
+            "bench/haproxy-v1:http",
+        ),
+        r(
+            LB_HAPROXY_V2,
+            NGINX_PP_HAPROXY_V2_PORT,
+            "bench/haproxy-v2:http",
+        ),
         r(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http"),
     ]
 }
@@ -61,14 +84,22 @@ pub fn tune_namespaces(node: &SimNode) {
     }
 }
 
+/// The file the upload case sends: sparse, as large as the bulk file.
+pub fn upload_file(node: &SimNode) -> std::path::PathBuf {
+    node.dir.join("bench-nginx").join("upload.bin")
+}
+
 /// nginx for load: one worker (the machine has two cores and the client needs one),
-/// no access log, `/bulk` a sparse file of `bulk_bytes` served with sendfile.
+/// no access log, `/bulk` a sparse file of `bulk_bytes` served with sendfile,
+/// `/upload` taking a body of any size and discarding it (nginx answers at once and
+/// reads the rest away; the client's transfer ends when all of it is read).
 pub fn start_bench_nginx(node: &SimNode, bulk_bytes: u64) -> Result<Proc> {
     let dir = node.dir.join("bench-nginx");
     fs::create_dir_all(dir.join("tmp"))?;
     let bulk = dir.join("bulk.bin");
     // Sparse: 1 GiB costs no disk and reads from the page cache's zero pages.
     fs::File::create(&bulk)?.set_len(bulk_bytes)?;
+    fs::File::create(upload_file(node))?.set_len(bulk_bytes)?;
     let d = dir.display();
     let conf = format!(
         r#"
@@ -92,19 +123,25 @@ http {{
         listen {pp} proxy_protocol backlog=4096;
         listen [::]:{pp} proxy_protocol backlog=4096;
         listen {pp2} proxy_protocol backlog=4096;
+        listen {pph} proxy_protocol backlog=4096;
+        listen {pph2} proxy_protocol backlog=4096;
         location = /bulk {{ alias {d}/bulk.bin; }}
+        location = /upload {{ client_max_body_size 0; return 200 "ok $proxy_protocol_addr\n"; }}
         location / {{ return 200 "ok $proxy_protocol_addr\n"; }}
     }}
     server {{
         listen {plain} backlog=4096;
         listen [::]:{plain} backlog=4096;
         location = /bulk {{ alias {d}/bulk.bin; }}
+        location = /upload {{ client_max_body_size 0; return 200 "ok $remote_addr\n"; }}
         location / {{ return 200 "ok $remote_addr\n"; }}
     }}
 }}
 "#,
         pp = NGINX_PP_PORT,
         pp2 = NGINX_PP_V2_PORT,
+        pph = NGINX_PP_HAPROXY_PORT,
+        pph2 = NGINX_PP_HAPROXY_V2_PORT,
         plain = NGINX_PLAIN_PORT,
     );
     let conf_path = dir.join("nginx.conf");
@@ -120,14 +157,21 @@ http {{
     wait_listening(
         node,
         &node.ingress_ns,
-        &[NGINX_PP_PORT, NGINX_PLAIN_PORT],
+        &[
+            NGINX_PP_PORT,
+            NGINX_PP_V2_PORT,
+            NGINX_PP_HAPROXY_PORT,
+            NGINX_PP_HAPROXY_V2_PORT,
+            NGINX_PLAIN_PORT,
+        ],
         &mut proc,
     )?;
     Ok(proc)
 }
 
-/// HAProxy as hairpin-proxy runs it: TCP mode, the `server` is the LB address (which
-/// kube-proxy DNATs to the ingress) with `send-proxy` / `send-proxy-v2`. It runs in
+/// HAProxy as hairpin-proxy runs it: TCP mode, the `server` is an LB address (which
+/// kube-proxy DNATs to the ingress) with `send-proxy` / `send-proxy-v2`; its own
+/// LBs, see [`LB_HAPROXY_V1`]. It runs in
 /// the node namespace but outside the attached cgroup, so its upstream connects are
 /// never redirected by hairpin's programs.
 pub fn start_haproxy_send_proxy(node: &SimNode) -> Result<Proc> {
@@ -145,10 +189,10 @@ defaults
     timeout server 30s
 listen send_proxy
     bind {NODE_IP4}:{HAPROXY_V1_PORT}
-    server lb {LB_V1}:80 send-proxy
+    server lb {LB_HAPROXY_V1}:80 send-proxy
 listen send_proxy_v2
     bind {NODE_IP4}:{HAPROXY_V2_PORT}
-    server lb {LB_V2}:80 send-proxy-v2
+    server lb {LB_HAPROXY_V2}:80 send-proxy-v2
 "#
     );
     let conf_path = dir.join("haproxy.cfg");

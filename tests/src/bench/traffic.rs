@@ -12,7 +12,7 @@ use anyhow::{Context, Result, ensure};
 use super::{
     Ctx,
     procs::rss_kib,
-    setup::{HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_PLAIN, LB_V1, LB_V2, in_pod, url},
+    setup::{HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_PLAIN, LB_V1, LB_V2, in_pod, upload_file, url},
     stats::Spread,
     wrk::{self, WrkResult},
 };
@@ -225,10 +225,34 @@ pub fn connection_rate(
     Ok((all, rss))
 }
 
-/// Bulk MB/s (10^6 bytes per second) per target, over the rounds. With
+/// Which way a bulk transfer goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// The pod downloads nginx's sparse `/bulk` file (nginx writes with sendfile).
+    Download,
+    /// The pod uploads a sparse file of the same size to nginx's `/upload`, which
+    /// reads and discards it.
+    Upload,
+}
+
+impl Direction {
+    fn label(self) -> &'static str {
+        match self {
+            Direction::Download => "bulk",
+            Direction::Upload => "upload",
+        }
+    }
+}
+
+/// Bulk MB/s (10^6 bytes per second) per target, over the rounds, one way. With
 /// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`
 /// (and, in [`connection_rate`], its first PROXY v1 wrk round).
-pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<(Target, Vec<f64>)>> {
+pub fn bulk(
+    ctx: &Ctx<'_>,
+    agent_pid: i32,
+    targets: &[Target],
+    way: Direction,
+) -> Result<Vec<(Target, Vec<f64>)>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets
         .iter()
@@ -236,39 +260,50 @@ pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<(Ta
         .cloned()
         .collect();
     let mut out: Vec<(Target, Vec<f64>)> = wanted.into_iter().map(|t| (t, Vec::new())).collect();
-    // Warm-up, not recorded: the first read of the sparse file fills the page cache.
-    let u = url(LB_PLAIN, 80, "/bulk");
-    in_pod(
-        ctx.node,
-        ctx.client_cpu,
-        &["curl", "-s", "-o", "/dev/null", &u],
-    )
-    .status()?;
+    let upload = upload_file(ctx.node);
+    let upload = upload.to_str().context("utf-8 path")?;
+    let argv = |u: &str| -> Vec<String> {
+        let mut v: Vec<String> = ["curl", "-sS", "--max-time", "120", "-o", "/dev/null"]
+            .map(String::from)
+            .to_vec();
+        match way {
+            Direction::Download => {
+                v.extend(["-w".into(), "%{size_download} %{time_total}".into()]);
+            }
+            Direction::Upload => v.extend([
+                "-T".into(),
+                upload.into(),
+                "-w".into(),
+                "%{size_upload} %{time_total}".into(),
+            ]),
+        }
+        v.push(u.into());
+        v
+    };
+    let path = match way {
+        Direction::Download => "/bulk",
+        Direction::Upload => "/upload",
+    };
+    // Warm-up, not recorded: the first read of a sparse file fills the page cache.
+    let warm = argv(&url(LB_PLAIN, 80, path));
+    let warm: Vec<&str> = warm.iter().map(String::as_str).collect();
+    in_pod(ctx.node, ctx.client_cpu, &warm)
+        .stdout(Stdio::null())
+        .status()?;
     for round in 0..ctx.opts.runs {
         for (t, samples) in &mut out {
-            let u = url(t.ip, t.port, "/bulk");
+            let u = url(t.ip, t.port, path);
             let perf = match &ctx.opts.profile {
-                Some(dir) if round == 0 && t.hairpin => {
-                    Some(start_perf(dir, agent_pid, "relay-bulk")?)
-                }
+                Some(dir) if round == 0 && t.hairpin => Some(start_perf(
+                    dir,
+                    agent_pid,
+                    &format!("relay-{}", way.label()),
+                )?),
                 _ => None,
             };
-            let o = in_pod(
-                ctx.node,
-                ctx.client_cpu,
-                &[
-                    "curl",
-                    "-sS",
-                    "--max-time",
-                    "120",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{size_download} %{time_total}",
-                    &u,
-                ],
-            )
-            .output()?;
+            let a = argv(&u);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let o = in_pod(ctx.node, ctx.client_cpu, &a).output()?;
             if let Some(p) = perf {
                 stop_perf(p)?;
             }
@@ -278,11 +313,16 @@ pub fn bulk(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<(Ta
             let secs: f64 = f.next().unwrap_or("0").parse().unwrap_or(0.0);
             ensure!(
                 o.status.success() && size == bytes && secs > 0.0,
-                "bulk {u}: got {size} of {bytes} bytes in {secs} s: {}",
+                "{} {u}: moved {size} of {bytes} bytes in {secs} s: {}",
+                way.label(),
                 String::from_utf8_lossy(&o.stderr)
             );
             let mbps = size as f64 / secs / 1e6;
-            eprintln!("  bulk round {round}: {:<32} {mbps:>8.0} MB/s", t.name);
+            eprintln!(
+                "  {} round {round}: {:<32} {mbps:>8.0} MB/s",
+                way.label(),
+                t.name
+            );
             samples.push(mbps);
         }
     }
