@@ -25,13 +25,38 @@ pub const GLOBAL_BYPASS_MARK: &str = "HAIRPIN_BYPASS_MARK";
 pub const PROG_CONNECT4_KERNEL: &str = "hairpin_connect4_kernel";
 /// ELF name of the cgroup/connect6 program of the kernel path (see [`PROG_CONNECT4_KERNEL`]).
 pub const PROG_CONNECT6_KERNEL: &str = "hairpin_connect6_kernel";
-/// ELF name of the cgroup/connect4 program of the kernel path that also sends MPTCP
-/// subflows to the relay. It asks `bpf_skc_to_mptcp_sock`, which the kernel grants
-/// only to a loader with CAP_PERFMON (or CAP_SYS_ADMIN): where it does not load,
-/// [`PROG_CONNECT4_KERNEL`] is loaded instead and MPTCP sockets are counted misses.
-pub const PROG_CONNECT4_KERNEL_MPTCP: &str = "hairpin_connect4_kernel_mptcp";
-/// ELF name of the connect6 twin of [`PROG_CONNECT4_KERNEL_MPTCP`].
-pub const PROG_CONNECT6_KERNEL_MPTCP: &str = "hairpin_connect6_kernel_mptcp";
+/// ELF name of the cgroup/connect4 program of the kernel path that also sends to the
+/// relay what only CAP_PERFMON's helpers can see at connect: MPTCP subflows
+/// (`bpf_skc_to_mptcp_sock`) and sockets about to send TCP Fast Open data that the
+/// setsockopt program did not see (`sendto(MSG_FASTOPEN)`, TCP_FASTOPEN_CONNECT set
+/// before it attached), read from `tcp_sock` with `bpf_skc_to_tcp_sock` and
+/// `bpf_probe_read_kernel` at offsets the loader finds in the kernel's BTF. Where it
+/// does not load (no CAP_PERFMON, or no offsets), [`PROG_CONNECT4_KERNEL`] is loaded
+/// instead and those sockets are counted misses.
+pub const PROG_CONNECT4_KERNEL_PERFMON: &str = "hairpin_connect4_kernel_perfmon";
+/// ELF name of the connect6 twin of [`PROG_CONNECT4_KERNEL_PERFMON`].
+pub const PROG_CONNECT6_KERNEL_PERFMON: &str = "hairpin_connect6_kernel_perfmon";
+/// ELF name of the cgroup/setsockopt program of the kernel path: records in
+/// [`MAP_FASTOPEN`] that a socket set TCP_FASTOPEN_CONNECT, so that the connect
+/// programs send it to the relay. It never changes or refuses an option.
+pub const PROG_SETSOCKOPT: &str = "hairpin_setsockopt";
+/// ELF name of the socket-local storage marking sockets that set
+/// TCP_FASTOPEN_CONNECT (a nonzero value; setting it to 0 clears the mark).
+pub const MAP_FASTOPEN: &str = "HAIRPIN_FASTOPEN";
+/// ELF name of the global holding the byte offset of `fastopen_req` in the running
+/// kernel's `struct tcp_sock` (0: unknown), set by the loader from its BTF.
+pub const GLOBAL_FASTOPEN_REQ_OFF: &str = "HAIRPIN_FASTOPEN_REQ_OFF";
+/// ELF name of the global holding the byte offset in `struct tcp_sock` of the byte
+/// holding the `fastopen_connect` bit (0: unknown).
+pub const GLOBAL_FASTOPEN_CONNECT_OFF: &str = "HAIRPIN_FASTOPEN_CONNECT_OFF";
+/// ELF name of the global holding the `fastopen_connect` bit as a mask of that byte
+/// (0: unknown).
+pub const GLOBAL_FASTOPEN_CONNECT_MASK: &str = "HAIRPIN_FASTOPEN_CONNECT_MASK";
+/// `SOL_TCP`/`IPPROTO_TCP`, the level of TCP's socket options.
+pub const SOL_TCP: i32 = 6;
+/// `TCP_FASTOPEN_CONNECT`: connect() defers the SYN to the first write, which then
+/// rides on it when the client holds a Fast Open cookie.
+pub const TCP_FASTOPEN_CONNECT: i32 = 30;
 /// ELF name of the sock_ops program: puts established marked sockets in
 /// [`MAP_SOCKETS`] and takes them out once their header went out.
 pub const PROG_SOCK_OPS: &str = "hairpin_sockops";
@@ -307,11 +332,16 @@ pub enum Counter {
     /// Sockets that left [`MAP_SOCKETS`] (header out, or closed); the map holds the
     /// difference from [`Counter::KernelSocketsEntered`].
     KernelSocketsLeft = 12,
+    /// Connects to a kernel-path frontend from a socket that asked for TCP Fast Open
+    /// (TCP_FASTOPEN_CONNECT; with CAP_PERFMON also `sendto(MSG_FASTOPEN)`), whose
+    /// first bytes could ride on the SYN ahead of any header: sent to the relay
+    /// listener instead, which takes no SYN data, so they follow the handshake.
+    KernelFallbackFastOpen = 13,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -325,6 +355,7 @@ impl Counter {
         Counter::KernelFallbackFull,
         Counter::KernelSocketsEntered,
         Counter::KernelSocketsLeft,
+        Counter::KernelFallbackFastOpen,
     ];
     /// Length of [`MAP_COUNTERS`].
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -345,6 +376,7 @@ impl Counter {
             Counter::KernelFallbackFull => "kernel_fallback_full",
             Counter::KernelSocketsEntered => "kernel_sockets_entered",
             Counter::KernelSocketsLeft => "kernel_sockets_left",
+            Counter::KernelFallbackFastOpen => "kernel_fallback_fastopen",
         }
     }
 

@@ -7,26 +7,27 @@ use core::{
 
 use aya_ebpf::{
     bindings::{
-        BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_RTT_CB,
-        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, bpf_dynptr,
-        bpf_sock, bpf_sock_addr, bpf_sock_ops, sk_action::SK_PASS,
+        BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_RTT_CB, BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG, bpf_dynptr, bpf_sock, bpf_sock_addr, bpf_sock_ops, bpf_sockopt,
+        sk_action::SK_PASS,
     },
     btf_maps::SkStorage,
     helpers::{
         bpf_dynptr_from_mem, bpf_dynptr_read, bpf_dynptr_write, bpf_get_socket_cookie,
         bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data,
-        bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock, bpf_sock_hash_update,
-        bpf_sock_ops_cb_flags_set,
+        bpf_probe_read_kernel, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
+        bpf_skc_to_tcp_sock, bpf_sock_hash_update, bpf_sock_ops_cb_flags_set,
     },
-    macros::{btf_map, cgroup_sock_addr, map, sk_msg, sock_ops},
+    macros::{btf_map, cgroup_sock_addr, cgroup_sockopt, map, sk_msg, sock_ops},
     maps::{Array, HashMap, PerCpuArray, SockHash},
-    programs::{SkMsgContext, SockAddrContext, SockOpsContext},
+    programs::{SkMsgContext, SockAddrContext, SockOpsContext, SockoptContext},
 };
 use aya_log_ebpf::{debug, info, warn};
 use hairpin_ebpf::{
     AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM, HEADER_V2,
     MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
-    PENDING_WRITTEN, PendingHeader, Redirect,
+    PENDING_WRITTEN, PendingHeader, Redirect, SOL_TCP, TCP_FASTOPEN_CONNECT,
     text::{IP6_FIRST, IP6_GAP, IP6_NEXT, dec, groups, hex, ip6_plan, pack, zero_groups},
 };
 
@@ -109,6 +110,29 @@ static HAIRPIN_SOCKETS_LIMIT: u32 = hairpin_ebpf::sockets_limit(MAX_KERNEL_SOCKE
 #[btf_map(name = "HAIRPIN_PENDING")]
 static HAIRPIN_PENDING: SkStorage<PendingHeader> = SkStorage::new();
 
+/// Sockets that set TCP_FASTOPEN_CONNECT (to nonzero), marked by
+/// [`hairpin_setsockopt`]; the connect programs relay them. A map of its own rather
+/// than a state of [`HAIRPIN_PENDING`]: every socket that asks for Fast Open gets
+/// it, whatever it connects to, and 4 bytes are all it needs where a
+/// [`PendingHeader`] is 152; and sock_ops, sk_msg and the drain read the presence
+/// of a [`PendingHeader`] as "marked for the kernel path", which stays true only
+/// of sockets the connect programs marked.
+#[btf_map(name = "HAIRPIN_FASTOPEN")]
+static HAIRPIN_FASTOPEN: SkStorage<u32> = SkStorage::new();
+
+/// Byte offset of `fastopen_req` in the running kernel's `struct tcp_sock` (0:
+/// unknown); the loader sets it from the kernel's BTF.
+#[unsafe(no_mangle)]
+static HAIRPIN_FASTOPEN_REQ_OFF: u32 = 0;
+
+/// Byte offset in `struct tcp_sock` of the byte holding `fastopen_connect` (0: unknown).
+#[unsafe(no_mangle)]
+static HAIRPIN_FASTOPEN_CONNECT_OFF: u32 = 0;
+
+/// The `fastopen_connect` bit as a mask of that byte (0: unknown).
+#[unsafe(no_mangle)]
+static HAIRPIN_FASTOPEN_CONNECT_MASK: u32 = 0;
+
 /// Mark on the relay's own upstream sockets; the loader overrides it.
 #[unsafe(no_mangle)]
 static HAIRPIN_BYPASS_MARK: u32 = DEFAULT_BYPASS_MARK;
@@ -132,17 +156,18 @@ pub fn hairpin_connect4_kernel(ctx: SockAddrContext) -> i32 {
     connect4::<true, false>(&ctx)
 }
 
-/// As [`hairpin_connect4_kernel`], and MPTCP subflows go to the relay (needs a
-/// helper only CAP_PERFMON may use: the loader falls back to the one above).
+/// As [`hairpin_connect4_kernel`], and MPTCP subflows and sockets about to send Fast
+/// Open data go to the relay (needs helpers only CAP_PERFMON may use: the loader
+/// falls back to the one above).
 #[cgroup_sock_addr(connect4)]
-pub fn hairpin_connect4_kernel_mptcp(ctx: SockAddrContext) -> i32 {
+pub fn hairpin_connect4_kernel_perfmon(ctx: SockAddrContext) -> i32 {
     connect4::<true, true>(&ctx)
 }
 
 /// With `KERNEL` false this is exactly the relay-only program: the kernel-path branch
-/// is compiled out. `MPTCP` asks whether the socket is an MPTCP subflow.
+/// is compiled out. `PERFMON` asks the kernel's socket itself (see [`kernel_can_take`]).
 #[inline(always)]
-fn connect4<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32 {
+fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands every cgroup/connect4 program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
@@ -156,7 +181,7 @@ fn connect4<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32
             // The kernel writes the header on this socket: the destination stays.
             if KERNEL
                 && to.is_kernel()
-                && kernel_can_take::<MPTCP>(sa, &key)
+                && kernel_can_take::<PERFMON>(sa, &key)
                 && mark(ctx, &key, to.header)
             {
                 return 1;
@@ -187,16 +212,17 @@ pub fn hairpin_connect6_kernel(ctx: SockAddrContext) -> i32 {
     connect6::<true, false>(&ctx)
 }
 
-/// As [`hairpin_connect6_kernel`], and MPTCP subflows go to the relay.
+/// As [`hairpin_connect6_kernel`], and MPTCP subflows and sockets about to send Fast
+/// Open data go to the relay.
 #[cgroup_sock_addr(connect6)]
-pub fn hairpin_connect6_kernel_mptcp(ctx: SockAddrContext) -> i32 {
+pub fn hairpin_connect6_kernel_perfmon(ctx: SockAddrContext) -> i32 {
     connect6::<true, true>(&ctx)
 }
 
 /// As [`connect4`]; an IPv4-mapped destination is marked with its IPv4 frontend, so
 /// its header is TCP4 as the relay's is.
 #[inline(always)]
-fn connect6<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32 {
+fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i32 {
     // SAFETY: the kernel hands every cgroup/connect6 program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
@@ -229,7 +255,7 @@ fn connect6<const KERNEL: bool, const MPTCP: bool>(ctx: &SockAddrContext) -> i32
         if let Some(to) = lookup(sa, &key) {
             if KERNEL
                 && to.is_kernel()
-                && kernel_can_take::<MPTCP>(sa, &key)
+                && kernel_can_take::<PERFMON>(sa, &key)
                 && mark(ctx, &key, to.header)
             {
                 return 1;
@@ -298,11 +324,14 @@ fn count(c: Counter) {
 
 /// Whether the kernel path can be sure to write this socket's header; when not, the
 /// reason is counted and the caller relays it. When in doubt, relay: a sockets map
-/// at its limit, or (`MPTCP`) an MPTCP subflow, which a sockhash refuses. What this
-/// kernel does not let a connect program see (TCP_FASTOPEN_CONNECT, MSG_FASTOPEN,
-/// and MPTCP without CAP_PERFMON) is left to the miss counters.
+/// at its limit; a socket that set TCP_FASTOPEN_CONNECT (its first bytes would ride
+/// on the SYN once the client holds a cookie, before sock_ops or sk_msg can act);
+/// and (`PERFMON`) an MPTCP subflow, which a sockhash refuses, or a socket whose
+/// `tcp_sock` says Fast Open (`sendto(MSG_FASTOPEN)`, or TCP_FASTOPEN_CONNECT set
+/// before the setsockopt program attached). Without CAP_PERFMON those last ones are
+/// left to the miss counters.
 #[inline(always)]
-fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> bool {
+fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> bool {
     // SAFETY: a read-only global the loader may have rewritten before load.
     let limit = u64::from(unsafe { read_volatile(&HAIRPIN_SOCKETS_LIMIT) });
     if let Some(fill) = HAIRPIN_FILL.get_ptr(0) {
@@ -321,7 +350,7 @@ fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> 
             return false;
         }
     }
-    if MPTCP {
+    if PERFMON {
         // SAFETY: `sk` is always set for connect hooks; the helper takes any socket
         // and returns the MPTCP socket a subflow belongs to, else null.
         let msk = unsafe { bpf_skc_to_mptcp_sock(sa.__bindgen_anon_1.sk.cast()) };
@@ -338,7 +367,128 @@ fn kernel_can_take<const MPTCP: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> 
             return false;
         }
     }
+    if asked_fast_open(sa) || (PERFMON && tcp_sock_says_fast_open(sa)) {
+        count(Counter::KernelFallbackFastOpen);
+        // A client's choice, made for every connection it opens: debug.
+        event!(
+            debug,
+            "kernel_fallback_fastopen: a TCP Fast Open connect to {:i} port {} goes to the relay",
+            key.family,
+            key.addr,
+            key.port
+        );
+        return false;
+    }
     true
+}
+
+/// Whether the socket set TCP_FASTOPEN_CONNECT since [`hairpin_setsockopt`] was
+/// attached: one lookup, without create, in its own storage list. Only frontend
+/// hits of the kernel path pay it.
+#[inline(always)]
+fn asked_fast_open(sa: &bpf_sock_addr) -> bool {
+    // SAFETY: `sk` of a connect hook is a full socket; no create flag.
+    let p =
+        unsafe { bpf_sk_storage_get(fastopen_map(), sa.__bindgen_anon_1.sk.cast(), null_mut(), 0) };
+    !p.is_null()
+}
+
+/// Whether the kernel's own `tcp_sock` says this connect is a Fast Open one:
+/// `fastopen_req` is set (`sendto(MSG_FASTOPEN)` allocates it before it connects,
+/// and this hook runs inside that connect) or the `fastopen_connect` bit is
+/// (TCP_FASTOPEN_CONNECT, also when set before [`hairpin_setsockopt`] was attached).
+/// Read with `bpf_probe_read_kernel` at offsets the loader found in the kernel's
+/// BTF; a read that fails relays the socket too (when in doubt, relay). Only in the
+/// programs loaded with CAP_PERFMON, and only with the offsets known.
+#[inline(always)]
+fn tcp_sock_says_fast_open(sa: &bpf_sock_addr) -> bool {
+    // SAFETY: read-only globals the loader wrote before load.
+    let (req_off, connect_off, connect_mask) = unsafe {
+        (
+            read_volatile(&HAIRPIN_FASTOPEN_REQ_OFF),
+            read_volatile(&HAIRPIN_FASTOPEN_CONNECT_OFF),
+            read_volatile(&HAIRPIN_FASTOPEN_CONNECT_MASK),
+        )
+    };
+    if req_off == 0 || connect_off == 0 || connect_mask == 0 {
+        // Never loaded so: the loader loads these programs only with the offsets.
+        return false;
+    }
+    // SAFETY: `sk` is always set for connect hooks; the helper returns the socket as
+    // a tcp_sock, or null when it is not one.
+    let tp = unsafe { bpf_skc_to_tcp_sock(sa.__bindgen_anon_1.sk.cast()) };
+    if tp.is_null() {
+        return false;
+    }
+    let base = tp as usize;
+    // SAFETY: the helper reads kernel memory safely (an error on a fault) into a
+    // stack value of the type's size.
+    let (req, bits) = unsafe {
+        (
+            bpf_probe_read_kernel((base + req_off as usize) as *const u64),
+            bpf_probe_read_kernel((base + connect_off as usize) as *const u8),
+        )
+    };
+    match (req, bits) {
+        (Ok(req), Ok(bits)) => req != 0 || u32::from(bits) & connect_mask != 0,
+        _ => true,
+    }
+}
+
+/// The smallest page size of any architecture: setsockopt programs see at most a
+/// page of the option's value.
+const MIN_PAGE_SIZE: i32 = 4096;
+
+/// Marks a socket that sets TCP_FASTOPEN_CONNECT (clears the mark when it sets 0).
+/// It runs before the kernel handles the option and never changes or refuses one:
+/// it returns 1 ("carry on") and leaves level, name and value alone. A value longer
+/// than a page is the one thing it touches: it sets `optlen` to 0, the documented
+/// "use the caller's own buffer" (the program sees only the first page; left as it
+/// is, kernels before 6.5 fail such a setsockopt with EFAULT and later ones log a
+/// line). Whether the kernel then accepts the option is not known here: a socket
+/// marked for an option it refused (TCP_FASTOPEN_CONNECT with Fast Open off) is
+/// relayed all the same, which costs it nothing but the relay.
+#[cgroup_sockopt(setsockopt)]
+pub fn hairpin_setsockopt(ctx: SockoptContext) -> i32 {
+    let so = ctx.sockopt;
+    // SAFETY: the kernel hands every cgroup/setsockopt program a valid bpf_sockopt.
+    let (level, optname, optlen) = unsafe { ((*so).level, (*so).optname, (*so).optlen) };
+    if level == SOL_TCP && optname == TCP_FASTOPEN_CONNECT && optlen >= 4 {
+        fast_open_option(so);
+    }
+    if optlen > MIN_PAGE_SIZE {
+        // SAFETY: `optlen` is a writable field of the context.
+        unsafe { write_volatile(&mut (*so).optlen, 0) };
+    }
+    1
+}
+
+/// TCP_FASTOPEN_CONNECT is being set on the socket of `so`: mark or clear it.
+#[inline(always)]
+fn fast_open_option(so: *mut bpf_sockopt) {
+    // SAFETY: context reads; `optval` is checked against `optval_end` before the read.
+    unsafe {
+        let optval = (*so).__bindgen_anon_2.optval as usize;
+        let end = (*so).__bindgen_anon_3.optval_end as usize;
+        if optval + 4 > end {
+            return;
+        }
+        let on = read_volatile(optval as *const u32) != 0;
+        let sk = (*so).__bindgen_anon_1.sk;
+        if on {
+            let p = bpf_sk_storage_get(
+                fastopen_map(),
+                sk.cast(),
+                null_mut(),
+                u64::from(BPF_SK_STORAGE_GET_F_CREATE),
+            );
+            if !p.is_null() {
+                write_volatile(p.cast::<u32>(), 1);
+            }
+        } else {
+            bpf_sk_storage_delete(fastopen_map(), sk.cast());
+        }
+    }
 }
 
 /// Adds `delta` (1, or `u64::MAX` for -1) to the sockets map's fill.
@@ -390,6 +540,11 @@ fn mark(ctx: &SockAddrContext, key: &FrontendKey, header: u8) -> bool {
 #[inline(always)]
 fn sockets_map() -> *mut c_void {
     (&raw const HAIRPIN_SOCKETS).cast_mut().cast()
+}
+
+#[inline(always)]
+fn fastopen_map() -> *mut c_void {
+    (&raw const HAIRPIN_FASTOPEN).cast_mut().cast()
 }
 
 #[inline(always)]

@@ -508,24 +508,26 @@ fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and
         .iter()
         .filter_map(|p| p["name"].as_str())
         .collect();
-    // bpf_skc_to_mptcp_sock needs CAP_PERFMON: the MPTCP-aware connect programs
-    // fall back to the plain marking ones, and the agent says so.
+    // bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock and bpf_probe_read_kernel need
+    // CAP_PERFMON: the connect programs that use them fall back to the plain marking
+    // ones, and the agent says what that leaves uncovered.
     assert_eq!(
         programs,
         [
             "hairpin_connect4_kernel",
             "hairpin_connect6_kernel",
             "hairpin_sockops",
+            "hairpin_setsockopt",
             "hairpin_sk_msg"
         ],
         "{s}"
     );
+    let log = agent.log();
     assert!(
-        agent
-            .log()
-            .contains("bpf_skc_to_mptcp_sock needs CAP_PERFMON"),
-        "{}",
-        agent.log()
+        log.contains("need CAP_PERFMON")
+            && log.contains("sendto(MSG_FASTOPEN) connections")
+            && log.contains("(kernel_missed_data_first)"),
+        "{log}"
     );
     assert_capture_headers_equal_the_relays_encoder(&node, || agent.log());
     // /metrics and /status read the counters through the agent's own map
@@ -803,9 +805,10 @@ fn status_and_metrics_show_the_kernel_path_and_its_counters() {
     assert_eq!(
         programs,
         [
-            "hairpin_connect4_kernel_mptcp",
-            "hairpin_connect6_kernel_mptcp",
+            "hairpin_connect4_kernel_perfmon",
+            "hairpin_connect6_kernel_perfmon",
             "hairpin_sockops",
+            "hairpin_setsockopt",
             "hairpin_sk_msg"
         ],
         "{s}"
@@ -857,27 +860,20 @@ fn wait_counter(node: &SimNode, name: &str, want: u64) -> u64 {
 }
 
 #[test]
-fn tcp_fast_open_data_leaves_without_the_header_and_is_counted() {
+fn curl_with_tcp_fast_open_is_sent_to_the_relay_and_gets_its_header() {
     require_privileges!();
     let node = capture_node();
-    // The ingress accepts Fast Open: the first connection gets a cookie, the second
-    // carries its request in the SYN, before sk_msg can see the socket.
-    hairpin_tests::sh::run_in(
-        &node.ingress_ns,
-        &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"],
-    );
-    let agent = Agent::start_with(
-        &node,
-        &[FrontendSpec {
-            ip: CAPTURE_LB4,
-            ports: vec![80],
-            version: "v1",
-        }],
-        KERNEL_PATH_ON,
-    );
+    // The ingress and the pod do Fast Open: curl --tcp-fastopen sets
+    // TCP_FASTOPEN_CONNECT, so with a cookie its request would ride on the SYN,
+    // ahead of any header the kernel could write. The setsockopt program marks the
+    // socket and the connect program sends it to the relay instead.
+    for ns in [&node.ingress_ns, &node.pod_ns] {
+        hairpin_tests::sh::run_in(ns, &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"]);
+    }
+    let agent = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
     let captured = capture_server(&node.ingress_ns, 2, true);
-    let fast_open = || {
-        Reply::from_output(hairpin_tests::sh::output_in(
+    for _ in 0..2 {
+        let reply = Reply::from_output(hairpin_tests::sh::output_in(
             &node.pod_ns,
             Some(&node.pod_cgroup()),
             &[
@@ -888,33 +884,18 @@ fn tcp_fast_open_data_leaves_without_the_header_and_is_counted() {
                 "--tcp-fastopen",
                 &url(CAPTURE_LB4, 80, "/"),
             ],
-        ))
-    };
-    // A non-blocking first write after the handshake takes the sk_msg path.
-    let first = fast_open();
-    assert!(first.ok(), "{first:?}\n{}", agent.log());
-    let got = captured
-        .recv_timeout(Duration::from_secs(5))
-        .expect("first connection");
-    assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
-    // With the cookie, the data rides on the SYN.
-    let second = fast_open();
-    assert!(second.ok(), "{second:?}");
-    let got = captured
-        .recv_timeout(Duration::from_secs(5))
-        .expect("second connection");
-    assert!(
-        got.starts_with(b"GET / "),
-        "known gap: fast open data has no header: {}",
-        got.escape_ascii()
-    );
-    assert_eq!(
-        wait_counter(&node, "kernel_missed_data_first", 1),
-        1,
-        "the miss must be counted\n{}",
-        agent.log()
-    );
-    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+        ));
+        assert!(reply.ok(), "{reply:?}\n{}", agent.log());
+        let got = captured
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a captured connection");
+        assert_pods_v1_header(&got, CAPTURE_LB4);
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_fastopen"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+    assert_no_misses(&s);
 }
 
 #[test]
@@ -1041,91 +1022,275 @@ fn an_mptcp_client_is_sent_to_the_relay_and_gets_its_header() {
     assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
 }
 
-#[test]
-fn fast_open_connect_and_msg_fastopen_data_go_without_the_header_and_are_counted() {
-    require_privileges!();
-    // Known gap, pinned: neither TCP_FASTOPEN_CONNECT nor MSG_FASTOPEN can be seen
-    // by a connect program on this kernel (bpf_getsockopt refuses the option), so
-    // the socket is marked; once the client holds a cookie its first bytes ride on
-    // the SYN, before sock_ops or sk_msg can act. MSG_FASTOPEN's sendto() also
-    // waits for the handshake inside tcp_sendmsg, a path sk_msg never sees. Each
-    // such connection reaches the server without a header and is counted.
-    let node = capture_node();
-    for ns in [&node.ingress_ns, &node.pod_ns] {
-        hairpin_tests::sh::run_in(ns, &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"]);
-    }
-    let agent = Agent::start_with(
-        &node,
-        &[FrontendSpec {
-            ip: CAPTURE_LB4,
-            ports: vec![80],
-            version: "v1",
-        }],
-        KERNEL_PATH_ON,
-    );
-    let captured = capture_server(&node.ingress_ns, 3, true);
-    let py = format!(
-        r#"
-import socket
+// ---- TCP Fast Open ------------------------------------------------------------------
+//
+// With a cookie, a Fast Open client's first bytes ride on the SYN (or, for
+// sendto(MSG_FASTOPEN), wait for the handshake inside tcp_sendmsg, where sk_msg never
+// runs): the kernel could never put a header ahead of them. The setsockopt program
+// marks sockets that set TCP_FASTOPEN_CONNECT, and with CAP_PERFMON the connect
+// programs read tcp_sock itself; such sockets go to the relay, whose listener takes
+// no SYN data, so the client's kernel sends the bytes after the handshake.
+
+/// One connection per `kind@lb` argument from a Python client, each sending an HTTP
+/// request and reading the reply: `tfo_connect` (TCP_FASTOPEN_CONNECT, then connect
+/// and send), `tfo_cleared` (TCP_FASTOPEN_CONNECT set, then set back to 0),
+/// `msg_fastopen` (sendto with MSG_FASTOPEN) or `plain`.
+const FAST_OPEN_CLIENT: &str = r#"
+import socket, struct, sys
 req = b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n"
-def tfo_connect():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.IPPROTO_TCP, 30, 1)  # TCP_FASTOPEN_CONNECT
-    s.settimeout(5)
-    s.connect(("{CAPTURE_LB4}", 80))
-    s.sendall(req)
+def conn(kind, lb):
+    s = socket.socket(socket.AF_INET6 if ":" in lb else socket.AF_INET, socket.SOCK_STREAM)
+    if kind == "msg_fastopen":
+        # Blocking (a non-blocking one without a cookie fails with EINPROGRESS),
+        # bounded by the kernel's own send timeout.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 5, 0))
+        s.sendto(req, socket.MSG_FASTOPEN, (lb, 80))
+        s.settimeout(5)
+    else:
+        s.settimeout(5)
+        if kind in ("tfo_connect", "tfo_cleared"):
+            s.setsockopt(socket.IPPROTO_TCP, 30, 1)  # TCP_FASTOPEN_CONNECT
+        if kind == "tfo_cleared":
+            s.setsockopt(socket.IPPROTO_TCP, 30, 0)
+        s.connect((lb, 80))
+        s.sendall(req)
     return s.recv(4096)
-def msg_fastopen():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(5)
-    s.sendto(req, socket.MSG_FASTOPEN, ("{CAPTURE_LB4}", 80))
-    return s.recv(4096)
-for f in [tfo_connect, tfo_connect, msg_fastopen]:
-    print(f().split(b"\r\n")[0].decode())
-"#
-    );
-    let out = hairpin_tests::sh::output_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["python3", "-c", &py],
-    );
-    assert!(
-        out.status.success(),
+for arg in sys.argv[1:]:
+    kind, lb = arg.split("@")
+    print(kind, lb, conn(kind, lb).split(b"\r\n")[0].decode())
+"#;
+
+/// Runs [`FAST_OPEN_CLIENT`] in the pod for `conns` (`kind@lb`), and returns what the
+/// capture server received on each, in order.
+fn fast_open_clients(
+    node: &SimNode,
+    captured: &mpsc::Receiver<Vec<u8>>,
+    conns: &[&str],
+) -> Vec<Vec<u8>> {
+    let mut argv = vec!["python3", "-c", FAST_OPEN_CLIENT];
+    argv.extend_from_slice(conns);
+    let out = hairpin_tests::sh::output_in(&node.pod_ns, Some(&node.pod_cgroup()), &argv);
+    let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(
+    assert!(out.status.success(), "{conns:?}: {text}");
+    assert_eq!(
+        text.matches(" HTTP/1.1 200 OK").count(),
+        conns.len(),
+        "{conns:?}: {text}"
+    );
+    conns
+        .iter()
+        .map(|c| {
             captured
                 .recv_timeout(Duration::from_secs(5))
-                .expect("a captured connection"),
+                .unwrap_or_else(|_| panic!("no captured connection for {c}"))
+        })
+        .collect()
+}
+
+/// `got` starts with exactly the v1 header the relay's encoder writes for the pod
+/// reaching `lb` port 80, then the request.
+fn assert_pods_v1_header(got: &[u8], lb: &str) {
+    let v6 = lb.contains(':');
+    let pod: IpAddr = if v6 { POD_IP6 } else { POD_IP4 }.parse().expect("pod ip");
+    let lb_ip: IpAddr = lb.parse().expect("lb ip");
+    assert!(
+        got.starts_with(b"PROXY "),
+        "no header: {}",
+        got.escape_ascii()
+    );
+    let sport = header_source_port(got, ProxyVersion::V1, v6);
+    let want = Header::new(
+        ProxyVersion::V1,
+        SocketAddr::new(pod, sport),
+        SocketAddr::new(lb_ip, 80),
+    );
+    let want = want.as_bytes();
+    assert!(
+        got.starts_with(want) && got[want.len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "got\n  {:?}\nwant\n  {:?}",
+        got.escape_ascii().to_string(),
+        want.escape_ascii().to_string()
+    );
+}
+
+/// The capture frontends over IPv4 and IPv6, v1, on port 80.
+fn capture_v1_both() -> [FrontendSpec; 2] {
+    [
+        FrontendSpec {
+            ip: CAPTURE_LB4,
+            ports: vec![80],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: CAPTURE_LB6,
+            ports: vec![80],
+            version: "v1",
+        },
+    ]
+}
+
+/// A capture node whose ingress and pod do Fast Open, where the pod already holds a
+/// cookie for both capture LBs: fetched before any agent runs, by one MSG_FASTOPEN
+/// connection to each (no cookie yet: its data follows the handshake), which the
+/// capture server `captured` (expecting `n` more) receives without a header.
+fn fast_open_node_with_cookies(n: usize) -> (SimNode, mpsc::Receiver<Vec<u8>>) {
+    let node = capture_node();
+    for ns in [&node.ingress_ns, &node.pod_ns] {
+        hairpin_tests::sh::run_in(ns, &["sysctl", "-qw", "net.ipv4.tcp_fastopen=3"]);
+    }
+    let captured = capture_server(&node.ingress_ns, 2 + n, true);
+    let conns = [
+        format!("msg_fastopen@{CAPTURE_LB4}"),
+        format!("msg_fastopen@{CAPTURE_LB6}"),
+    ];
+    let conns: Vec<&str> = conns.iter().map(String::as_str).collect();
+    for got in fast_open_clients(&node, &captured, &conns) {
+        assert!(got.starts_with(b"GET / "), "{}", got.escape_ascii());
+    }
+    let metrics = hairpin_tests::sh::run_in(&node.pod_ns, &["ip", "tcp_metrics", "show"]);
+    for lb in [CAPTURE_LB4, "2001:db8::1:0:0:20"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(&format!("{lb} ")) && l.contains("fo_cookie")),
+            "the pod holds no Fast Open cookie for {lb}:\n{metrics}"
         );
     }
-    // The first connection fetches the cookie: no data on its SYN, the header goes
-    // out ahead of its first write.
+    (node, captured)
+}
+
+#[test]
+fn with_only_the_daemonsets_capabilities_tcp_fastopen_connect_goes_to_the_relay_and_msg_fastopen_is_a_counted_miss()
+ {
+    require_privileges!();
+    let (node, captured) = fast_open_node_with_cookies(5);
+    let agent = CappedAgent::start(&node, &capture_v1_both(), KERNEL_PATH_ON, &DAEMONSET_CAPS);
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}\n{}", agent.log());
+    let tfo4 = format!("tfo_connect@{CAPTURE_LB4}");
+    let tfo6 = format!("tfo_connect@{CAPTURE_LB6}");
+    let cleared4 = format!("tfo_cleared@{CAPTURE_LB4}");
+    let cleared6 = format!("tfo_cleared@{CAPTURE_LB6}");
+    let msg4 = format!("msg_fastopen@{CAPTURE_LB4}");
+    let got = fast_open_clients(&node, &captured, &[&tfo4, &tfo6, &cleared4, &cleared6]);
+    // TCP_FASTOPEN_CONNECT with a cookie held: relayed, the header names the pod.
+    assert_pods_v1_header(&got[0], CAPTURE_LB4);
+    assert_pods_v1_header(&got[1], CAPTURE_LB6);
+    // Set back to 0: the kernel path, which writes the same header.
+    assert_pods_v1_header(&got[2], CAPTURE_LB4);
+    assert_pods_v1_header(&got[3], CAPTURE_LB6);
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_fastopen"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 2, "{s}");
+    assert_no_misses(&s);
+    // Known gap, pinned: without CAP_PERFMON a connect program cannot see
+    // MSG_FASTOPEN, so with the cookie its data rides on the SYN without a header,
+    // and is counted.
+    let got = fast_open_clients(&node, &captured, &[&msg4]);
     assert!(
-        got[0].starts_with(b"PROXY TCP4 "),
-        "{}",
+        got[0].starts_with(b"GET / "),
+        "known gap: MSG_FASTOPEN data has no header: {}",
         got[0].escape_ascii()
     );
-    for g in &got[1..] {
-        assert!(
-            g.starts_with(b"GET / "),
-            "known gap: fast open data has no header: {}",
-            g.escape_ascii()
-        );
-    }
     assert_eq!(
-        wait_counter(&node, "kernel_missed_data_first", 2),
-        2,
-        "each miss must be counted\n{}",
+        wait_counter(&node, "kernel_missed_data_first", 1),
+        1,
+        "the miss must be counted\n{}",
         agent.log()
     );
     let s = status(&node);
-    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_fallback_fastopen"), 2, "{s}");
     assert_eq!(kernel_counter(&s, "kernel_marked"), 3, "{s}");
+}
+
+#[test]
+fn with_cap_perfmon_tcp_fastopen_connect_and_msg_fastopen_go_to_the_relay_and_get_their_header() {
+    require_privileges!();
+    let (node, captured) = fast_open_node_with_cookies(7);
+    // A socket that set TCP_FASTOPEN_CONNECT before the agent attached: the
+    // setsockopt program never saw it, the connect program reads tcp_sock's bit.
+    let early = format!(
+        r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.settimeout(5)
+s.setsockopt(socket.IPPROTO_TCP, 30, 1)
+print("set", flush=True)
+sys.stdin.readline()
+s.connect(("{CAPTURE_LB4}", 80))
+s.sendall(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n")
+print(s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+"#
+    );
+    let mut early = command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["python3", "-c", &early],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the early client");
+    let mut early_out = std::io::BufReader::new(early.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut early_out, &mut line).expect("read");
+    assert_eq!(line.trim(), "set");
+    let agent = Agent::start_with(&node, &capture_v1_both(), KERNEL_PATH_ON);
+    let s = status(&node);
+    let programs: Vec<&str> = s["attachment"]["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert!(
+        programs.contains(&"hairpin_connect4_kernel_perfmon"),
+        "{s}\n{}",
+        agent.log()
+    );
+    let conns = [
+        format!("tfo_connect@{CAPTURE_LB4}"),
+        format!("tfo_connect@{CAPTURE_LB6}"),
+        format!("msg_fastopen@{CAPTURE_LB4}"),
+        format!("msg_fastopen@{CAPTURE_LB6}"),
+        format!("tfo_cleared@{CAPTURE_LB4}"),
+        format!("tfo_cleared@{CAPTURE_LB6}"),
+    ];
+    let conns: Vec<&str> = conns.iter().map(String::as_str).collect();
+    let got = fast_open_clients(&node, &captured, &conns);
+    for (g, c) in got.iter().zip(&conns) {
+        let lb = c.split('@').nth(1).expect("lb");
+        assert_pods_v1_header(g, lb);
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_fastopen"), 4, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 4, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 2, "{s}");
+    assert_no_misses(&s);
+    // The early socket connects now.
+    early
+        .stdin
+        .as_mut()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("write");
+    line.clear();
+    std::io::BufRead::read_line(&mut early_out, &mut line).expect("read");
+    assert_eq!(line.trim(), "HTTP/1.1 200 OK", "{}", agent.log());
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the early connection");
+    assert_pods_v1_header(&got, CAPTURE_LB4);
+    let _ = early.wait();
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_fastopen"), 5, "{s}");
+    assert_no_misses(&s);
 }
 
 #[test]

@@ -424,10 +424,11 @@ fn header_writer(f: &FrontendStatus) -> &'static str {
 }
 
 /// The kernel path's counters of connects sent to the relay, with what each means.
-pub const KERNEL_FALLBACKS: [(Counter, &str); 3] = [
+pub const KERNEL_FALLBACKS: [(Counter, &str); 4] = [
     (Counter::KernelFallbackRelay, "no socket storage"),
     (Counter::KernelFallbackFull, "sockets map near full"),
     (Counter::KernelFallbackMptcp, "MPTCP subflow"),
+    (Counter::KernelFallbackFastOpen, "TCP Fast Open"),
 ];
 
 /// The kernel path's counters of connections that went without their header (see
@@ -435,8 +436,8 @@ pub const KERNEL_FALLBACKS: [(Counter, &str); 3] = [
 pub const KERNEL_MISSES: [(Counter, &str); 4] = [
     (
         Counter::KernelMissedDataFirst,
-        "data sent before the handshake completed: TCP Fast Open, or a send() queued while \
-         connecting",
+        "data sent before the handshake completed: TCP Fast Open (MSG_FASTOPEN, where the \
+         agent has no CAP_PERFMON), or a send() queued while connecting",
     ),
     (
         Counter::KernelMissedInsert,

@@ -8,13 +8,13 @@ use std::{fmt, net::SocketAddr, time::Duration};
 
 use aya::{
     Ebpf,
-    programs::{CgroupSockAddr, ProgramError, ProgramType, SkMsg, SockOps},
+    programs::{CgroupSockAddr, CgroupSockopt, ProgramError, ProgramType, SkMsg, SockOps},
     sys::is_program_supported,
 };
 use hairpin_ebpf::{
     FrontendKey, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2, PROG_CONNECT4,
-    PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_MPTCP, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
-    PROG_CONNECT6_KERNEL_MPTCP, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
+    PROG_CONNECT6_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
 };
 
 use crate::model::{FirstSpeaker, ProxyVersion};
@@ -192,11 +192,16 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
     }
 }
 
-/// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops and
-/// the marking connect programs, the ones that also send MPTCP subflows to the relay
-/// where the kernel lets this process use their helper (CAP_PERFMON). On any other
-/// failure, unloads what it loaded and says why. The connect programs loaded.
-pub(super) fn load(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
+/// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops,
+/// setsockopt and the marking connect programs, the ones that also send MPTCP
+/// subflows and Fast Open sockets to the relay where the kernel lets this process
+/// use their helpers (CAP_PERFMON) and `fast_open_fields` says the loader found
+/// tcp_sock's Fast Open fields (else why not). On any other failure, unloads what
+/// it loaded and says why. The connect programs loaded.
+pub(super) fn load(
+    ebpf: &mut Ebpf,
+    fast_open_fields: Result<(), String>,
+) -> Result<[&'static str; 2], String> {
     for (kind, name) in [
         (ProgramType::SockOps, "sock_ops"),
         (ProgramType::SkMsg, "sk_msg"),
@@ -207,7 +212,7 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
             Err(e) => return Err(format!("probing {name} programs failed: {e}")),
         }
     }
-    let connect = match load_each(ebpf) {
+    let connect = match load_each(ebpf, fast_open_fields) {
         Ok(connect) => connect,
         Err(e) => {
             unload(ebpf);
@@ -215,7 +220,13 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
         }
     };
     // What the verifier walked, per program: the headroom left below its limit.
-    for name in [connect[0], connect[1], PROG_SOCK_OPS, PROG_SK_MSG] {
+    for name in [
+        connect[0],
+        connect[1],
+        PROG_SOCK_OPS,
+        PROG_SK_MSG,
+        PROG_SETSOCKOPT,
+    ] {
         let info = ebpf.program(name).and_then(|p| p.info().ok());
         tracing::debug!(
             program = name,
@@ -226,7 +237,10 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     Ok(connect)
 }
 
-fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
+fn load_each(
+    ebpf: &mut Ebpf,
+    fast_open_fields: Result<(), String>,
+) -> Result<[&'static str; 2], String> {
     let missing = |name: &str| format!("the eBPF object has no program {name}");
     let failed = |name: &str, e: ProgramError| {
         tracing::debug!(program = name, error = %e, "kernel path program did not load");
@@ -240,26 +254,35 @@ fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     p.load().map_err(|e| failed(PROG_SK_MSG, e))?;
     let p: &mut SockOps = program(ebpf, PROG_SOCK_OPS).ok_or_else(|| missing(PROG_SOCK_OPS))?;
     p.load().map_err(|e| failed(PROG_SOCK_OPS, e))?;
-    let mptcp = [PROG_CONNECT4_KERNEL_MPTCP, PROG_CONNECT6_KERNEL_MPTCP];
-    let mut refused = None;
-    for name in mptcp {
-        let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
-        if let Err(e) = p.load() {
-            refused = Some(short(&e));
-            break;
+    let p: &mut CgroupSockopt =
+        program(ebpf, PROG_SETSOCKOPT).ok_or_else(|| missing(PROG_SETSOCKOPT))?;
+    p.load().map_err(|e| failed(PROG_SETSOCKOPT, e))?;
+    let perfmon = [PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6_KERNEL_PERFMON];
+    let refused = match fast_open_fields {
+        Err(why) => Some(format!(
+            "tcp_sock's Fast Open fields were not found in the kernel's BTF: {why}"
+        )),
+        Ok(()) => {
+            let mut refused = None;
+            for name in perfmon {
+                let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
+                if let Err(e) = p.load() {
+                    refused = Some(format!("{name} did not load: {}", short(&e)));
+                    break;
+                }
+            }
+            refused
         }
-    }
-    let Some(why) = refused else {
-        return Ok(mptcp);
     };
-    for name in mptcp {
+    let Some(why) = refused else {
+        return Ok(perfmon);
+    };
+    for name in perfmon {
         if let Some(p) = program::<CgroupSockAddr>(ebpf, name) {
             let _ = p.unload();
         }
     }
-    tracing::warn!(reason = %why,
-        "the kernel path cannot tell MPTCP subflows at connect (bpf_skc_to_mptcp_sock needs CAP_PERFMON): \
-         their connections go without a header and are counted as kernel_missed_insert");
+    tracing::warn!(reason = %why, "{PERFMON_FALLBACK}");
     let connect = [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL];
     for name in connect {
         let p: &mut CgroupSockAddr = program(ebpf, name).ok_or_else(|| missing(name))?;
@@ -267,6 +290,16 @@ fn load_each(ebpf: &mut Ebpf) -> Result<[&'static str; 2], String> {
     }
     Ok(connect)
 }
+
+/// What the agent says when the connect programs that need CAP_PERFMON do not load.
+pub(super) const PERFMON_FALLBACK: &str = "the kernel path's connect programs cannot \
+    read the socket itself (bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock and \
+    bpf_probe_read_kernel need CAP_PERFMON, and tcp_sock's offsets from the kernel's \
+    BTF): MPTCP subflows go without a header (kernel_missed_insert), and so do \
+    sendto(MSG_FASTOPEN) connections and sockets that set TCP_FASTOPEN_CONNECT before \
+    the agent attached, once the client holds a Fast Open cookie \
+    (kernel_missed_data_first); TCP_FASTOPEN_CONNECT set from now on still goes to \
+    the relay (kernel_fallback_fastopen)";
 
 /// CAP_PERFMON (38) in this thread's effective set; None when it cannot be read.
 fn has_perfmon() -> Option<bool> {
@@ -298,11 +331,14 @@ fn unload(ebpf: &mut Ebpf) {
     if let Some(p) = program::<SockOps>(ebpf, PROG_SOCK_OPS) {
         let _ = p.unload();
     }
+    if let Some(p) = program::<CgroupSockopt>(ebpf, PROG_SETSOCKOPT) {
+        let _ = p.unload();
+    }
     for name in [
         PROG_CONNECT4_KERNEL,
         PROG_CONNECT6_KERNEL,
-        PROG_CONNECT4_KERNEL_MPTCP,
-        PROG_CONNECT6_KERNEL_MPTCP,
+        PROG_CONNECT4_KERNEL_PERFMON,
+        PROG_CONNECT6_KERNEL_PERFMON,
     ] {
         if let Some(p) = program::<CgroupSockAddr>(ebpf, name) {
             let _ = p.unload();

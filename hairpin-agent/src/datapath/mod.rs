@@ -7,6 +7,7 @@
 //! them and an sk_msg program on the sockets map, and the connect programs that mark
 //! sockets replace the plain ones; see [`KernelPath`].
 
+mod btf;
 pub mod cgroup;
 mod error;
 pub mod kernel;
@@ -30,14 +31,16 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, SockHash},
     programs::{
-        CgroupAttachMode, CgroupSockAddr, SkMsg, SockOps, cgroup_sock_addr::CgroupSockAddrLinkId,
+        CgroupAttachMode, CgroupSockAddr, CgroupSockopt, SkMsg, SockOps,
+        cgroup_sock_addr::CgroupSockAddrLinkId, cgroup_sockopt::CgroupSockoptLinkId,
         sock_ops::SockOpsLinkId,
     },
 };
 use hairpin_ebpf::{
-    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6,
+    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
+    GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6,
     GLOBAL_SOCKETS_LIMIT, MAP_COUNTERS, MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    MAX_KERNEL_SOCKETS, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
 };
 
 use crate::model::{FirstSpeaker, ProxyVersion};
@@ -59,6 +62,9 @@ pub struct Attachment {
     /// The cgroup v2 directory.
     pub cgroup: PathBuf,
     links: Vec<(&'static str, CgroupSockAddrLinkId)>,
+    /// The kernel path's setsockopt program (marks TCP_FASTOPEN_CONNECT sockets for
+    /// the connect programs): detached with them.
+    setsockopt: Option<CgroupSockoptLinkId>,
     sock_ops: Option<SockOpsLinkId>,
 }
 
@@ -157,6 +163,15 @@ impl Datapath {
         // no runtime to run it, none are written.
         let runtime = tokio::runtime::Handle::try_current().ok();
         let log_level = if runtime.is_some() { events_level() } else { 0 };
+        // Where tcp_sock keeps its Fast Open fields, for the connect programs that
+        // may read it (CAP_PERFMON); all 0 when unknown, and then they are not loaded.
+        let fast_open = opts
+            .kernel_path
+            .then(btf::running_kernel_fast_open_fields)
+            .transpose();
+        let fields = fast_open.as_ref().ok().copied().flatten();
+        let (req_off, connect_off, connect_mask) =
+            fields.map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
         let mut ebpf = EbpfLoader::new()
             // Not every object logs (must_exist false): it is aya-log's own global.
             .override_global(aya_log::LEVEL, &log_level, false)
@@ -164,12 +179,16 @@ impl Datapath {
             .override_global(GLOBAL_NODE_IP4, &node4, true)
             .override_global(GLOBAL_NODE_IP6, &node6, true)
             .override_global(GLOBAL_SOCKETS_LIMIT, &sockets_limit, true)
+            .override_global(GLOBAL_FASTOPEN_REQ_OFF, &req_off, true)
+            .override_global(GLOBAL_FASTOPEN_CONNECT_OFF, &connect_off, true)
+            .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
             .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
             .map_max_entries(MAP_SOCKETS, sockets)
             .load(object)
             .map_err(load_error)?;
         let (kernel_path, kernel_connect) = if opts.kernel_path {
-            match kernel_path::load(&mut ebpf) {
+            let fields = fast_open.map(|_| ()).map_err(|e| e.to_string());
+            match kernel_path::load(&mut ebpf, fields) {
                 Ok(connect) => (KernelPath::On, Some(connect)),
                 Err(why) => {
                     tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
@@ -233,17 +252,19 @@ impl Datapath {
         let mut names = self.connect.to_vec();
         if self.kernel_path.is_on() {
             names.push(PROG_SOCK_OPS);
+            names.push(PROG_SETSOCKOPT);
         }
         names
     }
 
-    /// Attaches sk_msg to the sockets map, then sock_ops at `dir`: before any connect
-    /// program, so every socket marked has both behind it.
+    /// Attaches sk_msg to the sockets map, then sock_ops and setsockopt at `dir`:
+    /// before any connect program, so every socket marked has sock_ops and sk_msg
+    /// behind it, and every TCP_FASTOPEN_CONNECT set from then on is seen.
     fn attach_kernel_path(
         &mut self,
         dir: &File,
         cgroup: &Path,
-    ) -> Result<SockOpsLinkId, DatapathError> {
+    ) -> Result<(SockOpsLinkId, CgroupSockoptLinkId), DatapathError> {
         let fd = self.sockets.fd().try_clone().map_err(|source| {
             map_error("open", MAP_SOCKETS, String::new())(aya::maps::MapError::SyscallError(
                 aya::sys::SyscallError {
@@ -260,10 +281,25 @@ impl Datapath {
             .ok_or(missing(PROG_SK_MSG))?
             .attach(&fd)
             .map_err(program_error(PROG_SK_MSG, "attach", cgroup))?;
-        kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS)
+        let sock_ops = kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS)
             .ok_or(missing(PROG_SOCK_OPS))?
             .attach(dir, CgroupAttachMode::Single)
-            .map_err(program_error(PROG_SOCK_OPS, "attach", cgroup))
+            .map_err(program_error(PROG_SOCK_OPS, "attach", cgroup))?;
+        let setsockopt = kernel_path::program::<CgroupSockopt>(&mut self.ebpf, PROG_SETSOCKOPT)
+            .ok_or(missing(PROG_SETSOCKOPT))
+            .and_then(|p| {
+                p.attach(dir, CgroupAttachMode::Single)
+                    .map_err(program_error(PROG_SETSOCKOPT, "attach", cgroup))
+            });
+        match setsockopt {
+            Ok(id) => Ok((sock_ops, id)),
+            Err(e) => {
+                if let Some(p) = kernel_path::program::<SockOps>(&mut self.ebpf, PROG_SOCK_OPS) {
+                    let _ = p.detach(sock_ops);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Attaches both programs at `cgroup` (a cgroup v2 directory), beside whatever
@@ -275,19 +311,19 @@ impl Datapath {
         })?;
         // The sk_msg program stays on the map until this process exits, so sockets
         // already established when the programs detach still get their header.
-        let sock_ops = if self.kernel_path.is_on() {
+        let (sock_ops, setsockopt) = if self.kernel_path.is_on() {
             match self.attach_kernel_path(&dir, cgroup) {
-                Ok(id) => Some(id),
+                Ok((sock_ops, setsockopt)) => (Some(sock_ops), Some(setsockopt)),
                 Err(e) => {
                     // The marking connect programs stay: with the kernel path off,
                     // no entry asks them to mark, and they redirect as the plain ones.
                     tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
                     self.kernel_path = KernelPath::Unavailable(e.to_string());
-                    None
+                    (None, None)
                 }
             }
         } else {
-            None
+            (None, None)
         };
         let mut links = Vec::new();
         for name in self.connect {
@@ -301,6 +337,7 @@ impl Datapath {
         self.attachment = Some(Attachment {
             cgroup: cgroup.to_path_buf(),
             links,
+            setsockopt,
             sock_ops,
         });
         // Checked, not assumed: aya falls back to a legacy attach where the kernel
@@ -359,8 +396,9 @@ impl Datapath {
         Ok(())
     }
 
-    /// Detaches the connect programs only: from now on no connect is redirected or
-    /// marked. sock_ops stays, so sockets already marked still enter the sockets map
+    /// Detaches the connect programs only (and after them the setsockopt program,
+    /// which serves only them): from now on no connect is redirected or marked.
+    /// sock_ops stays, so sockets already marked still enter the sockets map
     /// at their handshake and leave it at their first RTT sample (or close), and
     /// sk_msg stays on the map until this process exits, so they still get their
     /// header. Whether sock_ops is still attached: then the sockets map is worth
@@ -370,6 +408,7 @@ impl Datapath {
             return false;
         };
         let links = std::mem::take(&mut att.links);
+        let setsockopt = att.setsockopt.take();
         let cgroup = att.cgroup.clone();
         let sock_ops = att.sock_ops.is_some();
         for (name, id) in links {
@@ -378,6 +417,12 @@ impl Datapath {
             if let Err(e) = detached {
                 tracing::warn!(error = %e, "detach failed");
             }
+        }
+        if let Some(id) = setsockopt
+            && let Some(p) = kernel_path::program::<CgroupSockopt>(&mut self.ebpf, PROG_SETSOCKOPT)
+            && let Err(e) = p.detach(id)
+        {
+            tracing::warn!(error = %e, "detach of {PROG_SETSOCKOPT} failed");
         }
         if !sock_ops {
             self.attachment = None;

@@ -457,10 +457,13 @@ fn miss_fix(counter: Counter) -> &'static str {
     match counter {
         Counter::KernelMissedDataFirst => {
             "kernel_missed_data_first: clients send data before their handshake completes \
-             (TCP Fast Open: TCP_FASTOPEN_CONNECT, MSG_FASTOPEN; or a blocking send() while \
-             connecting), which the kernel path cannot put a header ahead of: turn Fast Open \
-             off in those clients (net.ipv4.tcp_fastopen), mark their port \
-             `hairpin.dev/first-speaker: server` so it takes the relay, or set --kernel-path off"
+             (TCP Fast Open that the connect programs could not see: MSG_FASTOPEN, or \
+             TCP_FASTOPEN_CONNECT set before the agent attached, both seen only where the \
+             agent holds CAP_PERFMON; or a blocking send() while connecting), which the kernel \
+             path cannot put a header ahead of: add CAP_PERFMON to the container's \
+             capabilities, turn Fast Open off in those clients (net.ipv4.tcp_fastopen), mark \
+             their port `hairpin.dev/first-speaker: server` so it takes the relay, or set \
+             --kernel-path off"
         }
         Counter::KernelMissedInsert => {
             "kernel_missed_insert: more sockets finished their handshake at once than the \
@@ -621,8 +624,8 @@ mod tests {
         assert_eq!(
             c.detail,
             "on: 120 headers written by the kernel, none missed; 2 connects sent to the relay \
-             instead (no socket storage 0, sockets map near full 0, MPTCP subflow 2); sockets \
-             map 3 of 65536 in use"
+             instead (no socket storage 0, sockets map near full 0, MPTCP subflow 2, TCP Fast \
+             Open 0); sockets map 3 of 65536 in use"
         );
         assert!(c.fix.is_none());
     }
@@ -646,7 +649,8 @@ mod tests {
             c.detail.starts_with(
                 "on, but 3 connections went without their PROXY header since the agent \
                  started: kernel_missed_data_first 2 (data sent before the handshake \
-                 completed: TCP Fast Open, or a send() queued while connecting); \
+                 completed: TCP Fast Open (MSG_FASTOPEN, where the agent has no \
+                 CAP_PERFMON), or a send() queued while connecting); \
                  kernel_missed_insert 1 (the socket could not enter the sockets map"
             ),
             "{}",

@@ -202,7 +202,7 @@ const KERNEL_PATH_STATUS: &str = r#"{
   "counters": {
     "kernel": {"redirected": 4, "skipped_bypass_mark": 4, "kernel_marked": 12,
                "kernel_headers_written": 9, "kernel_fallback_relay": 0, "kernel_fallback_full": 1,
-               "kernel_fallback_mptcp": 2, "kernel_missed_insert": 0, "kernel_missed_data_first": 0,
+               "kernel_fallback_mptcp": 2, "kernel_fallback_fastopen": 3, "kernel_missed_insert": 0, "kernel_missed_data_first": 0,
                "kernel_missed_push": 0, "kernel_missed_write": 0, "kernel_sockets_entered": 10,
                "kernel_sockets_left": 9},
     "relay": {"connections": 4, "active_connections": 0, "bytes_upstream": 1, "bytes_downstream": 2,
@@ -240,7 +240,7 @@ fn the_kernel_path_shows_its_fill_headers_fallbacks_and_each_frontends_writer() 
     assert!(
         text.contains(
             "            headers written 9 of 12 sockets marked; to the relay instead: no socket \
-             storage 0, sockets map near full 1, MPTCP subflow 2\n"
+             storage 0, sockets map near full 1, MPTCP subflow 2, TCP Fast Open 3\n"
         ),
         "{text}"
     );
@@ -285,8 +285,8 @@ fn kernel_path_misses_are_named_and_painted_as_warnings() {
         text.contains(
             "            missed 4: connections that went without their header: \
              kernel_missed_data_first 3 (data sent before the handshake completed: TCP Fast \
-             Open, or a send() queued while connecting); kernel_missed_push 1 (no memory to \
-             make room for the header)\n"
+             Open (MSG_FASTOPEN, where the agent has no CAP_PERFMON), or a send() queued while \
+             connecting); kernel_missed_push 1 (no memory to make room for the header)\n"
         ),
         "{text}"
     );
