@@ -463,7 +463,10 @@ mod tests {
         let tcp_sock = btf.struct_named("tcp_sock").expect("tcp_sock");
         let size = btf.ty(tcp_sock).expect("type").size_or_type;
         // tcp_sock begins with inet_connection_sock: the fields lie well past it.
-        assert!(f.req > 1000 && f.req + 8 <= size && f.req % 8 == 0, "{f:?}");
+        assert!(
+            f.req > 1000 && f.req + 8 <= size && f.req.is_multiple_of(8),
+            "{f:?}"
+        );
         assert!(f.connect_byte > 1000 && f.connect_byte < size, "{f:?}");
         assert_eq!(f.connect_mask.count_ones(), 1, "{f:?}");
         assert!(f.connect_mask < 256, "{f:?}");
