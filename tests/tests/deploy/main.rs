@@ -20,6 +20,7 @@ mod chart;
 mod daemonset;
 mod flags;
 mod image;
+mod kernel_path;
 mod rbac;
 mod render;
 mod seccomp;
@@ -143,6 +144,8 @@ fn every_kustomization_is_a_variant_or_an_uninstall() {
             [
                 "deploy/components/coredns",
                 "deploy/components/seccomp-localhost",
+                "deploy/components/kernel-path",
+                "deploy/components/kernel-path-perfmon",
                 "deploy/uninstall/coredns-writer",
                 "deploy/uninstall/base",
             ]

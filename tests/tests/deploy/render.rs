@@ -58,6 +58,27 @@ pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
     ))
 }
 
+/// `kubectl kustomize` of deploy/ with `components`, from a kustomization in a
+/// scratch directory (kustomize takes only relative paths to other kustomizations).
+pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
+    let dir = std::env::temp_dir().join(format!(
+        "hairpin-components-{}-{}",
+        std::process::id(),
+        components.join("+").replace('/', "_")
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let up = "../".repeat(dir.components().count() - 1);
+    let rel = |p: &str| format!("{up}{}", root().join(p).display()).replace("//", "/");
+    let mut k = format!("resources:\n  - {}\ncomponents:\n", rel("deploy"));
+    for c in components {
+        k.push_str(&format!("  - {}\n", rel(c)));
+    }
+    std::fs::write(dir.join("kustomization.yaml"), k).expect("write kustomization");
+    let out = kustomize(dir.to_str().expect("utf-8 path"));
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
 /// Splits a multi-document YAML stream into JSON values, dropping empty documents.
 pub fn docs(text: &str) -> Vec<Json> {
     yaml_serde::Deserializer::from_str(text)

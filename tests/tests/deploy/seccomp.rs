@@ -10,30 +10,14 @@ use serde_json::{Value as Json, json};
 
 use super::{
     chart::{comparable, render_chart},
-    render::{kustomize, parse_all, read},
+    render::{kustomize, kustomize_with, parse_all, read},
 };
 
 const COMPONENT: &str = "deploy/components/seccomp-localhost";
 
-/// `kubectl kustomize` of deploy/ with the component, from a kustomization in a
-/// scratch directory (kustomize takes only relative paths to other kustomizations).
+/// `kubectl kustomize` of deploy/ with the component.
 fn with_component() -> Option<Vec<Json>> {
-    let dir = std::env::temp_dir().join(format!("hairpin-seccomp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let up = "../".repeat(dir.components().count() - 1);
-    let rel = |p: &str| format!("{up}{}", workspace().join(p).display()).replace("//", "/");
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "resources:\n  - {}\ncomponents:\n  - {}\n",
-            rel("deploy"),
-            rel(COMPONENT)
-        ),
-    )
-    .expect("write kustomization");
-    let out = kustomize(dir.to_str().expect("utf-8 path"));
-    let _ = std::fs::remove_dir_all(&dir);
-    out
+    kustomize_with(&[COMPONENT])
 }
 
 fn seccomp_of(objs: &[Json]) -> Json {
