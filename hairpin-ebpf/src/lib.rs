@@ -112,6 +112,13 @@ pub const HEADER_RELAY_SERVER_FIRST: u8 = 0x80;
 /// write position with a mask the verifier understands.
 pub const HEADER_ROOM: usize = 128;
 
+/// The largest first write, header included, that sk_msg joins with its header into
+/// one buffer (one page: `bpf_msg_pull_data` copies whole buffers into a new
+/// allocation of that size). Pushed room is a buffer of its own, and TCP sends each
+/// buffer with its own push: with TCP_NODELAY the header would leave as a segment of
+/// its own, ahead of the request, and the server would read the header alone.
+pub const COALESCE_MAX: u32 = 4096;
+
 /// Default SO_MARK the relay puts on its upstream sockets so the programs skip them.
 ///
 /// Chosen outside the bits the field already claims on packet marks: kube-proxy's

@@ -25,9 +25,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, info, warn};
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM, HEADER_V2,
-    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
-    PENDING_WRITTEN, PendingHeader, Redirect, SOL_TCP, TCP_FASTOPEN_CONNECT,
+    AF_INET, AF_INET6, COALESCE_MAX, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM,
+    HEADER_V2, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE,
+    PENDING_NONE, PENDING_WRITTEN, PendingHeader, Redirect, SOL_TCP, TCP_FASTOPEN_CONNECT,
     text::{IP6_FIRST, IP6_GAP, IP6_NEXT, dec, groups, hex, ip6_plan, pack, zero_groups},
 };
 
@@ -750,10 +750,21 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
         );
         return SK_PASS;
     }
+    // The room is a buffer of its own, and TCP pushes each buffer as it goes: with
+    // TCP_NODELAY the header would be a segment of its own and the server would read
+    // it alone, then wait for the request. So a first write that fits one page
+    // (header included; most requests and TLS ClientHellos) is pulled into one
+    // buffer with its header, and goes out as the client wrote it. A larger one, or
+    // no memory for the page, pulls the room alone (it already is one buffer: no
+    // copy), and the header goes ahead as its own segment.
+    let size = ctx.size();
     // SAFETY: as above; the pushed room is taken out again when it cannot be filled,
     // so the server never sees uninitialised bytes.
     unsafe {
-        if bpf_msg_pull_data(msg, 0, len, 0) != 0 || !copy_header(ctx.data(), ctx.data_end(), p) {
+        let joined = size > len && size <= COALESCE_MAX && bpf_msg_pull_data(msg, 0, size, 0) == 0;
+        if (!joined && bpf_msg_pull_data(msg, 0, len, 0) != 0)
+            || !copy_header(ctx.data(), ctx.data_end(), p)
+        {
             bpf_msg_pop_data(msg, 0, len, 0);
             count(Counter::KernelMissedWrite);
             event!(

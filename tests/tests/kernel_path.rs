@@ -1792,3 +1792,136 @@ fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_pat
     std::thread::sleep(Duration::from_millis(300));
     assert!(program_events(&agent.log()).is_empty(), "{}", agent.log());
 }
+
+/// As [`capture_server`] (no Fast Open), with the number of data segments the
+/// connection had received once its request head was in (`tcpi_data_segs_in`).
+fn segment_capture_server(netns: &str, n: usize) -> mpsc::Receiver<(Vec<u8>, u32)> {
+    use std::os::fd::AsRawFd;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        // This thread alone moves into the ingress namespace.
+        let f = std::fs::File::open(&ns).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let listener = TcpListener::bind(("::", CAPTURE_PORT)).expect("bind capture port");
+        ready_tx.send(()).expect("ready");
+        for _ in 0..n {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 16384];
+            while !request_head_complete(&got) {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes.
+            let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            // SAFETY: a valid socket, and a buffer of `len` bytes.
+            let rc = unsafe {
+                libc::getsockopt(
+                    conn.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_INFO,
+                    (&raw mut info).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
+            );
+            if tx.send((got, info.tcpi_data_segs_in)).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("capture server ready");
+    rx
+}
+
+/// The pushed header is a buffer of its own, and TCP pushes each buffer with
+/// TCP_NODELAY (curl sets it, as most clients do): unless sk_msg joins it with the
+/// client's first write, the server gets the header as a segment of its own, reads it
+/// alone and waits for the request (an extra wakeup per connection, the kernel path's
+/// connection-rate cost). A first write that fits a page leaves in one segment with
+/// its header; a larger one still gets the exact header ahead of all its bytes.
+#[test]
+fn the_header_and_a_first_write_that_fits_a_page_leave_in_one_segment() {
+    require_privileges!();
+    let node = capture_node();
+    let agent = Agent::start_with(&node, &capture_specs(), KERNEL_PATH_ON);
+    let cases = [
+        (CAPTURE_LB4, 80, ProxyVersion::V1),
+        (CAPTURE_LB4, 81, ProxyVersion::V2),
+        (CAPTURE_LB6, 80, ProxyVersion::V1),
+        (CAPTURE_LB6, 81, ProxyVersion::V2),
+    ];
+    // Past one page with the header: the room and the request go as two buffers.
+    let pad = format!("X-Pad: {}", "p".repeat(6000));
+    let captured = segment_capture_server(&node.ingress_ns, 2 * cases.len());
+    for (lb, port, version) in cases {
+        let v6 = lb.contains(':');
+        let client: IpAddr = (if v6 { POD_IP6 } else { POD_IP4 }).parse().expect("ip");
+        let lb_ip: IpAddr = lb.parse().expect("lb ip");
+        for large in [false, true] {
+            let u = url(lb, port, "/");
+            let mut argv = vec!["curl", "-sS", "--max-time", "10"];
+            if large {
+                argv.extend(["-H", pad.as_str()]);
+            }
+            argv.push(&u);
+            let reply = Reply::from_output(
+                command_in(&node.pod_ns, Some(&node.pod_cgroup()), &argv)
+                    .output()
+                    .expect("run curl"),
+            );
+            assert!(
+                reply.ok(),
+                "{lb}:{port} large={large}: {reply:?}\n{}",
+                agent.log()
+            );
+            let (got, segments) = captured
+                .recv_timeout(Duration::from_secs(5))
+                .expect("a captured connection");
+            let sport = header_source_port(&got, version, v6);
+            let want = Header::new(
+                version,
+                SocketAddr::new(client, sport),
+                SocketAddr::new(lb_ip, port),
+            );
+            let want = want.as_bytes();
+            assert!(
+                got.starts_with(want) && got[want.len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+                "{lb}:{port} {version} large={large}: got\n  {:?}\nwant the header\n  {:?}",
+                got.escape_ascii().to_string(),
+                want.escape_ascii().to_string()
+            );
+            if large {
+                assert!(
+                    got.windows(pad.len()).any(|w| w == pad.as_bytes()),
+                    "{lb}:{port} {version}: the large request arrived cut"
+                );
+            } else {
+                assert!(
+                    got.len() < 4096,
+                    "{lb}:{port}: a small request: {}",
+                    got.len()
+                );
+                assert_eq!(
+                    segments, 1,
+                    "{lb}:{port} {version}: header and request must arrive in one segment, came in {segments}"
+                );
+            }
+        }
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
+    assert_no_misses(&s);
+}
