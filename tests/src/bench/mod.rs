@@ -28,7 +28,7 @@ use crate::{
 };
 use options::Options;
 use report::Results;
-use setup::{LB_V1, LB_V2};
+use setup::{LB_KERNEL_V1, LB_KERNEL_V2, LB_V1, LB_V2};
 use traffic::Direction;
 
 /// What every case needs.
@@ -54,6 +54,22 @@ pub fn traffic_specs() -> Vec<FrontendSpec> {
         },
         FrontendSpec {
             ip: LB_V2,
+            ports: vec![80],
+            version: "v2",
+        },
+    ]
+}
+
+/// The kernel-path run's frontends: the kernel path's own LBs, one per version.
+pub fn kernel_specs() -> Vec<FrontendSpec> {
+    vec![
+        FrontendSpec {
+            ip: LB_KERNEL_V1,
+            ports: vec![80],
+            version: "v1",
+        },
+        FrontendSpec {
+            ip: LB_KERNEL_V2,
             ports: vec![80],
             version: "v2",
         },
@@ -126,7 +142,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     // The same rows with the kernel writing the header on the client's socket.
     let mut args: Vec<&str> = AGENT_ARGS.to_vec();
     args.extend(["--kernel-path", "on"]);
-    let agent = Agent::start_logging(&node, &traffic_specs(), "info", &args);
+    let agent = Agent::start_logging(&node, &kernel_specs(), "info", &args);
     let kernel = traffic::kernel_targets();
     let on = agent.log().contains("state=on");
     let checked = if on {
@@ -211,7 +227,7 @@ fn method_notes(o: &Options) -> Vec<String> {
         format!("Connection rate: `wrk -t1 -c{} -d{}s --latency -H 'Connection: close'` from the pod namespace inside the pod cgroup, a new TCP connection per request; targets interleaved round by round after a 1 s warm-up each. hairpin: the client dials the LB IP and the connect4 program redirects it to the relay. HAProxy: `mode tcp`, `server lb <LB IP>:80 send-proxy[-v2]`, bound on the node IP in the node namespace outside the attached cgroup (hairpin-proxy's data plane; the client dials it directly). Direct: an unproxied LB IP DNATed to nginx's plain port. The programs stay attached for all targets, so every client connect pays the same lookup.", o.wrk_connections, o.wrk_secs),
         format!("Kernel path: the rate, bulk and upload cases again with an agent run with `--kernel-path on` (connect4 marks the socket and leaves the destination, sock_ops and sk_msg write the header on the client's own socket), the hairpin rows replaced by the kernel path's and the direct and HAProxy rows measured again in the same rounds, so each ratio compares runs of one sitting. Then, apart from the timed rounds, {} wrk runs per kernel-path target with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS): for each of the agent's programs that ran (found through the agent's own descriptors), ns per run and runs per request (one new connection each).", o.runs),
         format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; upload: `curl -T` of a sparse file of the same size to nginx's `/upload`, which answers at once and reads the body away (the transfer ends when nginx has read all of it). MB/s = 10^6 bytes/s from curl's own size and time. HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
-        "HAProxy's `server` lines dial LBs of their own (203.0.113.20 and .22, DNATed to nginx ports 83 and 84): flows that leave the pod masqueraded to the node IP (the direct and kernel-path rows) and HAProxy's own from the node IP must not meet at the same nginx port, where a TIME_WAIT left by one fails the other's SYN on PAWS (different timestamp offsets) and costs a 1 s retransmit.".into(),
+        "HAProxy's `server` lines dial LBs of their own (203.0.113.20 and .22, DNATed to nginx ports 83 and 84), and so do the kernel-path rows (203.0.113.30 and .32, ports 85 and 86): flows that leave the pod masqueraded to the node IP (the direct and kernel-path rows) and those from the node IP itself (HAProxy's and the relay's upstream connects) must not meet at the same nginx port, where a TIME_WAIT left by one fails the other's SYN on PAWS (different timestamp offsets) and costs a 1 s retransmit.".into(),
         format!("connect(): {full} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call. Each round runs the loop with no agent (no connect program attached anywhere, so the kernel skips the hook), then starts the agent (2 frontends) and runs one child process that moves itself back and forth {pairs} times between a cgroup outside the attached subtree (same namespace, same running agent, no program on the path) and the pod cgroup under the programs, timing {per} connects on each side of every pair (order alternating); 'added' is the median (and range) of the per-pair differences attached minus outside, so drift and the agent's presence on the 2-core machine fall on both sides alike. The outside and attached cells are per pair; the no-agent cell is one {full}-connect run per round. A third run per round turns on the kernel's BPF run-time statistics (BPF_ENABLE_STATS) and reads hairpin's programs' run_time_ns and run_cnt before and after: the program's own ns per run, and runs per connect() (1.00 = the hook ran once per call). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", full = o.connects, per = (o.connects / 4).max(1), pairs = connect::PAIRS),
         format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),
         "Footprint: VmRSS from /proc/PID/status 300 ms after `agent ready` (idle) and the largest seen every 100 ms during a wrk run through the relay; start→ready is wall time with 20 ms polling; file change→reconciled is wall time (includes up to one 100 ms poll) and the agent's own `reconcile finished elapsed_ms` log field (a 1-frontend agent given the full set). Hostnames: an agent with `--mode both --hosts-file` (name relay and /etc/hosts block) starts with 1 frontend and is given the largest size's frontends with N hostnames (`h<i>.bench.example.com`, spread over the synthetic LBs) in one file change; apply is that reconcile (map, listeners, route table, hosts block written in place), checked by counting the names in the written file; RSS idle 300 ms after, and under a wrk run through the relay.".into(),

@@ -32,12 +32,26 @@ pub const NGINX_PP_V2_PORT: u16 = 82;
 pub const LB_HAPROXY_V1: &str = "203.0.113.20";
 /// The LB HAProxy's `send-proxy-v2` server dials.
 pub const LB_HAPROXY_V2: &str = "203.0.113.22";
+/// The LB the kernel-path run's PROXY v1 rows dial: its own address and nginx port,
+/// for the same reason again. The relay's upstream connects leave nginx TIME_WAIT
+/// sockets on the relay LBs' ports from the node IP; the kernel path's pod flows,
+/// masqueraded to the same node IP and often the same source ports, carry the pod's
+/// timestamp offset, so their SYNs failed PAWS against them and waited 1 s (the
+/// kernel-path rows lost part of their rate to it while the client sat idle).
+pub const LB_KERNEL_V1: &str = "203.0.113.30";
+/// The LB the kernel-path run's PROXY v2 rows dial.
+pub const LB_KERNEL_V2: &str = "203.0.113.32";
+/// nginx's PROXY port behind [`LB_KERNEL_V1`].
+pub const NGINX_PP_KERNEL_PORT: u16 = 85;
+/// nginx's PROXY port behind [`LB_KERNEL_V2`].
+pub const NGINX_PP_KERNEL_V2_PORT: u16 = 86;
 /// nginx's PROXY port behind [`LB_HAPROXY_V1`].
 pub const NGINX_PP_HAPROXY_PORT: u16 = 83;
 /// nginx's PROXY port behind [`LB_HAPROXY_V2`].
 pub const NGINX_PP_HAPROXY_V2_PORT: u16 = 84;
 /// The bench's kube-proxy rules: LB_V1:80 and LB_V2:80 to nginx's two PROXY ports,
-/// HAProxy's two LBs to two more, LB_PLAIN:80 to its plain port.
+/// HAProxy's two LBs and the kernel path's two to four more, LB_PLAIN:80 to its
+/// plain port.
 pub fn bench_lbs() -> Vec<LbRule> {
     let r = |lb_ip, backend_port, name| LbRule {
         lb_ip,
@@ -57,6 +71,12 @@ pub fn bench_lbs() -> Vec<LbRule> {
             LB_HAPROXY_V2,
             NGINX_PP_HAPROXY_V2_PORT,
             "bench/haproxy-v2:http",
+        ),
+        r(LB_KERNEL_V1, NGINX_PP_KERNEL_PORT, "bench/kernel-v1:http"),
+        r(
+            LB_KERNEL_V2,
+            NGINX_PP_KERNEL_V2_PORT,
+            "bench/kernel-v2:http",
         ),
         r(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http"),
     ]
@@ -125,6 +145,8 @@ http {{
         listen {pp2} proxy_protocol backlog=4096;
         listen {pph} proxy_protocol backlog=4096;
         listen {pph2} proxy_protocol backlog=4096;
+        listen {ppk} proxy_protocol backlog=4096;
+        listen {ppk2} proxy_protocol backlog=4096;
         location = /bulk {{ alias {d}/bulk.bin; }}
         location = /upload {{ client_max_body_size 0; return 200 "ok $proxy_protocol_addr\n"; }}
         location / {{ return 200 "ok $proxy_protocol_addr\n"; }}
@@ -142,6 +164,8 @@ http {{
         pp2 = NGINX_PP_V2_PORT,
         pph = NGINX_PP_HAPROXY_PORT,
         pph2 = NGINX_PP_HAPROXY_V2_PORT,
+        ppk = NGINX_PP_KERNEL_PORT,
+        ppk2 = NGINX_PP_KERNEL_V2_PORT,
         plain = NGINX_PLAIN_PORT,
     );
     let conf_path = dir.join("nginx.conf");
@@ -162,6 +186,8 @@ http {{
             NGINX_PP_V2_PORT,
             NGINX_PP_HAPROXY_PORT,
             NGINX_PP_HAPROXY_V2_PORT,
+            NGINX_PP_KERNEL_PORT,
+            NGINX_PP_KERNEL_V2_PORT,
             NGINX_PLAIN_PORT,
         ],
         &mut proc,

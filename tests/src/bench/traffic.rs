@@ -12,7 +12,10 @@ use anyhow::{Context, Result, ensure};
 use super::{
     Ctx,
     procs::rss_kib,
-    setup::{HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_PLAIN, LB_V1, LB_V2, in_pod, upload_file, url},
+    setup::{
+        HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_KERNEL_V1, LB_KERNEL_V2, LB_PLAIN, LB_V1, LB_V2,
+        in_pod, upload_file, url,
+    },
     stats::Spread,
     wrk::{self, WrkResult},
 };
@@ -31,20 +34,22 @@ pub struct Target {
     pub hairpin: bool,
 }
 
-/// The kernel path's rows: the same LBs as the relay's, reached with an agent run
-/// with `--kernel-path on`, between the same direct and HAProxy rows so drift
-/// falls on all alike.
+/// The kernel path's rows: LBs of their own (see [`LB_KERNEL_V1`]), reached with an
+/// agent run with `--kernel-path on`, between the same direct and HAProxy rows so
+/// drift falls on all alike.
 pub fn kernel_targets() -> Vec<Target> {
     targets()
         .into_iter()
         .map(|t| match t.name {
             "hairpin relay, PROXY v1" => Target {
                 name: KERNEL_V1,
+                ip: LB_KERNEL_V1,
                 hairpin: false,
                 ..t
             },
             "hairpin relay, PROXY v2" => Target {
                 name: KERNEL_V2,
+                ip: LB_KERNEL_V2,
                 hairpin: false,
                 ..t
             },
