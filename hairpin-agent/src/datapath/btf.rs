@@ -6,7 +6,10 @@
 //! `fastopen_connect` bit (TCP_FASTOPEN_CONNECT). Rust BPF programs have no CO-RE
 //! field relocations, so the loader finds the offsets here and writes them into the
 //! programs' read-only globals before the load. aya-obj parses BTF but keeps struct
-//! members to itself, so this is a small reader of its own: the header, the type
+//! members to itself; btf-rs (2.0, checked: it finds the same offsets on this
+//! kernel) is LGPL-2.1-or-later, which every agent image would then have to carry
+//! beside the Apache-2.0 code; libbpf-rs brings libbpf's C library into a pure-Rust
+//! build. So this is a small reader of its own: the header, the type
 //! section (walked to find each type's start) and the string section; only STRUCT
 //! and UNION members are looked into. Every read is bounds-checked: a blob it cannot
 //! make sense of is an error, never a guess.
