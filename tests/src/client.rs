@@ -57,3 +57,30 @@ pub fn from_pod(node: &SimNode, url: &str) -> Reply {
 pub fn from_host(node: &SimNode, url: &str) -> Reply {
     curl(&node.node_ns, &node.host_cgroup(), url)
 }
+
+/// Asserts that `reply` succeeded and names `client` as the source and `lb:80` as
+/// the destination of its header (the test servers echo them); `who` and the
+/// agent's log go into the message.
+pub fn assert_true_client(
+    who: &str,
+    reply: &Reply,
+    client: &str,
+    lb: &str,
+    agent: &crate::agent::Agent,
+) {
+    assert!(
+        reply.ok(),
+        "{who} -> {lb}: {reply:?}\nagent:\n{}",
+        agent.log()
+    );
+    assert!(
+        reply.body.starts_with(&format!("client={client}:")),
+        "{who} -> {lb}: the header must name {client}: {}",
+        reply.body
+    );
+    assert!(
+        reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
+        "{who} -> {lb}: {}",
+        reply.body
+    );
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::{Agent, all_frontends, status},
-    client::{Reply, from_host, from_pod, url},
+    client::{Reply, assert_true_client, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
     privileges::datapath_tests_can_run,
     servers::{
@@ -169,26 +169,6 @@ fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String 
         text = read();
     }
     text
-}
-
-/// The reply succeeded and names `client` as the source and `lb:80` as the
-/// destination of its header.
-fn assert_true_client(who: &str, reply: &Reply, client: &str, lb: &str, agent: &Agent) {
-    assert!(
-        reply.ok(),
-        "{who} -> {lb}: {reply:?}\nagent:\n{}",
-        agent.log()
-    );
-    assert!(
-        reply.body.starts_with(&format!("client={client}:")),
-        "{who} -> {lb}: the header must name {client}: {}",
-        reply.body
-    );
-    assert!(
-        reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
-        "{who} -> {lb}: {}",
-        reply.body
-    );
 }
 
 /// Path-independent: no agent runs.

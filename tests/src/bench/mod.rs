@@ -44,36 +44,26 @@ pub struct Ctx<'a> {
 /// The agent's extra flags: a fast file poll for the convergence case.
 const AGENT_ARGS: &[&str] = &["--frontends-poll", "100ms"];
 
+/// One frontend on port 80 for each PROXY version: `v1` and `v2` are their LBs.
+fn one_per_version(v1: &'static str, v2: &'static str) -> Vec<FrontendSpec> {
+    [(v1, "v1"), (v2, "v2")]
+        .into_iter()
+        .map(|(ip, version)| FrontendSpec {
+            ip,
+            ports: vec![80],
+            version,
+        })
+        .collect()
+}
+
 /// The frontends the traffic cases use: one LB per PROXY version.
 pub fn traffic_specs() -> Vec<FrontendSpec> {
-    vec![
-        FrontendSpec {
-            ip: LB_V1,
-            ports: vec![80],
-            version: "v1",
-        },
-        FrontendSpec {
-            ip: LB_V2,
-            ports: vec![80],
-            version: "v2",
-        },
-    ]
+    one_per_version(LB_V1, LB_V2)
 }
 
 /// The kernel-path run's frontends: the kernel path's own LBs, one per version.
 pub fn kernel_specs() -> Vec<FrontendSpec> {
-    vec![
-        FrontendSpec {
-            ip: LB_KERNEL_V1,
-            ports: vec![80],
-            version: "v1",
-        },
-        FrontendSpec {
-            ip: LB_KERNEL_V2,
-            ports: vec![80],
-            version: "v2",
-        },
-    ]
+    one_per_version(LB_KERNEL_V1, LB_KERNEL_V2)
 }
 
 fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {

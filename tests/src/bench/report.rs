@@ -116,28 +116,12 @@ fn kernel_rows(r: &Results, out: &mut String) {
         );
     }
     for (way, runs) in [
-        ("bulk download", &r.bulk_kernel),
-        ("bulk upload", &r.upload_kernel),
+        ("bulk download, **kernel path**", &r.bulk_kernel),
+        ("bulk upload, **kernel path**", &r.upload_kernel),
     ] {
-        if runs.is_empty() {
-            continue;
+        if !runs.is_empty() {
+            transfer_row(out, way, runs, (KERNEL_V1, "kernel"), Some(0.90));
         }
-        let (kb, db, ab) = (
-            spread_of(runs, KERNEL_V1),
-            spread_of(runs, DIRECT),
-            spread_of(runs, "HAProxy send-proxy"),
-        );
-        let q = ratio(kb, db);
-        let _ = writeln!(
-            out,
-            "| {way}, **kernel path** (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
-            cell(kb, 0),
-            cell(db, 0),
-            cell(ab, 0),
-            ratio(kb, ab).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
-            q_cell(q),
-            met(q.map(|q| q >= 0.90))
-        );
     }
     for p in &r.kernel_programs {
         let _ = writeln!(
@@ -149,6 +133,35 @@ fn kernel_rows(r: &Results, out: &mut String) {
             cell(Spread::of(&p.runs_per_request), 2),
         );
     }
+}
+
+/// One transfer row (MB/s): `hairpin` (row label, and its name in the HAProxy
+/// ratio) against direct and HAProxy from the same `runs`; judged against
+/// `target` × direct when there is one, else reported.
+fn transfer_row(
+    out: &mut String,
+    figure: &str,
+    runs: &[(Target, Vec<f64>)],
+    (hairpin, who): (&str, &str),
+    target: Option<f64>,
+) {
+    let (h, d, a) = (
+        spread_of(runs, hairpin),
+        spread_of(runs, DIRECT),
+        spread_of(runs, "HAProxy send-proxy"),
+    );
+    let q = ratio(h, d);
+    let _ = writeln!(
+        out,
+        "| {figure} (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | {} | {} |",
+        cell(h, 0),
+        cell(d, 0),
+        cell(a, 0),
+        ratio(h, a).map_or("—".into(), |q| format!("{who}/HAProxy {q:.2}×")),
+        q_cell(q),
+        target.map_or("—".into(), |t| format!("≥ {t:.2}× direct")),
+        target.map_or("reported", |t| met(q.map(|q| q >= t))),
+    );
 }
 
 /// The spread of the transfer runs of the target named `name`.
@@ -203,42 +216,20 @@ fn main_table(r: &Results, out: &mut String) {
             met(q.map(|q| q <= 1.0))
         );
     }
-    let bulk = |name: &str| {
-        r.bulk
-            .iter()
-            .find(|(t, _)| t.name == name)
-            .and_then(|(_, v)| Spread::of(v))
-    };
-    let (hb, db, ab) = (
-        bulk("hairpin relay, PROXY v1"),
-        bulk("direct (plain nginx, no PROXY)"),
-        bulk("HAProxy send-proxy"),
-    );
-    let q = ratio(hb, db);
-    let _ = writeln!(
+    transfer_row(
         out,
-        "| bulk throughput (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | ≥ 0.90× direct | {} |",
-        cell(hb, 0),
-        cell(db, 0),
-        cell(ab, 0),
-        ratio(hb, ab).map_or("—".into(), |q| format!("hairpin/HAProxy {q:.2}×")),
-        q.map_or("—".into(), |q| format!("{q:.2}×")),
-        met(q.map(|q| q >= 0.90))
+        "bulk throughput",
+        &r.bulk,
+        ("hairpin relay, PROXY v1", "hairpin"),
+        Some(0.90),
     );
     if !r.upload.is_empty() {
-        let (hu, du, au) = (
-            spread_of(&r.upload, "hairpin relay, PROXY v1"),
-            spread_of(&r.upload, DIRECT),
-            spread_of(&r.upload, "HAProxy send-proxy"),
-        );
-        let _ = writeln!(
+        transfer_row(
             out,
-            "| bulk upload (MB/s) | {} | direct: {}; HAProxy: {} ({}) | {} | — | reported |",
-            cell(hu, 0),
-            cell(du, 0),
-            cell(au, 0),
-            ratio(hu, au).map_or("—".into(), |q| format!("hairpin/HAProxy {q:.2}×")),
-            q_cell(ratio(hu, du)),
+            "bulk upload",
+            &r.upload,
+            ("hairpin relay, PROXY v1", "hairpin"),
+            None,
         );
     }
     kernel_rows(r, out);

@@ -18,68 +18,47 @@ pub const LB_V1: &str = "203.0.113.10";
 pub const LB_V2: &str = "203.0.113.12";
 /// An LB hairpin does not proxy, DNATed to nginx's plain port: the floor.
 pub const LB_PLAIN: &str = "203.0.113.99";
-/// nginx's PROXY port for the v2 LB. v1 and v2 LBs get distinct backend ports so their
-/// DNATed flows never meet nginx's TIME_WAIT sockets from the other LB: a SYN to a
-/// different pre-NAT address carries another timestamp offset, fails PAWS against
-/// that TIME_WAIT, and waits a 1 s retransmit (seen as errors and 1 s p99 when shared).
-pub const NGINX_PP_V2_PORT: u16 = 82;
-/// The LB HAProxy's `send-proxy` server dials: its own address and nginx port, for
-/// the same reason. The kernel path's connects leave the pod masqueraded to the node
-/// IP, as HAProxy's leave the node; when both reached LB_V1, nginx's TIME_WAIT from
-/// a pod flow refused HAProxy's SYN on the same node port (the pod's and the node's
-/// timestamp offsets differ), every HAProxy round lost requests to 1 s
-/// retransmits, and its rows in the kernel-path run were void.
+/// The LB HAProxy's `send-proxy` server dials.
 pub const LB_HAPROXY_V1: &str = "203.0.113.20";
 /// The LB HAProxy's `send-proxy-v2` server dials.
 pub const LB_HAPROXY_V2: &str = "203.0.113.22";
-/// The LB the kernel-path run's PROXY v1 rows dial: its own address and nginx port,
-/// for the same reason again. The relay's upstream connects leave nginx TIME_WAIT
-/// sockets on the relay LBs' ports from the node IP; the kernel path's pod flows,
-/// masqueraded to the same node IP and often the same source ports, carry the pod's
-/// timestamp offset, so their SYNs failed PAWS against them and waited 1 s (the
-/// kernel-path rows lost part of their rate to it while the client sat idle).
+/// The LB the kernel-path run's PROXY v1 rows dial.
 pub const LB_KERNEL_V1: &str = "203.0.113.30";
 /// The LB the kernel-path run's PROXY v2 rows dial.
 pub const LB_KERNEL_V2: &str = "203.0.113.32";
-/// nginx's PROXY port behind [`LB_KERNEL_V1`].
-pub const NGINX_PP_KERNEL_PORT: u16 = 85;
-/// nginx's PROXY port behind [`LB_KERNEL_V2`].
-pub const NGINX_PP_KERNEL_V2_PORT: u16 = 86;
-/// nginx's PROXY port behind [`LB_HAPROXY_V1`].
-pub const NGINX_PP_HAPROXY_PORT: u16 = 83;
-/// nginx's PROXY port behind [`LB_HAPROXY_V2`].
-pub const NGINX_PP_HAPROXY_V2_PORT: u16 = 84;
-/// The bench's kube-proxy rules: LB_V1:80 and LB_V2:80 to nginx's two PROXY ports,
-/// HAProxy's two LBs and the kernel path's two to four more, LB_PLAIN:80 to its
+
+/// Each proxied LB the bench dials and the nginx PROXY port kube-proxy DNATs it to:
+/// one LB and one port per kind of row. Flows from different pre-NAT addresses, or
+/// from the pod (masqueraded to the node IP) and from the node itself, carry
+/// different TCP timestamp offsets; had they shared an nginx port, a SYN meeting
+/// nginx's TIME_WAIT socket from the other kind of flow on the same source port
+/// would fail PAWS and wait a 1 s retransmit. Seen each time rows shared one: v1
+/// with v2 (errors, 1 s p99), HAProxy's upstream with the kernel path's pod flows
+/// (its rows void), the relay's upstream with the kernel path's (about a sixth of
+/// the kernel path's rate, its client idle).
+const PP_BACKENDS: [(&str, u16, &str); 6] = [
+    (LB_V1, NGINX_PP_PORT, "bench/pp-v1:http"),
+    (LB_V2, 82, "bench/pp-v2:http"),
+    (LB_HAPROXY_V1, 83, "bench/haproxy-v1:http"),
+    (LB_HAPROXY_V2, 84, "bench/haproxy-v2:http"),
+    (LB_KERNEL_V1, 85, "bench/kernel-v1:http"),
+    (LB_KERNEL_V2, 86, "bench/kernel-v2:http"),
+];
+
+/// The bench's kube-proxy rules: each of [`PP_BACKENDS`], and LB_PLAIN:80 to nginx's
 /// plain port.
 pub fn bench_lbs() -> Vec<LbRule> {
-    let r = |lb_ip, backend_port, name| LbRule {
-        lb_ip,
-        lb_port: 80,
-        backend_port,
-        name,
-    };
-    vec![
-        r(LB_V1, NGINX_PP_PORT, "bench/pp-v1:http"),
-        r(LB_V2, NGINX_PP_V2_PORT, "bench/pp-v2:http"),
-        r(
-            LB_HAPROXY_V1,
-            NGINX_PP_HAPROXY_PORT,
-            "bench/haproxy-v1:http",
-        ),
-        r(
-            LB_HAPROXY_V2,
-            NGINX_PP_HAPROXY_V2_PORT,
-            "bench/haproxy-v2:http",
-        ),
-        r(LB_KERNEL_V1, NGINX_PP_KERNEL_PORT, "bench/kernel-v1:http"),
-        r(
-            LB_KERNEL_V2,
-            NGINX_PP_KERNEL_V2_PORT,
-            "bench/kernel-v2:http",
-        ),
-        r(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http"),
-    ]
+    PP_BACKENDS
+        .iter()
+        .copied()
+        .chain([(LB_PLAIN, NGINX_PLAIN_PORT, "bench/plain:http")])
+        .map(|(lb_ip, backend_port, name)| LbRule {
+            lb_ip,
+            lb_port: 80,
+            backend_port,
+            name,
+        })
+        .collect()
 }
 
 /// HAProxy's `send-proxy` listener (node IP).
@@ -120,6 +99,10 @@ pub fn start_bench_nginx(node: &SimNode, bulk_bytes: u64) -> Result<Proc> {
     // Sparse: 1 GiB costs no disk and reads from the page cache's zero pages.
     fs::File::create(&bulk)?.set_len(bulk_bytes)?;
     fs::File::create(upload_file(node))?.set_len(bulk_bytes)?;
+    let pp_listens: String = PP_BACKENDS
+        .iter()
+        .map(|(_, port, _)| format!("        listen {port} proxy_protocol backlog=4096;\n"))
+        .collect();
     let d = dir.display();
     let conf = format!(
         r#"
@@ -140,14 +123,8 @@ http {{
     scgi_temp_path {d}/tmp/scgi;
     default_type text/plain;
     server {{
-        listen {pp} proxy_protocol backlog=4096;
         listen [::]:{pp} proxy_protocol backlog=4096;
-        listen {pp2} proxy_protocol backlog=4096;
-        listen {pph} proxy_protocol backlog=4096;
-        listen {pph2} proxy_protocol backlog=4096;
-        listen {ppk} proxy_protocol backlog=4096;
-        listen {ppk2} proxy_protocol backlog=4096;
-        location = /bulk {{ alias {d}/bulk.bin; }}
+{pp_listens}        location = /bulk {{ alias {d}/bulk.bin; }}
         location = /upload {{ client_max_body_size 0; return 200 "ok $proxy_protocol_addr\n"; }}
         location / {{ return 200 "ok $proxy_protocol_addr\n"; }}
     }}
@@ -161,11 +138,6 @@ http {{
 }}
 "#,
         pp = NGINX_PP_PORT,
-        pp2 = NGINX_PP_V2_PORT,
-        pph = NGINX_PP_HAPROXY_PORT,
-        pph2 = NGINX_PP_HAPROXY_V2_PORT,
-        ppk = NGINX_PP_KERNEL_PORT,
-        ppk2 = NGINX_PP_KERNEL_V2_PORT,
         plain = NGINX_PLAIN_PORT,
     );
     let conf_path = dir.join("nginx.conf");
@@ -181,15 +153,11 @@ http {{
     wait_listening(
         node,
         &node.ingress_ns,
-        &[
-            NGINX_PP_PORT,
-            NGINX_PP_V2_PORT,
-            NGINX_PP_HAPROXY_PORT,
-            NGINX_PP_HAPROXY_V2_PORT,
-            NGINX_PP_KERNEL_PORT,
-            NGINX_PP_KERNEL_V2_PORT,
-            NGINX_PLAIN_PORT,
-        ],
+        &PP_BACKENDS
+            .iter()
+            .map(|(_, port, _)| *port)
+            .chain([NGINX_PLAIN_PORT])
+            .collect::<Vec<_>>(),
         &mut proc,
     )?;
     Ok(proc)
