@@ -209,7 +209,11 @@ fuzz_target!(|x: &[u8]| {
             // A pending block: everything from its line is hairpin's.
             let p = pending.expect("checked");
             let before = &x[..p.start];
-            let joined = x[p.start..].starts_with(&PENDING_JOINED_MARKER.as_bytes()[..1]);
+            // Marker lines are recognised with surrounding blanks (as BEGIN and END),
+            // so the flavour is the first byte after them.
+            let joined = x[p.start..]
+                .trim_ascii_start()
+                .starts_with(&PENDING_JOINED_MARKER.as_bytes()[..1]);
             let want = if joined {
                 before.strip_suffix(b"\n").unwrap_or(before)
             } else {
