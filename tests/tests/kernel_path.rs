@@ -1719,13 +1719,16 @@ fn sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_head
         "the socket left without its header must be logged:\n{log}"
     );
     // And that is what happens: written once the map is gone (the kernel frees it
-    // after the process exits, through deferred work: usually within milliseconds,
-    // once over 5 s with the rest of this suite running beside it), it has no header.
+    // after the process exits), it has no header.
     let gone = Instant::now();
-    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(15) {
+    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!map_exists(map_id), "the sockets map outlived the agent");
+    // The id goes first; the map's sockets leave it (and lose its sk_msg program) in
+    // the kernel's deferred free after an RCU grace period. A write before that still
+    // got its header in 2 of about 10 runs of this suite: give the free its time.
+    std::thread::sleep(Duration::from_secs(1));
     std::fs::write(dir.join("go"), "").expect("go");
     let got = captured
         .recv_timeout(Duration::from_secs(5))
