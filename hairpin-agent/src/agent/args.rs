@@ -92,6 +92,13 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kernel_path_sockets: u32,
 
+    /// Directory on the host's bpf filesystem where the kernel path pins its sockets
+    /// map, so sockets established but not yet written when the agent dies (SIGKILL,
+    /// OOM, a SIGTERM drain that ran out) still get their header from the kernel; the
+    /// next agent removes the pin once those sockets are gone. Empty: not pinned.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: PathBuf,
+
     /// Upstream connect timeout; the client is reset when it expires.
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
@@ -303,6 +310,10 @@ pub const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
 /// The relays' default IPv6 listen address: a unique-local address ("hairpin" in
 /// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
 pub const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
+
+/// Where the kernel path pins its sockets map: the host's bpf filesystem, which the
+/// kernel-path deploy component mounts.
+pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
 
 /// The link the default listen addresses go on.
 pub const DEFAULT_LISTEN_LINK: &str = "hairpin0";

@@ -38,7 +38,7 @@ use report::NamePaths;
 use source::{Desired, DesiredRx};
 
 use crate::{
-    datapath::{Datapath, drain_kernel_sockets},
+    datapath::{Datapath, Pin, drain_kernel_sockets},
     model::LivePath,
     names::relay::NameRouting,
     relay::Relay,
@@ -206,13 +206,16 @@ impl Agent {
     /// the next agent (`hairpin-agent cleanup` removes them). With the kernel path on,
     /// only the connect programs detach at first: sock_ops and sk_msg stay until the
     /// sockets map is empty (every established marked socket has written its header,
-    /// or closed), alongside the relay's drain and within the same deadline, since
-    /// the map and sk_msg go with this process.
+    /// or closed), alongside the relay's drain and within the same deadline. Emptied,
+    /// the map's pin is removed and it goes with this process; sockets still in it at
+    /// the deadline keep their header through the pin (without one, they lose it).
     pub async fn shutdown(mut self) {
         let deadline = self.drain_timeout;
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;
+        let mut pinned = false;
         if let Some(d) = self.reconciler.map_mut() {
+            pinned = matches!(d.pin(), Pin::Pinned(_));
             if d.detach_connect() {
                 // Read through this process's own descriptor: opening the map by id
                 // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -228,7 +231,7 @@ impl Agent {
         }
         let kernel_drain = async {
             match &kernel_sockets {
-                Some(r) => drain_kernel_sockets(|| r.fill(), until).await,
+                Some(r) => drain_kernel_sockets(|| r.fill(), until, pinned).await,
                 None => 0,
             }
         };
@@ -244,6 +247,11 @@ impl Agent {
         );
         if let Some(d) = self.reconciler.map_mut() {
             d.detach();
+            // Emptied: nothing needs the map after this process. Else the pin keeps
+            // it, with sk_msg, for the sockets left; the next agent unpins it.
+            if kernel_sockets.is_some() && unwritten == 0 {
+                d.unpin();
+            }
             let counters: Vec<String> = d
                 .counters()
                 .into_iter()

@@ -139,6 +139,7 @@ impl Agent {
         if let Some(d) = datapath.as_ref() {
             report_kernel_path(&args, d, &state, &metrics);
         }
+        release_inherited_pins(&args, datapath.as_ref());
 
         let relay_config = RelayConfig {
             // Without programs nothing skips marked sockets, and setting a mark needs
@@ -505,6 +506,29 @@ fn load_options(args: &RunArgs) -> LoadOptions {
             IpAddr::V6(v) => Some(*v),
             IpAddr::V4(_) => None,
         }),
+        pin_dir: (!args.bpf_pin_dir.as_os_str().is_empty()).then(|| args.bpf_pin_dir.clone()),
+    }
+}
+
+/// Watches the sockets maps earlier agents pinned in `--bpf-pin-dir` (their sockets
+/// still get their header from them) and removes each pin once its map is empty.
+fn release_inherited_pins(args: &RunArgs, d: Option<&Datapath>) {
+    if args.bpf_pin_dir.as_os_str().is_empty() || !args.bpf_pin_dir.is_dir() {
+        return;
+    }
+    let own = d.and_then(|d| match d.pin() {
+        datapath::Pin::Pinned(p) => Some(p.clone()),
+        _ => None,
+    });
+    let (maps, failed) = datapath::pin::inherited(&args.bpf_pin_dir, own.as_deref());
+    for (path, why) in failed {
+        warn!(pin = %path.display(), error = %why, "an earlier agent's pinned sockets map cannot be opened: left in place");
+    }
+    if !maps.is_empty() {
+        tokio::spawn(datapath::pin::release_when_empty(
+            maps,
+            std::time::Duration::from_secs(2),
+        ));
     }
 }
 
@@ -529,6 +553,14 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
                 .then(|| d.sockets_map_id())
                 .flatten(),
             sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
+            sockets_map_pin: match d.pin() {
+                datapath::Pin::Pinned(p) => Some(p.display().to_string()),
+                _ => None,
+            },
+            sockets_map_pin_error: match d.pin() {
+                datapath::Pin::Failed(why) => Some(why.clone()),
+                _ => None,
+            },
         })
     });
     // Until the agent's own reader replaces it (see `Agent::start`): by id.

@@ -580,6 +580,23 @@ fn render_kernel_path(
         None => format!("{} in use", tally.in_map),
     };
     out.push_str(&format!("            {map}: {fill}\n"));
+    if let Some(pin) = &kp.sockets_map_pin {
+        out.push_str(&format!(
+            "            pinned at {pin}: its sockets keep their header if the agent dies\n"
+        ));
+    } else if let Some(why) = &kp.sockets_map_pin_error {
+        out.push_str(&format!(
+            "            {}\n",
+            paint(
+                &format!(
+                    "not pinned ({why}): sockets established but not yet written when the \
+                     agent dies go without their header"
+                ),
+                Tone::Warn,
+                colour
+            )
+        ));
+    }
     out.push_str(&format!(
         "            headers written {} of {} sockets marked; to the relay instead: {}\n",
         tally.written,

@@ -156,9 +156,14 @@ const FILL_POLL: Duration = Duration::from_millis(20);
 /// the sockets map is empty, every socket's header out or the socket closed, and no
 /// marked socket can still be connecting (for at most [`HANDSHAKE_SETTLE`]), or
 /// until `deadline`. `read` gives the fill. The sockets still in the map at the
-/// deadline: established, not yet written, and their header will never be written
-/// (the map and sk_msg go with this process); logged as such.
-pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time::Instant) -> u64 {
+/// deadline are established and not yet written: with the map `pinned` they still
+/// get their header from the kernel after this process exits; without, never (the
+/// map and sk_msg go with this process). Logged as such; their count is returned.
+pub async fn drain_kernel_sockets(
+    read: impl Fn() -> Fill,
+    deadline: tokio::time::Instant,
+    pinned: bool,
+) -> u64 {
     let started = tokio::time::Instant::now();
     let first = read();
     tracing::info!(
@@ -178,7 +183,14 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
             return 0;
         }
         if now >= deadline {
-            if fill.in_map > 0 {
+            if fill.in_map > 0 && pinned {
+                tracing::info!(
+                    unwritten = fill.in_map,
+                    "drain deadline reached: kernel-path sockets established but not yet \
+                     written keep their header through the pinned sockets map; the next agent \
+                     unpins it once they are gone"
+                );
+            } else if fill.in_map > 0 {
                 tracing::warn!(
                     unwritten = fill.in_map,
                     "drain deadline reached: kernel-path sockets established but not yet \
@@ -405,12 +417,12 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(20);
         let read = fills(vec![fill(2, 0), fill(2, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
         assert!(start.elapsed() < Duration::from_millis(100));
         // An empty map at once, nothing connecting: no wait at all.
         let read = fills(vec![fill(0, 0)]);
         let start = tokio::time::Instant::now();
-        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
@@ -420,7 +432,7 @@ mod tests {
         let deadline = start + Duration::from_secs(20);
         // A connect that never settles (it failed): waited for HANDSHAKE_SETTLE.
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline).await,
+            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline, false).await,
             0
         );
         let waited = start.elapsed();
@@ -431,7 +443,7 @@ mod tests {
         // One that enters the map, then writes: waited for until it left.
         let start = tokio::time::Instant::now();
         let read = fills(vec![fill(0, 1), fill(1, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
         assert!(start.elapsed() < HANDSHAKE_SETTLE);
     }
 
@@ -440,7 +452,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(2);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline).await,
+            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline, false).await,
             1
         );
         assert_eq!(start.elapsed(), Duration::from_secs(2));
@@ -448,7 +460,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(300);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline).await,
+            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline, false).await,
             0
         );
         assert_eq!(start.elapsed(), Duration::from_millis(300));

@@ -12,6 +12,7 @@ pub mod cgroup;
 mod error;
 pub mod kernel;
 mod kernel_path;
+pub mod pin;
 
 pub use cgroup::find_cgroup2_root;
 pub use error::{DatapathError, Denial, classify_denial};
@@ -68,6 +69,17 @@ pub struct Attachment {
     sock_ops: Option<SockOpsLinkId>,
 }
 
+/// Whether the kernel path's sockets map is pinned (see [`pin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// No pin directory, or the kernel path is not attached.
+    Off,
+    /// Pinned here.
+    Pinned(PathBuf),
+    /// Pinning failed, and why.
+    Failed(String),
+}
+
 /// What to load: the relay path's settings, and the kernel path's when asked for.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -85,6 +97,9 @@ pub struct LoadOptions {
     pub node_ipv4: Option<Ipv4Addr>,
     /// The node's IPv6 address, likewise.
     pub node_ipv6: Option<Ipv6Addr>,
+    /// Where the kernel path's sockets map is pinned (on a bpf filesystem) so its
+    /// sockets keep their header after this process dies; `None`: not pinned.
+    pub pin_dir: Option<PathBuf>,
 }
 
 impl LoadOptions {
@@ -97,6 +112,7 @@ impl LoadOptions {
             max_kernel_sockets: MAX_KERNEL_SOCKETS,
             node_ipv4: None,
             node_ipv6: None,
+            pin_dir: None,
         }
     }
 }
@@ -113,6 +129,10 @@ pub struct Datapath {
     attachment: Option<Attachment>,
     capacity: u32,
     kernel_path: KernelPath,
+    /// Where to pin the sockets map once the kernel path is attached.
+    pin_dir: Option<PathBuf>,
+    /// Whether it is pinned: the pin, or why not.
+    pin: Pin,
     /// Reads the programs' aya-log events into the agent's log while it lives.
     _events: Option<EventsReader>,
 }
@@ -238,6 +258,8 @@ impl Datapath {
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
+            pin_dir: opts.pin_dir.clone(),
+            pin: Pin::Off,
             _events: events,
         })
     }
@@ -313,7 +335,10 @@ impl Datapath {
         // already established when the programs detach still get their header.
         let (sock_ops, setsockopt) = if self.kernel_path.is_on() {
             match self.attach_kernel_path(&dir, cgroup) {
-                Ok((sock_ops, setsockopt)) => (Some(sock_ops), Some(setsockopt)),
+                Ok((sock_ops, setsockopt)) => {
+                    self.pin_sockets();
+                    (Some(sock_ops), Some(setsockopt))
+                }
                 Err(e) => {
                     // The marking connect programs stay: with the kernel path off,
                     // no entry asks them to mark, and they redirect as the plain ones.
@@ -354,6 +379,46 @@ impl Datapath {
             .attachment
             .as_ref()
             .expect("the attachment was recorded above and links were confirmed"))
+    }
+
+    /// Pins the sockets map in the pin directory, when there is one; a failure is
+    /// logged and said in `status`, and the kernel path goes on unpinned.
+    fn pin_sockets(&mut self) {
+        let Some(dir) = self.pin_dir.clone() else {
+            self.pin = Pin::Off;
+            return;
+        };
+        let Some(id) = self.sockets_id else {
+            self.pin = Pin::Failed("the sockets map's id cannot be read".into());
+            return;
+        };
+        self.pin = match pin::pin_sockets(&dir, self.sockets.fd(), id) {
+            Ok(path) => {
+                tracing::info!(pin = %path.display(), "sockets map pinned: sockets established but not yet written keep their header if this process dies");
+                Pin::Pinned(path)
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "the sockets map is not pinned: sockets established but not yet written when this process dies go without their header");
+                Pin::Failed(why)
+            }
+        };
+    }
+
+    /// Whether the sockets map is pinned: the pin, or why not.
+    pub fn pin(&self) -> &Pin {
+        &self.pin
+    }
+
+    /// Removes this agent's pin of the sockets map (once it is empty: the kernel
+    /// then frees it with this process).
+    pub fn unpin(&mut self) {
+        if let Pin::Pinned(path) = &self.pin {
+            match pin::unpin(path) {
+                Ok(()) => tracing::info!(pin = %path.display(), "sockets map unpinned"),
+                Err(e) => tracing::warn!(error = %e, "the sockets map could not be unpinned"),
+            }
+            self.pin = Pin::Off;
+        }
     }
 
     /// Ok when every program has a bpf_link the kernel lists; else the first that

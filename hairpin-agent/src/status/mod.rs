@@ -105,6 +105,13 @@ pub struct KernelPathStatus {
     /// limit (the capacity less a sixteenth) new connects go to the relay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sockets_capacity: Option<u32>,
+    /// Where the sockets map is pinned (`--bpf-pin-dir`), when it is: its sockets
+    /// keep their header if the agent dies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets_map_pin: Option<String>,
+    /// Why the sockets map is not pinned, when pinning was asked for and failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets_map_pin_error: Option<String>,
 }
 
 /// [`KernelPathStatus::state`].

@@ -197,6 +197,8 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
             reason: reason.map(Into::into),
             sockets_map_id: on.then_some(33),
             sockets_capacity: on.then_some(65_536),
+            sockets_map_pin: None,
+            sockets_map_pin_error: None,
         }),
         ..Snapshot::default()
     };

@@ -581,6 +581,8 @@ mod tests {
                 reason: reason.map(Into::into),
                 sockets_map_id: Some(33),
                 sockets_capacity: Some(65_536),
+                sockets_map_pin: None,
+                sockets_map_pin_error: None,
             }),
             ..Default::default()
         };

@@ -315,6 +315,8 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         reason: Some("this kernel has no sk_msg programs".into()),
         sockets_map_id: None,
         sockets_capacity: None,
+        sockets_map_pin: None,
+        sockets_map_pin_error: None,
     });
     for f in &mut s.frontends {
         f.path = Paths(vec![LivePath::Ebpf]);
@@ -345,6 +347,8 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         reason: None,
         sockets_map_id: None,
         sockets_capacity: None,
+        sockets_map_pin: None,
+        sockets_map_pin_error: None,
     });
     let text = render(&report(Some(s)), false);
     assert!(
@@ -368,4 +372,41 @@ fn every_kernel_miss_and_fallback_counter_has_its_words() {
             c.name()
         );
     }
+}
+
+/// Where the sockets map is pinned, or why it is not, follows its fill line.
+#[test]
+fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
+    let pinned = KERNEL_PATH_STATUS.replace(
+        "\"sockets_capacity\": 64}",
+        "\"sockets_capacity\": 64, \"sockets_map_pin\": \"/sys/fs/bpf/hairpin/sockets-33\"}",
+    );
+    let text = render(
+        &report(Some(serde_json::from_str(&pinned).expect("status"))),
+        false,
+    );
+    assert!(
+        text.contains(
+            "(new connects go to the relay from 60)\n            pinned at \
+             /sys/fs/bpf/hairpin/sockets-33: its sockets keep their header if the agent dies\n"
+        ),
+        "{text}"
+    );
+    let failed = KERNEL_PATH_STATUS.replace(
+        "\"sockets_capacity\": 64}",
+        "\"sockets_capacity\": 64, \"sockets_map_pin_error\": \"/sys/fs/bpf is not on a bpf filesystem\"}",
+    );
+    let text = render(
+        &report(Some(serde_json::from_str(&failed).expect("status"))),
+        false,
+    );
+    assert!(
+        text.contains(
+            "            not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
+             established but not yet written when the agent dies go without their header\n"
+        ),
+        "{text}"
+    );
+    let plain = render(&report(Some(kernel_path_snapshot())), false);
+    assert!(!plain.contains("pinned"), "{plain}");
 }
