@@ -1,15 +1,19 @@
 //! The kernel-path components: `components/kernel-path` turns the kernel path on and
-//! changes nothing else, `components/kernel-path-perfmon` adds CAP_PERFMON and nothing
-//! else, the agent's own options read the result as meant, and the chart's
-//! `kernelPath` values render the same objects.
+//! mounts the host's bpf filesystem (for the pinned sockets map) and changes nothing
+//! else, `components/kernel-path-perfmon` adds CAP_PERFMON and nothing else, the
+//! agent's own options read the result as meant, the chart's `kernelPath` values
+//! render the same objects, and without the kernel path nothing mounts /sys/fs/bpf.
+
+use std::path::Path;
 
 use hairpin_agent::model::KernelPathMode;
 use serde_json::{Value as Json, json};
 
 use super::{
+    VARIANTS,
     chart::{comparable, render_chart},
     flags::run_args,
-    render::{agent, env_of, kustomize, kustomize_with, parse_all},
+    render::{agent, daemonset, env_of, host_path, kustomize, kustomize_with, parse_all, pod_spec},
 };
 
 const KERNEL_PATH: &str = "deploy/components/kernel-path";
@@ -24,7 +28,24 @@ fn caps(objs: &[Json]) -> Json {
         .clone()
 }
 
-/// `objs` with the agent's HAIRPIN_KERNEL_PATH entry and CAP_PERFMON taken out.
+/// Where the host's bpf filesystem is mounted, and from: the same path on both sides,
+/// so that the agent's default `--bpf-pin-dir` (/sys/fs/bpf/hairpin) is on the host's.
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// The agent's mount of the host's bpf filesystem, exactly as the component writes it
+/// (writable: the agent pins and unpins there; no mountPropagation: the bind is the
+/// host's bpffs instance itself).
+fn bpffs_mount() -> Json {
+    json!({"name": "bpffs", "mountPath": BPFFS})
+}
+
+/// The hostPath volume behind [`bpffs_mount`].
+fn bpffs_volume() -> Json {
+    json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "Directory"}})
+}
+
+/// `objs` with the agent's HAIRPIN_KERNEL_PATH entry, CAP_PERFMON, and the bpffs
+/// mount and volume (only as [`bpffs_mount`] and [`bpffs_volume`] write them) taken out.
 fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     for o in &mut objs {
         if o["kind"] != "DaemonSet" {
@@ -37,12 +58,42 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
         if let Some(add) = c["securityContext"]["capabilities"]["add"].as_array_mut() {
             add.retain(|a| a != "PERFMON");
         }
+        if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+            mounts.retain(|m| *m != bpffs_mount());
+        }
+        let pod = &mut o["spec"]["template"]["spec"];
+        if let Some(volumes) = pod["volumes"].as_array_mut() {
+            volumes.retain(|v| *v != bpffs_volume());
+        }
     }
     objs
 }
 
+/// How many of the agent's mounts are at /sys/fs/bpf and how many volumes are the
+/// host's /sys/fs/bpf.
+fn bpffs_count(objs: &[Json]) -> (usize, usize) {
+    let pod = pod_spec(&daemonset(objs, "hairpin"));
+    let mounts = agent(objs)
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.mount_path.trim_end_matches('/') == BPFFS)
+        .count();
+    let volumes = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| h.path.trim_end_matches('/') == BPFFS)
+        })
+        .count();
+    (mounts, volumes)
+}
+
 #[test]
-fn the_kernel_path_component_turns_it_on_and_changes_nothing_else() {
+fn the_kernel_path_component_turns_it_on_mounts_bpffs_and_changes_nothing_else() {
     let (Some(with), Some(base)) = (kustomize_with(&[KERNEL_PATH]), kustomize("deploy")) else {
         return;
     };
@@ -59,6 +110,16 @@ fn the_kernel_path_component_turns_it_on_and_changes_nothing_else() {
             .expect("caps")
             .contains(&json!("PERFMON"))
     );
+    // The host's bpffs, writable, at the same path: once, as written.
+    let pod = pod_spec(&daemonset(&with, "hairpin"));
+    assert_eq!(
+        host_path(&pod, &agent(&with), Path::new(BPFFS), KERNEL_PATH),
+        (BPFFS.into(), "Directory".into(), false)
+    );
+    assert_eq!(bpffs_count(&with), (1, 1));
+    assert_eq!(bpffs_count(&base), (0, 0));
+    // Stripped of exactly that mount and volume (and the env entry), the rest is the
+    // base: nothing else added, and the mount carries no other field.
     assert_eq!(comparable(without_kernel_path(with)), comparable(base));
 }
 
@@ -94,4 +155,24 @@ fn the_charts_kernel_path_values_render_what_the_components_render() {
     };
     assert_eq!(comparable(chart), comparable(kp));
     assert_eq!(comparable(both), comparable(kpp));
+}
+
+#[test]
+fn without_the_kernel_path_nothing_mounts_the_bpf_filesystem() {
+    // The chart's defaults and every variant's values: kernelPath.mode "off".
+    for v in VARIANTS {
+        let set: Vec<(&str, yaml_serde::Value)> = v
+            .chart
+            .iter()
+            .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
+            .collect();
+        let chart = render_chart(&set);
+        assert_eq!(bpffs_count(&chart), (0, 0), "chart with {set:?}");
+    }
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        let env = env_of(&agent(&objs), v.dir);
+        assert_eq!(run_args(&env, v.dir).kernel_path, KernelPathMode::Off);
+        assert_eq!(bpffs_count(&objs), (0, 0), "{}", v.dir);
+    }
 }
