@@ -102,7 +102,8 @@ fn the_kernel_path_component_turns_it_on_mounts_bpffs_and_changes_nothing_else()
     assert!(!env.contains_key("HAIRPIN_KERNEL_PATH"), "{env:?}");
     assert_eq!(run_args(&env, "deploy").kernel_path, KernelPathMode::Off);
     let env = env_of(&agent(&with), KERNEL_PATH);
-    assert_eq!(run_args(&env, KERNEL_PATH).kernel_path, KernelPathMode::On);
+    let run = run_args(&env, KERNEL_PATH);
+    assert_eq!(run.kernel_path, KernelPathMode::On);
     assert_eq!(caps(&with), caps(&base));
     assert!(
         !caps(&with)
@@ -110,7 +111,14 @@ fn the_kernel_path_component_turns_it_on_mounts_bpffs_and_changes_nothing_else()
             .expect("caps")
             .contains(&json!("PERFMON"))
     );
-    // The host's bpffs, writable, at the same path: once, as written.
+    // The host's bpffs, writable, at the same path: once, as written; the agent's
+    // --bpf-pin-dir (its default: the component does not set it) lies on it.
+    assert!(!env.contains_key("HAIRPIN_BPF_PIN_DIR"), "{env:?}");
+    assert!(
+        run.bpf_pin_dir.starts_with(BPFFS) && run.bpf_pin_dir != Path::new(BPFFS),
+        "--bpf-pin-dir {} is not under the mounted {BPFFS}",
+        run.bpf_pin_dir.display()
+    );
     let pod = pod_spec(&daemonset(&with, "hairpin"));
     assert_eq!(
         host_path(&pod, &agent(&with), Path::new(BPFFS), KERNEL_PATH),
