@@ -302,6 +302,8 @@ impl Agent {
             // One admin socket per node: the default path is shared by the whole machine
             // and parallel tests' agents would refuse each other's live socket.
             .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+            // The node's own bpf filesystem, not the machine's /sys/fs/bpf.
+            .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)

@@ -202,6 +202,18 @@ impl SimNode {
     fn build(&mut self, lbs: &[LbRule], mode: KubeProxyMode) {
         let _ = fs::remove_dir_all(&self.dir);
         fs::create_dir_all(&self.dir).expect("create scratch dir");
+        // A bpf filesystem of the node's own, where agents pin the kernel path's
+        // sockets map (`--bpf-pin-dir`): unmounted with the node, which frees the maps
+        // pinned there, so no test leaves a pin on the machine's /sys/fs/bpf.
+        fs::create_dir_all(self.bpffs()).expect("create the bpffs mount point");
+        let at = self.bpffs();
+        run(&[
+            "mount",
+            "-t",
+            "bpf",
+            "bpf",
+            at.to_str().expect("utf-8 path"),
+        ]);
         for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns].map(|s| s.to_string()) {
             run(&["ip", "netns", "add", &ns]);
             self.netns_created.push(ns);
@@ -550,6 +562,16 @@ impl SimNode {
         self.cgroup.join("host")
     }
 
+    /// The node's own bpf filesystem (mounted while the node lives).
+    pub fn bpffs(&self) -> PathBuf {
+        self.dir.join("bpffs")
+    }
+
+    /// Where the node's agents pin the kernel path's sockets map (`--bpf-pin-dir`).
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs().join("hairpin")
+    }
+
     /// Child cgroup for the agent itself (inside the attached subtree, as on a real node).
     pub fn agent_cgroup(&self) -> PathBuf {
         self.cgroup.join("agent")
@@ -587,6 +609,7 @@ impl Drop for SimNode {
             kill_netns_processes(ns);
             run_quiet(&["ip", "netns", "del", ns]);
         }
+        unmount_bpffs(&self.bpffs());
         remove_cgroup_tree(&self.cgroup);
         remove_cgroup_tree(&self.outside_cgroup_path());
         if std::env::var_os("HAIRPIN_KEEP_LOGS").is_none() {
@@ -676,4 +699,33 @@ fn sweep_stale() {
             }
         }
     }
+    // The bpf filesystems of nodes whose test process died without its teardown.
+    let tmp = std::env::temp_dir();
+    if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
+        for line in mounts.lines() {
+            let mut f = line.split_whitespace().skip(1);
+            let (Some(at), Some(kind)) = (f.next(), f.next()) else {
+                continue;
+            };
+            let at = Path::new(at);
+            let node_dir = at
+                .strip_prefix(&tmp)
+                .ok()
+                .and_then(|rest| rest.components().next())
+                .map(|c| c.as_os_str().to_string_lossy().into_owned());
+            if kind == "bpf"
+                && let Some(name) = node_dir
+                && name.starts_with(PREFIX)
+                && !alive(&name)
+            {
+                unmount_bpffs(at);
+            }
+        }
+    }
+}
+
+/// Unmounts a node's bpf filesystem (lazily: a process still in it lets go later),
+/// which frees whatever was pinned there.
+fn unmount_bpffs(at: &Path) {
+    let _ = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
 }

@@ -1559,10 +1559,11 @@ fn the_counters_read_through_the_agents_own_descriptor_without_cap_sys_admin() {
 
 // ---- SIGTERM and sockets that have not written yet --------------------------------
 //
-// The sockets map and sk_msg go with the agent, so an established socket that has not
-// written yet when the agent exits would never get its header. On SIGTERM the connect
-// programs detach first; sock_ops and sk_msg stay until the map is empty, within
-// `--drain-timeout`.
+// On SIGTERM the connect programs detach first; sock_ops and sk_msg stay until the
+// sockets map is empty, within `--drain-timeout`. Past it, or after a SIGKILL, the map
+// and sk_msg live on through the map's pin (`--bpf-pin-dir`), so an established socket
+// that has not written yet still gets its header; without a pin they go with the agent
+// and it never would.
 
 /// A pod client to the v1 capture frontend that connects at once and writes its
 /// request only once `dir/go` exists (at most about 10 s later), then reads the reply.
@@ -1673,22 +1674,35 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
         "{log}"
     );
     assert!(!log.contains("without their PROXY header"), "{log}");
+    // The reply file exists from the moment the client's `cat` starts: wait for
+    // the answer in it.
+    let reply = eventually(
+        || std::fs::read_to_string(dir.join("reply")).unwrap_or_default(),
+        |r| r.contains("ok"),
+    );
     assert!(
-        wait_file(&dir.join("reply"), Duration::from_secs(5)).is_some_and(|r| r.contains("ok")),
-        "the client gets its answer"
+        reply.contains("ok"),
+        "the client gets its answer: {reply:?}"
     );
     let _ = client.kill();
     let _ = client.wait();
 }
 
 #[test]
-fn sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_header() {
+fn without_a_pin_sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_header() {
     require_privileges!();
     let node = capture_node();
     let mut agent = Agent::start_with(
         &node,
         &capture_v1(),
-        &["--kernel-path", "on", "--drain-timeout", "2s"],
+        &[
+            "--kernel-path",
+            "on",
+            "--drain-timeout",
+            "2s",
+            "--bpf-pin-dir",
+            "none",
+        ],
     );
     let captured = capture_server(&node.ingress_ns, 1, false);
     let dir = node.dir.join("never");
@@ -1699,7 +1713,9 @@ fn sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_head
         "{}",
         agent.log()
     );
-    let map_id = status(&node)["kernel_path"]["sockets_map_id"]
+    let s = status(&node);
+    assert!(s["kernel_path"]["sockets_map_pin"].is_null(), "{s}");
+    let map_id = s["kernel_path"]["sockets_map_id"]
         .as_u64()
         .expect("the sockets map's id");
     let term = Instant::now();
@@ -1736,6 +1752,188 @@ fn sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_head
     assert!(got.starts_with(b"GET / "), "{}", got.escape_ascii());
     let _ = client.kill();
     let _ = client.wait();
+}
+
+/// How the agent leaves a socket established but not yet written behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leave {
+    /// SIGKILL (as an OOM kill or a node-level crash).
+    Kill,
+    /// SIGTERM with a drain timeout shorter than the socket waits.
+    TermPastTheDeadline,
+}
+
+/// An established pod socket that has not written when the agent goes away as
+/// `leave` says: the pinned sockets map keeps it, with sk_msg, so its late write gets
+/// the exact header; nothing stays attached at the cgroup, so a new connect goes the
+/// pre-hairpin way; a new agent adopts the pin and removes it once the socket closes,
+/// and the kernel frees the map.
+fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
+    let node = capture_node();
+    let mut agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &["--kernel-path", "on", "--drain-timeout", "1s"],
+    );
+    let captured = capture_server(&node.ingress_ns, 2, false);
+    let dir = node.dir.join("late");
+    let mut client = late_writer(&node, &dir);
+    assert_eq!(
+        wait_counter(&node, "kernel_sockets_entered", 1),
+        1,
+        "{}",
+        agent.log()
+    );
+    let s = status(&node);
+    let map_id = s["kernel_path"]["sockets_map_id"]
+        .as_u64()
+        .expect("the sockets map's id");
+    let pin = node.pin_dir().join(format!("sockets-{map_id}"));
+    assert_eq!(
+        s["kernel_path"]["sockets_map_pin"].as_str(),
+        pin.to_str(),
+        "{s}\n{}",
+        agent.log()
+    );
+    assert!(pin.exists(), "{}", agent.log());
+    match leave {
+        Leave::Kill => {
+            agent.signal(Signal::SIGKILL);
+            let _ = agent.wait(Duration::from_secs(10));
+        }
+        Leave::TermPastTheDeadline => {
+            agent.signal(Signal::SIGTERM);
+            let status = agent.wait(Duration::from_secs(10));
+            assert!(status.success(), "{}", agent.log());
+            let log = agent.log();
+            assert!(
+                log.contains("keep their header through the pinned sockets map")
+                    && log.contains("once they are gone unwritten=1")
+                    && log.contains("kernel_unwritten=1")
+                    && !log.contains("without their PROXY header"),
+                "{log}"
+            );
+        }
+    }
+    // Nothing of the agent's stays attached at the cgroup.
+    let mut attached = node.attached_programs();
+    for _ in 0..50 {
+        if !attached.contains("connect") && !attached.contains("sock_ops") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        attached = node.attached_programs();
+    }
+    assert!(
+        !attached.contains("connect") && !attached.contains("sock_ops"),
+        "still attached: {attached}"
+    );
+    // The map is still there, kept by its pin; the time the kernel would take to free
+    // it (see the test without a pin) goes by first.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(map_exists(map_id), "the pinned map went with the agent");
+    std::fs::write(dir.join("go"), "").expect("go");
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("nothing captured\nagent:\n{}", agent.log()));
+    let sport = header_source_port(&got, ProxyVersion::V1, false);
+    let want = Header::new(
+        ProxyVersion::V1,
+        SocketAddr::new(POD_IP4.parse().expect("pod ip"), sport),
+        SocketAddr::new(CAPTURE_LB4.parse().expect("lb ip"), 80),
+    );
+    assert!(
+        got.starts_with(want.as_bytes())
+            && got[want.as_bytes().len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "the late write must get its header from the pinned map: {}",
+        got.escape_ascii()
+    );
+    let reply = eventually(
+        || std::fs::read_to_string(dir.join("reply")).unwrap_or_default(),
+        |r| r.contains("ok"),
+    );
+    assert!(
+        reply.contains("ok"),
+        "the client gets its answer: {reply:?}"
+    );
+    // A connect made now is not marked: it goes the pre-hairpin way, no header.
+    let fresh = from_pod(&node, &url(CAPTURE_LB4, 80, "/"));
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("the fresh connect was not captured: {fresh:?}"));
+    assert!(got.starts_with(b"GET / "), "{}", got.escape_ascii());
+    // The next agent finds the pin and removes it once the socket has closed.
+    let mut next = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
+    next.wait_for_log("an earlier agent's sockets map", Duration::from_secs(10));
+    let _ = client.kill();
+    let _ = client.wait();
+    next.wait_for_log(
+        "an earlier agent's sockets map is empty: unpinned",
+        Duration::from_secs(10),
+    );
+    assert!(!pin.exists(), "{}", next.log());
+    let gone = Instant::now();
+    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!map_exists(map_id), "the kernel must free the unpinned map");
+    // The next agent's own map is pinned beside where the old one was.
+    let s = status(&node);
+    let own = s["kernel_path"]["sockets_map_pin"]
+        .as_str()
+        .expect("the next agent pins its own map");
+    assert!(
+        Path::new(own).exists() && own != pin.to_str().unwrap_or(""),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_socket_not_yet_written_when_the_agent_is_killed_gets_its_header_from_the_pinned_map() {
+    require_privileges!();
+    a_socket_left_unwritten_gets_its_header_from_the_pinned_map(Leave::Kill);
+}
+
+#[test]
+fn a_socket_not_yet_written_at_the_sigterm_deadline_gets_its_header_from_the_pinned_map() {
+    require_privileges!();
+    a_socket_left_unwritten_gets_its_header_from_the_pinned_map(Leave::TermPastTheDeadline);
+}
+
+#[test]
+fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned() {
+    require_privileges!();
+    let node = capture_node();
+    let plain = node.dir.join("not-bpffs");
+    let agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &[
+            "--kernel-path",
+            "on",
+            "--bpf-pin-dir",
+            plain.to_str().expect("utf-8 path"),
+        ],
+    );
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}");
+    let why = s["kernel_path"]["sockets_map_pin_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pin error in {s}"));
+    assert!(why.contains("is not on a bpf filesystem"), "{why}");
+    assert!(
+        agent
+            .log()
+            .contains("the sockets map is not pinned: sockets established but not yet written"),
+        "{}",
+        agent.log()
+    );
+    let captured = capture_server(&node.ingress_ns, 1, false);
+    let _ = from_pod(&node, &url(CAPTURE_LB4, 80, "/"));
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a captured connection");
+    assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
 }
 
 /// Whether the kernel still has map `id`.

@@ -61,9 +61,12 @@ pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
 /// `kubectl kustomize` of deploy/ with `components`, from a kustomization in a
 /// scratch directory (kustomize takes only relative paths to other kustomizations).
 pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
+    // One directory per call: tests rendering the same components run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "hairpin-components-{}-{}",
+        "hairpin-components-{}-{}-{}",
         std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         components.join("+").replace('/', "_")
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
