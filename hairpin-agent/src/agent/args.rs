@@ -95,7 +95,7 @@ pub struct RunArgs {
     /// Directory on the host's bpf filesystem where the kernel path pins its sockets
     /// map, so sockets established but not yet written when the agent dies (SIGKILL,
     /// OOM, a SIGTERM drain that ran out) still get their header from the kernel; the
-    /// next agent removes the pin once those sockets are gone. Empty: not pinned.
+    /// next agent removes the pin once those sockets are gone. `none`: not pinned.
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
 
@@ -324,6 +324,11 @@ pub fn default_listen_addresses() -> impl Iterator<Item = IpAddr> {
 }
 
 impl RunArgs {
+    /// `--bpf-pin-dir`, unless `none`.
+    pub fn pin_dir(&self) -> Option<&std::path::Path> {
+        (self.bpf_pin_dir.as_os_str() != "none").then_some(self.bpf_pin_dir.as_path())
+    }
+
     /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
     pub fn node_name(&self) -> anyhow::Result<String> {
         match &self.node_name {

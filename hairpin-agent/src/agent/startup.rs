@@ -506,21 +506,21 @@ fn load_options(args: &RunArgs) -> LoadOptions {
             IpAddr::V6(v) => Some(*v),
             IpAddr::V4(_) => None,
         }),
-        pin_dir: (!args.bpf_pin_dir.as_os_str().is_empty()).then(|| args.bpf_pin_dir.clone()),
+        pin_dir: args.pin_dir().map(PathBuf::from),
     }
 }
 
 /// Watches the sockets maps earlier agents pinned in `--bpf-pin-dir` (their sockets
 /// still get their header from them) and removes each pin once its map is empty.
 fn release_inherited_pins(args: &RunArgs, d: Option<&Datapath>) {
-    if args.bpf_pin_dir.as_os_str().is_empty() || !args.bpf_pin_dir.is_dir() {
+    let Some(dir) = args.pin_dir().filter(|d| d.is_dir()) else {
         return;
-    }
+    };
     let own = d.and_then(|d| match d.pin() {
         datapath::Pin::Pinned(p) => Some(p.clone()),
         _ => None,
     });
-    let (maps, failed) = datapath::pin::inherited(&args.bpf_pin_dir, own.as_deref());
+    let (maps, failed) = datapath::pin::inherited(dir, own.as_deref());
     for (path, why) in failed {
         warn!(pin = %path.display(), error = %why, "an earlier agent's pinned sockets map cannot be opened: left in place");
     }
