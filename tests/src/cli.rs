@@ -55,6 +55,8 @@ pub fn run_cli(node: &SimNode, args: &[&str]) -> CliRun {
     let out: Output = command_in(&node.node_ns, Some(&node.host_cgroup()), &argv)
         .env("HAIRPIN_ADMIN_SOCKET", &sock)
         .env_remove("HAIRPIN_ADMIN_ADDRESS")
+        // The node's own bpf filesystem, as its agents pin there.
+        .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
         .output()
         .unwrap_or_else(|e| panic!("failed to run {argv:?}: {e}"));
     CliRun {

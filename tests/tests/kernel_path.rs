@@ -1901,6 +1901,59 @@ fn a_socket_not_yet_written_at_the_sigterm_deadline_gets_its_header_from_the_pin
 }
 
 #[test]
+fn cleanup_removes_a_killed_agents_pinned_map_and_the_kernel_frees_it() {
+    require_privileges!();
+    let node = capture_node();
+    let mut agent = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
+    let map_id = status(&node)["kernel_path"]["sockets_map_id"]
+        .as_u64()
+        .expect("the sockets map's id");
+    let pin = node.pin_dir().join(format!("sockets-{map_id}"));
+    assert!(pin.exists(), "{}", agent.log());
+    agent.signal(Signal::SIGKILL);
+    let _ = agent.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(map_exists(map_id), "kept by its pin");
+    let run = hairpin_tests::cli::run_cli(
+        &node,
+        &[
+            "cleanup",
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let steps: Vec<(String, String)> = run.json()["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_string(),
+                s["outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("pinned-map".to_string(), "removed".to_string()),
+        ("pinned-maps".to_string(), "removed".to_string()),
+    ];
+    assert_eq!(steps, want, "{}", run.stdout);
+    assert!(!node.pin_dir().exists());
+    let gone = Instant::now();
+    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!map_exists(map_id), "the kernel must free the unpinned map");
+}
+
+#[test]
 fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned() {
     require_privileges!();
     let node = capture_node();

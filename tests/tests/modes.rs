@@ -195,7 +195,8 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
         .map(|s| s["name"].as_str().unwrap_or(""))
         .collect();
     // The hosts block, the relays' two listen addresses (the agent's defaults, on
-    // lo here), the names address; the Lease needs the API.
+    // lo here), the names address, no pinned map (the kernel path was off); the
+    // Lease needs the API.
     assert_eq!(
         names,
         [
@@ -203,13 +204,16 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
             "listen-address",
             "listen-address",
             "names-address",
+            "pinned-maps",
             "lease"
         ],
         "{report:#}"
     );
     assert_eq!(
         outcomes,
-        ["removed", "removed", "removed", "removed", "skipped"],
+        [
+            "removed", "removed", "removed", "removed", "absent", "skipped"
+        ],
         "{report:#}"
     );
     assert_eq!(fs::read(&hosts).expect("read"), NODE_HOSTS, "byte for byte");

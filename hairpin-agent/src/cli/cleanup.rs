@@ -3,7 +3,10 @@
 //! address on its link, the CoreDNS lines (or the import key) and the Lease.
 //! Idempotent: what is already gone is reported as absent, not as an error.
 
-use std::{net::IpAddr, path::PathBuf};
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, api::DeleteParams};
@@ -11,6 +14,7 @@ use serde::Serialize;
 
 use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
+    datapath::pin::SOCKETS_PIN_PREFIX,
     k8s::{
         self,
         coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
@@ -25,7 +29,8 @@ use crate::{
     long_about = "Removes everything hairpin wrote: the managed block of the hosts file \
 (every other byte kept), the names address on --names-link (and the dummy link when hairpin \
 made it), hairpin's rewrite lines in the CoreDNS Corefile or its key in coredns-custom, and \
-the agent's Lease. Run it after removing the DaemonSet. Steps that need the API are skipped \
+the agent's Lease, and the kernel path's pinned sockets maps in --bpf-pin-dir. Run it after \
+removing the DaemonSet. Steps that need the API are skipped \
 with a note when no API server is reachable.",
     after_help = "Exit status: 0 everything that existed was removed (or nothing was there); \
 1 something could not be removed.\n\nExamples:\n  hairpin-agent cleanup --hosts-file /etc/hosts \
@@ -78,6 +83,11 @@ pub struct CleanupArgs {
         default_value = "hairpin-system/hairpin-agent"
     )]
     pub lease: ObjectName,
+
+    /// Where the kernel path pinned its sockets maps (`run --bpf-pin-dir`); every pin
+    /// there is removed, and the directory when left empty. `none`: not touched.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: PathBuf,
 
     /// What to clean: `node` (the hosts block and the names address, run on every
     /// node), `cluster` (CoreDNS lines and the Lease, run once), or `all`.
@@ -195,6 +205,59 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
     if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
         steps.push(remove_address("names-address", link, address).await);
     }
+    if args.bpf_pin_dir.as_os_str() != "none" {
+        remove_pins(&args.bpf_pin_dir, steps);
+    }
+}
+
+/// Removes the kernel path's pinned sockets maps in `dir` (a socket in one that has
+/// not written yet then goes without its header, as when no pin was made), then
+/// `dir` itself when nothing else is in it.
+fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
+    let object = dir.display().to_string();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            steps.push(step("pinned-maps", object, Outcome::Absent, None));
+            return;
+        }
+        Err(e) => {
+            steps.push(step(
+                "pinned-maps",
+                object,
+                Outcome::Failed,
+                Some(e.to_string()),
+            ));
+            return;
+        }
+    };
+    let mut pins: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(SOCKETS_PIN_PREFIX)
+        })
+        .map(|e| e.path())
+        .collect();
+    pins.sort();
+    for pin in pins {
+        let object = pin.display().to_string();
+        steps.push(match crate::datapath::pin::unpin(&pin) {
+            Ok(()) => step("pinned-map", object, Outcome::Removed, None),
+            Err(e) => step("pinned-map", object, Outcome::Failed, Some(e)),
+        });
+    }
+    // Only an empty directory goes: anything else in it is not ours.
+    steps.push(match std::fs::remove_dir(dir) {
+        Ok(()) => step("pinned-maps", object, Outcome::Removed, None),
+        Err(e) => step(
+            "pinned-maps",
+            object,
+            Outcome::Skipped,
+            Some(format!("directory kept: {e}")),
+        ),
+    });
 }
 
 /// Removes `address` from `link` (deleting the dummy link when it is left empty).
@@ -318,13 +381,16 @@ mod tests {
         assert_eq!(names, ["lease"], "{:?}", cluster.steps);
         assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
 
-        // `--listen-link none`: this test must not touch the machine's own links.
+        // `--listen-link none`, `--bpf-pin-dir none`: this test must not touch the
+        // machine's own links or pins.
         let node = clean(&args(&[
             "--hosts-file",
             path,
             "--scope",
             "node",
             "--listen-link",
+            "none",
+            "--bpf-pin-dir",
             "none",
         ]))
         .await;
@@ -341,5 +407,40 @@ mod tests {
             "hairpin0",
             "by default the node scope removes the relays' listen addresses from hairpin0"
         );
+    }
+
+    #[test]
+    fn every_pinned_map_goes_and_the_directory_only_when_nothing_else_is_in_it() {
+        let dir = std::env::temp_dir().join(format!("hairpin-pins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for f in ["sockets-7", "sockets-12", "not-ours"] {
+            std::fs::write(dir.join(f), "").expect("file");
+        }
+        let mut steps = Vec::new();
+        remove_pins(&dir, &mut steps);
+        let got: Vec<(&str, &Outcome)> = steps.iter().map(|s| (s.name, &s.outcome)).collect();
+        assert_eq!(
+            got,
+            [
+                ("pinned-map", &Outcome::Removed),
+                ("pinned-map", &Outcome::Removed),
+                ("pinned-maps", &Outcome::Skipped),
+            ],
+            "{steps:?}"
+        );
+        assert!(dir.join("not-ours").exists());
+        assert!(!dir.join("sockets-7").exists() && !dir.join("sockets-12").exists());
+
+        std::fs::remove_file(dir.join("not-ours")).expect("rm");
+        std::fs::write(dir.join("sockets-3"), "").expect("file");
+        let mut steps = Vec::new();
+        remove_pins(&dir, &mut steps);
+        assert_eq!(steps.last().map(|s| &s.outcome), Some(&Outcome::Removed));
+        assert!(!dir.exists());
+
+        let mut steps = Vec::new();
+        remove_pins(&dir, &mut steps);
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].outcome, Outcome::Absent);
     }
 }

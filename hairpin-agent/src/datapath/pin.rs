@@ -27,14 +27,14 @@ use tracing::{info, warn};
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The pin file name prefix; the map id follows.
-const PREFIX: &str = "sockets-";
+pub const SOCKETS_PIN_PREFIX: &str = "sockets-";
 
 /// Pins the sockets map behind `fd` (kernel id `id`) as `sockets-<id>` in `dir`,
 /// which is made (mode 0700) when missing. `dir` must be on a bpf filesystem: a pin
 /// anywhere else could not outlive the process, so that is refused with the reason.
 pub fn pin_sockets(dir: &Path, fd: impl AsFd, id: u32) -> Result<PathBuf, String> {
     ensure_dir(dir)?;
-    let path = dir.join(format!("{PREFIX}{id}"));
+    let path = dir.join(format!("{SOCKETS_PIN_PREFIX}{id}"));
     let owned = fd
         .as_fd()
         .try_clone_to_owned()
@@ -126,7 +126,11 @@ pub fn inherited(dir: &Path, own: Option<&Path>) -> (Vec<Inherited>, Vec<(PathBu
     };
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(SOCKETS_PIN_PREFIX)
+        })
         .map(|e| e.path())
         .filter(|p| Some(p.as_path()) != own)
         .collect();
