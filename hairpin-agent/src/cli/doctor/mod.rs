@@ -420,37 +420,54 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
                 tally.relayed(),
                 tally.describe_fallbacks()
             );
+            // An unpinned sockets map goes with the agent's process: say so beside
+            // the counters, since nothing has been missed yet.
+            let unpinned = kp.sockets_map_pin_error.as_ref().map(|why| {
+                format!(
+                    "; sockets map not pinned ({why}): sockets established but not yet \
+                     written when the agent dies go without their header"
+                )
+            });
             let missed = tally.missed();
             if missed == 0 {
-                return Check::new(
-                    name,
-                    Status::Ok,
-                    format!(
-                        "on: {} headers written by the kernel, none missed; {relayed}; {fill}",
-                        tally.written
-                    ),
+                let detail = format!(
+                    "on: {} headers written by the kernel, none missed; {relayed}; {fill}{}",
+                    tally.written,
+                    unpinned.as_deref().unwrap_or("")
                 );
+                return match unpinned {
+                    None => Check::new(name, Status::Ok, detail),
+                    Some(_) => Check::new(name, Status::Warn, detail).fix(PIN_FIX),
+                };
             }
-            let fixes: Vec<&str> = tally
+            let mut fixes: Vec<&str> = tally
                 .misses
                 .iter()
                 .filter(|m| m.2 > 0)
                 .map(|(c, _, _)| miss_fix(*c))
                 .collect();
+            if unpinned.is_some() {
+                fixes.push(PIN_FIX);
+            }
             Check::new(
                 name,
                 Status::Warn,
                 format!(
                     "on, but {missed} connections went without their PROXY header since the \
-                     agent started: {}; {} headers written by the kernel; {relayed}; {fill}",
+                     agent started: {}; {} headers written by the kernel; {relayed}; {fill}{}",
                     tally.describe_misses(),
-                    tally.written
+                    tally.written,
+                    unpinned.as_deref().unwrap_or("")
                 ),
             )
             .fix(fixes.join("; "))
         }
     }
 }
+
+/// What to do when the sockets map could not be pinned.
+const PIN_FIX: &str = "mount the host's /sys/fs/bpf into the agent so --bpf-pin-dir is on a \
+     bpf filesystem (deploy/components/kernel-path does), or point --bpf-pin-dir at one";
 
 /// What to do about the connections one miss counter counts.
 fn miss_fix(counter: Counter) -> &'static str {
@@ -630,6 +647,26 @@ mod tests {
              Open 0); sockets map 3 of 65536 in use"
         );
         assert!(c.fix.is_none());
+    }
+
+    /// An unpinned sockets map is a warning with what it costs and the mount to add.
+    #[test]
+    fn an_unpinned_sockets_map_warns_with_the_mount_to_add() {
+        let mut s = kernel_path_agent(KernelPathState::On, None, &[("kernel_headers_written", 4)]);
+        if let Some(kp) = s.kernel_path.as_mut() {
+            kp.sockets_map_pin_error = Some("/sys/fs/bpf is not on a bpf filesystem".into());
+        }
+        let c = kernel_path_check(Some(&s), &[]);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.ends_with(
+                "; sockets map not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
+                 established but not yet written when the agent dies go without their header"
+            ),
+            "{}",
+            c.detail
+        );
+        assert_eq!(c.fix.as_deref(), Some(PIN_FIX));
     }
 
     /// A connection without its header is a warning naming the counter, what it
