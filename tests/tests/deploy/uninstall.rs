@@ -1,19 +1,73 @@
 //! deploy/uninstall: `hairpin-agent cleanup` once per node (a DaemonSet with the
-//! node's /etc/hosts) and once per cluster (a Job as the agent's ServiceAccount, and
-//! for the CoreDNS overlays one as the writer's), with the settings of the install it
-//! undoes.
+//! node's /etc/hosts and its bpf filesystem, mounted as components/kernel-path mounts
+//! it) and once per cluster (a Job as the agent's ServiceAccount, and for the CoreDNS
+//! overlays one as the writer's), with the settings of the install it undoes.
 
-use k8s_openapi::api::{batch::v1::Job, core::v1::Container};
+use std::{collections::BTreeSet, path::Path};
+
+use k8s_openapi::api::{
+    batch::v1::Job,
+    core::v1::{Container, PodSpec, Volume, VolumeMount},
+};
 use serde_json::Value as Json;
 
 use super::{
     VARIANTS,
     flags::{cleanup_args, run_args, writer_args},
     render::{
-        agent, daemonset, env_of, find, host_path, kind_names, kustomize, parse_all, pod_spec,
-        typed, writer,
+        agent, daemonset, env_of, find, host_path, kind_names, kustomize, kustomize_with,
+        parse_all, pod_spec, typed, writer,
     },
 };
+
+/// The component whose agent pins the sockets maps the node cleanup removes.
+const KERNEL_PATH: &str = "deploy/components/kernel-path";
+
+/// Where the host's bpf filesystem is mounted, and from (the same path on both sides).
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// The agent's mount of the host's bpf filesystem and its volume, as
+/// components/kernel-path renders them.
+fn kernel_path_bpffs() -> Option<(VolumeMount, Volume)> {
+    let objs = kustomize_with(&[KERNEL_PATH])?;
+    let pod = pod_spec(&daemonset(&objs, "hairpin"));
+    Some(bpffs_of(&pod, &agent(&objs), KERNEL_PATH))
+}
+
+/// `c`'s mount at /sys/fs/bpf and the pod's volume behind it.
+fn bpffs_of(pod: &PodSpec, c: &Container, source: &str) -> (VolumeMount, Volume) {
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == BPFFS)
+        .unwrap_or_else(|| panic!("{source}: {} mounts nothing at {BPFFS}", c.name))
+        .clone();
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("{source}: volume {} missing", mount.name))
+        .clone();
+    (mount, volume)
+}
+
+/// Whether `pod` mounts the host's /sys/fs/bpf anywhere, or has it as a volume.
+fn touches_bpffs(pod: &PodSpec) -> bool {
+    let containers = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten());
+    containers
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .any(|m| m.mount_path.trim_end_matches('/') == BPFFS)
+        || pod.volumes.iter().flatten().any(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| h.path.trim_end_matches('/') == BPFFS)
+        })
+}
 
 /// The cleanup Job's container.
 pub fn cleanup_job(objs: &[Json]) -> Container {
@@ -102,6 +156,32 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
                 v.dir
             );
         }
+        // And the kernel path's pins, through the host's bpf filesystem (as
+        // components/kernel-path mounts it: the next test). Nothing else of the node.
+        let mounts: Vec<(&str, &str)> = init[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [("hosts", "/host/etc/hosts"), ("bpffs", BPFFS)],
+            "{}: the cleanup's mounts",
+            v.uninstall
+        );
+        let volumes: Vec<&str> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|vol| vol.name.as_str())
+            .collect();
+        assert_eq!(volumes, ["hosts", "bpffs"], "{}: the volumes", v.uninstall);
+        assert_eq!(
+            node.bpf_pin_dir, run.bpf_pin_dir,
+            "{}: the directory the agents of {} pin in",
+            v.uninstall, v.dir
+        );
         assert_eq!(
             node.scope,
             hairpin_agent::cli::cleanup::Scope::Node,
@@ -137,6 +217,11 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             "{}: the pod idles once clean, so rollout status says every node is done",
             v.uninstall
         );
+        assert!(
+            pause[0].volume_mounts.is_none(),
+            "{}: the pause container mounts nothing of the node",
+            v.uninstall
+        );
 
         // Once per cluster: the Lease and the CoreDNS lines, as the agent's
         // ServiceAccount (rbac.rs checks those Roles grant exactly these calls).
@@ -159,6 +244,11 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
         assert!(
             cluster.hosts_file.is_none(),
             "{}: no host access in the Job",
+            v.uninstall
+        );
+        assert!(
+            cluster_pod.volumes.is_none() && job.volume_mounts.is_none(),
+            "{}: the Job mounts nothing",
             v.uninstall
         );
         assert_eq!(
@@ -204,6 +294,11 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
                     v.uninstall
                 );
                 assert!(c.hosts_file.is_none(), "{}", v.uninstall);
+                assert!(
+                    pod.volumes.is_none() && job.volume_mounts.is_none(),
+                    "{}: the Job mounts nothing",
+                    v.uninstall
+                );
                 assert_eq!(
                     c.lease.to_string(),
                     format!("{}/{}", w.namespace, w.lease_name),
@@ -235,5 +330,80 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             v.uninstall
         );
         assert_eq!(image(&init[0]), image(&agent_c), "{}", v.uninstall);
+    }
+}
+
+#[test]
+fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_path_does() {
+    let Some((want_mount, want_volume)) = kernel_path_bpffs() else {
+        return;
+    };
+    // The component's shape, which the cleanup must match: the host's /sys/fs/bpf, a
+    // Directory, at the same path, writable (cleanup unlinks the pins).
+    assert_eq!(
+        (want_mount.name.as_str(), want_mount.mount_path.as_str()),
+        ("bpffs", BPFFS)
+    );
+    let hp = want_volume.host_path.clone().expect("a hostPath");
+    assert_eq!(
+        (hp.path.as_str(), hp.type_.as_deref(), want_mount.read_only),
+        (BPFFS, Some("Directory"), None),
+        "{KERNEL_PATH}"
+    );
+    let uninstalls: BTreeSet<&str> = VARIANTS.iter().map(|v| v.uninstall).collect();
+    for dir in uninstalls {
+        let Some(objs) = kustomize(dir) else { return };
+        let mut node_pods = 0;
+        for obj in &objs {
+            let kind = obj["kind"].as_str().unwrap_or_default();
+            if !matches!(kind, "DaemonSet" | "Job" | "Deployment") {
+                continue;
+            }
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+            let source = format!("{dir}: {kind} {name}");
+            let pod: PodSpec = serde_json::from_value(obj["spec"]["template"]["spec"].clone())
+                .unwrap_or_else(|e| panic!("{source}: pod spec: {e}"));
+            let cleanups: Vec<&Container> = pod
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&pod.containers)
+                .filter(|c| c.args.as_deref() == Some(&["cleanup".to_string()][..]))
+                .collect();
+            assert!(!cleanups.is_empty(), "{source}: runs no cleanup");
+            let mut node_scope = false;
+            for c in cleanups {
+                let args = cleanup_args(&env_of(c, &source), &source);
+                if args.scope == hairpin_agent::cli::cleanup::Scope::Cluster {
+                    continue;
+                }
+                node_scope = true;
+                let (mount, volume) = bpffs_of(&pod, c, &source);
+                assert_eq!(mount, want_mount, "{source}: the mount, as {KERNEL_PATH}");
+                assert_eq!(
+                    volume, want_volume,
+                    "{source}: the volume, as {KERNEL_PATH}"
+                );
+                assert_eq!(
+                    host_path(&pod, c, Path::new(BPFFS), &source),
+                    (BPFFS.into(), "Directory".into(), false),
+                    "{source}: the host's bpf filesystem, writable"
+                );
+                assert!(
+                    args.bpf_pin_dir.starts_with(BPFFS) && args.bpf_pin_dir != Path::new(BPFFS),
+                    "{source}: --bpf-pin-dir {} is not under the mounted {BPFFS}",
+                    args.bpf_pin_dir.display()
+                );
+            }
+            if node_scope {
+                node_pods += 1;
+            } else {
+                assert!(
+                    !touches_bpffs(&pod),
+                    "{source}: a cluster-scope cleanup needs no bpf filesystem"
+                );
+            }
+        }
+        assert_eq!(node_pods, 1, "{dir}: one node-scope cleanup pod");
     }
 }
