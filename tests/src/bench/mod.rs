@@ -85,6 +85,7 @@ fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
 pub fn run(opts: &Options) -> Result<Results> {
     let mut r = Results::default();
     let nofile = procs::raise_nofile(65_536)?;
+    r.notes.push("Proxy CPU per request: the user and system time the proxy process (the agent for the relay rows, HAProxy for its own) used during each wrk run, from /proc/PID/stat, divided by the requests wrk completed. System time includes the softirq work the process's own sends run inline (the peer's half of the TCP exchange on this node), which both proxies pay alike. It is the cost behind the rate: with each proxy sharing CPU 1 with nginx, the rate follows it, and it varies less between runs than the rate does.".into());
     r.notes.push(format!("RLIMIT_NOFILE set to {nofile} (setrlimit in the bench before it spawns anything, inherited by the agent, nginx and HAProxy): the agent opens one listener per frontend."));
     let client_cpu = if procs::cpus() >= 2 {
         procs::pin_self(1)?;
@@ -98,7 +99,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let node = SimNode::with_lbs(&setup::bench_lbs());
     setup::tune_namespaces(&node);
     let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
-    let _haproxy = setup::start_haproxy_send_proxy(&node)?;
+    let haproxy = setup::start_haproxy_send_proxy(&node)?;
     let ctx = Ctx {
         node: &node,
         opts,
@@ -115,7 +116,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let relay = traffic::targets();
     if record(&mut r, "sanity", traffic::sanity(&ctx, &relay)).is_some() {
         eprintln!("connection rate (wrk, {} s per run)", opts.wrk_secs);
-        let res = traffic::connection_rate(&ctx, agent.pid(), &relay);
+        let res = traffic::connection_rate(&ctx, agent.pid(), haproxy.pid(), &relay);
         if let Some((rate, load)) = record(&mut r, "connection rate", res) {
             r.rate = rate;
             r.rss_small = Some((idle, load));
@@ -159,7 +160,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             "kernel path: connection rate (wrk, {} s per run)",
             opts.wrk_secs
         );
-        let res = traffic::connection_rate(&ctx, agent.pid(), &kernel);
+        let res = traffic::connection_rate(&ctx, agent.pid(), haproxy.pid(), &kernel);
         if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
             r.rate_kernel = rate;
         }

@@ -134,6 +134,22 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// CPU time `pid` has used so far, user and system (which includes the softirq work
+/// its own sends trigger on this CPU), in microseconds.
+pub fn cpu_us(pid: i32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: utime and stime are the
+    // 14th and 15th of the whole line, the 12th and 13th after the ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut f = rest.split_whitespace().skip(11);
+    let (utime, stime): (u64, u64) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)?;
+    Some((utime + stime) as f64 * 1e6 / tck as f64)
+}
+
 /// The machine, for the report: CPU count, kernel, CPU model.
 pub fn machine() -> String {
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

@@ -215,6 +215,17 @@ fn main_table(r: &Results, out: &mut String) {
             q.map_or("—".into(), |q| format!("{q:.2}×")),
             met(q.map(|q| q <= 1.0))
         );
+        let cpu = (
+            h.and_then(RateRuns::cpu_per_request),
+            a.and_then(RateRuns::cpu_per_request),
+        );
+        let _ = writeln!(
+            out,
+            "| proxy CPU per request, PROXY {v} (µs) | {} | {ha}: {} | {} | — | reported |",
+            cell(cpu.0, 1),
+            cell(cpu.1, 1),
+            ratio(cpu.0, cpu.1).map_or("—".into(), |q| format!("{q:.2}×")),
+        );
     }
     transfer_row(
         out,
@@ -432,6 +443,7 @@ mod tests {
 
     fn runs(t: &Target, rps: f64, p99_us: f64) -> RateRuns {
         RateRuns {
+            cpu_us_per_request: Vec::new(),
             target: t.clone(),
             runs: vec![WrkResult {
                 requests_per_sec: rps,

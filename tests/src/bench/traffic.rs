@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::{
     Ctx,
-    procs::rss_kib,
+    procs::{cpu_us, rss_kib},
     setup::{
         HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_KERNEL_V1, LB_KERNEL_V2, LB_PLAIN, LB_V1, LB_V2,
         in_pod, upload_file, url,
@@ -87,6 +87,9 @@ pub struct RateRuns {
     pub target: Target,
     /// One result per round.
     pub runs: Vec<WrkResult>,
+    /// CPU time the proxy process (the agent for the relay rows, HAProxy for its
+    /// rows) used per request, in µs, per round; empty for rows without one.
+    pub cpu_us_per_request: Vec<f64>,
 }
 
 impl RateRuns {
@@ -107,6 +110,10 @@ impl RateRuns {
     /// p99 latency (µs) over the rounds.
     pub fn p99(&self) -> Option<Spread> {
         Spread::of(&self.runs.iter().map(|r| r.p99_us).collect::<Vec<_>>())
+    }
+    /// The proxy process's CPU time per request (µs) over the rounds.
+    pub fn cpu_per_request(&self) -> Option<Spread> {
+        Spread::of(&self.cpu_us_per_request)
     }
     /// Failed requests over all rounds.
     pub fn errors(&self) -> u64 {
@@ -186,10 +193,13 @@ pub fn wrk_once(
 }
 
 /// Rounds of wrk over `targets`, interleaved so drift hits all targets alike.
-/// Returns the runs and the agent's largest RSS (KiB) while it carried load.
+/// Returns the runs and the agent's largest RSS (KiB) while it carried load. The
+/// relay rows also measure the agent's CPU time per request, and the HAProxy rows
+/// `haproxy_pid`'s: the cost behind the rate, steadier than the rate on 2 cores.
 pub fn connection_rate(
     ctx: &Ctx<'_>,
     agent_pid: i32,
+    haproxy_pid: i32,
     targets: &[Target],
 ) -> Result<(Vec<RateRuns>, u64)> {
     let mut all: Vec<RateRuns> = targets
@@ -198,6 +208,7 @@ pub fn connection_rate(
         .map(|target| RateRuns {
             target,
             runs: Vec::new(),
+            cpu_us_per_request: Vec::new(),
         })
         .collect();
     // Warm-up: caches, conntrack, the relay's allocator; not recorded.
@@ -215,9 +226,23 @@ pub fn connection_rate(
                 }
                 _ => None,
             };
+            let proxy = if r.target.hairpin {
+                Some(agent_pid)
+            } else if r.target.name.starts_with("HAProxy") {
+                Some(haproxy_pid)
+            } else {
+                None
+            };
+            let cpu_before = proxy.and_then(cpu_us);
             let (res, m) = wrk_once(ctx, &r.target, ctx.opts.wrk_secs, pid)?;
+            let cpu_after = proxy.and_then(cpu_us);
             if let Some(p) = perf {
                 stop_perf(p)?;
+            }
+            if let (Some(a), Some(b)) = (cpu_before, cpu_after)
+                && res.requests > 0
+            {
+                r.cpu_us_per_request.push((b - a) / res.requests as f64);
             }
             eprintln!(
                 "  rate round {round}: {:<32} {:>9.0} req/s p50 {:>7.0} us p99 {:>7.0} us errors {}",
