@@ -448,6 +448,7 @@ impl CappedAgent {
             .args(["--log", "hairpin_agent=debug,info"])
             .args(extra)
             .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+            .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("agent log"));
@@ -543,6 +544,14 @@ fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and
             && log.contains("sendto(MSG_FASTOPEN) connections")
             && log.contains("(kernel_missed_data_first)"),
         "{log}"
+    );
+    // Pinning needs no capability beyond these (and write access to the directory).
+    assert!(
+        s["kernel_path"]["sockets_map_pin"]
+            .as_str()
+            .is_some_and(|p| Path::new(p).exists()),
+        "the sockets map is pinned under the DaemonSet's capabilities: {s}\n{}",
+        agent.log()
     );
     assert_capture_headers_equal_the_relays_encoder(&node, || agent.log());
     // /metrics and /status read the counters through the agent's own map
