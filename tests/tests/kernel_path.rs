@@ -725,6 +725,23 @@ fn answers_across(
     (first, second, agent, next)
 }
 
+/// No connect or sock_ops program of a gone agent is attached at the node's cgroup
+/// (the kernel releases its links within a second).
+fn assert_nothing_attached(node: &SimNode) {
+    let mut attached = node.attached_programs();
+    for _ in 0..50 {
+        if !attached.contains("connect") && !attached.contains("sock_ops") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        attached = node.attached_programs();
+    }
+    assert!(
+        !attached.contains("connect") && !attached.contains("sock_ops"),
+        "still attached after the agent went: {attached}"
+    );
+}
+
 /// The second answer repeats the first: same connection, same header, same port.
 fn assert_survived(first: &str, second: Option<&str>, agent: &Agent) {
     assert!(
@@ -744,18 +761,7 @@ fn an_established_keep_alive_connection_keeps_answering_after_the_agent_is_kille
     let (first, second, agent, _) = answers_across(&node, KERNEL_PATH_ON, Stop::Kill);
     assert_survived(&first, second.as_deref(), &agent);
     // And the agent left nothing attached: no connect, no sock_ops program.
-    let mut attached = node.attached_programs();
-    for _ in 0..50 {
-        if !attached.contains("connect") && !attached.contains("sock_ops") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        attached = node.attached_programs();
-    }
-    assert!(
-        !attached.contains("connect") && !attached.contains("sock_ops"),
-        "still attached after SIGKILL: {attached}"
-    );
+    assert_nothing_attached(&node);
     // A new connection takes the pre-hairpin path, as before hairpin.
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
@@ -1597,6 +1603,57 @@ cat <&3 > {d}/reply
     .expect("start the client")
 }
 
+/// An agent on the capture node's v1 frontend with `extra`, a capture server for `n`
+/// connections, and a [`late_writer`] in `<node dir>/<name>`; returns once the
+/// client's socket has entered the sockets map.
+fn agent_and_a_late_writer(
+    node: &SimNode,
+    extra: &[&str],
+    n: usize,
+    name: &str,
+) -> (Agent, mpsc::Receiver<Vec<u8>>, std::path::PathBuf, Child) {
+    let agent = Agent::start_with(node, &capture_v1(), extra);
+    let captured = capture_server(&node.ingress_ns, n, false);
+    let dir = node.dir.join(name);
+    let client = late_writer(node, &dir);
+    assert_eq!(
+        wait_counter(node, "kernel_sockets_entered", 1),
+        1,
+        "{}",
+        agent.log()
+    );
+    (agent, captured, dir, client)
+}
+
+/// The [`late_writer`] in `dir` got its answer. Its reply file exists from the moment
+/// its `cat` starts: the answer in it is waited for.
+fn assert_late_writer_answered(dir: &Path) {
+    let reply = eventually(
+        || std::fs::read_to_string(dir.join("reply")).unwrap_or_default(),
+        |r| r.contains("ok"),
+    );
+    assert!(
+        reply.contains("ok"),
+        "the client gets its answer: {reply:?}"
+    );
+}
+
+/// `got` is the [`late_writer`]'s request behind the exact v1 header naming the pod.
+fn assert_late_writers_header(got: &[u8], what: &str, log: &str) {
+    let sport = header_source_port(got, ProxyVersion::V1, false);
+    let want = Header::new(
+        ProxyVersion::V1,
+        SocketAddr::new(POD_IP4.parse().expect("pod ip"), sport),
+        SocketAddr::new(CAPTURE_LB4.parse().expect("lb ip"), 80),
+    );
+    assert!(
+        got.starts_with(want.as_bytes())
+            && got[want.as_bytes().len()..].starts_with(b"GET / HTTP/1.1\r\n"),
+        "{what}: {}\nagent:\n{log}",
+        got.escape_ascii(),
+    );
+}
+
 /// The capture node's v1 IPv4 frontend only.
 fn capture_v1() -> [FrontendSpec; 1] {
     [FrontendSpec {
@@ -1622,19 +1679,11 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
     require_privileges!();
     let node = capture_node();
     let drain_timeout = Duration::from_secs(10);
-    let mut agent = Agent::start_with(
+    let (mut agent, captured, dir, mut client) = agent_and_a_late_writer(
         &node,
-        &capture_v1(),
         &["--kernel-path", "on", "--drain-timeout", "10s"],
-    );
-    let captured = capture_server(&node.ingress_ns, 1, false);
-    let dir = node.dir.join("late");
-    let mut client = late_writer(&node, &dir);
-    assert_eq!(
-        wait_counter(&node, "kernel_sockets_entered", 1),
         1,
-        "{}",
-        agent.log()
+        "late",
     );
     let term = Instant::now();
     agent.signal(Signal::SIGTERM);
@@ -1657,18 +1706,10 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
     let status = agent.wait(drain_timeout + Duration::from_secs(5));
     let exited = term.elapsed();
     assert!(status.success(), "{}", agent.log());
-    let sport = header_source_port(&got, ProxyVersion::V1, false);
-    let want = Header::new(
-        ProxyVersion::V1,
-        SocketAddr::new(POD_IP4.parse().expect("pod ip"), sport),
-        SocketAddr::new(CAPTURE_LB4.parse().expect("lb ip"), 80),
-    );
-    assert!(
-        got.starts_with(want.as_bytes())
-            && got[want.as_bytes().len()..].starts_with(b"GET / HTTP/1.1\r\n"),
-        "the header must go out during the drain: {}\nagent:\n{}",
-        got.escape_ascii(),
-        agent.log()
+    assert_late_writers_header(
+        &got,
+        "the header must go out during the drain",
+        &agent.log(),
     );
     // It exits once the socket has left the map: after the write, well before the
     // drain timeout.
@@ -1683,16 +1724,7 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
         "{log}"
     );
     assert!(!log.contains("without their PROXY header"), "{log}");
-    // The reply file exists from the moment the client's `cat` starts: wait for
-    // the answer in it.
-    let reply = eventually(
-        || std::fs::read_to_string(dir.join("reply")).unwrap_or_default(),
-        |r| r.contains("ok"),
-    );
-    assert!(
-        reply.contains("ok"),
-        "the client gets its answer: {reply:?}"
-    );
+    assert_late_writer_answered(&dir);
     let _ = client.kill();
     let _ = client.wait();
 }
@@ -1701,9 +1733,8 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
 fn without_a_pin_sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_without_its_header() {
     require_privileges!();
     let node = capture_node();
-    let mut agent = Agent::start_with(
+    let (mut agent, captured, dir, mut client) = agent_and_a_late_writer(
         &node,
-        &capture_v1(),
         &[
             "--kernel-path",
             "on",
@@ -1712,15 +1743,8 @@ fn without_a_pin_sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_wi
             "--bpf-pin-dir",
             "none",
         ],
-    );
-    let captured = capture_server(&node.ingress_ns, 1, false);
-    let dir = node.dir.join("never");
-    let mut client = late_writer(&node, &dir);
-    assert_eq!(
-        wait_counter(&node, "kernel_sockets_entered", 1),
         1,
-        "{}",
-        agent.log()
+        "never",
     );
     let s = status(&node);
     assert!(s["kernel_path"]["sockets_map_pin"].is_null(), "{s}");
@@ -1779,19 +1803,11 @@ enum Leave {
 /// and the kernel frees the map.
 fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
     let node = capture_node();
-    let mut agent = Agent::start_with(
+    let (mut agent, captured, dir, mut client) = agent_and_a_late_writer(
         &node,
-        &capture_v1(),
         &["--kernel-path", "on", "--drain-timeout", "1s"],
-    );
-    let captured = capture_server(&node.ingress_ns, 2, false);
-    let dir = node.dir.join("late");
-    let mut client = late_writer(&node, &dir);
-    assert_eq!(
-        wait_counter(&node, "kernel_sockets_entered", 1),
-        1,
-        "{}",
-        agent.log()
+        2,
+        "late",
     );
     let s = status(&node);
     let map_id = s["kernel_path"]["sockets_map_id"]
@@ -1825,18 +1841,7 @@ fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
         }
     }
     // Nothing of the agent's stays attached at the cgroup.
-    let mut attached = node.attached_programs();
-    for _ in 0..50 {
-        if !attached.contains("connect") && !attached.contains("sock_ops") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        attached = node.attached_programs();
-    }
-    assert!(
-        !attached.contains("connect") && !attached.contains("sock_ops"),
-        "still attached: {attached}"
-    );
+    assert_nothing_attached(&node);
     // The map is still there, kept by its pin; the time the kernel would take to free
     // it (see the test without a pin) goes by first.
     std::thread::sleep(Duration::from_secs(1));
@@ -1845,26 +1850,12 @@ fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
     let got = captured
         .recv_timeout(Duration::from_secs(5))
         .unwrap_or_else(|_| panic!("nothing captured\nagent:\n{}", agent.log()));
-    let sport = header_source_port(&got, ProxyVersion::V1, false);
-    let want = Header::new(
-        ProxyVersion::V1,
-        SocketAddr::new(POD_IP4.parse().expect("pod ip"), sport),
-        SocketAddr::new(CAPTURE_LB4.parse().expect("lb ip"), 80),
+    assert_late_writers_header(
+        &got,
+        "the late write must get its header from the pinned map",
+        &agent.log(),
     );
-    assert!(
-        got.starts_with(want.as_bytes())
-            && got[want.as_bytes().len()..].starts_with(b"GET / HTTP/1.1\r\n"),
-        "the late write must get its header from the pinned map: {}",
-        got.escape_ascii()
-    );
-    let reply = eventually(
-        || std::fs::read_to_string(dir.join("reply")).unwrap_or_default(),
-        |r| r.contains("ok"),
-    );
-    assert!(
-        reply.contains("ok"),
-        "the client gets its answer: {reply:?}"
-    );
+    assert_late_writer_answered(&dir);
     // A connect made now is not marked: it goes the pre-hairpin way, no header.
     let fresh = from_pod(&node, &url(CAPTURE_LB4, 80, "/"));
     let got = captured

@@ -14,7 +14,6 @@ use serde::Serialize;
 
 use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
-    datapath::pin::SOCKETS_PIN_PREFIX,
     k8s::{
         self,
         coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
@@ -215,8 +214,8 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
 /// `dir` itself when nothing else is in it.
 fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
     let object = dir.display().to_string();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
+    let pins = match crate::datapath::pin::pins(dir) {
+        Ok(p) => p,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             steps.push(step("pinned-maps", object, Outcome::Absent, None));
             return;
@@ -231,16 +230,6 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
             return;
         }
     };
-    let mut pins: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(SOCKETS_PIN_PREFIX)
-        })
-        .map(|e| e.path())
-        .collect();
-    pins.sort();
     for pin in pins {
         let object = pin.display().to_string();
         steps.push(match crate::datapath::pin::unpin(&pin) {

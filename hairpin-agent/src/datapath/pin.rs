@@ -92,6 +92,21 @@ pub fn unpin(path: &Path) -> Result<(), String> {
     }
 }
 
+/// The sockets-map pins in `dir`, sorted.
+pub fn pins(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(SOCKETS_PIN_PREFIX)
+        })
+        .map(|e| e.path())
+        .collect();
+    paths.sort();
+    Ok(paths)
+}
+
 /// A sockets map an earlier agent pinned and this one watches until it is empty.
 pub struct Inherited {
     /// The pin.
@@ -121,21 +136,10 @@ impl Inherited {
 pub fn inherited(dir: &Path, own: Option<&Path>) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
     let mut maps = Vec::new();
     let mut failed = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else {
+    let Ok(paths) = pins(dir) else {
         return (maps, failed);
     };
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(SOCKETS_PIN_PREFIX)
-        })
-        .map(|e| e.path())
-        .filter(|p| Some(p.as_path()) != own)
-        .collect();
-    paths.sort();
-    for path in paths {
+    for path in paths.into_iter().filter(|p| Some(p.as_path()) != own) {
         let opened = MapData::from_pin(&path)
             .map_err(|e| e.to_string())
             .and_then(|m| SockHash::try_from(Map::SockHash(m)).map_err(|e| e.to_string()));
