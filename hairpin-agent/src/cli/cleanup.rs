@@ -240,6 +240,13 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
     // Only an empty directory goes: anything else in it is not ours.
     steps.push(match std::fs::remove_dir(dir) {
         Ok(()) => step("pinned-maps", object, Outcome::Removed, None),
+        // The uninstall mounts the directory itself from the host: it stays there.
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => step(
+            "pinned-maps",
+            object,
+            Outcome::Skipped,
+            Some("directory kept: it is a mount point".into()),
+        ),
         Err(e) => step(
             "pinned-maps",
             object,

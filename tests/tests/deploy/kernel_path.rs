@@ -28,9 +28,9 @@ fn caps(objs: &[Json]) -> Json {
         .clone()
 }
 
-/// Where the host's bpf filesystem is mounted, and from: the same path on both sides,
-/// so that the agent's default `--bpf-pin-dir` (/sys/fs/bpf/hairpin) is on the host's.
-const BPFFS: &str = "/sys/fs/bpf";
+/// hairpin's own directory of the host's bpf filesystem, mounted from and at the same
+/// path: the agent's default `--bpf-pin-dir`. Only it: not other tools' pins.
+const BPFFS: &str = "/sys/fs/bpf/hairpin";
 
 /// The agent's mount of the host's bpf filesystem, exactly as the component writes it
 /// (writable: the agent pins and unpins there; no mountPropagation: the bind is the
@@ -41,7 +41,7 @@ fn bpffs_mount() -> Json {
 
 /// The hostPath volume behind [`bpffs_mount`].
 fn bpffs_volume() -> Json {
-    json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "Directory"}})
+    json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "DirectoryOrCreate"}})
 }
 
 /// `objs` with the agent's HAIRPIN_KERNEL_PATH entry, CAP_PERFMON, and the bpffs
@@ -69,15 +69,15 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     objs
 }
 
-/// How many of the agent's mounts are at /sys/fs/bpf and how many volumes are the
-/// host's /sys/fs/bpf.
+/// How many of the agent's mounts are at or under /sys/fs/bpf and how many volumes
+/// are the host's /sys/fs/bpf or a directory of it.
 fn bpffs_count(objs: &[Json]) -> (usize, usize) {
     let pod = pod_spec(&daemonset(objs, "hairpin"));
     let mounts = agent(objs)
         .volume_mounts
         .iter()
         .flatten()
-        .filter(|m| m.mount_path.trim_end_matches('/') == BPFFS)
+        .filter(|m| Path::new(&m.mount_path).starts_with("/sys/fs/bpf"))
         .count();
     let volumes = pod
         .volumes
@@ -86,7 +86,7 @@ fn bpffs_count(objs: &[Json]) -> (usize, usize) {
         .filter(|v| {
             v.host_path
                 .as_ref()
-                .is_some_and(|h| h.path.trim_end_matches('/') == BPFFS)
+                .is_some_and(|h| Path::new(&h.path).starts_with("/sys/fs/bpf"))
         })
         .count();
     (mounts, volumes)
@@ -115,14 +115,14 @@ fn the_kernel_path_component_turns_it_on_mounts_bpffs_and_changes_nothing_else()
     // --bpf-pin-dir (its default: the component does not set it) lies on it.
     assert!(!env.contains_key("HAIRPIN_BPF_PIN_DIR"), "{env:?}");
     assert!(
-        run.bpf_pin_dir.starts_with(BPFFS) && run.bpf_pin_dir != Path::new(BPFFS),
-        "--bpf-pin-dir {} is not under the mounted {BPFFS}",
+        run.bpf_pin_dir == Path::new(BPFFS),
+        "--bpf-pin-dir {} is not the mounted {BPFFS}",
         run.bpf_pin_dir.display()
     );
     let pod = pod_spec(&daemonset(&with, "hairpin"));
     assert_eq!(
         host_path(&pod, &agent(&with), Path::new(BPFFS), KERNEL_PATH),
-        (BPFFS.into(), "Directory".into(), false)
+        (BPFFS.into(), "DirectoryOrCreate".into(), false)
     );
     assert_eq!(bpffs_count(&with), (1, 1));
     assert_eq!(bpffs_count(&base), (0, 0));

@@ -23,8 +23,8 @@ use super::{
 /// The component whose agent pins the sockets maps the node cleanup removes.
 const KERNEL_PATH: &str = "deploy/components/kernel-path";
 
-/// Where the host's bpf filesystem is mounted, and from (the same path on both sides).
-const BPFFS: &str = "/sys/fs/bpf";
+/// hairpin's directory of the host's bpf filesystem, mounted from and at the same path.
+const BPFFS: &str = "/sys/fs/bpf/hairpin";
 
 /// The agent's mount of the host's bpf filesystem and its volume, as
 /// components/kernel-path renders them.
@@ -61,11 +61,11 @@ fn touches_bpffs(pod: &PodSpec) -> bool {
         .chain(pod.init_containers.iter().flatten());
     containers
         .flat_map(|c| c.volume_mounts.iter().flatten())
-        .any(|m| m.mount_path.trim_end_matches('/') == BPFFS)
+        .any(|m| Path::new(&m.mount_path).starts_with("/sys/fs/bpf"))
         || pod.volumes.iter().flatten().any(|v| {
             v.host_path
                 .as_ref()
-                .is_some_and(|h| h.path.trim_end_matches('/') == BPFFS)
+                .is_some_and(|h| Path::new(&h.path).starts_with("/sys/fs/bpf"))
         })
 }
 
@@ -338,8 +338,9 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
     let Some((want_mount, want_volume)) = kernel_path_bpffs() else {
         return;
     };
-    // The component's shape, which the cleanup must match: the host's /sys/fs/bpf, a
-    // Directory, at the same path, writable (cleanup unlinks the pins).
+    // The component's shape, which the cleanup must match: hairpin's directory of the
+    // host's bpf filesystem, made when missing, at the same path, writable (cleanup
+    // unlinks the pins).
     assert_eq!(
         (want_mount.name.as_str(), want_mount.mount_path.as_str()),
         ("bpffs", BPFFS)
@@ -347,7 +348,7 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
     let hp = want_volume.host_path.clone().expect("a hostPath");
     assert_eq!(
         (hp.path.as_str(), hp.type_.as_deref(), want_mount.read_only),
-        (BPFFS, Some("Directory"), None),
+        (BPFFS, Some("DirectoryOrCreate"), None),
         "{KERNEL_PATH}"
     );
     let uninstalls: BTreeSet<&str> = VARIANTS.iter().map(|v| v.uninstall).collect();
@@ -386,12 +387,12 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
                 );
                 assert_eq!(
                     host_path(&pod, c, Path::new(BPFFS), &source),
-                    (BPFFS.into(), "Directory".into(), false),
+                    (BPFFS.into(), "DirectoryOrCreate".into(), false),
                     "{source}: the host's bpf filesystem, writable"
                 );
                 assert!(
-                    args.bpf_pin_dir.starts_with(BPFFS) && args.bpf_pin_dir != Path::new(BPFFS),
-                    "{source}: --bpf-pin-dir {} is not under the mounted {BPFFS}",
+                    args.bpf_pin_dir == Path::new(BPFFS),
+                    "{source}: --bpf-pin-dir {} is not the mounted {BPFFS}",
                     args.bpf_pin_dir.display()
                 );
             }
