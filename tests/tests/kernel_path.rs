@@ -1954,6 +1954,67 @@ fn cleanup_removes_a_killed_agents_pinned_map_and_the_kernel_frees_it() {
 }
 
 #[test]
+fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_into() {
+    require_privileges!();
+    // The DaemonSet mounts the host's /sys/fs/bpf/hairpin at the same path: the pin
+    // directory is then a mount point of a directory of the bpf filesystem.
+    let node = capture_node();
+    let host_dir = node.bpffs().join("host-hairpin");
+    std::fs::create_dir_all(&host_dir).expect("the host's directory");
+    let in_pod = node.dir.join("pod-sys-fs-bpf-hairpin");
+    std::fs::create_dir_all(&in_pod).expect("the mount point");
+    hairpin_tests::sh::run(&[
+        "mount",
+        "--bind",
+        host_dir.to_str().expect("utf-8 path"),
+        in_pod.to_str().expect("utf-8 path"),
+    ]);
+    // Unmounted however the test ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(in_pod.clone());
+    let mut agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &[
+            "--kernel-path",
+            "on",
+            "--bpf-pin-dir",
+            in_pod.to_str().expect("utf-8 path"),
+        ],
+    );
+    let s = status(&node);
+    let map_id = s["kernel_path"]["sockets_map_id"]
+        .as_u64()
+        .expect("the sockets map's id");
+    let name = format!("sockets-{map_id}");
+    assert_eq!(
+        s["kernel_path"]["sockets_map_pin"].as_str(),
+        in_pod.join(&name).to_str(),
+        "{s}\n{}",
+        agent.log()
+    );
+    assert!(
+        host_dir.join(&name).exists(),
+        "the pin is on the host's side"
+    );
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(10)).success(),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        !host_dir.join(&name).exists(),
+        "a drained agent unpins its map"
+    );
+}
+
+#[test]
 fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned() {
     require_privileges!();
     let node = capture_node();
