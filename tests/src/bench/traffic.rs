@@ -32,6 +32,8 @@ pub struct Target {
     pub port: u16,
     /// True for the hairpin relay (its RSS is sampled while it carries load).
     pub hairpin: bool,
+    /// True for the bench's HAProxy (its CPU time is measured like the relay's).
+    pub haproxy: bool,
 }
 
 /// The kernel path's rows: LBs of their own (see [`LB_KERNEL_V1`]), reached with an
@@ -70,13 +72,18 @@ pub fn targets() -> Vec<Target> {
         ip,
         port,
         hairpin,
+        haproxy: false,
+    };
+    let haproxy = |name, port| Target {
+        haproxy: true,
+        ..t(name, NODE_IP4, port, false)
     };
     vec![
         t("direct (plain nginx, no PROXY)", LB_PLAIN, 80, false),
         t("hairpin relay, PROXY v1", LB_V1, 80, true),
-        t("HAProxy send-proxy", NODE_IP4, HAPROXY_V1_PORT, false),
+        haproxy("HAProxy send-proxy", HAPROXY_V1_PORT),
         t("hairpin relay, PROXY v2", LB_V2, 80, true),
-        t("HAProxy send-proxy-v2", NODE_IP4, HAPROXY_V2_PORT, false),
+        haproxy("HAProxy send-proxy-v2", HAPROXY_V2_PORT),
     ]
 }
 
@@ -228,10 +235,8 @@ pub fn connection_rate(
             };
             let proxy = if r.target.hairpin {
                 Some(agent_pid)
-            } else if r.target.name.starts_with("HAProxy") {
-                Some(haproxy_pid)
             } else {
-                None
+                r.target.haproxy.then_some(haproxy_pid)
             };
             let cpu_before = proxy.and_then(cpu_us);
             let (res, m) = wrk_once(ctx, &r.target, ctx.opts.wrk_secs, pid)?;

@@ -377,14 +377,18 @@ fn every_kernel_miss_and_fallback_counter_has_its_words() {
 /// Where the sockets map is pinned, or why it is not, follows its fill line.
 #[test]
 fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
-    let pinned = KERNEL_PATH_STATUS.replace(
-        "\"sockets_capacity\": 64}",
-        "\"sockets_capacity\": 64, \"sockets_map_pin\": \"/sys/fs/bpf/hairpin/sockets-33\"}",
-    );
-    let text = render(
-        &report(Some(serde_json::from_str(&pinned).expect("status"))),
-        false,
-    );
+    // The kernel-path status with `field` added to its kernel_path object, rendered.
+    let with = |field: &str| {
+        let status = KERNEL_PATH_STATUS.replace(
+            "\"sockets_capacity\": 64}",
+            &format!("\"sockets_capacity\": 64, {field}}}"),
+        );
+        render(
+            &report(Some(serde_json::from_str(&status).expect("status"))),
+            false,
+        )
+    };
+    let text = with("\"sockets_map_pin\": \"/sys/fs/bpf/hairpin/sockets-33\"");
     assert!(
         text.contains(
             "(new connects go to the relay from 60)\n            pinned at \
@@ -392,14 +396,7 @@ fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
         ),
         "{text}"
     );
-    let failed = KERNEL_PATH_STATUS.replace(
-        "\"sockets_capacity\": 64}",
-        "\"sockets_capacity\": 64, \"sockets_map_pin_error\": \"/sys/fs/bpf is not on a bpf filesystem\"}",
-    );
-    let text = render(
-        &report(Some(serde_json::from_str(&failed).expect("status"))),
-        false,
-    );
+    let text = with("\"sockets_map_pin_error\": \"/sys/fs/bpf is not on a bpf filesystem\"");
     assert!(
         text.contains(
             "            not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
