@@ -201,3 +201,85 @@ fn num_cpus_online() -> usize {
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n).unwrap_or(1)
 }
+
+/// One CPU's time over an interval, from two reads of /proc/stat, in µs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuDelta {
+    /// user, nice, system, irq and softirq (guest time is counted inside user).
+    pub busy_us: f64,
+    /// Time the hypervisor ran something else while this CPU wanted to run.
+    pub steal_us: f64,
+    /// Every field: busy, idle, iowait and steal.
+    pub total_us: f64,
+}
+
+/// Each CPU's accumulated time so far, in /proc/stat order (`cpu0`, `cpu1`, ...).
+pub fn cpu_times() -> Option<Vec<CpuDelta>> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)? as f64;
+    parse_cpu_times(&stat, tck)
+}
+
+/// The per-CPU lines of a /proc/stat text: `cpuN user nice system idle iowait irq
+/// softirq steal guest guest_nice`, in `tck` ticks per second.
+fn parse_cpu_times(stat: &str, tck: f64) -> Option<Vec<CpuDelta>> {
+    let mut cpus = Vec::new();
+    for line in stat.lines() {
+        let mut f = line.split_whitespace();
+        let Some(name) = f.next() else { continue };
+        if name == "cpu" || !name.starts_with("cpu") {
+            continue;
+        }
+        let v: Vec<u64> = f.take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = v[..] else {
+            return None;
+        };
+        let us = |t: u64| t as f64 * 1e6 / tck;
+        cpus.push(CpuDelta {
+            busy_us: us(user + nice + system + irq + softirq),
+            steal_us: us(steal),
+            total_us: us(user + nice + system + idle + iowait + irq + softirq + steal),
+        });
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// What each CPU spent between two [`cpu_times`] reads.
+pub fn cpu_deltas(before: &[CpuDelta], after: &[CpuDelta]) -> Vec<CpuDelta> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(a, b)| CpuDelta {
+            busy_us: b.busy_us - a.busy_us,
+            steal_us: b.steal_us - a.steal_us,
+            total_us: b.total_us - a.total_us,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_lines_are_read_and_the_summary_line_is_not() {
+        let stat = "cpu  100 0 50 1000 5 0 10 20 0 0\n\
+                    cpu0 60 1 30 400 2 3 4 5 0 0\n\
+                    cpu1 40 0 20 600 3 0 6 15 0 0\n\
+                    intr 12345\nctxt 999\n";
+        let c = parse_cpu_times(stat, 100.0).unwrap();
+        assert_eq!(c.len(), 2);
+        // 60+1+30+3+4 ticks of 10 ms.
+        assert_eq!(c[0].busy_us, 980_000.0);
+        assert_eq!(c[0].steal_us, 50_000.0);
+        assert_eq!(c[0].total_us, 5_050_000.0);
+        assert_eq!(c[1].busy_us, 660_000.0);
+        let d = cpu_deltas(&c, &[c[1], c[0]]);
+        assert_eq!(d[0].busy_us, -320_000.0);
+        assert!(parse_cpu_times("cpu0 1 2\n", 100.0).is_none());
+        assert!(parse_cpu_times("intr 1\n", 100.0).is_none());
+    }
+}

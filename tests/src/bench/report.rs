@@ -9,11 +9,8 @@ use super::{
     options::Options,
     programs::ProgramRuns,
     stats::{Spread, percentile, ratio},
-    traffic::{KERNEL_V1, KERNEL_V2, RateRuns, Target},
+    traffic::{DIRECT, KERNEL_V1, KERNEL_V2, RateRuns, Target},
 };
-
-/// Row label of the direct path.
-const DIRECT: &str = "direct (plain nginx, no PROXY)";
 
 /// Everything one bench run measured; a case that failed leaves its field empty and
 /// says why in `failures`.
@@ -113,6 +110,20 @@ fn kernel_rows(r: &Results, out: &mut String) {
             ratio(p99.0, p99.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
             q_cell(q),
             met(q.map(|q| q <= 1.10))
+        );
+        let cpu = (
+            h.and_then(RateRuns::machine_per_request),
+            direct.and_then(RateRuns::machine_per_request),
+            a.and_then(RateRuns::machine_per_request),
+        );
+        let _ = writeln!(
+            out,
+            "| machine CPU per request, **kernel path**, PROXY {v} (µs, all CPUs) | {} | direct: {}; {ha}: {} ({}) | {} | — | reported |",
+            cell(cpu.0, 1),
+            cell(cpu.1, 1),
+            cell(cpu.2, 1),
+            ratio(cpu.0, cpu.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+            q_cell(ratio(cpu.0, cpu.1)),
         );
     }
     for (way, runs) in [
@@ -225,6 +236,17 @@ fn main_table(r: &Results, out: &mut String) {
             cell(cpu.0, 1),
             cell(cpu.1, 1),
             ratio(cpu.0, cpu.1).map_or("—".into(), |q| format!("{q:.2}×")),
+        );
+        let cpu = (
+            h.and_then(RateRuns::machine_per_request),
+            a.and_then(RateRuns::machine_per_request),
+        );
+        let _ = writeln!(
+            out,
+            "| machine CPU per request, PROXY {v} (µs, all CPUs) | {} | {ha}: {} | {} | — | reported |",
+            cell(cpu.0, 1),
+            cell(cpu.1, 1),
+            q_cell(ratio(cpu.0, cpu.1)),
         );
     }
     transfer_row(
@@ -396,6 +418,34 @@ fn detail(r: &Results, out: &mut String) {
             );
         }
     }
+    for (title, rate) in [
+        ("Machine CPU per request, every target", &r.rate),
+        (
+            "Machine CPU per request, every target, kernel path run",
+            &r.rate_kernel,
+        ),
+    ] {
+        if rate.iter().all(|x| x.machine.is_empty()) {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "\n### {title}\n\n| target | all CPUs µs/request | CPU 0 (clients) µs/request | CPU 1 (nginx, proxies) µs/request | CPU 0 busy % | CPU 1 busy % | stolen % |\n|---|---|---|---|---|---|---|\n"
+        );
+        for x in rate {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                x.target.name,
+                cell(x.machine_per_request(), 1),
+                cell(x.cpu_per_request_on(0), 1),
+                cell(x.cpu_per_request_on(1), 1),
+                cell(x.busy_percent_on(0), 0),
+                cell(x.busy_percent_on(1), 0),
+                cell(x.steal_percent(), 1),
+            );
+        }
+    }
     for (title, bulk) in [
         ("Bulk, every target", &r.bulk),
         ("Bulk, every target, kernel path run", &r.bulk_kernel),
@@ -439,11 +489,30 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::{traffic::kernel_targets, wrk::WrkResult};
+    use crate::bench::{
+        procs::CpuDelta,
+        traffic::{MachineRun, kernel_targets},
+        wrk::WrkResult,
+    };
+
+    /// One round of 1000 requests that cost `us` µs each, split evenly over two
+    /// CPUs, each run for 1 s of which 0.1 s was stolen.
+    fn machine(us: f64) -> MachineRun {
+        let cpu = CpuDelta {
+            busy_us: us * 500.0,
+            steal_us: 100_000.0,
+            total_us: 1_000_000.0,
+        };
+        MachineRun {
+            cpus: vec![cpu, cpu],
+            requests: 1000,
+        }
+    }
 
     fn runs(t: &Target, rps: f64, p99_us: f64) -> RateRuns {
         RateRuns {
             cpu_us_per_request: Vec::new(),
+            machine: vec![machine(1e6 / rps * 0.9)],
             target: t.clone(),
             runs: vec![WrkResult {
                 requests_per_sec: rps,
@@ -485,8 +554,17 @@ mod tests {
         });
         let mut out = String::new();
         kernel_rows(&r, &mut out);
-        let rows: Vec<&str> = out.lines().collect();
-        assert_eq!(rows.len(), 7, "{out}");
+        let mut rows: Vec<&str> = out.lines().collect();
+        assert_eq!(rows.len(), 9, "{out}");
+        // 1e6/rps * 0.9 µs per request: direct 90, kernel v1 94.7, HAProxy 180.
+        assert_eq!(
+            rows.remove(2),
+            "| machine CPU per request, **kernel path**, PROXY v1 (µs, all CPUs) | 94.7 | direct: 90.0; HAProxy send-proxy: 180.0 (kernel/HAProxy 0.53×) | 1.05× | — | reported |"
+        );
+        assert!(
+            rows.remove(4).ends_with("| 112.5 | direct: 90.0; HAProxy send-proxy-v2: 180.0 (kernel/HAProxy 0.62×) | 1.25× | — | reported |"),
+            "{out}"
+        );
         assert!(
             rows[0].starts_with("| new connections/s, **kernel path**, PROXY v1 | 9500 "),
             "{out}"
@@ -530,6 +608,16 @@ mod tests {
             ) && rows[6].ends_with("| runs per request: 3.00 | — | — | reported |"),
             "{out}"
         );
+        // The detail table: per CPU, busy share of the unstolen time, stolen share.
+        let mut detail_out = String::new();
+        detail(&r, &mut detail_out);
+        assert!(
+            detail_out.contains("### Machine CPU per request, every target, kernel path run")
+                && detail_out
+                    .contains(&format!("| {DIRECT} | 90.0 | 45.0 | 45.0 | 5 | 5 | 10.0 |")),
+            "{detail_out}"
+        );
+        assert!(!detail_out.contains("### Machine CPU per request, every target\n"));
         // Without a kernel path run there are no rows.
         let mut none = String::new();
         kernel_rows(&Results::default(), &mut none);

@@ -68,10 +68,15 @@ pub const HAPROXY_V2_PORT: u16 = 9002;
 
 /// Per-namespace sysctls so a minute of `Connection: close` requests does not run
 /// out of ephemeral ports or conntrack entries; these namespaces are the bench's own.
+/// The wider range takes in the agent's admin port (127.0.0.1:9901, 9902 for
+/// metrics), which each agent the bench starts binds again: reserved, so no
+/// connection's TIME_WAIT on it refuses the next agent's bind (seen once as
+/// "failed to listen on admin address 127.0.0.1:9901: Address already in use").
 pub fn tune_namespaces(node: &SimNode) {
     for ns in [&node.pod_ns, &node.node_ns, &node.ingress_ns] {
         for kv in [
             "net.ipv4.ip_local_port_range=1024 65000",
+            "net.ipv4.ip_local_reserved_ports=9901-9902",
             "net.ipv4.tcp_tw_reuse=1",
             "net.core.somaxconn=4096",
             "net.ipv4.tcp_max_syn_backlog=4096",

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::{
     Ctx,
-    procs::{cpu_us, rss_kib},
+    procs::{CpuDelta, cpu_deltas, cpu_times, cpu_us, rss_kib},
     setup::{
         HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_KERNEL_V1, LB_KERNEL_V2, LB_PLAIN, LB_V1, LB_V2,
         in_pod, upload_file, url,
@@ -60,6 +60,8 @@ pub fn kernel_targets() -> Vec<Target> {
         .collect()
 }
 
+/// Row label of the direct path.
+pub const DIRECT: &str = "direct (plain nginx, no PROXY)";
 /// Row label of the kernel path with PROXY v1.
 pub const KERNEL_V1: &str = "hairpin kernel path, PROXY v1";
 /// Row label of the kernel path with PROXY v2.
@@ -79,7 +81,7 @@ pub fn targets() -> Vec<Target> {
         ..t(name, NODE_IP4, port, false)
     };
     vec![
-        t("direct (plain nginx, no PROXY)", LB_PLAIN, 80, false),
+        t(DIRECT, LB_PLAIN, 80, false),
         t("hairpin relay, PROXY v1", LB_V1, 80, true),
         haproxy("HAProxy send-proxy", HAPROXY_V1_PORT),
         t("hairpin relay, PROXY v2", LB_V2, 80, true),
@@ -97,6 +99,25 @@ pub struct RateRuns {
     /// CPU time the proxy process (the agent for the relay rows, HAProxy for its
     /// rows) used per request, in µs, per round; empty for rows without one.
     pub cpu_us_per_request: Vec<f64>,
+    /// Every CPU's time over each round, whoever spent it (client, kernel work,
+    /// programs, softirq, kworkers, nginx, the proxy): what a request costs the
+    /// machine, apart from the time the hypervisor stole.
+    pub machine: Vec<MachineRun>,
+}
+
+/// The machine's CPUs over one wrk run, and the requests it completed.
+#[derive(Clone, Debug)]
+pub struct MachineRun {
+    /// Per CPU, /proc/stat order.
+    pub cpus: Vec<CpuDelta>,
+    /// Requests wrk completed.
+    pub requests: u64,
+}
+
+impl MachineRun {
+    fn per_request(&self, busy: f64) -> Option<f64> {
+        (self.requests > 0).then(|| busy / self.requests as f64)
+    }
 }
 
 impl RateRuns {
@@ -121,6 +142,42 @@ impl RateRuns {
     /// The proxy process's CPU time per request (µs) over the rounds.
     pub fn cpu_per_request(&self) -> Option<Spread> {
         Spread::of(&self.cpu_us_per_request)
+    }
+    /// Busy time of every CPU per request (µs) over the rounds.
+    pub fn machine_per_request(&self) -> Option<Spread> {
+        let v: Vec<f64> = (self.machine.iter())
+            .filter_map(|m| m.per_request(m.cpus.iter().map(|c| c.busy_us).sum()))
+            .collect();
+        Spread::of(&v)
+    }
+    /// Busy time of CPU `cpu` per request (µs) over the rounds.
+    pub fn cpu_per_request_on(&self, cpu: usize) -> Option<Spread> {
+        let v: Vec<f64> = (self.machine.iter())
+            .filter_map(|m| m.per_request(m.cpus.get(cpu)?.busy_us))
+            .collect();
+        Spread::of(&v)
+    }
+    /// How busy CPU `cpu` was (%, of the time it was not stolen) over the rounds.
+    pub fn busy_percent_on(&self, cpu: usize) -> Option<Spread> {
+        let v: Vec<f64> = (self.machine.iter())
+            .filter_map(|m| m.cpus.get(cpu))
+            .filter(|c| c.total_us > c.steal_us)
+            .map(|c| 100.0 * c.busy_us / (c.total_us - c.steal_us))
+            .collect();
+        Spread::of(&v)
+    }
+    /// The share (%) of every CPU's time the hypervisor stole, over the rounds.
+    pub fn steal_percent(&self) -> Option<Spread> {
+        let v: Vec<f64> = (self.machine.iter())
+            .filter_map(|m| {
+                let (s, t) = m
+                    .cpus
+                    .iter()
+                    .fold((0.0, 0.0), |(s, t), c| (s + c.steal_us, t + c.total_us));
+                (t > 0.0).then(|| 100.0 * s / t)
+            })
+            .collect();
+        Spread::of(&v)
     }
     /// Failed requests over all rounds.
     pub fn errors(&self) -> u64 {
@@ -216,8 +273,10 @@ pub fn connection_rate(
             target,
             runs: Vec::new(),
             cpu_us_per_request: Vec::new(),
+            machine: Vec::new(),
         })
         .collect();
+    let kernel_run = targets.iter().any(|t| t.name == KERNEL_V1);
     // Warm-up: caches, conntrack, the relay's allocator; not recorded.
     for r in &all {
         wrk_once(ctx, &r.target, 1, None)?;
@@ -226,10 +285,19 @@ pub fn connection_rate(
     for round in 0..ctx.opts.runs {
         for r in &mut all {
             let pid = r.target.hairpin.then_some(agent_pid);
-            // With --profile, the first PROXY v1 round through the relay runs under perf.
+            // With --profile, the first PROXY v1 round through the relay runs under
+            // perf (the agent's process); in the kernel-path run, the first round of
+            // the kernel path v1 and of direct (the whole machine: the kernel path's
+            // cost is in the client's syscalls, softirqs and kworkers, not a process).
             let perf = match &ctx.opts.profile {
                 Some(dir) if round == 0 && r.target.hairpin && !r.target.name.contains("v2") => {
-                    Some(start_perf(dir, agent_pid, "relay-rate")?)
+                    Some(start_perf(dir, Some(agent_pid), "relay-rate")?)
+                }
+                Some(dir) if round == 0 && kernel_run && r.target.name == KERNEL_V1 => {
+                    Some(start_perf(dir, None, "kernel-rate-kernel-v1")?)
+                }
+                Some(dir) if round == 0 && kernel_run && r.target.name == DIRECT => {
+                    Some(start_perf(dir, None, "kernel-rate-direct")?)
                 }
                 _ => None,
             };
@@ -239,8 +307,16 @@ pub fn connection_rate(
                 r.target.haproxy.then_some(haproxy_pid)
             };
             let cpu_before = proxy.and_then(cpu_us);
+            let machine_before = cpu_times();
             let (res, m) = wrk_once(ctx, &r.target, ctx.opts.wrk_secs, pid)?;
+            let machine_after = cpu_times();
             let cpu_after = proxy.and_then(cpu_us);
+            if let (Some(a), Some(b)) = (machine_before, machine_after) {
+                r.machine.push(MachineRun {
+                    cpus: cpu_deltas(&a, &b),
+                    requests: res.requests,
+                });
+            }
             if let Some(p) = perf {
                 stop_perf(p)?;
             }
@@ -331,7 +407,7 @@ pub fn bulk(
             let perf = match &ctx.opts.profile {
                 Some(dir) if round == 0 && t.hairpin => Some(start_perf(
                     dir,
-                    agent_pid,
+                    Some(agent_pid),
                     &format!("relay-{}", way.label()),
                 )?),
                 _ => None,
@@ -364,29 +440,34 @@ pub fn bulk(
     Ok(out)
 }
 
-fn start_perf(dir: &std::path::Path, pid: i32, case: &str) -> Result<std::process::Child> {
+/// Starts `perf record` of `pid`, or of every CPU without one, into `<dir>/<case>.perf.data`.
+fn start_perf(dir: &std::path::Path, pid: Option<i32>, case: &str) -> Result<std::process::Child> {
     std::fs::create_dir_all(dir)?;
     let data = dir.join(format!("{case}.perf.data"));
+    let whom = match pid {
+        Some(p) => vec!["-p".to_string(), p.to_string()],
+        None => vec!["-a".to_string()],
+    };
     // cpu-clock: this machine's PMU has no hardware counters (perf stat shows <not supported>).
     let child = std::process::Command::new("perf")
-        .args([
-            "record",
-            "-e",
-            "cpu-clock",
-            "-F",
-            "999",
-            "-g",
-            "-p",
-            &pid.to_string(),
-            "-o",
-        ])
+        .args(["record", "-e", "cpu-clock", "-F", "999", "-g"])
+        .args(&whom)
+        .arg("-o")
         .arg(&data)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("start perf record")?;
     std::thread::sleep(Duration::from_millis(300));
-    eprintln!("  profiling the agent into {}", data.display());
+    eprintln!(
+        "  profiling {} into {}",
+        if pid.is_some() {
+            "the agent"
+        } else {
+            "every CPU"
+        },
+        data.display()
+    );
     Ok(child)
 }
 
