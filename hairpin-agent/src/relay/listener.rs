@@ -170,7 +170,8 @@ impl ConnGate {
 }
 
 /// A listener on `addr` (port 0: an ephemeral one) whose accepted sockets inherit
-/// TCP keepalive as `keepalive` says. `SO_REUSEADDR`: a relay restarted within
+/// TCP keepalive as `keepalive` says, and `TCP_NODELAY` (see [`super::proxy`]): set
+/// once here, not twice per connection. `SO_REUSEADDR`: a relay restarted within
 /// TIME_WAIT must be able to take its ports again.
 pub fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> io::Result<TcpListener> {
     let socket = match addr {
@@ -180,6 +181,9 @@ pub fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> io::Result<TcpList
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     set_keepalive(&socket, keepalive);
+    if let Err(e) = socket.set_nodelay(true) {
+        debug!(error = %e, "TCP_NODELAY not set on the listener");
+    }
     socket.listen(1024)
 }
 
@@ -309,6 +313,37 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("ip")
+    }
+
+    /// What the relay saves a setsockopt per connection on: Linux clones the
+    /// listener's options into each accepted socket.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_keepalive_and_nodelay_from_the_listener() {
+        let idle = Duration::from_secs(37);
+        let l = bind("127.0.0.1:0".parse().expect("addr"), Some(idle)).expect("bind");
+        let _c = TcpStream::connect(l.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (a, _) = l.accept().await.expect("accept");
+        assert!(a.nodelay().expect("nodelay"));
+        let s = socket2::SockRef::from(&a);
+        assert!(s.keepalive().expect("keepalive"));
+        assert_eq!(s.tcp_keepalive_time().expect("idle"), idle);
+        assert_eq!(
+            s.tcp_keepalive_interval().expect("interval"),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            s.tcp_keepalive_retries().expect("retries"),
+            KEEPALIVE_PROBES
+        );
+        // Off: neither.
+        let l = bind("127.0.0.1:0".parse().expect("addr"), None).expect("bind");
+        let _c = TcpStream::connect(l.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (a, _) = l.accept().await.expect("accept");
+        assert!(!socket2::SockRef::from(&a).keepalive().expect("keepalive"));
     }
 
     #[test]

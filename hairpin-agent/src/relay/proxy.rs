@@ -164,10 +164,9 @@ async fn relay(
         Ok(Ok(s)) => s,
     };
     // The header is a small write followed by the client's bytes: without NODELAY,
-    // Nagle holds the client's first segment behind the header's delayed ACK.
+    // Nagle holds the client's first segment behind the header's delayed ACK. The
+    // client's socket has NODELAY and keepalive from its listener (`listener::bind`).
     let _ = upstream.set_nodelay(true);
-    let _ = client.set_nodelay(true);
-    // The client's socket has it from its listener (see `set_keepalive`).
     set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
     let written = if first.is_empty() {
