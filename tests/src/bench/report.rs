@@ -78,52 +78,27 @@ fn kernel_rows(r: &Results, out: &mut String) {
         ("v1", KERNEL_V1, "HAProxy send-proxy"),
         ("v2", KERNEL_V2, "HAProxy send-proxy-v2"),
     ] {
-        let (h, a) = (by(k), by(ha));
-        let rps = (
-            h.and_then(RateRuns::rps),
-            direct.and_then(RateRuns::rps),
-            a.and_then(RateRuns::rps),
-        );
-        let q = ratio(rps.0, rps.1);
-        let _ = writeln!(
+        let runs = [by(k), direct, by(ha)];
+        kernel_row(
             out,
-            "| new connections/s, **kernel path**, PROXY {v} | {} | direct: {}; {ha}: {} ({}) | {} | ≥ 0.90× direct | {} |",
-            cell(rps.0, 0),
-            cell(rps.1, 0),
-            cell(rps.2, 0),
-            ratio(rps.0, rps.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
-            q_cell(q),
-            met(q.map(|q| q >= 0.90))
+            &format!("new connections/s, **kernel path**, PROXY {v}"),
+            (ha, runs),
+            (RateRuns::rps, |s| s, 0),
+            Some(("≥ 0.90× direct", |q| q >= 0.90)),
         );
-        let p99 = (
-            h.and_then(RateRuns::p99),
-            direct.and_then(RateRuns::p99),
-            a.and_then(RateRuns::p99),
-        );
-        let q = ratio(p99.0, p99.1);
-        let _ = writeln!(
+        kernel_row(
             out,
-            "| p99 latency, **kernel path**, PROXY {v} (ms) | {} | direct: {}; {ha}: {} ({}) | {} | ≤ 1.10× direct | {} |",
-            cell(ms(p99.0), 2),
-            cell(ms(p99.1), 2),
-            cell(ms(p99.2), 2),
-            ratio(p99.0, p99.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
-            q_cell(q),
-            met(q.map(|q| q <= 1.10))
+            &format!("p99 latency, **kernel path**, PROXY {v} (ms)"),
+            (ha, runs),
+            (RateRuns::p99, ms, 2),
+            Some(("≤ 1.10× direct", |q| q <= 1.10)),
         );
-        let cpu = (
-            h.and_then(RateRuns::machine_per_request),
-            direct.and_then(RateRuns::machine_per_request),
-            a.and_then(RateRuns::machine_per_request),
-        );
-        let _ = writeln!(
+        kernel_row(
             out,
-            "| machine CPU per request, **kernel path**, PROXY {v} (µs, all CPUs) | {} | direct: {}; {ha}: {} ({}) | {} | — | reported |",
-            cell(cpu.0, 1),
-            cell(cpu.1, 1),
-            cell(cpu.2, 1),
-            ratio(cpu.0, cpu.2).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
-            q_cell(ratio(cpu.0, cpu.1)),
+            &format!("machine CPU per request, **kernel path**, PROXY {v} (µs, all CPUs)"),
+            (ha, runs),
+            (RateRuns::machine_per_request, |s| s, 1),
+            None,
         );
     }
     for (way, runs) in [
@@ -144,6 +119,41 @@ fn kernel_rows(r: &Results, out: &mut String) {
             cell(Spread::of(&p.runs_per_request), 2),
         );
     }
+}
+
+/// A figure taken from a target's runs, scaled for display, and its digits.
+type Figure = (
+    fn(&RateRuns) -> Option<Spread>,
+    fn(Option<Spread>) -> Option<Spread>,
+    usize,
+);
+
+/// A row's target: its text, and the test of the ratio against direct.
+type Goal = (&'static str, fn(f64) -> bool);
+
+/// One kernel-path row: the kernel path's figure against direct (the ratio, judged
+/// against `target` when there is one: its text and its test) and HAProxy `ha`, from
+/// `[kernel path, direct, HAProxy]` runs.
+fn kernel_row(
+    out: &mut String,
+    figure: &str,
+    (ha, runs): (&str, [Option<&RateRuns>; 3]),
+    (of, scale, digits): Figure,
+    target: Option<Goal>,
+) {
+    let [k, d, a] = runs.map(|x| scale(x.and_then(of)));
+    let q = ratio(k, d);
+    let _ = writeln!(
+        out,
+        "| {figure} | {} | direct: {}; {ha}: {} ({}) | {} | {} | {} |",
+        cell(k, digits),
+        cell(d, digits),
+        cell(a, digits),
+        ratio(k, a).map_or("—".into(), |q| format!("kernel/HAProxy {q:.2}×")),
+        q_cell(q),
+        target.map_or("—", |t| t.0),
+        target.map_or("reported", |(_, ok)| met(q.map(ok))),
+    );
 }
 
 /// One transfer row (MB/s): `hairpin` (row label, and its name in the HAProxy
@@ -226,28 +236,25 @@ fn main_table(r: &Results, out: &mut String) {
             q.map_or("—".into(), |q| format!("{q:.2}×")),
             met(q.map(|q| q <= 1.0))
         );
-        let cpu = (
-            h.and_then(RateRuns::cpu_per_request),
-            a.and_then(RateRuns::cpu_per_request),
-        );
-        let _ = writeln!(
-            out,
-            "| proxy CPU per request, PROXY {v} (µs) | {} | {ha}: {} | {} | — | reported |",
-            cell(cpu.0, 1),
-            cell(cpu.1, 1),
-            ratio(cpu.0, cpu.1).map_or("—".into(), |q| format!("{q:.2}×")),
-        );
-        let cpu = (
-            h.and_then(RateRuns::machine_per_request),
-            a.and_then(RateRuns::machine_per_request),
-        );
-        let _ = writeln!(
-            out,
-            "| machine CPU per request, PROXY {v} (µs, all CPUs) | {} | {ha}: {} | {} | — | reported |",
-            cell(cpu.0, 1),
-            cell(cpu.1, 1),
-            q_cell(ratio(cpu.0, cpu.1)),
-        );
+        for (figure, of) in [
+            (
+                format!("proxy CPU per request, PROXY {v} (µs)"),
+                RateRuns::cpu_per_request as fn(&RateRuns) -> Option<Spread>,
+            ),
+            (
+                format!("machine CPU per request, PROXY {v} (µs, all CPUs)"),
+                RateRuns::machine_per_request,
+            ),
+        ] {
+            let (x, y) = (h.and_then(of), a.and_then(of));
+            let _ = writeln!(
+                out,
+                "| {figure} | {} | {ha}: {} | {} | — | reported |",
+                cell(x, 1),
+                cell(y, 1),
+                q_cell(ratio(x, y)),
+            );
+        }
     }
     transfer_row(
         out,
@@ -521,6 +528,27 @@ mod tests {
                 requests: 1000,
                 errors: 0,
             }],
+        }
+    }
+
+    #[test]
+    fn the_relay_rows_report_proxy_and_machine_cpu_against_haproxy() {
+        let mut r = Results::default();
+        for t in crate::bench::traffic::targets() {
+            let mut x = runs(&t, if t.hairpin { 9_000.0 } else { 10_000.0 }, 1_000.0);
+            x.cpu_us_per_request = vec![if t.hairpin { 110.0 } else { 100.0 }];
+            r.rate.push(x);
+        }
+        let mut out = String::new();
+        main_table(&r, &mut out);
+        // Machine: 1e6/rps * 0.9 µs per request: 100 for the relay, 90 for HAProxy.
+        for row in [
+            "| proxy CPU per request, PROXY v1 (µs) | 110.0 | HAProxy send-proxy: 100.0 | 1.10× | — | reported |",
+            "| machine CPU per request, PROXY v1 (µs, all CPUs) | 100.0 | HAProxy send-proxy: 90.0 | 1.11× | — | reported |",
+            "| proxy CPU per request, PROXY v2 (µs) | 110.0 | HAProxy send-proxy-v2: 100.0 | 1.10× | — | reported |",
+            "| machine CPU per request, PROXY v2 (µs, all CPUs) | 100.0 | HAProxy send-proxy-v2: 90.0 | 1.11× | — | reported |",
+        ] {
+            assert!(out.lines().any(|l| l == row), "{row}\nnot in\n{out}");
         }
     }
 
