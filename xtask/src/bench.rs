@@ -38,7 +38,10 @@ pub struct Options {
     /// Hostnames for the name-routing footprint case (0 skips it).
     #[arg(long)]
     pub hostnames: Option<u64>,
-    /// `perf record` the agent during one hairpin bulk transfer into this directory.
+    /// `perf record` into this directory: the agent during the relay's first PROXY v1
+    /// rate round and first bulk and upload transfers; the whole machine during the
+    /// kernel-path run's first direct and kernel-path v1 rate rounds. Those rounds'
+    /// figures then include perf's own cost.
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
     /// Print the report only; leave BENCHMARKS.md as it is.

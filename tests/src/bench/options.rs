@@ -26,7 +26,10 @@ pub struct Options {
     pub out: Option<std::path::PathBuf>,
     /// The command line that produced the run, written into the report.
     pub command: String,
-    /// When set, `perf record` the agent during one hairpin bulk transfer into this directory.
+    /// `perf record` into this directory: the agent during the relay's first PROXY v1
+    /// rate round and first bulk and upload transfers; the whole machine during the
+    /// kernel-path run's first direct and kernel-path v1 rate rounds. Those rounds'
+    /// figures then include perf's own cost.
     pub profile: Option<std::path::PathBuf>,
 }
 
