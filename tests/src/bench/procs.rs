@@ -143,11 +143,7 @@ pub fn cpu_us(pid: i32) -> Option<f64> {
     let rest = stat.rsplit_once(')')?.1;
     let mut f = rest.split_whitespace().skip(11);
     let (utime, stime): (u64, u64) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
-    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|t| *t > 0)?;
-    Some((utime + stime) as f64 * 1e6 / tck as f64)
+    Some((utime + stime) as f64 * 1e6 / clk_tck()?)
 }
 
 /// The machine, for the report: CPU count, kernel, CPU model.
@@ -202,9 +198,16 @@ fn num_cpus_online() -> usize {
     usize::try_from(n).unwrap_or(1)
 }
 
-/// One CPU's time over an interval, from two reads of /proc/stat, in µs.
+/// The kernel's clock ticks per second, the unit of /proc/PID/stat and /proc/stat.
+fn clk_tck() -> Option<f64> {
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    (tck > 0).then_some(tck as f64)
+}
+
+/// One CPU's time in µs, from /proc/stat: accumulated since boot ([`cpu_times`]) or
+/// over an interval ([`cpu_deltas`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct CpuDelta {
+pub struct CpuTime {
     /// user, nice, system, irq and softirq (guest time is counted inside user).
     pub busy_us: f64,
     /// Time the hypervisor ran something else while this CPU wanted to run.
@@ -214,18 +217,14 @@ pub struct CpuDelta {
 }
 
 /// Each CPU's accumulated time so far, in /proc/stat order (`cpu0`, `cpu1`, ...).
-pub fn cpu_times() -> Option<Vec<CpuDelta>> {
+pub fn cpu_times() -> Option<Vec<CpuTime>> {
     let stat = fs::read_to_string("/proc/stat").ok()?;
-    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|t| *t > 0)? as f64;
-    parse_cpu_times(&stat, tck)
+    parse_cpu_times(&stat, clk_tck()?)
 }
 
 /// The per-CPU lines of a /proc/stat text: `cpuN user nice system idle iowait irq
 /// softirq steal guest guest_nice`, in `tck` ticks per second.
-fn parse_cpu_times(stat: &str, tck: f64) -> Option<Vec<CpuDelta>> {
+fn parse_cpu_times(stat: &str, tck: f64) -> Option<Vec<CpuTime>> {
     let mut cpus = Vec::new();
     for line in stat.lines() {
         let mut f = line.split_whitespace();
@@ -238,7 +237,7 @@ fn parse_cpu_times(stat: &str, tck: f64) -> Option<Vec<CpuDelta>> {
             return None;
         };
         let us = |t: u64| t as f64 * 1e6 / tck;
-        cpus.push(CpuDelta {
+        cpus.push(CpuTime {
             busy_us: us(user + nice + system + irq + softirq),
             steal_us: us(steal),
             total_us: us(user + nice + system + idle + iowait + irq + softirq + steal),
@@ -248,11 +247,11 @@ fn parse_cpu_times(stat: &str, tck: f64) -> Option<Vec<CpuDelta>> {
 }
 
 /// What each CPU spent between two [`cpu_times`] reads.
-pub fn cpu_deltas(before: &[CpuDelta], after: &[CpuDelta]) -> Vec<CpuDelta> {
+pub fn cpu_deltas(before: &[CpuTime], after: &[CpuTime]) -> Vec<CpuTime> {
     before
         .iter()
         .zip(after)
-        .map(|(a, b)| CpuDelta {
+        .map(|(a, b)| CpuTime {
             busy_us: b.busy_us - a.busy_us,
             steal_us: b.steal_us - a.steal_us,
             total_us: b.total_us - a.total_us,

@@ -497,7 +497,7 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
 mod tests {
     use super::*;
     use crate::bench::{
-        procs::CpuDelta,
+        procs::CpuTime,
         traffic::{MachineRun, kernel_targets},
         wrk::WrkResult,
     };
@@ -505,7 +505,7 @@ mod tests {
     /// One round of 1000 requests that cost `us` µs each, split evenly over two
     /// CPUs, each run for 1 s of which 0.1 s was stolen.
     fn machine(us: f64) -> MachineRun {
-        let cpu = CpuDelta {
+        let cpu = CpuTime {
             busy_us: us * 500.0,
             steal_us: 100_000.0,
             total_us: 1_000_000.0,

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::{
     Ctx,
-    procs::{CpuDelta, cpu_deltas, cpu_times, cpu_us, rss_kib},
+    procs::{CpuTime, cpu_deltas, cpu_times, cpu_us, rss_kib},
     setup::{
         HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_KERNEL_V1, LB_KERNEL_V2, LB_PLAIN, LB_V1, LB_V2,
         in_pod, upload_file, url,
@@ -109,7 +109,7 @@ pub struct RateRuns {
 #[derive(Clone, Debug)]
 pub struct MachineRun {
     /// Per CPU, /proc/stat order.
-    pub cpus: Vec<CpuDelta>,
+    pub cpus: Vec<CpuTime>,
     /// Requests wrk completed.
     pub requests: u64,
 }
