@@ -92,12 +92,23 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kernel_path_sockets: u32,
 
-    /// Directory on the host's bpf filesystem where the kernel path pins its sockets
-    /// map, so sockets established but not yet written when the agent dies (SIGKILL,
-    /// OOM, a SIGTERM drain that ran out) still get their header from the kernel; the
-    /// next agent removes the pin once those sockets are gone. `none`: not pinned.
+    /// Directory on the host's bpf filesystem where the datapath's links, programs
+    /// and maps are pinned, so they outlive the agent: a restart, an upgrade, a crash
+    /// or an OOM kill leaves the programs running, and the next agent adopts them and
+    /// swaps its own in place. One agent owns it at a time (a second one waits).
+    /// `none`: nothing pinned, the datapath goes with the process.
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
+
+    /// The dead-man switch: how long after the agent's last heartbeat (written every
+    /// second) the connect programs still act. Past it, with no agent back, traffic
+    /// goes as before hairpin. Long enough for an upgrade that pulls an image.
+    #[arg(long, env = "HAIRPIN_DATAPATH_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub datapath_ttl: Duration,
+
+    /// The pin layout version to use (tests of an upgrade across layouts only).
+    #[arg(long, env = "HAIRPIN_PIN_LAYOUT", default_value_t = hairpin_ebpf::PIN_LAYOUT, hide = true)]
+    pub pin_layout: u32,
 
     /// Upstream connect timeout; the client is reset when it expires.
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]

@@ -88,6 +88,61 @@ pub struct Agent {
     retry: Backoff,
     retry_in: Option<Duration>,
     heartbeat: Interval,
+    /// The datapath's heartbeat task (see `datapath::Heartbeat`); stops with the agent.
+    beating: Option<tokio::task::AbortHandle>,
+    /// Asks whether this agent's DaemonSet is gone or being deleted: an uninstall,
+    /// which takes the datapath with it. `None` (no `--daemonset`, or the file
+    /// source): SIGTERM always keeps it.
+    owner: Option<OwnerCheck>,
+}
+
+/// Whether this agent is being uninstalled: `Ok(Some(why))` when its DaemonSet is
+/// gone or being deleted, `Ok(None)` when it stays (a rollout, a restart), `Err`
+/// when the API cannot say.
+pub type OwnerCheck = Box<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What SIGTERM does with the datapath.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// Left for the next agent (a rollout, a restart, a node going down): links
+    /// and maps stay pinned and the programs keep running; the TTL is the backstop.
+    Keep(String),
+    /// Removed with this agent (an uninstall, or nothing pinned to keep), why.
+    Remove(String),
+}
+
+/// How long SIGTERM waits for the API to say whether the DaemonSet is going.
+const OWNER_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Decides what SIGTERM does with a datapath that is `pinned` or not, asking
+/// `owner` when there is one. When in doubt, keep: a kept datapath never breaks
+/// traffic (it goes inert at the TTL, and `cleanup` removes it), a removed one
+/// breaks every connect until the next agent starts.
+pub async fn decide_removal(pinned: bool, owner: Option<&OwnerCheck>) -> Removal {
+    if !pinned {
+        return Removal::Remove("nothing is pinned: the datapath goes with this process".into());
+    }
+    let Some(check) = owner else {
+        return Removal::Keep(
+            "no DaemonSet to ask (--daemonset unset, or the file source): kept for the next              agent; `hairpin-agent cleanup` removes it"
+                .into(),
+        );
+    };
+    match tokio::time::timeout(OWNER_CHECK_TIMEOUT, check()).await {
+        Ok(Ok(Some(why))) => Removal::Remove(why),
+        Ok(Ok(None)) => Removal::Keep("the DaemonSet stays: kept for the next agent".into()),
+        Ok(Err(e)) => Removal::Keep(format!(
+            "the API cannot say whether the DaemonSet is going ({e}): kept; the TTL is the backstop"
+        )),
+        Err(_) => Removal::Keep(
+            "the API did not answer in time whether the DaemonSet is going: kept; the TTL is              the backstop"
+                .into(),
+        ),
+    }
 }
 
 impl Agent {
@@ -200,22 +255,37 @@ impl Agent {
         }
     }
 
-    /// Stops redirecting first, so no new connection depends on this process, then
-    /// lets the connections already relayed finish, within `--drain-timeout`. The
-    /// name relay drains alongside; its hosts-file block and link address stay for
-    /// the next agent (`hairpin-agent cleanup` removes them). With the kernel path on,
-    /// only the connect programs detach at first: sock_ops and sk_msg stay until the
-    /// sockets map is empty (every established marked socket has written its header,
-    /// or closed), alongside the relay's drain and within the same deadline. Emptied,
-    /// the map's pin is removed and it goes with this process; sockets still in it at
-    /// the deadline keep their header through the pin (without one, they lose it).
+    /// Stops what depends on this process and lets the connections already relayed
+    /// finish, within `--drain-timeout`. The name relay drains alongside; its
+    /// hosts-file block and link address stay for the next agent (`hairpin-agent
+    /// cleanup` removes them). The relay's listeners close, so they leave the
+    /// liveness map and no connect is sent to them any more.
+    ///
+    /// A pinned datapath is kept for the next agent unless this is an uninstall
+    /// (see [`decide_removal`]): the kernel path's programs keep writing headers
+    /// with no process in the path, until the next agent adopts them or the TTL
+    /// passes. Removed, the connect programs detach first; sock_ops and sk_msg stay
+    /// until the sockets map is empty (every established marked socket has written
+    /// its header, or closed), alongside the relay's drain and within the same
+    /// deadline; then every link and pin goes.
     pub async fn shutdown(mut self) {
         let deadline = self.drain_timeout;
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;
-        let mut pinned = false;
-        if let Some(d) = self.reconciler.map_mut() {
-            pinned = matches!(d.pin(), Pin::Pinned(_));
+        let pinned = self
+            .reconciler
+            .map_mut()
+            .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
+        let removal = if self.reconciler.map_mut().is_some() {
+            decide_removal(pinned, self.owner.as_ref()).await
+        } else {
+            Removal::Keep("no datapath".into())
+        };
+        match &removal {
+            Removal::Keep(why) => info!(reason = %why, "datapath kept"),
+            Removal::Remove(why) => info!(reason = %why, "datapath removed"),
+        }
+        if let (Some(d), Removal::Remove(_)) = (self.reconciler.map_mut(), &removal) {
             if d.detach_connect() {
                 // Read through this process's own descriptor: opening the map by id
                 // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -231,7 +301,7 @@ impl Agent {
         }
         let kernel_drain = async {
             match &kernel_sockets {
-                Some(r) => drain_kernel_sockets(|| r.fill(), until, pinned).await,
+                Some(r) => drain_kernel_sockets(|| r.fill(), until, false).await,
                 None => 0,
             }
         };
@@ -246,11 +316,8 @@ impl Agent {
             kernel_drain
         );
         if let Some(d) = self.reconciler.map_mut() {
-            d.detach();
-            // Emptied: nothing needs the map after this process. Else the pin keeps
-            // it, with sk_msg, for the sockets left; the next agent unpins it.
-            if kernel_sockets.is_some() && unwritten == 0 {
-                d.unpin();
+            if let Removal::Remove(_) = removal {
+                d.uninstall();
             }
             let counters: Vec<String> = d
                 .counters()
@@ -258,6 +325,9 @@ impl Agent {
                 .map(|(c, n)| format!("{}={n}", c.name()))
                 .collect();
             info!(counters = %counters.join(" "), "kernel counters");
+        }
+        if let Some(beating) = self.beating.take() {
+            beating.abort();
         }
         if let Some(admin) = self.admin.take() {
             admin.shutdown().await;
