@@ -154,6 +154,16 @@ impl Agent {
         };
         let started = Instant::now();
         self.reconciler.apply(&next.frontends, trigger);
+        if !self.ready {
+            // An adopted map holds the earlier agent's entries, which kept traffic
+            // served until now: those this agent did not make live just now name
+            // frontends that went away while no agent ran.
+            let live: std::collections::BTreeSet<std::net::SocketAddr> =
+                self.reconciler.active().map(|a| a.frontend.addr()).collect();
+            if let Some(d) = self.reconciler.map_mut() {
+                d.retain_frontends(&live);
+            }
+        }
         let (relay_ip, failed_listeners) = self.apply_names(&next);
         let took = started.elapsed();
         self.report(&next, relay_ip, took);

@@ -603,10 +603,7 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
                 .then(|| d.sockets_map_id())
                 .flatten(),
             sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
-            sockets_map_pin: match d.pin() {
-                datapath::Pin::Pinned(p) => Some(p.display().to_string()),
-                _ => None,
-            },
+            sockets_map_pin: d.sockets_pin().map(|p| p.display().to_string()),
             sockets_map_pin_error: match d.pin() {
                 datapath::Pin::Failed(why) => Some(why.clone()),
                 _ => None,

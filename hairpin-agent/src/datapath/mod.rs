@@ -256,8 +256,16 @@ impl Datapath {
         let node6 = opts.node_ipv6.map_or([0; 4], |ip| {
             FrontendKey::new(SocketAddr::new(ip.into(), 0)).addr
         });
-        // Not preallocated, but kept small while unused.
-        let sockets = if opts.kernel_path {
+        // Not preallocated, but kept small while unused; a pinned one is sized for
+        // any later agent (its buckets cost about 16 bytes each), and one an earlier
+        // agent pinned keeps its own size, which the limit then follows.
+        let sockets = if let Some(existing) = pins
+            .as_ref()
+            .and_then(|p| MapData::from_pin(p.map(MAP_SOCKETS)).ok())
+            .and_then(|m| m.info().ok())
+        {
+            existing.max_entries()
+        } else if opts.kernel_path || pins.is_some() {
             opts.max_kernel_sockets.max(1)
         } else {
             1
@@ -654,6 +662,11 @@ impl Datapath {
         &self.pin
     }
 
+    /// Where the sockets map is pinned, when the datapath is.
+    pub fn sockets_pin(&self) -> Option<PathBuf> {
+        self.pins.as_ref().map(|p| p.map(MAP_SOCKETS))
+    }
+
     /// The heartbeat writer: the agent beats every second (see [`Heartbeat`]).
     pub fn heartbeat(&self) -> Heartbeat {
         self.heartbeat.clone()
@@ -804,6 +817,23 @@ impl Datapath {
                 capacity: self.capacity,
             }),
             Err(e) => Err(map_error("insert", MAP_FRONTENDS, frontend.to_string())(e)),
+        }
+    }
+
+    /// Removes every entry of the frontends map but those of `live`: what an earlier
+    /// agent left for frontends that are gone. Logged per entry.
+    pub fn retain_frontends(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
+        let stale: Vec<FrontendKey> = self
+            .frontends
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !live.contains(&k.socket_addr()))
+            .collect();
+        for k in stale {
+            match self.frontends.remove(&k) {
+                Ok(()) => tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map"),
+                Err(e) => tracing::warn!(frontend = %k.socket_addr(), error = %e, "an earlier agent's stale frontend could not be removed"),
+            }
         }
     }
 

@@ -424,8 +424,10 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             // the counters, since nothing has been missed yet.
             let unpinned = kp.sockets_map_pin_error.as_ref().map(|why| {
                 format!(
-                    "; sockets map not pinned ({why}): sockets established but not yet \
-                     written when the agent dies go without their header"
+                    "; the datapath is not pinned ({why}): it goes with the agent, so every \
+                     restart, upgrade or crash leaves traffic without hairpin until the next \
+                     agent attaches, and sockets established but not yet written go without \
+                     their header"
                 )
             });
             let missed = tally.missed();
@@ -465,9 +467,9 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
     }
 }
 
-/// What to do when the sockets map could not be pinned.
-const PIN_FIX: &str = "mount the host's /sys/fs/bpf into the agent so --bpf-pin-dir is on a \
-     bpf filesystem (deploy/components/kernel-path does), or point --bpf-pin-dir at one";
+/// What to do when the datapath could not be pinned.
+const PIN_FIX: &str = "mount the host's /sys/fs/bpf/hairpin into the agent so --bpf-pin-dir is \
+     on a bpf filesystem (the DaemonSet does), or point --bpf-pin-dir at one";
 
 /// What to do about the connections one miss counter counts.
 fn miss_fix(counter: Counter) -> &'static str {
@@ -477,22 +479,24 @@ fn miss_fix(counter: Counter) -> &'static str {
              (TCP Fast Open that the connect programs could not see: MSG_FASTOPEN, or \
              TCP_FASTOPEN_CONNECT set before the agent attached, both seen only where the \
              agent holds CAP_PERFMON; or a blocking send() while connecting), which the kernel \
-             path cannot put a header ahead of: add CAP_PERFMON to the container's \
-             capabilities, turn Fast Open off in those clients (net.ipv4.tcp_fastopen), mark \
-             their port `hairpin.dev/first-speaker: server` so it takes the relay, or set \
-             --kernel-path off"
+             path cannot put a header ahead of (each such connection fails as it would \
+             without hairpin): annotate the Service `hairpin.dev/path: relay` (or `path: \
+             relay` in the frontends file) so its connections take the relay, add \
+             CAP_PERFMON to the container's capabilities (deploy/components/kernel-path-perfmon) \
+             so MSG_FASTOPEN is seen, or turn Fast Open off in those clients \
+             (net.ipv4.tcp_fastopen)"
         }
         Counter::KernelMissedInsert => {
             "kernel_missed_insert: more sockets finished their handshake at once than the \
              sockets map holds (raise --kernel-path-sockets), or the map refused a socket: an \
-             MPTCP subflow, which the connect programs send to the relay only where the agent \
-             holds CAP_PERFMON (add it to the container's capabilities, or set --kernel-path \
-             off)"
+             MPTCP subflow the connect programs could not tell (they read its \
+             TCP_NOTSENT_LOWAT, which needs Linux 6.7; before it, only with CAP_PERFMON): \
+             annotate the Service `hairpin.dev/path: relay`, or add CAP_PERFMON"
         }
         Counter::KernelMissedPush | Counter::KernelMissedWrite => {
             "kernel_missed_push / kernel_missed_write: the node was short of socket memory \
              when the header was written (see net.ipv4.tcp_mem and the node's memory); if it \
-             repeats, set --kernel-path off"
+             repeats, annotate the Service `hairpin.dev/path: relay`"
         }
         _ => "see the counter's meaning in docs/architecture.md, \"The kernel path\"",
     }
@@ -600,6 +604,7 @@ mod tests {
                 sockets_capacity: Some(65_536),
                 sockets_map_pin: None,
                 sockets_map_pin_error: None,
+                mptcp_detection: None,
             }),
             ..Default::default()
         };
@@ -649,9 +654,9 @@ mod tests {
         assert!(c.fix.is_none());
     }
 
-    /// An unpinned sockets map is a warning with what it costs and the mount to add.
+    /// An unpinned datapath is a warning with what it costs and the mount to add.
     #[test]
-    fn an_unpinned_sockets_map_warns_with_the_mount_to_add() {
+    fn an_unpinned_datapath_warns_with_what_it_costs_and_the_mount_to_add() {
         let mut s = kernel_path_agent(KernelPathState::On, None, &[("kernel_headers_written", 4)]);
         if let Some(kp) = s.kernel_path.as_mut() {
             kp.sockets_map_pin_error = Some("/sys/fs/bpf is not on a bpf filesystem".into());
@@ -660,8 +665,10 @@ mod tests {
         assert_eq!(c.status, Status::Warn, "{c:?}");
         assert!(
             c.detail.ends_with(
-                "; sockets map not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
-                 established but not yet written when the agent dies go without their header"
+                "; the datapath is not pinned (/sys/fs/bpf is not on a bpf filesystem): it goes \
+                 with the agent, so every restart, upgrade or crash leaves traffic without \
+                 hairpin until the next agent attaches, and sockets established but not yet \
+                 written go without their header"
             ),
             "{}",
             c.detail

@@ -317,6 +317,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         sockets_capacity: None,
         sockets_map_pin: None,
         sockets_map_pin_error: None,
+        mptcp_detection: None,
     });
     for f in &mut s.frontends {
         f.path = Paths(vec![LivePath::Ebpf]);
@@ -349,6 +350,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         sockets_capacity: None,
         sockets_map_pin: None,
         sockets_map_pin_error: None,
+        mptcp_detection: None,
     });
     let text = render(&report(Some(s)), false);
     assert!(
