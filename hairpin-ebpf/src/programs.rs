@@ -772,9 +772,10 @@ fn peer_is_marked_frontend(ops: *mut bpf_sock_ops, p: &PendingHeader) -> bool {
             ],
         )
     };
-    // `remote_port` holds the port in network byte order in its low 16 bits, as
-    // `dst_port` does.
-    if port as u16 != p.dst_port {
+    // sock_ops' `remote_port` holds the port in network byte order in its upper 16
+    // bits (the kernel shifts it there on little-endian machines, the only ones BPF
+    // here builds for); `dst_port` holds the same 16 bits.
+    if (port >> 16) as u16 != p.dst_port {
         return false;
     }
     if p.family == AF_INET {

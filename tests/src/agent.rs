@@ -217,6 +217,22 @@ impl Agent {
         Agent::start_file(node, specs, cgroup, log_filter, extra, true)
     }
 
+    /// As [`Agent::start_with`], without waiting for it to get ready (an agent that
+    /// waits for the datapath, say).
+    pub fn spawn_with(node: &SimNode, specs: &[FrontendSpec], extra: &[&str]) -> Agent {
+        let frontends = node.dir.join("frontends.yaml");
+        fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let source = [
+            "--frontends",
+            frontends.to_str().expect("utf-8 path"),
+            "--allowed-clients",
+            SIM_POD_NETWORKS,
+        ];
+        let mut agent = Agent::spawn(node, &source, &node.cgroup, "hairpin_agent=debug,info", extra);
+        agent.frontends = frontends;
+        agent
+    }
+
     fn start_file(
         node: &SimNode,
         specs: &[FrontendSpec],

@@ -18,9 +18,12 @@ use std::{
 };
 
 use hairpin_tests::{
-    agent::{Agent, CappedAgent, DAEMONSET_CAPS, agent_bin, all_frontends, frontends_yaml, status},
+    agent::{
+        Agent, CappedAgent, DAEMONSET_CAPS, SIM_POD_NETWORKS, agent_bin, all_frontends,
+        frontends_yaml, status,
+    },
     client::{assert_true_client, from_pod, url},
-    node::{POD_IP4, POD_IP6, SimNode},
+    node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::{nginx_access_log, start_haproxy, start_nginx},
     sh::command_in,
@@ -51,9 +54,11 @@ impl Connector {
     fn start(node: &SimNode, lb: &str, name: &str) -> Connector {
         let out = node.dir.join(format!("{name}.out"));
         let stop = node.dir.join(format!("{name}.stop"));
+        // One line per connection: the body (which ends in a newline) folded onto
+        // one line with curl's verdict.
         let script = format!(
-            "while [ ! -e {stop} ]; do curl -sS --max-time 3 -w ' code=%{{http_code}} exit=%{{exitcode}}\\n' \
-             http://{host}/ >> {out} 2>/dev/null || echo ' code=000 exit=fail' >> {out}; sleep 0.003; done",
+            "while [ ! -e {stop} ]; do echo \"$(curl -sS --max-time 3 -w ' code=%{{http_code}} exit=%{{exitcode}}' \
+             http://{host}/ 2>/dev/null | tr -d '\\n')\" >> {out}; sleep 0.003; done",
             stop = stop.display(),
             out = out.display(),
             host = if lb.contains(':') { format!("[{lb}]") } else { lb.to_string() },
@@ -219,7 +224,12 @@ fn attached(node: &SimNode) -> BTreeSet<(String, u64)> {
 }
 
 /// The hooks hairpin's kernel path links at a cgroup.
-const HOOKS: [&str; 4] = ["cgroup_inet4_connect", "cgroup_inet6_connect", "sock_ops", "cgroup_setsockopt"];
+const HOOKS: [&str; 4] = [
+    "cgroup_inet4_connect",
+    "cgroup_inet6_connect",
+    "cgroup_sock_ops",
+    "cgroup_setsockopt",
+];
 
 /// Samples the cgroup's attachments every few ms until stopped: every sample where
 /// one of [`HOOKS`] had no hairpin program, and every program id seen per hook.
@@ -419,7 +429,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     ready(&mut agent);
     let before = attached(&node);
     let sampler = Sampler::start(node.cgroup.clone());
-    let conns = Connector::start(&node, "203.0.113.11", "up");
+    let conns = Connector::start(&node, "203.0.113.10", "up");
     conns.wait_more(10);
     agent.signal(Signal::SIGTERM);
     assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
@@ -471,6 +481,10 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
             node.cgroup.to_str().expect("utf-8"),
             "--kernel-path",
             "on",
+            "--node-ip",
+            &format!("{NODE_IP4},{NODE_IP6}"),
+            "--allowed-clients",
+            SIM_POD_NETWORKS,
             "--admin-address",
             "127.0.0.1:9911",
             "--metrics-address",
@@ -530,7 +544,7 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     let killed = Instant::now();
     let before = attached(&node);
     // An agent whose maps are laid out otherwise (a later release).
-    let mut new = Agent::start_with(&node, &all_frontends(), &["--kernel-path", "on", "--pin-layout", "2"]);
+    let mut new = Agent::spawn_with(&node, &all_frontends(), &["--kernel-path", "on", "--pin-layout", "2"]);
     new.wait_for_log("does not adopt it and waits until it expires", Duration::from_secs(10));
     // Meanwhile the old datapath is untouched and still writes headers.
     assert_eq!(attached(&node), before);
