@@ -757,7 +757,19 @@ impl Datapath {
         use aya::maps::IterableMap;
         let mut ids = crate::status::KernelIds::default();
         if let Some(att) = &self.attachment {
-            for l in &att.links {
+            // The connect programs first, as `status` has always listed them.
+            let (connect, rest): (Vec<&Link>, Vec<&Link>) = att
+                .links
+                .iter()
+                .partition(|l| matches!(l.role, Role::Connect4 | Role::Connect6));
+            let order = |r: Role| match r {
+                Role::SockOps => 0,
+                Role::SetSockopt => 1,
+                _ => 2,
+            };
+            let mut rest = rest;
+            rest.sort_by_key(|l| order(l.role));
+            for l in connect.into_iter().chain(rest) {
                 let Some(info) = self.ebpf.program(l.program).and_then(|p| p.info().ok()) else {
                     continue;
                 };
