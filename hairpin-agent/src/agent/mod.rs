@@ -311,7 +311,7 @@ impl Agent {
         }
         let kernel_drain = async {
             match &kernel_sockets {
-                Some(r) => drain_kernel_sockets(|| r.fill(), until, false).await,
+                Some(r) => drain_kernel_sockets(|| r.fill(), until).await,
                 None => 0,
             }
         };

@@ -582,20 +582,23 @@ fn render_kernel_path(
     out.push_str(&format!("            {map}: {fill}\n"));
     if let Some(pin) = &kp.sockets_map_pin {
         out.push_str(&format!(
-            "            pinned at {pin}: its sockets keep their header if the agent dies\n"
+            "            pinned at {pin}: the datapath outlives the agent\n"
         ));
     } else if let Some(why) = &kp.sockets_map_pin_error {
         out.push_str(&format!(
             "            {}\n",
             paint(
                 &format!(
-                    "not pinned ({why}): sockets established but not yet written when the \
-                     agent dies go without their header"
+                    "not pinned ({why}): the datapath goes with the agent, and sockets \
+                     established but not yet written when it dies go without their header"
                 ),
                 Tone::Warn,
                 colour
             )
         ));
+    }
+    if let Some(m) = kp.mptcp_detection {
+        out.push_str(&format!("            MPTCP subflows told apart by {m}\n"));
     }
     out.push_str(&format!(
         "            headers written {} of {} sockets marked; to the relay instead: {}\n",

@@ -156,14 +156,10 @@ const FILL_POLL: Duration = Duration::from_millis(20);
 /// the sockets map is empty, every socket's header out or the socket closed, and no
 /// marked socket can still be connecting (for at most [`HANDSHAKE_SETTLE`]), or
 /// until `deadline`. `read` gives the fill. The sockets still in the map at the
-/// deadline are established and not yet written: with the map `pinned` they still
-/// get their header from the kernel after this process exits; without, never (the
-/// map and sk_msg go with this process). Logged as such; their count is returned.
-pub async fn drain_kernel_sockets(
-    read: impl Fn() -> Fill,
-    deadline: tokio::time::Instant,
-    pinned: bool,
-) -> u64 {
+/// deadline are established and not yet written: the datapath is being removed, so
+/// they never get their header (the map and sk_msg go). Logged as such; their count
+/// is returned. (A datapath kept for the next agent is not drained at all.)
+pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time::Instant) -> u64 {
     let started = tokio::time::Instant::now();
     let first = read();
     tracing::info!(
@@ -183,14 +179,7 @@ pub async fn drain_kernel_sockets(
             return 0;
         }
         if now >= deadline {
-            if fill.in_map > 0 && pinned {
-                tracing::info!(
-                    unwritten = fill.in_map,
-                    "drain deadline reached: kernel-path sockets established but not yet \
-                     written keep their header through the pinned sockets map; the next agent \
-                     unpins it once they are gone"
-                );
-            } else if fill.in_map > 0 {
+            if fill.in_map > 0 {
                 tracing::warn!(
                     unwritten = fill.in_map,
                     "drain deadline reached: kernel-path sockets established but not yet \
@@ -417,12 +406,12 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(20);
         let read = fills(vec![fill(2, 0), fill(2, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert!(start.elapsed() < Duration::from_millis(100));
         // An empty map at once, nothing connecting: no wait at all.
         let read = fills(vec![fill(0, 0)]);
         let start = tokio::time::Instant::now();
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
@@ -432,7 +421,7 @@ mod tests {
         let deadline = start + Duration::from_secs(20);
         // A connect that never settles (it failed): waited for HANDSHAKE_SETTLE.
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline).await,
             0
         );
         let waited = start.elapsed();
@@ -443,7 +432,7 @@ mod tests {
         // One that enters the map, then writes: waited for until it left.
         let start = tokio::time::Instant::now();
         let read = fills(vec![fill(0, 1), fill(1, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert!(start.elapsed() < HANDSHAKE_SETTLE);
     }
 
@@ -452,7 +441,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(2);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline).await,
             1
         );
         assert_eq!(start.elapsed(), Duration::from_secs(2));
@@ -460,7 +449,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(300);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline).await,
             0
         );
         assert_eq!(start.elapsed(), Duration::from_millis(300));

@@ -466,15 +466,10 @@ impl Datapath {
                     self.attachment = None;
                     adopted.clear();
                 }
-                Err(e) => {
-                    self.attachment = Some(Attachment {
-                        cgroup: cgroup.to_path_buf(),
-                        links,
-                        adopted,
-                    });
-                    self.uninstall();
-                    return Err(e);
-                }
+                // The links made here without a pin go as `links` drops; pinned ones,
+                // adopted or new, stay as they are: an earlier agent's programs or
+                // this one's, on the same maps, serve until the TTL (fail open).
+                Err(e) => return Err(e),
             }
         }
         if let Some(pins) = &self.pins {

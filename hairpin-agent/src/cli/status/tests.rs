@@ -390,19 +390,27 @@ fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
             false,
         )
     };
-    let text = with("\"sockets_map_pin\": \"/sys/fs/bpf/hairpin/sockets-33\"");
+    let text = with("\"sockets_map_pin\": \"/sys/fs/bpf/hairpin/v1/maps/HAIRPIN_SOCKETS\"");
     assert!(
         text.contains(
             "(new connects go to the relay from 60)\n            pinned at \
-             /sys/fs/bpf/hairpin/sockets-33: its sockets keep their header if the agent dies\n"
+             /sys/fs/bpf/hairpin/v1/maps/HAIRPIN_SOCKETS: the datapath outlives the agent\n"
         ),
         "{text}"
     );
     let text = with("\"sockets_map_pin_error\": \"/sys/fs/bpf is not on a bpf filesystem\"");
     assert!(
         text.contains(
-            "            not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
-             established but not yet written when the agent dies go without their header\n"
+            "            not pinned (/sys/fs/bpf is not on a bpf filesystem): the datapath \
+             goes with the agent, and sockets established but not yet written when it dies go \
+             without their header\n"
+        ),
+        "{text}"
+    );
+    let text = with("\"mptcp_detection\": \"notsent_lowat\"");
+    assert!(
+        text.contains(
+            "            MPTCP subflows told apart by TCP_NOTSENT_LOWAT (no CAP_PERFMON, Linux 6.7+)\n"
         ),
         "{text}"
     );
