@@ -216,14 +216,10 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
 fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
     let object = dir.display().to_string();
     if !dir.exists() {
-        steps.push(step("pinned-datapath", object, Outcome::Absent, None));
+        steps.push(step("pinned-maps", object, Outcome::Absent, None));
         return;
     }
-    let removed = crate::datapath::pin::remove_all(dir);
-    if removed.is_empty() {
-        steps.push(step("pinned-datapath", object.clone(), Outcome::Absent, None));
-    }
-    for r in removed {
+    for r in crate::datapath::pin::remove_all(dir) {
         let what = match r.kind {
             "link" => "pinned-link",
             "program" => "pinned-program",
