@@ -491,12 +491,12 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
 }
 
 /// What the datapath loads: `--max-frontends`, `--bypass-mark`, and the kernel path
-/// when `--kernel-path on` (its header names the node for host sockets as the relay does).
+/// unless `--kernel-path off` (its header names the node for host sockets as the relay does).
 fn load_options(args: &RunArgs) -> LoadOptions {
     LoadOptions {
         bypass_mark: args.bypass_mark,
         max_frontends: args.max_frontends,
-        kernel_path: args.kernel_path == crate::model::KernelPathMode::On,
+        kernel_path: args.kernel_path.loads(),
         max_kernel_sockets: args.kernel_path_sockets,
         node_ipv4: args.node_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v) => Some(*v),
