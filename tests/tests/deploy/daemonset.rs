@@ -226,7 +226,7 @@ fn mounts_match_the_agents_paths() {
                     "DirectoryOrCreate".into(),
                     false
                 ),
-                "{}: --bpf-pin-dir must be the node's /sys/fs/bpf/hairpin, writable",
+                "{}: --bpf-pin-dir must be a mount of the node's /sys/fs/bpf/hairpin, writable",
                 v.dir
             );
         }

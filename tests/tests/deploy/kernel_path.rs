@@ -1,7 +1,7 @@
 //! The kernel path by default: every variant and the chart's defaults run the agent
 //! with `--kernel-path auto` and mount hairpin's directory of the host's bpf
-//! filesystem (where it pins what outlives the agent), exactly once and nothing else
-//! of /sys/fs/bpf; the deprecated `components/kernel-path` changes nothing;
+//! filesystem (where it pins what outlives the agent, `--bpf-pin-dir`), exactly once,
+//! outside the container's /sys, and nothing else of /sys/fs/bpf; the deprecated `components/kernel-path` changes nothing;
 //! `components/kernel-path-perfmon` adds CAP_PERFMON and nothing else; the chart's
 //! `kernelPath` values render the same objects, and with `kernelPath.mode: off`
 //! (HAIRPIN_KERNEL_PATH=off) nothing mounts /sys/fs/bpf.
@@ -30,15 +30,19 @@ fn caps(objs: &[Json]) -> Json {
         .clone()
 }
 
-/// hairpin's own directory of the host's bpf filesystem, mounted from and at the same
-/// path: the agent's default `--bpf-pin-dir`. Only it: not other tools' pins.
+/// hairpin's own directory of the host's bpf filesystem: the agent's default
+/// `--bpf-pin-dir` on the host. Only it: not other tools' pins.
 const BPFFS: &str = "/sys/fs/bpf/hairpin";
+
+/// Where the DaemonSet mounts [`BPFFS`], and its `--bpf-pin-dir`: outside /sys, since
+/// the runtime mounts a fresh sysfs there, in which no mount point can be made.
+const BPFFS_MOUNT: &str = "/host/sys/fs/bpf/hairpin";
 
 /// The agent's mount of the host's bpf filesystem, exactly as the DaemonSet writes it
 /// (writable: the agent pins and unpins there; no mountPropagation: the bind is the
 /// host's bpffs instance itself).
 fn bpffs_mount() -> Json {
-    json!({"name": "bpffs", "mountPath": BPFFS})
+    json!({"name": "bpffs", "mountPath": BPFFS_MOUNT})
 }
 
 /// The hostPath volume behind [`bpffs_mount`].
@@ -46,8 +50,9 @@ fn bpffs_volume() -> Json {
     json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "DirectoryOrCreate"}})
 }
 
-/// `objs` with the agent's HAIRPIN_KERNEL_PATH entry, CAP_PERFMON, and the bpffs
-/// mount and volume (only as [`bpffs_mount`] and [`bpffs_volume`] write them) taken out.
+/// `objs` with the agent's HAIRPIN_KERNEL_PATH and HAIRPIN_BPF_PIN_DIR entries,
+/// CAP_PERFMON, and the bpffs mount and volume (only as [`bpffs_mount`] and
+/// [`bpffs_volume`] write them) taken out.
 fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     for o in &mut objs {
         if o["kind"] != "DaemonSet" {
@@ -55,7 +60,9 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
         }
         let c = &mut o["spec"]["template"]["spec"]["containers"][0];
         if let Some(env) = c["env"].as_array_mut() {
-            env.retain(|e| e["name"] != "HAIRPIN_KERNEL_PATH");
+            env.retain(|e| {
+                e["name"] != "HAIRPIN_KERNEL_PATH" && e["name"] != "HAIRPIN_BPF_PIN_DIR"
+            });
         }
         if let Some(add) = c["securityContext"]["capabilities"]["add"].as_array_mut() {
             add.retain(|a| a != "PERFMON");
@@ -71,15 +78,18 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     objs
 }
 
-/// How many of the agent's mounts are at or under /sys/fs/bpf and how many volumes
-/// are the host's /sys/fs/bpf or a directory of it.
+/// How many of the agent's mounts are at or under /sys/fs/bpf (or its /host stand-in)
+/// and how many volumes are the host's /sys/fs/bpf or a directory of it.
 fn bpffs_count(objs: &[Json]) -> (usize, usize) {
     let pod = pod_spec(&daemonset(objs, "hairpin"));
     let mounts = agent(objs)
         .volume_mounts
         .iter()
         .flatten()
-        .filter(|m| Path::new(&m.mount_path).starts_with("/sys/fs/bpf"))
+        .filter(|m| {
+            let p = Path::new(&m.mount_path);
+            p.starts_with("/sys/fs/bpf") || p.starts_with("/host/sys/fs/bpf")
+        })
         .count();
     let volumes = pod
         .volumes
@@ -111,21 +121,27 @@ fn assert_kernel_path_by_default(objs: &[Json], source: &str) {
     let env = env_of(&agent(objs), source);
     let run = run_args(&env, source);
     assert_eq!(run.kernel_path, KernelPathMode::Auto, "{source}");
-    // The agent's --bpf-pin-dir (its default: nothing sets it) lies on the mount.
+    // The agent's --bpf-pin-dir is the mount of the host's directory.
     assert!(
-        !env.contains_key("HAIRPIN_BPF_PIN_DIR"),
-        "{source}: {env:?}"
-    );
-    assert!(
-        run.bpf_pin_dir == Path::new(BPFFS),
-        "{source}: --bpf-pin-dir {} is not the mounted {BPFFS}",
+        run.bpf_pin_dir == Path::new(BPFFS_MOUNT),
+        "{source}: --bpf-pin-dir {} is not the mounted {BPFFS_MOUNT}",
         run.bpf_pin_dir.display()
     );
     let pod = pod_spec(&daemonset(objs, "hairpin"));
     assert_eq!(
-        host_path(&pod, &agent(objs), Path::new(BPFFS), source),
+        host_path(&pod, &agent(objs), Path::new(BPFFS_MOUNT), source),
         (BPFFS.into(), "DirectoryOrCreate".into(), false),
         "{source}"
+    );
+    // Nothing mounted inside the container's /sys: the runtime could not make the
+    // mount point in its sysfs, and the pod would not start.
+    assert!(
+        agent(objs)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| !Path::new(&m.mount_path).starts_with("/sys")),
+        "{source}: a mount under /sys"
     );
     assert_eq!(bpffs_count(objs), (1, 1), "{source}");
     assert!(
