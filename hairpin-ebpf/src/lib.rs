@@ -135,6 +135,11 @@ pub const HEADER_V2: u8 = 2;
 /// [`HEADER_RELAY`] (every value but [`HEADER_V1`] and [`HEADER_V2`] is the relay);
 /// `dump` reads it to say why.
 pub const HEADER_RELAY_SERVER_FIRST: u8 = 0x80;
+/// [`Redirect::header`] of a frontend taking the relay path although the kernel path
+/// is on, because its Service (`hairpin.dev/path: relay`) or frontends-file entry
+/// (`path: relay`) asks for it, for a client that hits one of the kernel path's
+/// known misses: the programs treat it as [`HEADER_RELAY`]; `dump` reads it to say why.
+pub const HEADER_RELAY_CHOSEN: u8 = 0x81;
 
 /// Room for one header in [`PendingHeader::header`]: the longest v1 line is 104
 /// bytes, v2 over IPv6 is 52. A power of two, so the programs can bound every
@@ -312,6 +317,15 @@ impl Redirect {
     pub fn server_first(a: SocketAddr) -> Redirect {
         Redirect {
             header: HEADER_RELAY_SERVER_FIRST,
+            ..Redirect::new(a)
+        }
+    }
+
+    /// The value for a frontend that asks for the relay (`hairpin.dev/path:
+    /// relay`), with the kernel path on: the relay path, saying why.
+    pub fn relay_chosen(a: SocketAddr) -> Redirect {
+        Redirect {
+            header: HEADER_RELAY_CHOSEN,
             ..Redirect::new(a)
         }
     }
@@ -613,6 +627,9 @@ mod tests {
         let s = Redirect::server_first(l);
         assert_eq!(s.socket_addr(), l);
         assert!(!s.is_kernel() && !Redirect::new(l).is_kernel());
+        let c = Redirect::relay_chosen(l);
+        assert_eq!((c.socket_addr(), c.header), (l, HEADER_RELAY_CHOSEN));
+        assert!(!c.is_kernel());
         assert!(!Redirect::kernel(l, 7).is_kernel());
     }
 

@@ -321,6 +321,10 @@ impl Agent {
             .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
             // The node's own bpf filesystem, not the machine's /sys/fs/bpf.
             .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
+            // The suites written for the relay path keep it: the agent's default is
+            // the kernel path (`auto`) now, and a test that wants it passes
+            // `--kernel-path`, which takes precedence over this variable.
+            .env("HAIRPIN_KERNEL_PATH", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)

@@ -38,8 +38,9 @@ enum Path {
     /// `--kernel-path off`: the connect programs rewrite the destination to the
     /// agent's relay, which connects upstream and writes the header.
     Relay,
-    /// `--kernel-path on`: the destination is left alone and the kernel writes the
-    /// header on the client's own socket, ahead of its first bytes.
+    /// The default configuration (`--kernel-path auto`, on this kernel: on): the
+    /// destination is left alone and the kernel writes the header on the client's
+    /// own socket, ahead of its first bytes.
     Kernel,
 }
 
@@ -48,7 +49,7 @@ impl Path {
     fn args(self) -> &'static [&'static str] {
         match self {
             Path::Relay => &["--kernel-path", "off"],
-            Path::Kernel => &["--kernel-path", "on"],
+            Path::Kernel => &["--kernel-path", "auto"],
         }
     }
 

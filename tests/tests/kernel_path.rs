@@ -2120,3 +2120,86 @@ fn the_header_and_a_first_write_that_fits_a_page_leave_in_one_segment() {
     assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
     assert_no_misses(&s);
 }
+
+// ==== Issue 21: `path: relay` (hairpin.dev/path) ===================================
+//
+// A frontend that asks for the relay takes it on a node where the kernel path is on
+// (by `--kernel-path auto`, the default), while the other frontends keep the kernel
+// path; the relay's header names the true client, and dump and status say why.
+
+/// The nginx LBs over IPv4, v1 and v2, the v2 one asking for the relay.
+const PATH_RELAY_FRONTENDS: &str = "frontends:\n\
+    - ip: \"203.0.113.10\"\n  ports: [80]\n  proxyProtocol: v1\n\
+    - ip: \"203.0.113.12\"\n  ports: [80]\n  proxyProtocol: v2\n  path: relay\n";
+
+#[test]
+fn a_frontend_asking_for_the_relay_is_relayed_on_a_kernel_path_node() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // The agent's default, spelled out: the test harness runs the relay by default.
+    let agent =
+        Agent::start_with_frontends_yaml(&node, PATH_RELAY_FRONTENDS, &["--kernel-path", "auto"]);
+    let why = "relay: the Service asks for it (hairpin.dev/path: relay)";
+    let s = wait_frontend_reason(&node, ("203.0.113.12", 80), Some(why));
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}");
+    assert_eq!(s["kernel_path"]["configured"], "auto", "{s}");
+    let by_addr = |ip: &str| {
+        s["frontends"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["ip"] == ip && f["port"] == 80))
+            .cloned()
+            .unwrap_or_else(|| panic!("no frontend {ip}:80: {s}"))
+    };
+    assert_eq!(by_addr("203.0.113.12")["path"], "ebpf", "{s}");
+    assert_eq!(by_addr("203.0.113.10")["path"], "kernel", "{s}");
+
+    let before = status(&node);
+    let relayed = from_pod(&node, &url("203.0.113.12", 80, "/"));
+    assert_true_client("pod", &relayed, POD_IP4, "203.0.113.12", &agent);
+    let kernel = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &kernel, POD_IP4, "203.0.113.10", &agent);
+    let after = status(&node);
+    let delta = |name: &str| kernel_counter(&after, name) - kernel_counter(&before, name);
+    assert_eq!(
+        delta("redirected"),
+        1,
+        "the path: relay connection: {after}"
+    );
+    assert_eq!(
+        delta("kernel_marked"),
+        1,
+        "only the auto one is marked: {after}"
+    );
+    assert_eq!(delta("kernel_headers_written"), 1, "{after}");
+    assert_no_misses(&after);
+    assert!(!nginx_error_log(&node).contains("broken header"));
+
+    let dump = Command::new(hairpin_tests::agent::agent_bin())
+        .args(["dump", "--output", "json"])
+        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+        .output()
+        .expect("run dump");
+    let dump: Value = serde_json::from_slice(&dump.stdout).expect("dump json");
+    let entries: Vec<(String, String)> = dump["maps"]
+        .as_array()
+        .expect("maps")
+        .iter()
+        .filter_map(|m| m["entries"].as_array())
+        .flatten()
+        .map(|e| {
+            (
+                e["frontend"].as_str().unwrap_or("").to_string(),
+                e["path"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        entries.contains(&("203.0.113.12:80".into(), "relay (hairpin.dev/path)".into())),
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&("203.0.113.10:80".into(), "kernel v1".into())),
+        "{entries:?}"
+    );
+}

@@ -31,7 +31,8 @@ use hairpin_tests::{
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-const KERNEL_PATH_ON: &[&str] = &["--kernel-path", "on"];
+/// The default configuration (the test harness's agents otherwise run the relay).
+const DEFAULTS: &[&str] = &["--kernel-path", "auto"];
 
 macro_rules! require_privileges {
     () => {
@@ -287,7 +288,7 @@ impl Sampler {
     }
 }
 
-/// Waits for the next agent to say it is ready.
+/// Waits for the agent to say it is ready.
 fn ready(agent: &mut Agent) {
     agent.wait_for_log("agent ready", Duration::from_secs(30));
 }
@@ -297,8 +298,9 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
-    ready(&mut agent);
+    // Default flags, only the DaemonSet's capabilities.
+    let start = || CappedAgent::start(&node, &all_frontends(), &[], &DAEMONSET_CAPS);
+    let mut agent = start();
     let ka_dir = node.dir.join("ka");
     let mut ka = keep_alive(&node, &ka_dir, 3);
     let first = keep_alive_answer(&ka_dir, 1);
@@ -314,8 +316,7 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     assert!(agent.log().contains("datapath kept"), "{}", agent.log());
     std::thread::sleep(Duration::from_secs(1));
     v4.wait_more(10);
-    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
-    ready(&mut agent);
+    let mut agent = start();
     assert!(agent.log().contains("adopted the pinned link"), "{}", agent.log());
     v4.wait_more(20);
     assert_eq!(keep_alive_answer(&ka_dir, 2), first, "the keep-alive connection across SIGTERM");
@@ -325,8 +326,7 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     agent.wait(Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(1));
     v4.wait_more(10);
-    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
-    ready(&mut agent);
+    let agent = start();
     v4.wait_more(20);
     v6.wait_more(20);
     assert_eq!(keep_alive_answer(&ka_dir, 3), first, "the keep-alive connection across SIGKILL");
@@ -361,7 +361,7 @@ fn a_killed_agent_not_restarted_keeps_writing_headers_until_the_ttl_then_traffic
     let mut agent = Agent::start_with(
         &node,
         &all_frontends(),
-        &["--kernel-path", "on", "--datapath-ttl", "6s"],
+        &["--kernel-path", "auto", "--datapath-ttl", "6s"],
     );
     ready(&mut agent);
     agent.signal(Signal::SIGKILL);
@@ -425,7 +425,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let mut agent = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut agent);
     let before = attached(&node);
     let sampler = Sampler::start(node.cgroup.clone());
@@ -433,7 +433,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     conns.wait_more(10);
     agent.signal(Signal::SIGTERM);
     assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
-    let mut next = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let mut next = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut next);
     conns.wait_more(10);
     let (samples, gaps, seen) = sampler.finish();
@@ -463,7 +463,7 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut first = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let mut first = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut first);
     // A second agent (a debugging run, a second release) with the same pin dir.
     let frontends = node.dir.join("second.yaml");
@@ -536,7 +536,7 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     let mut old = Agent::start_with(
         &node,
         &all_frontends(),
-        &["--kernel-path", "on", "--datapath-ttl", "5s"],
+        &["--kernel-path", "auto", "--datapath-ttl", "5s"],
     );
     ready(&mut old);
     old.signal(Signal::SIGKILL);
@@ -544,7 +544,7 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     let killed = Instant::now();
     let before = attached(&node);
     // An agent whose maps are laid out otherwise (a later release).
-    let mut new = Agent::spawn_with(&node, &all_frontends(), &["--kernel-path", "on", "--pin-layout", "2"]);
+    let mut new = Agent::spawn_with(&node, &all_frontends(), &["--kernel-path", "auto", "--pin-layout", "2"]);
     new.wait_for_log("does not adopt it and waits until it expires", Duration::from_secs(10));
     // Meanwhile the old datapath is untouched and still writes headers.
     assert_eq!(attached(&node), before);
@@ -571,7 +571,7 @@ fn with_only_the_daemonsets_capabilities_mptcp_is_told_apart_and_relayed_with_it
         "this kernel must have MPTCP enabled"
     );
     let _nginx = start_nginx(&node);
-    let agent = CappedAgent::start(&node, &all_frontends(), KERNEL_PATH_ON, &DAEMONSET_CAPS);
+    let agent = CappedAgent::start(&node, &all_frontends(), DEFAULTS, &DAEMONSET_CAPS);
     let s = status(&node);
     assert_eq!(s["kernel_path"]["mptcp_detection"], "notsent_lowat", "{s}\n{}", agent.log());
     let py = r#"

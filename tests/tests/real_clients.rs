@@ -116,7 +116,8 @@ fn real_clients_get_their_header_from_the_kernel_with_the_daemonsets_capabilitie
     let _nginx = start_nginx(&node);
     let java_file = node.dir.join("Get.java");
     std::fs::write(&java_file, JAVA).expect("java source");
-    let agent = CappedAgent::start(&node, &all_frontends(), &["--kernel-path", "on"], &DAEMONSET_CAPS);
+    // Default flags, only the DaemonSet's capabilities.
+    let agent = CappedAgent::start(&node, &all_frontends(), &[], &DAEMONSET_CAPS);
     let s = status(&node);
     assert_eq!(s["kernel_path"]["state"], "on", "{s}\n{}", agent.log());
     let mut n = 0;

@@ -39,6 +39,10 @@ use source::{Desired, DesiredRx};
 
 use crate::{
     datapath::{Datapath, Pin, drain_kernel_sockets},
+    k8s::{
+        coredns::ObjectName,
+        owner::{self, Teardown},
+    },
     model::LivePath,
     names::relay::NameRouting,
     relay::Relay,
@@ -90,20 +94,12 @@ pub struct Agent {
     heartbeat: Interval,
     /// The datapath's heartbeat task (see `datapath::Heartbeat`); stops with the agent.
     beating: Option<tokio::task::AbortHandle>,
-    /// Asks whether this agent's DaemonSet is gone or being deleted: an uninstall,
-    /// which takes the datapath with it. `None` (no `--daemonset`, or the file
-    /// source): SIGTERM always keeps it.
-    owner: Option<OwnerCheck>,
+    /// The API server, to ask on SIGTERM whether this agent's DaemonSet is going
+    /// (`None` with the frontends file).
+    kube: Option<kube::Client>,
+    /// `--daemonset`: whose deletion is an uninstall.
+    daemonset: Option<ObjectName>,
 }
-
-/// Whether this agent is being uninstalled: `Ok(Some(why))` when its DaemonSet is
-/// gone or being deleted, `Ok(None)` when it stays (a rollout, a restart), `Err`
-/// when the API cannot say.
-pub type OwnerCheck = Box<
-    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send>>
-        + Send
-        + Sync,
->;
 
 /// What SIGTERM does with the datapath.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,33 +111,23 @@ pub enum Removal {
     Remove(String),
 }
 
-/// How long SIGTERM waits for the API to say whether the DaemonSet is going.
-const OWNER_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Decides what SIGTERM does with a datapath that is `pinned` or not, asking
-/// `owner` when there is one. When in doubt, keep: a kept datapath never breaks
-/// traffic (it goes inert at the TTL, and `cleanup` removes it), a removed one
-/// breaks every connect until the next agent starts.
-pub async fn decide_removal(pinned: bool, owner: Option<&OwnerCheck>) -> Removal {
+/// Decides what SIGTERM does with a datapath that is `pinned` or not: removed only
+/// when nothing is pinned (it goes with the process anyway) or the API server says
+/// the DaemonSet is gone or being deleted ([`owner::on_sigterm`], which keeps it when
+/// in doubt: a kept datapath never breaks traffic, it goes inert at the TTL and
+/// `cleanup` removes it; a removed one would leave every connect without hairpin
+/// until the next agent starts).
+pub async fn decide_removal(
+    pinned: bool,
+    kube: Option<&kube::Client>,
+    daemonset: Option<&ObjectName>,
+) -> Removal {
     if !pinned {
         return Removal::Remove("nothing is pinned: the datapath goes with this process".into());
     }
-    let Some(check) = owner else {
-        return Removal::Keep(
-            "no DaemonSet to ask (--daemonset unset, or the file source): kept for the next              agent; `hairpin-agent cleanup` removes it"
-                .into(),
-        );
-    };
-    match tokio::time::timeout(OWNER_CHECK_TIMEOUT, check()).await {
-        Ok(Ok(Some(why))) => Removal::Remove(why),
-        Ok(Ok(None)) => Removal::Keep("the DaemonSet stays: kept for the next agent".into()),
-        Ok(Err(e)) => Removal::Keep(format!(
-            "the API cannot say whether the DaemonSet is going ({e}): kept; the TTL is the backstop"
-        )),
-        Err(_) => Removal::Keep(
-            "the API did not answer in time whether the DaemonSet is going: kept; the TTL is              the backstop"
-                .into(),
-        ),
+    match owner::on_sigterm(kube, daemonset).await {
+        Teardown::Remove => Removal::Remove("the agents are being uninstalled".into()),
+        Teardown::Keep => Removal::Keep("kept for the next agent".into()),
     }
 }
 
@@ -287,7 +273,7 @@ impl Agent {
             .map_mut()
             .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
         let removal = if self.reconciler.map_mut().is_some() {
-            decide_removal(pinned, self.owner.as_ref()).await
+            decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await
         } else {
             Removal::Keep("no datapath".into())
         };

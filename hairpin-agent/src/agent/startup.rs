@@ -166,7 +166,7 @@ impl Agent {
                 IpAddr::V6(v) => Some(v),
                 IpAddr::V4(_) => None,
             }),
-            clients: clients::policy(&args, kube, &state).await,
+            clients: clients::policy(&args, kube.clone(), &state).await,
             gate: ConnGate::new(ConnLimits {
                 total: args.max_connections,
                 per_source: args.max_connections_per_source,
@@ -255,7 +255,8 @@ impl Agent {
             retry_in: None,
             heartbeat,
             beating,
-            owner: None,
+            kube,
+            daemonset: args.daemonset.clone(),
         })
     }
 }
@@ -542,12 +543,12 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
 }
 
 /// What the datapath loads: `--max-frontends`, `--bypass-mark`, and the kernel path
-/// when `--kernel-path on` (its header names the node for host sockets as the relay does).
+/// unless `--kernel-path off` (its header names the node for host sockets as the relay does).
 fn load_options(args: &RunArgs) -> LoadOptions {
     LoadOptions {
         bypass_mark: args.bypass_mark,
         max_frontends: args.max_frontends,
-        kernel_path: args.kernel_path == crate::model::KernelPathMode::On,
+        kernel_path: args.kernel_path.loads(),
         max_kernel_sockets: args.kernel_path_sockets,
         node_ipv4: args.node_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v) => Some(*v),

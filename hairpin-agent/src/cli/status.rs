@@ -13,7 +13,7 @@ use hairpin_ebpf::Counter;
 
 use crate::{
     datapath::kernel,
-    model::{KernelPathMode, LivePath},
+    model::LivePath,
     status::ProgramIds,
     status::{FrontendState, FrontendStatus, KernelPathState, KernelPathStatus, Snapshot},
 };
@@ -303,10 +303,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
     }
     out.push_str("frontends\n");
     // With the kernel path asked for, each frontend says who writes its header.
-    let header_column = s
-        .kernel_path
-        .as_ref()
-        .is_some_and(|k| k.configured == KernelPathMode::On);
+    let header_column = s.kernel_path.as_ref().is_some_and(|k| k.configured.loads());
     let mut headers = vec!["FRONTEND", "STATE", "PATH"];
     if header_column {
         headers.push("HEADER");
@@ -544,17 +541,28 @@ fn render_kernel_path(
             "kernel path off (--kernel-path {}): every frontend takes the relay\n",
             kp.configured
         ),
+        // `auto` falls back to the relay as planned; `on` asked for the kernel path
+        // as a requirement, so its absence is painted as a failure.
         KernelPathState::Unavailable => format!(
-            "kernel path {} (--kernel-path {}): every frontend takes the relay\n",
+            "kernel path {} (--kernel-path {}{}): every frontend takes the relay\n",
             paint(
                 &format!(
                     "unavailable: {}",
                     kp.reason.as_deref().unwrap_or("no reason given")
                 ),
-                Tone::Warn,
+                if kp.configured.requires() {
+                    Tone::Bad
+                } else {
+                    Tone::Warn
+                },
                 colour
             ),
-            kp.configured
+            kp.configured,
+            if kp.configured.requires() {
+                ", required"
+            } else {
+                ""
+            }
         ),
     };
     if kp.state != KernelPathState::On && !tally.any() {

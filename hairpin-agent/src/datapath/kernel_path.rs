@@ -12,12 +12,13 @@ use aya::{
     sys::is_program_supported,
 };
 use hairpin_ebpf::{
-    FrontendKey, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2, PROG_CONNECT4,
-    PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
-    PROG_CONNECT6_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    FrontendKey, HEADER_RELAY_CHOSEN, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2,
+    PROG_CONNECT4, PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6,
+    PROG_CONNECT6_KERNEL, PROG_CONNECT6_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG,
+    PROG_SOCK_OPS, Redirect,
 };
 
-use crate::model::{FirstSpeaker, ProxyVersion};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,42 +49,53 @@ impl KernelPath {
     }
 
     /// The frontend map's value for `listener` with header `version`: a kernel
-    /// header when on and the client speaks first, the relay otherwise. The listener
-    /// stays in the value, the fallback for a socket the kernel path cannot take.
+    /// header when on, the client speaks first and the frontend asks for no `path`
+    /// but `auto`; the relay otherwise, with the reason in the header byte for
+    /// `dump` (a server that speaks first before a relay asked for: the relay is then
+    /// required, not chosen). The listener stays in the value, the fallback for a
+    /// socket the kernel path cannot take.
     pub(super) fn value(
         &self,
         listener: SocketAddr,
         version: ProxyVersion,
         first: FirstSpeaker,
+        path: PathChoice,
     ) -> Redirect {
-        match (self, first, version) {
-            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V1) => {
+        match (self, first, path, version) {
+            (KernelPath::On, FirstSpeaker::Server, _, _) => Redirect::server_first(listener),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay, _) => {
+                Redirect::relay_chosen(listener)
+            }
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V1) => {
                 Redirect::kernel(listener, HEADER_V1)
             }
-            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V2) => {
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V2) => {
                 Redirect::kernel(listener, HEADER_V2)
             }
-            (KernelPath::On, FirstSpeaker::Server, _) => Redirect::server_first(listener),
             _ => Redirect::new(listener),
         }
     }
 
-    /// Why a frontend whose `first` side speaks first takes the path it takes, when
-    /// the kernel path was asked for (`None` when it is off: everything is relayed).
-    pub fn why(&self, first: FirstSpeaker) -> Option<String> {
-        match (self, first) {
-            (KernelPath::Off, _) => None,
-            (KernelPath::Unavailable(_), _) => {
+    /// Why a frontend whose `first` side speaks first and that asks for `path` takes
+    /// the path it takes, when the kernel path was asked for (`None` when it is off:
+    /// everything is relayed). The same order as [`KernelPath::value`].
+    pub fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
+        match (self, first, path) {
+            (KernelPath::Off, _, _) => None,
+            (KernelPath::Unavailable(_), _, _) => {
                 Some("relay: the kernel path is unavailable on this node".into())
             }
-            (KernelPath::On, FirstSpeaker::Client) => {
-                Some("kernel: the client speaks first".into())
-            }
-            (KernelPath::On, FirstSpeaker::Server) => Some(
+            (KernelPath::On, FirstSpeaker::Server, _) => Some(
                 "relay: the server speaks first (the kernel writes the header only ahead of \
                  the client's first bytes)"
                     .into(),
             ),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay) => {
+                Some("relay: the Service asks for it (hairpin.dev/path: relay)".into())
+            }
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto) => {
+                Some("kernel: the client speaks first".into())
+            }
         }
     }
 }
@@ -99,12 +111,13 @@ impl fmt::Display for KernelPath {
 }
 
 /// What a frontends map value does with a connect, for `dump`: `kernel v1`,
-/// `kernel v2`, `relay` or `relay (server speaks first)`.
+/// `kernel v2`, `relay`, `relay (server speaks first)` or `relay (hairpin.dev/path)`.
 pub fn describe(value: &Redirect) -> &'static str {
     match value.header {
         HEADER_V1 => "kernel v1",
         HEADER_V2 => "kernel v2",
         HEADER_RELAY_SERVER_FIRST => "relay (server speaks first)",
+        HEADER_RELAY_CHOSEN => "relay (hairpin.dev/path)",
         _ => "relay",
     }
 }
@@ -471,6 +484,7 @@ mod tests {
             Redirect::kernel(l, HEADER_V2),
             Redirect::new(l),
             Redirect::server_first(l),
+            Redirect::relay_chosen(l),
         ]
         .iter()
         .map(describe)
@@ -481,7 +495,8 @@ mod tests {
                 "kernel v1",
                 "kernel v2",
                 "relay",
-                "relay (server speaks first)"
+                "relay (server speaks first)",
+                "relay (hairpin.dev/path)"
             ]
         );
     }
@@ -490,29 +505,34 @@ mod tests {
     fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
         let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
-            let v = KernelPath::On.value(l, version, FirstSpeaker::Server);
+            let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
             assert_eq!(v, Redirect::server_first(l));
             assert!(!v.is_kernel());
             for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
                 assert_eq!(
-                    off.value(l, version, FirstSpeaker::Server),
+                    off.value(l, version, FirstSpeaker::Server, PathChoice::Auto),
                     Redirect::new(l)
                 );
             }
         }
         assert!(
             KernelPath::On
-                .why(FirstSpeaker::Server)
+                .why(FirstSpeaker::Server, PathChoice::Auto)
                 .is_some_and(|w| w.starts_with("relay: the server speaks first"))
         );
         assert_eq!(
-            KernelPath::On.why(FirstSpeaker::Client).as_deref(),
+            KernelPath::On
+                .why(FirstSpeaker::Client, PathChoice::Auto)
+                .as_deref(),
             Some("kernel: the client speaks first")
         );
-        assert_eq!(KernelPath::Off.why(FirstSpeaker::Server), None);
+        assert_eq!(
+            KernelPath::Off.why(FirstSpeaker::Server, PathChoice::Auto),
+            None
+        );
         assert!(
             KernelPath::Unavailable("x".into())
-                .why(FirstSpeaker::Client)
+                .why(FirstSpeaker::Client, PathChoice::Auto)
                 .is_some_and(|w| w.starts_with("relay: "))
         );
     }
@@ -520,17 +540,20 @@ mod tests {
     #[test]
     fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
         let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
-        let client = FirstSpeaker::Client;
+        let (client, auto) = (FirstSpeaker::Client, PathChoice::Auto);
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V1, client),
+            KernelPath::On.value(l, ProxyVersion::V1, client, auto),
             Redirect::kernel(l, HEADER_V1)
         );
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V2, client),
+            KernelPath::On.value(l, ProxyVersion::V2, client, auto),
             Redirect::kernel(l, HEADER_V2)
         );
         for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
-            assert_eq!(off.value(l, ProxyVersion::V2, client), Redirect::new(l));
+            assert_eq!(
+                off.value(l, ProxyVersion::V2, client, auto),
+                Redirect::new(l)
+            );
             assert_eq!(off.connect_programs(), [PROG_CONNECT4, PROG_CONNECT6]);
         }
         assert_eq!(
@@ -540,6 +563,46 @@ mod tests {
         assert_eq!(
             KernelPath::Unavailable("this kernel has no sk_msg programs".into()).to_string(),
             "unavailable: this kernel has no sk_msg programs"
+        );
+    }
+
+    #[test]
+    fn a_frontend_asking_for_the_relay_is_relayed_with_its_own_header_byte() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let relay = PathChoice::Relay;
+        for version in [ProxyVersion::V1, ProxyVersion::V2] {
+            let v = KernelPath::On.value(l, version, FirstSpeaker::Client, relay);
+            assert_eq!(v, Redirect::relay_chosen(l));
+            assert!(!v.is_kernel());
+            assert_eq!(describe(&v), "relay (hairpin.dev/path)");
+            // A server that speaks first needs the relay whatever was asked: that
+            // is the reason given.
+            assert_eq!(
+                KernelPath::On.value(l, version, FirstSpeaker::Server, relay),
+                Redirect::server_first(l)
+            );
+            for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+                assert_eq!(
+                    off.value(l, version, FirstSpeaker::Client, relay),
+                    Redirect::new(l)
+                );
+            }
+        }
+        assert_eq!(
+            KernelPath::On.why(FirstSpeaker::Client, relay).as_deref(),
+            Some("relay: the Service asks for it (hairpin.dev/path: relay)")
+        );
+        assert!(
+            KernelPath::On
+                .why(FirstSpeaker::Server, relay)
+                .is_some_and(|w| w.starts_with("relay: the server speaks first"))
+        );
+        assert_eq!(KernelPath::Off.why(FirstSpeaker::Client, relay), None);
+        assert_eq!(
+            KernelPath::Unavailable("x".into())
+                .why(FirstSpeaker::Client, relay)
+                .as_deref(),
+            Some("relay: the kernel path is unavailable on this node")
         );
     }
 }

@@ -50,7 +50,7 @@ use hairpin_ebpf::{
     PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
 };
 
-use crate::model::{FirstSpeaker, ProxyVersion};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -792,18 +792,19 @@ impl Datapath {
     }
 
     /// As [`Datapath::insert`] for a frontend whose ingress expects `version`
-    /// headers: with the kernel path on and a client that speaks `first`, the kernel
-    /// writes them on the client's own socket and the listener is the fallback;
-    /// otherwise (off, unavailable, or a server that speaks first) its relay writes
-    /// them. Whether the entry gives the kernel path.
+    /// headers: with the kernel path on, a client that speaks `first` and `path`
+    /// `auto`, the kernel writes them on the client's own socket and the listener is
+    /// the fallback; otherwise (off, unavailable, a server that speaks first, or the
+    /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
     pub fn insert_frontend(
         &mut self,
         frontend: SocketAddr,
         listener: SocketAddr,
         version: ProxyVersion,
         first: FirstSpeaker,
+        path: PathChoice,
     ) -> Result<bool, DatapathError> {
-        let value = self.kernel_path.value(listener, version, first);
+        let value = self.kernel_path.value(listener, version, first, path);
         self.insert_value(frontend, listener, value)?;
         Ok(value.is_kernel())
     }

@@ -357,10 +357,11 @@ fn names_scope_check(n: &crate::status::NamesStatus) -> Check {
 }
 
 /// How the kernel path stands: skipped when off, ok when on and no connection went
-/// without its header, a warning naming each miss counter when some did, and a
-/// warning with the reason and the fix when it was asked for but this kernel (or
-/// the agent's privileges) cannot run it. `lacking`: what this kernel was found to
-/// lack (program types), probed by the caller when unavailable.
+/// without its header, a warning naming each miss counter when some did, and the
+/// reason and the fix when this kernel (or the agent's privileges) cannot run it: a
+/// warning with `--kernel-path auto` (the relay takes over, as planned), a failure
+/// with `on` (it was required). `lacking`: what this kernel was found to lack
+/// (program types), probed by the caller when unavailable.
 fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
     let name = "kernel_path";
     let Some(s) = agent else {
@@ -389,11 +390,19 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
         ),
         KernelPathState::Unavailable => {
             let reason = kp.reason.as_deref().unwrap_or("no reason given");
-            let mut detail = format!(
-                "asked for (--kernel-path {}) but unavailable: {reason}; every frontend takes \
-                 the relay path (headers are still written)",
-                kp.configured
-            );
+            let mut detail = if kp.configured.requires() {
+                format!(
+                    "required (--kernel-path {}) but unavailable: {reason}; every frontend \
+                     takes the relay path (headers are still written)",
+                    kp.configured
+                )
+            } else {
+                format!(
+                    "unavailable on this node (--kernel-path {}): {reason}; every frontend \
+                     takes the relay path (headers are still written)",
+                    kp.configured
+                )
+            };
             if !lacking.is_empty() {
                 detail.push_str(&format!("; this kernel lacks {}", lacking.join(" and ")));
             }
@@ -408,7 +417,12 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             } else {
                 "see the agent's log for the error above, or set --kernel-path off"
             };
-            Check::new(name, Status::Warn, detail).fix(fix)
+            let status = if kp.configured.requires() {
+                Status::Fail
+            } else {
+                Status::Warn
+            };
+            Check::new(name, status, detail).fix(fix)
         }
         KernelPathState::On => {
             let fill = match kp.sockets_capacity {
@@ -469,7 +483,8 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
 
 /// What to do when the datapath could not be pinned.
 const PIN_FIX: &str = "mount the host's /sys/fs/bpf/hairpin into the agent so --bpf-pin-dir is \
-     on a bpf filesystem (the DaemonSet does), or point --bpf-pin-dir at one";
+     on a bpf filesystem (the DaemonSet in deploy/ and the chart do, unless the kernel path is \
+     off), or point --bpf-pin-dir at one";
 
 /// What to do about the connections one miss counter counts.
 fn miss_fix(counter: Counter) -> &'static str {
@@ -707,26 +722,40 @@ mod tests {
             fix.contains("turn Fast Open off") && fix.contains("raise --kernel-path-sockets"),
             "{fix}"
         );
+        // The escape hatch for a workload that hits a known miss.
+        assert!(fix.contains("`hairpin.dev/path: relay`"), "{fix}");
         assert!(!fix.contains("kernel_missed_push"), "{fix}");
     }
 
-    /// Asked for but unavailable: a warning with the reason, what this kernel lacks,
-    /// and the fix for that cause.
+    /// Unavailable: the reason, what this kernel lacks, and the fix for that cause;
+    /// a warning with `auto` (the relay takes over as planned), a failure with `on`.
     #[test]
     fn an_unavailable_kernel_path_warns_with_the_reason_and_the_fix() {
-        let s = kernel_path_agent(
+        let mut s = kernel_path_agent(
             KernelPathState::Unavailable,
             Some("this kernel has no sk_msg programs"),
             &[],
         );
         let c = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
-        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.status, Status::Fail);
         assert_eq!(
             c.detail,
-            "asked for (--kernel-path on) but unavailable: this kernel has no sk_msg programs; \
+            "required (--kernel-path on) but unavailable: this kernel has no sk_msg programs; \
              every frontend takes the relay path (headers are still written); this kernel \
              lacks sk_msg programs"
         );
+        if let Some(k) = s.kernel_path.as_mut() {
+            k.configured = crate::model::KernelPathMode::Auto;
+        }
+        let auto = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
+        assert_eq!(auto.status, Status::Warn);
+        assert_eq!(
+            auto.detail,
+            "unavailable on this node (--kernel-path auto): this kernel has no sk_msg \
+             programs; every frontend takes the relay path (headers are still written); this \
+             kernel lacks sk_msg programs"
+        );
+        assert_eq!(auto.fix, c.fix);
         assert!(
             c.fix.as_deref().is_some_and(|f| f.contains("sk_msg")),
             "{c:?}"
@@ -737,7 +766,7 @@ mod tests {
             &[],
         );
         let c = kernel_path_check(Some(&s), &[]);
-        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.status, Status::Fail);
         assert!(
             c.fix
                 .as_deref()
