@@ -106,7 +106,6 @@ fn clients(lb: &str, java_file: &str) -> Vec<(&'static str, Vec<String>)> {
             ],
         ),
     ]
-    all
 }
 
 #[test]
