@@ -609,3 +609,70 @@ print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
     let s = status(&node);
     assert_eq!(s["counters"]["kernel"]["kernel_headers_written"].as_u64(), Some(1), "{s}");
 }
+
+/// A recorded object of `hairpin-agent/tests/fixtures/<dir>/<name>`.
+fn recorded(dir: &str, name: &str) -> Value {
+    hairpin_tests::fakeapi::fixture(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../hairpin-agent/tests/fixtures")
+            .join(dir)
+            .join(name),
+    )
+}
+
+/// The relays' listen addresses in the node namespace (on `lo` here: this kernel has
+/// no dummy link type for `hairpin0`).
+fn listen_addresses_on_the_node(node: &SimNode) -> String {
+    let out = hairpin_tests::sh::output_in(&node.node_ns, None, &["ip", "-o", "addr", "show"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("169.254.104.1") || l.contains("fd68:6169:7270:696e::1"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_addresses() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let api = hairpin_tests::fakeapi::FakeApi::start_in_netns(&node.node_ns);
+    let kubeconfig = node.dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    // ingress-nginx on DigitalOcean with the PROXY protocol on; LB IP 203.0.113.10.
+    api.apply(recorded("services", "digitalocean.yaml"));
+    api.put_daemonset(recorded("daemonsets", "hairpin.yaml"));
+    let flags = ["--kernel-path", "auto", "--daemonset", "hairpin-system/hairpin"];
+    let mut agent = Agent::start_kube(&node, &kubeconfig, &flags);
+    ready(&mut agent);
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
+
+    // A rollout: the DaemonSet stays, so SIGTERM keeps everything for the next agent.
+    agent.signal(Signal::SIGTERM);
+    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    assert!(agent.log().contains("datapath kept"), "{}", agent.log());
+    assert!(!attached(&node).is_empty());
+    assert!(!listen_addresses_on_the_node(&node).is_empty());
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod, between agents", &reply, POD_IP4, "203.0.113.10", &agent);
+
+    // The next agent adopts it; then the DaemonSet is deleted (its deletion done: a
+    // 404) and the agent gets its SIGTERM.
+    let mut agent = Agent::start_kube(&node, &kubeconfig, &flags);
+    ready(&mut agent);
+    api.remove_daemonset("hairpin-system/hairpin");
+    agent.signal(Signal::SIGTERM);
+    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    let log = agent.log();
+    assert!(log.contains("datapath removed") && log.contains("uninstalled"), "{log}");
+    // Nothing attached, nothing pinned, no listen address: traffic as before hairpin.
+    assert!(attached(&node).is_empty(), "{:?}", attached(&node));
+    let pins: Vec<_> = std::fs::read_dir(node.pin_dir())
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(pins.is_empty(), "pins left: {pins:?}");
+    assert_eq!(listen_addresses_on_the_node(&node), "", "{log}");
+    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(reply.code, 52, "pre-hairpin behaviour: {reply:?}");
+}

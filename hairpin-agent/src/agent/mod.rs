@@ -99,6 +99,9 @@ pub struct Agent {
     kube: Option<kube::Client>,
     /// `--daemonset`: whose deletion is an uninstall.
     daemonset: Option<ObjectName>,
+    /// The addresses this agent put on links (the relays' listen addresses, the
+    /// names address), removed on an uninstall.
+    link_addresses: Vec<(String, IpAddr)>,
 }
 
 /// What SIGTERM does with the datapath.
@@ -107,8 +110,18 @@ pub enum Removal {
     /// Left for the next agent (a rollout, a restart, a node going down): links
     /// and maps stay pinned and the programs keep running; the TTL is the backstop.
     Keep(String),
-    /// Removed with this agent (an uninstall, or nothing pinned to keep), why.
-    Remove(String),
+    /// Removed with this agent: nothing is pinned to keep, so it goes with the
+    /// process anyway.
+    Unpinned,
+    /// Removed, with the addresses the agent put on links: an uninstall.
+    Uninstall,
+}
+
+impl Removal {
+    /// Whether the datapath goes.
+    pub fn removes(&self) -> bool {
+        !matches!(self, Removal::Keep(_))
+    }
 }
 
 /// Decides what SIGTERM does with a datapath that is `pinned` or not: removed only
@@ -122,12 +135,10 @@ pub async fn decide_removal(
     kube: Option<&kube::Client>,
     daemonset: Option<&ObjectName>,
 ) -> Removal {
-    if !pinned {
-        return Removal::Remove("nothing is pinned: the datapath goes with this process".into());
-    }
-    match owner::on_sigterm(kube, daemonset).await {
-        Teardown::Remove => Removal::Remove("the agents are being uninstalled".into()),
-        Teardown::Keep => Removal::Keep("kept for the next agent".into()),
+    match (owner::on_sigterm(kube, daemonset).await, pinned) {
+        (Teardown::Remove, _) => Removal::Uninstall,
+        (Teardown::Keep, false) => Removal::Unpinned,
+        (Teardown::Keep, true) => Removal::Keep("kept for the next agent".into()),
     }
 }
 
@@ -272,16 +283,15 @@ impl Agent {
             .reconciler
             .map_mut()
             .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
-        let removal = if self.reconciler.map_mut().is_some() {
-            decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await
-        } else {
-            Removal::Keep("no datapath".into())
-        };
+        let removal = decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await;
         match &removal {
             Removal::Keep(why) => info!(reason = %why, "datapath kept"),
-            Removal::Remove(why) => info!(reason = %why, "datapath removed"),
+            Removal::Unpinned => {
+                info!(reason = "nothing is pinned: it goes with this process", "datapath removed")
+            }
+            Removal::Uninstall => info!(reason = "the agents are being uninstalled", "datapath removed"),
         }
-        if let (Some(d), Removal::Remove(_)) = (self.reconciler.map_mut(), &removal) {
+        if let Some(d) = self.reconciler.map_mut().filter(|_| removal.removes()) {
             if d.detach_connect() {
                 // Read through this process's own descriptor: opening the map by id
                 // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -312,7 +322,7 @@ impl Agent {
             kernel_drain
         );
         if let Some(d) = self.reconciler.map_mut() {
-            if let Removal::Remove(_) = removal {
+            if removal.removes() {
                 d.uninstall();
             }
             let counters: Vec<String> = d
@@ -324,6 +334,14 @@ impl Agent {
         }
         if let Some(beating) = self.beating.take() {
             beating.abort();
+        }
+        if removal == Removal::Uninstall {
+            for (link, address) in &self.link_addresses {
+                match crate::names::link::remove(link, *address).await {
+                    Ok(_) => info!(%link, %address, "uninstall: address removed"),
+                    Err(e) => warn!(%link, %address, error = %e, "uninstall: the address could not be removed"),
+                }
+            }
         }
         if let Some(admin) = self.admin.take() {
             admin.shutdown().await;

@@ -257,6 +257,7 @@ impl Agent {
             beating,
             kube,
             daemonset: args.daemonset.clone(),
+            link_addresses: link_addresses(&args, listen),
         })
     }
 }
@@ -527,6 +528,24 @@ async fn listen_on_link(args: &RunArgs, listen: ListenAddresses) -> Result<Optio
         notes.push(note);
     }
     Ok(Some(notes.join("; ")))
+}
+
+/// The addresses the agent puts on links: the relays' listen addresses on
+/// `--listen-link`, and the names address on `--names-link`.
+fn link_addresses(args: &RunArgs, listen: ListenAddresses) -> Vec<(String, IpAddr)> {
+    let mut out: Vec<(String, IpAddr)> = Vec::new();
+    if let Some(link) = args.listen_link() {
+        out.extend(
+            [listen.v4, listen.v6]
+                .into_iter()
+                .flatten()
+                .map(|a| (link.to_string(), a)),
+        );
+    }
+    if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
+        out.push((link.clone(), address));
+    }
+    out
 }
 
 /// Puts the names address on `--names-link` when set; returns what was done.
