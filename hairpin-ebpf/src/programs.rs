@@ -15,8 +15,8 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_dynptr_from_mem, bpf_dynptr_read, bpf_dynptr_write, bpf_get_socket_cookie,
-        bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data,
-        bpf_getsockopt, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_probe_read_kernel,
+        bpf_getsockopt, bpf_ktime_get_ns, bpf_map_delete_elem, bpf_map_lookup_elem,
+        bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data, bpf_probe_read_kernel,
         bpf_sk_release, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
         bpf_skc_to_tcp_sock, bpf_sock_hash_update, bpf_sock_ops_cb_flags_set,
     },
@@ -417,15 +417,15 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
     }
     if is_mptcp_subflow::<PERFMON>(sa) {
         count(Counter::KernelFallbackMptcp);
-            // Every subflow of an MPTCP client: expected, so debug.
-            event!(
-                debug,
-                "kernel_fallback_mptcp: an MPTCP subflow to {:i} port {} goes to the relay",
-                key.family,
-                key.addr,
-                key.port
-            );
-            return false;
+        // Every subflow of an MPTCP client: expected, so debug.
+        event!(
+            debug,
+            "kernel_fallback_mptcp: an MPTCP subflow to {:i} port {} goes to the relay",
+            key.family,
+            key.addr,
+            key.port
+        );
+        return false;
     }
     if asked_fast_open(sa) || (PERFMON && tcp_sock_says_fast_open(sa)) {
         count(Counter::KernelFallbackFastOpen);

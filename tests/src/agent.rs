@@ -228,7 +228,13 @@ impl Agent {
             "--allowed-clients",
             SIM_POD_NETWORKS,
         ];
-        let mut agent = Agent::spawn(node, &source, &node.cgroup, "hairpin_agent=debug,info", extra);
+        let mut agent = Agent::spawn(
+            node,
+            &source,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            extra,
+        );
         agent.frontends = frontends;
         agent
     }
@@ -422,7 +428,12 @@ pub struct CappedAgent {
 impl CappedAgent {
     /// Starts it on `node` with `specs` as its frontends file and `extra` flags, with
     /// only `caps`; returns once it is ready.
-    pub fn start(node: &SimNode, specs: &[FrontendSpec], extra: &[&str], caps: &[&str]) -> CappedAgent {
+    pub fn start(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        extra: &[&str],
+        caps: &[&str],
+    ) -> CappedAgent {
         use std::os::{fd::AsRawFd, unix::process::CommandExt};
         let frontends = node.dir.join("frontends.yaml");
         std::fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");

@@ -519,8 +519,16 @@ fn after_kill_9_traffic_is_never_broken_and_cleanup_leaves_it_as_before(path: Pa
     // refused nor hung.
     assert_eq!(node.attached_programs(), attached);
     let replies = [
-        ("pod", POD_IP4, from_pod(&node, &url("203.0.113.10", 80, "/"))),
-        ("node", path.host_client(false), from_host(&node, &url("203.0.113.10", 80, "/"))),
+        (
+            "pod",
+            POD_IP4,
+            from_pod(&node, &url("203.0.113.10", 80, "/")),
+        ),
+        (
+            "node",
+            path.host_client(false),
+            from_host(&node, &url("203.0.113.10", 80, "/")),
+        ),
     ];
     for (who, client, reply) in &replies {
         match path {
@@ -612,7 +620,9 @@ fn sigterm_lets_an_in_flight_transfer_complete(path: Path) {
             "new connections must not reach a draining relay: {fresh:?}"
         ),
         // The kernel path needs no process: a new connect still gets its header.
-        Path::Kernel => assert_true_client("pod, draining", &fresh, POD_IP4, "203.0.113.10", &agent),
+        Path::Kernel => {
+            assert_true_client("pod, draining", &fresh, POD_IP4, "203.0.113.10", &agent)
+        }
     }
     let status = curl.wait().expect("curl");
     assert!(

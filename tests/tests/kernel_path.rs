@@ -15,9 +15,7 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{
-        Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, status,
-    },
+    agent::{Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, status},
     client::{Reply, assert_true_client, from_host, from_pod, url},
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::cap_number,
@@ -415,7 +413,6 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
     assert_no_misses(&s);
 }
 
-
 #[test]
 fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and_v2_headers() {
     require_privileges!();
@@ -674,7 +671,10 @@ fn an_established_keep_alive_connection_keeps_answering_after_the_agent_is_kille
     // The datapath outlives the agent: its pinned links stay attached, and a new
     // connection still gets its header from the kernel, with no agent running.
     let attached = node.attached_programs();
-    assert!(attached.contains("connect") && attached.contains("sock_ops"), "{attached}");
+    assert!(
+        attached.contains("connect") && attached.contains("sock_ops"),
+        "{attached}"
+    );
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_true_client("pod, no agent", &fresh, POD_IP4, "203.0.113.10", &agent);
     let pod_lines = |a: &str| a.matches(&format!("pp_client={POD_IP4}:")).count();
@@ -1733,7 +1733,11 @@ fn a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(leave: Leave
         "late",
     );
     let s = status(&node);
-    let pin = node.pin_dir().join("v1").join("maps").join("HAIRPIN_SOCKETS");
+    let pin = node
+        .pin_dir()
+        .join("v1")
+        .join("maps")
+        .join("HAIRPIN_SOCKETS");
     assert_eq!(
         s["kernel_path"]["sockets_map_pin"].as_str(),
         pin.to_str(),
@@ -1788,7 +1792,7 @@ fn a_socket_not_yet_written_when_the_agent_is_killed_gets_its_header_from_the_pi
 
 #[test]
 fn a_socket_not_yet_written_when_the_agent_exits_on_sigterm_gets_its_header_from_the_pinned_datapath()
-{
+ {
     require_privileges!();
     a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(Leave::Term);
 }
@@ -1854,11 +1858,7 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
         "{}",
         run.stdout
     );
-    assert!(
-        steps.iter().all(|(_, o)| o == "removed"),
-        "{}",
-        run.stdout
-    );
+    assert!(steps.iter().all(|(_, o)| o == "removed"), "{}", run.stdout);
     assert!(!node.pin_dir().exists());
     assert_nothing_attached(&node);
     let gone = Instant::now();
@@ -1913,7 +1913,11 @@ fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_i
         agent.log()
     );
     for pin in [map.clone(), Path::new("v1").join("links").join("connect4")] {
-        assert!(host_dir.join(&pin).exists(), "{} is on the host's side", pin.display());
+        assert!(
+            host_dir.join(&pin).exists(),
+            "{} is on the host's side",
+            pin.display()
+        );
     }
     agent.signal(Signal::SIGTERM);
     assert!(

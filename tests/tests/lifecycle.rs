@@ -62,13 +62,21 @@ impl Connector {
              http://{host}/ 2>/dev/null | tr -d '\\n')\" >> {out}; sleep 0.003; done",
             stop = stop.display(),
             out = out.display(),
-            host = if lb.contains(':') { format!("[{lb}]") } else { lb.to_string() },
+            host = if lb.contains(':') {
+                format!("[{lb}]")
+            } else {
+                lb.to_string()
+            },
         );
-        let child = command_in(&node.pod_ns, Some(&node.pod_cgroup()), &["bash", "-c", &script])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the connector");
+        let child = command_in(
+            &node.pod_ns,
+            Some(&node.pod_cgroup()),
+            &["bash", "-c", &script],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the connector");
         Connector { child, out, stop }
     }
 
@@ -85,7 +93,11 @@ impl Connector {
         let start = self.lines().len();
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.lines().len() < start + n {
-            assert!(Instant::now() < deadline, "the connector stalled: {:?}", self.lines());
+            assert!(
+                Instant::now() < deadline,
+                "the connector stalled: {:?}",
+                self.lines()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -137,11 +149,15 @@ for i in $(seq 1 {n}); do
 done
 "#
     );
-    command_in(&node.pod_ns, Some(&node.pod_cgroup()), &["bash", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the keep-alive client")
+    command_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["bash", "-c", &script],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the keep-alive client")
 }
 
 /// Asks the keep-alive client for request `i` and returns its answer.
@@ -180,7 +196,10 @@ fn pinned_counter(node: &SimNode, name: &str) -> u64 {
         .output()
         .expect("run bpftool");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("bpftool map lookup: {e}: {}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "bpftool map lookup: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     });
     v["values"]
         .as_array()
@@ -259,7 +278,9 @@ impl Sampler {
                     .as_array()
                     .map(|a| {
                         a.iter()
-                            .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("hairpin")))
+                            .filter(|p| {
+                                p["name"].as_str().is_some_and(|n| n.starts_with("hairpin"))
+                            })
                             .map(|p| {
                                 (
                                     p["attach_type"].as_str().unwrap_or("").to_string(),
@@ -304,7 +325,11 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     let ka_dir = node.dir.join("ka");
     let mut ka = keep_alive(&node, &ka_dir, 3);
     let first = keep_alive_answer(&ka_dir, 1);
-    assert!(first.starts_with(&format!("client={POD_IP4}:")), "{first}\n{}", agent.log());
+    assert!(
+        first.starts_with(&format!("client={POD_IP4}:")),
+        "{first}\n{}",
+        agent.log()
+    );
     let v4 = Connector::start(&node, "203.0.113.10", "v4");
     let v6 = Connector::start(&node, "2001:db8:ffff::12", "v6");
     v4.wait_more(20);
@@ -312,14 +337,26 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
 
     // A rollout: SIGTERM, wait for the exit, the next agent a second later.
     agent.signal(Signal::SIGTERM);
-    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
     assert!(agent.log().contains("datapath kept"), "{}", agent.log());
     std::thread::sleep(Duration::from_secs(1));
     v4.wait_more(10);
     let mut agent = start();
-    assert!(agent.log().contains("adopted the pinned link"), "{}", agent.log());
+    assert!(
+        agent.log().contains("adopted the pinned link"),
+        "{}",
+        agent.log()
+    );
     v4.wait_more(20);
-    assert_eq!(keep_alive_answer(&ka_dir, 2), first, "the keep-alive connection across SIGTERM");
+    assert_eq!(
+        keep_alive_answer(&ka_dir, 2),
+        first,
+        "the keep-alive connection across SIGTERM"
+    );
 
     // A crash: SIGKILL, the next agent a second later.
     agent.signal(Signal::SIGKILL);
@@ -329,7 +366,11 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     let agent = start();
     v4.wait_more(20);
     v6.wait_more(20);
-    assert_eq!(keep_alive_answer(&ka_dir, 3), first, "the keep-alive connection across SIGKILL");
+    assert_eq!(
+        keep_alive_answer(&ka_dir, 3),
+        first,
+        "the keep-alive connection across SIGKILL"
+    );
     let _ = ka.wait();
 
     let (v4, v6) = (v4.finish(), v6.finish());
@@ -341,8 +382,17 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
         bad4.len(),
         bad6.len()
     );
-    assert!(v4.len() >= 80 && v6.len() >= 40, "too few connections: {} {}", v4.len(), v6.len());
-    assert!(bad4.is_empty() && bad6.is_empty(), "failed: {bad4:?} {bad6:?}\n{}", agent.log());
+    assert!(
+        v4.len() >= 80 && v6.len() >= 40,
+        "too few connections: {} {}",
+        v4.len(),
+        v6.len()
+    );
+    assert!(
+        bad4.is_empty() && bad6.is_empty(),
+        "failed: {bad4:?} {bad6:?}\n{}",
+        agent.log()
+    );
     // nginx saw the true client on every one of them.
     let access = nginx_access_log(&node);
     assert!(
@@ -353,7 +403,7 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
 
 #[test]
 fn a_killed_agent_not_restarted_keeps_writing_headers_until_the_ttl_then_traffic_goes_as_before_hairpin()
-{
+ {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
@@ -380,12 +430,20 @@ fn a_killed_agent_not_restarted_keeps_writing_headers_until_the_ttl_then_traffic
         let reply = from_pod(&node, &url(lb, 80, "/"));
         assert_true_client("pod, no agent", &reply, ip, lb, &agent);
     }
-    assert!(killed.elapsed() < Duration::from_secs(5), "the checks took too long for the TTL");
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "the checks took too long for the TTL"
+    );
     assert_eq!(pinned_counter(&node, "expired"), 0);
     // Past the TTL the connect programs leave traffic alone: as before hairpin.
-    std::thread::sleep(Duration::from_secs(6).saturating_sub(killed.elapsed()) + Duration::from_millis(500));
+    std::thread::sleep(
+        Duration::from_secs(6).saturating_sub(killed.elapsed()) + Duration::from_millis(500),
+    );
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_eq!(reply.code, 52, "pre-hairpin behaviour past the TTL: {reply:?}");
+    assert_eq!(
+        reply.code, 52,
+        "pre-hairpin behaviour past the TTL: {reply:?}"
+    );
     assert_eq!(pinned_counter(&node, "expired"), 1);
     // The programs are still attached (the TTL disarms them; cleanup removes them).
     assert!(!attached(&node).is_empty());
@@ -410,7 +468,11 @@ fn a_relay_frontend_goes_as_before_hairpin_while_no_relay_listens() {
     let started = Instant::now();
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(reply.code, 52, "pre-hairpin behaviour: {reply:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "a hang: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a hang: {:?}",
+        started.elapsed()
+    );
     assert_eq!(pinned_counter(&node, "relay_down"), 1);
     assert!(!attached(&node).is_empty());
     // The next agent serves it again.
@@ -432,7 +494,11 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     let conns = Connector::start(&node, "203.0.113.10", "up");
     conns.wait_more(10);
     agent.signal(Signal::SIGTERM);
-    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
     let mut next = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut next);
     conns.wait_more(10);
@@ -440,7 +506,11 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     let after = attached(&node);
     let lines = conns.finish();
     let bad = failed(&lines, POD_IP4);
-    eprintln!("upgrade: {samples} samples of the cgroup, {} connections, {} failed", lines.len(), bad.len());
+    eprintln!(
+        "upgrade: {samples} samples of the cgroup, {} connections, {} failed",
+        lines.len(),
+        bad.len()
+    );
     assert!(samples >= 20, "too few samples: {samples}");
     assert!(gaps.is_empty(), "a hook without a program: {gaps:?}");
     assert!(bad.is_empty(), "failed: {bad:?}\n{}", next.log());
@@ -448,12 +518,20 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     for hook in HOOKS {
         let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
         let new: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
-        assert_eq!((old.len(), new.len()), (1, 1), "{hook}: {before:?} -> {after:?}");
+        assert_eq!(
+            (old.len(), new.len()),
+            (1, 1),
+            "{hook}: {before:?} -> {after:?}"
+        );
         assert_ne!(old[0].1, new[0].1, "{hook} still runs the old program");
     }
     assert!(seen.len() <= before.len() + after.len(), "{seen:?}");
     let s = status(&node);
-    let adopted: Vec<&Value> = s["lifecycle"]["adopted"].as_array().expect("adopted").iter().collect();
+    let adopted: Vec<&Value> = s["lifecycle"]["adopted"]
+        .as_array()
+        .expect("adopted")
+        .iter()
+        .collect();
     assert_eq!(adopted.len(), 5, "{s}");
     assert!(adopted.iter().all(|a| a[1] == "swapped"), "{s}");
 }
@@ -544,8 +622,15 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     let killed = Instant::now();
     let before = attached(&node);
     // An agent whose maps are laid out otherwise (a later release).
-    let mut new = Agent::spawn_with(&node, &all_frontends(), &["--kernel-path", "auto", "--pin-layout", "2"]);
-    new.wait_for_log("does not adopt it and waits until it expires", Duration::from_secs(10));
+    let mut new = Agent::spawn_with(
+        &node,
+        &all_frontends(),
+        &["--kernel-path", "auto", "--pin-layout", "2"],
+    );
+    new.wait_for_log(
+        "does not adopt it and waits until it expires",
+        Duration::from_secs(10),
+    );
     // Meanwhile the old datapath is untouched and still writes headers.
     assert_eq!(attached(&node), before);
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
@@ -553,9 +638,21 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     assert!(killed.elapsed() < Duration::from_secs(5));
     // Expired, it is removed and the new layout's datapath takes its place.
     ready(&mut new);
-    assert!(killed.elapsed() >= Duration::from_secs(5), "took over a live datapath");
-    assert!(!node.pin_dir().join("v1").exists(), "the old layout's pins stay");
-    assert!(node.pin_dir().join("v2").join("links").join("connect4").exists());
+    assert!(
+        killed.elapsed() >= Duration::from_secs(5),
+        "took over a live datapath"
+    );
+    assert!(
+        !node.pin_dir().join("v1").exists(),
+        "the old layout's pins stay"
+    );
+    assert!(
+        node.pin_dir()
+            .join("v2")
+            .join("links")
+            .join("connect4")
+            .exists()
+    );
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_true_client("pod, new datapath", &reply, POD_IP4, "203.0.113.10", &new);
 }
@@ -564,7 +661,8 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
 fn with_only_the_daemonsets_capabilities_mptcp_is_told_apart_and_relayed_with_its_true_address() {
     require_privileges!();
     let node = SimNode::new();
-    let mptcp = hairpin_tests::sh::output_in(&node.pod_ns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
+    let mptcp =
+        hairpin_tests::sh::output_in(&node.pod_ns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
     assert_eq!(
         String::from_utf8_lossy(&mptcp.stdout).trim(),
         "1",
@@ -573,7 +671,12 @@ fn with_only_the_daemonsets_capabilities_mptcp_is_told_apart_and_relayed_with_it
     let _nginx = start_nginx(&node);
     let agent = CappedAgent::start(&node, &all_frontends(), DEFAULTS, &DAEMONSET_CAPS);
     let s = status(&node);
-    assert_eq!(s["kernel_path"]["mptcp_detection"], "notsent_lowat", "{s}\n{}", agent.log());
+    assert_eq!(
+        s["kernel_path"]["mptcp_detection"],
+        "notsent_lowat",
+        "{s}\n{}",
+        agent.log()
+    );
     let py = r#"
 import socket, sys
 lb = sys.argv[1]
@@ -590,10 +693,15 @@ while True:
 print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
 "#;
     for (lb, ip) in [("203.0.113.10", POD_IP4), ("2001:db8:ffff::10", POD_IP6)] {
-        let out = hairpin_tests::sh::output_in(&node.pod_ns, Some(&node.pod_cgroup()), &["python3", "-c", py, lb]);
+        let out = hairpin_tests::sh::output_in(
+            &node.pod_ns,
+            Some(&node.pod_cgroup()),
+            &["python3", "-c", py, lb],
+        );
         let body = String::from_utf8_lossy(&out.stdout);
         assert!(
-            body.starts_with(&format!("client={ip}:")) && body.trim().ends_with(&format!("dst={lb}:80")),
+            body.starts_with(&format!("client={ip}:"))
+                && body.trim().ends_with(&format!("dst={lb}:80")),
             "MPTCP -> {lb}: {body}{}\n{}",
             String::from_utf8_lossy(&out.stderr),
             agent.log()
@@ -605,9 +713,16 @@ print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
     assert_eq!(counter("kernel_missed_insert"), 0, "{s}");
     // A plain TCP socket reads TCP_NOTSENT_LOWAT 0: it keeps the kernel path.
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert!(reply.ok() && reply.body.starts_with(&format!("client={POD_IP4}:")), "{reply:?}");
+    assert!(
+        reply.ok() && reply.body.starts_with(&format!("client={POD_IP4}:")),
+        "{reply:?}"
+    );
     let s = status(&node);
-    assert_eq!(s["counters"]["kernel"]["kernel_headers_written"].as_u64(), Some(1), "{s}");
+    assert_eq!(
+        s["counters"]["kernel"]["kernel_headers_written"].as_u64(),
+        Some(1),
+        "{s}"
+    );
 }
 
 /// A recorded object of `hairpin-agent/tests/fixtures/<dir>/<name>`.
@@ -642,7 +757,12 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     // ingress-nginx on DigitalOcean with the PROXY protocol on; LB IP 203.0.113.10.
     api.apply(recorded("services", "digitalocean.yaml"));
     api.put_daemonset(recorded("daemonsets", "hairpin.yaml"));
-    let flags = ["--kernel-path", "auto", "--daemonset", "hairpin-system/hairpin"];
+    let flags = [
+        "--kernel-path",
+        "auto",
+        "--daemonset",
+        "hairpin-system/hairpin",
+    ];
     let mut agent = Agent::start_kube(&node, &kubeconfig, &flags);
     ready(&mut agent);
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
@@ -650,12 +770,22 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
 
     // A rollout: the DaemonSet stays, so SIGTERM keeps everything for the next agent.
     agent.signal(Signal::SIGTERM);
-    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
     assert!(agent.log().contains("datapath kept"), "{}", agent.log());
     assert!(!attached(&node).is_empty());
     assert!(!listen_addresses_on_the_node(&node).is_empty());
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_true_client("pod, between agents", &reply, POD_IP4, "203.0.113.10", &agent);
+    assert_true_client(
+        "pod, between agents",
+        &reply,
+        POD_IP4,
+        "203.0.113.10",
+        &agent,
+    );
 
     // The next agent adopts it; then the DaemonSet is deleted (its deletion done: a
     // 404) and the agent gets its SIGTERM.
@@ -663,9 +793,16 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     ready(&mut agent);
     api.remove_daemonset("hairpin-system/hairpin");
     agent.signal(Signal::SIGTERM);
-    assert!(agent.wait(Duration::from_secs(30)).success(), "{}", agent.log());
+    assert!(
+        agent.wait(Duration::from_secs(30)).success(),
+        "{}",
+        agent.log()
+    );
     let log = agent.log();
-    assert!(log.contains("datapath removed") && log.contains("uninstalled"), "{log}");
+    assert!(
+        log.contains("datapath removed") && log.contains("uninstalled"),
+        "{log}"
+    );
     // Nothing attached, nothing pinned, no listen address: traffic as before hairpin.
     assert!(attached(&node).is_empty(), "{:?}", attached(&node));
     let pins: Vec<_> = std::fs::read_dir(node.pin_dir())

@@ -37,17 +37,44 @@ public class Get {
 
 /// Each client: its name and the command that fetches `http://LB/` and prints the body.
 fn clients(lb: &str, java_file: &str) -> Vec<(&'static str, Vec<String>)> {
-    let host = if lb.contains(':') { format!("[{lb}]") } else { lb.to_string() };
+    let host = if lb.contains(':') {
+        format!("[{lb}]")
+    } else {
+        lb.to_string()
+    };
     let url = format!("http://{host}/");
-    let family = if lb.contains(':') { "AF_INET6" } else { "AF_INET" };
+    let family = if lb.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
     let req = r"GET / HTTP/1.0\r\nHost: lb\r\n\r\n";
     let py = |code: String| vec!["python3".to_string(), "-c".to_string(), code];
     vec![
-        ("curl", vec!["curl".into(), "-sS".into(), "--max-time".into(), "5".into(), url.clone()]),
-        ("wget", vec!["wget".into(), "-qO-".into(), "--timeout=5".into(), url.clone()]),
+        (
+            "curl",
+            vec![
+                "curl".into(),
+                "-sS".into(),
+                "--max-time".into(),
+                "5".into(),
+                url.clone(),
+            ],
+        ),
+        (
+            "wget",
+            vec![
+                "wget".into(),
+                "-qO-".into(),
+                "--timeout=5".into(),
+                url.clone(),
+            ],
+        ),
         (
             "python urllib",
-            py(format!("import urllib.request;print(urllib.request.urlopen('{url}', timeout=5).read().decode())")),
+            py(format!(
+                "import urllib.request;print(urllib.request.urlopen('{url}', timeout=5).read().decode())"
+            )),
         ),
         (
             "python http.client",
@@ -94,15 +121,16 @@ fn clients(lb: &str, java_file: &str) -> Vec<(&'static str, Vec<String>)> {
                 ),
             ],
         ),
-        ("java HttpClient", vec!["java".into(), java_file.to_string(), url.clone()]),
+        (
+            "java HttpClient",
+            vec!["java".into(), java_file.to_string(), url.clone()],
+        ),
         (
             "bash /dev/tcp",
             vec![
                 "bash".into(),
                 "-c".into(),
-                format!(
-                    "exec 3<>/dev/tcp/{lb}/80; printf '{req}' >&3; sed '1,/^\\r$/d' <&3"
-                ),
+                format!("exec 3<>/dev/tcp/{lb}/80; printf '{req}' >&3; sed '1,/^\\r$/d' <&3"),
             ],
         ),
     ]
@@ -126,7 +154,8 @@ fn real_clients_get_their_header_from_the_kernel_with_the_daemonsets_capabilitie
             let out = output_in(&node.pod_ns, Some(&node.pod_cgroup()), &args);
             let body = String::from_utf8_lossy(&out.stdout);
             assert!(
-                body.trim_start().starts_with(&format!("client={ip}:")) && body.contains(&format!("dst={lb}:80")),
+                body.trim_start().starts_with(&format!("client={ip}:"))
+                    && body.contains(&format!("dst={lb}:80")),
                 "{name} -> {lb}: {body:?} {}\n{}",
                 String::from_utf8_lossy(&out.stderr),
                 agent.log()
@@ -139,13 +168,19 @@ fn real_clients_get_their_header_from_the_kernel_with_the_daemonsets_capabilitie
     let out = output_in(
         &node.pod_ns,
         Some(&node.pod_cgroup()),
-        &["bash", "-c", "openssl s_client -connect 203.0.113.10:80 -servername lb </dev/null >/dev/null 2>&1; true"],
+        &[
+            "bash",
+            "-c",
+            "openssl s_client -connect 203.0.113.10:80 -servername lb </dev/null >/dev/null 2>&1; true",
+        ],
     );
     assert!(out.status.success());
     n += 1;
     let access = nginx_access_log(&node);
     assert!(
-        access.lines().any(|l| l.contains(&format!("pp_client={POD_IP4}:")) && l.contains("\" 400 ")),
+        access
+            .lines()
+            .any(|l| l.contains(&format!("pp_client={POD_IP4}:")) && l.contains("\" 400 ")),
         "the TLS client's connection must carry the header:\n{access}"
     );
     let s = status(&node);

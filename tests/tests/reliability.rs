@@ -91,7 +91,12 @@ fn ten_thousand_connections_held_open_at_once() {
         &node,
         &[spec(LOAD_LB4, "v1")],
         "info",
-        &["--max-connections-per-source", &per_source, "--kernel-path", "off"],
+        &[
+            "--max-connections-per-source",
+            &per_source,
+            "--kernel-path",
+            "off",
+        ],
     );
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(300));

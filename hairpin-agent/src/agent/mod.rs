@@ -155,8 +155,11 @@ impl Agent {
             // An adopted map holds the earlier agent's entries, which kept traffic
             // served until now: those this agent did not make live just now name
             // frontends that went away while no agent ran.
-            let live: std::collections::BTreeSet<std::net::SocketAddr> =
-                self.reconciler.active().map(|a| a.frontend.addr()).collect();
+            let live: std::collections::BTreeSet<std::net::SocketAddr> = self
+                .reconciler
+                .active()
+                .map(|a| a.frontend.addr())
+                .collect();
             if let Some(d) = self.reconciler.map_mut() {
                 d.retain_frontends(&live);
             }
@@ -287,9 +290,15 @@ impl Agent {
         match &removal {
             Removal::Keep(why) => info!(reason = %why, "datapath kept"),
             Removal::Unpinned => {
-                info!(reason = "nothing is pinned: it goes with this process", "datapath removed")
+                info!(
+                    reason = "nothing is pinned: it goes with this process",
+                    "datapath removed"
+                )
             }
-            Removal::Uninstall => info!(reason = "the agents are being uninstalled", "datapath removed"),
+            Removal::Uninstall => info!(
+                reason = "the agents are being uninstalled",
+                "datapath removed"
+            ),
         }
         if let Some(d) = self.reconciler.map_mut().filter(|_| removal.removes()) {
             if d.detach_connect() {
@@ -339,7 +348,9 @@ impl Agent {
             for (link, address) in &self.link_addresses {
                 match crate::names::link::remove(link, *address).await {
                     Ok(_) => info!(%link, %address, "uninstall: address removed"),
-                    Err(e) => warn!(%link, %address, error = %e, "uninstall: the address could not be removed"),
+                    Err(e) => {
+                        warn!(%link, %address, error = %e, "uninstall: the address could not be removed")
+                    }
                 }
             }
         }

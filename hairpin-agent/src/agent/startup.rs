@@ -40,8 +40,7 @@ use crate::{
     },
     status::{
         AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
-        LifecycleStatus,
-        ListenStatus, ModeStatus, NamesStatus,
+        LifecycleStatus, ListenStatus, ModeStatus, NamesStatus,
         admin::{self, AdminConfig, KernelCounters},
         metrics::Metrics,
     },
@@ -357,7 +356,9 @@ fn check_coredns(args: &RunArgs) -> Result<()> {
 /// another agent owns the pin directory, or a live datapath of another pin layout
 /// is in it, this waits (not ready, and `status` says why): the running datapath
 /// is neither broken nor silently taken over. The log says why every 30 s.
-async fn start_datapath(args: &RunArgs) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
+async fn start_datapath(
+    args: &RunArgs,
+) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
     if !args.mode.tries_ebpf() {
         info!("--mode fallback: no programs loaded");
         return Ok((None, EbpfOutcome::NotTried, None));

@@ -44,10 +44,10 @@ use aya::{
 use hairpin_ebpf::{
     Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
     GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6,
-    GLOBAL_SOCKETS_LIMIT, HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_COUNTERS, MAP_FASTOPEN,
-    MAP_FRONTENDS, MAP_HEARTBEAT, MAP_PENDING, MAP_RELAYS, MAP_SOCKETS, MAP_SOCKETS_FILL,
-    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON,
-    PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    GLOBAL_SOCKETS_LIMIT, HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_COUNTERS, MAP_FASTOPEN, MAP_FRONTENDS,
+    MAP_HEARTBEAT, MAP_PENDING, MAP_RELAYS, MAP_SOCKETS, MAP_SOCKETS_FILL, MAX_FRONTENDS,
+    MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG,
+    PROG_SOCK_OPS, Redirect,
 };
 
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
@@ -481,8 +481,13 @@ impl Datapath {
                 let path = pins.link(role);
                 if let Ok(fd) = sys::open_pinned(&path) {
                     match sys::link_detach(fd.as_fd()) {
-                        Ok(()) => tracing::info!(hook = role.name(), "an earlier agent's link this agent does not use: detached"),
-                        Err(e) => tracing::warn!(hook = role.name(), error = %e, "an earlier agent's unused link could not be detached"),
+                        Ok(()) => tracing::info!(
+                            hook = role.name(),
+                            "an earlier agent's link this agent does not use: detached"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(hook = role.name(), error = %e, "an earlier agent's unused link could not be detached")
+                        }
                     }
                     let _ = pin::unpin(&path);
                     let _ = pin::unpin(&pins.prog(role));
@@ -492,8 +497,12 @@ impl Datapath {
         for (hook, how) in &adopted {
             match how {
                 Adoption::New => tracing::debug!(hook, "linked"),
-                Adoption::Swapped => tracing::info!(hook, "adopted the pinned link: program swapped in place"),
-                Adoption::Replaced(why) => tracing::warn!(hook, reason = %why, "the pinned link was replaced"),
+                Adoption::Swapped => {
+                    tracing::info!(hook, "adopted the pinned link: program swapped in place")
+                }
+                Adoption::Replaced(why) => {
+                    tracing::warn!(hook, reason = %why, "the pinned link was replaced")
+                }
             }
         }
         self.attachment = Some(Attachment {
@@ -539,10 +548,18 @@ impl Datapath {
             .try_clone_to_owned()
             .map_err(error("read"))?;
         let (target, target_id) = if role == Role::SkMsg {
-            let fd = self.sockets.fd().as_fd().try_clone_to_owned().map_err(error("read"))?;
+            let fd = self
+                .sockets
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(error("read"))?;
             (fd, u64::from(self.sockets_id.unwrap_or(0)))
         } else {
-            (dir.as_fd().try_clone_to_owned().map_err(error("read"))?, cgroup_id)
+            (
+                dir.as_fd().try_clone_to_owned().map_err(error("read"))?,
+                cgroup_id,
+            )
         };
         let Some(pins) = &self.pins else {
             let fd = self.create_link(role, &prog, &target, error("create"))?;
@@ -560,7 +577,10 @@ impl Datapath {
                     sys::LINK_TYPE_CGROUP
                 };
                 let mismatch = if info.link_type != expected_type {
-                    Some(format!("link type {} (expected {expected_type})", info.link_type))
+                    Some(format!(
+                        "link type {} (expected {expected_type})",
+                        info.link_type
+                    ))
                 } else if info.attach_type != role.attach_type().raw() {
                     Some(format!(
                         "attach type {} (expected {})",
@@ -588,9 +608,16 @@ impl Datapath {
                             sys::prog_id(old.as_fd()).is_ok_and(|id| id == info.prog_id)
                         });
                         if old.is_none() {
-                            tracing::warn!(hook = role.name(), "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap");
+                            tracing::warn!(
+                                hook = role.name(),
+                                "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
+                            );
                         }
-                        match sys::link_update(link.as_fd(), prog.as_fd(), old.as_ref().map(|o| o.as_fd())) {
+                        match sys::link_update(
+                            link.as_fd(),
+                            prog.as_fd(),
+                            old.as_ref().map(|o| o.as_fd()),
+                        ) {
                             Ok(()) => {
                                 repin(&prog_pin, &prog).map_err(error("pin"))?;
                                 return Ok((link_of(role, name, Some(link)), Adoption::Swapped));
@@ -641,7 +668,10 @@ impl Datapath {
             Ok(fd) => Ok(Some(fd)),
             Err(e)
                 if role == Role::SkMsg
-                    && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)) =>
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+                    ) =>
             {
                 tracing::debug!(error = %e, "no sockmap links on this kernel: sk_msg attaches to the map");
                 sys::map_attach(prog.as_fd(), target.as_fd(), role.attach_type())
@@ -674,7 +704,11 @@ impl Datapath {
 
     /// Registers the relay listener `fd` listening on `addr` (tests that stand in
     /// for the relay with a listener of their own use this).
-    pub fn register_listener(&self, addr: SocketAddr, fd: BorrowedFd<'_>) -> Result<(), DatapathError> {
+    pub fn register_listener(
+        &self,
+        addr: SocketAddr,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), DatapathError> {
         self.relays.register(addr, fd)
     }
 
@@ -704,8 +738,9 @@ impl Datapath {
         let Some(att) = self.attachment.as_mut() else {
             return;
         };
-        let (gone, kept): (Vec<Link>, Vec<Link>) =
-            std::mem::take(&mut att.links).into_iter().partition(|l| roles.contains(&l.role));
+        let (gone, kept): (Vec<Link>, Vec<Link>) = std::mem::take(&mut att.links)
+            .into_iter()
+            .partition(|l| roles.contains(&l.role));
         att.links = kept;
         for l in gone {
             let detached = match &l.fd {
@@ -839,8 +874,12 @@ impl Datapath {
             .collect();
         for k in stale {
             match self.frontends.remove(&k) {
-                Ok(()) => tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map"),
-                Err(e) => tracing::warn!(frontend = %k.socket_addr(), error = %e, "an earlier agent's stale frontend could not be removed"),
+                Ok(()) => {
+                    tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map")
+                }
+                Err(e) => {
+                    tracing::warn!(frontend = %k.socket_addr(), error = %e, "an earlier agent's stale frontend could not be removed")
+                }
             }
         }
     }

@@ -219,9 +219,7 @@ impl PinDir {
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| *p != own && is_layout_dir(p))
-            .filter(|p| {
-                fs::read_dir(p.join("links")).is_ok_and(|mut links| links.next().is_some())
-            })
+            .filter(|p| fs::read_dir(p.join("links")).is_ok_and(|mut links| links.next().is_some()))
             .collect();
         found.sort();
         found
@@ -310,7 +308,11 @@ pub fn remove_all(root: &Path) -> Vec<Removed> {
         let p = e.path();
         if is_layout_dir(&p) {
             layouts.push(p);
-        } else if e.file_name().to_string_lossy().starts_with(SOCKETS_PIN_PREFIX) {
+        } else if e
+            .file_name()
+            .to_string_lossy()
+            .starts_with(SOCKETS_PIN_PREFIX)
+        {
             done.push(Removed {
                 kind: "map",
                 result: unpin(&p),
@@ -483,7 +485,13 @@ mod tests {
 
     #[test]
     fn layout_dirs_are_v_and_a_number() {
-        for (name, is) in [("v1", true), ("v12", true), ("v", false), ("vx", false), ("maps", false)] {
+        for (name, is) in [
+            ("v1", true),
+            ("v12", true),
+            ("v", false),
+            ("vx", false),
+            ("maps", false),
+        ] {
             assert_eq!(is_layout_dir(Path::new(name)), is, "{name}");
         }
     }
@@ -491,7 +499,10 @@ mod tests {
     #[test]
     fn roles_go_consumers_first() {
         let names: Vec<&str> = Role::ALL.iter().map(|r| r.name()).collect();
-        assert_eq!(names, ["sk_msg", "sock_ops", "setsockopt", "connect4", "connect6"]);
+        assert_eq!(
+            names,
+            ["sk_msg", "sock_ops", "setsockopt", "connect4", "connect6"]
+        );
         assert!(Role::ALL[..3].iter().all(|r| r.kernel_path_only()));
         assert!(!Role::Connect4.kernel_path_only());
     }

@@ -277,7 +277,10 @@ impl Metrics {
     /// Exports the datapath's heartbeat, read by `read` at each scrape, as
     /// `hairpin_datapath_heartbeat_age_seconds` and `hairpin_datapath_ttl_seconds`.
     pub fn set_datapath_heartbeat(&self, read: HeartbeatReader) {
-        *self.heartbeat.write().unwrap_or_else(PoisonError::into_inner) = Some(read);
+        *self
+            .heartbeat
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(read);
     }
 
     /// The datapath's heartbeat now (age and TTL in seconds), when one is exported.
