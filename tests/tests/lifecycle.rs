@@ -222,9 +222,14 @@ fn pinned_counter(node: &SimNode, name: &str) -> u64 {
 
 /// hairpin's programs attached at the node's cgroup: (attach type, program id).
 fn attached(node: &SimNode) -> BTreeSet<(String, u64)> {
+    attached_at(&node.cgroup)
+}
+
+/// hairpin's programs attached at `cgroup`, as bpftool lists them.
+fn attached_at(cgroup: &Path) -> BTreeSet<(String, u64)> {
     let out = Command::new("bpftool")
         .args(["-j", "cgroup", "show"])
-        .arg(&node.cgroup)
+        .arg(cgroup)
         .output()
         .expect("run bpftool");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
@@ -251,11 +256,20 @@ const HOOKS: [&str; 4] = [
     "cgroup_setsockopt",
 ];
 
-/// Samples the cgroup's attachments every few ms until stopped: every sample where
-/// one of [`HOOKS`] had no hairpin program, and every program id seen per hook.
+/// What a [`Sampler`] saw.
+struct Samples {
+    /// How many times it read the cgroup's attachments.
+    count: usize,
+    /// Every sample where one of [`HOOKS`] had no hairpin program.
+    gaps: Vec<String>,
+    /// Every (hook, program id) seen.
+    seen: BTreeSet<(String, u64)>,
+}
+
+/// Samples the cgroup's attachments back to back until stopped.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(usize, Vec<String>, BTreeSet<(String, u64)>)>,
+    thread: std::thread::JoinHandle<Samples>,
 }
 
 impl Sampler {
@@ -263,47 +277,29 @@ impl Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            let node_cgroup = cgroup;
-            let mut samples = 0;
-            let mut gaps = Vec::new();
-            let mut seen = BTreeSet::new();
+            let mut samples = Samples {
+                count: 0,
+                gaps: Vec::new(),
+                seen: BTreeSet::new(),
+            };
             while !flag.load(Ordering::Relaxed) {
-                let out = Command::new("bpftool")
-                    .args(["-j", "cgroup", "show"])
-                    .arg(&node_cgroup)
-                    .output()
-                    .expect("run bpftool");
-                let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-                let now: BTreeSet<(String, u64)> = v
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter(|p| {
-                                p["name"].as_str().is_some_and(|n| n.starts_with("hairpin"))
-                            })
-                            .map(|p| {
-                                (
-                                    p["attach_type"].as_str().unwrap_or("").to_string(),
-                                    p["id"].as_u64().unwrap_or(0),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                samples += 1;
+                let now = attached_at(&cgroup);
+                samples.count += 1;
                 for hook in HOOKS {
                     if !now.iter().any(|(t, _)| t == hook) {
-                        gaps.push(format!("sample {samples}: no {hook} in {now:?}"));
+                        samples
+                            .gaps
+                            .push(format!("sample {}: no {hook} in {now:?}", samples.count));
                     }
                 }
-                seen.extend(now);
+                samples.seen.extend(now);
             }
-            (samples, gaps, seen)
+            samples
         });
         Sampler { stop, thread }
     }
 
-    fn finish(self) -> (usize, Vec<String>, BTreeSet<(String, u64)>) {
+    fn finish(self) -> Samples {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().expect("sampler")
     }
@@ -502,7 +498,11 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     let mut next = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut next);
     conns.wait_more(10);
-    let (samples, gaps, seen) = sampler.finish();
+    let Samples {
+        count: samples,
+        gaps,
+        seen,
+    } = sampler.finish();
     let after = attached(&node);
     let lines = conns.finish();
     let bad = failed(&lines, POD_IP4);
