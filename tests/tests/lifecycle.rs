@@ -426,6 +426,31 @@ fn a_killed_agent_not_restarted_keeps_writing_headers_until_the_ttl_then_traffic
         let reply = from_pod(&node, &url(lb, 80, "/"));
         assert_true_client("pod, no agent", &reply, ip, lb, &agent);
     }
+    // TLS: openssl's ClientHello goes out behind the header too (nginx, speaking
+    // plain HTTP here, answers 400 and logs the header's client).
+    let out = hairpin_tests::sh::output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &[
+            "bash",
+            "-c",
+            "openssl s_client -connect 203.0.113.12:80 -servername lb </dev/null >/dev/null 2>&1; true",
+        ],
+    );
+    assert!(out.status.success());
+    let tls_logged = |a: &str| {
+        a.lines()
+            .any(|l| l.contains(&format!("pp_client={POD_IP4}:")) && l.contains("\" 400 "))
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !tls_logged(&nginx_access_log(&node)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        tls_logged(&nginx_access_log(&node)),
+        "{}",
+        nginx_access_log(&node)
+    );
     assert!(
         killed.elapsed() < Duration::from_secs(5),
         "the checks took too long for the TTL"
