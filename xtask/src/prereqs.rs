@@ -27,11 +27,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ("wrk", "/usr/bin/wrk"),
     // `kubectl kustomize` renders deploy/ in the tests; this machine kind ships it.
     ("kubectl", "/usr/bin/kubectl"),
+    // promtool checks and unit-tests the monitoring component's alerting rules.
+    ("prometheus", "/usr/bin/promtool"),
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
 pub fn ensure_system_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure_packages(PACKAGES)
+}
+
+/// Installs those of `packages` (name, a file proving it is installed) that are
+/// missing; as another user, fails naming them.
+fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, bin)| !Path::new(bin).exists())
         .map(|(pkg, _)| *pkg)
@@ -46,15 +54,37 @@ pub fn ensure_system_packages() -> Result<()> {
             missing.join(" ")
         );
     }
-    eprintln!("xtask: installing {}", missing.join(" "));
+    apt_install(&missing)
+}
+
+/// Debian packages `cargo xtask image` and the image test use: podman with buildah
+/// underneath and runc (crun fails on hybrid cgroup hosts), and `file` to check that
+/// the agent is static.
+const IMAGE_PACKAGES: &[(&str, &str)] = &[
+    ("podman", "/usr/bin/podman"),
+    ("buildah", "/usr/bin/buildah"),
+    ("runc", "/usr/sbin/runc"),
+    ("file", "/usr/bin/file"),
+];
+
+/// Installs the image's Debian packages that are missing (as root).
+pub fn ensure_image_packages() -> Result<()> {
+    ensure_packages(IMAGE_PACKAGES)
+}
+
+/// `apt-get install` of `packages` (as root), after an `apt-get update`; disables
+/// again the system services some packages start.
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    eprintln!("xtask: installing {}", packages.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    // The nginx and haproxy packages start system services; the tests run their own
-    // instances in namespaces and need nothing listening on the host.
-    for svc in ["nginx", "haproxy"] {
+    // The nginx, haproxy and prometheus packages start system services; the tests
+    // run their own instances in namespaces (promtool needs no server) and need
+    // nothing listening on the host.
+    for svc in ["nginx", "haproxy", "prometheus"] {
         let _ = Command::new("systemctl")
             .args(["disable", "--now", svc])
             .output();
