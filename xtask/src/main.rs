@@ -194,6 +194,8 @@ fn test(args: &[String]) -> Result<()> {
         .env("HAIRPIN_EBPF_OBJECT", &object))
     .context("clippy found warnings")?;
     let agent = build_agent_with(&object, false)?;
+    // The runtime image, for tests/tests/image.rs: the static agent on an empty base.
+    image::build()?;
     run(cargo()
         .args([
             "test",

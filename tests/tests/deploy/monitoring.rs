@@ -53,7 +53,8 @@ fn the_chart_toggle_renders_what_the_component_renders() {
     }
     let off = render_chart_with(&[]);
     assert!(
-        !off.iter().any(|o| ADDED.contains(&o["kind"].as_str().unwrap_or_default())),
+        !off.iter()
+            .any(|o| ADDED.contains(&o["kind"].as_str().unwrap_or_default())),
         "monitoring is off by default"
     );
     assert!(
@@ -121,7 +122,9 @@ fn the_podmonitor_scrapes_the_port_the_agent_serves_metrics_on() {
 
     let pm = find(&objs, "PodMonitor", "hairpin").expect("PodMonitor hairpin");
     assert_eq!(pm["metadata"]["namespace"], "hairpin-system");
-    let endpoints = pm["spec"]["podMetricsEndpoints"].as_array().expect("endpoints");
+    let endpoints = pm["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("endpoints");
     assert_eq!(endpoints.len(), 1);
     assert_eq!(endpoints[0]["port"], "metrics");
     assert_eq!(endpoints[0]["path"], "/metrics");
@@ -214,10 +217,9 @@ fn promtool_checks_the_rules_and_passes_each_alerts_unit_tests() {
         .filter_map(|r| r["alert"].as_str().map(String::from))
         .collect();
     assert!(alerts.len() >= 8, "{alerts:?}");
-    let test_doc: Json = serde_json::to_value(
-        yaml_serde::from_str::<yaml_serde::Value>(&tests).expect("tests"),
-    )
-    .expect("json");
+    let test_doc: Json =
+        serde_json::to_value(yaml_serde::from_str::<yaml_serde::Value>(&tests).expect("tests"))
+            .expect("json");
     let fired: BTreeSet<String> = test_doc["tests"]
         .as_array()
         .expect("tests")
@@ -226,7 +228,10 @@ fn promtool_checks_the_rules_and_passes_each_alerts_unit_tests() {
         .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
         .filter_map(|a| a["alertname"].as_str().map(String::from))
         .collect();
-    assert_eq!(fired, alerts, "each alert has a unit test in which it fires");
+    assert_eq!(
+        fired, alerts,
+        "each alert has a unit test in which it fires"
+    );
 
     // And the tests can fail: a rule whose threshold moved breaks them.
     let broken = rules_file(&objs).replace("> 30", "> 300");
