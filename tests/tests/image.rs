@@ -97,11 +97,15 @@ impl Running {
 
     /// `hairpin-agent status` inside the container.
     fn status(&self, json: bool) -> Output {
-        let mut args = vec!["exec", self.name.as_str(), "/usr/local/bin/hairpin-agent"];
+        let mut args = vec![
+            "exec",
+            self.name.as_str(),
+            "/usr/local/bin/hairpin-agent",
+            "status",
+        ];
         if json {
             args.extend(["--output", "json"]);
         }
-        args.push("status");
         podman(&args)
     }
 }
@@ -182,16 +186,16 @@ fn daemonset(components: &[&str]) -> DaemonSet {
         components.len()
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    let mut k = format!(
-        "resources:\n  - {}\ncomponents:\n",
-        root().join("deploy").display()
-    );
+    // kustomize takes only relative paths to other kustomizations.
+    let up = "../".repeat(dir.components().count() - 1);
+    let rel = |p: &str| format!("{up}{}", root().join(p).display()).replace("//", "/");
+    let mut k = format!("resources:\n  - {}\ncomponents:\n", rel("deploy"));
     for c in components {
-        k.push_str(&format!("  - {}\n", root().join(c).display()));
+        k.push_str(&format!("  - {}\n", rel(c)));
     }
     std::fs::write(dir.join("kustomization.yaml"), k).expect("kustomization");
     let out = Command::new("kubectl")
-        .args(["kustomize", "--load-restrictor", "LoadRestrictionsNone"])
+        .arg("kustomize")
         .arg(&dir)
         .output()
         .expect("kubectl kustomize (cargo xtask setup installs kubectl)");
