@@ -58,13 +58,14 @@ fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
 }
 
 /// Debian packages `cargo xtask image` and the image test use: podman with buildah
-/// underneath and runc (crun fails on hybrid cgroup hosts), and `file` to check that
-/// the agent is static.
+/// underneath and runc (crun fails on hybrid cgroup hosts), `file` to check that the
+/// agent is static, and `strip` to drop its debug info from the image.
 const IMAGE_PACKAGES: &[(&str, &str)] = &[
     ("podman", "/usr/bin/podman"),
     ("buildah", "/usr/bin/buildah"),
     ("runc", "/usr/sbin/runc"),
     ("file", "/usr/bin/file"),
+    ("binutils", "/usr/bin/strip"),
 ];
 
 /// Installs the image's Debian packages that are missing (as root).
