@@ -38,7 +38,7 @@ pub fn build(opts: &Options) -> Result<PathBuf> {
 
     let mut cmd = Command::new("rustup");
     cmd.current_dir(workspace_root().join("hairpin-ebpf"))
-        .args(["run", &tc.name, "cargo", "build"])
+        .args(["run", &tc.name, "cargo", "build", "--locked"])
         .args(["--package", "hairpin-ebpf", "--bin", "hairpin-ebpf"])
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .arg("--target-dir")

@@ -86,6 +86,16 @@ pub fn fuzz(opts: &Options) -> Result<()> {
         targets.len(),
         opts.sanitizer
     );
+    // cargo-fuzz's build has no --locked: check first that fuzz/Cargo.lock needs no
+    // change, so the build below resolves exactly what is committed.
+    run(Command::new("cargo")
+        .current_dir(&fuzz_dir)
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .stdout(Stdio::null())
+        .env("RUSTUP_TOOLCHAIN", NIGHTLY)
+        .env_remove("CARGO")
+        .env_remove("RUSTC"))
+    .context("fuzz/Cargo.lock is out of date: run `cargo update` in fuzz/ and commit it")?;
     run(fuzz_cmd(&cargo_fuzz, &root).args(["build", "--sanitizer", &opts.sanitizer]))?;
 
     let logs = fuzz_dir.join("logs");

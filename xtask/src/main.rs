@@ -5,8 +5,11 @@
 //! root and re-run themselves through sudo when started as another user.
 
 mod bench;
+mod deny;
 mod ebpf;
 mod fuzz;
+mod helm;
+mod image;
 mod prereqs;
 mod root;
 mod toolchain;
@@ -25,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker.
+    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), cargo-deny.
     Setup,
     /// Build the eBPF object (installing the pinned nightly, rust-src and bpf-linker when missing).
     BuildEbpf(ebpf::Options),
@@ -47,6 +50,10 @@ enum Cmd {
     Bench(bench::Options),
     /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (the pinned nightly).
     Fuzz(fuzz::Options),
+    /// Build the runtime image (static agent, empty base) offline into local container storage as localhost/hairpin-agent:dev (as root).
+    Image,
+    /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories when the database can be fetched.
+    Deny,
 }
 
 fn main() -> Result<()> {
@@ -54,8 +61,11 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Setup => {
             prereqs::ensure_system_packages()?;
+            prereqs::ensure_image_packages()?;
             let toolchain = toolchain::bpf_toolchain()?;
             prereqs::ensure_bpf_linker(&toolchain)?;
+            helm::ensure_helm()?;
+            deny::ensure_cargo_deny()?;
             Ok(())
         }
         Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
@@ -73,6 +83,11 @@ fn main() -> Result<()> {
             bench::bench(&opts)
         }
         Cmd::Fuzz(opts) => fuzz::fuzz(&opts),
+        Cmd::Deny => deny::check(),
+        Cmd::Image => {
+            root::ensure_root("image")?;
+            image::build().map(|name| println!("{name}"))
+        }
     }
 }
 
@@ -95,6 +110,8 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// `cargo` in the workspace root. Every build, check and test through it passes
+/// `--locked`: Cargo.lock is what deny.toml checked, and a build never rewrites it.
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
@@ -116,6 +133,7 @@ fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> 
     let mut cmd = cargo();
     cmd.args([
         "build",
+        "--locked",
         "--package",
         "hairpin-agent",
         "--package",
@@ -154,6 +172,7 @@ fn test(args: &[String]) -> Result<()> {
     prereqs::ensure_system_packages()?;
     check_free_space(&target_dir(), TEST_DISK_NEED);
     prereqs::ensure_lint_tools()?;
+    let helm_python = helm::ensure_helm()?;
     // Formatting first: it costs nothing and needs no build.
     run(cargo().args(["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;
@@ -165,6 +184,7 @@ fn test(args: &[String]) -> Result<()> {
     run(cargo()
         .args([
             "clippy",
+            "--locked",
             "--workspace",
             "--all-targets",
             "--",
@@ -174,14 +194,25 @@ fn test(args: &[String]) -> Result<()> {
         .env("HAIRPIN_EBPF_OBJECT", &object))
     .context("clippy found warnings")?;
     let agent = build_agent_with(&object, false)?;
+    // The runtime image, for tests/tests/image.rs: the static agent on an empty base.
+    image::build()?;
     run(cargo()
-        .args(["test", "--workspace", "--exclude", "hairpin-ebpf"])
+        .args([
+            "test",
+            "--locked",
+            "--workspace",
+            "--exclude",
+            "hairpin-ebpf",
+        ])
         .arg("--")
         .args(args)
         .env("HAIRPIN_EBPF_OBJECT", &object)
-        .env("HAIRPIN_AGENT_BIN", &agent))?;
+        .env("HAIRPIN_AGENT_BIN", &agent)
+        .env("HAIRPIN_HELM_PYTHON", &helm_python))?;
     // The shared-types crate is not a default member (its binary targets BPF): test its library.
-    run(cargo().args(["test", "--package", "hairpin-ebpf", "--lib"]))?;
+    run(cargo().args(["test", "--locked", "--package", "hairpin-ebpf", "--lib"]))?;
+    // The supply-chain gate: Cargo.lock against deny.toml.
+    deny::check()?;
     // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the
     // run. The long runs are `cargo xtask fuzz --time N` (RELIABILITY.md).
     fuzz::fuzz(&fuzz::Options::smoke())
@@ -230,6 +261,7 @@ fn demo() -> Result<()> {
     run(cargo()
         .args([
             "run",
+            "--locked",
             "--quiet",
             "--package",
             "hairpin-tests",

@@ -33,11 +33,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "/usr/bin/openssl"),
     ("nodejs", "/usr/bin/node"),
     ("openjdk-17-jdk-headless", "/usr/bin/java"),
+    // promtool checks and unit-tests the monitoring component's alerting rules.
+    ("prometheus", "/usr/bin/promtool"),
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
 pub fn ensure_system_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure_packages(PACKAGES)
+}
+
+/// Installs those of `packages` (name, a file proving it is installed) that are
+/// missing; as another user, fails naming them.
+fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, bin)| !Path::new(bin).exists())
         .map(|(pkg, _)| *pkg)
@@ -52,15 +60,38 @@ pub fn ensure_system_packages() -> Result<()> {
             missing.join(" ")
         );
     }
-    eprintln!("xtask: installing {}", missing.join(" "));
+    apt_install(&missing)
+}
+
+/// Debian packages `cargo xtask image` and the image test use: podman with buildah
+/// underneath and runc (crun fails on hybrid cgroup hosts), `file` to check that the
+/// agent is static, and `strip` to drop its debug info from the image.
+const IMAGE_PACKAGES: &[(&str, &str)] = &[
+    ("podman", "/usr/bin/podman"),
+    ("buildah", "/usr/bin/buildah"),
+    ("runc", "/usr/sbin/runc"),
+    ("file", "/usr/bin/file"),
+    ("binutils", "/usr/bin/strip"),
+];
+
+/// Installs the image's Debian packages that are missing (as root).
+pub fn ensure_image_packages() -> Result<()> {
+    ensure_packages(IMAGE_PACKAGES)
+}
+
+/// `apt-get install` of `packages` (as root), after an `apt-get update`; disables
+/// again the system services some packages start.
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    eprintln!("xtask: installing {}", packages.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    // The nginx and haproxy packages start system services; the tests run their own
-    // instances in namespaces and need nothing listening on the host.
-    for svc in ["nginx", "haproxy"] {
+    // The nginx, haproxy and prometheus packages start system services; the tests
+    // run their own instances in namespaces (promtool needs no server) and need
+    // nothing listening on the host.
+    for svc in ["nginx", "haproxy", "prometheus"] {
         let _ = Command::new("systemctl")
             .args(["disable", "--now", svc])
             .output();

@@ -1,165 +1,144 @@
-//! The Helm chart, rendered without Helm: Helm is not installable where these tests
-//! run, so `render_chart_template` implements the few template constructs the chart
-//! uses and panics on any other; each variant's values must render what kustomize
-//! renders for it.
+//! The Helm chart, rendered and linted by Helm itself: Helm v4's Go SDK as a library
+//! (the PyPI wheel helm-python-sdk, pinned and installed into a virtual environment by
+//! `cargo xtask setup`; `helm.py` beside this file drives it). Each variant's values
+//! must render what kustomize renders for it, and pass Helm's strict lint.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
 use serde_json::Value as Json;
 use yaml_serde::Value as Yaml;
 
 use super::{
     VARIANTS,
-    render::{docs, kustomize, normalize, parse_all, read, root},
+    render::{docs, kustomize, normalize, parse_all, root},
 };
 
-/// Renders one chart template with `values`. Implements only what the chart uses:
-/// `{{ expr }}` with `{{-`/`-}}` trimming; `if`/`else`/`end`; expressions `.Values.a.b`,
-/// `.Release.Namespace`, `eq X "lit"`, `ne X "lit"`, `not X`, and pipes into `quote`,
-/// `toYaml` and `nindent N`. Anything else panics, so the chart cannot silently
-/// outgrow this test.
-fn render_chart_template(src: &str, values: &Yaml, namespace: &str) -> String {
-    // Tokens: text and actions, with trimming applied to neighbouring text.
-    let mut tokens: Vec<(bool, String)> = Vec::new(); // (is_action, text)
-    let mut rest = src;
-    while let Some(start) = rest.find("{{") {
-        let (text, after) = rest.split_at(start);
-        let end = after.find("}}").expect("unterminated {{");
-        let mut action = &after[2..end];
-        let mut text = text.to_string();
-        if let Some(a) = action.strip_prefix('-') {
-            text = text.trim_end().to_string();
-            action = a;
-        }
-        let trim_after = action.ends_with('-');
-        if trim_after {
-            action = &action[..action.len() - 1];
-        }
-        tokens.push((false, text));
-        tokens.push((true, action.trim().to_string()));
-        rest = &after[end + 2..];
-        if trim_after {
-            rest = rest.trim_start();
-        }
-    }
-    tokens.push((false, rest.to_string()));
+/// The chart's directory.
+pub(super) const CHART: &str = "deploy/chart/hairpin";
 
-    let lookup = |path: &str| -> Yaml {
-        if path == ".Release.Namespace" {
-            return Yaml::String(namespace.into());
-        }
-        let p = path
-            .strip_prefix(".Values.")
-            .unwrap_or_else(|| panic!("chart: unsupported reference {path}"));
-        p.split('.').fold(values.clone(), |v, k| {
-            v.get(k).cloned().unwrap_or(Yaml::Null)
-        })
-    };
-    let truthy = |v: &Yaml| match v {
-        Yaml::Null => false,
-        Yaml::Bool(b) => *b,
-        Yaml::String(s) => !s.is_empty(),
-        Yaml::Number(n) => n.as_f64() != Some(0.0),
-        Yaml::Sequence(s) => !s.is_empty(),
-        Yaml::Mapping(m) => !m.is_empty(),
-        Yaml::Tagged(_) => true,
-    };
-    let scalar = |v: &Yaml| match v {
-        Yaml::String(s) => s.clone(),
-        Yaml::Bool(b) => b.to_string(),
-        Yaml::Number(n) => n.to_string(),
-        Yaml::Null => String::new(),
-        other => panic!("chart: printing a non-scalar {other:?} needs toYaml"),
-    };
-    let eval = |expr: &str| -> Yaml {
-        let mut parts = expr.split('|').map(str::trim);
-        let head = parts.next().unwrap_or_default();
-        let words: Vec<&str> = head.split_whitespace().collect();
-        let mut v = match words.as_slice() {
-            [p] => lookup(p),
-            ["not", p] => Yaml::Bool(!truthy(&lookup(p))),
-            ["eq", p, lit] => Yaml::Bool(scalar(&lookup(p)) == lit.trim_matches('"')),
-            ["ne", p, lit] => Yaml::Bool(scalar(&lookup(p)) != lit.trim_matches('"')),
-            ["toYaml", p] => {
-                let text = yaml_serde::to_string(&lookup(p)).expect("toYaml");
-                Yaml::String(text.trim_end().to_string())
-            }
-            other => panic!("chart: unsupported expression {other:?}"),
-        };
-        for f in parts {
-            let fw: Vec<&str> = f.split_whitespace().collect();
-            v = match fw.as_slice() {
-                ["quote"] => Yaml::String(format!("{:?}", scalar(&v))),
-                ["nindent", n] => {
-                    let pad = " ".repeat(n.parse().expect("nindent width"));
-                    let body: Vec<String> =
-                        scalar(&v).lines().map(|l| format!("{pad}{l}")).collect();
-                    Yaml::String(format!("\n{}", body.join("\n")))
-                }
-                other => panic!("chart: unsupported function {other:?}"),
-            };
-        }
-        v
-    };
+/// The Kubernetes version the lint checks against: the chart's `kubeVersion` floor.
+const KUBE_VERSION: &str = "v1.29.0";
 
-    // Evaluate with a stack of (emitting, branch_taken) for if/else/end.
-    let mut out = String::new();
-    let mut stack: Vec<(bool, bool)> = Vec::new();
-    let emitting = |stack: &Vec<(bool, bool)>| stack.iter().all(|(e, _)| *e);
-    for (is_action, text) in tokens {
-        if !is_action {
-            if emitting(&stack) {
-                out.push_str(&text);
-            }
-            continue;
-        }
-        if let Some(cond) = text.strip_prefix("if ") {
-            let c = emitting(&stack) && truthy(&eval(cond));
-            stack.push((c, c));
-        } else if text == "else" {
-            let (_, taken) = stack.pop().expect("else without if");
-            stack.push((!taken, true));
-        } else if text == "end" {
-            stack.pop().expect("end without if");
-        } else if emitting(&stack) {
-            out.push_str(&scalar(&eval(&text)));
-        }
+/// The Python interpreter of the virtual environment holding helm-python-sdk:
+/// `HAIRPIN_HELM_PYTHON` (set by `cargo xtask test`), else the one `cargo xtask
+/// setup` made under the cache. Missing, the test fails saying how to install it:
+/// the chart is never checked by anything but Helm.
+fn helm_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("HAIRPIN_HELM_PYTHON") {
+        return PathBuf::from(p);
     }
-    assert!(stack.is_empty(), "chart: unclosed if");
-    out
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"))
+        .join("hairpin");
+    let found = std::fs::read_dir(&cache).ok().and_then(|d| {
+        d.flatten()
+            .map(|e| e.path().join("bin/python"))
+            .filter(|p| {
+                p.parent()
+                    .and_then(|b| b.parent())
+                    .and_then(|v| v.file_name())
+                    .is_some_and(|n| n.to_string_lossy().starts_with("helm-python-sdk-"))
+            })
+            .find(|p| p.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "Helm (helm-python-sdk) is not installed under {}: run `cargo xtask setup`, \
+             or set HAIRPIN_HELM_PYTHON to a Python that imports helm_python",
+            cache.display()
+        )
+    })
 }
 
-/// Renders every YAML template of the chart with values.yaml overridden by `set`
-/// (dotted keys), in namespace hairpin-system.
-pub(super) fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
-    let mut values: Yaml =
-        yaml_serde::from_str(&read("deploy/chart/hairpin/values.yaml")).expect("values.yaml");
-    for (key, v) in set {
-        let mut cur = &mut values;
-        for k in key.split('.') {
-            cur = cur
-                .get_mut(k)
-                .unwrap_or_else(|| panic!("no value {key} in values.yaml"));
-        }
-        *cur = v.clone();
-    }
-    let dir = root().join("deploy/chart/hairpin/templates");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("templates dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .flat_map(|f| {
-            let text = render_chart_template(
-                &std::fs::read_to_string(f).expect("template"),
-                &values,
-                "hairpin-system",
-            );
-            docs(&text)
+/// Runs `helm.py ARGS` and returns its JSON answer, failing with Helm's own error.
+fn helm(args: &[String]) -> Json {
+    let python = helm_python();
+    let out = Command::new(&python)
+        .arg(root().join("tests/tests/deploy/helm.py"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {}: {e}", python.display()));
+    assert!(
+        out.status.success(),
+        "helm {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("helm.py prints JSON")
+}
+
+/// `--set-json KEY=VALUE` for each (dotted key, value): Helm merges each over
+/// values.yaml (a map is merged into the default map, anything else replaces it).
+fn set_json(set: &[(&str, Yaml)]) -> Vec<String> {
+    set.iter()
+        .flat_map(|(key, v)| {
+            let json = serde_json::to_string(v).expect("a YAML value maps to JSON");
+            ["--set-json".to_string(), format!("{key}={json}")]
         })
+        .collect()
+}
+
+/// The chart's manifests as `helm install hairpin CHART -n hairpin-system` renders
+/// them with `flags` (`--set EXPR`, `--set-json EXPR`), one JSON value per object, in
+/// template path order; NOTES.txt is left out.
+pub(super) fn render_chart_with(flags: &[String]) -> Vec<Json> {
+    let mut args = vec![
+        "render".to_string(),
+        root().join(CHART).display().to_string(),
+        "hairpin-system".to_string(),
+    ];
+    args.extend_from_slice(flags);
+    let answer = helm(&args);
+    let manifests = answer["manifests"].as_object().expect("manifests");
+    let files: BTreeMap<&String, &str> = manifests
+        .iter()
+        .filter(|(path, _)| path.ends_with(".yaml"))
+        .map(|(path, text)| (path, text.as_str().expect("manifest text")))
+        .collect();
+    assert!(
+        files.keys().any(|p| p.ends_with("/daemonset.yaml")),
+        "Helm rendered no DaemonSet template: {:?}",
+        manifests.keys().collect::<Vec<_>>()
+    );
+    files.values().flat_map(|text| docs(text)).collect()
+}
+
+/// The chart rendered by Helm with values.yaml overridden by `set` (dotted keys, as
+/// `--set-json`), in namespace hairpin-system.
+pub(super) fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
+    render_chart_with(&set_json(set))
+}
+
+/// Helm's strict lint of the chart with `flags`: no warning, no error.
+fn lint(flags: &[String]) {
+    let mut args = vec![
+        "lint".to_string(),
+        root().join(CHART).display().to_string(),
+        KUBE_VERSION.to_string(),
+    ];
+    args.extend_from_slice(flags);
+    let report = helm(&args);
+    assert_eq!(report["total_charts_linted"], 1, "{report}");
+    let errors = report["errors"].as_array().expect("errors");
+    // Severity 1 is informational (`icon is recommended`); 2 warning, 3 error.
+    let serious: Vec<&Json> = report["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["severity"].as_u64().is_none_or(|s| s >= 2))
+        .collect();
+    assert!(
+        errors.is_empty() && serious.is_empty(),
+        "helm lint {flags:?}: {errors:?} {serious:?}"
+    );
+}
+
+/// The `--set` flags values.yaml documents for a variant.
+pub(super) fn set_flags(chart: &[(&str, &str)]) -> Vec<String> {
+    chart
+        .iter()
+        .flat_map(|(k, v)| ["--set".to_string(), format!("{k}={v}")])
         .collect()
 }
 
@@ -196,12 +175,9 @@ pub(super) fn comparable(objs: Vec<Json>) -> BTreeMap<String, Json> {
 #[test]
 fn chart_renders_what_kustomize_renders() {
     for v in VARIANTS {
-        let set: Vec<(&str, Yaml)> = v
-            .chart
-            .iter()
-            .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
-            .collect();
-        let chart = render_chart(&set);
+        // As values.yaml documents them: `helm install ... --set KEY=VALUE`.
+        let set = set_flags(v.chart);
+        let chart = render_chart_with(&set);
         parse_all(&chart, "chart");
         let Some(kustomized) = kustomize(v.dir) else {
             return;
@@ -225,6 +201,37 @@ fn chart_renders_what_kustomize_renders() {
 }
 
 #[test]
+fn helm_lints_the_chart_with_every_variants_values() {
+    for v in VARIANTS {
+        lint(&set_flags(v.chart));
+    }
+    for extra in [
+        "kernelPath.mode=on,kernelPath.perfmon=true",
+        "seccompProfile.type=Localhost,seccompProfile.localhostProfile=hairpin/bpf.json",
+        "seccompProfile.type=Unconfined",
+    ] {
+        lint(&["--set".to_string(), extra.to_string()]);
+    }
+}
+
+#[test]
+fn helm_errors_fail_the_render() {
+    // The harness reports Helm's own failure instead of rendering something: a
+    // string where the templates read `.Values.coredns.mode` is a template error.
+    let r = std::panic::catch_unwind(|| {
+        render_chart_with(&["--set-json".to_string(), r#"coredns="x""#.to_string()])
+    });
+    let msg = r
+        .err()
+        .and_then(|p| p.downcast::<String>().ok())
+        .expect("Helm refuses coredns=\"x\"");
+    assert!(
+        msg.contains("HelmRenderError") && msg.contains("can't evaluate field mode"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn no_env_refers_to_another() {
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
@@ -237,22 +244,4 @@ fn no_env_refers_to_another() {
             );
         }
     }
-}
-
-#[test]
-fn chart_renderer_refuses_what_it_does_not_implement() {
-    let values: Yaml = yaml_serde::from_str("a: 1").expect("yaml");
-    for src in [
-        "{{ include \"x\" . }}",
-        "{{ range .Values.a }}{{ end }}",
-        "{{ .Values.a | upper }}",
-        "{{ if (eq .Values.a \"1\") }}{{ end }}",
-    ] {
-        let r = std::panic::catch_unwind(|| render_chart_template(src, &values, "ns"));
-        assert!(r.is_err(), "the renderer must refuse {src}");
-    }
-    assert_eq!(
-        render_chart_template("x: {{ .Values.a }}", &values, "ns"),
-        "x: 1"
-    );
 }

@@ -1,4 +1,5 @@
-//! The image: deploy/Dockerfile, checked statically (no container engine here).
+//! The image: deploy/Dockerfile, checked statically (`tests/tests/image.rs` runs the
+//! image `cargo xtask image` builds with the same layout).
 
 use super::render::{agent, kustomize, read};
 
@@ -23,17 +24,39 @@ fn dockerfile_builds_both_arches_and_ships_the_binary_the_daemonset_runs() {
             "build stages run natively and cross-compile: {f}"
         );
     }
+    // Every base is pinned by digest (through its ARG default) or is the empty one.
+    let arg_default = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {name}=")))
+            .map(str::to_string)
+    };
     for f in &froms {
         let image = f
             .split_whitespace()
             .find(|w| !w.starts_with("--") && *w != "FROM")
             .expect("image");
+        let image = match image.strip_prefix("${").and_then(|i| i.strip_suffix('}')) {
+            Some(arg) => arg_default(arg).unwrap_or_else(|| panic!("ARG {arg} has no default")),
+            None => image.to_string(),
+        };
+        if image == "scratch" {
+            continue;
+        }
+        let digest = image
+            .split_once("@sha256:")
+            .map(|(_, d)| d)
+            .unwrap_or_else(|| panic!("pin {image} by digest: {f}"));
         assert!(
-            image.contains(':') && !image.ends_with(":latest"),
-            "pin a tag, never latest: {f}"
+            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "a sha256 digest: {image}"
         );
     }
     assert!(!text.contains(":latest"), "no latest tags anywhere");
+    assert!(
+        froms[2].starts_with("FROM scratch "),
+        "the runtime image is the empty base: {}",
+        froms[2]
+    );
     for needle in [
         "ARG TARGETARCH",
         "amd64)",
@@ -42,6 +65,9 @@ fn dockerfile_builds_both_arches_and_ships_the_binary_the_daemonset_runs() {
         "--component rust-src",
         "HAIRPIN_EBPF_OBJECT=",
         "--release",
+        "cargo build --locked",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS=\"-C target-feature=+crt-static\"",
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS=\"-C target-feature=+crt-static\"",
     ] {
         assert!(text.contains(needle), "Dockerfile lacks {needle:?}");
     }

@@ -9,18 +9,19 @@
 //! port; mounts match the parsed paths; the Service's ports are the name relay's
 //! listeners; the RBAC equals the calls the code makes with those settings, exactly,
 //! each call pointing at its code (`rbac.rs`); the uninstall undoes what its install
-//! wrote (`uninstall.rs`); the chart renders the same objects as kustomize
-//! (`chart.rs`). What is not: that a cluster admits and runs them (no API server or
-//! kubelet here), that Helm itself renders the chart (Helm is not installable here:
-//! `chart.rs` renders it with a renderer that implements only the template constructs
-//! the chart uses and fails on any other), and that the image builds (no container
-//! engine here: the Dockerfile is checked statically).
+//! wrote (`uninstall.rs`); the chart, rendered and linted by Helm v4 itself (its Go SDK as
+//! a library, helm-python-sdk), renders the same objects as kustomize (`chart.rs`); the
+//! monitoring component and the chart's toggle agree, and promtool checks and
+//! unit-tests every alert (`monitoring.rs`). What is not: that a cluster admits and
+//! runs them (no API server or kubelet here), and that the image builds (no container
+//! engine in this suite: the Dockerfile is checked statically).
 
 mod chart;
 mod daemonset;
 mod flags;
 mod image;
 mod kernel_path;
+mod monitoring;
 mod rbac;
 mod render;
 mod seccomp;
@@ -146,6 +147,7 @@ fn every_kustomization_is_a_variant_or_an_uninstall() {
                 "deploy/components/seccomp-localhost",
                 "deploy/components/kernel-path",
                 "deploy/components/kernel-path-perfmon",
+                "deploy/components/monitoring",
                 "deploy/uninstall/coredns-writer",
                 "deploy/uninstall/base",
             ]
