@@ -207,9 +207,11 @@ pub struct RunArgs {
     /// this node's pod CIDRs. The node's own addresses and loopback are always
     /// allowed. Unset: this node's Node `spec.podCIDRs` (Kubernetes source); where
     /// the Node has none (the AWS VPC CNI, Azure CNI, Calico and Cilium cluster-pool
-    /// IPAM) or cannot be read, this node's pods learned from the Pods bound to it;
-    /// with a frontends file, only the node itself (fails closed, as the log,
-    /// `status` and `doctor` say).
+    /// IPAM), cannot be read, or with a frontends file: this node's pod networks
+    /// read from its own links and routes (Calico, AWS VPC CNI, Azure CNI and
+    /// Cilium endpoint host routes, Cilium's cilium_host range, a cni0/cbr0 bridge),
+    /// followed as they change. A peer outside them is refused at once (fails
+    /// closed, as the log, `status` and `doctor` say).
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
 

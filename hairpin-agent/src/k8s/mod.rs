@@ -1,7 +1,7 @@
 //! The Kubernetes side: which LoadBalancer frontends need a PROXY header and which
 //! hostnames lead to them, decided from API objects by pure functions ([`mod@decide`]),
 //! and the thin edges that feed and report those decisions — the watches, the
-//! Lease, Events, the Node read, this node's Pods and the CoreDNS ConfigMap writer — all started by
+//! Lease, Events, the Node read and the CoreDNS ConfigMap writer — all started by
 //! [`source`] from one typed config.
 //!
 //! May not touch the datapath or the relays; what it decides reaches them through
@@ -13,7 +13,6 @@ pub mod decide;
 pub mod events;
 pub mod lease;
 pub mod node;
-pub mod pods;
 pub mod source;
 pub mod watch;
 
