@@ -72,8 +72,9 @@ pub fn parse(text: &str) -> Result<Fixture, FixtureError> {
                 let mut it = rest.iter();
                 while let Some(w) = it.next() {
                     match (*w, it.next()) {
-                        ("addr", Some(a)) => addresses
-                            .push(a.parse().map_err(|_| err("expected addr CIDR"))?),
+                        ("addr", Some(a)) => {
+                            addresses.push(a.parse().map_err(|_| err("expected addr CIDR"))?)
+                        }
                         ("master", Some(m)) => f.masters.push(((*name).into(), (*m).into())),
                         _ => {
                             return Err(err(
@@ -108,7 +109,10 @@ pub fn parse(text: &str) -> Result<Fixture, FixtureError> {
 
 fn route(words: &[&str]) -> Result<HostRoute, String> {
     let (unicast, words) = match words {
-        ["blackhole" | "unreachable" | "prohibit" | "local", rest @ ..] => (false, rest),
+        [
+            "blackhole" | "unreachable" | "prohibit" | "local",
+            rest @ ..,
+        ] => (false, rest),
         _ => (true, words),
     };
     let Some((dst, mut rest)) = words.split_first() else {
@@ -120,7 +124,9 @@ fn route(words: &[&str]) -> Result<HostRoute, String> {
         rest = tail;
         match (*w, value) {
             ("dev", Some(v)) => dev = Some(v.to_string()),
-            ("via", Some(v)) => via = Some(v.parse::<IpAddr>().map_err(|_| "expected via ADDRESS")?),
+            ("via", Some(v)) => {
+                via = Some(v.parse::<IpAddr>().map_err(|_| "expected via ADDRESS")?)
+            }
             ("table", Some(v)) => table = v.parse().map_err(|_| "expected table NUMBER")?,
             ("proto" | "scope" | "src" | "metric" | "mtu", Some(_)) => {}
             ("onlink", _) => continue,

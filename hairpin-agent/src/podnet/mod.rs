@@ -199,7 +199,10 @@ pub fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
                 .copied()
                 .unwrap_or(("", "veth"));
             if found.hosts.insert(route.dst.addr()) {
-                *found.shapes.entry(Shape::PodVeths { cni, prefix }).or_default() += 1;
+                *found
+                    .shapes
+                    .entry(Shape::PodVeths { cni, prefix })
+                    .or_default() += 1;
             }
             continue;
         }
@@ -210,7 +213,9 @@ pub fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
         let shape = if link.name == CILIUM_HOST {
             // Through the router IP or straight out of cilium_host; either way only
             // the range holding the router IP is this node's.
-            let via_own = route.via.is_none_or(|gw| link.addresses.iter().any(|a| a.addr() == gw));
+            let via_own = route
+                .via
+                .is_none_or(|gw| link.addresses.iter().any(|a| a.addr() == gw));
             (holds_own && via_own).then_some(Shape::CiliumHost)
         } else if POD_BRIDGES.contains(&link.name.as_str()) {
             (holds_own && route.via.is_none()).then(|| Shape::Bridge {

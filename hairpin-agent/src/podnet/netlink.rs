@@ -28,7 +28,9 @@ pub const RESYNC: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum PodnetError {
     /// The netlink socket could not be opened or subscribed.
-    #[error("failed to open a netlink route socket subscribed to link, address and route changes: {0}")]
+    #[error(
+        "failed to open a netlink route socket subscribed to link, address and route changes: {0}"
+    )]
     Connect(#[source] std::io::Error),
     /// A dump failed.
     #[error("failed to read this node's {what} through netlink: {source}")]

@@ -52,10 +52,16 @@ fn each_cni_shape_finds_its_pods_and_nothing_off_the_node() {
         );
         let found = classify(&f.links, &f.routes);
         for (pod, link) in &f.pods {
-            assert!(found.contains(*pod), "{name}: pod {pod} behind {link} not found in {found:?}");
+            assert!(
+                found.contains(*pod),
+                "{name}: pod {pod} behind {link} not found in {found:?}"
+            );
         }
         for peer in &f.off_node {
-            assert!(!found.contains(*peer), "{name}: off-node {peer} taken as a pod: {found:?}");
+            assert!(
+                !found.contains(*peer),
+                "{name}: off-node {peer} taken as a pod: {found:?}"
+            );
         }
         let got: Vec<&Shape> = found.shapes.keys().collect();
         assert_eq!(got, shapes.iter().collect::<Vec<_>>(), "{name}");
