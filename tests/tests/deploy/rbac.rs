@@ -467,7 +467,10 @@ fn the_agents_account_reads_no_pods_or_secrets() {
         let agent = grants
             .get(AGENT)
             .unwrap_or_else(|| panic!("{source}: no grants for {AGENT}"));
-        assert!(!agent.is_empty(), "{source}: the agent's account has grants");
+        assert!(
+            !agent.is_empty(),
+            "{source}: the agent's account has grants"
+        );
         for g in agent {
             assert!(
                 !matches!(g.2.as_str(), "pods" | "pods/log" | "secrets" | "*")
@@ -628,9 +631,9 @@ fn the_call_table_follows_the_settings() {
         ("HAIRPIN_ALLOWED_CLIENTS", "10.0.0.0/24"),
     ]);
     assert!(
-        quiet.iter().all(|g| g.2 == "services"
-            || g.2 == "ingresses"
-            || g.1.starts_with("gateway")),
+        quiet
+            .iter()
+            .all(|g| g.2 == "services" || g.2 == "ingresses" || g.1.starts_with("gateway")),
         "no Events, no CoreDNS: no Lease; allowed clients given: no Node: {quiet:?}"
     );
 }
