@@ -253,6 +253,13 @@ pub struct DecisionArgs {
     #[arg(long, env = "HAIRPIN_NAMES_DOMAINS", value_delimiter = ',')]
     pub names_domains: Vec<String>,
 
+    /// Names of the API server never published (comma-separated), besides those
+    /// found at startup: the kubeconfig's server host and the DNS names of the API
+    /// server's serving certificate (a kubeadm controlPlaneEndpoint, a managed
+    /// control plane's endpoint). For names the certificate does not carry.
+    #[arg(long, env = "HAIRPIN_API_SERVER_NAMES", value_delimiter = ',')]
+    pub api_server_names: Vec<String>,
+
     /// The cluster's DNS domain: it and every name under it are never published.
     #[arg(long, env = "HAIRPIN_CLUSTER_DOMAIN", default_value = crate::names::scope::DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,

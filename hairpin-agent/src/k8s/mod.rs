@@ -7,6 +7,7 @@
 //! May not touch the datapath or the relays; what it decides reaches them through
 //! the agent.
 
+pub mod api_names;
 pub mod client;
 pub mod coredns;
 pub mod decide;
