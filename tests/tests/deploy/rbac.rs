@@ -63,9 +63,12 @@ fn watch_calls() -> Vec<Call> {
     // cluster-wide; the same for Ingress; `watch_gateway_api`: Gateway, HTTPRoute and
     // TLSRoute through `Api::<DynamicObject>::all_with` when discovery finds them
     // (discovery is a non-resource URL granted by the built-in system:discovery role).
+    // Nodes (issue 22): every Node's addresses and names are refused as LB
+    // addresses and names; a kubelet reads every Node too.
     for (group, resource, needle) in [
         ("", "services", "Api::<Service>::all("),
         ("networking.k8s.io", "ingresses", "Api::<Ingress>::all("),
+        ("", "nodes", "Api::<Node>::all("),
         (
             "gateway.networking.k8s.io",
             "gateways",
@@ -527,6 +530,7 @@ fn the_writers_account_writes_only_its_configmap_and_lease() {
                         && [
                             "services",
                             "ingresses",
+                            "nodes",
                             "gateways",
                             "httproutes",
                             "tlsroutes"
@@ -631,9 +635,11 @@ fn the_call_table_follows_the_settings() {
         ("HAIRPIN_ALLOWED_CLIENTS", "10.0.0.0/24"),
     ]);
     assert!(
-        quiet
-            .iter()
-            .all(|g| g.2 == "services" || g.2 == "ingresses" || g.1.starts_with("gateway")),
-        "no Events, no CoreDNS: no Lease; allowed clients given: no Node: {quiet:?}"
+        quiet.iter().all(|g| g.2 == "services"
+            || g.2 == "ingresses"
+            || (g.2 == "nodes" && g.3 != "get")
+            || g.1.starts_with("gateway")),
+        "no Events, no CoreDNS: no Lease; allowed clients given: no Node get (the Nodes' \
+         list and watch stay): {quiet:?}"
     );
 }
