@@ -21,6 +21,7 @@ mod daemonset;
 mod flags;
 mod image;
 mod kernel_path;
+mod node_cleanup;
 mod rbac;
 mod render;
 mod seccomp;
