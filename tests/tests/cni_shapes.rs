@@ -106,7 +106,7 @@ impl Drop for Namespaces {
 }
 
 /// The longest-prefix main-table route of `fixture` to `ip`.
-fn route_to<'a>(fixture: &'a Fixture, ip: IpAddr) -> Option<&'a HostRoute> {
+fn route_to(fixture: &Fixture, ip: IpAddr) -> Option<&HostRoute> {
     fixture
         .routes
         .iter()

@@ -225,10 +225,12 @@ pub fn spawn(
 
     let (tx, snapshot) = watch::channel(KubeSnapshot::default());
     tokio::spawn(decide_loop(
-        services.clone(),
-        ingresses.clone(),
-        nodes,
-        gateway_stores,
+        Caches {
+            services: services.clone(),
+            ingresses: ingresses.clone(),
+            nodes,
+            gateway_api: gateway_stores,
+        },
         Decide { defaults, scope },
         changed,
         tx,
@@ -339,11 +341,21 @@ struct Decide {
     scope: NameScope,
 }
 
-async fn decide_loop(
+/// The caches the decision reads.
+struct Caches {
     services: Store<Service>,
     ingresses: Store<Ingress>,
     nodes: Store<Node>,
     gateway_api: GatewayStores,
+}
+
+async fn decide_loop(
+    Caches {
+        services,
+        ingresses,
+        nodes,
+        gateway_api,
+    }: Caches,
     Decide { defaults, scope }: Decide,
     changed: Arc<Notify>,
     tx: watch::Sender<KubeSnapshot>,
