@@ -26,6 +26,7 @@ mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
 
