@@ -55,8 +55,9 @@ const PORT: u16 = 18080;
 const CAP: usize = 16;
 /// Connections in the flood.
 const FLOOD: usize = 200;
-/// What "at once" means for a refusal (the old hold was 3 s).
-const AT_ONCE: Duration = Duration::from_millis(300);
+/// What "at once" means for a refusal (the old hold was 3 s; a refusal takes well
+/// under a millisecond here, the margin is for a loaded CI machine).
+const AT_ONCE: Duration = Duration::from_secs(1);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -101,6 +102,28 @@ impl Drop for Namespaces {
     fn drop(&mut self) {
         for ns in self.made.iter().rev() {
             run_quiet(&["ip", "netns", "del", ns]);
+        }
+        // A veth made in the root namespace and not moved yet (a panic between the
+        // two steps) carries this shape's id.
+        let links = String::from_utf8(
+            std::process::Command::new("ip")
+                .args(["-o", "link", "show"])
+                .output()
+                .map(|o| o.stdout)
+                .unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        for line in links.lines() {
+            let name = line
+                .split(": ")
+                .nth(1)
+                .unwrap_or("")
+                .split('@')
+                .next()
+                .unwrap_or("");
+            if name.starts_with(&self.id) {
+                run_quiet(&["ip", "link", "del", name]);
+            }
         }
     }
 }
@@ -477,10 +500,13 @@ fn shape(name: &str, with_flood: bool) {
     }
     for (ip, off) in &built.off_node {
         match connect_from(off, *ip, built.target) {
-            Outcome::Refused(took) => assert!(
-                took < AT_ONCE,
-                "{name}: off-node {ip} refused only after {took:?}"
-            ),
+            Outcome::Refused(took) => {
+                eprintln!("{name}: off-node {ip} refused in {took:?}");
+                assert!(
+                    took < AT_ONCE,
+                    "{name}: off-node {ip} refused only after {took:?}"
+                );
+            }
             other => panic!("{name}: off-node {ip} served: {other:?}"),
         }
     }
