@@ -7,6 +7,7 @@
 //! - [`agent`]: startup and the run loop; turns what a source wants into what is live.
 //! - [`k8s`]: pure decisions over API objects, and the thin edges that watch and write them.
 //! - [`names`]: hostnames, the /etc/hosts block, the Corefile text, and the name relay.
+//! - [`podnet`]: this node's pod networks, read from its own links and routes.
 //! - [`relay`]: listeners, the PROXY header and the proxy loop both relays share.
 //! - [`datapath`]: the BPF programs and their map, and reading them back from the kernel.
 //! - [`status`]: what the agent reports (`/status`, metrics, the admin server).
@@ -18,5 +19,6 @@ pub mod datapath;
 pub mod k8s;
 pub mod model;
 pub mod names;
+pub mod podnet;
 pub mod relay;
 pub mod status;

@@ -415,7 +415,8 @@ fn load_balancer_addresses_no_lb_may_have_are_refused_with_a_warning() {
         s
     };
     for (ip, says) in [
-        ("169.254.169.254", "link-local"),
+        ("169.254.169.254", "instance metadata endpoint"),
+        ("169.254.1.1", "link-local"),
         ("127.0.0.1", "loopback"),
         ("192.0.2.1", "an address of this node"),
     ] {

@@ -34,8 +34,8 @@ const KINDS: [(&str, &str); 5] = [
         "/apis/gateway.networking.k8s.io/v1/httproutes",
         "HTTPRouteList",
     ),
-    // Listed and watched with a `spec.nodeName=` field selector, as the agent does.
-    ("/api/v1/pods", "PodList"),
+    // Every Node, listed and watched (its addresses and names are refused).
+    ("/api/v1/nodes", "NodeList"),
 ];
 
 /// The Gateway API group version the fake can serve (standard channel, v1).
@@ -272,9 +272,9 @@ fn collection_of(object: &Value) -> &'static str {
         Some("Ingress") => KINDS[1].0,
         Some("Gateway") => KINDS[2].0,
         Some("HTTPRoute") => KINDS[3].0,
-        Some("Pod") => KINDS[4].0,
+        Some("Node") => KINDS[4].0,
         other => panic!(
-            "the fake API serves Services, Ingresses, Gateways, HTTPRoutes and Pods, not {other:?}"
+            "the fake API serves Services, Ingresses, Gateways, HTTPRoutes and Nodes, not {other:?}"
         ),
     }
 }

@@ -121,14 +121,6 @@ fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
     );
 }
 
-fn pod_object(name: &str, node: &str, ips: &[&str]) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": "shop", "resourceVersion": "1"},
-           "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app"}]},
-           "status": {"phase": "Running", "podIP": ips[0],
-                      "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}})
-}
-
 /// curl from `netns` (outside every attached cgroup: an off-node peer) to `url`.
 fn curl_from(netns: &str, url: &str, host: &str) -> Reply {
     Reply::from_output(output_in(
@@ -146,13 +138,35 @@ fn curl_from(netns: &str, url: &str, host: &str) -> Reply {
     ))
 }
 
+/// The pod's host routes out of its veth, as Calico, the AWS VPC CNI and Azure CNI
+/// install them (`ip route add|del <pod>/32 dev vpod`).
+fn pod_host_routes(node: &SimNode, op: &str) {
+    run_in(
+        &node.node_ns,
+        &["ip", "route", op, &format!("{POD_IP4}/32"), "dev", "vpod"],
+    );
+    run_in(
+        &node.node_ns,
+        &[
+            "ip",
+            "-6",
+            "route",
+            op,
+            &format!("{POD_IP6}/128"),
+            "dev",
+            "vpod",
+        ],
+    );
+}
+
 /// Where a Node has no pod CIDRs (the AWS VPC CNI, Azure CNI, Calico and Cilium
-/// cluster-pool IPAM), the relays learn this node's pods from the Pods bound to it
-/// and serve nobody else: a pod is served once known (also when it connects just
-/// before the watch delivers it), a host process is served, and a peer off the
-/// node, with routes to every address the relays listen on, is reset at each of
-/// them: the frontend's relay listener (v4 and v6 link-local defaults), the name
-/// relay on its address and the hairpin Service's target ports on the node IP.
+/// cluster-pool IPAM), the relays read this node's pods from its own routes (no Pod
+/// is read from the API) and serve nobody else: a pod without its host route is
+/// refused at once, served once the route is there, a host process is served, and
+/// a peer off the node, with routes to every address the relays listen on, is
+/// reset at each of them: the frontend's relay listener (v4 and v6 link-local
+/// defaults), the name relay on its address and the hairpin Service's target ports
+/// on the node IP.
 #[test]
 fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused() {
     if !datapath_tests_can_run(module_path!()) {
@@ -162,8 +176,6 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
     let peer = node.add_off_node_peer();
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    // A pod of another node: never learned here.
-    api.apply(pod_object("elsewhere", "other-node", &["192.0.2.77"]));
     // Calico-style: the Node has no pod CIDRs. Names under example.net are routed
     // (an Ingress on the DO LB), so the name relay listens too.
     api.apply(
@@ -182,17 +194,21 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
     agent.wait_for_log("name relay listening", Duration::from_secs(20));
     let target = url("203.0.113.10", 80, "/");
 
-    // The pod is not a Pod object yet: it connects, and is served once the watch
-    // delivers it within the grace.
-    let learned_late = std::thread::scope(|s| {
-        let waiting = s.spawn(|| from_pod(&node, &target));
-        std::thread::sleep(Duration::from_millis(800));
-        api.apply(pod_object("web", "sim-node", &[POD_IP4, POD_IP6]));
-        waiting.join().expect("curl thread")
-    });
+    // No host route for the pod yet (only the node's connected /24 on vpod, which
+    // other machines could share): refused at once, not held.
+    let started = std::time::Instant::now();
+    let early = from_pod(&node, &target);
     assert!(
-        learned_late.body.starts_with(&format!("client={POD_IP4}:")),
-        "a pod published while it waited is served: {learned_late:?}\n{}",
+        matches!(early.code, 7 | 52 | 56) && started.elapsed() < Duration::from_secs(2),
+        "a pod not in the node's routes is refused at once: {early:?} after {:?}",
+        started.elapsed()
+    );
+    pod_host_routes(&node, "add");
+    std::thread::sleep(Duration::from_millis(300));
+    let learned = from_pod(&node, &target);
+    assert!(
+        learned.body.starts_with(&format!("client={POD_IP4}:")),
+        "a pod with its host route is served: {learned:?}\n{}",
         agent.log()
     );
     let host = from_host(&node, &target);
@@ -206,14 +222,14 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
             clients["learned"]["pods"].as_u64(),
             clients["learned"]["synced"].as_bool()
         ),
-        (Some(1), Some(true)),
-        "{clients}"
+        (Some(2), Some(true)),
+        "the pod's two host routes: {clients}"
     );
     assert!(
         clients["source"]
             .as_str()
             .is_some_and(|s| s.contains("Node sim-node has no spec.podCIDRs")
-                && s.contains("spec.nodeName=sim-node")),
+                && s.contains("links and routes")),
         "{clients}"
     );
 
@@ -262,14 +278,15 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
         targets.len() as u64,
         "each attempt reached a listener and was refused by the policy (not a missing route)"
     );
-    // The pod is still served after the flood of refusals; a deleted Pod is forgotten.
+    // The pod is still served after the refusals; a pod whose route is gone is
+    // forgotten.
     assert!(from_pod(&node, &target).ok());
-    api.delete(&pod_object("web", "sim-node", &[POD_IP4, POD_IP6]));
+    pod_host_routes(&node, "del");
     std::thread::sleep(Duration::from_millis(300));
     let gone = from_pod(&node, &target);
     assert!(
         matches!(gone.code, 7 | 52 | 56),
-        "a pod whose Pod object is gone is refused: {gone:?}"
+        "a pod whose route is gone is refused: {gone:?}"
     );
 }
 
@@ -296,12 +313,14 @@ fn a_file_source_without_allowed_clients_serves_the_node_only() {
         "{host:?}"
     );
     let clients = status_clients(&node);
-    assert_eq!(clients["node_only"], true, "{clients}");
-    assert!(
-        clients["source"]
-            .as_str()
-            .is_some_and(|s| s.contains("set --allowed-clients")),
-        "{clients}"
+    assert_eq!(
+        (
+            clients["learned"]["pods"].as_u64(),
+            clients["learned"]["ranges"].as_u64(),
+            clients["learned"]["synced"].as_bool()
+        ),
+        (Some(0), Some(0), Some(true)),
+        "no CNI shape on this node's routes: {clients}"
     );
     let report = run_cli(&node, &["doctor", "--output", "json"]).json();
     let check = report["checks"]

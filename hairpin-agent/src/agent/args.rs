@@ -235,9 +235,11 @@ pub struct RunArgs {
     /// this node's pod CIDRs. The node's own addresses and loopback are always
     /// allowed. Unset: this node's Node `spec.podCIDRs` (Kubernetes source); where
     /// the Node has none (the AWS VPC CNI, Azure CNI, Calico and Cilium cluster-pool
-    /// IPAM) or cannot be read, this node's pods learned from the Pods bound to it;
-    /// with a frontends file, only the node itself (fails closed, as the log,
-    /// `status` and `doctor` say).
+    /// IPAM), cannot be read, or with a frontends file: this node's pod networks
+    /// read from its own links and routes (Calico, AWS VPC CNI, Azure CNI and
+    /// Cilium endpoint host routes, Cilium's cilium_host range, a cni0/cbr0 bridge),
+    /// followed as they change. A peer outside them is refused at once (fails
+    /// closed, as the log, `status` and `doctor` say).
     #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
 
@@ -278,6 +280,13 @@ pub struct DecisionArgs {
     /// (`*.com`) are refused.
     #[arg(long, env = "HAIRPIN_NAMES_DOMAINS", value_delimiter = ',')]
     pub names_domains: Vec<String>,
+
+    /// Names of the API server never published (comma-separated), besides those
+    /// found at startup: the kubeconfig's server host and the DNS names of the API
+    /// server's serving certificate (a kubeadm controlPlaneEndpoint, a managed
+    /// control plane's endpoint). For names the certificate does not carry.
+    #[arg(long, env = "HAIRPIN_API_SERVER_NAMES", value_delimiter = ',')]
+    pub api_server_names: Vec<String>,
 
     /// The cluster's DNS domain: it and every name under it are never published.
     #[arg(long, env = "HAIRPIN_CLUSTER_DOMAIN", default_value = crate::names::scope::DEFAULT_CLUSTER_DOMAIN)]

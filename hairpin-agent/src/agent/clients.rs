@@ -1,10 +1,11 @@
 //! Which peers the relays serve, failing closed: `--allowed-clients`, else this
-//! node's pod CIDRs from its Node object, else this node's pods learned one by one
-//! from the Pods bound to it; always this node's own addresses and loopback (host
-//! processes). Where no pod network can be had (no Kubernetes source, no node
-//! name) only the node itself is served, and the log, `status` and `doctor` say
-//! how to widen it. Never "anyone": a relay that served any peer reaching it
-//! would let the world past the LoadBalancer's source ranges.
+//! node's pod CIDRs from its Node object, else this node's pod networks read from
+//! its own links and routes ([`crate::podnet`], followed as the CNI changes them);
+//! always this node's own addresses and loopback (host processes). Nothing is read
+//! cluster-wide: the agents need no Pods list or watch. Where the routes show no
+//! pod network the relays serve the node itself only, and the log, `status` and
+//! `doctor` say how to widen it. Never "anyone": a relay that served any peer
+//! reaching it would let the world past the LoadBalancer's source ranges.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tracing::{info, warn};
 
 use super::args::RunArgs;
 use crate::{
-    k8s,
+    k8s, podnet,
     relay::clients::{ClientPolicy, LearnedClients},
     status::{AgentState, ClientsStatus, LearnedClientsStatus},
 };
@@ -30,7 +31,7 @@ pub async fn policy(
         return fixed(state, nets, "--allowed-clients".into());
     }
     let Some(client) = kube else {
-        return node_only(
+        return learning(
             state,
             own,
             "no --allowed-clients, and the frontends file names no pod network".into(),
@@ -39,10 +40,10 @@ pub async fn policy(
     let node = match args.node_name() {
         Ok(node) => node,
         Err(e) => {
-            return node_only(state, own, format!("no --allowed-clients, and {e:#}"));
+            return learning(state, own, format!("no --allowed-clients, and {e:#}"));
         }
     };
-    let why_learn = match node_pod_cidrs(client.clone(), &node).await {
+    let why_learn = match node_pod_cidrs(client, &node).await {
         Ok(cidrs) if !cidrs.is_empty() => {
             let mut nets = cidrs;
             nets.extend(own);
@@ -54,7 +55,7 @@ pub async fn policy(
         ),
         Err(why) => why,
     };
-    learning(state, client, node, own, why_learn)
+    learning(state, own, why_learn)
 }
 
 /// This node's own addresses (the relays' listeners included) and loopback.
@@ -89,36 +90,14 @@ fn fixed(state: &AgentState, nets: Vec<ipnet::IpNet>, source: String) -> ClientP
     policy
 }
 
-fn node_only(state: &AgentState, own: Vec<ipnet::IpNet>, why: String) -> ClientPolicy {
-    let policy = ClientPolicy::new(own);
-    let source = format!(
-        "{why}: only this node's addresses and loopback are served (pods are refused); \
-         set --allowed-clients to this node's pod CIDR"
-    );
-    warn!(allowed = %policy, reason = %source, "relay client policy serves the node only");
-    record(state, &policy, source, None);
-    state.update(|s| {
-        if let Some(c) = s.clients.as_mut() {
-            c.node_only = true;
-        }
-    });
-    policy
-}
-
-/// Learns this node's pods from the Pods bound to it, in the background.
-fn learning(
-    state: &AgentState,
-    client: kube::Client,
-    node: String,
-    own: Vec<ipnet::IpNet>,
-    why: String,
-) -> ClientPolicy {
+/// Reads this node's pod networks from its links and routes, and follows them in
+/// the background.
+fn learning(state: &AgentState, own: Vec<ipnet::IpNet>, why: String) -> ClientPolicy {
     let learned = LearnedClients::default();
     let policy = ClientPolicy::new(own).learning(learned.clone());
     let source = format!(
-        "{why}: this node's pods are learned from the Pods with {}, plus this node's \
-         addresses and loopback",
-        k8s::pods::selector(&node)
+        "{why}: this node's pod networks are read from its links and routes (per-pod veth \
+         host routes, cilium_host, a pod bridge), plus this node's addresses and loopback"
     );
     info!(allowed = %policy, from = %source, "relay client policy");
     record(
@@ -128,16 +107,28 @@ fn learning(
         Some(LearnedClientsStatus::default()),
     );
     let state = state.clone();
-    tokio::spawn(k8s::pods::watch(client, node, move |pods| {
-        learned.replace(pods.addresses.clone());
+    tokio::spawn(podnet::netlink::follow(move |read| {
+        if let Ok(found) = read {
+            if found.shapes.is_empty() {
+                warn!(
+                    "no pod network found in this node's links and routes: pods are refused; \
+                     set --allowed-clients to this node's pod CIDR(s)"
+                );
+            }
+            learned.replace(found.clone());
+        }
         state.update(|s| {
-            if let Some(c) = s.clients.as_mut() {
-                c.learned = Some(LearnedClientsStatus {
-                    pods: pods.pods,
-                    addresses: pods.addresses.len(),
-                    synced: pods.synced,
-                    error: pods.error.clone(),
-                });
+            let Some(c) = s.clients.as_mut() else { return };
+            let l = c.learned.get_or_insert_with(LearnedClientsStatus::default);
+            match read {
+                Ok(found) => {
+                    l.pods = found.hosts.len();
+                    l.ranges = found.ranges.len();
+                    l.shapes = found.describe();
+                    l.synced = true;
+                    l.error = None;
+                }
+                Err(e) => l.error = Some(e.to_string()),
             }
         });
     }));
@@ -154,7 +145,6 @@ fn record(
         s.clients = Some(ClientsStatus {
             allowed: policy.to_string(),
             source,
-            node_only: false,
             learned,
         })
     });

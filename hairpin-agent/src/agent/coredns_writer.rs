@@ -25,10 +25,7 @@ use crate::{
         source::CorednsWriterConfig,
     },
     model::{LivePath, Mode},
-    names::{
-        hostname::Hostname,
-        scope::{NameScope, ScopeRule},
-    },
+    names::{hostname::Hostname, scope::NameScope},
     status::{
         AgentState, HEARTBEAT_EVERY, ModeStatus,
         admin::{self, AdminConfig},
@@ -136,9 +133,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
     let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
         .with_limits(args.decision.name_limits.limits());
     let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
-    if let Some(host) = k8s::client::api_server_name(&config) {
-        scope = scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host");
-    }
+    scope = k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
     let client = k8s::client::from_config(config)?;
     if scope.domains().is_empty() {
         warn!("--names-domains is empty: no hostname is published in CoreDNS");

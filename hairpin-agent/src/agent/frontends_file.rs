@@ -510,4 +510,33 @@ mod tests {
             "host shop.example.com refused (rule no-domains): --names-domains is empty"
         )));
     }
+
+    /// Issue 22: a file naming any platform endpoint of the table (in any spelling)
+    /// beside a real LB is refused, the refusal naming the endpoint and its source:
+    /// nothing of it is redirected.
+    #[test]
+    fn a_platform_endpoint_in_the_file_is_refused_by_name() {
+        use crate::k8s::decide::lb_address::PLATFORM_ENDPOINTS;
+        let spellings = PLATFORM_ENDPOINTS
+            .iter()
+            .map(|(ip, what, source)| (ip.to_string(), *what, *source))
+            .chain([(
+                "64:ff9b::a9fe:a9fe".to_string(),
+                "instance metadata",
+                "docs.aws.amazon.com",
+            )]);
+        for (ip, what, source) in spellings {
+            let text = format!(
+                "frontends:\n- ip: 203.0.113.10\n  ports: [443]\n  proxyProtocol: v1\n\
+                 - ip: \"{ip}\"\n  ports: [80]\n  proxyProtocol: v1\n"
+            );
+            let e = parse(Path::new("f.yaml"), &text)
+                .expect_err(&ip)
+                .to_string();
+            assert!(
+                e.contains("frontends[1].ip") && e.contains(what) && e.contains(source),
+                "{ip}: {e}"
+            );
+        }
+    }
 }

@@ -84,12 +84,8 @@ impl Agent {
             }
             None => {
                 let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
-                let scope = match k8s::client::api_server_name(&config) {
-                    Some(host) => {
-                        scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host")
-                    }
-                    None => scope,
-                };
+                let scope =
+                    k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
                 let client = k8s::client::from_config(config)?;
                 let cfg = source_config(&args, scope.clone())?;
                 let name = cfg.name.clone();

@@ -208,10 +208,10 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
     if let Some(c) = &s.clients {
         out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
         if let Some(l) = &c.learned {
-            let synced = if l.synced { "" } else { ", not listed yet" };
+            let synced = if l.synced { "" } else { ", not read yet" };
             out.push_str(&format!(
-                "            learned {} pods, {} addresses{synced}\n",
-                l.pods, l.addresses
+                "            learned {} pods, {} ranges from this node's routes{synced}: {}\n",
+                l.pods, l.ranges, l.shapes
             ));
             if let Some(e) = &l.error {
                 out.push_str(&format!("            learning failing: {e}\n"));

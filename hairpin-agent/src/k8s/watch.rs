@@ -1,5 +1,7 @@
 //! The Kubernetes source: reflectors on Services and Ingresses (and Gateway API
-//! objects when their CRDs exist) feeding the pure decision in `decide_all`.
+//! objects when their CRDs exist) feeding the pure decision in `decide_all`, and
+//! one on Nodes (cut down to their addresses, pod networks and names) whose
+//! addresses are never LoadBalancer addresses and whose names are never published.
 //!
 //! Fail static: the reflector stores keep the last listed state through watch
 //! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
@@ -8,7 +10,10 @@
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::{core::v1::Service, networking::v1::Ingress};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    networking::v1::Ingress,
+};
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind},
@@ -24,6 +29,7 @@ use tracing::{debug, info, warn};
 
 use super::decide::{
     Decision, Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
+    nodes::ClusterNodes,
 };
 use crate::{
     model::Frontends,
@@ -192,6 +198,22 @@ pub fn spawn(
         health.clone(),
     ));
 
+    // Every Node's addresses and names, refused as LB addresses and as names.
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_stream = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(super::decide::nodes::slim),
+    );
+    tokio::spawn(drive(
+        "nodes",
+        node_stream,
+        changed.clone(),
+        metrics.clone(),
+        health.clone(),
+    ));
+
     let gateway_stores = GatewayStores::default();
     tokio::spawn(watch_gateway_api(
         client,
@@ -203,9 +225,12 @@ pub fn spawn(
 
     let (tx, snapshot) = watch::channel(KubeSnapshot::default());
     tokio::spawn(decide_loop(
-        services.clone(),
-        ingresses.clone(),
-        gateway_stores,
+        Caches {
+            services: services.clone(),
+            ingresses: ingresses.clone(),
+            nodes,
+            gateway_api: gateway_stores,
+        },
         Decide { defaults, scope },
         changed,
         tx,
@@ -307,16 +332,30 @@ fn kind_name(ar: &ApiResource) -> &'static str {
     }
 }
 
+/// How long the decision waits for the first Node list.
+const NODES_WAIT: Duration = Duration::from_secs(10);
+
 /// What the decision needs besides the caches.
 struct Decide {
     defaults: Defaults,
     scope: NameScope,
 }
 
-async fn decide_loop(
+/// The caches the decision reads.
+struct Caches {
     services: Store<Service>,
     ingresses: Store<Ingress>,
+    nodes: Store<Node>,
     gateway_api: GatewayStores,
+}
+
+async fn decide_loop(
+    Caches {
+        services,
+        ingresses,
+        nodes,
+        gateway_api,
+    }: Caches,
     Decide { defaults, scope }: Decide,
     changed: Arc<Notify>,
     tx: watch::Sender<KubeSnapshot>,
@@ -326,6 +365,17 @@ async fn decide_loop(
         return;
     }
     info!("Service cache synced");
+    // Bounded: a Node list that is refused (RBAC of an older release) must not hold
+    // the frontends back; its error is in the source's health meanwhile.
+    if tokio::time::timeout(NODES_WAIT, nodes.wait_until_ready())
+        .await
+        .is_err()
+    {
+        warn!(
+            "the Node list has not arrived within {NODES_WAIT:?}: other nodes' addresses and \
+             names are refused once it does"
+        );
+    }
     if scope.domains().is_empty() {
         warn!(
             "--names-domains is empty: no Ingress or Gateway hostname is published \
@@ -336,14 +386,20 @@ async fn decide_loop(
     loop {
         let started = std::time::Instant::now();
         let all = services.state();
-        let desired = decide_all(all.iter().map(|s| s.as_ref()), &defaults);
+        let cluster_nodes = ClusterNodes::from_nodes(nodes.state().iter().map(|n| n.as_ref()));
+        let round_defaults = Defaults {
+            addresses: cluster_nodes.refuse_addresses(&defaults.addresses),
+            ..defaults.clone()
+        };
+        let round_scope = cluster_nodes.refuse_names(&scope);
+        let desired = decide_all(all.iter().map(|s| s.as_ref()), &round_defaults);
         let (gateways, routes) = gateway_api.objects();
         let names = name_routes(
             ingresses.state().iter().map(|i| i.as_ref()),
             gateways.iter().map(|o| o.as_ref()),
             routes.iter().map(|o| o.as_ref()),
             &desired.frontends,
-            &scope,
+            &round_scope,
         );
         logged.log_new(&names.skips);
         let snapshot = KubeSnapshot {

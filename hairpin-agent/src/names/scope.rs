@@ -87,6 +87,11 @@ pub enum ScopeRule {
     PublicSuffix,
     /// A single-label name (`intranet`), or a wildcard over one (`*.corp`).
     SingleLabel,
+    /// A wildcard directly over a listed domain (`*.example.com` where
+    /// `example.com` is listed) that the operator did not list itself: it would
+    /// answer for every name of the domain no object claims, hosts outside the
+    /// cluster included.
+    WildcardOverDomain,
 }
 
 impl ScopeRule {
@@ -103,6 +108,7 @@ impl ScopeRule {
             ScopeRule::ApiServer => "api-server",
             ScopeRule::PublicSuffix => "public-suffix",
             ScopeRule::SingleLabel => "single-label",
+            ScopeRule::WildcardOverDomain => "wildcard-over-domain",
         }
     }
 
@@ -119,6 +125,7 @@ impl ScopeRule {
             ScopeRule::ApiServer => "HostnameRefusedApiServer",
             ScopeRule::PublicSuffix => "HostnameRefusedPublicSuffix",
             ScopeRule::SingleLabel => "HostnameRefusedSingleLabel",
+            ScopeRule::WildcardOverDomain => "HostnameRefusedWildcardOverDomain",
         }
     }
 }
@@ -165,6 +172,8 @@ pub enum ScopeError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameScope {
     domains: Vec<String>,
+    /// The domains whose wildcard (`*.domain`) the operator listed itself.
+    wildcards: Vec<String>,
     cluster_domain: String,
     /// (name, what it is): the node name, the host name, the API server's host.
     own: Vec<(String, ScopeRule, &'static str)>,
@@ -178,16 +187,19 @@ impl NameScope {
     pub fn none() -> NameScope {
         NameScope {
             domains: Vec::new(),
+            wildcards: Vec::new(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             own: Vec::new(),
             limits: NameLimits::default(),
         }
     }
 
-    /// A scope publishing names under `domains` (each a DNS name, no wildcard,
-    /// neither a public suffix nor in the cluster domain nor otherwise always
-    /// refused), refusing `cluster_domain` and everything under it. Validated once,
-    /// at startup.
+    /// A scope publishing names under `domains` (each a DNS name, neither a public
+    /// suffix nor in the cluster domain nor otherwise always refused), refusing
+    /// `cluster_domain` and everything under it. An entry `*.example.com` lists
+    /// `example.com` and also lets the wildcard `*.example.com` itself be published,
+    /// which is otherwise refused ([`ScopeRule::WildcardOverDomain`]). Validated
+    /// once, at startup.
     pub fn new<S: AsRef<str>>(
         domains: &[S],
         cluster_domain: &str,
@@ -208,6 +220,7 @@ impl NameScope {
         }
         let mut scope = NameScope {
             domains: Vec::new(),
+            wildcards: Vec::new(),
             cluster_domain: cluster.as_str().to_owned(),
             own: Vec::new(),
             limits: NameLimits::default(),
@@ -226,22 +239,32 @@ impl NameScope {
                 value: value.to_owned(),
                 why,
             };
-            if host.is_wildcard() {
-                return Err(refused(format!(
-                    "it is a wildcard: list {} to publish the names under it",
-                    host.base()
-                )));
-            }
-            // The always-refused rules apply to the domain itself; a domain that is
-            // a public suffix would let every tenant publish `anything.com`.
+            // The always-refused rules apply to the domain itself (and to a listed
+            // wildcard): a domain that is a public suffix would let every tenant
+            // publish `anything.com`.
             if let Some(r) = scope.refused(&host) {
                 return Err(refused(format!("it is refused itself: {}", r.message)));
             }
-            if !scope.domains.iter().any(|d| d == host.as_str()) {
-                scope.domains.push(host.as_str().to_owned());
+            let base = host.base().to_owned();
+            if host.is_wildcard() {
+                let domain = Hostname::parse(&base).map_err(|source| ScopeError::Invalid {
+                    flag: "--names-domains",
+                    value: value.to_owned(),
+                    source,
+                })?;
+                if let Some(r) = scope.refused(&domain) {
+                    return Err(refused(format!("it is refused itself: {}", r.message)));
+                }
+                if !scope.wildcards.contains(&base) {
+                    scope.wildcards.push(base.clone());
+                }
+            }
+            if !scope.domains.contains(&base) {
+                scope.domains.push(base);
             }
         }
         scope.domains.sort();
+        scope.wildcards.sort();
         Ok(scope)
     }
 
@@ -282,10 +305,14 @@ impl NameScope {
     /// One sentence for `/status` and `doctor`: the domains, or that none is listed.
     pub fn describe(&self) -> String {
         if self.domains.is_empty() {
-            "none: --names-domains is empty, no names are published".to_owned()
-        } else {
-            format!("names under {} are published", self.domains.join(", "))
+            return "none: --names-domains is empty, no names are published".to_owned();
         }
+        let mut s = format!("names under {} are published", self.domains.join(", "));
+        if !self.wildcards.is_empty() {
+            let listed: Vec<String> = self.wildcards.iter().map(|w| format!("*.{w}")).collect();
+            s.push_str(&format!(" (and the wildcards {})", listed.join(", ")));
+        }
+        s
     }
 
     /// `Ok` when `host` may be published, else the rule it breaks. The always-refused
@@ -300,6 +327,26 @@ impl NameScope {
                 ScopeRule::NoDomains,
                 "--names-domains is empty, so no names are published",
                 "the operator to list the domain in --names-domains",
+            ));
+        }
+        if host.is_wildcard()
+            && self.domains.iter().any(|d| d == host.base())
+            && !self.wildcards.iter().any(|d| d == host.base())
+        {
+            return Err(refusal(
+                host,
+                ScopeRule::WildcardOverDomain,
+                &format!(
+                    "it is a wildcard directly over the listed domain {}: it would answer for \
+                     every name of {} no object claims, hosts outside the cluster included",
+                    host.base(),
+                    host.base()
+                ),
+                &format!(
+                    "exact names, a wildcard under a subdomain (*.apps.{}), or {host} listed \
+                     in --names-domains by the operator",
+                    host.base()
+                ),
             ));
         }
         if self.domains.iter().any(|d| under(host, d)) {

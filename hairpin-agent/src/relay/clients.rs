@@ -8,46 +8,30 @@
 //! The policy fails closed: an empty one serves nobody but what it lists.
 //! [`ClientPolicy::any`] is the explicit opposite, for tests. Pod networks come
 //! from the operator or the Node's `spec.podCIDRs`; where neither exists (EKS VPC
-//! CNI, Azure CNI, Calico and Cilium cluster-pool IPAM) the pods of this node are
-//! learned one by one ([`LearnedClients`]), and a peer not yet learned is held
-//! for [`LEARN_GRACE`] before it is refused: a pod may connect before the
-//! kubelet has published its address.
+//! CNI, Azure CNI, Calico and Cilium cluster-pool IPAM) they are read from this
+//! node's own links and routes ([`crate::podnet`]) and followed as they change
+//! ([`LearnedClients`]). A peer not in them is refused at once: waiting for it to
+//! be learned would let peers off the node hold places in the shared connection
+//! cap, and a pod's route is in place before its containers start.
 
 use std::{
-    collections::HashSet,
     fmt,
     net::IpAddr,
     str::FromStr,
     sync::{Arc, PoisonError, RwLock},
-    time::Duration,
 };
 
 use ipnet::IpNet;
-use tokio::sync::Notify;
 
-/// How long a connection from a peer the policy may still learn is held before it
-/// is refused: long enough for the kubelet to publish a new pod's address and the
-/// watch to deliver it.
-pub const LEARN_GRACE: Duration = Duration::from_secs(3);
+use crate::podnet::PodNetworks;
 
-/// The networks whose clients a relay accepts, plus the single addresses learned
-/// at run time (this node's pods). Fails closed: what is not listed is refused.
+/// The networks whose clients a relay accepts, plus the pod networks learned at
+/// run time from this node's routes. Fails closed: what is not listed is refused.
 #[derive(Clone, Debug, Default)]
 pub struct ClientPolicy {
     allowed: Vec<IpNet>,
     any: bool,
     learned: Option<LearnedClients>,
-}
-
-/// What the policy says of one peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Served.
-    Allowed,
-    /// Refused.
-    Refused,
-    /// Not known yet, and the policy learns: wait ([`ClientPolicy::learn`]).
-    Unknown,
 }
 
 impl ClientPolicy {
@@ -68,7 +52,7 @@ impl ClientPolicy {
         }
     }
 
-    /// Also accepts the single addresses in `learned`, as it learns them.
+    /// Also accepts the pod networks in `learned`, as they change.
     pub fn learning(mut self, learned: LearnedClients) -> ClientPolicy {
         self.learned = Some(learned);
         self
@@ -79,42 +63,14 @@ impl ClientPolicy {
         self.learned.as_ref()
     }
 
-    /// What the policy says of `peer` now. IPv4-mapped IPv6 peers (dual-stack
-    /// listeners) are judged by their IPv4 address.
-    pub fn verdict(&self, peer: IpAddr) -> Verdict {
-        let peer = peer.to_canonical();
-        if self.any || self.allowed.iter().any(|net| net.contains(&peer)) {
-            return Verdict::Allowed;
-        }
-        match &self.learned {
-            Some(l) if l.contains(peer) => Verdict::Allowed,
-            Some(_) => Verdict::Unknown,
-            None => Verdict::Refused,
-        }
-    }
-
-    /// Whether a connection from `peer` may be relayed now.
+    /// Whether a connection from `peer` may be relayed. IPv4-mapped IPv6 peers
+    /// (dual-stack listeners) are judged by their IPv4 address. Decided at once:
+    /// nothing waits on a peer the policy does not know.
     pub fn allows(&self, peer: IpAddr) -> bool {
-        self.verdict(peer) == Verdict::Allowed
-    }
-
-    /// Waits at most `grace` for `peer` to be learned; whether it may be relayed.
-    pub async fn learn(&self, peer: IpAddr, grace: Duration) -> bool {
         let peer = peer.to_canonical();
-        let Some(learned) = &self.learned else {
-            return self.allows(peer);
-        };
-        let deadline = tokio::time::Instant::now() + grace;
-        loop {
-            // Registered before the check, so a change between the two wakes us.
-            let changed = learned.inner.changed.notified();
-            if self.allows(peer) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return self.allows(peer);
-            }
-        }
+        self.any
+            || self.allowed.iter().any(|net| net.contains(&peer))
+            || self.learned.as_ref().is_some_and(|l| l.contains(peer))
     }
 }
 
@@ -134,48 +90,31 @@ impl fmt::Display for ClientPolicy {
     }
 }
 
-/// Single client addresses learned at run time (this node's pods, from the Pods
-/// whose `spec.nodeName` is this node), shared by every listener. Replaced whole
-/// on each change; waiters are woken.
+/// This node's pod networks as last read from its routes, shared by every
+/// listener and replaced whole on each change.
 #[derive(Clone, Debug, Default)]
 pub struct LearnedClients {
-    inner: Arc<Learned>,
-}
-
-#[derive(Debug, Default)]
-struct Learned {
-    addresses: RwLock<HashSet<IpAddr>>,
-    changed: Notify,
+    inner: Arc<RwLock<PodNetworks>>,
 }
 
 impl LearnedClients {
-    /// Replaces the learned addresses with `addresses`.
-    pub fn replace(&self, addresses: HashSet<IpAddr>) {
-        let addresses = addresses.into_iter().map(|a| a.to_canonical()).collect();
-        *self
-            .inner
-            .addresses
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = addresses;
-        self.inner.changed.notify_waiters();
+    /// Replaces the learned networks with `networks`.
+    pub fn replace(&self, networks: PodNetworks) {
+        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = networks;
     }
 
-    /// Whether `peer` is learned.
+    /// Whether `peer` is in them.
     pub fn contains(&self, peer: IpAddr) -> bool {
         self.inner
-            .addresses
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&peer.to_canonical())
+            .contains(peer)
     }
 
-    /// How many addresses are learned.
+    /// How many networks are learned (pod addresses and ranges).
     pub fn len(&self) -> usize {
-        self.inner
-            .addresses
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        let n = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        n.hosts.len() + n.ranges.len()
     }
 
     /// Whether none is.
@@ -214,56 +153,30 @@ mod tests {
         assert_eq!(any.to_string(), "any");
     }
 
+    fn networks(hosts: &[&str], ranges: &[&str]) -> PodNetworks {
+        PodNetworks {
+            hosts: hosts.iter().map(|h| h.parse().expect("ip")).collect(),
+            ranges: ranges.iter().map(|r| r.parse().expect("net")).collect(),
+            ..PodNetworks::default()
+        }
+    }
+
     #[test]
-    fn learned_addresses_pass_and_others_are_unknown_until_refused() {
+    fn learned_networks_pass_and_others_are_refused_at_once() {
         let learned = LearnedClients::default();
         let p = policy(&["192.0.2.1/32"]).learning(learned.clone());
         let pod: IpAddr = "10.0.3.7".parse().expect("ip");
-        assert_eq!(
-            p.verdict("192.0.2.1".parse().expect("ip")),
-            Verdict::Allowed
-        );
-        assert_eq!(p.verdict(pod), Verdict::Unknown);
-        learned.replace(HashSet::from([pod]));
-        assert_eq!(
-            p.verdict("::ffff:10.0.3.7".parse().expect("ip")),
-            Verdict::Allowed
-        );
-        assert_eq!(learned.len(), 1);
+        assert!(p.allows("192.0.2.1".parse().expect("ip")));
+        assert!(!p.allows(pod), "not learned yet: refused, never held");
+        learned.replace(networks(&["10.0.3.7"], &["10.0.1.0/24"]));
+        assert!(p.allows("::ffff:10.0.3.7".parse().expect("ip")));
+        assert!(p.allows("10.0.1.200".parse().expect("ip")));
+        assert!(!p.allows("10.0.2.1".parse().expect("ip")));
+        assert_eq!(learned.len(), 2);
         assert_eq!(p.to_string(), "192.0.2.1/32,this node's pods");
-        learned.replace(HashSet::new());
-        assert_eq!(p.verdict(pod), Verdict::Unknown, "a pod gone is forgotten");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_peer_learned_within_the_grace_is_served_and_others_refused_after_it() {
-        let learned = LearnedClients::default();
-        let p = ClientPolicy::default().learning(learned.clone());
-        let pod: IpAddr = "10.0.3.7".parse().expect("ip");
-        let waiting = tokio::spawn({
-            let p = p.clone();
-            async move { p.learn(pod, LEARN_GRACE).await }
-        });
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        learned.replace(HashSet::from([pod]));
-        assert!(waiting.await.expect("join"), "learned within the grace");
-
-        let start = tokio::time::Instant::now();
-        assert!(
-            !p.learn("198.51.100.9".parse().expect("ip"), LEARN_GRACE)
-                .await
-        );
-        assert_eq!(
-            start.elapsed(),
-            LEARN_GRACE,
-            "refused once the grace is over"
-        );
-        let fixed = policy(&["10.0.0.0/8"]);
-        assert!(
-            !fixed
-                .learn("198.51.100.9".parse().expect("ip"), LEARN_GRACE)
-                .await
-        );
+        learned.replace(PodNetworks::default());
+        assert!(!p.allows(pod), "a pod gone is forgotten");
+        assert!(learned.is_empty());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, warn};
 
-use super::clients::{ClientPolicy, LEARN_GRACE, Verdict};
+use super::clients::ClientPolicy;
 use crate::status::metrics::Metrics;
 
 /// Unanswered keepalive probes before a relayed connection is dropped; they are sent
@@ -230,13 +230,12 @@ pub async fn accept_loop<F, Fut>(
             Ok(a) => a,
             Err(e) => return Err(e),
         };
-        let verdict = clients.verdict(peer.ip());
-        if verdict == Verdict::Refused {
+        // Checked before the gate: a peer outside the policy is reset at once and
+        // never holds a place in the caps a flood from off the node would fill.
+        if !clients.allows(peer.ip()) {
             refuse(&client, peer, &metrics);
             return Ok(());
         }
-        // A peer the policy may still learn takes its place in the gate while it
-        // waits, so a flood of unknown peers is capped like any other.
         let permit = match gate.admit(peer.ip()) {
             Ok(p) => p,
             Err(shed) => {
@@ -250,22 +249,6 @@ pub async fn accept_loop<F, Fut>(
         } else {
             local
         };
-        if verdict == Verdict::Unknown {
-            let (clients, metrics) = (clients.clone(), metrics.clone());
-            let serve = serve.clone();
-            connections.spawn(
-                async move {
-                    let _held = permit;
-                    if clients.learn(peer.ip(), LEARN_GRACE).await {
-                        serve(client, peer, local).await;
-                    } else {
-                        refuse(&client, peer, &metrics);
-                    }
-                }
-                .in_current_span(),
-            );
-            return Ok(());
-        }
         let served = serve(client, peer, local);
         connections.spawn(
             async move {

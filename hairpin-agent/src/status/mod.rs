@@ -186,13 +186,9 @@ pub struct ClientsStatus {
     /// The allowed networks, comma-separated, or `any`.
     pub allowed: String,
     /// Where they came from (`--allowed-clients`, the Node's pod CIDRs, this node's
-    /// Pods) or why only the node itself is served.
+    /// routes) or why only the node itself is served.
     pub source: String,
-    /// Only this node's own addresses and loopback are served: no pod network was
-    /// given or could be had.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub node_only: bool,
-    /// This node's pods learned from the Pods bound to it, when the policy learns.
+    /// This node's pod networks read from its routes, when the policy learns them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned: Option<LearnedClientsStatus>,
 }
@@ -210,16 +206,18 @@ pub struct ListenStatus {
     pub note: Option<String>,
 }
 
-/// The pod addresses the client policy learned from this node's Pods.
+/// The pod networks the client policy read from this node's links and routes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LearnedClientsStatus {
-    /// Pods with an address.
+    /// Pod addresses (host routes out of pods' veths).
     pub pods: usize,
-    /// Their addresses.
-    pub addresses: usize,
-    /// Whether the first list has completed (until then, pods wait and are refused).
+    /// Pod ranges (Cilium's through cilium_host, a pod bridge's).
+    pub ranges: usize,
+    /// The CNI shapes that matched, each with its count, or that none did.
+    pub shapes: String,
+    /// Whether the routes have been read once (until then, pods are refused).
     pub synced: bool,
-    /// The watch's last error, until it recovers.
+    /// The last read's error, until one succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

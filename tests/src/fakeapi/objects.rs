@@ -61,14 +61,18 @@ impl FakeApi {
             .insert(key, d);
     }
 
-    /// Adds a Node (read with `get`, never watched).
+    /// Adds a Node: read with `get` (this node's pod CIDRs) and in the Node list
+    /// and watch (every Node's addresses and names).
     pub fn put_node(&self, node: Value) {
         let name = node["metadata"]["name"].as_str().unwrap_or("").to_string();
         self.state
             .lock()
             .expect("fake API state")
             .nodes
-            .insert(name, node);
+            .insert(name, node.clone());
+        let mut listed = node;
+        listed["kind"] = "Node".into();
+        self.apply(listed);
     }
 
     /// Just before the next update of ConfigMap `key` is checked, sets its

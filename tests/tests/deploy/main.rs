@@ -22,10 +22,12 @@ mod flags;
 mod image;
 mod kernel_path;
 mod monitoring;
+mod node_cleanup;
 mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
 

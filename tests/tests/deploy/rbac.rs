@@ -63,9 +63,12 @@ fn watch_calls() -> Vec<Call> {
     // cluster-wide; the same for Ingress; `watch_gateway_api`: Gateway, HTTPRoute and
     // TLSRoute through `Api::<DynamicObject>::all_with` when discovery finds them
     // (discovery is a non-resource URL granted by the built-in system:discovery role).
+    // Nodes (issue 22): every Node's addresses and names are refused as LB
+    // addresses and names; a kubelet reads every Node too.
     for (group, resource, needle) in [
         ("", "services", "Api::<Service>::all("),
         ("networking.k8s.io", "ingresses", "Api::<Ingress>::all("),
+        ("", "nodes", "Api::<Node>::all("),
         (
             "gateway.networking.k8s.io",
             "gateways",
@@ -123,15 +126,6 @@ fn lease_calls(ns: &str, name: &str) -> Vec<Call> {
 pub fn run_calls(run: &RunArgs) -> Vec<Call> {
     assert!(run.frontends.is_none(), "the DaemonSet watches the cluster");
     let mut v = watch_calls();
-    // k8s/pods.rs `watch`: this node's pods (field selector spec.nodeName), for the
-    // client policy's addresses.
-    for verb in ["list", "watch"] {
-        v.push(call(
-            ("*", "", "pods", verb, "*"),
-            "k8s/pods.rs",
-            "Api::<Pod>::all(",
-        ));
-    }
     // k8s/node.rs `pod_cidrs`: this node's Node, read once for the default
     // --allowed-clients (its pod CIDRs); not needed when they are given.
     if run.allowed_clients.is_empty() {
@@ -475,6 +469,50 @@ fn the_agents_account_writes_nothing_but_events_and_its_lease() {
     }
 }
 
+/// Issue 22: root on one node holds that node's agent token, so the agents' account
+/// reads nothing a kubelet could not: no Pods (their specs carry env values and
+/// commands; this node's pods are read from its own routes, podnet), no Secrets,
+/// no wildcard resource, in any kustomize variant and the chart with its values.
+#[test]
+fn the_agents_account_reads_no_pods_or_secrets() {
+    let check = |grants: &BTreeMap<String, BTreeSet<Grant>>, source: &str| {
+        let agent = grants
+            .get(AGENT)
+            .unwrap_or_else(|| panic!("{source}: no grants for {AGENT}"));
+        assert!(
+            !agent.is_empty(),
+            "{source}: the agent's account has grants"
+        );
+        for g in agent {
+            assert!(
+                !matches!(g.2.as_str(), "pods" | "pods/log" | "secrets" | "*")
+                    && g.1 != "*"
+                    && g.3 != "*",
+                "{source}: the agents' account may {} {}/{} in {}: {g:?}",
+                g.3,
+                g.1,
+                g.2,
+                g.0
+            );
+        }
+    };
+    for v in VARIANTS {
+        let set: Vec<(&str, yaml_serde::Value)> = v
+            .chart
+            .iter()
+            .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
+            .collect();
+        let chart = super::chart::render_chart(&set);
+        check(
+            &rendered_grants(&chart, "chart"),
+            &format!("chart with {set:?}"),
+        );
+        if let Some(objs) = kustomize(v.dir) {
+            check(&rendered_grants(&objs, v.dir), v.dir);
+        }
+    }
+}
+
 /// The writer's account: writes only the ConfigMap it is configured for (by name),
 /// its own Lease, and (corefile mode) Events in kube-system; create of ConfigMaps in
 /// kube-system only in import mode (RBAC cannot limit create by name); reads
@@ -501,6 +539,7 @@ fn the_writers_account_writes_only_its_configmap_and_lease() {
                         && [
                             "services",
                             "ingresses",
+                            "nodes",
                             "gateways",
                             "httproutes",
                             "tlsroutes"
@@ -665,8 +704,9 @@ fn the_call_table_follows_the_settings() {
     assert!(
         quiet.iter().all(|g| g.2 == "services"
             || g.2 == "ingresses"
-            || g.2 == "pods"
+            || (g.2 == "nodes" && g.3 != "get")
             || g.1.starts_with("gateway")),
-        "no Events, no CoreDNS: no Lease; allowed clients given: no Node: {quiet:?}"
+        "no Events, no CoreDNS: no Lease; allowed clients given: no Node get (the Nodes' \
+         list and watch stay): {quiet:?}"
     );
 }

@@ -252,40 +252,44 @@ fn clients_check(c: &crate::status::ClientsStatus) -> Check {
         )
         .fix("set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s)");
     }
-    if c.node_only {
-        return Check::new("clients", Status::Warn, c.source.clone()).fix(
-            "set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s), or run \
-             with the Kubernetes source so the pods are learned",
-        );
-    }
     if let Some(l) = &c.learned {
         if let Some(e) = &l.error {
             return Check::new(
                 "clients",
                 Status::Warn,
                 format!(
-                    "this node's pods cannot be learned ({e}): pods not yet known are refused \
-                     ({} pods known)",
-                    l.pods
+                    "this node's routes cannot be read ({e}): pods not known are refused \
+                     ({} pods, {} ranges known)",
+                    l.pods, l.ranges
                 ),
             )
-            .fix(
-                "grant the agent's ServiceAccount list and watch on pods, or set --allowed-clients",
-            );
+            .fix("run the agent in the host network namespace, or set --allowed-clients");
         }
         if !l.synced {
             return Check::new(
                 "clients",
                 Status::Warn,
-                "this node's pods are not listed yet: pods wait, then are refused".to_string(),
+                "this node's routes are not read yet: pods are refused".to_string(),
             );
+        }
+        if l.pods == 0 && l.ranges == 0 {
+            return Check::new(
+                "clients",
+                Status::Warn,
+                format!(
+                    "no pod network found in this node's links and routes (a CNI shape \
+                     hairpin does not read): pods are refused ({})",
+                    c.source
+                ),
+            )
+            .fix("set --allowed-clients (HAIRPIN_ALLOWED_CLIENTS) to this node's pod CIDR(s)");
         }
         return Check::new(
             "clients",
             Status::Ok,
             format!(
-                "{} ({}; {} pods, {} addresses learned)",
-                c.allowed, c.source, l.pods, l.addresses
+                "{} ({}; {} pods, {} ranges: {})",
+                c.allowed, c.source, l.pods, l.ranges, l.shapes
             ),
         );
     }

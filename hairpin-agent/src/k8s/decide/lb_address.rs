@@ -4,8 +4,21 @@
 //! every pod on every node: an entry naming `127.0.0.1`, the metadata endpoint
 //! `169.254.169.254`, this node's kubelet or a Service's cluster IP would take those
 //! over. Such addresses are refused, whatever asked for them.
+//!
+//! One table for every source (Service status, the frontends file; Gateway and
+//! Ingress names only ever lead to a frontend that passed it) and both binaries
+//! (`run`, `coredns-writer`): [`builtin_refusal`] for the classes and
+//! [`PLATFORM_ENDPOINTS`] no LoadBalancer can be, then [`LbAddressPolicy`] for
+//! what the node and the operator add. IPv6 spellings of an IPv4 address are
+//! judged as that address: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+//! (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, RFC 6052; `64:ff9b:1::/48`, RFC 8215) and
+//! 6to4 (`2002:AABB:CCDD::/48`, RFC 3056): a DNS64 resolver or a NAT64 gateway turns
+//! each back into the IPv4 endpoint.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use ipnet::IpNet;
 
@@ -47,9 +60,124 @@ impl LbAddressPolicy {
     }
 }
 
-/// The classes no LoadBalancer address can belong to, whatever the policy.
-pub fn builtin_refusal(ip: IpAddr) -> Option<&'static str> {
-    let ip = ip.to_canonical();
+/// A documented metadata or platform endpoint: (address, what it is, where it is
+/// documented). Those in 169.254.0.0/16 or fe80::/10 are refused as link-local
+/// anyway; they are listed so the refusal names them.
+pub const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
+    (
+        "169.254.169.254",
+        "the instance metadata endpoint (AWS, GCP, Azure, OCI, OpenStack, DigitalOcean, Hetzner, IBM Cloud VPC)",
+        "docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html",
+    ),
+    (
+        "fd00:ec2::254",
+        "the AWS instance metadata endpoint over IPv6",
+        "docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html",
+    ),
+    (
+        "fd00:ec2::253",
+        "the AWS Route 53 Resolver over IPv6",
+        "docs.aws.amazon.com/vpc/latest/userguide/AmazonDNS-concepts.html",
+    ),
+    (
+        "fd00:ec2::123",
+        "the Amazon Time Sync Service over IPv6",
+        "docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",
+    ),
+    (
+        "169.254.170.2",
+        "the Amazon ECS task metadata and credentials endpoint",
+        "docs.aws.amazon.com/AmazonECS/latest/developerguide/task-iam-roles.html",
+    ),
+    (
+        "fd20:ce::254",
+        "the Google Compute Engine metadata server over IPv6",
+        "cloud.google.com/compute/docs/metadata/querying-metadata",
+    ),
+    (
+        "fd00:c1::a9fe:a9fe",
+        "the Oracle Cloud instance metadata endpoint over IPv6",
+        "docs.oracle.com/iaas/Content/Compute/Tasks/gettingmetadata.htm",
+    ),
+    (
+        "100.100.100.200",
+        "the Alibaba Cloud ECS instance metadata endpoint",
+        "alibabacloud.com/help/ecs/user-guide/view-instance-metadata",
+    ),
+    (
+        "168.63.129.16",
+        "the Azure WireServer (platform DNS, DHCP, health probes, VM agent)",
+        "learn.microsoft.com/azure/virtual-network/what-is-ip-address-168-63-129-16",
+    ),
+    (
+        "169.254.0.23",
+        "the Tencent Cloud CVM metadata endpoint",
+        "tencentcloud.com/document/product/213/4934",
+    ),
+    (
+        "169.254.20.10",
+        "the node-local-dns cache address",
+        "kubernetes.io/docs/tasks/administer-cluster/nodelocaldns/",
+    ),
+];
+
+/// The IPv4 address an IPv6 address stands for, where it is one of the spellings
+/// a DNS64 resolver, a NAT64 gateway or a dual-stack socket turns back into it.
+pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let o = ip.octets();
+    let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    // IPv4-compatible (deprecated, RFC 4291 2.5.5.1); not :: and ::1.
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return Some(last);
+    }
+    // NAT64: the well-known prefix /96 (RFC 6052) and the local-use /48 (RFC 8215,
+    // whose /96 form is the common one).
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..3] == [0x64, 0xff9b, 1] {
+        return Some(last);
+    }
+    // 6to4 (RFC 3056): 2002:AABB:CCDD::/48.
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+    }
+    None
+}
+
+/// The platform endpoint `ip` is (in any spelling), with its source.
+pub fn platform_endpoint(ip: IpAddr) -> Option<(&'static str, &'static str, &'static str)> {
+    let forms = match ip.to_canonical() {
+        IpAddr::V4(v4) => [Some(IpAddr::V4(v4)), None],
+        IpAddr::V6(v6) => [Some(IpAddr::V6(v6)), embedded_ipv4(v6).map(IpAddr::V4)],
+    };
+    PLATFORM_ENDPOINTS.iter().copied().find(|(addr, _, _)| {
+        addr.parse::<IpAddr>()
+            .is_ok_and(|a| forms.iter().flatten().any(|f| *f == a))
+    })
+}
+
+/// The classes no LoadBalancer address can belong to, whatever the policy: each
+/// checked on the address and on the IPv4 address an IPv6 spelling stands for.
+pub fn builtin_refusal(ip: IpAddr) -> Option<String> {
+    if let Some((addr, what, source)) = platform_endpoint(ip) {
+        return Some(format!("{what} ({addr}; {source})"));
+    }
+    let canonical = ip.to_canonical();
+    if let Some(class) = class_refusal(canonical) {
+        return Some(class.to_string());
+    }
+    if let IpAddr::V6(v6) = canonical
+        && let Some(v4) = embedded_ipv4(v6)
+        && let Some(class) = class_refusal(IpAddr::V4(v4))
+    {
+        return Some(format!("{class} in an IPv6 spelling ({v4})"));
+    }
+    None
+}
+
+fn class_refusal(ip: IpAddr) -> Option<&'static str> {
     if ip.is_unspecified() {
         return Some("the unspecified address");
     }
@@ -92,7 +220,8 @@ mod tests {
             ("::1", "loopback"),
             ("::ffff:127.0.0.1", "loopback"),
             ("0.0.0.0", "unspecified"),
-            ("169.254.169.254", "link-local"),
+            ("169.254.169.254", "metadata"),
+            ("169.254.1.1", "link-local"),
             ("fe80::1", "link-local"),
             ("224.0.0.1", "multicast"),
             ("255.255.255.255", "broadcast"),
@@ -102,6 +231,65 @@ mod tests {
         }
         assert_eq!(p.refusal(ip("203.0.113.10")), None);
         assert_eq!(p.refusal(ip("2001:db8::10")), None);
+    }
+
+    /// Issue 22: every endpoint of the table, in every spelling, is refused by name.
+    #[test]
+    fn platform_endpoints_are_refused_in_every_spelling() {
+        let p = LbAddressPolicy::default();
+        for (addr, what, source) in PLATFORM_ENDPOINTS {
+            let a: IpAddr = addr.parse().expect("table address");
+            let mut spellings = vec![a];
+            if let IpAddr::V4(v4) = a {
+                let [b0, b1, b2, b3] = v4.octets();
+                let low = format!("{:x}{:02x}:{:x}{:02x}", b0, b1, b2, b3);
+                spellings.extend(
+                    [
+                        format!("::ffff:{v4}"),
+                        format!("::{v4}"),
+                        format!("64:ff9b::{v4}"),
+                        format!("64:ff9b::{low}"),
+                        format!("64:ff9b:1::{v4}"),
+                        format!("2002:{low}::1"),
+                    ]
+                    .iter()
+                    .map(|s| s.parse::<IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"))),
+                );
+            }
+            for s in spellings {
+                let why = p
+                    .refusal(s)
+                    .unwrap_or_else(|| panic!("{s} ({addr}) not refused"));
+                assert!(why.contains(what) && why.contains(source), "{s}: {why}");
+            }
+        }
+        // The five tried in the issue, by name.
+        for (addr, name) in [
+            ("fd00:ec2::254", "AWS instance metadata"),
+            ("fd00:c1::a9fe:a9fe", "Oracle Cloud"),
+            ("100.100.100.200", "Alibaba"),
+            ("168.63.129.16", "Azure WireServer"),
+            ("64:ff9b::a9fe:a9fe", "instance metadata endpoint"),
+        ] {
+            let why = p.refusal(ip(addr)).unwrap_or_default();
+            assert!(why.contains(name), "{addr}: {why}");
+        }
+        // Classes through an IPv6 spelling.
+        for (addr, class) in [
+            ("64:ff9b::7f00:1", "loopback"),
+            ("64:ff9b::a9fe:1", "link-local"),
+            ("2002:a9fe:0101::1", "link-local"),
+        ] {
+            let why = p.refusal(ip(addr)).unwrap_or_default();
+            assert!(
+                why.contains(class) && why.contains("IPv6 spelling"),
+                "{addr}: {why}"
+            );
+        }
+        // Ordinary addresses, NAT64 of an ordinary one included, pass.
+        for ok in ["203.0.113.10", "64:ff9b::cb00:710a", "2001:db8::1", "::2:1"] {
+            assert_eq!(p.refusal(ip(ok)), None, "{ok}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod cluster_dns;
 pub mod decision;
 pub mod desired;
 pub mod lb_address;
+pub mod nodes;
 pub mod provider_eval;
 pub mod providers;
 pub mod service;

@@ -419,4 +419,53 @@ mod tests {
                 .all(|f| f.path == PathChoice::Relay && f.first_speaker == FirstSpeaker::Client)
         );
     }
+
+    /// Issue 22: a Service whose status names every platform endpoint of the table
+    /// (and NAT64 and IPv4-mapped spellings of the metadata address) beside a real
+    /// LB: only the real LB is proxied, each endpoint is a skip naming it, and the
+    /// decision is a Warning (its Event).
+    #[test]
+    fn every_platform_endpoint_in_a_status_is_refused_by_name() {
+        use crate::k8s::decide::lb_address::PLATFORM_ENDPOINTS;
+        let mut ingress: Vec<serde_json::Value> = PLATFORM_ENDPOINTS
+            .iter()
+            .map(|(ip, _, _)| serde_json::json!({"ip": ip}))
+            .collect();
+        for spelling in [
+            "64:ff9b::a9fe:a9fe",
+            "::ffff:169.254.169.254",
+            "64:ff9b::6464:64c8",
+        ] {
+            ingress.push(serde_json::json!({"ip": spelling}));
+        }
+        ingress.push(serde_json::json!({"ip": "203.0.113.10"}));
+        let mut svc = service(serde_json::json!({"hairpin.dev/proxy-protocol": "v1"}));
+        svc.status =
+            serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": ingress}}))
+                .expect("status");
+        let d = decide(&svc, &Defaults::default());
+        assert!(
+            d.frontends
+                .iter()
+                .all(|f| f.ip.to_string() == "203.0.113.10"),
+            "{:?}",
+            d.frontends
+        );
+        assert_eq!(d.frontends.len(), 3, "the real LB's three ports");
+        let refused: Vec<&Skip> = d
+            .skips
+            .iter()
+            .filter(|s| s.reason == SkipReason::UnsafeIngressIp)
+            .collect();
+        assert_eq!(refused.len(), PLATFORM_ENDPOINTS.len() + 3, "{refused:?}");
+        for (ip, what, _) in PLATFORM_ENDPOINTS {
+            assert!(
+                refused
+                    .iter()
+                    .any(|s| s.message.contains(ip) && s.message.contains(what)),
+                "{ip} not named: {refused:?}"
+            );
+        }
+        assert!(d.is_warning(), "a refused address is a Warning Event");
+    }
 }

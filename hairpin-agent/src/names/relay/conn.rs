@@ -11,7 +11,11 @@ use tokio::{
 };
 use tracing::debug;
 
-use super::{Peek, Shared, http_host::parse_host, sni::looks_like_tls, sni::parse_sni};
+use super::{
+    Peek, Shared,
+    http_host::parse_host,
+    sni::{HelloScan, Scan, looks_like_tls, parse_sni},
+};
 use crate::relay::proxy::{Upstream, proxy, true_client};
 
 /// Most bytes read while looking for the name: a ClientHello fits one 16 KiB record,
@@ -78,8 +82,10 @@ pub(super) async fn serve(
 ///
 /// The parser runs on the first bytes (so garbage is refused at once) and then
 /// only when what arrived can have completed the message: an HTTP head's blank
-/// line, or a TLS record's full length. A client trickling a 16 KiB head byte by
-/// byte costs one parse, not one per read.
+/// line, or a ClientHello's last record (its record headers walked once each, at
+/// most [`super::sni::MAX_HELLO_RECORDS`] of them). A client trickling a 16 KiB
+/// head byte by byte, or a ClientHello a record per byte, costs one parse, not one
+/// per read.
 async fn peek_name(
     client: &mut TcpStream,
     buf: &mut Vec<u8>,
@@ -89,9 +95,10 @@ async fn peek_name(
     let mut chunk = [0u8; 4096];
     let mut parsed_at = None;
     let mut scanned = 0;
+    let mut hello = HelloScan::default();
     loop {
         let tls = buf.first().is_some_and(|b| looks_like_tls(*b));
-        if !buf.is_empty() && worth_parsing(buf, tls, parsed_at, &mut scanned) {
+        if !buf.is_empty() && worth_parsing(buf, tls, parsed_at, &mut scanned, &mut hello) {
             parsed_at = Some(buf.len());
             let peek = if tls { parse_sni(buf) } else { parse_host(buf) };
             match peek {
@@ -117,21 +124,24 @@ async fn peek_name(
 /// Whether `buf`, last parsed when it was `parsed_at` bytes long, may now hold a
 /// complete message: always on the first look; for HTTP when the bytes not yet
 /// scanned (from `scanned`, with three before, for a terminator split across reads)
-/// hold a line end followed by a blank line; for TLS once the first record is
-/// complete. Each byte is scanned once (`scanned` moves to the end), so a head that
-/// never ends costs linear time, not a rescan per read.
-fn worth_parsing(buf: &[u8], tls: bool, parsed_at: Option<usize>, scanned: &mut usize) -> bool {
+/// hold a line end followed by a blank line; for TLS once `hello` says the
+/// ClientHello can be whole. Each byte is scanned once (`scanned` moves to the end;
+/// `hello` walks each record header once), so a message that never ends costs
+/// linear time, not a rescan per read.
+fn worth_parsing(
+    buf: &[u8],
+    tls: bool,
+    parsed_at: Option<usize>,
+    scanned: &mut usize,
+    hello: &mut HelloScan,
+) -> bool {
     let from = std::mem::replace(scanned, buf.len());
+    if tls {
+        let scan = hello.advance(buf);
+        return parsed_at.is_none() || scan == Scan::Parse;
+    }
     if parsed_at.is_none() {
         return true;
-    }
-    if tls {
-        // Record header: type, version (2), length (2).
-        let record = buf
-            .get(3..5)
-            .map(|l| 5 + usize::from(u16::from_be_bytes([l[0], l[1]])));
-        // A ClientHello spread over several records: parse as they come.
-        return record.is_none_or(|len| buf.len() >= len);
     }
     let fresh = &buf[from.min(buf.len()).saturating_sub(3)..];
     fresh.windows(2).any(|w| w == b"\n\n") || fresh.windows(3).any(|w| w == b"\n\r\n")
@@ -195,32 +205,46 @@ mod tests {
         let head = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n";
         let mut scanned = 0;
         assert!(
-            worth_parsing(head, false, None, &mut scanned),
+            worth_parsing(head, false, None, &mut scanned, &mut HelloScan::default()),
             "the first look parses"
         );
         assert_eq!(scanned, head.len());
         let mut scanned = 10;
         assert!(
-            !worth_parsing(head, false, Some(10), &mut scanned),
+            !worth_parsing(
+                head,
+                false,
+                Some(10),
+                &mut scanned,
+                &mut HelloScan::default()
+            ),
             "no blank line yet"
         );
         let done = b"GET / HTTP/1.1\r\nHost: a.example.com\r\n\r\n";
         let mut scanned = head.len();
-        assert!(worth_parsing(done, false, Some(head.len()), &mut scanned));
+        assert!(worth_parsing(
+            done,
+            false,
+            Some(head.len()),
+            &mut scanned,
+            &mut HelloScan::default()
+        ));
         // The terminator split across reads: "\r\n" then "\r\n".
         let mut scanned = done.len() - 1;
         assert!(worth_parsing(
             done,
             false,
             Some(done.len() - 1),
-            &mut scanned
+            &mut scanned,
+            &mut HelloScan::default()
         ));
         let mut scanned = 15;
         assert!(worth_parsing(
             b"GET / HTTP/1.0\n\n",
             false,
             Some(15),
-            &mut scanned
+            &mut scanned,
+            &mut HelloScan::default()
         ));
     }
 
@@ -231,28 +255,94 @@ mod tests {
         // from the last parse.
         let mut buf = b"GET / HTTP/1.1\r\nHost: a.example.com\r\nX-Pad: ".to_vec();
         let mut scanned = 0;
-        assert!(worth_parsing(&buf, false, None, &mut scanned));
+        assert!(worth_parsing(
+            &buf,
+            false,
+            None,
+            &mut scanned,
+            &mut HelloScan::default()
+        ));
         let parsed_at = Some(buf.len());
         for _ in 0..16_000 {
             buf.push(b'a');
-            assert!(!worth_parsing(&buf, false, parsed_at, &mut scanned));
+            assert!(!worth_parsing(
+                &buf,
+                false,
+                parsed_at,
+                &mut scanned,
+                &mut HelloScan::default()
+            ));
             assert_eq!(scanned, buf.len());
         }
         buf.extend_from_slice(b"\r\n\r\n");
-        assert!(worth_parsing(&buf, false, parsed_at, &mut scanned));
+        assert!(worth_parsing(
+            &buf,
+            false,
+            parsed_at,
+            &mut scanned,
+            &mut HelloScan::default()
+        ));
     }
 
+    /// Issue 22: a ClientHello trickled a record per read is parsed once it can be
+    /// whole, not once per record; one spread over thousands of one-byte records is
+    /// refused at the cap. Prints what each costs (`--nocapture`).
     #[test]
-    fn a_tls_record_is_parsed_once_it_is_whole() {
-        let mut record = vec![22, 3, 1, 0, 10];
-        record.extend_from_slice(&[1; 4]);
-        let mut scanned = 5;
-        assert!(!worth_parsing(&record, true, Some(5), &mut scanned));
-        record.extend_from_slice(&[1; 6]);
-        assert!(worth_parsing(&record, true, Some(9), &mut scanned));
-        assert!(
-            worth_parsing(&[22, 3], true, Some(1), &mut 1),
-            "no length yet: parse"
+    fn a_clienthello_in_many_records_costs_one_parse() {
+        const HELLO: &[u8] =
+            include_bytes!("../../../tests/fixtures/tls/clienthello-openssl-sni.bin");
+        let records = |body: &[u8], size: usize| -> Vec<Vec<u8>> {
+            body.chunks(size)
+                .map(|part| {
+                    let mut r = vec![22, 3, 1];
+                    r.extend_from_slice(&(part.len() as u16).to_be_bytes());
+                    r.extend_from_slice(part);
+                    r
+                })
+                .collect()
+        };
+        // Feeds `reads` one at a time as peek_name does; (parses, verdict, time).
+        let run = |reads: &[Vec<u8>]| {
+            let started = std::time::Instant::now();
+            let (mut buf, mut scanned, mut hello) = (Vec::new(), 0, HelloScan::default());
+            let (mut parsed_at, mut parses, mut verdict) = (None, 0, Peek::NeedMore);
+            for read in reads {
+                buf.extend_from_slice(read);
+                if worth_parsing(&buf, true, parsed_at, &mut scanned, &mut hello) {
+                    parsed_at = Some(buf.len());
+                    parses += 1;
+                    verdict = parse_sni(&buf);
+                    if verdict != Peek::NeedMore {
+                        break;
+                    }
+                }
+            }
+            (parses, verdict, started.elapsed())
+        };
+        // The first run pays for warming up; the figures are the second's.
+        let _ = run(&[HELLO.to_vec()]);
+        let one = run(&[HELLO.to_vec()]);
+        assert_eq!((one.0, &one.1), (1, &Peek::Name("app.example.com".into())));
+        // 20 records of 16 bytes, one per read: the first look and the last record.
+        let sixteen = run(&records(&HELLO[5..], 16));
+        assert_eq!(
+            (sixteen.0, &sixteen.1),
+            (2, &Peek::Name("app.example.com".into()))
+        );
+        // 3,000 one-byte records, one per read: refused once past the cap.
+        let mut body = HELLO[5..].to_vec();
+        body.resize(3_000, 0);
+        let many = run(&records(&body, 1));
+        assert_eq!(
+            (many.0, &many.1),
+            (
+                2,
+                &Peek::Invalid("clienthello spread over too many tls records")
+            )
+        );
+        eprintln!(
+            "clienthello: one record {:?}; 20 records of 16 bytes {:?}; 3,000 one-byte records {:?}",
+            one.2, sixteen.2, many.2
         );
     }
 }

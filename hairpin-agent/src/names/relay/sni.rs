@@ -16,6 +16,79 @@ const SERVER_NAME: u16 = 0;
 const HOST_NAME: u8 = 0;
 /// Largest TLS record payload a peer may send (RFC 8446 5.1: 2^14).
 const MAX_RECORD: usize = 16 * 1024;
+/// Most records one ClientHello may be spread over. Clients send one (a ClientHello
+/// fits a 16 KiB record); a hostile one sending a record per byte must not make the
+/// relay walk thousands of headers per read.
+pub const MAX_HELLO_RECORDS: usize = 32;
+
+/// Walks the record headers of a ClientHello as its bytes arrive, each header
+/// once, and says when the message can be whole: the caller parses then (once),
+/// not on every read. Linear in the bytes received, whatever the record sizes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HelloScan {
+    /// Where the next record header starts.
+    next: usize,
+    /// Handshake bytes in the records complete so far.
+    fragments: usize,
+    /// The handshake message's first four bytes (type, 24-bit length).
+    header: [u8; 4],
+    /// Records complete so far.
+    records: usize,
+}
+
+/// What [`HelloScan::advance`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scan {
+    /// The message cannot be whole yet: read more before parsing.
+    NeedMore,
+    /// Parse now: the message can be whole, or the bytes are not a ClientHello's
+    /// (the parser says why), or it spans more than [`MAX_HELLO_RECORDS`].
+    Parse,
+}
+
+impl HelloScan {
+    /// Walks the records of `buf` (the whole buffer so far, which only grows) not
+    /// walked yet.
+    pub fn advance(&mut self, buf: &[u8]) -> Scan {
+        loop {
+            let at = self.next;
+            let Some(h) = buf.get(at..at + 5) else {
+                return Scan::NeedMore;
+            };
+            let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
+            if h[0] != HANDSHAKE || h[1] != 3 || len == 0 || len > MAX_RECORD {
+                return Scan::Parse;
+            }
+            let Some(fragment) = buf.get(at + 5..at + 5 + len) else {
+                return Scan::NeedMore;
+            };
+            self.records += 1;
+            if self.records > MAX_HELLO_RECORDS {
+                return Scan::Parse;
+            }
+            for (i, b) in fragment
+                .iter()
+                .take(4usize.saturating_sub(self.fragments))
+                .enumerate()
+            {
+                self.header[self.fragments + i] = *b;
+            }
+            self.fragments += len;
+            self.next = at + 5 + len;
+            if self.header[0] != CLIENT_HELLO {
+                return Scan::Parse;
+            }
+            if self.fragments >= 4 {
+                let body = usize::from(self.header[1]) << 16
+                    | usize::from(self.header[2]) << 8
+                    | usize::from(self.header[3]);
+                if self.fragments >= 4 + body {
+                    return Scan::Parse;
+                }
+            }
+        }
+    }
+}
 
 /// Whether `first` can start a TLS connection (a handshake record); HTTP methods
 /// start with a letter, so one byte tells the two apart.
@@ -43,7 +116,14 @@ pub fn parse_sni(buf: &[u8]) -> Peek {
 fn client_hello(buf: &[u8]) -> Result<Vec<u8>, Peek> {
     let mut message = Vec::new();
     let mut rest = buf;
+    let mut records = 0;
     loop {
+        records += 1;
+        if records > MAX_HELLO_RECORDS {
+            return Err(Peek::Invalid(
+                "clienthello spread over too many tls records",
+            ));
+        }
         if rest.is_empty() {
             return Err(Peek::NeedMore);
         }
@@ -244,5 +324,57 @@ mod tests {
         // Claims 16 MiB in the handshake header.
         let hello = [22, 3, 1, 0, 8, 1, 0xff, 0xff, 0xff, 0, 0, 0, 0];
         assert!(matches!(parse_sni(&hello), Peek::Invalid(_)));
+    }
+
+    /// `body` cut into records of `size` bytes.
+    fn in_records(body: &[u8], size: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for part in body.chunks(size) {
+            out.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            out.extend_from_slice(&(part.len() as u16).to_be_bytes());
+            out.extend_from_slice(part);
+        }
+        out
+    }
+
+    #[test]
+    fn the_scan_says_parse_once_the_hello_can_be_whole() {
+        for size in [16, 64, OPENSSL_SNI.len()] {
+            let records = in_records(&OPENSSL_SNI[5..], size);
+            if records.len() / (5 + size) >= MAX_HELLO_RECORDS {
+                continue;
+            }
+            let mut scan = HelloScan::default();
+            let mut first = None;
+            for end in 1..=records.len() {
+                if scan.advance(&records[..end]) == Scan::Parse {
+                    first = Some(end);
+                    break;
+                }
+            }
+            assert_eq!(first, Some(records.len()), "records of {size}");
+            assert_eq!(parse_sni(&records), Peek::Name("app.example.com".into()));
+        }
+        // Not a handshake: parse at once, and the parser says why.
+        assert_eq!(HelloScan::default().advance(b"GET / HTTP/1.1"), Scan::Parse);
+    }
+
+    #[test]
+    fn a_hello_over_too_many_records_is_invalid_after_the_cap() {
+        let records = in_records(&OPENSSL_SNI[5..], 1);
+        let mut scan = HelloScan::default();
+        let at_cap = (MAX_HELLO_RECORDS + 1) * 6;
+        assert_eq!(scan.advance(&records[..at_cap - 1]), Scan::NeedMore);
+        assert_eq!(scan.advance(&records[..at_cap]), Scan::Parse);
+        assert_eq!(
+            parse_sni(&records[..at_cap]),
+            Peek::Invalid("clienthello spread over too many tls records")
+        );
+        assert_eq!(
+            parse_sni(&in_records(&OPENSSL_SNI[5..], 16)),
+            Peek::Name("app.example.com".into()),
+            "{} records of 16 bytes are within the cap",
+            (OPENSSL_SNI.len() - 5).div_ceil(16)
+        );
     }
 }

@@ -37,10 +37,9 @@ fn names_under_a_listed_domain_are_published() {
         "example.com",
         "shop.example.com",
         "*.apps.example.com",
-        "*.example.com",
         "shop.example.org",
         "a.shop.example.org",
-        "*.shop.example.org",
+        "*.a.shop.example.org",
         "app.example.corp",
         // `svc` as the first label is a host, not a Service name.
         "svc.example.com",
@@ -262,7 +261,7 @@ fn listed_domains_are_validated_once_naming_the_flag() {
     assert!(err("localhost").contains("rule localhost"));
     assert!(err("google.internal").contains("rule metadata-endpoint"));
     assert!(err("corp").contains("rule single-label"));
-    assert!(err("*.example.com").contains("it is a wildcard: list example.com"));
+    assert!(err("*.com").contains("rule public-suffix"));
     assert!(err("a b.com").starts_with("--names-domains \"a b.com\": hostname"));
     let e = NameScope::new(&["example.com"], "bad_domain")
         .expect_err("cluster domain")
@@ -292,4 +291,56 @@ fn own_names_that_are_addresses_or_not_names_are_passed_over() {
         s,
         NameScope::new(&["example.com"], "cluster.local").expect("scope")
     );
+}
+
+/// Issue 22: `*.example.com` under a listed `example.com` would answer for every
+/// name of the domain no object claims (hosts outside the cluster included):
+/// refused unless the operator lists the wildcard itself, which also lists the
+/// domain.
+#[test]
+fn a_wildcard_directly_over_a_listed_domain_needs_listing_itself() {
+    let s = scope();
+    for name in ["*.example.com", "*.shop.example.org", "*.example.corp"] {
+        assert_eq!(
+            rule(&s, name),
+            Some(ScopeRule::WildcardOverDomain),
+            "{name}"
+        );
+    }
+    let r = s.check(&h("*.example.com")).expect_err("refused");
+    assert_eq!(
+        r.message,
+        "host *.example.com refused (rule wildcard-over-domain): it is a wildcard directly over \
+         the listed domain example.com: it would answer for every name of example.com no object \
+         claims, hosts outside the cluster included; expected exact names, a wildcard under a \
+         subdomain (*.apps.example.com), or *.example.com listed in --names-domains by the operator"
+    );
+    assert_eq!(
+        ScopeRule::WildcardOverDomain.event_reason(),
+        "HostnameRefusedWildcardOverDomain"
+    );
+    let listed = NameScope::new(&["*.example.com", "example.org"], "cluster.local").expect("scope");
+    assert_eq!(listed.domains(), ["example.com", "example.org"]);
+    assert_eq!(
+        rule(&listed, "*.example.com"),
+        None,
+        "listed by the operator"
+    );
+    assert_eq!(
+        rule(&listed, "shop.example.com"),
+        None,
+        "the domain is listed with it"
+    );
+    assert_eq!(
+        rule(&listed, "*.example.org"),
+        Some(ScopeRule::WildcardOverDomain)
+    );
+    assert_eq!(
+        listed.describe(),
+        "names under example.com, example.org are published (and the wildcards *.example.com)"
+    );
+    // A listed wildcard is checked as its domain is.
+    for bad in ["*.co.uk", "*.cluster.local", "*.svc.example.com"] {
+        assert!(NameScope::new(&[bad], "cluster.local").is_err(), "{bad}");
+    }
 }

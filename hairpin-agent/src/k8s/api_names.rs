@@ -1,0 +1,235 @@
+//! The API server's names, never to be published: the kubeconfig's server host
+//! when it is a name, the DNS names of the API server's serving certificate, and
+//! `--api-server-names`. In a pod the server is the `kubernetes` ClusterIP, so the
+//! URL names nothing; the certificate does: kubeadm puts the
+//! `controlPlaneEndpoint`, the control-plane nodes' names and every `certSANs`
+//! entry there, and a managed control plane its public endpoint name. An Ingress
+//! under a listed domain claiming one of them would send every node's API calls
+//! to the name relay.
+//!
+//! The certificate is read without verifying it: its names only ever add
+//! refusals, so a forged one can refuse names, never publish one.
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr, TcpStream},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::Config;
+use rustls::{
+    DigitallySignedStruct, SignatureScheme,
+    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    crypto::CryptoProvider,
+    pki_types::{CertificateDer, ServerName, UnixTime},
+};
+use tracing::{info, warn};
+
+use crate::names::scope::{NameScope, ScopeRule};
+
+/// How long reading the certificate may take before startup goes on without it.
+pub const CERT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors reading the API server's certificate names.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiNamesError {
+    /// The cluster URL has no host.
+    #[error("the cluster URL {url} has no host")]
+    NoHost {
+        /// The URL.
+        url: String,
+    },
+    /// The host could not be resolved or connected to.
+    #[error("failed to connect to the API server at {url}: {source}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// The error.
+        source: io::Error,
+    },
+    /// The TLS handshake failed.
+    #[error("failed the TLS handshake with the API server at {url}: {why}")]
+    Tls {
+        /// The URL.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// No certificate, or one that is not X.509.
+    #[error("the API server at {url} presented no readable certificate: {why}")]
+    Certificate {
+        /// The URL.
+        url: String,
+        /// What was wrong.
+        why: String,
+    },
+}
+
+/// The DNS names of the serving certificate of the API server at `config`'s URL,
+/// read within `timeout`.
+pub async fn cert_names(config: &Config, timeout: Duration) -> Result<Vec<String>, ApiNamesError> {
+    let url = config.cluster_url.to_string();
+    let host = config
+        .cluster_url
+        .host()
+        .ok_or_else(|| ApiNamesError::NoHost { url: url.clone() })?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = config.cluster_url.port_u16().unwrap_or(443);
+    let connect = |source| ApiNamesError::Connect {
+        url: url.clone(),
+        source,
+    };
+    let addr: SocketAddr = match host.parse::<IpAddr>() {
+        Ok(ip) => SocketAddr::new(ip, port),
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(connect)?
+            .next()
+            .ok_or_else(|| connect(io::ErrorKind::NotFound.into()))?,
+    };
+    let task = tokio::task::spawn_blocking(move || handshake(addr, &host, timeout, &url));
+    match tokio::time::timeout(timeout, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(ApiNamesError::Tls {
+            url: config.cluster_url.to_string(),
+            why: format!("the reading task failed: {e}"),
+        }),
+        Err(_) => Err(ApiNamesError::Tls {
+            url: config.cluster_url.to_string(),
+            why: format!("no certificate within {timeout:?}"),
+        }),
+    }
+}
+
+fn handshake(
+    addr: SocketAddr,
+    host: &str,
+    timeout: Duration,
+    url: &str,
+) -> Result<Vec<String>, ApiNamesError> {
+    let tls = |why: String| ApiNamesError::Tls {
+        url: url.to_owned(),
+        why,
+    };
+    let mut stream =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|source| ApiNamesError::Connect {
+            url: url.to_owned(),
+            source,
+        })?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ReadOnly(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| tls(e.to_string()))?;
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| tls(e.to_string()))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut stream)
+            .map_err(|e| tls(e.to_string()))?;
+    }
+    let cert = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| ApiNamesError::Certificate {
+            url: url.to_owned(),
+            why: "no certificate".into(),
+        })?;
+    let ee = webpki::EndEntityCert::try_from(cert).map_err(|e| ApiNamesError::Certificate {
+        url: url.to_owned(),
+        why: e.to_string(),
+    })?;
+    Ok(ee.valid_dns_names().map(str::to_owned).collect())
+}
+
+/// `scope` refusing the API server's names: the kubeconfig's server host, `listed`
+/// (`--api-server-names`) and the certificate's names (a failure to read them is
+/// logged, and startup goes on with the others).
+pub async fn refuse(scope: NameScope, config: &Config, listed: &[String]) -> NameScope {
+    let mut scope = scope;
+    if let Some(host) = super::client::api_server_name(config) {
+        scope = scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host");
+    }
+    for name in listed {
+        scope = scope.refuse_own(
+            name,
+            ScopeRule::ApiServer,
+            "an API server name (--api-server-names)",
+        );
+    }
+    match cert_names(config, CERT_TIMEOUT).await {
+        Ok(names) => {
+            info!(names = ?names, "the API server's certificate names are never published");
+            for name in names {
+                scope = scope.refuse_own(
+                    &name,
+                    ScopeRule::ApiServer,
+                    "a name of the API server's certificate",
+                );
+            }
+        }
+        Err(e) => warn!(
+            error = %e,
+            "the API server's certificate names cannot be read: only its URL's host and \
+             --api-server-names are refused as names"
+        ),
+    }
+    scope
+}
+
+/// Takes any certificate (its names only add refusals) but still checks the
+/// handshake's signatures, so the handshake is a real one.
+#[derive(Debug)]
+struct ReadOnly(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for ReadOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
