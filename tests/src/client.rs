@@ -84,3 +84,74 @@ pub fn assert_true_client(
         reply.body
     );
 }
+
+/// A keep-alive connection from the pod to 203.0.113.10:80 (one bash process holding
+/// it): request `i` goes once [`KeepAlive::answer`] asks for it (the first at once),
+/// its body lands in `dir/ans{i}`. Killed on drop.
+pub struct KeepAlive {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl KeepAlive {
+    /// Opens the connection and sends the first of `n` requests.
+    pub fn start(node: &SimNode, dir: &std::path::Path, n: usize) -> KeepAlive {
+        std::fs::create_dir_all(dir).expect("client dir");
+        std::fs::write(dir.join("go1"), "").expect("go1");
+        let d = dir.display();
+        let script = format!(
+            r#"exec 3<>/dev/tcp/203.0.113.10/80
+for i in $(seq 1 {n}); do
+    while [ ! -e {d}/go$i ]; do sleep 0.05; done
+    printf 'GET /%s HTTP/1.1\r\nHost: lb\r\n\r\n' "$i" >&3
+    len=0
+    while IFS= read -r line <&3; do
+        line=${{line%$'\r'}}
+        [ -z "$line" ] && break
+        case "$line" in [Cc]ontent-[Ll]ength:*) len=${{line#*: }};; esac
+    done
+    body=
+    [ "$len" -gt 0 ] && IFS= read -r -N "$len" body <&3
+    printf '%s' "$body" > {d}/ans$i.tmp; mv {d}/ans$i.tmp {d}/ans$i
+done
+"#
+        );
+        let child = crate::sh::command_in(
+            &node.pod_ns,
+            Some(&node.pod_cgroup()),
+            &["bash", "-c", &script],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the keep-alive client");
+        KeepAlive {
+            child,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Sends request `i` (the first went at start) and returns its answer: empty when
+    /// none came within 10 s (the connection is gone).
+    pub fn answer(&self, i: usize) -> String {
+        if i > 1 {
+            std::fs::write(self.dir.join(format!("go{i}")), "").expect("go");
+        }
+        let file = self.dir.join(format!("ans{i}"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(s) = std::fs::read_to_string(&file) {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        String::new()
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -16,7 +16,7 @@ use std::{
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
     agent::{Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, status},
-    client::{Reply, assert_true_client, from_host, from_pod, url},
+    client::{KeepAlive, Reply, assert_true_client, from_host, from_pod, url},
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::cap_number,
     privileges::datapath_tests_can_run,
@@ -515,51 +515,6 @@ fn destinations_that_are_not_proxied_are_untouched() {
     assert!(!agent.log().contains("accepted"), "{}", agent.log());
 }
 
-/// A keep-alive client in the pod: one request on a connection to 203.0.113.10:80,
-/// then, once `dir/go` exists, a second request on the same connection. Each body is
-/// written to `dir/first` and `dir/second`.
-fn keep_alive_client(node: &SimNode, dir: &Path) -> Child {
-    let d = dir.display();
-    let script = format!(
-        r#"exec 3<>/dev/tcp/203.0.113.10/80
-req() {{
-    printf 'GET /%s HTTP/1.1\r\nHost: lb\r\n\r\n' "$1" >&3
-    len=0
-    while IFS= read -r line <&3; do
-        line=${{line%$'\r'}}
-        [ -z "$line" ] && break
-        case "$line" in [Cc]ontent-[Ll]ength:*) len=${{line#*: }};; esac
-    done
-    [ "$len" -gt 0 ] && IFS= read -r -N "$len" body <&3 && printf '%s' "$body"
-}}
-req one > {d}/first.tmp; mv {d}/first.tmp {d}/first
-while [ ! -e {d}/go ]; do sleep 0.05; done
-req two > {d}/second.tmp; mv {d}/second.tmp {d}/second
-"#
-    );
-    command_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["bash", "-c", &script],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the keep-alive client")
-}
-
-/// Waits for `file` to exist, at most `within`; its contents.
-fn wait_file(file: &Path, within: Duration) -> Option<String> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(s) = std::fs::read_to_string(file) {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
 /// How the agent goes away between the two requests of a keep-alive connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
@@ -599,12 +554,14 @@ fn answers_across(
     extra: &[&str],
     stop: Stop,
 ) -> (String, Option<String>, Agent, Option<Agent>) {
-    let dir = node.dir.join("ka");
-    std::fs::create_dir_all(&dir).expect("client dir");
     let mut agent = Agent::start_with(node, &all_frontends(), extra);
-    let mut client = keep_alive_client(node, &dir);
-    let first = wait_file(&dir.join("first"), Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("no first answer\nagent:\n{}", agent.log()));
+    let client = KeepAlive::start(node, &node.dir.join("ka"), 2);
+    let first = client.answer(1);
+    assert!(
+        !first.is_empty(),
+        "no first answer\nagent:\n{}",
+        agent.log()
+    );
     if extra == KERNEL_PATH_ON {
         // The header is out and acknowledged: the socket has left the map, and its
         // later writes take the plain TCP path.
@@ -626,10 +583,7 @@ fn answers_across(
     }
     let next =
         (stop == Stop::KillAndRestart).then(|| Agent::start_with(node, &all_frontends(), extra));
-    std::fs::write(dir.join("go"), "").expect("go");
-    let second = wait_file(&dir.join("second"), Duration::from_secs(10)).filter(|s| !s.is_empty());
-    let _ = client.kill();
-    let _ = client.wait();
+    let second = Some(client.answer(2)).filter(|s| !s.is_empty());
     (first, second, agent, next)
 }
 

@@ -22,7 +22,7 @@ use hairpin_tests::{
         Agent, CappedAgent, DAEMONSET_CAPS, SIM_POD_NETWORKS, agent_bin, all_frontends,
         frontends_yaml, status,
     },
-    client::{assert_true_client, from_pod, url},
+    client::{KeepAlive, assert_true_client, from_pod, url},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::{nginx_access_log, start_haproxy, start_nginx},
@@ -124,56 +124,6 @@ fn failed<'a>(lines: &'a [String], client: &str) -> Vec<&'a String> {
         .iter()
         .filter(|l| !(l.starts_with(&format!("client={client}:")) && l.contains(" code=200 ")))
         .collect()
-}
-
-/// A keep-alive connection from the pod to 203.0.113.10:80: request `i` goes once
-/// `dir/go{i}` exists (the first at once), its body lands in `dir/ans{i}`.
-fn keep_alive(node: &SimNode, dir: &Path, n: usize) -> Child {
-    std::fs::create_dir_all(dir).expect("client dir");
-    std::fs::write(dir.join("go1"), "").expect("go1");
-    let d = dir.display();
-    let script = format!(
-        r#"exec 3<>/dev/tcp/203.0.113.10/80
-for i in $(seq 1 {n}); do
-    while [ ! -e {d}/go$i ]; do sleep 0.05; done
-    printf 'GET /%s HTTP/1.1\r\nHost: lb\r\n\r\n' "$i" >&3
-    len=0
-    while IFS= read -r line <&3; do
-        line=${{line%$'\r'}}
-        [ -z "$line" ] && break
-        case "$line" in [Cc]ontent-[Ll]ength:*) len=${{line#*: }};; esac
-    done
-    body=
-    [ "$len" -gt 0 ] && IFS= read -r -N "$len" body <&3
-    printf '%s' "$body" > {d}/ans$i.tmp; mv {d}/ans$i.tmp {d}/ans$i
-done
-"#
-    );
-    command_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["bash", "-c", &script],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the keep-alive client")
-}
-
-/// Asks the keep-alive client for request `i` and returns its answer.
-fn keep_alive_answer(dir: &Path, i: usize) -> String {
-    if i > 1 {
-        std::fs::write(dir.join(format!("go{i}")), "").expect("go");
-    }
-    let file = dir.join(format!("ans{i}"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(s) = std::fs::read_to_string(&file) {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    String::new()
 }
 
 /// The pinned map `name` of this layout in the node's pin dir.
@@ -305,6 +255,19 @@ impl Sampler {
     }
 }
 
+/// An agent with the default flags and a `ttl` heartbeat, SIGKILLed once ready; when.
+fn killed_agent(node: &SimNode, ttl: &str) -> (Agent, Instant) {
+    let mut agent = Agent::start_with(
+        node,
+        &all_frontends(),
+        &["--kernel-path", "auto", "--datapath-ttl", ttl],
+    );
+    ready(&mut agent);
+    agent.signal(Signal::SIGKILL);
+    agent.wait(Duration::from_secs(10));
+    (agent, Instant::now())
+}
+
 /// Waits for the agent to say it is ready.
 fn ready(agent: &mut Agent) {
     agent.wait_for_log("agent ready", Duration::from_secs(30));
@@ -319,8 +282,8 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     let start = || CappedAgent::start(&node, &all_frontends(), &[], &DAEMONSET_CAPS);
     let mut agent = start();
     let ka_dir = node.dir.join("ka");
-    let mut ka = keep_alive(&node, &ka_dir, 3);
-    let first = keep_alive_answer(&ka_dir, 1);
+    let ka = KeepAlive::start(&node, &ka_dir, 3);
+    let first = ka.answer(1);
     assert!(
         first.starts_with(&format!("client={POD_IP4}:")),
         "{first}\n{}",
@@ -349,7 +312,7 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     );
     v4.wait_more(20);
     assert_eq!(
-        keep_alive_answer(&ka_dir, 2),
+        ka.answer(2),
         first,
         "the keep-alive connection across SIGTERM"
     );
@@ -363,11 +326,10 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     v4.wait_more(20);
     v6.wait_more(20);
     assert_eq!(
-        keep_alive_answer(&ka_dir, 3),
+        ka.answer(3),
         first,
         "the keep-alive connection across SIGKILL"
     );
-    let _ = ka.wait();
 
     let (v4, v6) = (v4.finish(), v6.finish());
     let (bad4, bad6) = (failed(&v4, POD_IP4), failed(&v6, POD_IP6));
@@ -404,15 +366,7 @@ fn a_killed_agent_not_restarted_keeps_writing_headers_until_the_ttl_then_traffic
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let _haproxy = start_haproxy(&node);
-    let mut agent = Agent::start_with(
-        &node,
-        &all_frontends(),
-        &["--kernel-path", "auto", "--datapath-ttl", "6s"],
-    );
-    ready(&mut agent);
-    agent.signal(Signal::SIGKILL);
-    agent.wait(Duration::from_secs(10));
-    let killed = Instant::now();
+    let (agent, killed) = killed_agent(&node, "6s");
     // No agent: the kernel path still writes the exact header, v1 and v2, v4 and v6,
     // to nginx and haproxy.
     for (lb, ip) in [
@@ -636,15 +590,7 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let mut old = Agent::start_with(
-        &node,
-        &all_frontends(),
-        &["--kernel-path", "auto", "--datapath-ttl", "5s"],
-    );
-    ready(&mut old);
-    old.signal(Signal::SIGKILL);
-    old.wait(Duration::from_secs(10));
-    let killed = Instant::now();
+    let (_old, killed) = killed_agent(&node, "5s");
     let before = attached(&node);
     // An agent whose maps are laid out otherwise (a later release).
     let mut new = Agent::spawn_with(
