@@ -300,6 +300,11 @@ fn pod_spec_args(
             "/sys/fs/cgroup" => node.cgroup.clone(),
             "/etc/hosts" => hosts.clone(),
             "/run/hairpin" => run_dir.clone(),
+            // The kernel path's pins: the simulated node's own bpf filesystem.
+            "/sys/fs/bpf/hairpin" => {
+                std::fs::create_dir_all(node.pin_dir()).expect("pin dir");
+                node.pin_dir()
+            }
             other => panic!("hostPath {other} has no stand-in on the simulated node: add one"),
         };
         let ro = if m.read_only == Some(true) { ":ro" } else { "" };
