@@ -82,6 +82,46 @@ impl FromStr for FirstSpeaker {
     }
 }
 
+/// Which path a frontend asks for (`hairpin.dev/path`, `path` in the frontends
+/// file): the agent's choice, or the relay always.
+///
+/// The kernel path's known misses (a blocking send() issued while the socket is
+/// still connecting; `sendto(MSG_FASTOPEN)` without CAP_PERFMON) cannot be caught
+/// from BPF: a workload that hits one asks for the relay, which writes the header
+/// at accept whatever the client does.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PathChoice {
+    /// The kernel path where this node runs it and the client speaks first, the
+    /// relay otherwise: the default.
+    #[default]
+    Auto,
+    /// The relay, also where the kernel path is on.
+    Relay,
+}
+
+impl fmt::Display for PathChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PathChoice::Auto => "auto",
+            PathChoice::Relay => "relay",
+        })
+    }
+}
+
+impl FromStr for PathChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(PathChoice::Auto),
+            "relay" => Ok(PathChoice::Relay),
+            other => Err(format!("expected auto or relay, got {other:?}")),
+        }
+    }
+}
+
 /// One proxied frontend: connects to `ip:port` get a PROXY `version` header.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
@@ -97,6 +137,10 @@ pub struct Frontend {
     /// relay path, also with the kernel path on.
     #[serde(default)]
     pub first_speaker: FirstSpeaker,
+    /// The path asked for; `relay` keeps the frontend on the relay path, also with
+    /// the kernel path on.
+    #[serde(default)]
+    pub path: PathChoice,
 }
 
 impl Frontend {
@@ -277,18 +321,36 @@ impl FromStr for LivePath {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelPathMode {
-    /// Every frontend takes the relay path.
-    Off,
-    /// The kernel writes the header on the client's own socket where this kernel
-    /// can; elsewhere every frontend takes the relay path.
+    /// The kernel path where this kernel runs its programs; elsewhere every
+    /// frontend takes the relay path, and `status` and `doctor` say why: the default.
+    Auto,
+    /// As `auto`, and the kernel path is required: where this kernel cannot run it
+    /// the frontends still take the relay path (headers are still written), but
+    /// `status` says it was required and `doctor` fails.
     On,
+    /// Every frontend takes the relay path: the kernel path's programs are not loaded.
+    Off,
+}
+
+impl KernelPathMode {
+    /// Whether the kernel path's programs are loaded (`auto` and `on`).
+    pub fn loads(self) -> bool {
+        self != KernelPathMode::Off
+    }
+
+    /// Whether this node failing to run the kernel path is a failure (`on`) rather
+    /// than the relay taking over as planned (`auto`).
+    pub fn requires(self) -> bool {
+        self == KernelPathMode::On
+    }
 }
 
 impl fmt::Display for KernelPathMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            KernelPathMode::Off => "off",
+            KernelPathMode::Auto => "auto",
             KernelPathMode::On => "on",
+            KernelPathMode::Off => "off",
         })
     }
 }
@@ -364,6 +426,7 @@ mod tests {
             version,
             source: source.into(),
             first_speaker: FirstSpeaker::Client,
+            path: PathChoice::Auto,
         }
     }
 
@@ -412,5 +475,39 @@ mod tests {
         );
         assert_eq!(FirstSpeaker::default(), FirstSpeaker::Client);
         assert_eq!(FirstSpeaker::Server.to_string(), "server");
+    }
+
+    #[test]
+    fn path_reads_auto_or_relay_and_defaults_to_auto() {
+        assert_eq!(" Relay ".parse(), Ok(PathChoice::Relay));
+        assert_eq!("auto".parse(), Ok(PathChoice::Auto));
+        assert_eq!(
+            "kernel".parse::<PathChoice>(),
+            Err("expected auto or relay, got \"kernel\"".to_string())
+        );
+        assert_eq!(PathChoice::default(), PathChoice::Auto);
+        assert_eq!(PathChoice::Relay.to_string(), "relay");
+        // A frontend serialized before the field existed reads as `auto`.
+        let f: Frontend =
+            serde_json::from_str(r#"{"ip":"203.0.113.10","port":80,"version":"v1","source":"s"}"#)
+                .expect("frontend");
+        assert_eq!(f.path, PathChoice::Auto);
+    }
+
+    #[test]
+    fn only_off_leaves_the_kernel_path_unloaded_and_only_on_requires_it() {
+        use clap::ValueEnum;
+        let modes: Vec<(String, bool, bool)> = KernelPathMode::value_variants()
+            .iter()
+            .map(|m| (m.to_string(), m.loads(), m.requires()))
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                ("auto".to_string(), true, false),
+                ("on".to_string(), true, true),
+                ("off".to_string(), false, false),
+            ]
+        );
     }
 }

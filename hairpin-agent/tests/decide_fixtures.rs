@@ -5,7 +5,7 @@ use std::path::Path;
 
 use hairpin_agent::{
     k8s::{Defaults, Outcome, Rule, SkipReason, decide, decide_all},
-    model::ProxyVersion,
+    model::{PathChoice, ProxyVersion},
 };
 use k8s_openapi::api::core::v1::Service;
 
@@ -28,6 +28,18 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
+    Case {
+        fixture: "path-relay.yaml",
+        reason: "Proxied",
+        frontends: &["203.0.113.42:80 v1", "203.0.113.42:443 v1"],
+        rule: Some("DigitalOcean"),
+    },
+    Case {
+        fixture: "invalid-path.yaml",
+        reason: "InvalidAnnotation",
+        frontends: &[],
+        rule: None,
+    },
     Case {
         fixture: "digitalocean.yaml",
         reason: "Proxied",
@@ -217,6 +229,48 @@ fn invalid_annotations_name_the_service_the_annotation_and_what_was_expected() {
     let decision = decide(&not_in_service, &Defaults::default());
     assert_eq!(decision.reason(), "InvalidAnnotation", "{decision:#?}");
     assert!(decision.summary().contains("\"8443\""));
+}
+
+/// Issue 21: `hairpin.dev/path: relay` reaches each frontend it names, and only
+/// those; a value it does not take invalidates the Service with a Warning naming the
+/// Service, the annotation and what was expected.
+#[test]
+fn the_path_annotation_asks_for_the_relay_port_by_port() {
+    let d = decide(&load("path-relay.yaml"), &Defaults::default());
+    let got: Vec<String> = d
+        .frontends
+        .iter()
+        .map(|f| format!("{} {}", f.port, f.path))
+        .collect();
+    assert_eq!(got, ["80 auto", "443 relay"], "{d:#?}");
+    assert!(!d.is_warning(), "{d:#?}");
+    assert!(
+        d.frontends
+            .iter()
+            .filter(|f| f.port == 443)
+            .all(|f| f.path == PathChoice::Relay)
+    );
+    // Without the annotation every frontend is `auto`.
+    let plain = decide(&load("digitalocean.yaml"), &Defaults::default());
+    assert!(
+        plain.frontends.iter().all(|f| f.path == PathChoice::Auto),
+        "{plain:#?}"
+    );
+
+    let bad = decide(&load("invalid-path.yaml"), &Defaults::default());
+    let Outcome::Invalid(error) = &bad.outcome else {
+        panic!("{bad:#?}")
+    };
+    assert_eq!(
+        error.to_string(),
+        "service ingress-nginx/ingress-nginx-controller: annotation hairpin.dev/path is \
+         \"kernel\"; expected auto, relay, or PORT=auto|relay entries separated by commas, \
+         PORT a TCP port number or name in spec.ports (the Service has 80/http, 443/https): \
+         \"kernel\" is not PORT=auto|relay"
+    );
+    assert!(bad.is_warning());
+    assert_eq!(bad.reason(), "InvalidAnnotation");
+    assert!(bad.frontends.is_empty());
 }
 
 #[test]

@@ -47,6 +47,7 @@ fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
         version,
         source: "test".into(),
         first_speaker: Default::default(),
+        path: Default::default(),
     }
 }
 

@@ -82,6 +82,35 @@ pub const GLOBAL_NODE_IP4: &str = "HAIRPIN_NODE_IP4";
 /// ELF name of the global holding the node's IPv6 address words (network byte order).
 pub const GLOBAL_NODE_IP6: &str = "HAIRPIN_NODE_IP6";
 
+/// ELF name of the dead-man switch: a two-slot array, [`HEARTBEAT_BEAT`] the
+/// `CLOCK_MONOTONIC` nanoseconds of the agent's last heartbeat and [`HEARTBEAT_TTL`]
+/// how long after it the connect programs still act. Once the heartbeat is older
+/// (the agent is gone and none took its place) they leave every connect alone:
+/// traffic goes as before hairpin. sock_ops and sk_msg never read it, so a socket
+/// marked just before expiry still gets its header.
+pub const MAP_HEARTBEAT: &str = "HAIRPIN_HEARTBEAT";
+/// [`MAP_HEARTBEAT`] slot of the last heartbeat (`CLOCK_MONOTONIC` ns; 0: never).
+pub const HEARTBEAT_BEAT: u32 = 0;
+/// [`MAP_HEARTBEAT`] slot of the TTL in nanoseconds.
+pub const HEARTBEAT_TTL: u32 = 1;
+/// ELF name of the relay's liveness map: a SOCKHASH of the relay's listening
+/// sockets by listener address ([`FrontendKey`] encoding). The connect programs send
+/// a connect to a listener only while it is in this map; the kernel takes a closed
+/// listener out at once, so a dead agent's relay is never a target.
+pub const MAP_RELAYS: &str = "HAIRPIN_RELAYS";
+
+/// Version of the layout of everything pinned under the agent's bpf pin directory:
+/// the maps' types, key and value layouts, the counters' indices and what the
+/// programs expect of each other. The pins live under `v<LAYOUT>`, so an agent of
+/// another layout never reuses a map it would misread; bump it with any such change.
+pub const PIN_LAYOUT: u32 = 1;
+
+/// `TCP_NOTSENT_LOWAT`: on an MPTCP subflow the kernel sets it to `u32::MAX` (the
+/// subflow's own queue is never the limit), on a plain TCP socket it reads 0 until
+/// the application sets it. The connect programs read it to tell an MPTCP subflow
+/// without CAP_PERFMON (Linux 6.7 or newer; a test pins the behaviour).
+pub const TCP_NOTSENT_LOWAT: i32 = 25;
+
 /// Default capacity of [`MAP_SOCKETS`]. A socket stays in it from the end of its
 /// handshake until the first acknowledgement after its first write, so this bounds
 /// the connections being opened at once, not the connections open.
@@ -106,6 +135,11 @@ pub const HEADER_V2: u8 = 2;
 /// [`HEADER_RELAY`] (every value but [`HEADER_V1`] and [`HEADER_V2`] is the relay);
 /// `dump` reads it to say why.
 pub const HEADER_RELAY_SERVER_FIRST: u8 = 0x80;
+/// [`Redirect::header`] of a frontend taking the relay path although the kernel path
+/// is on, because its Service (`hairpin.dev/path: relay`) or frontends-file entry
+/// (`path: relay`) asks for it, for a client that hits one of the kernel path's
+/// known misses: the programs treat it as [`HEADER_RELAY`]; `dump` reads it to say why.
+pub const HEADER_RELAY_CHOSEN: u8 = 0x81;
 
 /// Room for one header in [`PendingHeader::header`]: the longest v1 line is 104
 /// bytes, v2 over IPv6 is 52. A power of two, so the programs can bound every
@@ -287,6 +321,15 @@ impl Redirect {
         }
     }
 
+    /// The value for a frontend that asks for the relay (`hairpin.dev/path:
+    /// relay`), with the kernel path on: the relay path, saying why.
+    pub fn relay_chosen(a: SocketAddr) -> Redirect {
+        Redirect {
+            header: HEADER_RELAY_CHOSEN,
+            ..Redirect::new(a)
+        }
+    }
+
     /// The listener this value rewrites to.
     pub fn socket_addr(&self) -> SocketAddr {
         decode(self.addr, self.port, self.family)
@@ -344,11 +387,22 @@ pub enum Counter {
     /// first bytes could ride on the SYN ahead of any header: sent to the relay
     /// listener instead, which takes no SYN data, so they follow the handshake.
     KernelFallbackFastOpen = 13,
+    /// Connects to a proxied frontend left alone because no agent has written the
+    /// heartbeat within its TTL (the agent is gone and none took its place): they go
+    /// as before hairpin.
+    Expired = 14,
+    /// Connects that would go to a relay listener that is not listening (no agent,
+    /// or its relay is down): left alone, they go as before hairpin.
+    RelayDown = 15,
+    /// Marked sockets whose peer at the end of the handshake is not the frontend
+    /// they were marked for (disconnected with `AF_UNSPEC` and connected elsewhere,
+    /// or rewritten by another connect program): no header.
+    KernelSkippedElsewhere = 16,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 17] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -363,6 +417,9 @@ impl Counter {
         Counter::KernelSocketsEntered,
         Counter::KernelSocketsLeft,
         Counter::KernelFallbackFastOpen,
+        Counter::Expired,
+        Counter::RelayDown,
+        Counter::KernelSkippedElsewhere,
     ];
     /// Length of [`MAP_COUNTERS`].
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -384,6 +441,9 @@ impl Counter {
             Counter::KernelSocketsEntered => "kernel_sockets_entered",
             Counter::KernelSocketsLeft => "kernel_sockets_left",
             Counter::KernelFallbackFastOpen => "kernel_fallback_fastopen",
+            Counter::Expired => "expired",
+            Counter::RelayDown => "relay_down",
+            Counter::KernelSkippedElsewhere => "kernel_skipped_elsewhere",
         }
     }
 
@@ -567,6 +627,9 @@ mod tests {
         let s = Redirect::server_first(l);
         assert_eq!(s.socket_addr(), l);
         assert!(!s.is_kernel() && !Redirect::new(l).is_kernel());
+        let c = Redirect::relay_chosen(l);
+        assert_eq!((c.socket_addr(), c.header), (l, HEADER_RELAY_CHOSEN));
+        assert!(!c.is_kernel());
         assert!(!Redirect::kernel(l, 7).is_kernel());
     }
 

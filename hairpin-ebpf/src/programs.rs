@@ -15,19 +15,21 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_dynptr_from_mem, bpf_dynptr_read, bpf_dynptr_write, bpf_get_socket_cookie,
-        bpf_map_delete_elem, bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data,
-        bpf_probe_read_kernel, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
+        bpf_getsockopt, bpf_ktime_get_ns, bpf_map_delete_elem, bpf_map_lookup_elem,
+        bpf_msg_pop_data, bpf_msg_pull_data, bpf_msg_push_data, bpf_probe_read_kernel,
+        bpf_sk_release, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
         bpf_skc_to_tcp_sock, bpf_sock_hash_update, bpf_sock_ops_cb_flags_set,
     },
     macros::{btf_map, cgroup_sock_addr, cgroup_sockopt, map, sk_msg, sock_ops},
     maps::{Array, HashMap, PerCpuArray, SockHash},
     programs::{SkMsgContext, SockAddrContext, SockOpsContext, SockoptContext},
 };
-use aya_log_ebpf::{debug, info, warn};
+use aya_log_ebpf::debug;
 use hairpin_ebpf::{
     AF_INET, AF_INET6, COALESCE_MAX, Counter, DEFAULT_BYPASS_MARK, FrontendKey, HEADER_ROOM,
-    HEADER_V2, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PENDING_CONNECTING, PENDING_FIRST_WRITE,
-    PENDING_NONE, PENDING_WRITTEN, PendingHeader, Redirect, SOL_TCP, TCP_FASTOPEN_CONNECT,
+    HEADER_V2, HEARTBEAT_BEAT, HEARTBEAT_TTL, MAX_FRONTENDS, MAX_KERNEL_SOCKETS,
+    PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE, PENDING_WRITTEN, PendingHeader,
+    Redirect, SOL_TCP, TCP_FASTOPEN_CONNECT, TCP_NOTSENT_LOWAT,
     text::{IP6_FIRST, IP6_GAP, IP6_NEXT, dec, groups, hex, ip6_plan, pack, zero_groups},
 };
 
@@ -91,6 +93,16 @@ static HAIRPIN_FRONTENDS: HashMap<FrontendKey, Redirect> =
 
 #[map(name = "HAIRPIN_COUNTERS")]
 static HAIRPIN_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+/// The dead-man switch: the agent's last heartbeat and the TTL (see
+/// [`hairpin_ebpf::MAP_HEARTBEAT`]). Read by the connect programs only.
+#[map(name = "HAIRPIN_HEARTBEAT")]
+static HAIRPIN_HEARTBEAT: Array<u64> = Array::with_max_entries(2, 0);
+
+/// The relay's listening sockets by listener address: a connect goes to a listener
+/// only while it is here (see [`hairpin_ebpf::MAP_RELAYS`]).
+#[map(name = "HAIRPIN_RELAYS")]
+static HAIRPIN_RELAYS: SockHash<FrontendKey> = SockHash::with_max_entries(MAX_FRONTENDS, 0);
 
 /// Established sockets of the kernel path whose header is not out yet, by socket
 /// cookie; [`hairpin_sk_msg`] runs on their writes. The loader sizes it.
@@ -187,7 +199,8 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
                 return 1;
             }
             // A v6 listener cannot serve an AF_INET socket: only v4 redirects apply here.
-            if to.family == AF_INET {
+            // A listener that is not listening (no agent) is no target: as before hairpin.
+            if to.family == AF_INET && relay_listening(&to) {
                 // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
                 // stores (a merged 64-bit store is rejected by the verifier).
                 unsafe {
@@ -266,7 +279,9 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
                 // Family mismatch: the agent never programs one; leave the socket alone.
                 _ => None,
             };
-            if let Some(addr) = addr {
+            if let Some(addr) = addr
+                && relay_listening(&to)
+            {
                 // SAFETY: writable context fields, one 32-bit store each (see connect4).
                 unsafe {
                     write_volatile(&mut sa.user_ip6[0], addr[0]);
@@ -302,7 +317,57 @@ fn lookup(sa: &bpf_sock_addr, key: &FrontendKey) -> Option<Redirect> {
         count(Counter::SkippedBypassMark);
         return None;
     }
+    if !alive() {
+        // No agent has beaten within the TTL: the datapath is abandoned, and a
+        // connect goes as before hairpin rather than to a relay no one runs or with
+        // a header no one keeps up to date.
+        count(Counter::Expired);
+        return None;
+    }
     Some(to)
+}
+
+/// Whether the agent's heartbeat is younger than its TTL. Both clocks are
+/// `CLOCK_MONOTONIC` (`bpf_ktime_get_ns`; not the boot clock, which counts suspend).
+/// A heartbeat slot that cannot be read, or was never written, is not alive.
+#[inline(always)]
+fn alive() -> bool {
+    let (Some(beat), Some(ttl)) = (
+        HAIRPIN_HEARTBEAT.get_ptr(HEARTBEAT_BEAT),
+        HAIRPIN_HEARTBEAT.get_ptr(HEARTBEAT_TTL),
+    ) else {
+        return false;
+    };
+    // SAFETY: valid slots of the array for this program run; the agent writes them
+    // whole (8-byte aligned stores).
+    let (beat, ttl) = unsafe { (read_volatile(beat), read_volatile(ttl)) };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    beat != 0 && now.wrapping_sub(beat) <= ttl
+}
+
+/// Whether the relay listener a connect would go to is listening: its socket is in
+/// [`HAIRPIN_RELAYS`], which the kernel empties of a listener as it closes. The
+/// lookup takes a reference on the socket, released at once.
+#[inline(always)]
+fn relay_listening(to: &Redirect) -> bool {
+    let key = FrontendKey {
+        addr: to.addr,
+        port: to.port,
+        family: to.family,
+        pad: 0,
+    };
+    // SAFETY: a sockhash lookup returns a referenced socket or null; a non-null one
+    // is released before the program returns, as the verifier requires.
+    unsafe {
+        let sk = bpf_map_lookup_elem(relays_map(), (&raw const key).cast());
+        if sk.is_null() {
+            count(Counter::RelayDown);
+            return false;
+        }
+        bpf_sk_release(sk);
+    }
+    true
 }
 
 #[inline(always)]
@@ -338,10 +403,10 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
         // SAFETY: a valid slot of the array for this program run.
         if unsafe { read_volatile(fill) } >= limit {
             count(Counter::KernelFallbackFull);
-            // Under load this is every new connect until a slot frees: info, and
-            // the counter says how many.
+            // Under load this is every new connect until a slot frees: the counter
+            // says how many.
             event!(
-                info,
+                debug,
                 "kernel_fallback_full: the sockets map is at its limit, the connect to {:i} port {} goes to the relay",
                 key.family,
                 key.addr,
@@ -350,22 +415,17 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
             return false;
         }
     }
-    if PERFMON {
-        // SAFETY: `sk` is always set for connect hooks; the helper takes any socket
-        // and returns the MPTCP socket a subflow belongs to, else null.
-        let msk = unsafe { bpf_skc_to_mptcp_sock(sa.__bindgen_anon_1.sk.cast()) };
-        if !msk.is_null() {
-            count(Counter::KernelFallbackMptcp);
-            // Every subflow of an MPTCP client: expected, so debug.
-            event!(
-                debug,
-                "kernel_fallback_mptcp: an MPTCP subflow to {:i} port {} goes to the relay",
-                key.family,
-                key.addr,
-                key.port
-            );
-            return false;
-        }
+    if is_mptcp_subflow::<PERFMON>(sa) {
+        count(Counter::KernelFallbackMptcp);
+        // Every subflow of an MPTCP client: expected, so debug.
+        event!(
+            debug,
+            "kernel_fallback_mptcp: an MPTCP subflow to {:i} port {} goes to the relay",
+            key.family,
+            key.addr,
+            key.port
+        );
+        return false;
     }
     if asked_fast_open(sa) || (PERFMON && tcp_sock_says_fast_open(sa)) {
         count(Counter::KernelFallbackFastOpen);
@@ -380,6 +440,36 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
         return false;
     }
     true
+}
+
+/// Whether the connecting socket is an MPTCP subflow (the connect hook sees the
+/// first subflow as plain TCP; a sockhash refuses it, so the kernel path could not
+/// write its header). With CAP_PERFMON `bpf_skc_to_mptcp_sock` says so; without it,
+/// the subflow's TCP_NOTSENT_LOWAT does: MPTCP sets it to `u32::MAX` on every
+/// subflow, and a plain TCP socket reads 0 until its application sets it (Linux 6.7
+/// or newer; earlier kernels read 0 and the subflow is a counted miss). An
+/// application that set `u32::MAX` itself is relayed too, which costs it nothing
+/// but the relay.
+#[inline(always)]
+fn is_mptcp_subflow<const PERFMON: bool>(sa: &bpf_sock_addr) -> bool {
+    if PERFMON {
+        // SAFETY: `sk` is always set for connect hooks; the helper takes any socket
+        // and returns the MPTCP socket a subflow belongs to, else null.
+        let msk = unsafe { bpf_skc_to_mptcp_sock(sa.__bindgen_anon_1.sk.cast()) };
+        return !msk.is_null();
+    }
+    let mut lowat: u32 = 0;
+    // SAFETY: the context of a connect hook, a 4-byte stack buffer of that length.
+    let read = unsafe {
+        bpf_getsockopt(
+            (sa as *const bpf_sock_addr).cast_mut().cast(),
+            SOL_TCP,
+            TCP_NOTSENT_LOWAT,
+            (&raw mut lowat).cast(),
+            4,
+        )
+    };
+    read == 0 && lowat == u32::MAX
 }
 
 /// Whether the socket set TCP_FASTOPEN_CONNECT since [`hairpin_setsockopt`] was
@@ -517,7 +607,7 @@ fn mark(ctx: &SockAddrContext, key: &FrontendKey, header: u8) -> bool {
     if p.is_null() {
         count(Counter::KernelFallbackRelay);
         event!(
-            warn,
+            debug,
             "kernel_fallback_relay: no socket storage could be created for the connect to {:i} port {}: it goes to the relay",
             key.family,
             key.addr,
@@ -535,6 +625,11 @@ fn mark(ctx: &SockAddrContext, key: &FrontendKey, header: u8) -> bool {
     p.state = PENDING_CONNECTING;
     count(Counter::KernelMarked);
     true
+}
+
+#[inline(always)]
+fn relays_map() -> *mut c_void {
+    (&raw const HAIRPIN_RELAYS).cast_mut().cast()
 }
 
 #[inline(always)]
@@ -595,8 +690,23 @@ fn established(ops: *mut bpf_sock_ops) {
         p.state = PENDING_NONE;
         count(Counter::KernelMissedDataFirst);
         event!(
-            info,
+            debug,
             "kernel_missed_data_first: data went with the SYN (TCP Fast Open) on a connection to {:i} port {}: no header",
+            p.family,
+            p.dst,
+            p.dst_port
+        );
+        return;
+    }
+    if !peer_is_marked_frontend(ops, p) {
+        // Disconnected (connect(AF_UNSPEC)) and connected elsewhere after the mark,
+        // or rewritten by a connect program after ours: the header named a frontend
+        // this connection does not reach.
+        p.state = PENDING_NONE;
+        count(Counter::KernelSkippedElsewhere);
+        event!(
+            debug,
+            "kernel_skipped_elsewhere: a socket marked for {:i} port {} connected elsewhere: no header",
             p.family,
             p.dst,
             p.dst_port
@@ -623,7 +733,7 @@ fn established(ops: *mut bpf_sock_ops) {
         p.state = PENDING_NONE;
         count(Counter::KernelMissedInsert);
         event!(
-            warn,
+            debug,
             "kernel_missed_insert: a connection to {:i} port {} could not enter the sockets map (error {}): no header",
             p.family,
             p.dst,
@@ -644,6 +754,38 @@ fn established(ops: *mut bpf_sock_ops) {
     }
 }
 
+/// Whether the established socket's peer is the frontend it was marked for. The
+/// socket keeps the address its connect named (kube-proxy's DNAT rewrites packets,
+/// not the socket), so a marked connection to the LB reads back the LB address.
+#[inline(always)]
+fn peer_is_marked_frontend(ops: *mut bpf_sock_ops, p: &PendingHeader) -> bool {
+    // SAFETY: context reads, one 32-bit load each (volatile: never merged).
+    let (port, ip4, ip6) = unsafe {
+        (
+            read_volatile(&(*ops).remote_port),
+            read_volatile(&(*ops).remote_ip4),
+            [
+                read_volatile(&(*ops).remote_ip6[0]),
+                read_volatile(&(*ops).remote_ip6[1]),
+                read_volatile(&(*ops).remote_ip6[2]),
+                read_volatile(&(*ops).remote_ip6[3]),
+            ],
+        )
+    };
+    // sock_ops' `remote_port` holds the port in network byte order in its upper 16
+    // bits (the kernel shifts it there on little-endian machines, the only ones BPF
+    // here builds for); `dst_port` holds the same 16 bits.
+    if (port >> 16) as u16 != p.dst_port {
+        return false;
+    }
+    if p.family == AF_INET {
+        // An AF_INET6 socket connected to ::ffff:a.b.c.d has its IPv4 peer here too.
+        ip4 == p.dst[0]
+    } else {
+        ip6 == p.dst
+    }
+}
+
 /// The socket closed while in the map: the map drops it, the fill follows.
 #[inline(always)]
 fn closed(ops: *mut bpf_sock_ops) {
@@ -657,7 +799,7 @@ fn closed(ops: *mut bpf_sock_ops) {
             // Bytes left that sk_msg never saw, and no RTT sample came to say so.
             count(Counter::KernelMissedDataFirst);
             event!(
-                info,
+                debug,
                 "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of, and closed: no header",
                 p.family,
                 p.dst,
@@ -689,7 +831,7 @@ fn rtt(ops: *mut bpf_sock_ops) {
         // waiting for the handshake, or a path sk_msg does not cover.
         count(Counter::KernelMissedDataFirst);
         event!(
-            info,
+            debug,
             "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of: no header",
             p.family,
             p.dst,
@@ -728,7 +870,7 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
     if len == 0 || len as usize > HEADER_ROOM {
         count(Counter::KernelMissedWrite);
         event!(
-            warn,
+            debug,
             "kernel_missed_write: the header of a connection to {:i} port {} could not be formatted: no header",
             p.family,
             p.dst,
@@ -741,7 +883,7 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
     if pushed != 0 {
         count(Counter::KernelMissedPush);
         event!(
-            warn,
+            debug,
             "kernel_missed_push: no room for the header of a connection to {:i} port {} (error {}): no header",
             p.family,
             p.dst,
@@ -768,7 +910,7 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
             bpf_msg_pop_data(msg, 0, len, 0);
             count(Counter::KernelMissedWrite);
             event!(
-                warn,
+                debug,
                 "kernel_missed_write: the header of a connection to {:i} port {} could not be copied: no header",
                 p.family,
                 p.dst,

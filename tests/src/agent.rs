@@ -4,12 +4,13 @@
 use std::{
     fs,
     path::PathBuf,
-    process::{Child, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
 use crate::{
     node::{NODE_IP4, NODE_IP6, SimNode},
+    pod::with_only_caps,
     sh::command_in,
 };
 
@@ -216,6 +217,28 @@ impl Agent {
         Agent::start_file(node, specs, cgroup, log_filter, extra, true)
     }
 
+    /// As [`Agent::start_with`], without waiting for it to get ready (an agent that
+    /// waits for the datapath, say).
+    pub fn spawn_with(node: &SimNode, specs: &[FrontendSpec], extra: &[&str]) -> Agent {
+        let frontends = node.dir.join("frontends.yaml");
+        fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let source = [
+            "--frontends",
+            frontends.to_str().expect("utf-8 path"),
+            "--allowed-clients",
+            SIM_POD_NETWORKS,
+        ];
+        let mut agent = Agent::spawn(
+            node,
+            &source,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            extra,
+        );
+        agent.frontends = frontends;
+        agent
+    }
+
     fn start_file(
         node: &SimNode,
         specs: &[FrontendSpec],
@@ -304,6 +327,10 @@ impl Agent {
             .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
             // The node's own bpf filesystem, not the machine's /sys/fs/bpf.
             .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
+            // The suites written for the relay path keep it: the agent's default is
+            // the kernel path (`auto`) now, and a test that wants it passes
+            // `--kernel-path`, which takes precedence over this variable.
+            .env("HAIRPIN_KERNEL_PATH", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
@@ -385,4 +412,124 @@ pub fn admin_get(node: &SimNode, path: &str) -> String {
 /// The `/status` document of `node`'s agent.
 pub fn status(node: &SimNode) -> serde_json::Value {
     serde_json::from_str(&admin_get(node, "/status")).expect("status is json")
+}
+
+/// The DaemonSet's capabilities (deploy/base/daemonset.yaml): no CAP_PERFMON, no
+/// CAP_SYS_ADMIN.
+pub const DAEMONSET_CAPS: [&str; 3] = ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
+
+/// The agent as [`Agent::start_with`] runs it, but with exactly `caps` (as the
+/// DaemonSet's securityContext grants them); killed on drop.
+pub struct CappedAgent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl CappedAgent {
+    /// Starts it on `node` with `specs` as its frontends file and `extra` flags, with
+    /// only `caps`; returns once it is ready.
+    pub fn start(
+        node: &SimNode,
+        specs: &[FrontendSpec],
+        extra: &[&str],
+        caps: &[&str],
+    ) -> CappedAgent {
+        use std::os::{fd::AsRawFd, unix::process::CommandExt};
+        let frontends = node.dir.join("frontends.yaml");
+        std::fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        let log = node.dir.join("agent.log");
+        let netns = std::fs::File::open(format!("/run/netns/{}", node.node_ns)).expect("netns");
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(node.agent_cgroup().join("cgroup.procs"))
+            .expect("the agent's cgroup");
+        let (netns_fd, procs_fd) = (netns.as_raw_fd(), procs.as_raw_fd());
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("run")
+            .arg("--frontends")
+            .arg(&frontends)
+            .args(["--allowed-clients", SIM_POD_NETWORKS, "--cgroup-path"])
+            .arg(&node.cgroup)
+            .args(["--node-ip", &format!("{NODE_IP4},{NODE_IP6}")])
+            .args(["--log", "hairpin_agent=debug,info"])
+            .args(extra)
+            .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+            .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"));
+        // SAFETY: setns and write on descriptors opened above, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Writing 0 moves the writing process itself.
+                if libc::write(procs_fd, b"0\n".as_ptr().cast(), 2) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // After joining the namespace, which needs CAP_SYS_ADMIN.
+        with_only_caps(&mut cmd, caps);
+        let child = cmd.spawn().expect("start hairpin-agent");
+        drop((netns, procs));
+        let agent = CappedAgent { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !agent.log().contains("agent ready") {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not get ready:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` to the agent.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
+            .expect("signal agent");
+    }
+
+    /// Waits for the agent to exit, at most `within`.
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait agent") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent still running after {within:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A `CapXxx:` line of its /proc status, as a mask.
+    pub fn caps(&self, which: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the agent's status");
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{which}:")))
+            .unwrap_or_else(|| panic!("no {which} in {status}"));
+        u64::from_str_radix(line.trim(), 16).expect("a hex mask")
+    }
+}
+
+impl Drop for CappedAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -490,8 +490,28 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     );
 
     drop(agent);
-    // No agent: its maps go (the kernel frees them after the last fd closes, deferred),
-    // and --map-id of a vanished map finds nothing.
+    // No agent: the datapath is pinned, so its maps stay and dump still reads them.
+    let kept = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]);
+    assert_eq!(kept.code, 0, "{kept:?}");
+    assert_eq!(
+        kept.json()["maps"][0]["entries"][0]["frontend"],
+        "203.0.113.10:80"
+    );
+    // `cleanup` removes it: the maps go (the kernel frees them after the last
+    // reference, deferred), and --map-id of a vanished map finds nothing.
+    let cleanup = run_cli(
+        &node,
+        &[
+            "cleanup",
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ],
+    );
+    assert_eq!(cleanup.code, 0, "{cleanup:?}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let gone = loop {
         let gone = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]);

@@ -24,16 +24,31 @@ use hairpin_tests::{
 /// A mark unlike hairpin's, so the foreign program is not bypassed by the relay.
 const FOREIGN_MARK: u32 = 0x99;
 
-fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> Datapath {
+/// The foreign program and what keeps its rewrites live.
+struct Foreign {
+    _datapath: Datapath,
+    _listening: std::net::TcpListener,
+}
+
+fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> Foreign {
     let object = embedded_object()
         .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
     let mut dp = Datapath::load(object, FOREIGN_MARK).expect("load the foreign program");
     dp.attach(&node.cgroup).expect("attach the foreign program");
+    // hairpin's connect programs rewrite only to a target whose listening socket is
+    // in their liveness map; the backends here listen in another namespace, so a
+    // listening socket of this process stands in for each of them.
+    let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("a listening socket");
     for (from, to) in rewrites {
         dp.insert(from.parse().expect("addr"), *to)
             .expect("foreign map entry");
+        dp.register_listener(*to, std::os::fd::AsFd::as_fd(&listening))
+            .expect("register the backend as listening");
     }
-    dp
+    Foreign {
+        _datapath: dp,
+        _listening: listening,
+    }
 }
 
 fn backend(port: u16) -> SocketAddr {
@@ -82,9 +97,24 @@ fn hairpin_attaches_beside_another_program_and_both_work() {
         "{lb:?}"
     );
 
-    // hairpin leaving (SIGTERM) takes only its own links away.
+    // hairpin leaving (SIGTERM keeps its datapath for the next agent; `cleanup`
+    // removes it) takes only its own links away.
     agent.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(agent.wait(std::time::Duration::from_secs(30)).success());
+    assert_eq!(node.attached_programs().matches("cgroup_inet").count(), 4);
+    let run = hairpin_tests::cli::run_cli(
+        &node,
+        &[
+            "cleanup",
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
     let after = node.attached_programs();
     assert_eq!(
         after.matches("cgroup_inet").count(),

@@ -35,11 +35,12 @@ macro_rules! require_privileges {
 /// Which path carries the proxied connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Path {
-    /// The default: the connect programs rewrite the destination to the agent's
-    /// relay, which connects upstream and writes the header.
+    /// `--kernel-path off`: the connect programs rewrite the destination to the
+    /// agent's relay, which connects upstream and writes the header.
     Relay,
-    /// `--kernel-path on`: the destination is left alone and the kernel writes the
-    /// header on the client's own socket, ahead of its first bytes.
+    /// The default configuration (`--kernel-path auto`, on this kernel: on): the
+    /// destination is left alone and the kernel writes the header on the client's
+    /// own socket, ahead of its first bytes.
     Kernel,
 }
 
@@ -47,8 +48,8 @@ impl Path {
     /// The agent's extra `run` arguments.
     fn args(self) -> &'static [&'static str] {
         match self {
-            Path::Relay => &[],
-            Path::Kernel => &["--kernel-path", "on"],
+            Path::Relay => &["--kernel-path", "off"],
+            Path::Kernel => &["--kernel-path", "auto"],
         }
     }
 
@@ -485,7 +486,7 @@ fn logged_counter(log: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {line}"))
 }
 
-fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before(path: Path) {
+fn after_kill_9_traffic_is_never_broken_and_cleanup_leaves_it_as_before(path: Path) {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
@@ -512,18 +513,53 @@ fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before(path: Path) {
 
     agent.signal(Signal::SIGKILL);
     agent.wait(Duration::from_secs(10));
-    // Link release is synchronous with the last fd closing, but be patient with the
-    // kernel's deferred cleanup of the process's files.
-    let gone = |a: &str| !a.contains("connect") && !a.contains("sock_ops");
-    let mut attached = node.attached_programs();
-    for _ in 0..50 {
-        if gone(&attached) {
-            break;
+    // The pinned links stay for the next agent. The kernel path needs no process:
+    // pod and node still get their header. The relay is gone, and a connect is sent
+    // to a listener only while it listens: traffic goes as before hairpin, neither
+    // refused nor hung.
+    assert_eq!(node.attached_programs(), attached);
+    let replies = [
+        (
+            "pod",
+            POD_IP4,
+            from_pod(&node, &url("203.0.113.10", 80, "/")),
+        ),
+        (
+            "node",
+            path.host_client(false),
+            from_host(&node, &url("203.0.113.10", 80, "/")),
+        ),
+    ];
+    for (who, client, reply) in &replies {
+        match path {
+            Path::Kernel => assert_true_client(who, reply, client, "203.0.113.10", &agent),
+            Path::Relay => assert_eq!(
+                reply.code, 52,
+                "{who}: pre-hairpin behaviour expected: {reply:?}"
+            ),
         }
-        std::thread::sleep(Duration::from_millis(20));
-        attached = node.attached_programs();
     }
-    assert!(gone(&attached), "still attached after SIGKILL: {attached}");
+    // `cleanup` removes the datapath: nothing attached, traffic as before hairpin.
+    let run = hairpin_tests::cli::run_cli(
+        &node,
+        &[
+            "cleanup",
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let attached = node.attached_programs();
+    assert!(
+        !attached.contains("connect") && !attached.contains("sock_ops"),
+        "still attached after cleanup: {attached}"
+    );
     for (who, reply) in [
         ("pod", from_pod(&node, &url("203.0.113.10", 80, "/"))),
         ("node", from_host(&node, &url("203.0.113.10", 80, "/"))),
@@ -533,11 +569,12 @@ fn after_kill_9_nothing_stays_attached_and_traffic_is_as_before(path: Path) {
             "{who}: pre-hairpin behaviour expected: {reply:?}"
         );
     }
+    let broken = if path == Path::Kernel { 2 } else { 4 };
     let errors = eventually(
         || nginx_error_log(&node),
-        |e| e.matches("broken header").count() == 2,
+        |e| e.matches("broken header").count() == broken,
     );
-    assert_eq!(errors.matches("broken header").count(), 2, "{errors}");
+    assert_eq!(errors.matches("broken header").count(), broken, "{errors}");
 }
 
 fn sigterm_lets_an_in_flight_transfer_complete(path: Path) {
@@ -569,13 +606,24 @@ fn sigterm_lets_an_in_flight_transfer_complete(path: Path) {
     path.assert_carried(&node, &before, 1, &agent);
     std::thread::sleep(Duration::from_millis(500));
     agent.signal(Signal::SIGTERM);
-    agent.wait_for_log("redirects removed", Duration::from_secs(5));
-    // While draining, new connects already take the pre-hairpin path.
+    // A rollout: the datapath is kept for the next agent.
+    agent.wait_for_log("datapath kept", Duration::from_secs(5));
+    agent.wait_for_log("draining", Duration::from_secs(5));
+    // The accept loops close their listeners as they see the stop, just after.
+    std::thread::sleep(Duration::from_millis(300));
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_eq!(
-        fresh.code, 52,
-        "new connections must not be proxied while draining: {fresh:?}"
-    );
+    match path {
+        // The relay stopped listening as it began to drain: a new connect is not sent
+        // to it and takes the pre-hairpin path.
+        Path::Relay => assert_eq!(
+            fresh.code, 52,
+            "new connections must not reach a draining relay: {fresh:?}"
+        ),
+        // The kernel path needs no process: a new connect still gets its header.
+        Path::Kernel => {
+            assert_true_client("pod, draining", &fresh, POD_IP4, "203.0.113.10", &agent)
+        }
+    }
     let status = curl.wait().expect("curl");
     assert!(
         status.success(),
@@ -708,7 +756,7 @@ on_both_paths!(
     pod_and_node_requests_carry_the_true_client_through_nftables_dnat,
     destinations_that_are_not_proxied_are_untouched,
     no_loop_each_connection_is_carried_once,
-    after_kill_9_nothing_stays_attached_and_traffic_is_as_before,
+    after_kill_9_traffic_is_never_broken_and_cleanup_leaves_it_as_before,
     sigterm_lets_an_in_flight_transfer_complete,
     a_client_sending_its_own_proxy_header_cannot_spoof_its_address,
     a_server_first_frontend_works_through_the_relay,

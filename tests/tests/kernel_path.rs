@@ -15,13 +15,10 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{
-        Agent, FrontendSpec, SIM_POD_NETWORKS, admin_get, agent_bin, all_frontends, frontends_yaml,
-        status,
-    },
+    agent::{Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, status},
     client::{Reply, assert_true_client, from_host, from_pod, url},
-    node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
-    pod::{cap_number, with_only_caps},
+    node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
+    pod::cap_number,
     privileges::datapath_tests_can_run,
     servers::{
         BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
@@ -416,95 +413,6 @@ fn the_kernels_header_bytes_equal_the_relays_encoder() {
     assert_no_misses(&s);
 }
 
-/// The DaemonSet's capabilities (deploy/base/daemonset.yaml): no CAP_PERFMON, no
-/// CAP_SYS_ADMIN.
-const DAEMONSET_CAPS: [&str; 3] = ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
-
-/// The agent as [`Agent::start_with`] runs it, but with exactly `caps`; killed on drop.
-struct CappedAgent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl CappedAgent {
-    fn start(node: &SimNode, specs: &[FrontendSpec], extra: &[&str], caps: &[&str]) -> CappedAgent {
-        use std::os::{fd::AsRawFd, unix::process::CommandExt};
-        let frontends = node.dir.join("frontends.yaml");
-        std::fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
-        let log = node.dir.join("agent.log");
-        let netns = std::fs::File::open(format!("/run/netns/{}", node.node_ns)).expect("netns");
-        let procs = std::fs::OpenOptions::new()
-            .write(true)
-            .open(node.agent_cgroup().join("cgroup.procs"))
-            .expect("the agent's cgroup");
-        let (netns_fd, procs_fd) = (netns.as_raw_fd(), procs.as_raw_fd());
-        let mut cmd = Command::new(agent_bin());
-        cmd.arg("run")
-            .arg("--frontends")
-            .arg(&frontends)
-            .args(["--allowed-clients", SIM_POD_NETWORKS, "--cgroup-path"])
-            .arg(&node.cgroup)
-            .args(["--node-ip", &format!("{NODE_IP4},{NODE_IP6}")])
-            .args(["--log", "hairpin_agent=debug,info"])
-            .args(extra)
-            .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
-            .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("agent log"));
-        // SAFETY: setns and write on descriptors opened above, async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Writing 0 moves the writing process itself.
-                if libc::write(procs_fd, b"0\n".as_ptr().cast(), 2) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        // After joining the namespace, which needs CAP_SYS_ADMIN.
-        with_only_caps(&mut cmd, caps);
-        let child = cmd.spawn().expect("start hairpin-agent");
-        drop((netns, procs));
-        let agent = CappedAgent { child, log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !agent.log().contains("agent ready") {
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not get ready:\n{}",
-                agent.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        agent
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// A `CapXxx:` line of its /proc status, as a mask.
-    fn caps(&self, which: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("the agent's status");
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{which}:")))
-            .unwrap_or_else(|| panic!("no {which} in {status}"));
-        u64::from_str_radix(line.trim(), 16).expect("a hex mask")
-    }
-}
-
-impl Drop for CappedAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and_v2_headers() {
     require_privileges!();
@@ -760,14 +668,18 @@ fn an_established_keep_alive_connection_keeps_answering_after_the_agent_is_kille
     let _nginx = start_nginx(&node);
     let (first, second, agent, _) = answers_across(&node, KERNEL_PATH_ON, Stop::Kill);
     assert_survived(&first, second.as_deref(), &agent);
-    // And the agent left nothing attached: no connect, no sock_ops program.
-    assert_nothing_attached(&node);
-    // A new connection takes the pre-hairpin path, as before hairpin.
+    // The datapath outlives the agent: its pinned links stay attached, and a new
+    // connection still gets its header from the kernel, with no agent running.
+    let attached = node.attached_programs();
+    assert!(
+        attached.contains("connect") && attached.contains("sock_ops"),
+        "{attached}"
+    );
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
+    assert_true_client("pod, no agent", &fresh, POD_IP4, "203.0.113.10", &agent);
     let pod_lines = |a: &str| a.matches(&format!("pp_client={POD_IP4}:")).count();
-    let access = eventually(|| nginx_access_log(&node), |a| pod_lines(a) == 2);
-    assert_eq!(pod_lines(&access), 2, "{access}");
+    let access = eventually(|| nginx_access_log(&node), |a| pod_lines(a) == 3);
+    assert_eq!(pod_lines(&access), 3, "{access}");
 }
 
 #[test]
@@ -781,7 +693,9 @@ fn a_keep_alive_connection_outlives_a_killed_and_restarted_agent_and_a_graceful_
     let next = next.expect("the restarted agent");
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_true_client("pod", &fresh, POD_IP4, "203.0.113.10", &next);
-    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 1);
+    // The counters are the node datapath's, pinned with it: the killed agent's first
+    // request and this one.
+    assert_eq!(kernel_counter(&status(&node), "kernel_headers_written"), 2);
     drop(next);
 
     // A rollout: SIGTERM, the agent drains and exits.
@@ -1679,9 +1593,19 @@ fn sigterm_waits_for_an_established_socket_to_write_its_header() {
     require_privileges!();
     let node = capture_node();
     let drain_timeout = Duration::from_secs(10);
+    // Without a pin the datapath goes with the agent: SIGTERM detaches the connect
+    // programs and waits for the sockets map to empty (with one, it is kept for the
+    // next agent and nothing waits).
     let (mut agent, captured, dir, mut client) = agent_and_a_late_writer(
         &node,
-        &["--kernel-path", "on", "--drain-timeout", "10s"],
+        &[
+            "--kernel-path",
+            "on",
+            "--drain-timeout",
+            "10s",
+            "--bpf-pin-dir",
+            "none",
+        ],
         1,
         "late",
     );
@@ -1792,28 +1716,28 @@ fn without_a_pin_sigterm_gives_up_at_the_drain_timeout_and_says_a_socket_goes_wi
 enum Leave {
     /// SIGKILL (as an OOM kill or a node-level crash).
     Kill,
-    /// SIGTERM with a drain timeout shorter than the socket waits.
-    TermPastTheDeadline,
+    /// SIGTERM (a rollout).
+    Term,
 }
 
 /// An established pod socket that has not written when the agent goes away as
-/// `leave` says: the pinned sockets map keeps it, with sk_msg, so its late write gets
-/// the exact header; nothing stays attached at the cgroup, so a new connect goes the
-/// pre-hairpin way; a new agent adopts the pin and removes it once the socket closes,
-/// and the kernel frees the map.
-fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
+/// `leave` says: the pinned datapath keeps its sockets map and sk_msg, so its late
+/// write gets the exact header; the links stay too, so a new connect gets its header
+/// as well; the next agent adopts it all.
+fn a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(leave: Leave) {
     let node = capture_node();
     let (mut agent, captured, dir, mut client) = agent_and_a_late_writer(
         &node,
         &["--kernel-path", "on", "--drain-timeout", "1s"],
-        2,
+        3,
         "late",
     );
     let s = status(&node);
-    let map_id = s["kernel_path"]["sockets_map_id"]
-        .as_u64()
-        .expect("the sockets map's id");
-    let pin = node.pin_dir().join(format!("sockets-{map_id}"));
+    let pin = node
+        .pin_dir()
+        .join("v1")
+        .join("maps")
+        .join("HAIRPIN_SOCKETS");
     assert_eq!(
         s["kernel_path"]["sockets_map_pin"].as_str(),
         pin.to_str(),
@@ -1826,94 +1750,68 @@ fn a_socket_left_unwritten_gets_its_header_from_the_pinned_map(leave: Leave) {
             agent.signal(Signal::SIGKILL);
             let _ = agent.wait(Duration::from_secs(10));
         }
-        Leave::TermPastTheDeadline => {
+        Leave::Term => {
             agent.signal(Signal::SIGTERM);
             let status = agent.wait(Duration::from_secs(10));
             assert!(status.success(), "{}", agent.log());
             let log = agent.log();
-            assert!(
-                log.contains("keep their header through the pinned sockets map")
-                    && log.contains("once they are gone unwritten=1")
-                    && log.contains("kernel_unwritten=1")
-                    && !log.contains("without their PROXY header"),
-                "{log}"
-            );
+            assert!(log.contains("datapath kept"), "{log}");
+            assert!(!log.contains("without their PROXY header"), "{log}");
         }
     }
-    // Nothing of the agent's stays attached at the cgroup.
-    assert_nothing_attached(&node);
-    // The map is still there, kept by its pin; the time the kernel would take to free
-    // it (see the test without a pin) goes by first.
     std::thread::sleep(Duration::from_secs(1));
-    assert!(map_exists(map_id), "the pinned map went with the agent");
     std::fs::write(dir.join("go"), "").expect("go");
     let got = captured
         .recv_timeout(Duration::from_secs(5))
         .unwrap_or_else(|_| panic!("nothing captured\nagent:\n{}", agent.log()));
     assert_late_writers_header(
         &got,
-        "the late write must get its header from the pinned map",
+        "the late write must get its header from the pinned datapath",
         &agent.log(),
     );
     assert_late_writer_answered(&dir);
-    // A connect made now is not marked: it goes the pre-hairpin way, no header.
+    // A connect made now, with no agent, is marked all the same.
     let fresh = from_pod(&node, &url(CAPTURE_LB4, 80, "/"));
     let got = captured
         .recv_timeout(Duration::from_secs(5))
         .unwrap_or_else(|_| panic!("the fresh connect was not captured: {fresh:?}"));
-    assert!(got.starts_with(b"GET / "), "{}", got.escape_ascii());
-    // The next agent finds the pin and removes it once the socket has closed.
-    let mut next = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
-    next.wait_for_log("an earlier agent's sockets map", Duration::from_secs(10));
+    assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
     let _ = client.kill();
     let _ = client.wait();
-    next.wait_for_log(
-        "an earlier agent's sockets map is empty: unpinned",
-        Duration::from_secs(10),
-    );
-    assert!(!pin.exists(), "{}", next.log());
-    let gone = Instant::now();
-    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!map_exists(map_id), "the kernel must free the unpinned map");
-    // The next agent's own map is pinned beside where the old one was.
-    let s = status(&node);
-    let own = s["kernel_path"]["sockets_map_pin"]
-        .as_str()
-        .expect("the next agent pins its own map");
-    assert!(
-        Path::new(own).exists() && own != pin.to_str().unwrap_or(""),
-        "{s}"
-    );
+    // The next agent adopts the datapath: the same pinned sockets map.
+    let mut next = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
+    next.wait_for_log("adopted the pinned link", Duration::from_secs(10));
+    assert!(pin.exists(), "{}", next.log());
 }
 
 #[test]
-fn a_socket_not_yet_written_when_the_agent_is_killed_gets_its_header_from_the_pinned_map() {
+fn a_socket_not_yet_written_when_the_agent_is_killed_gets_its_header_from_the_pinned_datapath() {
     require_privileges!();
-    a_socket_left_unwritten_gets_its_header_from_the_pinned_map(Leave::Kill);
+    a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(Leave::Kill);
 }
 
 #[test]
-fn a_socket_not_yet_written_at_the_sigterm_deadline_gets_its_header_from_the_pinned_map() {
+fn a_socket_not_yet_written_when_the_agent_exits_on_sigterm_gets_its_header_from_the_pinned_datapath()
+ {
     require_privileges!();
-    a_socket_left_unwritten_gets_its_header_from_the_pinned_map(Leave::TermPastTheDeadline);
+    a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(Leave::Term);
 }
 
 #[test]
-fn cleanup_removes_a_killed_agents_pinned_map_and_the_kernel_frees_it() {
+fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin() {
     require_privileges!();
     let node = capture_node();
-    let mut agent = Agent::start_with(&node, &capture_v1(), KERNEL_PATH_ON);
+    let _nginx = start_nginx(&node);
+    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
     let map_id = status(&node)["kernel_path"]["sockets_map_id"]
         .as_u64()
         .expect("the sockets map's id");
-    let pin = node.pin_dir().join(format!("sockets-{map_id}"));
-    assert!(pin.exists(), "{}", agent.log());
     agent.signal(Signal::SIGKILL);
     let _ = agent.wait(Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(1));
     assert!(map_exists(map_id), "kept by its pin");
+    let attached = node.attached_programs();
+    assert!(attached.contains("connect"), "{attached}");
     let run = hairpin_tests::cli::run_cli(
         &node,
         &[
@@ -1940,17 +1838,36 @@ fn cleanup_removes_a_killed_agents_pinned_map_and_the_kernel_frees_it() {
             )
         })
         .collect();
-    let want = [
-        ("pinned-map".to_string(), "removed".to_string()),
-        ("pinned-maps".to_string(), "removed".to_string()),
-    ];
-    assert_eq!(steps, want, "{}", run.stdout);
+    let count = |name: &str| {
+        steps
+            .iter()
+            .filter(|(n, o)| n == name && o == "removed")
+            .count()
+    };
+    // Five links (detached, then unpinned), five programs, eight maps, the layout
+    // directory and the pin directory.
+    assert_eq!(
+        (
+            count("pinned-link"),
+            count("pinned-program"),
+            count("pinned-map"),
+            count("pinned-layout"),
+            count("pinned-maps")
+        ),
+        (5, 5, 8, 1, 1),
+        "{}",
+        run.stdout
+    );
+    assert!(steps.iter().all(|(_, o)| o == "removed"), "{}", run.stdout);
     assert!(!node.pin_dir().exists());
+    assert_nothing_attached(&node);
     let gone = Instant::now();
     while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!map_exists(map_id), "the kernel must free the unpinned map");
+    let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
 }
 
 #[test]
@@ -1988,20 +1905,20 @@ fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_i
         ],
     );
     let s = status(&node);
-    let map_id = s["kernel_path"]["sockets_map_id"]
-        .as_u64()
-        .expect("the sockets map's id");
-    let name = format!("sockets-{map_id}");
+    let map = Path::new("v1").join("maps").join("HAIRPIN_SOCKETS");
     assert_eq!(
         s["kernel_path"]["sockets_map_pin"].as_str(),
-        in_pod.join(&name).to_str(),
+        in_pod.join(&map).to_str(),
         "{s}\n{}",
         agent.log()
     );
-    assert!(
-        host_dir.join(&name).exists(),
-        "the pin is on the host's side"
-    );
+    for pin in [map.clone(), Path::new("v1").join("links").join("connect4")] {
+        assert!(
+            host_dir.join(&pin).exists(),
+            "{} is on the host's side",
+            pin.display()
+        );
+    }
     agent.signal(Signal::SIGTERM);
     assert!(
         agent.wait(Duration::from_secs(10)).success(),
@@ -2009,8 +1926,8 @@ fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_i
         agent.log()
     );
     assert!(
-        !host_dir.join(&name).exists(),
-        "a drained agent unpins its map"
+        host_dir.join(&map).exists(),
+        "a rollout's SIGTERM keeps the datapath for the next agent"
     );
 }
 
@@ -2038,7 +1955,7 @@ fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned()
     assert!(
         agent
             .log()
-            .contains("the sockets map is not pinned: sockets established but not yet written"),
+            .contains("the datapath is not pinned: it goes with this process"),
         "{}",
         agent.log()
     );
@@ -2072,11 +1989,12 @@ fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_pat
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    // `--log info`, the agent's default.
+    // Per-connect events are debug: asked for here (`--log info`, the default,
+    // shows none of them).
     let agent = Agent::start_logging(
         &node,
         &all_frontends(),
-        "info",
+        "info,hairpin_ebpf=debug",
         &["--kernel-path", "on", "--kernel-path-sockets", "1"],
     );
     // An established connection that has not written yet holds the one slot.
@@ -2098,7 +2016,7 @@ fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_pat
     let events = program_events(&log);
     assert_eq!(events.len(), 1, "{log}");
     assert!(
-        events[0].contains(" INFO ")
+        events[0].contains(" DEBUG ")
             && events[0].contains("kernel_fallback_full")
             && events[0].contains("203.0.113.10 port 80"),
         "{log}"
@@ -2115,11 +2033,13 @@ fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_pat
     assert_eq!(program_events(&agent.log()).len(), 1, "{}", agent.log());
     drop(agent);
 
-    // The relay path: a redirected connect logs nothing at the default level.
-    let agent = Agent::start_logging(&node, &all_frontends(), "info", &[]);
+    // The relay path: a redirected connect logs nothing at the default level. (The
+    // counters are the node datapath's, adopted from the agent before.)
+    let agent = Agent::start_logging(&node, &all_frontends(), "info", &["--kernel-path", "off"]);
+    let before = kernel_counter(&status(&node), "redirected");
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
-    assert_eq!(kernel_counter(&status(&node), "redirected"), 1);
+    assert_eq!(kernel_counter(&status(&node), "redirected"), before + 1);
     std::thread::sleep(Duration::from_millis(300));
     assert!(program_events(&agent.log()).is_empty(), "{}", agent.log());
 }
@@ -2203,4 +2123,87 @@ fn the_header_and_a_first_write_that_fits_a_page_leave_in_one_segment() {
     let s = status(&node);
     assert_eq!(kernel_counter(&s, "kernel_headers_written"), 8, "{s}");
     assert_no_misses(&s);
+}
+
+// ==== Issue 21: `path: relay` (hairpin.dev/path) ===================================
+//
+// A frontend that asks for the relay takes it on a node where the kernel path is on
+// (by `--kernel-path auto`, the default), while the other frontends keep the kernel
+// path; the relay's header names the true client, and dump and status say why.
+
+/// The nginx LBs over IPv4, v1 and v2, the v2 one asking for the relay.
+const PATH_RELAY_FRONTENDS: &str = "frontends:\n\
+    - ip: \"203.0.113.10\"\n  ports: [80]\n  proxyProtocol: v1\n\
+    - ip: \"203.0.113.12\"\n  ports: [80]\n  proxyProtocol: v2\n  path: relay\n";
+
+#[test]
+fn a_frontend_asking_for_the_relay_is_relayed_on_a_kernel_path_node() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    // The agent's default, spelled out: the test harness runs the relay by default.
+    let agent =
+        Agent::start_with_frontends_yaml(&node, PATH_RELAY_FRONTENDS, &["--kernel-path", "auto"]);
+    let why = "relay: the Service asks for it (hairpin.dev/path: relay)";
+    let s = wait_frontend_reason(&node, ("203.0.113.12", 80), Some(why));
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}");
+    assert_eq!(s["kernel_path"]["configured"], "auto", "{s}");
+    let by_addr = |ip: &str| {
+        s["frontends"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["ip"] == ip && f["port"] == 80))
+            .cloned()
+            .unwrap_or_else(|| panic!("no frontend {ip}:80: {s}"))
+    };
+    assert_eq!(by_addr("203.0.113.12")["path"], "ebpf", "{s}");
+    assert_eq!(by_addr("203.0.113.10")["path"], "kernel", "{s}");
+
+    let before = status(&node);
+    let relayed = from_pod(&node, &url("203.0.113.12", 80, "/"));
+    assert_true_client("pod", &relayed, POD_IP4, "203.0.113.12", &agent);
+    let kernel = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_true_client("pod", &kernel, POD_IP4, "203.0.113.10", &agent);
+    let after = status(&node);
+    let delta = |name: &str| kernel_counter(&after, name) - kernel_counter(&before, name);
+    assert_eq!(
+        delta("redirected"),
+        1,
+        "the path: relay connection: {after}"
+    );
+    assert_eq!(
+        delta("kernel_marked"),
+        1,
+        "only the auto one is marked: {after}"
+    );
+    assert_eq!(delta("kernel_headers_written"), 1, "{after}");
+    assert_no_misses(&after);
+    assert!(!nginx_error_log(&node).contains("broken header"));
+
+    let dump = Command::new(hairpin_tests::agent::agent_bin())
+        .args(["dump", "--output", "json"])
+        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
+        .output()
+        .expect("run dump");
+    let dump: Value = serde_json::from_slice(&dump.stdout).expect("dump json");
+    let entries: Vec<(String, String)> = dump["maps"]
+        .as_array()
+        .expect("maps")
+        .iter()
+        .filter_map(|m| m["entries"].as_array())
+        .flatten()
+        .map(|e| {
+            (
+                e["frontend"].as_str().unwrap_or("").to_string(),
+                e["path"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        entries.contains(&("203.0.113.12:80".into(), "relay (hairpin.dev/path)".into())),
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&("203.0.113.10:80".into(), "kernel v1".into())),
+        "{entries:?}"
+    );
 }

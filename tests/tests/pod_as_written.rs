@@ -70,6 +70,14 @@ fn host_source(node: &SimNode, host_path: &str, host_type: &str) -> PathBuf {
             std::fs::create_dir_all(&p).expect("run dir");
             p
         }
+        // hairpin's directory of the host's bpf filesystem (the kernel path's pins):
+        // the node's own bpffs, so nothing lands in the machine's /sys/fs/bpf.
+        "/sys/fs/bpf/hairpin" => {
+            assert_eq!(host_type, "DirectoryOrCreate");
+            let p = node.pin_dir();
+            std::fs::create_dir_all(&p).expect("pin dir");
+            p
+        }
         other => panic!("the DaemonSet mounts {other}, which has no stand-in here"),
     }
 }

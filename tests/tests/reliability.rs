@@ -91,7 +91,12 @@ fn ten_thousand_connections_held_open_at_once() {
         &node,
         &[spec(LOAD_LB4, "v1")],
         "info",
-        &["--max-connections-per-source", &per_source],
+        &[
+            "--max-connections-per-source",
+            &per_source,
+            "--kernel-path",
+            "off",
+        ],
     );
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(300));
@@ -179,7 +184,7 @@ fn a_million_connections_in_a_burst_without_an_error() {
         .unwrap_or(1_000_000);
     let node = load_node();
     let _upstream = start_upstream(&node);
-    let agent = Agent::start_logging(&node, &[spec(LOAD_LB4, "v2")], "info", &[]);
+    let agent = Agent::start_logging(&node, &[spec(LOAD_LB4, "v2")], "info", RELAY);
     let pid = agent.pid();
     std::thread::sleep(Duration::from_millis(300));
     let base = footprint(pid);
@@ -251,7 +256,7 @@ fn an_upstream_reset_mid_stream_reaches_the_client_at_once() {
     require_privileges!();
     let node = SimNode::with_lbs(&load_lbs());
     let _upstream = start_upstream(&node);
-    let agent = Agent::start(&node, &[spec(LOAD_LB4, "v1"), spec(LOAD_LB6, "v2")]);
+    let agent = Agent::start_with(&node, &[spec(LOAD_LB4, "v1"), spec(LOAD_LB6, "v2")], RELAY);
     let pid = agent.pid();
     let base = footprint(pid);
     const ROUNDS: usize = 10;
@@ -301,7 +306,7 @@ fn a_client_vanishing_mid_stream_closes_the_upstream_side() {
     require_privileges!();
     let node = SimNode::with_lbs(&load_lbs());
     let _upstream = start_upstream(&node);
-    let agent = Agent::start(&node, &[spec(LOAD_LB4, "v1")]);
+    let agent = Agent::start_with(&node, &[spec(LOAD_LB4, "v1")], RELAY);
     let pid = agent.pid();
     let base = footprint(pid);
     let target = addr(LOAD_LB4, 80);
@@ -371,7 +376,11 @@ fn idle_connections_of_a_black_holed_client_are_dropped_by_keepalive() {
     require_privileges!();
     let node = SimNode::with_lbs(&load_lbs());
     let _upstream = start_upstream(&node);
-    let agent = Agent::start_with(&node, &[spec(LOAD_LB4, "v1")], &["--relay-keepalive", "1s"]);
+    let agent = Agent::start_with(
+        &node,
+        &[spec(LOAD_LB4, "v1")],
+        &["--relay-keepalive", "1s", "--kernel-path", "off"],
+    );
     let base = footprint(agent.pid());
     let target = addr(LOAD_LB4, 80);
     let mut idle = pod_client(&node, &["hold", &target, "20", "1", POD_IP4]);
@@ -422,30 +431,25 @@ fn wait_until(within: Duration, mut probe: impl FnMut() -> bool) -> Option<Durat
     None
 }
 
-/// Waits until nothing of ours is attached at the node's cgroup, as bpftool shows it.
-fn wait_detached(node: &SimNode) -> String {
-    let mut attached = node.attached_programs();
-    for _ in 0..250 {
-        if !attached.contains("connect") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        attached = node.attached_programs();
-    }
-    attached
-}
+/// The relay path, which these cases load.
+const RELAY: &[&str] = &["--kernel-path", "off"];
 
-/// SIGKILL in the middle of a transfer (the idle case is datapath.rs's
-/// `after_kill_9_nothing_stays_attached_and_traffic_is_as_before`): the client's
-/// transfer ends at once instead of hanging, the upstream side closes, the kernel
-/// links go with the process (bpftool), and new connects take the pre-hairpin path.
+/// SIGKILL in the middle of a relayed transfer (the idle case is datapath.rs's
+/// `after_kill_9_traffic_is_never_broken_and_cleanup_leaves_it_as_before`): the
+/// client's transfer ends at once instead of hanging, the upstream side closes, the
+/// pinned links stay for the next agent (bpftool), and since no relay listens, new
+/// connects take the pre-hairpin path.
 #[test]
-fn sigkill_mid_transfer_ends_the_transfer_and_leaves_nothing_attached() {
+fn sigkill_mid_transfer_ends_the_transfer_and_new_connects_go_as_before_hairpin() {
     require_privileges!();
     let node = SimNode::with_lbs(&load_lbs());
     let _upstream = start_upstream(&node);
     let _nginx = start_nginx(&node);
-    let mut agent = Agent::start(&node, &[spec(LOAD_LB4, "v1"), spec("203.0.113.10", "v1")]);
+    let mut agent = Agent::start_with(
+        &node,
+        &[spec(LOAD_LB4, "v1"), spec("203.0.113.10", "v1")],
+        RELAY,
+    );
     let attached = node.attached_programs();
     assert_eq!(
         attached.matches("cgroup_inet4_connect").count(),
@@ -469,7 +473,7 @@ fn sigkill_mid_transfer_ends_the_transfer_and_leaves_nothing_attached() {
     let upstream_closed = wait_until(Duration::from_secs(5), || {
         held_connections(&node.ingress_ns, UPSTREAM_PORT) == 0
     });
-    let attached = wait_detached(&node);
+    let attached = node.attached_programs();
     let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
 
     eprintln!(
@@ -487,8 +491,8 @@ fn sigkill_mid_transfer_ends_the_transfer_and_leaves_nothing_attached() {
         "the upstream side outlived the agent"
     );
     assert!(
-        !attached.contains("connect"),
-        "still attached after SIGKILL: {attached}"
+        attached.contains("connect"),
+        "the pinned links stay for the next agent: {attached}"
     );
     assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
     assert!(nginx_error_log(&node).contains("broken header"));
@@ -504,18 +508,16 @@ fn a_restarted_agent_relays_again_within_a_second_of_its_start() {
     let node = SimNode::with_lbs(&load_lbs());
     let _upstream = start_upstream(&node);
     let specs = [spec(LOAD_LB4, "v1")];
-    let mut agent = Agent::start(&node, &specs);
+    let mut agent = Agent::start_with(&node, &specs, RELAY);
     let target = addr(LOAD_LB4, 80);
     let mut took = Vec::new();
     for _ in 0..3 {
         agent.signal(Signal::SIGKILL);
         agent.wait(Duration::from_secs(10));
-        let attached = wait_detached(&node);
-        assert!(!attached.contains("connect"), "{attached}");
         let mut probe = pod_client(&node, &["probe", &target, "20000", POD_IP4]);
         assert_eq!(probe.line(), "probing");
         let spawned = monotonic_ns();
-        agent = Agent::start(&node, &specs);
+        agent = Agent::start_with(&node, &specs, RELAY);
         let ok = probe.line();
         probe.wait_success(Duration::from_secs(5));
         let at: u128 = ok
@@ -692,9 +694,10 @@ fn a_frontend_whose_listener_cannot_bind_is_skipped_and_fails_open() {
     let squat = format!("{RELAY_IP4}:47000");
     let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
     assert_eq!(squatter.line(), "listening");
-    let mut agent = Agent::start(
+    let mut agent = Agent::start_with(
         &node,
         &[spec("203.0.113.10", "v1"), spec("203.0.113.12", "v2")],
+        RELAY,
     );
     // Back to the default so upstream connects and clients have ports again.
     range("32768 60999");

@@ -27,6 +27,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("wrk", "/usr/bin/wrk"),
     // `kubectl kustomize` renders deploy/ in the tests; this machine kind ships it.
     ("kubectl", "/usr/bin/kubectl"),
+    // The real-client matrix (tests/tests/real_clients.rs): clients in the languages
+    // and socket styles workloads use.
+    ("wget", "/usr/bin/wget"),
+    ("openssl", "/usr/bin/openssl"),
+    ("nodejs", "/usr/bin/node"),
+    ("openjdk-17-jdk-headless", "/usr/bin/java"),
     // promtool checks and unit-tests the monitoring component's alerting rules.
     ("prometheus", "/usr/bin/promtool"),
 ];

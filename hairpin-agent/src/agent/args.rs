@@ -6,7 +6,12 @@ use std::{
     time::Duration,
 };
 
-use crate::{k8s::coredns::CorednsMode, model::KernelPathMode, model::Mode, model::ProxyVersion};
+use crate::{
+    k8s::coredns::{CorednsMode, ObjectName},
+    model::KernelPathMode,
+    model::Mode,
+    model::ProxyVersion,
+};
 
 /// Options of `run`.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,6 +34,14 @@ pub struct RunArgs {
     /// Namespace of the agent's own objects (its Lease); downward API `metadata.namespace`.
     #[arg(long, env = "HAIRPIN_NAMESPACE", default_value = "hairpin-system")]
     pub namespace: String,
+
+    /// The agent's own DaemonSet, `NAMESPACE/NAME`: on SIGTERM the agent reads it
+    /// (`get`, one object) and removes the datapath only when it is gone or being
+    /// deleted (an uninstall); otherwise (a rollout, a drain, a restart) it leaves
+    /// the datapath to the next agent. Unset: no check, the datapath is kept, and
+    /// `hairpin-agent cleanup` or the datapath's TTL removes it.
+    #[arg(long, env = "HAIRPIN_DAEMONSET", conflicts_with = "frontends")]
+    pub daemonset: Option<ObjectName>,
 
     /// Name of the Lease that elects the one agent writing cluster-wide objects (Events).
     #[arg(long, env = "HAIRPIN_LEASE_NAME", default_value = "hairpin-agent")]
@@ -79,11 +92,15 @@ pub struct RunArgs {
     pub max_frontends: u32,
 
     /// Write the PROXY header inside the kernel, on the client's own socket, for
-    /// frontends whose client speaks first (`on`), instead of through the relay
-    /// (`off`). No listener, copy or process in the path, and connections outlive
-    /// the agent. Where this kernel cannot run it, every frontend takes the relay
-    /// path and `status` says why; a socket the kernel path cannot take is relayed.
-    #[arg(long, env = "HAIRPIN_KERNEL_PATH", value_enum, default_value_t = KernelPathMode::Off)]
+    /// frontends whose client speaks first: no listener, copy or process in the
+    /// path, and connections outlive the agent. `auto`: where this kernel runs the
+    /// programs; where it cannot, every frontend takes the relay path and `status`
+    /// and `doctor` say why. `on`: the same, but the kernel path is required, so
+    /// `doctor` fails where it is unavailable. `off`: every frontend takes the
+    /// relay. Either way a socket the kernel path cannot take is relayed, and so are
+    /// server-speaks-first ports and Services that ask for it (`hairpin.dev/path:
+    /// relay`).
+    #[arg(long, env = "HAIRPIN_KERNEL_PATH", value_enum, default_value_t = KernelPathMode::Auto)]
     pub kernel_path: KernelPathMode,
 
     /// Capacity of the kernel path's sockets map: connections between the end of
@@ -92,12 +109,23 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kernel_path_sockets: u32,
 
-    /// Directory on the host's bpf filesystem where the kernel path pins its sockets
-    /// map, so sockets established but not yet written when the agent dies (SIGKILL,
-    /// OOM, a SIGTERM drain that ran out) still get their header from the kernel; the
-    /// next agent removes the pin once those sockets are gone. `none`: not pinned.
+    /// Directory on the host's bpf filesystem where the datapath's links, programs
+    /// and maps are pinned, so they outlive the agent: a restart, an upgrade, a crash
+    /// or an OOM kill leaves the programs running, and the next agent adopts them and
+    /// swaps its own in place. One agent owns it at a time (a second one waits).
+    /// `none`: nothing pinned, the datapath goes with the process.
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
+
+    /// The dead-man switch: how long after the agent's last heartbeat (written every
+    /// second) the connect programs still act. Past it, with no agent back, traffic
+    /// goes as before hairpin. Long enough for an upgrade that pulls an image.
+    #[arg(long, env = "HAIRPIN_DATAPATH_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub datapath_ttl: Duration,
+
+    /// The pin layout version to use (tests of an upgrade across layouts only).
+    #[arg(long, env = "HAIRPIN_PIN_LAYOUT", default_value_t = hairpin_ebpf::PIN_LAYOUT, hide = true)]
+    pub pin_layout: u32,
 
     /// Upstream connect timeout; the client is reset when it expires.
     #[arg(long, env = "HAIRPIN_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -311,8 +339,8 @@ pub const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
 /// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
 pub const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
 
-/// Where the kernel path pins its sockets map: the host's bpf filesystem, which the
-/// kernel-path deploy component mounts.
+/// Where the kernel path pins its sockets map: hairpin's directory of the host's bpf
+/// filesystem, which the DaemonSet mounts.
 pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
 
 /// The link the default listen addresses go on.

@@ -12,12 +12,22 @@
 //!     ports: [25, 143]
 //!     proxyProtocol: v1
 //!     firstSpeaker: server    # optional: client (the default) or server
+//!   - ip: 203.0.113.11
+//!     ports: [443]
+//!     proxyProtocol: v2
+//!     path: relay             # optional: auto (the default) or relay
 //! ```
 //!
 //! `firstSpeaker: server` marks ports whose server sends the first bytes (SMTP,
 //! IMAP, FTP, MySQL): they always take the relay path, also with `--kernel-path on`,
 //! since the kernel path writes the header ahead of the client's first write. It
 //! applies to every port of its entry; ports of one LB that differ go in two entries.
+//!
+//! `path: relay` keeps an entry's ports on the relay path, also where the kernel path
+//! is on: for a client that hits one of the kernel path's known misses (a blocking
+//! send() while still connecting, `sendto(MSG_FASTOPEN)` without CAP_PERFMON). As
+//! the Service annotation `hairpin.dev/path: relay`; `auto` leaves the choice to the
+//! agent.
 //!
 //! `hosts` feeds the name relay and the /etc/hosts block, within the same
 //! `--names-domains` scope as the cluster's names: a name outside it, or always
@@ -35,7 +45,7 @@ use serde::Deserialize;
 
 use crate::{
     k8s::decide::lb_address::builtin_refusal,
-    model::{FirstSpeaker, Frontend, Frontends, ProxyVersion},
+    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -124,6 +134,8 @@ struct Entry {
     hosts: Vec<String>,
     #[serde(default, alias = "first_speaker")]
     first_speaker: Option<String>,
+    #[serde(default)]
+    path: Option<String>,
 }
 
 fn source_of(path: &Path, name: Option<&str>) -> String {
@@ -183,6 +195,12 @@ pub fn parse_file(
                 .parse()
                 .map_err(|msg: String| invalid(index, "firstSpeaker", &msg))?,
         };
+        let path_choice: PathChoice = match &e.path {
+            None => PathChoice::Auto,
+            Some(v) => v
+                .parse()
+                .map_err(|msg: String| invalid(index, "path", &msg))?,
+        };
         if let Some(class) = builtin_refusal(e.ip) {
             return Err(invalid(
                 index,
@@ -204,6 +222,7 @@ pub fn parse_file(
                 version,
                 source: source.clone(),
                 first_speaker,
+                path: path_choice,
             };
             let addr = frontend.addr();
             if frontends.insert(frontend).is_err() {
@@ -339,6 +358,44 @@ mod tests {
         )
         .expect("valid");
         assert!(got.iter().all(|f| f.first_speaker == FirstSpeaker::Server));
+    }
+
+    #[test]
+    fn path_is_per_entry_defaults_to_auto_and_a_bad_value_is_named() {
+        let got = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.10\n  ports: [443]\n  proxyProtocol: v2\n  path: relay\n\
+                     - ip: 203.0.113.11\n  ports: [443]\n  proxyProtocol: v2\n  path: Auto\n",
+        )
+        .expect("valid");
+        let paths: Vec<String> = got
+            .iter()
+            .map(|f| format!("{} {}", f.addr(), f.path))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "203.0.113.10:80 auto",
+                "203.0.113.10:443 relay",
+                "203.0.113.11:443 auto",
+            ]
+        );
+        let err = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.11\n  ports: [443]\n  proxyProtocol: v1\n  path: kernel\n",
+        )
+        .expect_err("kernel is not a path one can ask for")
+        .to_string();
+        assert_eq!(
+            err,
+            "frontends file f.yaml: frontends[1].path: expected auto or relay, got \"kernel\""
+        );
+        let err = p(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  path: [relay]\n",
+        )
+        .expect_err("a list is not a path")
+        .to_string();
+        assert!(err.starts_with("frontends file f.yaml: "), "{err}");
     }
 
     #[test]

@@ -39,6 +39,10 @@ use source::{Desired, DesiredRx};
 
 use crate::{
     datapath::{Datapath, Pin, drain_kernel_sockets},
+    k8s::{
+        coredns::ObjectName,
+        owner::{self, Teardown},
+    },
     model::LivePath,
     names::relay::NameRouting,
     relay::Relay,
@@ -88,6 +92,54 @@ pub struct Agent {
     retry: Backoff,
     retry_in: Option<Duration>,
     heartbeat: Interval,
+    /// The datapath's heartbeat task (see `datapath::Heartbeat`); stops with the agent.
+    beating: Option<tokio::task::AbortHandle>,
+    /// The API server, to ask on SIGTERM whether this agent's DaemonSet is going
+    /// (`None` with the frontends file).
+    kube: Option<kube::Client>,
+    /// `--daemonset`: whose deletion is an uninstall.
+    daemonset: Option<ObjectName>,
+    /// The addresses this agent put on links (the relays' listen addresses, the
+    /// names address), removed on an uninstall.
+    link_addresses: Vec<(String, IpAddr)>,
+}
+
+/// What SIGTERM does with the datapath.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// Left for the next agent (a rollout, a restart, a node going down): links
+    /// and maps stay pinned and the programs keep running; the TTL is the backstop.
+    Keep(String),
+    /// Removed with this agent: nothing is pinned to keep, so it goes with the
+    /// process anyway.
+    Unpinned,
+    /// Removed, with the addresses the agent put on links: an uninstall.
+    Uninstall,
+}
+
+impl Removal {
+    /// Whether the datapath goes.
+    pub fn removes(&self) -> bool {
+        !matches!(self, Removal::Keep(_))
+    }
+}
+
+/// Decides what SIGTERM does with a datapath that is `pinned` or not: removed only
+/// when nothing is pinned (it goes with the process anyway) or the API server says
+/// the DaemonSet is gone or being deleted ([`owner::on_sigterm`], which keeps it when
+/// in doubt: a kept datapath never breaks traffic, it goes inert at the TTL and
+/// `cleanup` removes it; a removed one would leave every connect without hairpin
+/// until the next agent starts).
+pub async fn decide_removal(
+    pinned: bool,
+    kube: Option<&kube::Client>,
+    daemonset: Option<&ObjectName>,
+) -> Removal {
+    match (owner::on_sigterm(kube, daemonset).await, pinned) {
+        (Teardown::Remove, _) => Removal::Uninstall,
+        (Teardown::Keep, false) => Removal::Unpinned,
+        (Teardown::Keep, true) => Removal::Keep("kept for the next agent".into()),
+    }
 }
 
 impl Agent {
@@ -99,6 +151,19 @@ impl Agent {
         };
         let started = Instant::now();
         self.reconciler.apply(&next.frontends, trigger);
+        if !self.ready {
+            // An adopted map holds the earlier agent's entries, which kept traffic
+            // served until now: those this agent did not make live just now name
+            // frontends that went away while no agent ran.
+            let live: std::collections::BTreeSet<std::net::SocketAddr> = self
+                .reconciler
+                .active()
+                .map(|a| a.frontend.addr())
+                .collect();
+            if let Some(d) = self.reconciler.map_mut() {
+                d.retain_frontends(&live);
+            }
+        }
         let (relay_ip, failed_listeners) = self.apply_names(&next);
         let took = started.elapsed();
         self.report(&next, relay_ip, took);
@@ -200,22 +265,42 @@ impl Agent {
         }
     }
 
-    /// Stops redirecting first, so no new connection depends on this process, then
-    /// lets the connections already relayed finish, within `--drain-timeout`. The
-    /// name relay drains alongside; its hosts-file block and link address stay for
-    /// the next agent (`hairpin-agent cleanup` removes them). With the kernel path on,
-    /// only the connect programs detach at first: sock_ops and sk_msg stay until the
-    /// sockets map is empty (every established marked socket has written its header,
-    /// or closed), alongside the relay's drain and within the same deadline. Emptied,
-    /// the map's pin is removed and it goes with this process; sockets still in it at
-    /// the deadline keep their header through the pin (without one, they lose it).
+    /// Stops what depends on this process and lets the connections already relayed
+    /// finish, within `--drain-timeout`. The name relay drains alongside; its
+    /// hosts-file block and link address stay for the next agent (`hairpin-agent
+    /// cleanup` removes them). The relay's listeners close, so they leave the
+    /// liveness map and no connect is sent to them any more.
+    ///
+    /// A pinned datapath is kept for the next agent unless this is an uninstall
+    /// (see [`decide_removal`]): the kernel path's programs keep writing headers
+    /// with no process in the path, until the next agent adopts them or the TTL
+    /// passes. Removed, the connect programs detach first; sock_ops and sk_msg stay
+    /// until the sockets map is empty (every established marked socket has written
+    /// its header, or closed), alongside the relay's drain and within the same
+    /// deadline; then every link and pin goes.
     pub async fn shutdown(mut self) {
         let deadline = self.drain_timeout;
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;
-        let mut pinned = false;
-        if let Some(d) = self.reconciler.map_mut() {
-            pinned = matches!(d.pin(), Pin::Pinned(_));
+        let pinned = self
+            .reconciler
+            .map_mut()
+            .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
+        let removal = decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await;
+        match &removal {
+            Removal::Keep(why) => info!(reason = %why, "datapath kept"),
+            Removal::Unpinned => {
+                info!(
+                    reason = "nothing is pinned: it goes with this process",
+                    "datapath removed"
+                )
+            }
+            Removal::Uninstall => info!(
+                reason = "the agents are being uninstalled",
+                "datapath removed"
+            ),
+        }
+        if let Some(d) = self.reconciler.map_mut().filter(|_| removal.removes()) {
             if d.detach_connect() {
                 // Read through this process's own descriptor: opening the map by id
                 // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -231,7 +316,7 @@ impl Agent {
         }
         let kernel_drain = async {
             match &kernel_sockets {
-                Some(r) => drain_kernel_sockets(|| r.fill(), until, pinned).await,
+                Some(r) => drain_kernel_sockets(|| r.fill(), until).await,
                 None => 0,
             }
         };
@@ -246,11 +331,8 @@ impl Agent {
             kernel_drain
         );
         if let Some(d) = self.reconciler.map_mut() {
-            d.detach();
-            // Emptied: nothing needs the map after this process. Else the pin keeps
-            // it, with sk_msg, for the sockets left; the next agent unpins it.
-            if kernel_sockets.is_some() && unwritten == 0 {
-                d.unpin();
+            if removal.removes() {
+                d.uninstall();
             }
             let counters: Vec<String> = d
                 .counters()
@@ -258,6 +340,19 @@ impl Agent {
                 .map(|(c, n)| format!("{}={n}", c.name()))
                 .collect();
             info!(counters = %counters.join(" "), "kernel counters");
+        }
+        if let Some(beating) = self.beating.take() {
+            beating.abort();
+        }
+        if removal == Removal::Uninstall {
+            for (link, address) in &self.link_addresses {
+                match crate::names::link::remove(link, *address).await {
+                    Ok(_) => info!(%link, %address, "uninstall: address removed"),
+                    Err(e) => {
+                        warn!(%link, %address, error = %e, "uninstall: the address could not be removed")
+                    }
+                }
+            }
         }
         if let Some(admin) = self.admin.take() {
             admin.shutdown().await;

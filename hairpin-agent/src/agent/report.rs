@@ -171,6 +171,7 @@ mod tests {
             version: ProxyVersion::V2,
             source: "test".into(),
             first_speaker: Default::default(),
+            path: Default::default(),
         }
     }
 

@@ -40,7 +40,7 @@ use crate::{
     },
     status::{
         AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
-        ListenStatus, ModeStatus, NamesStatus,
+        LifecycleStatus, ListenStatus, ModeStatus, NamesStatus,
         admin::{self, AdminConfig, KernelCounters},
         metrics::Metrics,
     },
@@ -113,7 +113,7 @@ impl Agent {
                 note: listen_note,
             })
         });
-        let (datapath, outcome, cgroup) = start_datapath(&args)?;
+        let (datapath, outcome, cgroup) = start_datapath(&args).await?;
         let plan = mode::plan(
             args.mode,
             &outcome,
@@ -139,7 +139,18 @@ impl Agent {
         if let Some(d) = datapath.as_ref() {
             report_kernel_path(&args, d, &state, &metrics);
         }
-        release_inherited_pins(&args, datapath.as_ref());
+        release_inherited_pins(&args);
+        // The dead-man switch: beaten every second while this agent runs; the
+        // connect programs stop acting once no agent has beaten within the TTL.
+        let beating = datapath
+            .as_ref()
+            .map(|d| tokio::spawn(d.heartbeat().run(HEARTBEAT_EVERY)).abort_handle());
+        if let Some(d) = datapath.as_ref() {
+            let hb = d.heartbeat();
+            metrics.set_datapath_heartbeat(Arc::new(move || {
+                (hb.age().map(|a| a.as_secs_f64()), hb.ttl().as_secs_f64())
+            }));
+        }
 
         let relay_config = RelayConfig {
             // Without programs nothing skips marked sockets, and setting a mark needs
@@ -154,7 +165,7 @@ impl Agent {
                 IpAddr::V6(v) => Some(v),
                 IpAddr::V4(_) => None,
             }),
-            clients: clients::policy(&args, kube, &state).await,
+            clients: clients::policy(&args, kube.clone(), &state).await,
             gate: ConnGate::new(ConnLimits {
                 total: args.max_connections,
                 per_source: args.max_connections_per_source,
@@ -174,7 +185,15 @@ impl Agent {
             &state,
         )
         .await?;
-        let relay = Relay::new(relay_config, metrics.clone());
+        let mut relay = Relay::new(relay_config, metrics.clone());
+        if let Some(d) = datapath.as_ref() {
+            // The connect programs send to a listener only while it is in the
+            // liveness map: each one registers as it binds.
+            let liveness = d.relay_liveness();
+            relay.on_listen(Arc::new(move |addr, fd| {
+                liveness.register(addr, fd).map_err(|e| e.to_string())
+            }));
+        }
         // Read through the agent's own descriptor: opening the map by id (as `dump`
         // does) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
         let reader = datapath.as_ref().and_then(|d| match d.counters_reader() {
@@ -234,6 +253,10 @@ impl Agent {
             retry: Backoff::new(FAILED_RETRY_FIRST, FAILED_RETRY_MAX),
             retry_in: None,
             heartbeat,
+            beating,
+            kube,
+            daemonset: args.daemonset.clone(),
+            link_addresses: link_addresses(&args, listen),
         })
     }
 }
@@ -329,13 +352,32 @@ fn check_coredns(args: &RunArgs) -> Result<()> {
 }
 
 /// Loads and attaches the programs as `--mode` allows. `auto` turns a failure into
-/// [`EbpfOutcome::Failed`] with a warning; `ebpf` and `both` stop on it.
-fn start_datapath(args: &RunArgs) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
+/// [`EbpfOutcome::Failed`] with a warning; `ebpf` and `both` stop on it. While
+/// another agent owns the pin directory, or a live datapath of another pin layout
+/// is in it, this waits (not ready, and `status` says why): the running datapath
+/// is neither broken nor silently taken over. The log says why every 30 s.
+async fn start_datapath(
+    args: &RunArgs,
+) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
     if !args.mode.tries_ebpf() {
         info!("--mode fallback: no programs loaded");
         return Ok((None, EbpfOutcome::NotTried, None));
     }
-    match attach(args) {
+    let mut said: Option<std::time::Instant> = None;
+    let attached = loop {
+        match attach(args) {
+            Err(e) if is_wait(&e) => {
+                let why = format!("{e:#}");
+                if said.is_none_or(|t| t.elapsed() >= DATAPATH_WAIT_LOG) {
+                    warn!(reason = %why, "waiting to own the datapath");
+                    said = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(DATAPATH_WAIT_RETRY).await;
+            }
+            other => break other,
+        }
+    };
+    match attached {
         Ok((datapath, cgroup)) => {
             info!(cgroup = %cgroup.display(), "programs attached");
             Ok((Some(datapath), EbpfOutcome::Attached, Some(cgroup)))
@@ -347,6 +389,18 @@ fn start_datapath(args: &RunArgs) -> Result<(Option<Datapath>, EbpfOutcome, Opti
             Ok((None, EbpfOutcome::Failed(reason), None))
         }
     }
+}
+
+/// How often a waiting agent tries again to own the datapath, and says so.
+const DATAPATH_WAIT_RETRY: Duration = Duration::from_secs(1);
+const DATAPATH_WAIT_LOG: Duration = Duration::from_secs(30);
+
+/// Whether `e` says to wait for the datapath rather than run without it.
+fn is_wait(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<datapath::DatapathError>(),
+        Some(datapath::DatapathError::Busy(_) | datapath::DatapathError::ForeignLayout { .. })
+    )
 }
 
 fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
@@ -477,6 +531,24 @@ async fn listen_on_link(args: &RunArgs, listen: ListenAddresses) -> Result<Optio
     Ok(Some(notes.join("; ")))
 }
 
+/// The addresses the agent puts on links: the relays' listen addresses on
+/// `--listen-link`, and the names address on `--names-link`.
+fn link_addresses(args: &RunArgs, listen: ListenAddresses) -> Vec<(String, IpAddr)> {
+    let mut out: Vec<(String, IpAddr)> = Vec::new();
+    if let Some(link) = args.listen_link() {
+        out.extend(
+            [listen.v4, listen.v6]
+                .into_iter()
+                .flatten()
+                .map(|a| (link.to_string(), a)),
+        );
+    }
+    if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
+        out.push((link.clone(), address));
+    }
+    out
+}
+
 /// Puts the names address on `--names-link` when set; returns what was done.
 async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>> {
     let Some(link) = &args.names_link else {
@@ -491,12 +563,12 @@ async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>
 }
 
 /// What the datapath loads: `--max-frontends`, `--bypass-mark`, and the kernel path
-/// when `--kernel-path on` (its header names the node for host sockets as the relay does).
+/// unless `--kernel-path off` (its header names the node for host sockets as the relay does).
 fn load_options(args: &RunArgs) -> LoadOptions {
     LoadOptions {
         bypass_mark: args.bypass_mark,
         max_frontends: args.max_frontends,
-        kernel_path: args.kernel_path == crate::model::KernelPathMode::On,
+        kernel_path: args.kernel_path.loads(),
         max_kernel_sockets: args.kernel_path_sockets,
         node_ipv4: args.node_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v) => Some(*v),
@@ -507,20 +579,19 @@ fn load_options(args: &RunArgs) -> LoadOptions {
             IpAddr::V4(_) => None,
         }),
         pin_dir: args.pin_dir().map(PathBuf::from),
+        pin_layout: args.pin_layout,
+        ttl: args.datapath_ttl,
     }
 }
 
-/// Watches the sockets maps earlier agents pinned in `--bpf-pin-dir` (their sockets
-/// still get their header from them) and removes each pin once its map is empty.
-fn release_inherited_pins(args: &RunArgs, d: Option<&Datapath>) {
+/// Watches the sockets maps earlier releases pinned one per agent in
+/// `--bpf-pin-dir` (their sockets still get their header from them) and removes
+/// each pin once its map is empty.
+fn release_inherited_pins(args: &RunArgs) {
     let Some(dir) = args.pin_dir().filter(|d| d.is_dir()) else {
         return;
     };
-    let own = d.and_then(|d| match d.pin() {
-        datapath::Pin::Pinned(p) => Some(p.clone()),
-        _ => None,
-    });
-    let (maps, failed) = datapath::pin::inherited(dir, own.as_deref());
+    let (maps, failed) = datapath::pin::inherited(dir);
     for (path, why) in failed {
         warn!(pin = %path.display(), error = %why, "an earlier agent's pinned sockets map cannot be opened: left in place");
     }
@@ -553,14 +624,36 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
                 .then(|| d.sockets_map_id())
                 .flatten(),
             sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
-            sockets_map_pin: match d.pin() {
-                datapath::Pin::Pinned(p) => Some(p.display().to_string()),
-                _ => None,
-            },
+            sockets_map_pin: d.sockets_pin().map(|p| p.display().to_string()),
             sockets_map_pin_error: match d.pin() {
                 datapath::Pin::Failed(why) => Some(why.clone()),
                 _ => None,
             },
+            mptcp_detection: Some(d.mptcp()),
+        })
+    });
+    state.update(|s| {
+        s.lifecycle = Some(LifecycleStatus {
+            pin_dir: match d.pin() {
+                datapath::Pin::Pinned(p) => Some(p.display().to_string()),
+                _ => None,
+            },
+            pin_error: match d.pin() {
+                datapath::Pin::Failed(why) => Some(why.clone()),
+                _ => None,
+            },
+            layout: args.pin_layout,
+            ttl_seconds: args.datapath_ttl.as_secs(),
+            heartbeat_age_seconds: None,
+            adopted: d
+                .attachment()
+                .map(|a| {
+                    a.adopted
+                        .iter()
+                        .map(|(hook, how)| (hook.to_string(), how.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     });
     // Until the agent's own reader replaces it (see `Agent::start`): by id.

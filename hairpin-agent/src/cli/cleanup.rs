@@ -209,32 +209,27 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
     }
 }
 
-/// Removes the kernel path's pinned sockets maps in `dir` (a socket in one that has
-/// not written yet then goes without its header, as when no pin was made), then
-/// `dir` itself when nothing else is in it.
+/// Removes the datapath pinned in `dir`, whatever happened to its agent: every link
+/// detached (the programs stop at once: traffic goes as before hairpin), then every
+/// pin (links, programs, maps, the layout directories, and the sockets maps earlier
+/// releases pinned), then `dir` itself when nothing else is in it.
 fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
     let object = dir.display().to_string();
-    let pins = match crate::datapath::pin::pins(dir) {
-        Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            steps.push(step("pinned-maps", object, Outcome::Absent, None));
-            return;
-        }
-        Err(e) => {
-            steps.push(step(
-                "pinned-maps",
-                object,
-                Outcome::Failed,
-                Some(e.to_string()),
-            ));
-            return;
-        }
-    };
-    for pin in pins {
-        let object = pin.display().to_string();
-        steps.push(match crate::datapath::pin::unpin(&pin) {
-            Ok(()) => step("pinned-map", object, Outcome::Removed, None),
-            Err(e) => step("pinned-map", object, Outcome::Failed, Some(e)),
+    if !dir.exists() {
+        steps.push(step("pinned-maps", object, Outcome::Absent, None));
+        return;
+    }
+    for r in crate::datapath::pin::remove_all(dir) {
+        let what = match r.kind {
+            "link" => "pinned-link",
+            "program" => "pinned-program",
+            "map" => "pinned-map",
+            _ => "pinned-layout",
+        };
+        let object = r.path.display().to_string();
+        steps.push(match r.result {
+            Ok(()) => step(what, object, Outcome::Removed, None),
+            Err(e) => step(what, object, Outcome::Failed, Some(e)),
         });
     }
     // Only an empty directory goes: anything else in it is not ours.

@@ -66,8 +66,9 @@ pub struct Entry {
     /// The relay listener it is rewritten to.
     pub listener: String,
     /// What the entry does with a connect: `kernel v1`, `kernel v2` (the kernel
-    /// writes the header; the listener is the fallback), `relay`, or
-    /// `relay (server speaks first)`.
+    /// writes the header; the listener is the fallback), `relay`,
+    /// `relay (server speaks first)` or `relay (hairpin.dev/path)` (the Service asks
+    /// for the relay).
     pub path: String,
 }
 

@@ -13,7 +13,7 @@ use hairpin_ebpf::Counter;
 
 use crate::{
     datapath::kernel,
-    model::{KernelPathMode, LivePath},
+    model::LivePath,
     status::ProgramIds,
     status::{FrontendState, FrontendStatus, KernelPathState, KernelPathStatus, Snapshot},
 };
@@ -303,10 +303,7 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
     }
     out.push_str("frontends\n");
     // With the kernel path asked for, each frontend says who writes its header.
-    let header_column = s
-        .kernel_path
-        .as_ref()
-        .is_some_and(|k| k.configured == KernelPathMode::On);
+    let header_column = s.kernel_path.as_ref().is_some_and(|k| k.configured.loads());
     let mut headers = vec!["FRONTEND", "STATE", "PATH"];
     if header_column {
         headers.push("HEADER");
@@ -544,17 +541,28 @@ fn render_kernel_path(
             "kernel path off (--kernel-path {}): every frontend takes the relay\n",
             kp.configured
         ),
+        // `auto` falls back to the relay as planned; `on` asked for the kernel path
+        // as a requirement, so its absence is painted as a failure.
         KernelPathState::Unavailable => format!(
-            "kernel path {} (--kernel-path {}): every frontend takes the relay\n",
+            "kernel path {} (--kernel-path {}{}): every frontend takes the relay\n",
             paint(
                 &format!(
                     "unavailable: {}",
                     kp.reason.as_deref().unwrap_or("no reason given")
                 ),
-                Tone::Warn,
+                if kp.configured.requires() {
+                    Tone::Bad
+                } else {
+                    Tone::Warn
+                },
                 colour
             ),
-            kp.configured
+            kp.configured,
+            if kp.configured.requires() {
+                ", required"
+            } else {
+                ""
+            }
         ),
     };
     if kp.state != KernelPathState::On && !tally.any() {
@@ -582,20 +590,23 @@ fn render_kernel_path(
     out.push_str(&format!("            {map}: {fill}\n"));
     if let Some(pin) = &kp.sockets_map_pin {
         out.push_str(&format!(
-            "            pinned at {pin}: its sockets keep their header if the agent dies\n"
+            "            pinned at {pin}: the datapath outlives the agent\n"
         ));
     } else if let Some(why) = &kp.sockets_map_pin_error {
         out.push_str(&format!(
             "            {}\n",
             paint(
                 &format!(
-                    "not pinned ({why}): sockets established but not yet written when the \
-                     agent dies go without their header"
+                    "not pinned ({why}): the datapath goes with the agent, and sockets \
+                     established but not yet written when it dies go without their header"
                 ),
                 Tone::Warn,
                 colour
             )
         ));
+    }
+    if let Some(m) = kp.mptcp_detection {
+        out.push_str(&format!("            MPTCP subflows told apart by {m}\n"));
     }
     out.push_str(&format!(
         "            headers written {} of {} sockets marked; to the relay instead: {}\n",

@@ -69,24 +69,6 @@ pub enum DatapathError {
         /// The map's capacity.
         capacity: u32,
     },
-    /// A program was attached without a bpf_link (kernels before 5.7 attach the
-    /// legacy way), or the kernel cannot list links to confirm it (before 5.8).
-    /// A legacy attachment outlives a killed agent and keeps redirecting to
-    /// listeners that are gone, so the eBPF path is refused rather than risked.
-    #[error(
-        "{program} at cgroup {cgroup:?} is not attached through a bpf_link ({why}): a legacy \
-         attachment outlives a killed agent and would keep redirecting to a dead relay, so \
-         hairpin does not run its eBPF path on this kernel (5.8 or newer is needed; --mode \
-         auto falls back to the name relay)"
-    )]
-    NotALink {
-        /// The program.
-        program: &'static str,
-        /// The cgroup directory.
-        cgroup: PathBuf,
-        /// What the kernel said.
-        why: String,
-    },
     /// bpf() answered EPERM while the capabilities it needs were effective and a
     /// seccomp filter was installed: the container runtime's default profile refused
     /// it (profiles from before CAP_BPF allow bpf() only with CAP_SYS_ADMIN).
@@ -127,6 +109,36 @@ pub enum DatapathError {
         seccomp: bool,
         /// The error as the loader reported it.
         inner: Box<DatapathError>,
+    },
+    /// A bpf_link could not be created, swapped or pinned.
+    #[error("failed to {op} the {role} link at cgroup {cgroup:?}: {source}")]
+    Link {
+        /// `create`, `update`, `pin`, `read` or `detach`.
+        op: &'static str,
+        /// The hook (`connect4`, `sock_ops`, ...).
+        role: &'static str,
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// Another agent holds the pin directory: it owns this node's datapath.
+    #[error(transparent)]
+    Busy(super::pin::PinError),
+    /// The pin directory holds a datapath of another layout, still live: this agent
+    /// does not adopt it (it would misread its maps) and waits until it expires.
+    #[error(
+        "{dir} holds a datapath of another pin layout ({found}) whose heartbeat is {state}:          this agent (layout v{layout}) does not adopt it and waits until it expires;          `hairpin-agent cleanup` removes it now"
+    )]
+    ForeignLayout {
+        /// The pin directory.
+        dir: PathBuf,
+        /// The layout directories found.
+        found: String,
+        /// This agent's layout.
+        layout: u32,
+        /// How its heartbeat stands.
+        state: String,
     },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]

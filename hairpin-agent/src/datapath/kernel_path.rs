@@ -12,12 +12,13 @@ use aya::{
     sys::is_program_supported,
 };
 use hairpin_ebpf::{
-    FrontendKey, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2, PROG_CONNECT4,
-    PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6, PROG_CONNECT6_KERNEL,
-    PROG_CONNECT6_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS, Redirect,
+    FrontendKey, HEADER_RELAY_CHOSEN, HEADER_RELAY_SERVER_FIRST, HEADER_V1, HEADER_V2,
+    PROG_CONNECT4, PROG_CONNECT4_KERNEL, PROG_CONNECT4_KERNEL_PERFMON, PROG_CONNECT6,
+    PROG_CONNECT6_KERNEL, PROG_CONNECT6_KERNEL_PERFMON, PROG_SETSOCKOPT, PROG_SK_MSG,
+    PROG_SOCK_OPS, Redirect,
 };
 
-use crate::model::{FirstSpeaker, ProxyVersion};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,42 +49,53 @@ impl KernelPath {
     }
 
     /// The frontend map's value for `listener` with header `version`: a kernel
-    /// header when on and the client speaks first, the relay otherwise. The listener
-    /// stays in the value, the fallback for a socket the kernel path cannot take.
+    /// header when on, the client speaks first and the frontend asks for no `path`
+    /// but `auto`; the relay otherwise, with the reason in the header byte for
+    /// `dump` (a server that speaks first before a relay asked for: the relay is then
+    /// required, not chosen). The listener stays in the value, the fallback for a
+    /// socket the kernel path cannot take.
     pub(super) fn value(
         &self,
         listener: SocketAddr,
         version: ProxyVersion,
         first: FirstSpeaker,
+        path: PathChoice,
     ) -> Redirect {
-        match (self, first, version) {
-            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V1) => {
+        match (self, first, path, version) {
+            (KernelPath::On, FirstSpeaker::Server, _, _) => Redirect::server_first(listener),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay, _) => {
+                Redirect::relay_chosen(listener)
+            }
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V1) => {
                 Redirect::kernel(listener, HEADER_V1)
             }
-            (KernelPath::On, FirstSpeaker::Client, ProxyVersion::V2) => {
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V2) => {
                 Redirect::kernel(listener, HEADER_V2)
             }
-            (KernelPath::On, FirstSpeaker::Server, _) => Redirect::server_first(listener),
             _ => Redirect::new(listener),
         }
     }
 
-    /// Why a frontend whose `first` side speaks first takes the path it takes, when
-    /// the kernel path was asked for (`None` when it is off: everything is relayed).
-    pub fn why(&self, first: FirstSpeaker) -> Option<String> {
-        match (self, first) {
-            (KernelPath::Off, _) => None,
-            (KernelPath::Unavailable(_), _) => {
+    /// Why a frontend whose `first` side speaks first and that asks for `path` takes
+    /// the path it takes, when the kernel path was asked for (`None` when it is off:
+    /// everything is relayed). The same order as [`KernelPath::value`].
+    pub fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
+        match (self, first, path) {
+            (KernelPath::Off, _, _) => None,
+            (KernelPath::Unavailable(_), _, _) => {
                 Some("relay: the kernel path is unavailable on this node".into())
             }
-            (KernelPath::On, FirstSpeaker::Client) => {
-                Some("kernel: the client speaks first".into())
-            }
-            (KernelPath::On, FirstSpeaker::Server) => Some(
+            (KernelPath::On, FirstSpeaker::Server, _) => Some(
                 "relay: the server speaks first (the kernel writes the header only ahead of \
                  the client's first bytes)"
                     .into(),
             ),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay) => {
+                Some("relay: the Service asks for it (hairpin.dev/path: relay)".into())
+            }
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto) => {
+                Some("kernel: the client speaks first".into())
+            }
         }
     }
 }
@@ -99,12 +111,13 @@ impl fmt::Display for KernelPath {
 }
 
 /// What a frontends map value does with a connect, for `dump`: `kernel v1`,
-/// `kernel v2`, `relay` or `relay (server speaks first)`.
+/// `kernel v2`, `relay`, `relay (server speaks first)` or `relay (hairpin.dev/path)`.
 pub fn describe(value: &Redirect) -> &'static str {
     match value.header {
         HEADER_V1 => "kernel v1",
         HEADER_V2 => "kernel v2",
         HEADER_RELAY_SERVER_FIRST => "relay (server speaks first)",
+        HEADER_RELAY_CHOSEN => "relay (hairpin.dev/path)",
         _ => "relay",
     }
 }
@@ -156,14 +169,10 @@ const FILL_POLL: Duration = Duration::from_millis(20);
 /// the sockets map is empty, every socket's header out or the socket closed, and no
 /// marked socket can still be connecting (for at most [`HANDSHAKE_SETTLE`]), or
 /// until `deadline`. `read` gives the fill. The sockets still in the map at the
-/// deadline are established and not yet written: with the map `pinned` they still
-/// get their header from the kernel after this process exits; without, never (the
-/// map and sk_msg go with this process). Logged as such; their count is returned.
-pub async fn drain_kernel_sockets(
-    read: impl Fn() -> Fill,
-    deadline: tokio::time::Instant,
-    pinned: bool,
-) -> u64 {
+/// deadline are established and not yet written: the datapath is being removed, so
+/// they never get their header (the map and sk_msg go). Logged as such; their count
+/// is returned. (A datapath kept for the next agent is not drained at all.)
+pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time::Instant) -> u64 {
     let started = tokio::time::Instant::now();
     let first = read();
     tracing::info!(
@@ -183,14 +192,7 @@ pub async fn drain_kernel_sockets(
             return 0;
         }
         if now >= deadline {
-            if fill.in_map > 0 && pinned {
-                tracing::info!(
-                    unwritten = fill.in_map,
-                    "drain deadline reached: kernel-path sockets established but not yet \
-                     written keep their header through the pinned sockets map; the next agent \
-                     unpins it once they are gone"
-                );
-            } else if fill.in_map > 0 {
+            if fill.in_map > 0 {
                 tracing::warn!(
                     unwritten = fill.in_map,
                     "drain deadline reached: kernel-path sockets established but not yet \
@@ -417,12 +419,12 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(20);
         let read = fills(vec![fill(2, 0), fill(2, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert!(start.elapsed() < Duration::from_millis(100));
         // An empty map at once, nothing connecting: no wait at all.
         let read = fills(vec![fill(0, 0)]);
         let start = tokio::time::Instant::now();
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
@@ -432,7 +434,7 @@ mod tests {
         let deadline = start + Duration::from_secs(20);
         // A connect that never settles (it failed): waited for HANDSHAKE_SETTLE.
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(0, 1)]), deadline).await,
             0
         );
         let waited = start.elapsed();
@@ -443,7 +445,7 @@ mod tests {
         // One that enters the map, then writes: waited for until it left.
         let start = tokio::time::Instant::now();
         let read = fills(vec![fill(0, 1), fill(1, 0), fill(1, 0), fill(0, 0)]);
-        assert_eq!(drain_kernel_sockets(read, deadline, false).await, 0);
+        assert_eq!(drain_kernel_sockets(read, deadline).await, 0);
         assert!(start.elapsed() < HANDSHAKE_SETTLE);
     }
 
@@ -452,7 +454,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(2);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(1, 0)]), deadline).await,
             1
         );
         assert_eq!(start.elapsed(), Duration::from_secs(2));
@@ -460,7 +462,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(300);
         assert_eq!(
-            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline, false).await,
+            drain_kernel_sockets(fills(vec![fill(0, 3)]), deadline).await,
             0
         );
         assert_eq!(start.elapsed(), Duration::from_millis(300));
@@ -482,6 +484,7 @@ mod tests {
             Redirect::kernel(l, HEADER_V2),
             Redirect::new(l),
             Redirect::server_first(l),
+            Redirect::relay_chosen(l),
         ]
         .iter()
         .map(describe)
@@ -492,7 +495,8 @@ mod tests {
                 "kernel v1",
                 "kernel v2",
                 "relay",
-                "relay (server speaks first)"
+                "relay (server speaks first)",
+                "relay (hairpin.dev/path)"
             ]
         );
     }
@@ -501,29 +505,34 @@ mod tests {
     fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
         let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
-            let v = KernelPath::On.value(l, version, FirstSpeaker::Server);
+            let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
             assert_eq!(v, Redirect::server_first(l));
             assert!(!v.is_kernel());
             for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
                 assert_eq!(
-                    off.value(l, version, FirstSpeaker::Server),
+                    off.value(l, version, FirstSpeaker::Server, PathChoice::Auto),
                     Redirect::new(l)
                 );
             }
         }
         assert!(
             KernelPath::On
-                .why(FirstSpeaker::Server)
+                .why(FirstSpeaker::Server, PathChoice::Auto)
                 .is_some_and(|w| w.starts_with("relay: the server speaks first"))
         );
         assert_eq!(
-            KernelPath::On.why(FirstSpeaker::Client).as_deref(),
+            KernelPath::On
+                .why(FirstSpeaker::Client, PathChoice::Auto)
+                .as_deref(),
             Some("kernel: the client speaks first")
         );
-        assert_eq!(KernelPath::Off.why(FirstSpeaker::Server), None);
+        assert_eq!(
+            KernelPath::Off.why(FirstSpeaker::Server, PathChoice::Auto),
+            None
+        );
         assert!(
             KernelPath::Unavailable("x".into())
-                .why(FirstSpeaker::Client)
+                .why(FirstSpeaker::Client, PathChoice::Auto)
                 .is_some_and(|w| w.starts_with("relay: "))
         );
     }
@@ -531,17 +540,20 @@ mod tests {
     #[test]
     fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
         let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
-        let client = FirstSpeaker::Client;
+        let (client, auto) = (FirstSpeaker::Client, PathChoice::Auto);
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V1, client),
+            KernelPath::On.value(l, ProxyVersion::V1, client, auto),
             Redirect::kernel(l, HEADER_V1)
         );
         assert_eq!(
-            KernelPath::On.value(l, ProxyVersion::V2, client),
+            KernelPath::On.value(l, ProxyVersion::V2, client, auto),
             Redirect::kernel(l, HEADER_V2)
         );
         for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
-            assert_eq!(off.value(l, ProxyVersion::V2, client), Redirect::new(l));
+            assert_eq!(
+                off.value(l, ProxyVersion::V2, client, auto),
+                Redirect::new(l)
+            );
             assert_eq!(off.connect_programs(), [PROG_CONNECT4, PROG_CONNECT6]);
         }
         assert_eq!(
@@ -551,6 +563,46 @@ mod tests {
         assert_eq!(
             KernelPath::Unavailable("this kernel has no sk_msg programs".into()).to_string(),
             "unavailable: this kernel has no sk_msg programs"
+        );
+    }
+
+    #[test]
+    fn a_frontend_asking_for_the_relay_is_relayed_with_its_own_header_byte() {
+        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let relay = PathChoice::Relay;
+        for version in [ProxyVersion::V1, ProxyVersion::V2] {
+            let v = KernelPath::On.value(l, version, FirstSpeaker::Client, relay);
+            assert_eq!(v, Redirect::relay_chosen(l));
+            assert!(!v.is_kernel());
+            assert_eq!(describe(&v), "relay (hairpin.dev/path)");
+            // A server that speaks first needs the relay whatever was asked: that
+            // is the reason given.
+            assert_eq!(
+                KernelPath::On.value(l, version, FirstSpeaker::Server, relay),
+                Redirect::server_first(l)
+            );
+            for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+                assert_eq!(
+                    off.value(l, version, FirstSpeaker::Client, relay),
+                    Redirect::new(l)
+                );
+            }
+        }
+        assert_eq!(
+            KernelPath::On.why(FirstSpeaker::Client, relay).as_deref(),
+            Some("relay: the Service asks for it (hairpin.dev/path: relay)")
+        );
+        assert!(
+            KernelPath::On
+                .why(FirstSpeaker::Server, relay)
+                .is_some_and(|w| w.starts_with("relay: the server speaks first"))
+        );
+        assert_eq!(KernelPath::Off.why(FirstSpeaker::Client, relay), None);
+        assert_eq!(
+            KernelPath::Unavailable("x".into())
+                .why(FirstSpeaker::Client, relay)
+                .as_deref(),
+            Some("relay: the kernel path is unavailable on this node")
         );
     }
 }

@@ -1,20 +1,25 @@
-//! The kernel path's sockets map, pinned in a bpf filesystem so it outlives the agent.
+//! What outlives the agent: the datapath's links, programs and maps pinned in a bpf
+//! filesystem (`--bpf-pin-dir`, the host's `/sys/fs/bpf/hairpin`), so that a
+//! restart, an upgrade, a crash or an OOM kill leaves no instant without hairpin's
+//! programs and no socket without the state its header needs.
 //!
-//! A socket enters the sockets map when its handshake completes and gets its header
-//! from the map's sk_msg program on its first write. Unpinned, the map goes with the
-//! agent's process: a socket established but not yet written when the agent is
-//! SIGKILLed or OOM-killed, or outlives its SIGTERM drain, would write without its
-//! header. Pinned, the map and its sk_msg program stay in the kernel, so every socket
-//! already in it still gets its header; the cgroup programs are links of the process
-//! and still detach with it, so connects made after that go the way they went before
-//! hairpin, and no new socket ever enters the pinned map.
+//! ```text
+//! <dir>/                 flock()ed by the agent that owns the datapath
+//!   v<PIN_LAYOUT>/maps/   every map the programs share, by ELF name
+//!   v<PIN_LAYOUT>/links/  one bpf_link per hook (connect4, connect6, sock_ops,
+//!                         setsockopt, sk_msg), by role
+//!   v<PIN_LAYOUT>/progs/  the program each link runs, for BPF_F_REPLACE
+//! ```
 //!
-//! Each agent pins its own map as `sockets-<map id>` in the pin directory. At start,
-//! an agent adopts the maps earlier agents left there: it removes each pin once its
-//! map holds no socket (every socket in it wrote or closed), so the kernel frees it.
+//! The layout version ([`hairpin_ebpf::PIN_LAYOUT`]) is in the path, so an agent
+//! never reuses a map it would misread: one of another layout finds no maps of its
+//! own and refuses to take over the links it finds (see [`PinDir::foreign_layouts`]).
+//! A dead agent's datapath stays live until its heartbeat's TTL passes; `cleanup`
+//! and an uninstall remove it ([`remove_all`]).
 
 use std::{
-    fs,
+    fs::{self, File},
+    io,
     os::fd::AsFd,
     path::{Path, PathBuf},
     time::Duration,
@@ -23,30 +28,214 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
+use super::sys;
+
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// The pin file name prefix; the map id follows.
+/// The pin name prefix of the sockets maps earlier releases pinned one per agent
+/// (`sockets-<map id>`); the map id follows. Adopted and removed once empty.
 pub const SOCKETS_PIN_PREFIX: &str = "sockets-";
 
-/// Pins the sockets map behind `fd` (kernel id `id`) as `sockets-<id>` in `dir`,
-/// which is made (mode 0700) when missing. `dir` must be on a bpf filesystem: a pin
-/// anywhere else could not outlive the process, so that is refused with the reason.
-pub fn pin_sockets(dir: &Path, fd: impl AsFd, id: u32) -> Result<PathBuf, String> {
-    ensure_dir(dir)?;
-    let path = dir.join(format!("{SOCKETS_PIN_PREFIX}{id}"));
-    let owned = fd
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| format!("dup of the sockets map's descriptor: {e}"))?;
-    let map = MapData::from_fd(owned).map_err(|e| format!("the sockets map: {e}"))?;
-    map.pin(&path)
-        .map_err(|e| format!("pin at {}: {e}", path.display()))?;
-    Ok(path)
+/// Why the pin directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// Not on a bpf filesystem: nothing pinned there could outlive the agent.
+    #[error(
+        "{path} is not on a bpf filesystem (statfs type {found:#x}, expected {BPF_FS_MAGIC:#x}): \
+         mount the host's /sys/fs/bpf/hairpin there (the DaemonSet does)"
+    )]
+    NotBpffs {
+        /// The directory.
+        path: PathBuf,
+        /// Its filesystem type.
+        found: i64,
+    },
+    /// Another process holds the directory's lock: another agent owns the datapath.
+    #[error(
+        "another process holds the lock of {path}: another hairpin agent owns this node's datapath"
+    )]
+    Busy {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A filesystem call failed.
+    #[error("failed to {op} {path}: {source}")]
+    Io {
+        /// What was tried.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PinError + 'a {
+    move |source| PinError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The hooks the datapath links at, in the order an agent attaches or swaps them:
+/// consumers first (sk_msg and sock_ops act on sockets the connect programs mark),
+/// so a socket marked by a new connect program always meets programs that expect it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// sk_msg on the sockets map.
+    SkMsg,
+    /// sock_ops at the cgroup.
+    SockOps,
+    /// cgroup/setsockopt.
+    SetSockopt,
+    /// cgroup/connect4.
+    Connect4,
+    /// cgroup/connect6.
+    Connect6,
+}
+
+impl Role {
+    /// Every role, consumers first.
+    pub const ALL: [Role; 5] = [
+        Role::SkMsg,
+        Role::SockOps,
+        Role::SetSockopt,
+        Role::Connect4,
+        Role::Connect6,
+    ];
+
+    /// The pin name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::SkMsg => "sk_msg",
+            Role::SockOps => "sock_ops",
+            Role::SetSockopt => "setsockopt",
+            Role::Connect4 => "connect4",
+            Role::Connect6 => "connect6",
+        }
+    }
+
+    /// The kernel's attach type of the hook.
+    pub fn attach_type(self) -> sys::AttachType {
+        match self {
+            Role::SkMsg => sys::AttachType::SkMsgVerdict,
+            Role::SockOps => sys::AttachType::SockOps,
+            Role::SetSockopt => sys::AttachType::SetSockopt,
+            Role::Connect4 => sys::AttachType::Connect4,
+            Role::Connect6 => sys::AttachType::Connect6,
+        }
+    }
+
+    /// Whether the kernel path alone uses this hook.
+    pub fn kernel_path_only(self) -> bool {
+        matches!(self, Role::SkMsg | Role::SockOps | Role::SetSockopt)
+    }
+}
+
+/// The pin directory, locked by this process for as long as it lives: one agent
+/// owns a node's datapath at a time.
+pub struct PinDir {
+    root: PathBuf,
+    layout: u32,
+    /// Holds the flock (released on drop, and by the kernel when the process dies).
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl std::fmt::Debug for PinDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinDir")
+            .field("root", &self.root)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PinDir {
+    /// Makes `root` (0700) and this layout's directories when missing, checks that
+    /// they are on a bpf filesystem, and takes the lock without waiting: [`PinError::Busy`]
+    /// when another process holds it. `layout` is [`PIN_LAYOUT`] but in tests.
+    pub fn lock(root: &Path, layout: u32) -> Result<PinDir, PinError> {
+        ensure_dir(root)?;
+        let lock = File::open(root).map_err(io_error("open", root))?;
+        match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => {
+                let dir = PinDir {
+                    root: root.to_path_buf(),
+                    layout,
+                    _lock: locked,
+                };
+                for sub in ["maps", "links", "progs"] {
+                    let d = dir.layout_dir().join(sub);
+                    fs::create_dir_all(&d).map_err(io_error("make", &d))?;
+                }
+                Ok(dir)
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(PinError::Busy {
+                path: root.to_path_buf(),
+            }),
+            Err((_, e)) => Err(PinError::Io {
+                op: "lock",
+                path: root.to_path_buf(),
+                source: e.into(),
+            }),
+        }
+    }
+
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// This layout's directory, `v<layout>`.
+    pub fn layout_dir(&self) -> PathBuf {
+        self.root.join(format!("v{}", self.layout))
+    }
+
+    /// Where the map of ELF name `name` is pinned.
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.layout_dir().join("maps").join(name)
+    }
+
+    /// Where the link of `role` is pinned.
+    pub fn link(&self, role: Role) -> PathBuf {
+        self.layout_dir().join("links").join(role.name())
+    }
+
+    /// Where the program the link of `role` runs is pinned.
+    pub fn prog(&self, role: Role) -> PathBuf {
+        self.layout_dir().join("progs").join(role.name())
+    }
+
+    /// The layout directories other than this agent's (`v*`) that hold links: a
+    /// datapath of another layout, which this agent never adopts.
+    pub fn foreign_layouts(&self) -> Vec<PathBuf> {
+        let own = self.layout_dir();
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| *p != own && is_layout_dir(p))
+            .filter(|p| fs::read_dir(p.join("links")).is_ok_and(|mut links| links.next().is_some()))
+            .collect();
+        found.sort();
+        found
+    }
+}
+
+/// `v<number>`.
+fn is_layout_dir(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix('v'))
+        .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Makes `dir` (0700) when missing and checks that it is on a bpf filesystem.
-fn ensure_dir(dir: &Path) -> Result<(), String> {
+fn ensure_dir(dir: &Path) -> Result<(), PinError> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.is_dir() {
         let parent = dir.parent().unwrap_or(Path::new("/"));
@@ -55,45 +244,138 @@ fn ensure_dir(dir: &Path) -> Result<(), String> {
             .mode(0o700)
             .create(dir)
             .or_else(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                if e.kind() == io::ErrorKind::AlreadyExists {
                     Ok(())
                 } else {
                     Err(e)
                 }
             })
-            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+            .map_err(io_error("make", dir))?;
     }
     check_bpffs(dir)
 }
 
 /// Ok when `path` is on a bpf filesystem; else what it is on, and what to mount.
-fn check_bpffs(path: &Path) -> Result<(), String> {
-    let st =
-        nix::sys::statfs::statfs(path).map_err(|e| format!("{}: statfs: {e}", path.display()))?;
-    let kind = st.filesystem_type().0 as i64;
-    if kind == BPF_FS_MAGIC {
+pub fn check_bpffs(path: &Path) -> Result<(), PinError> {
+    let st = nix::sys::statfs::statfs(path).map_err(|e| PinError::Io {
+        op: "statfs",
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    let found = st.filesystem_type().0 as i64;
+    if found == BPF_FS_MAGIC {
         Ok(())
     } else {
-        Err(format!(
-            "{} is not on a bpf filesystem (statfs type {kind:#x}, expected {BPF_FS_MAGIC:#x}): \
-             mount the host's /sys/fs/bpf there (the kernel-path deploy component does)",
-            path.display()
-        ))
+        Err(PinError::NotBpffs {
+            path: path.to_path_buf(),
+            found,
+        })
     }
 }
 
-/// Removes the pin at `path` (the map is freed once nothing else holds it). A pin
-/// already gone is fine.
+/// Removes the pin at `path`. A pin already gone is fine.
 pub fn unpin(path: &Path) -> Result<(), String> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("remove {}: {e}", path.display())),
     }
 }
 
-/// The sockets-map pins in `dir`, sorted.
-pub fn pins(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// What [`remove_all`] did with one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removed {
+    /// `link`, `program`, `map` or `directory`.
+    pub kind: &'static str,
+    /// The pin.
+    pub path: PathBuf,
+    /// Ok, or why not.
+    pub result: Result<(), String>,
+}
+
+/// Removes every datapath pinned under `root`, of any layout: each link is
+/// detached first (its hook stops running it at once, whoever else holds it), then
+/// every pin goes, links, programs, maps, and the layout directories; the legacy
+/// `sockets-*` maps too. What the kernel frees follows from the pins going. `root`
+/// itself stays (it is usually a mount point). A missing `root` has nothing to do.
+pub fn remove_all(root: &Path) -> Vec<Removed> {
+    let mut done = Vec::new();
+    let Ok(entries) = fs::read_dir(root) else {
+        return done;
+    };
+    let mut layouts = Vec::new();
+    for e in entries.filter_map(Result::ok) {
+        let p = e.path();
+        if is_layout_dir(&p) {
+            layouts.push(p);
+        } else if e
+            .file_name()
+            .to_string_lossy()
+            .starts_with(SOCKETS_PIN_PREFIX)
+        {
+            done.push(Removed {
+                kind: "map",
+                result: unpin(&p),
+                path: p,
+            });
+        }
+    }
+    layouts.sort();
+    for layout in layouts {
+        done.extend(remove_layout(&layout));
+    }
+    done
+}
+
+/// Removes the datapath of one layout directory (`<dir>/v<N>`): links detached
+/// first, connect programs before their consumers, then every pin and the
+/// directories.
+pub fn remove_layout(layout: &Path) -> Vec<Removed> {
+    let mut done = Vec::new();
+    // Links first, connect programs before the consumers: no socket is marked
+    // after this that sock_ops or sk_msg would not see.
+    for role in Role::ALL.iter().rev() {
+        let p = layout.join("links").join(role.name());
+        if !p.exists() {
+            continue;
+        }
+        let detached = sys::open_pinned(&p)
+            .and_then(|fd| sys::link_detach(fd.as_fd()))
+            .map_err(|e| format!("detach {}: {e}", p.display()));
+        let result = detached.and_then(|()| unpin(&p));
+        done.push(Removed {
+            kind: "link",
+            path: p,
+            result,
+        });
+    }
+    for (sub, kind) in [("links", "link"), ("progs", "program"), ("maps", "map")] {
+        let dir = layout.join(sub);
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut pins: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+        pins.sort();
+        for p in pins {
+            done.push(Removed {
+                kind,
+                result: unpin(&p),
+                path: p,
+            });
+        }
+        let _ = fs::remove_dir(&dir);
+    }
+    let result = fs::remove_dir(layout).map_err(|e| format!("remove {}: {e}", layout.display()));
+    done.push(Removed {
+        kind: "directory",
+        path: layout.to_path_buf(),
+        result,
+    });
+    done
+}
+
+/// The legacy sockets-map pins in `dir`, sorted.
+pub fn pins(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut paths: Vec<PathBuf> = fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter(|e| {
@@ -107,7 +389,7 @@ pub fn pins(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
-/// A sockets map an earlier agent pinned and this one watches until it is empty.
+/// A sockets map an earlier release pinned per agent, watched until it is empty.
 pub struct Inherited {
     /// The pin.
     pub path: PathBuf,
@@ -123,23 +405,22 @@ impl std::fmt::Debug for Inherited {
 }
 
 impl Inherited {
-    /// Sockets still in the map: established under the earlier agent and not yet
-    /// closed (or not yet written: those are why it is kept). A key that cannot be
-    /// read counts as a socket, so the pin is never removed on a doubt.
+    /// Sockets still in the map. A key that cannot be read counts as a socket, so
+    /// the pin is never removed on a doubt.
     pub fn sockets(&self) -> usize {
         self.map.keys().count()
     }
 }
 
-/// The sockets maps pinned in `dir` other than `own`, each opened, and the pins that
-/// could not be opened with the reason. A missing `dir` has none.
-pub fn inherited(dir: &Path, own: Option<&Path>) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
+/// The legacy sockets maps pinned in `dir`, each opened, and the pins that could
+/// not be opened with the reason. A missing `dir` has none.
+pub fn inherited(dir: &Path) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
     let mut maps = Vec::new();
     let mut failed = Vec::new();
     let Ok(paths) = pins(dir) else {
         return (maps, failed);
     };
-    for path in paths.into_iter().filter(|p| Some(p.as_path()) != own) {
+    for path in paths {
         let opened = MapData::from_pin(&path)
             .map_err(|e| e.to_string())
             .and_then(|m| SockHash::try_from(Map::SockHash(m)).map_err(|e| e.to_string()));
@@ -152,11 +433,11 @@ pub fn inherited(dir: &Path, own: Option<&Path>) -> (Vec<Inherited>, Vec<(PathBu
 }
 
 /// Watches `maps` every `every` and removes each pin once its map is empty, until
-/// none is left. Logs what it found at the start and each removal.
+/// none is left.
 pub async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration) {
     for m in &maps {
         info!(pin = %m.path.display(), sockets = m.sockets(),
-            "an earlier agent's sockets map: its sockets keep their header; unpinned once they are gone");
+            "an earlier release's sockets map: its sockets keep their header; unpinned once they are gone");
     }
     loop {
         maps.retain(|m| {
@@ -164,8 +445,8 @@ pub async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration) {
                 return true;
             }
             match unpin(&m.path) {
-                Ok(()) => info!(pin = %m.path.display(), "an earlier agent's sockets map is empty: unpinned"),
-                Err(e) => warn!(error = %e, "an earlier agent's empty sockets map could not be unpinned"),
+                Ok(()) => info!(pin = %m.path.display(), "an earlier release's sockets map is empty: unpinned"),
+                Err(e) => warn!(error = %e, "an earlier release's empty sockets map could not be unpinned"),
             }
             false
         });
@@ -184,6 +465,7 @@ mod tests {
     fn a_directory_off_bpffs_is_refused_with_what_to_mount() {
         let dir = std::env::temp_dir();
         let e = check_bpffs(&dir).expect_err("a temp dir is not bpffs");
+        let e = e.to_string();
         assert!(e.contains("is not on a bpf filesystem"), "{e}");
         assert!(e.contains("/sys/fs/bpf"), "{e}");
     }
@@ -195,8 +477,33 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_pin_dir_has_nothing_inherited() {
-        let (maps, failed) = inherited(Path::new("/nonexistent/hairpin"), None);
+    fn nothing_to_remove_or_inherit_in_a_missing_dir() {
+        assert!(remove_all(Path::new("/nonexistent/hairpin")).is_empty());
+        let (maps, failed) = inherited(Path::new("/nonexistent/hairpin"));
         assert!(maps.is_empty() && failed.is_empty());
+    }
+
+    #[test]
+    fn layout_dirs_are_v_and_a_number() {
+        for (name, is) in [
+            ("v1", true),
+            ("v12", true),
+            ("v", false),
+            ("vx", false),
+            ("maps", false),
+        ] {
+            assert_eq!(is_layout_dir(Path::new(name)), is, "{name}");
+        }
+    }
+
+    #[test]
+    fn roles_go_consumers_first() {
+        let names: Vec<&str> = Role::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(
+            names,
+            ["sk_msg", "sock_ops", "setsockopt", "connect4", "connect6"]
+        );
+        assert!(Role::ALL[..3].iter().all(|r| r.kernel_path_only()));
+        assert!(!Role::Connect4.kernel_path_only());
     }
 }

@@ -1,25 +1,6 @@
 use super::*;
 
 #[test]
-fn a_legacy_attachment_is_refused_with_the_reason_and_what_to_do() {
-    let e = DatapathError::NotALink {
-        program: "hairpin_connect4",
-        cgroup: "/sys/fs/cgroup".into(),
-        why: "no bpf link of program id 7".into(),
-    };
-    let text = e.to_string();
-    for part in [
-        "hairpin_connect4 at cgroup \"/sys/fs/cgroup\" is not attached through a bpf_link",
-        "(no bpf link of program id 7)",
-        "outlives a killed agent",
-        "5.8 or newer",
-        "--mode auto falls back to the name relay",
-    ] {
-        assert!(text.contains(part), "{text}");
-    }
-}
-
-#[test]
 fn a_full_map_is_told_apart_from_other_insert_failures() {
     let syscall = |errno: nix::errno::Errno| {
         aya::maps::MapError::SyscallError(aya::sys::SyscallError {

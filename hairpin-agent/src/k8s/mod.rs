@@ -2,7 +2,8 @@
 //! hostnames lead to them, decided from API objects by pure functions ([`mod@decide`]),
 //! and the thin edges that feed and report those decisions — the watches, the
 //! Lease, Events, the Node read, this node's Pods and the CoreDNS ConfigMap writer — all started by
-//! [`source`] from one typed config.
+//! [`source`] from one typed config — and the one read on SIGTERM, the agent's own
+//! DaemonSet ([`owner`]), that tells an uninstall from a restart.
 //!
 //! May not touch the datapath or the relays; what it decides reaches them through
 //! the agent.
@@ -13,6 +14,7 @@ pub mod decide;
 pub mod events;
 pub mod lease;
 pub mod node;
+pub mod owner;
 pub mod pods;
 pub mod source;
 pub mod watch;

@@ -53,7 +53,24 @@ pub enum RelayError {
         /// The error.
         source: io::Error,
     },
+    /// The listener could not be registered as listening (see [`ListenHook`]):
+    /// nothing would be sent to it, so it is not kept.
+    #[error("listener {addr} for frontend {frontend} could not be registered as live: {why}")]
+    Register {
+        /// The listener.
+        addr: SocketAddr,
+        /// The frontend it was for.
+        frontend: SocketAddr,
+        /// What failed.
+        why: String,
+    },
 }
+
+/// Called with each listener's address and socket once it listens: the datapath
+/// registers it in its liveness map, from which the kernel removes it as it closes,
+/// so the connect programs send connects only to a listener that listens.
+pub type ListenHook =
+    Arc<dyn Fn(SocketAddr, std::os::fd::BorrowedFd<'_>) -> Result<(), String> + Send + Sync>;
 
 struct ListenerHandle {
     local: SocketAddr,
@@ -67,6 +84,7 @@ pub struct Relay {
     metrics: Metrics,
     listeners: BTreeMap<SocketAddr, ListenerHandle>,
     connections: TaskTracker,
+    on_listen: Option<ListenHook>,
 }
 
 impl Relay {
@@ -77,7 +95,13 @@ impl Relay {
             metrics,
             listeners: BTreeMap::new(),
             connections: TaskTracker::new(),
+            on_listen: None,
         }
+    }
+
+    /// Calls `hook` with every listener started from now on, before it is used.
+    pub fn on_listen(&mut self, hook: ListenHook) {
+        self.on_listen = Some(hook);
     }
 
     /// Starts a listener for `frontend` on `bind_ip` (an ephemeral port) and
@@ -96,6 +120,14 @@ impl Relay {
         };
         let listener = listener::bind(want, self.cfg.keepalive).map_err(listen_err)?;
         let local = listener.local_addr().map_err(listen_err)?;
+        if let Some(hook) = &self.on_listen {
+            use std::os::fd::AsFd;
+            hook(local, listener.as_fd()).map_err(|why| RelayError::Register {
+                addr: local,
+                frontend: target,
+                why,
+            })?;
+        }
         let version = Arc::new(AtomicU8::new(encode_version(frontend.version)));
         let stop = CancellationToken::new();
         let (cfg, metrics, current) = (self.cfg.clone(), self.metrics.clone(), version.clone());

@@ -93,6 +93,10 @@ struct EventLabel {
 /// they move without the agent noticing.
 pub type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 
+/// Reads the datapath's heartbeat when `/metrics` is scraped: seconds since the
+/// beat the kernel programs see (None: never written), and the TTL in seconds.
+pub type HeartbeatReader = Arc<dyn Fn() -> (Option<f64>, f64) + Send + Sync>;
+
 /// Seconds, from 100 µs to about 13 s.
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -120,6 +124,7 @@ pub struct Metrics {
     coredns_coalesced: Counter,
     coredns_pending: Gauge,
     kernel: Arc<RwLock<Option<KernelCounterReader>>>,
+    heartbeat: Arc<RwLock<Option<HeartbeatReader>>>,
 }
 
 impl Default for Metrics {
@@ -144,6 +149,7 @@ impl Default for Metrics {
             coredns_coalesced: Counter::default(),
             coredns_pending: Gauge::default(),
             kernel: Arc::default(),
+            heartbeat: Arc::default(),
         }
     }
 }
@@ -266,6 +272,25 @@ impl Metrics {
     /// `hairpin_kernel_events_total{event=NAME}`.
     pub fn set_kernel_counters(&self, read: KernelCounterReader) {
         *self.kernel.write().unwrap_or_else(PoisonError::into_inner) = Some(read);
+    }
+
+    /// Exports the datapath's heartbeat, read by `read` at each scrape, as
+    /// `hairpin_datapath_heartbeat_age_seconds` and `hairpin_datapath_ttl_seconds`.
+    pub fn set_datapath_heartbeat(&self, read: HeartbeatReader) {
+        *self
+            .heartbeat
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(read);
+    }
+
+    /// The datapath's heartbeat now (age and TTL in seconds), when one is exported.
+    pub fn datapath_heartbeat(&self) -> Option<(Option<f64>, f64)> {
+        let read = self
+            .heartbeat
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        Some(read())
     }
 
     /// The relay's counters now, for `/status`.
@@ -412,6 +437,26 @@ impl Metrics {
                  kernel path's kernel_marked, kernel_headers_written, kernel_fallback_relay and \
                  kernel_missed_* (a connection left without its header)",
                 events,
+            );
+        }
+        if let Some((age, ttl)) = self.datapath_heartbeat() {
+            if let Some(age) = age {
+                let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+                g.set(age);
+                registry.register(
+                    "datapath_heartbeat_age_seconds",
+                    "Seconds since the heartbeat the kernel's connect programs see was written \
+                     (the agent writes it every second); past hairpin_datapath_ttl_seconds they \
+                     leave traffic alone",
+                    g,
+                );
+            }
+            let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+            g.set(ttl);
+            registry.register(
+                "datapath_ttl_seconds",
+                "How long after the last heartbeat the connect programs still act (--datapath-ttl)",
+                g,
             );
         }
         let mut out = String::new();

@@ -84,6 +84,57 @@ pub struct Snapshot {
     /// The kernel path (in-kernel headers), when the programs were loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<KernelPathStatus>,
+    /// What outlives the agent: pins, the dead-man switch, what was adopted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleStatus>,
+}
+
+/// What of the datapath outlives the agent, and for how long.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LifecycleStatus {
+    /// Where links, programs and maps are pinned (`--bpf-pin-dir`), when they are:
+    /// they outlive the agent and the next one adopts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_dir: Option<String>,
+    /// Why nothing is pinned, when pinning was asked for and failed: the datapath
+    /// goes with the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_error: Option<String>,
+    /// The pin layout version (`v<layout>` under the pin directory).
+    pub layout: u32,
+    /// `--datapath-ttl`: how long after the agent's last heartbeat the connect
+    /// programs still act.
+    pub ttl_seconds: u64,
+    /// Seconds since the heartbeat the programs see was written (filled per request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_age_seconds: Option<f64>,
+    /// Per hook, what the agent did at start: `new`, `swapped` (an earlier agent's
+    /// pinned link, its program swapped in place) or `replaced: why`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted: Vec<(String, String)>,
+}
+
+/// How the kernel path's connect programs tell an MPTCP subflow (which they send
+/// to the relay: a sockhash refuses it, so the kernel could not write its header).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MptcpDetection {
+    /// The kernel path is not on.
+    Off,
+    /// `bpf_skc_to_mptcp_sock` (CAP_PERFMON).
+    MptcpSock,
+    /// The subflow's TCP_NOTSENT_LOWAT (no CAP_PERFMON; Linux 6.7 or newer).
+    NotsentLowat,
+}
+
+impl std::fmt::Display for MptcpDetection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MptcpDetection::Off => "off",
+            MptcpDetection::MptcpSock => "bpf_skc_to_mptcp_sock (CAP_PERFMON)",
+            MptcpDetection::NotsentLowat => "TCP_NOTSENT_LOWAT (no CAP_PERFMON, Linux 6.7+)",
+        })
+    }
 }
 
 /// Whether the kernel writes headers on clients' own sockets.
@@ -112,6 +163,9 @@ pub struct KernelPathStatus {
     /// Why the sockets map is not pinned, when pinning was asked for and failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sockets_map_pin_error: Option<String>,
+    /// How MPTCP subflows are told apart at connect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mptcp_detection: Option<MptcpDetection>,
 }
 
 /// [`KernelPathStatus::state`].

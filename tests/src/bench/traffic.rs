@@ -37,7 +37,7 @@ pub struct Target {
 }
 
 /// The kernel path's rows: LBs of their own (see [`LB_KERNEL_V1`]), reached with an
-/// agent run with `--kernel-path on`, between the same direct and HAProxy rows so
+/// agent run with the default `--kernel-path auto`, between the same direct and HAProxy rows so
 /// drift falls on all alike.
 pub fn kernel_targets() -> Vec<Target> {
     targets()

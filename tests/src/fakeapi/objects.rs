@@ -31,7 +31,7 @@ impl FakeApi {
             .cloned()
     }
 
-    /// Adds a DaemonSet (looked up, never watched).
+    /// Adds or replaces a DaemonSet (looked up, never watched).
     pub fn put_daemonset(&self, ds: Value) {
         let key = key(&ds);
         self.state
@@ -39,6 +39,16 @@ impl FakeApi {
             .expect("fake API state")
             .daemonsets
             .insert(key, ds);
+    }
+
+    /// Removes the DaemonSet `namespace/name`, as its deletion completing does: a
+    /// later `get` is a 404.
+    pub fn remove_daemonset(&self, key: &str) {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .daemonsets
+            .remove(key);
     }
 
     /// Adds a Deployment (looked up, never watched).

@@ -215,16 +215,37 @@ fn mounts_match_the_agents_paths() {
                 v.dir
             ),
         }
-        // Nothing else: no /sys/fs/bpf (nothing is pinned), no stray host paths.
+        // The kernel path (on by `auto`) pins under --bpf-pin-dir, which must be the
+        // node's own directory of its bpf filesystem (kernel_path.rs checks the rest).
+        if run.kernel_path.loads() {
+            let pins = run.pin_dir().expect("--bpf-pin-dir");
+            assert_eq!(
+                host_path(&pod, &c, pins, v.dir),
+                (
+                    "/sys/fs/bpf/hairpin".into(),
+                    "DirectoryOrCreate".into(),
+                    false
+                ),
+                "{}: --bpf-pin-dir must be a mount of the node's /sys/fs/bpf/hairpin, writable",
+                v.dir
+            );
+        }
+        // Nothing else: none of /sys/fs/bpf but hairpin's own directory, no stray
+        // host paths.
         let paths: BTreeSet<String> = pod
             .volumes
             .iter()
             .flatten()
             .filter_map(|vol| Some(vol.host_path.as_ref()?.path.clone()))
             .collect();
-        let allowed: BTreeSet<String> = ["/sys/fs/cgroup", "/run/hairpin", "/etc/hosts"]
-            .map(String::from)
-            .into();
+        let allowed: BTreeSet<String> = [
+            "/sys/fs/cgroup",
+            "/run/hairpin",
+            "/etc/hosts",
+            "/sys/fs/bpf/hairpin",
+        ]
+        .map(String::from)
+        .into();
         assert!(
             paths.is_subset(&allowed),
             "{}: unexpected host paths {paths:?}",

@@ -1,10 +1,12 @@
-//! The kernel-path components: `components/kernel-path` turns the kernel path on and
-//! mounts the host's bpf filesystem (for the pinned sockets map) and changes nothing
-//! else, `components/kernel-path-perfmon` adds CAP_PERFMON and nothing else, the
-//! agent's own options read the result as meant, the chart's `kernelPath` values
-//! render the same objects, and without the kernel path nothing mounts /sys/fs/bpf.
+//! The kernel path by default: every variant and the chart's defaults run the agent
+//! with `--kernel-path auto` and mount hairpin's directory of the host's bpf
+//! filesystem (where it pins what outlives the agent, `--bpf-pin-dir`), exactly once,
+//! outside the container's /sys, and nothing else of /sys/fs/bpf; the deprecated `components/kernel-path` changes nothing;
+//! `components/kernel-path-perfmon` adds CAP_PERFMON and nothing else; the chart's
+//! `kernelPath` values render the same objects, and with `kernelPath.mode: off`
+//! (HAIRPIN_KERNEL_PATH=off) nothing mounts /sys/fs/bpf.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use hairpin_agent::model::KernelPathMode;
 use serde_json::{Value as Json, json};
@@ -28,15 +30,19 @@ fn caps(objs: &[Json]) -> Json {
         .clone()
 }
 
-/// hairpin's own directory of the host's bpf filesystem, mounted from and at the same
-/// path: the agent's default `--bpf-pin-dir`. Only it: not other tools' pins.
+/// hairpin's own directory of the host's bpf filesystem: the agent's default
+/// `--bpf-pin-dir` on the host. Only it: not other tools' pins.
 const BPFFS: &str = "/sys/fs/bpf/hairpin";
 
-/// The agent's mount of the host's bpf filesystem, exactly as the component writes it
+/// Where the DaemonSet mounts [`BPFFS`], and its `--bpf-pin-dir`: outside /sys, since
+/// the runtime mounts a fresh sysfs there, in which no mount point can be made.
+const BPFFS_MOUNT: &str = "/host/sys/fs/bpf/hairpin";
+
+/// The agent's mount of the host's bpf filesystem, exactly as the DaemonSet writes it
 /// (writable: the agent pins and unpins there; no mountPropagation: the bind is the
 /// host's bpffs instance itself).
 fn bpffs_mount() -> Json {
-    json!({"name": "bpffs", "mountPath": BPFFS})
+    json!({"name": "bpffs", "mountPath": BPFFS_MOUNT})
 }
 
 /// The hostPath volume behind [`bpffs_mount`].
@@ -44,8 +50,9 @@ fn bpffs_volume() -> Json {
     json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "DirectoryOrCreate"}})
 }
 
-/// `objs` with the agent's HAIRPIN_KERNEL_PATH entry, CAP_PERFMON, and the bpffs
-/// mount and volume (only as [`bpffs_mount`] and [`bpffs_volume`] write them) taken out.
+/// `objs` with the agent's HAIRPIN_KERNEL_PATH and HAIRPIN_BPF_PIN_DIR entries,
+/// CAP_PERFMON, and the bpffs mount and volume (only as [`bpffs_mount`] and
+/// [`bpffs_volume`] write them) taken out.
 fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     for o in &mut objs {
         if o["kind"] != "DaemonSet" {
@@ -53,7 +60,9 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
         }
         let c = &mut o["spec"]["template"]["spec"]["containers"][0];
         if let Some(env) = c["env"].as_array_mut() {
-            env.retain(|e| e["name"] != "HAIRPIN_KERNEL_PATH");
+            env.retain(|e| {
+                e["name"] != "HAIRPIN_KERNEL_PATH" && e["name"] != "HAIRPIN_BPF_PIN_DIR"
+            });
         }
         if let Some(add) = c["securityContext"]["capabilities"]["add"].as_array_mut() {
             add.retain(|a| a != "PERFMON");
@@ -69,15 +78,18 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     objs
 }
 
-/// How many of the agent's mounts are at or under /sys/fs/bpf and how many volumes
-/// are the host's /sys/fs/bpf or a directory of it.
+/// How many of the agent's mounts are at or under /sys/fs/bpf (or its /host stand-in)
+/// and how many volumes are the host's /sys/fs/bpf or a directory of it.
 fn bpffs_count(objs: &[Json]) -> (usize, usize) {
     let pod = pod_spec(&daemonset(objs, "hairpin"));
     let mounts = agent(objs)
         .volume_mounts
         .iter()
         .flatten()
-        .filter(|m| Path::new(&m.mount_path).starts_with("/sys/fs/bpf"))
+        .filter(|m| {
+            let p = Path::new(&m.mount_path);
+            p.starts_with("/sys/fs/bpf") || p.starts_with("/host/sys/fs/bpf")
+        })
         .count();
     let volumes = pod
         .volumes
@@ -92,49 +104,102 @@ fn bpffs_count(objs: &[Json]) -> (usize, usize) {
     (mounts, volumes)
 }
 
+/// The chart values of `v`, parsed, plus `extra`.
+fn chart_values<'a>(
+    v: &'a super::Variant,
+    extra: &[(&'a str, yaml_serde::Value)],
+) -> Vec<(&'a str, yaml_serde::Value)> {
+    v.chart
+        .iter()
+        .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+/// The kernel path is on by `auto`, with bpffs mounted once as written, in `objs`.
+fn assert_kernel_path_by_default(objs: &[Json], source: &str) {
+    let env = env_of(&agent(objs), source);
+    let run = run_args(&env, source);
+    assert_eq!(run.kernel_path, KernelPathMode::Auto, "{source}");
+    // The agent's --bpf-pin-dir is the mount of the host's directory.
+    assert!(
+        run.bpf_pin_dir == Path::new(BPFFS_MOUNT),
+        "{source}: --bpf-pin-dir {} is not the mounted {BPFFS_MOUNT}",
+        run.bpf_pin_dir.display()
+    );
+    let pod = pod_spec(&daemonset(objs, "hairpin"));
+    assert_eq!(
+        host_path(&pod, &agent(objs), Path::new(BPFFS_MOUNT), source),
+        (BPFFS.into(), "DirectoryOrCreate".into(), false),
+        "{source}"
+    );
+    // Nothing mounted inside the container's /sys: the runtime could not make the
+    // mount point in its sysfs, and the pod would not start.
+    assert!(
+        agent(objs)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| !Path::new(&m.mount_path).starts_with("/sys")),
+        "{source}: a mount under /sys"
+    );
+    assert_eq!(bpffs_count(objs), (1, 1), "{source}");
+    assert!(
+        !caps(objs)
+            .as_array()
+            .expect("caps")
+            .contains(&json!("PERFMON")),
+        "{source}: no CAP_PERFMON by default"
+    );
+}
+
 #[test]
-fn the_kernel_path_component_turns_it_on_mounts_bpffs_and_changes_nothing_else() {
+fn the_binary_defaults_to_auto_and_off_still_turns_the_kernel_path_off() {
+    let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        run_args(&env(&[]), "no env").kernel_path,
+        KernelPathMode::Auto
+    );
+    for (value, mode) in [
+        ("auto", KernelPathMode::Auto),
+        ("on", KernelPathMode::On),
+        ("off", KernelPathMode::Off),
+    ] {
+        let run = run_args(&env(&[("HAIRPIN_KERNEL_PATH", value)]), value);
+        assert_eq!(run.kernel_path, mode);
+        assert_eq!(run.kernel_path.loads(), mode != KernelPathMode::Off);
+    }
+}
+
+#[test]
+fn every_variant_and_the_chart_run_the_kernel_path_by_auto_with_bpffs_mounted() {
+    for v in VARIANTS {
+        let chart = render_chart(&chart_values(&v, &[]));
+        assert_kernel_path_by_default(&chart, &format!("chart for {}", v.dir));
+    }
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        assert_kernel_path_by_default(&objs, v.dir);
+    }
+}
+
+#[test]
+fn the_deprecated_kernel_path_component_changes_nothing() {
     let (Some(with), Some(base)) = (kustomize_with(&[KERNEL_PATH]), kustomize("deploy")) else {
         return;
     };
     parse_all(&with, KERNEL_PATH);
-    let env = env_of(&agent(&base), "deploy");
-    assert!(!env.contains_key("HAIRPIN_KERNEL_PATH"), "{env:?}");
-    assert_eq!(run_args(&env, "deploy").kernel_path, KernelPathMode::Off);
-    let env = env_of(&agent(&with), KERNEL_PATH);
-    let run = run_args(&env, KERNEL_PATH);
-    assert_eq!(run.kernel_path, KernelPathMode::On);
-    assert_eq!(caps(&with), caps(&base));
-    assert!(
-        !caps(&with)
-            .as_array()
-            .expect("caps")
-            .contains(&json!("PERFMON"))
-    );
-    // The host's bpffs, writable, at the same path: once, as written; the agent's
-    // --bpf-pin-dir (its default: the component does not set it) lies on it.
-    assert!(!env.contains_key("HAIRPIN_BPF_PIN_DIR"), "{env:?}");
-    assert!(
-        run.bpf_pin_dir == Path::new(BPFFS),
-        "--bpf-pin-dir {} is not the mounted {BPFFS}",
-        run.bpf_pin_dir.display()
-    );
-    let pod = pod_spec(&daemonset(&with, "hairpin"));
-    assert_eq!(
-        host_path(&pod, &agent(&with), Path::new(BPFFS), KERNEL_PATH),
-        (BPFFS.into(), "DirectoryOrCreate".into(), false)
-    );
-    assert_eq!(bpffs_count(&with), (1, 1));
-    assert_eq!(bpffs_count(&base), (0, 0));
-    // Stripped of exactly that mount and volume (and the env entry), the rest is the
-    // base: nothing else added, and the mount carries no other field.
-    assert_eq!(comparable(without_kernel_path(with)), comparable(base));
+    assert_eq!(comparable(with), comparable(base));
 }
 
 #[test]
 fn the_perfmon_component_adds_cap_perfmon_and_nothing_else() {
-    let (Some(with), Some(base)) = (kustomize_with(&[KERNEL_PATH, PERFMON]), kustomize("deploy"))
-    else {
+    let (Some(with), Some(base)) = (kustomize_with(&[PERFMON]), kustomize("deploy")) else {
         return;
     };
     parse_all(&with, PERFMON);
@@ -142,45 +207,66 @@ fn the_perfmon_component_adds_cap_perfmon_and_nothing_else() {
     expected.push(json!("PERFMON"));
     assert_eq!(caps(&with), Json::Array(expected));
     let env = env_of(&agent(&with), PERFMON);
-    assert_eq!(run_args(&env, PERFMON).kernel_path, KernelPathMode::On);
-    assert_eq!(comparable(without_kernel_path(with)), comparable(base));
-}
-
-#[test]
-fn the_charts_kernel_path_values_render_what_the_components_render() {
-    // The string "on", as values.yaml quotes it (a bare on is true in YAML 1.1).
-    let on = yaml_serde::Value::String("on".into());
-    let t = yaml_serde::Value::Bool(true);
-    let chart = render_chart(&[("kernelPath.mode", on.clone())]);
-    parse_all(&chart, "chart");
-    let both = render_chart(&[("kernelPath.mode", on), ("kernelPath.perfmon", t)]);
-    parse_all(&both, "chart");
-    let (Some(kp), Some(kpp)) = (
-        kustomize_with(&[KERNEL_PATH]),
-        kustomize_with(&[KERNEL_PATH, PERFMON]),
-    ) else {
+    assert_eq!(run_args(&env, PERFMON).kernel_path, KernelPathMode::Auto);
+    assert_eq!(bpffs_count(&with), (1, 1));
+    assert_eq!(
+        comparable(without_kernel_path(with)),
+        comparable(without_kernel_path(base))
+    );
+    // With the deprecated component listed too, as an overlay of the last release does.
+    let Some(both) = kustomize_with(&[KERNEL_PATH, PERFMON]) else {
         return;
     };
-    assert_eq!(comparable(chart), comparable(kp));
-    assert_eq!(comparable(both), comparable(kpp));
+    let Some(perfmon) = kustomize_with(&[PERFMON]) else {
+        return;
+    };
+    assert_eq!(comparable(both), comparable(perfmon));
 }
 
 #[test]
-fn without_the_kernel_path_nothing_mounts_the_bpf_filesystem() {
-    // The chart's defaults and every variant's values: kernelPath.mode "off".
+fn the_charts_kernel_path_values_render_what_kustomize_renders() {
+    let t = yaml_serde::Value::Bool(true);
+    let perfmon = render_chart(&[("kernelPath.perfmon", t)]);
+    parse_all(&perfmon, "chart");
+    let Some(kpp) = kustomize_with(&[PERFMON]) else {
+        return;
+    };
+    assert_eq!(comparable(perfmon), comparable(kpp));
+    // "on" (quoted in values.yaml: a bare on is true in YAML 1.1) renders the
+    // default objects with only the env's value changed.
+    let on = render_chart(&[("kernelPath.mode", yaml_serde::Value::String("on".into()))]);
+    parse_all(&on, "chart");
+    let env = env_of(&agent(&on), "chart on");
+    assert_eq!(run_args(&env, "chart on").kernel_path, KernelPathMode::On);
+    assert_eq!(bpffs_count(&on), (1, 1));
+    let default = render_chart(&[]);
+    assert_eq!(
+        comparable(without_kernel_path(on)),
+        comparable(without_kernel_path(default))
+    );
+}
+
+#[test]
+fn with_the_kernel_path_off_nothing_mounts_the_bpf_filesystem() {
+    let off = yaml_serde::Value::String("off".into());
     for v in VARIANTS {
-        let set: Vec<(&str, yaml_serde::Value)> = v
-            .chart
-            .iter()
-            .map(|(k, val)| (*k, yaml_serde::from_str(val).expect("a YAML value")))
-            .collect();
+        let set = chart_values(&v, &[("kernelPath.mode", off.clone())]);
         let chart = render_chart(&set);
+        parse_all(&chart, "chart");
+        let env = env_of(&agent(&chart), v.dir);
+        assert_eq!(
+            run_args(&env, v.dir).kernel_path,
+            KernelPathMode::Off,
+            "chart with {set:?}"
+        );
         assert_eq!(bpffs_count(&chart), (0, 0), "chart with {set:?}");
-    }
-    for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let env = env_of(&agent(&objs), v.dir);
-        assert_eq!(run_args(&env, v.dir).kernel_path, KernelPathMode::Off);
-        assert_eq!(bpffs_count(&objs), (0, 0), "{}", v.dir);
+        // Nothing else changes: the same objects as the variant's defaults, less
+        // the env entry and the mount.
+        let default = render_chart(&chart_values(&v, &[]));
+        assert_eq!(
+            comparable(without_kernel_path(chart)),
+            comparable(without_kernel_path(default)),
+            "chart with {set:?}"
+        );
     }
 }

@@ -155,6 +155,15 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
             ));
         }
     }
+    // k8s/owner.rs `daemonset_state`: on SIGTERM, the agent's own DaemonSet
+    // (--daemonset), one `get` by name, to tell an uninstall from a restart.
+    if let Some(ds) = &run.daemonset {
+        v.push(call(
+            (&ds.namespace, "apps", "daemonsets", "get", &ds.name),
+            "k8s/owner.rs",
+            "Api::<DaemonSet>::namespaced(",
+        ));
+    }
     v
 }
 
@@ -522,6 +531,64 @@ fn the_writers_account_writes_only_its_configmap_and_lease() {
                 v.dir
             );
         }
+    }
+}
+
+/// Issue 21: the one read the agents gained is `get` on their own DaemonSet, by
+/// name, in their own namespace, through a Role bound to their ServiceAccount (never
+/// a ClusterRole: no other namespace's DaemonSets), and it names the DaemonSet the
+/// manifests install and the agent is told to read.
+#[test]
+fn the_agents_read_their_own_daemonset_and_no_other() {
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.dir) else { return };
+        let run = run_args(&env_of(&agent(&objs), v.dir), v.dir);
+        let own = run
+            .daemonset
+            .unwrap_or_else(|| panic!("{}: HAIRPIN_DAEMONSET is not set", v.dir));
+        let installed: Vec<String> = objs
+            .iter()
+            .filter(|o| o["kind"] == "DaemonSet")
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        assert_eq!(
+            installed,
+            [own.to_string()],
+            "{}: --daemonset names the agents' DaemonSet",
+            v.dir
+        );
+        let grants = rendered_grants(&objs, v.dir);
+        let daemonsets: Vec<&Grant> = grants[AGENT]
+            .iter()
+            .filter(|g| g.2 == "daemonsets")
+            .collect();
+        let expected: Grant = (
+            own.namespace.clone(),
+            "apps".into(),
+            "daemonsets".into(),
+            "get".into(),
+            own.name.clone(),
+        );
+        assert_eq!(daemonsets, [&expected], "{}", v.dir);
+        let role = objs
+            .iter()
+            .find(|o| {
+                o["kind"] == "Role"
+                    && o["metadata"]["namespace"] == own.namespace.as_str()
+                    && o["rules"].as_array().is_some_and(|rules| {
+                        rules
+                            .iter()
+                            .any(|r| r["resources"] == serde_json::json!(["daemonsets"]))
+                    })
+            })
+            .unwrap_or_else(|| panic!("{}: no Role in {} grants it", v.dir, own.namespace));
+        assert_eq!(role["metadata"]["name"], "hairpin", "{}", v.dir);
     }
 }
 

@@ -1,5 +1,5 @@
 //! deploy/uninstall: `hairpin-agent cleanup` once per node (a DaemonSet with the
-//! node's /etc/hosts and its bpf filesystem, mounted as components/kernel-path mounts
+//! node's /etc/hosts and its bpf filesystem, mounted as the agents' DaemonSet mounts
 //! it) and once per cluster (a Job as the agent's ServiceAccount, and for the CoreDNS
 //! overlays one as the writer's), with the settings of the install it undoes.
 
@@ -15,33 +15,38 @@ use super::{
     VARIANTS,
     flags::{cleanup_args, run_args, writer_args},
     render::{
-        agent, daemonset, env_of, find, host_path, kind_names, kustomize, kustomize_with,
-        parse_all, pod_spec, typed, writer,
+        agent, daemonset, env_of, find, host_path, kind_names, kustomize, parse_all, pod_spec,
+        typed, writer,
     },
 };
 
-/// The component whose agent pins the sockets maps the node cleanup removes.
-const KERNEL_PATH: &str = "deploy/components/kernel-path";
+/// The install whose agents pin the sockets maps the node cleanup removes (every
+/// variant runs the kernel path by default).
+const KERNEL_PATH: &str = "deploy";
 
-/// hairpin's directory of the host's bpf filesystem, mounted from and at the same path.
+/// hairpin's directory of the host's bpf filesystem.
 const BPFFS: &str = "/sys/fs/bpf/hairpin";
 
-/// The agent's mount of the host's bpf filesystem and its volume, as
-/// components/kernel-path renders them.
+/// Where the pods mount [`BPFFS`] (outside the container's sysfs, in which no mount
+/// point can be made), their `--bpf-pin-dir`.
+const BPFFS_MOUNT: &str = "/host/sys/fs/bpf/hairpin";
+
+/// The agent's mount of the host's bpf filesystem and its volume, as the default
+/// install renders them.
 fn kernel_path_bpffs() -> Option<(VolumeMount, Volume)> {
-    let objs = kustomize_with(&[KERNEL_PATH])?;
+    let objs = kustomize(KERNEL_PATH)?;
     let pod = pod_spec(&daemonset(&objs, "hairpin"));
     Some(bpffs_of(&pod, &agent(&objs), KERNEL_PATH))
 }
 
-/// `c`'s mount at /sys/fs/bpf and the pod's volume behind it.
+/// `c`'s mount of the host's bpf filesystem and the pod's volume behind it.
 fn bpffs_of(pod: &PodSpec, c: &Container, source: &str) -> (VolumeMount, Volume) {
     let mount = c
         .volume_mounts
         .iter()
         .flatten()
-        .find(|m| m.mount_path == BPFFS)
-        .unwrap_or_else(|| panic!("{source}: {} mounts nothing at {BPFFS}", c.name))
+        .find(|m| m.mount_path == BPFFS_MOUNT)
+        .unwrap_or_else(|| panic!("{source}: {} mounts nothing at {BPFFS_MOUNT}", c.name))
         .clone();
     let volume = pod
         .volumes
@@ -61,7 +66,10 @@ fn touches_bpffs(pod: &PodSpec) -> bool {
         .chain(pod.init_containers.iter().flatten());
     containers
         .flat_map(|c| c.volume_mounts.iter().flatten())
-        .any(|m| Path::new(&m.mount_path).starts_with("/sys/fs/bpf"))
+        .any(|m| {
+            let p = Path::new(&m.mount_path);
+            p.starts_with("/sys/fs/bpf") || p.starts_with("/host/sys/fs/bpf")
+        })
         || pod.volumes.iter().flatten().any(|v| {
             v.host_path
                 .as_ref()
@@ -156,8 +164,8 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
                 v.dir
             );
         }
-        // And the kernel path's pins, through the host's bpf filesystem (as
-        // components/kernel-path mounts it: the next test). Nothing else of the node.
+        // And the kernel path's pins, through the host's bpf filesystem (as the
+        // agents' DaemonSet mounts it: the next test). Nothing else of the node.
         let mounts: Vec<(&str, &str)> = init[0]
             .volume_mounts
             .iter()
@@ -166,7 +174,7 @@ fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
             .collect();
         assert_eq!(
             mounts,
-            [("hosts", "/host/etc/hosts"), ("bpffs", BPFFS)],
+            [("hosts", "/host/etc/hosts"), ("bpffs", BPFFS_MOUNT)],
             "{}: the cleanup's mounts",
             v.uninstall
         );
@@ -338,12 +346,12 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
     let Some((want_mount, want_volume)) = kernel_path_bpffs() else {
         return;
     };
-    // The component's shape, which the cleanup must match: hairpin's directory of the
-    // host's bpf filesystem, made when missing, at the same path, writable (cleanup
-    // unlinks the pins).
+    // The install's shape, which the cleanup must match: hairpin's directory of the
+    // host's bpf filesystem, made when missing, at the same mount path, writable
+    // (cleanup unlinks the pins).
     assert_eq!(
         (want_mount.name.as_str(), want_mount.mount_path.as_str()),
-        ("bpffs", BPFFS)
+        ("bpffs", BPFFS_MOUNT)
     );
     let hp = want_volume.host_path.clone().expect("a hostPath");
     assert_eq!(
@@ -386,13 +394,13 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
                     "{source}: the volume, as {KERNEL_PATH}"
                 );
                 assert_eq!(
-                    host_path(&pod, c, Path::new(BPFFS), &source),
+                    host_path(&pod, c, Path::new(BPFFS_MOUNT), &source),
                     (BPFFS.into(), "DirectoryOrCreate".into(), false),
                     "{source}: the host's bpf filesystem, writable"
                 );
                 assert!(
-                    args.bpf_pin_dir == Path::new(BPFFS),
-                    "{source}: --bpf-pin-dir {} is not the mounted {BPFFS}",
+                    args.bpf_pin_dir == Path::new(BPFFS_MOUNT),
+                    "{source}: --bpf-pin-dir {} is not the mounted {BPFFS_MOUNT}",
                     args.bpf_pin_dir.display()
                 );
             }

@@ -130,6 +130,7 @@ impl RedirectMap for Datapath {
             listener,
             frontend.version,
             frontend.first_speaker,
+            frontend.path,
         )
         .map_err(|e| match e {
             DatapathError::MapFull { .. } => FrontendError::MapFull(e.to_string()),
@@ -141,7 +142,9 @@ impl RedirectMap for Datapath {
             } else {
                 LivePath::Ebpf
             },
-            why: self.kernel_path().why(frontend.first_speaker),
+            why: self
+                .kernel_path()
+                .why(frontend.first_speaker, frontend.path),
         })
     }
 
@@ -247,7 +250,10 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
                 self.listeners.set_version(addr, f.version);
             }
             // The kernel path reads the version and the path from the map entry.
-            if a.frontend.version != f.version || a.frontend.first_speaker != f.first_speaker {
+            if a.frontend.version != f.version
+                || a.frontend.first_speaker != f.first_speaker
+                || a.frontend.path != f.path
+            {
                 match self.map.as_mut().map(|map| map.insert(&f, a.listener)) {
                     Some(Ok(route)) => {
                         a.path = route.path;
@@ -263,7 +269,7 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
                 }
             }
             info!(frontend = %addr, version = %f.version, source = %f.source,
-                first_speaker = %f.first_speaker, path = %a.path, "frontend updated");
+                first_speaker = %f.first_speaker, asked = %f.path, path = %a.path, "frontend updated");
             a.frontend = f;
         }
     }

@@ -4,7 +4,7 @@
 use std::{cell::RefCell, collections::BTreeSet, rc::Rc};
 
 use super::*;
-use crate::model::FirstSpeaker;
+use crate::model::{FirstSpeaker, PathChoice};
 
 /// Every call, in order, as `op addr`.
 type Log = Rc<RefCell<Vec<String>>>;
@@ -32,18 +32,22 @@ impl RedirectMap for FakeMap {
             return Err(FrontendError::MapFull(format!("full: {frontend}")));
         }
         self.entries.insert(frontend);
-        // As the datapath: a server-speaks-first frontend is relayed.
-        Ok(if self.kernel && f.first_speaker == FirstSpeaker::Client {
-            Route {
-                path: LivePath::Kernel,
-                why: Some("kernel".into()),
-            }
-        } else {
-            Route {
-                path: LivePath::Ebpf,
-                why: self.kernel.then(|| "relay".into()),
-            }
-        })
+        // As the datapath: a server-speaks-first frontend, or one that asks for
+        // the relay, is relayed.
+        Ok(
+            if self.kernel && f.first_speaker == FirstSpeaker::Client && f.path == PathChoice::Auto
+            {
+                Route {
+                    path: LivePath::Kernel,
+                    why: Some("kernel".into()),
+                }
+            } else {
+                Route {
+                    path: LivePath::Ebpf,
+                    why: self.kernel.then(|| "relay".into()),
+                }
+            },
+        )
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
@@ -96,6 +100,7 @@ fn fe(addr: &str, version: ProxyVersion) -> Frontend {
         version,
         source: "test".into(),
         first_speaker: FirstSpeaker::Client,
+        path: Default::default(),
     }
 }
 
@@ -228,6 +233,32 @@ fn a_frontend_turning_server_first_has_its_entry_rewritten_to_the_relay_path() {
     assert_eq!(take(&log), ["rewrite 203.0.113.10:25 v1"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
     assert_eq!(got, [LivePath::Ebpf]);
+}
+
+#[test]
+fn a_frontend_asking_for_the_relay_has_its_entry_rewritten_to_the_relay_path() {
+    let (mut r, log) = reconciler(16);
+    if let Some(m) = r.map_mut() {
+        m.kernel = true;
+    }
+    let auto = fe("203.0.113.10:443", V2);
+    let relay = Frontend {
+        path: PathChoice::Relay,
+        ..auto.clone()
+    };
+    r.apply(&set(std::slice::from_ref(&auto)), Trigger::Change);
+    let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(got, [LivePath::Kernel]);
+    take(&log);
+    // Only the path asked for changes: the entry is rewritten, the listener stays.
+    r.apply(&set(std::slice::from_ref(&relay)), Trigger::Change);
+    assert_eq!(take(&log), ["rewrite 203.0.113.10:443 v2"]);
+    let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(got, [LivePath::Ebpf]);
+    r.apply(&set(&[auto]), Trigger::Change);
+    assert_eq!(take(&log), ["rewrite 203.0.113.10:443 v2"]);
+    let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
+    assert_eq!(got, [LivePath::Kernel]);
 }
 
 #[test]

@@ -199,6 +199,7 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
             sockets_capacity: on.then_some(65_536),
             sockets_map_pin: None,
             sockets_map_pin_error: None,
+            mptcp_detection: None,
         }),
         ..Snapshot::default()
     };

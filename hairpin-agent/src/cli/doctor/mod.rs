@@ -357,10 +357,11 @@ fn names_scope_check(n: &crate::status::NamesStatus) -> Check {
 }
 
 /// How the kernel path stands: skipped when off, ok when on and no connection went
-/// without its header, a warning naming each miss counter when some did, and a
-/// warning with the reason and the fix when it was asked for but this kernel (or
-/// the agent's privileges) cannot run it. `lacking`: what this kernel was found to
-/// lack (program types), probed by the caller when unavailable.
+/// without its header, a warning naming each miss counter when some did, and the
+/// reason and the fix when this kernel (or the agent's privileges) cannot run it: a
+/// warning with `--kernel-path auto` (the relay takes over, as planned), a failure
+/// with `on` (it was required). `lacking`: what this kernel was found to lack
+/// (program types), probed by the caller when unavailable.
 fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
     let name = "kernel_path";
     let Some(s) = agent else {
@@ -389,11 +390,19 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
         ),
         KernelPathState::Unavailable => {
             let reason = kp.reason.as_deref().unwrap_or("no reason given");
-            let mut detail = format!(
-                "asked for (--kernel-path {}) but unavailable: {reason}; every frontend takes \
-                 the relay path (headers are still written)",
-                kp.configured
-            );
+            let mut detail = if kp.configured.requires() {
+                format!(
+                    "required (--kernel-path {}) but unavailable: {reason}; every frontend \
+                     takes the relay path (headers are still written)",
+                    kp.configured
+                )
+            } else {
+                format!(
+                    "unavailable on this node (--kernel-path {}): {reason}; every frontend \
+                     takes the relay path (headers are still written)",
+                    kp.configured
+                )
+            };
             if !lacking.is_empty() {
                 detail.push_str(&format!("; this kernel lacks {}", lacking.join(" and ")));
             }
@@ -408,7 +417,12 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             } else {
                 "see the agent's log for the error above, or set --kernel-path off"
             };
-            Check::new(name, Status::Warn, detail).fix(fix)
+            let status = if kp.configured.requires() {
+                Status::Fail
+            } else {
+                Status::Warn
+            };
+            Check::new(name, status, detail).fix(fix)
         }
         KernelPathState::On => {
             let fill = match kp.sockets_capacity {
@@ -424,8 +438,10 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             // the counters, since nothing has been missed yet.
             let unpinned = kp.sockets_map_pin_error.as_ref().map(|why| {
                 format!(
-                    "; sockets map not pinned ({why}): sockets established but not yet \
-                     written when the agent dies go without their header"
+                    "; the datapath is not pinned ({why}): it goes with the agent, so every \
+                     restart, upgrade or crash leaves traffic without hairpin until the next \
+                     agent attaches, and sockets established but not yet written go without \
+                     their header"
                 )
             });
             let missed = tally.missed();
@@ -465,9 +481,10 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
     }
 }
 
-/// What to do when the sockets map could not be pinned.
-const PIN_FIX: &str = "mount the host's /sys/fs/bpf into the agent so --bpf-pin-dir is on a \
-     bpf filesystem (deploy/components/kernel-path does), or point --bpf-pin-dir at one";
+/// What to do when the datapath could not be pinned.
+const PIN_FIX: &str = "mount the host's /sys/fs/bpf/hairpin into the agent so --bpf-pin-dir is \
+     on a bpf filesystem (the DaemonSet in deploy/ and the chart do, unless the kernel path is \
+     off), or point --bpf-pin-dir at one";
 
 /// What to do about the connections one miss counter counts.
 fn miss_fix(counter: Counter) -> &'static str {
@@ -477,22 +494,24 @@ fn miss_fix(counter: Counter) -> &'static str {
              (TCP Fast Open that the connect programs could not see: MSG_FASTOPEN, or \
              TCP_FASTOPEN_CONNECT set before the agent attached, both seen only where the \
              agent holds CAP_PERFMON; or a blocking send() while connecting), which the kernel \
-             path cannot put a header ahead of: add CAP_PERFMON to the container's \
-             capabilities, turn Fast Open off in those clients (net.ipv4.tcp_fastopen), mark \
-             their port `hairpin.dev/first-speaker: server` so it takes the relay, or set \
-             --kernel-path off"
+             path cannot put a header ahead of (each such connection fails as it would \
+             without hairpin): annotate the Service `hairpin.dev/path: relay` (or `path: \
+             relay` in the frontends file) so its connections take the relay, add \
+             CAP_PERFMON to the container's capabilities (deploy/components/kernel-path-perfmon) \
+             so MSG_FASTOPEN is seen, or turn Fast Open off in those clients \
+             (net.ipv4.tcp_fastopen)"
         }
         Counter::KernelMissedInsert => {
             "kernel_missed_insert: more sockets finished their handshake at once than the \
              sockets map holds (raise --kernel-path-sockets), or the map refused a socket: an \
-             MPTCP subflow, which the connect programs send to the relay only where the agent \
-             holds CAP_PERFMON (add it to the container's capabilities, or set --kernel-path \
-             off)"
+             MPTCP subflow the connect programs could not tell (they read its \
+             TCP_NOTSENT_LOWAT, which needs Linux 6.7; before it, only with CAP_PERFMON): \
+             annotate the Service `hairpin.dev/path: relay`, or add CAP_PERFMON"
         }
         Counter::KernelMissedPush | Counter::KernelMissedWrite => {
             "kernel_missed_push / kernel_missed_write: the node was short of socket memory \
              when the header was written (see net.ipv4.tcp_mem and the node's memory); if it \
-             repeats, set --kernel-path off"
+             repeats, annotate the Service `hairpin.dev/path: relay`"
         }
         _ => "see the counter's meaning in docs/architecture.md, \"The kernel path\"",
     }
@@ -600,6 +619,7 @@ mod tests {
                 sockets_capacity: Some(65_536),
                 sockets_map_pin: None,
                 sockets_map_pin_error: None,
+                mptcp_detection: None,
             }),
             ..Default::default()
         };
@@ -649,9 +669,9 @@ mod tests {
         assert!(c.fix.is_none());
     }
 
-    /// An unpinned sockets map is a warning with what it costs and the mount to add.
+    /// An unpinned datapath is a warning with what it costs and the mount to add.
     #[test]
-    fn an_unpinned_sockets_map_warns_with_the_mount_to_add() {
+    fn an_unpinned_datapath_warns_with_what_it_costs_and_the_mount_to_add() {
         let mut s = kernel_path_agent(KernelPathState::On, None, &[("kernel_headers_written", 4)]);
         if let Some(kp) = s.kernel_path.as_mut() {
             kp.sockets_map_pin_error = Some("/sys/fs/bpf is not on a bpf filesystem".into());
@@ -660,8 +680,10 @@ mod tests {
         assert_eq!(c.status, Status::Warn, "{c:?}");
         assert!(
             c.detail.ends_with(
-                "; sockets map not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
-                 established but not yet written when the agent dies go without their header"
+                "; the datapath is not pinned (/sys/fs/bpf is not on a bpf filesystem): it goes \
+                 with the agent, so every restart, upgrade or crash leaves traffic without \
+                 hairpin until the next agent attaches, and sockets established but not yet \
+                 written go without their header"
             ),
             "{}",
             c.detail
@@ -700,26 +722,40 @@ mod tests {
             fix.contains("turn Fast Open off") && fix.contains("raise --kernel-path-sockets"),
             "{fix}"
         );
+        // The escape hatch for a workload that hits a known miss.
+        assert!(fix.contains("`hairpin.dev/path: relay`"), "{fix}");
         assert!(!fix.contains("kernel_missed_push"), "{fix}");
     }
 
-    /// Asked for but unavailable: a warning with the reason, what this kernel lacks,
-    /// and the fix for that cause.
+    /// Unavailable: the reason, what this kernel lacks, and the fix for that cause;
+    /// a warning with `auto` (the relay takes over as planned), a failure with `on`.
     #[test]
     fn an_unavailable_kernel_path_warns_with_the_reason_and_the_fix() {
-        let s = kernel_path_agent(
+        let mut s = kernel_path_agent(
             KernelPathState::Unavailable,
             Some("this kernel has no sk_msg programs"),
             &[],
         );
         let c = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
-        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.status, Status::Fail);
         assert_eq!(
             c.detail,
-            "asked for (--kernel-path on) but unavailable: this kernel has no sk_msg programs; \
+            "required (--kernel-path on) but unavailable: this kernel has no sk_msg programs; \
              every frontend takes the relay path (headers are still written); this kernel \
              lacks sk_msg programs"
         );
+        if let Some(k) = s.kernel_path.as_mut() {
+            k.configured = crate::model::KernelPathMode::Auto;
+        }
+        let auto = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
+        assert_eq!(auto.status, Status::Warn);
+        assert_eq!(
+            auto.detail,
+            "unavailable on this node (--kernel-path auto): this kernel has no sk_msg \
+             programs; every frontend takes the relay path (headers are still written); this \
+             kernel lacks sk_msg programs"
+        );
+        assert_eq!(auto.fix, c.fix);
         assert!(
             c.fix.as_deref().is_some_and(|f| f.contains("sk_msg")),
             "{c:?}"
@@ -730,7 +766,7 @@ mod tests {
             &[],
         );
         let c = kernel_path_check(Some(&s), &[]);
-        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.status, Status::Fail);
         assert!(
             c.fix
                 .as_deref()

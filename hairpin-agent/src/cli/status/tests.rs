@@ -1,6 +1,6 @@
 use super::*;
 use crate::{
-    model::{LivePath, Paths, ProxyVersion},
+    model::{KernelPathMode, LivePath, Paths, ProxyVersion},
     status::{AttachmentStatus, FrontendStatus, KernelIds, RetryPolicy, SourceStatus},
 };
 
@@ -186,8 +186,9 @@ fn a_failed_frontend_says_why_and_when_it_is_tried_again() {
     );
 }
 
-/// A `/status` of an agent with `--kernel-path on`, as it serves it (trimmed to what
-/// the kernel path lines read): two frontends, one whose server speaks first.
+/// A `/status` of an agent with the kernel path on (`--kernel-path auto`, the
+/// default), as it serves it (trimmed to what the kernel path lines read): two
+/// frontends, one whose server speaks first.
 const KERNEL_PATH_STATUS: &str = r#"{
   "agent": {"version": "0.1.0", "pid": 42, "started_at": "2026-05-19T10:00:00Z", "bypass_mark": 104},
   "attachment": null,
@@ -211,7 +212,7 @@ const KERNEL_PATH_STATUS: &str = r#"{
   "sources": [{"name": "file f.yaml", "synced": true, "last_sync": null, "last_error": null}],
   "last_reconcile": null,
   "decisions": [],
-  "kernel_path": {"configured": "on", "state": "on", "sockets_map_id": 33, "sockets_capacity": 64}
+  "kernel_path": {"configured": "auto", "state": "on", "sockets_map_id": 33, "sockets_capacity": 64}
 }"#;
 
 fn kernel_path_snapshot() -> Snapshot {
@@ -226,7 +227,7 @@ fn the_kernel_path_shows_its_fill_headers_fallbacks_and_each_frontends_writer() 
     let text = render(&report(Some(kernel_path_snapshot())), false);
     assert!(
         text.contains(
-            "kernel path on (--kernel-path on): the kernel writes the header of \
+            "kernel path on (--kernel-path auto): the kernel writes the header of \
              client-speaks-first frontends on the client's own socket\n"
         ),
         "{text}"
@@ -310,13 +311,14 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
     let mut s = kernel_path_snapshot();
     s.counters.kernel.retain(|k, _| !k.starts_with("kernel_"));
     s.kernel_path = Some(crate::status::KernelPathStatus {
-        configured: KernelPathMode::On,
+        configured: KernelPathMode::Auto,
         state: KernelPathState::Unavailable,
         reason: Some("this kernel has no sk_msg programs".into()),
         sockets_map_id: None,
         sockets_capacity: None,
         sockets_map_pin: None,
         sockets_map_pin_error: None,
+        mptcp_detection: None,
     });
     for f in &mut s.frontends {
         f.path = Paths(vec![LivePath::Ebpf]);
@@ -325,7 +327,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
     let text = render(&report(Some(s.clone())), false);
     assert!(
         text.contains(
-            "kernel path unavailable: this kernel has no sk_msg programs (--kernel-path on): \
+            "kernel path unavailable: this kernel has no sk_msg programs (--kernel-path auto): \
              every frontend takes the relay\n"
         ),
         "{text}"
@@ -340,6 +342,23 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         coloured.contains("\x1b[33munavailable: this kernel has no sk_msg programs"),
         "{coloured}"
     );
+    // Required (`on`): said so, and painted as a failure rather than a caveat.
+    if let Some(kp) = s.kernel_path.as_mut() {
+        kp.configured = KernelPathMode::On;
+    }
+    let text = render(&report(Some(s.clone())), false);
+    assert!(
+        text.contains(
+            "kernel path unavailable: this kernel has no sk_msg programs (--kernel-path on, \
+             required): every frontend takes the relay\n"
+        ),
+        "{text}"
+    );
+    let coloured = render(&report(Some(s.clone())), true);
+    assert!(
+        coloured.contains("\x1b[31munavailable: this kernel has no sk_msg programs"),
+        "{coloured}"
+    );
 
     s.kernel_path = Some(crate::status::KernelPathStatus {
         configured: KernelPathMode::Off,
@@ -349,6 +368,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         sockets_capacity: None,
         sockets_map_pin: None,
         sockets_map_pin_error: None,
+        mptcp_detection: None,
     });
     let text = render(&report(Some(s)), false);
     assert!(
@@ -388,19 +408,27 @@ fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
             false,
         )
     };
-    let text = with("\"sockets_map_pin\": \"/sys/fs/bpf/hairpin/sockets-33\"");
+    let text = with("\"sockets_map_pin\": \"/sys/fs/bpf/hairpin/v1/maps/HAIRPIN_SOCKETS\"");
     assert!(
         text.contains(
             "(new connects go to the relay from 60)\n            pinned at \
-             /sys/fs/bpf/hairpin/sockets-33: its sockets keep their header if the agent dies\n"
+             /sys/fs/bpf/hairpin/v1/maps/HAIRPIN_SOCKETS: the datapath outlives the agent\n"
         ),
         "{text}"
     );
     let text = with("\"sockets_map_pin_error\": \"/sys/fs/bpf is not on a bpf filesystem\"");
     assert!(
         text.contains(
-            "            not pinned (/sys/fs/bpf is not on a bpf filesystem): sockets \
-             established but not yet written when the agent dies go without their header\n"
+            "            not pinned (/sys/fs/bpf is not on a bpf filesystem): the datapath \
+             goes with the agent, and sockets established but not yet written when it dies go \
+             without their header\n"
+        ),
+        "{text}"
+    );
+    let text = with("\"mptcp_detection\": \"notsent_lowat\"");
+    assert!(
+        text.contains(
+            "            MPTCP subflows told apart by TCP_NOTSENT_LOWAT (no CAP_PERFMON, Linux 6.7+)\n"
         ),
         "{text}"
     );

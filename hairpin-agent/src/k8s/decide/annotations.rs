@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ServicePort;
 use thiserror::Error;
 
-use crate::model::{FirstSpeaker, ProxyVersion};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// `v1 | v2 | off`: overrides provider annotations and the default for this Service.
 pub const PROXY_PROTOCOL: &str = "hairpin.dev/proxy-protocol";
@@ -16,6 +16,12 @@ pub const PORTS: &str = "hairpin.dev/ports";
 /// [`PORTS`]; ports not listed are `client`). Server-speaks-first ports always take
 /// the relay path.
 pub const FIRST_SPEAKER: &str = "hairpin.dev/first-speaker";
+/// Which path the Service's frontends take: `auto` (the default: the kernel path
+/// where the node runs it and the client speaks first, else the relay) or `relay`
+/// for every port, or `PORT=auto|relay` entries separated by commas (as in
+/// [`FIRST_SPEAKER`]; ports not listed are `auto`). `relay` is for a workload that
+/// hits one of the kernel path's known misses.
+pub const PATH: &str = "hairpin.dev/path";
 
 /// Most bytes of an annotation value (or one of its entries) quoted in a message:
 /// the Event that carries it holds 1 KiB, and what was expected must still fit.
@@ -87,6 +93,23 @@ pub enum AnnotationError {
         /// What was wrong with one entry, `: "x" is ...`, or empty.
         detail: String,
     },
+    /// `hairpin.dev/path` is not `auto`, `relay` or `PORT=auto|relay` entries naming
+    /// TCP ports of the Service.
+    #[error(
+        "service {service}: annotation {PATH} is {value:?}; expected auto, relay, or \
+         PORT=auto|relay entries separated by commas, PORT a TCP port number or name in \
+         spec.ports (the Service has {known}){detail}"
+    )]
+    Path {
+        /// `namespace/name`.
+        service: String,
+        /// The value (its first 64 bytes when longer).
+        value: String,
+        /// The Service's TCP ports, `80/http, 443/https`.
+        known: String,
+        /// What was wrong with one entry, `: "x" is ...`, or empty.
+        detail: String,
+    },
     /// A `hairpin.dev/ports` entry names a UDP or SCTP port.
     #[error(
         "service {service}: annotation {PORTS} lists {entry:?}, a {protocol} port; hairpin proxies TCP ports only"
@@ -129,21 +152,28 @@ pub fn proxy_protocol(
     }
 }
 
-/// What `hairpin.dev/first-speaker` says, port by port.
+/// What a per-port annotation (`hairpin.dev/first-speaker`, `hairpin.dev/path`) says,
+/// port by port.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FirstSpeakers {
+pub struct PerPort<T> {
     /// Every port not listed in `ports`.
-    pub all: FirstSpeaker,
+    pub all: T,
     /// Ports listed one by one.
-    pub ports: BTreeMap<i32, FirstSpeaker>,
+    pub ports: BTreeMap<i32, T>,
 }
 
-impl FirstSpeakers {
-    /// Who speaks first on Service port `port`.
-    pub fn for_port(&self, port: i32) -> FirstSpeaker {
+impl<T: Copy> PerPort<T> {
+    /// The setting for Service port `port`.
+    pub fn for_port(&self, port: i32) -> T {
         self.ports.get(&port).copied().unwrap_or(self.all)
     }
 }
+
+/// What `hairpin.dev/first-speaker` says, port by port.
+pub type FirstSpeakers = PerPort<FirstSpeaker>;
+
+/// What `hairpin.dev/path` says, port by port.
+pub type Paths = PerPort<PathChoice>;
 
 /// Parses `hairpin.dev/first-speaker` against the Service's ports; absent is every
 /// port `client`.
@@ -152,8 +182,46 @@ pub fn first_speaker(
     value: Option<&str>,
     spec_ports: &[ServicePort],
 ) -> Result<FirstSpeakers, AnnotationError> {
+    per_port(value, spec_ports, ["client", "server"]).map_err(|(value, known, detail)| {
+        AnnotationError::FirstSpeaker {
+            service: service.to_string(),
+            value,
+            known,
+            detail,
+        }
+    })
+}
+
+/// Parses `hairpin.dev/path` against the Service's ports; absent is every port `auto`.
+pub fn path(
+    service: &str,
+    value: Option<&str>,
+    spec_ports: &[ServicePort],
+) -> Result<Paths, AnnotationError> {
+    per_port(value, spec_ports, ["auto", "relay"]).map_err(|(value, known, detail)| {
+        AnnotationError::Path {
+            service: service.to_string(),
+            value,
+            known,
+            detail,
+        }
+    })
+}
+
+/// Parses a per-port annotation whose two words are `words`: one word for every
+/// port, or `PORT=word` entries separated by commas, PORT a TCP port number or name
+/// of the Service; absent is every port `T::default()`. An error is (the value, the
+/// Service's TCP ports, what was wrong with one entry), excerpted for a message.
+fn per_port<T>(
+    value: Option<&str>,
+    spec_ports: &[ServicePort],
+    words: [&str; 2],
+) -> Result<PerPort<T>, (String, String, String)>
+where
+    T: std::str::FromStr + Default + Copy,
+{
     let Some(value) = value else {
-        return Ok(FirstSpeakers::default());
+        return Ok(PerPort::default());
     };
     let error = |detail: String| {
         let known: Vec<String> = spec_ports
@@ -164,36 +232,33 @@ pub fn first_speaker(
                 None => p.port.to_string(),
             })
             .collect();
-        AnnotationError::FirstSpeaker {
-            service: service.to_string(),
-            value: excerpt(value, EXCERPT_MAX),
-            known: if known.is_empty() {
-                "no TCP ports".to_string()
-            } else {
-                excerpt(&known.join(", "), KNOWN_PORTS_MAX)
-            },
-            detail,
-        }
+        let known = if known.is_empty() {
+            "no TCP ports".to_string()
+        } else {
+            excerpt(&known.join(", "), KNOWN_PORTS_MAX)
+        };
+        (excerpt(value, EXCERPT_MAX), known, detail)
     };
-    if let Ok(all) = value.parse::<FirstSpeaker>() {
-        return Ok(FirstSpeakers {
+    if let Ok(all) = value.parse::<T>() {
+        return Ok(PerPort {
             all,
             ports: BTreeMap::new(),
         });
     }
-    let mut out = FirstSpeakers::default();
+    let [a, b] = words;
+    let mut out = PerPort::default();
     for entry in value.split(',').map(str::trim) {
-        let Some((port, speaker)) = entry.split_once('=') else {
+        let Some((port, word)) = entry.split_once('=') else {
             return Err(error(format!(
-                ": {:?} is not PORT=client|server",
+                ": {:?} is not PORT={a}|{b}",
                 excerpt(entry, EXCERPT_MAX)
             )));
         };
-        let (port, speaker) = (port.trim(), speaker.trim());
-        let speaker: FirstSpeaker = speaker.parse().map_err(|_| {
+        let (port, word) = (port.trim(), word.trim());
+        let setting: T = word.parse().map_err(|_| {
             error(format!(
-                ": {:?} is neither client nor server",
-                excerpt(speaker, EXCERPT_MAX)
+                ": {:?} is neither {a} nor {b}",
+                excerpt(word, EXCERPT_MAX)
             ))
         })?;
         let number: Option<i32> = port.parse().ok();
@@ -210,7 +275,7 @@ pub fn first_speaker(
                 excerpt(port, EXCERPT_MAX)
             )));
         };
-        out.ports.insert(found.port, speaker);
+        out.ports.insert(found.port, setting);
     }
     Ok(out)
 }
@@ -350,6 +415,51 @@ mod tests {
             "{err}"
         );
         assert!(first_speaker("a/b", Some("25=server,"), &spec).is_err());
+    }
+
+    #[test]
+    fn path_for_every_port_or_port_by_port_and_a_bad_value_names_what_was_expected() {
+        let spec = [
+            port("http", 80, None),
+            port("https", 443, Some("TCP")),
+            port("dns", 53, Some("UDP")),
+        ];
+        let absent = path("a/b", None, &spec).expect("valid");
+        assert_eq!(absent.for_port(443), PathChoice::Auto);
+        let all = path("a/b", Some(" Relay"), &spec).expect("valid");
+        assert_eq!(all.for_port(80), PathChoice::Relay);
+        assert_eq!(all.for_port(443), PathChoice::Relay);
+        let some = path("a/b", Some("https=relay, 80 = auto"), &spec).expect("valid");
+        assert_eq!(some.for_port(443), PathChoice::Relay);
+        assert_eq!(some.for_port(80), PathChoice::Auto);
+        assert_eq!(some.for_port(8443), PathChoice::Auto);
+        let err = path("a/b", Some("kernel"), &spec).expect_err("no such path");
+        assert_eq!(
+            err.to_string(),
+            "service a/b: annotation hairpin.dev/path is \"kernel\"; expected auto, relay, or \
+             PORT=auto|relay entries separated by commas, PORT a TCP port number or name in \
+             spec.ports (the Service has 80/http, 443/https): \"kernel\" is not PORT=auto|relay"
+        );
+        let err = path("a/b", Some("443=off"), &spec).expect_err("bad word");
+        assert!(
+            err.to_string()
+                .ends_with(": \"off\" is neither auto nor relay"),
+            "{err}"
+        );
+        let err = path("a/b", Some("dns=relay"), &spec).expect_err("udp");
+        assert!(
+            err.to_string()
+                .ends_with(": \"dns\" is not a TCP port of the Service"),
+            "{err}"
+        );
+        assert!(matches!(
+            path("a/b", Some("443=relay,"), &spec),
+            Err(AnnotationError::Path { .. })
+        ));
+        // A value far past the Event's room is quoted in part.
+        let long = format!("443={}", "r".repeat(500));
+        let err = path("a/b", Some(&long), &spec).expect_err("long");
+        assert!(err.to_string().len() < 600, "{err}");
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         if notes.contains_key(annotations::PROXY_PROTOCOL)
             || notes.contains_key(annotations::PORTS)
             || notes.contains_key(annotations::FIRST_SPEAKER)
+            || notes.contains_key(annotations::PATH)
         {
             decision.warnings.push(format!(
                 "service {key} has hairpin annotations but is of type {service_type}; they only apply to type LoadBalancer"
@@ -101,6 +102,17 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         spec_ports,
     ) {
         Ok(speakers) => speakers,
+        Err(error) => {
+            decision.outcome = Outcome::Invalid(error);
+            return decision;
+        }
+    };
+    let paths = match annotations::path(
+        &key,
+        notes.get(annotations::PATH).map(String::as_str),
+        spec_ports,
+    ) {
+        Ok(paths) => paths,
         Err(error) => {
             decision.outcome = Outcome::Invalid(error);
             return decision;
@@ -273,6 +285,7 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
                 version: *version,
                 source: source.clone(),
                 first_speaker: speakers.for_port(i32::from(port)),
+                path: paths.for_port(i32::from(port)),
             });
         }
     }
@@ -290,7 +303,7 @@ fn port_label(port: &k8s_openapi::api::core::v1::ServicePort) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::FirstSpeaker;
+    use crate::model::{FirstSpeaker, PathChoice};
 
     fn service(annotations: serde_json::Value) -> Service {
         serde_json::from_value(serde_json::json!({
@@ -348,6 +361,62 @@ mod tests {
                 .frontends
                 .iter()
                 .all(|f| f.first_speaker == FirstSpeaker::Server)
+        );
+    }
+
+    #[test]
+    fn path_annotation_sets_each_frontend_and_a_bad_one_invalidates_the_service() {
+        let with = |value: Option<&str>| {
+            let mut notes = serde_json::json!({"hairpin.dev/proxy-protocol": "v2"});
+            if let Some(v) = value {
+                notes["hairpin.dev/path"] = v.into();
+            }
+            decide(&service(notes), &Defaults::default())
+        };
+        let paths = |d: &Decision| -> Vec<String> {
+            d.frontends
+                .iter()
+                .map(|f| format!("{} {}", f.port, f.path))
+                .collect()
+        };
+        assert_eq!(paths(&with(None)), ["25 auto", "80 auto", "143 auto"]);
+        assert_eq!(
+            paths(&with(Some("relay"))),
+            ["25 relay", "80 relay", "143 relay"]
+        );
+        assert_eq!(
+            paths(&with(Some("http=relay"))),
+            ["25 auto", "80 relay", "143 auto"]
+        );
+        let bad = with(Some("http=kernel"));
+        assert!(bad.frontends.is_empty());
+        assert_eq!(bad.reason(), "InvalidAnnotation");
+        assert!(bad.is_warning());
+        assert_eq!(
+            bad.summary(),
+            "hairpin skips this Service: service ns/mail: annotation hairpin.dev/path is \
+             \"http=kernel\"; expected auto, relay, or PORT=auto|relay entries separated by \
+             commas, PORT a TCP port number or name in spec.ports (the Service has 80/http, \
+             25/smtp, 143/imap): \"kernel\" is neither auto nor relay"
+        );
+        // Not a LoadBalancer: the annotation is named as one that does not apply.
+        let mut cluster_ip = service(serde_json::json!({"hairpin.dev/path": "relay"}));
+        if let Some(spec) = cluster_ip.spec.as_mut() {
+            spec.type_ = Some("ClusterIP".into());
+        }
+        let d = decide(&cluster_ip, &Defaults::default());
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.contains("has hairpin annotations but is of type ClusterIP")),
+            "{:?}",
+            d.warnings
+        );
+        assert!(
+            with(Some("relay"))
+                .frontends
+                .iter()
+                .all(|f| f.path == PathChoice::Relay && f.first_speaker == FirstSpeaker::Client)
         );
     }
 }

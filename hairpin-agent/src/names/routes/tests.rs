@@ -37,6 +37,7 @@ fn fe(ip: &str, port: u16, version: ProxyVersion) -> Frontend {
         version,
         source: format!("Service for {ip}"),
         first_speaker: Default::default(),
+        path: Default::default(),
     }
 }
 
