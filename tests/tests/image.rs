@@ -300,6 +300,11 @@ fn pod_spec_args(
             "/sys/fs/cgroup" => node.cgroup.clone(),
             "/etc/hosts" => hosts.clone(),
             "/run/hairpin" => run_dir.clone(),
+            // The kernel path's pins: the simulated node's own bpf filesystem.
+            "/sys/fs/bpf/hairpin" => {
+                std::fs::create_dir_all(node.pin_dir()).expect("pin dir");
+                node.pin_dir()
+            }
             other => panic!("hostPath {other} has no stand-in on the simulated node: add one"),
         };
         let ro = if m.read_only == Some(true) { ":ro" } else { "" };
@@ -316,7 +321,14 @@ fn pod_spec_args(
     ]);
 
     // The env as the kubelet gives it: downward-API fields filled in for this node.
-    for e in c.env.iter().flatten() {
+    // HAIRPIN_DAEMONSET names the DaemonSet read from the API server on SIGTERM,
+    // which a frontends file (no cluster) does not go with: the agent refuses both.
+    for e in c
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name != "HAIRPIN_DAEMONSET")
+    {
         let value = match (&e.value, &e.value_from) {
             (Some(v), _) => v.clone(),
             (None, Some(from)) => {
@@ -370,6 +382,11 @@ fn wait_for_log(c: &Running, needle: &str, within: Duration) -> String {
         if logs.contains(needle) {
             return logs;
         }
+        let running = podman(&["inspect", "--format", "{{.State.Running}}", &c.name]);
+        assert!(
+            String::from_utf8_lossy(&running.stdout).trim() != "false",
+            "the containerized agent exited before logging {needle:?}:\n{logs}"
+        );
         assert!(
             Instant::now() < deadline,
             "the containerized agent did not log {needle:?} within {within:?}:\n{logs}"

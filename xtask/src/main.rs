@@ -176,6 +176,8 @@ fn test(args: &[String]) -> Result<()> {
     // Formatting first: it costs nothing and needs no build.
     run(cargo().args(["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;
+    // The supply-chain gate, before anything is built: Cargo.lock against deny.toml.
+    deny::check()?;
     let object = ebpf::build(&ebpf::Options::default())?;
     // Every workspace crate on the host, hairpin-ebpf included: its library and its
     // binary's host stub. The programs (compiled only for bpfel-unknown-none) are not
@@ -211,8 +213,6 @@ fn test(args: &[String]) -> Result<()> {
         .env("HAIRPIN_HELM_PYTHON", &helm_python))?;
     // The shared-types crate is not a default member (its binary targets BPF): test its library.
     run(cargo().args(["test", "--locked", "--package", "hairpin-ebpf", "--lib"]))?;
-    // The supply-chain gate: Cargo.lock against deny.toml.
-    deny::check()?;
     // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the
     // run. The long runs are `cargo xtask fuzz --time N` (RELIABILITY.md).
     fuzz::fuzz(&fuzz::Options::smoke())
