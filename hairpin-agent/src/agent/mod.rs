@@ -211,6 +211,7 @@ impl Agent {
                 st.limits = Some(next.name_limits.clone());
             }
         });
+        self.metrics.set_names_withheld(next.name_limits.withheld);
         (relay_ip, count)
     }
 

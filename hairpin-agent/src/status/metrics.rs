@@ -112,6 +112,7 @@ pub struct Metrics {
     client_errors: Family<KindLabel, Counter>,
     frontends: Gauge,
     frontends_failed: Gauge,
+    names_withheld: Gauge,
     refused_clients: Counter,
     shed: Family<ReasonLabel, Counter>,
     watch_restarts: Family<ResourceLabel, Counter>,
@@ -137,6 +138,7 @@ impl Default for Metrics {
             client_errors: Family::default(),
             frontends: Gauge::default(),
             frontends_failed: Gauge::default(),
+            names_withheld: Gauge::default(),
             refused_clients: Counter::default(),
             shed: Family::default(),
             watch_restarts: Family::default(),
@@ -196,6 +198,12 @@ impl Metrics {
     /// (the client reset it, or keepalive found it gone).
     pub fn client_error(&self, kind: ConnError) {
         self.client_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Sets how many hostnames the caps on names withhold now (`--max-names`,
+    /// `--max-names-per-namespace`).
+    pub fn set_names_withheld(&self, withheld: usize) {
+        self.names_withheld.set(withheld as i64);
     }
 
     /// Sets the number of frontends proxied and failed.
@@ -365,6 +373,12 @@ impl Metrics {
             "frontends_failed",
             "Frontends that could not be made live (left on the pre-hairpin path)",
             self.frontends_failed.clone(),
+        );
+        registry.register(
+            "names_withheld",
+            "Hostnames the caps on names withhold now (--max-names, --max-names-per-namespace): \
+             not published in /etc/hosts or CoreDNS, with a Warning Event on their objects",
+            self.names_withheld.clone(),
         );
         registry.register(
             "relay_refused_clients",

@@ -21,15 +21,6 @@ const MONITORING: &str = "deploy/components/monitoring";
 /// (prometheus-operator's CRDs) or parse_all does not list (the ConfigMap).
 const ADDED: [&str; 3] = ["PodMonitor", "PrometheusRule", "ConfigMap"];
 
-/// Metrics the rules and the dashboard use that this agent does not export yet: the
-/// datapath heartbeat's gauges and the count of names the caps withhold. Each is
-/// reported by the test, so the list shrinks as they land.
-const PENDING: [&str; 3] = [
-    "hairpin_datapath_heartbeat_age_seconds",
-    "hairpin_datapath_ttl_seconds",
-    "hairpin_names_withheld",
-];
-
 fn chart_monitoring() -> Vec<Json> {
     render_chart_with(&["--set".into(), "monitoring.enabled=true".into()])
 }
@@ -256,6 +247,7 @@ fn exported() -> BTreeSet<String> {
     let m = Metrics::default();
     // A labelled family is rendered once it has a sample: record one of each.
     m.set_kernel_counters(Arc::new(|| vec![("kernel_missed_push".to_string(), 1)]));
+    m.set_datapath_heartbeat(Arc::new(|| (Some(1.0), 600.0)));
     m.bytes(Direction::Upstream, 1);
     m.upstream_error(ConnError::Refused);
     m.client_error(ConnError::Reset);
@@ -298,11 +290,15 @@ fn hairpin_names(expr: &str) -> BTreeSet<String> {
 #[test]
 fn the_rules_and_the_dashboard_use_metrics_the_agent_exports() {
     let exported = exported();
-    assert!(
-        exported.contains("hairpin_relay_shed_total")
-            && exported.contains("hairpin_kernel_events_total"),
-        "{exported:?}"
-    );
+    for name in [
+        "hairpin_relay_shed_total",
+        "hairpin_kernel_events_total",
+        "hairpin_datapath_heartbeat_age_seconds",
+        "hairpin_datapath_ttl_seconds",
+        "hairpin_names_withheld",
+    ] {
+        assert!(exported.contains(name), "{name}: {exported:?}");
+    }
     let mut used = BTreeSet::new();
     let rule_text = read(&format!("{MONITORING}/prometheusrule.yaml"));
     for line in rule_text.lines() {
@@ -316,17 +312,11 @@ fn the_rules_and_the_dashboard_use_metrics_the_agent_exports() {
             used.extend(hairpin_names(t["expr"].as_str().expect("expr")));
         }
     }
-    let unknown: Vec<&String> = used
-        .iter()
-        .filter(|n| !exported.contains(*n) && !PENDING.contains(&n.as_str()))
-        .collect();
+    let unknown: Vec<&String> = used.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(
         unknown.is_empty(),
         "not exported by the agent: {unknown:?} (exported: {exported:?})"
     );
-    for p in PENDING.iter().filter(|p| !exported.contains(**p)) {
-        eprintln!("NOTE: {p} is used by the monitoring component but not exported yet");
-    }
 }
 
 #[test]
