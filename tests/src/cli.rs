@@ -45,6 +45,27 @@ impl CliRun {
     }
 }
 
+/// Runs `hairpin-agent cleanup` for the node scope as the uninstall's node cleanup
+/// does (no listen link here, no API server), with JSON output; asserts it succeeded.
+pub fn run_node_cleanup(node: &SimNode) -> CliRun {
+    let run = run_cli(
+        node,
+        &[
+            "cleanup",
+            "--scope",
+            "node",
+            "--listen-link",
+            "none",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    run
+}
+
 /// Runs `hairpin-agent <args>` in the node namespace, in the host cgroup (so the
 /// redirect applies to it as to any host process), talking to `node`'s admin socket.
 pub fn run_cli(node: &SimNode, args: &[&str]) -> CliRun {

@@ -499,19 +499,7 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     );
     // `cleanup` removes it: the maps go (the kernel frees them after the last
     // reference, deferred), and --map-id of a vanished map finds nothing.
-    let cleanup = run_cli(
-        &node,
-        &[
-            "cleanup",
-            "--scope",
-            "node",
-            "--listen-link",
-            "none",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-        ],
-    );
-    assert_eq!(cleanup.code, 0, "{cleanup:?}");
+    hairpin_tests::cli::run_node_cleanup(&node);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let gone = loop {
         let gone = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]);

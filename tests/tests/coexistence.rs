@@ -102,19 +102,7 @@ fn hairpin_attaches_beside_another_program_and_both_work() {
     agent.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(agent.wait(std::time::Duration::from_secs(30)).success());
     assert_eq!(node.attached_programs().matches("cgroup_inet").count(), 4);
-    let run = hairpin_tests::cli::run_cli(
-        &node,
-        &[
-            "cleanup",
-            "--scope",
-            "node",
-            "--listen-link",
-            "none",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-        ],
-    );
-    assert_eq!(run.code, 0, "{run:?}");
+    hairpin_tests::cli::run_node_cleanup(&node);
     let after = node.attached_programs();
     assert_eq!(
         after.matches("cgroup_inet").count(),

@@ -540,21 +540,7 @@ fn after_kill_9_traffic_is_never_broken_and_cleanup_leaves_it_as_before(path: Pa
         }
     }
     // `cleanup` removes the datapath: nothing attached, traffic as before hairpin.
-    let run = hairpin_tests::cli::run_cli(
-        &node,
-        &[
-            "cleanup",
-            "--scope",
-            "node",
-            "--listen-link",
-            "none",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-            "--output",
-            "json",
-        ],
-    );
-    assert_eq!(run.code, 0, "{run:?}");
+    hairpin_tests::cli::run_node_cleanup(&node);
     let attached = node.attached_programs();
     assert!(
         !attached.contains("connect") && !attached.contains("sock_ops"),

@@ -1766,21 +1766,7 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
     assert!(map_exists(map_id), "kept by its pin");
     let attached = node.attached_programs();
     assert!(attached.contains("connect"), "{attached}");
-    let run = hairpin_tests::cli::run_cli(
-        &node,
-        &[
-            "cleanup",
-            "--scope",
-            "node",
-            "--listen-link",
-            "none",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-            "--output",
-            "json",
-        ],
-    );
-    assert_eq!(run.code, 0, "{run:?}");
+    let run = hairpin_tests::cli::run_node_cleanup(&node);
     let steps: Vec<(String, String)> = run.json()["steps"]
         .as_array()
         .expect("steps")
