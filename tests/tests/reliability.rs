@@ -17,7 +17,6 @@ use std::{
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, frontends_yaml_with_hosts, spec},
-    bench::setup::tune_namespaces,
     cli::run_cli,
     client::{from_host, from_pod, url},
     fakeapi::{FakeApi, fixture},
@@ -53,7 +52,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// bench tunes them (wide ephemeral range, short conntrack TIME_WAIT).
 fn load_node() -> SimNode {
     let node = SimNode::with_lbs(&load_lbs());
-    tune_namespaces(&node);
+    node.tune_for_load();
     node
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::{
+use hairpin_tests::{
     agent::{Agent, FrontendSpec},
     node::SimNode,
 };
@@ -98,7 +98,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         None
     };
     let node = SimNode::with_lbs(&setup::bench_lbs());
-    setup::tune_namespaces(&node);
+    node.tune_for_load();
     let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
     let haproxy = setup::start_haproxy_send_proxy(&node)?;
     let ctx = Ctx {

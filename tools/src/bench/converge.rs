@@ -13,7 +13,7 @@ use super::{
     Ctx,
     setup::{LB_V1, LB_V2, in_pod},
 };
-use crate::{
+use hairpin_tests::{
     agent::{Agent, FrontendSpec, frontends_yaml},
     fakeapi::FakeApi,
 };
