@@ -13,5 +13,7 @@ pub mod names_support;
 pub mod node;
 pub mod pod;
 pub mod privileges;
+pub mod repo;
 pub mod servers;
 pub mod sh;
+pub mod wait;

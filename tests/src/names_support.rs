@@ -81,14 +81,9 @@ error_log {d}/error.log info;
 events {{ worker_connections 1024; }}
 http {{
     access_log {d}/access.log;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
-{a}{b}}}
+{http_common}{a}{b}}}
 "#,
+        http_common = crate::servers::nginx_http_common(&dir),
         a = server(TLS_A_PORT, "tls-a"),
         b = server(TLS_B_PORT, "tls-b"),
     );

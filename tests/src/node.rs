@@ -602,6 +602,16 @@ impl SimNode {
         ])
     }
 
+    /// Spawns `argv` as a pod process (the pod namespace and cgroup), its output
+    /// discarded.
+    pub fn spawn_in_pod(&self, argv: &[&str]) -> std::process::Child {
+        crate::sh::command_in(&self.pod_ns, Some(&self.pod_cgroup()), argv)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {argv:?} in the pod: {e}"))
+    }
+
     /// Per-namespace sysctls so a minute of `Connection: close` requests does not run
     /// out of ephemeral ports or conntrack entries; these namespaces are the
     /// bench's (and the reliability suite's) own.

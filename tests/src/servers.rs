@@ -41,6 +41,22 @@ impl Server {
     }
 }
 
+/// The lines every `http {}` block of the suites' nginx carries: its temporary
+/// directories under `dir`/tmp (the compiled-in ones are not writable here) and
+/// the default type.
+pub fn nginx_http_common(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type text/plain;
+"
+    )
+}
+
 /// Size of the file nginx serves at /slow, rate-limited, for in-flight transfer tests.
 pub const SLOW_BYTES: usize = 3 * 1024 * 1024;
 
@@ -62,13 +78,7 @@ events {{ worker_connections 1024; }}
 http {{
     log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
     access_log {d}/access.log pp;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
-    server {{
+{http_common}    server {{
         listen {pp} proxy_protocol;
         listen [::]:{pp} proxy_protocol;
         location = /slow {{
@@ -88,6 +98,7 @@ http {{
     }}
 }}
 "#,
+        http_common = nginx_http_common(&dir),
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
@@ -214,11 +225,9 @@ pub const BANNER_PORT: u16 = 9025;
 pub fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
-    let ns = format!("/run/netns/{netns}");
+    let netns = netns.to_string();
     std::thread::spawn(move || {
-        // This thread alone moves into the namespace.
-        let f = std::fs::File::open(&ns).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        crate::sh::enter_netns(&netns);
         let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
         ready_tx.send(()).expect("ready");
         for _ in 0..n {

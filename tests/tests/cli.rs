@@ -2,7 +2,7 @@
 //! JSON output is checked field by field; exit codes are part of the contract.
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     cli::{admin_socket, run_cli, start_agent},
     names_support::{lbs_with_tls, start_tls_nginx},
     node::{RELAY_IP4, SimNode},
@@ -20,11 +20,7 @@ macro_rules! require_privileges {
 }
 
 fn lb10() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec("203.0.113.10", "v1")]
 }
 
 #[test]

@@ -3,13 +3,13 @@
 //! outside them is refused (reset at accept, counted); the node's own processes are
 //! served; `status` says where the policy came from.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use hairpin_tests::{
     agent::Agent,
     cli::{admin_socket, run_cli},
     client::{Reply, from_host, from_pod, url},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     privileges::datapath_tests_can_run,
     servers::start_nginx,
@@ -32,9 +32,7 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
     if let Some(c) = pod_cidrs {
         api.put_node(node_object(c));
     }
-    api.apply(fixture(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
-        "../hairpin-agent/tests/fixtures/services/digitalocean.yaml",
-    )));
+    api.apply(digitalocean_service());
     let kubeconfig = node.dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let sock = admin_socket(node);

@@ -25,7 +25,6 @@ use std::{
     fs,
     io::Read,
     net::{IpAddr, SocketAddr, TcpStream},
-    path::PathBuf,
     sync::{
         atomic::{AtomicU32, Ordering},
         mpsc,
@@ -44,7 +43,8 @@ use hairpin_agent::{
 };
 use hairpin_tests::{
     privileges::datapath_tests_can_run,
-    sh::{run, run_in, run_quiet},
+    repo::agent_fixture,
+    sh::{enter_netns, run, run_in, run_quiet},
 };
 use tokio::io::AsyncWriteExt;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -62,9 +62,7 @@ const AT_ONCE: Duration = Duration::from_secs(1);
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 fn fixture(name: &str) -> Fixture {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures/cni")
-        .join(format!("{name}.routes"));
+    let path = agent_fixture(&format!("cni/{name}.routes"));
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     podnet::fixture::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -314,11 +312,9 @@ fn in_netns<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
+    let ns = ns.to_string();
     thread::spawn(move || {
-        let file = fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        enter_netns(&ns);
         f()
     })
 }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 use hairpin_agent::datapath::{Datapath, embedded_object};
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     client::{from_pod, url},
     node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
     privileges::datapath_tests_can_run,
@@ -56,11 +56,7 @@ fn backend(port: u16) -> SocketAddr {
 }
 
 fn hairpin_frontends() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec("203.0.113.10", "v1")]
 }
 
 #[test]

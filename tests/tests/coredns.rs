@@ -25,7 +25,7 @@ use hairpin_agent::{
 };
 use hairpin_tests::{
     agent::{Agent, agent_bin},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service, recorded},
     names_support::curl_resolved_from_pod,
     node::{NODE_IP4, POD_IP4, SimNode},
     privileges::datapath_tests_can_run,
@@ -523,10 +523,8 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
     node.add_cluster_ip(CLUSTER_IP, 80, NODE_IP4, 10080);
     let api = FakeApi::start_in_netns(&node.node_ns);
     api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
-    api.apply(fixture(&fixtures.join("services/digitalocean.yaml")));
-    let ingresses = fixture(&fixtures.join("ingresses/two-controllers.yaml"));
+    api.apply(digitalocean_service());
+    let ingresses = recorded("ingresses/two-controllers.yaml");
     let shop = ingresses["items"][0].clone();
     assert_eq!(shop["metadata"]["name"], "shop");
     api.apply(shop);

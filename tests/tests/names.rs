@@ -5,21 +5,21 @@
 
 use std::{
     fs,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     cli::{admin_socket, run_cli},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service, recorded},
     load::Helper,
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
     privileges::datapath_tests_can_run,
-    servers::{start_haproxy, start_nginx},
+    servers::{Server, start_haproxy, start_nginx},
     sh::run_in,
 };
-use nix::sys::signal::Signal;
 
 macro_rules! require_privileges {
     () => {
@@ -73,6 +73,15 @@ fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
 /// line without a newline and a byte that is not UTF-8.
 const NODE_HOSTS: &[u8] =
     b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n# kubelet-managed below\n10.9.9.9 keep-me \xe9\n192.0.2.1\tnode-1";
+
+/// A simulated node with nginx, and its hosts file holding [`NODE_HOSTS`].
+fn node_with_hosts() -> (SimNode, Server, PathBuf) {
+    let node = SimNode::new();
+    let nginx = start_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    (node, nginx, hosts)
+}
 
 #[test]
 fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_name_relay() {
@@ -145,12 +154,7 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     );
 
     // SIGTERM keeps the block: names keep resolving while the next agent starts.
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     assert_eq!(fs::read(&hosts).expect("read hosts"), written);
     // `cleanup` removes it and restores the file byte for byte.
     assert!(hairpin_agent::names::hosts_writer::cleanup(&hosts).expect("cleanup"));
@@ -164,16 +168,9 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
 #[test]
 fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts();
     let sock = admin_socket(&node);
-    let specs = [FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }];
+    let specs = [spec("203.0.113.10", "v1")];
     let mut agent = Agent::start_with(
         &node,
         &specs,
@@ -259,12 +256,7 @@ fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
         "the allowed name reaches its LB through the relay: {got:?}\n{}",
         agent.log()
     );
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 #[test]
@@ -488,16 +480,14 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
     api.serve_gateway_api();
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
     // Envoy Gateway's LoadBalancer Service on DigitalOcean with the PROXY protocol:
     // the DO fixture, renamed, on the simulated node's 203.0.113.12.
-    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    let mut svc = digitalocean_service();
     svc["metadata"]["name"] = "envoy-public".into();
     svc["metadata"]["namespace"] = "envoy-gateway-system".into();
     svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.12".into();
     api.apply(svc);
-    let list = fixture(&fixtures.join("gateways/envoy-gateway.yaml"));
+    let list = recorded("gateways/envoy-gateway.yaml");
     let items = list["items"].as_array().expect("items");
     let gateway = items[0].clone();
     let route = items[2].clone();
@@ -549,21 +539,13 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 #[test]
 fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts();
     // Something else on the node already listens on the names address at :80 (the
     // address left on lo by an earlier agent).
     run_in(
@@ -660,12 +642,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     );
     let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
     assert!(names.get("failed_listeners").is_none(), "{names}");
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 /// Issue 14: a tenant past `--max-names-per-namespace` loses only its own newest
@@ -674,15 +651,10 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
 #[test]
 fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_another() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts();
     let sock = admin_socket(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
-    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    let mut svc = digitalocean_service();
     svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.10".into();
     api.apply(svc);
     let ingress = |ns: &str, name: &str, created: &str, host: &str| {
@@ -771,10 +743,5 @@ fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_anoth
             .is_some_and(|w| w >= 1),
         "{names}"
     );
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }

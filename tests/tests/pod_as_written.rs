@@ -22,10 +22,11 @@ use std::{
 use hairpin_tests::{
     agent::agent_bin,
     client::{from_pod, url},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, SimNode},
-    pod::{Bind, Container, Downward, Launch, PodProcess, daemonset_container, workspace},
+    pod::{Bind, Container, Downward, Launch, PodProcess, daemonset_container},
     privileges::datapath_tests_can_run,
+    repo::workspace,
     servers::{Server, start_haproxy, start_nginx},
     sh::command_in,
 };
@@ -161,7 +162,7 @@ fn cluster(node: &SimNode) -> (FakeApi, Server, Server) {
     api.put_node(serde_json::json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "sim-node", "resourceVersion": "1"},
         "spec": {"podCIDR": "192.0.2.0/24", "podCIDRs": ["192.0.2.0/24", "2001:db8:1::/64"]}}));
-    let svc = fixture(&workspace().join("hairpin-agent/tests/fixtures/services/digitalocean.yaml"));
+    let svc = digitalocean_service();
     api.apply(svc.clone());
     // The same Service shape for haproxy's LB (203.0.113.11 -> accept-proxy).
     let mut h = svc;

@@ -31,10 +31,12 @@ mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
 
+use hairpin_tests::repo::workspace;
+
 use hairpin_agent::{k8s::coredns::CorednsMode, model::Mode};
 
 use flags::{agent_binary, global_env_names, run_args, writer_args};
-use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root, writer};
+use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, writer};
 
 /// One way to install hairpin, and what it is for.
 pub struct Variant {
@@ -122,14 +124,14 @@ pub const VARIANTS: [Variant; 6] = [
 /// The kustomization directories under `dir` (those holding a kustomization.yaml).
 fn kustomizations_under(dir: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let mut stack = vec![root().join(dir)];
+    let mut stack = vec![workspace().join(dir)];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("read dir").flatten() {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
             } else if p.file_name().is_some_and(|n| n == "kustomization.yaml") {
-                let rel = d.strip_prefix(root()).expect("under root");
+                let rel = d.strip_prefix(workspace()).expect("under root");
                 out.insert(rel.to_str().expect("utf-8").to_string());
             }
         }
@@ -378,7 +380,7 @@ fn the_agent_binary_accepts_each_variants_settings() {
 
 #[test]
 fn no_todo_or_planned_text_is_left_in_deploy() {
-    let mut stack = vec![root().join("deploy")];
+    let mut stack = vec![workspace().join("deploy")];
     let mut checked = 0;
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("read dir").flatten() {

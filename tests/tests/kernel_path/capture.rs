@@ -36,11 +36,9 @@ pub(crate) fn segment_capture_server(
     use std::os::fd::AsRawFd;
     let (ready_tx, ready_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
-    let ns = format!("/run/netns/{netns}");
+    let netns = netns.to_string();
     std::thread::spawn(move || {
-        // This thread alone moves into the ingress namespace.
-        let f = std::fs::File::open(&ns).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        enter_netns(&netns);
         let listener = TcpListener::bind(("::", CAPTURE_PORT)).expect("bind capture port");
         if fast_open {
             let queue: libc::c_int = 16;
@@ -146,27 +144,16 @@ pub(crate) fn capture_node() -> SimNode {
 /// The capture frontends: v1 and v2, over IPv4 and IPv6.
 pub(crate) fn capture_specs() -> [FrontendSpec; 4] {
     [
-        FrontendSpec {
-            ip: CAPTURE_LB4,
-            ports: vec![80],
-            version: "v1",
-        },
-        FrontendSpec {
-            ip: CAPTURE_LB4,
-            ports: vec![81],
-            version: "v2",
-        },
-        FrontendSpec {
-            ip: CAPTURE_LB6,
-            ports: vec![80],
-            version: "v1",
-        },
-        FrontendSpec {
-            ip: CAPTURE_LB6,
-            ports: vec![81],
-            version: "v2",
-        },
+        (CAPTURE_LB4, 80, "v1"),
+        (CAPTURE_LB4, 81, "v2"),
+        (CAPTURE_LB6, 80, "v1"),
+        (CAPTURE_LB6, 81, "v2"),
     ]
+    .map(|(ip, port, version)| FrontendSpec {
+        ip,
+        ports: vec![port],
+        version,
+    })
 }
 
 /// A pod and a host request to each of [`capture_specs`]' frontends: the bytes ahead
@@ -202,14 +189,9 @@ pub(crate) fn assert_capture_headers_equal_the_relays_encoder(
             let got = captured
                 .recv_timeout(Duration::from_secs(5))
                 .expect("a captured connection");
-            let sport = header_source_port(&got, version, v6);
             let client: IpAddr = client.parse().expect("client ip");
-            let want = Header::new(
-                version,
-                SocketAddr::new(client, sport),
-                SocketAddr::new(lb_ip, port),
-            );
-            let want = want.as_bytes();
+            let want = encoders_header(&got, version, v6, client, SocketAddr::new(lb_ip, port));
+            let want = want.as_slice();
             assert!(
                 got.starts_with(want) && got[want.len()..].starts_with(b"GET / HTTP/1.1\r\n"),
                 "{who} -> {lb}:{port} {version}: the kernel wrote\n  {:?}\nthe relay's encoder writes\n  {:?}",
@@ -222,11 +204,7 @@ pub(crate) fn assert_capture_headers_equal_the_relays_encoder(
 
 /// The capture node's v1 IPv4 frontend only.
 pub(crate) fn capture_v1() -> [FrontendSpec; 1] {
-    [FrontendSpec {
-        ip: CAPTURE_LB4,
-        ports: vec![80],
-        version: "v1",
-    }]
+    [spec(CAPTURE_LB4, "v1")]
 }
 
 /// `got` starts with exactly the v1 header the relay's encoder writes for the pod
@@ -253,4 +231,19 @@ pub(crate) fn assert_pods_v1_header(got: &[u8], lb: &str) {
         got.escape_ascii().to_string(),
         want.escape_ascii().to_string()
     );
+}
+
+/// What the relay's encoder writes for a connection from `client` to `lb`, with the
+/// source port the captured header `got` carries (the client's ephemeral port).
+pub(crate) fn encoders_header(
+    got: &[u8],
+    version: ProxyVersion,
+    v6: bool,
+    client: IpAddr,
+    lb: SocketAddr,
+) -> Vec<u8> {
+    let sport = header_source_port(got, version, v6);
+    Header::new(version, SocketAddr::new(client, sport), lb)
+        .as_bytes()
+        .to_vec()
 }

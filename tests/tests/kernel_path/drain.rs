@@ -23,15 +23,7 @@ printf 'GET / HTTP/1.1\r\nHost: lb\r\n\r\n' >&3
 cat <&3 > {d}/reply
 "#
     );
-    command_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["bash", "-c", &script],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the client")
+    node.spawn_in_pod(&["bash", "-c", &script])
 }
 
 /// An agent on the capture node's v1 frontend with `extra`, a capture server for `n`

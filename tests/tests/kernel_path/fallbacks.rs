@@ -60,15 +60,7 @@ fn a_full_sockets_map_sends_new_connects_to_the_relay_until_a_slot_frees() {
         &["--kernel-path", "on", "--kernel-path-sockets", "1"],
     );
     // An established connection that has not written yet holds the one slot.
-    let mut holder = command_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["bash", "-c", "exec 3<>/dev/tcp/203.0.113.10/80; sleep 30"],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the holder");
+    let mut holder = silent_connection(&node);
     let entered = wait_counter(&node, "kernel_sockets_entered", 1);
     assert_eq!(entered, 1, "{}", agent.log());
     // The map is at its limit: the connect program sends the next connect to the
@@ -99,40 +91,9 @@ fn a_full_sockets_map_sends_new_connects_to_the_relay_until_a_slot_frees() {
     assert_no_misses(&status(&node));
 }
 
-/// Whether this kernel has MPTCP on in `netns`.
-fn mptcp_enabled(netns: &str) -> bool {
-    let out = hairpin_tests::sh::output_in(netns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
-    String::from_utf8_lossy(&out.stdout).trim() == "1"
-}
-
 /// One HTTP/1.0 request from the pod over an MPTCP socket; the reply's body.
 fn mptcp_get(node: &SimNode, lb: &str) -> String {
-    let family = if lb.contains(':') {
-        "AF_INET6"
-    } else {
-        "AF_INET"
-    };
-    let py = format!(
-        r#"
-import socket
-s = socket.socket(socket.{family}, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
-s.settimeout(5)
-s.connect(("{lb}", 80))
-s.sendall(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")
-reply = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    reply += chunk
-print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
-"#
-    );
-    let out = hairpin_tests::sh::output_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["python3", "-c", &py],
-    );
+    let out = mptcp_from_pod(node, lb);
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -297,25 +258,7 @@ fn a_server_first_frontend_takes_the_relay_while_client_first_ones_keep_the_kern
     assert_no_misses(&after);
 
     // dump shows each entry's path from the map itself.
-    let dump = Command::new(hairpin_tests::agent::agent_bin())
-        .args(["dump", "--output", "json"])
-        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
-        .output()
-        .expect("run dump");
-    let dump: Value = serde_json::from_slice(&dump.stdout).expect("dump json");
-    let entries: Vec<(String, String)> = dump["maps"]
-        .as_array()
-        .expect("maps")
-        .iter()
-        .filter_map(|m| m["entries"].as_array())
-        .flatten()
-        .map(|e| {
-            (
-                e["frontend"].as_str().unwrap_or("").to_string(),
-                e["path"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
+    let entries = dump_entries(&node, "path");
     assert!(
         entries.contains(&(
             format!("{CAPTURE_LB4}:25"),
@@ -383,25 +326,7 @@ fn a_frontend_asking_for_the_relay_is_relayed_on_a_kernel_path_node() {
     assert_no_misses(&after);
     assert!(!nginx_error_log(&node).contains("broken header"));
 
-    let dump = Command::new(hairpin_tests::agent::agent_bin())
-        .args(["dump", "--output", "json"])
-        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("admin.sock"))
-        .output()
-        .expect("run dump");
-    let dump: Value = serde_json::from_slice(&dump.stdout).expect("dump json");
-    let entries: Vec<(String, String)> = dump["maps"]
-        .as_array()
-        .expect("maps")
-        .iter()
-        .filter_map(|m| m["entries"].as_array())
-        .flatten()
-        .map(|e| {
-            (
-                e["frontend"].as_str().unwrap_or("").to_string(),
-                e["path"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
+    let entries = dump_entries(&node, "path");
     assert!(
         entries.contains(&("203.0.113.12:80".into(), "relay (hairpin.dev/path)".into())),
         "{entries:?}"

@@ -74,18 +74,7 @@ fn fast_open_clients(
 
 /// The capture frontends over IPv4 and IPv6, v1, on port 80.
 fn capture_v1_both() -> [FrontendSpec; 2] {
-    [
-        FrontendSpec {
-            ip: CAPTURE_LB4,
-            ports: vec![80],
-            version: "v1",
-        },
-        FrontendSpec {
-            ip: CAPTURE_LB6,
-            ports: vec![80],
-            version: "v1",
-        },
-    ]
+    [spec(CAPTURE_LB4, "v1"), spec(CAPTURE_LB6, "v1")]
 }
 
 /// A capture node whose ingress and pod do Fast Open, where the pod already holds a
@@ -198,12 +187,7 @@ print(s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
     assert_eq!(line.trim(), "set");
     let agent = Agent::start_with(&node, &capture_v1_both(), KERNEL_PATH_ON);
     let s = status(&node);
-    let programs: Vec<&str> = s["attachment"]["programs"]
-        .as_array()
-        .expect("programs")
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let programs = program_names(&s);
     assert!(
         programs.contains(&"hairpin_connect4_kernel_perfmon"),
         "{s}\n{}",

@@ -139,12 +139,7 @@ fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and
     }
     let s = status(&node);
     assert_eq!(s["kernel_path"]["state"], "on", "{s}\n{}", agent.log());
-    let programs: Vec<&str> = s["attachment"]["programs"]
-        .as_array()
-        .expect("programs")
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let programs = program_names(&s);
     // bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock and bpf_probe_read_kernel need
     // CAP_PERFMON: the connect programs that use them fall back to the plain marking
     // ones, and the agent says what that leaves uncovered.
@@ -297,13 +292,8 @@ fn the_header_and_a_first_write_that_fits_a_page_leave_in_one_segment() {
             let (got, segments) = captured
                 .recv_timeout(Duration::from_secs(5))
                 .expect("a captured connection");
-            let sport = header_source_port(&got, version, v6);
-            let want = Header::new(
-                version,
-                SocketAddr::new(client, sport),
-                SocketAddr::new(lb_ip, port),
-            );
-            let want = want.as_bytes();
+            let want = encoders_header(&got, version, v6, client, SocketAddr::new(lb_ip, port));
+            let want = want.as_slice();
             assert!(
                 got.starts_with(want) && got[want.len()..].starts_with(b"GET / HTTP/1.1\r\n"),
                 "{lb}:{port} {version} large={large}: got\n  {:?}\nwant the header\n  {:?}",

@@ -22,8 +22,14 @@ use std::{
 
 use hairpin_agent::{model::ProxyVersion, relay::header::Header};
 use hairpin_tests::{
-    agent::{Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, status},
-    client::{KeepAlive, Reply, assert_true_client, from_host, from_pod, url},
+    agent::{
+        Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, spec, status,
+    },
+    cli::dump_entries,
+    client::{
+        KeepAlive, Reply, assert_true_client, from_host, from_pod, mptcp_enabled, mptcp_from_pod,
+        url,
+    },
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::cap_number,
     privileges::datapath_tests_can_run,
@@ -31,7 +37,8 @@ use hairpin_tests::{
         BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
         start_haproxy, start_nginx,
     },
-    sh::command_in,
+    sh::{command_in, enter_netns},
+    wait::eventually,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -52,18 +59,6 @@ macro_rules! require_privileges {
             return;
         }
     };
-}
-
-/// `read()` once `done` holds for it, or after 3 s whatever it is: servers log a
-/// request after answering it, so a log can lag the reply.
-fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut text = read();
-    while !done(&text) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        text = read();
-    }
-    text
 }
 
 fn kernel_counter(status: &Value, name: &str) -> u64 {
@@ -121,6 +116,22 @@ fn assert_nothing_attached(node: &SimNode) {
         !attached.contains("connect") && !attached.contains("sock_ops"),
         "still attached after the agent went: {attached}"
     );
+}
+
+/// A pod connection to 203.0.113.10:80 that is established and never writes (it
+/// holds a sockets-map slot until killed).
+fn silent_connection(node: &SimNode) -> Child {
+    node.spawn_in_pod(&["bash", "-c", "exec 3<>/dev/tcp/203.0.113.10/80; sleep 30"])
+}
+
+/// The names of the programs `status` says are attached.
+fn program_names(status: &Value) -> Vec<&str> {
+    status["attachment"]["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect()
 }
 
 mod capture;

@@ -20,12 +20,7 @@ fn status_and_metrics_show_the_kernel_path_and_its_counters() {
         assert_eq!(f["state"], "active", "{f}");
         assert_eq!(f["path"], "kernel", "{f}");
     }
-    let programs: Vec<&str> = s["attachment"]["programs"]
-        .as_array()
-        .expect("programs")
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let programs = program_names(&s);
     assert_eq!(
         programs,
         [
@@ -154,15 +149,7 @@ fn the_programs_log_a_fallback_naming_the_frontend_and_nothing_on_the_common_pat
         &["--kernel-path", "on", "--kernel-path-sockets", "1"],
     );
     // An established connection that has not written yet holds the one slot.
-    let mut holder = command_in(
-        &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &["bash", "-c", "exec 3<>/dev/tcp/203.0.113.10/80; sleep 30"],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the holder");
+    let mut holder = silent_connection(&node);
     assert_eq!(wait_counter(&node, "kernel_sockets_entered", 1), 1);
     assert!(program_events(&agent.log()).is_empty(), "{}", agent.log());
     // The next connect goes to the relay, and the connect program says so.

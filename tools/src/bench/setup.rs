@@ -99,13 +99,7 @@ events {{ worker_connections 16384; multi_accept on; }}
 http {{
     access_log off;
     sendfile on;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
-    server {{
+{http_common}    server {{
         listen [::]:{pp} proxy_protocol backlog=4096;
 {pp_listens}        location = /bulk {{ alias {d}/bulk.bin; }}
         location = /upload {{ client_max_body_size 0; return 200 "ok $proxy_protocol_addr\n"; }}
@@ -120,6 +114,7 @@ http {{
     }}
 }}
 "#,
+        http_common = hairpin_tests::servers::nginx_http_common(&dir),
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
