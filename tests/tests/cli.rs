@@ -6,18 +6,10 @@ use hairpin_tests::{
     cli::{admin_socket, run_cli, start_agent},
     names_support::{lbs_with_tls, start_tls_nginx},
     node::{RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
     sh::output_in,
 };
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 fn lb10() -> Vec<FrontendSpec> {
     vec![spec("203.0.113.10", "v1")]

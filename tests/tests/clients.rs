@@ -11,7 +11,7 @@ use hairpin_tests::{
     client::{Reply, from_host, from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
     sh::{output_in, run_in},
 };
@@ -61,9 +61,7 @@ fn refused(node: &SimNode) -> u64 {
 
 #[test]
 fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let target = url("203.0.113.10", 80, "/");
@@ -167,9 +165,7 @@ fn pod_host_routes(node: &SimNode, op: &str) {
 /// on the node IP.
 #[test]
 fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let mut node = SimNode::new();
     let peer = node.add_off_node_peer();
     let _nginx = start_nginx(&node);
@@ -293,9 +289,7 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
 /// `doctor` say how to widen it.
 #[test]
 fn a_file_source_without_allowed_clients_serves_the_node_only() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let _agent = Agent::start_without_pod_network(

@@ -17,7 +17,7 @@ use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     client::{from_pod, url},
     node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_error_log, start_nginx},
 };
 
@@ -61,9 +61,7 @@ fn hairpin_frontends() -> Vec<FrontendSpec> {
 
 #[test]
 fn hairpin_attaches_beside_another_program_and_both_work() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     // The socket LB serves a ClusterIP-like VIP (203.0.113.99:80) by rewriting it to
@@ -112,9 +110,7 @@ fn hairpin_attaches_beside_another_program_and_both_work() {
 
 #[test]
 fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     // Attached first, it rewrites the LB IP itself to the ingress backend, as
@@ -139,9 +135,7 @@ fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
 
 #[test]
 fn hairpin_attached_first_wins_over_a_later_socket_lb() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let agent = Agent::start(&node, &hairpin_frontends());

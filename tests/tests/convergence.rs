@@ -11,16 +11,14 @@ use hairpin_tests::{
     client::{from_host, from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_error_log, start_nginx},
     wait::wait_until,
 };
 
 #[test]
 fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);

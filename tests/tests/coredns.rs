@@ -28,7 +28,7 @@ use hairpin_tests::{
     fakeapi::{FakeApi, digitalocean_service, recorded},
     names_support::curl_resolved_from_pod,
     node::{NODE_IP4, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
 };
 use serde_json::{Value, json};
@@ -514,9 +514,7 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
 /// taken as given: the ClusterIP is passed to curl with `--resolve`.
 #[test]
 fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_service() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     const CLUSTER_IP: &str = "203.0.113.200";
     let node = SimNode::new();
     let _nginx = start_nginx(&node);

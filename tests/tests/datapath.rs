@@ -15,7 +15,7 @@ use hairpin_tests::{
     agent::{Agent, all_frontends, status},
     client::{Reply, assert_true_client, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{
         BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
         start_haproxy, start_nginx,
@@ -24,14 +24,6 @@ use hairpin_tests::{
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// Which path carries the proxied connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

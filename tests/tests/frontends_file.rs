@@ -9,7 +9,7 @@ use hairpin_tests::{
     cli::cli_status,
     client::{from_pod, url},
     node::{POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
     wait::wait_until,
 };
@@ -23,9 +23,7 @@ fn replace(agent: &Agent, text: &str) {
 
 #[test]
 fn an_address_listed_twice_is_refused_and_the_last_good_set_stays_live() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let v1 = spec("203.0.113.10", "v1");

@@ -25,7 +25,7 @@ use hairpin_tests::{
     client::{KeepAlive, assert_true_client, from_pod, mptcp_enabled, mptcp_from_pod, url},
     fakeapi::{digitalocean_service, recorded},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_access_log, start_haproxy, start_nginx},
     sh::command_in,
 };
@@ -34,14 +34,6 @@ use serde_json::Value;
 
 /// The default configuration (the test harness's agents otherwise run the relay).
 const DEFAULTS: &[&str] = &["--kernel-path", "auto"];
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// A pod client opening a new connection to `lb`:80 every few ms until stopped:
 /// one line per connection in `out`, the body nginx echoes (`client=IP:PORT

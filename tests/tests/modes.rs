@@ -16,19 +16,11 @@ use hairpin_tests::{
     cli::run_cli,
     names_support::sh_with_hosts_file,
     node::{NODE_IP4, RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{Server, start_nginx},
     sh::run_in,
 };
 use serde_json::Value;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// The link-local address the name relay gets (beside node-local-dns's .10).
 const NAMES_ADDRESS: &str = "169.254.20.11";

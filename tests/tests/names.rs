@@ -16,18 +16,10 @@ use hairpin_tests::{
     load::Helper,
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{Server, start_haproxy, start_nginx},
     sh::run_in,
 };
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// Two LBs, each with its own names: ingress-nginx (v1) and "haproxy" (v2).
 const FRONTENDS_WITH_HOSTS: &str = "frontends:

@@ -25,8 +25,8 @@ use hairpin_tests::{
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, SimNode},
     pod::{Bind, Container, Downward, Launch, PodProcess, daemonset_container},
-    privileges::datapath_tests_can_run,
     repo::workspace,
+    require_privileges,
     servers::{Server, start_haproxy, start_nginx},
     sh::command_in,
 };
@@ -238,9 +238,7 @@ fn assert_confined(pod: &PodProcess) {
 
 #[test]
 fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_true_client() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let c = container();
     let node = SimNode::new();
     let (_api, _nginx, _haproxy) = cluster(&node);
@@ -273,9 +271,7 @@ fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_
 
 #[test]
 fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_falls_back() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let c = container();
     let node = SimNode::new();
     let (_api, _nginx, _haproxy) = cluster(&node);

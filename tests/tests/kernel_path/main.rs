@@ -32,7 +32,7 @@ use hairpin_tests::{
     },
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::cap_number,
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{
         BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
         start_haproxy, start_nginx,
@@ -52,14 +52,6 @@ const NODE_UPLINK4: &str = "198.51.100.1";
 const NODE_UPLINK6: &str = "2001:db8:2::1";
 
 const KERNEL_PATH_ON: &[&str] = &["--kernel-path", "on"];
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 fn kernel_counter(status: &Value, name: &str) -> u64 {
     status["counters"]["kernel"][name]

@@ -31,20 +31,12 @@ use hairpin_tests::{
     },
     names_support::curl_resolved_from_pod,
     node::{NODE_IP4, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_error_log, start_nginx},
     sh::run_in,
     wait::wait_until,
 };
 use nix::sys::signal::Signal;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
