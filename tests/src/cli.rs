@@ -115,3 +115,14 @@ pub fn cli_status(node: &SimNode) -> serde_json::Value {
     assert_eq!(report["agent_reachable"], true, "{run:?}");
     report["status"].take()
 }
+
+/// The check `name` of a `doctor --output json` report.
+pub fn doctor_check(report: &serde_json::Value, name: &str) -> serde_json::Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {name} check in {report}"))
+}

@@ -171,6 +171,13 @@ impl FakeApi {
         format!("http://{}", self.addr)
     }
 
+    /// Writes `node`'s kubeconfig (in its directory) pointing at this server; its path.
+    pub fn node_kubeconfig(&self, node: &crate::node::SimNode) -> std::path::PathBuf {
+        let path = node.dir.join("kubeconfig");
+        self.write_kubeconfig(&path);
+        path
+    }
+
     /// Writes a kubeconfig pointing at this server.
     pub fn write_kubeconfig(&self, path: &Path) {
         let text = format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hairpin_tests::{
     agent::Agent,
-    cli::{admin_socket, run_cli},
+    cli::{admin_socket, doctor_check, run_cli},
     client::{Reply, from_host, from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
@@ -33,8 +33,7 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
         api.put_node(node_object(c));
     }
     api.apply(digitalocean_service());
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let sock = admin_socket(node);
     let mut args = vec!["--admin-socket", sock.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
@@ -315,12 +314,6 @@ fn a_file_source_without_allowed_clients_serves_the_node_only() {
         "no CNI shape on this node's routes: {clients}"
     );
     let report = run_cli(&node, &["doctor", "--output", "json"]).json();
-    let check = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == "clients")
-        .cloned()
-        .expect("a clients check");
+    let check = doctor_check(&report, "clients");
     assert_eq!(check["status"], "warn", "{check}");
 }

@@ -22,8 +22,7 @@ fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(&node, &kubeconfig, &[]);
     agent.wait_for_log("agent ready", Duration::from_secs(20));
 

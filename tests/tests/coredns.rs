@@ -526,8 +526,7 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
     let shop = ingresses["items"][0].clone();
     assert_eq!(shop["metadata"]["name"], "shop");
     api.apply(shop);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
 
     let mut agent = Agent::start_kube(
         &node,

@@ -666,8 +666,7 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = hairpin_tests::fakeapi::FakeApi::start_in_netns(&node.node_ns);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     // ingress-nginx on DigitalOcean with the PROXY protocol on; LB IP 203.0.113.10.
     api.apply(digitalocean_service());
     api.put_daemonset(recorded("daemonsets/hairpin.yaml"));

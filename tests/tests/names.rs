@@ -11,7 +11,7 @@ use std::{
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
-    cli::{admin_socket, run_cli},
+    cli::{admin_socket, doctor_check, run_cli},
     fakeapi::{FakeApi, digitalocean_service, recorded},
     load::Helper,
     names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
@@ -490,8 +490,7 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     api.apply(gateway);
     api.apply(route.clone());
 
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(
         &node,
         &kubeconfig,
@@ -578,13 +577,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     );
     let doctor = run_cli(&node, &["doctor", "--output", "json"]);
     assert_eq!(doctor.code, 1, "{doctor:?}");
-    let check = doctor.json()["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == "name_relay")
-        .cloned()
-        .unwrap_or_else(|| panic!("no name_relay check: {doctor:?}"));
+    let check = doctor_check(&doctor.json(), "name_relay");
     assert_eq!(check["status"], "fail", "{check}");
     assert!(
         check["detail"]
@@ -671,8 +664,7 @@ fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_anoth
         "2026-02-01T00:00:00Z",
         "b.example.com",
     ));
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(
         &node,
         &kubeconfig,

@@ -21,6 +21,7 @@ use std::{
 
 use hairpin_tests::{
     agent::agent_bin,
+    cli::doctor_check,
     client::{from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, SimNode},
@@ -157,7 +158,7 @@ fn cluster(node: &SimNode) -> (FakeApi, Server, Server) {
     let nginx = start_nginx(node);
     let haproxy = start_haproxy(node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    api.write_kubeconfig(&node.dir.join("kubeconfig"));
+    api.node_kubeconfig(node);
     // The Node, with the pod CIDRs the relays serve (the simulated pod is in them).
     api.put_node(serde_json::json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "sim-node", "resourceVersion": "1"},
@@ -313,16 +314,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
     // doctor on the node: the seccomp check fails with the fix.
     let (code, out) = on_node(&node, &["doctor", "--output", "json"]);
     assert_eq!(code, 1, "{out}");
-    let check = |report: &Value, name: &str| -> Value {
-        report["checks"]
-            .as_array()
-            .expect("checks")
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} check in {report}"))
-            .clone()
-    };
-    let seccomp = check(&json(&out), "seccomp");
+    let seccomp = doctor_check(&json(&out), "seccomp");
     assert_eq!(seccomp["status"], "fail", "{seccomp}");
     assert!(
         seccomp["fix"]
@@ -350,7 +342,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
     );
     assert_eq!(doctor.wait(Duration::from_secs(60)), 1, "{}", doctor.log());
     let report = json(&doctor.stdout());
-    let seccomp = check(&report, "seccomp");
+    let seccomp = doctor_check(&report, "seccomp");
     assert_eq!(seccomp["status"], "fail", "{seccomp}");
     assert!(
         seccomp["detail"]
@@ -359,7 +351,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
             .contains("Seccomp 2 (filter), NoNewPrivs 1"),
         "{seccomp}"
     );
-    let object = check(&report, "ebpf_object");
+    let object = doctor_check(&report, "ebpf_object");
     assert!(
         object["detail"]
             .as_str()

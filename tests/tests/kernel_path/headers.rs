@@ -7,9 +7,7 @@ use super::*;
 #[test]
 fn pod_and_node_requests_get_the_header_from_the_kernel_v1_v2_v4_v6() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let (node, _nginx, agent) = kernel_path_node();
     let cases = [
         ("203.0.113.10", POD_IP4, NODE_UPLINK4),
         ("2001:db8:ffff::10", POD_IP6, NODE_UPLINK6),
@@ -49,9 +47,7 @@ fn pod_and_node_requests_get_the_header_from_the_kernel_v1_v2_v4_v6() {
 #[test]
 fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_gets_a_tcp4_header() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let (node, _nginx, agent) = kernel_path_node();
     // curl opens an AF_INET6 socket for ::ffff:203.0.113.10: connect6 marks it with
     // the IPv4 frontend, and its (mapped) local address becomes a TCP4 source.
     let target = "http://[::ffff:203.0.113.10]:80/";
@@ -199,9 +195,7 @@ fn with_only_the_daemonsets_capabilities_the_kernel_path_loads_and_writes_v1_and
 #[test]
 fn destinations_that_are_not_proxied_are_untouched() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let (node, _nginx, agent) = kernel_path_node();
     // Another port of a proxied IP, and another IP: the plain server would answer
     // 400 to a header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {

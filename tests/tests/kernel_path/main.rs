@@ -34,7 +34,7 @@ use hairpin_tests::{
     pod::cap_number,
     require_privileges,
     servers::{
-        BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
+        BANNER_PORT, Server, banner_client, banner_server, nginx_access_log, nginx_error_log,
         start_haproxy, start_nginx,
     },
     sh::{command_in, enter_netns},
@@ -124,6 +124,15 @@ fn program_names(status: &Value) -> Vec<&str> {
         .iter()
         .filter_map(|p| p["name"].as_str())
         .collect()
+}
+
+/// A simulated node with nginx, and an agent on all its frontends with the kernel
+/// path on.
+fn kernel_path_node() -> (SimNode, Server, Agent) {
+    let node = SimNode::new();
+    let nginx = start_nginx(&node);
+    let agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    (node, nginx, agent)
 }
 
 mod capture;

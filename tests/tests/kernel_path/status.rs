@@ -6,9 +6,7 @@ use super::*;
 #[test]
 fn status_and_metrics_show_the_kernel_path_and_its_counters() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let _agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let (node, _nginx, _agent) = kernel_path_node();
     assert!(from_pod(&node, &url("203.0.113.10", 80, "/")).ok());
     let s = status(&node);
     assert_eq!(s["kernel_path"]["configured"], "on", "{s}");

@@ -15,8 +15,7 @@ fn two_minutes_without_the_api_server_keep_redirects_and_a_later_change_applies(
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     api.apply(digitalocean_service());
     let mut agent = Agent::start_kube(&node, &kubeconfig, &[]);
     agent.wait_for_log("agent ready", Duration::from_secs(20));
