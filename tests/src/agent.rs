@@ -372,20 +372,28 @@ impl Agent {
 
     /// Waits for the agent to exit, at most `within`.
     pub fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
+        let log = self.log.clone();
         let child = self.child.as_mut().expect("agent running");
-        loop {
-            if let Some(status) = child.try_wait().expect("wait agent") {
-                self.child = None;
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent still running after {within:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let status = wait_exit(child, within, &log);
+        self.child = None;
+        status
+    }
+}
+
+/// Waits for an agent process to exit, at most `within`; fails with its log (the
+/// file `log`) when it does not.
+fn wait_exit(child: &mut Child, within: Duration, log: &std::path::Path) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait agent") {
+            return status;
         }
+        assert!(
+            Instant::now() < deadline,
+            "agent still running after {within:?}:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -514,18 +522,7 @@ impl CappedAgent {
 
     /// Waits for the agent to exit, at most `within`.
     pub fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait agent") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent still running after {within:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_exit(&mut self.child, within, &self.log)
     }
 
     /// A `CapXxx:` line of its /proc status, as a mask.

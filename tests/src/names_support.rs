@@ -3,7 +3,7 @@
 //! for port 443, and clients that resolve names through a given hosts file or curl's
 //! `--resolve`. Additive: the shared harness is used as it is.
 
-use std::fs;
+use std::{fs, path::PathBuf};
 
 use crate::{
     client::Reply,
@@ -130,4 +130,14 @@ pub fn sh_with_hosts_file(node: &SimNode, hosts: &std::path::Path, script: &str)
             &full,
         ],
     ))
+}
+
+/// A simulated node with nginx, and its hosts file (in the node's directory)
+/// holding `hosts`.
+pub fn node_with_hosts(hosts: &[u8]) -> (SimNode, Server, PathBuf) {
+    let node = SimNode::new();
+    let nginx = crate::servers::start_nginx(&node);
+    let path = node.dir.join("hosts");
+    fs::write(&path, hosts).expect("write hosts");
+    (node, nginx, path)
 }

@@ -5,19 +5,14 @@
 //! where it does not, and `status` says which path is live and why. `cleanup`, run
 //! as a process on the node, restores the hosts file and removes the address.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{fs, path::Path, time::Duration};
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     cli::run_cli,
-    names_support::sh_with_hosts_file,
+    names_support::{node_with_hosts, sh_with_hosts_file},
     node::{NODE_IP4, RELAY_IP4, SimNode},
     require_privileges,
-    servers::{Server, start_nginx},
     sh::run_in,
 };
 use serde_json::Value;
@@ -77,19 +72,10 @@ fn fetch_by_name(node: &SimNode, hosts: &Path, agent: &Agent) -> String {
     got.body
 }
 
-/// A simulated node with nginx, and its hosts file holding [`NODE_HOSTS`].
-fn node_with_hosts() -> (SimNode, Server, PathBuf) {
-    let node = SimNode::new();
-    let nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
-    (node, nginx, hosts)
-}
-
 #[test]
 fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay() {
     require_privileges!();
-    let (node, _nginx, hosts) = node_with_hosts();
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let hosts_arg = hosts.to_str().expect("utf-8 path");
     let mut agent = agent_with_names(
         &node,
@@ -266,7 +252,7 @@ fn auto_mode_is_ebpf_where_it_attaches_and_leaves_the_hosts_file_alone() {
 #[test]
 fn auto_mode_falls_back_to_the_hosts_file_when_attach_fails_and_says_why() {
     require_privileges!();
-    let (node, _nginx, hosts) = node_with_hosts();
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let hosts_arg = hosts.to_str().expect("utf-8 path");
     // A plain directory is not a cgroup: the attach fails.
     let not_a_cgroup = node.dir.join("not-a-cgroup");

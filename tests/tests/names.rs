@@ -5,7 +5,6 @@
 
 use std::{
     fs,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -14,10 +13,12 @@ use hairpin_tests::{
     cli::{admin_socket, doctor_check, run_cli},
     fakeapi::{FakeApi, digitalocean_service, recorded},
     load::Helper,
-    names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
+    names_support::{
+        curl_resolved_from_pod, lbs_with_tls, node_with_hosts, sh_with_hosts_file, start_tls_nginx,
+    },
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
     require_privileges,
-    servers::{Server, start_haproxy, start_nginx},
+    servers::{start_haproxy, start_nginx},
     sh::run_in,
 };
 
@@ -65,15 +66,6 @@ fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
 /// line without a newline and a byte that is not UTF-8.
 const NODE_HOSTS: &[u8] =
     b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n# kubelet-managed below\n10.9.9.9 keep-me \xe9\n192.0.2.1\tnode-1";
-
-/// A simulated node with nginx, and its hosts file holding [`NODE_HOSTS`].
-fn node_with_hosts() -> (SimNode, Server, PathBuf) {
-    let node = SimNode::new();
-    let nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
-    (node, nginx, hosts)
-}
 
 #[test]
 fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_name_relay() {
@@ -160,7 +152,7 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
 #[test]
 fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
     require_privileges!();
-    let (node, _nginx, hosts) = node_with_hosts();
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let sock = admin_socket(&node);
     let specs = [spec("203.0.113.10", "v1")];
     let mut agent = Agent::start_with(
@@ -536,7 +528,7 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
 #[test]
 fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     require_privileges!();
-    let (node, _nginx, hosts) = node_with_hosts();
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     // Something else on the node already listens on the names address at :80 (the
     // address left on lo by an earlier agent).
     run_in(
@@ -636,7 +628,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
 #[test]
 fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_another() {
     require_privileges!();
-    let (node, _nginx, hosts) = node_with_hosts();
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let sock = admin_socket(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
     let mut svc = digitalocean_service();
