@@ -71,22 +71,12 @@ pub fn start_tls_nginx(node: &SimNode) -> Server {
 "#
         )
     };
-    let conf = format!(
-        r#"
-worker_processes 1;
-user root;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {d}/access.log;
-{http_common}{a}{b}}}
-"#,
-        http_common = crate::servers::nginx_http_common(&dir),
-        a = server(TLS_A_PORT, "tls-a"),
-        b = server(TLS_B_PORT, "tls-b"),
+    let http = format!(
+        "    access_log {d}/access.log;\n{}{}",
+        server(TLS_A_PORT, "tls-a"),
+        server(TLS_B_PORT, "tls-b"),
     );
+    let conf = crate::servers::nginx_conf(&dir, &http);
     run_nginx(node, &dir, &conf, &[TLS_A_PORT, TLS_B_PORT])
 }
 

@@ -57,6 +57,26 @@ pub fn nginx_http_common(dir: &Path) -> String {
     )
 }
 
+/// A whole nginx.conf for the suites' servers: one worker, in the foreground, its
+/// pid, error log and temporary files under `dir`, and `http` (the servers, in an
+/// `http {}` block's indentation) inside the common `http {}` lines.
+pub fn nginx_conf(dir: &Path, http: &str) -> String {
+    let d = dir.display();
+    format!(
+        "
+worker_processes 1;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+{common}{http}}}
+",
+        common = nginx_http_common(dir),
+    )
+}
+
 /// Size of the file nginx serves at /slow, rate-limited, for in-flight transfer tests.
 pub const SLOW_BYTES: usize = 3 * 1024 * 1024;
 
@@ -67,18 +87,10 @@ pub fn start_nginx(node: &SimNode) -> Server {
     fs::create_dir_all(dir.join("tmp")).expect("nginx dir");
     fs::write(dir.join("slow.bin"), vec![b'x'; SLOW_BYTES]).expect("slow file");
     let d = dir.display();
-    let conf = format!(
-        r#"
-worker_processes 1;
-user root;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
+    let http = format!(
+        r#"    log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
     access_log {d}/access.log pp;
-{http_common}    server {{
+    server {{
         listen {pp} proxy_protocol;
         listen [::]:{pp} proxy_protocol;
         location = /slow {{
@@ -96,12 +108,11 @@ http {{
             return 200 "plain remote=$remote_addr\n";
         }}
     }}
-}}
 "#,
-        http_common = nginx_http_common(&dir),
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
+    let conf = nginx_conf(&dir, &http);
     run_nginx(node, &dir, &conf, &[NGINX_PP_PORT, NGINX_PLAIN_PORT])
 }
 

@@ -397,23 +397,15 @@ fn names_rows(f: &Footprint, out: &mut String) {
 }
 
 fn detail(r: &Results, out: &mut String) {
-    if !r.rate.is_empty() {
-        out.push_str("\n### Connection rate, every target\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n");
-        for x in &r.rate {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
-                x.target.name,
-                cell(x.rps(), 0),
-                cell(ms(x.p50()), 2),
-                cell(ms(x.p99()), 2),
-                x.errors()
-            );
+    for (rate, run) in [(&r.rate, ""), (&r.rate_kernel, ", kernel path run")] {
+        if rate.is_empty() {
+            continue;
         }
-    }
-    if !r.rate_kernel.is_empty() {
-        out.push_str("\n### Connection rate, every target, kernel path run\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n");
-        for x in &r.rate_kernel {
+        let _ = write!(
+            out,
+            "\n### Connection rate, every target{run}\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n"
+        );
+        for x in rate {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} |",
