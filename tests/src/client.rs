@@ -186,3 +186,19 @@ impl Drop for KeepAlive {
         let _ = self.child.wait();
     }
 }
+
+/// From the pod and from the node, `target` is answered by nginx's plain server,
+/// which would answer 400 to a PROXY header: nothing was written ahead of the request.
+pub fn assert_plain_server_answers(node: &SimNode, target: &str) {
+    for (who, reply) in [
+        ("pod", from_pod(node, target)),
+        ("node", from_host(node, target)),
+    ] {
+        assert!(reply.ok(), "{who} -> {target}: {reply:?}");
+        assert!(
+            reply.body.starts_with("plain remote="),
+            "{who} -> {target}: {}",
+            reply.body
+        );
+    }
+}

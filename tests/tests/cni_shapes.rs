@@ -42,8 +42,8 @@ use hairpin_agent::{
     status::metrics::Metrics,
 };
 use hairpin_tests::{
-    privileges::datapath_tests_can_run,
     repo::agent_fixture,
+    require_privileges,
     sh::{enter_netns, run, run_in, run_quiet},
 };
 use tokio::io::AsyncWriteExt;
@@ -586,35 +586,30 @@ fn wait_for(reads: &mpsc::Receiver<PodNetworks>, ok: impl Fn(&PodNetworks) -> bo
 
 #[test]
 fn calico() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("calico", true);
-    }
+    require_privileges!();
+    shape("calico", true);
 }
 
 #[test]
 fn cilium() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("cilium", false);
-    }
+    require_privileges!();
+    shape("cilium", false);
 }
 
 #[test]
 fn aws_vpc_cni() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("aws-vpc-cni", true);
-    }
+    require_privileges!();
+    shape("aws-vpc-cni", true);
 }
 
 #[test]
 fn azure_cni() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("azure-cni", false);
-    }
+    require_privileges!();
+    shape("azure-cni", false);
 }
 
 #[test]
 fn flannel_bridge() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("flannel-bridge", false);
-    }
+    require_privileges!();
+    shape("flannel-bridge", false);
 }

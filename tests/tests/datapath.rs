@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::{Agent, all_frontends, status},
-    client::{Reply, assert_true_client, from_host, from_pod, url},
+    client::{Reply, assert_plain_server_answers, assert_true_client, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
     require_privileges,
     servers::{
@@ -347,17 +347,7 @@ fn destinations_that_are_not_proxied_are_untouched(path: Path) {
     // Another port of a proxied IP, and another IP: both lead to the plain server,
     // which would answer 400 to a PROXY header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
-        for (who, reply) in [
-            ("pod", from_pod(&node, &target)),
-            ("node", from_host(&node, &target)),
-        ] {
-            assert!(reply.ok(), "{who} -> {target}: {reply:?}");
-            assert!(
-                reply.body.starts_with("plain remote="),
-                "{who} -> {target}: {}",
-                reply.body
-            );
-        }
+        assert_plain_server_answers(&node, &target);
     }
     // Neither path saw them: nothing redirected, marked, written or accepted.
     path.assert_carried(&node, &before, 0, &agent);

@@ -199,17 +199,7 @@ fn destinations_that_are_not_proxied_are_untouched() {
     // Another port of a proxied IP, and another IP: the plain server would answer
     // 400 to a header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
-        for (who, reply) in [
-            ("pod", from_pod(&node, &target)),
-            ("node", from_host(&node, &target)),
-        ] {
-            assert!(reply.ok(), "{who} -> {target}: {reply:?}");
-            assert!(
-                reply.body.starts_with("plain remote="),
-                "{who} -> {target}: {}",
-                reply.body
-            );
-        }
+        assert_plain_server_answers(&node, &target);
     }
     let s = status(&node);
     assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");

@@ -27,8 +27,8 @@ use hairpin_tests::{
     },
     cli::dump_entries,
     client::{
-        KeepAlive, Reply, assert_true_client, from_host, from_pod, mptcp_enabled, mptcp_from_pod,
-        url,
+        KeepAlive, Reply, assert_plain_server_answers, assert_true_client, from_host, from_pod,
+        mptcp_enabled, mptcp_from_pod, url,
     },
     node::{LbRule, POD_IP4, POD_IP6, SimNode, default_lbs},
     pod::cap_number,
