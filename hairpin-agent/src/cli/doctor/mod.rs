@@ -320,7 +320,11 @@ fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
                 .map(|r| format!("{} -> {}", r.dialled, r.listener))
                 .collect();
             if r.is_empty() {
-                format!("listening on {}", l.join(", "))
+                format!(
+                    "listening on {} (bound as they are, without the connect programs: a \
+                     host process cannot bind 0.0.0.0 on these ports while the relay runs)",
+                    l.join(", ")
+                )
             } else {
                 format!(
                     "listening on {}; redirected by the connect programs: {}",
