@@ -314,7 +314,24 @@ fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
             "no listener yet (no hostname routed)".to_string()
         } else {
             let l: Vec<String> = n.listeners.iter().map(|a| a.to_string()).collect();
-            format!("listening on {}", l.join(", "))
+            let r: Vec<String> = n
+                .redirects
+                .iter()
+                .map(|r| format!("{} -> {}", r.dialled, r.listener))
+                .collect();
+            if r.is_empty() {
+                format!(
+                    "listening on {} (bound as they are, without the connect programs: a \
+                     host process cannot bind 0.0.0.0 on these ports while the relay runs)",
+                    l.join(", ")
+                )
+            } else {
+                format!(
+                    "listening on {}; redirected by the connect programs: {}",
+                    l.join(", "),
+                    r.join(", ")
+                )
+            }
         };
         return Check::new("name_relay", Status::Ok, detail);
     }
