@@ -33,7 +33,7 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
         api.put_node(node_object(c));
     }
     api.apply(digitalocean_service());
-    let kubeconfig = api.node_kubeconfig(&node);
+    let kubeconfig = api.node_kubeconfig(node);
     let sock = admin_socket(node);
     let mut args = vec!["--admin-socket", sock.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
