@@ -535,9 +535,9 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     require_privileges!();
     let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     // Something else on the node already listens on the names address at :80 (the
-    // address left on lo by an earlier agent). Without the programs (`fallback`)
-    // the name relay binds the names ports themselves; with them nothing binds
-    // those (see the test below).
+    // address left on lo by an earlier agent). With `--names-redirect off` the name
+    // relay binds the names ports themselves; by default nothing binds them (see
+    // the test below).
     run_in(
         &node.node_ns,
         &["ip", "addr", "add", &format!("{RELAY_IP4}/32"), "dev", "lo"],
@@ -554,6 +554,8 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
             hosts.to_str().expect("utf-8 path"),
             "--admin-socket",
             sock.to_str().expect("utf-8 path"),
+            "--names-redirect",
+            "off",
         ],
         "name relay cannot listen",
     );
@@ -650,6 +652,17 @@ time.sleep(120)
 /// names still reach their LBs through the name relay with the true client.
 #[test]
 fn a_later_wildcard_bind_of_80_and_443_succeeds_and_names_still_work() {
+    later_wildcard_bind("both", "redirected by the connect programs");
+}
+
+/// The same without programs (`fallback`, or `auto` where they cannot attach): the
+/// agent's own nftables table sends the names ports to the listeners.
+#[test]
+fn without_programs_a_later_wildcard_bind_succeeds_too_through_the_nftables_table() {
+    later_wildcard_bind("fallback", "nftables");
+}
+
+fn later_wildcard_bind(mode: &str, how: &str) {
     require_privileges!();
     let node = SimNode::with_lbs(&lbs_with_tls());
     let _nginx = start_nginx(&node);
@@ -657,8 +670,9 @@ fn a_later_wildcard_bind_of_80_and_443_succeeds_and_names_still_work() {
     let hosts = node.dir.join("hosts");
     fs::write(&hosts, NODE_HOSTS).expect("write hosts");
     let sock = admin_socket(&node);
-    let agent = agent_with_names(
+    let agent = agent_with_names_in(
         &node,
+        mode,
         &[
             "--hosts-file",
             hosts.to_str().expect("utf-8 path"),
@@ -722,6 +736,10 @@ fn a_later_wildcard_bind_of_80_and_443_succeeds_and_names_still_work() {
 
     // Status says how: each names port redirected to a listener on another port.
     let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
+    assert!(
+        names["redirect"].as_str().is_some_and(|r| r.contains(how)),
+        "{names}"
+    );
     let redirects = names["redirects"].as_array().cloned().unwrap_or_default();
     let dialled: Vec<&str> = redirects
         .iter()

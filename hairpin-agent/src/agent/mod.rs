@@ -201,7 +201,9 @@ impl Agent {
         };
         n.update(&next.routes);
         let redirects = n.redirects();
+        let (how, redirect_error) = n.redirect();
         if redirects != self.names_redirects
+            && how == crate::names::relay::Redirect::ConnectPrograms
             && let Some(map) = self.reconciler.map_mut()
         {
             // The names ports are frontends like any LB's: a connect to the names
@@ -212,8 +214,9 @@ impl Agent {
                     warn!(%dialled, %listener, error = %e, "the names port cannot be redirected to the name relay");
                 }
             }
-            self.names_redirects = redirects;
         }
+        self.names_redirects = redirects;
+        let (how, redirect_error) = (how.describe(), redirect_error.map(str::to_string));
         let listeners = n.listeners();
         let failed = n.failed_listeners();
         let hosts_error = n.hosts_error();
@@ -226,6 +229,8 @@ impl Agent {
                     .iter()
                     .map(|&(dialled, listener)| crate::status::NameRedirect { dialled, listener })
                     .collect();
+                st.redirect = Some(how.to_string());
+                st.redirect_error = redirect_error.clone();
                 st.failed_listeners = failed;
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
@@ -368,6 +373,15 @@ impl Agent {
             beating.abort();
         }
         if removal == Removal::Uninstall {
+            if let Some(address) = self.names.as_ref().map(NameRouting::address) {
+                match crate::names::nat::remove(address) {
+                    Ok(true) => info!("uninstall: the names ports' nftables table removed"),
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(error = %e, "uninstall: the names ports' nftables table could not be removed")
+                    }
+                }
+            }
             for (link, address) in &self.link_addresses {
                 match crate::names::link::remove(link, *address).await {
                     Ok(_) => info!(%link, %address, "uninstall: address removed"),

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, RunArgs},
+    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, RunArgs},
     clients, limits,
     mode::{self, Configured, EbpfOutcome, Plan},
     reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
@@ -31,7 +31,7 @@ use crate::{
     },
     names::{
         link as names_link,
-        relay::{NameRouting, NameRoutingConfig, ServiceListener},
+        relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
         scope::{NameScope, ScopeRule},
     },
     relay::{
@@ -463,7 +463,11 @@ async fn start_names(
         NameRoutingConfig {
             address,
             ports: args.names_ports.0.clone(),
-            redirected: plan.ebpf,
+            redirect: match (args.names_redirect, plan.ebpf) {
+                (NamesRedirect::Off, _) => Redirect::Bound,
+                (NamesRedirect::Auto, true) => Redirect::ConnectPrograms,
+                (NamesRedirect::Auto, false) => Redirect::Netfilter,
+            },
             service_listeners: service_listeners(args, node_v4, node_v6),
             hosts_file,
             hosts_min_interval: args.decision.name_limits.hosts_min_interval,

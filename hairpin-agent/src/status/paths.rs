@@ -41,6 +41,14 @@ pub struct NamesStatus {
     /// still bind `0.0.0.0` on that port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirects: Vec<NameRedirect>,
+    /// How connects to the names ports reach the listeners (`--names-redirect`):
+    /// redirected by the connect programs or by the agent's nftables table, or
+    /// bound as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<String>,
+    /// Why the nftables redirect was given up for binding the ports as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_error: Option<String>,
     /// The managed hosts file, when the hosts path is live.
     pub hosts_file: Option<PathBuf>,
     /// Why the hosts file was not written on the last update (content refused,

@@ -321,18 +321,27 @@ fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
                 .collect();
             if r.is_empty() {
                 format!(
-                    "listening on {} (bound as they are, without the connect programs: a \
-                     host process cannot bind 0.0.0.0 on these ports while the relay runs)",
+                    "listening on {} (the names ports bound as they are: a host process \
+                     cannot bind 0.0.0.0 on them while the relay runs)",
                     l.join(", ")
                 )
             } else {
                 format!(
-                    "listening on {}; redirected by the connect programs: {}",
+                    "listening on {}; {}: {}",
                     l.join(", "),
+                    n.redirect.as_deref().unwrap_or("redirected"),
                     r.join(", ")
                 )
             }
         };
+        if let Some(e) = &n.redirect_error {
+            return Check::new(
+                "name_relay",
+                Status::Warn,
+                format!("{detail}; the names ports are bound as they are because {e}"),
+            )
+            .fix("give the agent CAP_NET_ADMIN in the host network namespace (it writes only its own `hairpin` table), or move the name relay with --names-address / --names-ports");
+        }
         return Check::new("name_relay", Status::Ok, detail);
     }
     let failed: Vec<String> = n

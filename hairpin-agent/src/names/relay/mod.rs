@@ -34,6 +34,7 @@ pub use conn::MAX_PEEK;
 use crate::{
     names::{
         hosts_writer::HostsWriter,
+        nat,
         routes::{NameRoute, RouteTable},
     },
     relay::{ListenHook, RelayConfig, listener},
@@ -61,10 +62,8 @@ pub struct NameRoutingConfig {
     pub address: IpAddr,
     /// The ports clients dial on [`address`](Self::address) (80 and 443 typically).
     pub ports: Vec<u16>,
-    /// The connect programs are attached: the listeners for [`ports`](Self::ports)
-    /// bind ephemeral ports and are reached through the frontends map
-    /// ([`NameRouting::redirects`]), instead of binding the ports themselves.
-    pub redirected: bool,
+    /// How connects to [`ports`](Self::ports) reach their listeners.
+    pub redirect: Redirect,
     /// Further listeners, each with the port its connections are routed as: the
     /// node IPs at the `hairpin` Service's target ports, for pods (whose CoreDNS
     /// answer is the Service) and anything else dialling the Service.
@@ -77,6 +76,35 @@ pub struct NameRoutingConfig {
     pub report_to: Option<AgentState>,
     /// How long a client may take to send its ClientHello or request head.
     pub peek_timeout: Duration,
+}
+
+/// How connects to the names ports reach the name relay's listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redirect {
+    /// The listeners bind the names ports as they are (`--names-redirect off`): a
+    /// host process cannot bind `0.0.0.0` on them while the relay runs.
+    Bound,
+    /// The connect programs are attached: the listeners take ephemeral ports and
+    /// the names address and ports are frontends-map entries
+    /// ([`NameRouting::redirects`], inserted by the agent).
+    ConnectPrograms,
+    /// No programs: the listeners take ephemeral ports and the agent's nftables
+    /// table DNATs the names ports to them ([`crate::names::nat`]). Where the table
+    /// cannot be written, the listeners bind the ports as they are instead.
+    Netfilter,
+}
+
+impl Redirect {
+    /// For `status`: how the names ports are reached.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Redirect::Bound => "bound as they are",
+            Redirect::ConnectPrograms => "redirected by the connect programs",
+            Redirect::Netfilter => {
+                "redirected by the agent's nftables table (table ip/ip6 hairpin)"
+            }
+        }
+    }
 }
 
 /// A listener whose connections are routed as if they came to another port.
@@ -113,6 +141,13 @@ pub struct NameRouting {
     connections: TaskTracker,
     /// Called with each redirected listener before it is used (its liveness entry).
     on_listen: Option<ListenHook>,
+    /// How the names ports are reached now ([`NameRoutingConfig::redirect`], or
+    /// [`Redirect::Bound`] once the nftables table could not be written).
+    redirect: Redirect,
+    /// Why the configured redirect was given up, if it was.
+    redirect_error: Option<String>,
+    /// The ports the nftables table sends where, as last written.
+    nat_written: Vec<nat::PortRedirect>,
 }
 
 /// One bound name relay listener.
@@ -153,6 +188,7 @@ impl NameRouting {
             table: rx,
             peek_timeout: cfg.peek_timeout,
         });
+        let redirect = cfg.redirect;
         NameRouting {
             cfg,
             shared,
@@ -163,6 +199,9 @@ impl NameRouting {
             hosts,
             connections: TaskTracker::new(),
             on_listen: None,
+            redirect,
+            redirect_error: None,
+            nat_written: Vec::new(),
         }
     }
 
@@ -173,13 +212,25 @@ impl NameRouting {
         self.on_listen = Some(hook);
     }
 
+    /// The names address clients dial.
+    pub fn address(&self) -> IpAddr {
+        self.cfg.address
+    }
+
     /// Addresses the listeners are bound to.
     pub fn listeners(&self) -> Vec<SocketAddr> {
         self.listeners.values().map(|b| b.local).collect()
     }
 
-    /// The frontends-map entries the redirected listeners need: each names address
-    /// and port clients dial, and the listener it is sent to.
+    /// How the names ports are reached now, and why the configured way was given
+    /// up (the nftables table could not be written), if it was.
+    pub fn redirect(&self) -> (Redirect, Option<&str>) {
+        (self.redirect, self.redirect_error.as_deref())
+    }
+
+    /// The redirected listeners: each names address and port clients dial, and the
+    /// listener it is sent to (frontends-map entries under
+    /// [`Redirect::ConnectPrograms`], nftables rules under [`Redirect::Netfilter`]).
     pub fn redirects(&self) -> Vec<(SocketAddr, SocketAddr)> {
         self.listeners
             .iter()
@@ -239,6 +290,9 @@ impl NameRouting {
     pub fn update(&mut self, routes: &[NameRoute]) {
         if !routes.is_empty() {
             self.start_listeners();
+            if self.redirect == Redirect::Netfilter {
+                self.write_nat();
+            }
         }
         self.table.send_replace(Arc::new(RouteTable::new(routes)));
         if self.hosts.is_none() {
@@ -258,13 +312,55 @@ impl NameRouting {
         }
     }
 
+    /// Writes the nftables table for the redirected listeners when they changed.
+    /// Where it cannot be written, the names ports are bound as they are instead.
+    fn write_nat(&mut self) {
+        let wanted: Vec<nat::PortRedirect> = self
+            .redirects()
+            .into_iter()
+            .map(|(dialled, listener)| nat::PortRedirect {
+                dialled: dialled.port(),
+                listener: listener.port(),
+            })
+            .collect();
+        if wanted == self.nat_written {
+            return;
+        }
+        match nat::apply(self.cfg.address, &wanted) {
+            Ok(()) => {
+                info!(address = %self.cfg.address, ports = ?wanted, "names ports redirected by the agent's nftables table");
+                self.nat_written = wanted;
+            }
+            Err(e) => {
+                let why = format!("the nftables table cannot be written: {e}");
+                error!(error = %why, "the name relay binds the names ports as they are instead; a host process cannot bind 0.0.0.0 on them while it runs");
+                self.redirect = Redirect::Bound;
+                self.redirect_error = Some(why);
+                self.listeners.retain(|_, b| {
+                    if b.redirected {
+                        b.stop.cancel();
+                    }
+                    !b.redirected
+                });
+                self.start_listeners();
+            }
+        }
+    }
+
     /// The listeners to run: the names ports (bound as they are, or ephemeral
     /// ports when redirected) and the Service target ports.
     fn wanted(&self) -> Vec<Wanted> {
         let address = self.cfg.address;
         let names = self.cfg.ports.iter().map(|&port| Wanted {
             dialled: SocketAddr::new(address, port),
-            bind: SocketAddr::new(address, if self.cfg.redirected { 0 } else { port }),
+            bind: SocketAddr::new(
+                address,
+                if self.redirect == Redirect::Bound {
+                    port
+                } else {
+                    0
+                },
+            ),
             routes_as: port,
         });
         let service = self.cfg.service_listeners.iter().map(|l| Wanted {
