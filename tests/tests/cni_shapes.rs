@@ -753,14 +753,12 @@ fn flannel_bridge() {
 
 #[test]
 fn calico_ipv6() {
-    if datapath_tests_can_run(module_path!()) {
-        shape_in("calico", Family::V6, true);
-    }
+    require_privileges!();
+    shape_in("calico", Family::V6, true);
 }
 
 #[test]
 fn cilium_ipv6() {
-    if datapath_tests_can_run(module_path!()) {
-        shape_in("cilium", Family::V6, false);
-    }
+    require_privileges!();
+    shape_in("cilium", Family::V6, false);
 }
