@@ -33,6 +33,7 @@ pub(super) fn count(c: Counter) {
     }
 }
 
+/// The socket's storage, if connect marked it. One lookup in the socket's own
 /// (usually empty) storage list: the cost every other socket pays.
 #[inline(always)]
 pub(super) fn pending_of(sk: *mut bpf_sock) -> Option<&'static mut PendingHeader> {

@@ -15,6 +15,7 @@ use hairpin_ebpf::{SOL_TCP, TCP_FASTOPEN_CONNECT};
 
 use super::maps::fastopen_map;
 
+/// The smallest page size of any architecture: setsockopt programs see at most a
 /// page of the option's value.
 const MIN_PAGE_SIZE: i32 = 4096;
 

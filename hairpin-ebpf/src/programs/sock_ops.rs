@@ -241,6 +241,7 @@ fn rtt(ops: *mut bpf_sock_ops) {
     }
 }
 
+/// Adds `delta` (1, or `u64::MAX` for -1) to the sockets map's fill.
 #[inline(always)]
 fn fill_add(delta: u64) {
     if let Some(p) = HAIRPIN_FILL.get_ptr_mut(0) {
