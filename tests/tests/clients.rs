@@ -241,10 +241,22 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
         listener.starts_with("169.254.104.1:"),
         "the relay listens on the link-local default, not the node IP: {listener}"
     );
+    // The name relay's listener for port 80: an ephemeral port (the connect
+    // programs send the names port there), as status says.
+    let name_listener = status["status"]["names"]["redirects"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["dialled"] == "169.254.104.1:80"))
+        .and_then(|r| r["listener"].as_str())
+        .unwrap_or_else(|| panic!("no names redirect for 169.254.104.1:80 in {status}"))
+        .to_string();
+    // The names port itself: nothing listens there (an off-node peer's connect
+    // meets no program), so the kernel refuses it.
+    let names_port = curl_from(&peer, "http://169.254.104.1:80/", "shop.example.net");
+    assert_eq!(names_port.code, 7, "{names_port:?}");
     let before = refused(&node);
     let targets = [
         format!("http://{listener}/"),
-        "http://169.254.104.1:80/".to_string(),
+        format!("http://{name_listener}/"),
         format!("http://{NODE_IP4}:10080/"),
         format!("http://[{NODE_IP6}]:10080/"),
     ];

@@ -70,8 +70,10 @@ fn flood_from(node: &SimNode, sources: &[&str], n: u64) -> Vec<(Helper, String)>
     let mut floods: Vec<Helper> = sources
         .iter()
         .map(|src| {
-            Helper::in_netns(
-                &node.pod_ns,
+            // A pod process (its cgroup too): the names ports are reached through
+            // the connect programs, as every pod's are.
+            pod_client(
+                node,
                 &["flood", &target, &n, "8", src, &head, "20000", FLOOD_NAME],
             )
         })
