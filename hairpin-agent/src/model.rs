@@ -265,8 +265,11 @@ impl Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LivePath {
-    /// The connect programs redirect LoadBalancer IPs to the per-frontend relay.
-    Ebpf,
+    /// The relay path: the connect programs redirect LoadBalancer IPs to the
+    /// per-frontend relay, which writes the header. Named `ebpf` in `/status`,
+    /// flags and logs (the documented value).
+    #[serde(rename = "ebpf")]
+    Relay,
     /// The kernel path: the connect programs leave the destination alone and the
     /// kernel writes the header on the client's own socket (a socket the kernel path
     /// cannot take is redirected to the per-frontend relay).
@@ -281,17 +284,17 @@ impl LivePath {
     /// The name used in `/status`, flags and logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            LivePath::Ebpf => "ebpf",
+            LivePath::Relay => "ebpf",
             LivePath::Kernel => "kernel",
             LivePath::Hosts => "hosts",
             LivePath::Coredns => "coredns",
         }
     }
 
-    /// Whether this path goes through the name relay (every path but the eBPF and
+    /// Whether this path goes through the name relay (every path but the relay and
     /// kernel paths does).
     pub fn is_name_path(self) -> bool {
-        !matches!(self, LivePath::Ebpf | LivePath::Kernel)
+        !matches!(self, LivePath::Relay | LivePath::Kernel)
     }
 }
 
@@ -305,7 +308,7 @@ impl FromStr for LivePath {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "ebpf" => Ok(LivePath::Ebpf),
+            "ebpf" => Ok(LivePath::Relay),
             "kernel" => Ok(LivePath::Kernel),
             "hosts" => Ok(LivePath::Hosts),
             "coredns" => Ok(LivePath::Coredns),
@@ -449,7 +452,7 @@ mod tests {
 
     #[test]
     fn paths_read_and_write_as_status_spells_them() {
-        let both = Paths(vec![LivePath::Ebpf, LivePath::Hosts]);
+        let both = Paths(vec![LivePath::Relay, LivePath::Hosts]);
         assert_eq!(both.to_string(), "ebpf,hosts");
         assert_eq!("ebpf,hosts".parse::<Paths>(), Ok(both.clone()));
         assert_eq!(Paths::default().to_string(), "none");

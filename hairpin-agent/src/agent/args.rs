@@ -240,7 +240,7 @@ pub struct RunArgs {
     /// Cilium endpoint host routes, Cilium's cilium_host range, a cni0/cbr0 bridge),
     /// followed as they change. A peer outside them is refused at once (fails
     /// closed, as the log, `status` and `doctor` say).
-    #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
 
     /// What is proxied and which names are published: shared with `coredns-writer`,
@@ -263,12 +263,12 @@ pub struct DecisionArgs {
     /// CIDRs): a Service whose `status.loadBalancer` names an address outside them is
     /// not redirected. Unset: any address but the refused classes (loopback,
     /// link-local, multicast, this node's addresses, cluster IPs, --reserved-cidrs).
-    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub lb_cidrs: Vec<ipnet::IpNet>,
 
     /// Networks no LoadBalancer address may be in (comma-separated CIDRs): the pod and
     /// service networks, the nodes' network. Addresses in them are never redirected.
-    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub reserved_cidrs: Vec<ipnet::IpNet>,
 
     /// Domains whose hostnames may be published (comma-separated, e.g.

@@ -123,9 +123,9 @@ pub enum Outcome {
     Failed,
 }
 
-/// One step of the report.
+/// One removal of the report: what was removed, and how it went.
 #[derive(Debug, Serialize)]
-pub struct Step {
+pub struct Removal {
     /// `hosts`, `names-address`, `coredns`, `lease`.
     pub name: &'static str,
     /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
@@ -142,11 +142,16 @@ pub struct CleanupReport {
     /// True when nothing failed.
     pub ok: bool,
     /// Each step in order.
-    pub steps: Vec<Step>,
+    pub steps: Vec<Removal>,
 }
 
-fn step(name: &'static str, object: String, outcome: Outcome, detail: Option<String>) -> Step {
-    Step {
+fn removal(
+    name: &'static str,
+    object: String,
+    outcome: Outcome,
+    detail: Option<String>,
+) -> Removal {
+    Removal {
         name,
         object,
         outcome,
@@ -154,12 +159,12 @@ fn step(name: &'static str, object: String, outcome: Outcome, detail: Option<Str
     }
 }
 
-/// Runs `cleanup`; returns the exit code.
-pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
+/// Removes everything hairpin wrote and reports each removal; returns the exit code.
+pub fn clean_up(args: &CleanupArgs) -> Result<i32, CliError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(clean(args));
+    let report = rt.block_on(remove_all(args));
     match args.output {
         OutputFormat::Json => print_json(&report)?,
         OutputFormat::Text => print_text(&render(&report))?,
@@ -168,7 +173,7 @@ pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
 }
 
 /// Does every step and reports each.
-pub async fn clean(args: &CleanupArgs) -> CleanupReport {
+pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     let mut steps = Vec::new();
     if args.scope != Scope::Cluster {
         node_steps(args, &mut steps).await;
@@ -182,13 +187,13 @@ pub async fn clean(args: &CleanupArgs) -> CleanupReport {
     }
 }
 
-async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
+async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
     if let Some(path) = &args.hosts_file {
         let object = path.display().to_string();
         steps.push(match hosts_writer::cleanup(path) {
-            Ok(true) => step("hosts", object, Outcome::Removed, None),
-            Ok(false) => step("hosts", object, Outcome::Absent, None),
-            Err(e) => step("hosts", object, Outcome::Failed, Some(e.to_string())),
+            Ok(true) => removal("hosts", object, Outcome::Removed, None),
+            Ok(false) => removal("hosts", object, Outcome::Absent, None),
+            Err(e) => removal("hosts", object, Outcome::Failed, Some(e.to_string())),
         });
     }
     if args.listen_link != "none" && !args.listen_link.is_empty() {
@@ -213,10 +218,10 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
 /// detached (the programs stop at once: traffic goes as before hairpin), then every
 /// pin (links, programs, maps, the layout directories, and the sockets maps earlier
 /// releases pinned), then `dir` itself when nothing else is in it.
-fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
+fn remove_pins(dir: &Path, steps: &mut Vec<Removal>) {
     let object = dir.display().to_string();
     if !dir.exists() {
-        steps.push(step("pinned-maps", object, Outcome::Absent, None));
+        steps.push(removal("pinned-maps", object, Outcome::Absent, None));
         return;
     }
     for r in crate::datapath::pin::remove_all(dir) {
@@ -228,21 +233,21 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
         };
         let object = r.path.display().to_string();
         steps.push(match r.result {
-            Ok(()) => step(what, object, Outcome::Removed, None),
-            Err(e) => step(what, object, Outcome::Failed, Some(e)),
+            Ok(()) => removal(what, object, Outcome::Removed, None),
+            Err(e) => removal(what, object, Outcome::Failed, Some(e)),
         });
     }
     // Only an empty directory goes: anything else in it is not ours.
     steps.push(match std::fs::remove_dir(dir) {
-        Ok(()) => step("pinned-maps", object, Outcome::Removed, None),
+        Ok(()) => removal("pinned-maps", object, Outcome::Removed, None),
         // The uninstall mounts the directory itself from the host: it stays there.
-        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => step(
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => removal(
             "pinned-maps",
             object,
             Outcome::Skipped,
             Some("directory kept: it is a mount point".into()),
         ),
-        Err(e) => step(
+        Err(e) => removal(
             "pinned-maps",
             object,
             Outcome::Skipped,
@@ -252,26 +257,26 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
 }
 
 /// Removes `address` from `link` (deleting the dummy link when it is left empty).
-async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Step {
+async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Removal {
     let object = format!("{address} on {link}");
     {
         match names_link::remove(link, address).await {
             Ok(r) if r.address_from.is_empty() && r.deleted_link.is_none() => {
-                step(what, object, Outcome::Absent, None)
+                removal(what, object, Outcome::Absent, None)
             }
             Ok(r) => {
                 let mut detail = format!("removed from {}", r.address_from.join(", "));
                 if let Some(l) = r.deleted_link {
                     detail.push_str(&format!("; deleted dummy link {l}"));
                 }
-                step(what, object, Outcome::Removed, Some(detail))
+                removal(what, object, Outcome::Removed, Some(detail))
             }
-            Err(e) => step(what, object, Outcome::Failed, Some(e.to_string())),
+            Err(e) => removal(what, object, Outcome::Failed, Some(e.to_string())),
         }
     }
 }
 
-async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
+async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
     let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
         mode: args.coredns,
         configmap: args.coredns_objects.configmap.clone(),
@@ -288,17 +293,17 @@ async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
         Err(e) => {
             let note = Some(format!("no Kubernetes API reachable: {e}"));
             if let Some(o) = cm_object {
-                steps.push(step("coredns", o, Outcome::Skipped, note.clone()));
+                steps.push(removal("coredns", o, Outcome::Skipped, note.clone()));
             }
-            steps.push(step("lease", lease_object, Outcome::Skipped, note));
+            steps.push(removal("lease", lease_object, Outcome::Skipped, note));
             return;
         }
     };
     if let (Some(cfg), Some(object)) = (coredns, cm_object) {
         steps.push(match k8s::coredns::remove(&client, &cfg).await {
-            Ok(Written::Unchanged) => step("coredns", object, Outcome::Absent, None),
-            Ok(_) => step("coredns", object, Outcome::Removed, None),
-            Err(e) => step("coredns", object, Outcome::Failed, Some(e.to_string())),
+            Ok(Written::Unchanged) => removal("coredns", object, Outcome::Absent, None),
+            Ok(_) => removal("coredns", object, Outcome::Removed, None),
+            Err(e) => removal("coredns", object, Outcome::Failed, Some(e.to_string())),
         });
     }
     let leases: Api<Lease> = Api::namespaced(client, &args.lease.namespace);
@@ -307,11 +312,11 @@ async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
             .delete(&args.lease.name, &DeleteParams::default())
             .await
         {
-            Ok(_) => step("lease", lease_object, Outcome::Removed, None),
+            Ok(_) => removal("lease", lease_object, Outcome::Removed, None),
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                step("lease", lease_object, Outcome::Absent, None)
+                removal("lease", lease_object, Outcome::Absent, None)
             }
-            Err(e) => step("lease", lease_object, Outcome::Failed, Some(e.to_string())),
+            Err(e) => removal("lease", lease_object, Outcome::Failed, Some(e.to_string())),
         },
     );
 }
@@ -367,14 +372,14 @@ mod tests {
         let path = hosts.to_str().expect("utf-8");
 
         std::fs::write(&hosts, block).expect("write");
-        let cluster = clean(&args(&["--hosts-file", path, "--scope", "cluster"])).await;
+        let cluster = remove_all(&args(&["--hosts-file", path, "--scope", "cluster"])).await;
         let names: Vec<&str> = cluster.steps.iter().map(|s| s.name).collect();
         assert_eq!(names, ["lease"], "{:?}", cluster.steps);
         assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
 
         // `--listen-link none`, `--bpf-pin-dir none`: this test must not touch the
         // machine's own links or pins.
-        let node = clean(&args(&[
+        let node = remove_all(&args(&[
             "--hosts-file",
             path,
             "--scope",

@@ -73,8 +73,8 @@ impl ProbeResult {
     }
 }
 
-/// Runs `p`.
-pub fn run(p: &Probe) -> ProbeResult {
+/// Sends `p` and reads what comes back.
+pub fn send(p: &Probe) -> ProbeResult {
     let mut stream = match connect(p) {
         Ok(s) => s,
         Err(e) => return ProbeResult::new(Outcome::ConnectFailed, e),

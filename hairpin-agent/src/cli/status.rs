@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use hairpin_ebpf::Counter;
 
 use crate::{
-    datapath::kernel,
+    datapath::kernel_objects,
     model::LivePath,
     status::ProgramIds,
     status::{FrontendState, FrontendStatus, KernelPathState, KernelPathStatus, Snapshot},
@@ -57,8 +57,9 @@ pub struct StatusReport {
     pub kernel_error: Option<String>,
 }
 
-/// Runs `status`; returns the exit code.
-pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
+/// Shows what the agent on this node is doing (or what the kernel says); returns
+/// the exit code.
+pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
     let report = match args.admin.status() {
         Ok(snap) => StatusReport {
             agent_reachable: true,
@@ -69,7 +70,7 @@ pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
             kernel_error: None,
         },
         Err(e) => {
-            let (programs, error) = match kernel::hairpin_programs() {
+            let (programs, error) = match kernel_objects::hairpin_programs() {
                 Ok(p) => (Some(p), None),
                 Err(e) => (None, Some(e.to_string())),
             };

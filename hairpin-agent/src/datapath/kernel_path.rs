@@ -126,9 +126,10 @@ pub fn describe(value: &Redirect) -> &'static str {
 /// [`describe`]'s words, in frontend order.
 pub fn read_frontend_paths(
     id: u32,
-) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel::KernelError> {
+) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel_objects::KernelObjectsError>
+{
     use aya::maps::{HashMap, Map, MapData};
-    let error = |op, source| super::kernel::KernelError::Map {
+    let error = |op, source| super::kernel_objects::KernelObjectsError::Map {
         op,
         id,
         source: Box::new(source),

@@ -13,7 +13,7 @@
 mod btf;
 pub mod cgroup;
 mod error;
-pub mod kernel;
+pub mod kernel_objects;
 mod kernel_path;
 pub mod pin;
 mod sys;
@@ -906,7 +906,7 @@ impl Datapath {
 
     /// A reader of the counters through this process's own descriptor of the map,
     /// for `/status` and `/metrics`: opening the map by id (`dump`, and
-    /// [`kernel::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
+    /// [`kernel_objects::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
     /// grant, so there the kernel path's fallback and miss counters would not show.
     pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
         use aya::maps::IterableMap;
@@ -1105,7 +1105,7 @@ impl Heartbeat {
     }
 
     /// Beats every `every` until the task is dropped; a failed write is logged.
-    pub async fn run(self, every: Duration) {
+    pub async fn beat_every(self, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -17,7 +17,7 @@ use kube::api::DynamicObject;
 
 pub use super::claims::{Claim, NameSkip, NameSkipReason, ObjectId};
 use super::{
-    gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, limits, scope::NameScope,
+    caps, gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
 };
 use crate::{
     model::{Frontends, ProxyVersion},
@@ -55,7 +55,7 @@ pub struct NameRoutes {
 /// First every claim goes through `scope`: a host outside `--names-domains`, or
 /// always refused (the cluster domain, `localhost`, ...), never reaches a route, so
 /// it can neither be published nor win a conflict. Claims are taken oldest object first (then by source name, so every node agrees).
-/// Then the scope's caps ([`limits`]) withhold the names past
+/// Then the scope's caps ([`caps`]) withhold the names past
 /// `--max-names-per-namespace` in their namespace and past `--max-names` in all,
 /// each a [`NameSkipReason::Capped`]; a withheld name cannot win a conflict either.
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
@@ -123,30 +123,30 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
     }
     // The caps, before conflicts: a withheld name cannot keep a name from the
     // namespace that would publish it.
-    let limits = scope.limits();
-    let withheld = limits::withhold(
+    let caps = scope.caps();
+    let withheld = caps::withhold(
         viable.iter().map(|(c, _)| {
             (
-                limits::namespace_of(c.object.as_ref()),
+                caps::namespace_of(c.object.as_ref()),
                 &c.host,
                 c.created.as_ref(),
             )
         }),
-        limits,
+        caps,
     );
-    out.limits = withheld.report(limits);
+    out.limits = withheld.report(caps);
     // host -> (winning source, its LB IPs)
     let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
     let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
     for (claim, proxied) in viable {
         let at = format!("{}: {}", claim.source, claim.field);
-        let namespace = limits::namespace_of(claim.object.as_ref());
+        let namespace = caps::namespace_of(claim.object.as_ref());
         if let Some(rule) = withheld.rule(namespace, &claim.host) {
             out.skips.push(NameSkip {
                 reason: NameSkipReason::Capped(rule),
                 message: format!(
                     "{at}: {}",
-                    withheld.message(rule, namespace, &claim.host, limits)
+                    withheld.message(rule, namespace, &claim.host, caps)
                 ),
                 object: claim.object.clone(),
             });

@@ -9,7 +9,7 @@
 //! Owns sockets and bytes; does not decide which frontends exist (the agent's
 //! reconciler does) nor touch the BPF maps.
 
-pub mod clients;
+pub mod client_policy;
 mod config;
 pub mod header;
 pub mod listener;

@@ -79,8 +79,9 @@ pub struct CheckArgs {
     pub output: OutputFormat,
 }
 
-/// Runs `check`; returns the exit code.
-pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
+/// Says whether in-cluster requests to the target work, and why not; returns the
+/// exit code.
+pub fn check_target(args: &CheckArgs) -> Result<i32, CliError> {
     let target = parse_target(&args.target, args.tls).map_err(CliError::Usage)?;
     let agent = args.admin.status();
     let dns = pod_dns_server(args.dns_server, agent.as_ref().ok());
@@ -90,7 +91,7 @@ pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
     for ip in resolution.addresses() {
         let addr = SocketAddr::new(ip, target.port);
         let probe = |header, mark| {
-            probe::run(&Probe {
+            probe::send(&Probe {
                 addr,
                 host: target.host.clone(),
                 tls: target.tls,

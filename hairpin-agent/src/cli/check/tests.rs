@@ -130,14 +130,14 @@ fn coverage_comes_from_the_agents_frontends() {
         listener: Some("192.0.2.1:4000".parse().expect("addr")),
         reason: None,
         retry: None,
-        path: Paths(vec![LivePath::Ebpf]),
+        path: Paths(vec![LivePath::Relay]),
     });
     assert_eq!(
         coverage(Some(&snap), addr),
         Coverage::Active {
             listener: Some("192.0.2.1:4000".parse().expect("addr")),
             version: "v2".into(),
-            path: Paths(vec![LivePath::Ebpf]),
+            path: Paths(vec![LivePath::Relay]),
             header_by: HeaderBy::Relay,
             why: "the kernel path is off".into(),
         }
@@ -232,7 +232,7 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
             path: Paths(vec![if kernel {
                 LivePath::Kernel
             } else {
-                LivePath::Ebpf
+                LivePath::Relay
             }]),
         });
     }
