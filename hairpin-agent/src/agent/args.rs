@@ -303,7 +303,10 @@ pub struct DefaultVersion(pub Option<ProxyVersion>);
 pub(crate) fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
     match s {
         "off" | "none" => Ok(DefaultVersion(None)),
-        other => other.parse().map(|v| DefaultVersion(Some(v))),
+        other => other
+            .parse()
+            .map(|v| DefaultVersion(Some(v)))
+            .map_err(|e: crate::model::UnknownWord| e.to_string()),
     }
 }
 

@@ -187,7 +187,7 @@ impl Agent {
             // liveness map: each one registers as it binds.
             let liveness = d.relay_liveness();
             relay.on_listen(Arc::new(move |addr, fd| {
-                liveness.register(addr, fd).map_err(|e| e.to_string())
+                liveness.register(addr, fd).map_err(Into::into)
             }));
         }
         // Read through the agent's own descriptor: opening the map by id (as `dump`
@@ -211,7 +211,7 @@ impl Agent {
                 .collect()),
             None => datapath::kernel_objects::read_counters(id)
                 .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
-                .map_err(|e| e.to_string()),
+                .map_err(Into::into),
         });
         if let Some(r) = reader {
             metrics.set_kernel_counters(Arc::new(move || {

@@ -123,9 +123,9 @@ pub enum Outcome {
     Failed,
 }
 
-/// One removal of the report: what was removed, and how it went.
+/// One step of the cleanup report: what was removed, and how it went.
 #[derive(Debug, Serialize)]
-pub struct Removal {
+pub struct CleanupStep {
     /// `hosts`, `names-address`, `coredns`, `lease`.
     pub name: &'static str,
     /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
@@ -142,16 +142,16 @@ pub struct CleanupReport {
     /// True when nothing failed.
     pub ok: bool,
     /// Each step in order.
-    pub steps: Vec<Removal>,
+    pub steps: Vec<CleanupStep>,
 }
 
-fn removal(
+fn step(
     name: &'static str,
     object: String,
     outcome: Outcome,
     detail: Option<String>,
-) -> Removal {
-    Removal {
+) -> CleanupStep {
+    CleanupStep {
         name,
         object,
         outcome,
@@ -187,13 +187,13 @@ pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     }
 }
 
-async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
+async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
     if let Some(path) = &args.hosts_file {
         let object = path.display().to_string();
         steps.push(match hosts_writer::cleanup(path) {
-            Ok(true) => removal("hosts", object, Outcome::Removed, None),
-            Ok(false) => removal("hosts", object, Outcome::Absent, None),
-            Err(e) => removal("hosts", object, Outcome::Failed, Some(e.to_string())),
+            Ok(true) => step("hosts", object, Outcome::Removed, None),
+            Ok(false) => step("hosts", object, Outcome::Absent, None),
+            Err(e) => step("hosts", object, Outcome::Failed, Some(e.to_string())),
         });
     }
     if args.listen_link != "none" && !args.listen_link.is_empty() {
@@ -218,10 +218,10 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
 /// detached (the programs stop at once: traffic goes as before hairpin), then every
 /// pin (links, programs, maps, the layout directories, and the sockets maps earlier
 /// releases pinned), then `dir` itself when nothing else is in it.
-fn remove_pins(dir: &Path, steps: &mut Vec<Removal>) {
+fn remove_pins(dir: &Path, steps: &mut Vec<CleanupStep>) {
     let object = dir.display().to_string();
     if !dir.exists() {
-        steps.push(removal("pinned-maps", object, Outcome::Absent, None));
+        steps.push(step("pinned-maps", object, Outcome::Absent, None));
         return;
     }
     for r in crate::datapath::pin::remove_all(dir) {
@@ -233,21 +233,21 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Removal>) {
         };
         let object = r.path.display().to_string();
         steps.push(match r.result {
-            Ok(()) => removal(what, object, Outcome::Removed, None),
-            Err(e) => removal(what, object, Outcome::Failed, Some(e)),
+            Ok(()) => step(what, object, Outcome::Removed, None),
+            Err(e) => step(what, object, Outcome::Failed, Some(e.to_string())),
         });
     }
     // Only an empty directory goes: anything else in it is not ours.
     steps.push(match std::fs::remove_dir(dir) {
-        Ok(()) => removal("pinned-maps", object, Outcome::Removed, None),
+        Ok(()) => step("pinned-maps", object, Outcome::Removed, None),
         // The uninstall mounts the directory itself from the host: it stays there.
-        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => removal(
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => step(
             "pinned-maps",
             object,
             Outcome::Skipped,
             Some("directory kept: it is a mount point".into()),
         ),
-        Err(e) => removal(
+        Err(e) => step(
             "pinned-maps",
             object,
             Outcome::Skipped,
@@ -257,31 +257,31 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Removal>) {
 }
 
 /// Removes `address` from `link` (deleting the dummy link when it is left empty).
-async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Removal {
+async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> CleanupStep {
     let object = format!("{address} on {link}");
     {
         match names_link::remove(link, address).await {
             Ok(r) if r.address_from.is_empty() && r.deleted_link.is_none() => {
-                removal(what, object, Outcome::Absent, None)
+                step(what, object, Outcome::Absent, None)
             }
             Ok(r) => {
                 let mut detail = format!("removed from {}", r.address_from.join(", "));
                 if let Some(l) = r.deleted_link {
                     detail.push_str(&format!("; deleted dummy link {l}"));
                 }
-                removal(what, object, Outcome::Removed, Some(detail))
+                step(what, object, Outcome::Removed, Some(detail))
             }
-            Err(e) => removal(what, object, Outcome::Failed, Some(e.to_string())),
+            Err(e) => step(what, object, Outcome::Failed, Some(e.to_string())),
         }
     }
 }
 
-async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
+async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
     let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
         mode: args.coredns,
         configmap: args.coredns_objects.configmap.clone(),
         custom: args.coredns_objects.custom_configmap.clone(),
-        // Removal does not render rewrites; any exact name does.
+        // CleanupStep does not render rewrites; any exact name does.
         target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
     });
     let cm_object = coredns
@@ -293,17 +293,17 @@ async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
         Err(e) => {
             let note = Some(format!("no Kubernetes API reachable: {e}"));
             if let Some(o) = cm_object {
-                steps.push(removal("coredns", o, Outcome::Skipped, note.clone()));
+                steps.push(step("coredns", o, Outcome::Skipped, note.clone()));
             }
-            steps.push(removal("lease", lease_object, Outcome::Skipped, note));
+            steps.push(step("lease", lease_object, Outcome::Skipped, note));
             return;
         }
     };
     if let (Some(cfg), Some(object)) = (coredns, cm_object) {
         steps.push(match k8s::coredns::remove(&client, &cfg).await {
-            Ok(Written::Unchanged) => removal("coredns", object, Outcome::Absent, None),
-            Ok(_) => removal("coredns", object, Outcome::Removed, None),
-            Err(e) => removal("coredns", object, Outcome::Failed, Some(e.to_string())),
+            Ok(Written::Unchanged) => step("coredns", object, Outcome::Absent, None),
+            Ok(_) => step("coredns", object, Outcome::Removed, None),
+            Err(e) => step("coredns", object, Outcome::Failed, Some(e.to_string())),
         });
     }
     let leases: Api<Lease> = Api::namespaced(client, &args.lease.namespace);
@@ -312,11 +312,11 @@ async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Removal>) {
             .delete(&args.lease.name, &DeleteParams::default())
             .await
         {
-            Ok(_) => removal("lease", lease_object, Outcome::Removed, None),
+            Ok(_) => step("lease", lease_object, Outcome::Removed, None),
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                removal("lease", lease_object, Outcome::Absent, None)
+                step("lease", lease_object, Outcome::Absent, None)
             }
-            Err(e) => removal("lease", lease_object, Outcome::Failed, Some(e.to_string())),
+            Err(e) => step("lease", lease_object, Outcome::Failed, Some(e.to_string())),
         },
     );
 }

@@ -309,12 +309,12 @@ impl Datapath {
         }
         let mut ebpf = loader.load(object).map_err(load_error)?;
         let (kernel_path, kernel_connect) = if opts.kernel_path {
-            let fields = fast_open.map(|_| ()).map_err(|e| e.to_string());
+            let fields = fast_open.map(|_| ());
             match kernel_path::load(&mut ebpf, fields) {
                 Ok(connect) => (KernelPath::On, Some(connect)),
                 Err(why) => {
                     tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                    (KernelPath::Unavailable(why), None)
+                    (KernelPath::Unavailable(why.to_string()), None)
                 }
             }
         } else {

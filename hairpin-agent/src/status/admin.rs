@@ -85,7 +85,12 @@ pub enum AdminError {
 /// Reads the programs' counters from the counters map with this kernel id, per
 /// `/status` request (they move without the agent noticing). Given by whoever
 /// owns the datapath, so this server needs no BPF code of its own.
-pub type KernelCounters = Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, String> + Send + Sync>;
+pub type KernelCounters =
+    Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, KernelCountersError> + Send + Sync>;
+
+/// Why [`KernelCounters`] could not read the counters: its owner's own error (the
+/// datapath's), boxed so that this server names no BPF type.
+pub type KernelCountersError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct Shared {

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::target::Target;
 use crate::cli::{
+    dns::DnsError,
     kube_proxy::{KubeProxy, Mode, ShortCircuit},
     probe::{Outcome, ProbeResult},
     table::{Cell, Table, Tone, paint},
@@ -31,7 +32,7 @@ pub struct Resolution {
 }
 
 /// A pod-style lookup: the server asked, where it came from, and its answer.
-pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, String>);
+pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
@@ -45,11 +46,11 @@ impl Resolution {
     }
 
     /// From the node's lookup and the optional pod-style one.
-    pub fn from_lookups(node: Result<Vec<IpAddr>, String>, pod: Option<PodLookup>) -> Resolution {
+    pub fn from_lookups(node: std::io::Result<Vec<IpAddr>>, pod: Option<PodLookup>) -> Resolution {
         let mut r = Resolution::default();
         match node {
             Ok(ips) => r.node = ips,
-            Err(e) => r.node_error = Some(e),
+            Err(e) => r.node_error = Some(e.to_string()),
         }
         match pod {
             Some((server, from, answer)) => {
@@ -57,7 +58,7 @@ impl Resolution {
                 r.pod_dns_from = Some(from);
                 match answer {
                     Ok(ips) => r.pod = ips,
-                    Err(e) => r.pod_note = Some(e),
+                    Err(e) => r.pod_note = Some(e.to_string()),
                 }
             }
             None => {

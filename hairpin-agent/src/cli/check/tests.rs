@@ -162,7 +162,7 @@ fn resolution_merges_node_and_pod_answers_without_duplicates() {
     );
     assert_eq!(r.addresses(), vec![ip("203.0.113.10"), ip("2001:db8::10")]);
     assert_eq!(r.pod_dns_from, Some("--dns-server"));
-    let r = Resolution::from_lookups(Err("no such host".into()), None);
+    let r = Resolution::from_lookups(Err(std::io::Error::other("no such host")), None);
     assert!(r.addresses().is_empty());
     assert!(r.pod_note.as_deref().expect("note").starts_with("skipped"));
 }
