@@ -2,7 +2,8 @@
 //! (which LoadBalancer IP and TCP port need a PROXY header, and which version),
 //! the agent's `--mode`, and the paths that lead clients to a relay.
 //!
-//! Plain data; depends on nothing else in the crate.
+//! Plain data; depends on nothing else in the crate (only on `hairpin-ebpf`'s
+//! header codes, which the frontends map shares with the programs).
 
 use std::{
     collections::BTreeMap,
@@ -11,6 +12,7 @@ use std::{
     str::FromStr,
 };
 
+use hairpin_ebpf::{HEADER_V1, HEADER_V2};
 use serde::{Deserialize, Serialize};
 
 /// A word that is none of a value's spellings (an annotation, a frontends file
@@ -49,6 +51,27 @@ impl fmt::Display for ProxyVersion {
             ProxyVersion::V1 => "v1",
             ProxyVersion::V2 => "v2",
         })
+    }
+}
+
+impl ProxyVersion {
+    /// The version as the frontends map's [`hairpin_ebpf::Redirect::header`] and the
+    /// relay's listeners store it: [`HEADER_V1`] or [`HEADER_V2`].
+    pub fn code(self) -> u8 {
+        match self {
+            ProxyVersion::V1 => HEADER_V1,
+            ProxyVersion::V2 => HEADER_V2,
+        }
+    }
+
+    /// The version [`ProxyVersion::code`] gave `code`: v2 for [`HEADER_V2`], v1 for
+    /// anything else.
+    pub fn from_code(code: u8) -> ProxyVersion {
+        if code == HEADER_V2 {
+            ProxyVersion::V2
+        } else {
+            ProxyVersion::V1
+        }
     }
 }
 

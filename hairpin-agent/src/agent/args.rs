@@ -147,7 +147,7 @@ pub struct RunArgs {
 
     /// TCP address of the admin server's probes and metrics (/healthz, /readyz,
     /// /metrics). Node-local: the DaemonSet runs in the host network namespace.
-    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = crate::status::admin::DEFAULT_ADMIN_ADDRESS)]
     pub admin_address: SocketAddr,
 
     /// A further address serving /metrics alone, for a Prometheus that scrapes the
@@ -178,7 +178,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "HAIRPIN_ADMIN_SOCKET",
-        default_value = "/run/hairpin/admin.sock"
+        default_value = crate::status::admin::DEFAULT_ADMIN_SOCKET
     )]
     pub admin_socket: PathBuf,
 

@@ -67,11 +67,8 @@ impl KernelPath {
             (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay, _) => {
                 Redirect::relay_chosen(listener)
             }
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V1) => {
-                Redirect::kernel(listener, HEADER_V1)
-            }
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V2) => {
-                Redirect::kernel(listener, HEADER_V2)
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, version) => {
+                Redirect::kernel(listener, version.code())
             }
             _ => Redirect::new(listener),
         }
