@@ -45,7 +45,7 @@ use serde::Deserialize;
 
 use crate::{
     k8s::decide::lb_address::builtin_refusal,
-    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion},
+    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion, UnknownWord},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -185,23 +185,21 @@ pub fn parse_file(
     // Where each address was first listed, for the conflict error.
     let mut listed = std::collections::BTreeMap::new();
     for (index, e) in file.frontends.iter().enumerate() {
-        let version: ProxyVersion =
-            e.proxy_protocol
-                .parse()
-                .map_err(|e: crate::model::UnknownWord| {
-                    invalid(index, "proxyProtocol", &e.to_string())
-                })?;
+        let version: ProxyVersion = e
+            .proxy_protocol
+            .parse()
+            .map_err(|e: UnknownWord| invalid(index, "proxyProtocol", &e.to_string()))?;
         let first_speaker: FirstSpeaker = match &e.first_speaker {
             None => FirstSpeaker::Client,
-            Some(v) => v.parse().map_err(|e: crate::model::UnknownWord| {
-                invalid(index, "firstSpeaker", &e.to_string())
-            })?,
+            Some(v) => v
+                .parse()
+                .map_err(|e: UnknownWord| invalid(index, "firstSpeaker", &e.to_string()))?,
         };
         let path_choice: PathChoice = match &e.path {
             None => PathChoice::Auto,
             Some(v) => v
                 .parse()
-                .map_err(|e: crate::model::UnknownWord| invalid(index, "path", &e.to_string()))?,
+                .map_err(|e: UnknownWord| invalid(index, "path", &e.to_string()))?,
         };
         if let Some(class) = builtin_refusal(e.ip) {
             return Err(invalid(
