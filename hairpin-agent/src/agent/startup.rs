@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, RunArgs},
+    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, RunArgs},
     clients, limits,
     mode::{self, Configured, EbpfOutcome, Plan},
     reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
@@ -31,7 +31,7 @@ use crate::{
     },
     names::{
         link as names_link,
-        relay::{NameRouting, NameRoutingConfig, ServiceListener},
+        relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
         scope::{NameScope, ScopeRule},
     },
     relay::{
@@ -181,14 +181,18 @@ impl Agent {
             &state,
         )
         .await?;
+        let mut names = names;
         let mut relay = Relay::new(relay_config, metrics.clone());
         if let Some(d) = datapath.as_ref() {
             // The connect programs send to a listener only while it is in the
             // liveness map: each one registers as it binds.
             let liveness = d.relay_liveness();
-            relay.on_listen(Arc::new(move |addr, fd| {
-                liveness.register(addr, fd).map_err(Into::into)
-            }));
+            let hook: crate::relay::ListenHook =
+                Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(Into::into));
+            relay.on_listen(hook.clone());
+            if let Some(n) = names.as_mut() {
+                n.on_listen(hook);
+            }
         }
         // Read through the agent's own descriptor: opening the map by id (as `dump`
         // does) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -242,6 +246,7 @@ impl Agent {
             plan,
             reconciler,
             names,
+            names_redirects: Vec::new(),
             admin: Some(admin),
             drain_timeout: args.drain_timeout,
             signals,
@@ -458,6 +463,11 @@ async fn start_names(
         NameRoutingConfig {
             address,
             ports: args.names_ports.0.clone(),
+            redirect: match (args.names_redirect, plan.ebpf) {
+                (NamesRedirect::Off, _) => Redirect::Bound,
+                (NamesRedirect::Auto, true) => Redirect::ConnectPrograms,
+                (NamesRedirect::Auto, false) => Redirect::Netfilter,
+            },
             service_listeners: service_listeners(args, node_v4, node_v6),
             hosts_file,
             hosts_min_interval: args.decision.name_limits.hosts_min_interval,

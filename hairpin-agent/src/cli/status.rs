@@ -151,7 +151,14 @@ fn render_mode(out: &mut String, m: &ModeStatus, colour: bool) {
 /// `names`: the name relay's listeners and hosts file, the writer's pace, the
 /// listeners that failed, and what is published or left out.
 fn render_names(out: &mut String, n: &NamesStatus, colour: bool) {
-    let listeners: Vec<String> = n.listeners.iter().map(|l| l.to_string()).collect();
+    let listeners: Vec<String> = n
+        .listeners
+        .iter()
+        .map(|l| match n.redirects.iter().find(|r| r.listener == *l) {
+            Some(r) => format!("{} (redirected to {l})", r.dialled),
+            None => l.to_string(),
+        })
+        .collect();
     out.push_str(&format!(
         "names       relay on {} ({} routes), hosts file {}{}\n",
         if listeners.is_empty() {
