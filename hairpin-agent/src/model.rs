@@ -2,8 +2,7 @@
 //! (which LoadBalancer IP and TCP port need a PROXY header, and which version),
 //! the agent's `--mode`, and the paths that lead clients to a relay.
 //!
-//! Plain data; depends on nothing else in the crate (only on `hairpin-ebpf`'s
-//! header codes, which the frontends map shares with the programs).
+//! Plain data; depends on nothing else in the crate.
 
 use std::{
     collections::BTreeMap,
@@ -12,7 +11,6 @@ use std::{
     str::FromStr,
 };
 
-use hairpin_ebpf::{HEADER_V1, HEADER_V2};
 use serde::{Deserialize, Serialize};
 
 /// A word that is none of a value's spellings (an annotation, a frontends file
@@ -45,33 +43,33 @@ pub enum ProxyVersion {
     V2,
 }
 
+impl ProxyVersion {
+    /// The version's number as one byte, `1` or `2`: the header byte of a kernel-path
+    /// frontend map value (`hairpin_ebpf::HEADER_V1`/`HEADER_V2`, the same numbers)
+    /// and what the relay keeps per listener. The one encoding of a version as a byte.
+    pub const fn number(self) -> u8 {
+        match self {
+            ProxyVersion::V1 => 1,
+            ProxyVersion::V2 => 2,
+        }
+    }
+
+    /// The version [`ProxyVersion::number`] gives `n`, if any.
+    pub const fn from_number(n: u8) -> Option<ProxyVersion> {
+        match n {
+            1 => Some(ProxyVersion::V1),
+            2 => Some(ProxyVersion::V2),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for ProxyVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             ProxyVersion::V1 => "v1",
             ProxyVersion::V2 => "v2",
         })
-    }
-}
-
-impl ProxyVersion {
-    /// The version as the frontends map's [`hairpin_ebpf::Redirect::header`] and the
-    /// relay's listeners store it: [`HEADER_V1`] or [`HEADER_V2`].
-    pub fn code(self) -> u8 {
-        match self {
-            ProxyVersion::V1 => HEADER_V1,
-            ProxyVersion::V2 => HEADER_V2,
-        }
-    }
-
-    /// The version [`ProxyVersion::code`] gave `code`: v2 for [`HEADER_V2`], v1 for
-    /// anything else.
-    pub fn from_code(code: u8) -> ProxyVersion {
-        if code == HEADER_V2 {
-            ProxyVersion::V2
-        } else {
-            ProxyVersion::V1
-        }
     }
 }
 

@@ -21,6 +21,12 @@ use hairpin_ebpf::{
 use super::btf::BtfError;
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
+// The programs read a kernel-path frontend's header byte as the version's number.
+const _: () = assert!(
+    ProxyVersion::V1.number() == HEADER_V1 && ProxyVersion::V2.number() == HEADER_V2,
+    "the frontend map's header bytes are the PROXY version numbers"
+);
+
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelPath {
@@ -68,7 +74,7 @@ impl KernelPath {
                 Redirect::relay_chosen(listener)
             }
             (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, version) => {
-                Redirect::kernel(listener, version.code())
+                Redirect::kernel(listener, version.number())
             }
             _ => Redirect::new(listener),
         }
@@ -502,6 +508,15 @@ mod tests {
         assert_eq!(perfmon_note(Some(true)), "");
         assert_eq!(perfmon_note(None), "");
         assert!(has_perfmon().is_some());
+    }
+
+    #[test]
+    fn a_version_number_reads_back_and_no_other_byte_is_a_version() {
+        for v in [ProxyVersion::V1, ProxyVersion::V2] {
+            assert_eq!(ProxyVersion::from_number(v.number()), Some(v));
+        }
+        assert_eq!(ProxyVersion::from_number(0), None);
+        assert_eq!(ProxyVersion::from_number(HEADER_RELAY_SERVER_FIRST), None);
     }
 
     #[test]

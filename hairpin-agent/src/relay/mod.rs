@@ -133,7 +133,7 @@ impl Relay {
                 source,
             })?;
         }
-        let version = Arc::new(AtomicU8::new(frontend.version.code()));
+        let version = Arc::new(AtomicU8::new(frontend.version.number()));
         let stop = CancellationToken::new();
         let (cfg, metrics, current) = (self.cfg.clone(), self.metrics.clone(), version.clone());
         let serve = move |client, peer, local| {
@@ -142,7 +142,9 @@ impl Relay {
                 peer,
                 local,
                 target,
-                version: ProxyVersion::from_code(current.load(Ordering::Relaxed)),
+                // Only `ProxyVersion::number`s are ever stored.
+                version: ProxyVersion::from_number(current.load(Ordering::Relaxed))
+                    .unwrap_or(ProxyVersion::V1),
                 cfg: cfg.clone(),
                 metrics: metrics.clone(),
             };
@@ -176,7 +178,7 @@ impl Relay {
     /// Changes the header version of a running listener; new connections use it.
     pub fn set_version(&self, frontend: SocketAddr, version: ProxyVersion) {
         if let Some(l) = self.listeners.get(&frontend) {
-            l.version.store(version.code(), Ordering::Relaxed);
+            l.version.store(version.number(), Ordering::Relaxed);
         }
     }
 
