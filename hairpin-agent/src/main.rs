@@ -74,11 +74,11 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))
         }
         // The node subcommands exit with their verdict: scripts branch on it.
-        Command::Status(args) => exit(hairpin_agent::cli::status::run(&args)?),
-        Command::Check(args) => exit(hairpin_agent::cli::check::run(&args)?),
-        Command::Doctor(args) => exit(hairpin_agent::cli::doctor::run(&args)?),
-        Command::Dump(args) => exit(hairpin_agent::cli::dump::run(&args)?),
-        Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::run(&args)?),
+        Command::Status(args) => exit(hairpin_agent::cli::status::show_status(&args)?),
+        Command::Check(args) => exit(hairpin_agent::cli::check::check_target(&args)?),
+        Command::Doctor(args) => exit(hairpin_agent::cli::doctor::diagnose(&args)?),
+        Command::Dump(args) => exit(hairpin_agent::cli::dump::dump_maps(&args)?),
+        Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::clean_up(&args)?),
     }
 }
 

@@ -13,6 +13,26 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+/// A word that is none of a value's spellings (an annotation, a frontends file
+/// field or a flag).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected {expected}, got {got:?}")]
+pub struct UnknownWord {
+    /// The spellings it may take, as a reader would list them.
+    pub expected: &'static str,
+    /// What was given (trimmed and lowercased where the value is).
+    pub got: String,
+}
+
+impl UnknownWord {
+    fn new(expected: &'static str, got: &str) -> UnknownWord {
+        UnknownWord {
+            expected,
+            got: got.to_owned(),
+        }
+    }
+}
+
 /// PROXY protocol version an ingress expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,12 +74,12 @@ impl fmt::Display for ProxyVersion {
 }
 
 impl FromStr for ProxyVersion {
-    type Err = String;
+    type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "v1" | "1" => Ok(ProxyVersion::V1),
             "v2" | "2" => Ok(ProxyVersion::V2),
-            other => Err(format!("expected v1 or v2, got {other:?}")),
+            other => Err(UnknownWord::new("v1 or v2", other)),
         }
     }
 }
@@ -93,12 +113,12 @@ impl fmt::Display for FirstSpeaker {
 }
 
 impl FromStr for FirstSpeaker {
-    type Err = String;
+    type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "client" => Ok(FirstSpeaker::Client),
             "server" => Ok(FirstSpeaker::Server),
-            other => Err(format!("expected client or server, got {other:?}")),
+            other => Err(UnknownWord::new("client or server", other)),
         }
     }
 }
@@ -133,12 +153,12 @@ impl fmt::Display for PathChoice {
 }
 
 impl FromStr for PathChoice {
-    type Err = String;
+    type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(PathChoice::Auto),
             "relay" => Ok(PathChoice::Relay),
-            other => Err(format!("expected auto or relay, got {other:?}")),
+            other => Err(UnknownWord::new("auto or relay", other)),
         }
     }
 }
@@ -286,8 +306,11 @@ impl Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LivePath {
-    /// The connect programs redirect LoadBalancer IPs to the per-frontend relay.
-    Ebpf,
+    /// The relay path: the connect programs redirect LoadBalancer IPs to the
+    /// per-frontend relay, which writes the header. Named `ebpf` in `/status`,
+    /// flags and logs (the documented value).
+    #[serde(rename = "ebpf")]
+    Relay,
     /// The kernel path: the connect programs leave the destination alone and the
     /// kernel writes the header on the client's own socket (a socket the kernel path
     /// cannot take is redirected to the per-frontend relay).
@@ -302,17 +325,17 @@ impl LivePath {
     /// The name used in `/status`, flags and logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            LivePath::Ebpf => "ebpf",
+            LivePath::Relay => "ebpf",
             LivePath::Kernel => "kernel",
             LivePath::Hosts => "hosts",
             LivePath::Coredns => "coredns",
         }
     }
 
-    /// Whether this path goes through the name relay (every path but the eBPF and
+    /// Whether this path goes through the name relay (every path but the relay and
     /// kernel paths does).
     pub fn is_name_path(self) -> bool {
-        !matches!(self, LivePath::Ebpf | LivePath::Kernel)
+        !matches!(self, LivePath::Relay | LivePath::Kernel)
     }
 }
 
@@ -323,16 +346,14 @@ impl fmt::Display for LivePath {
 }
 
 impl FromStr for LivePath {
-    type Err = String;
+    type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "ebpf" => Ok(LivePath::Ebpf),
+            "ebpf" => Ok(LivePath::Relay),
             "kernel" => Ok(LivePath::Kernel),
             "hosts" => Ok(LivePath::Hosts),
             "coredns" => Ok(LivePath::Coredns),
-            other => Err(format!(
-                "expected ebpf, kernel, hosts or coredns, got {other:?}"
-            )),
+            other => Err(UnknownWord::new("ebpf, kernel, hosts or coredns", other)),
         }
     }
 }
@@ -410,7 +431,7 @@ impl fmt::Display for Paths {
 }
 
 impl FromStr for Paths {
-    type Err = String;
+    type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s == "none" || s.is_empty() {
             return Ok(Paths::default());
@@ -470,7 +491,7 @@ mod tests {
 
     #[test]
     fn paths_read_and_write_as_status_spells_them() {
-        let both = Paths(vec![LivePath::Ebpf, LivePath::Hosts]);
+        let both = Paths(vec![LivePath::Relay, LivePath::Hosts]);
         assert_eq!(both.to_string(), "ebpf,hosts");
         assert_eq!("ebpf,hosts".parse::<Paths>(), Ok(both.clone()));
         assert_eq!(Paths::default().to_string(), "none");
@@ -492,7 +513,11 @@ mod tests {
         assert_eq!("client".parse(), Ok(FirstSpeaker::Client));
         assert_eq!(
             "smtp".parse::<FirstSpeaker>(),
-            Err("expected client or server, got \"smtp\"".to_string())
+            Err(UnknownWord::new("client or server", "smtp"))
+        );
+        assert_eq!(
+            UnknownWord::new("client or server", "smtp").to_string(),
+            "expected client or server, got \"smtp\""
         );
         assert_eq!(FirstSpeaker::default(), FirstSpeaker::Client);
         assert_eq!(FirstSpeaker::Server.to_string(), "server");
@@ -504,7 +529,7 @@ mod tests {
         assert_eq!("auto".parse(), Ok(PathChoice::Auto));
         assert_eq!(
             "kernel".parse::<PathChoice>(),
-            Err("expected auto or relay, got \"kernel\"".to_string())
+            Err(UnknownWord::new("auto or relay", "kernel"))
         );
         assert_eq!(PathChoice::default(), PathChoice::Auto);
         assert_eq!(PathChoice::Relay.to_string(), "relay");

@@ -9,7 +9,7 @@ use std::{
 
 use hairpin_agent::{
     model::{Frontend, ProxyVersion},
-    relay::clients::{ClientPolicy, parse_net},
+    relay::client_policy::{ClientPolicy, parse_net},
     relay::{
         Relay, RelayConfig,
         listener::{ConnGate, ConnLimits},

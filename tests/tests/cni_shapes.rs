@@ -38,7 +38,7 @@ use std::{
 use hairpin_agent::{
     podnet::{self, HostRoute, MAIN_TABLE, PodNetworks, fixture::Fixture},
     relay::{
-        clients::{ClientPolicy, LearnedClients},
+        client_policy::{ClientPolicy, LearnedClients},
         listener::{Admission, ConnGate, ConnLimits, accept_loop},
     },
     status::metrics::Metrics,

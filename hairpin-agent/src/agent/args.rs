@@ -149,7 +149,7 @@ pub struct RunArgs {
 
     /// TCP address of the admin server's probes and metrics (/healthz, /readyz,
     /// /metrics). Node-local: the DaemonSet runs in the host network namespace.
-    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = crate::status::admin::DEFAULT_ADMIN_ADDRESS)]
     pub admin_address: SocketAddr,
 
     /// A further address serving /metrics alone, for a Prometheus that scrapes the
@@ -180,7 +180,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "HAIRPIN_ADMIN_SOCKET",
-        default_value = "/run/hairpin/admin.sock"
+        default_value = crate::status::admin::DEFAULT_ADMIN_SOCKET
     )]
     pub admin_socket: PathBuf,
 
@@ -251,7 +251,7 @@ pub struct RunArgs {
     /// Cilium endpoint host routes, Cilium's cilium_host range, a cni0/cbr0 bridge),
     /// followed as they change. A peer outside them is refused at once (fails
     /// closed, as the log, `status` and `doctor` say).
-    #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_ALLOWED_CLIENTS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub allowed_clients: Vec<ipnet::IpNet>,
 
     /// What is proxied and which names are published: shared with `coredns-writer`,
@@ -274,12 +274,12 @@ pub struct DecisionArgs {
     /// CIDRs): a Service whose `status.loadBalancer` names an address outside them is
     /// not redirected. Unset: any address but the refused classes (loopback,
     /// link-local, multicast, this node's addresses, cluster IPs, --reserved-cidrs).
-    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub lb_cidrs: Vec<ipnet::IpNet>,
 
     /// Networks no LoadBalancer address may be in (comma-separated CIDRs): the pod and
     /// service networks, the nodes' network. Addresses in them are never redirected.
-    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::clients::parse_net)]
+    #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub reserved_cidrs: Vec<ipnet::IpNet>,
 
     /// Domains whose hostnames may be published (comma-separated, e.g.
@@ -314,7 +314,10 @@ pub struct DefaultVersion(pub Option<ProxyVersion>);
 pub(crate) fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
     match s {
         "off" | "none" => Ok(DefaultVersion(None)),
-        other => other.parse().map(|v| DefaultVersion(Some(v))),
+        other => other
+            .parse()
+            .map(|v| DefaultVersion(Some(v)))
+            .map_err(|e: crate::model::UnknownWord| e.to_string()),
     }
 }
 

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::args::RunArgs;
 use crate::{
     k8s, podnet,
-    relay::clients::{ClientPolicy, LearnedClients},
+    relay::client_policy::{ClientPolicy, LearnedClients},
     status::{AgentState, ClientsStatus, LearnedClientsStatus},
 };
 

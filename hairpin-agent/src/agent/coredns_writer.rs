@@ -131,7 +131,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
             .into_owned(),
     };
     let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
-        .with_limits(args.decision.name_limits.limits());
+        .with_caps(args.decision.name_limits.limits());
     let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
     scope = k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
     let client = k8s::client::from_config(config)?;

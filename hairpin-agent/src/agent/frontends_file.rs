@@ -45,7 +45,7 @@ use serde::Deserialize;
 
 use crate::{
     k8s::decide::lb_address::builtin_refusal,
-    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion},
+    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion, UnknownWord},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -188,18 +188,18 @@ pub fn parse_file(
         let version: ProxyVersion = e
             .proxy_protocol
             .parse()
-            .map_err(|msg: String| invalid(index, "proxyProtocol", &msg))?;
+            .map_err(|e: UnknownWord| invalid(index, "proxyProtocol", &e.to_string()))?;
         let first_speaker: FirstSpeaker = match &e.first_speaker {
             None => FirstSpeaker::Client,
             Some(v) => v
                 .parse()
-                .map_err(|msg: String| invalid(index, "firstSpeaker", &msg))?,
+                .map_err(|e: UnknownWord| invalid(index, "firstSpeaker", &e.to_string()))?,
         };
         let path_choice: PathChoice = match &e.path {
             None => PathChoice::Auto,
             Some(v) => v
                 .parse()
-                .map_err(|msg: String| invalid(index, "path", &msg))?,
+                .map_err(|e: UnknownWord| invalid(index, "path", &e.to_string()))?,
         };
         if let Some(class) = builtin_refusal(e.ip) {
             return Err(invalid(

@@ -45,7 +45,7 @@ impl Plan {
     /// The live paths, in a fixed order: eBPF, hosts, CoreDNS.
     pub fn live(&self) -> Vec<LivePath> {
         [
-            (self.ebpf, LivePath::Ebpf),
+            (self.ebpf, LivePath::Relay),
             (self.hosts, LivePath::Hosts),
             (self.coredns, LivePath::Coredns),
         ]
@@ -154,14 +154,14 @@ mod tests {
     #[test]
     fn auto_uses_hosts_only_where_ebpf_fails() {
         let live = plan(Mode::Auto, &EbpfOutcome::Attached, ALL);
-        assert_eq!(live.live(), [LivePath::Ebpf, LivePath::Coredns]);
+        assert_eq!(live.live(), [LivePath::Relay, LivePath::Coredns]);
         assert!(live.name_relay, "CoreDNS sends this node's pods here");
         let no_dns = Configured {
             coredns: false,
             ..ALL
         };
         let ebpf_only = plan(Mode::Auto, &EbpfOutcome::Attached, no_dns);
-        assert_eq!(ebpf_only.live(), [LivePath::Ebpf]);
+        assert_eq!(ebpf_only.live(), [LivePath::Relay]);
         assert!(!ebpf_only.name_relay);
         let failed = plan(Mode::Auto, &EbpfOutcome::Failed("EPERM".into()), no_dns);
         assert_eq!(failed.live(), [LivePath::Hosts]);
@@ -174,7 +174,7 @@ mod tests {
     fn explicit_modes() {
         assert_eq!(
             plan(Mode::Ebpf, &EbpfOutcome::Attached, ALL).live(),
-            [LivePath::Ebpf]
+            [LivePath::Relay]
         );
         assert_eq!(
             plan(Mode::Fallback, &EbpfOutcome::NotTried, ALL).live(),
@@ -182,7 +182,7 @@ mod tests {
         );
         assert_eq!(
             plan(Mode::Both, &EbpfOutcome::Attached, ALL).live(),
-            [LivePath::Ebpf, LivePath::Hosts, LivePath::Coredns]
+            [LivePath::Relay, LivePath::Hosts, LivePath::Coredns]
         );
         let none = Configured {
             hosts_file: false,

@@ -1,10 +1,10 @@
 //! The flags that bound names and their churn: how many names are published
-//! (per namespace and in all, applied in [`crate::names::limits`]) and how often
+//! (per namespace and in all, applied in [`crate::names::caps`]) and how often
 //! the hosts file is written ([`crate::names::hosts_writer`]).
 
 use std::time::Duration;
 
-use crate::names::limits::{DEFAULT_MAX_NAMES, DEFAULT_MAX_NAMES_PER_NAMESPACE, NameLimits};
+use crate::names::caps::{DEFAULT_MAX_NAMES, DEFAULT_MAX_NAMES_PER_NAMESPACE, NameCaps};
 
 /// Caps on published names, and the hosts file's write pace.
 #[derive(clap::Args, Debug, Clone)]
@@ -36,8 +36,8 @@ pub struct NameLimitArgs {
 
 impl NameLimitArgs {
     /// The caps, as names resolution takes them.
-    pub fn limits(&self) -> NameLimits {
-        NameLimits {
+    pub fn limits(&self) -> NameCaps {
+        NameCaps {
             per_namespace: self.max_names_per_namespace as usize,
             total: self.max_names as usize,
         }
@@ -59,7 +59,7 @@ mod tests {
     #[test]
     fn defaults_and_zero_is_refused() {
         let cli = Cli::try_parse_from(["x"]).expect("defaults");
-        assert_eq!(cli.limits.limits(), NameLimits::default());
+        assert_eq!(cli.limits.limits(), NameCaps::default());
         assert_eq!(cli.limits.hosts_min_interval, Duration::from_secs(2));
         let cli = Cli::try_parse_from([
             "x",
@@ -73,7 +73,7 @@ mod tests {
         .expect("set");
         assert_eq!(
             cli.limits.limits(),
-            NameLimits {
+            NameCaps {
                 per_namespace: 3,
                 total: 10
             }

@@ -193,7 +193,7 @@ mod tests {
             Active {
                 frontend: fe("203.0.113.10:80"),
                 listener: "192.0.2.1:40001".parse().expect("a"),
-                path: LivePath::Ebpf,
+                path: LivePath::Relay,
                 why: None,
             },
             Active {

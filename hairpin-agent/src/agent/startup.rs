@@ -140,7 +140,7 @@ impl Agent {
         // connect programs stop acting once no agent has beaten within the TTL.
         let beating = datapath
             .as_ref()
-            .map(|d| tokio::spawn(d.heartbeat().run(HEARTBEAT_EVERY)).abort_handle());
+            .map(|d| tokio::spawn(d.heartbeat().beat_every(HEARTBEAT_EVERY)).abort_handle());
         if let Some(d) = datapath.as_ref() {
             let hb = d.heartbeat();
             metrics.set_datapath_heartbeat(Arc::new(move || {
@@ -188,7 +188,7 @@ impl Agent {
             // liveness map: each one registers as it binds.
             let liveness = d.relay_liveness();
             let hook: crate::relay::ListenHook =
-                Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(|e| e.to_string()));
+                Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(Into::into));
             relay.on_listen(hook.clone());
             if let Some(n) = names.as_mut() {
                 n.on_listen(hook);
@@ -213,9 +213,9 @@ impl Agent {
                 .into_iter()
                 .map(|(n, v)| (n.to_string(), v))
                 .collect()),
-            None => datapath::kernel::read_counters(id)
+            None => datapath::kernel_objects::read_counters(id)
                 .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
-                .map_err(|e| e.to_string()),
+                .map_err(Into::into),
         });
         if let Some(r) = reader {
             metrics.set_kernel_counters(Arc::new(move || {
@@ -266,7 +266,7 @@ impl Agent {
 /// once, refusing this node's names too (the API server's is added with the client).
 fn names_scope(args: &RunArgs) -> Result<NameScope> {
     let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
-        .with_limits(args.decision.name_limits.limits());
+        .with_caps(args.decision.name_limits.limits());
     if let Ok(node) = args.node_name() {
         scope = scope.refuse_own(&node, ScopeRule::NodeName, "this node's name");
     }
@@ -665,7 +665,7 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
     // Until the agent's own reader replaces it (see `Agent::start`): by id.
     if let Some(id) = ids.counters_map_id {
         metrics.set_kernel_counters(Arc::new(move || {
-            datapath::kernel::read_counters(id)
+            datapath::kernel_objects::read_counters(id)
                 .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
                 .unwrap_or_default()
         }));

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use crate::status::Snapshot;
+use crate::status::{Snapshot, admin::STATUS_PATH};
 
 /// How long any admin request may take: a hung agent must not hang the CLI.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -22,12 +22,12 @@ pub struct AdminArgs {
     #[arg(
         long,
         env = "HAIRPIN_ADMIN_SOCKET",
-        default_value = "/run/hairpin/admin.sock"
+        default_value = crate::status::admin::DEFAULT_ADMIN_SOCKET
     )]
     pub admin_socket: PathBuf,
 
     /// TCP address of the running agent's admin server, tried when the socket does not answer.
-    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = "127.0.0.1:9901")]
+    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = crate::status::admin::DEFAULT_ADMIN_ADDRESS)]
     pub admin_address: SocketAddr,
 }
 
@@ -110,11 +110,11 @@ impl AdminArgs {
 
     /// The agent's `/status`, which it serves on its unix socket only.
     pub fn status(&self) -> Result<Snapshot, AdminClientError> {
-        let reply = self.get("/status")?;
+        let reply = self.get(STATUS_PATH)?;
         if reply.code == 404 {
             // The socket did not answer and the TCP address has no /status.
             return Err(AdminClientError::BadReply {
-                path: "/status".into(),
+                path: STATUS_PATH.into(),
                 detail: format!(
                     "404 on {}: /status is served on the admin socket only ({}), which \
                      needs root on the node (or pass --admin-socket)",
@@ -125,7 +125,7 @@ impl AdminArgs {
         }
         if reply.code != 200 {
             return Err(AdminClientError::BadReply {
-                path: "/status".into(),
+                path: STATUS_PATH.into(),
                 detail: format!("status {}", reply.code),
             });
         }

@@ -130,9 +130,9 @@ pub enum Outcome {
     Failed,
 }
 
-/// One step of the report.
+/// One step of the cleanup report: what was removed, and how it went.
 #[derive(Debug, Serialize)]
-pub struct Step {
+pub struct CleanupStep {
     /// `hosts`, `names-address`, `names-nat`, `coredns`, `lease`, `pinned-*`.
     pub name: &'static str,
     /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
@@ -149,11 +149,16 @@ pub struct CleanupReport {
     /// True when nothing failed.
     pub ok: bool,
     /// Each step in order.
-    pub steps: Vec<Step>,
+    pub steps: Vec<CleanupStep>,
 }
 
-fn step(name: &'static str, object: String, outcome: Outcome, detail: Option<String>) -> Step {
-    Step {
+fn step(
+    name: &'static str,
+    object: String,
+    outcome: Outcome,
+    detail: Option<String>,
+) -> CleanupStep {
+    CleanupStep {
         name,
         object,
         outcome,
@@ -161,12 +166,12 @@ fn step(name: &'static str, object: String, outcome: Outcome, detail: Option<Str
     }
 }
 
-/// Runs `cleanup`; returns the exit code.
-pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
+/// Removes everything hairpin wrote and reports each removal; returns the exit code.
+pub fn clean_up(args: &CleanupArgs) -> Result<i32, CliError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(clean(args));
+    let report = rt.block_on(remove_all(args));
     match args.output {
         OutputFormat::Json => print_json(&report)?,
         OutputFormat::Text => print_text(&render(&report))?,
@@ -175,7 +180,7 @@ pub fn run(args: &CleanupArgs) -> Result<i32, CliError> {
 }
 
 /// Does every step and reports each.
-pub async fn clean(args: &CleanupArgs) -> CleanupReport {
+pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     let mut steps = Vec::new();
     if args.scope != Scope::Cluster {
         node_steps(args, &mut steps).await;
@@ -189,7 +194,7 @@ pub async fn clean(args: &CleanupArgs) -> CleanupReport {
     }
 }
 
-async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
+async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
     if let Some(path) = &args.hosts_file {
         let object = path.display().to_string();
         steps.push(match hosts_writer::cleanup(path) {
@@ -237,7 +242,7 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
 /// detached (the programs stop at once: traffic goes as before hairpin), then every
 /// pin (links, programs, maps, the layout directories, and the sockets maps earlier
 /// releases pinned), then `dir` itself when nothing else is in it.
-fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
+fn remove_pins(dir: &Path, steps: &mut Vec<CleanupStep>) {
     let object = dir.display().to_string();
     if !dir.exists() {
         steps.push(step("pinned-maps", object, Outcome::Absent, None));
@@ -253,7 +258,7 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
         let object = r.path.display().to_string();
         steps.push(match r.result {
             Ok(()) => step(what, object, Outcome::Removed, None),
-            Err(e) => step(what, object, Outcome::Failed, Some(e)),
+            Err(e) => step(what, object, Outcome::Failed, Some(e.to_string())),
         });
     }
     // Only an empty directory goes: anything else in it is not ours.
@@ -276,7 +281,7 @@ fn remove_pins(dir: &Path, steps: &mut Vec<Step>) {
 }
 
 /// Removes `address` from `link` (deleting the dummy link when it is left empty).
-async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Step {
+async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> CleanupStep {
     let object = format!("{address} on {link}");
     {
         match names_link::remove(link, address).await {
@@ -295,12 +300,12 @@ async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Step
     }
 }
 
-async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
+async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
     let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
         mode: args.coredns,
         configmap: args.coredns_objects.configmap.clone(),
         custom: args.coredns_objects.custom_configmap.clone(),
-        // Removal does not render rewrites; any exact name does.
+        // CleanupStep does not render rewrites; any exact name does.
         target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
     });
     let cm_object = coredns
@@ -391,14 +396,14 @@ mod tests {
         let path = hosts.to_str().expect("utf-8");
 
         std::fs::write(&hosts, block).expect("write");
-        let cluster = clean(&args(&["--hosts-file", path, "--scope", "cluster"])).await;
+        let cluster = remove_all(&args(&["--hosts-file", path, "--scope", "cluster"])).await;
         let names: Vec<&str> = cluster.steps.iter().map(|s| s.name).collect();
         assert_eq!(names, ["lease"], "{:?}", cluster.steps);
         assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
 
         // `--listen-link none`, `--bpf-pin-dir none`, `--names-redirect off`: this
         // test must not touch the machine's own links, pins or nftables.
-        let node = clean(&args(&[
+        let node = remove_all(&args(&[
             "--hosts-file",
             path,
             "--scope",

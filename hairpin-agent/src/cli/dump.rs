@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{
     AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text, table::Table,
 };
-use crate::datapath::kernel::{self, FoundMap, kernel_name};
+use crate::datapath::kernel_objects::{self, FoundMap, kernel_name};
 
 /// Options of `dump`.
 #[derive(clap::Args, Debug, Clone)]
@@ -81,13 +81,13 @@ pub struct DumpReport {
     pub maps: Vec<MapDump>,
 }
 
-/// Runs `dump`; returns the exit code.
-pub fn run(args: &DumpArgs) -> Result<i32, CliError> {
-    let all = kernel::hairpin_maps();
+/// Prints hairpin's maps and counters; returns the exit code.
+pub fn dump_maps(args: &DumpArgs) -> Result<i32, CliError> {
+    let all = kernel_objects::hairpin_maps();
     let (selected_by, ids): (&'static str, Vec<u32>) = if !args.map_ids.is_empty() {
         ("map_id", args.map_ids.clone())
     } else if let Some(pid) = args.pid {
-        ("pid", kernel::map_ids_of_pid(pid)?)
+        ("pid", kernel_objects::map_ids_of_pid(pid)?)
     } else if let Some(a) = args.admin.status().ok().and_then(|s| s.attachment) {
         (
             "agent",
@@ -143,7 +143,7 @@ fn dump_one(m: &FoundMap) -> Option<MapDump> {
             Err(e) => d.error = Some(e.to_string()),
         }
     } else {
-        match kernel::read_counters(m.id) {
+        match kernel_objects::read_counters(m.id) {
             Ok(c) => d.counters = Some(c.into_iter().map(|(n, v)| (n.to_string(), v)).collect()),
             Err(e) if e.is_gone() => return None,
             Err(e) => d.error = Some(e.to_string()),

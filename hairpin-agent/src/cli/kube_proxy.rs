@@ -59,7 +59,7 @@ impl KubeProxy {
     pub fn observe() -> KubeProxy {
         let mut kp = KubeProxy::default();
         for tool in ["iptables-save", "ip6tables-save"] {
-            match run(tool, &["-t", "nat"]) {
+            match tool_output(tool, &["-t", "nat"]) {
                 Ok(text) => {
                     let (chain, rules) = parse_iptables_save(&text);
                     if chain && !kp.modes.contains(&Mode::Iptables) {
@@ -67,10 +67,10 @@ impl KubeProxy {
                     }
                     kp.rules.extend(rules);
                 }
-                Err(e) => kp.notes.push(e),
+                Err(e) => kp.notes.push(e.to_string()),
             }
         }
-        match run("nft", &["list", "ruleset"]) {
+        match tool_output("nft", &["list", "ruleset"]) {
             Ok(text) => {
                 let (table, rules) = parse_nft_ruleset(&text);
                 if table {
@@ -78,10 +78,10 @@ impl KubeProxy {
                 }
                 kp.rules.extend(rules);
             }
-            Err(e) => kp.notes.push(e),
+            Err(e) => kp.notes.push(e.to_string()),
         }
         // Absent link: not IPVS mode. That is the common case, not worth a note.
-        if let Ok(text) = run("ip", &["-o", "addr", "show", "dev", "kube-ipvs0"]) {
+        if let Ok(text) = tool_output("ip", &["-o", "addr", "show", "dev", "kube-ipvs0"]) {
             kp.modes.push(Mode::Ipvs);
             kp.rules.extend(parse_ipvs_addrs(&text));
         }
@@ -97,18 +97,47 @@ impl KubeProxy {
     }
 }
 
-fn run(tool: &str, args: &[&str]) -> Result<String, String> {
+/// A tool that could not tell what it printed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The tool could not be started (absent from this node's PATH, usually).
+    #[error("could not run {tool}: {source}")]
+    Spawn {
+        /// The tool's name.
+        tool: String,
+        /// Why it could not be started.
+        source: std::io::Error,
+    },
+    /// The tool ran and failed.
+    #[error("{tool} {args} failed ({status}): {stderr}")]
+    Failed {
+        /// The tool's name.
+        tool: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it wrote on stderr, trimmed.
+        stderr: String,
+    },
+}
+
+/// What `tool args` prints on stdout.
+fn tool_output(tool: &str, args: &[&str]) -> Result<String, ToolError> {
     let out = Command::new(tool)
         .args(args)
         .output()
-        .map_err(|e| format!("could not run {tool}: {e}"))?;
+        .map_err(|source| ToolError::Spawn {
+            tool: tool.to_owned(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "{tool} {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(ToolError::Failed {
+            tool: tool.to_owned(),
+            args: args.join(" "),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -38,8 +38,8 @@ pub enum CliError {
     #[error("failed to encode the json output: {0}")]
     Json(#[from] serde_json::Error),
     /// The target argument did not parse.
-    #[error("{0}")]
-    Usage(String),
+    #[error(transparent)]
+    Target(#[from] check::BadTarget),
 }
 
 /// Whether stdout gets ANSI colour: only a terminal does, never a pipe or a file.

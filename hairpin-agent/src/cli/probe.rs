@@ -73,11 +73,11 @@ impl ProbeResult {
     }
 }
 
-/// Runs `p`.
-pub fn run(p: &Probe) -> ProbeResult {
+/// Sends `p` and reads what comes back.
+pub fn send(p: &Probe) -> ProbeResult {
     let mut stream = match connect(p) {
         Ok(s) => s,
-        Err(e) => return ProbeResult::new(Outcome::ConnectFailed, e),
+        Err(e) => return ProbeResult::new(Outcome::ConnectFailed, e.to_string()),
     };
     if p.header {
         // The header names this socket as the client, as the cloud LB would.
@@ -96,19 +96,38 @@ pub fn run(p: &Probe) -> ProbeResult {
     }
 }
 
-fn connect(p: &Probe) -> Result<TcpStream, String> {
+/// Why a probe's connection was not made.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    /// No socket.
+    #[error("socket: {0}")]
+    Socket(io::Error),
+    /// The mark could not be set.
+    #[error("could not set SO_MARK {mark:#x} (needs CAP_NET_ADMIN): {source}")]
+    Mark {
+        /// The mark asked for.
+        mark: u32,
+        /// The kernel's refusal.
+        source: io::Error,
+    },
+    /// The connect failed or timed out.
+    #[error("connect: {0}")]
+    Connect(io::Error),
+}
+
+fn connect(p: &Probe) -> Result<TcpStream, ConnectError> {
     let sock = Socket::new(
         Domain::for_address(p.addr),
         Type::STREAM,
         Some(Protocol::TCP),
     )
-    .map_err(|e| format!("socket: {e}"))?;
+    .map_err(ConnectError::Socket)?;
     if let Some(mark) = p.mark {
         sock.set_mark(mark)
-            .map_err(|e| format!("could not set SO_MARK {mark:#x} (needs CAP_NET_ADMIN): {e}"))?;
+            .map_err(|source| ConnectError::Mark { mark, source })?;
     }
     sock.connect_timeout(&p.addr.into(), p.timeout)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(ConnectError::Connect)?;
     let stream: TcpStream = sock.into();
     stream.set_read_timeout(Some(p.timeout)).ok();
     stream.set_write_timeout(Some(p.timeout)).ok();

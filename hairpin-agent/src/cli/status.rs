@@ -12,10 +12,13 @@ use std::collections::BTreeMap;
 use hairpin_ebpf::Counter;
 
 use crate::{
-    datapath::kernel,
+    datapath::kernel_objects,
     model::LivePath,
     status::ProgramIds,
-    status::{FrontendState, FrontendStatus, KernelPathState, KernelPathStatus, Snapshot},
+    status::{
+        ClientsStatus, CorednsStatus, FrontendState, FrontendStatus, KernelPathState,
+        KernelPathStatus, ListenStatus, ModeStatus, NamesStatus, Snapshot,
+    },
 };
 
 /// Options of `status`.
@@ -57,8 +60,9 @@ pub struct StatusReport {
     pub kernel_error: Option<String>,
 }
 
-/// Runs `status`; returns the exit code.
-pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
+/// Shows what the agent on this node is doing (or what the kernel says); returns
+/// the exit code.
+pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
     let report = match args.admin.status() {
         Ok(snap) => StatusReport {
             agent_reachable: true,
@@ -69,7 +73,7 @@ pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
             kernel_error: None,
         },
         Err(e) => {
-            let (programs, error) = match kernel::hairpin_programs() {
+            let (programs, error) = match kernel_objects::hairpin_programs() {
                 Ok(p) => (Some(p), None),
                 Err(e) => (None, Some(e.to_string())),
             };
@@ -94,136 +98,21 @@ pub fn run(args: &StatusArgs) -> Result<i32, CliError> {
     })
 }
 
-/// The mode, the name relay and the CoreDNS writer, one line each when present.
+/// The mode, the name relay, the listen addresses, the clients, the cluster DNS and
+/// the CoreDNS writer, one line each (and their notes) when present.
 fn render_paths(s: &Snapshot, colour: bool) -> String {
     let mut out = String::new();
     if let Some(m) = &s.mode {
-        let live = if m.live.is_empty() {
-            paint("none", Tone::Bad, colour)
-        } else {
-            paint(
-                &m.live
-                    .iter()
-                    .map(|p| p.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                Tone::Good,
-                colour,
-            )
-        };
-        out.push_str(&format!(
-            "mode        {} (live: {live}): {}\n",
-            m.configured, m.reason
-        ));
+        render_mode(&mut out, m, colour);
     }
     if let Some(n) = &s.names {
-        let listeners: Vec<String> = n
-            .listeners
-            .iter()
-            .map(|l| match n.redirects.iter().find(|r| r.listener == *l) {
-                Some(r) => format!("{} (redirected to {l})", r.dialled),
-                None => l.to_string(),
-            })
-            .collect();
-        out.push_str(&format!(
-            "names       relay on {} ({} routes), hosts file {}{}\n",
-            if listeners.is_empty() {
-                "nothing yet".to_string()
-            } else {
-                listeners.join(", ")
-            },
-            n.routes,
-            n.hosts_file
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "not managed".into()),
-            n.link_note
-                .as_ref()
-                .map(|l| format!("; {l}"))
-                .unwrap_or_default(),
-        ));
-        if let Some(e) = &n.hosts_error {
-            out.push_str(&format!(
-                "            {}\n",
-                paint(&format!("error: {e}"), Tone::Bad, colour)
-            ));
-        }
-        if let Some(w) = &n.hosts_writer {
-            out.push_str(&format!(
-                "            hosts file written {} times (last {}), at most once per {}; \
-                 {} changes coalesced{}\n",
-                w.writes,
-                w.last_write.as_deref().unwrap_or("never"),
-                humantime::format_duration(std::time::Duration::from_millis(w.min_interval_ms)),
-                w.coalesced,
-                if w.pending { ", one waiting" } else { "" },
-            ));
-        }
-        for f in &n.failed_listeners {
-            out.push_str(&format!(
-                "            {} {}: {} (retrying)\n",
-                paint("cannot listen on", Tone::Bad, colour),
-                f.address,
-                f.error
-            ));
-        }
-        if n.domains.is_empty() {
-            // Every name is left out for the same reason: say it once.
-            out.push_str(&format!(
-                "            {} ({} hostnames left out)\n",
-                paint(
-                    "no names published: --names-domains is empty",
-                    Tone::Warn,
-                    colour
-                ),
-                n.skips.len()
-            ));
-        } else {
-            out.push_str(&format!(
-                "            published under {}\n",
-                n.domains.join(", ")
-            ));
-            if let Some(l) = n.limits.as_ref().filter(|l| l.withheld > 0) {
-                let by: Vec<String> = l
-                    .withheld_by_namespace
-                    .iter()
-                    .map(|(ns, k)| format!("{ns} {k}"))
-                    .collect();
-                let capped = format!(
-                    "{} names withheld by the caps (--max-names-per-namespace {}, --max-names {})",
-                    l.withheld, l.max_names_per_namespace, l.max_names
-                );
-                out.push_str(&format!(
-                    "            {}: {}\n",
-                    paint(&capped, Tone::Warn, colour),
-                    by.join(", ")
-                ));
-            }
-            for skip in &n.skips {
-                out.push_str(&format!("            left out: {skip}\n"));
-            }
-        }
+        render_names(&mut out, n, colour);
     }
     if let Some(l) = &s.listen {
-        let addresses: Vec<String> = l.addresses.iter().map(ToString::to_string).collect();
-        let on = match &l.link {
-            Some(link) => format!("on {link}"),
-            None => "as given (--listen-link none)".to_string(),
-        };
-        out.push_str(&format!("listen      {} {on}\n", addresses.join(", ")));
+        render_listen(&mut out, l);
     }
     if let Some(c) = &s.clients {
-        out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
-        if let Some(l) = &c.learned {
-            let synced = if l.synced { "" } else { ", not read yet" };
-            out.push_str(&format!(
-                "            learned {} pods, {} ranges from this node's routes{synced}: {}\n",
-                l.pods, l.ranges, l.shapes
-            ));
-            if let Some(e) = &l.error {
-                out.push_str(&format!("            learning failing: {e}\n"));
-            }
-        }
+        render_clients(&mut out, c);
     }
     if !s.cluster_dns.is_empty() {
         let ips: Vec<String> = s.cluster_dns.iter().map(|i| i.to_string()).collect();
@@ -233,33 +122,182 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
         ));
     }
     if let Some(c) = &s.coredns {
-        out.push_str(&format!(
-            "coredns     {} {} -> {} ({}, {} rewrites, last write {})\n",
-            c.mode,
-            c.configmap,
-            c.target,
-            if c.leader {
-                "Lease holder: writes"
-            } else {
-                "not the Lease holder"
-            },
-            c.rewrites,
-            c.last_write.as_deref().unwrap_or("never"),
-        ));
-        for (what, text) in [
-            ("error", &c.last_error),
-            ("warning", &c.node_local_dns),
-            ("warning", &c.held_back),
-        ] {
-            if let Some(t) = text {
-                out.push_str(&format!(
-                    "            {}\n",
-                    paint(&format!("{what}: {t}"), Tone::Bad, colour)
-                ));
-            }
-        }
+        render_coredns(&mut out, c, colour);
     }
     out
+}
+
+/// `mode`: the configured mode, the live paths and why.
+fn render_mode(out: &mut String, m: &ModeStatus, colour: bool) {
+    let live = if m.live.is_empty() {
+        paint("none", Tone::Bad, colour)
+    } else {
+        paint(
+            &m.live
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            Tone::Good,
+            colour,
+        )
+    };
+    out.push_str(&format!(
+        "mode        {} (live: {live}): {}\n",
+        m.configured, m.reason
+    ));
+}
+
+/// `names`: the name relay's listeners and hosts file, the writer's pace, the
+/// listeners that failed, and what is published or left out.
+fn render_names(out: &mut String, n: &NamesStatus, colour: bool) {
+    let listeners: Vec<String> = n
+        .listeners
+        .iter()
+        .map(|l| match n.redirects.iter().find(|r| r.listener == *l) {
+            Some(r) => format!("{} (redirected to {l})", r.dialled),
+            None => l.to_string(),
+        })
+        .collect();
+    out.push_str(&format!(
+        "names       relay on {} ({} routes), hosts file {}{}\n",
+        if listeners.is_empty() {
+            "nothing yet".to_string()
+        } else {
+            listeners.join(", ")
+        },
+        n.routes,
+        n.hosts_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "not managed".into()),
+        n.link_note
+            .as_ref()
+            .map(|l| format!("; {l}"))
+            .unwrap_or_default(),
+    ));
+    if let Some(e) = &n.hosts_error {
+        out.push_str(&format!(
+            "            {}\n",
+            paint(&format!("error: {e}"), Tone::Bad, colour)
+        ));
+    }
+    if let Some(w) = &n.hosts_writer {
+        out.push_str(&format!(
+            "            hosts file written {} times (last {}), at most once per {}; \
+             {} changes coalesced{}\n",
+            w.writes,
+            w.last_write.as_deref().unwrap_or("never"),
+            humantime::format_duration(std::time::Duration::from_millis(w.min_interval_ms)),
+            w.coalesced,
+            if w.pending { ", one waiting" } else { "" },
+        ));
+    }
+    for f in &n.failed_listeners {
+        out.push_str(&format!(
+            "            {} {}: {} (retrying)\n",
+            paint("cannot listen on", Tone::Bad, colour),
+            f.address,
+            f.error
+        ));
+    }
+    render_published(out, n, colour);
+}
+
+/// Under `names`: the domains names are published under, the names the caps
+/// withhold, and each name left out (or, with no domain, one line for them all).
+fn render_published(out: &mut String, n: &NamesStatus, colour: bool) {
+    if n.domains.is_empty() {
+        // Every name is left out for the same reason: say it once.
+        out.push_str(&format!(
+            "            {} ({} hostnames left out)\n",
+            paint(
+                "no names published: --names-domains is empty",
+                Tone::Warn,
+                colour
+            ),
+            n.skips.len()
+        ));
+        return;
+    }
+    out.push_str(&format!(
+        "            published under {}\n",
+        n.domains.join(", ")
+    ));
+    if let Some(l) = n.limits.as_ref().filter(|l| l.withheld > 0) {
+        let by: Vec<String> = l
+            .withheld_by_namespace
+            .iter()
+            .map(|(ns, k)| format!("{ns} {k}"))
+            .collect();
+        let capped = format!(
+            "{} names withheld by the caps (--max-names-per-namespace {}, --max-names {})",
+            l.withheld, l.max_names_per_namespace, l.max_names
+        );
+        out.push_str(&format!(
+            "            {}: {}\n",
+            paint(&capped, Tone::Warn, colour),
+            by.join(", ")
+        ));
+    }
+    for skip in &n.skips {
+        out.push_str(&format!("            left out: {skip}\n"));
+    }
+}
+
+/// `listen`: the relays' listen addresses and the link they are on.
+fn render_listen(out: &mut String, l: &ListenStatus) {
+    let addresses: Vec<String> = l.addresses.iter().map(ToString::to_string).collect();
+    let on = match &l.link {
+        Some(link) => format!("on {link}"),
+        None => "as given (--listen-link none)".to_string(),
+    };
+    out.push_str(&format!("listen      {} {on}\n", addresses.join(", ")));
+}
+
+/// `clients`: who the relays serve, and what was learned from this node's routes.
+fn render_clients(out: &mut String, c: &ClientsStatus) {
+    out.push_str(&format!("clients     {} ({})\n", c.allowed, c.source));
+    if let Some(l) = &c.learned {
+        let synced = if l.synced { "" } else { ", not read yet" };
+        out.push_str(&format!(
+            "            learned {} pods, {} ranges from this node's routes{synced}: {}\n",
+            l.pods, l.ranges, l.shapes
+        ));
+        if let Some(e) = &l.error {
+            out.push_str(&format!("            learning failing: {e}\n"));
+        }
+    }
+}
+
+/// `coredns`: the writer's mode, ConfigMap and target, whether it holds the Lease,
+/// and its error and warnings.
+fn render_coredns(out: &mut String, c: &CorednsStatus, colour: bool) {
+    out.push_str(&format!(
+        "coredns     {} {} -> {} ({}, {} rewrites, last write {})\n",
+        c.mode,
+        c.configmap,
+        c.target,
+        if c.leader {
+            "Lease holder: writes"
+        } else {
+            "not the Lease holder"
+        },
+        c.rewrites,
+        c.last_write.as_deref().unwrap_or("never"),
+    ));
+    for (what, text) in [
+        ("error", &c.last_error),
+        ("warning", &c.node_local_dns),
+        ("warning", &c.held_back),
+    ] {
+        if let Some(t) = text {
+            out.push_str(&format!(
+                "            {}\n",
+                paint(&format!("{what}: {t}"), Tone::Bad, colour)
+            ));
+        }
+    }
 }
 
 /// The human rendering of `report`.
@@ -281,6 +319,26 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         s.agent.version, s.agent.pid, s.agent.started_at
     ));
     out.push_str(&render_paths(s, colour));
+    render_programs(&mut out, s, colour);
+    render_frontends(&mut out, s, colour);
+    render_counters(&mut out, s);
+    if let Some(kp) = &s.kernel_path {
+        out.push_str(&render_kernel_path(kp, &s.counters.kernel, colour));
+    }
+    match &s.last_reconcile {
+        Some(l) => out.push_str(&format!(
+            "reconciled  {} in {:.1} ms\n",
+            l.at, l.duration_ms
+        )),
+        None => out.push_str("reconciled  never\n"),
+    }
+    render_sources(&mut out, s, colour);
+    render_decisions(&mut out, s, colour);
+    out
+}
+
+/// `programs` and `maps`: where the programs are attached, their ids and the maps' ids.
+fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
     match &s.attachment {
         Some(a) => {
             out.push_str(&format!("programs    attached at {}\n", a.cgroup.display()));
@@ -308,6 +366,11 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
             )
         )),
     }
+}
+
+/// `frontends`: one row each, with who writes the header where the kernel path is
+/// asked for.
+fn render_frontends(out: &mut String, s: &Snapshot, colour: bool) {
     out.push_str("frontends\n");
     // With the kernel path asked for, each frontend says who writes its header.
     let header_column = s.kernel_path.as_ref().is_some_and(|k| k.configured.loads());
@@ -351,6 +414,11 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
     } else {
         t.render(2, colour)
     });
+}
+
+/// `counters`: the programs' redirects and bypasses, the relay's connections, bytes
+/// and errors.
+fn render_counters(out: &mut String, s: &Snapshot) {
     let k = &s.counters.kernel;
     let r = &s.counters.relay;
     let get = |n: &str| k.get(n).copied().unwrap_or(0);
@@ -376,16 +444,10 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         if errors.is_empty() { "none".into() } else { errors.join(", ") },
         if client_errors.is_empty() { "none".into() } else { client_errors.join(", ") },
     ));
-    if let Some(kp) = &s.kernel_path {
-        out.push_str(&render_kernel_path(kp, k, colour));
-    }
-    match &s.last_reconcile {
-        Some(l) => out.push_str(&format!(
-            "reconciled  {} in {:.1} ms\n",
-            l.at, l.duration_ms
-        )),
-        None => out.push_str("reconciled  never\n"),
-    }
+}
+
+/// `sources`: whether each source synced, when, and its last error.
+fn render_sources(out: &mut String, s: &Snapshot, colour: bool) {
     out.push_str("sources\n");
     let mut t = Table::new(&["SOURCE", "SYNCED", "LAST SYNC", "LAST ERROR"]);
     for src in &s.sources {
@@ -401,6 +463,10 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         ]);
     }
     out.push_str(&t.render(2, colour));
+}
+
+/// `decisions`: what was decided about each object, when there is any.
+fn render_decisions(out: &mut String, s: &Snapshot, colour: bool) {
     if !s.decisions.is_empty() {
         out.push_str("decisions\n");
         let mut t = Table::new(&["OBJECT", "STATE", "REASON", "MESSAGE"]);
@@ -414,7 +480,6 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
         }
         out.push_str(&t.render(2, colour));
     }
-    out
 }
 
 /// Who writes a frontend's header: `kernel` (on the client's own socket), `relay`

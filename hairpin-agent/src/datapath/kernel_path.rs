@@ -18,6 +18,7 @@ use hairpin_ebpf::{
     PROG_SOCK_OPS, Redirect,
 };
 
+use super::btf::BtfError;
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 // The programs read a kernel-path frontend's header byte as the version's number.
@@ -129,9 +130,10 @@ pub fn describe(value: &Redirect) -> &'static str {
 /// [`describe`]'s words, in frontend order.
 pub fn read_frontend_paths(
     id: u32,
-) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel::KernelError> {
+) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel_objects::KernelObjectsError>
+{
     use aya::maps::{HashMap, Map, MapData};
-    let error = |op, source| super::kernel::KernelError::Map {
+    let error = |op, source| super::kernel_objects::KernelObjectsError::Map {
         op,
         id,
         source: Box::new(source),
@@ -209,6 +211,35 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
     }
 }
 
+/// Why this kernel cannot run the kernel path: the reason `status` and `doctor` show.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KernelPathUnavailable {
+    /// The kernel lacks a program type the kernel path needs.
+    #[error("this kernel has no {0} programs")]
+    NoProgramType(&'static str),
+    /// Probing for a program type failed.
+    #[error("probing {name} programs failed: {source}")]
+    Probe {
+        /// `sock_ops` or `sk_msg`.
+        name: &'static str,
+        /// aya's error.
+        source: ProgramError,
+    },
+    /// The eBPF object lacks one of the kernel path's programs.
+    #[error("the eBPF object has no program {0}")]
+    Missing(&'static str),
+    /// A program did not load (the verifier's last words, and a note on CAP_PERFMON).
+    #[error("{name} did not load: {detail}{note}")]
+    Load {
+        /// The program.
+        name: &'static str,
+        /// The load error, shortened to the verifier log's last lines.
+        detail: String,
+        /// Why the verifier may have been stricter, or empty.
+        note: &'static str,
+    },
+}
+
 /// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops,
 /// setsockopt and the marking connect programs, the ones that also send MPTCP
 /// subflows and Fast Open sockets to the relay where the kernel lets this process
@@ -217,16 +248,16 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
 /// it loaded and says why. The connect programs loaded.
 pub(super) fn load(
     ebpf: &mut Ebpf,
-    fast_open_fields: Result<(), String>,
-) -> Result<[&'static str; 2], String> {
+    fast_open_fields: Result<(), BtfError>,
+) -> Result<[&'static str; 2], KernelPathUnavailable> {
     for (kind, name) in [
         (ProgramType::SockOps, "sock_ops"),
         (ProgramType::SkMsg, "sk_msg"),
     ] {
         match is_program_supported(kind) {
             Ok(true) => {}
-            Ok(false) => return Err(format!("this kernel has no {name} programs")),
-            Err(e) => return Err(format!("probing {name} programs failed: {e}")),
+            Ok(false) => return Err(KernelPathUnavailable::NoProgramType(name)),
+            Err(source) => return Err(KernelPathUnavailable::Probe { name, source }),
         }
     }
     let connect = match load_each(ebpf, fast_open_fields) {
@@ -256,16 +287,16 @@ pub(super) fn load(
 
 fn load_each(
     ebpf: &mut Ebpf,
-    fast_open_fields: Result<(), String>,
-) -> Result<[&'static str; 2], String> {
-    let missing = |name: &str| format!("the eBPF object has no program {name}");
-    let failed = |name: &str, e: ProgramError| {
+    fast_open_fields: Result<(), BtfError>,
+) -> Result<[&'static str; 2], KernelPathUnavailable> {
+    let missing = KernelPathUnavailable::Missing;
+    let failed = |name: &'static str, e: ProgramError| {
         tracing::debug!(program = name, error = %e, "kernel path program did not load");
-        format!(
-            "{name} did not load: {}{}",
-            short(&e),
-            perfmon_note(has_perfmon())
-        )
+        KernelPathUnavailable::Load {
+            name,
+            detail: short(&e),
+            note: perfmon_note(has_perfmon()),
+        }
     };
     let p: &mut SkMsg = program(ebpf, PROG_SK_MSG).ok_or_else(|| missing(PROG_SK_MSG))?;
     p.load().map_err(|e| failed(PROG_SK_MSG, e))?;

@@ -13,7 +13,7 @@
 mod btf;
 pub mod cgroup;
 mod error;
-pub mod kernel;
+pub mod kernel_objects;
 mod kernel_path;
 pub mod pin;
 mod sys;
@@ -236,42 +236,8 @@ impl Datapath {
     /// [`Datapath::kernel_path`] says why. Nothing is attached yet.
     pub fn load_with(object: &[u8], opts: &LoadOptions) -> Result<Datapath, DatapathError> {
         raise_memlock_limit();
-        let (pins, pin) = match &opts.pin_dir {
-            None => (None, Pin::Off),
-            Some(dir) => match PinDir::lock(dir, opts.pin_layout) {
-                Ok(pins) => {
-                    take_over_expired(&pins, opts.pin_layout)?;
-                    (Some(pins), Pin::Pinned(dir.clone()))
-                }
-                Err(e @ pin::PinError::Busy { .. }) => return Err(DatapathError::Busy(e)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
-                    (None, Pin::Failed(e.to_string()))
-                }
-            },
-        };
-        let node4 = opts
-            .node_ipv4
-            .map_or(0, |ip| u32::from_ne_bytes(ip.octets()));
-        let node6 = opts.node_ipv6.map_or([0; 4], |ip| {
-            FrontendKey::new(SocketAddr::new(ip.into(), 0)).addr
-        });
-        // Not preallocated, but kept small while unused; a pinned one is sized for
-        // any later agent (its buckets cost about 16 bytes each), and one an earlier
-        // agent pinned keeps its own size, which the limit then follows.
-        let sockets = if let Some(existing) = pins
-            .as_ref()
-            .and_then(|p| MapData::from_pin(p.map(MAP_SOCKETS)).ok())
-            .and_then(|m| m.info().ok())
-        {
-            existing.max_entries()
-        } else if opts.kernel_path || pins.is_some() {
-            opts.max_kernel_sockets.max(1)
-        } else {
-            1
-        };
-        // Past this fill, connects to kernel-path frontends go to the relay.
-        let sockets_limit = hairpin_ebpf::sockets_limit(sockets);
+        let (pins, pin) = lock_pins(opts)?;
+        let sockets = sockets_capacity(pins.as_ref(), opts);
         // The programs' diagnostic events go to a ring buffer that a task reads; with
         // no runtime to run it, none are written.
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -283,99 +249,33 @@ impl Datapath {
             .then(btf::running_kernel_fast_open_fields)
             .transpose();
         let fields = fast_open.as_ref().ok().copied().flatten();
-        let (req_off, connect_off, connect_mask) =
-            fields.map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
-        let mut loader = EbpfLoader::new();
-        loader
-            // Not every object logs (must_exist false): it is aya-log's own global.
-            .override_global(aya_log::LEVEL, &log_level, false)
-            .override_global(GLOBAL_BYPASS_MARK, &opts.bypass_mark, true)
-            .override_global(GLOBAL_NODE_IP4, &node4, true)
-            .override_global(GLOBAL_NODE_IP6, &node6, true)
-            .override_global(GLOBAL_SOCKETS_LIMIT, &sockets_limit, true)
-            .override_global(GLOBAL_FASTOPEN_REQ_OFF, &req_off, true)
-            .override_global(GLOBAL_FASTOPEN_CONNECT_OFF, &connect_off, true)
-            .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
-            .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
-            .map_max_entries(MAP_SOCKETS, sockets);
-        let map_pins: Vec<(&'static str, PathBuf)> = pins
-            .as_ref()
-            .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
-            .unwrap_or_default();
-        for (name, path) in &map_pins {
-            // An earlier agent's map of this layout is reused as it is (its entries,
-            // counters, sockets and their storage); else made and pinned here.
-            loader.map_pin_path(name, path.as_path());
-        }
-        let mut ebpf = loader.load(object).map_err(load_error)?;
-        let (kernel_path, kernel_connect) = if opts.kernel_path {
-            let fields = fast_open.map(|_| ()).map_err(|e| e.to_string());
-            match kernel_path::load(&mut ebpf, fields) {
-                Ok(connect) => (KernelPath::On, Some(connect)),
-                Err(why) => {
-                    tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                    (KernelPath::Unavailable(why), None)
-                }
-            }
-        } else {
-            (KernelPath::Off, None)
+        let globals = Globals {
+            log_level,
+            sockets,
+            fast_open: fields,
         };
-        if !kernel_path.is_on() {
-            for name in kernel_path.connect_programs() {
-                program(&mut ebpf, name, "load", Path::new(""))?
-                    .load()
-                    .map_err(program_error(name, "load", Path::new("")))?;
-            }
-        }
+        let mut ebpf = load_object(object, opts, pins.as_ref(), &globals)?;
+        let (kernel_path, kernel_connect) =
+            load_connect_programs(&mut ebpf, opts, fast_open.map(|_| ()))?;
         let mptcp = match kernel_connect {
             None => Mptcp::Off,
             Some([PROG_CONNECT4_KERNEL_PERFMON, _]) => Mptcp::MptcpSock,
             Some(_) => Mptcp::NotsentLowat,
         };
-        let take = |ebpf: &mut Ebpf, name: &'static str| {
-            ebpf.take_map(name)
-                .ok_or(DatapathError::Missing { kind: "map", name })
-        };
-        let frontends = HashMap::try_from(take(&mut ebpf, MAP_FRONTENDS)?).map_err(map_error(
-            "open",
-            MAP_FRONTENDS,
-            String::new(),
-        ))?;
-        let counters = PerCpuArray::try_from(take(&mut ebpf, MAP_COUNTERS)?).map_err(map_error(
-            "open",
-            MAP_COUNTERS,
-            String::new(),
-        ))?;
-        let heartbeat = Array::try_from(take(&mut ebpf, MAP_HEARTBEAT)?).map_err(map_error(
-            "open",
-            MAP_HEARTBEAT,
-            String::new(),
-        ))?;
-        let relays = SockHash::try_from(take(&mut ebpf, MAP_RELAYS)?).map_err(map_error(
-            "open",
-            MAP_RELAYS,
-            String::new(),
-        ))?;
-        let sockets = take(&mut ebpf, MAP_SOCKETS)?;
-        let sockets_id = match &sockets {
-            aya::maps::Map::SockHash(m) => m.info().ok().map(|i| i.id()),
-            _ => None,
-        };
-        let sockets =
-            SockHash::try_from(sockets).map_err(map_error("open", MAP_SOCKETS, String::new()))?;
+        let maps = OpenedMaps::take(&mut ebpf)?;
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
             ebpf,
-            frontends,
-            counters,
-            sockets,
+            frontends: maps.frontends,
+            counters: maps.counters,
+            sockets: maps.sockets,
             heartbeat: Heartbeat {
-                map: Arc::new(std::sync::Mutex::new(heartbeat)),
+                map: Arc::new(std::sync::Mutex::new(maps.heartbeat)),
                 ttl: opts.ttl,
             },
-            relays: RelayLiveness(Arc::new(std::sync::Mutex::new(relays))),
-            sockets_id,
+            relays: RelayLiveness(Arc::new(std::sync::Mutex::new(maps.relays))),
+            sockets_id: maps.sockets_id,
             connect: kernel_connect.unwrap_or_else(|| kernel_path.connect_programs()),
             attachment: None,
             capacity: opts.max_frontends,
@@ -526,15 +426,7 @@ impl Datapath {
         cgroup_id: u64,
         cgroup: &Path,
     ) -> Result<(Link, Adoption), DatapathError> {
-        let error = |op: &'static str| {
-            let cgroup = cgroup.to_path_buf();
-            move |source: std::io::Error| DatapathError::Link {
-                op,
-                role: role.name(),
-                cgroup,
-                source,
-            }
-        };
+        let error = |op: &'static str| link_error(role, cgroup, op);
         let prog = self
             .ebpf
             .program(name)
@@ -566,79 +458,15 @@ impl Datapath {
             return Ok((link_of(role, name, fd), Adoption::New));
         };
         let (link_pin, prog_pin) = (pins.link(role), pins.prog(role));
-        let mut stale = None;
-        let mut how = Adoption::New;
-        match sys::open_pinned(&link_pin) {
-            Ok(link) => {
-                let info = sys::link_info(link.as_fd()).map_err(error("read"))?;
-                let expected_type = if role == Role::SkMsg {
-                    sys::LINK_TYPE_SOCKMAP
-                } else {
-                    sys::LINK_TYPE_CGROUP
-                };
-                let mismatch = if info.link_type != expected_type {
-                    Some(format!(
-                        "link type {} (expected {expected_type})",
-                        info.link_type
-                    ))
-                } else if info.attach_type != role.attach_type().raw() {
-                    Some(format!(
-                        "attach type {} (expected {})",
-                        info.attach_type,
-                        role.attach_type().raw()
-                    ))
-                } else if info.target_id != target_id {
-                    Some(format!(
-                        "target id {} (expected {target_id}: {})",
-                        info.target_id,
-                        if role == Role::SkMsg {
-                            "the pinned sockets map"
-                        } else {
-                            "this cgroup, the old one is gone or another"
-                        }
-                    ))
-                } else {
-                    None
-                };
-                match mismatch {
-                    None => {
-                        // Compare-and-swap against the program the earlier agent
-                        // pinned beside its link, when that is the one it runs.
-                        let old = sys::open_pinned(&prog_pin).ok().filter(|old| {
-                            sys::prog_id(old.as_fd()).is_ok_and(|id| id == info.prog_id)
-                        });
-                        if old.is_none() {
-                            tracing::warn!(
-                                hook = role.name(),
-                                "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
-                            );
-                        }
-                        match sys::link_update(
-                            link.as_fd(),
-                            prog.as_fd(),
-                            old.as_ref().map(|o| o.as_fd()),
-                        ) {
-                            Ok(()) => {
-                                repin(&prog_pin, &prog).map_err(error("pin"))?;
-                                return Ok((link_of(role, name, Some(link)), Adoption::Swapped));
-                            }
-                            // The cgroup went away under the link (ENOLINK): make a new one.
-                            Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => {
-                                how = Adoption::Replaced(format!("update: {e}"));
-                                stale = Some(link);
-                            }
-                            Err(e) => return Err(error("update")(e)),
-                        }
-                    }
-                    Some(why) => {
-                        how = Adoption::Replaced(why);
-                        stale = Some(link);
-                    }
-                }
+        let (how, stale) = match adopt_pinned(role, &link_pin, &prog_pin, &prog, target_id, cgroup)?
+        {
+            Pinned::Absent => (Adoption::New, None),
+            Pinned::Swapped(link) => {
+                repin(&prog_pin, &prog).map_err(error("pin"))?;
+                return Ok((link_of(role, name, Some(link)), Adoption::Swapped));
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(error("read")(e)),
-        }
+            Pinned::Stale { why, link } => (Adoption::Replaced(why), Some(link)),
+        };
         let fd = self.create_link(role, &prog, &target, error("create"))?;
         if let Some(fd) = &fd {
             let _ = pin::unpin(&link_pin);
@@ -906,7 +734,7 @@ impl Datapath {
 
     /// A reader of the counters through this process's own descriptor of the map,
     /// for `/status` and `/metrics`: opening the map by id (`dump`, and
-    /// [`kernel::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
+    /// [`kernel_objects::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
     /// grant, so there the kernel path's fallback and miss counters would not show.
     pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
         use aya::maps::IterableMap;
@@ -934,6 +762,109 @@ impl Datapath {
     }
 }
 
+/// The error of linking `role` at `cgroup` when `op` fails.
+fn link_error(
+    role: Role,
+    cgroup: &Path,
+    op: &'static str,
+) -> impl FnOnce(std::io::Error) -> DatapathError {
+    let cgroup = cgroup.to_path_buf();
+    move |source| DatapathError::Link {
+        op,
+        role: role.name(),
+        cgroup,
+        source,
+    }
+}
+
+/// What was pinned at a hook's link pin, and what became of it.
+enum Pinned {
+    /// Nothing: a new link is made.
+    Absent,
+    /// This hook's link, now running the new program.
+    Swapped(OwnedFd),
+    /// A link that cannot be adopted (why): replaced, and detached once the new
+    /// one is in place.
+    Stale { why: String, link: OwnedFd },
+}
+
+/// Swaps `prog` into the link pinned at `link_pin` when it is this hook's link (its
+/// type, attach type and target), compare-and-swap against the program pinned at
+/// `prog_pin` when that is the one it runs.
+fn adopt_pinned(
+    role: Role,
+    link_pin: &Path,
+    prog_pin: &Path,
+    prog: &OwnedFd,
+    target_id: u64,
+    cgroup: &Path,
+) -> Result<Pinned, DatapathError> {
+    let error = |op: &'static str| link_error(role, cgroup, op);
+    let link = match sys::open_pinned(link_pin) {
+        Ok(link) => link,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Pinned::Absent),
+        Err(e) => return Err(error("read")(e)),
+    };
+    let info = sys::link_info(link.as_fd()).map_err(error("read"))?;
+    if let Some(why) = link_mismatch(role, &info, target_id) {
+        return Ok(Pinned::Stale { why, link });
+    }
+    // Compare-and-swap against the program the earlier agent pinned beside its
+    // link, when that is the one it runs.
+    let old = sys::open_pinned(prog_pin)
+        .ok()
+        .filter(|old| sys::prog_id(old.as_fd()).is_ok_and(|id| id == info.prog_id));
+    if old.is_none() {
+        tracing::warn!(
+            hook = role.name(),
+            "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
+        );
+    }
+    match sys::link_update(link.as_fd(), prog.as_fd(), old.as_ref().map(|o| o.as_fd())) {
+        Ok(()) => Ok(Pinned::Swapped(link)),
+        // The cgroup went away under the link (ENOLINK): make a new one.
+        Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => Ok(Pinned::Stale {
+            why: format!("update: {e}"),
+            link,
+        }),
+        Err(e) => Err(error("update")(e)),
+    }
+}
+
+/// Why the pinned link `info` is not `role`'s at `target_id` (its link type, attach
+/// type or target), or `None` when it is.
+fn link_mismatch(role: Role, info: &sys::LinkInfo, target_id: u64) -> Option<String> {
+    let expected_type = if role == Role::SkMsg {
+        sys::LINK_TYPE_SOCKMAP
+    } else {
+        sys::LINK_TYPE_CGROUP
+    };
+    if info.link_type != expected_type {
+        Some(format!(
+            "link type {} (expected {expected_type})",
+            info.link_type
+        ))
+    } else if info.attach_type != role.attach_type().raw() {
+        Some(format!(
+            "attach type {} (expected {})",
+            info.attach_type,
+            role.attach_type().raw()
+        ))
+    } else if info.target_id != target_id {
+        Some(format!(
+            "target id {} (expected {target_id}: {})",
+            info.target_id,
+            if role == Role::SkMsg {
+                "the pinned sockets map"
+            } else {
+                "this cgroup, the old one is gone or another"
+            }
+        ))
+    } else {
+        None
+    }
+}
+
 /// A [`Link`] record for `fd` (its id read from the kernel).
 fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) -> Link {
     let id = fd
@@ -956,6 +887,180 @@ fn repin(path: &Path, prog: &OwnedFd) -> std::io::Result<()> {
         Err(e) => return Err(e),
     }
     sys::pin(prog.as_fd(), path)
+}
+
+/// Locks the pin directory, when there is one, taking over from an agent whose
+/// datapath expired: [`DatapathError::Busy`] while another agent holds it; any
+/// other failure leaves the datapath unpinned (it goes with this process), and
+/// says so.
+fn lock_pins(opts: &LoadOptions) -> Result<(Option<PinDir>, Pin), DatapathError> {
+    let Some(dir) = &opts.pin_dir else {
+        return Ok((None, Pin::Off));
+    };
+    match PinDir::lock(dir, opts.pin_layout) {
+        Ok(pins) => {
+            take_over_expired(&pins, opts.pin_layout)?;
+            Ok((Some(pins), Pin::Pinned(dir.clone())))
+        }
+        Err(e @ pin::PinError::Busy { .. }) => Err(DatapathError::Busy(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
+            Ok((None, Pin::Failed(e.to_string())))
+        }
+    }
+}
+
+/// The sockets map's size. Not preallocated, but kept small while unused; a
+/// pinned one is sized for any later agent (its buckets cost about 16 bytes each),
+/// and one an earlier agent pinned keeps its own size, which the limit then follows.
+fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32 {
+    if let Some(existing) = pins
+        .and_then(|p| MapData::from_pin(p.map(MAP_SOCKETS)).ok())
+        .and_then(|m| m.info().ok())
+    {
+        existing.max_entries()
+    } else if opts.kernel_path || pins.is_some() {
+        opts.max_kernel_sockets.max(1)
+    } else {
+        1
+    }
+}
+
+/// The load-time values of the programs' globals that depend on this node and
+/// this process, beside those [`LoadOptions`] gives.
+struct Globals {
+    /// aya-log's level: 0 (nothing written) without a runtime to read the events.
+    log_level: u8,
+    /// The sockets map's size (see [`sockets_capacity`]).
+    sockets: u32,
+    /// Where tcp_sock keeps its Fast Open fields, when known.
+    fast_open: Option<btf::FastOpenFields>,
+}
+
+/// Loads `object` with its globals set and its maps sized, the shared maps reused
+/// from (or pinned to) `pins`. No program is loaded into the kernel yet.
+fn load_object(
+    object: &[u8],
+    opts: &LoadOptions,
+    pins: Option<&PinDir>,
+    globals: &Globals,
+) -> Result<Ebpf, DatapathError> {
+    let node4 = opts
+        .node_ipv4
+        .map_or(0, |ip| u32::from_ne_bytes(ip.octets()));
+    let node6 = opts.node_ipv6.map_or([0; 4], |ip| {
+        FrontendKey::new(SocketAddr::new(ip.into(), 0)).addr
+    });
+    // Past this fill, connects to kernel-path frontends go to the relay.
+    let sockets_limit = hairpin_ebpf::sockets_limit(globals.sockets);
+    let (req_off, connect_off, connect_mask) = globals
+        .fast_open
+        .map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
+    let mut loader = EbpfLoader::new();
+    loader
+        // Not every object logs (must_exist false): it is aya-log's own global.
+        .override_global(aya_log::LEVEL, &globals.log_level, false)
+        .override_global(GLOBAL_BYPASS_MARK, &opts.bypass_mark, true)
+        .override_global(GLOBAL_NODE_IP4, &node4, true)
+        .override_global(GLOBAL_NODE_IP6, &node6, true)
+        .override_global(GLOBAL_SOCKETS_LIMIT, &sockets_limit, true)
+        .override_global(GLOBAL_FASTOPEN_REQ_OFF, &req_off, true)
+        .override_global(GLOBAL_FASTOPEN_CONNECT_OFF, &connect_off, true)
+        .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
+        .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
+        .map_max_entries(MAP_SOCKETS, globals.sockets);
+    let map_pins: Vec<(&'static str, PathBuf)> = pins
+        .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
+        .unwrap_or_default();
+    for (name, path) in &map_pins {
+        // An earlier agent's map of this layout is reused as it is (its entries,
+        // counters, sockets and their storage); else made and pinned here.
+        loader.map_pin_path(name, path.as_path());
+    }
+    loader.load(object).map_err(load_error)
+}
+
+/// Loads the connect programs: the kernel path's when asked for and this kernel
+/// runs them (with the pair that loaded), else the relay path's, with why.
+fn load_connect_programs(
+    ebpf: &mut Ebpf,
+    opts: &LoadOptions,
+    fast_open_fields: Result<(), btf::BtfError>,
+) -> Result<(KernelPath, Option<[&'static str; 2]>), DatapathError> {
+    let (kernel_path, kernel_connect) = if opts.kernel_path {
+        match kernel_path::load(ebpf, fast_open_fields) {
+            Ok(connect) => (KernelPath::On, Some(connect)),
+            Err(why) => {
+                tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
+                (KernelPath::Unavailable(why.to_string()), None)
+            }
+        }
+    } else {
+        (KernelPath::Off, None)
+    };
+    if !kernel_path.is_on() {
+        for name in kernel_path.connect_programs() {
+            program(ebpf, name, "load", Path::new(""))?
+                .load()
+                .map_err(program_error(name, "load", Path::new("")))?;
+        }
+    }
+    Ok((kernel_path, kernel_connect))
+}
+
+/// The maps user space keeps, taken out of the loaded object.
+struct OpenedMaps {
+    frontends: HashMap<MapData, FrontendKey, Redirect>,
+    counters: PerCpuArray<MapData, u64>,
+    heartbeat: Array<MapData, u64>,
+    relays: SockHash<MapData, FrontendKey>,
+    sockets: SockHash<MapData, u64>,
+    /// The sockets map's kernel id, for `status`.
+    sockets_id: Option<u32>,
+}
+
+impl OpenedMaps {
+    fn take(ebpf: &mut Ebpf) -> Result<OpenedMaps, DatapathError> {
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or(DatapathError::Missing { kind: "map", name })
+        };
+        let frontends = HashMap::try_from(take(ebpf, MAP_FRONTENDS)?).map_err(map_error(
+            "open",
+            MAP_FRONTENDS,
+            String::new(),
+        ))?;
+        let counters = PerCpuArray::try_from(take(ebpf, MAP_COUNTERS)?).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
+        let heartbeat = Array::try_from(take(ebpf, MAP_HEARTBEAT)?).map_err(map_error(
+            "open",
+            MAP_HEARTBEAT,
+            String::new(),
+        ))?;
+        let relays = SockHash::try_from(take(ebpf, MAP_RELAYS)?).map_err(map_error(
+            "open",
+            MAP_RELAYS,
+            String::new(),
+        ))?;
+        let sockets = take(ebpf, MAP_SOCKETS)?;
+        let sockets_id = match &sockets {
+            aya::maps::Map::SockHash(m) => m.info().ok().map(|i| i.id()),
+            _ => None,
+        };
+        let sockets =
+            SockHash::try_from(sockets).map_err(map_error("open", MAP_SOCKETS, String::new()))?;
+        Ok(OpenedMaps {
+            frontends,
+            counters,
+            heartbeat,
+            relays,
+            sockets,
+            sockets_id,
+        })
+    }
 }
 
 /// Another layout's datapath in the pin directory: left alone while its heartbeat
@@ -1105,7 +1210,7 @@ impl Heartbeat {
     }
 
     /// Beats every `every` until the task is dropped; a failed write is logged.
-    pub async fn run(self, every: Duration) {
+    pub async fn beat_every(self, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

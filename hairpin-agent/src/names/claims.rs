@@ -6,7 +6,7 @@ use std::{fmt, net::IpAddr};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub use super::object::ObjectId;
-use super::{hostname::Hostname, limits::CapRule, scope::ScopeRule};
+use super::{caps::CapRule, hostname::Hostname, scope::ScopeRule};
 
 /// Why a host was not routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -336,6 +336,7 @@ fn route_claims(
             let why: Vec<String> = attached
                 .iter()
                 .filter_map(|l| admission(l, &gw.namespace, &object).err())
+                .map(|e| e.to_string())
                 .collect();
             skips.push(skip(
                 NameSkipReason::RouteNotAllowedByListeners,
@@ -372,9 +373,86 @@ fn route_claims(
     }
 }
 
+/// What a route's `status.parents` says for a parent instead of `Accepted` `True`.
+#[derive(Debug, thiserror::Error)]
+enum NotAccepted {
+    /// No entry names the parent.
+    #[error("no entry for it")]
+    NoEntry,
+    /// The first entry's Accepted condition, and its reason.
+    #[error("Accepted {status}{}", reason.as_ref().map(|r| format!(" (reason {r})")).unwrap_or_default())]
+    Condition {
+        /// The condition's status (`False`, `Unknown`).
+        status: String,
+        /// The condition's reason, where it gives one.
+        reason: Option<String>,
+    },
+    /// The first entry has no Accepted condition.
+    #[error("an entry without an Accepted condition")]
+    NoCondition,
+}
+
+/// Why a listener does not admit a route: the listener, the field and what it expects.
+#[derive(Debug, thiserror::Error)]
+enum NotAdmitted {
+    /// `from: Same` and the route in another namespace.
+    #[error(
+        "listener {listener} allowedRoutes.namespaces.from is Same: expected the route in \
+         namespace {gateway_ns}"
+    )]
+    OtherNamespace {
+        /// The listener's name.
+        listener: String,
+        /// The Gateway's namespace.
+        gateway_ns: String,
+    },
+    /// `from: Selector`, which would need Namespace labels.
+    #[error(
+        "listener {listener} allowedRoutes.namespaces.from is Selector, which hairpin does \
+         not evaluate (it does not watch Namespace labels): expected Same or All"
+    )]
+    Selector {
+        /// The listener's name.
+        listener: String,
+    },
+    /// A `from` Gateway API does not define.
+    #[error(
+        "listener {listener} allowedRoutes.namespaces.from: expected All, Same or Selector, \
+         got {from:?}"
+    )]
+    UnknownFrom {
+        /// The listener's name.
+        listener: String,
+        /// What it says.
+        from: String,
+    },
+    /// `allowedRoutes.kinds` does not list the route's kind.
+    #[error("listener {listener} allowedRoutes.kinds is {kinds}: expected {kind}")]
+    KindNotListed {
+        /// The listener's name.
+        listener: String,
+        /// The kinds it lists, comma-separated.
+        kinds: String,
+        /// The route's kind.
+        kind: String,
+    },
+    /// No kinds listed, and the route's kind is not one its protocol takes.
+    #[error("listener {listener} (protocol {protocol}) takes {takes}: expected {kind}")]
+    KindNotOfProtocol {
+        /// The listener's name.
+        listener: String,
+        /// Its protocol.
+        protocol: String,
+        /// The kinds the protocol takes, comma-separated.
+        takes: String,
+        /// The route's kind.
+        kind: String,
+    },
+}
+
 /// `Ok` when a `status.parents[]` entry for `parent` says `Accepted` `True`;
 /// otherwise what was found instead.
-fn acceptance(status: &RouteStatus, parent: &ParentRef, route_ns: &str) -> Result<(), String> {
+fn acceptance(status: &RouteStatus, parent: &ParentRef, route_ns: &str) -> Result<(), NotAccepted> {
     let entries: Vec<&RouteParentStatus> = status
         .parents
         .iter()
@@ -389,25 +467,21 @@ fn acceptance(status: &RouteStatus, parent: &ParentRef, route_ns: &str) -> Resul
         return Ok(());
     }
     let Some(first) = entries.first() else {
-        return Err("no entry for it".into());
+        return Err(NotAccepted::NoEntry);
     };
     match first.conditions.iter().find(|c| c.kind == "Accepted") {
-        Some(c) => Err(format!(
-            "Accepted {}{}",
-            c.status,
-            c.reason
-                .as_ref()
-                .map(|r| format!(" (reason {r})"))
-                .unwrap_or_default()
-        )),
-        None => Err("an entry without an Accepted condition".into()),
+        Some(c) => Err(NotAccepted::Condition {
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+        }),
+        None => Err(NotAccepted::NoCondition),
     }
 }
 
 /// `Ok` when `listener` (of a Gateway in `gateway_ns`) admits `route` (its
 /// namespace and kind), else a phrase naming the listener, the field and what it
 /// expects.
-fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<(), String> {
+fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<(), NotAdmitted> {
     let name = &listener.name;
     let route_ns = route.namespace.as_str();
     let from = listener
@@ -420,22 +494,21 @@ fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<
         "All" => {}
         "Same" if route_ns == gateway_ns => {}
         "Same" => {
-            return Err(format!(
-                "listener {name} allowedRoutes.namespaces.from is Same: expected the route in \
-                 namespace {gateway_ns}"
-            ));
+            return Err(NotAdmitted::OtherNamespace {
+                listener: name.clone(),
+                gateway_ns: gateway_ns.to_owned(),
+            });
         }
         "Selector" => {
-            return Err(format!(
-                "listener {name} allowedRoutes.namespaces.from is Selector, which hairpin does \
-                 not evaluate (it does not watch Namespace labels): expected Same or All"
-            ));
+            return Err(NotAdmitted::Selector {
+                listener: name.clone(),
+            });
         }
         other => {
-            return Err(format!(
-                "listener {name} allowedRoutes.namespaces.from: expected All, Same or Selector, \
-                 got {other:?}"
-            ));
+            return Err(NotAdmitted::UnknownFrom {
+                listener: name.clone(),
+                from: other.to_owned(),
+            });
         }
     }
     let group = route.api_version.split_once('/').map_or("", |(g, _)| g);
@@ -450,11 +523,11 @@ fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<
             .any(|k| k.kind == route.kind && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == group);
         if !listed {
             let names: Vec<&str> = kinds.iter().map(|k| k.kind.as_str()).collect();
-            return Err(format!(
-                "listener {name} allowedRoutes.kinds is {}: expected {}",
-                names.join(", "),
-                route.kind
-            ));
+            return Err(NotAdmitted::KindNotListed {
+                listener: name.clone(),
+                kinds: names.join(", "),
+                kind: route.kind.clone(),
+            });
         }
         return Ok(());
     }
@@ -470,12 +543,12 @@ fn admission(listener: &Listener, gateway_ns: &str, route: &ObjectId) -> Result<
     if by_protocol.contains(&route.kind.as_str()) {
         Ok(())
     } else {
-        Err(format!(
-            "listener {name} (protocol {}) takes {}: expected {}",
-            listener.protocol,
-            by_protocol.join(", "),
-            route.kind
-        ))
+        Err(NotAdmitted::KindNotOfProtocol {
+            listener: name.clone(),
+            protocol: listener.protocol.clone(),
+            takes: by_protocol.join(", "),
+            kind: route.kind.clone(),
+        })
     }
 }
 

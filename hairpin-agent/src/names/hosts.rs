@@ -465,7 +465,7 @@ pub fn remove(original: &[u8]) -> Result<Vec<u8>, BlockError> {
 
 /// One write of [`plan`]: bytes at an offset, or the file cut (or grown) to a length.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub enum FileEdit {
     /// `bytes` written at offset `at`, in order.
     Write {
         /// Offset of the first byte.
@@ -476,7 +476,7 @@ pub enum Step {
     /// The file's length set to this (ftruncate).
     Truncate(usize),
     /// Everything written so far is made durable (fdatasync) before what follows,
-    /// so a power cut cannot persist a later step without an earlier one.
+    /// so a power cut cannot persist a later edit without an earlier one.
     Sync,
 }
 
@@ -486,7 +486,7 @@ pub enum Step {
 /// `new` is expected to be `apply(old, block)`; anything else is written plainly:
 /// the changed tail at once, padded with newlines to the old length when shorter,
 /// then a truncate.
-pub fn plan(old: &[u8], new: &[u8]) -> Vec<Step> {
+pub fn plan(old: &[u8], new: &[u8]) -> Vec<FileEdit> {
     let same = old.iter().zip(new).take_while(|(a, b)| a == b).count();
     let (Ok(before), Ok(after)) = (locate(old), locate(new)) else {
         return plain(old, new, same);
@@ -495,19 +495,19 @@ pub fn plan(old: &[u8], new: &[u8]) -> Vec<Step> {
     match (before, after) {
         // Removing a block at the end of the file: one truncate.
         (Some(b), None) if at_end(&b, old) && old.starts_with(new) => {
-            vec![Step::Truncate(new.len())]
+            vec![FileEdit::Truncate(new.len())]
         }
         // A new block appended: written pending, then committed.
         (None, Some(a)) if !a.pending && at_end(&a, new) && new.starts_with(old) => {
             let mut bytes = new[old.len()..].to_vec();
             bytes[a.start - old.len()] = pending_byte(a.end_has_newline);
             vec![
-                Step::Write {
+                FileEdit::Write {
                     at: old.len(),
                     bytes,
                 },
-                Step::Sync,
-                Step::Write {
+                FileEdit::Sync,
+                FileEdit::Write {
                     at: a.start,
                     bytes: vec![b'#'],
                 },
@@ -517,31 +517,31 @@ pub fn plan(old: &[u8], new: &[u8]) -> Vec<Step> {
         (Some(b), Some(a))
             if !a.pending && b.start == a.start && at_end(&b, old) && at_end(&a, new) =>
         {
-            let mut steps = vec![
-                Step::Write {
+            let mut edits = vec![
+                FileEdit::Write {
                     at: a.start,
                     bytes: vec![pending_byte(a.end_has_newline)],
                 },
-                Step::Sync,
+                FileEdit::Sync,
             ];
             let from = same.max(a.start + 1);
             if from < new.len() {
-                steps.push(Step::Write {
+                edits.push(FileEdit::Write {
                     at: from,
                     bytes: new[from..].to_vec(),
                 });
             }
             if new.len() < old.len() {
-                steps.push(Step::Truncate(new.len()));
+                edits.push(FileEdit::Truncate(new.len()));
             }
-            steps.extend([
-                Step::Sync,
-                Step::Write {
+            edits.extend([
+                FileEdit::Sync,
+                FileEdit::Write {
                     at: a.start,
                     bytes: vec![b'#'],
                 },
             ]);
-            steps
+            edits
         }
         // A block with lines after it, same length (padded by `apply`): overwrite
         // the bytes that differ; BEGIN and END stay the same bytes at the same place.
@@ -553,7 +553,7 @@ pub fn plan(old: &[u8], new: &[u8]) -> Vec<Step> {
         {
             let last = (0..new.len()).rev().find(|&i| old[i] != new[i]);
             match last {
-                Some(last) if same <= last => vec![Step::Write {
+                Some(last) if same <= last => vec![FileEdit::Write {
                     at: same,
                     bytes: new[same..=last].to_vec(),
                 }],
@@ -576,19 +576,19 @@ fn pending_byte(kept_newline: bool) -> u8 {
 /// The changed tail in one write; when shorter, padded with newlines to the old
 /// length before the truncate, so a kill in between leaves blank lines, never the
 /// old file's tail (a second END line).
-fn plain(old: &[u8], new: &[u8], same: usize) -> Vec<Step> {
+fn plain(old: &[u8], new: &[u8], same: usize) -> Vec<FileEdit> {
     let mut bytes = new[same.min(new.len())..].to_vec();
-    let mut steps = Vec::new();
+    let mut edits = Vec::new();
     if new.len() < old.len() {
         bytes.resize(bytes.len() + old.len() - new.len(), b'\n');
     }
     if !bytes.is_empty() {
-        steps.push(Step::Write { at: same, bytes });
+        edits.push(FileEdit::Write { at: same, bytes });
     }
     if new.len() < old.len() {
-        steps.push(Step::Truncate(new.len()));
+        edits.push(FileEdit::Truncate(new.len()));
     }
-    steps
+    edits
 }
 
 /// Overwrites the existing file at `path` with `new`, in place, by [`plan`].
@@ -645,17 +645,17 @@ pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
         })?;
     check_linked(path, &file)?;
     // A file too large to read (never one hairpin wrote) is overwritten plainly.
-    let steps = match &old {
+    let edits = match &old {
         Some(old) => plan(old, new),
         None => vec![
-            Step::Write {
+            FileEdit::Write {
                 at: 0,
                 bytes: new.to_vec(),
             },
-            Step::Truncate(new.len()),
+            FileEdit::Truncate(new.len()),
         ],
     };
-    run(path, &file, &steps)?;
+    write_edits(path, &file, &edits)?;
     file.sync_all().map_err(|e| missing_or("fsync", e))?;
     Ok(())
 }
@@ -676,8 +676,8 @@ pub(crate) fn check_linked(path: &Path, file: &std::fs::File) -> Result<(), Host
     Ok(())
 }
 
-/// Runs `steps` on the open `file`.
-fn run(path: &Path, file: &std::fs::File, steps: &[Step]) -> Result<(), HostsError> {
+/// Makes `edits` to the open `file`, in order.
+fn write_edits(path: &Path, file: &std::fs::File, edits: &[FileEdit]) -> Result<(), HostsError> {
     use std::os::unix::fs::FileExt;
     let io = |op: &'static str| {
         move |source: io::Error| HostsError::Io {
@@ -686,13 +686,13 @@ fn run(path: &Path, file: &std::fs::File, steps: &[Step]) -> Result<(), HostsErr
             source,
         }
     };
-    for step in steps {
-        match step {
-            Step::Write { at, bytes } => {
+    for edit in edits {
+        match edit {
+            FileEdit::Write { at, bytes } => {
                 file.write_all_at(bytes, *at as u64).map_err(io("write"))?
             }
-            Step::Truncate(len) => file.set_len(*len as u64).map_err(io("truncate"))?,
-            Step::Sync => file.sync_data().map_err(io("fsync"))?,
+            FileEdit::Truncate(len) => file.set_len(*len as u64).map_err(io("truncate"))?,
+            FileEdit::Sync => file.sync_data().map_err(io("fsync"))?,
         }
     }
     Ok(())

@@ -180,7 +180,7 @@ impl HostsWriter {
         });
         shared.publish();
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(shared.clone(), stop.clone()));
+        let task = tokio::spawn(pace_writes(shared.clone(), stop.clone()));
         HostsWriter {
             shared,
             stop,
@@ -299,7 +299,7 @@ impl Shared {
 }
 
 /// The task: waits for a block, for the interval since the last write, then syncs.
-async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+async fn pace_writes(shared: Arc<Shared>, stop: CancellationToken) {
     let mut last_write: Option<Instant> = None;
     loop {
         tokio::select! {

@@ -4,7 +4,7 @@
 //! and the names address on a link.
 //!
 //! Owns: hostname validation, which names may be published at all ([`scope`]:
-//! `--names-domains` and the names always refused) and how many ([`limits`]:
+//! `--names-domains` and the names always refused) and how many ([`caps`]:
 //! per namespace and in all), claims from Ingress and Gateway
 //! objects and the routes they resolve to, the hosts block and its writer, the
 //! Corefile text, the names link, and the name relay ([`relay`]), which routes by
@@ -12,6 +12,7 @@
 //! Everything but [`hosts_writer`], [`hosts::write_in_place`], [`link`] and
 //! [`relay`] is sans-IO. Does not touch the BPF datapath nor the Kubernetes API.
 
+pub mod caps;
 pub mod claims;
 pub mod corefile;
 pub mod gateway;
@@ -19,7 +20,6 @@ pub mod hostname;
 pub mod hosts;
 pub mod hosts_writer;
 pub mod ingress;
-pub mod limits;
 pub mod link;
 pub mod nat;
 pub mod object;

@@ -17,7 +17,7 @@ use kube::api::DynamicObject;
 
 pub use super::claims::{Claim, NameSkip, NameSkipReason, ObjectId};
 use super::{
-    gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, limits, scope::NameScope,
+    caps, gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
 };
 use crate::{
     model::{Frontends, ProxyVersion},
@@ -55,7 +55,7 @@ pub struct NameRoutes {
 /// First every claim goes through `scope`: a host outside `--names-domains`, or
 /// always refused (the cluster domain, `localhost`, ...), never reaches a route, so
 /// it can neither be published nor win a conflict. Claims are taken oldest object first (then by source name, so every node agrees).
-/// Then the scope's caps ([`limits`]) withhold the names past
+/// Then the scope's caps ([`caps`]) withhold the names past
 /// `--max-names-per-namespace` in their namespace and past `--max-names` in all,
 /// each a [`NameSkipReason::Capped`]; a withheld name cannot win a conflict either.
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
@@ -63,12 +63,42 @@ pub struct NameRoutes {
 /// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
 pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> NameRoutes {
     let mut out = NameRoutes::default();
+    let claims = in_scope_oldest_first(claims, scope, &mut out.skips);
+    let viable = on_proxied_lbs(claims, frontends, &mut out.skips);
+    // The caps, before conflicts: a withheld name cannot keep a name from the
+    // namespace that would publish it.
+    let name_caps = scope.caps();
+    let withheld = caps::withhold(
+        viable.iter().map(|(c, _)| {
+            (
+                caps::namespace_of(c.object.as_ref()),
+                &c.host,
+                c.created.as_ref(),
+            )
+        }),
+        name_caps,
+    );
+    out.limits = withheld.report(name_caps);
+    out.routes = settle(viable, &withheld, name_caps, &mut out.skips);
+    out
+}
+
+/// The LBs a claim's host is proxied on, each with its ports by PROXY version.
+type ProxiedLbs = BTreeSet<(IpAddr, BTreeMap<ProxyVersion, Vec<u16>>)>;
+
+/// The claims `scope` lets through, oldest object first (then by source and field,
+/// so every node agrees); each refused one is a skip.
+fn in_scope_oldest_first(
+    claims: Vec<Claim>,
+    scope: &NameScope,
+    skips: &mut Vec<NameSkip>,
+) -> Vec<Claim> {
     let mut claims: Vec<Claim> = claims
         .into_iter()
         .filter(|c| match scope.check(&c.host) {
             Ok(()) => true,
             Err(refusal) => {
-                out.skips.push(NameSkip {
+                skips.push(NameSkip {
                     reason: NameSkipReason::Refused(refusal.rule),
                     message: format!("{}: {}: {}", c.source, c.field, refusal.message),
                     object: c.object.clone(),
@@ -85,13 +115,21 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
             &b.field,
         ))
     });
-    // Each claim with its proxied LBs; those without any are left out here and
-    // count under no cap.
+    claims
+}
+
+/// Each claim with the LBs of its own that are proxied frontends; a claim with no
+/// LB, or an LB that is not proxied, is a skip (and counts under no cap).
+fn on_proxied_lbs(
+    claims: Vec<Claim>,
+    frontends: &Frontends,
+    skips: &mut Vec<NameSkip>,
+) -> Vec<(Claim, ProxiedLbs)> {
     let mut viable = Vec::with_capacity(claims.len());
     for claim in claims {
         let at = format!("{}: {}", claim.source, claim.field);
         if claim.lbs.is_empty() {
-            out.skips.push(NameSkip {
+            skips.push(NameSkip {
                 reason: NameSkipReason::NoLoadBalancerIp,
                 message: format!(
                     "{at}: host {} has no loadbalancer ip in the object's status",
@@ -105,7 +143,7 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
         for lb in &claim.lbs {
             let per_version = ports_by_version(*lb, frontends);
             if per_version.is_empty() {
-                out.skips.push(NameSkip {
+                skips.push(NameSkip {
                     reason: NameSkipReason::NotProxied,
                     message: format!(
                         "{at}: host {} is on loadbalancer {lb}, which is not a proxied frontend",
@@ -121,32 +159,30 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
             viable.push((claim, proxied));
         }
     }
-    // The caps, before conflicts: a withheld name cannot keep a name from the
-    // namespace that would publish it.
-    let limits = scope.limits();
-    let withheld = limits::withhold(
-        viable.iter().map(|(c, _)| {
-            (
-                limits::namespace_of(c.object.as_ref()),
-                &c.host,
-                c.created.as_ref(),
-            )
-        }),
-        limits,
-    );
-    out.limits = withheld.report(limits);
+    viable
+}
+
+/// The routes of the claims the caps do not withhold (each withheld one a skip),
+/// a host going to its oldest claimant where claims on different LBs conflict
+/// (each loser a skip). Sorted by host, then LB.
+fn settle(
+    viable: Vec<(Claim, ProxiedLbs)>,
+    withheld: &caps::Withheld,
+    name_caps: caps::NameCaps,
+    skips: &mut Vec<NameSkip>,
+) -> Vec<NameRoute> {
     // host -> (winning source, its LB IPs)
     let mut owners: BTreeMap<Hostname, (String, BTreeSet<IpAddr>)> = BTreeMap::new();
     let mut routes: BTreeSet<NameRoute> = BTreeSet::new();
     for (claim, proxied) in viable {
         let at = format!("{}: {}", claim.source, claim.field);
-        let namespace = limits::namespace_of(claim.object.as_ref());
+        let namespace = caps::namespace_of(claim.object.as_ref());
         if let Some(rule) = withheld.rule(namespace, &claim.host) {
-            out.skips.push(NameSkip {
+            skips.push(NameSkip {
                 reason: NameSkipReason::Capped(rule),
                 message: format!(
                     "{at}: {}",
-                    withheld.message(rule, namespace, &claim.host, limits)
+                    withheld.message(rule, namespace, &claim.host, name_caps)
                 ),
                 object: claim.object.clone(),
             });
@@ -156,7 +192,7 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
         match owners.get_mut(&claim.host) {
             Some((owner, owned)) if *owner != claim.source && *owned != lbs => {
                 let (owned, owner) = (join(owned), owner.clone());
-                out.skips.push(NameSkip {
+                skips.push(NameSkip {
                     reason: NameSkipReason::Conflict,
                     message: format!(
                         "{at}: host {} is claimed on loadbalancer {} by {owner}, which is older; \
@@ -192,8 +228,7 @@ pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> 
             }
         }
     }
-    out.routes = routes.into_iter().collect();
-    out
+    routes.into_iter().collect()
 }
 
 /// The routes for every object at once: Ingresses, Gateways and their routes, tied to

@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use super::{hostname::Hostname, limits::NameLimits};
+use super::{caps::NameCaps, hostname::Hostname};
 
 /// Metadata endpoints reached by name, refused as exact names (and under any
 /// wildcard that would cover them). What was found, per cloud:
@@ -178,7 +178,7 @@ pub struct NameScope {
     /// (name, what it is): the node name, the host name, the API server's host.
     own: Vec<(String, ScopeRule, &'static str)>,
     /// How many of the names it lets through may be published.
-    limits: NameLimits,
+    caps: NameCaps,
 }
 
 impl NameScope {
@@ -190,7 +190,7 @@ impl NameScope {
             wildcards: Vec::new(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             own: Vec::new(),
-            limits: NameLimits::default(),
+            caps: NameCaps::default(),
         }
     }
 
@@ -223,7 +223,7 @@ impl NameScope {
             wildcards: Vec::new(),
             cluster_domain: cluster.as_str().to_owned(),
             own: Vec::new(),
-            limits: NameLimits::default(),
+            caps: NameCaps::default(),
         };
         for value in domains {
             let value = value.as_ref().trim();
@@ -281,15 +281,15 @@ impl NameScope {
         self
     }
 
-    /// The same scope publishing at most `limits` names (the defaults otherwise).
-    pub fn with_limits(mut self, limits: NameLimits) -> NameScope {
-        self.limits = limits;
+    /// The same scope publishing at most `caps` names (the defaults otherwise).
+    pub fn with_caps(mut self, caps: NameCaps) -> NameScope {
+        self.caps = caps;
         self
     }
 
     /// The caps on how many names are published.
-    pub fn limits(&self) -> NameLimits {
-        self.limits
+    pub fn caps(&self) -> NameCaps {
+        self.caps
     }
 
     /// The listed domains, sorted.

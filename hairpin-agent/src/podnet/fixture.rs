@@ -90,7 +90,7 @@ pub fn parse(text: &str) -> Result<Fixture, FixtureError> {
                 });
             }
             ["route", rest @ ..] => {
-                f.routes.push(route(rest).map_err(|w| err(&w))?);
+                f.routes.push(route(rest, err)?);
                 f.route_words
                     .push(rest.iter().map(|w| (*w).to_string()).collect());
             }
@@ -107,7 +107,8 @@ pub fn parse(text: &str) -> Result<Fixture, FixtureError> {
     Ok(f)
 }
 
-fn route(words: &[&str]) -> Result<HostRoute, String> {
+/// The route `words` (after `route`) name; `err` makes the line's error.
+fn route(words: &[&str], err: impl Fn(&str) -> FixtureError) -> Result<HostRoute, FixtureError> {
     let (unicast, words) = match words {
         [
             "blackhole" | "unreachable" | "prohibit" | "local",
@@ -116,7 +117,7 @@ fn route(words: &[&str]) -> Result<HostRoute, String> {
         _ => (true, words),
     };
     let Some((dst, mut rest)) = words.split_first() else {
-        return Err("expected a destination".into());
+        return Err(err("expected a destination"));
     };
     let (mut dev, mut via, mut table) = (None, None, MAIN_TABLE);
     while let Some((w, tail)) = rest.split_first() {
@@ -125,20 +126,26 @@ fn route(words: &[&str]) -> Result<HostRoute, String> {
         match (*w, value) {
             ("dev", Some(v)) => dev = Some(v.to_string()),
             ("via", Some(v)) => {
-                via = Some(v.parse::<IpAddr>().map_err(|_| "expected via ADDRESS")?)
+                via = Some(
+                    v.parse::<IpAddr>()
+                        .map_err(|_| err("expected via ADDRESS"))?,
+                )
             }
-            ("table", Some(v)) => table = v.parse().map_err(|_| "expected table NUMBER")?,
+            ("table", Some(v)) => table = v.parse().map_err(|_| err("expected table NUMBER"))?,
             ("proto" | "scope" | "src" | "metric" | "mtu", Some(_)) => {}
             ("onlink", _) => continue,
-            _ => return Err(format!("unexpected word {w:?}")),
+            _ => return Err(err(&format!("unexpected word {w:?}"))),
         }
         rest = &rest[1..];
     }
     let dst: IpNet = match *dst {
-        "default" if via.is_some_and(|v| v.is_ipv6()) => "::/0".parse().map_err(|_| "::/0")?,
-        "default" => "0.0.0.0/0".parse().map_err(|_| "0.0.0.0/0")?,
-        d if d.contains('/') => d.parse().map_err(|_| "expected a destination CIDR")?,
-        d => IpNet::from(d.parse::<IpAddr>().map_err(|_| "expected a destination")?),
+        "default" if via.is_some_and(|v| v.is_ipv6()) => "::/0".parse().map_err(|_| err("::/0"))?,
+        "default" => "0.0.0.0/0".parse().map_err(|_| err("0.0.0.0/0"))?,
+        d if d.contains('/') => d.parse().map_err(|_| err("expected a destination CIDR"))?,
+        d => IpNet::from(
+            d.parse::<IpAddr>()
+                .map_err(|_| err("expected a destination"))?,
+        ),
     };
     Ok(HostRoute {
         dst,

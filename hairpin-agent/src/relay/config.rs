@@ -8,7 +8,7 @@ use std::{
 use tokio_util::task::TaskTracker;
 
 use super::{
-    clients::ClientPolicy,
+    client_policy::ClientPolicy,
     listener::{Admission, ConnGate},
 };
 use crate::status::metrics::Metrics;

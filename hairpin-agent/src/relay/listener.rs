@@ -19,7 +19,7 @@ use tokio::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, warn};
 
-use super::clients::ClientPolicy;
+use super::client_policy::ClientPolicy;
 use crate::status::metrics::Metrics;
 
 /// Unanswered keepalive probes before a relayed connection is dropped; they are sent

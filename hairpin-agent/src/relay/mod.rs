@@ -9,7 +9,7 @@
 //! Owns sockets and bytes; does not decide which frontends exist (the agent's
 //! reconciler does) nor touch the BPF maps.
 
-pub mod clients;
+pub mod client_policy;
 mod config;
 pub mod header;
 pub mod listener;
@@ -55,22 +55,27 @@ pub enum RelayError {
     },
     /// The listener could not be registered as listening (see [`ListenHook`]):
     /// nothing would be sent to it, so it is not kept.
-    #[error("listener {addr} for frontend {frontend} could not be registered as live: {why}")]
+    #[error("listener {addr} for frontend {frontend} could not be registered as live: {source}")]
     Register {
         /// The listener.
         addr: SocketAddr,
         /// The frontend it was for.
         frontend: SocketAddr,
-        /// What failed.
-        why: String,
+        /// What failed: the hook owner's error.
+        source: ListenHookError,
     },
 }
 
 /// Called with each listener's address and socket once it listens: the datapath
 /// registers it in its liveness map, from which the kernel removes it as it closes,
 /// so the connect programs send connects only to a listener that listens.
-pub type ListenHook =
-    Arc<dyn Fn(SocketAddr, std::os::fd::BorrowedFd<'_>) -> Result<(), String> + Send + Sync>;
+pub type ListenHook = Arc<
+    dyn Fn(SocketAddr, std::os::fd::BorrowedFd<'_>) -> Result<(), ListenHookError> + Send + Sync,
+>;
+
+/// Why a [`ListenHook`] could not register a listener: its owner's own error (the
+/// datapath's), boxed so that the relay names no BPF type.
+pub type ListenHookError = Box<dyn std::error::Error + Send + Sync>;
 
 struct ListenerHandle {
     local: SocketAddr,
@@ -122,10 +127,10 @@ impl Relay {
         let local = listener.local_addr().map_err(listen_err)?;
         if let Some(hook) = &self.on_listen {
             use std::os::fd::AsFd;
-            hook(local, listener.as_fd()).map_err(|why| RelayError::Register {
+            hook(local, listener.as_fd()).map_err(|source| RelayError::Register {
                 addr: local,
                 frontend: target,
-                why,
+                source,
             })?;
         }
         let version = Arc::new(AtomicU8::new(frontend.version.number()));

@@ -30,6 +30,15 @@ use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics};
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Where the agent serves its admin socket and the node CLI asks it by default.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/hairpin/admin.sock";
+
+/// The admin server's TCP address by default (probes and metrics; no `/status`).
+pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9901";
+
+/// The path of the agent's own account of itself, served on the admin socket only.
+pub const STATUS_PATH: &str = "/status";
+
 /// Where the admin server listens, and what each listener serves.
 #[derive(Clone, Debug)]
 pub struct AdminConfig {
@@ -85,7 +94,12 @@ pub enum AdminError {
 /// Reads the programs' counters from the counters map with this kernel id, per
 /// `/status` request (they move without the agent noticing). Given by whoever
 /// owns the datapath, so this server needs no BPF code of its own.
-pub type KernelCounters = Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, String> + Send + Sync>;
+pub type KernelCounters =
+    Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, KernelCountersError> + Send + Sync>;
+
+/// Why [`KernelCounters`] could not read the counters: its owner's own error (the
+/// datapath's), boxed so that this server names no BPF type.
+pub type KernelCountersError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct Shared {
@@ -118,7 +132,7 @@ pub fn router(
             .route("/readyz", get(readyz));
     }
     if routes == Routes::All {
-        r = r.route("/status", get(status));
+        r = r.route(STATUS_PATH, get(status));
     }
     r.with_state(Shared {
         state,

@@ -343,6 +343,22 @@ impl Metrics {
     /// Renders the OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut registry = Registry::with_prefix("hairpin");
+        // In this order: the exposition lists the metrics as they are registered.
+        self.register_relay_traffic(&mut registry);
+        self.register_proxied(&mut registry);
+        self.register_refused(&mut registry);
+        self.register_control_loop(&mut registry);
+        self.register_writers(&mut registry);
+        self.register_kernel_events(&mut registry);
+        self.register_heartbeat(&mut registry);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        encode(&mut out, &registry).expect("encoding metrics into a String");
+        out
+    }
+
+    /// The relays' connections, bytes and errors.
+    fn register_relay_traffic(&self, registry: &mut Registry) {
         registry.register(
             "relay_connections",
             "Connections accepted by relay listeners",
@@ -364,6 +380,10 @@ impl Metrics {
             "Relayed connections ended by an error on the client's side, by kind (reset; timeout: keepalive found the client gone)",
             self.client_errors.clone(),
         );
+    }
+
+    /// The frontends proxied or failed, and the names the caps withhold.
+    fn register_proxied(&self, registry: &mut Registry) {
         registry.register(
             "frontends_proxied",
             "Frontends with a live listener and redirect",
@@ -380,6 +400,10 @@ impl Metrics {
              not published in /etc/hosts or CoreDNS, with a Warning Event on their objects",
             self.names_withheld.clone(),
         );
+    }
+
+    /// The connections the relays refuse: peers outside the policy, and past the caps.
+    fn register_refused(&self, registry: &mut Registry) {
         registry.register(
             "relay_refused_clients",
             "Connections reset because the peer is outside --allowed-clients",
@@ -390,6 +414,10 @@ impl Metrics {
             "Connections reset at accept because a cap was reached (--max-connections total, --max-connections-per-source)",
             self.shed.clone(),
         );
+    }
+
+    /// The watches' restarts and the time to decide and to reconcile.
+    fn register_control_loop(&self, registry: &mut Registry) {
         registry.register(
             "watch_restarts",
             "Kubernetes watch failures by resource (each retried with backoff)",
@@ -405,6 +433,10 @@ impl Metrics {
             "Time to apply a desired state to listeners and maps",
             self.reconcile_seconds.clone(),
         );
+    }
+
+    /// The hosts file's and CoreDNS's writes, coalesced changes and pending writes.
+    fn register_writers(&self, registry: &mut Registry) {
         registry.register(
             "hosts_writes",
             "Writes that changed the hosts file's managed block (at most one per --hosts-min-interval)",
@@ -435,6 +467,10 @@ impl Metrics {
             "1 while a CoreDNS write waits for the minimum interval between writes",
             self.coredns_pending.clone(),
         );
+    }
+
+    /// The eBPF programs' counters, read now, where there is a reader.
+    fn register_kernel_events(&self, registry: &mut Registry) {
         let kernel = self
             .kernel
             .read()
@@ -453,6 +489,10 @@ impl Metrics {
                 events,
             );
         }
+    }
+
+    /// The datapath heartbeat's age and TTL, where there is a datapath.
+    fn register_heartbeat(&self, registry: &mut Registry) {
         if let Some((age, ttl)) = self.datapath_heartbeat() {
             if let Some(age) = age {
                 let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
@@ -473,10 +513,6 @@ impl Metrics {
                 g,
             );
         }
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        encode(&mut out, &registry).expect("encoding metrics into a String");
-        out
     }
 }
 

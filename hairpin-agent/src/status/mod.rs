@@ -544,7 +544,7 @@ impl Snapshot {
         let wants_programs = self
             .mode
             .as_ref()
-            .is_none_or(|m| m.live.contains(&LivePath::Ebpf));
+            .is_none_or(|m| m.live.contains(&LivePath::Relay));
         if wants_programs && self.attachment.is_none() {
             return Some("programs are not attached".into());
         }

@@ -103,7 +103,7 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
     assert_eq!(state.snapshot().not_ready_reason(), None);
     state.update(|s| {
         if let Some(m) = s.mode.as_mut() {
-            m.live = vec![LivePath::Ebpf];
+            m.live = vec![LivePath::Relay];
         }
     });
     assert_eq!(

@@ -39,7 +39,7 @@ pub struct Active {
     pub frontend: Frontend,
     /// Its relay listener.
     pub listener: SocketAddr,
-    /// How its clients get their header: [`LivePath::Ebpf`] (the relay) or
+    /// How its clients get their header: [`LivePath::Relay`] (the relay) or
     /// [`LivePath::Kernel`], as the map entry says.
     pub path: LivePath,
     /// Why it takes that path, when the kernel path was asked for (a
@@ -50,7 +50,7 @@ pub struct Active {
 /// The path a map entry gives a frontend, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
-    /// [`LivePath::Ebpf`] (the relay) or [`LivePath::Kernel`].
+    /// [`LivePath::Relay`] (the relay) or [`LivePath::Kernel`].
     pub path: LivePath,
     /// Why, when the kernel path was asked for.
     pub why: Option<String>,
@@ -140,7 +140,7 @@ impl RedirectMap for Datapath {
             path: if kernel {
                 LivePath::Kernel
             } else {
-                LivePath::Ebpf
+                LivePath::Relay
             },
             why: self
                 .kernel_path()

@@ -43,7 +43,7 @@ impl RedirectMap for FakeMap {
                 }
             } else {
                 Route {
-                    path: LivePath::Ebpf,
+                    path: LivePath::Relay,
                     why: self.kernel.then(|| "relay".into()),
                 }
             },
@@ -192,7 +192,7 @@ fn each_active_frontend_records_the_path_its_map_entry_gives() {
     let (mut r, _log) = reconciler(16);
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
     let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
-    assert_eq!(paths, [LivePath::Ebpf]);
+    assert_eq!(paths, [LivePath::Relay]);
 
     let (mut r, log) = reconciler(16);
     if let Some(m) = r.map_mut() {
@@ -222,7 +222,7 @@ fn a_frontend_turning_server_first_has_its_entry_rewritten_to_the_relay_path() {
     r.apply(&set(std::slice::from_ref(&server)), Trigger::Change);
     let got: Vec<(LivePath, Option<String>)> =
         r.active().map(|a| (a.path, a.why.clone())).collect();
-    assert_eq!(got, [(LivePath::Ebpf, Some("relay".to_string()))]);
+    assert_eq!(got, [(LivePath::Relay, Some("relay".to_string()))]);
     take(&log);
     // Only the first speaker changes: the entry is rewritten, the listener stays.
     r.apply(&set(std::slice::from_ref(&client)), Trigger::Change);
@@ -232,7 +232,7 @@ fn a_frontend_turning_server_first_has_its_entry_rewritten_to_the_relay_path() {
     r.apply(&set(&[server]), Trigger::Change);
     assert_eq!(take(&log), ["rewrite 203.0.113.10:25 v1"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
-    assert_eq!(got, [LivePath::Ebpf]);
+    assert_eq!(got, [LivePath::Relay]);
 }
 
 #[test]
@@ -254,7 +254,7 @@ fn a_frontend_asking_for_the_relay_has_its_entry_rewritten_to_the_relay_path() {
     r.apply(&set(std::slice::from_ref(&relay)), Trigger::Change);
     assert_eq!(take(&log), ["rewrite 203.0.113.10:443 v2"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
-    assert_eq!(got, [LivePath::Ebpf]);
+    assert_eq!(got, [LivePath::Relay]);
     r.apply(&set(&[auto]), Trigger::Change);
     assert_eq!(take(&log), ["rewrite 203.0.113.10:443 v2"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();

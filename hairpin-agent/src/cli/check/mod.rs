@@ -25,7 +25,7 @@ mod target;
 mod tests;
 
 pub use report::{AddressReport, CheckReport, Coverage, HeaderBy, Resolution, Verdict, verdict};
-pub use target::{Target, parse_target};
+pub use target::{BadTarget, Target, parse_target};
 
 /// Options of `check`.
 #[derive(clap::Args, Debug, Clone)]
@@ -79,9 +79,10 @@ pub struct CheckArgs {
     pub output: OutputFormat,
 }
 
-/// Runs `check`; returns the exit code.
-pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
-    let target = parse_target(&args.target, args.tls).map_err(CliError::Usage)?;
+/// Says whether in-cluster requests to the target work, and why not; returns the
+/// exit code.
+pub fn check_target(args: &CheckArgs) -> Result<i32, CliError> {
+    let target = parse_target(&args.target, args.tls)?;
     let agent = args.admin.status();
     let dns = pod_dns_server(args.dns_server, agent.as_ref().ok());
     let resolution = resolve(&target, dns, args.timeout);
@@ -90,7 +91,7 @@ pub fn run(args: &CheckArgs) -> Result<i32, CliError> {
     for ip in resolution.addresses() {
         let addr = SocketAddr::new(ip, target.port);
         let probe = |header, mark| {
-            probe::run(&Probe {
+            probe::send(&Probe {
                 addr,
                 host: target.host.clone(),
                 tls: target.tls,
@@ -148,15 +149,10 @@ fn resolve(t: &Target, dns: Option<(IpAddr, &'static str)>, timeout: Duration) -
     }
     let node = (t.host.as_str(), t.port)
         .to_socket_addrs()
-        .map(|a| a.map(|s| s.ip()).collect::<Vec<_>>())
-        .map_err(|e| e.to_string());
+        .map(|a| a.map(|s| s.ip()).collect::<Vec<_>>());
     let pod = dns.map(|(server, from)| {
         let server = SocketAddr::new(server, 53);
-        (
-            server,
-            from,
-            super::dns::lookup(server, &t.host, timeout).map_err(|e| e.to_string()),
-        )
+        (server, from, super::dns::lookup(server, &t.host, timeout))
     });
     Resolution::from_lookups(node, pod)
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::target::Target;
 use crate::cli::{
+    dns::DnsError,
     kube_proxy::{KubeProxy, Mode, ShortCircuit},
     probe::{Outcome, ProbeResult},
     table::{Cell, Table, Tone, paint},
@@ -31,7 +32,7 @@ pub struct Resolution {
 }
 
 /// A pod-style lookup: the server asked, where it came from, and its answer.
-pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, String>);
+pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
@@ -45,11 +46,11 @@ impl Resolution {
     }
 
     /// From the node's lookup and the optional pod-style one.
-    pub fn from_lookups(node: Result<Vec<IpAddr>, String>, pod: Option<PodLookup>) -> Resolution {
+    pub fn from_lookups(node: std::io::Result<Vec<IpAddr>>, pod: Option<PodLookup>) -> Resolution {
         let mut r = Resolution::default();
         match node {
             Ok(ips) => r.node = ips,
-            Err(e) => r.node_error = Some(e),
+            Err(e) => r.node_error = Some(e.to_string()),
         }
         match pod {
             Some((server, from, answer)) => {
@@ -57,7 +58,7 @@ impl Resolution {
                 r.pod_dns_from = Some(from);
                 match answer {
                     Ok(ips) => r.pod = ips,
-                    Err(e) => r.pod_note = Some(e),
+                    Err(e) => r.pod_note = Some(e.to_string()),
                 }
             }
             None => {
@@ -292,29 +293,7 @@ impl CheckReport {
             t.port,
             if t.tls { "tls" } else { "http" }
         );
-        let list = |ips: &[IpAddr]| {
-            let v: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
-            if v.is_empty() {
-                "nothing".to_string()
-            } else {
-                v.join(", ")
-            }
-        };
-        let r = &self.resolution;
-        out.push_str(&format!(
-            "  node resolves  {}\n",
-            r.node_error.clone().unwrap_or_else(|| list(&r.node))
-        ));
-        let pod = match (&r.pod_dns_server, &r.pod_note) {
-            (Some(s), None) => format!(
-                "{} (asked {s}{})",
-                list(&r.pod),
-                r.pod_dns_from.map(|f| format!(", {f}")).unwrap_or_default()
-            ),
-            (_, Some(note)) => note.clone(),
-            (None, None) => list(&r.pod),
-        };
-        out.push_str(&format!("  pod resolves   {pod}\n"));
+        render_resolution(&mut out, &self.resolution);
         out.push_str(&format!(
             "  agent          {}\n",
             match &self.agent_error {
@@ -323,88 +302,128 @@ impl CheckReport {
             }
         ));
         for a in &self.addresses {
-            out.push_str(&format!("\n{}\n", a.address));
-            let kp = if a.kube_proxy.is_empty() {
-                "does not short-circuit it (traffic leaves the node towards the LB)".to_string()
-            } else {
-                let rules: Vec<String> = a
-                    .kube_proxy
-                    .iter()
-                    .map(|r| format!("{}: {}", r.mode.name(), r.rule))
-                    .collect();
-                format!("short-circuits it to the backends ({})", rules.join("; "))
-            };
-            out.push_str(&format!("  kube-proxy  {kp}\n"));
-            let hp = match &a.hairpin {
-                Coverage::Active {
-                    listener,
-                    version,
-                    path,
-                    header_by: HeaderBy::Kernel,
-                    why,
-                } => format!(
-                    "covers it ({path}): kernel path: the kernel writes PROXY {version} on the \
-                     client's socket ({why}; a socket it cannot take goes to the relay at {})",
-                    listener
-                        .map(|l| l.to_string())
-                        .unwrap_or_else(|| "?".into())
-                ),
-                Coverage::Active {
-                    listener,
-                    version,
-                    path,
-                    header_by: HeaderBy::Relay,
-                    why,
-                } => format!(
-                    "covers it ({path}): relay at {} writes PROXY {version}: {why}",
-                    listener
-                        .map(|l| l.to_string())
-                        .unwrap_or_else(|| "?".into())
-                ),
-                Coverage::Failed { reason } => format!("failed to cover it: {reason}"),
-                Coverage::NotCovered => "does not cover it".into(),
-                Coverage::Unknown => "unknown (agent not reachable)".into(),
-            };
-            out.push_str(&format!("  hairpin     {hp}\n"));
-            let mut table = Table::new(&["PROBE", "HOW", "RESULT"]);
-            let cell = |p: &ProbeResult| {
-                let tone = if p.answered() { Tone::Good } else { Tone::Bad };
-                let word = match p.outcome {
-                    Outcome::Answered => "answered",
-                    Outcome::NoAnswer => "no answer",
-                    Outcome::ConnectFailed => "connect failed",
-                };
-                Cell::toned(format!("{word}: {}", p.detail), tone)
-            };
-            table.row(vec![
-                "in-cluster".into(),
-                "as clients connect now".into(),
-                cell(&a.probes.in_cluster),
-            ]);
-            table.row(vec![
-                "direct".into(),
-                "bypass mark, no header".into(),
-                cell(&a.probes.direct),
-            ]);
-            table.row(vec![
-                "direct+header".into(),
-                "bypass mark, PROXY v1".into(),
-                cell(&a.probes.direct_with_header),
-            ]);
-            out.push_str(&table.render(2, colour));
-            let tone = match a.verdict {
-                Verdict::Works => Tone::Good,
-                Verdict::Broken => Tone::Bad,
-                Verdict::Unknown => Tone::Warn,
-            };
-            out.push_str(&format!(
-                "  verdict     {}\n",
-                paint(&a.explanation, tone, colour)
-            ));
+            render_address(&mut out, a, colour);
         }
         if self.addresses.is_empty() {
             out.push_str("\nno address to probe\n");
         }
         out
     }
+}
+
+/// How the node, and a pod, resolve the target.
+fn render_resolution(out: &mut String, r: &Resolution) {
+    let list = |ips: &[IpAddr]| {
+        let v: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+        if v.is_empty() {
+            "nothing".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    out.push_str(&format!(
+        "  node resolves  {}\n",
+        r.node_error.clone().unwrap_or_else(|| list(&r.node))
+    ));
+    let pod = match (&r.pod_dns_server, &r.pod_note) {
+        (Some(s), None) => format!(
+            "{} (asked {s}{})",
+            list(&r.pod),
+            r.pod_dns_from.map(|f| format!(", {f}")).unwrap_or_default()
+        ),
+        (_, Some(note)) => note.clone(),
+        (None, None) => list(&r.pod),
+    };
+    out.push_str(&format!("  pod resolves   {pod}\n"));
+}
+
+/// One address: what kube-proxy and hairpin do with it, the probes and the verdict.
+fn render_address(out: &mut String, a: &AddressReport, colour: bool) {
+    out.push_str(&format!("\n{}\n", a.address));
+    let kp = if a.kube_proxy.is_empty() {
+        "does not short-circuit it (traffic leaves the node towards the LB)".to_string()
+    } else {
+        let rules: Vec<String> = a
+            .kube_proxy
+            .iter()
+            .map(|r| format!("{}: {}", r.mode.name(), r.rule))
+            .collect();
+        format!("short-circuits it to the backends ({})", rules.join("; "))
+    };
+    out.push_str(&format!("  kube-proxy  {kp}\n"));
+    out.push_str(&format!("  hairpin     {}\n", coverage(&a.hairpin)));
+    out.push_str(&probe_table(&a.probes).render(2, colour));
+    let tone = match a.verdict {
+        Verdict::Works => Tone::Good,
+        Verdict::Broken => Tone::Bad,
+        Verdict::Unknown => Tone::Warn,
+    };
+    out.push_str(&format!(
+        "  verdict     {}\n",
+        paint(&a.explanation, tone, colour)
+    ));
+}
+
+/// What hairpin does for an address, in words.
+fn coverage(c: &Coverage) -> String {
+    match c {
+        Coverage::Active {
+            listener,
+            version,
+            path,
+            header_by: HeaderBy::Kernel,
+            why,
+        } => format!(
+            "covers it ({path}): kernel path: the kernel writes PROXY {version} on the \
+                 client's socket ({why}; a socket it cannot take goes to the relay at {})",
+            listener
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "?".into())
+        ),
+        Coverage::Active {
+            listener,
+            version,
+            path,
+            header_by: HeaderBy::Relay,
+            why,
+        } => format!(
+            "covers it ({path}): relay at {} writes PROXY {version}: {why}",
+            listener
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "?".into())
+        ),
+        Coverage::Failed { reason } => format!("failed to cover it: {reason}"),
+        Coverage::NotCovered => "does not cover it".into(),
+        Coverage::Unknown => "unknown (agent not reachable)".into(),
+    }
+}
+
+/// The three probes of an address, one row each.
+fn probe_table(p: &Probes) -> Table {
+    let mut table = Table::new(&["PROBE", "HOW", "RESULT"]);
+    let cell = |r: &ProbeResult| {
+        let tone = if r.answered() { Tone::Good } else { Tone::Bad };
+        let word = match r.outcome {
+            Outcome::Answered => "answered",
+            Outcome::NoAnswer => "no answer",
+            Outcome::ConnectFailed => "connect failed",
+        };
+        Cell::toned(format!("{word}: {}", r.detail), tone)
+    };
+    table.row(vec![
+        "in-cluster".into(),
+        "as clients connect now".into(),
+        cell(&p.in_cluster),
+    ]);
+    table.row(vec![
+        "direct".into(),
+        "bypass mark, no header".into(),
+        cell(&p.direct),
+    ]);
+    table.row(vec![
+        "direct+header".into(),
+        "bypass mark, PROXY v1".into(),
+        cell(&p.direct_with_header),
+    ]);
+    table
 }

@@ -13,9 +13,14 @@ pub struct Target {
     pub tls: bool,
 }
 
+/// A target that is none of `check`'s spellings (the argument as given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("target {0:?}: expected host, ip, host:port, ip:port or [ipv6]:port")]
+pub struct BadTarget(pub String);
+
 /// Parses `host|ip[:port]`, bracketed IPv6 included; port 443 implies TLS.
-pub fn parse_target(s: &str, tls: bool) -> Result<Target, String> {
-    let bad = || format!("target {s:?}: expected host, ip, host:port, ip:port or [ipv6]:port");
+pub fn parse_target(s: &str, tls: bool) -> Result<Target, BadTarget> {
+    let bad = || BadTarget(s.to_owned());
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let (h, after) = rest.split_once(']').ok_or_else(bad)?;
         let port = match after.strip_prefix(':') {

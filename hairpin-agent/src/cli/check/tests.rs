@@ -130,14 +130,14 @@ fn coverage_comes_from_the_agents_frontends() {
         listener: Some("192.0.2.1:4000".parse().expect("addr")),
         reason: None,
         retry: None,
-        path: Paths(vec![LivePath::Ebpf]),
+        path: Paths(vec![LivePath::Relay]),
     });
     assert_eq!(
         coverage(Some(&snap), addr),
         Coverage::Active {
             listener: Some("192.0.2.1:4000".parse().expect("addr")),
             version: "v2".into(),
-            path: Paths(vec![LivePath::Ebpf]),
+            path: Paths(vec![LivePath::Relay]),
             header_by: HeaderBy::Relay,
             why: "the kernel path is off".into(),
         }
@@ -162,7 +162,7 @@ fn resolution_merges_node_and_pod_answers_without_duplicates() {
     );
     assert_eq!(r.addresses(), vec![ip("203.0.113.10"), ip("2001:db8::10")]);
     assert_eq!(r.pod_dns_from, Some("--dns-server"));
-    let r = Resolution::from_lookups(Err("no such host".into()), None);
+    let r = Resolution::from_lookups(Err(std::io::Error::other("no such host")), None);
     assert!(r.addresses().is_empty());
     assert!(r.pod_note.as_deref().expect("note").starts_with("skipped"));
 }
@@ -232,7 +232,7 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
             path: Paths(vec![if kernel {
                 LivePath::Kernel
             } else {
-                LivePath::Ebpf
+                LivePath::Relay
             }]),
         });
     }

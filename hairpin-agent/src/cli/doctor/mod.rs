@@ -99,8 +99,8 @@ pub struct DoctorReport {
     pub ok: bool,
 }
 
-/// Runs `doctor`; returns the exit code.
-pub fn run(args: &DoctorArgs) -> Result<i32, CliError> {
+/// Checks that this node can run hairpin; returns the exit code.
+pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     let mut list = vec![
         checks::kernel(),
         checks::bpf(),

@@ -38,13 +38,13 @@ fn probe(addr: SocketAddr, header: bool, tls: bool) -> Probe {
 #[test]
 fn a_proxy_protocol_server_answers_only_the_probe_with_a_header() {
     let addr = proxy_protocol_server();
-    let without = run(&probe(addr, false, false));
+    let without = send(&probe(addr, false, false));
     assert_eq!(without.outcome, Outcome::NoAnswer, "{without:?}");
     assert_eq!(
         without.detail,
         "empty reply: the server closed the connection"
     );
-    let with = run(&probe(addr, true, false));
+    let with = send(&probe(addr, true, false));
     assert_eq!(with, ProbeResult::new(Outcome::Answered, "HTTP/1.1 200 OK"));
 }
 
@@ -55,7 +55,7 @@ fn a_closed_port_fails_to_connect() {
         .local_addr()
         .expect("addr");
     // The listener is dropped: nothing listens there now.
-    let r = run(&probe(addr, false, false));
+    let r = send(&probe(addr, false, false));
     assert_eq!(r.outcome, Outcome::ConnectFailed);
     assert!(r.detail.contains("refused"), "{r:?}");
 }
@@ -63,6 +63,6 @@ fn a_closed_port_fails_to_connect() {
 #[test]
 fn a_tls_probe_to_a_server_that_hangs_up_gets_no_answer() {
     let addr = proxy_protocol_server();
-    let r = run(&probe(addr, false, true));
+    let r = send(&probe(addr, false, true));
     assert_eq!(r.outcome, Outcome::NoAnswer, "{r:?}");
 }

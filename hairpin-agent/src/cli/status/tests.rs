@@ -31,7 +31,7 @@ fn snapshot() -> Snapshot {
         listener: Some("192.0.2.1:40001".parse().expect("addr")),
         reason: None,
         retry: None,
-        path: Paths(vec![LivePath::Ebpf]),
+        path: Paths(vec![LivePath::Relay]),
     });
     s.sources.push(SourceStatus {
         name: "file f.yaml".into(),
@@ -321,7 +321,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         mptcp_detection: None,
     });
     for f in &mut s.frontends {
-        f.path = Paths(vec![LivePath::Ebpf]);
+        f.path = Paths(vec![LivePath::Relay]);
         f.reason = Some("relay: the kernel path is unavailable on this node".into());
     }
     let text = render(&report(Some(s.clone())), false);

@@ -323,13 +323,13 @@ fn read_only_bind_mount(path: &Path) -> io::Result<()> {
 /// each truncate. Returns the final content.
 pub(crate) fn simulate(
     mut state: Vec<u8>,
-    steps: &[Step],
+    steps: &[FileEdit],
     mut check: impl FnMut(&[u8]),
 ) -> Vec<u8> {
     check(&state);
     for step in steps {
         match step {
-            Step::Write { at, bytes } => {
+            FileEdit::Write { at, bytes } => {
                 for (i, b) in bytes.iter().enumerate() {
                     let at = at + i;
                     if at == state.len() {
@@ -340,11 +340,11 @@ pub(crate) fn simulate(
                     check(&state);
                 }
             }
-            Step::Truncate(len) => {
+            FileEdit::Truncate(len) => {
                 state.resize(*len, 0);
                 check(&state);
             }
-            Step::Sync => {}
+            FileEdit::Sync => {}
         }
     }
     state
@@ -531,10 +531,10 @@ fn a_kill_between_the_write_and_the_truncate_is_repaired_by_the_next_sync() {
     let steps = plan(&old, &new);
     let cut = steps
         .iter()
-        .position(|s| matches!(s, Step::Truncate(_)))
+        .position(|s| matches!(s, FileEdit::Truncate(_)))
         .expect("a shorter block is truncated");
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    run(&path, &file, &steps[..cut]).unwrap();
+    write_edits(&path, &file, &steps[..cut]).unwrap();
     drop(file);
     let left = std::fs::read(&path).unwrap();
     assert_eq!(left.len(), old.len(), "the truncate did not run");
@@ -597,7 +597,7 @@ fn removing_a_block_with_lines_after_it_leaves_only_blank_lines_if_killed() {
     let new = remove(&old).unwrap();
     assert_eq!(new, [ORIGINAL, tail].concat());
     let steps = plan(&old, &new);
-    let [Step::Write { .. }, Step::Truncate(len)] = steps.as_slice() else {
+    let [FileEdit::Write { .. }, FileEdit::Truncate(len)] = steps.as_slice() else {
         panic!("{steps:?}");
     };
     assert_eq!(*len, new.len());

@@ -37,7 +37,7 @@ use crate::{
         nat,
         routes::{NameRoute, RouteTable},
     },
-    relay::{ListenHook, RelayConfig, listener},
+    relay::{ListenHook, ListenHookError, RelayConfig, listener},
     status::FailedListener,
     status::{AgentState, metrics::Metrics},
 };
@@ -390,7 +390,8 @@ impl NameRouting {
                     }
                     self.listeners.insert(want.dialled, bound);
                 }
-                Err(why) => {
+                Err(e) => {
+                    let why = e.to_string();
                     // Said once per address and reason, not on every retry.
                     if self.failed.get(&want.dialled) != Some(&why) {
                         error!(addr = %want.dialled, error = %why, "name relay cannot listen; names on this port are not routed until it can (retrying)");
@@ -403,15 +404,15 @@ impl NameRouting {
 
     /// Binds one listener, registers it when it is redirected, and starts its
     /// accept loop.
-    fn start_listener(&self, want: &Wanted) -> Result<Bound, String> {
+    fn start_listener(&self, want: &Wanted) -> Result<Bound, ListenFailed> {
         let listener =
-            listener::bind(want.bind, self.shared.relay.keepalive).map_err(|e| e.to_string())?;
+            listener::bind(want.bind, self.shared.relay.keepalive).map_err(ListenFailed::Bind)?;
         let local = listener.local_addr().unwrap_or(want.bind);
         let redirected = want.bind != want.dialled;
         if redirected && let Some(hook) = &self.on_listen {
             use std::os::fd::AsFd;
             hook(local, listener.as_fd())
-                .map_err(|why| format!("listener {local} not registered as live: {why}"))?;
+                .map_err(|source| ListenFailed::Register { local, source })?;
         }
         let stop = CancellationToken::new();
         let shared = self.shared.clone();
@@ -455,6 +456,23 @@ impl NameRouting {
             warn!("name relay: drain deadline reached");
         }
     }
+}
+
+/// Why a name relay listener is not up (retried).
+#[derive(Debug, thiserror::Error)]
+enum ListenFailed {
+    /// The address could not be bound.
+    #[error("{0}")]
+    Bind(std::io::Error),
+    /// A redirected listener could not be registered as live, so nothing would be
+    /// sent to it.
+    #[error("listener {local} not registered as live: {source}")]
+    Register {
+        /// The listener's address.
+        local: SocketAddr,
+        /// The hook owner's error.
+        source: ListenHookError,
+    },
 }
 
 #[cfg(test)]

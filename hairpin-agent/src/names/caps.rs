@@ -52,16 +52,16 @@ pub const FRONTENDS_FILE_NAMESPACE: &str = "(frontends file)";
 
 /// The caps, validated (each at least 1) by the flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NameLimits {
+pub struct NameCaps {
     /// Names one namespace may publish.
     pub per_namespace: usize,
     /// Names published in all.
     pub total: usize,
 }
 
-impl Default for NameLimits {
-    fn default() -> NameLimits {
-        NameLimits {
+impl Default for NameCaps {
+    fn default() -> NameCaps {
+        NameCaps {
             per_namespace: DEFAULT_MAX_NAMES_PER_NAMESPACE,
             total: DEFAULT_MAX_NAMES,
         }
@@ -122,14 +122,14 @@ impl Withheld {
 
     /// `/status`'s view: the caps, and how many names each namespace over one
     /// has withheld.
-    pub fn report(&self, limits: NameLimits) -> NameLimitsStatus {
+    pub fn report(&self, caps: NameCaps) -> NameLimitsStatus {
         let mut by_namespace: BTreeMap<String, usize> = BTreeMap::new();
         for (ns, _) in self.names.keys() {
             *by_namespace.entry(ns.clone()).or_default() += 1;
         }
         NameLimitsStatus {
-            max_names_per_namespace: limits.per_namespace,
-            max_names: limits.total,
+            max_names_per_namespace: caps.per_namespace,
+            max_names: caps.total,
             withheld: self.names.len(),
             withheld_by_namespace: by_namespace,
         }
@@ -141,33 +141,33 @@ impl Withheld {
         rule: CapRule,
         namespace: &str,
         host: &Hostname,
-        limits: NameLimits,
+        caps: NameCaps,
     ) -> String {
         match rule {
             CapRule::Namespace => format!(
                 "host {host} withheld (rule {}): namespace {namespace} already publishes \
                  {} older names, the most --max-names-per-namespace allows",
                 rule.name(),
-                limits.per_namespace
+                caps.per_namespace
             ),
             CapRule::Global => format!(
                 "host {host} withheld (rule {}): {} names are published in all, the most \
                  --max-names allows, shared round robin between namespaces; namespace \
                  {namespace} publishes {} of them",
                 rule.name(),
-                limits.total,
+                caps.total,
                 self.kept.get(namespace).copied().unwrap_or(0)
             ),
         }
     }
 }
 
-/// Applies `limits` to the names `claims` ask for: (namespace, name, the claiming
+/// Applies `caps` to the names `claims` ask for: (namespace, name, the claiming
 /// object's creationTimestamp), one entry per claim (a name claimed twice in a
 /// namespace counts once, at its oldest claim).
 pub fn withhold<'a>(
     claims: impl IntoIterator<Item = (&'a str, &'a Hostname, Option<&'a Time>)>,
-    limits: NameLimits,
+    caps: NameCaps,
 ) -> Withheld {
     // namespace -> name -> the oldest claim's time (None: no timestamp, newest).
     let mut per_ns: BTreeMap<&str, BTreeMap<&Hostname, Option<&Time>>> = BTreeMap::new();
@@ -186,7 +186,7 @@ pub fn withhold<'a>(
             names.iter().map(|(h, t)| (*h, *t)).collect();
         ordered.sort_by(|a, b| (age_key(a.1), a.0).cmp(&(age_key(b.1), b.0)));
         for (rank, (host, created)) in ordered.into_iter().enumerate() {
-            if rank < limits.per_namespace {
+            if rank < caps.per_namespace {
                 rounds.insert((rank, age_key(created), host, *ns));
             } else {
                 out.names
@@ -195,7 +195,7 @@ pub fn withhold<'a>(
         }
     }
     for (i, (_, _, host, ns)) in rounds.into_iter().enumerate() {
-        if i < limits.total {
+        if i < caps.total {
             *out.kept.entry(ns.to_owned()).or_default() += 1;
         } else {
             out.names

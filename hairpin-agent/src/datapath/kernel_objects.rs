@@ -15,7 +15,7 @@ use crate::status::{KernelIds, ProgramIds};
 
 /// Errors reading kernel objects.
 #[derive(Debug, thiserror::Error)]
-pub enum KernelError {
+pub enum KernelObjectsError {
     /// A map could not be opened or read.
     #[error("failed to {op} bpf map id {id}: {source}")]
     Map {
@@ -34,7 +34,7 @@ pub enum KernelError {
     Links(#[source] Box<aya::programs::links::LinkError>),
 }
 
-impl KernelError {
+impl KernelObjectsError {
     /// True when the map no longer exists (ENOENT opening it by id): it was freed
     /// between being listed and being opened, as an exiting agent's maps are.
     pub fn is_gone(&self) -> bool {
@@ -69,7 +69,7 @@ pub struct FoundMap {
 /// Every bpf link the kernel lists, as (program id, link id). Kernels before 5.8
 /// cannot list links: that is an error, not an empty list. A link freed between
 /// being listed and being opened (another tool's, going away) is skipped.
-pub fn links() -> Result<Vec<(u32, u32)>, KernelError> {
+pub fn links() -> Result<Vec<(u32, u32)>, KernelObjectsError> {
     let mut found = Vec::new();
     let mut first_error = None;
     for l in loaded_links() {
@@ -81,7 +81,7 @@ pub fn links() -> Result<Vec<(u32, u32)>, KernelError> {
         }
     }
     match first_error {
-        Some(e) if found.is_empty() => Err(KernelError::Links(Box::new(e))),
+        Some(e) if found.is_empty() => Err(KernelObjectsError::Links(Box::new(e))),
         _ => Ok(found),
     }
 }
@@ -119,10 +119,10 @@ pub fn ids_of(programs: &[(&str, ProgramInfo)]) -> KernelIds {
 
 /// Every loaded program named like hairpin's, with links and maps: what is in the
 /// kernel whether or not an agent answers.
-pub fn hairpin_programs() -> Result<Vec<ProgramIds>, KernelError> {
+pub fn hairpin_programs() -> Result<Vec<ProgramIds>, KernelObjectsError> {
     let mut found = Vec::new();
     for p in loaded_programs() {
-        let p = p.map_err(|e| KernelError::Programs(Box::new(e)))?;
+        let p = p.map_err(|e| KernelObjectsError::Programs(Box::new(e)))?;
         if p.name_as_str() == Some(kernel_name(PROG_CONNECT4)) {
             found.push(("hairpin_connect", p));
         }
@@ -197,13 +197,13 @@ pub fn map_ids_of_pid(pid: u32) -> std::io::Result<Vec<u32>> {
     Ok(ids)
 }
 
-fn open(id: u32) -> Result<Map, KernelError> {
-    let data = MapData::from_id(id).map_err(|e| KernelError::Map {
+fn open(id: u32) -> Result<Map, KernelObjectsError> {
+    let data = MapData::from_id(id).map_err(|e| KernelObjectsError::Map {
         op: "open",
         id,
         source: Box::new(e),
     })?;
-    Map::from_map_data(data).map_err(|e| KernelError::Map {
+    Map::from_map_data(data).map_err(|e| KernelObjectsError::Map {
         op: "open",
         id,
         source: Box::new(e),
@@ -211,9 +211,9 @@ fn open(id: u32) -> Result<Map, KernelError> {
 }
 
 /// The frontends map `id`, decoded: frontend -> listener.
-pub fn read_frontends(id: u32) -> Result<Vec<(SocketAddr, SocketAddr)>, KernelError> {
+pub fn read_frontends(id: u32) -> Result<Vec<(SocketAddr, SocketAddr)>, KernelObjectsError> {
     let map: HashMap<MapData, FrontendKey, Redirect> =
-        HashMap::try_from(open(id)?).map_err(|e| KernelError::Map {
+        HashMap::try_from(open(id)?).map_err(|e| KernelObjectsError::Map {
             op: "read",
             id,
             source: Box::new(e),
@@ -228,9 +228,9 @@ pub fn read_frontends(id: u32) -> Result<Vec<(SocketAddr, SocketAddr)>, KernelEr
 }
 
 /// The counters map `id`, summed over CPUs, by counter name.
-pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelError> {
+pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelObjectsError> {
     let map: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(open(id)?).map_err(|e| KernelError::Map {
+        PerCpuArray::try_from(open(id)?).map_err(|e| KernelObjectsError::Map {
             op: "read",
             id,
             source: Box::new(e),
@@ -267,8 +267,8 @@ mod tests {
         );
     }
 
-    fn open_error(errno: i32) -> KernelError {
-        KernelError::Map {
+    fn open_error(errno: i32) -> KernelObjectsError {
+        KernelObjectsError::Map {
             op: "open",
             id: 7,
             source: Box::new(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
@@ -282,10 +282,10 @@ mod tests {
     fn only_a_map_missing_at_open_is_gone() {
         assert!(open_error(libc::ENOENT).is_gone());
         assert!(!open_error(libc::EPERM).is_gone());
-        let KernelError::Map { source, id, .. } = open_error(libc::ENOENT) else {
+        let KernelObjectsError::Map { source, id, .. } = open_error(libc::ENOENT) else {
             unreachable!()
         };
-        let read = KernelError::Map {
+        let read = KernelObjectsError::Map {
             op: "read",
             id,
             source,

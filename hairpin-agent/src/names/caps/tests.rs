@@ -79,7 +79,7 @@ fn frontends() -> Frontends {
 fn scope(per_namespace: usize, total: usize) -> NameScope {
     NameScope::new(&["example.com"], "cluster.local")
         .expect("scope")
-        .with_limits(NameLimits {
+        .with_caps(NameCaps {
             per_namespace,
             total,
         })
@@ -338,7 +338,7 @@ fn withhold_counts_a_name_once_per_namespace_and_in_each_namespace_claiming_it()
             ("x", &b, Some(&at(1))),
             ("y", &a, Some(&at(2))),
         ],
-        NameLimits {
+        NameCaps {
             per_namespace: 1,
             total: 10,
         },
