@@ -203,7 +203,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         state.beat();
-        if snapshot.borrow_and_update().synced {
+        if snapshot.borrow_and_update().is_some() {
             state.source_synced(SOURCE);
         }
         tokio::select! {

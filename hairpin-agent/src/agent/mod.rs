@@ -24,6 +24,7 @@ mod startup;
 
 use std::{
     net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -81,6 +82,8 @@ pub struct Agent {
     state: AgentState,
     metrics: Metrics,
     desired: DesiredRx,
+    /// What was applied last, to tell a change that only reports from one to apply.
+    applied: Option<Arc<Desired>>,
     source_name: String,
     plan: Plan,
     reconciler: Reconciler<Datapath, Relay>,
@@ -149,6 +152,7 @@ impl Agent {
         let Some(next) = self.desired.borrow_and_update().clone() else {
             return;
         };
+        self.report_decisions(&next);
         let started = Instant::now();
         self.reconciler.apply(&next.frontends, trigger);
         if !self.ready {
@@ -179,6 +183,7 @@ impl Agent {
                 "failed frontends and listeners will be retried");
             Some(d)
         };
+        self.applied = Some(next);
         if !self.ready {
             self.ready = true;
             info!(
@@ -188,6 +193,34 @@ impl Agent {
                 "agent ready"
             );
         }
+    }
+
+    /// Whether the source's new value differs from the one applied last only in
+    /// what is reported (a Service's decision, the cluster DNS): then it is
+    /// reported, and nothing is applied nor the retry timer restarted.
+    fn only_reported_changed(&mut self) -> bool {
+        let Some(next) = self.desired.borrow_and_update().clone() else {
+            return false;
+        };
+        if !self
+            .applied
+            .as_ref()
+            .is_some_and(|last| last.same_to_apply(&next))
+        {
+            return false;
+        }
+        self.report_decisions(&next);
+        self.applied = Some(next);
+        true
+    }
+
+    /// Lists the source's decisions and the cluster DNS in `/status`.
+    fn report_decisions(&self, next: &Desired) {
+        let decisions = next.decisions.iter().map(|d| d.to_status()).collect();
+        self.state.update(|st| {
+            st.decisions = decisions;
+            st.cluster_dns = next.cluster_dns.clone();
+        });
     }
 
     /// Routes names and starts name listeners; the relay's address and how many
@@ -207,7 +240,7 @@ impl Agent {
                 st.failed_listeners = failed;
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
-                st.skips = next.route_skips.clone();
+                st.skips = next.route_skips.iter().map(|k| k.message.clone()).collect();
                 st.limits = Some(next.name_limits.clone());
             }
         });
@@ -254,6 +287,7 @@ impl Agent {
                 _ = self.signals.1.recv() => { info!("SIGINT"); return Wake::Stop }
                 changed = self.desired.changed() => {
                     if changed.is_err() { return Wake::Stop }
+                    if self.only_reported_changed() { continue }
                     self.retry.reset();
                     return Wake::Changed;
                 }

@@ -65,7 +65,7 @@ pub fn frontend_statuses<'a>(
                 ip: a.frontend.ip,
                 port: a.frontend.port,
                 version: a.frontend.version,
-                source: a.frontend.source.clone(),
+                source: a.frontend.source.to_string(),
                 state: FrontendState::Active,
                 listener: Some(a.listener),
                 // Why it takes its path, when the kernel path was asked for.
@@ -107,7 +107,7 @@ pub fn frontend_statuses<'a>(
             ip: f.ip,
             port: f.port,
             version: f.version,
-            source: f.source.clone(),
+            source: f.source.to_string(),
             state,
             listener: (state == FrontendState::Fallback)
                 .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
@@ -169,7 +169,10 @@ mod tests {
             ip: a.ip(),
             port: a.port(),
             version: ProxyVersion::V2,
-            source: "test".into(),
+            source: crate::model::Origin::File {
+                path: "test".into(),
+                entry: None,
+            },
             first_speaker: Default::default(),
             path: Default::default(),
         }

@@ -238,6 +238,7 @@ impl Agent {
             state,
             metrics,
             desired,
+            applied: None,
             source_name,
             plan,
             reconciler,
