@@ -555,6 +555,25 @@ mod tests {
     }
 
     #[test]
+    fn services_sort_as_their_names_read_and_origins_say_what_asked() {
+        // `-` sorts before `/`: the text order, not the (namespace, name) order.
+        let mut names = vec![ServiceName::new("a", "x"), ServiceName::new("a-b", "x")];
+        names.sort();
+        assert_eq!(names[0].to_string(), "a-b/x");
+        let service = Origin::Service(ServiceName::new("ingress", "nginx"));
+        assert_eq!(service.to_string(), "Service ingress/nginx");
+        let file = |entry: Option<&str>| Origin::File {
+            path: "/etc/hairpin/frontends.yaml".into(),
+            entry: entry.map(str::to_string),
+        };
+        assert_eq!(
+            file(Some("lb6")).to_string(),
+            "file /etc/hairpin/frontends.yaml (lb6)"
+        );
+        assert_eq!(file(None).to_string(), "file /etc/hairpin/frontends.yaml");
+    }
+
+    #[test]
     fn path_reads_auto_or_relay_and_defaults_to_auto() {
         assert_eq!(" Relay ".parse(), Ok(PathChoice::Relay));
         assert_eq!("auto".parse(), Ok(PathChoice::Auto));
@@ -565,9 +584,10 @@ mod tests {
         assert_eq!(PathChoice::default(), PathChoice::Auto);
         assert_eq!(PathChoice::Relay.to_string(), "relay");
         // A frontend serialized before the field existed reads as `auto`.
-        let f: Frontend =
-            serde_json::from_str(r#"{"ip":"203.0.113.10","port":80,"version":"v1","source":"s"}"#)
-                .expect("frontend");
+        let f: Frontend = serde_json::from_str(
+            r#"{"ip":"203.0.113.10","port":80,"version":"v1","source":{"file":{"path":"s"}}}"#,
+        )
+        .expect("frontend");
         assert_eq!(f.path, PathChoice::Auto);
     }
 
