@@ -255,8 +255,12 @@ impl Agent {
             .set_frontends(rec.active().count(), rec.failed().len());
         let name_paths: Vec<LivePath> = self.plan.name_paths();
         let paths = NamePaths::new(name_paths, &next.routes, relay_ip);
-        let statuses =
-            report::frontend_statuses(rec.active(), rec.failed(), &next.frontends, &paths);
+        let reconciled = report::Reconciled {
+            active: rec.active(),
+            failed: rec.failed(),
+            held: rec.held(),
+        };
+        let statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
         self.state.record_frontends(statuses, took);
         self.state.source_synced(&self.source_name);
         // How long a change takes to apply at scale: `cargo xtask bench` reads this.
