@@ -557,7 +557,7 @@ mod tests {
     #[test]
     fn services_sort_as_their_names_read_and_origins_say_what_asked() {
         // `-` sorts before `/`: the text order, not the (namespace, name) order.
-        let mut names = vec![ServiceName::new("a", "x"), ServiceName::new("a-b", "x")];
+        let mut names = [ServiceName::new("a", "x"), ServiceName::new("a-b", "x")];
         names.sort();
         assert_eq!(names[0].to_string(), "a-b/x");
         let service = Origin::Service(ServiceName::new("ingress", "nginx"));

@@ -22,13 +22,14 @@ pub mod report;
 pub mod source;
 mod startup;
 
+pub use startup::{SignalError, StartError};
+
 use std::{
     net::IpAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
 use tokio::{signal::unix::Signal, time::Interval};
 use tracing::{debug, info, warn};
 
@@ -51,7 +52,7 @@ use crate::{
 };
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(args: RunArgs) -> Result<()> {
+pub async fn run(args: RunArgs) -> Result<(), StartError> {
     let mut agent = Agent::start(args).await?;
     let mut trigger = Trigger::Change;
     loop {
