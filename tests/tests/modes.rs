@@ -156,6 +156,21 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
         format!("added {NAMES_ADDRESS} to lo"),
         "{s:#}"
     );
+    // Without programs the names ports go through the agent's own nftables table:
+    // nothing binds NAMES_ADDRESS:80 itself (see names.rs for a later 0.0.0.0 bind).
+    assert!(
+        s["status"]["names"]["redirect"]
+            .as_str()
+            .is_some_and(|r| r.contains("nftables")),
+        "{s:#}"
+    );
+    let table = run_in(&node.node_ns, &["nft", "list", "table", "ip", "hairpin"]);
+    assert!(
+        table.contains(&format!(
+            "ip daddr {NAMES_ADDRESS} tcp dport 80 dnat to {NAMES_ADDRESS}:"
+        )),
+        "{table}"
+    );
 
     // SIGTERM keeps the block and the address for the next agent...
     agent.signal(Signal::SIGTERM);
@@ -195,7 +210,8 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
         .map(|s| s["name"].as_str().unwrap_or(""))
         .collect();
     // The hosts block, the relays' two listen addresses (the agent's defaults, on
-    // lo here), the names address, no pinned map (the kernel path was off); the
+    // lo here), the names address, the names ports' nftables table (ip; no ip6), no pinned
+    // map (the kernel path was off); the
     // Lease needs the API.
     assert_eq!(
         names,
@@ -204,6 +220,8 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
             "listen-address",
             "listen-address",
             "names-address",
+            "names-nat",
+            "names-nat",
             "pinned-maps",
             "lease"
         ],
@@ -212,10 +230,12 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
     assert_eq!(
         outcomes,
         [
-            "removed", "removed", "removed", "removed", "absent", "skipped"
+            "removed", "removed", "removed", "removed", "removed", "absent", "absent", "skipped"
         ],
         "{report:#}"
     );
+    let tables = run_in(&node.node_ns, &["nft", "list", "tables"]);
+    assert!(!tables.contains("hairpin"), "{tables}");
     assert_eq!(fs::read(&hosts).expect("read"), NODE_HOSTS, "byte for byte");
     let lo = run_in(&node.node_ns, &["ip", "-4", "addr", "show", "dev", "lo"]);
     assert!(

@@ -46,6 +46,13 @@ const FRONTENDS_WITH_HOSTS: &str = "frontends:
 /// Starts the agent, then gives it the names through a reload of its frontends
 /// file (the path the static source takes on every edit).
 fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
+    // `both`: these tests exercise the name relay beside eBPF; `auto` (the default)
+    // runs it only where the programs cannot attach (see tests/modes.rs).
+    agent_with_names_in(node, "both", extra, ready)
+}
+
+/// As [`agent_with_names`], in `mode`.
+fn agent_with_names_in(node: &SimNode, mode: &str, extra: &[&str], ready: &str) -> Agent {
     let specs = [
         FrontendSpec {
             ip: "203.0.113.10",
@@ -58,10 +65,8 @@ fn agent_with_names(node: &SimNode, extra: &[&str], ready: &str) -> Agent {
             version: "v2",
         },
     ];
-    // `both`: these tests exercise the name relay beside eBPF; `auto` (the default)
-    // runs it only where the programs cannot attach (see tests/modes.rs).
     // The names are under example.com: list it, as an operator would.
-    let mut args = vec!["--mode", "both", "--names-domains", "example.com"];
+    let mut args = vec!["--mode", mode, "--names-domains", "example.com"];
     args.extend_from_slice(extra);
     let mut agent = Agent::start_with(node, &specs, &args);
     fs::write(&agent.frontends, FRONTENDS_WITH_HOSTS).expect("write frontends with hosts");
@@ -565,7 +570,9 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     let hosts = node.dir.join("hosts");
     fs::write(&hosts, NODE_HOSTS).expect("write hosts");
     // Something else on the node already listens on the names address at :80 (the
-    // address left on lo by an earlier agent).
+    // address left on lo by an earlier agent). With `--names-redirect off` the name
+    // relay binds the names ports themselves; by default nothing binds them (see
+    // the test below).
     run_in(
         &node.node_ns,
         &["ip", "addr", "add", &format!("{RELAY_IP4}/32"), "dev", "lo"],
@@ -574,13 +581,16 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
     assert_eq!(squatter.line(), "listening");
     let sock = admin_socket(&node);
-    let mut agent = agent_with_names(
+    let mut agent = agent_with_names_in(
         &node,
+        "fallback",
         &[
             "--hosts-file",
             hosts.to_str().expect("utf-8 path"),
             "--admin-socket",
             sock.to_str().expect("utf-8 path"),
+            "--names-redirect",
+            "off",
         ],
         "name relay cannot listen",
     );
@@ -665,6 +675,142 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
         agent.wait(Duration::from_secs(30)).success(),
         "{}",
         agent.log()
+    );
+}
+
+/// Python on the node that binds each address with a plain `bind()` (no
+/// SO_REUSEADDR, as a strict server would), listens, says `bound`, and holds them
+/// until killed: a hostNetwork ingress starting after names were published.
+const BIND_WILDCARDS: &str = "import socket, sys, time
+socks = []
+for port in (80, 443):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(('0.0.0.0', port))
+    s.listen(16)
+    socks.append(s)
+print('bound', flush=True)
+time.sleep(120)
+";
+
+/// Issue 22: where the programs are attached, the names ports are frontends of
+/// the connect programs, not bound sockets, so a hostNetwork ingress that starts
+/// after the first name is published binds `0.0.0.0:80` and `0.0.0.0:443`, and
+/// names still reach their LBs through the name relay with the true client.
+#[test]
+fn a_later_wildcard_bind_of_80_and_443_succeeds_and_names_still_work() {
+    later_wildcard_bind("both", "redirected by the connect programs");
+}
+
+/// The same without programs (`fallback`, or `auto` where they cannot attach): the
+/// agent's own nftables table sends the names ports to the listeners.
+#[test]
+fn without_programs_a_later_wildcard_bind_succeeds_too_through_the_nftables_table() {
+    later_wildcard_bind("fallback", "nftables");
+}
+
+fn later_wildcard_bind(mode: &str, how: &str) {
+    require_privileges!();
+    let node = SimNode::with_lbs(&lbs_with_tls());
+    let _nginx = start_nginx(&node);
+    let tls = start_tls_nginx(&node);
+    let hosts = node.dir.join("hosts");
+    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let sock = admin_socket(&node);
+    let agent = agent_with_names_in(
+        &node,
+        mode,
+        &[
+            "--hosts-file",
+            hosts.to_str().expect("utf-8 path"),
+            "--admin-socket",
+            sock.to_str().expect("utf-8 path"),
+        ],
+        "hosts file updated",
+    );
+
+    // The ingress starts now, in the node's network namespace, outside hairpin.
+    let mut ingress =
+        hairpin_tests::sh::command_in(&node.node_ns, None, &["python3", "-c", BIND_WILDCARDS])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start python");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(ingress.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read python");
+    if line.trim() != "bound" {
+        let out = ingress.wait_with_output().expect("python output");
+        panic!(
+            "a later 0.0.0.0:80/443 bind failed: {}\nagent:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            agent.log()
+        );
+    }
+
+    // Names still go through the name relay, with the true client, to each LB.
+    let got = sh_with_hosts_file(
+        &node,
+        &hosts,
+        "curl -sS --max-time 10 http://a.example.com/ \
+         && curl -sS -k --max-time 10 https://b.example.com/",
+    );
+    let _ = ingress.kill();
+    let _ = ingress.wait();
+    assert!(
+        got.ok(),
+        "{got:?}\nagent:\n{}\ntls:\n{}",
+        agent.log(),
+        tls.log()
+    );
+    let lines: Vec<&str> = got.body.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", got.body);
+    assert!(
+        lines[0].starts_with(&format!("client={NODE_IP4}:"))
+            && lines[0].ends_with("dst=203.0.113.10:80"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with(&format!("tls-b sni=b.example.com client={NODE_IP4}:"))
+            && lines[1].ends_with("dst=203.0.113.11:443"),
+        "{}",
+        lines[1]
+    );
+
+    // Status says how: each names port redirected to a listener on another port.
+    let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
+    assert!(
+        names["redirect"].as_str().is_some_and(|r| r.contains(how)),
+        "{names}"
+    );
+    let redirects = names["redirects"].as_array().cloned().unwrap_or_default();
+    let dialled: Vec<&str> = redirects
+        .iter()
+        .filter_map(|r| r["dialled"].as_str())
+        .collect();
+    assert_eq!(
+        dialled,
+        [format!("{RELAY_IP4}:80"), format!("{RELAY_IP4}:443")],
+        "{names}"
+    );
+    for r in &redirects {
+        let listener = r["listener"].as_str().unwrap_or_default();
+        assert!(
+            listener.starts_with(&format!("{RELAY_IP4}:"))
+                && !listener.ends_with(":80")
+                && !listener.ends_with(":443"),
+            "{names}"
+        );
+    }
+    let text = run_cli(&node, &["status"]);
+    assert!(
+        text.stdout
+            .contains(&format!("{RELAY_IP4}:80 (redirected to {RELAY_IP4}:")),
+        "{}",
+        text.stdout
     );
 }
 

@@ -192,6 +192,15 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_NAMES_PORTS", default_value = "80,443", value_parser = parse_ports)]
     pub names_ports: Ports,
 
+    /// How connects to the names ports reach the name relay. `auto`: nothing binds
+    /// them, so a hostNetwork ingress can still bind `0.0.0.0:80` and `:443` later;
+    /// the relay listens on ephemeral ports of the names address and the connect
+    /// programs send the names ports there (where they are attached), or the agent's
+    /// own nftables table (`table ip hairpin`, or `ip6`) DNATs them (where they are
+    /// not). `off`: the relay binds the names ports as they are.
+    #[arg(long, env = "HAIRPIN_NAMES_REDIRECT", value_enum, default_value_t = NamesRedirect::Auto)]
+    pub names_redirect: NamesRedirect,
+
     /// Where pods reach the name relay through the `hairpin` ClusterIP Service
     /// (comma-separated SERVICE=LISTEN pairs): a hostNetwork endpoint is the node IP
     /// and the Service's targetPort, so the relay also listens on each node IP at
@@ -471,4 +480,13 @@ mod tests {
         assert!(parse_mark("0").is_err());
         assert!(parse_mark("0xzz").is_err());
     }
+}
+
+/// `--names-redirect`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NamesRedirect {
+    /// Through the connect programs where attached, else the agent's nftables table.
+    Auto,
+    /// The name relay binds the names ports as they are.
+    Off,
 }

@@ -89,6 +89,8 @@ pub struct Agent {
     plan: Plan,
     reconciler: Reconciler<Datapath, Relay>,
     names: Option<NameRouting>,
+    /// The names ports' entries in the frontends map, as last inserted.
+    names_redirects: Vec<(std::net::SocketAddr, std::net::SocketAddr)>,
     admin: Option<AdminServer>,
     drain_timeout: Duration,
     signals: (Signal, Signal),
@@ -156,6 +158,7 @@ impl Agent {
         self.report_decisions(&next);
         let started = Instant::now();
         self.reconciler.apply(&next.frontends, trigger);
+        let (relay_ip, failed_listeners) = self.apply_names(&next);
         if !self.ready {
             // An adopted map holds the earlier agent's entries, which kept traffic
             // served until now: those this agent did not make live just now name
@@ -164,12 +167,12 @@ impl Agent {
                 .reconciler
                 .active()
                 .map(|a| a.frontend.addr())
+                .chain(self.names_redirects.iter().map(|(dialled, _)| *dialled))
                 .collect();
             if let Some(d) = self.reconciler.map_mut() {
                 d.retain_frontends(&live);
             }
         }
-        let (relay_ip, failed_listeners) = self.apply_names(&next);
         let took = started.elapsed();
         self.report(&next, relay_ip, took);
         // A frontend that failed transiently (a port taken) and a name relay
@@ -231,6 +234,23 @@ impl Agent {
             return (None, 0);
         };
         n.update(&next.routes);
+        let redirects = n.redirects();
+        let (how, redirect_error) = n.redirect();
+        if redirects != self.names_redirects
+            && how == crate::names::relay::Redirect::ConnectPrograms
+            && let Some(map) = self.reconciler.map_mut()
+        {
+            // The names ports are frontends like any LB's: a connect to the names
+            // address is sent to the name relay's listener, and nothing binds the
+            // ports themselves.
+            for (dialled, listener) in &redirects {
+                if let Err(e) = map.insert(*dialled, *listener) {
+                    warn!(%dialled, %listener, error = %e, "the names port cannot be redirected to the name relay");
+                }
+            }
+        }
+        self.names_redirects = redirects;
+        let (how, redirect_error) = (how.describe(), redirect_error.map(str::to_string));
         let listeners = n.listeners();
         let failed = n.failed_listeners();
         let hosts_error = n.hosts_error();
@@ -238,6 +258,13 @@ impl Agent {
         self.state.update(|s| {
             if let Some(st) = s.names.as_mut() {
                 st.listeners = listeners;
+                st.redirects = self
+                    .names_redirects
+                    .iter()
+                    .map(|&(dialled, listener)| crate::status::NameRedirect { dialled, listener })
+                    .collect();
+                st.redirect = Some(how.to_string());
+                st.redirect_error = redirect_error.clone();
                 st.failed_listeners = failed;
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
@@ -385,6 +412,15 @@ impl Agent {
             beating.abort();
         }
         if removal == Removal::Uninstall {
+            if let Some(address) = self.names.as_ref().map(NameRouting::address) {
+                match crate::names::nat::remove(address) {
+                    Ok(true) => info!("uninstall: the names ports' nftables table removed"),
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(error = %e, "uninstall: the names ports' nftables table could not be removed")
+                    }
+                }
+            }
             for (link, address) in &self.link_addresses {
                 match crate::names::link::remove(link, *address).await {
                     Ok(_) => info!(%link, %address, "uninstall: address removed"),

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NoNodeName, RunArgs},
+    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, NoNodeName, RunArgs},
     clients,
     frontends_file::FrontendsFileError,
     limits,
@@ -33,7 +33,7 @@ use crate::{
     },
     names::{
         link::{self as names_link, LinkError},
-        relay::{NameRouting, NameRoutingConfig, ServiceListener},
+        relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
         scope::{NameScope, ScopeError, ScopeRule},
     },
     relay::{
@@ -212,7 +212,8 @@ impl Agent {
             &state,
         )
         .await?;
-        let relay = start_relay(relay_config, datapath.as_ref(), &metrics);
+        let mut names = names;
+        let relay = start_relay(relay_config, datapath.as_ref(), names.as_mut(), &metrics);
         let admin = start_admin(&args, datapath.as_ref(), &state, &metrics).await?;
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -225,6 +226,7 @@ impl Agent {
             plan,
             reconciler: Reconciler::new(datapath, relay, listen),
             names,
+            names_redirects: Vec::new(),
             admin: Some(admin),
             drain_timeout: args.drain_timeout,
             signals,
@@ -388,16 +390,24 @@ async fn relay_config(
     }
 }
 
-/// The relay of frontends; where a datapath runs, each listener registers in its
-/// liveness map as it binds, since the connect programs send to a listener only
-/// while it is there.
-fn start_relay(config: RelayConfig, datapath: Option<&Datapath>, metrics: &Metrics) -> Relay {
+/// The relay of frontends; where a datapath runs, each of its listeners and the
+/// name relay's registers in the liveness map as it binds, since the connect
+/// programs send to a listener only while it is there.
+fn start_relay(
+    config: RelayConfig,
+    datapath: Option<&Datapath>,
+    names: Option<&mut NameRouting>,
+    metrics: &Metrics,
+) -> Relay {
     let mut relay = Relay::new(config, metrics.clone());
     if let Some(d) = datapath {
         let liveness = d.relay_liveness();
-        relay.on_listen(Arc::new(move |addr, fd| {
-            liveness.register(addr, fd).map_err(|e| e.to_string())
-        }));
+        let hook: crate::relay::ListenHook =
+            Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(|e| e.to_string()));
+        relay.on_listen(hook.clone());
+        if let Some(n) = names {
+            n.on_listen(hook);
+        }
     }
     relay
 }
@@ -644,6 +654,11 @@ async fn start_names(
         NameRoutingConfig {
             address,
             ports: args.names_ports.0.clone(),
+            redirect: match (args.names_redirect, plan.ebpf) {
+                (NamesRedirect::Off, _) => Redirect::Bound,
+                (NamesRedirect::Auto, true) => Redirect::ConnectPrograms,
+                (NamesRedirect::Auto, false) => Redirect::Netfilter,
+            },
             service_listeners: service_listeners(args, node.v4, node.v6),
             hosts_file,
             hosts_min_interval: args.decision.name_limits.hosts_min_interval,

@@ -28,7 +28,8 @@ use crate::{
     long_about = "Removes everything hairpin wrote: the managed block of the hosts file \
 (every other byte kept), the names address on --names-link (and the dummy link when hairpin \
 made it), hairpin's rewrite lines in the CoreDNS Corefile or its key in coredns-custom, and \
-the agent's Lease, and the kernel path's pinned sockets maps in --bpf-pin-dir. Run it after \
+the agent's Lease, the names ports' nftables table (`table ip hairpin`, `table ip6 hairpin`), \
+and the kernel path's pinned datapath in --bpf-pin-dir. Run it after \
 removing the DaemonSet. Steps that need the API are skipped \
 with a note when no API server is reachable.",
     after_help = "Exit status: 0 everything that existed was removed (or nothing was there); \
@@ -47,6 +48,12 @@ pub struct CleanupArgs {
     /// The names address to remove from --names-link.
     #[arg(long, env = "HAIRPIN_NAMES_ADDRESS")]
     pub names_address: Option<IpAddr>,
+
+    /// `off`: the names ports' nftables table is not touched (the agent, run with
+    /// `off`, writes none).
+    #[arg(long, env = "HAIRPIN_NAMES_REDIRECT", value_enum,
+          default_value_t = crate::agent::args::NamesRedirect::Auto)]
+    pub names_redirect: crate::agent::args::NamesRedirect,
 
     /// Link the relays' listen addresses were put on (`run --listen-link`); `none`:
     /// not touched.
@@ -126,7 +133,7 @@ pub enum Outcome {
 /// One step of the report.
 #[derive(Debug, Serialize)]
 pub struct Step {
-    /// `hosts`, `names-address`, `coredns`, `lease`.
+    /// `hosts`, `names-address`, `names-nat`, `coredns`, `lease`, `pinned-*`.
     pub name: &'static str,
     /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
     pub object: String,
@@ -203,6 +210,23 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<Step>) {
     }
     if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
         steps.push(remove_address("names-address", link, address).await);
+    }
+    // The names ports' nftables table (`--names-redirect auto` without programs),
+    // in both families: it names no address, so none needs to be given.
+    let tables = match args.names_redirect {
+        crate::agent::args::NamesRedirect::Off => Vec::new(),
+        crate::agent::args::NamesRedirect::Auto => vec![
+            ("ip", IpAddr::from([0u8; 4])),
+            ("ip6", IpAddr::from([0u16; 8])),
+        ],
+    };
+    for (family, of) in tables {
+        let object = format!("table {family} {}", crate::names::nat::TABLE);
+        steps.push(match crate::names::nat::remove(of) {
+            Ok(true) => step("names-nat", object, Outcome::Removed, None),
+            Ok(false) => step("names-nat", object, Outcome::Absent, None),
+            Err(e) => step("names-nat", object, Outcome::Failed, Some(e.to_string())),
+        });
     }
     if args.bpf_pin_dir.as_os_str() != "none" {
         remove_pins(&args.bpf_pin_dir, steps);
@@ -372,8 +396,8 @@ mod tests {
         assert_eq!(names, ["lease"], "{:?}", cluster.steps);
         assert_eq!(std::fs::read_to_string(&hosts).expect("read"), block);
 
-        // `--listen-link none`, `--bpf-pin-dir none`: this test must not touch the
-        // machine's own links or pins.
+        // `--listen-link none`, `--bpf-pin-dir none`, `--names-redirect off`: this
+        // test must not touch the machine's own links, pins or nftables.
         let node = clean(&args(&[
             "--hosts-file",
             path,
@@ -383,6 +407,8 @@ mod tests {
             "none",
             "--bpf-pin-dir",
             "none",
+            "--names-redirect",
+            "off",
         ]))
         .await;
         let names: Vec<&str> = node.steps.iter().map(|s| s.name).collect();

@@ -117,7 +117,14 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
         ));
     }
     if let Some(n) = &s.names {
-        let listeners: Vec<String> = n.listeners.iter().map(|l| l.to_string()).collect();
+        let listeners: Vec<String> = n
+            .listeners
+            .iter()
+            .map(|l| match n.redirects.iter().find(|r| r.listener == *l) {
+                Some(r) => format!("{} (redirected to {l})", r.dialled),
+                None => l.to_string(),
+            })
+            .collect();
         out.push_str(&format!(
             "names       relay on {} ({} routes), hosts file {}{}\n",
             if listeners.is_empty() {

@@ -21,6 +21,7 @@ pub mod hosts_writer;
 pub mod ingress;
 pub mod limits;
 pub mod link;
+pub mod nat;
 pub mod object;
 pub mod relay;
 pub mod routes;

@@ -22,7 +22,8 @@ use crate::model::{KernelPathMode, LivePath, Paths, ProxyVersion};
 
 mod paths;
 pub use paths::{
-    CorednsStatus, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus, NamesStatus,
+    CorednsStatus, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus, NameRedirect,
+    NamesStatus,
 };
 
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].

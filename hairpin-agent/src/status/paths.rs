@@ -36,6 +36,19 @@ pub struct NamesStatus {
     /// Listeners that could not be bound yet, with the error; retried with backoff.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_listeners: Vec<FailedListener>,
+    /// Names ports reached through the frontends map (the connect programs are
+    /// attached): nothing binds the dialled address and port, so a host process can
+    /// still bind `0.0.0.0` on that port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redirects: Vec<NameRedirect>,
+    /// How connects to the names ports reach the listeners (`--names-redirect`):
+    /// redirected by the connect programs or by the agent's nftables table, or
+    /// bound as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<String>,
+    /// Why the nftables redirect was given up for binding the ports as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_error: Option<String>,
     /// The managed hosts file, when the hosts path is live.
     pub hosts_file: Option<PathBuf>,
     /// Why the hosts file was not written on the last update (content refused,
@@ -62,6 +75,15 @@ pub struct NamesStatus {
     /// The hosts file writer's pace, when the hosts file is managed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts_writer: Option<HostsWriterStatus>,
+}
+
+/// A names port sent to the name relay by the connect programs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NameRedirect {
+    /// The names address and port clients dial.
+    pub dialled: SocketAddr,
+    /// The listener those connects are sent to.
+    pub listener: SocketAddr,
 }
 
 /// `--max-names-per-namespace` and `--max-names`, and the names they withheld

@@ -314,8 +314,34 @@ fn name_relay_check(n: &crate::status::NamesStatus) -> Check {
             "no listener yet (no hostname routed)".to_string()
         } else {
             let l: Vec<String> = n.listeners.iter().map(|a| a.to_string()).collect();
-            format!("listening on {}", l.join(", "))
+            let r: Vec<String> = n
+                .redirects
+                .iter()
+                .map(|r| format!("{} -> {}", r.dialled, r.listener))
+                .collect();
+            if r.is_empty() {
+                format!(
+                    "listening on {} (the names ports bound as they are: a host process \
+                     cannot bind 0.0.0.0 on them while the relay runs)",
+                    l.join(", ")
+                )
+            } else {
+                format!(
+                    "listening on {}; {}: {}",
+                    l.join(", "),
+                    n.redirect.as_deref().unwrap_or("redirected"),
+                    r.join(", ")
+                )
+            }
         };
+        if let Some(e) = &n.redirect_error {
+            return Check::new(
+                "name_relay",
+                Status::Warn,
+                format!("{detail}; the names ports are bound as they are because {e}"),
+            )
+            .fix("give the agent CAP_NET_ADMIN in the host network namespace (it writes only its own `hairpin` table), or move the name relay with --names-address / --names-ports");
+        }
         return Check::new("name_relay", Status::Ok, detail);
     }
     let failed: Vec<String> = n

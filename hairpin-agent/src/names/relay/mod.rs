@@ -1,9 +1,17 @@
-//! The name relay: listeners on one node-local address (ports 80 and 443 by
+//! The name relay: listeners for one node-local address (ports 80 and 443 by
 //! default) that serve names rather than IPs. /etc/hosts and CoreDNS point the
 //! proxied hostnames here; each connection is routed by its TLS SNI or
 //! HTTP Host to the LoadBalancer that name belongs to, with the same PROXY header
 //! the eBPF path's relay writes. Used where the programs cannot attach, and for
 //! clients that use names.
+//!
+//! Where the connect programs are attached, nothing binds the names ports
+//! themselves: each listener takes an ephemeral port on the names address and the
+//! names address and port become one more entry of the frontends map
+//! ([`NameRouting::redirects`]), so a connect to `169.254.104.1:80` is sent to it
+//! like any relayed frontend. A host process (a hostNetwork ingress) that binds
+//! `0.0.0.0:80` or `0.0.0.0:443` after names are published then binds normally.
+//! Without the programs the listeners bind the names ports as they are.
 
 mod conn;
 pub mod http_host;
@@ -26,9 +34,10 @@ pub use conn::MAX_PEEK;
 use crate::{
     names::{
         hosts_writer::HostsWriter,
+        nat,
         routes::{NameRoute, RouteTable},
     },
-    relay::{RelayConfig, listener},
+    relay::{ListenHook, RelayConfig, listener},
     status::FailedListener,
     status::{AgentState, metrics::Metrics},
 };
@@ -51,8 +60,10 @@ pub enum Peek {
 pub struct NameRoutingConfig {
     /// The node-local address the listeners bind and /etc/hosts names.
     pub address: IpAddr,
-    /// The ports to listen on (80 and 443 typically).
+    /// The ports clients dial on [`address`](Self::address) (80 and 443 typically).
     pub ports: Vec<u16>,
+    /// How connects to [`ports`](Self::ports) reach their listeners.
+    pub redirect: Redirect,
     /// Further listeners, each with the port its connections are routed as: the
     /// node IPs at the `hairpin` Service's target ports, for pods (whose CoreDNS
     /// answer is the Service) and anything else dialling the Service.
@@ -65,6 +76,35 @@ pub struct NameRoutingConfig {
     pub report_to: Option<AgentState>,
     /// How long a client may take to send its ClientHello or request head.
     pub peek_timeout: Duration,
+}
+
+/// How connects to the names ports reach the name relay's listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redirect {
+    /// The listeners bind the names ports as they are (`--names-redirect off`): a
+    /// host process cannot bind `0.0.0.0` on them while the relay runs.
+    Bound,
+    /// The connect programs are attached: the listeners take ephemeral ports and
+    /// the names address and ports are frontends-map entries
+    /// ([`NameRouting::redirects`], inserted by the agent).
+    ConnectPrograms,
+    /// No programs: the listeners take ephemeral ports and the agent's nftables
+    /// table DNATs the names ports to them ([`crate::names::nat`]). Where the table
+    /// cannot be written, the listeners bind the ports as they are instead.
+    Netfilter,
+}
+
+impl Redirect {
+    /// For `status`: how the names ports are reached.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Redirect::Bound => "bound as they are",
+            Redirect::ConnectPrograms => "redirected by the connect programs",
+            Redirect::Netfilter => {
+                "redirected by the agent's nftables table (table ip/ip6 hairpin)"
+            }
+        }
+    }
 }
 
 /// A listener whose connections are routed as if they came to another port.
@@ -89,9 +129,8 @@ pub struct NameRouting {
     cfg: NameRoutingConfig,
     shared: Arc<Shared>,
     table: watch::Sender<Arc<RouteTable>>,
-    /// By requested bind address: the bound address (as the kernel reports it),
-    /// the port its connections route as, and its stop token.
-    listeners: BTreeMap<SocketAddr, (SocketAddr, u16, CancellationToken)>,
+    /// By the address clients dial: the bound listener.
+    listeners: BTreeMap<SocketAddr, Bound>,
     /// By requested bind address: why it could not be bound, until it is. The run
     /// loop retries these with backoff; each error is logged once.
     failed: BTreeMap<SocketAddr, String>,
@@ -100,6 +139,34 @@ pub struct NameRouting {
     /// The hosts file's writer, when one is managed.
     hosts: Option<HostsWriter>,
     connections: TaskTracker,
+    /// Called with each redirected listener before it is used (its liveness entry).
+    on_listen: Option<ListenHook>,
+    /// How the names ports are reached now ([`NameRoutingConfig::redirect`], or
+    /// [`Redirect::Bound`] once the nftables table could not be written).
+    redirect: Redirect,
+    /// Why the configured redirect was given up, if it was.
+    redirect_error: Option<String>,
+    /// The ports the nftables table sends where, as last written.
+    nat_written: Vec<nat::PortRedirect>,
+}
+
+/// One bound name relay listener.
+struct Bound {
+    /// The address the kernel reports it bound.
+    local: SocketAddr,
+    /// The port its connections are routed as.
+    routes_as: u16,
+    /// Reached through the frontends map rather than bound at the dialled address.
+    redirected: bool,
+    stop: CancellationToken,
+}
+
+/// One wanted listener: the address clients dial, the one to bind, the port its
+/// connections route as.
+struct Wanted {
+    dialled: SocketAddr,
+    bind: SocketAddr,
+    routes_as: u16,
 }
 
 impl NameRouting {
@@ -121,6 +188,7 @@ impl NameRouting {
             table: rx,
             peek_timeout: cfg.peek_timeout,
         });
+        let redirect = cfg.redirect;
         NameRouting {
             cfg,
             shared,
@@ -130,12 +198,45 @@ impl NameRouting {
             withheld: 0,
             hosts,
             connections: TaskTracker::new(),
+            on_listen: None,
+            redirect,
+            redirect_error: None,
+            nat_written: Vec::new(),
         }
+    }
+
+    /// Calls `hook` with every redirected listener started from now on, before its
+    /// redirect is handed out (the connect programs send connects only to a
+    /// listener in their liveness map).
+    pub fn on_listen(&mut self, hook: ListenHook) {
+        self.on_listen = Some(hook);
+    }
+
+    /// The names address clients dial.
+    pub fn address(&self) -> IpAddr {
+        self.cfg.address
     }
 
     /// Addresses the listeners are bound to.
     pub fn listeners(&self) -> Vec<SocketAddr> {
-        self.listeners.values().map(|(a, _, _)| *a).collect()
+        self.listeners.values().map(|b| b.local).collect()
+    }
+
+    /// How the names ports are reached now, and why the configured way was given
+    /// up (the nftables table could not be written), if it was.
+    pub fn redirect(&self) -> (Redirect, Option<&str>) {
+        (self.redirect, self.redirect_error.as_deref())
+    }
+
+    /// The redirected listeners: each names address and port clients dial, and the
+    /// listener it is sent to (frontends-map entries under
+    /// [`Redirect::ConnectPrograms`], nftables rules under [`Redirect::Netfilter`]).
+    pub fn redirects(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        self.listeners
+            .iter()
+            .filter(|(_, b)| b.redirected)
+            .map(|(dialled, b)| (*dialled, b.local))
+            .collect()
     }
 
     /// Why the hosts file was not written by the last [`update`](Self::update)
@@ -189,6 +290,9 @@ impl NameRouting {
     pub fn update(&mut self, routes: &[NameRoute]) {
         if !routes.is_empty() {
             self.start_listeners();
+            if self.redirect == Redirect::Netfilter {
+                self.write_nat();
+            }
         }
         self.table.send_replace(Arc::new(RouteTable::new(routes)));
         if self.hosts.is_none() {
@@ -208,62 +312,132 @@ impl NameRouting {
         }
     }
 
+    /// Writes the nftables table for the redirected listeners when they changed.
+    /// Where it cannot be written, the names ports are bound as they are instead.
+    fn write_nat(&mut self) {
+        let wanted: Vec<nat::PortRedirect> = self
+            .redirects()
+            .into_iter()
+            .map(|(dialled, listener)| nat::PortRedirect {
+                dialled: dialled.port(),
+                listener: listener.port(),
+            })
+            .collect();
+        if wanted == self.nat_written {
+            return;
+        }
+        match nat::apply(self.cfg.address, &wanted) {
+            Ok(()) => {
+                info!(address = %self.cfg.address, ports = ?wanted, "names ports redirected by the agent's nftables table");
+                self.nat_written = wanted;
+            }
+            Err(e) => {
+                let why = format!("the nftables table cannot be written: {e}");
+                error!(error = %why, "the name relay binds the names ports as they are instead; a host process cannot bind 0.0.0.0 on them while it runs");
+                self.redirect = Redirect::Bound;
+                self.redirect_error = Some(why);
+                self.listeners.retain(|_, b| {
+                    if b.redirected {
+                        b.stop.cancel();
+                    }
+                    !b.redirected
+                });
+                self.start_listeners();
+            }
+        }
+    }
+
+    /// The listeners to run: the names ports (bound as they are, or ephemeral
+    /// ports when redirected) and the Service target ports.
+    fn wanted(&self) -> Vec<Wanted> {
+        let address = self.cfg.address;
+        let names = self.cfg.ports.iter().map(|&port| Wanted {
+            dialled: SocketAddr::new(address, port),
+            bind: SocketAddr::new(
+                address,
+                if self.redirect == Redirect::Bound {
+                    port
+                } else {
+                    0
+                },
+            ),
+            routes_as: port,
+        });
+        let service = self.cfg.service_listeners.iter().map(|l| Wanted {
+            dialled: l.bind,
+            bind: l.bind,
+            routes_as: l.routes_as,
+        });
+        names.chain(service).collect()
+    }
+
     fn start_listeners(&mut self) {
-        let wanted = self
-            .cfg
-            .ports
-            .iter()
-            .map(|p| (SocketAddr::new(self.cfg.address, *p), *p))
-            .chain(
-                self.cfg
-                    .service_listeners
-                    .iter()
-                    .map(|l| (l.bind, l.routes_as)),
-            )
-            .collect::<Vec<_>>();
-        for (want, routes_as) in wanted {
-            if self.listeners.contains_key(&want) {
+        for want in self.wanted() {
+            if self.listeners.contains_key(&want.dialled) {
                 continue;
             }
-            match listener::bind(want, self.shared.relay.keepalive) {
-                Ok(listener) => {
-                    let local = listener.local_addr().unwrap_or(want);
-                    let stop = CancellationToken::new();
-                    let shared = self.shared.clone();
-                    let serve = move |client, peer, local| {
-                        conn::serve(client, peer, local, routes_as, shared.clone())
-                            .instrument(info_span!("name_conn", client = %peer))
-                    };
-                    tokio::spawn(
-                        listener::accept_loop(
-                            listener,
-                            local,
-                            stop.clone(),
-                            self.shared
-                                .relay
-                                .admission(&self.shared.metrics, &self.connections),
-                            serve,
-                        )
-                        .instrument(info_span!("name_listener", %local)),
-                    );
-                    let retried = self.failed.remove(&want).is_some();
-                    if local.port() == routes_as {
+            match self.start_listener(&want) {
+                Ok(bound) => {
+                    let retried = self.failed.remove(&want.dialled).is_some();
+                    let (local, routes_as) = (bound.local, bound.routes_as);
+                    if bound.redirected {
+                        info!(%local, dialled = %want.dialled, retried,
+                            "name relay listening (connects to the names port are redirected here)");
+                    } else if local.port() == routes_as {
                         info!(%local, retried, "name relay listening");
                     } else {
                         info!(%local, routes_as, retried, "name relay listening (Service target port)");
                     }
-                    self.listeners.insert(want, (local, routes_as, stop));
+                    self.listeners.insert(want.dialled, bound);
                 }
-                Err(e) => {
-                    let why = e.to_string();
+                Err(why) => {
                     // Said once per address and reason, not on every retry.
-                    if self.failed.get(&want) != Some(&why) {
-                        error!(addr = %want, error = %why, "name relay cannot listen; names on this port are not routed until it can (retrying)");
+                    if self.failed.get(&want.dialled) != Some(&why) {
+                        error!(addr = %want.dialled, error = %why, "name relay cannot listen; names on this port are not routed until it can (retrying)");
                     }
-                    self.failed.insert(want, why);
+                    self.failed.insert(want.dialled, why);
                 }
             }
         }
+    }
+
+    /// Binds one listener, registers it when it is redirected, and starts its
+    /// accept loop.
+    fn start_listener(&self, want: &Wanted) -> Result<Bound, String> {
+        let listener =
+            listener::bind(want.bind, self.shared.relay.keepalive).map_err(|e| e.to_string())?;
+        let local = listener.local_addr().unwrap_or(want.bind);
+        let redirected = want.bind != want.dialled;
+        if redirected && let Some(hook) = &self.on_listen {
+            use std::os::fd::AsFd;
+            hook(local, listener.as_fd())
+                .map_err(|why| format!("listener {local} not registered as live: {why}"))?;
+        }
+        let stop = CancellationToken::new();
+        let shared = self.shared.clone();
+        let routes_as = want.routes_as;
+        let serve = move |client, peer, local| {
+            conn::serve(client, peer, local, routes_as, shared.clone())
+                .instrument(info_span!("name_conn", client = %peer))
+        };
+        tokio::spawn(
+            listener::accept_loop(
+                listener,
+                local,
+                stop.clone(),
+                self.shared
+                    .relay
+                    .admission(&self.shared.metrics, &self.connections),
+                serve,
+            )
+            .instrument(info_span!("name_listener", %local)),
+        );
+        Ok(Bound {
+            local,
+            routes_as,
+            redirected,
+            stop,
+        })
     }
 
     /// Stops the listeners and waits up to `deadline` for open connections. The
@@ -273,8 +447,8 @@ impl NameRouting {
         if let Some(hosts) = self.hosts.as_mut() {
             hosts.shutdown().await;
         }
-        for (_, (_, _, stop)) in std::mem::take(&mut self.listeners) {
-            stop.cancel();
+        for (_, bound) in std::mem::take(&mut self.listeners) {
+            bound.stop.cancel();
         }
         self.connections.close();
         if timeout(deadline, self.connections.wait()).await.is_err() {
