@@ -23,6 +23,27 @@ pub enum ProxyVersion {
     V2,
 }
 
+impl ProxyVersion {
+    /// The version's number as one byte, `1` or `2`: the header byte of a kernel-path
+    /// frontend map value (`hairpin_ebpf::HEADER_V1`/`HEADER_V2`, the same numbers)
+    /// and what the relay keeps per listener. The one encoding of a version as a byte.
+    pub const fn number(self) -> u8 {
+        match self {
+            ProxyVersion::V1 => 1,
+            ProxyVersion::V2 => 2,
+        }
+    }
+
+    /// The version [`ProxyVersion::number`] gives `n`, if any.
+    pub const fn from_number(n: u8) -> Option<ProxyVersion> {
+        match n {
+            1 => Some(ProxyVersion::V1),
+            2 => Some(ProxyVersion::V2),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for ProxyVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -1,4 +1,5 @@
-//! hairpin's cgroup connect programs.
+//! hairpin's kernel programs: the cgroup connect programs, and the kernel path's
+//! sock_ops, sk_msg and setsockopt programs (`programs/`, one file per hook).
 //!
 //! A connect aimed at a proxied LoadBalancer frontend is rewritten to that
 //! frontend's node-local relay listener; anything else is left untouched. Every

@@ -6,6 +6,8 @@ use std::{
     time::Duration,
 };
 
+use hairpin_ebpf::DEFAULT_BYPASS_MARK;
+
 use crate::{
     k8s::coredns::{CorednsMode, ObjectName},
     model::KernelPathMode,
@@ -81,7 +83,7 @@ pub struct RunArgs {
     pub listen_link: Option<String>,
 
     /// SO_MARK on the relay's upstream sockets; the programs skip sockets carrying it.
-    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = parse_mark)]
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = DEFAULT_BYPASS_MARK_ARG, value_parser = parse_mark)]
     pub bypass_mark: u32,
 
     /// Capacity of the kernel's frontends map: the most (LB IP, port) pairs this node
@@ -316,13 +318,49 @@ pub(crate) fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
     }
 }
 
+/// [`DEFAULT_BYPASS_MARK`] as the default of every `--bypass-mark` flag, in hex as
+/// `--help` shows it (`0x68`): formatted at compile time from the one definition.
+pub const DEFAULT_BYPASS_MARK_ARG: &str = {
+    const TEXT: [u8; hex_len(DEFAULT_BYPASS_MARK)] = hex_text(DEFAULT_BYPASS_MARK);
+    match std::str::from_utf8(&TEXT) {
+        Ok(s) => s,
+        Err(_) => panic!("hex digits are ASCII"),
+    }
+};
+
+/// The length of `v` as [`hex_text`] writes it: `0x` and its hex digits.
+const fn hex_len(v: u32) -> usize {
+    let (mut n, mut rest) = (3, v >> 4);
+    while rest != 0 {
+        n += 1;
+        rest >>= 4;
+    }
+    n
+}
+
+/// `v` as `0x` and its lowercase hex digits without leading zeros (`{v:#x}`), in
+/// the `N` = [`hex_len`] bytes it takes.
+const fn hex_text<const N: usize>(v: u32) -> [u8; N] {
+    let mut out = [b'0'; N];
+    out[1] = b'x';
+    let (mut i, mut rest) = (N, v);
+    while i > 2 {
+        i -= 1;
+        out[i] = b"0123456789abcdef"[(rest & 0xf) as usize];
+        rest >>= 4;
+    }
+    out
+}
+
 /// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
 pub fn parse_mark(s: &str) -> Result<u32, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
     }
-    .map_err(|e| format!("expected a mark such as 0x68 or 104: {e}"))?;
+    .map_err(|e| {
+        format!("expected a mark such as {DEFAULT_BYPASS_MARK:#x} or {DEFAULT_BYPASS_MARK}: {e}")
+    })?;
     if v == 0 {
         return Err("the bypass mark must not be 0: every unmarked socket has mark 0".into());
     }
@@ -479,6 +517,19 @@ mod tests {
         assert_eq!(parse_mark("104"), Ok(104));
         assert!(parse_mark("0").is_err());
         assert!(parse_mark("0xzz").is_err());
+    }
+
+    #[test]
+    fn the_default_mark_reads_back_as_the_programs_default_and_shows_in_hex() {
+        assert_eq!(DEFAULT_BYPASS_MARK_ARG, format!("{DEFAULT_BYPASS_MARK:#x}"));
+        assert_eq!(parse_mark(DEFAULT_BYPASS_MARK_ARG), Ok(DEFAULT_BYPASS_MARK));
+        assert_eq!(
+            [0, 0xf, 0x10, 0x68, u32::MAX].map(hex_len),
+            [3, 3, 4, 4, 10]
+        );
+        assert_eq!(&hex_text::<3>(0), b"0x0");
+        assert_eq!(&hex_text::<4>(0x10), b"0x10");
+        assert_eq!(&hex_text::<10>(0xffff_0000), b"0xffff0000");
     }
 }
 

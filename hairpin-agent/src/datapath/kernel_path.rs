@@ -20,6 +20,12 @@ use hairpin_ebpf::{
 
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
+// The programs read a kernel-path frontend's header byte as the version's number.
+const _: () = assert!(
+    ProxyVersion::V1.number() == HEADER_V1 && ProxyVersion::V2.number() == HEADER_V2,
+    "the frontend map's header bytes are the PROXY version numbers"
+);
+
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelPath {
@@ -66,11 +72,8 @@ impl KernelPath {
             (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay, _) => {
                 Redirect::relay_chosen(listener)
             }
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V1) => {
-                Redirect::kernel(listener, HEADER_V1)
-            }
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, ProxyVersion::V2) => {
-                Redirect::kernel(listener, HEADER_V2)
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, version) => {
+                Redirect::kernel(listener, version.number())
             }
             _ => Redirect::new(listener),
         }
@@ -474,6 +477,15 @@ mod tests {
         assert_eq!(perfmon_note(Some(true)), "");
         assert_eq!(perfmon_note(None), "");
         assert!(has_perfmon().is_some());
+    }
+
+    #[test]
+    fn a_version_number_reads_back_and_no_other_byte_is_a_version() {
+        for v in [ProxyVersion::V1, ProxyVersion::V2] {
+            assert_eq!(ProxyVersion::from_number(v.number()), Some(v));
+        }
+        assert_eq!(ProxyVersion::from_number(0), None);
+        assert_eq!(ProxyVersion::from_number(HEADER_RELAY_SERVER_FIRST), None);
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Relay {
                 why,
             })?;
         }
-        let version = Arc::new(AtomicU8::new(encode_version(frontend.version)));
+        let version = Arc::new(AtomicU8::new(frontend.version.number()));
         let stop = CancellationToken::new();
         let (cfg, metrics, current) = (self.cfg.clone(), self.metrics.clone(), version.clone());
         let serve = move |client, peer, local| {
@@ -137,7 +137,9 @@ impl Relay {
                 peer,
                 local,
                 target,
-                version: decode_version(current.load(Ordering::Relaxed)),
+                // Only `ProxyVersion::number`s are ever stored.
+                version: ProxyVersion::from_number(current.load(Ordering::Relaxed))
+                    .unwrap_or(ProxyVersion::V1),
                 cfg: cfg.clone(),
                 metrics: metrics.clone(),
             };
@@ -171,7 +173,7 @@ impl Relay {
     /// Changes the header version of a running listener; new connections use it.
     pub fn set_version(&self, frontend: SocketAddr, version: ProxyVersion) {
         if let Some(l) = self.listeners.get(&frontend) {
-            l.version.store(encode_version(version), Ordering::Relaxed);
+            l.version.store(version.number(), Ordering::Relaxed);
         }
     }
 
@@ -202,21 +204,6 @@ impl Relay {
             return left;
         }
         0
-    }
-}
-
-fn encode_version(v: ProxyVersion) -> u8 {
-    match v {
-        ProxyVersion::V1 => 1,
-        ProxyVersion::V2 => 2,
-    }
-}
-
-fn decode_version(v: u8) -> ProxyVersion {
-    if v == 2 {
-        ProxyVersion::V2
-    } else {
-        ProxyVersion::V1
     }
 }
 

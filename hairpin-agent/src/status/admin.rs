@@ -329,7 +329,7 @@ mod tests {
                 socket: Some(socket.clone()),
                 metrics: Some(metrics_address),
             },
-            AgentState::new(0x68),
+            AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK),
             Metrics::default(),
             None,
         )

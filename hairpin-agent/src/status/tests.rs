@@ -10,7 +10,7 @@ fn attached() -> AttachmentStatus {
 
 #[test]
 fn ready_needs_attachment_and_every_source_synced() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     assert_eq!(
         state.snapshot().not_ready_reason().as_deref(),
         Some("programs are not attached")
@@ -34,7 +34,7 @@ fn ready_needs_attachment_and_every_source_synced() {
 
 #[test]
 fn a_synced_source_stays_synced_through_errors_and_a_good_delivery_clears_them() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     state.source_synced("file f");
     state.source_error("file f", "line 3: expected a mapping");
     let s = state.snapshot();
@@ -50,7 +50,7 @@ fn a_synced_source_stays_synced_through_errors_and_a_good_delivery_clears_them()
 
 #[test]
 fn the_snapshot_round_trips_through_json_with_stable_names() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     state.set_attachment(Some(attached()));
     state.update(|s| {
         s.decisions.push(Decision {
@@ -73,7 +73,10 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
     });
     let snap = state.snapshot();
     let json = serde_json::to_value(&snap).expect("json");
-    assert_eq!(json["agent"]["bypass_mark"], 0x68);
+    assert_eq!(
+        json["agent"]["bypass_mark"],
+        hairpin_ebpf::DEFAULT_BYPASS_MARK
+    );
     assert_eq!(json["attachment"]["cgroup"], "/sys/fs/cgroup");
     assert!(
         json["attachment"]["programs"].is_array(),
@@ -88,7 +91,7 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
 
 #[test]
 fn without_ebpf_live_readiness_does_not_wait_for_programs() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     state.update(|s| {
         s.mode = Some(ModeStatus {
             configured: Mode::Fallback,
@@ -111,7 +114,7 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
 
 #[test]
 fn the_run_loop_counts_as_stalled_only_after_it_started_and_fell_silent() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     let limit = Duration::from_secs(60);
     let later = |secs| Instant::now() + Duration::from_secs(secs);
     assert_eq!(
@@ -134,7 +137,7 @@ fn the_run_loop_counts_as_stalled_only_after_it_started_and_fell_silent() {
 
 #[test]
 fn a_stalled_run_loop_is_the_first_reason_not_to_be_ready() {
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     state.set_attachment(Some(attached()));
     state.source_synced("file /etc/hairpin/frontends.yaml");
     let mut snap = state.snapshot();

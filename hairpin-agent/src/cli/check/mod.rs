@@ -63,7 +63,7 @@ pub struct CheckArgs {
     pub dns_server: Option<IpAddr>,
 
     /// The agent's bypass mark, set on the direct probes so hairpin does not redirect them.
-    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = crate::agent::args::parse_mark)]
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = crate::agent::args::DEFAULT_BYPASS_MARK_ARG, value_parser = crate::agent::args::parse_mark)]
     pub bypass_mark: u32,
 
     /// Timeout of each connect and each reply.

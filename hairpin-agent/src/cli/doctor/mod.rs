@@ -35,7 +35,7 @@ pub struct DoctorArgs {
     pub admin: AdminArgs,
 
     /// The bypass mark to load the embedded object with (as the agent would).
-    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = "0x68", value_parser = crate::agent::args::parse_mark)]
+    #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = crate::agent::args::DEFAULT_BYPASS_MARK_ARG, value_parser = crate::agent::args::parse_mark)]
     pub bypass_mark: u32,
 
     /// Output format.

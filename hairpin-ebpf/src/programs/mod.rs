@@ -1,0 +1,84 @@
+//! hairpin's kernel programs, one file per hook, as Cilium keeps `bpf_sock.c`
+//! apart from its sockops and sk_msg programs.
+//!
+//! - [`connect`]: the cgroup connect4/connect6 programs (relay-only, kernel path,
+//!   kernel path with CAP_PERFMON): look the frontend up, decide, rewrite or mark.
+//! - [`sock_ops`]: the kernel path at the end of a marked socket's handshake (format
+//!   its header, put it in the sockets map) and after its first write (take it out).
+//! - [`sk_msg`]: the kernel path's header, written ahead of a marked socket's first
+//!   bytes.
+//! - [`setsockopt`]: notes which sockets asked for TCP Fast Open.
+//! - [`header`]: formats the PROXY v1/v2 header into a socket's storage (for sock_ops).
+//! - [`maps`]: the maps and the loader's globals, the ABI shared with the agent
+//!   (names and layouts from `hairpin_ebpf`; a pinned datapath is adopted by them).
+//! - [`helpers`]: what several hooks share: counters, a socket's pending header.
+//!
+//! The kernel path: connect marks the socket (socket storage: version and original
+//! destination) and leaves the destination alone; sock_ops, when the handshake is
+//! done, formats the header from the socket's own address and puts the socket in
+//! `HAIRPIN_SOCKETS`; sk_msg puts the header ahead of the first write; sock_ops takes
+//! the socket out of the map at the next RTT callback (a sockhash delete is refused
+//! inside sk_msg). Every way a marked connection can end up without its header is
+//! counted.
+//!
+//! Every program fails open: a connect is never rejected, an option never refused,
+//! a write never dropped; a bug or a full map degrades to the pre-hairpin behaviour.
+
+/// A diagnostic event through aya-log, naming the frontend (its address words and
+/// port in network byte order, as in [`hairpin_ebpf::FrontendKey`] and
+/// [`hairpin_ebpf::PendingHeader`]) with `{:i} port {}` in `$fmt`, then at most one
+/// more argument (an error number). One format string serves both families: the
+/// address goes out as 4 or 16 bytes, and user space prints either.
+///
+/// Only on the rare paths (fallbacks, misses, failures), never on a plain redirect
+/// or a header written. Each event is its own `#[inline(never)]` function, a BPF
+/// subprogram with its own stack frame: inlined, aya-log's record building (a ring
+/// buffer reservation filled at constant offsets) reshuffles the caller's stack
+/// slots, and without CAP_PERFMON the verifier refuses a scalar written over a
+/// spilled pointer. aya-log's level check reads a read-only global the loader sets
+/// from the agent's `--log`, so the verifier drops the events below it.
+macro_rules! event {
+    ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr) => {
+        event!($level, $fmt, $family, $addr, $port, 0)
+    };
+    ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr, $arg:expr) => {{
+        #[inline(never)]
+        fn emit(family: u8, addr: &[u32; 4], port: u16, arg: i64) {
+            let port = u16::from_be(port);
+            // Only the events whose message has an `{}` for it print it.
+            let _ = arg;
+            use $crate::programs::{EVENTS_TARGET, helpers::ip6_octets};
+            if family == hairpin_ebpf::AF_INET {
+                ::aya_log_ebpf::$level!((), target: EVENTS_TARGET, $fmt, addr[0].to_ne_bytes(), port, arg);
+            } else {
+                ::aya_log_ebpf::$level!((), target: EVENTS_TARGET, $fmt, ip6_octets(addr), port, arg);
+            }
+        }
+        emit($family, &$addr, $port, $arg);
+    }};
+}
+
+/// The log target of every event, whichever hook's file sends it: the one the docs
+/// name and `--log` filters on (aya-log would take each file's module path).
+const EVENTS_TARGET: &str = "hairpin_ebpf::programs";
+
+mod connect;
+mod header;
+mod helpers;
+mod maps;
+mod setsockopt;
+mod sk_msg;
+mod sock_ops;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    loop {}
+}
+
+/// The kernel reads this section at load: "Dual MIT/GPL" is in its list of
+/// GPL-compatible licenses (`license_is_gpl_compatible`), so GPL-only helpers stay
+/// available. It matches the crate's `MIT OR GPL-2.0-only`.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
