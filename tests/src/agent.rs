@@ -187,22 +187,14 @@ impl Agent {
     /// As [`Agent::start_with`], with `yaml` as the frontends file as written (for
     /// settings [`FrontendSpec`] does not carry, such as `firstSpeaker`).
     pub fn start_with_frontends_yaml(node: &SimNode, yaml: &str, extra: &[&str]) -> Agent {
-        let frontends = node.dir.join("frontends.yaml");
-        fs::write(&frontends, yaml).expect("write frontends");
-        let source = [
-            "--frontends",
-            frontends.to_str().expect("utf-8 path"),
-            "--allowed-clients",
-            SIM_POD_NETWORKS,
-        ];
-        let mut agent = Agent::spawn(
+        let mut agent = Agent::spawn_file(
             node,
-            &source,
+            yaml,
             &node.cgroup,
             "hairpin_agent=debug,info",
             extra,
+            true,
         );
-        agent.frontends = frontends;
         agent.wait_for_log("agent ready", Duration::from_secs(20));
         agent
     }
@@ -220,23 +212,14 @@ impl Agent {
     /// As [`Agent::start_with`], without waiting for it to get ready (an agent that
     /// waits for the datapath, say).
     pub fn spawn_with(node: &SimNode, specs: &[FrontendSpec], extra: &[&str]) -> Agent {
-        let frontends = node.dir.join("frontends.yaml");
-        fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
-        let source = [
-            "--frontends",
-            frontends.to_str().expect("utf-8 path"),
-            "--allowed-clients",
-            SIM_POD_NETWORKS,
-        ];
-        let mut agent = Agent::spawn(
+        Agent::spawn_file(
             node,
-            &source,
+            &frontends_yaml(specs),
             &node.cgroup,
             "hairpin_agent=debug,info",
             extra,
-        );
-        agent.frontends = frontends;
-        agent
+            true,
+        )
     }
 
     fn start_file(
@@ -247,17 +230,32 @@ impl Agent {
         extra: &[&str],
         pod_network: bool,
     ) -> Agent {
+        let yaml = frontends_yaml(specs);
+        let mut agent = Agent::spawn_file(node, &yaml, cgroup, log_filter, extra, pod_network);
+        agent.wait_for_log("agent ready", Duration::from_secs(20));
+        agent
+    }
+
+    /// Writes `yaml` as the node's frontends file and spawns the agent reading it,
+    /// without waiting for it to get ready. A file source names no pod network: with
+    /// `pod_network`, the simulated pod's is passed, as an operator would pass this
+    /// node's pod CIDR (without it only the node is served).
+    fn spawn_file(
+        node: &SimNode,
+        yaml: &str,
+        cgroup: &std::path::Path,
+        log_filter: &str,
+        extra: &[&str],
+        pod_network: bool,
+    ) -> Agent {
         let frontends = node.dir.join("frontends.yaml");
-        fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
-        // A file source names no pod network: the simulated pod's, as an operator
-        // would pass this node's pod CIDR (without it only the node is served).
+        fs::write(&frontends, yaml).expect("write frontends");
         let mut source = vec!["--frontends", frontends.to_str().expect("utf-8 path")];
         if pod_network {
             source.extend_from_slice(&["--allowed-clients", SIM_POD_NETWORKS]);
         }
         let mut agent = Agent::spawn(node, &source, cgroup, log_filter, extra);
         agent.frontends = frontends;
-        agent.wait_for_log("agent ready", Duration::from_secs(20));
         agent
     }
 
@@ -364,22 +362,38 @@ impl Agent {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("signal agent");
     }
 
+    /// SIGTERM, then asserts the agent exits 0 within 30 s: a graceful stop, as in
+    /// a rollout.
+    pub fn stop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = self.wait(Duration::from_secs(30));
+        assert!(status.success(), "{status}\n{}", self.log());
+    }
+
     /// Waits for the agent to exit, at most `within`.
     pub fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
+        let log = self.log.clone();
         let child = self.child.as_mut().expect("agent running");
-        loop {
-            if let Some(status) = child.try_wait().expect("wait agent") {
-                self.child = None;
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent still running after {within:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let status = wait_exit(child, within, &log);
+        self.child = None;
+        status
+    }
+}
+
+/// Waits for an agent process to exit, at most `within`; fails with its log (the
+/// file `log`) when it does not.
+fn wait_exit(child: &mut Child, within: Duration, log: &std::path::Path) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait agent") {
+            return status;
         }
+        assert!(
+            Instant::now() < deadline,
+            "agent still running after {within:?}:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -499,20 +513,16 @@ impl CappedAgent {
             .expect("signal agent");
     }
 
+    /// SIGTERM, then asserts the agent exits 0 within 30 s.
+    pub fn stop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = self.wait(Duration::from_secs(30));
+        assert!(status.success(), "{status}\n{}", self.log());
+    }
+
     /// Waits for the agent to exit, at most `within`.
     pub fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait agent") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent still running after {within:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_exit(&mut self.child, within, &self.log)
     }
 
     /// A `CapXxx:` line of its /proc status, as a mask.

@@ -86,3 +86,43 @@ pub fn run_cli(node: &SimNode, args: &[&str]) -> CliRun {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// The frontends map's entries, from `hairpin-agent dump --output json`, as
+/// `(frontend, field)`: `field` is `path` or `listener`.
+pub fn dump_entries(node: &SimNode, field: &str) -> Vec<(String, String)> {
+    let dump = run_cli(node, &["dump", "--output", "json"]).json();
+    let maps = dump["maps"].as_array().expect("maps");
+    let frontends = maps
+        .iter()
+        .find(|m| m["kind"] == "frontends")
+        .unwrap_or_else(|| panic!("no frontends map: {dump}"));
+    frontends["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().expect("string").to_string();
+            (s("frontend"), s(field))
+        })
+        .collect()
+}
+
+/// The agent's `/status`, through `hairpin-agent status --output json`; the agent
+/// must be reachable.
+pub fn cli_status(node: &SimNode) -> serde_json::Value {
+    let run = run_cli(node, &["status", "--output", "json"]);
+    let mut report = run.json();
+    assert_eq!(report["agent_reachable"], true, "{run:?}");
+    report["status"].take()
+}
+
+/// The check `name` of a `doctor --output json` report.
+pub fn doctor_check(report: &serde_json::Value, name: &str) -> serde_json::Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {name} check in {report}"))
+}

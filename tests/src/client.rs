@@ -53,6 +53,37 @@ pub fn from_pod(node: &SimNode, url: &str) -> Reply {
     curl(&node.pod_ns, &node.pod_cgroup(), url)
 }
 
+/// Whether network namespace `netns` has MPTCP enabled (`net.mptcp.enabled`).
+pub fn mptcp_enabled(netns: &str) -> bool {
+    let out = output_in(netns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
+    String::from_utf8_lossy(&out.stdout).trim() == "1"
+}
+
+/// One HTTP/1.0 request from the pod to `lb`:80 over an MPTCP socket (python's
+/// `IPPROTO_MPTCP`; curl cannot ask for one everywhere): stdout is the reply's body.
+pub fn mptcp_from_pod(node: &SimNode, lb: &str) -> Output {
+    const PY: &str = r#"
+import socket, sys
+lb = sys.argv[1]
+s = socket.socket(socket.AF_INET6 if ":" in lb else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
+s.settimeout(5)
+s.connect((lb, 80))
+s.sendall(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")
+reply = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    reply += chunk
+print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
+"#;
+    output_in(
+        &node.pod_ns,
+        Some(&node.pod_cgroup()),
+        &["python3", "-c", PY, lb],
+    )
+}
+
 /// curl from a host process (node namespace, host cgroup).
 pub fn from_host(node: &SimNode, url: &str) -> Reply {
     curl(&node.node_ns, &node.host_cgroup(), url)
@@ -153,5 +184,21 @@ impl Drop for KeepAlive {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// From the pod and from the node, `target` is answered by nginx's plain server,
+/// which would answer 400 to a PROXY header: nothing was written ahead of the request.
+pub fn assert_plain_server_answers(node: &SimNode, target: &str) {
+    for (who, reply) in [
+        ("pod", from_pod(node, target)),
+        ("node", from_host(node, target)),
+    ] {
+        assert!(reply.ok(), "{who} -> {target}: {reply:?}");
+        assert!(
+            reply.body.starts_with("plain remote="),
+            "{who} -> {target}: {}",
+            reply.body
+        );
     }
 }

@@ -122,12 +122,11 @@ impl FakeApi {
     /// Serves on 127.0.0.1 inside network namespace `netns` (a name under
     /// /run/netns), so an agent running there reaches it on its own loopback.
     pub fn start_in_netns(netns: &str) -> FakeApi {
-        let path = format!("/run/netns/{netns}");
+        let netns = netns.to_string();
         // A socket belongs to the namespace it was created in: create it from a
         // short-lived thread that joins the namespace, then serve it from here.
         let listener = std::thread::spawn(move || {
-            let f = std::fs::File::open(&path).expect("open netns");
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            crate::sh::enter_netns(&netns);
             TcpListener::bind("127.0.0.1:0").expect("bind fake API in netns")
         })
         .join()
@@ -170,6 +169,13 @@ impl FakeApi {
     /// The server URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Writes `node`'s kubeconfig (in its directory) pointing at this server; its path.
+    pub fn node_kubeconfig(&self, node: &crate::node::SimNode) -> std::path::PathBuf {
+        let path = node.dir.join("kubeconfig");
+        self.write_kubeconfig(&path);
+        path
     }
 
     /// Writes a kubeconfig pointing at this server.
@@ -546,4 +552,15 @@ pub fn fixture(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// A recording of the agent's fixtures (`daemonsets/hairpin.yaml`) as JSON.
+pub fn recorded(rel: &str) -> Value {
+    fixture(&crate::repo::agent_fixture(rel))
+}
+
+/// ingress-nginx on DigitalOcean with the PROXY protocol on, as recorded: its LB IP
+/// is the simulated node's 203.0.113.10.
+pub fn digitalocean_service() -> Value {
+    recorded("services/digitalocean.yaml")
 }

@@ -1,10 +1,10 @@
-//! The simulated node the datapath tests and `cargo xtask demo` build: network
-//! namespaces, veths, kube-proxy-style iptables DNAT, a cgroup v2 subtree, a real
-//! nginx and haproxy with the PROXY protocol on, and the agent as a process.
+//! The simulated node the integration suites and the tools (`hairpin-tools`: the
+//! bench and the demo) build: network namespaces, veths, kube-proxy-style iptables
+//! DNAT, a cgroup v2 subtree, a real nginx and haproxy with the PROXY protocol on,
+//! and the agent as a process.
 //! Only addresses inside namespaces made here ever receive traffic.
 
 pub mod agent;
-pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod fakeapi;
@@ -13,5 +13,7 @@ pub mod names_support;
 pub mod node;
 pub mod pod;
 pub mod privileges;
+pub mod repo;
 pub mod servers;
 pub mod sh;
+pub mod wait;

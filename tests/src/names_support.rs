@@ -3,7 +3,7 @@
 //! for port 443, and clients that resolve names through a given hosts file or curl's
 //! `--resolve`. Additive: the shared harness is used as it is.
 
-use std::fs;
+use std::{fs, path::PathBuf};
 
 use crate::{
     client::Reply,
@@ -71,27 +71,12 @@ pub fn start_tls_nginx(node: &SimNode) -> Server {
 "#
         )
     };
-    let conf = format!(
-        r#"
-worker_processes 1;
-user root;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {d}/access.log;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
-{a}{b}}}
-"#,
-        a = server(TLS_A_PORT, "tls-a"),
-        b = server(TLS_B_PORT, "tls-b"),
+    let http = format!(
+        "    access_log {d}/access.log;\n{}{}",
+        server(TLS_A_PORT, "tls-a"),
+        server(TLS_B_PORT, "tls-b"),
     );
+    let conf = crate::servers::nginx_conf(&dir, &http);
     run_nginx(node, &dir, &conf, &[TLS_A_PORT, TLS_B_PORT])
 }
 
@@ -135,4 +120,14 @@ pub fn sh_with_hosts_file(node: &SimNode, hosts: &std::path::Path, script: &str)
             &full,
         ],
     ))
+}
+
+/// A simulated node with nginx, and its hosts file (in the node's directory)
+/// holding `hosts`.
+pub fn node_with_hosts(hosts: &[u8]) -> (SimNode, Server, PathBuf) {
+    let node = SimNode::new();
+    let nginx = crate::servers::start_nginx(&node);
+    let path = node.dir.join("hosts");
+    fs::write(&path, hosts).expect("write hosts");
+    (node, nginx, path)
 }

@@ -601,6 +601,39 @@ impl SimNode {
             self.cgroup.to_str().expect("utf-8 path"),
         ])
     }
+
+    /// Spawns `argv` as a pod process (the pod namespace and cgroup), its output
+    /// discarded.
+    pub fn spawn_in_pod(&self, argv: &[&str]) -> std::process::Child {
+        crate::sh::command_in(&self.pod_ns, Some(&self.pod_cgroup()), argv)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {argv:?} in the pod: {e}"))
+    }
+
+    /// Per-namespace sysctls so a minute of `Connection: close` requests does not run
+    /// out of ephemeral ports or conntrack entries; these namespaces are the
+    /// bench's (and the reliability suite's) own.
+    /// The wider range takes in the agent's admin port (127.0.0.1:9901, 9902 for
+    /// metrics), which each agent the bench starts binds again: reserved, so no
+    /// connection's TIME_WAIT on it refuses the next agent's bind (seen once as
+    /// "failed to listen on admin address 127.0.0.1:9901: Address already in use").
+    pub fn tune_for_load(&self) {
+        for ns in [&self.pod_ns, &self.node_ns, &self.ingress_ns] {
+            for kv in [
+                "net.ipv4.ip_local_port_range=1024 65000",
+                "net.ipv4.ip_local_reserved_ports=9901-9902",
+                "net.ipv4.tcp_tw_reuse=1",
+                "net.core.somaxconn=4096",
+                "net.ipv4.tcp_max_syn_backlog=4096",
+                "net.netfilter.nf_conntrack_tcp_timeout_time_wait=5",
+            ] {
+                // Best effort: a sysctl this kernel lacks only makes the run less roomy.
+                let _ = crate::sh::output_in(ns, None, &["sysctl", "-qw", kv]);
+            }
+        }
+    }
 }
 
 impl Drop for SimNode {

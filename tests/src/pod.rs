@@ -92,17 +92,9 @@ pub struct Container {
     pub privileged: bool,
 }
 
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the workspace")
-        .to_path_buf()
-}
-
 /// The first container of the DaemonSet in `path` (relative to the workspace).
 pub fn daemonset_container(path: &str) -> Container {
-    let text = fs::read_to_string(workspace().join(path)).expect("read the DaemonSet");
+    let text = fs::read_to_string(crate::repo::workspace().join(path)).expect("read the DaemonSet");
     let yaml: yaml_serde::Value = yaml_serde::from_str(&text).expect("DaemonSet YAML");
     let ds = serde_json::to_value(yaml).expect("YAML as JSON");
     assert_eq!(ds["kind"], "DaemonSet", "{path}");

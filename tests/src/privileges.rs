@@ -15,3 +15,14 @@ pub fn datapath_tests_can_run(test: &str) -> bool {
     eprintln!("SKIPPED {test}: needs root to create network namespaces, cgroups and attach BPF");
     false
 }
+
+/// Returns from the calling test unless [`datapath_tests_can_run`]: off CI, a
+/// non-root run skips loudly; with `CI=true` it fails instead.
+#[macro_export]
+macro_rules! require_privileges {
+    () => {
+        if !$crate::privileges::datapath_tests_can_run(module_path!()) {
+            return;
+        }
+    };
+}

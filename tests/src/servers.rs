@@ -41,6 +41,42 @@ impl Server {
     }
 }
 
+/// The lines every `http {}` block of the suites' nginx carries: its temporary
+/// directories under `dir`/tmp (the compiled-in ones are not writable here) and
+/// the default type.
+pub fn nginx_http_common(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    default_type text/plain;
+"
+    )
+}
+
+/// A whole nginx.conf for the suites' servers: one worker, in the foreground, its
+/// pid, error log and temporary files under `dir`, and `http` (the servers, in an
+/// `http {}` block's indentation) inside the common `http {}` lines.
+pub fn nginx_conf(dir: &Path, http: &str) -> String {
+    let d = dir.display();
+    format!(
+        "
+worker_processes 1;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+{common}{http}}}
+",
+        common = nginx_http_common(dir),
+    )
+}
+
 /// Size of the file nginx serves at /slow, rate-limited, for in-flight transfer tests.
 pub const SLOW_BYTES: usize = 3 * 1024 * 1024;
 
@@ -51,23 +87,9 @@ pub fn start_nginx(node: &SimNode) -> Server {
     fs::create_dir_all(dir.join("tmp")).expect("nginx dir");
     fs::write(dir.join("slow.bin"), vec![b'x'; SLOW_BYTES]).expect("slow file");
     let d = dir.display();
-    let conf = format!(
-        r#"
-worker_processes 1;
-user root;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
+    let http = format!(
+        r#"    log_format pp 'pp_client=$proxy_protocol_addr:$proxy_protocol_port pp_dst=$proxy_protocol_server_addr:$proxy_protocol_server_port remote=$remote_addr "$request" $status $bytes_sent';
     access_log {d}/access.log pp;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
     server {{
         listen {pp} proxy_protocol;
         listen [::]:{pp} proxy_protocol;
@@ -86,11 +108,11 @@ http {{
             return 200 "plain remote=$remote_addr\n";
         }}
     }}
-}}
 "#,
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
+    let conf = nginx_conf(&dir, &http);
     run_nginx(node, &dir, &conf, &[NGINX_PP_PORT, NGINX_PLAIN_PORT])
 }
 
@@ -214,11 +236,9 @@ pub const BANNER_PORT: u16 = 9025;
 pub fn banner_server(netns: &str, n: usize) -> mpsc::Receiver<String> {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
-    let ns = format!("/run/netns/{netns}");
+    let netns = netns.to_string();
     std::thread::spawn(move || {
-        // This thread alone moves into the namespace.
-        let f = std::fs::File::open(&ns).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        crate::sh::enter_netns(&netns);
         let listener = TcpListener::bind(("::", BANNER_PORT)).expect("bind banner port");
         ready_tx.send(()).expect("ready");
         for _ in 0..n {

@@ -85,3 +85,12 @@ pub fn run_in(netns: &str, argv: &[&str]) -> String {
     full.extend_from_slice(argv);
     run(&full)
 }
+
+/// Moves the calling thread, and only it, into network namespace `netns` (a name
+/// under /run/netns): the sockets it creates from then on belong there.
+pub fn enter_netns(netns: &str) {
+    let path = format!("/run/netns/{netns}");
+    let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+        .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+}

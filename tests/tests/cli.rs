@@ -2,29 +2,17 @@
 //! JSON output is checked field by field; exit codes are part of the contract.
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
-    cli::{admin_socket, run_cli, start_agent},
+    agent::{Agent, FrontendSpec, spec},
+    cli::{admin_socket, doctor_check, run_cli, start_agent},
     names_support::{lbs_with_tls, start_tls_nginx},
     node::{RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
     sh::output_in,
 };
 
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
-
 fn lb10() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec("203.0.113.10", "v1")]
 }
 
 #[test]
@@ -284,13 +272,7 @@ fn status_doctor_and_check_show_the_kernel_path() {
     assert!(out.contains("kernel: the client speaks first"), "{out}");
 
     let j = run_cli(&node, &["doctor", "-o", "json"]).json();
-    let check = j["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == "kernel_path")
-        .cloned()
-        .unwrap_or_else(|| panic!("no kernel_path check: {j}"));
+    let check = doctor_check(&j, "kernel_path");
     assert_eq!(check["status"], "ok", "{check}");
     assert!(
         check["detail"]
@@ -395,15 +377,6 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
     let node = SimNode::new();
     let run = run_cli(&node, &["doctor", "--output", "json"]);
     let j = run.json();
-    let check = |j: &serde_json::Value, name: &str| -> serde_json::Value {
-        j["checks"]
-            .as_array()
-            .expect("checks")
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap_or_else(|| panic!("no check {name}: {j}"))
-            .clone()
-    };
     for name in [
         "kernel",
         "bpf",
@@ -412,19 +385,19 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
         "capabilities",
         "kube_proxy_mode",
     ] {
-        assert_eq!(check(&j, name)["status"], "ok", "{name}: {j}");
+        assert_eq!(doctor_check(&j, name)["status"], "ok", "{name}: {j}");
     }
     assert!(
-        check(&j, "kube_proxy_mode")["detail"]
+        doctor_check(&j, "kube_proxy_mode")["detail"]
             .as_str()
             .expect("d")
             .starts_with("iptables")
     );
-    assert_eq!(check(&j, "agent")["status"], "warn");
-    assert!(check(&j, "agent")["fix"].is_string());
-    assert_eq!(check(&j, "kube_proxy_frontends")["status"], "skip");
+    assert_eq!(doctor_check(&j, "agent")["status"], "warn");
+    assert!(doctor_check(&j, "agent")["fix"].is_string());
+    assert_eq!(doctor_check(&j, "kube_proxy_frontends")["status"], "skip");
     assert_eq!(
-        check(&j, "ip_mode")["detail"],
+        doctor_check(&j, "ip_mode")["detail"],
         "needs the running agent (it reads the API server)"
     );
     assert_eq!(run.code, 0, "warnings only: {run:?}");
@@ -432,9 +405,13 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
 
     let _agent = start_agent(&node, &lb10());
     let j = run_cli(&node, &["doctor", "-o", "json"]).json();
-    assert_eq!(check(&j, "agent")["status"], "ok", "{j}");
-    assert_eq!(check(&j, "kube_proxy_frontends")["status"], "ok", "{j}");
-    assert_eq!(check(&j, "coredns")["status"], "skip");
+    assert_eq!(doctor_check(&j, "agent")["status"], "ok", "{j}");
+    assert_eq!(
+        doctor_check(&j, "kube_proxy_frontends")["status"],
+        "ok",
+        "{j}"
+    );
+    assert_eq!(doctor_check(&j, "coredns")["status"], "skip");
     let text = run_cli(&node, &["doctor"]);
     assert!(
         text.stdout.contains("kube_proxy_frontends  ok"),

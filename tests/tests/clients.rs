@@ -3,15 +3,15 @@
 //! outside them is refused (reset at accept, counted); the node's own processes are
 //! served; `status` says where the policy came from.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use hairpin_tests::{
     agent::Agent,
-    cli::{admin_socket, run_cli},
+    cli::{admin_socket, doctor_check, run_cli},
     client::{Reply, from_host, from_pod, url},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
     sh::{output_in, run_in},
 };
@@ -32,11 +32,8 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
     if let Some(c) = pod_cidrs {
         api.put_node(node_object(c));
     }
-    api.apply(fixture(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
-        "../hairpin-agent/tests/fixtures/services/digitalocean.yaml",
-    )));
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    api.apply(digitalocean_service());
+    let kubeconfig = api.node_kubeconfig(node);
     let sock = admin_socket(node);
     let mut args = vec!["--admin-socket", sock.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
@@ -63,9 +60,7 @@ fn refused(node: &SimNode) -> u64 {
 
 #[test]
 fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let target = url("203.0.113.10", 80, "/");
@@ -169,9 +164,7 @@ fn pod_host_routes(node: &SimNode, op: &str) {
 /// on the node IP.
 #[test]
 fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let mut node = SimNode::new();
     let peer = node.add_off_node_peer();
     let _nginx = start_nginx(&node);
@@ -295,9 +288,7 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
 /// `doctor` say how to widen it.
 #[test]
 fn a_file_source_without_allowed_clients_serves_the_node_only() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let _agent = Agent::start_without_pod_network(
@@ -323,12 +314,6 @@ fn a_file_source_without_allowed_clients_serves_the_node_only() {
         "no CNI shape on this node's routes: {clients}"
     );
     let report = run_cli(&node, &["doctor", "--output", "json"]).json();
-    let check = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == "clients")
-        .cloned()
-        .expect("a clients check");
+    let check = doctor_check(&report, "clients");
     assert_eq!(check["status"], "warn", "{check}");
 }

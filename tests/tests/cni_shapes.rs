@@ -27,7 +27,6 @@ use std::{
     fs,
     io::Read,
     net::{IpAddr, SocketAddr, TcpStream},
-    path::PathBuf,
     sync::{
         atomic::{AtomicU32, Ordering},
         mpsc,
@@ -45,8 +44,9 @@ use hairpin_agent::{
     status::metrics::Metrics,
 };
 use hairpin_tests::{
-    privileges::datapath_tests_can_run,
-    sh::{run, run_in, run_quiet},
+    repo::agent_fixture,
+    require_privileges,
+    sh::{enter_netns, run, run_in, run_quiet},
 };
 use tokio::io::AsyncWriteExt;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -64,9 +64,7 @@ const AT_ONCE: Duration = Duration::from_secs(1);
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 fn fixture(name: &str) -> Fixture {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures/cni")
-        .join(format!("{name}.routes"));
+    let path = agent_fixture(&format!("cni/{name}.routes"));
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     podnet::fixture::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -426,11 +424,9 @@ fn in_netns<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
+    let ns = ns.to_string();
     thread::spawn(move || {
-        let file = fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        enter_netns(&ns);
         f()
     })
 }
@@ -727,49 +723,42 @@ fn wait_for(reads: &mpsc::Receiver<PodNetworks>, ok: impl Fn(&PodNetworks) -> bo
 
 #[test]
 fn calico() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("calico", true);
-    }
+    require_privileges!();
+    shape("calico", true);
 }
 
 #[test]
 fn cilium() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("cilium", false);
-    }
+    require_privileges!();
+    shape("cilium", false);
 }
 
 #[test]
 fn aws_vpc_cni() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("aws-vpc-cni", true);
-    }
+    require_privileges!();
+    shape("aws-vpc-cni", true);
 }
 
 #[test]
 fn azure_cni() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("azure-cni", false);
-    }
+    require_privileges!();
+    shape("azure-cni", false);
 }
 
 #[test]
 fn flannel_bridge() {
-    if datapath_tests_can_run(module_path!()) {
-        shape("flannel-bridge", false);
-    }
+    require_privileges!();
+    shape("flannel-bridge", false);
 }
 
 #[test]
 fn calico_ipv6() {
-    if datapath_tests_can_run(module_path!()) {
-        shape_in("calico", Family::V6, true);
-    }
+    require_privileges!();
+    shape_in("calico", Family::V6, true);
 }
 
 #[test]
 fn cilium_ipv6() {
-    if datapath_tests_can_run(module_path!()) {
-        shape_in("cilium", Family::V6, false);
-    }
+    require_privileges!();
+    shape_in("cilium", Family::V6, false);
 }

@@ -14,10 +14,10 @@ use std::net::SocketAddr;
 
 use hairpin_agent::datapath::{Datapath, embedded_object};
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     client::{from_pod, url},
     node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_error_log, start_nginx},
 };
 
@@ -56,18 +56,12 @@ fn backend(port: u16) -> SocketAddr {
 }
 
 fn hairpin_frontends() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec("203.0.113.10", "v1")]
 }
 
 #[test]
 fn hairpin_attaches_beside_another_program_and_both_work() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     // The socket LB serves a ClusterIP-like VIP (203.0.113.99:80) by rewriting it to
@@ -116,9 +110,7 @@ fn hairpin_attaches_beside_another_program_and_both_work() {
 
 #[test]
 fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     // Attached first, it rewrites the LB IP itself to the ingress backend, as
@@ -143,9 +135,7 @@ fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
 
 #[test]
 fn hairpin_attached_first_wins_over_a_later_socket_lb() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let agent = Agent::start(&node, &hairpin_frontends());

@@ -4,51 +4,25 @@
 //! printed; the target (p99 under one second) is checked by `cargo xtask bench`,
 //! not here, so this test asserts only a generous bound.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use hairpin_tests::{
     agent::Agent,
     client::{from_host, from_pod, url},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_error_log, start_nginx},
+    wait::wait_until,
 };
-
-fn do_service() -> serde_json::Value {
-    // ingress-nginx on DigitalOcean with the PROXY protocol on; its LB IP is the
-    // simulated node's 203.0.113.10.
-    fixture(
-        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../hairpin-agent/tests/fixtures/services/digitalocean.yaml"),
-    )
-}
-
-/// Polls `probe` every 20 ms until it returns true; returns how long that took.
-fn time_until(within: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        if probe() {
-            return Some(started.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
 
 #[test]
 fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(&node, &kubeconfig, &[]);
     agent.wait_for_log("agent ready", Duration::from_secs(20));
 
@@ -59,8 +33,8 @@ fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
         "nothing proxied before the Service exists"
     );
 
-    api.apply(do_service());
-    let took = time_until(Duration::from_secs(10), || from_pod(&node, &target).ok())
+    api.apply(digitalocean_service());
+    let took = wait_until(Duration::from_secs(10), || from_pod(&node, &target).ok())
         .unwrap_or_else(|| panic!("the request never succeeded\nagent:\n{}", agent.log()));
     eprintln!("convergence (watch event -> pod request succeeds, 20 ms polling): {took:?}");
     let pod = from_pod(&node, &target);
@@ -86,8 +60,8 @@ fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
         "{events:#?}"
     );
 
-    api.delete(&do_service());
-    let gone = time_until(Duration::from_secs(10), || {
+    api.delete(&digitalocean_service());
+    let gone = wait_until(Duration::from_secs(10), || {
         from_pod(&node, &target).code == 52
     })
     .unwrap_or_else(|| panic!("the redirect outlived the Service\nagent:\n{}", agent.log()));

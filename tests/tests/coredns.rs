@@ -25,10 +25,10 @@ use hairpin_agent::{
 };
 use hairpin_tests::{
     agent::{Agent, agent_bin},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service, recorded},
     names_support::curl_resolved_from_pod,
     node::{NODE_IP4, POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
 };
 use serde_json::{Value, json};
@@ -514,24 +514,19 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
 /// taken as given: the ClusterIP is passed to curl with `--resolve`.
 #[test]
 fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_service() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     const CLUSTER_IP: &str = "203.0.113.200";
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     node.add_cluster_ip(CLUSTER_IP, 80, NODE_IP4, 10080);
     let api = FakeApi::start_in_netns(&node.node_ns);
     api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
-    api.apply(fixture(&fixtures.join("services/digitalocean.yaml")));
-    let ingresses = fixture(&fixtures.join("ingresses/two-controllers.yaml"));
+    api.apply(digitalocean_service());
+    let ingresses = recorded("ingresses/two-controllers.yaml");
     let shop = ingresses["items"][0].clone();
     assert_eq!(shop["metadata"]["name"], "shop");
     api.apply(shop);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
 
     let mut agent = Agent::start_kube(
         &node,

@@ -13,24 +13,17 @@ use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::{Agent, all_frontends, status},
-    client::{Reply, assert_true_client, from_host, from_pod, url},
+    client::{Reply, assert_plain_server_answers, assert_true_client, from_host, from_pod, url},
     node::{LbRule, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode, default_lbs},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{
         BANNER_PORT, banner_client, banner_server, nginx_access_log, nginx_error_log,
         start_haproxy, start_nginx,
     },
+    wait::eventually,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// Which path carries the proxied connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +93,26 @@ impl Path {
         );
     }
 
+    /// From the pod and from the node, a request for `target` (through `lb`) carries
+    /// the true client; `what` names the case in messages.
+    fn assert_pod_and_node(
+        self,
+        node: &SimNode,
+        lb: &str,
+        target: &str,
+        what: &str,
+        agent: &Agent,
+    ) {
+        // An IPv4-mapped target is an IPv4 connection: its clients are IPv4.
+        let v6 = lb.contains(':');
+        let pod_ip = if v6 { POD_IP6 } else { POD_IP4 };
+        let pod = from_pod(node, target);
+        assert_true_client(&format!("pod ({what})"), &pod, pod_ip, lb, agent);
+        let host = from_host(node, target);
+        let host_ip = self.host_client(v6);
+        assert_true_client(&format!("node ({what})"), &host, host_ip, lb, agent);
+    }
+
     /// Waits until at least `n` connections since `before` took this path.
     fn wait_carried(self, node: &SimNode, before: &Carried, n: u64) {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -160,18 +173,6 @@ impl Carried {
     }
 }
 
-/// `read()` once `done` holds for it, or after 3 s whatever it is: servers log a
-/// request after answering it, so a log can lag the reply.
-fn eventually(read: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut text = read();
-    while !done(&text) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        text = read();
-    }
-    text
-}
-
 /// Path-independent: no agent runs.
 #[test]
 fn without_hairpin_pod_and_node_get_an_empty_reply_and_nginx_logs_broken_header() {
@@ -208,10 +209,13 @@ fn with_hairpin_pod_and_node_requests_carry_the_true_client(path: Path) {
     let before = Carried::read(&node);
     let host_ip = path.host_client(false);
 
-    let pod = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_true_client("pod", &pod, POD_IP4, "203.0.113.10", &agent);
-    let host = from_host(&node, &url("203.0.113.10", 80, "/"));
-    assert_true_client("node", &host, host_ip, "203.0.113.10", &agent);
+    path.assert_pod_and_node(
+        &node,
+        "203.0.113.10",
+        &url("203.0.113.10", 80, "/"),
+        "v1",
+        &agent,
+    );
     path.assert_carried(&node, &before, 2, &agent);
 
     let access = eventually(|| nginx_access_log(&node), |a| a.lines().count() == 2);
@@ -239,18 +243,7 @@ fn ipv6_and_proxy_v2_frontends_work_from_pod_and_node(path: Path) {
         ("2001:db8:ffff::12", "v2"),
     ];
     for (lb, version) in cases {
-        let v6 = lb.contains(':');
-        let pod_ip = if v6 { POD_IP6 } else { POD_IP4 };
-        for (who, reply, client) in [
-            ("pod", from_pod(&node, &url(lb, 80, "/")), pod_ip),
-            (
-                "node",
-                from_host(&node, &url(lb, 80, "/")),
-                path.host_client(v6),
-            ),
-        ] {
-            assert_true_client(&format!("{who} ({version})"), &reply, client, lb, &agent);
-        }
+        path.assert_pod_and_node(&node, lb, &url(lb, 80, "/"), version, &agent);
     }
     path.assert_carried(&node, &before, 6, &agent);
     let access = eventually(|| nginx_access_log(&node), |a| a.lines().count() == 6);
@@ -270,20 +263,7 @@ fn a_dual_stack_socket_reaching_an_ipv4_lb_through_a_mapped_address_carries_the_
     // address and must use the IPv4 frontend (its listener on the relay path; a TCP4
     // header from the mapped source on the kernel path).
     let target = "http://[::ffff:203.0.113.10]:80/";
-    assert_true_client(
-        "pod",
-        &from_pod(&node, target),
-        POD_IP4,
-        "203.0.113.10",
-        &agent,
-    );
-    assert_true_client(
-        "node",
-        &from_host(&node, target),
-        path.host_client(false),
-        "203.0.113.10",
-        &agent,
-    );
+    path.assert_pod_and_node(&node, "203.0.113.10", target, "mapped", &agent);
     path.assert_carried(&node, &before, 2, &agent);
 }
 
@@ -294,14 +274,8 @@ fn haproxy_accept_proxy_takes_v1_and_v2_headers(path: Path) {
     let agent = path.start(&node);
     let before = Carried::read(&node);
     // 203.0.113.11 is proxied with v1, 2001:db8:ffff::11 with v2.
-    for (lb, pod_ip, v6) in [
-        ("203.0.113.11", POD_IP4, false),
-        ("2001:db8:ffff::11", POD_IP6, true),
-    ] {
-        let pod = from_pod(&node, &url(lb, 80, "/"));
-        assert_true_client("pod", &pod, pod_ip, lb, &agent);
-        let host = from_host(&node, &url(lb, 80, "/"));
-        assert_true_client("node", &host, path.host_client(v6), lb, &agent);
+    for lb in ["203.0.113.11", "2001:db8:ffff::11"] {
+        path.assert_pod_and_node(&node, lb, &url(lb, 80, "/"), "haproxy", &agent);
     }
     path.assert_carried(&node, &before, 4, &agent);
     let needles = [
@@ -333,13 +307,7 @@ fn pod_and_node_requests_carry_the_true_client_through_nftables_dnat(path: Path)
         ("2001:db8:ffff::12", "v2"),
     ];
     for (lb, version) in cases {
-        let v6 = lb.contains(':');
-        let pod_ip = if v6 { POD_IP6 } else { POD_IP4 };
-        let pod = from_pod(&node, &url(lb, 80, "/"));
-        assert_true_client(&format!("pod ({version})"), &pod, pod_ip, lb, &agent);
-        let host = from_host(&node, &url(lb, 80, "/"));
-        let host_ip = path.host_client(v6);
-        assert_true_client(&format!("node ({version})"), &host, host_ip, lb, &agent);
+        path.assert_pod_and_node(&node, lb, &url(lb, 80, "/"), version, &agent);
     }
     path.assert_carried(&node, &before, 8, &agent);
     // Another port of a proxied IP, DNATed by the same map, is left alone.
@@ -379,17 +347,7 @@ fn destinations_that_are_not_proxied_are_untouched(path: Path) {
     // Another port of a proxied IP, and another IP: both lead to the plain server,
     // which would answer 400 to a PROXY header it does not expect.
     for target in [url("203.0.113.10", 81, "/"), url("203.0.113.99", 80, "/")] {
-        for (who, reply) in [
-            ("pod", from_pod(&node, &target)),
-            ("node", from_host(&node, &target)),
-        ] {
-            assert!(reply.ok(), "{who} -> {target}: {reply:?}");
-            assert!(
-                reply.body.starts_with("plain remote="),
-                "{who} -> {target}: {}",
-                reply.body
-            );
-        }
+        assert_plain_server_answers(&node, &target);
     }
     // Neither path saw them: nothing redirected, marked, written or accepted.
     path.assert_carried(&node, &before, 0, &agent);
@@ -451,8 +409,7 @@ fn no_loop_each_connection_is_carried_once(path: Path) {
     sources.dedup();
     assert_eq!(sources.len(), N, "one header per connection: {access}");
 
-    agent.signal(Signal::SIGTERM);
-    assert!(agent.wait(Duration::from_secs(30)).success());
+    agent.stop();
     let log = agent.log();
     let (accepted, redirected, skipped) = match path {
         Path::Relay => (N, N, N),

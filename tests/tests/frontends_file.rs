@@ -2,24 +2,17 @@
 //! LoadBalancer address twice is refused with both entries named, and the last good
 //! set stays live; the next good edit applies.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec, frontends_yaml},
-    cli::run_cli,
+    agent::{Agent, FrontendSpec, frontends_yaml, spec},
+    cli::cli_status,
     client::{from_pod, url},
     node::{POD_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::start_nginx,
+    wait::wait_until,
 };
-
-/// The agent's `/status`, through `hairpin-agent status --output json`.
-fn status(node: &SimNode) -> serde_json::Value {
-    let run = run_cli(node, &["status", "--output", "json"]);
-    let mut report = run.json();
-    assert_eq!(report["agent_reachable"], true, "{run:?}");
-    report["status"].take()
-}
 
 /// Replaces the file in one step, as an operator's tooling (or a ConfigMap) does.
 fn replace(agent: &Agent, text: &str) {
@@ -28,29 +21,12 @@ fn replace(agent: &Agent, text: &str) {
     std::fs::rename(&tmp, &agent.frontends).expect("replace frontends");
 }
 
-fn wait_until(within: Duration, mut probe: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        if probe() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
-}
-
 #[test]
 fn an_address_listed_twice_is_refused_and_the_last_good_set_stays_live() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let v1 = FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    };
+    let v1 = spec("203.0.113.10", "v1");
     let mut agent = Agent::start(&node, std::slice::from_ref(&v1));
     let target = url("203.0.113.10", 80, "/");
     assert!(from_pod(&node, &target).ok(), "live before the bad edit");
@@ -74,7 +50,7 @@ fn an_address_listed_twice_is_refused_and_the_last_good_set_stays_live() {
         ),
         "{refused}"
     );
-    let s = status(&node);
+    let s = cli_status(&node);
     let source = &s["sources"][0];
     assert!(
         source["last_error"]
@@ -98,17 +74,14 @@ fn an_address_listed_twice_is_refused_and_the_last_good_set_stays_live() {
     );
 
     // The author says which header the address gets: the next edit applies.
-    let fixed = FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v2",
-    };
+    let fixed = spec("203.0.113.10", "v2");
     replace(&agent, &frontends_yaml(&[fixed]));
     assert!(
         wait_until(Duration::from_secs(10), || {
-            let s = status(&node);
+            let s = cli_status(&node);
             s["frontends"][0]["version"] == "v2" && s["sources"][0]["last_error"].is_null()
-        }),
+        })
+        .is_some(),
         "the good edit was not applied\n{}",
         agent.log()
     );

@@ -16,7 +16,7 @@
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output},
     time::{Duration, Instant},
 };
@@ -26,6 +26,7 @@ use hairpin_tests::{
     client::{from_pod, url},
     node::{NODE_IP4, POD_IP4, SimNode},
     privileges::datapath_tests_can_run,
+    repo::{workspace, write_kustomization},
     servers::start_nginx,
 };
 use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Container};
@@ -37,13 +38,6 @@ const IMAGE: &str = "localhost/hairpin-agent:dev";
 /// The LoadBalancer the test's frontend names (nginx with `proxy_protocol`, v1).
 const LB: &str = "203.0.113.10";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_path_buf()
-}
-
 /// `podman --runtime runc ARGS`.
 fn podman(args: &[&str]) -> Output {
     Command::new("podman")
@@ -51,6 +45,23 @@ fn podman(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("failed to run podman {args:?}: {e}"))
+}
+
+/// `podman run --rm --network none` with the ulimits the runtime gives the DaemonSet,
+/// then `args`.
+fn podman_run_offline(args: &[&str]) -> Output {
+    let mut all = vec![
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=4096:4096",
+        "--ulimit",
+        "nproc=4096:4096",
+    ];
+    all.extend_from_slice(args);
+    podman(&all)
 }
 
 fn text(out: &Output) -> String {
@@ -121,18 +132,7 @@ fn the_image_holds_the_static_agent_alone_and_answers_version() {
     if !image_can_run(module_path!()) {
         return;
     }
-    let out = podman(&[
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--ulimit",
-        "nofile=4096:4096",
-        "--ulimit",
-        "nproc=4096:4096",
-        IMAGE,
-        "--version",
-    ]);
+    let out = podman_run_offline(&[IMAGE, "--version"]);
     assert!(out.status.success(), "--version: {}", text(&out));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -161,19 +161,7 @@ fn the_image_holds_the_static_agent_alone_and_answers_version() {
 
     // No shell, no package manager: only the agent is there to run.
     for probe in ["/bin/sh", "/usr/bin/apt-get", "/bin/busybox"] {
-        let out = podman(&[
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--ulimit",
-            "nofile=4096:4096",
-            "--ulimit",
-            "nproc=4096:4096",
-            "--entrypoint",
-            probe,
-            IMAGE,
-        ]);
+        let out = podman_run_offline(&["--entrypoint", probe, IMAGE]);
         assert!(!out.status.success(), "{probe} exists in the image");
     }
 }
@@ -186,14 +174,7 @@ fn daemonset(components: &[&str]) -> DaemonSet {
         components.len()
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    // kustomize takes only relative paths to other kustomizations.
-    let up = "../".repeat(dir.components().count() - 1);
-    let rel = |p: &str| format!("{up}{}", root().join(p).display()).replace("//", "/");
-    let mut k = format!("resources:\n  - {}\ncomponents:\n", rel("deploy"));
-    for c in components {
-        k.push_str(&format!("  - {}\n", rel(c)));
-    }
-    std::fs::write(dir.join("kustomization.yaml"), k).expect("kustomization");
+    write_kustomization(&dir, components);
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(&dir)
@@ -405,7 +386,7 @@ fn a_pod_gets_its_true_address_through_the_containerized_agent() {
     let _nginx = start_nginx(&node);
     // The profile the component installs on every node, as the kubelet hands it to
     // the runtime.
-    let profile = root().join("deploy/components/seccomp-localhost/bpf.json");
+    let profile = workspace().join("deploy/components/seccomp-localhost/bpf.json");
     let agent = start(&ds, &node, Some(&profile));
     wait_for_log(&agent, "agent ready", Duration::from_secs(30));
 

@@ -22,9 +22,10 @@ use hairpin_tests::{
         Agent, CappedAgent, DAEMONSET_CAPS, SIM_POD_NETWORKS, agent_bin, all_frontends,
         frontends_yaml, status,
     },
-    client::{KeepAlive, assert_true_client, from_pod, url},
+    client::{KeepAlive, assert_true_client, from_pod, mptcp_enabled, mptcp_from_pod, url},
+    fakeapi::{digitalocean_service, recorded},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_access_log, start_haproxy, start_nginx},
     sh::command_in,
 };
@@ -33,14 +34,6 @@ use serde_json::Value;
 
 /// The default configuration (the test harness's agents otherwise run the relay).
 const DEFAULTS: &[&str] = &["--kernel-path", "auto"];
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// A pod client opening a new connection to `lb`:80 every few ms until stopped:
 /// one line per connection in `out`, the body nginx echoes (`client=IP:PORT
@@ -68,15 +61,7 @@ impl Connector {
                 lb.to_string()
             },
         );
-        let child = command_in(
-            &node.pod_ns,
-            Some(&node.pod_cgroup()),
-            &["bash", "-c", &script],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the connector");
+        let child = node.spawn_in_pod(&["bash", "-c", &script]);
         Connector { child, out, stop }
     }
 
@@ -295,12 +280,7 @@ fn replacing_the_agent_by_sigterm_or_sigkill_fails_no_new_connection_and_keeps_a
     v6.wait_more(20);
 
     // A rollout: SIGTERM, wait for the exit, the next agent a second later.
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     assert!(agent.log().contains("datapath kept"), "{}", agent.log());
     std::thread::sleep(Duration::from_secs(1));
     v4.wait_more(10);
@@ -468,12 +448,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     let sampler = Sampler::start(node.cgroup.clone());
     let conns = Connector::start(&node, "203.0.113.10", "up");
     conns.wait_more(10);
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     let mut next = Agent::start_with(&node, &all_frontends(), DEFAULTS);
     ready(&mut next);
     conns.wait_more(10);
@@ -632,11 +607,8 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
 fn with_only_the_daemonsets_capabilities_mptcp_is_told_apart_and_relayed_with_its_true_address() {
     require_privileges!();
     let node = SimNode::new();
-    let mptcp =
-        hairpin_tests::sh::output_in(&node.pod_ns, None, &["sysctl", "-n", "net.mptcp.enabled"]);
-    assert_eq!(
-        String::from_utf8_lossy(&mptcp.stdout).trim(),
-        "1",
+    assert!(
+        mptcp_enabled(&node.pod_ns),
         "this kernel must have MPTCP enabled"
     );
     let _nginx = start_nginx(&node);
@@ -648,27 +620,8 @@ fn with_only_the_daemonsets_capabilities_mptcp_is_told_apart_and_relayed_with_it
         "{s}\n{}",
         agent.log()
     );
-    let py = r#"
-import socket, sys
-lb = sys.argv[1]
-s = socket.socket(socket.AF_INET6 if ":" in lb else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
-s.settimeout(5)
-s.connect((lb, 80))
-s.sendall(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")
-reply = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    reply += chunk
-print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
-"#;
     for (lb, ip) in [("203.0.113.10", POD_IP4), ("2001:db8:ffff::10", POD_IP6)] {
-        let out = hairpin_tests::sh::output_in(
-            &node.pod_ns,
-            Some(&node.pod_cgroup()),
-            &["python3", "-c", py, lb],
-        );
+        let out = mptcp_from_pod(&node, lb);
         let body = String::from_utf8_lossy(&out.stdout);
         assert!(
             body.starts_with(&format!("client={ip}:"))
@@ -696,16 +649,6 @@ print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
     );
 }
 
-/// A recorded object of `hairpin-agent/tests/fixtures/<dir>/<name>`.
-fn recorded(dir: &str, name: &str) -> Value {
-    hairpin_tests::fakeapi::fixture(
-        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../hairpin-agent/tests/fixtures")
-            .join(dir)
-            .join(name),
-    )
-}
-
 /// The relays' listen addresses in the node namespace (on `lo` here: this kernel has
 /// no dummy link type for `hairpin0`).
 fn listen_addresses_on_the_node(node: &SimNode) -> String {
@@ -723,11 +666,10 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let api = hairpin_tests::fakeapi::FakeApi::start_in_netns(&node.node_ns);
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     // ingress-nginx on DigitalOcean with the PROXY protocol on; LB IP 203.0.113.10.
-    api.apply(recorded("services", "digitalocean.yaml"));
-    api.put_daemonset(recorded("daemonsets", "hairpin.yaml"));
+    api.apply(digitalocean_service());
+    api.put_daemonset(recorded("daemonsets/hairpin.yaml"));
     let flags = [
         "--kernel-path",
         "auto",
@@ -740,12 +682,7 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &agent);
 
     // A rollout: the DaemonSet stays, so SIGTERM keeps everything for the next agent.
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     assert!(agent.log().contains("datapath kept"), "{}", agent.log());
     assert!(!attached(&node).is_empty());
     assert!(!listen_addresses_on_the_node(&node).is_empty());
@@ -763,12 +700,7 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     let mut agent = Agent::start_kube(&node, &kubeconfig, &flags);
     ready(&mut agent);
     api.remove_daemonset("hairpin-system/hairpin");
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     let log = agent.log();
     assert!(
         log.contains("datapath removed") && log.contains("uninstalled"),

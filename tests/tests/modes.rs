@@ -8,24 +8,14 @@
 use std::{fs, path::Path, time::Duration};
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, FrontendSpec, spec},
     cli::run_cli,
-    names_support::sh_with_hosts_file,
+    names_support::{node_with_hosts, sh_with_hosts_file},
     node::{NODE_IP4, RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
-    servers::start_nginx,
+    require_privileges,
     sh::run_in,
 };
-use nix::sys::signal::Signal;
 use serde_json::Value;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// The link-local address the name relay gets (beside node-local-dns's .10).
 const NAMES_ADDRESS: &str = "169.254.20.11";
@@ -43,11 +33,7 @@ const WITH_HOSTS: &str = "frontends:
 const NODE_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n# node file \xe9\n10.9.9.9 keep-me";
 
 fn specs() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec("203.0.113.10", "v1")]
 }
 
 /// Starts the agent with `extra`, then gives it a name through a frontends reload.
@@ -89,10 +75,7 @@ fn fetch_by_name(node: &SimNode, hosts: &Path, agent: &Agent) -> String {
 #[test]
 fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let hosts_arg = hosts.to_str().expect("utf-8 path");
     let mut agent = agent_with_names(
         &node,
@@ -173,12 +156,7 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
     );
 
     // SIGTERM keeps the block and the address for the next agent...
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     assert_ne!(fs::read(&hosts).expect("read"), NODE_HOSTS);
     // ...`cleanup` removes both, and a second run finds nothing and still exits 0.
     let args = [
@@ -294,10 +272,7 @@ fn auto_mode_is_ebpf_where_it_attaches_and_leaves_the_hosts_file_alone() {
 #[test]
 fn auto_mode_falls_back_to_the_hosts_file_when_attach_fails_and_says_why() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let hosts_arg = hosts.to_str().expect("utf-8 path");
     // A plain directory is not a cgroup: the attach fails.
     let not_a_cgroup = node.dir.join("not-a-cgroup");

@@ -9,25 +9,18 @@ use std::{
 };
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
-    cli::{admin_socket, run_cli},
-    fakeapi::{FakeApi, fixture},
+    agent::{Agent, FrontendSpec, spec},
+    cli::{admin_socket, doctor_check, run_cli},
+    fakeapi::{FakeApi, digitalocean_service, recorded},
     load::Helper,
-    names_support::{curl_resolved_from_pod, lbs_with_tls, sh_with_hosts_file, start_tls_nginx},
+    names_support::{
+        curl_resolved_from_pod, lbs_with_tls, node_with_hosts, sh_with_hosts_file, start_tls_nginx,
+    },
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{start_haproxy, start_nginx},
     sh::run_in,
 };
-use nix::sys::signal::Signal;
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// Two LBs, each with its own names: ingress-nginx (v1) and "haproxy" (v2).
 const FRONTENDS_WITH_HOSTS: &str = "frontends:
@@ -150,12 +143,7 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     );
 
     // SIGTERM keeps the block: names keep resolving while the next agent starts.
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
     assert_eq!(fs::read(&hosts).expect("read hosts"), written);
     // `cleanup` removes it and restores the file byte for byte.
     assert!(hairpin_agent::names::hosts_writer::cleanup(&hosts).expect("cleanup"));
@@ -169,16 +157,9 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
 #[test]
 fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let sock = admin_socket(&node);
-    let specs = [FrontendSpec {
-        ip: "203.0.113.10",
-        ports: vec![80],
-        version: "v1",
-    }];
+    let specs = [spec("203.0.113.10", "v1")];
     let mut agent = Agent::start_with(
         &node,
         &specs,
@@ -264,12 +245,7 @@ fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
         "the allowed name reaches its LB through the relay: {got:?}\n{}",
         agent.log()
     );
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 #[test]
@@ -493,16 +469,14 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     let _nginx = start_nginx(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
     api.serve_gateway_api();
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
     // Envoy Gateway's LoadBalancer Service on DigitalOcean with the PROXY protocol:
     // the DO fixture, renamed, on the simulated node's 203.0.113.12.
-    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    let mut svc = digitalocean_service();
     svc["metadata"]["name"] = "envoy-public".into();
     svc["metadata"]["namespace"] = "envoy-gateway-system".into();
     svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.12".into();
     api.apply(svc);
-    let list = fixture(&fixtures.join("gateways/envoy-gateway.yaml"));
+    let list = recorded("gateways/envoy-gateway.yaml");
     let items = list["items"].as_array().expect("items");
     let gateway = items[0].clone();
     let route = items[2].clone();
@@ -513,8 +487,7 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     api.apply(gateway);
     api.apply(route.clone());
 
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(
         &node,
         &kubeconfig,
@@ -554,21 +527,13 @@ fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 #[test]
 fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     // Something else on the node already listens on the names address at :80 (the
     // address left on lo by an earlier agent). With `--names-redirect off` the name
     // relay binds the names ports themselves; by default nothing binds them (see
@@ -614,13 +579,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     );
     let doctor = run_cli(&node, &["doctor", "--output", "json"]);
     assert_eq!(doctor.code, 1, "{doctor:?}");
-    let check = doctor.json()["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == "name_relay")
-        .cloned()
-        .unwrap_or_else(|| panic!("no name_relay check: {doctor:?}"));
+    let check = doctor_check(&doctor.json(), "name_relay");
     assert_eq!(check["status"], "fail", "{check}");
     assert!(
         check["detail"]
@@ -670,12 +629,7 @@ fn a_name_relay_port_held_by_another_process_is_retried_until_it_is_free() {
     );
     let names = &run_cli(&node, &["status", "--output", "json"]).json()["status"]["names"];
     assert!(names.get("failed_listeners").is_none(), "{names}");
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }
 
 /// Python on the node that binds each address with a plain `bind()` (no
@@ -820,15 +774,10 @@ fn later_wildcard_bind(mode: &str, how: &str) {
 #[test]
 fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_another() {
     require_privileges!();
-    let node = SimNode::new();
-    let _nginx = start_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
     let sock = admin_socket(&node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures");
-    let mut svc = fixture(&fixtures.join("services/digitalocean.yaml"));
+    let mut svc = digitalocean_service();
     svc["status"]["loadBalancer"]["ingress"][0]["ip"] = "203.0.113.10".into();
     api.apply(svc);
     let ingress = |ns: &str, name: &str, created: &str, host: &str| {
@@ -853,8 +802,7 @@ fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_anoth
         "2026-02-01T00:00:00Z",
         "b.example.com",
     ));
-    let kubeconfig = node.dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let kubeconfig = api.node_kubeconfig(&node);
     let mut agent = Agent::start_kube(
         &node,
         &kubeconfig,
@@ -917,10 +865,5 @@ fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_anoth
             .is_some_and(|w| w >= 1),
         "{names}"
     );
-    agent.signal(Signal::SIGTERM);
-    assert!(
-        agent.wait(Duration::from_secs(30)).success(),
-        "{}",
-        agent.log()
-    );
+    agent.stop();
 }

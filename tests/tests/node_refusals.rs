@@ -5,10 +5,7 @@
 //! real LB: only the real LB is a frontend, each refusal named in the decision.
 //! An Ingress under a listed domain claiming another node's name: not routed.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use hairpin_agent::{
     k8s::{
@@ -18,7 +15,7 @@ use hairpin_agent::{
     names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
     status::metrics::Metrics,
 };
-use hairpin_tests::fakeapi::{FakeApi, fixture};
+use hairpin_tests::fakeapi::{FakeApi, digitalocean_service};
 use serde_json::json;
 
 async fn until(rx: &mut DesiredRx, what: &str, pred: impl Fn(&Desired) -> bool) {
@@ -44,9 +41,7 @@ async fn other_nodes_addresses_and_names_are_refused() {
             {"type": "InternalIP", "address": "192.0.2.12"},
             {"type": "ExternalIP", "address": "198.51.100.12"},
             {"type": "Hostname", "address": "w2.example.com"}]}}));
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hairpin-agent/tests/fixtures/services");
-    let mut svc = fixture(&dir.join("digitalocean.yaml"));
+    let mut svc = digitalocean_service();
     // The real LB, another node's external address, a pod of another node and the
     // NAT64 spelling of the metadata endpoint.
     svc["status"]["loadBalancer"]["ingress"] = json!([

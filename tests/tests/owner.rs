@@ -5,7 +5,7 @@
 //! background deletion: remove it); an API server that fails or does not answer
 //! keeps it, within the time limit. Each scenario has a deadline.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use hairpin_agent::k8s::{
     coredns::ObjectName,
@@ -13,15 +13,11 @@ use hairpin_agent::k8s::{
         OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,
     },
 };
-use hairpin_tests::fakeapi::{FakeApi, fixture};
+use hairpin_tests::fakeapi::{FakeApi, recorded};
 use serde_json::Value;
 
 fn daemonset(name: &str) -> Value {
-    fixture(
-        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../hairpin-agent/tests/fixtures/daemonsets")
-            .join(name),
-    )
+    recorded(&format!("daemonsets/{name}"))
 }
 
 fn client(url: &str) -> kube::Client {

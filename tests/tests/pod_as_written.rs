@@ -21,11 +21,13 @@ use std::{
 
 use hairpin_tests::{
     agent::agent_bin,
+    cli::doctor_check,
     client::{from_pod, url},
-    fakeapi::{FakeApi, fixture},
+    fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, SimNode},
-    pod::{Bind, Container, Downward, Launch, PodProcess, daemonset_container, workspace},
-    privileges::datapath_tests_can_run,
+    pod::{Bind, Container, Downward, Launch, PodProcess, daemonset_container},
+    repo::workspace,
+    require_privileges,
     servers::{Server, start_haproxy, start_nginx},
     sh::command_in,
 };
@@ -156,12 +158,12 @@ fn cluster(node: &SimNode) -> (FakeApi, Server, Server) {
     let nginx = start_nginx(node);
     let haproxy = start_haproxy(node);
     let api = FakeApi::start_in_netns(&node.node_ns);
-    api.write_kubeconfig(&node.dir.join("kubeconfig"));
+    api.node_kubeconfig(node);
     // The Node, with the pod CIDRs the relays serve (the simulated pod is in them).
     api.put_node(serde_json::json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "sim-node", "resourceVersion": "1"},
         "spec": {"podCIDR": "192.0.2.0/24", "podCIDRs": ["192.0.2.0/24", "2001:db8:1::/64"]}}));
-    let svc = fixture(&workspace().join("hairpin-agent/tests/fixtures/services/digitalocean.yaml"));
+    let svc = digitalocean_service();
     api.apply(svc.clone());
     // The same Service shape for haproxy's LB (203.0.113.11 -> accept-proxy).
     let mut h = svc;
@@ -237,9 +239,7 @@ fn assert_confined(pod: &PodProcess) {
 
 #[test]
 fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_true_client() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let c = container();
     let node = SimNode::new();
     let (_api, _nginx, _haproxy) = cluster(&node);
@@ -272,9 +272,7 @@ fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_
 
 #[test]
 fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_falls_back() {
-    if !datapath_tests_can_run(module_path!()) {
-        return;
-    }
+    require_privileges!();
     let c = container();
     let node = SimNode::new();
     let (_api, _nginx, _haproxy) = cluster(&node);
@@ -316,16 +314,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
     // doctor on the node: the seccomp check fails with the fix.
     let (code, out) = on_node(&node, &["doctor", "--output", "json"]);
     assert_eq!(code, 1, "{out}");
-    let check = |report: &Value, name: &str| -> Value {
-        report["checks"]
-            .as_array()
-            .expect("checks")
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} check in {report}"))
-            .clone()
-    };
-    let seccomp = check(&json(&out), "seccomp");
+    let seccomp = doctor_check(&json(&out), "seccomp");
     assert_eq!(seccomp["status"], "fail", "{seccomp}");
     assert!(
         seccomp["fix"]
@@ -353,7 +342,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
     );
     assert_eq!(doctor.wait(Duration::from_secs(60)), 1, "{}", doctor.log());
     let report = json(&doctor.stdout());
-    let seccomp = check(&report, "seccomp");
+    let seccomp = doctor_check(&report, "seccomp");
     assert_eq!(seccomp["status"], "fail", "{seccomp}");
     assert!(
         seccomp["detail"]
@@ -362,7 +351,7 @@ fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_fall
             .contains("Seccomp 2 (filter), NoNewPrivs 1"),
         "{seccomp}"
     );
-    let object = check(&report, "ebpf_object");
+    let object = doctor_check(&report, "ebpf_object");
     assert!(
         object["detail"]
             .as_str()

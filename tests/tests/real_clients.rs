@@ -7,18 +7,10 @@
 use hairpin_tests::{
     agent::{CappedAgent, DAEMONSET_CAPS, all_frontends, status},
     node::{POD_IP4, POD_IP6, SimNode},
-    privileges::datapath_tests_can_run,
+    require_privileges,
     servers::{nginx_access_log, start_nginx},
     sh::output_in,
 };
-
-macro_rules! require_privileges {
-    () => {
-        if !datapath_tests_can_run(module_path!()) {
-            return;
-        }
-    };
-}
 
 /// A Java client (java.net.http.HttpClient), run from source by `java`.
 const JAVA: &str = r#"

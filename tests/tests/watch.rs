@@ -5,7 +5,6 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -19,16 +18,14 @@ use hairpin_agent::{
     names::scope::NameScope,
     status::metrics::Metrics,
 };
-use hairpin_tests::fakeapi::{FakeApi, fixture};
+use hairpin_tests::fakeapi::{FakeApi, recorded};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 /// A recorded Service. Most fixtures are ingress-nginx's controller Service on
 /// some provider, so each is renamed after its fixture to coexist in one cluster.
 fn service(name: &str) -> Value {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hairpin-agent/tests/fixtures/services");
-    let mut svc = fixture(&dir.join(format!("{name}.yaml")));
+    let mut svc = recorded(&format!("services/{name}.yaml"));
     if name != "digitalocean" {
         svc["metadata"]["name"] = json!(name);
     }
@@ -354,15 +351,13 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
 #[tokio::test]
 async fn the_cluster_dns_service_is_found_through_the_watch() {
     let api = FakeApi::start();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../hairpin-agent/tests/fixtures/cluster-dns");
     api.apply(service("clusterip"));
     let (source, _m) = start(&api);
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "initial sync", |_| true).await;
     assert!(now(&rx).cluster_dns.is_empty(), "no DNS Service yet");
 
-    let rke2 = fixture(&dir.join("rke2-coredns-dual-stack.yaml"));
+    let rke2 = recorded("cluster-dns/rke2-coredns-dual-stack.yaml");
     api.apply(rke2.clone());
     let both: Vec<std::net::IpAddr> = vec![
         "10.43.0.10".parse().unwrap(),
@@ -373,7 +368,7 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
     })
     .await;
     // kube-dns appearing beside it wins; its removal falls back.
-    let kube_dns = fixture(&dir.join("kubeadm-kube-dns.yaml"));
+    let kube_dns = recorded("cluster-dns/kubeadm-kube-dns.yaml");
     api.apply(kube_dns.clone());
     until(&mut rx, Duration::from_secs(2), "kube-dns preferred", |s| {
         s.cluster_dns == vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]

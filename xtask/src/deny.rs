@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::{prereqs, run, workspace_root};
 
@@ -25,34 +25,9 @@ const ADVISORY_FETCH_TIMEOUT: Duration = Duration::from_secs(90);
 /// Returns cargo-deny, installing the pinned release into the cache first when missing
 /// (`cargo install --locked`, a few minutes once).
 pub fn ensure_cargo_deny() -> Result<PathBuf> {
-    let root = prereqs::cache_dir().join(format!("cargo-deny-{CARGO_DENY_VERSION}"));
-    let bin = root.join("bin/cargo-deny");
-    let works = |bin: &Path| {
-        Command::new(bin).arg("--version").output().is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_DENY_VERSION)
-        })
-    };
-    if works(&bin) {
-        return Ok(bin);
-    }
-    eprintln!(
-        "xtask: installing cargo-deny {CARGO_DENY_VERSION} into {} (a few minutes, once)",
-        root.display()
-    );
-    run(Command::new("cargo")
-        .args(["install", "--locked", "--force"])
-        .arg(format!("cargo-deny@{CARGO_DENY_VERSION}"))
-        .arg("--root")
-        .arg(&root)
-        .env_remove("RUSTC_BOOTSTRAP"))
-    .context("could not install cargo-deny from crates.io")?;
-    if !works(&bin) {
-        bail!(
-            "cargo install put no working cargo-deny {CARGO_DENY_VERSION} at {}",
-            bin.display()
-        );
-    }
-    Ok(bin)
+    prereqs::ensure_cargo_tool("cargo-deny", CARGO_DENY_VERSION, "a few minutes", |o| {
+        String::from_utf8_lossy(&o.stdout).contains(CARGO_DENY_VERSION)
+    })
 }
 
 /// cargo-deny on every workspace member with deny.toml, Cargo.lock unchanged.

@@ -296,33 +296,7 @@ fn list_targets(cargo_fuzz: &Path, root: &Path) -> Result<Vec<String>> {
 
 /// Returns the cargo-fuzz binary in the cache, installing it there once.
 fn ensure_cargo_fuzz() -> Result<PathBuf> {
-    let root = prereqs::cache_dir().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
-    let bin = root.join("bin/cargo-fuzz");
-    let works = |bin: &Path| {
-        Command::new(bin)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if works(&bin) {
-        return Ok(bin);
-    }
-    eprintln!(
-        "xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION} into {} (once)",
-        root.display()
-    );
-    run(Command::new("cargo")
-        .args(["install", "--locked", "--force"])
-        .arg(format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"))
-        .arg("--root")
-        .arg(&root)
-        .env_remove("RUSTC_BOOTSTRAP"))
-    .context("could not install cargo-fuzz: run `cargo install --locked cargo-fuzz`")?;
-    if !works(&bin) {
-        bail!(
-            "cargo install put no working cargo-fuzz at {}",
-            bin.display()
-        );
-    }
-    Ok(bin)
+    prereqs::ensure_cargo_tool("cargo-fuzz", CARGO_FUZZ_VERSION, "a minute or two", |_| {
+        true
+    })
 }

@@ -128,7 +128,8 @@ fn build_agent(release: bool) -> Result<PathBuf> {
     build_agent_with(&object, release)
 }
 
-/// Builds the agent (and the test binaries) embedding `object`; returns the agent binary.
+/// Builds the agent embedding `object`, the test crate's binaries (`hairpin-pod`,
+/// `hairpin-load`) and the tools (`hairpin-bench`, `hairpin-demo`); returns the agent binary.
 fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args([
@@ -138,6 +139,8 @@ fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> 
         "hairpin-agent",
         "--package",
         "hairpin-tests",
+        "--package",
+        "hairpin-tools",
         "--bins",
     ])
     .env("HAIRPIN_EBPF_OBJECT", object);
@@ -264,7 +267,7 @@ fn demo() -> Result<()> {
             "--locked",
             "--quiet",
             "--package",
-            "hairpin-tests",
+            "hairpin-tools",
             "--bin",
             "hairpin-demo",
         ])

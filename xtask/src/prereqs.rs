@@ -215,6 +215,49 @@ pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
     Ok(bin_dir)
 }
 
+/// The cargo subcommand `name` at `version`, from `cargo install --locked` into the
+/// cache (`<cache>/<name>-<version>/bin/<name>`), installed there once (`takes`
+/// says how long, while it does). A binary there counts when `--version` exits 0
+/// and `is_it` holds for that output.
+pub fn ensure_cargo_tool(
+    name: &str,
+    version: &str,
+    takes: &str,
+    is_it: impl Fn(&std::process::Output) -> bool,
+) -> Result<PathBuf> {
+    let root = cache_dir().join(format!("{name}-{version}"));
+    let bin = root.join("bin").join(name);
+    let works = |bin: &Path| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success() && is_it(&o))
+    };
+    if works(&bin) {
+        return Ok(bin);
+    }
+    eprintln!(
+        "xtask: installing {name} {version} into {} ({takes}, once)",
+        root.display()
+    );
+    run(Command::new("cargo")
+        .args(["install", "--locked", "--force"])
+        .arg(format!("{name}@{version}"))
+        .arg("--root")
+        .arg(&root)
+        .env_remove("RUSTC_BOOTSTRAP"))
+    .with_context(|| {
+        format!("could not install {name} {version}: `cargo install --locked {name}@{version}`")
+    })?;
+    if !works(&bin) {
+        bail!(
+            "cargo install put no working {name} {version} at {}",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
 /// Where built tools are kept between runs: `$XDG_CACHE_HOME/hairpin` or `~/.cache/hairpin`.
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")

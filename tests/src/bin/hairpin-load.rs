@@ -1,7 +1,8 @@
 //! The reliability suite's traffic: a minimal upstream that answers with the PROXY
 //! header it received, and clients that hold or burst connections through the relay.
-//! Run by `tests/tests/reliability.rs` inside the simulated node's namespaces (the
-//! clients in the pod cgroup, so their connects are redirected like a pod's).
+//! Run by the reliability suite (`tests/tests/reliability/`) inside the simulated
+//! node's namespaces (the clients in the pod cgroup, so their connects are redirected
+//! like a pod's).
 //!
 //! Upstream protocol: the connection starts with a PROXY v1 or v2 header (else the
 //! server answers `no-proxy-header` and closes, as an ingress would refuse it); then

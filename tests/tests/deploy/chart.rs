@@ -5,12 +5,14 @@
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
+use hairpin_tests::repo::workspace;
+
 use serde_json::Value as Json;
 use yaml_serde::Value as Yaml;
 
 use super::{
     VARIANTS,
-    render::{docs, kustomize, normalize, parse_all, root},
+    render::{docs, kustomize, normalize, parse_all},
 };
 
 /// The chart's directory.
@@ -56,7 +58,7 @@ fn helm_python() -> PathBuf {
 fn helm(args: &[String]) -> Json {
     let python = helm_python();
     let out = Command::new(&python)
-        .arg(root().join("tests/tests/deploy/helm.py"))
+        .arg(workspace().join("tests/tests/deploy/helm.py"))
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("failed to run {}: {e}", python.display()));
@@ -85,7 +87,7 @@ fn set_json(set: &[(&str, Yaml)]) -> Vec<String> {
 pub(super) fn render_chart_with(flags: &[String]) -> Vec<Json> {
     let mut args = vec![
         "render".to_string(),
-        root().join(CHART).display().to_string(),
+        workspace().join(CHART).display().to_string(),
         "hairpin-system".to_string(),
     ];
     args.extend_from_slice(flags);
@@ -114,7 +116,7 @@ pub(super) fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
 fn lint(flags: &[String]) {
     let mut args = vec![
         "lint".to_string(),
-        root().join(CHART).display().to_string(),
+        workspace().join(CHART).display().to_string(),
         KUBE_VERSION.to_string(),
     ];
     args.extend_from_slice(flags);

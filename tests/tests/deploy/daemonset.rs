@@ -216,7 +216,7 @@ fn mounts_match_the_agents_paths() {
             ),
         }
         // The kernel path (on by `auto`) pins under --bpf-pin-dir, which must be the
-        // node's own directory of its bpf filesystem (kernel_path.rs checks the rest).
+        // node's own directory of its bpf filesystem (tests/tests/kernel_path/ checks the rest).
         if run.kernel_path.loads() {
             let pins = run.pin_dir().expect("--bpf-pin-dir");
             assert_eq!(

@@ -32,9 +32,11 @@ mod writer_placement;
 use std::{collections::BTreeSet, process::Command};
 
 use hairpin_agent::{k8s::coredns::CorednsMode, model::Mode};
+use hairpin_tests::repo::workspace;
+use k8s_openapi::api::core::v1::Container;
 
 use flags::{agent_binary, global_env_names, run_args, writer_args};
-use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, root, writer};
+use render::{agent, env_of, field_of, kind_names, kustomize, parse_all, writer};
 
 /// One way to install hairpin, and what it is for.
 pub struct Variant {
@@ -122,14 +124,14 @@ pub const VARIANTS: [Variant; 6] = [
 /// The kustomization directories under `dir` (those holding a kustomization.yaml).
 fn kustomizations_under(dir: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let mut stack = vec![root().join(dir)];
+    let mut stack = vec![workspace().join(dir)];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("read dir").flatten() {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
             } else if p.file_name().is_some_and(|n| n == "kustomization.yaml") {
-                let rel = d.strip_prefix(root()).expect("under root");
+                let rel = d.strip_prefix(workspace()).expect("under root");
                 out.insert(rel.to_str().expect("utf-8").to_string());
             }
         }
@@ -254,28 +256,38 @@ fn each_variant_runs_the_agent_as_it_says() {
     }
 }
 
+/// `hairpin-agent SUB --help`.
+fn help_of(bin: &std::path::Path, sub: &str) -> String {
+    let out = Command::new(bin)
+        .args([sub, "--help"])
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {} {sub} --help: {e}", bin.display()));
+    assert!(out.status.success(), "`hairpin-agent {sub} --help` failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every env variable container `c` (of variant `dir`) sets is a flag `help` (of
+/// `hairpin-agent SUB --help`) lists.
+fn assert_env_in_help(c: &Container, help: &str, sub: &str, dir: &str) {
+    for e in c.env.iter().flatten() {
+        assert!(
+            help.contains(&format!("[env: {}=", e.name)),
+            "{dir}: env {} is not in `hairpin-agent {sub} --help`",
+            e.name
+        );
+    }
+}
+
 #[test]
 fn env_names_are_flags_the_agent_binary_has() {
     // flags.rs parses `run`'s env in-process; this asks the built binary too, which
     // also knows the global flags (main.rs).
     let Some(bin) = agent_binary() else { return };
-    let out = Command::new(&bin)
-        .args(["run", "--help"])
-        .output()
-        .unwrap_or_else(|e| panic!("failed to run {} run --help: {e}", bin.display()));
-    assert!(out.status.success(), "`hairpin-agent run --help` failed");
-    let help = String::from_utf8_lossy(&out.stdout);
+    let help = help_of(&bin, "run");
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
         let c = agent(&objs);
-        for e in c.env.iter().flatten() {
-            assert!(
-                help.contains(&format!("[env: {}=", e.name)),
-                "{}: env {} is not in `hairpin-agent run --help`",
-                v.dir,
-                e.name
-            );
-        }
+        assert_env_in_help(&c, &help, "run", v.dir);
         assert_eq!(
             c.command,
             Some(vec!["/usr/local/bin/hairpin-agent".to_string()]),
@@ -307,26 +319,11 @@ fn env_names_are_flags_the_agent_binary_has() {
             .iter()
             .all(|g| help.contains(&format!("[env: {g}=")))
     );
-    let out = Command::new(&bin)
-        .args(["coredns-writer", "--help"])
-        .output()
-        .expect("coredns-writer --help");
-    assert!(
-        out.status.success(),
-        "`hairpin-agent coredns-writer --help` failed"
-    );
-    let help = String::from_utf8_lossy(&out.stdout);
+    let help = help_of(&bin, "coredns-writer");
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
         let Some(c) = writer(&objs) else { continue };
-        for e in c.env.iter().flatten() {
-            assert!(
-                help.contains(&format!("[env: {}=", e.name)),
-                "{}: env {} is not in `hairpin-agent coredns-writer --help`",
-                v.dir,
-                e.name
-            );
-        }
+        assert_env_in_help(&c, &help, "coredns-writer", v.dir);
         assert_eq!(
             c.args,
             Some(vec!["coredns-writer".to_string()]),
@@ -378,7 +375,7 @@ fn the_agent_binary_accepts_each_variants_settings() {
 
 #[test]
 fn no_todo_or_planned_text_is_left_in_deploy() {
-    let mut stack = vec![root().join("deploy")];
+    let mut stack = vec![workspace().join("deploy")];
     let mut checked = 0;
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("read dir").flatten() {

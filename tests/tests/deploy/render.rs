@@ -1,11 +1,9 @@
 //! Reading the manifests: `kubectl kustomize` (Debian's kubectl), YAML streams into
 //! JSON values, the k8s-openapi round trip, and the agent's env as a pod gets it.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use hairpin_tests::repo::{workspace, write_kustomization};
 
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
@@ -17,17 +15,9 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
 use yaml_serde::Value as Yaml;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the workspace")
-        .to_path_buf()
-}
-
 /// A workspace file's text.
 pub fn read(rel: &str) -> String {
-    let p = root().join(rel);
+    let p = workspace().join(rel);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("failed to read {}: {e}", p.display()))
 }
 
@@ -36,7 +26,7 @@ pub fn read(rel: &str) -> String {
 pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
     let out = Command::new("kubectl")
         .arg("kustomize")
-        .arg(root().join(dir))
+        .arg(workspace().join(dir))
         .output();
     let out = match out {
         Ok(o) => o,
@@ -70,13 +60,7 @@ pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
         components.join("+").replace('/', "_")
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    let up = "../".repeat(dir.components().count() - 1);
-    let rel = |p: &str| format!("{up}{}", root().join(p).display()).replace("//", "/");
-    let mut k = format!("resources:\n  - {}\ncomponents:\n", rel("deploy"));
-    for c in components {
-        k.push_str(&format!("  - {}\n", rel(c)));
-    }
-    std::fs::write(dir.join("kustomization.yaml"), k).expect("write kustomization");
+    write_kustomization(&dir, components);
     let out = kustomize(dir.to_str().expect("utf-8 path"));
     let _ = std::fs::remove_dir_all(&dir);
     out

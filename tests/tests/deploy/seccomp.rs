@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeSet, path::Path};
 
-use hairpin_tests::pod::{Resolved, daemonset_container, resolve_profile, workspace};
+use hairpin_tests::{
+    pod::{Resolved, daemonset_container, resolve_profile},
+    repo::workspace,
+};
 use serde_json::{Value as Json, json};
 
 use super::{

@@ -13,8 +13,8 @@ use super::{
     setup::{LB_PLAIN, LB_V1, in_cgroup},
     stats::Spread,
 };
-use crate::agent::Agent;
 use hairpin_agent::datapath::kernel;
+use hairpin_tests::agent::Agent;
 
 /// One kind of destination.
 #[derive(Clone, Debug)]

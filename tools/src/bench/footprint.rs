@@ -14,7 +14,7 @@ use super::{
     procs::rss_kib,
     traffic::{targets, wrk_once},
 };
-use crate::agent::{Agent, FrontendSpec, frontends_yaml};
+use hairpin_tests::agent::{Agent, FrontendSpec, frontends_yaml};
 
 /// Addresses for synthetic frontends: the upper half of 203.0.113.0/24, which has no
 /// kube-proxy rule and never receives traffic (nothing connects to these).
@@ -56,7 +56,7 @@ pub fn yaml_with_hosts(specs: &[FrontendSpec], hostnames: usize) -> String {
     for i in 0..hostnames {
         hosts[1 + i % synthetic].push(format!("h{i}.bench.example.com"));
     }
-    crate::agent::frontends_yaml_with_hosts(specs, &hosts)
+    hairpin_tests::agent::frontends_yaml_with_hosts(specs, &hosts)
 }
 
 /// The agent flags of the hostnames case: the name relay and a hosts file of its own,

@@ -7,7 +7,7 @@ use std::{fs, path::Path, process::Command, time::Duration};
 use anyhow::{Context, Result, bail};
 
 use super::procs::Proc;
-use crate::{
+use hairpin_tests::{
     node::{LbRule, NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, SimNode},
     sh::{command_in, output_in},
 };
@@ -66,28 +66,6 @@ pub const HAPROXY_V1_PORT: u16 = 9001;
 /// HAProxy's `send-proxy-v2` listener.
 pub const HAPROXY_V2_PORT: u16 = 9002;
 
-/// Per-namespace sysctls so a minute of `Connection: close` requests does not run
-/// out of ephemeral ports or conntrack entries; these namespaces are the bench's own.
-/// The wider range takes in the agent's admin port (127.0.0.1:9901, 9902 for
-/// metrics), which each agent the bench starts binds again: reserved, so no
-/// connection's TIME_WAIT on it refuses the next agent's bind (seen once as
-/// "failed to listen on admin address 127.0.0.1:9901: Address already in use").
-pub fn tune_namespaces(node: &SimNode) {
-    for ns in [&node.pod_ns, &node.node_ns, &node.ingress_ns] {
-        for kv in [
-            "net.ipv4.ip_local_port_range=1024 65000",
-            "net.ipv4.ip_local_reserved_ports=9901-9902",
-            "net.ipv4.tcp_tw_reuse=1",
-            "net.core.somaxconn=4096",
-            "net.ipv4.tcp_max_syn_backlog=4096",
-            "net.netfilter.nf_conntrack_tcp_timeout_time_wait=5",
-        ] {
-            // Best effort: a sysctl this kernel lacks only makes the run less roomy.
-            let _ = output_in(ns, None, &["sysctl", "-qw", kv]);
-        }
-    }
-}
-
 /// The file the upload case sends: sparse, as large as the bulk file.
 pub fn upload_file(node: &SimNode) -> std::path::PathBuf {
     node.dir.join("bench-nginx").join("upload.bin")
@@ -121,13 +99,7 @@ events {{ worker_connections 16384; multi_accept on; }}
 http {{
     access_log off;
     sendfile on;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    default_type text/plain;
-    server {{
+{http_common}    server {{
         listen [::]:{pp} proxy_protocol backlog=4096;
 {pp_listens}        location = /bulk {{ alias {d}/bulk.bin; }}
         location = /upload {{ client_max_body_size 0; return 200 "ok $proxy_protocol_addr\n"; }}
@@ -142,6 +114,7 @@ http {{
     }}
 }}
 "#,
+        http_common = hairpin_tests::servers::nginx_http_common(&dir),
         pp = NGINX_PP_PORT,
         plain = NGINX_PLAIN_PORT,
     );
@@ -248,5 +221,5 @@ pub fn in_cgroup(node: &SimNode, cgroup: &Path, cpu: Option<usize>, argv: &[&str
 
 /// `http://ip:port/path`.
 pub fn url(ip: &str, port: u16, path: &str) -> String {
-    crate::client::url(ip, port, path)
+    hairpin_tests::client::url(ip, port, path)
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::{
+use hairpin_tests::{
     agent::{Agent, FrontendSpec},
     node::SimNode,
 };
@@ -70,6 +70,30 @@ fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
     Agent::start_logging(node, specs, "info", AGENT_ARGS)
 }
 
+/// One bulk download, then one upload, per target: each case's results, empty when
+/// it failed (and recorded as failed). `run` names the run (`""`, `" (kernel path)"`).
+#[expect(clippy::type_complexity, reason = "traffic::bulk's own result, twice")]
+fn transfers(
+    ctx: &Ctx<'_>,
+    r: &mut Results,
+    agent_pid: i32,
+    targets: &[traffic::Target],
+    run: &str,
+) -> (
+    Vec<(traffic::Target, Vec<f64>)>,
+    Vec<(traffic::Target, Vec<f64>)>,
+) {
+    let mut one = |way: Direction, case: &str| {
+        eprintln!("{case}{run} ({} MiB per transfer)", ctx.opts.bulk_mib);
+        let res = traffic::bulk(ctx, agent_pid, targets, way);
+        record(r, &format!("{case}{run}"), res).unwrap_or_default()
+    };
+    (
+        one(Direction::Download, "bulk"),
+        one(Direction::Upload, "upload"),
+    )
+}
+
 fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
     match res {
         Ok(v) => Some(v),
@@ -98,7 +122,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         None
     };
     let node = SimNode::with_lbs(&setup::bench_lbs());
-    setup::tune_namespaces(&node);
+    node.tune_for_load();
     let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
     let haproxy = setup::start_haproxy_send_proxy(&node)?;
     let ctx = Ctx {
@@ -122,12 +146,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             r.rate = rate;
             r.rss_small = Some((idle, load));
         }
-        eprintln!("bulk ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx, agent.pid(), &relay, Direction::Download);
-        r.bulk = record(&mut r, "bulk", res).unwrap_or_default();
-        eprintln!("upload ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx, agent.pid(), &relay, Direction::Upload);
-        r.upload = record(&mut r, "upload", res).unwrap_or_default();
+        (r.bulk, r.upload) = transfers(&ctx, &mut r, agent.pid(), &relay, "");
     }
     drop(agent);
 
@@ -167,12 +186,8 @@ pub fn run(opts: &Options) -> Result<Results> {
         if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
             r.rate_kernel = rate;
         }
-        eprintln!("kernel path: bulk ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx, agent.pid(), &kernel, Direction::Download);
-        r.bulk_kernel = record(&mut r, "bulk (kernel path)", res).unwrap_or_default();
-        eprintln!("kernel path: upload ({} MiB per transfer)", opts.bulk_mib);
-        let res = traffic::bulk(&ctx, agent.pid(), &kernel, Direction::Upload);
-        r.upload_kernel = record(&mut r, "upload (kernel path)", res).unwrap_or_default();
+        (r.bulk_kernel, r.upload_kernel) =
+            transfers(&ctx, &mut r, agent.pid(), &kernel, " (kernel path)");
         eprintln!("kernel path: the programs' own run time (BPF statistics, wrk)");
         let only: Vec<_> = kernel
             .iter()

@@ -19,7 +19,7 @@ use super::{
     stats::Spread,
     wrk::{self, WrkResult},
 };
-use crate::node::NODE_IP4;
+use hairpin_tests::node::NODE_IP4;
 
 /// One way from the pod to nginx.
 #[derive(Clone, Debug)]

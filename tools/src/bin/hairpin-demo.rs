@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec},
+    agent::{Agent, spec},
     client::{Reply, from_host, from_pod, url},
     node::{NODE_IP4, POD_IP4, SimNode},
     servers::{nginx_access_log, nginx_error_log, start_nginx},
@@ -64,14 +64,7 @@ fn main() {
     );
 
     println!("2. With hairpin-agent running (frontend {LB}:80, PROXY v1):");
-    let mut agent = Agent::start(
-        &node,
-        &[FrontendSpec {
-            ip: LB,
-            ports: vec![80],
-            version: "v1",
-        }],
-    );
+    let mut agent = Agent::start(&node, &[spec(LB, "v1")]);
     let pod = from_pod(&node, &target);
     let host = from_host(&node, &target);
     show("pod", &pod);

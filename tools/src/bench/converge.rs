@@ -13,27 +13,19 @@ use super::{
     Ctx,
     setup::{LB_V1, LB_V2, in_pod},
 };
-use crate::{
-    agent::{Agent, FrontendSpec, frontends_yaml},
+use hairpin_tests::{
+    agent::{Agent, FrontendSpec, frontends_yaml, spec},
     fakeapi::FakeApi,
 };
 
 /// The frontends the convergence agent starts with: only the v1 LB.
 pub fn base_specs() -> Vec<FrontendSpec> {
-    vec![FrontendSpec {
-        ip: LB_V1,
-        ports: vec![80],
-        version: "v1",
-    }]
+    vec![spec(LB_V1, "v1")]
 }
 
 fn toggled_specs() -> Vec<FrontendSpec> {
     let mut s = base_specs();
-    s.push(FrontendSpec {
-        ip: LB_V2,
-        ports: vec![80],
-        version: "v2",
-    });
+    s.push(spec(LB_V2, "v2"));
     s
 }
 

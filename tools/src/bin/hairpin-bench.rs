@@ -4,7 +4,7 @@
 //! Also the child the bench re-executes inside the pod: `connect-loop`, `connect-pairs` and `probe`.
 
 use anyhow::{Context, Result};
-use hairpin_tests::bench::{
+use hairpin_tools::bench::{
     self,
     options::Options,
     probes,

@@ -1,0 +1,160 @@
+//! The pinned datapath's place: cleanup of a killed agent's datapath, a pin directory
+//! bind-mounted from the host's bpffs, one off bpffs.
+
+use super::*;
+
+#[test]
+fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin() {
+    require_privileges!();
+    let node = capture_node();
+    let _nginx = start_nginx(&node);
+    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let map_id = status(&node)["kernel_path"]["sockets_map_id"]
+        .as_u64()
+        .expect("the sockets map's id");
+    agent.signal(Signal::SIGKILL);
+    let _ = agent.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(map_exists(map_id), "kept by its pin");
+    let attached = node.attached_programs();
+    assert!(attached.contains("connect"), "{attached}");
+    let run = hairpin_tests::cli::run_node_cleanup(&node);
+    let steps: Vec<(String, String)> = run.json()["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_string(),
+                s["outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let count = |name: &str| {
+        steps
+            .iter()
+            .filter(|(n, o)| n == name && o == "removed")
+            .count()
+    };
+    // Five links (detached, then unpinned), five programs, eight maps, the layout
+    // directory and the pin directory.
+    assert_eq!(
+        (
+            count("pinned-link"),
+            count("pinned-program"),
+            count("pinned-map"),
+            count("pinned-layout"),
+            count("pinned-maps")
+        ),
+        (5, 5, 8, 1, 1),
+        "{}",
+        run.stdout
+    );
+    assert!(steps.iter().all(|(_, o)| o == "removed"), "{}", run.stdout);
+    assert!(!node.pin_dir().exists());
+    assert_nothing_attached(&node);
+    let gone = Instant::now();
+    while map_exists(map_id) && gone.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!map_exists(map_id), "the kernel must free the unpinned map");
+    let fresh = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
+}
+
+#[test]
+fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_into() {
+    require_privileges!();
+    // The DaemonSet mounts the host's /sys/fs/bpf/hairpin at the same path: the pin
+    // directory is then a mount point of a directory of the bpf filesystem.
+    let node = capture_node();
+    let host_dir = node.bpffs().join("host-hairpin");
+    std::fs::create_dir_all(&host_dir).expect("the host's directory");
+    let in_pod = node.dir.join("pod-sys-fs-bpf-hairpin");
+    std::fs::create_dir_all(&in_pod).expect("the mount point");
+    hairpin_tests::sh::run(&[
+        "mount",
+        "--bind",
+        host_dir.to_str().expect("utf-8 path"),
+        in_pod.to_str().expect("utf-8 path"),
+    ]);
+    // Unmounted however the test ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(in_pod.clone());
+    let mut agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &[
+            "--kernel-path",
+            "on",
+            "--bpf-pin-dir",
+            in_pod.to_str().expect("utf-8 path"),
+        ],
+    );
+    let s = status(&node);
+    let map = Path::new("v1").join("maps").join("HAIRPIN_SOCKETS");
+    assert_eq!(
+        s["kernel_path"]["sockets_map_pin"].as_str(),
+        in_pod.join(&map).to_str(),
+        "{s}\n{}",
+        agent.log()
+    );
+    for pin in [map.clone(), Path::new("v1").join("links").join("connect4")] {
+        assert!(
+            host_dir.join(&pin).exists(),
+            "{} is on the host's side",
+            pin.display()
+        );
+    }
+    agent.signal(Signal::SIGTERM);
+    assert!(
+        agent.wait(Duration::from_secs(10)).success(),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        host_dir.join(&map).exists(),
+        "a rollout's SIGTERM keeps the datapath for the next agent"
+    );
+}
+
+#[test]
+fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned() {
+    require_privileges!();
+    let node = capture_node();
+    let plain = node.dir.join("not-bpffs");
+    let agent = Agent::start_with(
+        &node,
+        &capture_v1(),
+        &[
+            "--kernel-path",
+            "on",
+            "--bpf-pin-dir",
+            plain.to_str().expect("utf-8 path"),
+        ],
+    );
+    let s = status(&node);
+    assert_eq!(s["kernel_path"]["state"], "on", "{s}");
+    let why = s["kernel_path"]["sockets_map_pin_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pin error in {s}"));
+    assert!(why.contains("is not on a bpf filesystem"), "{why}");
+    assert!(
+        agent
+            .log()
+            .contains("the datapath is not pinned: it goes with this process"),
+        "{}",
+        agent.log()
+    );
+    let captured = capture_server(&node.ingress_ns, 1, false);
+    let _ = from_pod(&node, &url(CAPTURE_LB4, 80, "/"));
+    let got = captured
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a captured connection");
+    assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
+}
