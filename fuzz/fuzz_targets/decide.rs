@@ -240,7 +240,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let decision = decide(&svc, &defaults);
     let key = service_key(&svc);
-    assert_eq!(decision.service, key);
+    assert_eq!(decision.service.to_string(), key);
     let summary = decision.summary();
     assert!(!summary.is_empty() && summary.len() <= 1024, "{summary:?}");
     for warning in &decision.warnings {
@@ -316,7 +316,7 @@ fuzz_target!(|data: &[u8]| {
                     None,
                     "{f:?}: no LoadBalancer has this address"
                 );
-                assert_eq!(f.source, format!("Service {key}"));
+                assert_eq!(f.source.to_string(), format!("Service {key}"));
                 match ours.as_deref() {
                     Some("v1") => assert_eq!(f.version, ProxyVersion::V1),
                     Some("v2") => assert_eq!(f.version, ProxyVersion::V2),

@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(f.port != 0, "{f:?}");
         assert!(!f.ip.is_unspecified() && !f.ip.is_loopback() && !f.ip.is_multicast());
         assert!(
-            f.source.starts_with(&format!("file {FILE}")),
+            f.source.to_string().starts_with(&format!("file {FILE}")),
             "{}",
             f.source
         );

@@ -67,11 +67,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(hairpin_agent::agent::run(*args))
+            Ok(rt.block_on(hairpin_agent::agent::run(*args))?)
         }
         Command::CorednsWriter(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))
+            Ok(rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))?)
         }
         // The node subcommands exit with their verdict: scripts branch on it.
         Command::Status(args) => exit(hairpin_agent::cli::status::show_status(&args)?),

@@ -163,6 +163,83 @@ impl FromStr for PathChoice {
     }
 }
 
+/// A Service by name: `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ServiceName {
+    /// The namespace (`default` when the object had none, as kubectl reads it).
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ServiceName {
+    /// The Service `name` in `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceName {
+        ServiceName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The text `namespace/name`, byte by byte, without building it.
+    fn key(&self) -> impl Iterator<Item = u8> + '_ {
+        self.namespace
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(self.name.bytes())
+    }
+}
+
+/// Ordered as `namespace/name` reads (`a-b/x` before `a/x`): the order `status`
+/// lists decisions in and the tie-break between two Services of the same age.
+impl Ord for ServiceName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(other.key())
+    }
+}
+
+impl PartialOrd for ServiceName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What asked for a frontend. Carried as it is from the source to `/status`; its
+/// text (`Service ns/name`, `file PATH (name)`) is only for people.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// A LoadBalancer Service.
+    Service(ServiceName),
+    /// An entry of the frontends file.
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The entry's `name`, when it has one.
+        #[serde(default)]
+        entry: Option<String>,
+    },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Service(s) => write!(f, "Service {s}"),
+            Origin::File {
+                path,
+                entry: Some(n),
+            } => write!(f, "file {} ({n})", path.display()),
+            Origin::File { path, entry: None } => write!(f, "file {}", path.display()),
+        }
+    }
+}
+
 /// One proxied frontend: connects to `ip:port` get a PROXY `version` header.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
@@ -172,8 +249,8 @@ pub struct Frontend {
     pub port: u16,
     /// The header version the ingress behind it expects.
     pub version: ProxyVersion,
-    /// What asked for it, for `status` and logs: `Service ns/name`, `file PATH`.
-    pub source: String,
+    /// What asked for it (shown in `status` and logs as `Service ns/name`, `file PATH`).
+    pub source: Origin,
     /// Which side speaks first; a server-speaks-first frontend always takes the
     /// relay path, also with the kernel path on.
     #[serde(default)]
@@ -466,7 +543,7 @@ mod tests {
             ip: a.ip(),
             port: a.port(),
             version,
-            source: source.into(),
+            source: Origin::Service(ServiceName::new("ns", source)),
             first_speaker: FirstSpeaker::Client,
             path: PathChoice::Auto,
         }
@@ -480,7 +557,7 @@ mod tests {
         let owner = set
             .insert(frontend("203.0.113.10:80", ProxyVersion::V1, "second"))
             .expect_err("taken");
-        assert_eq!(owner.source, "first");
+        assert_eq!(owner.source.to_string(), "Service ns/first");
         assert_eq!(set.len(), 1);
         assert_eq!(
             set.get(&"203.0.113.10:80".parse().expect("addr"))
@@ -524,6 +601,25 @@ mod tests {
     }
 
     #[test]
+    fn services_sort_as_their_names_read_and_origins_say_what_asked() {
+        // `-` sorts before `/`: the text order, not the (namespace, name) order.
+        let mut names = [ServiceName::new("a", "x"), ServiceName::new("a-b", "x")];
+        names.sort();
+        assert_eq!(names[0].to_string(), "a-b/x");
+        let service = Origin::Service(ServiceName::new("ingress", "nginx"));
+        assert_eq!(service.to_string(), "Service ingress/nginx");
+        let file = |entry: Option<&str>| Origin::File {
+            path: "/etc/hairpin/frontends.yaml".into(),
+            entry: entry.map(str::to_string),
+        };
+        assert_eq!(
+            file(Some("lb6")).to_string(),
+            "file /etc/hairpin/frontends.yaml (lb6)"
+        );
+        assert_eq!(file(None).to_string(), "file /etc/hairpin/frontends.yaml");
+    }
+
+    #[test]
     fn path_reads_auto_or_relay_and_defaults_to_auto() {
         assert_eq!(" Relay ".parse(), Ok(PathChoice::Relay));
         assert_eq!("auto".parse(), Ok(PathChoice::Auto));
@@ -534,9 +630,10 @@ mod tests {
         assert_eq!(PathChoice::default(), PathChoice::Auto);
         assert_eq!(PathChoice::Relay.to_string(), "relay");
         // A frontend serialized before the field existed reads as `auto`.
-        let f: Frontend =
-            serde_json::from_str(r#"{"ip":"203.0.113.10","port":80,"version":"v1","source":"s"}"#)
-                .expect("frontend");
+        let f: Frontend = serde_json::from_str(
+            r#"{"ip":"203.0.113.10","port":80,"version":"v1","source":{"file":{"path":"s"}}}"#,
+        )
+        .expect("frontend");
         assert_eq!(f.path, PathChoice::Auto);
     }
 

@@ -179,7 +179,7 @@ fn every_fixture_decides_as_expected() {
         for frontend in &decision.frontends {
             assert_eq!(
                 frontend.source,
-                format!("Service {}", decision.service),
+                hairpin_agent::model::Origin::Service(decision.service.clone()),
                 "{context}"
             );
         }
@@ -364,13 +364,13 @@ fn decide_all_merges_sorts_and_resolves_conflicts_deterministically() {
     assert_eq!(forward.conflicts.len(), 1);
     let conflict = &forward.conflicts[0];
     assert_eq!(
-        (conflict.port, conflict.loser.as_str()),
+        (conflict.port, conflict.loser.to_string().as_str()),
         (443, "ingress-nginx/second-ingress")
     );
     let loser = forward
         .decisions
         .iter()
-        .find(|d| d.service == "ingress-nginx/second-ingress");
+        .find(|d| d.service.to_string() == "ingress-nginx/second-ingress");
     let Some(loser) = loser else {
         panic!("{forward:#?}")
     };
@@ -455,7 +455,7 @@ fn load_balancer_addresses_no_lb_may_have_are_refused_with_a_warning() {
     let d = all
         .decisions
         .iter()
-        .find(|d| d.service == "tenant-a/thief")
+        .find(|d| d.service.to_string() == "tenant-a/thief")
         .expect("thief decided");
     assert_eq!(d.outcome, Outcome::Skipped(SkipReason::UnsafeIngressIp));
     assert!(

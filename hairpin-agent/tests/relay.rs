@@ -45,7 +45,10 @@ fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
         ip: target.ip(),
         port: target.port(),
         version,
-        source: "test".into(),
+        source: hairpin_agent::model::Origin::File {
+            path: "test".into(),
+            entry: None,
+        },
         first_speaker: Default::default(),
         path: Default::default(),
     }

@@ -8,27 +8,25 @@
 use std::time::{Duration, Instant};
 
 use hairpin_agent::{
-    k8s::{self, watch::KubeSnapshot},
+    k8s::{
+        self,
+        source::{Desired, DesiredRx},
+    },
     names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
     status::metrics::Metrics,
 };
 use hairpin_tests::fakeapi::{FakeApi, digitalocean_service};
 use serde_json::json;
-use tokio::sync::watch;
 
-async fn until(
-    rx: &mut watch::Receiver<KubeSnapshot>,
-    what: &str,
-    pred: impl Fn(&KubeSnapshot) -> bool,
-) {
+async fn until(rx: &mut DesiredRx, what: &str, pred: impl Fn(&Desired) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if pred(&rx.borrow_and_update()) {
+        if rx.borrow_and_update().as_deref().is_some_and(&pred) {
             return;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if tokio::time::timeout(left, rx.changed()).await.is_err() {
-            panic!("{what}: not within 10 s; last snapshot: {:?}", *rx.borrow());
+            panic!("{what}: not within 10 s; last sent: {:?}", *rx.borrow());
         }
     }
 }
@@ -68,14 +66,14 @@ async fn other_nodes_addresses_and_names_are_refused() {
         Metrics::default(),
         std::sync::Arc::new(|_, _| {}),
     );
-    let mut rx = source.snapshot.clone();
+    let mut rx = source.desired.clone();
     until(&mut rx, "shop.example.com routed", |s| {
         s.routes
             .iter()
             .any(|r| r.host.as_str() == "shop.example.com")
     })
     .await;
-    let s = rx.borrow().clone();
+    let s = rx.borrow().clone().expect("synced");
     let ips: std::collections::BTreeSet<String> =
         s.frontends.iter().map(|f| f.ip.to_string()).collect();
     assert_eq!(
@@ -84,7 +82,8 @@ async fn other_nodes_addresses_and_names_are_refused() {
         "{:?}",
         s.frontends
     );
-    let decision = serde_json::to_string(&s.decisions).expect("json");
+    let decisions: Vec<_> = s.decisions.iter().map(|d| d.to_status()).collect();
+    let decision = serde_json::to_string(&decisions).expect("json");
     for named in [
         "an address of Node worker-2.example.com",
         "the pod network of Node worker-2.example.com",

@@ -5,13 +5,15 @@
 
 use std::{
     net::SocketAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use hairpin_agent::{
     k8s::{
         self,
-        watch::{KubeSnapshot, KubeSource},
+        source::{Desired, DesiredRx},
+        watch::KubeSource,
     },
     names::scope::NameScope,
     status::metrics::Metrics,
@@ -52,29 +54,30 @@ fn start_scoped(api: &FakeApi, scope: NameScope) -> (KubeSource, Metrics) {
     (source, metrics)
 }
 
-fn addrs(s: &KubeSnapshot) -> Vec<SocketAddr> {
+fn addrs(s: &Desired) -> Vec<SocketAddr> {
     s.frontends
         .iter()
         .map(|f| SocketAddr::new(f.ip, f.port))
         .collect()
 }
 
-/// Waits until `pred` holds for the snapshot, or fails after `within`.
-async fn until(
-    rx: &mut watch::Receiver<KubeSnapshot>,
-    within: Duration,
-    what: &str,
-    pred: impl Fn(&KubeSnapshot) -> bool,
-) {
+/// What the source sends now; it has synced.
+fn now(rx: &DesiredRx) -> Arc<Desired> {
+    rx.borrow().clone().expect("synced")
+}
+
+/// Waits until the source has synced and `pred` holds for what it sends, or fails
+/// after `within`.
+async fn until(rx: &mut DesiredRx, within: Duration, what: &str, pred: impl Fn(&Desired) -> bool) {
     let deadline = Instant::now() + within;
     loop {
-        if pred(&rx.borrow_and_update()) {
+        if rx.borrow_and_update().as_deref().is_some_and(&pred) {
             return;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if tokio::time::timeout(left, rx.changed()).await.is_err() {
             panic!(
-                "{what}: not within {within:?}; last snapshot: {:?}",
+                "{what}: not within {within:?}; last sent: {:?}",
                 *rx.borrow()
             );
         }
@@ -89,13 +92,10 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     let api = FakeApi::start();
     api.apply(service("clusterip"));
     let (source, _m) = start(&api);
-    let mut rx = source.snapshot.clone();
-    until(&mut rx, Duration::from_secs(5), "initial sync", |s| {
-        s.synced
-    })
-    .await;
+    let mut rx = source.desired.clone();
+    until(&mut rx, Duration::from_secs(5), "initial sync", |_| true).await;
     assert!(
-        rx.borrow().frontends.is_empty(),
+        now(&rx).frontends.is_empty(),
         "a ClusterIP Service proxies nothing"
     );
 
@@ -106,11 +106,11 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     })
     .await;
     eprintln!("watch event -> desired frontends: {:?}", started.elapsed());
-    let d = rx.borrow().decisions.clone();
+    let d = now(&rx).decisions.clone();
     assert!(
         d.iter().any(
-            |d| d.object == "Service ingress-nginx/ingress-nginx-controller"
-                && d.reason == "Proxied"
+            |d| d.to_status().object == "Service ingress-nginx/ingress-nginx-controller"
+                && d.reason() == "Proxied"
         ),
         "{d:?}"
     );
@@ -147,21 +147,25 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
     let api = FakeApi::start();
     api.apply(service("digitalocean"));
     let (source, metrics) = start(&api);
-    let mut rx = source.snapshot.clone();
+    let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "synced with DO", |s| {
         s.frontends.len() == 2
     })
     .await;
 
     // Record every snapshot from here: none may be empty.
-    let mut seen = source.snapshot.clone();
+    let mut seen = source.desired.clone();
     let watcher = tokio::spawn(async move {
         let mut min = usize::MAX;
         while tokio::time::timeout(Duration::from_secs(3), seen.changed())
             .await
             .is_ok_and(|r| r.is_ok())
         {
-            min = min.min(seen.borrow_and_update().frontends.len());
+            min = min.min(
+                seen.borrow_and_update()
+                    .as_ref()
+                    .map_or(0, |d| d.frontends.len()),
+            );
         }
         min
     });
@@ -202,8 +206,8 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
 async fn a_dropped_watch_resumes_and_sees_later_changes() {
     let api = FakeApi::start();
     let (source, _m) = start(&api);
-    let mut rx = source.snapshot.clone();
-    until(&mut rx, Duration::from_secs(5), "sync", |s| s.synced).await;
+    let mut rx = source.desired.clone();
+    until(&mut rx, Duration::from_secs(5), "sync", |_| true).await;
     api.disconnect_watches();
     api.apply(service("digitalocean"));
     until(&mut rx, Duration::from_secs(5), "DO after reconnect", |s| {
@@ -217,7 +221,7 @@ async fn an_api_outage_keeps_the_last_known_state() {
     let api = FakeApi::start();
     api.apply(service("digitalocean"));
     let (source, metrics) = start(&api);
-    let mut rx = source.snapshot.clone();
+    let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "sync", |s| {
         s.frontends.len() == 2
     })
@@ -226,7 +230,7 @@ async fn an_api_outage_keeps_the_last_known_state() {
     api.set_down(true);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        addrs(&rx.borrow()),
+        addrs(&now(&rx)),
         vec![DO_HTTP.parse().unwrap(), DO_HTTPS.parse().unwrap()],
         "fail static"
     );
@@ -252,20 +256,20 @@ async fn invalid_annotations_are_reported_and_do_not_block_others() {
     api.apply(service("invalid-version"));
     api.apply(service("digitalocean"));
     let (source, _m) = start(&api);
-    let mut rx = source.snapshot.clone();
-    until(&mut rx, Duration::from_secs(5), "sync", |s| s.synced).await;
-    let s = rx.borrow().clone();
+    let mut rx = source.desired.clone();
+    until(&mut rx, Duration::from_secs(5), "sync", |_| true).await;
+    let s = now(&rx);
     assert_eq!(s.frontends.len(), 2, "{s:?}");
     let invalid = s
         .decisions
         .iter()
-        .find(|d| d.reason == "InvalidAnnotation")
+        .find(|d| d.reason() == "InvalidAnnotation")
         .expect("an invalid decision");
-    assert!(invalid.warning);
+    assert!(invalid.is_warning());
     assert!(
-        invalid.message.contains("hairpin.dev/proxy-protocol"),
+        invalid.summary().contains("hairpin.dev/proxy-protocol"),
         "{}",
-        invalid.message
+        invalid.summary()
     );
 }
 
@@ -298,7 +302,7 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
         c,
         "node-a".into(),
         source.services.clone(),
-        source.snapshot.clone(),
+        source.desired.clone(),
         leader_rx.clone(),
     ));
 
@@ -349,12 +353,9 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
     let api = FakeApi::start();
     api.apply(service("clusterip"));
     let (source, _m) = start(&api);
-    let mut rx = source.snapshot.clone();
-    until(&mut rx, Duration::from_secs(5), "initial sync", |s| {
-        s.synced
-    })
-    .await;
-    assert!(rx.borrow().cluster_dns.is_empty(), "no DNS Service yet");
+    let mut rx = source.desired.clone();
+    until(&mut rx, Duration::from_secs(5), "initial sync", |_| true).await;
+    assert!(now(&rx).cluster_dns.is_empty(), "no DNS Service yet");
 
     let rke2 = recorded("cluster-dns/rke2-coredns-dual-stack.yaml");
     api.apply(rke2.clone());
@@ -382,7 +383,7 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
     )
     .await;
     // A DNS Service change alone must not disturb the frontends.
-    assert!(rx.borrow().frontends.is_empty());
+    assert!(now(&rx).frontends.is_empty());
 }
 
 /// A tenant's Ingress naming another tenant's Service: the Lease holder puts a Warning
@@ -408,7 +409,7 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
     }));
     let scope = NameScope::new(&["example.com"], "cluster.local").expect("scope");
     let (source, _m) = start_scoped(&api, scope);
-    let mut rx = source.snapshot.clone();
+    let mut rx = source.desired.clone();
     until(
         &mut rx,
         Duration::from_secs(5),
@@ -421,19 +422,19 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
     )
     .await;
     assert!(
-        !rx.borrow()
+        !now(&rx)
             .routes
             .iter()
             .any(|r| r.host.as_str().contains("svc")),
         "{:?}",
-        rx.borrow().routes
+        now(&rx).routes
     );
     let (_leader_tx, leader_rx) = watch::channel(true);
     tokio::spawn(k8s::events::run(
         client(&api),
         "node-a".into(),
         source.services.clone(),
-        source.snapshot.clone(),
+        source.desired.clone(),
         leader_rx,
     ));
     let warning = |e: &Value| e["reason"] == "HostnameRefusedClusterDomain";

@@ -410,6 +410,11 @@ pub fn default_listen_addresses() -> impl Iterator<Item = IpAddr> {
     [IpAddr::V4(DEFAULT_LISTEN_V4), IpAddr::V6(DEFAULT_LISTEN_V6)].into_iter()
 }
 
+/// Neither `--node-name` nor a host name to take for it.
+#[derive(Debug, thiserror::Error)]
+#[error("no --node-name and no host name: {0}")]
+pub struct NoNodeName(pub nix::errno::Errno);
+
 impl RunArgs {
     /// `--bpf-pin-dir`, unless `none`.
     pub fn pin_dir(&self) -> Option<&std::path::Path> {
@@ -417,11 +422,11 @@ impl RunArgs {
     }
 
     /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
-    pub fn node_name(&self) -> anyhow::Result<String> {
+    pub fn node_name(&self) -> Result<String, NoNodeName> {
         match &self.node_name {
             Some(n) => Ok(n.clone()),
             None => Ok(nix::unistd::gethostname()
-                .map_err(|e| anyhow::anyhow!("no --node-name and no host name: {e}"))?
+                .map_err(NoNodeName)?
                 .to_string_lossy()
                 .into_owned()),
         }

@@ -53,7 +53,7 @@ pub async fn policy(
             "Node {node} has no spec.podCIDRs (the CNI allocates pod addresses itself, as \
              the AWS VPC CNI, Azure CNI, Calico and Cilium's cluster-pool IPAM do)"
         ),
-        Err(why) => why,
+        Err(why) => why.to_string(),
     };
     learning(state, own, why_learn)
 }
@@ -150,12 +150,25 @@ fn record(
     });
 }
 
+/// Why this node's pod CIDRs cannot be had.
+#[derive(Debug, thiserror::Error)]
+enum PodCidrsError {
+    /// The Node read failed or has no usable `spec.podCIDRs`.
+    #[error(transparent)]
+    Node(#[from] k8s::node::NodeError),
+    /// The API server did not answer in time.
+    #[error("Node {0} could not be read within 10 s")]
+    Timeout(String),
+}
+
 /// This node's pod CIDRs, or why they cannot be had.
-async fn node_pod_cidrs(client: kube::Client, node: &str) -> Result<Vec<ipnet::IpNet>, String> {
+async fn node_pod_cidrs(
+    client: kube::Client,
+    node: &str,
+) -> Result<Vec<ipnet::IpNet>, PodCidrsError> {
     // Bounded: an API server that does not answer must not hold up the datapath.
     match tokio::time::timeout(Duration::from_secs(10), k8s::node::pod_cidrs(client, node)).await {
-        Ok(Ok(cidrs)) => Ok(cidrs),
-        Ok(Err(e)) => Err(format!("{e}")),
-        Err(_) => Err(format!("Node {node} could not be read within 10 s")),
+        Ok(result) => Ok(result?),
+        Err(_) => Err(PodCidrsError::Timeout(node.to_string())),
     }
 }

@@ -13,22 +13,25 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
+use super::SignalError;
 use crate::{
     k8s::{
         self,
+        client::ClientError,
         coredns::{self, CorednsConfig, CorednsMode, CorednsObjects, task::Timing},
         decide::lb_address::LbAddressPolicy,
         source::CorednsWriterConfig,
     },
     model::{LivePath, Mode},
-    names::{hostname::Hostname, scope::NameScope},
+    names::{
+        hostname::Hostname,
+        scope::{NameScope, ScopeError},
+    },
     status::{
         AgentState, HEARTBEAT_EVERY, ModeStatus,
-        admin::{self, AdminConfig},
+        admin::{self, AdminConfig, AdminError},
         metrics::Metrics,
     },
 };
@@ -120,13 +123,36 @@ pub struct CorednsWriterArgs {
 /// The name `/status` lists the writer's watches under.
 const SOURCE: &str = "kubernetes";
 
+/// Why the writer did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// `--coredns off`.
+    #[error("coredns-writer --coredns off writes nothing: pass corefile or import")]
+    Off,
+    /// Neither `--identity` nor a host name.
+    #[error("no --identity and no host name: {0}")]
+    NoIdentity(nix::errno::Errno),
+    /// `--names-domains` or `--cluster-domain` is invalid.
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+    /// No usable kubeconfig or client.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A signal handler could not be installed.
+    #[error(transparent)]
+    Signal(#[from] SignalError),
+    /// The admin server did not start.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+}
+
 /// Runs the writer until SIGTERM or SIGINT.
-pub async fn run(args: CorednsWriterArgs) -> Result<()> {
+pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
     let coredns = writer_config(&args)?;
     let identity = match &args.identity {
         Some(i) => i.clone(),
         None => nix::unistd::gethostname()
-            .map_err(|e| anyhow::anyhow!("no --identity and no host name: {e}"))?
+            .map_err(WriterError::NoIdentity)?
             .to_string_lossy()
             .into_owned(),
     };
@@ -140,10 +166,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
     } else {
         info!(domains = ?scope.domains(), "hostnames are published under these domains only");
     }
-    let mut signals = (
-        signal(SignalKind::terminate()).context("failed to handle SIGTERM")?,
-        signal(SignalKind::interrupt()).context("failed to handle SIGINT")?,
-    );
+    let mut signals = super::startup::stop_signals()?;
     let metrics = Metrics::default();
     let state = AgentState::new(0);
     state.update(|s| {
@@ -184,7 +207,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
             ..Timing::default()
         },
     };
-    let mut snapshot =
+    let mut desired =
         k8s::source::spawn_coredns_writer(client, cfg, metrics.clone(), state.clone());
     let admin = admin::start(
         &AdminConfig {
@@ -203,13 +226,13 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         state.beat();
-        if snapshot.borrow_and_update().synced {
+        if desired.borrow_and_update().is_some() {
             state.source_synced(SOURCE);
         }
         tokio::select! {
             _ = signals.0.recv() => { info!("SIGTERM"); break }
             _ = signals.1.recv() => { info!("SIGINT"); break }
-            changed = snapshot.changed() => if changed.is_err() { break },
+            changed = desired.changed() => if changed.is_err() { break },
             _ = heartbeat.tick() => {}
         }
     }
@@ -219,9 +242,9 @@ pub async fn run(args: CorednsWriterArgs) -> Result<()> {
 }
 
 /// What is written; refuses `--coredns off` (a writer that writes nothing).
-fn writer_config(args: &CorednsWriterArgs) -> Result<CorednsConfig> {
+fn writer_config(args: &CorednsWriterArgs) -> Result<CorednsConfig, WriterError> {
     if args.coredns == CorednsMode::Off {
-        bail!("coredns-writer --coredns off writes nothing: pass corefile or import");
+        return Err(WriterError::Off);
     }
     Ok(CorednsConfig {
         mode: args.coredns,

@@ -45,7 +45,7 @@ use serde::Deserialize;
 
 use crate::{
     k8s::decide::lb_address::builtin_refusal,
-    model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion, UnknownWord},
+    model::{FirstSpeaker, Frontend, Frontends, Origin, PathChoice, ProxyVersion, UnknownWord},
     names::{
         hostname::{Hostname, HostnameError},
         routes::{Claim, NameRoutes, resolve},
@@ -138,10 +138,10 @@ struct Entry {
     path: Option<String>,
 }
 
-fn source_of(path: &Path, name: Option<&str>) -> String {
-    match name {
-        Some(n) => format!("file {} ({n})", path.display()),
-        None => format!("file {}", path.display()),
+fn source_of(path: &Path, name: Option<&str>) -> Origin {
+    Origin::File {
+        path: path.to_path_buf(),
+        entry: name.map(str::to_string),
     }
 }
 
@@ -249,7 +249,7 @@ pub fn parse_file(
                 })?;
             claims.push(Claim {
                 created: None,
-                source: source_of(path, e.name.as_deref()),
+                source: source_of(path, e.name.as_deref()).to_string(),
                 object: None,
                 field: format!("frontends[{index}].hosts[{host_index}]"),
                 host,
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(got.len(), 3);
         let v6 = got.iter().find(|f| f.ip.is_ipv6()).expect("v6 entry");
         assert_eq!(v6.version, ProxyVersion::V2);
-        assert_eq!(v6.source, "file f.yaml (lb6)");
+        assert_eq!(v6.source.to_string(), "file f.yaml (lb6)");
     }
 
     #[test]

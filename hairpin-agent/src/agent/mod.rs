@@ -22,12 +22,14 @@ pub mod report;
 pub mod source;
 mod startup;
 
+pub use startup::{SignalError, StartError};
+
 use std::{
     net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
 use tokio::{signal::unix::Signal, time::Interval};
 use tracing::{debug, info, warn};
 
@@ -50,7 +52,7 @@ use crate::{
 };
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(args: RunArgs) -> Result<()> {
+pub async fn run(args: RunArgs) -> Result<(), StartError> {
     let mut agent = Agent::start(args).await?;
     let mut trigger = Trigger::Change;
     loop {
@@ -81,6 +83,8 @@ pub struct Agent {
     state: AgentState,
     metrics: Metrics,
     desired: DesiredRx,
+    /// What was applied last, to tell a change that only reports from one to apply.
+    applied: Option<Arc<Desired>>,
     source_name: String,
     plan: Plan,
     reconciler: Reconciler<Datapath, Relay>,
@@ -151,6 +155,7 @@ impl Agent {
         let Some(next) = self.desired.borrow_and_update().clone() else {
             return;
         };
+        self.report_decisions(&next);
         let started = Instant::now();
         self.reconciler.apply(&next.frontends, trigger);
         let (relay_ip, failed_listeners) = self.apply_names(&next);
@@ -182,6 +187,7 @@ impl Agent {
                 "failed frontends and listeners will be retried");
             Some(d)
         };
+        self.applied = Some(next);
         if !self.ready {
             self.ready = true;
             info!(
@@ -191,6 +197,34 @@ impl Agent {
                 "agent ready"
             );
         }
+    }
+
+    /// Whether the source's new value differs from the one applied last only in
+    /// what is reported (a Service's decision, the cluster DNS): then it is
+    /// reported, and nothing is applied nor the retry timer restarted.
+    fn only_reported_changed(&mut self) -> bool {
+        let Some(next) = self.desired.borrow_and_update().clone() else {
+            return false;
+        };
+        if !self
+            .applied
+            .as_ref()
+            .is_some_and(|last| last.same_to_apply(&next))
+        {
+            return false;
+        }
+        self.report_decisions(&next);
+        self.applied = Some(next);
+        true
+    }
+
+    /// Lists the source's decisions and the cluster DNS in `/status`.
+    fn report_decisions(&self, next: &Desired) {
+        let decisions = next.decisions.iter().map(|d| d.to_status()).collect();
+        self.state.update(|st| {
+            st.decisions = decisions;
+            st.cluster_dns = next.cluster_dns.clone();
+        });
     }
 
     /// Routes names and starts name listeners; the relay's address and how many
@@ -234,7 +268,7 @@ impl Agent {
                 st.failed_listeners = failed;
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
-                st.skips = next.route_skips.clone();
+                st.skips = next.route_skips.iter().map(|k| k.message.clone()).collect();
                 st.limits = Some(next.name_limits.clone());
             }
         });
@@ -249,8 +283,12 @@ impl Agent {
             .set_frontends(rec.active().count(), rec.failed().len());
         let name_paths: Vec<LivePath> = self.plan.name_paths();
         let paths = NamePaths::new(name_paths, &next.routes, relay_ip);
-        let statuses =
-            report::frontend_statuses(rec.active(), rec.failed(), &next.frontends, &paths);
+        let reconciled = report::Reconciled {
+            active: rec.active(),
+            failed: rec.failed(),
+            held: rec.held(),
+        };
+        let statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
         self.state.record_frontends(statuses, took);
         self.state.source_synced(&self.source_name);
         // How long a change takes to apply at scale: `cargo xtask bench` reads this.
@@ -281,6 +319,7 @@ impl Agent {
                 _ = self.signals.1.recv() => { info!("SIGINT"); return Wake::Stop }
                 changed = self.desired.changed() => {
                     if changed.is_err() { return Wake::Stop }
+                    if self.only_reported_changed() { continue }
                     self.retry.reset();
                     return Wake::Changed;
                 }

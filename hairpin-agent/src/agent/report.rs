@@ -3,11 +3,11 @@
 //! reconciler holds, what was asked for and which name paths are live.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
 };
 
-use super::reconcile::{Active, Failed};
+use super::reconcile::{Active, Failed, Hold};
 use crate::{
     model::{Frontends, LivePath, Paths},
     names::routes::NameRoute,
@@ -49,13 +49,28 @@ impl NamePaths {
     }
 }
 
+/// What the reconciler holds after an apply: the frontends live, those that
+/// failed, and those it left as they were, and why.
+pub struct Reconciled<'a, A> {
+    /// Live now.
+    pub active: A,
+    /// Could not be made live.
+    pub failed: &'a BTreeMap<SocketAddr, Failed>,
+    /// Left as they were by the last apply.
+    pub held: &'a BTreeMap<SocketAddr, Hold>,
+}
+
 /// Every frontend in `desired`, as `/status` lists it.
 pub fn frontend_statuses<'a>(
-    active: impl Iterator<Item = &'a Active>,
-    failed: &std::collections::BTreeMap<SocketAddr, Failed>,
+    rec: Reconciled<'a, impl Iterator<Item = &'a Active>>,
     desired: &Frontends,
     names: &NamePaths,
 ) -> Vec<FrontendStatus> {
+    let Reconciled {
+        active,
+        failed,
+        held,
+    } = rec;
     let mut out: Vec<FrontendStatus> = active
         .map(|a| {
             let addr = a.frontend.addr();
@@ -65,7 +80,7 @@ pub fn frontend_statuses<'a>(
                 ip: a.frontend.ip,
                 port: a.frontend.port,
                 version: a.frontend.version,
-                source: a.frontend.source.clone(),
+                source: a.frontend.source.to_string(),
                 state: FrontendState::Active,
                 listener: Some(a.listener),
                 // Why it takes its path, when the kernel path was asked for.
@@ -78,7 +93,7 @@ pub fn frontend_statuses<'a>(
     let live: BTreeSet<SocketAddr> = out.iter().map(|f| SocketAddr::new(f.ip, f.port)).collect();
     for f in desired.iter().filter(|f| !live.contains(&f.addr())) {
         let by_name = names.for_frontend(f.addr());
-        let (state, reason, retry) = match (failed.get(&f.addr()), by_name.is_empty()) {
+        let (state, reason, retry) = match (failed.get(&f.addr()), held.get(&f.addr())) {
             (Some(x), _) => (
                 FrontendState::Failed,
                 x.error.to_string(),
@@ -88,18 +103,25 @@ pub fn frontend_statuses<'a>(
                     RetryPolicy::Backoff
                 }),
             ),
-            // Not tried: without a datapath the reconciler makes nothing live.
-            (None, false) => (
+            // Held: without a datapath the reconciler makes nothing live.
+            (None, Some(Hold::NoDatapath)) if !by_name.is_empty() => (
                 FrontendState::Fallback,
                 "eBPF is not live on this node: clients using its names reach the name relay"
                     .to_string(),
                 None,
             ),
-            (None, true) => (
+            (None, Some(Hold::NoDatapath)) => (
                 FrontendState::Failed,
                 "eBPF is not live on this node and no name routed to this address is published \
                  through /etc/hosts or CoreDNS: clients take the pre-hairpin path"
                     .to_string(),
+                None,
+            ),
+            // Every apply leaves each frontend live, failed or held; a frontend
+            // asked for after the last apply has not been tried yet.
+            (None, Some(Hold::Unchanged | Hold::WaitsForChange) | None) => (
+                FrontendState::Failed,
+                "not tried yet: asked for after the last apply".to_string(),
                 None,
             ),
         };
@@ -107,7 +129,7 @@ pub fn frontend_statuses<'a>(
             ip: f.ip,
             port: f.port,
             version: f.version,
-            source: f.source.clone(),
+            source: f.source.to_string(),
             state,
             listener: (state == FrontendState::Fallback)
                 .then(|| names.relay.map(|ip| SocketAddr::new(ip, f.port)))
@@ -169,7 +191,10 @@ mod tests {
             ip: a.ip(),
             port: a.port(),
             version: ProxyVersion::V2,
-            source: "test".into(),
+            source: crate::model::Origin::File {
+                path: "test".into(),
+                entry: None,
+            },
             first_speaker: Default::default(),
             path: Default::default(),
         }
@@ -224,7 +249,16 @@ mod tests {
             &routes(),
             Some("169.254.20.11".parse().expect("ip")),
         );
-        let got: Vec<String> = frontend_statuses(active.iter(), &failed, &desired, &names)
+        let held = BTreeMap::from([
+            ("203.0.113.10:80".parse().expect("a"), Hold::Unchanged),
+            ("203.0.113.13:80".parse().expect("a"), Hold::Unchanged),
+        ]);
+        let rec = Reconciled {
+            active: active.iter(),
+            failed: &failed,
+            held: &held,
+        };
+        let got: Vec<String> = frontend_statuses(rec, &desired, &names)
             .iter()
             .map(|f| {
                 format!(
@@ -240,6 +274,47 @@ mod tests {
                 "203.0.113.13:80 Active kernel None None",
                 "203.0.113.11:80 Failed none Some(OnChange) Some(\"full\")",
                 "203.0.113.12:80 Failed none Some(Backoff) Some(\"in use\")",
+            ]
+        );
+    }
+
+    #[test]
+    fn frontends_held_for_want_of_a_datapath_say_whether_names_reach_the_relay() {
+        let desired = {
+            let mut s = Frontends::new();
+            for a in ["203.0.113.10:80", "203.0.113.11:80"] {
+                s.insert(fe(a)).expect("free");
+            }
+            s
+        };
+        let held: BTreeMap<SocketAddr, Hold> = desired
+            .iter()
+            .map(|f| (f.addr(), Hold::NoDatapath))
+            .collect();
+        let names = NamePaths::new(
+            vec![LivePath::Hosts],
+            &routes(),
+            Some("169.254.20.11".parse().expect("ip")),
+        );
+        let rec = Reconciled {
+            active: [].iter(),
+            failed: &BTreeMap::new(),
+            held: &held,
+        };
+        let got: Vec<String> = frontend_statuses(rec, &desired, &names)
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}:{} {:?} {} {:?}",
+                    f.ip, f.port, f.state, f.path, f.listener
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "203.0.113.10:80 Fallback hosts Some(169.254.20.11:80)",
+                "203.0.113.11:80 Failed none None",
             ]
         );
     }

@@ -1,10 +1,12 @@
 //! Where the desired state comes from: the frontends file, or the cluster.
 //!
-//! Both deliver a [`Desired`] through a watch channel: `None` until the source has
-//! synced once, so the agent never applies an empty set it did not mean.
+//! Both deliver a [`Desired`] through a watch channel, shared behind an `Arc`:
+//! `None` until the source has synced once, so the agent never applies an empty
+//! set it did not mean.
 
 use std::{
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -17,27 +19,11 @@ use tracing::{error, warn};
 use super::frontends_file::{self, FrontendsFile};
 use crate::{
     k8s::{self, source::SourceConfig},
-    model::Frontends,
-    names::{routes::NameRoute, scope::NameScope},
-    status::{AgentState, NameLimitsStatus, metrics::Metrics},
+    names::scope::NameScope,
+    status::{AgentState, metrics::Metrics},
 };
 
-/// What a source says should exist.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Desired {
-    /// LoadBalancer frontends to redirect and relay, one per address.
-    pub frontends: Frontends,
-    /// Hostnames the name relay routes to their own LB (and /etc/hosts points at it).
-    pub routes: Vec<NameRoute>,
-    /// Hostnames left out (refused by `--names-domains` and its rules, not accepted
-    /// by their Gateway, not proxied, conflicts), one sentence each, for `/status`.
-    pub route_skips: Vec<String>,
-    /// The caps on names, and how many names they withheld by namespace.
-    pub name_limits: NameLimitsStatus,
-}
-
-/// The receiving end the agent applies from.
-pub type DesiredRx = watch::Receiver<Option<Desired>>;
+pub use crate::k8s::source::{Desired, DesiredRx};
 
 /// The frontends file now, then on every change; `name` is the source's name in
 /// `/status`; its `hosts` are routed within `scope`. A file that does not load now
@@ -50,7 +36,7 @@ pub fn file(
     scope: NameScope,
 ) -> Result<DesiredRx, frontends_file::FrontendsFileError> {
     let initial = load(path, &scope)?;
-    let (tx, rx) = watch::channel(Some(initial));
+    let (tx, rx) = watch::channel(Some(Arc::new(initial)));
     tokio::spawn(watch_file(
         path.to_path_buf(),
         every,
@@ -62,47 +48,15 @@ pub fn file(
     Ok(rx)
 }
 
-/// The cluster, through [`k8s::source`]: decisions go to `/status` as they come,
-/// and the desired state once the Service list has synced.
+/// The cluster, through [`k8s::source`], which sends its desired state itself once
+/// the Service list has synced.
 pub fn kubernetes(
     client: kube::Client,
     cfg: SourceConfig,
     metrics: Metrics,
     state: AgentState,
 ) -> DesiredRx {
-    let mut snapshot = k8s::source::spawn(client, cfg, metrics, state.clone());
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        loop {
-            let next = {
-                let s = snapshot.borrow_and_update();
-                let decisions = s.decisions.iter().map(|d| d.to_status()).collect();
-                state.update(|st| {
-                    st.decisions = decisions;
-                    st.cluster_dns = s.cluster_dns.clone();
-                });
-                s.synced.then(|| Desired {
-                    frontends: s.frontends.clone(),
-                    routes: s.routes.clone(),
-                    route_skips: s.route_skips.iter().map(|k| k.message.clone()).collect(),
-                    name_limits: s.name_limits.clone(),
-                })
-            };
-            if next.is_some() {
-                tx.send_if_modified(|cur| {
-                    let modified = *cur != next;
-                    if modified {
-                        *cur = next;
-                    }
-                    modified
-                });
-            }
-            if snapshot.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
+    k8s::source::spawn(client, cfg, metrics, state)
 }
 
 /// Reloads the frontends file when its modification time or size changes, and on
@@ -110,7 +64,7 @@ pub fn kubernetes(
 async fn watch_file(
     path: PathBuf,
     every: Duration,
-    tx: watch::Sender<Option<Desired>>,
+    tx: watch::Sender<Option<Arc<Desired>>>,
     state: AgentState,
     name: String,
     scope: NameScope,
@@ -141,7 +95,7 @@ async fn watch_file(
         last = now;
         match load(&path, &scope) {
             Ok(set) => {
-                if tx.send(Some(set)).is_err() {
+                if tx.send(Some(Arc::new(set))).is_err() {
                     return;
                 }
             }
@@ -163,7 +117,8 @@ fn load(path: &Path, scope: &NameScope) -> Result<Desired, frontends_file::Front
     Ok(Desired {
         frontends,
         routes: routes.routes,
-        route_skips: routes.skips.into_iter().map(|s| s.message).collect(),
+        route_skips: routes.skips,
         name_limits: routes.limits,
+        ..Desired::default()
     })
 }

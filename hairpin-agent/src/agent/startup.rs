@@ -9,30 +9,32 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, RunArgs},
-    clients, limits,
+    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, NoNodeName, RunArgs},
+    clients,
+    frontends_file::FrontendsFileError,
+    limits,
     mode::{self, Configured, EbpfOutcome, Plan},
     reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
     source,
 };
 use crate::{
-    datapath::{self, Datapath, KernelPath, LoadOptions},
+    datapath::{self, Datapath, DatapathError, KernelPath, LoadOptions},
     k8s::{
         self,
+        client::ClientError,
         coredns::CorednsMode,
         decide::lb_address::LbAddressPolicy,
         source::{SourceConfig, WriterConfig},
     },
     names::{
-        link as names_link,
+        link::{self as names_link, LinkError},
         relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
-        scope::{NameScope, ScopeRule},
+        scope::{NameScope, ScopeError, ScopeRule},
     },
     relay::{
         Relay, RelayConfig,
@@ -41,210 +43,188 @@ use crate::{
     status::{
         AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
         LifecycleStatus, ListenStatus, ModeStatus, NamesStatus,
-        admin::{self, AdminConfig, KernelCounters},
+        admin::{self, AdminConfig, AdminError, AdminServer, KernelCounters},
         metrics::Metrics,
     },
 };
 
+/// Why the agent did not start. Everything up to [`StartError::Datapath`] fails
+/// before the programs attach.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// `--node-ip` gave no address.
+    #[error("no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)")]
+    NoNodeIp,
+    /// `--coredns` with `--mode ebpf`, which runs no name relay.
+    #[error("--coredns {0} needs the name relay: --mode ebpf runs none (use --mode both or auto)")]
+    CorednsWithoutNameRelay(CorednsMode),
+    /// `--coredns` with `--frontends`: CoreDNS follows the Kubernetes source's names.
+    #[error("--coredns follows the Kubernetes source's names: it cannot be used with --frontends")]
+    CorednsWithFrontendsFile,
+    /// A signal handler could not be installed.
+    #[error(transparent)]
+    Signal(#[from] SignalError),
+    /// `--names-domains` or `--cluster-domain` is invalid.
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+    /// The frontends file does not load.
+    #[error(transparent)]
+    FrontendsFile(#[from] FrontendsFileError),
+    /// No usable kubeconfig or client.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// No node name for the Lease.
+    #[error(transparent)]
+    NodeName(#[from] NoNodeName),
+    /// The relays' listen address cannot be put on `--listen-link`.
+    #[error(
+        "--listen-link {link}: cannot put the relays' listen address {address} on it                  (needs CAP_NET_ADMIN; --listen-link none uses --listen-address as it is)"
+    )]
+    ListenLink {
+        /// The link.
+        link: String,
+        /// The address.
+        address: IpAddr,
+        /// Why.
+        source: Box<LinkError>,
+    },
+    /// The names address cannot be put on `--names-link`.
+    #[error("--names-link {link}: cannot put {address} on it")]
+    NamesLink {
+        /// The link.
+        link: String,
+        /// The address.
+        address: IpAddr,
+        /// Why.
+        source: Box<LinkError>,
+    },
+    /// `/proc/self/mountinfo` cannot be read (to find the cgroup v2 root).
+    #[error("failed to read /proc/self/mountinfo")]
+    Mountinfo(#[source] std::io::Error),
+    /// No cgroup v2 hierarchy to attach to.
+    #[error(
+        "no cgroup v2 hierarchy root is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) \
+         or pass --cgroup-path"
+    )]
+    NoCgroup2,
+    /// The programs did not load or attach (with `--mode ebpf` or `both`).
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    /// The admin server did not start.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+}
+
+/// `e` and its causes, each after a colon: how a reason reads in `status` and logs.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// A signal handler could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to handle {signal}")]
+pub struct SignalError {
+    /// `SIGTERM` or `SIGINT`.
+    pub signal: &'static str,
+    /// Why.
+    pub source: std::io::Error,
+}
+
+/// SIGTERM's and SIGINT's handlers.
+pub(crate) fn stop_signals() -> Result<(Signal, Signal), SignalError> {
+    let handle = |kind, name| {
+        signal(kind).map_err(|source| SignalError {
+            signal: name,
+            source,
+        })
+    };
+    Ok((
+        handle(SignalKind::terminate(), "SIGTERM")?,
+        handle(SignalKind::interrupt(), "SIGINT")?,
+    ))
+}
+
+/// This node's first IPv4 and IPv6 address (`--node-ip`), at least one of them.
+#[derive(Clone, Copy, Debug)]
+struct NodeIps {
+    v4: Option<IpAddr>,
+    v6: Option<IpAddr>,
+}
+
+impl NodeIps {
+    fn of(args: &RunArgs) -> Result<NodeIps, StartError> {
+        let v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
+        let v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
+        if v4.is_none() && v6.is_none() {
+            return Err(StartError::NoNodeIp);
+        }
+        Ok(NodeIps { v4, v6 })
+    }
+}
+
+/// The source, started: what it sends, its name in `/status`, the API client
+/// (none with the frontends file), and the names scope (with the API server's
+/// names refused).
+struct Source {
+    desired: source::DesiredRx,
+    name: String,
+    kube: Option<kube::Client>,
+    scope: NameScope,
+}
+
 impl Agent {
     /// Starts everything in the order the module docs give; fails before anything
     /// is attached when the source, the flags or the admin server are unusable.
-    pub async fn start(args: RunArgs) -> Result<Agent> {
+    pub async fn start(args: RunArgs) -> Result<Agent, StartError> {
         check_coredns(&args)?;
-        let node_v4 = args.node_ips.iter().find(|i| i.is_ipv4()).copied();
-        let node_v6 = args.node_ips.iter().find(|i| i.is_ipv6()).copied();
-        if node_v4.is_none() && node_v6.is_none() {
-            bail!(
-                "no node IP: pass --node-ip (in a DaemonSet, HAIRPIN_NODE_IPS from status.hostIPs)"
-            );
-        }
-        let listen = listen_addresses(&args, node_v4, node_v6);
+        let node = NodeIps::of(&args)?;
+        let listen = listen_addresses(&args, node.v4, node.v6);
         limits::raise_nofile_limit();
         let metrics = Metrics::default();
         limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
         let state = AgentState::new(args.bypass_mark);
-        let signals = (
-            signal(SignalKind::terminate()).context("failed to handle SIGTERM")?,
-            signal(SignalKind::interrupt()).context("failed to handle SIGINT")?,
-        );
-
-        let scope = names_scope(&args)?;
+        let signals = stop_signals()?;
         // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
-        let (desired, source_name, kube, scope) = match &args.frontends {
-            Some(path) => {
-                let name = format!("file {}", path.display());
-                let rx = source::file(
-                    path,
-                    args.frontends_poll,
-                    state.clone(),
-                    name.clone(),
-                    scope.clone(),
-                )?;
-                (rx, name, None, scope)
-            }
-            None => {
-                let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
-                let scope =
-                    k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
-                let client = k8s::client::from_config(config)?;
-                let cfg = source_config(&args, scope.clone())?;
-                let name = cfg.name.clone();
-                let rx = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
-                (rx, name, Some(client), scope)
-            }
-        };
-        if scope.domains().is_empty() {
-            warn!("--names-domains is empty: no hostname is published (/etc/hosts, CoreDNS)");
-        } else {
-            info!(domains = ?scope.domains(), "hostnames are published under these domains only");
-        }
-        state.register_source(&source_name);
-
+        let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
-        let listen_note = listen_on_link(&args, listen).await?;
-        state.update(|s| {
-            s.listen = Some(ListenStatus {
-                addresses: [listen.v4, listen.v6].into_iter().flatten().collect(),
-                link: args.listen_link().map(str::to_string),
-                note: listen_note,
-            })
-        });
+        publish_listen_addresses(&args, listen, &state).await?;
         let (datapath, outcome, cgroup) = start_datapath(&args).await?;
-        let plan = mode::plan(
-            args.mode,
-            &outcome,
-            Configured {
-                hosts_file: args.hosts_file.is_some(),
-                coredns: args.coredns != CorednsMode::Off,
-            },
-        );
-        info!(mode = %args.mode, live = ?plan.live(), reason = %plan.reason, "paths decided");
-        state.update(|s| {
-            s.mode = Some(ModeStatus {
-                configured: args.mode,
-                live: plan.live(),
-                reason: plan.reason.clone(),
-            })
-        });
-        if let (Some(d), Some(cgroup)) = (datapath.as_ref(), cgroup) {
-            state.set_attachment(Some(AttachmentStatus {
-                cgroup,
-                ids: d.kernel_ids(),
-            }));
-        }
-        if let Some(d) = datapath.as_ref() {
-            report_kernel_path(&args, d, &state, &metrics);
-        }
-        release_inherited_pins(&args);
-        // The dead-man switch: beaten every second while this agent runs; the
-        // connect programs stop acting once no agent has beaten within the TTL.
+        let plan = decide_paths(&args, &outcome, &state);
         let beating = datapath
             .as_ref()
-            .map(|d| tokio::spawn(d.heartbeat().beat_every(HEARTBEAT_EVERY)).abort_handle());
-        if let Some(d) = datapath.as_ref() {
-            let hb = d.heartbeat();
-            metrics.set_datapath_heartbeat(Arc::new(move || {
-                (hb.age().map(|a| a.as_secs_f64()), hb.ttl().as_secs_f64())
-            }));
-        }
-
-        let relay_config = RelayConfig {
-            // Without programs nothing skips marked sockets, and setting a mark needs
-            // CAP_NET_ADMIN: leave it off.
-            bypass_mark: plan.ebpf.then_some(args.bypass_mark),
-            connect_timeout: args.connect_timeout,
-            node_ipv4: node_v4.and_then(|i| match i {
-                IpAddr::V4(v) => Some(v),
-                IpAddr::V6(_) => None,
-            }),
-            node_ipv6: node_v6.and_then(|i| match i {
-                IpAddr::V6(v) => Some(v),
-                IpAddr::V4(_) => None,
-            }),
-            clients: clients::policy(&args, kube.clone(), &state).await,
-            gate: ConnGate::new(ConnLimits {
-                total: args.max_connections,
-                per_source: args.max_connections_per_source,
-            }),
-            buffer_size: 64 * 1024,
-            keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
-        };
+            .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
+        let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state).await;
         let names = start_names(
             &args,
-            &scope,
+            &source.scope,
             &plan,
             listen,
-            node_v4,
-            node_v6,
+            node,
             &relay_config,
             &metrics,
             &state,
         )
         .await?;
         let mut names = names;
-        let mut relay = Relay::new(relay_config, metrics.clone());
-        if let Some(d) = datapath.as_ref() {
-            // The connect programs send to a listener only while it is in the
-            // liveness map: each one registers as it binds.
-            let liveness = d.relay_liveness();
-            let hook: crate::relay::ListenHook =
-                Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(Into::into));
-            relay.on_listen(hook.clone());
-            if let Some(n) = names.as_mut() {
-                n.on_listen(hook);
-            }
-        }
-        // Read through the agent's own descriptor: opening the map by id (as `dump`
-        // does) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
-        let reader = datapath.as_ref().and_then(|d| match d.counters_reader() {
-            Ok(r) => Some(Arc::new(r)),
-            Err(e) => {
-                warn!(error = %e, "the kernel counters cannot be read through the agent's own map descriptor");
-                None
-            }
-        });
-        let reconciler = Reconciler::new(datapath, relay, listen);
-
-        // Up before the first sync: /healthz answers and /readyz says what it waits for.
-        let own = reader.clone();
-        let kernel: KernelCounters = Arc::new(move |id| match &own {
-            Some(r) => Ok(r
-                .read()
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect()),
-            None => datapath::kernel_objects::read_counters(id)
-                .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
-                .map_err(Into::into),
-        });
-        if let Some(r) = reader {
-            metrics.set_kernel_counters(Arc::new(move || {
-                r.read()
-                    .into_iter()
-                    .map(|(n, v)| (n.to_string(), v))
-                    .collect()
-            }));
-        }
-        let admin = admin::start(
-            &AdminConfig {
-                address: Some(args.admin_address),
-                socket: Some(args.admin_socket.clone()),
-                metrics: args.metrics_address,
-            },
-            state.clone(),
-            metrics.clone(),
-            Some(kernel),
-        )
-        .await?;
+        let relay = start_relay(relay_config, datapath.as_ref(), names.as_mut(), &metrics);
+        let admin = start_admin(&args, datapath.as_ref(), &state, &metrics).await?;
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(Agent {
             state,
             metrics,
-            desired,
-            source_name,
+            desired: source.desired,
+            applied: None,
+            source_name: source.name,
             plan,
-            reconciler,
+            reconciler: Reconciler::new(datapath, relay, listen),
             names,
             names_redirects: Vec::new(),
             admin: Some(admin),
@@ -255,16 +235,236 @@ impl Agent {
             retry_in: None,
             heartbeat,
             beating,
-            kube,
+            kube: source.kube,
             daemonset: args.daemonset.clone(),
             link_addresses: link_addresses(&args, listen),
         })
     }
 }
 
+/// Starts the source `args` name (the frontends file, else the cluster) and says
+/// in the log and `/status` what it publishes names under.
+async fn start_source(
+    args: &RunArgs,
+    scope: NameScope,
+    metrics: &Metrics,
+    state: &AgentState,
+) -> Result<Source, StartError> {
+    let source = match &args.frontends {
+        Some(path) => {
+            let name = format!("file {}", path.display());
+            let desired = source::file(
+                path,
+                args.frontends_poll,
+                state.clone(),
+                name.clone(),
+                scope.clone(),
+            )?;
+            Source {
+                desired,
+                name,
+                kube: None,
+                scope,
+            }
+        }
+        None => {
+            let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
+            let scope =
+                k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
+            let client = k8s::client::from_config(config)?;
+            let cfg = source_config(args, scope.clone())?;
+            let name = cfg.name.clone();
+            let desired = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
+            Source {
+                desired,
+                name,
+                kube: Some(client),
+                scope,
+            }
+        }
+    };
+    if source.scope.domains().is_empty() {
+        warn!("--names-domains is empty: no hostname is published (/etc/hosts, CoreDNS)");
+    } else {
+        info!(domains = ?source.scope.domains(), "hostnames are published under these domains only");
+    }
+    state.register_source(&source.name);
+    Ok(source)
+}
+
+/// Puts the listen addresses on their link and lists them in `/status`.
+async fn publish_listen_addresses(
+    args: &RunArgs,
+    listen: ListenAddresses,
+    state: &AgentState,
+) -> Result<(), StartError> {
+    let note = listen_on_link(args, listen).await?;
+    state.update(|s| {
+        s.listen = Some(ListenStatus {
+            addresses: [listen.v4, listen.v6].into_iter().flatten().collect(),
+            link: args.listen_link().map(str::to_string),
+            note,
+        })
+    });
+    Ok(())
+}
+
+/// Which paths are live, from `--mode`, how the programs fared and what is
+/// configured; logged and listed in `/status`.
+fn decide_paths(args: &RunArgs, outcome: &EbpfOutcome, state: &AgentState) -> Plan {
+    let plan = mode::plan(
+        args.mode,
+        outcome,
+        Configured {
+            hosts_file: args.hosts_file.is_some(),
+            coredns: args.coredns != CorednsMode::Off,
+        },
+    );
+    info!(mode = %args.mode, live = ?plan.live(), reason = %plan.reason, "paths decided");
+    state.update(|s| {
+        s.mode = Some(ModeStatus {
+            configured: args.mode,
+            live: plan.live(),
+            reason: plan.reason.clone(),
+        })
+    });
+    plan
+}
+
+/// Reports the attached datapath (`/status`, metrics), releases the pins earlier
+/// releases left, and starts its heartbeat: the dead-man switch, beaten every
+/// second while this agent runs; the connect programs stop acting once no agent
+/// has beaten within the TTL. The heartbeat task's handle.
+fn report_datapath(
+    args: &RunArgs,
+    d: &Datapath,
+    cgroup: Option<PathBuf>,
+    state: &AgentState,
+    metrics: &Metrics,
+) -> Option<tokio::task::AbortHandle> {
+    if let Some(cgroup) = cgroup {
+        state.set_attachment(Some(AttachmentStatus {
+            cgroup,
+            ids: d.kernel_ids(),
+        }));
+    }
+    report_kernel_path(args, d, state, metrics);
+    release_inherited_pins(args);
+    let beating = tokio::spawn(d.heartbeat().beat_every(HEARTBEAT_EVERY)).abort_handle();
+    let hb = d.heartbeat();
+    metrics.set_datapath_heartbeat(Arc::new(move || {
+        (hb.age().map(|a| a.as_secs_f64()), hb.ttl().as_secs_f64())
+    }));
+    Some(beating)
+}
+
+/// What both relays share: the bypass mark (only where programs skip marked
+/// sockets), the node's addresses, the clients allowed and the connection caps.
+async fn relay_config(
+    args: &RunArgs,
+    plan: &Plan,
+    node: NodeIps,
+    kube: Option<kube::Client>,
+    state: &AgentState,
+) -> RelayConfig {
+    RelayConfig {
+        // Without programs nothing skips marked sockets, and setting a mark needs
+        // CAP_NET_ADMIN: leave it off.
+        bypass_mark: plan.ebpf.then_some(args.bypass_mark),
+        connect_timeout: args.connect_timeout,
+        node_ipv4: node.v4.and_then(|i| match i {
+            IpAddr::V4(v) => Some(v),
+            IpAddr::V6(_) => None,
+        }),
+        node_ipv6: node.v6.and_then(|i| match i {
+            IpAddr::V6(v) => Some(v),
+            IpAddr::V4(_) => None,
+        }),
+        clients: clients::policy(args, kube, state).await,
+        gate: ConnGate::new(ConnLimits {
+            total: args.max_connections,
+            per_source: args.max_connections_per_source,
+        }),
+        buffer_size: 64 * 1024,
+        keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
+    }
+}
+
+/// The relay of frontends; where a datapath runs, each of its listeners and the
+/// name relay's registers in the liveness map as it binds, since the connect
+/// programs send to a listener only while it is there.
+fn start_relay(
+    config: RelayConfig,
+    datapath: Option<&Datapath>,
+    names: Option<&mut NameRouting>,
+    metrics: &Metrics,
+) -> Relay {
+    let mut relay = Relay::new(config, metrics.clone());
+    if let Some(d) = datapath {
+        let liveness = d.relay_liveness();
+        let hook: crate::relay::ListenHook =
+            Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(Into::into));
+        relay.on_listen(hook.clone());
+        if let Some(n) = names {
+            n.on_listen(hook);
+        }
+    }
+    relay
+}
+
+/// The admin server, up before the first sync: /healthz answers and /readyz says
+/// what it waits for. The kernel counters are read through the agent's own map
+/// descriptor where it can (opening the map by id, as `dump` does, needs
+/// CAP_SYS_ADMIN, which the DaemonSet does not grant), else by id.
+async fn start_admin(
+    args: &RunArgs,
+    datapath: Option<&Datapath>,
+    state: &AgentState,
+    metrics: &Metrics,
+) -> Result<AdminServer, StartError> {
+    let reader = datapath.and_then(|d| match d.counters_reader() {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            warn!(error = %e, "the kernel counters cannot be read through the agent's own map descriptor");
+            None
+        }
+    });
+    let own = reader.clone();
+    let kernel: KernelCounters = Arc::new(move |id| match &own {
+        Some(r) => Ok(r
+            .read()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect()),
+        None => datapath::kernel_objects::read_counters(id)
+            .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+            .map_err(Into::into),
+    });
+    if let Some(r) = reader {
+        metrics.set_kernel_counters(Arc::new(move || {
+            r.read()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect()
+        }));
+    }
+    let admin = admin::start(
+        &AdminConfig {
+            address: Some(args.admin_address),
+            socket: Some(args.admin_socket.clone()),
+            metrics: args.metrics_address,
+        },
+        state.clone(),
+        metrics.clone(),
+        Some(kernel),
+    )
+    .await?;
+    Ok(admin)
+}
+
 /// Which names may be published: `--names-domains` and `--cluster-domain`, validated
 /// once, refusing this node's names too (the API server's is added with the client).
-fn names_scope(args: &RunArgs) -> Result<NameScope> {
+fn names_scope(args: &RunArgs) -> Result<NameScope, StartError> {
     let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
         .with_caps(args.decision.name_limits.limits());
     if let Ok(node) = args.node_name() {
@@ -282,7 +482,7 @@ fn names_scope(args: &RunArgs) -> Result<NameScope> {
 
 /// The Kubernetes source's settings: a Lease and its writer only when something
 /// cluster-wide is written (Events, CoreDNS).
-fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig> {
+fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig, StartError> {
     // The Lease only elects who publishes Events: CoreDNS is written by its own
     // Deployment (`hairpin-agent coredns-writer`).
     let writer = if args.events {
@@ -334,20 +534,15 @@ fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
 /// Refuses `--coredns` combinations that cannot work: CoreDNS sends pods to the
 /// name relay, which `--mode ebpf` does not run, and the rewrites follow the
 /// Kubernetes source's names.
-fn check_coredns(args: &RunArgs) -> Result<()> {
+fn check_coredns(args: &RunArgs) -> Result<(), StartError> {
     if args.coredns == CorednsMode::Off {
         return Ok(());
     }
     if !args.mode.allows_names() {
-        bail!(
-            "--coredns {} needs the name relay: --mode ebpf runs none (use --mode both or auto)",
-            args.coredns
-        );
+        return Err(StartError::CorednsWithoutNameRelay(args.coredns));
     }
     if args.frontends.is_some() {
-        bail!(
-            "--coredns follows the Kubernetes source's names: it cannot be used with --frontends"
-        );
+        return Err(StartError::CorednsWithFrontendsFile);
     }
     Ok(())
 }
@@ -359,7 +554,7 @@ fn check_coredns(args: &RunArgs) -> Result<()> {
 /// is neither broken nor silently taken over. The log says why every 30 s.
 async fn start_datapath(
     args: &RunArgs,
-) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>)> {
+) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>), StartError> {
     if !args.mode.tries_ebpf() {
         info!("--mode fallback: no programs loaded");
         return Ok((None, EbpfOutcome::NotTried, None));
@@ -368,7 +563,7 @@ async fn start_datapath(
     let attached = loop {
         match attach(args) {
             Err(e) if is_wait(&e) => {
-                let why = format!("{e:#}");
+                let why = chain(&e);
                 if said.is_none_or(|t| t.elapsed() >= DATAPATH_WAIT_LOG) {
                     warn!(reason = %why, "waiting to own the datapath");
                     said = Some(std::time::Instant::now());
@@ -385,7 +580,7 @@ async fn start_datapath(
         }
         Err(e) if args.mode.requires_ebpf() => Err(e),
         Err(e) => {
-            let reason = format!("{e:#}");
+            let reason = chain(&e);
             warn!(%reason, "eBPF could not be used on this node: falling back to the name relay (/etc/hosts, CoreDNS)");
             Ok((None, EbpfOutcome::Failed(reason), None))
         }
@@ -397,24 +592,21 @@ const DATAPATH_WAIT_RETRY: Duration = Duration::from_secs(1);
 const DATAPATH_WAIT_LOG: Duration = Duration::from_secs(30);
 
 /// Whether `e` says to wait for the datapath rather than run without it.
-fn is_wait(e: &anyhow::Error) -> bool {
+fn is_wait(e: &StartError) -> bool {
     matches!(
-        e.downcast_ref::<datapath::DatapathError>(),
-        Some(datapath::DatapathError::Busy(_) | datapath::DatapathError::ForeignLayout { .. })
+        e,
+        StartError::Datapath(DatapathError::Busy(_) | DatapathError::ForeignLayout { .. })
     )
 }
 
-fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf)> {
-    let object = datapath::embedded_object().ok_or(datapath::DatapathError::NotEmbedded)?;
+fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf), StartError> {
+    let object = datapath::embedded_object().ok_or(DatapathError::NotEmbedded)?;
     let cgroup = match &args.cgroup_path {
         Some(p) => p.clone(),
         None => {
-            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-                .context("failed to read /proc/self/mountinfo")?;
-            datapath::find_cgroup2_root(&mountinfo).context(
-                "no cgroup v2 hierarchy root is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) \
-                 or pass --cgroup-path",
-            )?
+            let mountinfo =
+                std::fs::read_to_string("/proc/self/mountinfo").map_err(StartError::Mountinfo)?;
+            datapath::find_cgroup2_root(&mountinfo).ok_or(StartError::NoCgroup2)?
         }
     };
     let mut datapath = Datapath::load_with(object, &load_options(args))?;
@@ -433,12 +625,11 @@ async fn start_names(
     scope: &NameScope,
     plan: &Plan,
     listen: ListenAddresses,
-    node_v4: Option<IpAddr>,
-    node_v6: Option<IpAddr>,
+    node: NodeIps,
     relay: &RelayConfig,
     metrics: &Metrics,
     state: &AgentState,
-) -> Result<Option<NameRouting>> {
+) -> Result<Option<NameRouting>, StartError> {
     let Some(address) = args.names_address.or(listen.v4).or(listen.v6) else {
         return Ok(None);
     };
@@ -468,7 +659,7 @@ async fn start_names(
                 (NamesRedirect::Auto, true) => Redirect::ConnectPrograms,
                 (NamesRedirect::Auto, false) => Redirect::Netfilter,
             },
-            service_listeners: service_listeners(args, node_v4, node_v6),
+            service_listeners: service_listeners(args, node.v4, node.v6),
             hosts_file,
             hosts_min_interval: args.decision.name_limits.hosts_min_interval,
             report_to: Some(state.clone()),
@@ -519,17 +710,23 @@ fn listen_addresses(
 
 /// Puts the listen addresses on the listen link (see `--listen-link`); returns
 /// what was done, one line per address.
-async fn listen_on_link(args: &RunArgs, listen: ListenAddresses) -> Result<Option<String>> {
+async fn listen_on_link(
+    args: &RunArgs,
+    listen: ListenAddresses,
+) -> Result<Option<String>, StartError> {
     let Some(link) = args.listen_link() else {
         return Ok(None);
     };
     let mut notes = Vec::new();
     for address in [listen.v4, listen.v6].into_iter().flatten() {
-        let outcome = names_link::ensure(link, address).await.with_context(|| {
-            format!(
-                "--listen-link {link}: cannot put the relays' listen address {address} on it                  (needs CAP_NET_ADMIN; --listen-link none uses --listen-address as it is)"
-            )
-        })?;
+        let outcome =
+            names_link::ensure(link, address)
+                .await
+                .map_err(|source| StartError::ListenLink {
+                    link: link.to_string(),
+                    address,
+                    source: Box::new(source),
+                })?;
         let note = outcome.note(address);
         info!(link = outcome.link(), %address, "{note}");
         notes.push(note);
@@ -556,13 +753,18 @@ fn link_addresses(args: &RunArgs, listen: ListenAddresses) -> Vec<(String, IpAdd
 }
 
 /// Puts the names address on `--names-link` when set; returns what was done.
-async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>> {
+async fn names_on_link(args: &RunArgs, address: IpAddr) -> Result<Option<String>, StartError> {
     let Some(link) = &args.names_link else {
         return Ok(None);
     };
-    let outcome = names_link::ensure(link, address)
-        .await
-        .with_context(|| format!("--names-link {link}: cannot put {address} on it"))?;
+    let outcome =
+        names_link::ensure(link, address)
+            .await
+            .map_err(|source| StartError::NamesLink {
+                link: link.clone(),
+                address,
+                source: Box::new(source),
+            })?;
     let note = outcome.note(address);
     info!(link = outcome.link(), %address, "{note}");
     Ok(Some(note))

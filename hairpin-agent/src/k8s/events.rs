@@ -15,8 +15,11 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::watch::{DecisionView, KubeSnapshot};
-use crate::names::routes::{NameSkip, ObjectId};
+use super::{decide::Decision, source::DesiredRx};
+use crate::{
+    model::ServiceName,
+    names::routes::{NameSkip, ObjectId},
+};
 
 /// Publishes an Event for every LoadBalancer Service whose decision (reason or
 /// message) differs from the last one this agent published, and one Warning per
@@ -25,7 +28,7 @@ pub async fn run(
     client: Client,
     node: String,
     services: Store<Service>,
-    mut snapshot: watch::Receiver<KubeSnapshot>,
+    mut desired: DesiredRx,
     mut leader: watch::Receiver<bool>,
 ) {
     let recorder = Recorder::new(
@@ -35,40 +38,14 @@ pub async fn run(
             instance: Some(node),
         },
     );
-    let mut published: BTreeMap<String, DecisionView> = BTreeMap::new();
+    let mut published: BTreeMap<ServiceName, ServiceEvent> = BTreeMap::new();
     let mut names_published: BTreeSet<(ObjectId, String)> = BTreeSet::new();
     loop {
         if *leader.borrow_and_update() {
-            let (decisions, skips) = {
-                let s = snapshot.borrow_and_update();
-                (s.decisions.clone(), s.route_skips.clone())
-            };
-            for d in decisions {
-                if published.get(&d.object) == Some(&d) {
-                    continue;
-                }
-                match publish(&recorder, &services, &d).await {
-                    Ok(()) => {
-                        published.insert(d.object.clone(), d);
-                    }
-                    Err(e) => warn!(object = %d.object, error = %e, "failed to publish Event"),
-                }
-            }
-            let wanted = name_warnings(&skips);
-            // A refusal that went away may come back: publish it again then.
-            names_published.retain(|k| wanted.iter().any(|w| w.key() == *k));
-            for w in wanted {
-                if names_published.contains(&w.key()) {
-                    continue;
-                }
-                match recorder.publish(&w.event(), &w.reference()).await {
-                    Ok(()) => {
-                        names_published.insert(w.key());
-                    }
-                    Err(e) => {
-                        warn!(object = %w.object.name, error = %e, "failed to publish Event")
-                    }
-                }
+            let now = desired.borrow_and_update().clone();
+            if let Some(now) = now {
+                publish_decisions(&recorder, &services, &now.decisions, &mut published).await;
+                publish_names(&recorder, &now.route_skips, &mut names_published).await;
             }
         } else {
             // A new leader republishes what it sees; forget what we sent.
@@ -76,8 +53,74 @@ pub async fn run(
             names_published.clear();
         }
         tokio::select! {
-            r = snapshot.changed() => if r.is_err() { return },
+            r = desired.changed() => if r.is_err() { return },
             r = leader.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// One Service's Event as last published: a decision whose Event would read the
+/// same is not published again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ServiceEvent {
+    warning: bool,
+    reason: &'static str,
+    note: String,
+}
+
+impl ServiceEvent {
+    fn of(d: &Decision) -> ServiceEvent {
+        ServiceEvent {
+            warning: d.is_warning(),
+            reason: d.reason(),
+            note: d.summary(),
+        }
+    }
+}
+
+/// Publishes an Event for each decision whose Event differs from the one last
+/// published for its Service.
+async fn publish_decisions(
+    recorder: &Recorder,
+    services: &Store<Service>,
+    decisions: &[Decision],
+    published: &mut BTreeMap<ServiceName, ServiceEvent>,
+) {
+    for d in decisions {
+        let event = ServiceEvent::of(d);
+        if published.get(&d.service) == Some(&event) {
+            continue;
+        }
+        match publish(recorder, services, &d.service, &event).await {
+            Ok(()) => {
+                published.insert(d.service.clone(), event);
+            }
+            Err(e) => warn!(object = %format_args!("Service {}", d.service), error = %e,
+                "failed to publish Event"),
+        }
+    }
+}
+
+/// Publishes one Warning per refused hostname not yet published.
+async fn publish_names(
+    recorder: &Recorder,
+    skips: &[NameSkip],
+    published: &mut BTreeSet<(ObjectId, String)>,
+) {
+    let wanted = name_warnings(skips);
+    // A refusal that went away may come back: publish it again then.
+    published.retain(|k| wanted.iter().any(|w| w.key() == *k));
+    for w in wanted {
+        if published.contains(&w.key()) {
+            continue;
+        }
+        match recorder.publish(&w.event(), &w.reference()).await {
+            Ok(()) => {
+                published.insert(w.key());
+            }
+            Err(e) => {
+                warn!(object = %w.object.name, error = %e, "failed to publish Event")
+            }
         }
     }
 }
@@ -85,23 +128,21 @@ pub async fn run(
 async fn publish(
     recorder: &Recorder,
     services: &Store<Service>,
-    d: &DecisionView,
+    service: &ServiceName,
+    e: &ServiceEvent,
 ) -> Result<(), kube::Error> {
-    let Some((ns, name)) = d.object.trim_start_matches("Service ").split_once('/') else {
-        return Ok(());
-    };
-    let Some(svc) = services.get(&ObjectRef::new(name).within(ns)) else {
-        debug!(object = %d.object, "Service gone before its Event");
+    let Some(svc) = services.get(&ObjectRef::new(&service.name).within(&service.namespace)) else {
+        debug!(object = %format_args!("Service {service}"), "Service gone before its Event");
         return Ok(());
     };
     let event = Event {
-        type_: if d.warning {
+        type_: if e.warning {
             EventType::Warning
         } else {
             EventType::Normal
         },
-        reason: d.reason.clone(),
-        note: Some(d.message.clone()),
+        reason: e.reason.into(),
+        note: Some(e.note.clone()),
         action: "Decide".into(),
         secondary: None,
     };

@@ -9,20 +9,61 @@
 //! The DaemonSet never writes CoreDNS: its ServiceAccount has no access to
 //! kube-system, so root on one node cannot rewrite every pod's DNS.
 
-use std::{sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
 use super::{
     coredns::{CorednsConfig, task},
-    decide::Defaults,
+    decide::{Decision, Defaults},
     events, lease,
-    watch::{Health, KubeSnapshot},
+    watch::Health,
 };
 use crate::{
-    names::{routes::NameRoute, scope::NameScope},
-    status::{AgentState, metrics::Metrics},
+    model::Frontends,
+    names::{
+        routes::{NameRoute, NameSkip},
+        scope::NameScope,
+    },
+    status::{AgentState, NameLimitsStatus, metrics::Metrics},
 };
+
+/// What a source says should exist, sent whole: the Kubernetes source sends one
+/// after every decision round that changed it, the frontends file one per load
+/// that parsed. Shared, not copied, by everything that reads it (the agent, the
+/// Events and CoreDNS writers).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Desired {
+    /// LoadBalancer frontends to redirect and relay, one per address.
+    pub frontends: Frontends,
+    /// Hostnames the name relay routes to their own LB (and /etc/hosts points at it).
+    pub routes: Vec<NameRoute>,
+    /// Hostnames left out (refused by `--names-domains` and its rules, not accepted
+    /// by their Gateway, not proxied, conflicts), with the object at fault.
+    pub route_skips: Vec<NameSkip>,
+    /// The caps on names, and how many names they withheld by namespace.
+    pub name_limits: NameLimitsStatus,
+    /// Every LoadBalancer Service's decision, for `status` and Events (none from
+    /// the frontends file).
+    pub decisions: Vec<Decision>,
+    /// The cluster DNS Service's IPs, for `check` (none from the frontends file).
+    pub cluster_dns: Vec<IpAddr>,
+}
+
+impl Desired {
+    /// Whether `self` and `other` ask the agent for the same frontends and names:
+    /// what differs is only reported (decisions, the cluster DNS).
+    pub fn same_to_apply(&self, other: &Desired) -> bool {
+        self.frontends == other.frontends
+            && self.routes == other.routes
+            && self.route_skips == other.route_skips
+            && self.name_limits == other.name_limits
+    }
+}
+
+/// The receiving end of a source: `None` until it has synced once, so the agent
+/// never applies an empty set it did not mean.
+pub type DesiredRx = watch::Receiver<Option<Arc<Desired>>>;
 
 /// Everything the Kubernetes source needs, validated by the caller.
 #[derive(Clone, Debug)]
@@ -83,17 +124,17 @@ fn source_health(state: AgentState, name: String) -> Health {
     })
 }
 
-/// Starts the source; the snapshot changes whenever the decision does.
+/// Starts the source; it sends what should exist whenever the decision changes.
 pub fn spawn(
     client: kube::Client,
     cfg: SourceConfig,
     metrics: Metrics,
     state: AgentState,
-) -> watch::Receiver<KubeSnapshot> {
+) -> DesiredRx {
     let health = source_health(state.clone(), cfg.name.clone());
     let source = super::watch::spawn(client.clone(), cfg.defaults, cfg.scope, metrics, health);
     let Some(w) = cfg.writer else {
-        return source.snapshot;
+        return source.desired;
     };
     let (leader_tx, leader_rx) = watch::channel(false);
     let lease = lease::LeaseConfig {
@@ -108,20 +149,20 @@ pub fn spawn(
         client,
         w.node,
         source.services.clone(),
-        source.snapshot.clone(),
+        source.desired.clone(),
         leader_rx,
     ));
-    source.snapshot
+    source.desired
 }
 
 /// Starts the CoreDNS writer's source: the watches, its Lease and, while it holds
-/// the Lease, the CoreDNS loop. The snapshot says when the watches synced.
+/// the Lease, the CoreDNS loop. What it sends says when the watches synced.
 pub fn spawn_coredns_writer(
     client: kube::Client,
     cfg: CorednsWriterConfig,
     metrics: Metrics,
     state: AgentState,
-) -> watch::Receiver<KubeSnapshot> {
+) -> DesiredRx {
     let health = source_health(state.clone(), cfg.name.clone());
     let source = super::watch::spawn(
         client.clone(),
@@ -147,25 +188,23 @@ pub fn spawn_coredns_writer(
             state,
             metrics,
         },
-        routes_of(source.snapshot.clone()),
+        routes_of(source.desired.clone()),
         leader_rx,
         cfg.timing,
     ));
-    source.snapshot
+    source.desired
 }
 
-/// The routed hostnames of `snapshot`, `None` until it synced: the CoreDNS writer
+/// The routed hostnames of `desired`, `None` until it synced: the CoreDNS writer
 /// must never take "not listed yet" for "no names".
-fn routes_of(
-    mut snapshot: watch::Receiver<KubeSnapshot>,
-) -> watch::Receiver<Option<Vec<NameRoute>>> {
+fn routes_of(mut desired: DesiredRx) -> watch::Receiver<Option<Vec<NameRoute>>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         loop {
-            let next = {
-                let s = snapshot.borrow_and_update();
-                s.synced.then(|| s.routes.clone())
-            };
+            let next = desired
+                .borrow_and_update()
+                .as_ref()
+                .map(|d| d.routes.clone());
             tx.send_if_modified(|cur| {
                 let modified = *cur != next;
                 if modified {
@@ -173,7 +212,7 @@ fn routes_of(
                 }
                 modified
             });
-            if snapshot.changed().await.is_err() || tx.is_closed() {
+            if desired.changed().await.is_err() || tx.is_closed() {
                 return;
             }
         }

@@ -7,7 +7,7 @@
 //! errors, 410 Gone re-lists and API outages (the store is only replaced when a new
 //! list completes), so an API server that goes away never empties the frontends.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
@@ -23,89 +23,29 @@ use kube::{
         watcher,
     },
 };
-use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use super::decide::{
-    Decision, Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
-    nodes::ClusterNodes,
+use super::{
+    decide::{
+        Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
+        nodes::ClusterNodes,
+    },
+    source::{Desired, DesiredRx},
 };
 use crate::{
-    model::Frontends,
     names::{
-        routes::{NameRoute, NameSkip, NameSkipReason, name_routes},
+        routes::{NameSkip, NameSkipReason, name_routes},
         scope::{NameScope, ScopeRule},
     },
-    status::{self, DecisionState, metrics::Metrics},
+    status::metrics::Metrics,
 };
-
-/// What the cluster says, as of the last change.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct KubeSnapshot {
-    /// True once the Service list has been received at least once.
-    pub synced: bool,
-    /// The frontends to proxy, one per LB address (the oldest Service owns it).
-    pub frontends: Frontends,
-    /// One decision per LoadBalancer Service, for `status` and Events.
-    pub decisions: Vec<DecisionView>,
-    /// Ingress and Gateway API hostnames routed to their own proxied LB, for the
-    /// name fallbacks.
-    pub routes: Vec<NameRoute>,
-    /// Why hostnames were not routed (invalid, refused by the names scope, not
-    /// accepted by their Gateway, not proxied, conflicts), with the object at fault.
-    pub route_skips: Vec<NameSkip>,
-    /// The caps on names, and how many they withheld (each also in `route_skips`).
-    pub name_limits: status::NameLimitsStatus,
-    /// The cluster DNS Service's IPs (see [`cluster_dns`]), for `check`.
-    pub cluster_dns: Vec<IpAddr>,
-}
-
-/// A decision in the shape `status` shows and an Event carries.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DecisionView {
-    /// `Service namespace/name`.
-    pub object: String,
-    /// What was decided, in one word.
-    pub state: DecisionState,
-    /// CamelCase reason (`Proxied`, `SkippedIpModeProxy`, `InvalidAnnotation`, ...).
-    pub reason: String,
-    /// Human sentence.
-    pub message: String,
-    /// Whether an Event for it is a Warning.
-    pub warning: bool,
-}
-
-impl DecisionView {
-    /// The decision as `/status` lists it.
-    pub fn to_status(&self) -> status::Decision {
-        status::Decision {
-            object: self.object.clone(),
-            state: self.state,
-            reason: self.reason.clone(),
-            message: self.message.clone(),
-        }
-    }
-
-    fn from(d: &Decision) -> DecisionView {
-        DecisionView {
-            object: format!("Service {}", d.service),
-            state: match d.outcome {
-                Outcome::Proxied => DecisionState::Proxied,
-                Outcome::Skipped(_) => DecisionState::Skipped,
-                Outcome::Invalid(_) => DecisionState::Invalid,
-            },
-            reason: d.reason().to_string(),
-            message: d.summary(),
-            warning: d.is_warning(),
-        }
-    }
-}
 
 /// Handles to the running source.
 pub struct KubeSource {
-    /// Latest snapshot; changes whenever the decision output changes.
-    pub snapshot: watch::Receiver<KubeSnapshot>,
+    /// What the cluster says should exist: `None` until the Service list synced,
+    /// then a new value whenever the decision's output changes.
+    pub desired: DesiredRx,
     /// The Service cache (for Events: object references).
     pub services: Store<Service>,
     /// The Ingress cache (for the name fallbacks).
@@ -223,7 +163,7 @@ pub fn spawn(
         health,
     ));
 
-    let (tx, snapshot) = watch::channel(KubeSnapshot::default());
+    let (tx, desired) = watch::channel(None);
     tokio::spawn(decide_loop(
         Caches {
             services: services.clone(),
@@ -237,7 +177,7 @@ pub fn spawn(
         metrics,
     ));
     KubeSource {
-        snapshot,
+        desired,
         services,
         ingresses,
     }
@@ -349,25 +289,47 @@ struct Caches {
     gateway_api: GatewayStores,
 }
 
+/// Decides again after every change the reflectors report (a burst coalesced into
+/// one round), from the Service list's first sync on, and sends the result when it
+/// differs from the last one.
 async fn decide_loop(
-    Caches {
-        services,
-        ingresses,
-        nodes,
-        gateway_api,
-    }: Caches,
-    Decide { defaults, scope }: Decide,
+    caches: Caches,
+    decide: Decide,
     changed: Arc<Notify>,
-    tx: watch::Sender<KubeSnapshot>,
+    tx: watch::Sender<Option<Arc<Desired>>>,
     metrics: Metrics,
 ) {
-    if services.wait_until_ready().await.is_err() {
+    if !wait_for_lists(&caches, &decide.scope).await {
         return;
+    }
+    let mut logged = SkipLog::default();
+    loop {
+        let started = std::time::Instant::now();
+        let desired = decide_round(&caches, &decide, &mut logged);
+        metrics.observe_decide(started.elapsed());
+        tx.send_if_modified(|cur| {
+            let modified = cur.as_deref() != Some(&desired);
+            if modified {
+                *cur = Some(Arc::new(desired));
+            }
+            modified
+        });
+        changed.notified().await;
+        // Coalesce a burst (a re-list applies many objects) into one decision.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits for the Service list (false when its store went away) and, bounded, for
+/// the Node list.
+async fn wait_for_lists(caches: &Caches, scope: &NameScope) -> bool {
+    if caches.services.wait_until_ready().await.is_err() {
+        return false;
     }
     info!("Service cache synced");
     // Bounded: a Node list that is refused (RBAC of an older release) must not hold
     // the frontends back; its error is in the source's health meanwhile.
-    if tokio::time::timeout(NODES_WAIT, nodes.wait_until_ready())
+    if tokio::time::timeout(NODES_WAIT, caches.nodes.wait_until_ready())
         .await
         .is_err()
     {
@@ -382,51 +344,40 @@ async fn decide_loop(
              (/etc/hosts, CoreDNS); list the domains names may be published under"
         );
     }
-    let mut logged = SkipLog::default();
-    loop {
-        let started = std::time::Instant::now();
-        let all = services.state();
-        let cluster_nodes = ClusterNodes::from_nodes(nodes.state().iter().map(|n| n.as_ref()));
-        let round_defaults = Defaults {
-            addresses: cluster_nodes.refuse_addresses(&defaults.addresses),
-            ..defaults.clone()
-        };
-        let round_scope = cluster_nodes.refuse_names(&scope);
-        let desired = decide_all(all.iter().map(|s| s.as_ref()), &round_defaults);
-        let (gateways, routes) = gateway_api.objects();
-        let names = name_routes(
-            ingresses.state().iter().map(|i| i.as_ref()),
-            gateways.iter().map(|o| o.as_ref()),
-            routes.iter().map(|o| o.as_ref()),
-            &desired.frontends,
-            &round_scope,
-        );
-        logged.log_new(&names.skips);
-        let snapshot = KubeSnapshot {
-            routes: names.routes,
-            route_skips: names.skips,
-            name_limits: names.limits,
-            synced: true,
-            cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
-            frontends: desired.frontends,
-            decisions: desired
-                .decisions
-                .iter()
-                .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
-                .map(DecisionView::from)
-                .collect(),
-        };
-        metrics.observe_decide(started.elapsed());
-        tx.send_if_modified(|cur| {
-            let modified = *cur != snapshot;
-            if modified {
-                *cur = snapshot;
-            }
-            modified
-        });
-        changed.notified().await;
-        // Coalesce a burst (a re-list applies many objects) into one decision.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    true
+}
+
+/// One decision over the caches as they are: the frontends, the names routed to
+/// them, and every LoadBalancer Service's decision.
+fn decide_round(caches: &Caches, decide: &Decide, logged: &mut SkipLog) -> Desired {
+    let all = caches.services.state();
+    let cluster_nodes = ClusterNodes::from_nodes(caches.nodes.state().iter().map(|n| n.as_ref()));
+    let round_defaults = Defaults {
+        addresses: cluster_nodes.refuse_addresses(&decide.defaults.addresses),
+        ..decide.defaults.clone()
+    };
+    let round_scope = cluster_nodes.refuse_names(&decide.scope);
+    let decided = decide_all(all.iter().map(|s| s.as_ref()), &round_defaults);
+    let (gateways, routes) = caches.gateway_api.objects();
+    let names = name_routes(
+        caches.ingresses.state().iter().map(|i| i.as_ref()),
+        gateways.iter().map(|o| o.as_ref()),
+        routes.iter().map(|o| o.as_ref()),
+        &decided.frontends,
+        &round_scope,
+    );
+    logged.log_new(&names.skips);
+    Desired {
+        frontends: decided.frontends,
+        routes: names.routes,
+        route_skips: names.skips,
+        name_limits: names.limits,
+        decisions: decided
+            .decisions
+            .into_iter()
+            .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
+            .collect(),
+        cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
     }
 }
 

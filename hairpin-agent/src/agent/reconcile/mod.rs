@@ -24,7 +24,7 @@ use std::{
 
 use tracing::{debug, error, info};
 
-pub use plan::{Step, Trigger, plan};
+pub use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
     datapath::{Datapath, DatapathError},
@@ -183,6 +183,8 @@ pub struct Reconciler<M, L> {
     listen: ListenAddresses,
     active: BTreeMap<SocketAddr, Active>,
     failed: BTreeMap<SocketAddr, Failed>,
+    /// The frontends the last apply left as they were, and why.
+    held: BTreeMap<SocketAddr, Hold>,
 }
 
 impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
@@ -195,6 +197,7 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
             listen,
             active: BTreeMap::new(),
             failed: BTreeMap::new(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -206,6 +209,11 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
     /// Frontends that could not be made live, by address.
     pub fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
         &self.failed
+    }
+
+    /// The frontends asked for that the last apply left as they were, and why.
+    pub fn held(&self) -> &BTreeMap<SocketAddr, Hold> {
+        &self.held
     }
 
     /// Whether some failure is worth retrying before the next change.
@@ -234,11 +242,15 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         // A failure no longer asked for is forgotten.
         self.failed
             .retain(|a, _| redirecting && desired.contains(a));
+        self.held.clear();
         for step in plan(&self.active, &self.failed, desired, redirecting, trigger) {
             match step {
                 Step::Retire(addr) => self.retire(addr),
                 Step::Update(f) => self.update(f),
                 Step::Start(f) => self.start(f),
+                Step::Hold(addr, why) => {
+                    self.held.insert(addr, why);
+                }
             }
         }
     }

@@ -98,7 +98,10 @@ fn fe(addr: &str, version: ProxyVersion) -> Frontend {
         ip: a.ip(),
         port: a.port(),
         version,
-        source: "test".into(),
+        source: crate::model::Origin::File {
+            path: "test".into(),
+            entry: None,
+        },
         first_speaker: FirstSpeaker::Client,
         path: Default::default(),
     }

@@ -86,130 +86,202 @@ pub async fn run(
     mut leader: watch::Receiver<bool>,
     timing: Timing,
 ) {
-    let Reporting {
-        instance,
-        state,
-        metrics,
-    } = report;
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "hairpin-agent".into(),
-            instance: Some(instance),
-        },
-    );
-    let warning = coredns::node_local_dns(&client).await;
-    if let Some(w) = &warning {
-        warn!("{w}");
-    }
-    state.update(|s| {
-        s.coredns = Some(CorednsStatus {
-            mode: cfg.mode.to_string(),
-            configmap: cfg.written().to_string(),
-            target: cfg.target.to_string(),
-            node_local_dns: warning,
-            ..CorednsStatus::default()
-        })
-    });
-    let mut reported: Option<String> = None;
-    let mut held_back: Option<String> = None;
-    let mut last_write: Option<Instant> = None;
-    // Since when a change waits for the interval (wall clock, for `/status`).
-    let mut pending: Option<SystemTime> = None;
+    let mut w = Writer::start(client, cfg, report, timing).await;
     loop {
         let is_leader = *leader.borrow_and_update();
         let current = routes.borrow_and_update().clone();
-        let mut wait = timing.resync;
         let waiting = is_leader && current.is_some();
         let deferred =
-            write_at(last_write, timing.min_write_interval, Instant::now()).filter(|_| waiting);
-        if let Some(at) = deferred {
-            // Rate-limited: this round waits; changes meanwhile fold into it.
-            if pending.is_none() {
-                pending = Some(SystemTime::now());
-                debug!(configmap = %cfg.written(), in_ms = at.saturating_duration_since(Instant::now()).as_millis() as u64,
-                    "CoreDNS write waits for the minimum interval between writes");
+            write_at(w.last_write, timing.min_write_interval, Instant::now()).filter(|_| waiting);
+        let wait = match (deferred, is_leader, current) {
+            (Some(at), _, _) => w.defer(at),
+            (None, true, Some(current)) => w.write(&current).await,
+            (None, _, _) => w.idle(is_leader),
+        };
+        w.show_pending();
+        tokio::select! {
+            r = routes.changed() => {
+                if r.is_err() { return }
+                w.fold_change();
             }
-            wait = at.saturating_duration_since(Instant::now());
-        } else if let (true, Some(current)) = (is_leader, current) {
-            pending = None;
-            let found = coredns::coredns_version(&client, &cfg.configmap).await;
-            let (rewrites, held) =
-                version::usable(coredns::rewrites(&current, &cfg.target), &found);
-            if held != held_back {
-                if let Some(w) = &held {
-                    warn!("{w}");
-                }
-                held_back = held;
-                let shown = held_back.clone();
-                state.update(|s| {
-                    if let Some(c) = s.coredns.as_mut() {
-                        c.held_back = shown;
-                    }
-                });
-            }
-            let result = coredns::sync(&client, &cfg, &rewrites).await;
-            match &result {
-                Ok(Written::Unchanged) => {}
-                Ok(w) => {
-                    last_write = Some(Instant::now());
-                    metrics.coredns_written();
-                    info!(configmap = %cfg.written(), rewrites = rewrites.len(), written = ?w, "CoreDNS rewrites written")
-                }
-                Err(CorednsError::Conflict(_)) => {
-                    warn!(configmap = %cfg.written(), "CoreDNS ConfigMap changed under us (409): re-reading");
-                    wait = timing.conflict_retry;
-                }
-                Err(e) => error!(error = %e, "CoreDNS not written"),
-            }
-            // Status first: whoever sees the Event finds the error in `/status` too.
-            record(&state, true, &result, rewrites.len());
-            if let Err(e @ CorednsError::Unrecognized { .. }) = &result {
-                let message = e.to_string();
-                if reported.as_ref() != Some(&message) {
-                    if let Err(err) = publish(&client, &recorder, &cfg, &message).await {
-                        warn!(error = %err, "failed to publish the CorefileUnrecognized Event");
-                    } else {
-                        reported = Some(message);
-                    }
-                }
-            } else if result.is_ok() {
-                reported = None;
-            }
-        } else {
-            // Not leading (or not synced): nothing waits to be written by us.
-            pending = None;
-            state.update(|s| {
-                if let Some(c) = s.coredns.as_mut() {
-                    c.leader = is_leader;
-                }
-            });
-            if !is_leader {
-                // A new leader reports afresh.
-                reported = None;
-            }
+            r = leader.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
         }
-        metrics.set_coredns_pending(pending.is_some());
-        let shown = pending.map(rfc3339);
+    }
+}
+
+/// The loop's state between rounds, and where it reports.
+struct Writer {
+    client: Client,
+    cfg: CorednsConfig,
+    recorder: Recorder,
+    state: AgentState,
+    metrics: Metrics,
+    timing: Timing,
+    /// The CorefileUnrecognized message last published as an Event.
+    reported: Option<String>,
+    /// Why wildcard rewrites are held back, as last said.
+    held_back: Option<String>,
+    last_write: Option<Instant>,
+    /// Since when a change waits for the interval (wall clock, for `/status`).
+    pending: Option<SystemTime>,
+}
+
+impl Writer {
+    /// Says in the log and `/status` what is written where, and whether
+    /// NodeLocal DNSCache answers before CoreDNS.
+    async fn start(
+        client: Client,
+        cfg: CorednsConfig,
+        report: Reporting,
+        timing: Timing,
+    ) -> Writer {
+        let Reporting {
+            instance,
+            state,
+            metrics,
+        } = report;
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "hairpin-agent".into(),
+                instance: Some(instance),
+            },
+        );
+        let warning = coredns::node_local_dns(&client).await;
+        if let Some(w) = &warning {
+            warn!("{w}");
+        }
         state.update(|s| {
+            s.coredns = Some(CorednsStatus {
+                mode: cfg.mode.to_string(),
+                configmap: cfg.written().to_string(),
+                target: cfg.target.to_string(),
+                node_local_dns: warning,
+                ..CorednsStatus::default()
+            })
+        });
+        Writer {
+            client,
+            cfg,
+            recorder,
+            state,
+            metrics,
+            timing,
+            reported: None,
+            held_back: None,
+            last_write: None,
+            pending: None,
+        }
+    }
+
+    /// Rate-limited: this round waits until `at`; changes meanwhile fold into it.
+    fn defer(&mut self, at: Instant) -> Duration {
+        if self.pending.is_none() {
+            self.pending = Some(SystemTime::now());
+            debug!(configmap = %self.cfg.written(), in_ms = at.saturating_duration_since(Instant::now()).as_millis() as u64,
+                "CoreDNS write waits for the minimum interval between writes");
+        }
+        at.saturating_duration_since(Instant::now())
+    }
+
+    /// Writes the rewrites for `current` as this CoreDNS version can take them;
+    /// how long until the next round.
+    async fn write(&mut self, current: &[NameRoute]) -> Duration {
+        self.pending = None;
+        let mut wait = self.timing.resync;
+        let found = coredns::coredns_version(&self.client, &self.cfg.configmap).await;
+        let (rewrites, held) =
+            version::usable(coredns::rewrites(current, &self.cfg.target), &found);
+        self.say_held_back(held);
+        let result = coredns::sync(&self.client, &self.cfg, &rewrites).await;
+        match &result {
+            Ok(Written::Unchanged) => {}
+            Ok(w) => {
+                self.last_write = Some(Instant::now());
+                self.metrics.coredns_written();
+                info!(configmap = %self.cfg.written(), rewrites = rewrites.len(), written = ?w, "CoreDNS rewrites written")
+            }
+            Err(CorednsError::Conflict(_)) => {
+                warn!(configmap = %self.cfg.written(), "CoreDNS ConfigMap changed under us (409): re-reading");
+                wait = self.timing.conflict_retry;
+            }
+            Err(e) => error!(error = %e, "CoreDNS not written"),
+        }
+        // Status first: whoever sees the Event finds the error in `/status` too.
+        record(&self.state, true, &result, rewrites.len());
+        self.report_unrecognized(&result).await;
+        wait
+    }
+
+    /// Logs and shows why wildcard rewrites are held back, when that changed.
+    fn say_held_back(&mut self, held: Option<String>) {
+        if held == self.held_back {
+            return;
+        }
+        if let Some(w) = &held {
+            warn!("{w}");
+        }
+        self.held_back = held;
+        let shown = self.held_back.clone();
+        self.state.update(|s| {
+            if let Some(c) = s.coredns.as_mut() {
+                c.held_back = shown;
+            }
+        });
+    }
+
+    /// Publishes a Corefile it cannot edit as a Warning Event, once per message.
+    async fn report_unrecognized(&mut self, result: &Result<Written, CorednsError>) {
+        if let Err(e @ CorednsError::Unrecognized { .. }) = result {
+            let message = e.to_string();
+            if self.reported.as_ref() != Some(&message) {
+                if let Err(err) = publish(&self.client, &self.recorder, &self.cfg, &message).await {
+                    warn!(error = %err, "failed to publish the CorefileUnrecognized Event");
+                } else {
+                    self.reported = Some(message);
+                }
+            }
+        } else if result.is_ok() {
+            self.reported = None;
+        }
+    }
+
+    /// Not leading (or not synced): nothing waits to be written by us.
+    fn idle(&mut self, is_leader: bool) -> Duration {
+        self.pending = None;
+        self.state.update(|s| {
+            if let Some(c) = s.coredns.as_mut() {
+                c.leader = is_leader;
+            }
+        });
+        if !is_leader {
+            // A new leader reports afresh.
+            self.reported = None;
+        }
+        self.timing.resync
+    }
+
+    /// Shows since when a write waits, if one does.
+    fn show_pending(&self) {
+        self.metrics.set_coredns_pending(self.pending.is_some());
+        let shown = self.pending.map(rfc3339);
+        self.state.update(|s| {
             if let Some(c) = s.coredns.as_mut() {
                 c.pending_since = shown;
             }
         });
-        tokio::select! {
-            r = routes.changed() => {
-                if r.is_err() { return }
-                if pending.is_some() {
-                    metrics.coredns_coalesced();
-                    state.update(|s| {
-                        if let Some(c) = s.coredns.as_mut() {
-                            c.coalesced += 1;
-                        }
-                    });
+    }
+
+    /// Counts a change of the names that folds into the write waiting.
+    fn fold_change(&self) {
+        if self.pending.is_some() {
+            self.metrics.coredns_coalesced();
+            self.state.update(|s| {
+                if let Some(c) = s.coredns.as_mut() {
+                    c.coalesced += 1;
                 }
-            }
-            r = leader.changed() => if r.is_err() { return },
-            _ = tokio::time::sleep(wait) => {}
+            });
         }
     }
 }

@@ -3,7 +3,10 @@
 
 use std::fmt;
 
-use crate::model::{Frontend, ProxyVersion};
+use crate::{
+    model::{Frontend, Origin, ProxyVersion, ServiceName},
+    status::{self, DecisionState},
+};
 
 use super::annotations::AnnotationError;
 
@@ -117,8 +120,8 @@ pub enum Outcome {
 /// What hairpin decided for one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    /// `namespace/name`.
-    pub service: String,
+    /// The Service.
+    pub service: ServiceName,
     /// The overall result.
     pub outcome: Outcome,
     /// The frontends to proxy, sorted.
@@ -132,6 +135,32 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A decision for `service` that proxies nothing yet.
+    pub fn new(service: ServiceName) -> Decision {
+        Decision {
+            service,
+            outcome: Outcome::Proxied,
+            frontends: Vec::new(),
+            rule: None,
+            skips: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The decision as `/status` lists it.
+    pub fn to_status(&self) -> status::Decision {
+        status::Decision {
+            object: Origin::Service(self.service.clone()).to_string(),
+            state: match self.outcome {
+                Outcome::Proxied => DecisionState::Proxied,
+                Outcome::Skipped(_) => DecisionState::Skipped,
+                Outcome::Invalid(_) => DecisionState::Invalid,
+            },
+            reason: self.reason().to_string(),
+            message: self.summary(),
+        }
+    }
+
     /// A stable CamelCase string for a Kubernetes Event's `reason`.
     pub fn reason(&self) -> &'static str {
         match &self.outcome {
@@ -242,7 +271,7 @@ mod tests {
     fn reasons_are_stable_camel_case() {
         assert_eq!(SkipReason::IpModeProxy.as_str(), "SkippedIpModeProxy");
         let d = Decision {
-            service: "a/b".into(),
+            service: ServiceName::new("a", "b"),
             outcome: Outcome::Proxied,
             frontends: vec![],
             rule: None,

@@ -1,11 +1,14 @@
 //! Deciding for every Service at once: one deduplicated, sorted set of frontends, with
 //! conflicts between Services resolved the same way on every node.
 
-use std::net::IpAddr;
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use k8s_openapi::{api::core::v1::Service, apimachinery::pkg::apis::meta::v1::Time};
 
-use crate::model::{Frontends, ProxyVersion};
+use crate::model::{Frontends, ProxyVersion, ServiceName};
 
 use super::{
     decision::{Decision, Outcome, Skip, SkipReason},
@@ -19,12 +22,12 @@ pub struct Conflict {
     pub ip: IpAddr,
     /// The TCP port.
     pub port: u16,
-    /// `namespace/name` of the Service that keeps the frontend.
-    pub winner: String,
+    /// The Service that keeps the frontend.
+    pub winner: ServiceName,
     /// The version the winner asked for, which is used.
     pub winner_version: ProxyVersion,
-    /// `namespace/name` of the Service that lost it.
-    pub loser: String,
+    /// The Service that lost it.
+    pub loser: ServiceName,
     /// The version the loser asked for.
     pub loser_version: ProxyVersion,
 }
@@ -86,6 +89,8 @@ pub fn decide_all<'a>(
     });
 
     let mut claimed = Frontends::new();
+    // Who claimed each address first: the winner a conflict names.
+    let mut owners: BTreeMap<SocketAddr, ServiceName> = BTreeMap::new();
     let mut conflicts = Vec::new();
     let mut decisions = Vec::with_capacity(ordered.len());
     for (_, _, mut decision) in ordered {
@@ -93,6 +98,7 @@ pub fn decide_all<'a>(
         for frontend in std::mem::take(&mut decision.frontends) {
             let owner = match claimed.insert(frontend.clone()) {
                 Ok(()) => {
+                    owners.insert(frontend.addr(), decision.service.clone());
                     kept.push(frontend);
                     continue;
                 }
@@ -102,7 +108,10 @@ pub fn decide_all<'a>(
                 kept.push(frontend);
                 continue;
             }
-            let winner = owner.source.trim_start_matches("Service ").to_string();
+            let winner = owners
+                .get(&frontend.addr())
+                .cloned()
+                .unwrap_or_else(|| decision.service.clone());
             let message = format!(
                 "{}:{} is claimed by service {winner} with PROXY {}, which is older; service {} asks for {} and loses it",
                 frontend.ip, frontend.port, owner.version, decision.service, frontend.version

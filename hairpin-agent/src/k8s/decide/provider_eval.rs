@@ -54,13 +54,35 @@ fn row_value<'a>(
     annotations.get(&key).map(|v| (key, v.as_str()))
 }
 
+/// What a provider's controller would have expected of a value it refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum Refused {
+    /// Not a Go boolean.
+    #[error("expected a boolean such as true or false")]
+    Bool,
+    /// Not `none`, `v1` nor `v2`.
+    #[error("expected none, v1 or v2")]
+    NoneOrVersion,
+    /// A list entry that is not a port number.
+    #[error("expected true, false, * or Service port numbers, got {0:?}")]
+    PortList(String),
+    /// Not JSON.
+    #[error("expected a JSON object: {0}")]
+    Json(String),
+}
+
 /// Applies one row's value to one port, as the provider's CCM would.
-fn speak(row: &ProviderAnnotation, value: &str, port: i32, aws_nlb: bool) -> Result<Speak, String> {
+fn speak(
+    row: &ProviderAnnotation,
+    value: &str,
+    port: i32,
+    aws_nlb: bool,
+) -> Result<Speak, Refused> {
     let on_or_off = |on: bool, version| if on { Speak::On(version) } else { Speak::Off };
     match row.rule {
         ValueRule::GoBool(version) => go_bool(value.trim())
             .map(|on| on_or_off(on, version))
-            .ok_or_else(|| "expected a boolean such as true or false".to_string()),
+            .ok_or(Refused::Bool),
         ValueRule::Exact(values) => Ok(values
             .iter()
             .find(|(v, _)| *v == value.trim())
@@ -69,7 +91,7 @@ fn speak(row: &ProviderAnnotation, value: &str, port: i32, aws_nlb: bool) -> Res
             "none" => Ok(Speak::Off),
             "v1" => Ok(Speak::On(ProxyVersion::V1)),
             "v2" => Ok(Speak::On(ProxyVersion::V2)),
-            _ => Err("expected none, v1 or v2".to_string()),
+            _ => Err(Refused::NoneOrVersion),
         },
         ValueRule::BoolStarOrPorts(version) => {
             let value = value.trim();
@@ -88,12 +110,9 @@ fn speak(row: &ProviderAnnotation, value: &str, port: i32, aws_nlb: bool) -> Res
                 list => {
                     let mut listed = false;
                     for entry in list.split(',').map(str::trim) {
-                        let n: i32 = entry.parse().map_err(|_| {
-                            format!(
-                                "expected true, false, * or Service port numbers, got {:?}",
-                                excerpt(entry, EXCERPT_MAX)
-                            )
-                        })?;
+                        let n: i32 = entry
+                            .parse()
+                            .map_err(|_| Refused::PortList(excerpt(entry, EXCERPT_MAX)))?;
                         listed |= n == port;
                     }
                     Ok(if listed {
@@ -131,7 +150,7 @@ fn speak(row: &ProviderAnnotation, value: &str, port: i32, aws_nlb: bool) -> Res
         }
         ValueRule::LinodePortJson => {
             let parsed: serde_json::Value =
-                serde_json::from_str(value).map_err(|e| format!("expected a JSON object: {e}"))?;
+                serde_json::from_str(value).map_err(|e| Refused::Json(e.to_string()))?;
             match parsed
                 .get("proxy-protocol")
                 .and_then(serde_json::Value::as_str)

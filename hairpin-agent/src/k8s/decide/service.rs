@@ -5,14 +5,17 @@
 //! else the agent-wide default; LB ingress IPs without `ipMode: Proxy`; TCP ports, narrowed by
 //! `hairpin.dev/ports` and, when our annotation is absent, by the provider's own port selection.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServicePort, ServiceSpec};
 
-use crate::model::{Frontend, ProxyVersion};
+use crate::model::{Frontend, Origin, ProxyVersion, ServiceName};
 
 use super::{
-    annotations::{self, OurSetting},
+    annotations::{self, AnnotationError, FirstSpeakers, OurSetting, Paths},
     decision::{Decision, Outcome, Rule, Skip, SkipReason},
     lb_address::LbAddressPolicy,
     provider_eval,
@@ -28,104 +31,159 @@ pub struct Defaults {
     pub addresses: LbAddressPolicy,
 }
 
-/// `namespace/name` of a Service; a missing namespace reads as `default`, as kubectl does.
-pub fn service_key(service: &Service) -> String {
-    format!(
-        "{}/{}",
+/// A Service's name; a missing namespace reads as `default`, as kubectl does.
+pub fn service_name(service: &Service) -> ServiceName {
+    ServiceName::new(
         service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or("")
+        service.metadata.name.as_deref().unwrap_or(""),
     )
 }
 
-fn skipped(mut decision: Decision, reason: SkipReason, message: String) -> Decision {
+/// `namespace/name` of a Service, for messages (see [`service_name`]).
+pub fn service_key(service: &Service) -> String {
+    service_name(service).to_string()
+}
+
+/// Records that `decision` ends here, skipped for `reason`.
+fn skip(decision: &mut Decision, reason: SkipReason, message: String) {
     decision.skips.push(Skip { reason, message });
     decision.outcome = Outcome::Skipped(reason);
-    decision
 }
+
+/// What one step of [`decide`] leaves to the next, or `None` when the decision
+/// is final (its outcome already set).
+type Next<T> = Option<T>;
 
 /// Decides which frontends of `service` need a PROXY header. Pure: no I/O, never panics, and
 /// an invalid annotation only affects this Service.
+///
+/// The steps, in the order of the module docs: the type, our annotations, the TCP
+/// ports, the rule and the versions it chooses, the LB addresses, the frontends.
 pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
-    let key = service_key(service);
-    let mut decision = Decision {
-        service: key.clone(),
-        outcome: Outcome::Proxied,
-        frontends: Vec::new(),
-        rule: None,
-        skips: Vec::new(),
-        warnings: Vec::new(),
+    let name = service_name(service);
+    let input = Input {
+        key: name.to_string(),
+        notes: service.metadata.annotations.as_ref(),
+        spec: service.spec.as_ref(),
     };
-    let empty = BTreeMap::new();
-    let notes = service.metadata.annotations.as_ref().unwrap_or(&empty);
-    let spec = service.spec.as_ref();
-    let spec_ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or(&[]);
+    let mut decision = Decision::new(name);
+    let d = &mut decision;
+    let Some(()) = load_balancer_type(&input, d) else {
+        return decision;
+    };
+    let Some(ours) = our_annotations(&input, d) else {
+        return decision;
+    };
+    let tcp_ports = tcp_ports(input.ports(), d);
+    let Some(chosen) = versions(&input, ours.proxy_protocol, &tcp_ports, defaults, d) else {
+        return decision;
+    };
+    let chosen = narrow_to_listed(&input, chosen, ours.ports.as_ref(), d);
+    let Some(ips) = load_balancer_ips(service, &input.key, defaults, d) else {
+        return decision;
+    };
+    if chosen.is_empty() {
+        let message = format!(
+            "service {} has no TCP port left to proxy after {}",
+            input.key,
+            annotations::PORTS
+        );
+        skip(d, SkipReason::NothingToProxy, message);
+        return decision;
+    }
+    decision.frontends = frontends(&decision.service, &ips, &chosen, &ours);
+    decision
+}
 
-    let service_type = spec.and_then(|s| s.type_.as_deref()).unwrap_or("ClusterIP");
-    if service_type != "LoadBalancer" {
-        if notes.contains_key(annotations::PROXY_PROTOCOL)
-            || notes.contains_key(annotations::PORTS)
-            || notes.contains_key(annotations::FIRST_SPEAKER)
-            || notes.contains_key(annotations::PATH)
-        {
-            decision.warnings.push(format!(
-                "service {key} has hairpin annotations but is of type {service_type}; they only apply to type LoadBalancer"
-            ));
-        }
-        let message = format!("service {key} is of type {service_type}, not LoadBalancer");
-        return skipped(decision, SkipReason::NotLoadBalancer, message);
+/// What every step reads of the Service.
+struct Input<'a> {
+    /// `namespace/name`, for messages.
+    key: String,
+    notes: Option<&'a BTreeMap<String, String>>,
+    spec: Option<&'a ServiceSpec>,
+}
+
+impl Input<'_> {
+    fn note(&self, key: &str) -> Option<&str> {
+        self.notes.and_then(|n| n.get(key)).map(String::as_str)
     }
 
-    let ours = match annotations::proxy_protocol(
-        &key,
-        notes.get(annotations::PROXY_PROTOCOL).map(String::as_str),
-    ) {
-        Ok(ours) => ours,
-        Err(error) => {
-            decision.outcome = Outcome::Invalid(error);
-            return decision;
-        }
-    };
-    let narrowed = match annotations::ports(
-        &key,
-        notes.get(annotations::PORTS).map(String::as_str),
-        spec_ports,
-    ) {
-        Ok(narrowed) => narrowed,
-        Err(error) => {
-            decision.outcome = Outcome::Invalid(error);
-            return decision;
-        }
-    };
-    let speakers = match annotations::first_speaker(
-        &key,
-        notes.get(annotations::FIRST_SPEAKER).map(String::as_str),
-        spec_ports,
-    ) {
-        Ok(speakers) => speakers,
-        Err(error) => {
-            decision.outcome = Outcome::Invalid(error);
-            return decision;
-        }
-    };
-    let paths = match annotations::path(
-        &key,
-        notes.get(annotations::PATH).map(String::as_str),
-        spec_ports,
-    ) {
-        Ok(paths) => paths,
-        Err(error) => {
-            decision.outcome = Outcome::Invalid(error);
-            return decision;
-        }
-    };
+    fn has_note(&self, key: &str) -> bool {
+        self.notes.is_some_and(|n| n.contains_key(key))
+    }
 
+    fn ports(&self) -> &[ServicePort] {
+        self.spec.and_then(|s| s.ports.as_deref()).unwrap_or(&[])
+    }
+}
+
+/// Step 1: only type LoadBalancer; our annotations on another type are a warning.
+fn load_balancer_type(input: &Input<'_>, d: &mut Decision) -> Next<()> {
+    let key = &input.key;
+    let service_type = input
+        .spec
+        .and_then(|s| s.type_.as_deref())
+        .unwrap_or("ClusterIP");
+    if service_type == "LoadBalancer" {
+        return Some(());
+    }
+    if [
+        annotations::PROXY_PROTOCOL,
+        annotations::PORTS,
+        annotations::FIRST_SPEAKER,
+        annotations::PATH,
+    ]
+    .iter()
+    .any(|a| input.has_note(a))
+    {
+        d.warnings.push(format!(
+            "service {key} has hairpin annotations but is of type {service_type}; they only apply to type LoadBalancer"
+        ));
+    }
+    let message = format!("service {key} is of type {service_type}, not LoadBalancer");
+    skip(d, SkipReason::NotLoadBalancer, message);
+    None
+}
+
+/// Our annotations, parsed.
+struct Ours {
+    proxy_protocol: Option<OurSetting>,
+    ports: Option<BTreeSet<i32>>,
+    speakers: FirstSpeakers,
+    paths: Paths,
+}
+
+/// Step 2: our annotations; the first invalid one makes the Service invalid.
+fn our_annotations(input: &Input<'_>, d: &mut Decision) -> Next<Ours> {
+    match parse_ours(input) {
+        Ok(ours) => Some(ours),
+        Err(error) => {
+            d.outcome = Outcome::Invalid(error);
+            None
+        }
+    }
+}
+
+/// Our annotations in the order they are checked.
+fn parse_ours(input: &Input<'_>) -> Result<Ours, AnnotationError> {
+    let (key, ports) = (input.key.as_str(), input.ports());
+    Ok(Ours {
+        proxy_protocol: annotations::proxy_protocol(key, input.note(annotations::PROXY_PROTOCOL))?,
+        ports: annotations::ports(key, input.note(annotations::PORTS), ports)?,
+        speakers: annotations::first_speaker(key, input.note(annotations::FIRST_SPEAKER), ports)?,
+        paths: annotations::path(key, input.note(annotations::PATH), ports)?,
+    })
+}
+
+/// Step 3: the TCP ports; other protocols and numbers outside 1-65535 are skips.
+fn tcp_ports(spec_ports: &[ServicePort], d: &mut Decision) -> Vec<i32> {
     let mut tcp_ports = Vec::new();
     for port in spec_ports {
         let protocol = annotations::protocol(port);
         if protocol == "TCP" && !(1..=65535).contains(&port.port) {
             // Kept out here so a Service whose ports are all invalid is skipped with
             // this reason, not reported as proxied with no frontend.
-            decision.skips.push(Skip {
+            d.skips.push(Skip {
                 reason: SkipReason::InvalidPort,
                 message: format!(
                     "port {} is outside 1-65535; not a TCP port hairpin can proxy",
@@ -135,7 +193,7 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         } else if protocol == "TCP" {
             tcp_ports.push(port.port);
         } else {
-            decision.skips.push(Skip {
+            d.skips.push(Skip {
                 reason: SkipReason::NotTcp,
                 message: format!(
                     "port {} is {protocol}; the PROXY header applies to TCP only",
@@ -144,21 +202,34 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
             });
         }
     }
+    tcp_ports
+}
 
+/// Step 4: the rule that decides (ours, a provider's, the default) and the version
+/// it gives each TCP port; a rule that turns PROXY off ends the decision.
+fn versions(
+    input: &Input<'_>,
+    ours: Option<OurSetting>,
+    tcp_ports: &[i32],
+    defaults: &Defaults,
+    d: &mut Decision,
+) -> Next<BTreeMap<i32, ProxyVersion>> {
     let all = |version| {
         tcp_ports
             .iter()
             .map(|p| (*p, version))
             .collect::<BTreeMap<_, _>>()
     };
-    let (rule, mut chosen) = match ours {
+    let (rule, chosen) = match ours {
         Some(OurSetting::On(version)) => (Rule::Annotation, all(version)),
         Some(OurSetting::Off) => (Rule::Annotation, BTreeMap::new()),
         None => {
-            let class = spec.and_then(|s| s.load_balancer_class.as_deref());
-            match provider_eval::evaluate(&key, notes, class, &tcp_ports) {
+            let class = input.spec.and_then(|s| s.load_balancer_class.as_deref());
+            let empty = BTreeMap::new();
+            let notes = input.notes.unwrap_or(&empty);
+            match provider_eval::evaluate(&input.key, notes, class, tcp_ports) {
                 Some(selection) => {
-                    decision.warnings.extend(selection.warnings);
+                    d.warnings.extend(selection.warnings);
                     let rule = Rule::Provider {
                         provider: selection.provider,
                         annotations: selection.annotations,
@@ -173,33 +244,61 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         }
     };
     if chosen.is_empty() {
-        let message = format!("the PROXY protocol is off for service {key}, per {rule}");
-        decision.rule = Some(rule);
-        return skipped(decision, SkipReason::ProxyProtocolOff, message);
+        let message = format!(
+            "the PROXY protocol is off for service {}, per {rule}",
+            input.key
+        );
+        d.rule = Some(rule);
+        skip(d, SkipReason::ProxyProtocolOff, message);
+        return None;
     }
     for port in tcp_ports.iter().filter(|p| !chosen.contains_key(p)) {
-        decision.skips.push(Skip {
+        d.skips.push(Skip {
             reason: SkipReason::PortNotSelected,
             message: format!("port {port}: {rule} does not turn the PROXY protocol on for it"),
         });
     }
-    if let Some(selected) = narrowed {
-        for port in selected.iter().filter(|p| !chosen.contains_key(p)) {
-            decision.warnings.push(format!(
-                "service {key}: {} lists port {port}, but {rule} does not turn the PROXY protocol on for it; not proxied",
-                annotations::PORTS
-            ));
-        }
-        for port in chosen.keys().filter(|p| !selected.contains(p)) {
-            decision.skips.push(Skip {
-                reason: SkipReason::PortNotSelected,
-                message: format!("port {port} is not listed in {}", annotations::PORTS),
-            });
-        }
-        chosen.retain(|port, _| selected.contains(port));
-    }
-    decision.rule = Some(rule);
+    d.rule = Some(rule);
+    Some(chosen)
+}
 
+/// Step 5: `hairpin.dev/ports` narrows the ports the rule chose; a listed port the
+/// rule left off is a warning.
+fn narrow_to_listed(
+    input: &Input<'_>,
+    mut chosen: BTreeMap<i32, ProxyVersion>,
+    listed: Option<&BTreeSet<i32>>,
+    d: &mut Decision,
+) -> BTreeMap<i32, ProxyVersion> {
+    let Some(selected) = listed else {
+        return chosen;
+    };
+    let rule = d.rule.as_ref().map_or(String::new(), ToString::to_string);
+    for port in selected.iter().filter(|p| !chosen.contains_key(p)) {
+        d.warnings.push(format!(
+            "service {}: {} lists port {port}, but {rule} does not turn the PROXY protocol on for it; not proxied",
+            input.key,
+            annotations::PORTS
+        ));
+    }
+    for port in chosen.keys().filter(|p| !selected.contains(p)) {
+        d.skips.push(Skip {
+            reason: SkipReason::PortNotSelected,
+            message: format!("port {port} is not listed in {}", annotations::PORTS),
+        });
+    }
+    chosen.retain(|port, _| selected.contains(port));
+    chosen
+}
+
+/// Step 6: the LoadBalancer IPs that may be redirected; each ingress entry left out
+/// is a skip, and none left ends the decision with the first skip's reason.
+fn load_balancer_ips(
+    service: &Service,
+    key: &str,
+    defaults: &Defaults,
+    d: &mut Decision,
+) -> Next<Vec<IpAddr>> {
     let ingress = service
         .status
         .as_ref()
@@ -210,87 +309,107 @@ pub fn decide(service: &Service, defaults: &Defaults) -> Decision {
         let message = format!(
             "service {key} has no status.loadBalancer.ingress yet: the load balancer is not provisioned"
         );
-        return skipped(decision, SkipReason::NoLoadBalancerStatus, message);
+        skip(d, SkipReason::NoLoadBalancerStatus, message);
+        return None;
     }
     let mut ips: Vec<IpAddr> = Vec::new();
     let mut first_skip = None;
     for entry in ingress {
-        let (reason, message) = match (entry.ip.as_deref(), entry.hostname.as_deref()) {
-            (Some(ip), _) => match ip.parse::<IpAddr>() {
-                Err(_) => (
-                    SkipReason::InvalidIngressIp,
-                    format!("ingress IP {ip:?} is not an IP address"),
-                ),
-                // kube-proxy programs nothing for ipMode Proxy: pods' connects reach the real
-                // LB, which adds the header itself.
-                Ok(addr) if entry.ip_mode.as_deref() == Some("Proxy") => (
-                    SkipReason::IpModeProxy,
-                    format!(
-                        "load balancer IP {addr} has ipMode Proxy, so in-cluster traffic already goes through the load balancer"
-                    ),
-                ),
-                Ok(addr) => match defaults.addresses.refusal(addr) {
-                    Some(why) => (
-                        SkipReason::UnsafeIngressIp,
-                        format!("status.loadBalancer.ingress ip {why}: hairpin never redirects it"),
-                    ),
-                    None => {
-                        if !ips.contains(&addr) {
-                            ips.push(addr);
-                        }
-                        continue;
-                    }
-                },
-            },
-            (None, Some(host)) => (
-                SkipReason::HostnameOnly,
-                format!(
-                    "load balancer {host} is published as a hostname only, so in-cluster traffic resolves to the load balancer itself"
-                ),
-            ),
-            (None, None) => continue,
+        let (reason, message) = match ingress_ip(entry, defaults) {
+            Ok(Some(addr)) => {
+                if !ips.contains(&addr) {
+                    ips.push(addr);
+                }
+                continue;
+            }
+            Ok(None) => continue,
+            Err(skipped) => skipped,
         };
         first_skip.get_or_insert(reason);
-        decision.skips.push(Skip { reason, message });
+        d.skips.push(Skip { reason, message });
     }
-    if ips.is_empty() {
-        let Some(reason) = first_skip else {
-            // Only entries with neither an ip nor a hostname: not provisioned yet.
-            let message = format!(
+    if !ips.is_empty() {
+        return Some(ips);
+    }
+    match first_skip {
+        Some(reason) => d.outcome = Outcome::Skipped(reason),
+        // Only entries with neither an ip nor a hostname: not provisioned yet.
+        None => skip(
+            d,
+            SkipReason::NoLoadBalancerStatus,
+            format!(
                 "service {key} has status.loadBalancer.ingress entries without an ip or hostname: the load balancer is not provisioned"
-            );
-            return skipped(decision, SkipReason::NoLoadBalancerStatus, message);
-        };
-        decision.outcome = Outcome::Skipped(reason);
-        return decision;
+            ),
+        ),
     }
-    if chosen.is_empty() {
-        let message = format!(
-            "service {key} has no TCP port left to proxy after {}",
-            annotations::PORTS
-        );
-        return skipped(decision, SkipReason::NothingToProxy, message);
-    }
+    None
+}
 
-    let source = format!("Service {key}");
+/// One ingress entry: its IP when it may be redirected, `None` when it has neither
+/// an ip nor a hostname, or why it is left out.
+fn ingress_ip(
+    entry: &LoadBalancerIngress,
+    defaults: &Defaults,
+) -> Result<Option<IpAddr>, (SkipReason, String)> {
+    match (entry.ip.as_deref(), entry.hostname.as_deref()) {
+        (Some(ip), _) => match ip.parse::<IpAddr>() {
+            Err(_) => Err((
+                SkipReason::InvalidIngressIp,
+                format!("ingress IP {ip:?} is not an IP address"),
+            )),
+            // kube-proxy programs nothing for ipMode Proxy: pods' connects reach the real
+            // LB, which adds the header itself.
+            Ok(addr) if entry.ip_mode.as_deref() == Some("Proxy") => Err((
+                SkipReason::IpModeProxy,
+                format!(
+                    "load balancer IP {addr} has ipMode Proxy, so in-cluster traffic already goes through the load balancer"
+                ),
+            )),
+            Ok(addr) => match defaults.addresses.refusal(addr) {
+                Some(why) => Err((
+                    SkipReason::UnsafeIngressIp,
+                    format!("status.loadBalancer.ingress ip {why}: hairpin never redirects it"),
+                )),
+                None => Ok(Some(addr)),
+            },
+        },
+        (None, Some(host)) => Err((
+            SkipReason::HostnameOnly,
+            format!(
+                "load balancer {host} is published as a hostname only, so in-cluster traffic resolves to the load balancer itself"
+            ),
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Step 7: one frontend per (LB IP, chosen port), sorted.
+fn frontends(
+    name: &ServiceName,
+    ips: &[IpAddr],
+    chosen: &BTreeMap<i32, ProxyVersion>,
+    ours: &Ours,
+) -> Vec<Frontend> {
+    let source = Origin::Service(name.clone());
+    let mut out = Vec::new();
     for ip in ips {
-        for (port, version) in &chosen {
+        for (port, version) in chosen {
             // Ports outside 1..=65535 were skipped above, as InvalidPort.
             let Ok(port) = u16::try_from(*port) else {
                 continue;
             };
-            decision.frontends.push(Frontend {
-                ip,
+            out.push(Frontend {
+                ip: *ip,
                 port,
                 version: *version,
                 source: source.clone(),
-                first_speaker: speakers.for_port(i32::from(port)),
-                path: paths.for_port(i32::from(port)),
+                first_speaker: ours.speakers.for_port(i32::from(port)),
+                path: ours.paths.for_port(i32::from(port)),
             });
         }
     }
-    decision.frontends.sort();
-    decision
+    out.sort();
+    out
 }
 
 fn port_label(port: &k8s_openapi::api::core::v1::ServicePort) -> String {

@@ -64,7 +64,7 @@ fn many(ns: &str, prefix: &str, n: usize, from: i64) -> Vec<Claim> {
 /// A frontend, through serde so that fields added with a default need no change here.
 fn frontend(ip: &str, version: ProxyVersion, source: &str) -> Frontend {
     serde_json::from_value(serde_json::json!({
-        "ip": ip, "port": 443, "version": version, "source": source,
+        "ip": ip, "port": 443, "version": version, "source": {"file": {"path": source}},
     }))
     .expect("frontend")
 }

@@ -35,7 +35,7 @@ fn fe(ip: &str, port: u16, version: ProxyVersion) -> Frontend {
         ip: ip.parse().expect("ip"),
         port,
         version,
-        source: format!("Service for {ip}"),
+        source: crate::model::Origin::Service(crate::model::ServiceName::new("for", ip)),
         first_speaker: Default::default(),
         path: Default::default(),
     }
