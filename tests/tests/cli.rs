@@ -27,7 +27,7 @@ fn status_reports_attachment_frontends_sources_and_counters() {
     assert_eq!(j["agent_reachable"], true);
     let s = &j["status"];
     assert_eq!(s["agent"]["pid"], agent.pid());
-    assert_eq!(s["agent"]["bypass_mark"], 0x68);
+    assert_eq!(s["agent"]["bypass_mark"], hairpin_ebpf::DEFAULT_BYPASS_MARK);
     let att = &s["attachment"];
     assert_eq!(att["cgroup"], node.cgroup.to_str().expect("utf-8"));
     let programs = att["programs"].as_array().expect("programs");

@@ -121,7 +121,7 @@ fn start(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
 fn start_writer(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
     let (leader_tx, leader_rx) = watch::channel(leader);
     let (routes_tx, routes_rx) = watch::channel(Some(routes()));
-    let state = AgentState::new(0x68);
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     tokio::spawn(coredns_loop::run(
         client(api),
         config(mode),

@@ -15,7 +15,7 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::{decide::Decision, source::DesiredRx};
+use super::{decide::Decision, desired::DesiredRx};
 use crate::{
     model::ServiceName,
     names::routes::{NameSkip, ObjectId},

@@ -12,6 +12,7 @@ pub mod api_names;
 pub mod client;
 pub mod coredns;
 pub mod decide;
+pub mod desired;
 pub mod events;
 pub mod lease;
 pub mod node;

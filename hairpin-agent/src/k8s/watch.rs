@@ -31,7 +31,7 @@ use super::{
         Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
         nodes::ClusterNodes,
     },
-    source::{Desired, DesiredRx},
+    desired::{Desired, DesiredRx},
 };
 use crate::{
     names::{

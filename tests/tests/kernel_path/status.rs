@@ -102,7 +102,8 @@ fn the_counters_read_through_the_agents_own_descriptor_without_cap_sys_admin() {
     };
     // A thread of its own: dropping capabilities affects this thread only.
     std::thread::spawn(move || {
-        let d = hairpin_agent::datapath::Datapath::load(object, 0x68).expect("load");
+        let d = hairpin_agent::datapath::Datapath::load(object, hairpin_ebpf::DEFAULT_BYPASS_MARK)
+            .expect("load");
         let id = d
             .kernel_ids()
             .counters_map_id
