@@ -26,7 +26,7 @@ use hairpin_agent::names::{
     hostname::Hostname,
     hosts::{
         self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock, PENDING_JOINED_MARKER,
-        PENDING_MARKER, Step,
+        PENDING_MARKER, FileEdit,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -279,7 +279,7 @@ fn kill_anywhere(old: &[u8], new: &[u8], block: &HostsBlock) {
     };
     for step in &steps {
         match step {
-            Step::Write { at, bytes } => {
+            FileEdit::Write { at, bytes } => {
                 for (i, b) in bytes.iter().enumerate() {
                     if at + i == state.len() {
                         state.push(*b);
@@ -289,11 +289,11 @@ fn kill_anywhere(old: &[u8], new: &[u8], block: &HostsBlock) {
                     check(&state);
                 }
             }
-            Step::Truncate(len) => {
+            FileEdit::Truncate(len) => {
                 state.resize(*len, 0);
                 check(&state);
             }
-            Step::Sync => {}
+            FileEdit::Sync => {}
         }
     }
     assert_eq!(state, new, "the plan ends at the result");
