@@ -8,7 +8,7 @@ use aya::{
     maps::{HashMap, Map, MapData, MapInfo, PerCpuArray, loaded_maps},
     programs::{ProgramInfo, loaded_links, loaded_programs},
 };
-use hairpin_ebpf::{Counter, FrontendKey, MAP_COUNTERS, MAP_FRONTENDS, PROG_CONNECT4, Redirect};
+use hairpin_ebpf::{FrontendKey, MAP_COUNTERS, MAP_FRONTENDS, PROG_CONNECT4, Redirect};
 use serde::{Deserialize, Serialize};
 
 use crate::status::{KernelIds, ProgramIds};
@@ -235,15 +235,9 @@ pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelObjectsE
             id,
             source: Box::new(e),
         })?;
-    Ok(Counter::ALL
-        .iter()
-        .map(|c| {
-            let total = map
-                .get(&(*c as u32), 0)
-                .map(|per_cpu| per_cpu.iter().sum())
-                .unwrap_or(0);
-            (c.name(), total)
-        })
+    Ok(super::sum_counters(&map)
+        .into_iter()
+        .map(|(c, total)| (c.name(), total))
         .collect())
 }
 
