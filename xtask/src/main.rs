@@ -52,7 +52,7 @@ enum Cmd {
     Fuzz(fuzz::Options),
     /// Build the runtime image (static agent, empty base) offline into local container storage as localhost/hairpin-agent:dev (as root).
     Image,
-    /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories when the database can be fetched.
+    /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories against the live RustSec database or the dated snapshot in supply-chain/.
     Deny,
 }
 

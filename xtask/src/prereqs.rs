@@ -35,6 +35,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openjdk-17-jdk-headless", "/usr/bin/java"),
     // promtool checks and unit-tests the monitoring component's alerting rules.
     ("prometheus", "/usr/bin/promtool"),
+    // The RustSec snapshot in supply-chain/ is a .tar.xz (cargo xtask deny).
+    ("xz-utils", "/usr/bin/xz"),
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
