@@ -56,7 +56,7 @@ node's datapath while its RBAC still answers), removes the CoreDNS lines and the
 waits for the node cleanup DaemonSet to have cleaned every node, and with --delete-namespace \
 deletes the namespace with every listed object. The chart runs it as a pre-delete hook; \
 deploy/uninstall runs it as a Job. `--step await-stopped` only waits until every --stop \
-workload is gone (the node cleanup pods' first step).",
+workload is gone (the node cleanup pods' first step); `--step idle` waits for SIGTERM.",
     after_help = "Exit status: 0 everything was removed (or was already gone); 1 a step \
 failed or did not finish within --timeout (the report names it); 2 usage.\n\nExamples:\n  \
 hairpin-agent uninstall --stop daemonset/hairpin-system/hairpin --lease hairpin-system/hairpin-agent \
@@ -129,6 +129,10 @@ pub enum Step {
     All,
     /// Only wait until every --stop workload is gone (deletes nothing).
     AwaitStopped,
+    /// Wait for SIGTERM and exit 0: the node cleanup pod's container once its init
+    /// containers are done, so its readiness says the node is clean (no other
+    /// image, such as pause, to pull).
+    Idle,
 }
 
 /// The kinds of workload `--stop` deletes.
@@ -244,6 +248,10 @@ pub fn uninstall(args: &UninstallArgs) -> Result<i32, CliError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if args.step == Step::Idle {
+        rt.block_on(wait_for_termination())?;
+        return Ok(0);
+    }
     let report = rt.block_on(run(args));
     match args.output {
         OutputFormat::Json => print_json(&report)?,
@@ -277,7 +285,7 @@ pub async fn run(args: &UninstallArgs) -> CleanupReport {
     for w in &args.stop {
         steps.push(await_gone(&client, w, deadline).await);
     }
-    if args.step == Step::AwaitStopped || failed(&steps) {
+    if args.step != Step::All || failed(&steps) {
         return report(steps);
     }
     for (i, lease) in args.leases.iter().enumerate() {
@@ -301,6 +309,18 @@ pub async fn run(args: &UninstallArgs) -> CleanupReport {
         }
     }
     report(steps)
+}
+
+/// Returns on SIGTERM or SIGINT.
+async fn wait_for_termination() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
 }
 
 fn failed(steps: &[CleanupStep]) -> bool {
@@ -411,25 +431,13 @@ where
 }
 
 async fn await_gone(client: &Client, w: &Workload, deadline: Instant) -> CleanupStep {
-    let what = w.to_string();
+    let (what, name) = (w.to_string(), &w.name.name);
     let r = match w.kind {
         WorkloadKind::DaemonSet => {
-            await_absent(
-                ns_api::<DaemonSet>(client, &w.name),
-                &w.name.name,
-                &what,
-                deadline,
-            )
-            .await
+            await_absent(ns_api::<DaemonSet>(client, &w.name), name, &what, deadline).await
         }
         WorkloadKind::Deployment => {
-            await_absent(
-                ns_api::<Deployment>(client, &w.name),
-                &w.name.name,
-                &what,
-                deadline,
-            )
-            .await
+            await_absent(ns_api::<Deployment>(client, &w.name), name, &what, deadline).await
         }
     };
     match r {

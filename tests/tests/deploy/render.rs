@@ -182,8 +182,13 @@ pub fn writer(objs: &[Json]) -> Option<Container> {
 }
 
 /// A container's environment as the process sees it: `value`s as written, downward
-/// API fields given plausible values for a dual-stack node.
+/// API fields given plausible values for a dual-stack node, in hairpin-system.
 pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
+    env_in(c, source, "hairpin-system")
+}
+
+/// [`env_of`] for a pod in `namespace`.
+pub fn env_in(c: &Container, source: &str, namespace: &str) -> BTreeMap<String, String> {
     c.env
         .iter()
         .flatten()
@@ -195,7 +200,7 @@ pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
                     "spec.nodeName" => "node-a".into(),
                     "status.hostIPs" => "192.0.2.1,2001:db8::1".into(),
                     "status.hostIP" => "192.0.2.1".into(),
-                    "metadata.namespace" => "hairpin-system".into(),
+                    "metadata.namespace" => namespace.into(),
                     "metadata.name" => "hairpin-coredns-5d8f7-x2x9q".into(),
                     other => panic!("{source}: {}: add a value for fieldPath {other}", e.name),
                 },
