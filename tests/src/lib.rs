@@ -8,6 +8,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod fakeapi;
+pub mod helm;
 pub mod load;
 pub mod names_support;
 pub mod node;

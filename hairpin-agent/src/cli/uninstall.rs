@@ -281,6 +281,9 @@ pub async fn run(args: &UninstallArgs) -> CleanupReport {
         for w in &args.stop {
             steps.push(delete_workload(&client, w).await);
         }
+        if failed(&steps) {
+            return report(steps);
+        }
     }
     for w in &args.stop {
         steps.push(await_gone(&client, w, deadline).await);

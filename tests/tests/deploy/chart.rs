@@ -3,7 +3,7 @@
 //! `cargo xtask setup`; `helm.py` beside this file drives it). Each variant's values
 //! must render what kustomize renders for it, and pass Helm's strict lint.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Command};
+use std::collections::BTreeMap;
 
 use hairpin_tests::repo::workspace;
 
@@ -16,59 +16,12 @@ use super::{
 };
 
 /// The chart's directory.
-pub(super) const CHART: &str = "deploy/chart/hairpin";
+pub(super) use hairpin_tests::helm::CHART;
 
 /// The Kubernetes version the lint checks against: the chart's `kubeVersion` floor.
 const KUBE_VERSION: &str = "v1.29.0";
 
-/// The Python interpreter of the virtual environment holding helm-python-sdk:
-/// `HAIRPIN_HELM_PYTHON` (set by `cargo xtask test`), else the one `cargo xtask
-/// setup` made under the cache. Missing, the test fails saying how to install it:
-/// the chart is never checked by anything but Helm.
-fn helm_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAIRPIN_HELM_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("hairpin");
-    let found = std::fs::read_dir(&cache).ok().and_then(|d| {
-        d.flatten()
-            .map(|e| e.path().join("bin/python"))
-            .filter(|p| {
-                p.parent()
-                    .and_then(|b| b.parent())
-                    .and_then(|v| v.file_name())
-                    .is_some_and(|n| n.to_string_lossy().starts_with("helm-python-sdk-"))
-            })
-            .find(|p| p.exists())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "Helm (helm-python-sdk) is not installed under {}: run `cargo xtask setup`, \
-             or set HAIRPIN_HELM_PYTHON to a Python that imports helm_python",
-            cache.display()
-        )
-    })
-}
-
-/// Runs `helm.py ARGS` and returns its JSON answer, failing with Helm's own error.
-fn helm(args: &[String]) -> Json {
-    let python = helm_python();
-    let out = Command::new(&python)
-        .arg(workspace().join("tests/tests/deploy/helm.py"))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("failed to run {}: {e}", python.display()));
-    assert!(
-        out.status.success(),
-        "helm {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("helm.py prints JSON")
-}
+use hairpin_tests::helm::helm;
 
 /// `--set-json KEY=VALUE` for each (dotted key, value): Helm merges each over
 /// values.yaml (a map is merged into the default map, anything else replaces it).
@@ -91,27 +44,12 @@ pub(super) fn is_hook(o: &Json) -> bool {
 /// with `flags` (`--set EXPR`, `--set-json EXPR`), hooks included, one JSON value per
 /// object, in template path order; NOTES.txt is left out.
 pub(super) fn render_all(namespace: &str, release: &str, flags: &[String]) -> Vec<Json> {
-    let mut args = vec![
-        "render".to_string(),
-        workspace().join(CHART).display().to_string(),
-        namespace.to_string(),
-        "--release".to_string(),
-        release.to_string(),
-    ];
-    args.extend_from_slice(flags);
-    let answer = helm(&args);
-    let manifests = answer["manifests"].as_object().expect("manifests");
-    let files: BTreeMap<&String, &str> = manifests
-        .iter()
-        .filter(|(path, _)| path.ends_with(".yaml"))
-        .map(|(path, text)| (path, text.as_str().expect("manifest text")))
-        .collect();
+    let objs = hairpin_tests::helm::render_workspace_chart(namespace, release, flags);
     assert!(
-        files.keys().any(|p| p.ends_with("/daemonset.yaml")),
-        "Helm rendered no DaemonSet template: {:?}",
-        manifests.keys().collect::<Vec<_>>()
+        objs.iter().any(|o| o["kind"] == "DaemonSet"),
+        "Helm rendered no DaemonSet"
     );
-    files.values().flat_map(|text| docs(text)).collect()
+    objs
 }
 
 /// The release's objects (no hooks) as `helm install hairpin CHART -n hairpin-system`

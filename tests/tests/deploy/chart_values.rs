@@ -193,7 +193,10 @@ fn another_namespace_and_release_name_with_coredns_on_render_one_consistent_rele
         );
     }
     // The rewrites point at this release's Service in this namespace.
-    let agent = super::render::only_container(&super::render::pod_spec(&super::render::daemonset(&objs, "shop-hairpin")));
+    let agent = super::render::only_container(&super::render::pod_spec(&super::render::daemonset(
+        &objs,
+        "shop-hairpin",
+    )));
     let writer_pod = pod_specs(&objs)
         .into_iter()
         .find(|(n, _)| n == "Deployment/shop-hairpin-coredns")

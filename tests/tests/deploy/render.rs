@@ -11,9 +11,8 @@ use k8s_openapi::api::{
     core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use yaml_serde::Value as Yaml;
 
 /// A workspace file's text.
 pub fn read(rel: &str) -> String {
@@ -66,14 +65,7 @@ pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
     out
 }
 
-/// Splits a multi-document YAML stream into JSON values, dropping empty documents.
-pub fn docs(text: &str) -> Vec<Json> {
-    yaml_serde::Deserializer::from_str(text)
-        .map(|d| Yaml::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}")))
-        .filter(|v| !v.is_null())
-        .map(|v| serde_json::to_value(v).expect("YAML maps to JSON"))
-        .collect()
-}
+pub use hairpin_tests::helm::docs;
 
 /// The object of `kind` named `name`.
 pub fn find<'a>(objs: &'a [Json], kind: &str, name: &str) -> Option<&'a Json> {
