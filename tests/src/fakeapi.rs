@@ -24,6 +24,30 @@ use tokio::sync::broadcast;
 
 mod objects;
 
+/// kubeadm's Corefile, as `kubectl -n kube-system get cm coredns -o yaml` shows it:
+/// the cluster's CoreDNS before hairpin.
+pub const KUBEADM_COREFILE: &str = ".:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+";
+
 /// Resources the fake serves, by URL collection path.
 const KINDS: [(&str, &str); 5] = [
     ("/api/v1/services", "ServiceList"),

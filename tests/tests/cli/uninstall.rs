@@ -33,27 +33,7 @@ use hairpin_tests::{
 use serde_json::{Value, json};
 
 /// kubeadm's Corefile, as the cluster had it before hairpin.
-const KUBEADM: &str = ".:53 {
-    errors
-    health {
-       lameduck 5s
-    }
-    ready
-    kubernetes cluster.local in-addr.arpa ip6.arpa {
-       pods insecure
-       fallthrough in-addr.arpa ip6.arpa
-       ttl 30
-    }
-    prometheus :9153
-    forward . /etc/resolv.conf {
-       max_concurrent 1000
-    }
-    cache 30
-    loop
-    reload
-    loadbalance
-}
-";
+const KUBEADM: &str = hairpin_tests::fakeapi::KUBEADM_COREFILE;
 
 /// The node's /etc/hosts before hairpin.
 const HOSTS: &str = "127.0.0.1 localhost\n192.0.2.1 sim-node\n";
@@ -104,14 +84,14 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{kind} {name} not rendered"))
 }
 
-/// `hairpin-agent ARGS` in the node's network namespace with exactly `env` (and
-/// the kubeconfig of one account), its output captured in `log`.
-fn spawn(node: &SimNode, args: &[&str], env: &BTreeMap<String, String>, log: &Path) -> Child {
+/// `hairpin-agent ARGS` in network namespace `netns` (the node's) with exactly `env`
+/// (and so the kubeconfig of one account), its output captured in `log`.
+fn spawn(netns: &str, args: &[&str], env: &BTreeMap<String, String>, log: &Path) -> Child {
     let bin = agent_bin();
     let mut argv = vec![bin.to_str().expect("utf-8 path")];
     argv.extend_from_slice(args);
     let out = std::fs::File::create(log).expect("log");
-    command_in(&node.node_ns, None, &argv)
+    command_in(netns, None, &argv)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .envs(env)
@@ -172,7 +152,8 @@ impl Controllers {
     /// SIGTERMed and awaited, then removed from the API.
     fn run(mut self, api: Arc<FakeApi>, stop: Arc<AtomicBool>) -> (String, Option<i32>) {
         let (mut agent_done, mut writer_code) = (false, None);
-        while !stop.load(Ordering::Relaxed) && !(agent_done && writer_code.is_some()) {
+        let finished = |agent_done: bool, writer: Option<i32>| agent_done && writer.is_some();
+        while !stop.load(Ordering::Relaxed) && !finished(agent_done, writer_code) {
             let deleting = |o: Option<Value>| {
                 o.is_some_and(|o| o["metadata"]["deletionTimestamp"].is_string())
             };
@@ -285,7 +266,7 @@ fn helm_uninstall_leaves_coredns_and_the_node_as_they_were_before_the_install() 
         ),
     ]);
     let writer = spawn(
-        &node,
+        &node.node_ns,
         &["coredns-writer"],
         &writer_env,
         &node.dir.join("writer.log"),
@@ -343,10 +324,8 @@ fn helm_uninstall_leaves_coredns_and_the_node_as_they_were_before_the_install() 
                 }
                 let args: Vec<String> = serde_json::from_value(c["args"].clone()).expect("args");
                 let log = dir.join(format!("{}.log", c["name"].as_str().expect("name")));
-                let node = NodeRef {
-                    node_ns: node_ns.clone(),
-                };
-                let mut child = node.spawn(&args, &e, &log);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let mut child = spawn(&node_ns, &args, &e, &log);
                 let code = wait(&mut child, c["name"].as_str().unwrap_or(""), &log);
                 logs.push_str(&read(&log));
                 assert_eq!(code, 0, "init container {} failed:\n{logs}", c["name"]);
@@ -369,7 +348,7 @@ fn helm_uninstall_leaves_coredns_and_the_node_as_they_were_before_the_install() 
     job_env.insert("HAIRPIN_UNINSTALL_TIMEOUT".into(), "50s".into());
     job_env.insert("HAIRPIN_OUTPUT".into(), "json".into());
     let job_log = node.dir.join("uninstall.log");
-    let mut child = spawn(&node, &["uninstall"], &job_env, &job_log);
+    let mut child = spawn(&node.node_ns, &["uninstall"], &job_env, &job_log);
     let code = wait(&mut child, "the uninstall Job", &job_log);
     stop.store(true, Ordering::Relaxed);
     let (agent_log, writer_code) = controllers.join().expect("controllers");
@@ -418,30 +397,6 @@ fn helm_uninstall_leaves_coredns_and_the_node_as_they_were_before_the_install() 
         forbidden.is_empty(),
         "nothing called after its RBAC went: {forbidden:?}"
     );
-}
-
-/// The node namespace alone, for the node cleanup's thread.
-struct NodeRef {
-    node_ns: String,
-}
-
-impl NodeRef {
-    fn spawn(&self, args: &[String], env: &BTreeMap<String, String>, log: &Path) -> Child {
-        let bin = agent_bin();
-        let mut argv = vec![bin.display().to_string()];
-        argv.extend_from_slice(args);
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = std::fs::File::create(log).expect("log");
-        command_in(&self.node_ns, None, &argv)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .envs(env)
-            .stdout(out.try_clone().expect("log"))
-            .stderr(out)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {argv:?}: {e}"))
-    }
 }
 
 /// `kubectl kustomize DIR` as JSON values.
