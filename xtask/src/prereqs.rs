@@ -33,6 +33,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "/usr/bin/openssl"),
     ("nodejs", "/usr/bin/node"),
     ("openjdk-17-jdk-headless", "/usr/bin/java"),
+    // A server that reads PROXY v1 only, for the data-plane matrix
+    // (tests/tests/dataplanes.rs).
+    ("gunicorn", "/usr/bin/gunicorn"),
     // promtool checks and unit-tests the monitoring component's alerting rules.
     ("prometheus", "/usr/bin/promtool"),
     // The RustSec snapshot in supply-chain/ is a .tar.xz (cargo xtask deny).
