@@ -36,6 +36,9 @@ const PACKAGES: &[(&str, &str)] = &[
     // A server that reads PROXY v1 only, for the data-plane matrix
     // (tests/tests/dataplanes.rs).
     ("gunicorn", "/usr/bin/gunicorn"),
+    // The public DNS of the ACME self-check suite (tests/tests/acme.rs); the binary
+    // alone, no service.
+    ("dnsmasq-base", "/usr/sbin/dnsmasq"),
     // promtool checks and unit-tests the monitoring component's alerting rules.
     ("prometheus", "/usr/bin/promtool"),
     // The RustSec snapshot in supply-chain/ is a .tar.xz (cargo xtask deny).
