@@ -191,6 +191,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
                     .map(|n| (*n, "in --reserved-cidrs".to_string()))
                     .collect(),
                 allowed: args.decision.lb_cidrs.clone(),
+                nat64: args.decision.nat64_prefixes.clone(),
                 ..LbAddressPolicy::default()
             },
         },

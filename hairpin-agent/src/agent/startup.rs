@@ -527,6 +527,7 @@ fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
     LbAddressPolicy {
         reserved: own.chain(listed).collect(),
         allowed: args.decision.lb_cidrs.clone(),
+        nat64: args.decision.nat64_prefixes.clone(),
         ..LbAddressPolicy::default()
     }
 }

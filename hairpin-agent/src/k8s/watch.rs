@@ -28,8 +28,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     decide::{
-        Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
-        nodes::ClusterNodes,
+        Defaults, IgnoredClaim, SkipReason, cluster_dns::cluster_dns, decide_all,
+        decision::Outcome, nodes::ClusterNodes,
     },
     desired::{Desired, DesiredRx},
 };
@@ -303,9 +303,11 @@ async fn decide_loop(
         return;
     }
     let mut logged = SkipLog::default();
+    let mut claims_logged = BTreeSet::new();
     loop {
         let started = std::time::Instant::now();
         let desired = decide_round(&caches, &decide, &mut logged);
+        log_ignored_claims(&desired.ignored_node_claims, &mut claims_logged);
         metrics.observe_decide(started.elapsed());
         tx.send_if_modified(|cur| {
             let modified = cur.as_deref() != Some(&desired);
@@ -378,7 +380,17 @@ fn decide_round(caches: &Caches, decide: &Decide, logged: &mut SkipLog) -> Desir
             .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
             .collect(),
         cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
+        ignored_node_claims: cluster_nodes.ignored,
     }
+}
+
+/// Logs each Node claim passed over once, when it first appears (again only after
+/// it went away).
+fn log_ignored_claims(now: &[IgnoredClaim], logged: &mut BTreeSet<IgnoredClaim>) {
+    for c in now.iter().filter(|c| !logged.contains(*c)) {
+        warn!(node = %c.node, claim = %c.claim, "Node claim passed over: {}", c.reason);
+    }
+    *logged = now.iter().cloned().collect();
 }
 
 /// The skips logged last round: each skip is logged once, when it first appears
