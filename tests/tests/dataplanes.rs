@@ -18,6 +18,7 @@
 //! send without hairpin): an error, or an answer that names the wrong client.
 
 use hairpin_tests::{
+    cli::run_cli,
     client::{Reply, from_host, url},
     dataplanes::{
         caddy::{CaddyListener, start_caddy},
@@ -72,6 +73,24 @@ fn assert_served_as_peer(who: &str, reply: &Reply, view: &str) {
     );
 }
 
+/// `hairpin-agent check LB:PORT` from the node (the agent running): asserts it says
+/// the in-cluster request works and how the server takes the header (`required` or
+/// `lenient`), and that it warns of a lenient server's silent drop, and only of that.
+fn assert_check_says(node: &SimNode, target: &str, handling: &str) {
+    let run = run_cli(node, &["check", target, "--output", "json"]);
+    let j = run.json();
+    let a = &j["addresses"][0];
+    assert_eq!(run.code, 0, "check {target}: {run:?}");
+    assert_eq!(a["verdict"], "works", "check {target}: {a}");
+    assert_eq!(a["header_handling"], handling, "check {target}: {a}");
+    let warning = a["warning"].as_str().unwrap_or("");
+    assert_eq!(
+        warning.contains("drops a header from a peer outside its trusted list"),
+        handling == "lenient",
+        "check {target}: {a}"
+    );
+}
+
 /// The line of an ingress Envoy's access log for the request to `path`.
 fn envoy_access(envoy: &Server, path: &str) -> String {
     let needle = format!(" path={path} ");
@@ -115,6 +134,8 @@ fn envoy_1_40_strict_and_lenient() {
         &lenient,
         &envoy_access(&envoy, "/no-header-lenient"),
     );
+    assert_check_says(&node, "203.0.113.21:80", "required");
+    assert_check_says(&node, "203.0.113.21:81", "lenient");
 }
 
 const TRAEFIK: [Variant; 4] = [
@@ -217,6 +238,8 @@ fn caddy_2_11_proxy_protocol_wrapper_with_allow_and_fallback_policy() {
     // Without a header: a peer in `allow` is served as itself.
     let reply = headerless(&node, 9200, "/no-header");
     assert_served_as_peer("caddy", &reply, &reply.body);
+    assert_check_says(&node, "203.0.113.21:80", "lenient");
+    assert_check_says(&node, "203.0.113.21:81", "lenient");
 }
 
 const HAPROXY: [Variant; 2] = [
@@ -248,6 +271,8 @@ fn haproxy_2_8_accept_proxy_and_expect_proxy_from_listed_sources() {
         let reply = headerless(&node, port, "/no-header");
         assert!(!reply.ok(), "haproxy :{port} refuses it: {reply:?}");
     }
+    assert_check_says(&node, "203.0.113.21:80", "required");
+    assert_check_says(&node, "203.0.113.21:81", "required");
 }
 
 const GUNICORN: [Variant; 2] = [
@@ -265,4 +290,6 @@ fn gunicorn_reads_v1_only() {
     matrix::run(&node, &agent, &matrix::cases(&GUNICORN), |_, reply| {
         reply.body.clone()
     });
+    // It serves a request without a header too.
+    assert_check_says(&node, "203.0.113.21:80", "lenient");
 }
