@@ -69,6 +69,7 @@ async fn other_nodes_addresses_and_names_are_refused() {
         client,
         k8s::Defaults::default(),
         NameScope::new(&["example.com"], "cluster.local").expect("scope"),
+        k8s::api_names::known(Vec::new()),
         Metrics::default(),
         std::sync::Arc::new(|_, _| {}),
     );
@@ -155,6 +156,7 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
         client.clone(),
         defaults,
         NameScope::new(&["example.com"], "cluster.local").expect("scope"),
+        k8s::api_names::known(Vec::new()),
         Metrics::default(),
         std::sync::Arc::new(|_, _| {}),
     );
