@@ -21,7 +21,7 @@ use hairpin_tests::{
     node::{NGINX_PP_PORT, NODE_IP4, POD_IP4, SimNode},
     require_privileges,
     servers::{Server, nginx_conf, run_nginx},
-    sh::{command_in, output_in},
+    sh::{command_in, output_in, sh_with_files_over},
     wait::{eventually, wait_until},
 };
 
@@ -130,23 +130,14 @@ fn self_check(node: &SimNode, domain: &str) -> Result<Reply, Reply> {
     let resolv = node.dir.join("pod-resolv.conf");
     fs::write(&resolv, format!("nameserver {NODE_IP4}\n")).expect("resolv.conf");
     let script = format!(
-        "mount --bind {} /etc/resolv.conf && exec curl -sS --max-time 10 \
-         -A cert-manager-challenges -w '\\n%{{http_code}}' \
-         http://{domain}/.well-known/acme-challenge/{TOKEN}",
-        resolv.display()
+        "exec curl -sS --max-time 10 -A cert-manager-challenges -w '\\n%{{http_code}}' \
+         http://{domain}/.well-known/acme-challenge/{TOKEN}"
     );
-    let reply = Reply::from_output(output_in(
+    let reply = Reply::from_output(sh_with_files_over(
         &node.pod_ns,
-        Some(&node.pod_cgroup()),
-        &[
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &script,
-        ],
+        &node.pod_cgroup(),
+        &[(&resolv, "/etc/resolv.conf")],
+        &script,
     ));
     let passed = reply.ok() && reply.body.trim_end() == format!("{}\n200", key_authorization());
     if passed { Ok(reply) } else { Err(reply) }

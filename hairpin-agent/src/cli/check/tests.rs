@@ -413,7 +413,9 @@ fn a_lenient_server_is_named_and_warned_about() {
     );
     let text = report.render(false);
     assert!(
-        text.contains("  warning     the server is lenient: it answers with a PROXY header and without one"),
+        text.contains(
+            "  warning     the server is lenient: it answers with a PROXY header and without one"
+        ),
         "{text}"
     );
     let json = serde_json::to_value(&report).expect("json");
