@@ -284,8 +284,8 @@ impl Frontends {
     }
 
     /// Adds `frontend`; when its address is already owned, leaves the set as it
-    /// is and returns the owner, for the caller's rule to report.
-    pub fn insert(&mut self, frontend: Frontend) -> Result<(), &Frontend> {
+    /// is and returns the owner, for the caller's rule to report (or merge into).
+    pub fn insert(&mut self, frontend: Frontend) -> Result<(), &mut Frontend> {
         use std::collections::btree_map::Entry;
         match self.0.entry(frontend.addr()) {
             Entry::Vacant(v) => {

@@ -385,6 +385,64 @@ fn decide_all_merges_sorts_and_resolves_conflicts_deterministically() {
     assert_eq!(forward.decisions.len(), 4);
 }
 
+/// Issue 31: two Services share one (IP, port) with the same version but ask for
+/// different paths. The path that serves both wins (server first, relay), on every
+/// node alike, and the younger Service's decision says so instead of dropping it.
+#[test]
+fn a_shared_frontend_takes_the_path_that_serves_both_and_the_younger_is_told() {
+    let older = load("digitalocean.yaml");
+    let mut younger = older.clone();
+    younger.metadata.name = Some("smtp-ingress".into());
+    younger.metadata.uid = Some("0f0e0000-0000-4000-8000-00000000ffff".into());
+    // A day after the fixture's 2025-03-02T10:14:07Z.
+    younger.metadata.creation_timestamp =
+        Some(serde_json::from_value(serde_json::json!("2025-03-03T10:14:07Z")).expect("a time"));
+    younger
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hairpin.dev/path".into(), "443=relay".into());
+    younger
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hairpin.dev/first-speaker".into(), "80=server".into());
+
+    let forward = decide_all([&older, &younger], &Defaults::default());
+    let backward = decide_all([&younger, &older], &Defaults::default());
+    assert_eq!(forward, backward, "the listing order must not matter");
+    let by_port = |port: u16| {
+        forward
+            .frontends
+            .iter()
+            .find(|f| f.port == port)
+            .unwrap_or_else(|| panic!("no frontend on {port}: {forward:#?}"))
+    };
+    // The older Service keeps the entries; the younger's choices are merged in.
+    assert_eq!(
+        by_port(80).source.to_string(),
+        "Service ingress-nginx/ingress-nginx-controller"
+    );
+    assert_eq!(by_port(80).first_speaker.to_string(), "server");
+    assert_eq!(by_port(443).path.to_string(), "relay");
+    assert!(forward.conflicts.is_empty(), "{:?}", forward.conflicts);
+    let told = forward
+        .decisions
+        .iter()
+        .find(|d| d.service.to_string() == "ingress-nginx/smtp-ingress")
+        .expect("the younger decision");
+    assert_eq!(told.reason(), "Proxied");
+    assert!(told.is_warning());
+    assert_eq!(told.warnings.len(), 2, "{:?}", told.warnings);
+    assert!(
+        told.warnings
+            .iter()
+            .any(|w| w.contains("203.0.113.10:443") && w.contains("path relay")),
+        "{:?}",
+        told.warnings
+    );
+}
+
 #[test]
 #[ignore = "prints every fixture's Event reason and message for eyeballing"]
 fn print_summaries() {

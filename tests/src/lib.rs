@@ -7,8 +7,10 @@
 pub mod agent;
 pub mod cli;
 pub mod client;
+pub mod dataplanes;
 pub mod fakeapi;
 pub mod load;
+pub mod mesh;
 pub mod names_support;
 pub mod node;
 pub mod pod;

@@ -6,7 +6,7 @@ use std::{
     io::{Read, Write},
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
@@ -31,6 +31,22 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Spawns `cmd` with its stdout and stderr going to `log` (the server's first log
+    /// file, `more_logs` after it).
+    pub fn spawn(cmd: &mut Command, log: PathBuf, more_logs: &[PathBuf]) -> Server {
+        let out = fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("create the log {}: {e}", log.display()));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup log fd"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let mut logs = vec![log];
+        logs.extend_from_slice(more_logs);
+        Server { child, logs }
+    }
+
     /// Everything the server logged so far.
     pub fn log(&self) -> String {
         self.logs
@@ -185,37 +201,45 @@ frontend ingress
     );
     let conf_path = dir.join("haproxy.cfg");
     fs::write(&conf_path, conf).expect("haproxy.cfg");
-    let log = dir.join("haproxy.log");
-    let out = fs::File::create(&log).expect("haproxy log");
-    let child = command_in(
-        &node.ingress_ns,
-        None,
-        &[
-            "haproxy",
-            "-db",
-            "-f",
-            conf_path.to_str().expect("utf-8 path"),
-        ],
-    )
-    .stdout(out.try_clone().expect("dup log fd"))
-    .stderr(out)
-    .spawn()
-    .expect("start haproxy");
-    let server = Server {
-        child,
-        logs: vec![log],
-    };
+    let server = Server::spawn(
+        &mut command_in(
+            &node.ingress_ns,
+            None,
+            &[
+                "haproxy",
+                "-db",
+                "-f",
+                conf_path.to_str().expect("utf-8 path"),
+            ],
+        ),
+        dir.join("haproxy.log"),
+        &[],
+    );
     wait_listening(node, &[HAPROXY_PP_PORT]);
     server
 }
 
 fn wait_listening(node: &SimNode, ports: &[u16]) {
+    wait_listening_in(&node.ingress_ns, ports, None);
+}
+
+/// Waits until TCP `ports` listen in `netns` (10 s); when `server` is given, fails at
+/// once with its log if it exits first.
+pub fn wait_listening_in(netns: &str, ports: &[u16], mut server: Option<&mut Server>) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let out = output_in(&node.ingress_ns, None, &["ss", "-Htln"]);
+        let out = output_in(netns, None, &["ss", "-Htln"]);
         let text = String::from_utf8_lossy(&out.stdout);
         if ports.iter().all(|p| text.contains(&format!(":{p} "))) {
             return;
+        }
+        if let Some(s) = server.as_deref_mut()
+            && let Ok(Some(status)) = s.child.try_wait()
+        {
+            panic!(
+                "the server exited ({status}) before listening on {ports:?}:\n{}",
+                s.log()
+            );
         }
         assert!(
             Instant::now() < deadline,

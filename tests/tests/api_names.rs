@@ -3,6 +3,10 @@
 //! kubeadm `controlPlaneEndpoint` under a listed domain used to be publishable.
 //! A TLS server on loopback (openssl s_server) with a certificate like kubeadm's
 //! stands in for the API server.
+//!
+//! Issue 31: the certificate is read in the background and retried: an API server
+//! that is down when the agent starts is read once it answers, and until then no
+//! name is published at all.
 
 use std::{
     net::{TcpListener, TcpStream},
@@ -11,7 +15,7 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::api_names::{cert_names, refuse},
+    k8s::api_names::{CertNames, apply, cert_names, read_cert_names, refuse},
     names::{
         hostname::Hostname,
         scope::{NameScope, ScopeRule},
@@ -33,6 +37,15 @@ impl Drop for Server {
 
 /// An openssl s_server on 127.0.0.1 presenting a certificate with kubeadm's SANs.
 fn api_server_like() -> Option<(Server, u16)> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    api_server_like_on(port).map(|s| (s, port))
+}
+
+/// As [`api_server_like`], on `port`.
+fn api_server_like_on(port: u16) -> Option<Server> {
     if Command::new("openssl").arg("version").output().is_err() {
         eprintln!("SKIPPED: no openssl binary to serve a certificate");
         return None;
@@ -54,10 +67,6 @@ fn api_server_like() -> Option<(Server, u16)> {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let child = Command::new("openssl")
         .args([
             "s_server",
@@ -80,7 +89,7 @@ fn api_server_like() -> Option<(Server, u16)> {
         assert!(Instant::now() < deadline, "s_server did not listen");
         std::thread::sleep(Duration::from_millis(50));
     }
-    Some((server, port))
+    Some(server)
 }
 
 #[tokio::test]
@@ -104,7 +113,10 @@ async fn the_certificates_names_and_the_flag_are_refused() {
         ]
     );
     let scope = NameScope::new(&["example.com", "example.net"], "cluster.local").expect("scope");
-    let scope = refuse(scope, &config, &["api.example.net".to_string()]).await;
+    let scope = apply(
+        &refuse(scope, &config, &["api.example.net".to_string()]),
+        &CertNames::Known(names),
+    );
     let h = |s: &str| Hostname::parse(s).expect("name");
     for (name, what) in [
         ("cp.example.com", "a name of the API server's certificate"),
@@ -119,8 +131,12 @@ async fn the_certificates_names_and_the_flag_are_refused() {
 }
 
 #[tokio::test]
-async fn an_unreachable_api_server_refuses_only_what_is_known() {
-    // Nothing listens on this port: startup goes on with the flag's names.
+async fn an_api_server_down_at_start_is_read_once_it_answers_and_no_name_is_published_before() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED: no openssl binary to serve a certificate");
+        return;
+    }
+    // Nothing listens on this port yet.
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -136,11 +152,56 @@ async fn an_unreachable_api_server_refuses_only_what_is_known() {
         "{e}"
     );
     assert!(started.elapsed() < Duration::from_secs(3));
-    let scope = NameScope::new(&["example.com"], "cluster.local").expect("scope");
-    let scope = refuse(scope, &config, &["cp.example.com".to_string()]).await;
-    assert!(
-        scope
-            .check(&Hostname::parse("cp.example.com").expect("name"))
-            .is_err()
+
+    let mut rx = read_cert_names(config.clone());
+    let scope = refuse(
+        NameScope::new(&["example.com"], "cluster.local").expect("scope"),
+        &config,
+        &["flag.example.com".to_string()],
     );
+    let h = |s: &str| Hostname::parse(s).expect("name");
+    // Wait for the reader's first attempt to fail (nothing listens).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pending = loop {
+        let now = rx.borrow_and_update().clone();
+        if matches!(&now, CertNames::Pending { last_error } if last_error.contains("failed to connect"))
+        {
+            break now;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            tokio::time::timeout(left, rx.changed()).await.is_ok(),
+            "no failed attempt within 10 s: {now:?}"
+        );
+    };
+    // While the certificate cannot be read, every name is withheld; the names
+    // known without it still name their own rule.
+    let withheld = apply(&scope, &pending);
+    for name in ["shop.example.com", "cp.example.com"] {
+        let r = withheld.check(&h(name)).expect_err(name);
+        assert_eq!(r.rule, ScopeRule::ApiServerPending, "{name}: {}", r.message);
+    }
+    let r = withheld.check(&h("flag.example.com")).expect_err("flag");
+    assert_eq!(r.rule, ScopeRule::ApiServer, "{}", r.message);
+
+    // The API server comes up: the reader's retry (1 s, then 2 s, ...) reads it.
+    let Some(_server) = api_server_like_on(port) else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let names = loop {
+        if let CertNames::Known(names) = rx.borrow_and_update().clone() {
+            break names;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            tokio::time::timeout(left, rx.changed()).await.is_ok(),
+            "the certificate was not read within 15 s of the server answering"
+        );
+    };
+    assert!(names.iter().any(|n| n == "cp.example.com"), "{names:?}");
+    let known = apply(&scope, &CertNames::Known(names));
+    let r = known.check(&h("cp.example.com")).expect_err("cp");
+    assert_eq!(r.rule, ScopeRule::ApiServer, "{}", r.message);
+    assert!(known.check(&h("shop.example.com")).is_ok());
 }

@@ -241,7 +241,7 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
         listener.starts_with("169.254.104.1:"),
         "the relay listens on the link-local default, not the node IP: {listener}"
     );
-    // The name relay's listener for port 80: an ephemeral port (the connect
+    // The name relay's listener for port 80: a privileged port (the connect
     // programs send the names port there), as status says.
     let name_listener = status["status"]["names"]["redirects"]
         .as_array()

@@ -750,6 +750,7 @@ fn later_wildcard_bind(mode: &str, how: &str) {
         [format!("{RELAY_IP4}:80"), format!("{RELAY_IP4}:443")],
         "{names}"
     );
+    let mut listener_ports = Vec::new();
     for r in &redirects {
         let listener = r["listener"].as_str().unwrap_or_default();
         assert!(
@@ -758,6 +759,14 @@ fn later_wildcard_bind(mode: &str, how: &str) {
                 && !listener.ends_with(":443"),
             "{names}"
         );
+        // Issue 31: a privileged port, never an ephemeral one.
+        let port: u16 = listener
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        assert!((512..1024).contains(&port), "{listener}: {names}");
+        listener_ports.push(port);
     }
     let text = run_cli(&node, &["status"]);
     assert!(
@@ -766,6 +775,40 @@ fn later_wildcard_bind(mode: &str, how: &str) {
         "{}",
         text.stdout
     );
+
+    // Issue 31: the agent dies and its redirect stays (the table or the frontends
+    // entry outlives it); no uid without CAP_NET_BIND_SERVICE can take the port the
+    // names' traffic is sent to.
+    let mut agent = agent;
+    agent.signal(nix::sys::signal::Signal::SIGKILL);
+    agent.wait(Duration::from_secs(10));
+    for port in listener_ports {
+        let out = hairpin_tests::sh::command_in(
+            &node.node_ns,
+            None,
+            &[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                // Debian's interpreter: a pyenv shim under /root is not nobody's.
+                "/usr/bin/python3",
+                "-c",
+                &format!(
+                    "import socket, errno\ns = socket.socket()\ntry:\n    s.bind(('{RELAY_IP4}', {port}))\n    print('bound')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])"
+                ),
+            ],
+        )
+        .output()
+        .expect("python as nobody");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            said.trim(),
+            "EACCES",
+            "nobody binding {RELAY_IP4}:{port}: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Issue 14: a tenant past `--max-names-per-namespace` loses only its own newest

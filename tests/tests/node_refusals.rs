@@ -4,6 +4,12 @@
 //! whose status names another node's address, or a platform endpoint, beside its
 //! real LB: only the real LB is a frontend, each refusal named in the decision.
 //! An Ingress under a listed domain claiming another node's name: not routed.
+//!
+//! Issue 31: what a Node says about itself is its own kubelet's word. One lying
+//! Node (a tenant's LB address as its ExternalIP, 0.0.0.0/0 as its pod network, a
+//! tenant's host name in its addresses) changes nothing for that LB or name when
+//! `--lb-cidrs` names the LoadBalancer ranges, and the passed-over claims are
+//! Warning Events on that Node.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +69,7 @@ async fn other_nodes_addresses_and_names_are_refused() {
         client,
         k8s::Defaults::default(),
         NameScope::new(&["example.com"], "cluster.local").expect("scope"),
+        k8s::api_names::known(Vec::new()),
         Metrics::default(),
         std::sync::Arc::new(|_, _| {}),
     );
@@ -85,22 +92,135 @@ async fn other_nodes_addresses_and_names_are_refused() {
     let decisions: Vec<_> = s.decisions.iter().map(|d| d.to_status()).collect();
     let decision = serde_json::to_string(&decisions).expect("json");
     for named in [
-        "an address of Node worker-2.example.com",
-        "the pod network of Node worker-2.example.com",
+        "an address Node worker-2.example.com reports in status.addresses[type=ExternalIP]",
+        "in the pod network Node worker-2.example.com reports in spec.podCIDRs[0]",
         "the instance metadata endpoint",
     ] {
         assert!(decision.contains(named), "{named} not named in {decision}");
     }
+    // A Node's name is refused; the DNS names its kubelet reports are not names of
+    // Nodes (issue 31), so w2.example.com is routed like any listed name.
     assert_eq!(
         s.routes.iter().map(|r| r.host.as_str()).collect::<Vec<_>>(),
-        ["shop.example.com"]
+        ["shop.example.com", "w2.example.com"]
     );
-    for host in ["worker-2.example.com", "w2.example.com"] {
-        assert!(
-            s.route_skips.iter().any(|k| k.message.contains(host)
+    assert!(
+        s.route_skips
+            .iter()
+            .any(|k| k.message.contains("worker-2.example.com")
                 && k.reason == NameSkipReason::Refused(ScopeRule::NodeName)),
-            "{host}: {:?}",
-            s.route_skips
-        );
+        "{:?}",
+        s.route_skips
+    );
+}
+
+#[tokio::test]
+async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_it() {
+    let api = FakeApi::start();
+    for n in 1..=3 {
+        api.put_node(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("w{n}")},
+            "spec": {"podCIDRs": [format!("10.244.{n}.0/24")]},
+            "status": {"addresses": [{"type": "InternalIP", "address": format!("10.0.0.{n}")}]}}));
     }
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "evil"},
+        "spec": {"podCIDRs": ["0.0.0.0/0"]},
+        "status": {"addresses": [
+            {"type": "ExternalIP", "address": "203.0.113.10"},
+            {"type": "Hostname", "address": "shop.example.com"}]}}));
+    // The tenant's LoadBalancer, and one outside the operator's ranges.
+    api.apply(digitalocean_service());
+    let mut other = digitalocean_service();
+    other["metadata"]["name"] = json!("other");
+    other["metadata"]["uid"] = json!("0f0e0000-0000-4000-8000-0000000000b2");
+    other["status"]["loadBalancer"]["ingress"] = json!([{"ip": "198.51.100.20"}]);
+    api.apply(other);
+    api.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "tenant-a",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"rules": [{"host": "shop.example.com"}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
+    );
+    let client =
+        kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client");
+    let defaults = k8s::Defaults {
+        addresses: hairpin_agent::k8s::decide::lb_address::LbAddressPolicy {
+            allowed: vec!["203.0.113.0/24".parse().expect("net")],
+            ..Default::default()
+        },
+        ..k8s::Defaults::default()
+    };
+    let source = k8s::watch::spawn(
+        client.clone(),
+        defaults,
+        NameScope::new(&["example.com"], "cluster.local").expect("scope"),
+        k8s::api_names::known(Vec::new()),
+        Metrics::default(),
+        std::sync::Arc::new(|_, _| {}),
+    );
+    let (_leader_tx, leader_rx) = tokio::sync::watch::channel(true);
+    tokio::spawn(k8s::events::run(
+        client,
+        "w1".into(),
+        source.services.clone(),
+        source.desired.clone(),
+        leader_rx,
+    ));
+    let mut rx = source.desired.clone();
+    until(&mut rx, "shop.example.com routed to the tenant's LB", |s| {
+        s.routes
+            .iter()
+            .any(|r| r.host.as_str() == "shop.example.com")
+    })
+    .await;
+    let s = rx.borrow().clone().expect("synced");
+    // The tenant's LB is proxied although Node evil claims it; the LB outside
+    // --lb-cidrs is refused by the operator's ranges, not by 0.0.0.0/0.
+    let ips: std::collections::BTreeSet<String> =
+        s.frontends.iter().map(|f| f.ip.to_string()).collect();
+    assert_eq!(
+        ips,
+        ["203.0.113.10".to_string()].into(),
+        "{:?}",
+        s.decisions
+    );
+    let other = s
+        .decisions
+        .iter()
+        .find(|d| d.service.to_string().ends_with("/other"))
+        .expect("a decision for the other Service")
+        .summary();
+    assert!(
+        other.contains("outside the load balancer ranges of --lb-cidrs"),
+        "{other}"
+    );
+    assert!(!other.contains("evil"), "{other}");
+    assert_eq!(
+        s.ignored_node_claims
+            .iter()
+            .map(|c| (c.node.as_str(), c.claim.as_str()))
+            .collect::<Vec<_>>(),
+        [("evil", "spec.podCIDRs[0]=0.0.0.0/0")]
+    );
+    // The Warning on Node evil says why its pod network was passed over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let warning = |e: &serde_json::Value| e["reason"] == "NodeClaimIgnored";
+    while !api.events().iter().any(warning) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = api.events();
+    let e = events
+        .iter()
+        .find(|e| warning(e))
+        .unwrap_or_else(|| panic!("no NodeClaimIgnored Event: {events:#?}"));
+    assert_eq!(e["type"], "Warning", "{e}");
+    assert_eq!(e["regarding"]["kind"], "Node", "{e}");
+    assert_eq!(e["regarding"]["name"], "evil", "{e}");
+    let note = e["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("0.0.0.0/0") && note.contains("wider than a node's share (/24"),
+        "{note}"
+    );
 }

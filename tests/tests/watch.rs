@@ -48,6 +48,7 @@ fn start_scoped(api: &FakeApi, scope: NameScope) -> (KubeSource, Metrics) {
         client(api),
         k8s::Defaults::default(),
         scope,
+        k8s::api_names::known(Vec::new()),
         metrics.clone(),
         std::sync::Arc::new(|_, _| {}),
     );

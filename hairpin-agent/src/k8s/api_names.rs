@@ -8,7 +8,10 @@
 //! to the name relay.
 //!
 //! The certificate is read without verifying it: its names only ever add
-//! refusals, so a forged one can refuse names, never publish one.
+//! refusals, so a forged one can refuse names, never publish one. It is read in
+//! the background and retried until it is ([`read_cert_names`]); until then no
+//! name is published at all, so an API server that is down when the agent starts
+//! never lets an Ingress publish its name.
 
 use std::{
     io,
@@ -24,6 +27,7 @@ use rustls::{
     crypto::CryptoProvider,
     pki_types::{CertificateDer, ServerName, UnixTime},
 };
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::names::scope::{NameScope, ScopeRule};
@@ -149,10 +153,11 @@ fn handshake(
     Ok(ee.valid_dns_names().map(str::to_owned).collect())
 }
 
-/// `scope` refusing the API server's names: the kubeconfig's server host, `listed`
-/// (`--api-server-names`) and the certificate's names (a failure to read them is
-/// logged, and startup goes on with the others).
-pub async fn refuse(scope: NameScope, config: &Config, listed: &[String]) -> NameScope {
+/// `scope` refusing the API server's names known without asking it: the
+/// kubeconfig's server host and `listed` (`--api-server-names`). The certificate's
+/// names come later, from [`read_cert_names`], and are applied per decision round
+/// ([`apply`]).
+pub fn refuse(scope: NameScope, config: &Config, listed: &[String]) -> NameScope {
     let mut scope = scope;
     if let Some(host) = super::client::api_server_name(config) {
         scope = scope.refuse_own(&host, ScopeRule::ApiServer, "the API server's host");
@@ -164,24 +169,93 @@ pub async fn refuse(scope: NameScope, config: &Config, listed: &[String]) -> Nam
             "an API server name (--api-server-names)",
         );
     }
-    match cert_names(config, CERT_TIMEOUT).await {
-        Ok(names) => {
-            info!(names = ?names, "the API server's certificate names are never published");
-            for name in names {
-                scope = scope.refuse_own(
-                    &name,
-                    ScopeRule::ApiServer,
-                    "a name of the API server's certificate",
-                );
-            }
-        }
-        Err(e) => warn!(
-            error = %e,
-            "the API server's certificate names cannot be read: only its URL's host and \
-             --api-server-names are refused as names"
-        ),
-    }
     scope
+}
+
+/// What is known of the API server's certificate names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertNames {
+    /// Not read yet: no hostname is published meanwhile (an Ingress claiming the
+    /// API server's name must never win the race against an API outage at start).
+    Pending {
+        /// Why the last attempt failed, for `status`, the log and the skips.
+        last_error: String,
+    },
+    /// Read (empty for a server without TLS, whose certificate names nothing).
+    Known(Vec<String>),
+}
+
+/// The receiving end of [`read_cert_names`].
+pub type CertNamesRx = watch::Receiver<CertNames>;
+
+/// A [`CertNamesRx`] that already knows `names` (tests; sources that read none).
+pub fn known(names: Vec<String>) -> CertNamesRx {
+    watch::channel(CertNames::Known(names)).1
+}
+
+/// The first retry of a failed certificate read, doubled up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two certificate reads.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Reads the API server's certificate names in the background, retrying with
+/// backoff (1 s doubling to 30 s) until it has them: an API server that is down
+/// when the agent starts is read once it answers, not never.
+pub fn read_cert_names(config: Config) -> CertNamesRx {
+    let scheme_is_tls = config.cluster_url.scheme_str() == Some("https");
+    let (tx, rx) = watch::channel(CertNames::Pending {
+        last_error: "not read yet".into(),
+    });
+    if !scheme_is_tls {
+        info!(url = %config.cluster_url, "the API server URL is not https: it has no certificate names to refuse");
+        let _ = tx.send(CertNames::Known(Vec::new()));
+        return rx;
+    }
+    tokio::spawn(async move {
+        let mut wait = RETRY_FIRST;
+        loop {
+            match cert_names(&config, CERT_TIMEOUT).await {
+                Ok(names) => {
+                    info!(names = ?names, "the API server's certificate names are never published");
+                    let _ = tx.send(CertNames::Known(names));
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?wait,
+                        "the API server's certificate names cannot be read yet: no hostname \
+                         is published until they are");
+                    let sent = tx.send(CertNames::Pending {
+                        last_error: e.to_string(),
+                    });
+                    if sent.is_err() {
+                        // Every source is gone: nothing to read them for.
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+    });
+    rx
+}
+
+/// `scope` as one decision round uses it: refusing the certificate's names when
+/// known, withholding every name while they are not.
+pub fn apply(scope: &NameScope, cert: &CertNames) -> NameScope {
+    match cert {
+        CertNames::Known(names) => names.iter().fold(scope.clone(), |s, name| {
+            s.refuse_own(
+                name,
+                ScopeRule::ApiServer,
+                "a name of the API server's certificate",
+            )
+        }),
+        CertNames::Pending { last_error } => scope.clone().withhold_all(format!(
+            "the API server's certificate names are not known yet ({last_error}), and a \
+             name could be one of them"
+        )),
+    }
 }
 
 /// Takes any certificate (its names only add refusals) but still checks the

@@ -6,7 +6,7 @@ use std::{net::IpAddr, sync::Arc};
 
 use tokio::sync::watch;
 
-use super::decide::Decision;
+use super::decide::{Decision, IgnoredClaim};
 use crate::{
     model::Frontends,
     names::routes::{NameRoute, NameSkip},
@@ -33,6 +33,9 @@ pub struct Desired {
     pub decisions: Vec<Decision>,
     /// The cluster DNS Service's IPs, for `check` (none from the frontends file).
     pub cluster_dns: Vec<IpAddr>,
+    /// What Nodes claim that is passed over (a pod network wider than a node's
+    /// share), for Events on those Nodes (none from the frontends file).
+    pub ignored_node_claims: Vec<IgnoredClaim>,
 }
 
 impl Desired {

@@ -1,6 +1,7 @@
 //! Kubernetes Events, written by the Lease holder only so a cluster of N nodes does
-//! not write N copies: one on each Service whose decision changed, and a Warning on
-//! each Ingress or Gateway route whose hostname was refused (naming the rule).
+//! not write N copies: one on each Service whose decision changed, a Warning on
+//! each Ingress or Gateway route whose hostname was refused (naming the rule), and
+//! a Warning on each Node whose claim about itself was passed over.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,7 +16,10 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::{decide::Decision, desired::DesiredRx};
+use super::{
+    decide::{Decision, IgnoredClaim},
+    desired::DesiredRx,
+};
 use crate::{
     model::ServiceName,
     names::routes::{NameSkip, ObjectId},
@@ -40,17 +44,21 @@ pub async fn run(
     );
     let mut published: BTreeMap<ServiceName, ServiceEvent> = BTreeMap::new();
     let mut names_published: BTreeSet<(ObjectId, String)> = BTreeSet::new();
+    let mut claims_published: BTreeSet<IgnoredClaim> = BTreeSet::new();
     loop {
         if *leader.borrow_and_update() {
             let now = desired.borrow_and_update().clone();
             if let Some(now) = now {
                 publish_decisions(&recorder, &services, &now.decisions, &mut published).await;
                 publish_names(&recorder, &now.route_skips, &mut names_published).await;
+                publish_node_claims(&recorder, &now.ignored_node_claims, &mut claims_published)
+                    .await;
             }
         } else {
             // A new leader republishes what it sees; forget what we sent.
             published.clear();
             names_published.clear();
+            claims_published.clear();
         }
         tokio::select! {
             r = desired.changed() => if r.is_err() { return },
@@ -123,6 +131,50 @@ async fn publish_names(
             }
         }
     }
+}
+
+/// Publishes one Warning on the Node for each of its claims passed over, once
+/// (again after it went away and came back).
+async fn publish_node_claims(
+    recorder: &Recorder,
+    ignored: &[IgnoredClaim],
+    published: &mut BTreeSet<IgnoredClaim>,
+) {
+    published.retain(|c| ignored.contains(c));
+    for c in ignored {
+        if published.contains(c) {
+            continue;
+        }
+        let (event, reference) = node_claim_event(c);
+        match recorder.publish(&event, &reference).await {
+            Ok(()) => {
+                published.insert(c.clone());
+            }
+            Err(e) => warn!(object = %format_args!("Node {}", c.node), error = %e,
+                "failed to publish Event"),
+        }
+    }
+}
+
+/// The Warning on a Node whose claim is passed over, and its reference.
+pub fn node_claim_event(c: &IgnoredClaim) -> (Event, ObjectReference) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "NodeClaimIgnored".into(),
+        note: Some(truncate(
+            &format!("Node {}: {}: {}", c.node, c.claim, c.reason),
+            1024,
+        )),
+        action: "Decide".into(),
+        secondary: None,
+    };
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(c.node.clone()),
+        ..ObjectReference::default()
+    };
+    (event, reference)
 }
 
 async fn publish(

@@ -14,6 +14,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::watch;
 
 use super::{
+    api_names::CertNamesRx,
     coredns::{CorednsConfig, task},
     decide::Defaults,
     events, lease,
@@ -33,6 +34,9 @@ pub struct SourceConfig {
     pub defaults: Defaults,
     /// Which hostnames may be published (`--names-domains` and the names always refused).
     pub scope: NameScope,
+    /// The API server's certificate names, read in the background
+    /// ([`super::api_names::read_cert_names`]); no name is published until known.
+    pub cert_names: CertNamesRx,
     /// The name `/status` lists this source under (`kubernetes`).
     pub name: String,
     /// The Lease and what its holder writes; `None` when this agent writes nothing
@@ -61,6 +65,8 @@ pub struct CorednsWriterConfig {
     pub defaults: Defaults,
     /// Which hostnames may be published.
     pub scope: NameScope,
+    /// The API server's certificate names, as for [`SourceConfig::cert_names`].
+    pub cert_names: CertNamesRx,
     /// The name `/status` lists this source under.
     pub name: String,
     /// The Lease's namespace.
@@ -93,7 +99,14 @@ pub fn spawn(
     state: AgentState,
 ) -> DesiredRx {
     let health = source_health(state.clone(), cfg.name.clone());
-    let source = super::watch::spawn(client.clone(), cfg.defaults, cfg.scope, metrics, health);
+    let source = super::watch::spawn(
+        client.clone(),
+        cfg.defaults,
+        cfg.scope,
+        cfg.cert_names,
+        metrics,
+        health,
+    );
     let Some(w) = cfg.writer else {
         return source.desired;
     };
@@ -129,6 +142,7 @@ pub fn spawn_coredns_writer(
         client.clone(),
         cfg.defaults,
         cfg.scope,
+        cfg.cert_names,
         metrics.clone(),
         health,
     );

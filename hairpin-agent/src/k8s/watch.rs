@@ -27,9 +27,10 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use super::{
+    api_names::{self, CertNamesRx},
     decide::{
-        Defaults, SkipReason, cluster_dns::cluster_dns, decide_all, decision::Outcome,
-        nodes::ClusterNodes,
+        Defaults, IgnoredClaim, SkipReason, cluster_dns::cluster_dns, decide_all,
+        decision::Outcome, nodes::ClusterNodes,
     },
     desired::{Desired, DesiredRx},
 };
@@ -93,11 +94,13 @@ const GATEWAY_KINDS: [(&str, &str); 3] = [
     ("v1alpha2", "TLSRoute"),
 ];
 
-/// Starts the reflectors and the decision loop; hostnames are routed within `scope`.
+/// Starts the reflectors and the decision loop; hostnames are routed within `scope`
+/// once `cert_names` knows the API server's certificate names (none before).
 pub fn spawn(
     client: Client,
     defaults: Defaults,
     scope: NameScope,
+    cert_names: CertNamesRx,
     metrics: Metrics,
     health: Health,
 ) -> KubeSource {
@@ -171,7 +174,11 @@ pub fn spawn(
             nodes,
             gateway_api: gateway_stores,
         },
-        Decide { defaults, scope },
+        Decide {
+            defaults,
+            scope,
+            cert_names,
+        },
         changed,
         tx,
         metrics,
@@ -279,6 +286,7 @@ const NODES_WAIT: Duration = Duration::from_secs(10);
 struct Decide {
     defaults: Defaults,
     scope: NameScope,
+    cert_names: CertNamesRx,
 }
 
 /// The caches the decision reads.
@@ -294,7 +302,7 @@ struct Caches {
 /// differs from the last one.
 async fn decide_loop(
     caches: Caches,
-    decide: Decide,
+    mut decide: Decide,
     changed: Arc<Notify>,
     tx: watch::Sender<Option<Arc<Desired>>>,
     metrics: Metrics,
@@ -303,9 +311,12 @@ async fn decide_loop(
         return;
     }
     let mut logged = SkipLog::default();
+    let mut claims_logged = BTreeSet::new();
+    let mut cert_open = true;
     loop {
         let started = std::time::Instant::now();
         let desired = decide_round(&caches, &decide, &mut logged);
+        log_ignored_claims(&desired.ignored_node_claims, &mut claims_logged);
         metrics.observe_decide(started.elapsed());
         tx.send_if_modified(|cur| {
             let modified = cur.as_deref() != Some(&desired);
@@ -314,7 +325,12 @@ async fn decide_loop(
             }
             modified
         });
-        changed.notified().await;
+        tokio::select! {
+            () = changed.notified() => {}
+            // The certificate names arrived (or their reader is done): decide again,
+            // once; a closed channel is not waited on again.
+            r = decide.cert_names.changed(), if cert_open => cert_open = r.is_ok(),
+        }
         // Coalesce a burst (a re-list applies many objects) into one decision.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -356,7 +372,10 @@ fn decide_round(caches: &Caches, decide: &Decide, logged: &mut SkipLog) -> Desir
         addresses: cluster_nodes.refuse_addresses(&decide.defaults.addresses),
         ..decide.defaults.clone()
     };
-    let round_scope = cluster_nodes.refuse_names(&decide.scope);
+    let round_scope = cluster_nodes.refuse_names(&api_names::apply(
+        &decide.scope,
+        &decide.cert_names.borrow(),
+    ));
     let decided = decide_all(all.iter().map(|s| s.as_ref()), &round_defaults);
     let (gateways, routes) = caches.gateway_api.objects();
     let names = name_routes(
@@ -378,7 +397,17 @@ fn decide_round(caches: &Caches, decide: &Decide, logged: &mut SkipLog) -> Desir
             .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
             .collect(),
         cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
+        ignored_node_claims: cluster_nodes.ignored,
     }
+}
+
+/// Logs each Node claim passed over once, when it first appears (again only after
+/// it went away).
+fn log_ignored_claims(now: &[IgnoredClaim], logged: &mut BTreeSet<IgnoredClaim>) {
+    for c in now.iter().filter(|c| !logged.contains(*c)) {
+        warn!(node = %c.node, claim = %c.claim, "Node claim passed over: {}", c.reason);
+    }
+    *logged = now.iter().cloned().collect();
 }
 
 /// The skips logged last round: each skip is logged once, when it first appears
@@ -397,8 +426,9 @@ impl SkipLog {
             }
             logged += 1;
             match skip.reason {
-                // Said once at startup; every hostname would repeat it.
-                NameSkipReason::Refused(ScopeRule::NoDomains) => {
+                // Said once at startup (and by the certificate reader while it
+                // retries); every hostname would repeat it.
+                NameSkipReason::Refused(ScopeRule::NoDomains | ScopeRule::ApiServerPending) => {
                     debug!(reason = ?skip.reason, "hostname left out: {}", skip.message);
                 }
                 NameSkipReason::NoLoadBalancerIp | NameSkipReason::NotProxied => {

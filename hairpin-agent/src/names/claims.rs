@@ -44,7 +44,8 @@ impl NameSkipReason {
     /// proxied, `--names-domains` empty).
     pub fn warning_rule(self) -> Option<&'static str> {
         match self {
-            NameSkipReason::Refused(ScopeRule::NoDomains) => None,
+            // Not the object's fault: the operator's or the API server's state.
+            NameSkipReason::Refused(ScopeRule::NoDomains | ScopeRule::ApiServerPending) => None,
             NameSkipReason::Refused(rule) => Some(rule.event_reason()),
             NameSkipReason::RouteNotAccepted => Some("RouteNotAcceptedByGateway"),
             NameSkipReason::RouteNotAllowedByListeners => Some("RouteNotAllowedByListeners"),

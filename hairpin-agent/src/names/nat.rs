@@ -2,7 +2,9 @@
 //! attached: one nftables table of the agent's own (`hairpin`, in the `ip` or `ip6`
 //! family of the names address) whose `output` and `prerouting` chains DNAT a
 //! connect to the names address at port 80 (or 443, ...) to the name relay's
-//! listener on an ephemeral port of the same address. Nothing then binds the names
+//! listener on a privileged port of the same address (below 1024: while no agent
+//! runs and the table stays, no uid without CAP_NET_BIND_SERVICE can bind it and
+//! receive the names' traffic). Nothing then binds the names
 //! ports themselves, so a hostNetwork ingress can bind `0.0.0.0:80` later.
 //!
 //! Written over netlink (`NETLINK_NETFILTER`), the way `nft` writes it, in one

@@ -92,6 +92,9 @@ pub enum ScopeRule {
     /// answer for every name of the domain no object claims, hosts outside the
     /// cluster included.
     WildcardOverDomain,
+    /// Every name is withheld for now: the API server's certificate names are not
+    /// known yet, and any name could be one of them.
+    ApiServerPending,
 }
 
 impl ScopeRule {
@@ -109,6 +112,7 @@ impl ScopeRule {
             ScopeRule::PublicSuffix => "public-suffix",
             ScopeRule::SingleLabel => "single-label",
             ScopeRule::WildcardOverDomain => "wildcard-over-domain",
+            ScopeRule::ApiServerPending => "api-server-pending",
         }
     }
 
@@ -126,6 +130,7 @@ impl ScopeRule {
             ScopeRule::PublicSuffix => "HostnameRefusedPublicSuffix",
             ScopeRule::SingleLabel => "HostnameRefusedSingleLabel",
             ScopeRule::WildcardOverDomain => "HostnameRefusedWildcardOverDomain",
+            ScopeRule::ApiServerPending => "HostnameWithheldApiServerPending",
         }
     }
 }
@@ -179,6 +184,8 @@ pub struct NameScope {
     own: Vec<(String, ScopeRule, &'static str)>,
     /// How many of the names it lets through may be published.
     caps: NameCaps,
+    /// Why every name is withheld for now ([`NameScope::withhold_all`]), if it is.
+    withheld: Option<String>,
 }
 
 impl NameScope {
@@ -191,6 +198,7 @@ impl NameScope {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             own: Vec::new(),
             caps: NameCaps::default(),
+            withheld: None,
         }
     }
 
@@ -224,6 +232,7 @@ impl NameScope {
             cluster_domain: cluster.as_str().to_owned(),
             own: Vec::new(),
             caps: NameCaps::default(),
+            withheld: None,
         };
         for value in domains {
             let value = value.as_ref().trim();
@@ -281,6 +290,14 @@ impl NameScope {
         self
     }
 
+    /// The same scope withholding every name it would let through, for `why`
+    /// ([`ScopeRule::ApiServerPending`]): the always-refused rules still name
+    /// themselves first.
+    pub fn withhold_all(mut self, why: String) -> NameScope {
+        self.withheld = Some(why);
+        self
+    }
+
     /// The same scope publishing at most `caps` names (the defaults otherwise).
     pub fn with_caps(mut self, caps: NameCaps) -> NameScope {
         self.caps = caps;
@@ -320,6 +337,14 @@ impl NameScope {
     pub fn check(&self, host: &Hostname) -> Result<(), Refusal> {
         if let Some(r) = self.refused(host) {
             return Err(r);
+        }
+        if let Some(why) = &self.withheld {
+            return Err(refusal(
+                host,
+                ScopeRule::ApiServerPending,
+                why,
+                "the agent to read the API server's certificate (it retries until it can)",
+            ));
         }
         if self.domains.is_empty() {
             return Err(refusal(

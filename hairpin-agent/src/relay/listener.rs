@@ -187,6 +187,61 @@ pub fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> io::Result<TcpList
     socket.listen(1024)
 }
 
+/// The privileged ports [`bind_privileged`] tries, from the top down: below 1024
+/// only a process with CAP_NET_BIND_SERVICE may bind, and none of them is in the
+/// node's ephemeral range, so a port held here is never one an outbound connect
+/// needs, and one left behind by a dead agent cannot be taken by any uid.
+pub const PRIVILEGED_PORTS: std::ops::RangeInclusive<u16> = 512..=1023;
+
+/// A listener as [`bind`] makes it, on `ip` at the highest port of
+/// [`PRIVILEGED_PORTS`] that is free, not in `avoid` and not in the node's
+/// `ip_local_reserved_ports` (`reserved`, as read by [`reserved_ports`]). Fails
+/// with the last error when none can be bound (EACCES: no CAP_NET_BIND_SERVICE).
+pub fn bind_privileged(
+    ip: std::net::IpAddr,
+    keepalive: Option<Duration>,
+    avoid: &[u16],
+    reserved: &[std::ops::RangeInclusive<u16>],
+) -> io::Result<TcpListener> {
+    let mut last = io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("no free port in {PRIVILEGED_PORTS:?} on {ip}"),
+    );
+    for port in PRIVILEGED_PORTS.rev() {
+        if avoid.contains(&port) || reserved.iter().any(|r| r.contains(&port)) {
+            continue;
+        }
+        match bind(SocketAddr::new(ip, port), keepalive) {
+            Ok(l) => return Ok(l),
+            // Without CAP_NET_BIND_SERVICE no port of the range will do.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// The node's `net.ipv4.ip_local_reserved_ports` (which also applies to IPv6):
+/// ports the operator keeps for listeners of their own. Unreadable: none.
+pub fn reserved_ports() -> Vec<std::ops::RangeInclusive<u16>> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports")
+        .map(|s| parse_port_ranges(&s))
+        .unwrap_or_default()
+}
+
+/// `8080,9000-9010` -> [8080..=8080, 9000..=9010]; what does not parse is skipped.
+pub fn parse_port_ranges(s: &str) -> Vec<std::ops::RangeInclusive<u16>> {
+    s.trim()
+        .split(',')
+        .filter_map(|part| {
+            let part = part.trim();
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+            (a <= b).then_some(a..=b)
+        })
+        .collect()
+}
+
 /// What every accepted connection is checked against, counted in, and run on.
 #[derive(Clone)]
 pub struct Admission {
@@ -293,6 +348,39 @@ fn reset(client: &TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_port_ranges_parse_as_the_kernel_prints_them() {
+        assert_eq!(parse_port_ranges("\n"), vec![]);
+        assert_eq!(
+            parse_port_ranges("1000-1010,8080\n"),
+            vec![1000..=1010, 8080..=8080]
+        );
+        assert_eq!(parse_port_ranges("x,20-10,443"), vec![443..=443]);
+    }
+
+    /// As root (the test runs unprivileged too: then the bind is refused with
+    /// EACCES, which is what the agent reports).
+    #[tokio::test]
+    async fn a_privileged_listener_takes_the_highest_free_port_outside_avoid_and_reserved() {
+        let ip: std::net::IpAddr = "127.0.0.1".parse().expect("ip");
+        let first = match bind_privileged(ip, None, &[1023], &[1020..=1022]) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return,
+            Err(e) => panic!("{e}"),
+        };
+        let port = first.local_addr().expect("addr").port();
+        assert!(
+            port < 1020,
+            "skipped 1023 (avoid) and 1020-1022 (reserved): {port}"
+        );
+        let second = bind_privileged(ip, None, &[1023], &[1020..=1022]).expect("another");
+        let next = second.local_addr().expect("addr").port();
+        assert!(
+            next < port && PRIVILEGED_PORTS.contains(&next),
+            "{next} after {port}"
+        );
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("ip")

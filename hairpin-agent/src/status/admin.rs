@@ -3,6 +3,8 @@
 //! on a unix socket (mode 0600: every LoadBalancer, hostname and listener is for
 //! root on the node only), and optionally `/metrics` alone on an address of its own
 //! for a Prometheus on the node's network. The node CLI reads `/status` from the socket.
+//! The TCP listeners cap their connections and time out slow request heads
+//! ([`tcp_server`]).
 
 use std::{
     collections::BTreeMap,
@@ -25,7 +27,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
-use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics};
+use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics, tcp_server};
 
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -164,15 +166,13 @@ pub async fn start(
         if routes == Routes::Probes {
             local_addr = bound;
         }
-        let (app, stop) = (app(routes), stop.clone());
-        tasks.spawn(async move {
-            let served = axum::serve(l, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                warn!(error = %e, "admin server (tcp) stopped");
-            }
-        });
+        // Capped, with a header timeout: an open port (status/tcp_server.rs).
+        tasks.spawn(tcp_server::serve(
+            l,
+            app(routes),
+            tcp_server::Limits::default(),
+            stop.clone(),
+        ));
         info!(address = ?bound, ?routes, "admin server listening");
     }
     if let Some(path) = &cfg.socket {

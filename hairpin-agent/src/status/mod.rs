@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod metrics;
+pub mod tcp_server;
 
 use std::{
     collections::BTreeMap,

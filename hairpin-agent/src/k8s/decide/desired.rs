@@ -8,7 +8,7 @@ use std::{
 
 use k8s_openapi::{api::core::v1::Service, apimachinery::pkg::apis::meta::v1::Time};
 
-use crate::model::{Frontends, ProxyVersion, ServiceName};
+use crate::model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion, ServiceName};
 
 use super::{
     decision::{Decision, Outcome, Skip, SkipReason},
@@ -41,6 +41,43 @@ pub struct DesiredState {
     pub decisions: Vec<Decision>,
     /// Conflicts found, in the order they were resolved.
     pub conflicts: Vec<Conflict>,
+}
+
+/// Merges the path choices of two Services asking for one (IP, port) with the same
+/// version into `owner` (the older claim, which the map keeps): server speaks first
+/// if either says so, the relay if either asks for it, since the relay path serves
+/// both and the kernel path does not. Returns what the younger Service is told when
+/// the two differed.
+fn merge_paths(
+    owner: &mut Frontend,
+    younger: &Frontend,
+    older: &ServiceName,
+    younger_name: &ServiceName,
+) -> Option<String> {
+    let (mut merged_speaker, mut merged_path) = (owner.first_speaker, owner.path);
+    if younger.first_speaker == FirstSpeaker::Server {
+        merged_speaker = FirstSpeaker::Server;
+    }
+    if younger.path == PathChoice::Relay {
+        merged_path = PathChoice::Relay;
+    }
+    if (younger.first_speaker, younger.path) == (owner.first_speaker, owner.path) {
+        return None;
+    }
+    let note = format!(
+        "{}:{} is also claimed by service {older} (older) with first speaker {} and path {}; \
+         service {younger_name} asks for first speaker {} and path {}: both get first speaker \
+         {merged_speaker} and path {merged_path}, which serve either",
+        younger.ip,
+        younger.port,
+        owner.first_speaker,
+        owner.path,
+        younger.first_speaker,
+        younger.path,
+    );
+    owner.first_speaker = merged_speaker;
+    owner.path = merged_path;
+    Some(note)
 }
 
 /// Decides for every Service and merges the frontends.
@@ -104,14 +141,20 @@ pub fn decide_all<'a>(
                 }
                 Err(owner) => owner,
             };
-            if owner.version == frontend.version {
-                kept.push(frontend);
-                continue;
-            }
             let winner = owners
                 .get(&frontend.addr())
                 .cloned()
                 .unwrap_or_else(|| decision.service.clone());
+            if owner.version == frontend.version {
+                // The same header either way; where the two ask for different paths,
+                // the one that works for both wins (when in doubt, relay), said on
+                // the younger Service's decision rather than dropped.
+                if let Some(note) = merge_paths(owner, &frontend, &winner, &decision.service) {
+                    decision.warnings.push(note);
+                }
+                kept.push(frontend);
+                continue;
+            }
             let message = format!(
                 "{}:{} is claimed by service {winner} with PROXY {}, which is older; service {} asks for {} and loses it",
                 frontend.ip, frontend.port, owner.version, decision.service, frontend.version

@@ -11,8 +11,10 @@
 //! [`PLATFORM_ENDPOINTS`] no LoadBalancer can be, then [`LbAddressPolicy`] for
 //! what the node and the operator add. IPv6 spellings of an IPv4 address are
 //! judged as that address: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-//! (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, RFC 6052; `64:ff9b:1::/48`, RFC 8215) and
-//! 6to4 (`2002:AABB:CCDD::/48`, RFC 3056): a DNS64 resolver or a NAT64 gateway turns
+//! (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, RFC 6052; `64:ff9b:1::/48`, RFC 8215, at
+//! every prefix length RFC 6052 section 2.2 allows an operator to carve from it;
+//! the operator's own NAT64 prefixes from `--nat64-prefixes`) and 6to4
+//! (`2002:AABB:CCDD::/48`, RFC 3056): a DNS64 resolver or a NAT64 gateway turns
 //! each back into the IPv4 endpoint.
 
 use std::{
@@ -34,12 +36,19 @@ pub struct LbAddressPolicy {
     /// Every Service's cluster IPs, by address, naming the Service: a cluster IP is
     /// never a LoadBalancer's (filled per decision round from the Service cache).
     pub cluster_ips: BTreeMap<IpAddr, String>,
+    /// What the cluster's Nodes report as their own addresses and pod networks,
+    /// each naming the Node and field (filled per decision round). A Node's status
+    /// is its own kubelet's word, so these yield to `allowed` (see [`Self::refusal`]).
+    pub node_claims: Vec<(IpNet, String)>,
+    /// The operator's NAT64 prefixes (`--nat64-prefixes`): an address inside one is
+    /// also judged as the IPv4 address it embeds (RFC 6052 section 2.2).
+    pub nat64: Vec<ipnet::Ipv6Net>,
 }
 
 impl LbAddressPolicy {
     /// Why `ip` may not be redirected, or `None` when it may.
     pub fn refusal(&self, ip: IpAddr) -> Option<String> {
-        if let Some(class) = builtin_refusal(ip) {
+        if let Some(class) = builtin_refusal_with(ip, &self.nat64) {
             return Some(format!("{ip} is {class}"));
         }
         let ip = ip.to_canonical();
@@ -49,11 +58,22 @@ impl LbAddressPolicy {
         if let Some((net, what)) = self.reserved.iter().find(|(n, _)| n.contains(&ip)) {
             return Some(format!("{ip} is {what} ({net})"));
         }
-        if !self.allowed.is_empty() && !self.allowed.iter().any(|n| n.contains(&ip)) {
+        if !self.allowed.is_empty() {
+            if self.allowed.iter().any(|n| n.contains(&ip)) {
+                // The operator named the LoadBalancer ranges: inside them a Node's
+                // claim (its kubelet's word) cannot switch a LoadBalancer off.
+                return None;
+            }
             let list: Vec<String> = self.allowed.iter().map(IpNet::to_string).collect();
             return Some(format!(
                 "{ip} is outside the load balancer ranges of --lb-cidrs ({})",
                 list.join(", ")
+            ));
+        }
+        if let Some((net, what)) = self.node_claims.iter().find(|(n, _)| n.contains(&ip)) {
+            return Some(format!(
+                "{ip} is {what} ({net}); a Node's report yields to --lb-cidrs: list the \
+                 LoadBalancer ranges there if that Node is not this LoadBalancer"
             ));
         }
         None
@@ -83,6 +103,16 @@ pub const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
         "fd00:ec2::123",
         "the Amazon Time Sync Service over IPv6",
         "docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",
+    ),
+    (
+        "fd00:ec2::23",
+        "the Amazon EKS Pod Identity Agent over IPv6",
+        "docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html",
+    ),
+    (
+        "169.254.170.23",
+        "the Amazon EKS Pod Identity Agent",
+        "docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html",
     ),
     (
         "169.254.170.2",
@@ -121,58 +151,113 @@ pub const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The IPv4 address an IPv6 address stands for, where it is one of the spellings
-/// a DNS64 resolver, a NAT64 gateway or a dual-stack socket turns back into it.
-pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+/// The NAT64 prefix lengths RFC 6052 section 2.2 defines, each with its own place
+/// for the IPv4 address (bits 64 to 71, the `u` octet, are always skipped).
+pub const NAT64_PREFIX_LENGTHS: [u8; 6] = [32, 40, 48, 56, 64, 96];
+
+/// The IPv4 address embedded in `ip` under a NAT64 prefix of `prefix_len` bits
+/// (RFC 6052 section 2.2); `None` for a length the RFC does not define.
+pub fn rfc6052_ipv4(ip: Ipv6Addr, prefix_len: u8) -> Option<Ipv4Addr> {
+    let o = ip.octets();
+    // Octet indexes holding the IPv4 address, in order, for each prefix length.
+    let at: [usize; 4] = match prefix_len {
+        32 => [4, 5, 6, 7],
+        40 => [5, 6, 7, 9],
+        48 => [6, 7, 9, 10],
+        56 => [7, 9, 10, 11],
+        64 => [9, 10, 11, 12],
+        96 => [12, 13, 14, 15],
+        _ => return None,
+    };
+    Some(Ipv4Addr::new(o[at[0]], o[at[1]], o[at[2]], o[at[3]]))
+}
+
+/// Every IPv4 address an IPv6 address may stand for, where it is one of the
+/// spellings a DNS64 resolver, a NAT64 gateway or a dual-stack socket turns back
+/// into it: IPv4-mapped, IPv4-compatible, the NAT64 well-known prefix
+/// `64:ff9b::/96` (RFC 6052), the local-use prefix `64:ff9b:1::/48` (RFC 8215) at
+/// every length an operator may carve from it (48, 56, 64 and 96: each reading is
+/// a candidate), 6to4 (RFC 3056), and `nat64` (the operator's own prefixes,
+/// `--nat64-prefixes`).
+pub fn embedded_ipv4s(ip: Ipv6Addr, nat64: &[ipnet::Ipv6Net]) -> Vec<Ipv4Addr> {
     let s = ip.segments();
     let o = ip.octets();
     let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    let mut out = Vec::new();
     if let Some(v4) = ip.to_ipv4_mapped() {
-        return Some(v4);
+        out.push(v4);
     }
     // IPv4-compatible (deprecated, RFC 4291 2.5.5.1); not :: and ::1.
     if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
-        return Some(last);
+        out.push(last);
     }
-    // NAT64: the well-known prefix /96 (RFC 6052) and the local-use /48 (RFC 8215,
-    // whose /96 form is the common one).
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..3] == [0x64, 0xff9b, 1] {
-        return Some(last);
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        out.push(last);
+    }
+    if s[..3] == [0x64, 0xff9b, 1] {
+        out.extend(
+            [48, 56, 64, 96]
+                .into_iter()
+                .filter_map(|l| rfc6052_ipv4(ip, l)),
+        );
     }
     // 6to4 (RFC 3056): 2002:AABB:CCDD::/48.
     if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+        out.push(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
     }
-    None
+    for p in nat64.iter().filter(|p| p.contains(&ip)) {
+        out.extend(rfc6052_ipv4(ip, p.prefix_len()));
+    }
+    out.dedup();
+    out
+}
+
+/// The IPv4 address an IPv6 address stands for (the first of [`embedded_ipv4s`]
+/// without operator prefixes).
+pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    embedded_ipv4s(ip, &[]).into_iter().next()
 }
 
 /// The platform endpoint `ip` is (in any spelling), with its source.
 pub fn platform_endpoint(ip: IpAddr) -> Option<(&'static str, &'static str, &'static str)> {
-    let forms = match ip.to_canonical() {
-        IpAddr::V4(v4) => [Some(IpAddr::V4(v4)), None],
-        IpAddr::V6(v6) => [Some(IpAddr::V6(v6)), embedded_ipv4(v6).map(IpAddr::V4)],
-    };
-    PLATFORM_ENDPOINTS.iter().copied().find(|(addr, _, _)| {
-        addr.parse::<IpAddr>()
-            .is_ok_and(|a| forms.iter().flatten().any(|f| *f == a))
-    })
+    platform_endpoint_with(ip, &[])
+}
+
+fn platform_endpoint_with(
+    ip: IpAddr,
+    nat64: &[ipnet::Ipv6Net],
+) -> Option<(&'static str, &'static str, &'static str)> {
+    let mut forms = vec![ip.to_canonical()];
+    if let IpAddr::V6(v6) = ip.to_canonical() {
+        forms.extend(embedded_ipv4s(v6, nat64).into_iter().map(IpAddr::V4));
+    }
+    PLATFORM_ENDPOINTS
+        .iter()
+        .copied()
+        .find(|(addr, _, _)| addr.parse::<IpAddr>().is_ok_and(|a| forms.contains(&a)))
 }
 
 /// The classes no LoadBalancer address can belong to, whatever the policy: each
-/// checked on the address and on the IPv4 address an IPv6 spelling stands for.
+/// checked on the address and on every IPv4 address an IPv6 spelling stands for.
 pub fn builtin_refusal(ip: IpAddr) -> Option<String> {
-    if let Some((addr, what, source)) = platform_endpoint(ip) {
+    builtin_refusal_with(ip, &[])
+}
+
+/// As [`builtin_refusal`], also decoding the operator's NAT64 prefixes.
+pub fn builtin_refusal_with(ip: IpAddr, nat64: &[ipnet::Ipv6Net]) -> Option<String> {
+    if let Some((addr, what, source)) = platform_endpoint_with(ip, nat64) {
         return Some(format!("{what} ({addr}; {source})"));
     }
     let canonical = ip.to_canonical();
     if let Some(class) = class_refusal(canonical) {
         return Some(class.to_string());
     }
-    if let IpAddr::V6(v6) = canonical
-        && let Some(v4) = embedded_ipv4(v6)
-        && let Some(class) = class_refusal(IpAddr::V4(v4))
-    {
-        return Some(format!("{class} in an IPv6 spelling ({v4})"));
+    if let IpAddr::V6(v6) = canonical {
+        for v4 in embedded_ipv4s(v6, nat64) {
+            if let Some(class) = class_refusal(IpAddr::V4(v4)) {
+                return Some(format!("{class} in an IPv6 spelling ({v4})"));
+            }
+        }
     }
     None
 }
@@ -307,6 +392,8 @@ mod tests {
             ],
             allowed: vec!["203.0.113.0/24".parse().expect("net")],
             cluster_ips: BTreeMap::from([(ip("203.0.113.99"), "default/kubernetes".into())]),
+            node_claims: vec![],
+            nat64: vec![],
         };
         assert_eq!(
             p.refusal(ip("203.0.113.99")).as_deref(),
@@ -325,5 +412,75 @@ mod tests {
             Some("198.51.100.7 is outside the load balancer ranges of --lb-cidrs (203.0.113.0/24)")
         );
         assert_eq!(p.refusal(ip("203.0.113.10")), None);
+    }
+
+    /// Issue 31: a Node's claim refuses an address only outside `--lb-cidrs`.
+    #[test]
+    fn node_claims_yield_to_the_load_balancer_ranges() {
+        let mut p = LbAddressPolicy {
+            node_claims: vec![(
+                "203.0.113.10/32".parse().expect("net"),
+                "an address Node evil reports in status.addresses[type=ExternalIP]".into(),
+            )],
+            ..LbAddressPolicy::default()
+        };
+        let why = p.refusal(ip("203.0.113.10")).unwrap_or_default();
+        assert!(
+            why.contains("Node evil") && why.contains("--lb-cidrs"),
+            "{why}"
+        );
+        p.allowed = vec!["203.0.113.0/24".parse().expect("net")];
+        assert_eq!(p.refusal(ip("203.0.113.10")), None);
+        // The operator's own reservations still win over --lb-cidrs.
+        p.reserved = vec![(
+            "203.0.113.10/32".parse().expect("net"),
+            "in --reserved-cidrs".into(),
+        )];
+        assert!(p.refusal(ip("203.0.113.10")).is_some());
+    }
+
+    /// Issue 31: the RFC 6052 section 2.2 layouts, the local-use prefix at every
+    /// length an operator may carve from it, and the operator's own prefixes.
+    #[test]
+    fn nat64_forms_of_every_prefix_length_are_judged_as_their_ipv4_address() {
+        // 169.254.169.254 = a9.fe.a9.fe, 127.0.0.1 = 7f.00.00.01.
+        for (addr, len) in [
+            ("2001:db8:a9fe:a9fe::", 32),
+            ("2001:db8:64a9:fea9:fe::", 40),
+            ("2001:db8:64:a9fe:a9:fe00::", 48),
+            ("2001:db8:64:aa9:fe:a9fe::", 56),
+            ("2001:db8:64:aa:a9:fea9:fe00:0", 64),
+            ("2001:db8:64:aa:0:0:a9fe:a9fe", 96),
+        ] {
+            let v6: Ipv6Addr = addr.parse().expect("v6");
+            assert_eq!(
+                rfc6052_ipv4(v6, len),
+                Some(Ipv4Addr::new(169, 254, 169, 254)),
+                "{addr} /{len}"
+            );
+        }
+        let p = LbAddressPolicy::default();
+        // The local-use prefix carved at /64: the metadata endpoint and loopback.
+        for (addr, what) in [
+            ("64:ff9b:1:0:a9:fea9:fe00:0", "instance metadata endpoint"),
+            ("64:ff9b:1:7f00:1::", "loopback"),
+        ] {
+            let why = p.refusal(ip(addr)).unwrap_or_default();
+            assert!(why.contains(what), "{addr}: {why}");
+        }
+        // An operator prefix is decoded only once listed.
+        let operator = ip("2001:db8:64:aa:a9:fea9:fe00:0");
+        assert_eq!(p.refusal(operator), None);
+        let with = LbAddressPolicy {
+            nat64: vec!["2001:db8:64:aa::/64".parse().expect("net")],
+            ..LbAddressPolicy::default()
+        };
+        let why = with.refusal(operator).unwrap_or_default();
+        assert!(why.contains("instance metadata endpoint"), "{why}");
+        // An ordinary IPv4 address behind the operator's prefix passes.
+        assert_eq!(with.refusal(ip("2001:db8:64:aa:cb:71a:0:0")), None);
+        // EKS Pod Identity over IPv6 (the lower item of issue 31).
+        let why = p.refusal(ip("fd00:ec2::23")).unwrap_or_default();
+        assert!(why.contains("EKS Pod Identity"), "{why}");
     }
 }

@@ -8,6 +8,7 @@
 //!   wins a conflict) and the hostnames routed to them.
 //! - [`lb_address`]: which LoadBalancer addresses may be redirected at all.
 //! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
+//! - [`nodes`]: what the Nodes report about themselves, as far as it is believed.
 
 pub mod annotations;
 pub mod cluster_dns;
@@ -21,4 +22,5 @@ pub mod service;
 
 pub use decision::{Decision, Outcome, Rule, Skip, SkipReason};
 pub use desired::{Conflict, DesiredState, decide_all};
+pub use nodes::IgnoredClaim;
 pub use service::{Defaults, decide, service_key};

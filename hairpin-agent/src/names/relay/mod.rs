@@ -6,7 +6,9 @@
 //! clients that use names.
 //!
 //! Where the connect programs are attached, nothing binds the names ports
-//! themselves: each listener takes an ephemeral port on the names address and the
+//! themselves: each listener takes a privileged port on the names address (the
+//! highest free one below 1024: no uid without CAP_NET_BIND_SERVICE can take it
+//! while no agent runs, and it is never one of the node's ephemeral ports) and the
 //! names address and port become one more entry of the frontends map
 //! ([`NameRouting::redirects`]), so a connect to `169.254.104.1:80` is sent to it
 //! like any relayed frontend. A host process (a hostNetwork ingress) that binds
@@ -84,11 +86,12 @@ pub enum Redirect {
     /// The listeners bind the names ports as they are (`--names-redirect off`): a
     /// host process cannot bind `0.0.0.0` on them while the relay runs.
     Bound,
-    /// The connect programs are attached: the listeners take ephemeral ports and
-    /// the names address and ports are frontends-map entries
+    /// The connect programs are attached: the listeners take privileged ports
+    /// ([`crate::relay::listener::bind_privileged`]) and the names address and
+    /// ports are frontends-map entries
     /// ([`NameRouting::redirects`], inserted by the agent).
     ConnectPrograms,
-    /// No programs: the listeners take ephemeral ports and the agent's nftables
+    /// No programs: the listeners take privileged ports and the agent's nftables
     /// table DNATs the names ports to them ([`crate::names::nat`]). Where the table
     /// cannot be written, the listeners bind the ports as they are instead.
     Netfilter,
@@ -347,8 +350,8 @@ impl NameRouting {
         }
     }
 
-    /// The listeners to run: the names ports (bound as they are, or ephemeral
-    /// ports when redirected) and the Service target ports.
+    /// The listeners to run: the names ports (bound as they are, or on privileged
+    /// ports when redirected: port 0 here) and the Service target ports.
     fn wanted(&self) -> Vec<Wanted> {
         let address = self.cfg.address;
         let names = self.cfg.ports.iter().map(|&port| Wanted {
@@ -405,10 +408,22 @@ impl NameRouting {
     /// Binds one listener, registers it when it is redirected, and starts its
     /// accept loop.
     fn start_listener(&self, want: &Wanted) -> Result<Bound, ListenFailed> {
-        let listener =
-            listener::bind(want.bind, self.shared.relay.keepalive).map_err(ListenFailed::Bind)?;
-        let local = listener.local_addr().unwrap_or(want.bind);
         let redirected = want.bind != want.dialled;
+        let listener = if redirected {
+            // A privileged port, never an ephemeral one: the table (or the frontends
+            // entry) sending the names port here may outlive this agent, and a port
+            // any uid could bind would then receive the names' plaintext HTTP.
+            listener::bind_privileged(
+                want.bind.ip(),
+                self.shared.relay.keepalive,
+                &self.cfg.ports,
+                &listener::reserved_ports(),
+            )
+        } else {
+            listener::bind(want.bind, self.shared.relay.keepalive)
+        }
+        .map_err(ListenFailed::Bind)?;
+        let local = listener.local_addr().unwrap_or(want.bind);
         if redirected && let Some(hook) = &self.on_listen {
             use std::os::fd::AsFd;
             hook(local, listener.as_fd())
