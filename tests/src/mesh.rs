@@ -26,7 +26,7 @@
 use std::{fs, path::PathBuf};
 
 use crate::{
-    dataplanes::envoy::{EnvoyRun, start_envoy, typed},
+    dataplanes::envoy::{EnvoyRun, start_envoy, stdout_access_log, typed},
     node::SimNode,
     servers::Server,
     sh::{run_in, run_quiet},
@@ -183,24 +183,13 @@ const PASSTHROUGH: &str = "PassthroughCluster";
 /// What starts each of the proxy's access log lines (on its stdout, in its log).
 pub const ACCESS_PREFIX: &str = "mesh-access ";
 
-/// An `access_log` entry (at the indentation of the filter's other fields) writing
-/// one line per proxied connection or request: who came in, the original
-/// destination, the upstream dialled and from which address.
+/// The proxy's `access_log`: one line per proxied connection or request, naming who
+/// came in, the original destination, the upstream dialled and from which address.
 fn access_log() -> String {
-    let logger = typed(
-        0,
-        "envoy.access_loggers.stdout",
-        "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
-        "log_format:\n  text_format_source:\n    inline_string: \"ACCESS_LINE\\n\"",
-    )
-    .replace(
-        "ACCESS_LINE",
-        &format!(
-            "{ACCESS_PREFIX}downstream=%DOWNSTREAM_REMOTE_ADDRESS% original_dst=%DOWNSTREAM_LOCAL_ADDRESS% \
-             upstream=%UPSTREAM_HOST% from=%UPSTREAM_LOCAL_ADDRESS% code=%RESPONSE_CODE%"
-        ),
-    );
-    format!("access_log:\n{logger}")
+    stdout_access_log(&format!(
+        "{ACCESS_PREFIX}downstream=%DOWNSTREAM_REMOTE_ADDRESS% original_dst=%DOWNSTREAM_LOCAL_ADDRESS% \
+         upstream=%UPSTREAM_HOST% from=%UPSTREAM_LOCAL_ADDRESS% code=%RESPONSE_CODE%"
+    ))
 }
 
 /// A `tcp_proxy` network filter to the original destination.

@@ -103,22 +103,11 @@ pub fn curl_resolved_from_pod(node: &SimNode, resolve: &str, url: &str) -> Reply
 /// where `hosts` is bind-mounted over /etc/hosts: the real resolver (getent, curl's
 /// getaddrinfo) reads the agent-written file, and nothing outside sees the mount.
 pub fn sh_with_hosts_file(node: &SimNode, hosts: &std::path::Path, script: &str) -> Reply {
-    let full = format!(
-        "mount --bind {} /etc/hosts && {script}",
-        hosts.to_str().expect("utf-8 path")
-    );
-    Reply::from_output(output_in(
+    Reply::from_output(crate::sh::sh_with_files_over(
         &node.node_ns,
-        Some(&node.host_cgroup()),
-        &[
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &full,
-        ],
+        &node.host_cgroup(),
+        &[(hosts, "/etc/hosts")],
+        script,
     ))
 }
 

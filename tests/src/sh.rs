@@ -94,3 +94,36 @@ pub fn enter_netns(netns: &str) {
     nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
         .unwrap_or_else(|e| panic!("setns {path}: {e}"));
 }
+
+/// Runs shell `script` in `netns` and `cgroup` in a private mount namespace where
+/// each `(file, over)` of `binds` is bind-mounted over the path `over`: the real
+/// resolver reads a test's /etc/hosts or /etc/resolv.conf, and nothing outside sees
+/// the mounts. Its output, whatever the exit status.
+pub fn sh_with_files_over(
+    netns: &str,
+    cgroup: &Path,
+    binds: &[(&Path, &str)],
+    script: &str,
+) -> Output {
+    let mut full = String::new();
+    for (file, over) in binds {
+        full.push_str(&format!(
+            "mount --bind {} {over} && ",
+            file.to_str().expect("utf-8 path")
+        ));
+    }
+    full.push_str(script);
+    output_in(
+        netns,
+        Some(cgroup),
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &full,
+        ],
+    )
+}

@@ -33,6 +33,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "/usr/bin/openssl"),
     ("nodejs", "/usr/bin/node"),
     ("openjdk-17-jdk-headless", "/usr/bin/java"),
+    // A server that reads PROXY v1 only, for the data-plane matrix
+    // (tests/tests/dataplanes.rs).
+    ("gunicorn", "/usr/bin/gunicorn"),
+    // The public DNS of the ACME self-check suite (tests/tests/acme.rs); the binary
+    // alone, no service.
+    ("dnsmasq-base", "/usr/sbin/dnsmasq"),
     // promtool checks and unit-tests the monitoring component's alerting rules.
     ("prometheus", "/usr/bin/promtool"),
     // The RustSec snapshot in supply-chain/ is a .tar.xz (cargo xtask deny).

@@ -235,7 +235,7 @@ pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelObjectsE
             id,
             source: Box::new(e),
         })?;
-    Ok(super::sum_counters(&map)
+    Ok(super::maps::sum_counters(&map)
         .into_iter()
         .map(|(c, total)| (c.name(), total))
         .collect())

@@ -16,6 +16,11 @@
 //! own and refuses to take over the links it finds (see [`PinDir::foreign_layouts`]).
 //! A dead agent's datapath stays live until its heartbeat's TTL passes; `cleanup`
 //! and an uninstall remove it ([`remove_all`]).
+//!
+//! Owns the directory: its lock, its layout, what is pinned where, whether this
+//! agent's datapath is pinned ([`Pin`]) and the removal of another layout's expired
+//! datapath. Never loads or links a program and never writes a map entry; it reads
+//! only the heartbeat of another layout (through liveness.rs).
 
 use std::{
     fs::{self, File},
@@ -28,7 +33,9 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
-use super::sys;
+use hairpin_ebpf::{MAP_HEARTBEAT, MAP_SOCKETS};
+
+use super::{Datapath, DatapathError, HeartbeatState, LoadOptions, heartbeat_state, sys};
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -485,6 +492,94 @@ pub async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration) {
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Whether the datapath outlives the agent (see this module).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// No pin directory: the links and maps are the process's own and go with it.
+    Off,
+    /// Pinned here: links and maps outlive the process.
+    Pinned(PathBuf),
+    /// Pinning failed, and why: the datapath is the process's own.
+    Failed(String),
+}
+
+impl Datapath {
+    /// Whether the datapath is pinned: the directory, or why not.
+    pub fn pin(&self) -> &Pin {
+        &self.pin
+    }
+
+    /// Where the sockets map is pinned, when the datapath is.
+    pub fn sockets_pin(&self) -> Option<PathBuf> {
+        self.pins.as_ref().map(|p| p.map(MAP_SOCKETS))
+    }
+}
+
+/// Locks the pin directory, when there is one, taking over from an agent whose
+/// datapath expired: [`DatapathError::Busy`] while another agent holds it; any
+/// other failure leaves the datapath unpinned (it goes with this process), and
+/// says so.
+pub(super) fn lock_pins(opts: &LoadOptions) -> Result<(Option<PinDir>, Pin), DatapathError> {
+    let Some(dir) = &opts.pin_dir else {
+        return Ok((None, Pin::Off));
+    };
+    match PinDir::lock(dir, opts.pin_layout) {
+        Ok(pins) => {
+            take_over_expired(&pins, opts.pin_layout)?;
+            Ok((Some(pins), Pin::Pinned(dir.clone())))
+        }
+        Err(e @ PinError::Busy { .. }) => Err(DatapathError::Busy(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
+            Ok((None, Pin::Failed(e.to_string())))
+        }
+    }
+}
+
+/// Another layout's datapath in the pin directory: left alone while its heartbeat
+/// is live (this agent would misread its maps, and its kernel path still writes
+/// headers without any agent), removed once it has expired, which it has when no
+/// agent of its layout has beaten within its TTL. The heartbeat map's layout (two
+/// u64: the beat and the TTL) is the one that never changes between layouts.
+fn take_over_expired(pins: &PinDir, layout: u32) -> Result<(), DatapathError> {
+    let foreign = pins.foreign_layouts();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let mut live = Vec::new();
+    for dir in &foreign {
+        let state = heartbeat_state(&dir.join("maps").join(MAP_HEARTBEAT));
+        match state {
+            HeartbeatState::Live(left) => live.push(format!(
+                "{} live for {}s more",
+                dir.display(),
+                left.as_secs()
+            )),
+            state => {
+                tracing::warn!(layout = %dir.display(), heartbeat = %state, "a datapath of another layout has expired: removing it and taking over");
+                for r in remove_layout(dir) {
+                    if let Err(e) = r.result {
+                        tracing::warn!(pin = %r.path.display(), error = %e, "could not remove");
+                    }
+                }
+            }
+        }
+    }
+    if live.is_empty() {
+        return Ok(());
+    }
+    Err(DatapathError::ForeignLayout {
+        dir: pins.root().to_path_buf(),
+        found: foreign
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        layout,
+        state: live.join("; "),
+    })
 }
 
 #[cfg(test)]

@@ -108,3 +108,86 @@ pub fn typed(indent: usize, name: &str, type_url: &str, config: &str) -> String 
     }
     s
 }
+
+/// An `access_log` field (at the indentation of its filter's other fields, as
+/// [`typed`]'s `config` takes them) writing `line` (Envoy's command operators,
+/// `%DOWNSTREAM_REMOTE_ADDRESS%` and the like) to stdout, which is the server's log.
+pub fn stdout_access_log(line: &str) -> String {
+    let logger = typed(
+        0,
+        "envoy.access_loggers.stdout",
+        "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+        "log_format:\n  text_format_source:\n    inline_string: \"ACCESS_LINE\\n\"",
+    )
+    .replace("ACCESS_LINE", line);
+    format!("access_log:\n{logger}")
+}
+
+/// The PROXY listener filter: strict (a connection without a header is closed), or
+/// `lenient` (`allow_requests_without_proxy_protocol`: one without is served as it
+/// came).
+pub fn proxy_protocol_filter(indent: usize, lenient: bool) -> String {
+    typed(
+        indent,
+        "envoy.filters.listener.proxy_protocol",
+        "envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol",
+        if lenient {
+            "allow_requests_without_proxy_protocol: true"
+        } else {
+            ""
+        },
+    )
+}
+
+/// What starts each line of an ingress Envoy's access log ([`ingress_config`]).
+pub const INGRESS_ACCESS_PREFIX: &str = "envoy-access ";
+
+/// An ingress Envoy: for each `(name, port, lenient)`, a listener on `[::]:port`
+/// (IPv4 too) with the PROXY listener filter and an HTTP connection manager that
+/// answers 200 itself and logs, per request, its path and the client and destination
+/// it saw (`path=/x client=ADDR:PORT dst=ADDR:PORT`), which with the PROXY filter are
+/// the header's.
+pub fn ingress_config(listeners: &[(&str, u16, bool)]) -> String {
+    let mut s = String::from("static_resources:\n  listeners:\n");
+    for (name, port, lenient) in listeners {
+        let hcm = typed(
+            6,
+            "envoy.filters.network.http_connection_manager",
+            "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            &format!(
+                "stat_prefix: {name}
+route_config:
+  virtual_hosts:
+  - name: ingress
+    domains: [\"*\"]
+    routes:
+    - match: {{ prefix: \"/\" }}
+      direct_response: {{ status: 200, body: {{ inline_string: \"ok\\n\" }} }}
+{}
+http_filters:
+{}",
+                stdout_access_log(&format!(
+                    "{INGRESS_ACCESS_PREFIX}{name} path=%REQ(:PATH)% \
+                     client=%DOWNSTREAM_REMOTE_ADDRESS% dst=%DOWNSTREAM_LOCAL_ADDRESS%"
+                )),
+                typed(
+                    0,
+                    "envoy.filters.http.router",
+                    "envoy.extensions.filters.http.router.v3.Router",
+                    ""
+                ),
+            ),
+        );
+        s.push_str(&format!(
+            "  - name: {name}
+    address:
+      socket_address: {{ address: \"::\", port_value: {port}, ipv4_compat: true }}
+    listener_filters:
+{}    filter_chains:
+    - filters:
+{hcm}",
+            proxy_protocol_filter(4, *lenient)
+        ));
+    }
+    s
+}

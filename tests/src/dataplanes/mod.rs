@@ -8,7 +8,12 @@
 //! in the cache (`~/.cache/hairpin/dataplanes/hairpin-bin/`). Missing, the test fails
 //! naming `cargo xtask setup`: these suites never skip for want of a server.
 
+pub mod caddy;
 pub mod envoy;
+pub mod gunicorn;
+pub mod haproxy;
+pub mod matrix;
+pub mod traefik;
 
 use std::{
     fs,

@@ -24,7 +24,10 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-pub use report::{AddressReport, CheckReport, Coverage, HeaderBy, Resolution, Verdict, verdict};
+pub use report::{
+    AddressReport, CheckReport, Coverage, HeaderBy, HeaderHandling, LENIENT_WARNING, Resolution,
+    Verdict, header_handling, verdict,
+};
 pub use target::{BadTarget, Target, parse_target};
 
 /// Options of `check`.
@@ -40,9 +43,14 @@ GET / (or a TLS ClientHello with --tls or port 443). It then says whether kube-p
 short-circuits the address (iptables, nftables or IPVS rules on this node), whether the \
 running agent proxies it, and through which path: the kernel path (the kernel writes the \
 header on the client's own socket) or the relay listener, and why (the server speaks first, \
-the kernel path is off or unavailable).",
+the kernel path is off or unavailable). When the server answers both direct probes alike it is \
+lenient (Traefik's trustedIPs, Caddy's proxy_protocol allow, Envoy's \
+allow_requests_without_proxy_protocol): check says so and warns that such a server drops a header \
+from a peer outside its trusted list without a word, so the symptom there is a wrong client \
+address, not an error.",
     after_help = "Exit status: 0 works for in-cluster clients (directly or through hairpin); \
-1 broken: the server needs the PROXY header and in-cluster connections do not get one; \
+1 broken: the server needs the PROXY header and in-cluster connections do not get one (a \
+lenient server answers without one: 0, with the warning); \
 2 could not check (the name did not resolve, nothing answered at all).\n\n\
 Examples:\n  hairpin-agent check 203.0.113.10\n  hairpin-agent check registry.example.com:443\n  \
 hairpin-agent check ingress.example.com --tls --dns-server 10.96.0.10 --output json"

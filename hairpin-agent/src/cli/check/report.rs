@@ -160,6 +160,63 @@ pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Ve
     }
 }
 
+/// How the server takes the PROXY header, from the two direct probes (both bypass
+/// hairpin: one without a header, one with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderHandling {
+    /// It answers only when a header comes first.
+    Required,
+    /// It answers the same with a header and without one. Traefik
+    /// (`proxyProtocol.trustedIPs`), Caddy (`proxy_protocol` with `allow`) and Envoy
+    /// (`allow_requests_without_proxy_protocol`) do: such a server drops a header
+    /// from a peer outside its trusted list without a word.
+    Lenient,
+    /// It answers without a header and refuses one (an HTTP 400 for the header read
+    /// as a request line, or no TLS handshake): it speaks no PROXY protocol.
+    NotSpoken,
+    /// Neither probe answered.
+    Unknown,
+}
+
+/// The rules: which direct probes answered, and for HTTP whether they got the same
+/// status (a server that speaks no PROXY protocol reads the header as a bad request
+/// line and answers 400; a lenient one consumes it and answers the request as it
+/// would have without). A TLS handshake completes after a header only where the
+/// server took it.
+pub fn header_handling(direct: &ProbeResult, direct_with_header: &ProbeResult) -> HeaderHandling {
+    match (direct.answered(), direct_with_header.answered()) {
+        (false, true) => HeaderHandling::Required,
+        (true, false) => HeaderHandling::NotSpoken,
+        (false, false) => HeaderHandling::Unknown,
+        (true, true) => match (http_status(direct), http_status(direct_with_header)) {
+            (Some(a), Some(b)) if a == b && b != 400 => HeaderHandling::Lenient,
+            (None, None) => HeaderHandling::Lenient,
+            _ => HeaderHandling::NotSpoken,
+        },
+    }
+}
+
+/// The status code of a probe's HTTP status line (`HTTP/1.1 200 OK`), if it got one.
+fn http_status(p: &ProbeResult) -> Option<u16> {
+    let mut words = p.detail.split_whitespace();
+    let version = words.next()?;
+    if !version.starts_with("HTTP/") {
+        return None;
+    }
+    words.next()?.parse().ok()
+}
+
+/// The warning for a lenient server: why the symptom there is a wrong client
+/// address rather than an error, and what its trusted list must hold.
+pub const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROXY header and \
+    without one, as Traefik (proxyProtocol.trustedIPs), Caddy (proxy_protocol allow) and Envoy \
+    (allow_requests_without_proxy_protocol) do. Such a server drops a header from a peer outside \
+    its trusted list without a word and serves the request as that peer's, so the symptom is a \
+    wrong client address, not an error: its trusted list must hold the addresses in-cluster \
+    connections reach it from (the nodes' and the pods' networks; after kube-proxy's masquerade, \
+    the node's address)";
+
 /// Probes of one address.
 #[derive(Clone, Debug, Serialize)]
 pub struct Probes {
@@ -182,10 +239,15 @@ pub struct AddressReport {
     pub hairpin: Coverage,
     /// The three probes.
     pub probes: Probes,
+    /// How the server takes the header, from the direct probes.
+    pub header_handling: HeaderHandling,
     /// The verdict.
     pub verdict: Verdict,
     /// The verdict in a sentence.
     pub explanation: String,
+    /// What the verdict does not say: a lenient server's silent drop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 impl AddressReport {
@@ -199,8 +261,15 @@ impl AddressReport {
         direct_with_header: ProbeResult,
     ) -> AddressReport {
         let verdict = verdict(&in_cluster, &direct_with_header);
+        let handling = header_handling(&direct, &direct_with_header);
+        let lenient = handling == HeaderHandling::Lenient;
         let covered = matches!(hairpin, Coverage::Active { .. });
         let explanation = match verdict {
+            Verdict::Works if !covered && lenient => "answers, but names the wrong client: \
+                the server takes the PROXY header and serves requests without one too, so \
+                in-cluster clients, which send none, reach it as the address kube-proxy gives \
+                them (the node's, after its masquerade); hairpin does not cover this address"
+                .into(),
             Verdict::Works if covered && !direct.answered() => {
                 "works through hairpin: the server needs the PROXY header and hairpin adds it".into()
             }
@@ -225,8 +294,10 @@ impl AddressReport {
                 direct,
                 direct_with_header,
             },
+            header_handling: handling,
             verdict,
             explanation,
+            warning: lenient.then(|| LENIENT_WARNING.to_string()),
         }
     }
 }
@@ -362,6 +433,9 @@ fn render_address(out: &mut String, a: &AddressReport, colour: bool) {
         "  verdict     {}\n",
         paint(&a.explanation, tone, colour)
     ));
+    if let Some(w) = &a.warning {
+        out.push_str(&format!("  warning     {}\n", paint(w, Tone::Warn, colour)));
+    }
 }
 
 /// What hairpin does for an address, in words.

@@ -345,3 +345,109 @@ fn the_path_a_destination_takes_is_in_the_text_and_the_json() {
     assert_eq!(hp["header_by"], "relay", "{hp}");
     assert_eq!(hp["listener"], "192.0.2.1:4001", "{hp}");
 }
+
+fn said(outcome: Outcome, detail: &str) -> ProbeResult {
+    ProbeResult {
+        outcome,
+        detail: detail.into(),
+    }
+}
+
+/// Issue 30: the two direct probes tell a server that requires the header, one that
+/// takes it or not (lenient), and one that speaks no PROXY protocol.
+#[test]
+fn the_direct_probes_tell_required_lenient_and_not_spoken() {
+    use Outcome::*;
+    let ok = said(Answered, "HTTP/1.1 200 OK");
+    let not_found = said(Answered, "HTTP/1.1 404 Not Found");
+    let bad = said(Answered, "HTTP/1.1 400 Bad Request");
+    let reset = said(NoAnswer, "empty reply: the server closed the connection");
+    let tls = said(Answered, "TLSv1_3");
+    let h = header_handling;
+    // nginx `listen ... proxy_protocol`, HAProxy accept-proxy, strict Envoy.
+    assert_eq!(h(&reset, &ok), HeaderHandling::Required);
+    // Traefik, Caddy with allow, lenient Envoy, gunicorn: the same answer either way,
+    // whatever the path's status.
+    assert_eq!(h(&ok, &ok), HeaderHandling::Lenient);
+    assert_eq!(h(&not_found, &not_found), HeaderHandling::Lenient);
+    assert_eq!(h(&tls, &tls), HeaderHandling::Lenient);
+    // A plain server reads the header as its request line.
+    assert_eq!(h(&ok, &bad), HeaderHandling::NotSpoken);
+    assert_eq!(h(&bad, &bad), HeaderHandling::NotSpoken);
+    assert_eq!(h(&ok, &not_found), HeaderHandling::NotSpoken);
+    assert_eq!(h(&tls, &reset), HeaderHandling::NotSpoken);
+    assert_eq!(h(&ok, &reset), HeaderHandling::NotSpoken);
+    assert_eq!(h(&reset, &reset), HeaderHandling::Unknown);
+}
+
+/// A lenient server: check warns that it drops an untrusted peer's header without a
+/// word, covered or not; uncovered, the verdict says the client is named wrong instead
+/// of "no PROXY header needed". A strict or plain server gets no warning.
+#[test]
+fn a_lenient_server_is_named_and_warned_about() {
+    use Outcome::*;
+    let ok = || said(Answered, "HTTP/1.1 200 OK");
+    let addr = SocketAddr::new("203.0.113.10".parse().expect("ip"), 80);
+    let on = kernel_path_agent(KernelPathState::On, None);
+    let lenient = |hairpin| AddressReport::new(addr, vec![], hairpin, ok(), ok(), ok());
+
+    let uncovered = lenient(Coverage::NotCovered);
+    assert_eq!(uncovered.verdict, Verdict::Works);
+    assert_eq!(uncovered.header_handling, HeaderHandling::Lenient);
+    assert!(
+        uncovered.explanation.contains("names the wrong client"),
+        "{}",
+        uncovered.explanation
+    );
+    assert_eq!(uncovered.warning.as_deref(), Some(LENIENT_WARNING));
+    let covered = lenient(coverage(Some(&on), addr));
+    assert_eq!(covered.explanation, "works (hairpin proxies it)");
+    assert_eq!(covered.warning.as_deref(), Some(LENIENT_WARNING));
+
+    let report = CheckReport::new(
+        t("203.0.113.10", 80, false),
+        Resolution::literal(addr.ip()),
+        None,
+        KubeProxy::default(),
+        vec![covered],
+    );
+    let text = report.render(false);
+    assert!(
+        text.contains(
+            "  warning     the server is lenient: it answers with a PROXY header and without one"
+        ),
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).expect("json");
+    assert_eq!(json["addresses"][0]["header_handling"], "lenient");
+    assert!(
+        json["addresses"][0]["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("wrong client address, not an error")),
+        "{json}"
+    );
+
+    let strict = AddressReport::new(
+        addr,
+        vec![],
+        coverage(Some(&on), addr),
+        ok(),
+        said(NoAnswer, "reset"),
+        ok(),
+    );
+    assert_eq!(strict.header_handling, HeaderHandling::Required);
+    assert_eq!(strict.warning, None);
+    let plain = AddressReport::new(
+        addr,
+        vec![],
+        Coverage::NotCovered,
+        ok(),
+        ok(),
+        said(Answered, "HTTP/1.1 400 Bad Request"),
+    );
+    assert_eq!(plain.header_handling, HeaderHandling::NotSpoken);
+    assert_eq!(plain.explanation, "works directly: no PROXY header needed");
+    assert_eq!(plain.warning, None);
+    let json = serde_json::to_value(&plain).expect("json");
+    assert!(json.get("warning").is_none(), "{json}");
+}

@@ -1,0 +1,180 @@
+//! Liveness: the dead-man switch's heartbeat (its writer, and how a pinned one
+//! stands) and the relay's liveness registry (each listening relay socket in the
+//! relays SOCKHASH), which together keep a dead agent's datapath from breaking
+//! traffic.
+//!
+//! Owns the heartbeat and relays maps' entries. Never touches a link, the frontends
+//! map or the pin directory.
+
+use std::{
+    fmt,
+    net::SocketAddr,
+    os::fd::{AsRawFd, BorrowedFd},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use aya::maps::{Array, MapData, SockHash};
+use hairpin_ebpf::{FrontendKey, HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_HEARTBEAT, MAP_RELAYS};
+
+use super::error::map_error;
+use super::{Datapath, DatapathError};
+
+/// Default of `--datapath-ttl`: how long the connect programs act after the last
+/// heartbeat; long enough for an upgrade that pulls an image.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
+
+impl Datapath {
+    /// The heartbeat writer: the agent beats every second (see [`Heartbeat`]).
+    pub fn heartbeat(&self) -> Heartbeat {
+        self.heartbeat.clone()
+    }
+
+    /// The relay's liveness registry (see [`RelayLiveness`]).
+    pub fn relay_liveness(&self) -> RelayLiveness {
+        self.relays.clone()
+    }
+
+    /// Registers the relay listener `fd` listening on `addr` (tests that stand in
+    /// for the relay with a listener of their own use this).
+    pub fn register_listener(
+        &self,
+        addr: SocketAddr,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), DatapathError> {
+        self.relays.register(addr, fd)
+    }
+}
+
+/// How a pinned heartbeat stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatState {
+    /// Younger than its TTL: the connect programs act for this much longer.
+    Live(Duration),
+    /// Older than its TTL by this much: the connect programs leave traffic alone.
+    Expired(Duration),
+    /// Never written.
+    Never,
+    /// The map cannot be read.
+    Unreadable,
+}
+
+impl fmt::Display for HeartbeatState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeartbeatState::Live(left) => write!(f, "live for {}s more", left.as_secs()),
+            HeartbeatState::Expired(ago) => write!(f, "expired {}s ago", ago.as_secs()),
+            HeartbeatState::Never => f.write_str("never written"),
+            HeartbeatState::Unreadable => f.write_str("unreadable"),
+        }
+    }
+}
+
+/// The state of the heartbeat pinned at `path`.
+pub fn heartbeat_state(path: &Path) -> HeartbeatState {
+    let Ok(data) = MapData::from_pin(path) else {
+        return HeartbeatState::Unreadable;
+    };
+    let Ok(map) = Array::<MapData, u64>::try_from(aya::maps::Map::Array(data)) else {
+        return HeartbeatState::Unreadable;
+    };
+    let (Ok(beat), Ok(ttl)) = (map.get(&HEARTBEAT_BEAT, 0), map.get(&HEARTBEAT_TTL, 0)) else {
+        return HeartbeatState::Unreadable;
+    };
+    heartbeat_at(beat, ttl, monotonic_ns())
+}
+
+fn heartbeat_at(beat: u64, ttl: u64, now: u64) -> HeartbeatState {
+    if beat == 0 {
+        return HeartbeatState::Never;
+    }
+    let age = now.saturating_sub(beat);
+    if age <= ttl {
+        HeartbeatState::Live(Duration::from_nanos(ttl - age))
+    } else {
+        HeartbeatState::Expired(Duration::from_nanos(age - ttl))
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC always exists on Linux, so
+    // the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The dead-man switch's writer: [`Heartbeat::beat`] stamps the heartbeat map with
+/// `CLOCK_MONOTONIC` and the TTL. The agent beats every second; the connect
+/// programs act only while the last beat is younger than the TTL.
+#[derive(Clone)]
+pub struct Heartbeat {
+    pub(super) map: Arc<std::sync::Mutex<Array<MapData, u64>>>,
+    pub(super) ttl: Duration,
+}
+
+impl Heartbeat {
+    /// Writes the TTL and a beat of now.
+    pub fn beat(&self) -> Result<(), DatapathError> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX);
+        map.set(HEARTBEAT_TTL, ttl, 0)
+            .and_then(|()| map.set(HEARTBEAT_BEAT, monotonic_ns(), 0))
+            .map_err(map_error("write", MAP_HEARTBEAT, String::new()))
+    }
+
+    /// The heartbeat as the programs see it now.
+    pub fn state(&self) -> HeartbeatState {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match (map.get(&HEARTBEAT_BEAT, 0), map.get(&HEARTBEAT_TTL, 0)) {
+            (Ok(beat), Ok(ttl)) => heartbeat_at(beat, ttl, monotonic_ns()),
+            _ => HeartbeatState::Unreadable,
+        }
+    }
+
+    /// Seconds since the last beat (None: never, or unreadable).
+    pub fn age(&self) -> Option<Duration> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let beat = map.get(&HEARTBEAT_BEAT, 0).ok().filter(|b| *b != 0)?;
+        Some(Duration::from_nanos(monotonic_ns().saturating_sub(beat)))
+    }
+
+    /// The TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Beats every `every` until the task is dropped; a failed write is logged.
+    pub async fn beat_every(self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.beat() {
+                tracing::warn!(error = %e, "heartbeat not written: the datapath goes inert once its TTL passes without one");
+            }
+        }
+    }
+}
+
+/// The relay's liveness registry: each relay listener's socket in the relays
+/// SOCKHASH by its address. The connect programs send a connect to a listener only
+/// while it is there, and the kernel takes a listener out as it closes: a relay
+/// that is gone is never a target.
+#[derive(Clone)]
+pub struct RelayLiveness(pub(super) Arc<std::sync::Mutex<SockHash<MapData, FrontendKey>>>);
+
+impl RelayLiveness {
+    /// Registers the listening socket `fd` listening on `addr`. The map holds no
+    /// reference that keeps it open: its owner closing it takes it out.
+    pub fn register(&self, addr: SocketAddr, fd: BorrowedFd<'_>) -> Result<(), DatapathError> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(FrontendKey::new(addr), fd.as_raw_fd(), 0)
+            .map_err(map_error("insert", MAP_RELAYS, addr.to_string()))
+    }
+}

@@ -1,0 +1,275 @@
+//! Maps and their owners: which maps every agent shares through the pins, the
+//! handles user space keeps, the frontends map's entries and the counters.
+//!
+//! One writer per map: `frontends` is written here only, for the reconciler
+//! ([`Datapath::insert_frontend`], [`Datapath::remove`],
+//! [`Datapath::retain_frontends`]); `counters`, `sockets`, `sockets_fill`,
+//! `pending` and `fastopen` are the programs' own (user space sizes, pins and reads
+//! them); `heartbeat` and `relays` belong to liveness.rs. Never touches a link or
+//! a program.
+
+use std::{net::SocketAddr, os::fd::AsFd};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData, PerCpuArray, SockHash},
+};
+use hairpin_ebpf::{
+    Counter, FrontendKey, MAP_COUNTERS, MAP_FASTOPEN, MAP_FRONTENDS, MAP_HEARTBEAT, MAP_PENDING,
+    MAP_RELAYS, MAP_SOCKETS, MAP_SOCKETS_FILL, Redirect,
+};
+
+use super::error::{is_full, map_error};
+use super::kernel_path;
+use super::{Datapath, DatapathError, LoadOptions, PinDir};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
+
+/// The maps every agent shares through the pin directory, by ELF name.
+pub(super) const SHARED_MAPS: [&str; 8] = [
+    MAP_FRONTENDS,
+    MAP_COUNTERS,
+    MAP_SOCKETS,
+    MAP_SOCKETS_FILL,
+    MAP_PENDING,
+    MAP_FASTOPEN,
+    MAP_HEARTBEAT,
+    MAP_RELAYS,
+];
+
+impl Datapath {
+    /// Redirects connects to `frontend` to `listener` (the relay path, whatever the
+    /// kernel path's state).
+    pub fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+    ) -> Result<(), DatapathError> {
+        self.insert_value(frontend, listener, Redirect::new(listener))
+    }
+
+    /// As [`Datapath::insert`] for a frontend whose ingress expects `version`
+    /// headers: with the kernel path on, a client that speaks `first` and `path`
+    /// `auto`, the kernel writes them on the client's own socket and the listener is
+    /// the fallback; otherwise (off, unavailable, a server that speaks first, or the
+    /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
+    pub fn insert_frontend(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        version: ProxyVersion,
+        first: FirstSpeaker,
+        path: PathChoice,
+    ) -> Result<bool, DatapathError> {
+        let value = self.kernel_path.value(listener, version, first, path);
+        self.insert_value(frontend, listener, value)?;
+        Ok(value.is_kernel())
+    }
+
+    fn insert_value(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+        value: Redirect,
+    ) -> Result<(), DatapathError> {
+        if frontend.is_ipv4() != listener.is_ipv4() {
+            return Err(DatapathError::FamilyMismatch { frontend, listener });
+        }
+        match self.frontends.insert(FrontendKey::new(frontend), value, 0) {
+            Ok(()) => Ok(()),
+            Err(e) if is_full(&e) => Err(DatapathError::MapFull {
+                frontend,
+                capacity: self.capacity,
+            }),
+            Err(e) => Err(map_error("insert", MAP_FRONTENDS, frontend.to_string())(e)),
+        }
+    }
+
+    /// Removes every entry of the frontends map but those of `live`: what an earlier
+    /// agent left for frontends that are gone. Logged per entry.
+    pub fn retain_frontends(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
+        let stale: Vec<FrontendKey> = self
+            .frontends
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !live.contains(&k.socket_addr()))
+            .collect();
+        for k in stale {
+            match self.frontends.remove(&k) {
+                Ok(()) => {
+                    tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map")
+                }
+                Err(e) => {
+                    tracing::warn!(frontend = %k.socket_addr(), error = %e, "an earlier agent's stale frontend could not be removed")
+                }
+            }
+        }
+    }
+
+    /// Stops redirecting connects to `frontend`.
+    pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
+        match self.frontends.remove(&FrontendKey::new(frontend)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(
+                source,
+            )),
+        }
+    }
+
+    /// Kernel id of the sockets map, for `status` and `dump`.
+    pub fn sockets_map_id(&self) -> Option<u32> {
+        self.sockets_id
+    }
+
+    /// The per-CPU counters, summed.
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        sum_counters(&self.counters)
+    }
+
+    /// A reader of the counters through this process's own descriptor of the map,
+    /// for `/status` and `/metrics`: opening the map by id (`dump`, and
+    /// [`kernel_objects::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
+    /// grant, so there the kernel path's fallback and miss counters would not show.
+    pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
+        use aya::maps::IterableMap;
+        let fd = self
+            .counters
+            .map()
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| {
+                map_error("open", MAP_COUNTERS, String::new())(aya::maps::MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "dup",
+                        io_error: source,
+                    },
+                ))
+            })?;
+        let data = MapData::from_fd(fd).map_err(map_error("open", MAP_COUNTERS, String::new()))?;
+        let map = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
+        Ok(CountersReader(map))
+    }
+}
+
+/// The sockets map's size. Not preallocated, but kept small while unused; a
+/// pinned one is sized for any later agent (its buckets cost about 16 bytes each),
+/// and one an earlier agent pinned keeps its own size, which the limit then follows.
+pub(super) fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32 {
+    if let Some(existing) = pins
+        .and_then(|p| MapData::from_pin(p.map(MAP_SOCKETS)).ok())
+        .and_then(|m| m.info().ok())
+    {
+        existing.max_entries()
+    } else if opts.kernel_path || pins.is_some() {
+        opts.max_kernel_sockets.max(1)
+    } else {
+        1
+    }
+}
+
+/// The maps user space keeps, taken out of the loaded object.
+pub(super) struct OpenedMaps {
+    pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,
+    pub(super) counters: PerCpuArray<MapData, u64>,
+    pub(super) heartbeat: Array<MapData, u64>,
+    pub(super) relays: SockHash<MapData, FrontendKey>,
+    pub(super) sockets: SockHash<MapData, u64>,
+    /// The sockets map's kernel id, for `status`.
+    pub(super) sockets_id: Option<u32>,
+}
+
+impl OpenedMaps {
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<OpenedMaps, DatapathError> {
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or(DatapathError::Missing { kind: "map", name })
+        };
+        let frontends = HashMap::try_from(take(ebpf, MAP_FRONTENDS)?).map_err(map_error(
+            "open",
+            MAP_FRONTENDS,
+            String::new(),
+        ))?;
+        let counters = PerCpuArray::try_from(take(ebpf, MAP_COUNTERS)?).map_err(map_error(
+            "open",
+            MAP_COUNTERS,
+            String::new(),
+        ))?;
+        let heartbeat = Array::try_from(take(ebpf, MAP_HEARTBEAT)?).map_err(map_error(
+            "open",
+            MAP_HEARTBEAT,
+            String::new(),
+        ))?;
+        let relays = SockHash::try_from(take(ebpf, MAP_RELAYS)?).map_err(map_error(
+            "open",
+            MAP_RELAYS,
+            String::new(),
+        ))?;
+        let sockets = take(ebpf, MAP_SOCKETS)?;
+        let sockets_id = match &sockets {
+            aya::maps::Map::SockHash(m) => m.info().ok().map(|i| i.id()),
+            _ => None,
+        };
+        let sockets =
+            SockHash::try_from(sockets).map_err(map_error("open", MAP_SOCKETS, String::new()))?;
+        Ok(OpenedMaps {
+            frontends,
+            counters,
+            heartbeat,
+            relays,
+            sockets,
+            sockets_id,
+        })
+    }
+}
+
+/// The programs' counters, read through a descriptor this process holds (see
+/// [`Datapath::counters_reader`]); valid while the process runs.
+pub struct CountersReader(PerCpuArray<MapData, u64>);
+
+impl CountersReader {
+    /// The per-CPU counters, summed, by name.
+    pub fn read(&self) -> Vec<(&'static str, u64)> {
+        sum_counters(&self.0)
+            .into_iter()
+            .map(|(c, v)| (c.name(), v))
+            .collect()
+    }
+
+    /// The sockets map's fill as the counters tell it: sockets in the map (entered
+    /// less left) and marked sockets not yet seen established. Each difference reads
+    /// its subtrahends first, so a socket that moves on between the reads is never
+    /// missed, only counted twice.
+    pub fn fill(&self) -> kernel_path::Fill {
+        let get = |c: Counter| -> u64 {
+            self.0
+                .get(&(c as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0)
+        };
+        let left = get(Counter::KernelSocketsLeft);
+        let settled = get(Counter::KernelMissedInsert) + get(Counter::KernelMissedDataFirst);
+        let entered = get(Counter::KernelSocketsEntered);
+        let marked = get(Counter::KernelMarked);
+        kernel_path::Fill {
+            in_map: entered.saturating_sub(left),
+            connecting: marked.saturating_sub(entered + settled),
+        }
+    }
+}
+
+pub(super) fn sum_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(Counter, u64)> {
+    Counter::ALL
+        .iter()
+        .map(|c| {
+            let total = map
+                .get(&(*c as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0);
+            (*c, total)
+        })
+        .collect()
+}
