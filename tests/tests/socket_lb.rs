@@ -1,8 +1,8 @@
 //! hairpin beside a socket load balancer: Cilium's kube-proxy replacement or Calico's
 //! eBPF dataplane, whose cgroup connect programs at the cgroup root rewrite a
 //! connect to a LoadBalancer IP into a connect to a backend pod. The stand-in
-//! (`hairpin_tests::socket_lb`) is attached before the agent starts, as on a node
-//! where the CNI's agent came up first, and the simulated node has no kube-proxy
+//! (`hairpin_tests::socket_lb`) is attached after the agent (its links run in attach
+//! order), and the simulated node has no kube-proxy
 //! rules at all (the socket LB replaces kube-proxy): a connect that the stand-in did
 //! not rewrite goes nowhere. The agent runs with its default flags and only the
 //! DaemonSet's capabilities.
@@ -161,8 +161,9 @@ fn frontends_yaml() -> String {
 fn socket_lb_node(extra: &[&str]) -> (SimNode, Server, SocketLb, CappedAgent) {
     let node = SimNode::with_lbs(&[]);
     let nginx = start_nginx(&node);
+    // After the agent until hairpin's links are created with BPF_F_BEFORE.
     let agent = CappedAgent::start_yaml(&node, &frontends_yaml(), extra, &DAEMONSET_CAPS);
-    let socket_lb = SocketLb::attach(&node.cgroup, &rules()).expect("attach the socket LB"); // TEMP
+    let socket_lb = SocketLb::attach(&node.cgroup, &rules()).expect("attach the socket LB");
     (node, nginx, socket_lb, agent)
 }
 
@@ -229,7 +230,8 @@ fn assert_header(who: &str, lb: &Lb, reply: &Reply, client: &str, agent: &Capped
 }
 
 #[test]
-fn beside_a_socket_lb_attached_first_every_request_names_the_true_client_and_the_lb_it_dialled() {
+fn beside_a_socket_lb_running_after_hairpin_every_request_names_the_true_client_and_the_lb_it_dialled()
+ {
     require_privileges!();
     let (node, _nginx, _socket_lb, agent) = socket_lb_node(&[]);
     assert_hairpin_runs_first(&node);
