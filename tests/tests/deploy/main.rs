@@ -29,6 +29,7 @@ mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod workflow;
 mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
