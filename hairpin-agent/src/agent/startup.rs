@@ -197,6 +197,7 @@ impl Agent {
         publish_listen_addresses(&args, listen, &state).await?;
         let (datapath, outcome, cgroup) = start_datapath(&args).await?;
         let plan = decide_paths(&args, &outcome, &state);
+        metrics.set_live_paths(&plan.live());
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
