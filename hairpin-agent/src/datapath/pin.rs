@@ -33,9 +33,9 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
-use hairpin_ebpf::{MAP_HEARTBEAT, MAP_SOCKETS};
+use hairpin_ebpf::MAP_SOCKETS;
 
-use super::{Datapath, DatapathError, HeartbeatState, LoadOptions, heartbeat_state, sys};
+use super::{Datapath, sys};
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -365,7 +365,7 @@ pub fn remove_layout(layout: &Path) -> Vec<Removed> {
     let mut done = Vec::new();
     // Links first, connect programs before the consumers: no socket is marked
     // after this that sock_ops or sk_msg would not see.
-    for role in Role::ALL.iter().rev() {
+    for role in super::lifecycle::decide::detach_order() {
         let p = layout.join("links").join(role.name());
         if !p.exists() {
             continue;
@@ -515,71 +515,6 @@ impl Datapath {
     pub fn sockets_pin(&self) -> Option<PathBuf> {
         self.pins.as_ref().map(|p| p.map(MAP_SOCKETS))
     }
-}
-
-/// Locks the pin directory, when there is one, taking over from an agent whose
-/// datapath expired: [`DatapathError::Busy`] while another agent holds it; any
-/// other failure leaves the datapath unpinned (it goes with this process), and
-/// says so.
-pub(super) fn lock_pins(opts: &LoadOptions) -> Result<(Option<PinDir>, Pin), DatapathError> {
-    let Some(dir) = &opts.pin_dir else {
-        return Ok((None, Pin::Off));
-    };
-    match PinDir::lock(dir, opts.pin_layout) {
-        Ok(pins) => {
-            take_over_expired(&pins, opts.pin_layout)?;
-            Ok((Some(pins), Pin::Pinned(dir.clone())))
-        }
-        Err(e @ PinError::Busy { .. }) => Err(DatapathError::Busy(e)),
-        Err(e) => {
-            tracing::warn!(error = %e, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
-            Ok((None, Pin::Failed(e.to_string())))
-        }
-    }
-}
-
-/// Another layout's datapath in the pin directory: left alone while its heartbeat
-/// is live (this agent would misread its maps, and its kernel path still writes
-/// headers without any agent), removed once it has expired, which it has when no
-/// agent of its layout has beaten within its TTL. The heartbeat map's layout (two
-/// u64: the beat and the TTL) is the one that never changes between layouts.
-fn take_over_expired(pins: &PinDir, layout: u32) -> Result<(), DatapathError> {
-    let foreign = pins.foreign_layouts();
-    if foreign.is_empty() {
-        return Ok(());
-    }
-    let mut live = Vec::new();
-    for dir in &foreign {
-        let state = heartbeat_state(&dir.join("maps").join(MAP_HEARTBEAT));
-        match state {
-            HeartbeatState::Live(left) => live.push(format!(
-                "{} live for {}s more",
-                dir.display(),
-                left.as_secs()
-            )),
-            state => {
-                tracing::warn!(layout = %dir.display(), heartbeat = %state, "a datapath of another layout has expired: removing it and taking over");
-                for r in remove_layout(dir) {
-                    if let Err(e) = r.result {
-                        tracing::warn!(pin = %r.path.display(), error = %e, "could not remove");
-                    }
-                }
-            }
-        }
-    }
-    if live.is_empty() {
-        return Ok(());
-    }
-    Err(DatapathError::ForeignLayout {
-        dir: pins.root().to_path_buf(),
-        found: foreign
-            .iter()
-            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect::<Vec<_>>()
-            .join(", "),
-        layout,
-        state: live.join("; "),
-    })
 }
 
 #[cfg(test)]
