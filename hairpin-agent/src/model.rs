@@ -296,6 +296,11 @@ impl Frontends {
         }
     }
 
+    /// Takes the frontend at `addr` out (a cap withheld every claim of it).
+    pub fn remove(&mut self, addr: &SocketAddr) -> Option<Frontend> {
+        self.0.remove(addr)
+    }
+
     /// The frontend that owns `addr`.
     pub fn get(&self, addr: &SocketAddr) -> Option<&Frontend> {
         self.0.get(addr)

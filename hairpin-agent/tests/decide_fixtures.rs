@@ -443,6 +443,159 @@ fn a_shared_frontend_takes_the_path_that_serves_both_and_the_younger_is_told() {
     );
 }
 
+/// A DigitalOcean-annotated Service `namespace/name` with `ports` TCP ports on
+/// `ip`, created `created`.
+fn with_ports(namespace: &str, name: &str, ip: &str, ports: u16, created: &str) -> Service {
+    let mut s = load("digitalocean.yaml");
+    s.metadata.namespace = Some(namespace.into());
+    s.metadata.name = Some(name.into());
+    s.metadata.uid = Some(format!("uid-{namespace}-{name}"));
+    s.metadata.creation_timestamp =
+        Some(serde_json::from_value(serde_json::json!(created)).expect("a time"));
+    let spec = s.spec.as_mut().expect("spec");
+    spec.ports = Some(
+        (0..ports)
+            .map(|i| k8s_openapi::api::core::v1::ServicePort {
+                name: Some(format!("p{i}")),
+                port: 10_000 + i32::from(i),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    let lb = s
+        .status
+        .as_mut()
+        .and_then(|st| st.load_balancer.as_mut())
+        .and_then(|lb| lb.ingress.as_mut())
+        .expect("ingress");
+    lb.truncate(1);
+    lb[0].ip = Some(ip.into());
+    lb[0].hostname = None;
+    s
+}
+
+/// Issue 31: one tenant's Service of many ports cannot take the frontends map from
+/// another namespace: past `--max-frontends-per-namespace` only its own newest
+/// frontends are withheld; past `--max-frontends` the namespaces share round robin;
+/// each withheld frontend is a skip and a Warning on its Service.
+#[test]
+fn frontend_caps_withhold_only_the_greedy_namespaces_newest_and_share_the_rest() {
+    use hairpin_agent::k8s::decide::desired::FrontendCaps;
+    let greedy = with_ports(
+        "tenant-a",
+        "wide",
+        "203.0.113.20",
+        10,
+        "2026-01-01T00:00:00Z",
+    );
+    let older = with_ports("tenant-a", "old", "203.0.113.21", 2, "2025-01-01T00:00:00Z");
+    let other = with_ports("tenant-b", "web", "203.0.113.30", 2, "2026-06-01T00:00:00Z");
+    let third = with_ports("tenant-c", "web", "203.0.113.40", 2, "2026-06-02T00:00:00Z");
+    let caps = |per_namespace, total| Defaults {
+        frontend_caps: FrontendCaps {
+            per_namespace,
+            total,
+        },
+        ..Defaults::default()
+    };
+    let count = |d: &hairpin_agent::k8s::decide::DesiredState, ip: &str| {
+        d.frontends
+            .iter()
+            .filter(|f| f.ip.to_string() == ip)
+            .count()
+    };
+
+    // Per namespace: tenant-a keeps its older Service whole and 2 of the wide one.
+    let d = decide_all([&greedy, &older, &other, &third], &caps(4, 1000));
+    assert_eq!(count(&d, "203.0.113.21"), 2);
+    assert_eq!(count(&d, "203.0.113.20"), 2);
+    assert_eq!(
+        (count(&d, "203.0.113.30"), count(&d, "203.0.113.40")),
+        (2, 2)
+    );
+    let wide = d
+        .decisions
+        .iter()
+        .find(|d| d.service.to_string() == "tenant-a/wide")
+        .expect("a decision");
+    assert_eq!(wide.reason(), "Proxied");
+    assert!(wide.is_warning());
+    let capped: Vec<&str> = wide
+        .skips
+        .iter()
+        .filter(|s| s.reason == SkipReason::FrontendCap)
+        .map(|s| s.message.as_str())
+        .collect();
+    assert_eq!(capped.len(), 8, "{capped:?}");
+    assert!(
+        capped[0].contains("namespace tenant-a already has 4 older frontends")
+            && capped[0].contains("--max-frontends-per-namespace"),
+        "{}",
+        capped[0]
+    );
+
+    // In all: 8 places round robin; tenant-a cannot push b and c under their share.
+    let d = decide_all([&greedy, &older, &other, &third], &caps(100, 8));
+    assert_eq!(d.frontends.len(), 8);
+    assert_eq!(
+        (count(&d, "203.0.113.30"), count(&d, "203.0.113.40")),
+        (2, 2)
+    );
+    assert_eq!(count(&d, "203.0.113.21") + count(&d, "203.0.113.20"), 4);
+    let wide = d
+        .decisions
+        .iter()
+        .find(|d| d.service.to_string() == "tenant-a/wide")
+        .expect("a decision");
+    assert!(
+        wide.skips
+            .iter()
+            .any(|s| s.message.contains("shared round robin") && s.message.contains("keeps 4")),
+        "{:?}",
+        wide.skips
+    );
+
+    // A namespace capped out of an address another namespace also claims keeps it.
+    let mut shared = with_ports(
+        "tenant-b",
+        "shared",
+        "203.0.113.20",
+        10,
+        "2026-07-01T00:00:00Z",
+    );
+    shared.metadata.uid = Some("uid-shared".into());
+    // tenant-a claims 12 under a cap of 10 (its 2 newest withheld), tenant-b 10.
+    let d = decide_all([&greedy, &older, &shared], &caps(10, 1000));
+    let lost = d
+        .decisions
+        .iter()
+        .find(|d| d.service.to_string() == "tenant-a/wide")
+        .map_or(0, |d| {
+            d.skips
+                .iter()
+                .filter(|s| s.reason == SkipReason::FrontendCap)
+                .count()
+        });
+    assert_eq!(lost, 2);
+    assert_eq!(
+        count(&d, "203.0.113.20"),
+        10,
+        "tenant-b keeps what tenant-a lost"
+    );
+
+    // The defaults serve a Service of a thousand ports whole.
+    let thousand = with_ports(
+        "tenant-a",
+        "wide",
+        "203.0.113.20",
+        1000,
+        "2026-01-01T00:00:00Z",
+    );
+    let d = decide_all([&thousand], &Defaults::default());
+    assert_eq!(d.frontends.len(), 1000);
+}
+
 #[test]
 #[ignore = "prints every fixture's Event reason and message for eyeballing"]
 fn print_summaries() {

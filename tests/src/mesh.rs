@@ -19,9 +19,10 @@
 //!   (Envoy's `original_src` listener filter, which binds the upstream socket to the
 //!   downstream's source with `IP_TRANSPARENT` and marks it).
 //!
-//! IPv4 only: the redirect rules are iptables' (Istio adds the ip6tables twins for
-//! dual-stack pods). Removing a [`Mesh`] (drop) stops the proxy and deletes its rules,
-//! so a test can show the pod without it on the same node.
+//! Dual-stack, as Istio and Linkerd install it in a dual-stack pod: the same rules in
+//! iptables and ip6tables (`::1/128` for `127.0.0.1/32`), and the proxy listening on
+//! `127.0.0.1` and `::1`. Removing a [`Mesh`] (drop) stops the proxy and deletes its
+//! rules, so a test can show the pod without it on the same node.
 
 use std::{fs, path::PathBuf};
 
@@ -101,8 +102,19 @@ impl MeshShape {
         }
     }
 
-    /// The redirect rules, as `iptables-restore --noflush` input.
-    fn rules(self) -> String {
+    /// The redirect rules, as `iptables-restore --noflush` input (`ip6tables-restore`
+    /// with `v6`).
+    fn rules(self, v6: bool) -> String {
+        let rules = self.rules4();
+        if v6 {
+            rules.replace("127.0.0.1/32", "::1/128")
+        } else {
+            rules
+        }
+    }
+
+    /// The IPv4 rules.
+    fn rules4(self) -> String {
         let chain = self.chain();
         let port = self.proxy_port();
         let body = match self {
@@ -165,6 +177,9 @@ impl MeshShape {
   - name: outbound
     address:
       socket_address: {{ address: 127.0.0.1, port_value: {port} }}
+    additional_addresses:
+    - address:
+        socket_address: {{ address: \"::1\", port_value: {port} }}
     listener_filters:
 {listener_filters}{chains}  clusters:
   - name: {PASSTHROUGH}
@@ -272,16 +287,16 @@ impl Mesh {
             proxy: Some(proxy),
             own_cgroup,
         };
-        let file = node.dir.join(format!("{name}.rules"));
-        fs::write(&file, shape.rules()).expect("write the mesh's rules");
-        run_in(
-            &mesh.netns,
-            &[
-                "iptables-restore",
-                "--noflush",
-                file.to_str().expect("utf-8 path"),
-            ],
-        );
+        for (v6, tool) in [(false, "iptables-restore"), (true, "ip6tables-restore")] {
+            let file = node
+                .dir
+                .join(format!("{name}.rules{}", if v6 { "6" } else { "4" }));
+            fs::write(&file, shape.rules(v6)).expect("write the mesh's rules");
+            run_in(
+                &mesh.netns,
+                &[tool, "--noflush", file.to_str().expect("utf-8 path")],
+            );
+        }
         mesh
     }
 
@@ -312,14 +327,16 @@ impl Drop for Mesh {
     fn drop(&mut self) {
         let chain = self.shape.chain();
         let ns = format!("--net=/run/netns/{}", self.netns);
-        let nat = |args: &[&str]| {
-            let mut argv = vec!["nsenter", &ns, "--", "iptables", "-t", "nat"];
-            argv.extend_from_slice(args);
-            run_quiet(&argv);
-        };
-        nat(&["-D", "OUTPUT", "-j", chain]);
-        nat(&["-F", chain]);
-        nat(&["-X", chain]);
+        for tool in ["iptables", "ip6tables"] {
+            let nat = |args: &[&str]| {
+                let mut argv = vec!["nsenter", &ns, "--", tool, "-t", "nat"];
+                argv.extend_from_slice(args);
+                run_quiet(&argv);
+            };
+            nat(&["-D", "OUTPUT", "-j", chain]);
+            nat(&["-F", chain]);
+            nat(&["-X", chain]);
+        }
         // Stopped (killed and reaped) before its cgroup goes.
         self.proxy = None;
         if let Some(cg) = &self.own_cgroup {

@@ -284,6 +284,16 @@ pub struct DecisionArgs {
     #[arg(long, env = "HAIRPIN_RESERVED_CIDRS", value_delimiter = ',', value_parser = crate::relay::client_policy::parse_net)]
     pub reserved_cidrs: Vec<ipnet::IpNet>,
 
+    /// The most frontends (LoadBalancer IP and port pairs) one namespace may have
+    /// proxied: past it the namespace's newest Services' frontends are withheld
+    /// (oldest first, as for names), each a Warning Event on its Service, and no
+    /// other namespace loses one. All namespaces together share `--max-frontends`
+    /// round robin.
+    #[arg(long, env = "HAIRPIN_MAX_FRONTENDS_PER_NAMESPACE",
+          default_value_t = crate::k8s::decide::desired::DEFAULT_MAX_FRONTENDS_PER_NAMESPACE as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_frontends_per_namespace: u32,
+
     /// The cluster's own NAT64 prefixes (comma-separated IPv6 CIDRs of length 32, 40,
     /// 48, 56, 64 or 96, RFC 6052): an address inside one is also judged as the IPv4
     /// address it embeds, so a metadata endpoint or loopback cannot be named through

@@ -195,6 +195,12 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
                 nat64: args.decision.nat64_prefixes.clone(),
                 ..LbAddressPolicy::default()
             },
+            // The agents' --max-frontends is theirs (it sizes their kernel map); the
+            // writer assumes its default.
+            frontend_caps: k8s::decide::desired::FrontendCaps {
+                per_namespace: args.decision.max_frontends_per_namespace as usize,
+                ..Default::default()
+            },
         },
         scope,
         cert_names,

@@ -505,6 +505,10 @@ fn source_config(
         defaults: k8s::Defaults {
             proxy_protocol: args.decision.default_proxy_protocol.0,
             addresses: lb_addresses(args),
+            frontend_caps: k8s::decide::desired::FrontendCaps {
+                per_namespace: args.decision.max_frontends_per_namespace as usize,
+                total: args.max_frontends as usize,
+            },
         },
         scope,
         cert_names,

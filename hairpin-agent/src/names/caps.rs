@@ -102,24 +102,37 @@ pub fn namespace_of(object: Option<&ObjectId>) -> &str {
     object.map_or(FRONTENDS_FILE_NAMESPACE, |o| o.namespace.as_str())
 }
 
-/// What [`withhold`] decided: the withheld names by namespace, and the report.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Withheld {
-    /// (namespace, name) -> the cap that withheld it.
-    pub names: BTreeMap<(String, Hostname), CapRule>,
-    /// How many names each namespace publishes after the caps.
+/// What [`withhold`] decided: the withheld claims by namespace, and the report.
+/// `K` is what is claimed: a hostname here, a LoadBalancer address for frontends
+/// (`k8s::decide::desired`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Withheld<K = Hostname> {
+    /// (namespace, claim) -> the cap that withheld it.
+    pub names: BTreeMap<(String, K), CapRule>,
+    /// How many claims each namespace keeps after the caps.
     pub kept: BTreeMap<String, usize>,
 }
 
-impl Withheld {
-    /// The cap withholding `host` in `namespace`, if any.
-    pub fn rule(&self, namespace: &str, host: &Hostname) -> Option<CapRule> {
-        // Lookups by borrowed parts would need a different key; names are few.
+impl<K> Default for Withheld<K> {
+    fn default() -> Self {
+        Withheld {
+            names: BTreeMap::new(),
+            kept: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> Withheld<K> {
+    /// The cap withholding `claim` in `namespace`, if any.
+    pub fn rule(&self, namespace: &str, claim: &K) -> Option<CapRule> {
+        // Lookups by borrowed parts would need a different key; claims are few.
         self.names
-            .get(&(namespace.to_owned(), host.clone()))
+            .get(&(namespace.to_owned(), claim.clone()))
             .copied()
     }
+}
 
+impl Withheld {
     /// `/status`'s view: the caps, and how many names each namespace over one
     /// has withheld.
     pub fn report(&self, caps: NameCaps) -> NameLimitsStatus {
@@ -162,15 +175,16 @@ impl Withheld {
     }
 }
 
-/// Applies `caps` to the names `claims` ask for: (namespace, name, the claiming
-/// object's creationTimestamp), one entry per claim (a name claimed twice in a
-/// namespace counts once, at its oldest claim).
-pub fn withhold<'a>(
-    claims: impl IntoIterator<Item = (&'a str, &'a Hostname, Option<&'a Time>)>,
+/// Applies `caps` to what `claims` ask for: (namespace, claim, the claiming
+/// object's creationTimestamp), one entry per claim (a claim made twice in a
+/// namespace counts once, at its oldest). Generic over what is claimed: the names
+/// here, the LoadBalancer addresses of `k8s::decide::desired` under the frontend caps.
+pub fn withhold<'a, K: Ord + Clone + 'a>(
+    claims: impl IntoIterator<Item = (&'a str, &'a K, Option<&'a Time>)>,
     caps: NameCaps,
-) -> Withheld {
-    // namespace -> name -> the oldest claim's time (None: no timestamp, newest).
-    let mut per_ns: BTreeMap<&str, BTreeMap<&Hostname, Option<&Time>>> = BTreeMap::new();
+) -> Withheld<K> {
+    // namespace -> claim -> the oldest claim's time (None: no timestamp, newest).
+    let mut per_ns: BTreeMap<&str, BTreeMap<&K, Option<&Time>>> = BTreeMap::new();
     for (ns, host, created) in claims {
         let oldest = per_ns.entry(ns).or_default().entry(host).or_insert(created);
         if age_key(created) < age_key(*oldest) {
@@ -182,8 +196,7 @@ pub fn withhold<'a>(
     // cap keeps: sorted, this is the round robin.
     let mut rounds = BTreeSet::new();
     for (ns, names) in &per_ns {
-        let mut ordered: Vec<(&Hostname, Option<&Time>)> =
-            names.iter().map(|(h, t)| (*h, *t)).collect();
+        let mut ordered: Vec<(&K, Option<&Time>)> = names.iter().map(|(h, t)| (*h, *t)).collect();
         ordered.sort_by(|a, b| (age_key(a.1), a.0).cmp(&(age_key(b.1), b.0)));
         for (rank, (host, created)) in ordered.into_iter().enumerate() {
             if rank < caps.per_namespace {

@@ -73,6 +73,9 @@ pub enum SkipReason {
     PortNotSelected,
     /// Another Service claims the same (IP, port) with a different version and won.
     Conflict,
+    /// Past `--max-frontends-per-namespace` (the namespace's older frontends keep
+    /// their place) or `--max-frontends` (shared round robin between namespaces).
+    FrontendCap,
     /// Nothing was left to proxy once ingress entries and ports were filtered.
     NothingToProxy,
 }
@@ -92,6 +95,7 @@ impl SkipReason {
             SkipReason::InvalidPort => "SkippedInvalidPort",
             SkipReason::PortNotSelected => "SkippedPortNotSelected",
             SkipReason::Conflict => "SkippedConflict",
+            SkipReason::FrontendCap => "SkippedFrontendCap",
             SkipReason::NothingToProxy => "SkippedNothingToProxy",
         }
     }
@@ -175,12 +179,16 @@ impl Decision {
         matches!(self.outcome, Outcome::Invalid(_))
             || matches!(
                 self.outcome,
-                Outcome::Skipped(SkipReason::Conflict | SkipReason::UnsafeIngressIp)
+                Outcome::Skipped(
+                    SkipReason::Conflict | SkipReason::UnsafeIngressIp | SkipReason::FrontendCap
+                )
             )
-            || self
-                .skips
-                .iter()
-                .any(|s| s.reason == SkipReason::UnsafeIngressIp)
+            || self.skips.iter().any(|s| {
+                matches!(
+                    s.reason,
+                    SkipReason::UnsafeIngressIp | SkipReason::FrontendCap
+                )
+            })
             || !self.warnings.is_empty()
     }
 

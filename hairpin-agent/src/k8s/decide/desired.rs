@@ -1,5 +1,7 @@
 //! Deciding for every Service at once: one deduplicated, sorted set of frontends, with
-//! conflicts between Services resolved the same way on every node.
+//! conflicts between Services resolved the same way on every node, and the frontend
+//! caps applied as the name caps are ([`FrontendCaps`]): a tenant's Service with a
+//! thousand ports cannot crowd out another namespace's LoadBalancers.
 
 use std::{
     collections::BTreeMap,
@@ -14,6 +16,30 @@ use super::{
     decision::{Decision, Outcome, Skip, SkipReason},
     service::{Defaults, decide},
 };
+
+/// `--max-frontends-per-namespace`'s default: a Service of a thousand ports fits,
+/// and sixteen such namespaces fill the default frontends map.
+pub const DEFAULT_MAX_FRONTENDS_PER_NAMESPACE: usize = 4096;
+
+/// How many frontends (LoadBalancer (IP, port) pairs) one namespace and all may
+/// have. Applied as [`crate::names::caps`] applies the name caps: per namespace the
+/// oldest Services' frontends first; in all, round robin between namespaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrontendCaps {
+    /// `--max-frontends-per-namespace`.
+    pub per_namespace: usize,
+    /// `--max-frontends` (the kernel map's capacity).
+    pub total: usize,
+}
+
+impl Default for FrontendCaps {
+    fn default() -> Self {
+        FrontendCaps {
+            per_namespace: DEFAULT_MAX_FRONTENDS_PER_NAMESPACE,
+            total: hairpin_ebpf::MAX_FRONTENDS as usize,
+        }
+    }
+}
 
 /// Two Services claim the same (IP, port) with different PROXY versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +106,69 @@ fn merge_paths(
     Some(note)
 }
 
+/// Withholds the frontends past `caps` ([`FrontendCaps`]): an address goes when
+/// every claim of it is withheld, and each withheld claim is a skip and a warning
+/// on its Service's decision (a Warning Event), naming the cap.
+fn apply_caps(
+    claimed: &mut Frontends,
+    decisions: &mut [Decision],
+    claims: &[(String, SocketAddr, Option<&Time>)],
+    caps: FrontendCaps,
+) {
+    let withheld = crate::names::caps::withhold(
+        claims.iter().map(|(ns, addr, t)| (ns.as_str(), addr, *t)),
+        crate::names::caps::NameCaps {
+            per_namespace: caps.per_namespace,
+            total: caps.total,
+        },
+    );
+    if withheld.names.is_empty() {
+        return;
+    }
+    // An address shared by Services of several namespaces stays while one keeps it.
+    let kept: std::collections::BTreeSet<SocketAddr> = claims
+        .iter()
+        .filter(|(ns, addr, _)| withheld.rule(ns, addr).is_none())
+        .map(|(_, addr, _)| *addr)
+        .collect();
+    for (_, addr) in withheld.names.keys() {
+        if !kept.contains(addr) {
+            claimed.remove(addr);
+        }
+    }
+    for d in decisions.iter_mut() {
+        let ns = d.service.namespace.clone();
+        let (capped, kept): (Vec<Frontend>, Vec<Frontend>) = std::mem::take(&mut d.frontends)
+            .into_iter()
+            .partition(|f| withheld.rule(&ns, &f.addr()).is_some());
+        d.frontends = kept;
+        for f in capped {
+            let message = match withheld.rule(&ns, &f.addr()) {
+                Some(crate::names::caps::CapRule::Namespace) => format!(
+                    "{} withheld: namespace {ns} already has {} older frontends, the most \
+                     --max-frontends-per-namespace allows",
+                    f.addr(),
+                    caps.per_namespace
+                ),
+                _ => format!(
+                    "{} withheld: {} frontends in all, the most --max-frontends allows, are \
+                     shared round robin between namespaces; namespace {ns} keeps {} of them",
+                    f.addr(),
+                    caps.total,
+                    withheld.kept.get(&ns).copied().unwrap_or(0)
+                ),
+            };
+            d.skips.push(Skip {
+                reason: SkipReason::FrontendCap,
+                message,
+            });
+        }
+        if d.frontends.is_empty() && d.outcome == Outcome::Proxied {
+            d.outcome = Outcome::Skipped(SkipReason::FrontendCap);
+        }
+    }
+}
+
 /// Decides for every Service and merges the frontends.
 ///
 /// Two Services may share an LB IP (MetalLB `allow-shared-ip`, or one LB fronting several
@@ -130,7 +219,9 @@ pub fn decide_all<'a>(
     let mut owners: BTreeMap<SocketAddr, ServiceName> = BTreeMap::new();
     let mut conflicts = Vec::new();
     let mut decisions = Vec::with_capacity(ordered.len());
-    for (_, _, mut decision) in ordered {
+    // (namespace, address, creationTimestamp) of every frontend a Service keeps.
+    let mut claims: Vec<(String, SocketAddr, Option<&'a Time>)> = Vec::new();
+    for (created, _, mut decision) in ordered {
         let mut kept = Vec::with_capacity(decision.frontends.len());
         for frontend in std::mem::take(&mut decision.frontends) {
             let owner = match claimed.insert(frontend.clone()) {
@@ -173,12 +264,22 @@ pub fn decide_all<'a>(
                 message,
             });
         }
+        claims.extend(
+            kept.iter()
+                .map(|f| (decision.service.namespace.clone(), f.addr(), created)),
+        );
         decision.frontends = kept;
         if decision.frontends.is_empty() && decision.outcome == Outcome::Proxied {
             decision.outcome = Outcome::Skipped(SkipReason::Conflict);
         }
         decisions.push(decision);
     }
+    apply_caps(
+        &mut claimed,
+        &mut decisions,
+        &claims,
+        defaults.frontend_caps,
+    );
     decisions.sort_by(|a, b| a.service.cmp(&b.service));
     DesiredState {
         frontends: claimed,

@@ -29,6 +29,8 @@ pub struct Defaults {
     pub proxy_protocol: Option<ProxyVersion>,
     /// Which LoadBalancer addresses may be redirected.
     pub addresses: LbAddressPolicy,
+    /// How many frontends one namespace, and all, may have.
+    pub frontend_caps: super::desired::FrontendCaps,
 }
 
 /// A Service's name; a missing namespace reads as `default`, as kubectl does.
