@@ -45,7 +45,7 @@ enum Command {
     /// Print hairpin's BPF maps and counters, raw.
     Dump(hairpin_agent::cli::dump::DumpArgs),
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
-    Cleanup(hairpin_agent::cli::cleanup::CleanupArgs),
+    Cleanup(Box<hairpin_agent::cli::cleanup::CleanupArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
