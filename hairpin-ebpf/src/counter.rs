@@ -53,15 +53,25 @@ pub enum Counter {
     /// Connects that would go to a relay listener that is not listening (no agent,
     /// or its relay is down): left alone, they go as before hairpin.
     RelayDown = 15,
-    /// Marked sockets whose peer at the end of the handshake is not the frontend
-    /// they were marked for (disconnected with `AF_UNSPEC` and connected elsewhere,
-    /// or rewritten by another connect program): no header.
+    /// Marks given up because the socket connected elsewhere: a marked socket whose
+    /// handshake never came (a connect program after hairpin's refused the connect,
+    /// or TCP failed it before its SYN) connecting again without a mark, or, for a
+    /// mark left by a connect program of an earlier build, a peer at the end of the
+    /// handshake that is not the frontend it names. No header.
     KernelSkippedElsewhere = 16,
+    /// Connects to a kernel-path frontend from a network namespace where a mesh
+    /// proxy listens on its outbound capture port (Istio's and ztunnel's 15001,
+    /// Linkerd's 4140; [`GLOBAL_MESH_PORTS`](crate::GLOBAL_MESH_PORTS)): such a
+    /// connect is usually redirected into the proxy, which dials the LB again, so a
+    /// header on the client's own socket would reach the proxy and the LB would get
+    /// a second one. Sent to the relay listener instead, which the proxy then dials:
+    /// one header, from the relay.
+    KernelFallbackMesh = 17,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 18] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -79,6 +89,7 @@ impl Counter {
         Counter::Expired,
         Counter::RelayDown,
         Counter::KernelSkippedElsewhere,
+        Counter::KernelFallbackMesh,
     ];
     /// Length of [`MAP_COUNTERS`](crate::MAP_COUNTERS).
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -103,6 +114,7 @@ impl Counter {
             Counter::Expired => "expired",
             Counter::RelayDown => "relay_down",
             Counter::KernelSkippedElsewhere => "kernel_skipped_elsewhere",
+            Counter::KernelFallbackMesh => "kernel_fallback_mesh",
         }
     }
 

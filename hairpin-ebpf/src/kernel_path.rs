@@ -34,6 +34,26 @@ pub const HEADER_ROOM: usize = 128;
 /// its own, ahead of the request, and the server would read the header alone.
 pub const COALESCE_MAX: u32 = 4096;
 
+/// How many outbound capture ports of mesh proxies the connect programs look for
+/// ([`GLOBAL_MESH_PORTS`](crate::GLOBAL_MESH_PORTS)).
+pub const MESH_PORTS: usize = 4;
+/// The outbound capture ports looked for by default: 15001, where Istio's sidecar
+/// (`istio-iptables -p`) and ambient's in-pod ztunnel take a pod's outbound
+/// connects (also Consul's, Kuma's and Open Service Mesh's transparent proxies),
+/// and 4140, Linkerd's proxy's outbound listener (`proxy-init --outgoing-proxy-port`).
+pub const DEFAULT_MESH_PORTS: [u16; MESH_PORTS] = [15001, 4140, 0, 0];
+
+/// `ports` in network byte order, as the connect programs compare them.
+pub const fn mesh_ports_be(ports: [u16; MESH_PORTS]) -> [u16; MESH_PORTS] {
+    let mut out = [0; MESH_PORTS];
+    let mut i = 0;
+    while i < MESH_PORTS {
+        out[i] = ports[i].to_be();
+        i += 1;
+    }
+    out
+}
+
 /// [`PendingHeader::state`]: nothing to do (not marked, or done).
 pub const PENDING_NONE: u8 = 0;
 /// [`PendingHeader::state`]: marked at connect, waiting for the handshake to finish.
@@ -44,6 +64,18 @@ pub const PENDING_FIRST_WRITE: u8 = 2;
 /// [`PendingHeader::state`]: the header went out; the socket leaves [`MAP_SOCKETS`](crate::MAP_SOCKETS)
 /// at its next RTT callback.
 pub const PENDING_WRITTEN: u8 = 3;
+
+/// [`PendingHeader::flags`]: the mark belongs to the socket's latest connect() call,
+/// whatever peer that call reached. Set by connect programs that also clear a
+/// [`PENDING_CONNECTING`] mark on every connect they do not mark, so a mark left by a
+/// connect() that failed before its handshake (a later connect program refused it,
+/// no route, no source port) never outlives that call. sock_ops then writes the
+/// header even when a connect program that ran after hairpin's (a socket load
+/// balancer) changed the socket's peer to a backend. A mark without it (left by a
+/// connect program of an earlier build, which clears nothing) gets its header only
+/// when the peer is still the frontend it names. Older sock_ops programs ignore the
+/// byte, so both builds read each other's marks during an upgrade or a rollback.
+pub const MARK_LATEST_CONNECT: u8 = 1;
 
 /// Value of [`MAP_PENDING`](crate::MAP_PENDING), socket-local storage of a socket marked for the kernel
 /// path: what its header needs, and the header once formatted.
@@ -66,8 +98,11 @@ pub struct PendingHeader {
     pub state: u8,
     /// Length of the formatted header.
     pub len: u8,
+    /// `MARK_*` bits (zero in marks of builds before [`MARK_LATEST_CONNECT`], whose
+    /// byte was padding).
+    pub flags: u8,
     /// Always zero.
-    pub pad: [u8; 2],
+    pub pad: u8,
 }
 
 #[cfg(test)]
@@ -79,6 +114,16 @@ mod tests {
     fn the_pending_header_layout_matches_the_kernel_side() {
         assert_eq!(size_of::<PendingHeader>(), HEADER_ROOM + 24);
         assert_eq!(align_of::<PendingHeader>(), 4);
+        // The flags took the first byte of what was padding: every other field keeps
+        // its offset, so a pinned storage is read alike by builds before and after.
+        assert_eq!(
+            core::mem::offset_of!(PendingHeader, state),
+            HEADER_ROOM + 20
+        );
+        assert_eq!(
+            core::mem::offset_of!(PendingHeader, flags),
+            HEADER_ROOM + 22
+        );
         assert!(HEADER_ROOM.is_power_of_two() && HEADER_ROOM >= 108);
     }
 

@@ -102,6 +102,14 @@ pub const GLOBAL_FASTOPEN_CONNECT_OFF: &str = "HAIRPIN_FASTOPEN_CONNECT_OFF";
 /// (0: unknown).
 pub const GLOBAL_FASTOPEN_CONNECT_MASK: &str = "HAIRPIN_FASTOPEN_CONNECT_MASK";
 
+/// ELF name of the global holding the outbound capture ports of mesh proxies
+/// ([`MESH_PORTS`](crate::MESH_PORTS) slots, network byte order, 0 for a slot not in
+/// use): a connect to a kernel-path frontend from a network namespace where a TCP
+/// socket listens on loopback at one of them goes to the relay (see
+/// [`Counter::KernelFallbackMesh`](crate::Counter::KernelFallbackMesh)). The object's
+/// own value is [`DEFAULT_MESH_PORTS`](crate::DEFAULT_MESH_PORTS); the loader may set it.
+pub const GLOBAL_MESH_PORTS: &str = "HAIRPIN_MESH_PORTS";
+
 // ---- The pinned layout
 
 /// Version of the layout of everything pinned under the agent's bpf pin directory:

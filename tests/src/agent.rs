@@ -448,9 +448,15 @@ impl CappedAgent {
         extra: &[&str],
         caps: &[&str],
     ) -> CappedAgent {
+        CappedAgent::start_yaml(node, &frontends_yaml(specs), extra, caps)
+    }
+
+    /// As [`CappedAgent::start`], with `yaml` as the frontends file as written (for
+    /// settings [`FrontendSpec`] does not carry, such as `path: relay`).
+    pub fn start_yaml(node: &SimNode, yaml: &str, extra: &[&str], caps: &[&str]) -> CappedAgent {
         use std::os::{fd::AsRawFd, unix::process::CommandExt};
         let frontends = node.dir.join("frontends.yaml");
-        std::fs::write(&frontends, frontends_yaml(specs)).expect("write frontends");
+        std::fs::write(&frontends, yaml).expect("write frontends");
         let log = node.dir.join("agent.log");
         let netns = std::fs::File::open(format!("/run/netns/{}", node.node_ns)).expect("netns");
         let procs = std::fs::OpenOptions::new()

@@ -18,4 +18,5 @@ pub mod privileges;
 pub mod repo;
 pub mod servers;
 pub mod sh;
+pub mod socket_lb;
 pub mod wait;

@@ -1,6 +1,7 @@
 //! The ingress data planes users run, as real binaries, behind the simulated node's
 //! LBs: Envoy 1.40 (strict, and `allow_requests_without_proxy_protocol`), Traefik 3.7
-//! (`proxyProtocol.trustedIPs` holding the cluster's sources, and not), Caddy 2.11
+//! (`proxyProtocol.trustedIPs` holding the cluster's sources, the pod network alone,
+//! and neither), Caddy 2.11
 //! (the `proxy_protocol` listener wrapper with `allow` and `fallback_policy require`,
 //! and with the cluster outside `allow`), HAProxy 2.8 (`accept-proxy`, and
 //! `expect-proxy layer4 if { src ... }` as the HAProxy Kubernetes ingress controller
@@ -26,7 +27,8 @@ use hairpin_tests::{
         gunicorn::start_gunicorn,
         haproxy::{Expects, start_haproxy28},
         matrix::{
-            self, CLOUD_LB_SOURCES, CLUSTER_SOURCES, Case, Expect, NODE_UPLINK4, Seen, Variant,
+            self, CLOUD_LB_SOURCES, CLUSTER_SOURCES, Case, Expect, NODE_UPLINK4, POD_SOURCES, Seen,
+            Variant,
         },
         traefik::{EntryPoint, Route, access_client, start_traefik},
     },
@@ -138,7 +140,7 @@ fn envoy_1_40_strict_and_lenient() {
     assert_check_says(&node, "203.0.113.21:81", "lenient");
 }
 
-const TRAEFIK: [Variant; 4] = [
+const TRAEFIK: [Variant; 5] = [
     variant(
         "traefik-http-trusted",
         80,
@@ -155,6 +157,15 @@ const TRAEFIK: [Variant; 4] = [
         Expect::PeerInstead,
     ),
     variant("traefik-tcp-untrusted", 83, 9303, BOTH, Expect::PeerInstead),
+    // The pod network alone is not enough: kube-proxy's masquerade makes the node the
+    // peer.
+    variant(
+        "traefik-tcp-pod-range-only",
+        84,
+        9304,
+        BOTH,
+        Expect::PeerInstead,
+    ),
 ];
 
 #[test]
@@ -189,6 +200,12 @@ fn traefik_3_7_trusted_ips_with_the_cluster_in_and_out_of_the_list() {
                 trusted: &CLOUD_LB_SOURCES,
                 route: Route::Tcp,
             },
+            EntryPoint {
+                name: "tcp-pod-range-only",
+                port: 9304,
+                trusted: &POD_SOURCES,
+                route: Route::Tcp,
+            },
         ],
     );
     let agent = matrix::agent(&node, &TRAEFIK);
@@ -198,7 +215,7 @@ fn traefik_3_7_trusted_ips_with_the_cluster_in_and_out_of_the_list() {
         &matrix::cases(&TRAEFIK),
         |case: &Case, reply: &Reply| match case.variant.lb_port {
             // The TCP routes: nginx echoes the header Traefik wrote from what it saw.
-            81 | 83 => reply.body.clone(),
+            81 | 83 | 84 => reply.body.clone(),
             _ => access_client(&traefik, &case.tag()),
         },
     );

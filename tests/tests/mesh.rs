@@ -2,17 +2,20 @@
 //! sidecar passing TCP through or proxying HTTP, Linkerd's HTTP-detecting proxy,
 //! Istio ambient's proxy outside the pod's cgroup), calling its own cluster's LB.
 //!
-//! What these tests state today (issue 30): on the default path (the kernel path,
-//! `--kernel-path auto`) the pod's own socket is marked for the LB and gets a header
-//! on its way into the proxy, and the proxy's socket gets another, so the ingress reads
-//! the second header where the request should be (or, where the proxy parses HTTP, the
-//! proxy reads the first as a bad request); on `path: relay` the pod's connect
-//! goes to the relay's listener, the proxy dials that, and exactly one header arrives,
-//! naming the pod. The default-path tests assert the failure as it stands; the fix
-//! turns them into successes.
+//! On the kernel path a header written on the pod's own socket would go into the
+//! proxy, and the proxy's socket would get another: the ingress would read the second
+//! where the request should be. The connect programs look, on a kernel-path frontend
+//! hit, for a listener on the mesh's outbound capture port (15001, Linkerd's 4140) on
+//! loopback in the pod's own network namespace; found, the connect takes the relay
+//! (`kernel_fallback_mesh`): the proxy dials the relay's listener and exactly one
+//! header arrives, naming the pod. The same on `path: relay`. Without the proxy, the
+//! kernel path takes the pod's connections again.
+//!
+//! Cost: nine simulated nodes with one Envoy each (the tests run in parallel), one to
+//! three requests each; about 15 s of wall time.
 
 use hairpin_tests::{
-    agent::Agent,
+    agent::{Agent, status},
     client::{Reply, from_pod, url},
     mesh::{Mesh, MeshShape},
     node::{POD_IP4, SimNode},
@@ -20,6 +23,7 @@ use hairpin_tests::{
     servers::{Server, nginx_access_log, start_nginx},
     wait::eventually,
 };
+use serde_json::Value;
 
 /// nginx behind two LBs: 203.0.113.10 on the default path (v1), 203.0.113.12 asking
 /// for the relay (v2).
@@ -38,46 +42,37 @@ fn meshed(shape: MeshShape) -> (SimNode, Server, Agent, Mesh) {
     (node, nginx, agent, mesh)
 }
 
-/// The pod's request to 203.0.113.10 on the default path fails. Where the proxy
-/// passes the bytes through (Istio's TCP passthrough; Linkerd's, which finds no HTTP in
-/// a stream that starts with the header; ambient's), the ingress reads the proxy's
-/// header, then the pod's own header as the request line, and answers 400: nginx's
-/// access log shows the second header, naming the pod, where the request should be.
-/// Where the proxy parses HTTP (Istio's HTTP connection manager), the proxy itself
-/// reads the pod's header as the request line and answers 400; the request never
-/// reaches the ingress.
-fn default_path_fails(shape: MeshShape) {
+/// The pod's request to 203.0.113.10 on the default path: the connect program saw
+/// the proxy's listener and sent the connect to the relay, which the proxy dialled;
+/// one header, naming the pod.
+fn default_path_sends_one_header(shape: MeshShape) {
     let (node, _nginx, agent, mesh) = meshed(shape);
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    let context = |log: &str| {
-        format!(
-            "{}: {reply:?}\naccess log:\n{log}\nproxy:\n{}\nagent:\n{}",
-            shape.name(),
-            mesh.proxy_log(),
-            agent.log()
-        )
-    };
-    assert!(!reply.body.starts_with("client="), "{}", context(""));
-    if shape == MeshShape::IstioHttp {
-        assert_eq!(reply.body.trim(), "Bad Request", "{}", context(""));
-        let log = nginx_access_log(&node);
-        assert!(log.is_empty(), "{}", context(&log));
-        return;
-    }
-    let second = format!("\"PROXY TCP4 {POD_IP4} 203.0.113.10 ");
-    let log = eventually(|| nginx_access_log(&node), |l| l.contains(&second));
-    let line = log
+    assert_one_header(shape, &reply, "203.0.113.10", &node, &mesh, &agent);
+    wait_proxied(&mesh, &relay_listener(&agent, "203.0.113.10:80"));
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 1, "{s}");
+}
+
+/// A kernel counter from `status`.
+fn kernel_counter(s: &Value, name: &str) -> u64 {
+    s["counters"]["kernel"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name}: {}", s["counters"]))
+}
+
+/// The address of the relay's listener for `frontend`, from the agent's log.
+fn relay_listener(agent: &Agent, frontend: &str) -> String {
+    agent
+        .log()
         .lines()
-        .find(|l| l.contains(&second))
-        .unwrap_or_else(|| {
-            panic!(
-                "nginx never read the pod's header as a request: {}",
-                context(&log)
-            )
-        });
-    assert!(line.contains("\" 400 "), "nginx answers 400: {line}");
-    // The second header is the proxy's: it dialled the LB itself.
-    wait_proxied(&mesh, "203.0.113.10:80");
+        .find(|l| l.contains("listener started") && l.contains(&format!("frontend={frontend}")))
+        .and_then(|l| l.split("local=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no relay listener for {frontend}:\n{}", agent.log()))
 }
 
 /// Waits (3 s) until the proxy logged a connection to `original_dst`, which it
@@ -112,15 +107,7 @@ fn relay_path_sends_one_header(shape: MeshShape) {
     let reply = from_pod(&node, &url("203.0.113.12", 80, "/"));
     assert_one_header(shape, &reply, "203.0.113.12", &node, &mesh, &agent);
     // Through the proxy, which dialled the relay's listener for 203.0.113.12:80.
-    let listener = agent
-        .log()
-        .lines()
-        .find(|l| l.contains("listener started") && l.contains("frontend=203.0.113.12:80"))
-        .and_then(|l| l.split("local=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no relay listener for 203.0.113.12:80:\n{}", agent.log()));
-    wait_proxied(&mesh, &listener);
+    wait_proxied(&mesh, &relay_listener(&agent, "203.0.113.12:80"));
 }
 
 /// `reply` came back whole and its header named the pod and `lb`:80, and nginx logged
@@ -157,9 +144,9 @@ fn assert_one_header(
 }
 
 #[test]
-fn istio_sidecar_tcp_default_path_fails() {
+fn istio_sidecar_tcp_default_path_sends_one_header() {
     require_privileges!();
-    default_path_fails(MeshShape::IstioTcp);
+    default_path_sends_one_header(MeshShape::IstioTcp);
 }
 
 #[test]
@@ -169,9 +156,9 @@ fn istio_sidecar_tcp_relay_path_sends_one_header() {
 }
 
 #[test]
-fn istio_sidecar_http_default_path_fails() {
+fn istio_sidecar_http_default_path_sends_one_header() {
     require_privileges!();
-    default_path_fails(MeshShape::IstioHttp);
+    default_path_sends_one_header(MeshShape::IstioHttp);
 }
 
 #[test]
@@ -181,9 +168,9 @@ fn istio_sidecar_http_relay_path_sends_one_header() {
 }
 
 #[test]
-fn linkerd_default_path_fails() {
+fn linkerd_default_path_sends_one_header() {
     require_privileges!();
-    default_path_fails(MeshShape::Linkerd);
+    default_path_sends_one_header(MeshShape::Linkerd);
 }
 
 #[test]
@@ -193,13 +180,40 @@ fn linkerd_relay_path_sends_one_header() {
 }
 
 #[test]
-fn ambient_default_path_fails() {
+fn ambient_default_path_sends_one_header() {
     require_privileges!();
-    default_path_fails(MeshShape::Ambient);
+    default_path_sends_one_header(MeshShape::Ambient);
 }
 
 #[test]
 fn ambient_relay_path_sends_one_header() {
     require_privileges!();
     relay_path_sends_one_header(MeshShape::Ambient);
+}
+
+#[test]
+fn without_the_proxy_the_kernel_path_takes_the_pods_connections() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with_frontends_yaml(&node, FRONTENDS, &["--kernel-path", "auto"]);
+    let lb = "203.0.113.10";
+    let request = |kernel: u64, mesh: u64| {
+        let reply = from_pod(&node, &url(lb, 80, "/"));
+        assert!(
+            reply.ok() && reply.body.starts_with(&format!("client={POD_IP4}:")),
+            "{reply:?}\n{}",
+            agent.log()
+        );
+        let s = status(&node);
+        assert_eq!(kernel_counter(&s, "kernel_headers_written"), kernel, "{s}");
+        assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), mesh, "{s}");
+    };
+    // No proxy yet: the kernel writes the header.
+    request(1, 0);
+    let mesh = Mesh::install(&node, MeshShape::IstioTcp);
+    request(1, 1);
+    // The sidecar gone (its listener closed, its rules deleted): the kernel again.
+    drop(mesh);
+    request(2, 1);
 }

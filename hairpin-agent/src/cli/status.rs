@@ -493,11 +493,12 @@ fn header_writer(f: &FrontendStatus) -> &'static str {
 }
 
 /// The kernel path's counters of connects sent to the relay, with what each means.
-pub const KERNEL_FALLBACKS: [(Counter, &str); 4] = [
+pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
     (Counter::KernelFallbackRelay, "no socket storage"),
     (Counter::KernelFallbackFull, "sockets map near full"),
     (Counter::KernelFallbackMptcp, "MPTCP subflow"),
     (Counter::KernelFallbackFastOpen, "TCP Fast Open"),
+    (Counter::KernelFallbackMesh, "mesh proxy"),
 ];
 
 /// The kernel path's counters of connections that went without their header (see

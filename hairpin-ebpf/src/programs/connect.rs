@@ -8,20 +8,27 @@
 //! (`KERNEL` false, the kernel-path branch compiled out), the kernel path, and the
 //! kernel path with CAP_PERFMON's helpers (`PERFMON`).
 
-use core::ptr::{null_mut, read_volatile, write_volatile};
+use core::{
+    mem::MaybeUninit,
+    ptr::{null_mut, read_volatile, write_volatile},
+};
 
 use aya_ebpf::{
-    bindings::bpf_sock_addr,
+    bindings::{
+        BPF_F_CURRENT_NETNS, bpf_sock_addr, bpf_sock_tuple,
+        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2,
+    },
     helpers::{
         bpf_getsockopt, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_probe_read_kernel,
-        bpf_sk_release, bpf_sk_storage_get, bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock,
+        bpf_sk_lookup_tcp, bpf_sk_release, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
+        bpf_skc_to_tcp_sock,
     },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, Counter, FrontendKey, HEARTBEAT_BEAT, HEARTBEAT_TTL, PENDING_CONNECTING,
-    Redirect, SOL_TCP, TCP_NOTSENT_LOWAT,
+    AF_INET, AF_INET6, Counter, FrontendKey, HEARTBEAT_BEAT, HEARTBEAT_TTL, MARK_LATEST_CONNECT,
+    PENDING_CONNECTING, PENDING_NONE, PendingHeader, Redirect, SOL_TCP, TCP_NOTSENT_LOWAT,
 };
 
 use super::{
@@ -29,7 +36,8 @@ use super::{
     maps::{
         HAIRPIN_BYPASS_MARK, HAIRPIN_FASTOPEN_CONNECT_MASK, HAIRPIN_FASTOPEN_CONNECT_OFF,
         HAIRPIN_FASTOPEN_REQ_OFF, HAIRPIN_FILL, HAIRPIN_FRONTENDS, HAIRPIN_HEARTBEAT,
-        HAIRPIN_PENDING, HAIRPIN_SOCKETS_LIMIT, fastopen_map, relays_map,
+        HAIRPIN_MESH_PORTS, HAIRPIN_PENDING, HAIRPIN_SOCKETS_LIMIT, fastopen_map, pending_map,
+        relays_map,
     },
 };
 
@@ -90,6 +98,9 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
                 }
                 count(Counter::Redirected);
             }
+        }
+        if KERNEL {
+            unmark_stale(sa);
         }
     }
     1
@@ -174,8 +185,34 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
                 count(Counter::Redirected);
             }
         }
+        if KERNEL {
+            unmark_stale(sa);
+        }
     }
     1
+}
+
+/// Clears the mark of an earlier connect() call of this socket that never reached
+/// its handshake: a connect program after hairpin's refused it, or TCP failed it
+/// before sending a SYN (no route, no source port), and the socket is connecting
+/// again, and this time not marked. sock_ops writes a header for a mark with
+/// [`MARK_LATEST_CONNECT`] whatever the socket's peer (a socket load balancer after
+/// hairpin's program changes it), so a mark must never outlive its call: left, it
+/// would put a header naming the LB on a connection elsewhere. One lookup without
+/// create in the socket's own (almost always empty) storage list: the cost every
+/// TCP connect of the kernel path's programs pays besides the frontend lookup.
+#[inline(always)]
+fn unmark_stale(sa: &bpf_sock_addr) {
+    // SAFETY: `sk` of a connect hook is a full socket; no create flag.
+    let p =
+        unsafe { bpf_sk_storage_get(pending_map(), sa.__bindgen_anon_1.sk.cast(), null_mut(), 0) };
+    // SAFETY: non-null storage of this socket, valid while the program runs.
+    if let Some(p) = unsafe { p.cast::<PendingHeader>().as_mut() }
+        && p.state == PENDING_CONNECTING
+    {
+        p.state = PENDING_NONE;
+        count(Counter::KernelSkippedElsewhere);
+    }
 }
 
 /// Only TCP stream sockets are proxied; UDP and raw sockets pass untouched.
@@ -306,6 +343,120 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
         );
         return false;
     }
+    if mesh_listens(sa, key.family) {
+        count(Counter::KernelFallbackMesh);
+        // Every connect of a meshed pod to the LB: expected, so debug.
+        event!(
+            debug,
+            "kernel_fallback_mesh: a mesh proxy listens in the client's network namespace, the connect to {:i} port {} goes to the relay",
+            key.family,
+            key.addr,
+            key.port
+        );
+        return false;
+    }
+    true
+}
+
+/// 127.0.0.1 in network byte order, as a `bpf_sock_tuple` holds it.
+const LOOPBACK4: u32 = u32::from_ne_bytes([127, 0, 0, 1]);
+/// The last word of ::1 in network byte order.
+const LOOPBACK6_LAST: u32 = u32::from_ne_bytes([0, 0, 0, 1]);
+
+/// Whether a mesh proxy listens for the connects it captures in the client's own
+/// network namespace: a TCP listener on loopback (where iptables' REDIRECT sends a
+/// pod's own connects: 127.0.0.1, or ::1 for IPv6) at one of the outbound capture
+/// ports in [`HAIRPIN_MESH_PORTS`] (Istio's sidecar and ztunnel's in-pod listener
+/// 15001, Linkerd's 4140, by default). Such a pod's connect to the LB is redirected
+/// into the proxy, which dials the LB on a socket of its own: a header written on
+/// the client's socket would reach the proxy, which passes it on as the request's
+/// first bytes, and the LB would get a second header on the proxy's socket. The
+/// relay path gives one header: the client's connect goes to the relay listener,
+/// the proxy dials that, and the relay writes the header. A listener there that is
+/// no mesh proxy costs its connects the relay, and the header is still right. The
+/// lookup looks in the socket's own namespace (the pod's), the one the proxy
+/// listens in; only kernel-path frontend hits pay it, never the miss path.
+#[inline(always)]
+fn mesh_listens(sa: &bpf_sock_addr, family: u8) -> bool {
+    // SAFETY: read-only globals the loader may have rewritten before load; 0 is a
+    // slot not in use.
+    let ports = unsafe {
+        [
+            read_volatile(&HAIRPIN_MESH_PORTS[0]),
+            read_volatile(&HAIRPIN_MESH_PORTS[1]),
+            read_volatile(&HAIRPIN_MESH_PORTS[2]),
+            read_volatile(&HAIRPIN_MESH_PORTS[3]),
+        ]
+    };
+    // Each call has a constant tuple size: the verifier checks the stack buffer the
+    // helper reads against it.
+    let listens = |port: u16| {
+        port != 0
+            && if family == AF_INET {
+                loopback_listener::<false>(sa, port)
+            } else {
+                loopback_listener::<true>(sa, port)
+            }
+    };
+    listens(ports[0]) || listens(ports[1]) || listens(ports[2]) || listens(ports[3])
+}
+
+/// Whether a TCP socket listens on 127.0.0.1 (`V6`: ::1) at `port` (network byte
+/// order) in the connecting socket's network namespace, or on the wildcard address
+/// (a dual-stack [::] listener answers an IPv4 lookup too). The lookup takes a
+/// reference on the socket, released at once.
+#[inline(always)]
+fn loopback_listener<const V6: bool>(sa: &bpf_sock_addr, port: u16) -> bool {
+    // Every byte the helper reads is written field by field: a zeroed() or a struct
+    // literal may become a memset call, whose loop the verifier refuses without
+    // CAP_PERFMON (pointer arithmetic on the stack).
+    let mut v6 = MaybeUninit::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>::uninit();
+    let mut v4 = MaybeUninit::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>::uninit();
+    // SAFETY: plain stores into this frame's tuples, every field of the one passed.
+    let (tuple, size) = unsafe {
+        if V6 {
+            let t = v6.as_mut_ptr();
+            for i in 0..4 {
+                write_volatile(&raw mut (*t).saddr[i], 0);
+            }
+            write_volatile(&raw mut (*t).daddr[0], 0);
+            write_volatile(&raw mut (*t).daddr[1], 0);
+            write_volatile(&raw mut (*t).daddr[2], 0);
+            write_volatile(&raw mut (*t).daddr[3], LOOPBACK6_LAST);
+            write_volatile(&raw mut (*t).sport, 0);
+            write_volatile(&raw mut (*t).dport, port);
+            (
+                t.cast::<bpf_sock_tuple>(),
+                size_of::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>(),
+            )
+        } else {
+            let t = v4.as_mut_ptr();
+            write_volatile(&raw mut (*t).saddr, 0);
+            write_volatile(&raw mut (*t).daddr, LOOPBACK4);
+            write_volatile(&raw mut (*t).sport, 0);
+            write_volatile(&raw mut (*t).dport, port);
+            (
+                t.cast::<bpf_sock_tuple>(),
+                size_of::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>(),
+            )
+        }
+    };
+    // SAFETY: the context of a connect hook, a stack tuple of `size` bytes, all
+    // written; the namespace is the socket's own (BPF_F_CURRENT_NETNS). A found
+    // socket is released before the program returns, as the verifier requires.
+    unsafe {
+        let sk = bpf_sk_lookup_tcp(
+            (sa as *const bpf_sock_addr).cast_mut().cast(),
+            tuple,
+            size as u32,
+            BPF_F_CURRENT_NETNS as u64,
+            0,
+        );
+        if sk.is_null() {
+            return false;
+        }
+        bpf_sk_release(sk.cast());
+    }
     true
 }
 
@@ -417,6 +568,7 @@ fn mark(ctx: &SockAddrContext, key: &FrontendKey, header: u8) -> bool {
     p.family = key.family;
     p.version = header;
     p.len = 0;
+    p.flags = MARK_LATEST_CONNECT;
     p.state = PENDING_CONNECTING;
     count(Counter::KernelMarked);
     true

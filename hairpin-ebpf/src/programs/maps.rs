@@ -13,8 +13,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, SockHash},
 };
 use hairpin_ebpf::{
-    Counter, DEFAULT_BYPASS_MARK, FrontendKey, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PendingHeader,
-    Redirect,
+    Counter, DEFAULT_BYPASS_MARK, DEFAULT_MESH_PORTS, FrontendKey, MAX_FRONTENDS,
+    MAX_KERNEL_SOCKETS, MESH_PORTS, PendingHeader, Redirect, mesh_ports_be,
 };
 
 #[map(name = "HAIRPIN_FRONTENDS")]
@@ -77,6 +77,13 @@ pub(super) static HAIRPIN_FASTOPEN_CONNECT_OFF: u32 = 0;
 /// The `fastopen_connect` bit as a mask of that byte (0: unknown).
 #[unsafe(no_mangle)]
 pub(super) static HAIRPIN_FASTOPEN_CONNECT_MASK: u32 = 0;
+
+/// The outbound capture ports of mesh proxies (network byte order; 0: a slot not
+/// in use): a kernel-path connect from a network namespace with a listener on
+/// loopback at one of them goes to the relay (see [`hairpin_ebpf::GLOBAL_MESH_PORTS`]).
+/// The loader may override them.
+#[unsafe(no_mangle)]
+pub(super) static HAIRPIN_MESH_PORTS: [u16; MESH_PORTS] = mesh_ports_be(DEFAULT_MESH_PORTS);
 
 /// Mark on the relay's own upstream sockets; the loader overrides it.
 #[unsafe(no_mangle)]

@@ -23,8 +23,8 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use hairpin_ebpf::{
-    AF_INET, Counter, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE, PENDING_WRITTEN,
-    PendingHeader,
+    AF_INET, Counter, MARK_LATEST_CONNECT, PENDING_CONNECTING, PENDING_FIRST_WRITE, PENDING_NONE,
+    PENDING_WRITTEN, PendingHeader,
 };
 
 use super::{
@@ -76,10 +76,15 @@ fn established(ops: *mut bpf_sock_ops) {
         );
         return;
     }
-    if !peer_is_marked_frontend(ops, p) {
-        // Disconnected (connect(AF_UNSPEC)) and connected elsewhere after the mark,
-        // or rewritten by a connect program after ours: the header named a frontend
-        // this connection does not reach.
+    if p.flags & MARK_LATEST_CONNECT == 0 && !peer_is_marked_frontend(ops, p) {
+        // A mark of an earlier build's connect program, which leaves a mark behind
+        // when the socket connects again elsewhere: the peer must still be the
+        // frontend. A mark with MARK_LATEST_CONNECT is this connection's whatever
+        // its peer: the connect programs clear it on every later connect they do not
+        // mark, and a connect program after ours (a socket load balancer rewriting
+        // the LB address to a backend) changes the peer of a connection that was
+        // aimed at the frontend all the same, so its header still names the LB
+        // address the client dialled.
         p.state = PENDING_NONE;
         count(Counter::KernelSkippedElsewhere);
         event!(
@@ -134,7 +139,9 @@ fn established(ops: *mut bpf_sock_ops) {
 
 /// Whether the established socket's peer is the frontend it was marked for. The
 /// socket keeps the address its connect named (kube-proxy's DNAT rewrites packets,
-/// not the socket), so a marked connection to the LB reads back the LB address.
+/// not the socket), so a marked connection to the LB reads back the LB address
+/// unless a connect program after hairpin's rewrote it. Only for marks without
+/// [`MARK_LATEST_CONNECT`].
 #[inline(always)]
 fn peer_is_marked_frontend(ops: *mut bpf_sock_ops, p: &PendingHeader) -> bool {
     // SAFETY: context reads, one 32-bit load each (volatile: never merged).

@@ -35,6 +35,11 @@ pub const CLUSTER_SOURCES: [&str; 4] = [
     "2001:db8:2::/64",
 ];
 
+/// The pod network alone: what an operator who trusts "the pods" writes. Connections
+/// to an LB reach the ingress from the node's address after kube-proxy's masquerade
+/// (`externalTrafficPolicy: Cluster`), so this list drops hairpin's headers too.
+pub const POD_SOURCES: [&str; 2] = ["192.0.2.0/24", "2001:db8:1::/64"];
+
 /// A trusted list that leaves the cluster out: only where a cloud LB would connect
 /// from (a VPC range), as an operator who trusted the cloud LB alone would write it.
 pub const CLOUD_LB_SOURCES: [&str; 1] = ["10.0.0.0/8"];

@@ -694,7 +694,7 @@ mod tests {
             c.detail,
             "on: 120 headers written by the kernel, none missed; 2 connects sent to the relay \
              instead (no socket storage 0, sockets map near full 0, MPTCP subflow 2, TCP Fast \
-             Open 0); sockets map 3 of 65536 in use"
+             Open 0, mesh proxy 0); sockets map 3 of 65536 in use"
         );
         assert!(c.fix.is_none());
     }

@@ -241,7 +241,7 @@ fn the_kernel_path_shows_its_fill_headers_fallbacks_and_each_frontends_writer() 
     assert!(
         text.contains(
             "            headers written 9 of 12 sockets marked; to the relay instead: no socket \
-             storage 0, sockets map near full 1, MPTCP subflow 2, TCP Fast Open 3\n"
+             storage 0, sockets map near full 1, MPTCP subflow 2, TCP Fast Open 3, mesh proxy 0\n"
         ),
         "{text}"
     );
