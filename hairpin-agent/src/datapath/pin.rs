@@ -66,6 +66,15 @@ pub enum PinError {
         /// The directory.
         path: PathBuf,
     },
+    /// A symbolic link where a pin directory must be: whoever planted it would
+    /// have `cleanup` remove files wherever it points.
+    #[error(
+        "{path} is a symbolic link: a pin directory must be a real directory on a bpf filesystem"
+    )]
+    Symlink {
+        /// The path.
+        path: PathBuf,
+    },
     /// A filesystem call failed.
     #[error("failed to {op} {path}: {source}")]
     Io {
@@ -234,6 +243,60 @@ impl PinDir {
 }
 
 /// `v<number>`.
+/// Takes the lock of an existing pin directory `root` for `cleanup`, waiting up to
+/// `within` for an agent that is exiting: [`PinError::Busy`] when one still holds
+/// it after that (removing a live agent's datapath under it is not cleanup's to
+/// do), [`PinError::Symlink`] for a symbolic link, [`PinError::NotBpffs`] for a
+/// directory elsewhere. The directory is opened without following a link.
+pub fn lock_for_cleanup(
+    root: &Path,
+    within: std::time::Duration,
+) -> Result<nix::fcntl::Flock<File>, PinError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if fs::symlink_metadata(root)
+        .map_err(io_error("stat", root))?
+        .file_type()
+        .is_symlink()
+    {
+        return Err(PinError::Symlink {
+            path: root.to_path_buf(),
+        });
+    }
+    check_bpffs(root)?;
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+            .open(root)
+            .map_err(io_error("open", root))?;
+        match nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(locked),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(PinError::Busy {
+                    path: root.to_path_buf(),
+                });
+            }
+            Err((_, e)) => {
+                return Err(PinError::Io {
+                    op: "lock",
+                    path: root.to_path_buf(),
+                    source: e.into(),
+                });
+            }
+        }
+    }
+}
+
+/// Whether `p` is a directory itself, not a symbolic link to one: [`remove_all`]
+/// never descends through a link (it would unpin files wherever it points).
+fn real_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir())
+}
+
 fn is_layout_dir(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
@@ -291,6 +354,12 @@ pub enum UnpinError {
         /// The kernel's error.
         source: io::Error,
     },
+    /// A symbolic link where a directory of pins must be: not followed.
+    #[error("refused {}: a symbolic link, not followed", path.display())]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
     /// The pin (or layout directory) could not be removed.
     #[error("remove {}: {source}", path.display())]
     Remove {
@@ -337,7 +406,13 @@ pub fn remove_all(root: &Path) -> Vec<Removed> {
     let mut layouts = Vec::new();
     for e in entries.filter_map(Result::ok) {
         let p = e.path();
-        if is_layout_dir(&p) {
+        if is_layout_dir(&p) && !real_dir(&p) {
+            done.push(Removed {
+                kind: "directory",
+                result: Err(UnpinError::Symlink { path: p.clone() }),
+                path: p,
+            });
+        } else if is_layout_dir(&p) {
             layouts.push(p);
         } else if e
             .file_name()
@@ -385,6 +460,14 @@ pub fn remove_layout(layout: &Path) -> Vec<Removed> {
     }
     for (sub, kind) in [("links", "link"), ("progs", "program"), ("maps", "map")] {
         let dir = layout.join(sub);
+        if dir.exists() && !real_dir(&dir) {
+            done.push(Removed {
+                kind: "directory",
+                result: Err(UnpinError::Symlink { path: dir.clone() }),
+                path: dir,
+            });
+            continue;
+        }
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
