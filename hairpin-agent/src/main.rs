@@ -46,7 +46,7 @@ enum Command {
     /// Print hairpin's BPF maps and counters, raw.
     Dump(hairpin_agent::cli::dump::DumpArgs),
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
-    Cleanup(hairpin_agent::cli::cleanup::CleanupArgs),
+    Cleanup(Box<hairpin_agent::cli::cleanup::CleanupArgs>),
     /// Remove hairpin from the cluster in an order that leaves it as it was (the uninstall Job).
     Uninstall(hairpin_agent::cli::uninstall::UninstallArgs),
 }

@@ -370,6 +370,7 @@ async fn cluster_cleanup(
         kubeconfig: args.kubeconfig.clone(),
         lease: lease.clone(),
         bpf_pin_dir: none,
+        pin_lock_wait: std::time::Duration::ZERO,
         scope: Scope::Cluster,
         output: args.output,
     })
