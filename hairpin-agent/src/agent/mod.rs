@@ -214,8 +214,9 @@ impl Agent {
         };
         n.update(&next.routes);
         let (how, redirect_error) = n.redirect();
+        let redirects = n.redirects();
         if how == crate::names::relay::Redirect::ConnectPrograms {
-            self.reconciler.redirect_names(n.redirects());
+            self.reconciler.redirect_names(redirects.clone());
         }
         let (how, redirect_error) = (how.describe(), redirect_error.map(str::to_string));
         let listeners = n.listeners();
@@ -225,9 +226,7 @@ impl Agent {
         self.state.update(|s| {
             if let Some(st) = s.names.as_mut() {
                 st.listeners = listeners;
-                st.redirects = self
-                    .reconciler
-                    .name_redirects()
+                st.redirects = redirects
                     .iter()
                     .map(|&(dialled, listener)| crate::status::NameRedirect { dialled, listener })
                     .collect();
