@@ -6,7 +6,7 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Connects rewritten to a relay listener.
+    /// Connects rewritten to a relay slot.
     Redirected = 0,
     /// Connects to a proxied frontend left alone because the socket carries the bypass mark
     /// (the relay's own upstream connections).
@@ -67,11 +67,16 @@ pub enum Counter {
     /// a second one. Sent to the relay listener instead, which the proxy then dials:
     /// one header, from the relay.
     KernelFallbackMesh = 17,
+    /// Connects that would go to a relay slot left alone because it did not check
+    /// out: the slot does not name the frontend dialled (or is retired), or the
+    /// socket in the relay's listener map lacks the bypass mark or a privileged
+    /// port, so it is none of the agent's listeners. They go as before hairpin.
+    RelayUnverified = 18,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -90,6 +95,7 @@ impl Counter {
         Counter::RelayDown,
         Counter::KernelSkippedElsewhere,
         Counter::KernelFallbackMesh,
+        Counter::RelayUnverified,
     ];
     /// Length of [`MAP_COUNTERS`](crate::MAP_COUNTERS).
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -115,6 +121,7 @@ impl Counter {
             Counter::RelayDown => "relay_down",
             Counter::KernelSkippedElsewhere => "kernel_skipped_elsewhere",
             Counter::KernelFallbackMesh => "kernel_fallback_mesh",
+            Counter::RelayUnverified => "relay_unverified",
         }
     }
 

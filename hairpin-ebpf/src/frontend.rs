@@ -1,16 +1,19 @@
 //! The frontend map's key and value ([`FrontendKey`] -> [`Redirect`]): which
-//! LoadBalancer address and port a connect is aimed at, the relay listener it goes to
+//! LoadBalancer address and port a connect is aimed at, the relay slot it goes to
 //! and whether the kernel writes the header instead; addresses encoded as the
 //! kernel hands them to the connect programs in `bpf_sock_addr`.
 
 use core::net::{IpAddr, SocketAddr};
 
+use crate::SlotRef;
+
 /// `AF_INET`, as the kernel spells it in `bpf_sock_addr.user_family`.
 pub const AF_INET: u8 = 2;
 /// `AF_INET6`.
 pub const AF_INET6: u8 = 10;
-/// Capacity of [`MAP_FRONTENDS`](crate::MAP_FRONTENDS): the number of (LB IP, port) pairs one node can proxy.
-pub const MAX_FRONTENDS: u32 = 65_536;
+/// Default capacity of [`MAP_FRONTENDS`](crate::MAP_FRONTENDS): the number of (LB
+/// IP, port) pairs one node can proxy (`--max-frontends`).
+pub const MAX_FRONTENDS: u32 = 131_072;
 /// [`Redirect::header`] of a frontend taking the relay path: connects are rewritten
 /// to the relay listener, which writes the header.
 pub const HEADER_RELAY: u8 = 0;
@@ -47,31 +50,43 @@ pub struct FrontendKey {
     pub pad: u8,
 }
 
-/// Value of [`MAP_FRONTENDS`](crate::MAP_FRONTENDS): the node-local relay listener a connect is rewritten
-/// to, and whether the kernel writes the header instead.
+/// Value of [`MAP_FRONTENDS`](crate::MAP_FRONTENDS): the relay slot a connect to
+/// the frontend is rewritten to, and whether the kernel writes the header instead.
 ///
-/// Same encoding as [`FrontendKey`]. The family may differ from the key's only for
-/// IPv4-mapped IPv6 connects, which are rewritten to the IPv4-mapped listener.
+/// A slot is a port of one of the relay's slot addresses (fixed in the object's
+/// read-only data, [`GLOBAL_SLOT_ADDRS4`](crate::GLOBAL_SLOT_ADDRS4)); nothing binds
+/// it. The `hairpin_sk_lookup` program hands a connection to a slot to the relay
+/// listener the slot names ([`Slot`](crate::Slot)), so the connection's own
+/// destination names its frontend, as a listener per frontend did, without a port
+/// of the node's held per frontend. The connect programs rewrite to a slot only
+/// when [`MAP_SLOTS`](crate::MAP_SLOTS) says it is this very frontend's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Redirect {
-    /// Listener address words in network byte order.
-    pub addr: [u32; 4],
-    /// Listener TCP port in network byte order.
-    pub port: u16,
-    /// [`AF_INET`] or [`AF_INET6`].
-    pub family: u8,
-    /// [`HEADER_RELAY`] (the listener writes the header), or [`HEADER_V1`] /
+    /// The slot's port, network byte order.
+    pub slot_port: u16,
+    /// Which of the family's slot addresses the slot is on (below
+    /// [`SLOT_ADDRS`](crate::SLOT_ADDRS)).
+    pub slot_addr: u8,
+    /// The relay listener the slot is handed to: an index of
+    /// [`MAP_RELAYS`](crate::MAP_RELAYS).
+    pub listener: u8,
+    /// [`HEADER_RELAY`] (the relay writes the header), or [`HEADER_V1`] /
     /// [`HEADER_V2`]: the kernel path's connect programs leave the destination alone
-    /// and the header is written on the client's own socket. The listener stays the
+    /// and the header is written on the client's own socket. The slot stays the
     /// fallback for a socket the kernel path cannot take. The plain connect programs
     /// ignore this byte.
     pub header: u8,
+    /// The PROXY version the relay writes for this frontend (1 or 2; also the
+    /// kernel path's fallback), for `dump`; the relay reads it from the slot.
+    pub version: u8,
+    /// Always zero.
+    pub pad: [u8; 2],
 }
 
 /// An address as the programs see it in `bpf_sock_addr`: address words and port in
 /// network byte order, and the family. An IPv4 address occupies word 0.
-fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
+pub(crate) fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
     let port = a.port().to_be();
     match a.ip() {
         IpAddr::V4(ip) => ([u32::from_ne_bytes(ip.octets()), 0, 0, 0], port, AF_INET),
@@ -84,7 +99,7 @@ fn encode(a: SocketAddr) -> ([u32; 4], u16, u8) {
 }
 
 /// The inverse of [`encode`](crate::encode).
-fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
+pub(crate) fn decode(addr: [u32; 4], port: u16, family: u8) -> SocketAddr {
     let port = u16::from_be(port);
     if family == AF_INET {
         SocketAddr::from((addr[0].to_ne_bytes(), port))
@@ -116,52 +131,58 @@ impl FrontendKey {
 }
 
 impl Redirect {
-    /// The value that rewrites a connect to the listener `a`.
-    pub fn new(a: SocketAddr) -> Redirect {
-        let (addr, port, family) = encode(a);
+    /// The value that rewrites a connect to `slot` (the relay writes a `version`
+    /// header).
+    pub fn new(slot: SlotRef, version: u8) -> Redirect {
         Redirect {
-            addr,
-            port,
-            family,
+            slot_port: slot.port.to_be(),
+            slot_addr: slot.addr,
+            listener: slot.listener,
             header: HEADER_RELAY,
+            version,
+            pad: [0; 2],
         }
     }
 
     /// The value for a kernel-path frontend: the kernel writes a `header`
-    /// ([`HEADER_V1`] or [`HEADER_V2`]) on the client's socket; a socket the kernel
-    /// path cannot take is still rewritten to the listener `a`.
-    pub fn kernel(a: SocketAddr, header: u8) -> Redirect {
+    /// ([`HEADER_V1`] or [`HEADER_V2`], the version's number) on the client's
+    /// socket; a socket the kernel path cannot take is still rewritten to `slot`.
+    pub fn kernel(slot: SlotRef, header: u8) -> Redirect {
         Redirect {
             header,
-            ..Redirect::new(a)
+            ..Redirect::new(slot, header)
         }
     }
 
     /// The value for a frontend whose server speaks first, with the kernel path on:
     /// the relay path, saying why.
-    pub fn server_first(a: SocketAddr) -> Redirect {
+    pub fn server_first(slot: SlotRef, version: u8) -> Redirect {
         Redirect {
             header: HEADER_RELAY_SERVER_FIRST,
-            ..Redirect::new(a)
+            ..Redirect::new(slot, version)
         }
     }
 
     /// The value for a frontend that asks for the relay (`hairpin.dev/path:
     /// relay`), with the kernel path on: the relay path, saying why.
-    pub fn relay_chosen(a: SocketAddr) -> Redirect {
+    pub fn relay_chosen(slot: SlotRef, version: u8) -> Redirect {
         Redirect {
             header: HEADER_RELAY_CHOSEN,
-            ..Redirect::new(a)
+            ..Redirect::new(slot, version)
         }
     }
 
-    /// The listener this value rewrites to.
-    pub fn socket_addr(&self) -> SocketAddr {
-        decode(self.addr, self.port, self.family)
+    /// The slot this value rewrites to.
+    pub fn slot(&self) -> SlotRef {
+        SlotRef {
+            addr: self.slot_addr,
+            port: u16::from_be(self.slot_port),
+            listener: self.listener,
+        }
     }
 
     /// Whether the kernel path's connect programs mark sockets for this frontend
-    /// (an in-kernel header) rather than rewrite them to the listener. Any value
+    /// (an in-kernel header) rather than rewrite them to the slot. Any value
     /// but the two versions is the relay: when in doubt, relay.
     pub const fn is_kernel(&self) -> bool {
         self.header == HEADER_V1 || self.header == HEADER_V2
@@ -177,25 +198,30 @@ mod tests {
     fn layouts_match_the_kernel_side() {
         assert_eq!(size_of::<FrontendKey>(), 20);
         assert_eq!(align_of::<FrontendKey>(), 4);
-        assert_eq!(size_of::<Redirect>(), 20);
-        assert_eq!(align_of::<Redirect>(), 4);
+        assert_eq!(size_of::<Redirect>(), 8);
+        assert_eq!(align_of::<Redirect>(), 2);
     }
 
     #[test]
-    fn a_kernel_value_keeps_its_listener_for_the_fallback() {
-        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
-        let v = Redirect::kernel(l, HEADER_V2);
-        assert_eq!(v.socket_addr(), l);
-        assert_eq!(v.header, HEADER_V2);
-        assert_eq!(Redirect::new(l).header, HEADER_RELAY);
-        assert!(v.is_kernel() && Redirect::kernel(l, HEADER_V1).is_kernel());
-        let s = Redirect::server_first(l);
-        assert_eq!(s.socket_addr(), l);
-        assert!(!s.is_kernel() && !Redirect::new(l).is_kernel());
-        let c = Redirect::relay_chosen(l);
-        assert_eq!((c.socket_addr(), c.header), (l, HEADER_RELAY_CHOSEN));
+    fn a_kernel_value_keeps_its_slot_for_the_fallback() {
+        let slot = SlotRef {
+            addr: 1,
+            port: 40000,
+            listener: 0,
+        };
+        let v = Redirect::kernel(slot, HEADER_V2);
+        assert_eq!(v.slot(), slot);
+        assert_eq!(v.slot_port.to_ne_bytes(), 40000u16.to_be_bytes());
+        assert_eq!((v.header, v.version), (HEADER_V2, 2));
+        assert_eq!(Redirect::new(slot, 1).header, HEADER_RELAY);
+        assert!(v.is_kernel() && Redirect::kernel(slot, HEADER_V1).is_kernel());
+        let s = Redirect::server_first(slot, 2);
+        assert_eq!((s.slot(), s.version), (slot, 2));
+        assert!(!s.is_kernel() && !Redirect::new(slot, 1).is_kernel());
+        let c = Redirect::relay_chosen(slot, 1);
+        assert_eq!((c.slot(), c.header), (slot, HEADER_RELAY_CHOSEN));
         assert!(!c.is_kernel());
-        assert!(!Redirect::kernel(l, 7).is_kernel());
+        assert!(!Redirect::kernel(slot, 7).is_kernel());
     }
 
     #[test]
@@ -207,7 +233,6 @@ mod tests {
         ] {
             let a: SocketAddr = a.parse().expect("addr");
             assert_eq!(FrontendKey::new(a).socket_addr(), a);
-            assert_eq!(Redirect::new(a).socket_addr(), a);
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`names`]: the ELF names of the programs, maps and loader-set globals, and
 //!   [`PIN_LAYOUT`], the version of what is pinned under them.
 //! - [`frontend`]: the frontend map's key and value and their address encoding.
+//! - [`slot`]: the relay's slots (where relayed connects go) and their map's types.
 //! - [`kernel_path`]: a marked socket's pending header and the sockets map's sizing.
 //! - [`counter`]: the counters' indices and names.
 //! - [`text`]: the pieces of a v1 header's text, as the kernel formats them.
@@ -17,12 +18,14 @@ pub mod counter;
 pub mod frontend;
 pub mod kernel_path;
 pub mod names;
+pub mod slot;
 pub mod text;
 
 pub use counter::Counter;
 pub use frontend::*;
 pub use kernel_path::*;
 pub use names::*;
+pub use slot::*;
 
 #[cfg(feature = "user")]
 mod user {
@@ -32,4 +35,8 @@ mod user {
     unsafe impl aya::Pod for super::Redirect {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PendingHeader {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SlotKey {}
+    // SAFETY: as above (the padding before `retired_at` is the explicit `pad`).
+    unsafe impl aya::Pod for super::Slot {}
 }

@@ -33,6 +33,10 @@ pub const PROG_SOCK_OPS: &str = "hairpin_sockops";
 /// ELF name of the sk_msg program on [`MAP_SOCKETS`]: writes the header ahead of a
 /// marked socket's first bytes.
 pub const PROG_SK_MSG: &str = "hairpin_sk_msg";
+/// ELF name of the sk_lookup program, attached to the agent's network namespace by
+/// the agent itself (it goes with the process): hands a connection aimed at a relay
+/// slot to the listener [`MAP_SLOTS`] names for it.
+pub const PROG_SK_LOOKUP: &str = "hairpin_sk_lookup";
 /// ELF name of the cgroup/setsockopt program of the kernel path: records in
 /// [`MAP_FASTOPEN`] that a socket set TCP_FASTOPEN_CONNECT, so that the connect
 /// programs send it to the relay. It never changes or refuses an option.
@@ -55,11 +59,18 @@ pub const MAP_HEARTBEAT: &str = "HAIRPIN_HEARTBEAT";
 pub const HEARTBEAT_BEAT: u32 = 0;
 /// [`MAP_HEARTBEAT`] slot of the TTL in nanoseconds.
 pub const HEARTBEAT_TTL: u32 = 1;
-/// ELF name of the relay's liveness map: a SOCKHASH of the relay's listening
-/// sockets by listener address ([`FrontendKey`](crate::FrontendKey) encoding). The connect programs send
-/// a connect to a listener only while it is in this map; the kernel takes a closed
-/// listener out at once, so a dead agent's relay is never a target.
+/// ELF name of the relay's liveness map: a SOCKMAP of the relays' listening sockets
+/// ([`RELAY_LISTENERS`](crate::RELAY_LISTENERS) of them: the relay's per family, the
+/// name relay's per names port). The connect programs send a connect to a slot only
+/// while its listener is in this map with the bypass mark on a privileged port, and
+/// `hairpin_sk_lookup` hands connections only to such a listener; the kernel takes a
+/// closed listener out at once, so a dead agent's relay is never a target.
 pub const MAP_RELAYS: &str = "HAIRPIN_RELAYS";
+/// ELF name of the relay's slots: [`SlotKey`](crate::SlotKey) ->
+/// [`Slot`](crate::Slot), which frontend each slot serves (and which have retired,
+/// until their quarantine ends). The connect programs rewrite to a slot only when it
+/// names the very frontend dialled; the relay reads it at accept.
+pub const MAP_SLOTS: &str = "HAIRPIN_SLOTS";
 /// ELF name of the SOCKHASH (socket cookie -> socket) holding established sockets
 /// whose header is not written yet.
 pub const MAP_SOCKETS: &str = "HAIRPIN_SOCKETS";
@@ -87,6 +98,14 @@ pub const DEFAULT_BYPASS_MARK: u32 = 0x68;
 /// the connect programs send new connects to the relay instead: its capacity less a
 /// margin for sockets still connecting (see [`sockets_limit`](crate::sockets_limit)). Set by the loader.
 pub const GLOBAL_SOCKETS_LIMIT: &str = "HAIRPIN_SOCKETS_LIMIT";
+/// ELF name of the global holding the relay's IPv4 slot addresses
+/// ([`SLOT_ADDRS`](crate::SLOT_ADDRS) words, network byte order, 0: none), set by the
+/// loader from the listen addresses: the only addresses the connect programs rewrite
+/// a connect to, and the only ones `hairpin_sk_lookup` acts on.
+pub const GLOBAL_SLOT_ADDRS4: &str = "HAIRPIN_SLOT_ADDRS4";
+/// ELF name of the global holding the relay's IPv6 slot addresses (address words,
+/// network byte order, all 0: none).
+pub const GLOBAL_SLOT_ADDRS6: &str = "HAIRPIN_SLOT_ADDRS6";
 /// ELF name of the global holding the node's IPv4 address (network byte order), the
 /// header's source for a socket whose own address is loopback or the LB address itself.
 pub const GLOBAL_NODE_IP4: &str = "HAIRPIN_NODE_IP4";
@@ -116,4 +135,6 @@ pub const GLOBAL_MESH_PORTS: &str = "HAIRPIN_MESH_PORTS";
 /// the maps' types, key and value layouts, the counters' indices and what the
 /// programs expect of each other. The pins live under `v<LAYOUT>`, so an agent of
 /// another layout never reuses a map it would misread; bump it with any such change.
-pub const PIN_LAYOUT: u32 = 1;
+/// 2: relay slots (the frontends map's value names a slot, not a listener;
+/// `HAIRPIN_RELAYS` a SOCKMAP of listeners by index; `HAIRPIN_SLOTS`).
+pub const PIN_LAYOUT: u32 = 2;

@@ -63,10 +63,13 @@ pub struct RunArgs {
     #[arg(long = "node-ip", env = "HAIRPIN_NODE_IPS", value_delimiter = ',')]
     pub node_ips: Vec<IpAddr>,
 
-    /// Addresses the relay listeners bind (one per family), reachable from pods and
-    /// the host. Default: the node-local 169.254.104.1 and fd68:6169:7270:696e::1
-    /// (for each family the node has an IP of), put on --listen-link, never the
-    /// routable node IP: a peer off the node has no route to them.
+    /// The relay's addresses, reachable from pods and the host: the first of each
+    /// family holds the relay's listener (on a privileged port), and each gives the
+    /// relay 64,512 slots (ports 1024-65535, which no socket binds: connects are sent
+    /// there and handed to the listener), up to 4 per family. Default: the node-local
+    /// 169.254.104.1 and .2, fd68:6169:7270:696e::1 and ::2 (for each family the
+    /// node has an IP of), put on --listen-link, never the routable node IP: a peer
+    /// off the node has no route to them.
     #[arg(
         long = "listen-address",
         env = "HAIRPIN_LISTEN_ADDRESSES",
@@ -418,6 +421,13 @@ pub const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
 /// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
 pub const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
 
+/// The relay's second default IPv4 address: slots only (64,512 more), so that the
+/// default `--max-frontends` fits in one family's slots.
+pub const DEFAULT_SLOTS_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 2);
+
+/// The relay's second default IPv6 address: slots only, as [`DEFAULT_SLOTS_V4`].
+pub const DEFAULT_SLOTS_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 2);
+
 /// Where the kernel path pins its sockets map: hairpin's directory of the host's bpf
 /// filesystem, which the DaemonSet mounts.
 pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
@@ -425,9 +435,15 @@ pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
 /// The link the default listen addresses go on.
 pub const DEFAULT_LISTEN_LINK: &str = "hairpin0";
 
-/// Both default listen addresses.
+/// Every default listen address: the listeners' and the slots-only ones, both families.
 pub fn default_listen_addresses() -> impl Iterator<Item = IpAddr> {
-    [IpAddr::V4(DEFAULT_LISTEN_V4), IpAddr::V6(DEFAULT_LISTEN_V6)].into_iter()
+    [
+        IpAddr::V4(DEFAULT_LISTEN_V4),
+        IpAddr::V4(DEFAULT_SLOTS_V4),
+        IpAddr::V6(DEFAULT_LISTEN_V6),
+        IpAddr::V6(DEFAULT_SLOTS_V6),
+    ]
+    .into_iter()
 }
 
 /// Neither `--node-name` nor a host name to take for it.

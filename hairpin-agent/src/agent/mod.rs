@@ -41,7 +41,7 @@ use source::{Desired, DesiredRx, ToApply, ToReport};
 
 use crate::{
     datapath::{
-        Datapath, FrontendsMap, Pin, drain_kernel_sockets,
+        Datapath, FrontendsMap, Pin, SlotTable, drain_kernel_sockets,
         lifecycle::{Removal, Stop, StopSeen, decide},
     },
     k8s::{
@@ -90,8 +90,10 @@ pub struct Agent {
     applied: Option<Arc<Desired>>,
     source_name: String,
     plan: Plan,
-    /// The frontends map's one writer, with the relay's listeners.
-    reconciler: Reconciler<FrontendsMap, Relay>,
+    /// The frontends map's and the slots map's one writer.
+    reconciler: Reconciler<FrontendsMap, SlotTable>,
+    /// The relay's listeners, and the connections they relay.
+    relay: Relay,
     /// The datapath, for its lifecycle (kept or removed on SIGTERM) and counters;
     /// its frontends map belongs to the reconciler.
     datapath: Option<Datapath>,
@@ -216,7 +218,7 @@ impl Agent {
         let (how, redirect_error) = n.redirect();
         let redirects = n.redirects();
         if how == crate::names::relay::Redirect::ConnectPrograms {
-            self.reconciler.redirect_names(redirects.clone());
+            self.reconciler.redirect_names(n.redirect_indexes());
         }
         let (how, redirect_error) = (how.describe(), redirect_error.map(str::to_string));
         let listeners = n.listeners();
@@ -348,7 +350,7 @@ impl Agent {
             }
         };
         let (left, (), unwritten) = tokio::join!(
-            self.reconciler.listeners_mut().drain(deadline),
+            self.relay.drain(deadline),
             names_drain,
             kernel_drain
         );

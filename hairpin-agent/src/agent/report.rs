@@ -218,12 +218,14 @@ mod tests {
             Active {
                 frontend: fe("203.0.113.10:80"),
                 listener: "192.0.2.1:40001".parse().expect("a"),
+                slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
                 path: LivePath::Relay,
                 why: None,
             },
             Active {
                 frontend: fe("203.0.113.13:80"),
                 listener: "192.0.2.1:40002".parse().expect("a"),
+                slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
                 path: LivePath::Kernel,
                 why: None,
             },
@@ -240,7 +242,7 @@ mod tests {
                 "203.0.113.12:80".parse().expect("a"),
                 Failed {
                     frontend: fe("203.0.113.12:80"),
-                    error: FrontendError::Listen("in use".into()),
+                    error: FrontendError::Slot("no slot for now".into()),
                 },
             ),
         ]);
@@ -273,7 +275,7 @@ mod tests {
                 "203.0.113.10:80 Active ebpf,hosts None None",
                 "203.0.113.13:80 Active kernel None None",
                 "203.0.113.11:80 Failed none Some(OnChange) Some(\"full\")",
-                "203.0.113.12:80 Failed none Some(Backoff) Some(\"in use\")",
+                "203.0.113.12:80 Failed none Some(Backoff) Some(\"no slot for now\")",
             ]
         );
     }

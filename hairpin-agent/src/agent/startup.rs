@@ -14,7 +14,10 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, NoNodeName, RunArgs},
+    args::{
+        DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, DEFAULT_SLOTS_V4, DEFAULT_SLOTS_V6, NamesRedirect,
+        NoNodeName, RunArgs,
+    },
     clients,
     frontends_file::FrontendsFileError,
     limits,
@@ -24,7 +27,7 @@ use super::{
 };
 use crate::{
     datapath::{
-        self, Datapath, DatapathError, KernelPath, LoadOptions,
+        self, Datapath, DatapathError, KernelPath, LoadOptions, SlotAddrs,
         lifecycle::{self, Started, Wait},
     },
     k8s::{
@@ -39,8 +42,9 @@ use crate::{
         relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
         scope::{NameScope, ScopeError, ScopeRule},
     },
+    model::ProxyVersion,
     relay::{
-        Relay, RelayConfig,
+        ListenHook, Relay, RelayConfig,
         listener::{ConnGate, ConnLimits},
     },
     status::{
@@ -188,7 +192,8 @@ impl Agent {
     pub async fn start(args: RunArgs) -> Result<Agent, StartError> {
         check_coredns(&args)?;
         let node = NodeIps::of(&args)?;
-        let listen = listen_addresses(&args, node.v4, node.v6);
+        let addresses = relay_addresses(&args);
+        let listen = listen_addresses(&addresses);
         limits::raise_nofile_limit();
         let metrics = Metrics::default();
         limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
@@ -197,11 +202,16 @@ impl Agent {
         // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
-        publish_listen_addresses(&args, listen, &state).await?;
+        publish_listen_addresses(&args, &addresses, &state).await?;
         let (mut datapath, outcome, cgroup) = start_datapath(&args).await?;
         // After attach, which may find the kernel path unavailable: the entries the
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
+        // The names ports are never slots: where the names address is a slot
+        // address, the name relay may bind them as they are.
+        let slots = datapath
+            .as_mut()
+            .and_then(|d| d.take_slots(args.names_ports.0.clone()));
         let plan = decide_paths(&args, &outcome, &state);
         metrics.set_live_paths(&plan.live());
         let beating = datapath
@@ -220,7 +230,14 @@ impl Agent {
         )
         .await?;
         let mut names = names;
-        let relay = start_relay(relay_config, datapath.as_ref(), names.as_mut(), &metrics);
+        let relay = start_relay(
+            relay_config,
+            datapath.as_mut(),
+            names.as_mut(),
+            listen,
+            &args.names_ports.0,
+            &metrics,
+        );
         let admin = start_admin(&args, datapath.as_ref(), &state, &metrics).await?;
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -231,7 +248,8 @@ impl Agent {
             applied: None,
             source_name: source.name,
             plan,
-            reconciler: Reconciler::new(frontends, relay, listen),
+            reconciler: Reconciler::new(frontends, slots),
+            relay,
             datapath,
             names,
             admin: Some(admin),
@@ -244,7 +262,7 @@ impl Agent {
             beating,
             kube: source.kube,
             daemonset: args.daemonset.clone(),
-            link_addresses: link_addresses(&args, listen),
+            link_addresses: link_addresses(&args, &addresses),
         })
     }
 }
@@ -302,13 +320,13 @@ async fn start_source(
 /// Puts the listen addresses on their link and lists them in `/status`.
 async fn publish_listen_addresses(
     args: &RunArgs,
-    listen: ListenAddresses,
+    addresses: &[IpAddr],
     state: &AgentState,
 ) -> Result<(), StartError> {
-    let note = listen_on_link(args, listen).await?;
+    let note = listen_on_link(args, addresses).await?;
     state.update(|s| {
         s.listen = Some(ListenStatus {
-            addresses: [listen.v4, listen.v6].into_iter().flatten().collect(),
+            addresses: addresses.to_vec(),
             link: args.listen_link().map(str::to_string),
             note,
         })
@@ -397,23 +415,59 @@ async fn relay_config(
     }
 }
 
-/// The relay of frontends; where a datapath runs, each of its listeners and the
-/// name relay's registers in the liveness map as it binds, since the connect
-/// programs send to a listener only while it is there.
+/// The relay of frontends: where a datapath runs, its sk_lookup program is linked,
+/// then one listener per family listens on a privileged port of the family's first
+/// listen address (none in `avoid`), registered in the liveness map as it binds, as
+/// the name relay's redirected listeners will be: the connect programs send to a
+/// slot only while its listener is there. Each connection is relayed to the
+/// frontend its slot names in the slots map.
 fn start_relay(
     config: RelayConfig,
-    datapath: Option<&Datapath>,
+    datapath: Option<&mut Datapath>,
     names: Option<&mut NameRouting>,
+    listen: ListenAddresses,
+    avoid: &[u16],
     metrics: &Metrics,
 ) -> Relay {
     let mut relay = Relay::new(config, metrics.clone());
-    if let Some(d) = datapath {
-        let liveness = d.relay_liveness();
-        let hook: crate::relay::ListenHook =
-            Arc::new(move |addr, fd| liveness.register(addr, fd).map_err(Into::into));
-        relay.on_listen(hook.clone());
-        if let Some(n) = names {
-            n.on_listen(hook);
+    let Some(d) = datapath else {
+        return relay;
+    };
+    let steered = match d.steering() {
+        Ok(()) => d.steer_slots().map_err(|e| e.to_string()),
+        Err(why) => Err(why.to_string()),
+    };
+    if let Err(why) = steered {
+        // No listener is registered, so the connect programs send nothing to a slot:
+        // relayed frontends go as before hairpin; the kernel path is unaffected.
+        warn!(reason = %why, "the relay's slots cannot reach its listeners: relayed connects go as before hairpin");
+        return relay;
+    }
+    let liveness = d.relay_liveness();
+    let hook: ListenHook = Arc::new(move |index, addr, fd| {
+        liveness.register(index, addr, fd).map_err(Into::into)
+    });
+    if let Some(n) = names {
+        n.on_listen(hook.clone());
+    }
+    let reader = match d.slots_reader() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "the relay cannot read the slots map: relayed connects go as before hairpin");
+            return relay;
+        }
+    };
+    let lookup: crate::relay::SlotLookup = Arc::new(move |local| {
+        let owner = reader.owner(local)?;
+        Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
+    });
+    for (ip, index) in [
+        (listen.v4, hairpin_ebpf::LISTENER_RELAY4),
+        (listen.v6, hairpin_ebpf::LISTENER_RELAY6),
+    ] {
+        let Some(ip) = ip else { continue };
+        if let Err(e) = relay.listen(ip, index, avoid, &hook, lookup.clone()) {
+            warn!(error = %e, "relayed connects of this family go as before hairpin");
         }
     }
     relay
@@ -719,22 +773,28 @@ fn service_listeners(
     out
 }
 
-/// Where the relays listen: `--listen-address`, else the node-local defaults for
-/// each family this node has an IP of.
-fn listen_addresses(
-    args: &RunArgs,
-    node_v4: Option<IpAddr>,
-    node_v6: Option<IpAddr>,
-) -> ListenAddresses {
-    if args.listen_addresses.is_empty() {
-        return ListenAddresses {
-            v4: node_v4.map(|_| IpAddr::V4(DEFAULT_LISTEN_V4)),
-            v6: node_v6.map(|_| IpAddr::V6(DEFAULT_LISTEN_V6)),
-        };
+/// The relay's addresses: `--listen-address`, else the node-local defaults for
+/// each family this node has an IP of (two each: the listener's, and one more for
+/// slots), listener's first.
+fn relay_addresses(args: &RunArgs) -> Vec<IpAddr> {
+    if !args.listen_addresses.is_empty() {
+        return args.listen_addresses.clone();
     }
+    let mut out = Vec::new();
+    if args.node_ips.iter().any(IpAddr::is_ipv4) {
+        out.extend([IpAddr::V4(DEFAULT_LISTEN_V4), IpAddr::V4(DEFAULT_SLOTS_V4)]);
+    }
+    if args.node_ips.iter().any(IpAddr::is_ipv6) {
+        out.extend([IpAddr::V6(DEFAULT_LISTEN_V6), IpAddr::V6(DEFAULT_SLOTS_V6)]);
+    }
+    out
+}
+
+/// Where the relays listen: the first of `addresses` of each family.
+fn listen_addresses(addresses: &[IpAddr]) -> ListenAddresses {
     ListenAddresses {
-        v4: args.listen_addresses.iter().find(|i| i.is_ipv4()).copied(),
-        v6: args.listen_addresses.iter().find(|i| i.is_ipv6()).copied(),
+        v4: addresses.iter().find(|i| i.is_ipv4()).copied(),
+        v6: addresses.iter().find(|i| i.is_ipv6()).copied(),
     }
 }
 
@@ -742,13 +802,13 @@ fn listen_addresses(
 /// what was done, one line per address.
 async fn listen_on_link(
     args: &RunArgs,
-    listen: ListenAddresses,
+    addresses: &[IpAddr],
 ) -> Result<Option<String>, StartError> {
     let Some(link) = args.listen_link() else {
         return Ok(None);
     };
     let mut notes = Vec::new();
-    for address in [listen.v4, listen.v6].into_iter().flatten() {
+    for &address in addresses {
         let outcome =
             names_link::ensure(link, address)
                 .await
@@ -766,15 +826,10 @@ async fn listen_on_link(
 
 /// The addresses the agent puts on links: the relays' listen addresses on
 /// `--listen-link`, and the names address on `--names-link`.
-fn link_addresses(args: &RunArgs, listen: ListenAddresses) -> Vec<(String, IpAddr)> {
+fn link_addresses(args: &RunArgs, addresses: &[IpAddr]) -> Vec<(String, IpAddr)> {
     let mut out: Vec<(String, IpAddr)> = Vec::new();
     if let Some(link) = args.listen_link() {
-        out.extend(
-            [listen.v4, listen.v6]
-                .into_iter()
-                .flatten()
-                .map(|a| (link.to_string(), a)),
-        );
+        out.extend(addresses.iter().map(|a| (link.to_string(), *a)));
     }
     if let (Some(link), Some(address)) = (&args.names_link, args.names_address) {
         out.push((link.clone(), address));
@@ -819,6 +874,7 @@ fn load_options(args: &RunArgs) -> LoadOptions {
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
         ttl: args.datapath_ttl,
+        slot_addrs: SlotAddrs::of(&relay_addresses(args)),
     }
 }
 

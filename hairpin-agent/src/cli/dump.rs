@@ -15,7 +15,9 @@ use crate::datapath::kernel_objects::{self, FoundMap, kernel_name};
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     long_about = "Prints hairpin's BPF maps as the kernel holds them: the frontends map \
-(LoadBalancer address -> relay listener) and the counters map (summed over CPUs). Maps are \
+(LoadBalancer address -> relay slot, #ADDRESS:PORT: the index of the relay address among \
+its family's, as `status` lists them under listen.addresses, and the port) and the counters map (summed over \
+CPUs). Maps are \
 found by their kernel names (HAIRPIN_FRONTEN, HAIRPIN_COUNTER) and opened by id, so this \
 works when the agent is down. Which maps: --map-id, else those held open by --pid, else the \
 ids in the running agent's /status, else every hairpin map on the machine.",

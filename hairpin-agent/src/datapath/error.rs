@@ -122,23 +122,6 @@ pub enum DatapathError {
         /// The kernel's answer.
         source: std::io::Error,
     },
-    /// The frontends map's one writer was handed to its owner: nothing else inserts.
-    #[error(
-        "frontend {frontend} not inserted: the frontends map has one writer, and its owner \
-         (the reconciler) has taken it"
-    )]
-    FrontendsTaken {
-        /// The frontend.
-        frontend: SocketAddr,
-    },
-    /// A listener of the other family cannot serve a frontend.
-    #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
-    FamilyMismatch {
-        /// The frontend.
-        frontend: SocketAddr,
-        /// The listener.
-        listener: SocketAddr,
-    },
 }
 
 /// A hash map refuses a new key with E2BIG once all its (preallocated) entries are used.

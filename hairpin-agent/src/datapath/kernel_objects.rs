@@ -2,13 +2,12 @@
 //! name rather than through a loaded [`crate::datapath::Datapath`]: the agent's `/status`
 //! reports these ids, and the node CLI reads the same objects when the agent is down.
 
-use std::net::SocketAddr;
 
 use aya::{
-    maps::{HashMap, Map, MapData, MapInfo, PerCpuArray, loaded_maps},
+    maps::{Map, MapData, MapInfo, PerCpuArray, loaded_maps},
     programs::{ProgramInfo, loaded_links, loaded_programs},
 };
-use hairpin_ebpf::{FrontendKey, MAP_COUNTERS, MAP_FRONTENDS, PROG_CONNECT4, Redirect};
+use hairpin_ebpf::{MAP_COUNTERS, MAP_FRONTENDS, PROG_CONNECT4};
 use serde::{Deserialize, Serialize};
 
 use crate::status::{KernelIds, ProgramIds};
@@ -208,23 +207,6 @@ fn open(id: u32) -> Result<Map, KernelObjectsError> {
         id,
         source: Box::new(e),
     })
-}
-
-/// The frontends map `id`, decoded: frontend -> listener.
-pub fn read_frontends(id: u32) -> Result<Vec<(SocketAddr, SocketAddr)>, KernelObjectsError> {
-    let map: HashMap<MapData, FrontendKey, Redirect> =
-        HashMap::try_from(open(id)?).map_err(|e| KernelObjectsError::Map {
-            op: "read",
-            id,
-            source: Box::new(e),
-        })?;
-    let mut out: Vec<(SocketAddr, SocketAddr)> = map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(k, v)| (k.socket_addr(), v.socket_addr()))
-        .collect();
-    out.sort();
-    Ok(out)
 }
 
 /// The counters map `id`, summed over CPUs, by counter name.

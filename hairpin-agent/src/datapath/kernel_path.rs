@@ -6,6 +6,8 @@
 
 use std::{fmt, net::SocketAddr, time::Duration};
 
+use hairpin_ebpf::SlotRef;
+
 use aya::{
     Ebpf,
     programs::{CgroupSockAddr, CgroupSockopt, ProgramError, ProgramType, SkMsg, SockOps},
@@ -56,28 +58,27 @@ impl KernelPath {
         }
     }
 
-    /// The frontend map's value for `listener` with header `version`: a kernel
-    /// header when on, the client speaks first and the frontend asks for no `path`
-    /// but `auto`; the relay otherwise, with the reason in the header byte for
-    /// `dump` (a server that speaks first before a relay asked for: the relay is then
-    /// required, not chosen). The listener stays in the value, the fallback for a
-    /// socket the kernel path cannot take.
+    /// The frontend map's value for `slot` with header `version`: a kernel header
+    /// when on, the client speaks first and the frontend asks for no `path` but
+    /// `auto`; the relay otherwise, with the reason in the header byte for `dump` (a
+    /// server that speaks first before a relay asked for: the relay is then
+    /// required, not chosen). The slot stays in the value, the fallback for a socket
+    /// the kernel path cannot take.
     pub(super) fn value(
         &self,
-        listener: SocketAddr,
+        slot: SlotRef,
         version: ProxyVersion,
         first: FirstSpeaker,
         path: PathChoice,
     ) -> Redirect {
-        match (self, first, path, version) {
-            (KernelPath::On, FirstSpeaker::Server, _, _) => Redirect::server_first(listener),
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay, _) => {
-                Redirect::relay_chosen(listener)
+        let v = version.number();
+        match (self, first, path) {
+            (KernelPath::On, FirstSpeaker::Server, _) => Redirect::server_first(slot, v),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Relay) => {
+                Redirect::relay_chosen(slot, v)
             }
-            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto, version) => {
-                Redirect::kernel(listener, version.number())
-            }
-            _ => Redirect::new(listener),
+            (KernelPath::On, FirstSpeaker::Client, PathChoice::Auto) => Redirect::kernel(slot, v),
+            _ => Redirect::new(slot, v),
         }
     }
 
@@ -127,12 +128,11 @@ pub fn describe(value: &Redirect) -> &'static str {
     }
 }
 
-/// The frontends map `id` with what each entry does: frontend, listener and
+/// The frontends map `id` with what each entry does: frontend, its slot and
 /// [`describe`]'s words, in frontend order.
 pub fn read_frontend_paths(
     id: u32,
-) -> Result<Vec<(SocketAddr, SocketAddr, &'static str)>, super::kernel_objects::KernelObjectsError>
-{
+) -> Result<Vec<(SocketAddr, SlotRef, &'static str)>, super::kernel_objects::KernelObjectsError> {
     use aya::maps::{HashMap, Map, MapData};
     let error = |op, source| super::kernel_objects::KernelObjectsError::Map {
         op,
@@ -146,7 +146,7 @@ pub fn read_frontend_paths(
     let mut out: Vec<_> = map
         .iter()
         .filter_map(Result::ok)
-        .map(|(k, v)| (k.socket_addr(), v.socket_addr(), describe(&v)))
+        .map(|(k, v)| (k.socket_addr(), v.slot(), describe(&v)))
         .collect();
     out.sort();
     Ok(out)
@@ -529,13 +529,13 @@ mod tests {
 
     #[test]
     fn dump_says_what_each_map_value_does() {
-        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
         let words: Vec<&str> = [
             Redirect::kernel(l, HEADER_V1),
             Redirect::kernel(l, HEADER_V2),
-            Redirect::new(l),
-            Redirect::server_first(l),
-            Redirect::relay_chosen(l),
+            Redirect::new(l, 1),
+            Redirect::server_first(l, 1),
+            Redirect::relay_chosen(l, 1),
         ]
         .iter()
         .map(describe)
@@ -554,15 +554,15 @@ mod tests {
 
     #[test]
     fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
-        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
-            assert_eq!(v, Redirect::server_first(l));
+            assert_eq!(v, Redirect::server_first(l, version.number()));
             assert!(!v.is_kernel());
             for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Server, PathChoice::Auto),
-                    Redirect::new(l)
+                    Redirect::new(l, version.number())
                 );
             }
         }
@@ -590,7 +590,7 @@ mod tests {
 
     #[test]
     fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
-        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
         let (client, auto) = (FirstSpeaker::Client, PathChoice::Auto);
         assert_eq!(
             KernelPath::On.value(l, ProxyVersion::V1, client, auto),
@@ -603,7 +603,7 @@ mod tests {
         for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
             assert_eq!(
                 off.value(l, ProxyVersion::V2, client, auto),
-                Redirect::new(l)
+                Redirect::new(l, 2)
             );
             assert_eq!(off.connect_programs(), [PROG_CONNECT4, PROG_CONNECT6]);
         }
@@ -619,23 +619,23 @@ mod tests {
 
     #[test]
     fn a_frontend_asking_for_the_relay_is_relayed_with_its_own_header_byte() {
-        let l: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
+        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
         let relay = PathChoice::Relay;
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Client, relay);
-            assert_eq!(v, Redirect::relay_chosen(l));
+            assert_eq!(v, Redirect::relay_chosen(l, version.number()));
             assert!(!v.is_kernel());
             assert_eq!(describe(&v), "relay (hairpin.dev/path)");
             // A server that speaks first needs the relay whatever was asked: that
             // is the reason given.
             assert_eq!(
                 KernelPath::On.value(l, version, FirstSpeaker::Server, relay),
-                Redirect::server_first(l)
+                Redirect::server_first(l, version.number())
             );
             for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Client, relay),
-                    Redirect::new(l)
+                    Redirect::new(l, version.number())
                 );
             }
         }

@@ -9,14 +9,14 @@
 use std::{
     fmt,
     net::SocketAddr,
-    os::fd::{AsRawFd, BorrowedFd},
+    os::fd::BorrowedFd,
     path::Path,
     sync::Arc,
     time::Duration,
 };
 
-use aya::maps::{Array, MapData, SockHash};
-use hairpin_ebpf::{FrontendKey, HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_HEARTBEAT, MAP_RELAYS};
+use aya::maps::{Array, MapData, SockMap};
+use hairpin_ebpf::{HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_HEARTBEAT, MAP_RELAYS};
 
 use super::error::map_error;
 use super::{Datapath, DatapathError};
@@ -36,15 +36,6 @@ impl Datapath {
         self.relays.clone()
     }
 
-    /// Registers the relay listener `fd` listening on `addr` (tests that stand in
-    /// for the relay with a listener of their own use this).
-    pub fn register_listener(
-        &self,
-        addr: SocketAddr,
-        fd: BorrowedFd<'_>,
-    ) -> Result<(), DatapathError> {
-        self.relays.register(addr, fd)
-    }
 }
 
 /// How a pinned heartbeat stands.
@@ -162,19 +153,41 @@ impl Heartbeat {
     }
 }
 
-/// The relay's liveness registry: each relay listener's socket in the relays
-/// SOCKHASH by its address. The connect programs send a connect to a listener only
-/// while it is there, and the kernel takes a listener out as it closes: a relay
-/// that is gone is never a target.
+/// The relays' liveness registry: each relay listener's socket in the relays
+/// SOCKMAP at its index (the relay's per family, the name relay's per names port).
+/// The connect programs send a connect to a slot only while the listener the slot
+/// names is there, carrying the bypass mark on a privileged port; the kernel takes a
+/// listener out as it closes: a relay that is gone is never a target.
 #[derive(Clone)]
-pub struct RelayLiveness(pub(super) Arc<std::sync::Mutex<SockHash<MapData, FrontendKey>>>);
+pub struct RelayLiveness {
+    pub(super) map: Arc<std::sync::Mutex<SockMap<MapData>>>,
+    /// The bypass mark, which a listener carries to be taken for the agent's own.
+    pub(super) mark: u32,
+}
 
 impl RelayLiveness {
-    /// Registers the listening socket `fd` listening on `addr`. The map holds no
+    /// Marks the listening socket `fd` (listening on `addr`) with the bypass mark and
+    /// registers it at `index`, in place of whatever was there. The map holds no
     /// reference that keeps it open: its owner closing it takes it out.
-    pub fn register(&self, addr: SocketAddr, fd: BorrowedFd<'_>) -> Result<(), DatapathError> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(FrontendKey::new(addr), fd.as_raw_fd(), 0)
-            .map_err(map_error("insert", MAP_RELAYS, addr.to_string()))
+    pub fn register(
+        &self,
+        index: u8,
+        addr: SocketAddr,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), DatapathError> {
+        let what = || format!("listener {index} ({addr})");
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::Mark, &self.mark).map_err(
+            |e| {
+                map_error("insert", MAP_RELAYS, what())(aya::maps::MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "setsockopt(SO_MARK)",
+                        io_error: e.into(),
+                    },
+                ))
+            },
+        )?;
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.set(u32::from(index), &fd, 0)
+            .map_err(map_error("insert", MAP_RELAYS, what()))
     }
 }

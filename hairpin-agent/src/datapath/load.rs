@@ -22,15 +22,17 @@ use aya::{
 };
 use hairpin_ebpf::{
     FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK, GLOBAL_FASTOPEN_CONNECT_OFF,
-    GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
-    MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON,
-    Redirect,
+    GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4,
+    GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS, MAP_SLOTS, MAP_SOCKETS,
+    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP,
+    Redirect, Slot, SlotKey, slot_addrs4, slot_addrs6,
 };
 
 use super::error::{load_error, program_error};
 use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
+    SlotAddrs,
 };
 use super::{btf, kernel_path};
 
@@ -69,6 +71,9 @@ pub struct LoadOptions {
     pub pin_layout: u32,
     /// How long the connect programs act after the last heartbeat.
     pub ttl: Duration,
+    /// The relay's slot addresses (the listen addresses), fixed in the object: the
+    /// only addresses a connect is ever rewritten to.
+    pub slot_addrs: SlotAddrs,
 }
 
 impl LoadOptions {
@@ -84,6 +89,7 @@ impl LoadOptions {
             pin_dir: None,
             pin_layout: PIN_LAYOUT,
             ttl: DEFAULT_TTL,
+            slot_addrs: SlotAddrs::default(),
         }
     }
 }
@@ -99,6 +105,15 @@ pub struct Datapath {
     pub(super) sockets: SockHash<MapData, u64>,
     pub(super) heartbeat: Heartbeat,
     pub(super) relays: RelayLiveness,
+    /// The slots map, until its one writer is taken ([`Datapath::take_slots`]).
+    pub(super) slots: Option<HashMap<MapData, SlotKey, Slot>>,
+    /// The slots map's descriptor, for the relay's reader.
+    pub(super) slots_fd: std::os::fd::OwnedFd,
+    /// The slot addresses the object was loaded with.
+    pub(super) slot_addrs: SlotAddrs,
+    /// Why the relay's sk_lookup program did not load, if it did not: then no
+    /// connection reaches a slot, and the relay path is down on this node.
+    pub(super) steering: Result<(), String>,
     pub(super) sockets_id: Option<u32>,
     /// The connect programs loaded: the marking ones when the kernel path loaded.
     pub(super) connect: [&'static str; 2],
@@ -180,6 +195,7 @@ impl Datapath {
             Some([PROG_CONNECT4_KERNEL_PERFMON, _]) => Mptcp::MptcpSock,
             Some(_) => Mptcp::NotsentLowat,
         };
+        let steering = load_sk_lookup(&mut ebpf);
         let maps = OpenedMaps::take(&mut ebpf)?;
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
@@ -196,7 +212,14 @@ impl Datapath {
                 map: Arc::new(std::sync::Mutex::new(maps.heartbeat)),
                 ttl: opts.ttl,
             },
-            relays: RelayLiveness(Arc::new(std::sync::Mutex::new(maps.relays))),
+            relays: RelayLiveness {
+                map: Arc::new(std::sync::Mutex::new(maps.relays)),
+                mark: opts.bypass_mark,
+            },
+            slots_fd: maps.slots_fd,
+            slots: Some(maps.slots),
+            slot_addrs: opts.slot_addrs.clone(),
+            steering,
             sockets_id: maps.sockets_id,
             connect: kernel_connect.unwrap_or_else(|| kernel_path.connect_programs()),
             attachment: None,
@@ -207,6 +230,12 @@ impl Datapath {
             mptcp,
             _events: events,
         })
+    }
+
+    /// Whether connections aimed at the relay's slots can reach its listeners: why
+    /// not, when the sk_lookup program did not load.
+    pub fn steering(&self) -> Result<(), &str> {
+        self.steering.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     /// How the kernel path stands: off, unavailable (why), or on.
@@ -250,6 +279,8 @@ fn load_object(
     let (req_off, connect_off, connect_mask) = globals
         .fast_open
         .map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
+    let slots4 = slot_addrs4(&opts.slot_addrs.v4);
+    let slots6 = slot_addrs6(&opts.slot_addrs.v6);
     let mut loader = EbpfLoader::new();
     loader
         // Not every object logs (must_exist false): it is aya-log's own global.
@@ -261,7 +292,11 @@ fn load_object(
         .override_global(GLOBAL_FASTOPEN_REQ_OFF, &req_off, true)
         .override_global(GLOBAL_FASTOPEN_CONNECT_OFF, &connect_off, true)
         .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
+        .override_global(GLOBAL_SLOT_ADDRS4, &slots4, true)
+        .override_global(GLOBAL_SLOT_ADDRS6, &slots6, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
+        // Live slots and those in quarantine: twice the frontends.
+        .map_max_entries(MAP_SLOTS, opts.max_frontends.saturating_mul(2))
         .map_max_entries(MAP_SOCKETS, globals.sockets);
     let map_pins: Vec<(&'static str, PathBuf)> = pins
         .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
@@ -300,6 +335,21 @@ fn load_connect_programs(
         }
     }
     Ok((kernel_path, kernel_connect))
+}
+
+/// Loads the relay's sk_lookup program (not attached yet: see
+/// [`Datapath::steer_slots`]); why not, when it does not (Linux before 5.9).
+fn load_sk_lookup(ebpf: &mut Ebpf) -> Result<(), String> {
+    let program: &mut aya::programs::SkLookup = ebpf
+        .program_mut(PROG_SK_LOOKUP)
+        .ok_or_else(|| format!("the eBPF object has no program {PROG_SK_LOOKUP}"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    program.load().map_err(|e| {
+        let why = format!("{PROG_SK_LOOKUP} did not load (sk_lookup programs need Linux 5.9): {e}");
+        tracing::warn!(reason = %why, "the relay path is unavailable: connects to relayed frontends go as before hairpin");
+        why
+    })
 }
 
 // No Drop: a link this process made without pinning it goes when its descriptor

@@ -4,18 +4,18 @@
 //! One writer per map: `frontends` is written only through [`FrontendsMap`], which
 //! the agent hands to its reconciler ([`Datapath::take_frontends`]); `counters`, `sockets`, `sockets_fill`,
 //! `pending` and `fastopen` are the programs' own (user space sizes, pins and reads
-//! them); `heartbeat` and `relays` belong to liveness.rs. Never touches a link or
-//! a program.
+//! them); `heartbeat` and `relays` belong to liveness.rs, `slots` to slots.rs. Never
+//! touches a link or a program.
 
 use std::{net::SocketAddr, os::fd::AsFd};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray, SockHash},
+    maps::{Array, HashMap, MapData, PerCpuArray, SockHash, SockMap},
 };
 use hairpin_ebpf::{
     Counter, FrontendKey, MAP_COUNTERS, MAP_FASTOPEN, MAP_FRONTENDS, MAP_HEARTBEAT, MAP_PENDING,
-    MAP_RELAYS, MAP_SOCKETS, MAP_SOCKETS_FILL, Redirect,
+    MAP_RELAYS, MAP_SLOTS, MAP_SOCKETS, MAP_SOCKETS_FILL, Redirect, Slot, SlotKey, SlotRef,
 };
 
 use super::error::{is_full, map_error};
@@ -24,8 +24,9 @@ use super::{Datapath, DatapathError, KernelPath, LoadOptions, PinDir};
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// The maps every agent shares through the pin directory, by ELF name.
-pub(super) const SHARED_MAPS: [&str; 8] = [
+pub(super) const SHARED_MAPS: [&str; 9] = [
     MAP_FRONTENDS,
+    MAP_SLOTS,
     MAP_COUNTERS,
     MAP_SOCKETS,
     MAP_SOCKETS_FILL,
@@ -73,43 +74,31 @@ impl FrontendsMap {
         &self.kernel_path
     }
 
-    /// Redirects connects to `frontend` to `listener` (the relay path, whatever the
-    /// kernel path's state).
-    pub fn insert(
-        &mut self,
-        frontend: SocketAddr,
-        listener: SocketAddr,
-    ) -> Result<(), DatapathError> {
-        self.insert_value(frontend, listener, Redirect::new(listener))
+    /// Redirects connects to `frontend` to `slot` (the relay path, whatever the
+    /// kernel path's state): the names ports' entries.
+    pub fn insert(&mut self, frontend: SocketAddr, slot: SlotRef) -> Result<(), DatapathError> {
+        self.insert_value(frontend, Redirect::new(slot, 0))
     }
 
     /// As [`FrontendsMap::insert`] for a frontend whose ingress expects `version`
     /// headers: with the kernel path on, a client that speaks `first` and `path`
-    /// `auto`, the kernel writes them on the client's own socket and the listener is
+    /// `auto`, the kernel writes them on the client's own socket and the slot is
     /// the fallback; otherwise (off, unavailable, a server that speaks first, or the
     /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
     pub fn insert_frontend(
         &mut self,
         frontend: SocketAddr,
-        listener: SocketAddr,
+        slot: SlotRef,
         version: ProxyVersion,
         first: FirstSpeaker,
         path: PathChoice,
     ) -> Result<bool, DatapathError> {
-        let value = self.kernel_path.value(listener, version, first, path);
-        self.insert_value(frontend, listener, value)?;
+        let value = self.kernel_path.value(slot, version, first, path);
+        self.insert_value(frontend, value)?;
         Ok(value.is_kernel())
     }
 
-    fn insert_value(
-        &mut self,
-        frontend: SocketAddr,
-        listener: SocketAddr,
-        value: Redirect,
-    ) -> Result<(), DatapathError> {
-        if frontend.is_ipv4() != listener.is_ipv4() {
-            return Err(DatapathError::FamilyMismatch { frontend, listener });
-        }
+    fn insert_value(&mut self, frontend: SocketAddr, value: Redirect) -> Result<(), DatapathError> {
         match self.map.insert(FrontendKey::new(frontend), value, 0) {
             Ok(()) => Ok(()),
             Err(e) if is_full(&e) => Err(DatapathError::MapFull {
@@ -164,23 +153,6 @@ impl Datapath {
             self.capacity,
             self.kernel_path.clone(),
         ))
-    }
-
-    /// Redirects connects to `frontend` to `listener` through the frontends map
-    /// while no owner has taken it ([`Datapath::take_frontends`]): for a datapath
-    /// loaded on its own, as the tests' stand-ins for another program are.
-    pub fn insert(
-        &mut self,
-        frontend: SocketAddr,
-        listener: SocketAddr,
-    ) -> Result<(), DatapathError> {
-        let Some(map) = self.frontends.take() else {
-            return Err(DatapathError::FrontendsTaken { frontend });
-        };
-        let mut writer = FrontendsMap::new(map, self.capacity, self.kernel_path.clone());
-        let inserted = writer.insert(frontend, listener);
-        self.frontends = Some(writer.map);
-        inserted
     }
 
     /// Kernel id of the sockets map, for `status` and `dump`.
@@ -244,7 +216,10 @@ pub(super) struct OpenedMaps {
     pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,
     pub(super) counters: PerCpuArray<MapData, u64>,
     pub(super) heartbeat: Array<MapData, u64>,
-    pub(super) relays: SockHash<MapData, FrontendKey>,
+    pub(super) relays: SockMap<MapData>,
+    pub(super) slots: HashMap<MapData, SlotKey, Slot>,
+    /// A descriptor of the slots map of its own, for the relay's reader.
+    pub(super) slots_fd: std::os::fd::OwnedFd,
     pub(super) sockets: SockHash<MapData, u64>,
     /// The sockets map's kernel id, for `status`.
     pub(super) sockets_id: Option<u32>,
@@ -271,11 +246,25 @@ impl OpenedMaps {
             MAP_HEARTBEAT,
             String::new(),
         ))?;
-        let relays = SockHash::try_from(take(ebpf, MAP_RELAYS)?).map_err(map_error(
+        let relays = SockMap::try_from(take(ebpf, MAP_RELAYS)?).map_err(map_error(
             "open",
             MAP_RELAYS,
             String::new(),
         ))?;
+        let slots: HashMap<MapData, SlotKey, Slot> = HashMap::try_from(take(ebpf, MAP_SLOTS)?)
+            .map_err(map_error("open", MAP_SLOTS, String::new()))?;
+        let slots_fd = aya::maps::IterableMap::map(&slots)
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|io_error| {
+                map_error("open", MAP_SLOTS, String::new())(aya::maps::MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "dup",
+                        io_error,
+                    },
+                ))
+            })?;
         let sockets = take(ebpf, MAP_SOCKETS)?;
         let sockets_id = match &sockets {
             aya::maps::Map::SockHash(m) => m.info().ok().map(|i| i.id()),
@@ -288,6 +277,8 @@ impl OpenedMaps {
             counters,
             heartbeat,
             relays,
+            slots,
+            slots_fd,
             sockets,
             sockets_id,
         })

@@ -14,6 +14,8 @@
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
+//! - `slots.rs`: the relay's slots (the slots map's writer and reader, the sk_lookup
+//!   link that hands a slot's connections to its listener);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
 //! - [`kernel_objects`], [`cgroup`], `btf.rs`, `sys.rs`, `error.rs`: kernel objects read
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
@@ -30,6 +32,7 @@ mod liveness;
 mod load;
 mod maps;
 pub mod pin;
+mod slots;
 mod sys;
 
 pub use attach::{Adoption, Attachment};
@@ -44,3 +47,4 @@ pub use liveness::{
 pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
 pub use maps::{CountersReader, FrontendsMap};
 pub use pin::{Pin, PinDir, Role};
+pub use slots::{SlotAddrs, SlotError, SlotOwner, SlotTable, SlotsReader};

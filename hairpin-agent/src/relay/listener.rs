@@ -258,8 +258,9 @@ pub struct Admission {
 /// Accepts on `listener` (bound at `local`) until `stop`, resets peers outside
 /// the client policy and connections past the caps, and runs
 /// `serve(client, peer, local)` for every other connection as a task, holding its
-/// place in the gate until it ends. `local` is the connection's own address unless the
-/// listener is bound to a wildcard, when the kernel is asked.
+/// place in the gate until it ends. `local` is the connection's own address as the
+/// kernel gives it: a connection handed over by the relay's sk_lookup program (or
+/// to a wildcard listener) has an address of its own, its slot.
 ///
 /// Once stopped it still takes what is queued or arrives within a short quiet
 /// period: connects redirected just before their redirect went away sit in the
@@ -299,11 +300,7 @@ pub async fn accept_loop<F, Fut>(
                 return Ok(());
             }
         };
-        let local = if local.ip().is_unspecified() {
-            client.local_addr().unwrap_or(local)
-        } else {
-            local
-        };
+        let local = client.local_addr().unwrap_or(local);
         let served = serve(client, peer, local);
         connections.spawn(
             async move {
@@ -341,7 +338,7 @@ fn refuse(client: &TcpStream, peer: SocketAddr, metrics: &Metrics) {
 
 /// Closes `client` with a reset when dropped: the peer learns at once, and no
 /// TIME_WAIT is left behind.
-fn reset(client: &TcpStream) {
+pub(crate) fn reset(client: &TcpStream) {
     let _ = socket2::SockRef::from(client).set_linger(Some(Duration::ZERO));
 }
 

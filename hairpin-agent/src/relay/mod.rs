@@ -1,13 +1,16 @@
-//! The relays' shared machinery and the per-frontend relay.
+//! The relays' shared machinery and the relay of frontends.
 //!
-//! [`Relay`] runs one listener per proxied frontend: the eBPF redirect sends a
-//! frontend's connects to its listener, so the listener itself names the original
-//! destination. [`listener`] (bind, accept, client policy, drain) and [`proxy`]
-//! (upstream connect, PROXY [`header`], copy) are shared with the name relay
+//! [`Relay`] runs a handful of listeners (one per family), each on a privileged
+//! port of the listen address: the connect programs send a frontend's connects to
+//! its slot (a port of a slot address that no socket binds), the kernel hands them
+//! to the listener, and the accepted socket's own address, the slot, names the
+//! frontend ([`SlotLookup`]). No port of the node's is held per frontend.
+//! [`listener`] (bind, accept, client policy, drain) and [`proxy`] (upstream
+//! connect, PROXY [`header`], copy) are shared with the name relay
 //! (`crate::names::relay`), which routes by TLS SNI or HTTP Host instead.
 //!
-//! Owns sockets and bytes; does not decide which frontends exist (the agent's
-//! reconciler does) nor touch the BPF maps.
+//! Owns sockets and bytes; does not decide which frontends exist nor which slot
+//! serves which (the agent's reconciler does), nor touch the BPF maps.
 
 pub mod client_policy;
 mod config;
@@ -18,13 +21,9 @@ pub mod proxy;
 pub use config::RelayConfig;
 
 use std::{
-    collections::BTreeMap,
     io,
     net::{IpAddr, SocketAddr},
-    sync::{
-        Arc,
-        atomic::{AtomicU8, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
@@ -35,61 +34,55 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 pub use listener::KEEPALIVE_PROBES;
 use proxy::{Upstream, proxy, true_client};
 
-use crate::{
-    model::{Frontend, ProxyVersion},
-    status::metrics::Metrics,
-};
+use crate::{model::ProxyVersion, status::metrics::Metrics};
 
 /// Errors starting a listener.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// bind() or listen() failed.
-    #[error("failed to listen on {addr} for frontend {frontend}: {source}")]
+    #[error("the relay cannot listen on a privileged port of {ip}: {source}")]
     Listen {
         /// The address we tried.
-        addr: SocketAddr,
-        /// The frontend it was for.
-        frontend: SocketAddr,
+        ip: IpAddr,
         /// The error.
         source: io::Error,
     },
     /// The listener could not be registered as listening (see [`ListenHook`]):
     /// nothing would be sent to it, so it is not kept.
-    #[error("listener {addr} for frontend {frontend} could not be registered as live: {source}")]
+    #[error("relay listener {addr} could not be registered as live: {source}")]
     Register {
         /// The listener.
         addr: SocketAddr,
-        /// The frontend it was for.
-        frontend: SocketAddr,
         /// What failed: the hook owner's error.
         source: ListenHookError,
     },
 }
 
-/// Called with each listener's address and socket once it listens: the datapath
-/// registers it in its liveness map, from which the kernel removes it as it closes,
-/// so the connect programs send connects only to a listener that listens.
+/// Called with each redirected listener's index in the relays' listener map, its
+/// address and its socket once it listens, before it serves: the datapath marks it
+/// and registers it in its liveness map, from which the kernel removes it as it
+/// closes, so connects are sent only to a listener that listens.
 pub type ListenHook = Arc<
-    dyn Fn(SocketAddr, std::os::fd::BorrowedFd<'_>) -> Result<(), ListenHookError> + Send + Sync,
+    dyn Fn(u8, SocketAddr, std::os::fd::BorrowedFd<'_>) -> Result<(), ListenHookError>
+        + Send
+        + Sync,
 >;
 
 /// Why a [`ListenHook`] could not register a listener: its owner's own error (the
 /// datapath's), boxed so that the relay names no BPF type.
 pub type ListenHookError = Box<dyn std::error::Error + Send + Sync>;
 
-struct ListenerHandle {
-    local: SocketAddr,
-    version: Arc<AtomicU8>,
-    stop: CancellationToken,
-}
+/// Whose slot a connection accepted at an address came to: the frontend and the
+/// header version its relay writes, read from the datapath's slots map. `None`: no
+/// frontend holds that slot, and the connection is reset, never relayed to a guess.
+pub type SlotLookup = Arc<dyn Fn(SocketAddr) -> Option<(SocketAddr, ProxyVersion)> + Send + Sync>;
 
-/// All listeners, and every connection they accepted.
+/// The relay's listeners, and every connection they accepted.
 pub struct Relay {
     cfg: Arc<RelayConfig>,
     metrics: Metrics,
-    listeners: BTreeMap<SocketAddr, ListenerHandle>,
+    listeners: Vec<(SocketAddr, CancellationToken)>,
     connections: TaskTracker,
-    on_listen: Option<ListenHook>,
 }
 
 impl Relay {
@@ -98,60 +91,69 @@ impl Relay {
         Relay {
             cfg: Arc::new(cfg),
             metrics,
-            listeners: BTreeMap::new(),
+            listeners: Vec::new(),
             connections: TaskTracker::new(),
-            on_listen: None,
         }
     }
 
-    /// Calls `hook` with every listener started from now on, before it is used.
-    pub fn on_listen(&mut self, hook: ListenHook) {
-        self.on_listen = Some(hook);
-    }
-
-    /// Starts a listener for `frontend` on `bind_ip` (an ephemeral port) and
-    /// returns its address. Must run inside a tokio runtime.
-    pub fn start(
+    /// Starts a listener on `ip` at the highest free privileged port not in
+    /// `avoid`, registers it with `hook` as listener `index`, and relays every
+    /// connection it accepts to the frontend `slots` names for the connection's own
+    /// address (its slot). Returns the listener's address. Must run inside a tokio
+    /// runtime.
+    pub fn listen(
         &mut self,
-        frontend: &Frontend,
-        bind_ip: IpAddr,
+        ip: IpAddr,
+        index: u8,
+        avoid: &[u16],
+        hook: &ListenHook,
+        slots: SlotLookup,
     ) -> Result<SocketAddr, RelayError> {
-        let target = SocketAddr::new(frontend.ip, frontend.port);
-        let want = SocketAddr::new(bind_ip, 0);
-        let listen_err = |source| RelayError::Listen {
-            addr: want,
-            frontend: target,
-            source,
-        };
-        let listener = listener::bind(want, self.cfg.keepalive).map_err(listen_err)?;
+        let listen_err = |source| RelayError::Listen { ip, source };
+        let listener = listener::bind_privileged(
+            ip,
+            self.cfg.keepalive,
+            avoid,
+            &listener::reserved_ports(),
+        )
+        .map_err(listen_err)?;
         let local = listener.local_addr().map_err(listen_err)?;
-        if let Some(hook) = &self.on_listen {
+        {
             use std::os::fd::AsFd;
-            hook(local, listener.as_fd()).map_err(|source| RelayError::Register {
+            hook(index, local, listener.as_fd()).map_err(|source| RelayError::Register {
                 addr: local,
-                frontend: target,
                 source,
             })?;
         }
-        let version = Arc::new(AtomicU8::new(frontend.version.number()));
         let stop = CancellationToken::new();
-        let (cfg, metrics, current) = (self.cfg.clone(), self.metrics.clone(), version.clone());
-        let serve = move |client, peer, local| {
-            let conn = Connection {
-                client,
-                peer,
-                local,
-                target,
-                // Only `ProxyVersion::number`s are ever stored.
-                version: ProxyVersion::from_number(current.load(Ordering::Relaxed))
-                    .unwrap_or(ProxyVersion::V1),
-                cfg: cfg.clone(),
-                metrics: metrics.clone(),
-            };
+        let (cfg, metrics) = (self.cfg.clone(), self.metrics.clone());
+        let serve = move |client: TcpStream, peer: SocketAddr, local: SocketAddr| {
+            let owner = slots(local);
+            let (cfg, metrics) = (cfg.clone(), metrics.clone());
             // Debug level: an enabled span per connection costs a formatted
             // allocation on the accept path (seen in `cargo xtask bench --profile`);
             // failures name the client themselves, inside the listener's span.
-            conn.serve().instrument(debug_span!("conn", client = %peer))
+            async move {
+                let Some((target, version)) = owner else {
+                    // The slot names no frontend (it retired past its quarantine, or
+                    // the connection was aimed at it by hand): reset, never a guess.
+                    metrics.shed("no_slot");
+                    debug!(%peer, %local, "no frontend holds this slot: reset");
+                    listener::reset(&client);
+                    return;
+                };
+                let conn = Connection {
+                    client,
+                    peer,
+                    local,
+                    target,
+                    version,
+                    cfg,
+                    metrics,
+                };
+                conn.serve().await;
+            }
+            .instrument(debug_span!("conn", client = %peer))
         };
         tokio::spawn(
             listener::accept_loop(
@@ -161,41 +163,23 @@ impl Relay {
                 self.cfg.admission(&self.metrics, &self.connections),
                 serve,
             )
-            .instrument(info_span!("listener", %local, frontend = %target)),
+            .instrument(info_span!("relay_listener", %local)),
         );
-        self.listeners.insert(
-            target,
-            ListenerHandle {
-                local,
-                version,
-                stop,
-            },
-        );
-        info!(%local, frontend = %target, version = %frontend.version, "listener started");
+        self.listeners.push((local, stop));
+        info!(%local, index, "relay listening");
         Ok(local)
     }
 
-    /// Changes the header version of a running listener; new connections use it.
-    pub fn set_version(&self, frontend: SocketAddr, version: ProxyVersion) {
-        if let Some(l) = self.listeners.get(&frontend) {
-            l.version.store(version.number(), Ordering::Relaxed);
-        }
-    }
-
-    /// Stops accepting for `frontend`. Connections already accepted run to completion.
-    /// Call only after the redirect to it is gone.
-    pub fn stop(&mut self, frontend: SocketAddr) {
-        if let Some(l) = self.listeners.remove(&frontend) {
-            l.stop.cancel();
-            info!(local = %l.local, frontend = %frontend, "listener stopped");
-        }
+    /// The listeners' addresses.
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|(a, _)| *a).collect()
     }
 
     /// Stops every listener, then waits up to `deadline` for open connections to
     /// finish. Returns the number still open when it gave up.
     pub async fn drain(&mut self, deadline: Duration) -> i64 {
-        for (_, l) in std::mem::take(&mut self.listeners) {
-            l.stop.cancel();
+        for (_, stop) in std::mem::take(&mut self.listeners) {
+            stop.cancel();
         }
         self.connections.close();
         let active = self.metrics.active_connections();

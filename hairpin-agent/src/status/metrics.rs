@@ -251,8 +251,9 @@ impl Metrics {
         self.refused_clients.inc();
     }
 
-    /// Counts a connection reset at accept because a connection cap was reached:
-    /// `reason` is `total` or `per_source`.
+    /// Counts a connection reset at accept because a connection cap was reached
+    /// (`reason` `total` or `per_source`) or its relay slot names no frontend
+    /// (`no_slot`).
     pub fn shed(&self, reason: &'static str) {
         self.shed.get_or_create(&ReasonLabel { reason }).inc();
     }
@@ -463,7 +464,9 @@ impl Metrics {
         );
         registry.register(
             "relay_shed",
-            "Connections reset at accept because a cap was reached (--max-connections total, --max-connections-per-source)",
+            "Connections reset at accept because a cap was reached (--max-connections total, \
+             --max-connections-per-source), or because no frontend holds the relay slot they \
+             came to (no_slot)",
             self.shed.clone(),
         );
     }

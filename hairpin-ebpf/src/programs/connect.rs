@@ -1,8 +1,8 @@
 //! The cgroup connect4/connect6 programs, as Cilium's `bpf_sock.c` reads: look the
 //! frontend up, decide, rewrite. A connect aimed at a proxied LoadBalancer frontend
-//! is rewritten to that frontend's node-local relay listener, or (kernel path) left
-//! alone and its socket marked for an in-kernel header; anything else is left
-//! untouched. Every path returns 1 (allow): hairpin never rejects a connect.
+//! is rewritten to that frontend's relay slot (see [`super::slots`]), or (kernel
+//! path) left alone and its socket marked for an in-kernel header; anything else is
+//! left untouched. Every path returns 1 (allow): hairpin never rejects a connect.
 //!
 //! Three pairs of programs share one body through const generics: relay only
 //! (`KERNEL` false, the kernel-path branch compiled out), the kernel path, and the
@@ -19,8 +19,7 @@ use aya_ebpf::{
         bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2,
     },
     helpers::{
-        bpf_getsockopt, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_probe_read_kernel,
-        bpf_sk_lookup_tcp, bpf_sk_release, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
+        bpf_getsockopt, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_sk_lookup_tcp, bpf_sk_release, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
         bpf_skc_to_tcp_sock,
     },
     macros::cgroup_sock_addr,
@@ -37,8 +36,8 @@ use super::{
         HAIRPIN_BYPASS_MARK, HAIRPIN_FASTOPEN_CONNECT_MASK, HAIRPIN_FASTOPEN_CONNECT_OFF,
         HAIRPIN_FASTOPEN_REQ_OFF, HAIRPIN_FILL, HAIRPIN_FRONTENDS, HAIRPIN_HEARTBEAT,
         HAIRPIN_MESH_PORTS, HAIRPIN_PENDING, HAIRPIN_SOCKETS_LIMIT, fastopen_map, pending_map,
-        relays_map,
     },
+    slots::slot_target,
 };
 
 const SOCK_STREAM: u32 = 1;
@@ -87,14 +86,14 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
             {
                 return 1;
             }
-            // A v6 listener cannot serve an AF_INET socket: only v4 redirects apply here.
-            // A listener that is not listening (no agent) is no target: as before hairpin.
-            if to.family == AF_INET && relay_listening(&to) {
+            // Only to this frontend's own slot, on an address fixed at load, handed to
+            // a listener of this agent; else as before hairpin.
+            if let Some(addr) = slot_target(&key, &to) {
                 // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
                 // stores (a merged 64-bit store is rejected by the verifier).
                 unsafe {
-                    write_volatile(&mut sa.user_ip4, to.addr[0]);
-                    write_volatile(&mut sa.user_port, u32::from(to.port));
+                    write_volatile(&mut sa.user_ip4, addr[0]);
+                    write_volatile(&mut sa.user_port, u32::from(to.slot_port));
                 }
                 count(Counter::Redirected);
             }
@@ -165,22 +164,22 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
             {
                 return 1;
             }
-            let addr = match (mapped, to.family) {
-                (false, AF_INET6) => Some(to.addr),
-                (true, AF_INET) => Some([0, 0, V4_MAPPED_WORD, to.addr[0]]),
-                // Family mismatch: the agent never programs one; leave the socket alone.
-                _ => None,
-            };
-            if let Some(addr) = addr
-                && relay_listening(&to)
-            {
+            // An IPv4 frontend's slot is IPv4: reached through its mapped address.
+            let addr = slot_target(&key, &to).map(|a| {
+                if mapped {
+                    [0, 0, V4_MAPPED_WORD, a[0]]
+                } else {
+                    a
+                }
+            });
+            if let Some(addr) = addr {
                 // SAFETY: writable context fields, one 32-bit store each (see connect4).
                 unsafe {
                     write_volatile(&mut sa.user_ip6[0], addr[0]);
                     write_volatile(&mut sa.user_ip6[1], addr[1]);
                     write_volatile(&mut sa.user_ip6[2], addr[2]);
                     write_volatile(&mut sa.user_ip6[3], addr[3]);
-                    write_volatile(&mut sa.user_port, u32::from(to.port));
+                    write_volatile(&mut sa.user_port, u32::from(to.slot_port));
                 }
                 count(Counter::Redirected);
             }
@@ -264,31 +263,6 @@ fn alive() -> bool {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     beat != 0 && now.wrapping_sub(beat) <= ttl
-}
-
-/// Whether the relay listener a connect would go to is listening: its socket is in
-/// [`HAIRPIN_RELAYS`], which the kernel empties of a listener as it closes. The
-/// lookup takes a reference on the socket, released at once.
-#[inline(always)]
-fn relay_listening(to: &Redirect) -> bool {
-    let key = FrontendKey {
-        addr: to.addr,
-        port: to.port,
-        family: to.family,
-        pad: 0,
-    };
-    // SAFETY: a sockhash lookup returns a referenced socket or null; a non-null one
-    // is released before the program returns, as the verifier requires.
-    unsafe {
-        let sk = bpf_map_lookup_elem(relays_map(), (&raw const key).cast());
-        if sk.is_null() {
-            // No relay listens there (no agent, or its relay is down): as before hairpin.
-            count(Counter::RelayDown);
-            return false;
-        }
-        bpf_sk_release(sk);
-    }
-    true
 }
 
 /// Whether the kernel path can be sure to write this socket's header; when not, the

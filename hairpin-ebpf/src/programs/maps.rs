@@ -8,13 +8,15 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{Array, HashMap, PerCpuArray, SockHash},
+    maps::{Array, HashMap, PerCpuArray, SockHash, SockMap},
 };
 use hairpin_ebpf::{
     Counter, DEFAULT_BYPASS_MARK, DEFAULT_MESH_PORTS, FrontendKey, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, MESH_PORTS, PendingHeader, Redirect, mesh_ports_be,
+    MAX_KERNEL_SOCKETS, MESH_PORTS, PendingHeader, RELAY_LISTENERS, Redirect, SLOT_ADDRS, Slot,
+    SlotKey, mesh_ports_be,
 };
 
 #[map(name = "HAIRPIN_FRONTENDS")]
@@ -30,11 +32,25 @@ pub(super) static HAIRPIN_COUNTERS: PerCpuArray<u64> =
 #[map(name = "HAIRPIN_HEARTBEAT")]
 pub(super) static HAIRPIN_HEARTBEAT: Array<u64> = Array::with_max_entries(2, 0);
 
-/// The relay's listening sockets by listener address: a connect goes to a listener
-/// only while it is here (see [`hairpin_ebpf::MAP_RELAYS`]).
+/// The relays' listening sockets by index: a connect goes to a slot only while the
+/// listener it names is here (see [`hairpin_ebpf::MAP_RELAYS`]).
 #[map(name = "HAIRPIN_RELAYS")]
-pub(super) static HAIRPIN_RELAYS: SockHash<FrontendKey> =
-    SockHash::with_max_entries(MAX_FRONTENDS, 0);
+pub(super) static HAIRPIN_RELAYS: SockMap = SockMap::with_max_entries(RELAY_LISTENERS, 0);
+
+/// Which frontend each relay slot serves (see [`hairpin_ebpf::MAP_SLOTS`]). Filled
+/// by the agent as frontends come and go, so not preallocated; the loader sizes it.
+#[map(name = "HAIRPIN_SLOTS")]
+pub(super) static HAIRPIN_SLOTS: HashMap<SlotKey, Slot> =
+    HashMap::with_max_entries(2 * MAX_FRONTENDS, BPF_F_NO_PREALLOC);
+
+/// The relay's IPv4 slot addresses, network byte order (0: none); the loader sets
+/// them from the listen addresses. The only IPv4 addresses a connect is rewritten to.
+#[unsafe(no_mangle)]
+pub(super) static HAIRPIN_SLOT_ADDRS4: [u32; SLOT_ADDRS] = [0; SLOT_ADDRS];
+
+/// The relay's IPv6 slot addresses (address words, network byte order; all 0: none).
+#[unsafe(no_mangle)]
+pub(super) static HAIRPIN_SLOT_ADDRS6: [[u32; 4]; SLOT_ADDRS] = [[0; 4]; SLOT_ADDRS];
 
 /// Established sockets of the kernel path whose header is not out yet, by socket
 /// cookie; [`hairpin_sk_msg`](super::sk_msg::hairpin_sk_msg) runs on their writes. The loader sizes it.
@@ -97,7 +113,8 @@ pub(super) static HAIRPIN_NODE_IP4: u32 = 0;
 #[unsafe(no_mangle)]
 pub(super) static HAIRPIN_NODE_IP6: [u32; 4] = [0; 4];
 
-/// [`HAIRPIN_RELAYS`] as the raw map pointer the helpers take.
+/// [`HAIRPIN_RELAYS`] as the raw map pointer the helpers take (a lookup there
+/// returns a referenced socket, which aya's typed map does not model).
 #[inline(always)]
 pub(super) fn relays_map() -> *mut c_void {
     (&raw const HAIRPIN_RELAYS).cast_mut().cast()

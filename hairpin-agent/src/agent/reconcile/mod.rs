@@ -1,16 +1,17 @@
-//! Turning a desired set of frontends into listeners and map entries.
+//! Turning a desired set of frontends into relay slots and map entries.
 //!
 //! [`plan`] decides the steps from what is live, what failed and what is wanted,
 //! touching nothing; [`Reconciler::apply`] performs them through two small traits,
-//! [`RedirectMap`] (the BPF frontend map) and [`Listeners`] (the relay), so the
-//! order and the retry policy are unit-tested without a kernel.
+//! [`RedirectMap`] (the BPF frontend map) and [`Slots`] (the relay's slots map), so
+//! the order and the retry policy are unit-tested without a kernel.
 //!
-//! Order is what keeps traffic flowing: a listener exists before the redirect to
-//! it, and the redirect is gone before its listener stops. One frontend's failure
-//! never blocks another's; a failed frontend stays on the pre-hairpin path (fail
-//! open). A transient failure (a port or an address not free yet) is retried with
-//! backoff; a permanent one (no listen address for its family, a full map) waits
-//! for the next change, since retrying cannot fix it.
+//! Order is what keeps traffic flowing and every connection at its own frontend: a
+//! slot is bound to its frontend before the redirect to it, and the redirect is gone
+//! before the slot retires (a retired slot still serves its frontend for its
+//! quarantine). One frontend's failure never blocks another's; a failed frontend
+//! stays on the pre-hairpin path (fail open). A transient failure (every slot taken
+//! for now) is retried with backoff; a permanent one (no listen address for its
+//! family, a full map) waits for the next change, since retrying cannot fix it.
 
 mod plan;
 #[cfg(test)]
@@ -18,18 +19,18 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     time::Duration,
 };
 
+use hairpin_ebpf::{LISTENER_RELAY4, LISTENER_RELAY6, SlotRef};
 use tracing::{debug, error, info, warn};
 
 pub use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
-    datapath::{DatapathError, FrontendsMap},
-    model::{Frontend, Frontends, LivePath, ProxyVersion},
-    relay::Relay,
+    datapath::{DatapathError, FrontendsMap, SlotError, SlotTable, monotonic_ns},
+    model::{Frontend, Frontends, LivePath},
 };
 
 /// A frontend being proxied now.
@@ -37,8 +38,10 @@ use crate::{
 pub struct Active {
     /// What was asked for.
     pub frontend: Frontend,
-    /// Its relay listener.
+    /// Its relay slot: where connects to it are sent (the kernel path's fallback).
     pub listener: SocketAddr,
+    /// The slot as the map names it.
+    pub slot: SlotRef,
     /// How its clients get their header: [`LivePath::Relay`] (the relay) or
     /// [`LivePath::Kernel`], as the map entry says.
     pub path: LivePath,
@@ -74,9 +77,9 @@ pub enum FrontendError {
         /// `IPv4` or `IPv6`.
         family: &'static str,
     },
-    /// The listener could not be started (its message names the address).
+    /// No relay slot could be bound for it (its message says why).
     #[error("{0}")]
-    Listen(String),
+    Slot(String),
     /// The frontend map has no room left.
     #[error("{0}")]
     MapFull(String),
@@ -98,41 +101,71 @@ impl FrontendError {
 
 /// The BPF frontend map, as the reconciler uses it.
 pub trait RedirectMap {
-    /// Redirects connects to `frontend` to `listener`, which writes its version's
+    /// Redirects connects to `frontend` to `slot`, whose relay writes its version's
     /// headers (or has the kernel write them, where the kernel path is on and the
     /// client speaks first). Inserting an address again replaces its entry. Returns
     /// the path the entry gives it.
-    fn insert(&mut self, frontend: &Frontend, listener: SocketAddr)
-    -> Result<Route, FrontendError>;
+    fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError>;
     /// Stops redirecting connects to `frontend`; absent is not an error.
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
-    /// Redirects connects to `dialled` to `listener`, a plain relay redirect (the
-    /// names ports to the name relay's listeners).
-    fn redirect(&mut self, dialled: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError>;
+    /// Redirects connects to `dialled` to `slot`, a plain relay redirect (the names
+    /// ports, to the name relay's listeners).
+    fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), FrontendError>;
     /// Removes every entry but those of `live`: what an earlier agent left.
     fn retain(&mut self, live: &BTreeSet<SocketAddr>);
 }
 
-/// The relay's per-frontend listeners, as the reconciler uses them.
-pub trait Listeners {
-    /// Starts a listener for `frontend` on `bind` (an ephemeral port); its address.
-    fn start(&mut self, frontend: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError>;
-    /// Changes the header version new connections to `frontend` get.
-    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion);
-    /// Stops accepting for `frontend`; connections already accepted run on.
-    fn stop(&mut self, frontend: SocketAddr);
+/// The relay's slots, as the reconciler uses them (see [`SlotTable`]).
+pub trait Slots {
+    /// Binds a slot to `frontend` (what clients dial), handed to relay listener
+    /// `listener` (a [`hairpin_ebpf::MAP_RELAYS`] index) with `version` headers: the
+    /// one it holds already, else a free one. The slot, and where clients are sent.
+    fn bind(
+        &mut self,
+        frontend: SocketAddr,
+        listener: u8,
+        version: u8,
+    ) -> Result<(SlotRef, SocketAddr), FrontendError>;
+    /// Retires `frontend`'s slot, after its redirect is gone.
+    fn retire(&mut self, frontend: SocketAddr);
+    /// Retires every slot but those of `live`: what an earlier agent left.
+    fn retire_all_but(&mut self, live: &BTreeSet<SocketAddr>);
+    /// Frees the slots whose quarantine has ended.
+    fn sweep(&mut self);
+}
+
+impl Slots for SlotTable {
+    fn bind(
+        &mut self,
+        frontend: SocketAddr,
+        listener: u8,
+        version: u8,
+    ) -> Result<(SlotRef, SocketAddr), FrontendError> {
+        SlotTable::bind(self, frontend, listener, version).map_err(|e| match e {
+            SlotError::NoAddress { family } => FrontendError::NoListenAddress { family },
+            e => FrontendError::Slot(e.to_string()),
+        })
+    }
+
+    fn retire(&mut self, frontend: SocketAddr) {
+        SlotTable::retire(self, frontend);
+    }
+
+    fn retire_all_but(&mut self, live: &BTreeSet<SocketAddr>) {
+        SlotTable::retire_all_but(self, live);
+    }
+
+    fn sweep(&mut self) {
+        SlotTable::sweep(self, monotonic_ns());
+    }
 }
 
 impl RedirectMap for FrontendsMap {
-    fn insert(
-        &mut self,
-        frontend: &Frontend,
-        listener: SocketAddr,
-    ) -> Result<Route, FrontendError> {
+    fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError> {
         let kernel = FrontendsMap::insert_frontend(
             self,
             frontend.addr(),
-            listener,
+            slot,
             frontend.version,
             frontend.first_speaker,
             frontend.path,
@@ -157,8 +190,8 @@ impl RedirectMap for FrontendsMap {
         FrontendsMap::remove(self, frontend).map_err(|e| FrontendError::Map(e.to_string()))
     }
 
-    fn redirect(&mut self, dialled: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError> {
-        FrontendsMap::insert(self, dialled, listener).map_err(|e| FrontendError::Map(e.to_string()))
+    fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), FrontendError> {
+        FrontendsMap::insert(self, dialled, slot).map_err(|e| FrontendError::Map(e.to_string()))
     }
 
     fn retain(&mut self, live: &BTreeSet<SocketAddr>) {
@@ -166,51 +199,37 @@ impl RedirectMap for FrontendsMap {
     }
 }
 
-impl Listeners for Relay {
-    fn start(&mut self, frontend: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError> {
-        Relay::start(self, frontend, bind).map_err(|e| FrontendError::Listen(e.to_string()))
-    }
-
-    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion) {
-        Relay::set_version(self, frontend, version);
-    }
-
-    fn stop(&mut self, frontend: SocketAddr) {
-        Relay::stop(self, frontend);
-    }
-}
-
-/// Listener addresses per family.
+/// Listener addresses per family: the first listen address of each (see
+/// `--listen-address`), where the relay's listener of that family binds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ListenAddresses {
     /// For IPv4 frontends.
-    pub v4: Option<IpAddr>,
+    pub v4: Option<std::net::IpAddr>,
     /// For IPv6 frontends.
-    pub v6: Option<IpAddr>,
+    pub v6: Option<std::net::IpAddr>,
 }
 
-/// The map (when a datapath is live), the listeners, and what is live and failed.
-pub struct Reconciler<M, L> {
+/// The map and the slots (when a datapath is live), and what is live and failed.
+pub struct Reconciler<M, S> {
     map: Option<M>,
-    listeners: L,
-    listen: ListenAddresses,
+    slots: Option<S>,
     active: BTreeMap<SocketAddr, Active>,
     failed: BTreeMap<SocketAddr, Failed>,
     /// The frontends the last apply left as they were, and why.
     held: BTreeMap<SocketAddr, Hold>,
-    /// The names ports' entries (dialled address, the name relay's listener), as
-    /// last written.
-    name_redirects: Vec<(SocketAddr, SocketAddr)>,
+    /// The names ports' entries (dialled address, the name relay listener's index),
+    /// as last written.
+    name_redirects: Vec<(SocketAddr, u8)>,
 }
 
-impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
-    /// A reconciler with nothing live yet. Without a `map` (eBPF is not live on
-    /// this node) nothing redirects to a per-frontend listener, so none is started.
-    pub fn new(map: Option<M>, listeners: L, listen: ListenAddresses) -> Self {
+impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
+    /// A reconciler with nothing live yet. Without a datapath (`map` and `slots`
+    /// both `None`: eBPF is not live on this node) nothing redirects, so nothing is
+    /// made live.
+    pub fn new(map: Option<M>, slots: Option<S>) -> Self {
         Reconciler {
             map,
-            listeners,
-            listen,
+            slots,
             active: BTreeMap::new(),
             failed: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -244,50 +263,66 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         self.map.as_ref()
     }
 
+    /// The slots, when a datapath is live (read only: the reconciler is their one
+    /// writer).
+    pub fn slots(&self) -> Option<&S> {
+        self.slots.as_ref()
+    }
+
     /// The map, to set up a fake one in tests.
     #[cfg(test)]
     pub(crate) fn map_mut(&mut self) -> Option<&mut M> {
         self.map.as_mut()
     }
 
-    /// The names ports' entries, as last written.
-    pub fn name_redirects(&self) -> &[(SocketAddr, SocketAddr)] {
+    /// The names ports' entries (dialled address, listener index), as last written.
+    pub fn name_redirects(&self) -> &[(SocketAddr, u8)] {
         &self.name_redirects
     }
 
     /// The names ports are frontends like any LB's: a connect to the names address
-    /// is sent to the name relay's listener, and nothing binds the ports themselves.
-    /// Writes `redirects` when they changed, and removes the entries of those gone
-    /// (unless an LB frontend now holds the address).
-    pub fn redirect_names(&mut self, redirects: Vec<(SocketAddr, SocketAddr)>) {
+    /// is sent to a slot handed to the name relay's listener for that port (index
+    /// `listener` of the relays' listener map), and nothing binds the ports
+    /// themselves. Writes `redirects` when they changed, and removes the entries of
+    /// those gone (unless an LB frontend now holds the address).
+    pub fn redirect_names(&mut self, redirects: Vec<(SocketAddr, u8)>) {
         if redirects == self.name_redirects {
             return;
         }
-        let Some(map) = self.map.as_mut() else {
+        let (Some(map), Some(slots)) = (self.map.as_mut(), self.slots.as_mut()) else {
             self.name_redirects = redirects;
             return;
         };
+        let mut written = Vec::with_capacity(redirects.len());
         for (dialled, listener) in &redirects {
-            if let Err(e) = map.redirect(*dialled, *listener) {
-                warn!(%dialled, %listener, error = %e, "the names port cannot be redirected to the name relay");
+            let made = slots
+                .bind(*dialled, *listener, 0)
+                .and_then(|(slot, _)| map.redirect(*dialled, slot));
+            match made {
+                Ok(()) => written.push((*dialled, *listener)),
+                Err(e) => {
+                    warn!(%dialled, listener, error = %e, "the names port cannot be redirected to the name relay")
+                }
             }
         }
         for (dialled, _) in &self.name_redirects {
-            let kept = redirects.iter().any(|(d, _)| d == dialled);
-            if !kept
-                && !self.active.contains_key(dialled)
-                && let Err(e) = map.remove(*dialled)
-            {
-                warn!(%dialled, error = %e, "a names port's old redirect could not be removed");
+            let kept = written.iter().any(|(d, _)| d == dialled);
+            if !kept && !self.active.contains_key(dialled) {
+                match map.remove(*dialled) {
+                    Ok(()) => slots.retire(*dialled),
+                    Err(e) => {
+                        warn!(%dialled, error = %e, "a names port's old redirect could not be removed")
+                    }
+                }
             }
         }
-        self.name_redirects = redirects;
+        self.name_redirects = written;
     }
 
     /// Removes the entries this reconciler did not make: after the first apply, an
     /// adopted map still holds the earlier agent's entries, which kept traffic served
     /// until now; those not made live again name frontends that went away while no
-    /// agent ran.
+    /// agent ran. Their slots retire after them.
     pub fn forget_earlier_entries(&mut self) {
         let live: BTreeSet<SocketAddr> = self
             .active
@@ -298,16 +333,14 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         if let Some(map) = self.map.as_mut() {
             map.retain(&live);
         }
-    }
-
-    /// The listeners.
-    pub fn listeners_mut(&mut self) -> &mut L {
-        &mut self.listeners
+        if let Some(slots) = self.slots.as_mut() {
+            slots.retire_all_but(&live);
+        }
     }
 
     /// Converges on `desired`: plans the steps and performs them in order.
     pub fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
-        let redirecting = self.map.is_some();
+        let redirecting = self.map.is_some() && self.slots.is_some();
         // A failure no longer asked for is forgotten.
         self.failed
             .retain(|a, _| redirecting && desired.contains(a));
@@ -322,43 +355,52 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
                 }
             }
         }
+        if let Some(slots) = self.slots.as_mut() {
+            slots.sweep();
+        }
     }
 
     fn update(&mut self, f: Frontend) {
         let addr = f.addr();
-        if let Some(a) = self.active.get_mut(&addr) {
-            if a.frontend.version != f.version {
-                self.listeners.set_version(addr, f.version);
-            }
-            // The kernel path reads the version and the path from the map entry.
-            if a.frontend.version != f.version
-                || a.frontend.first_speaker != f.first_speaker
-                || a.frontend.path != f.path
-            {
-                match self.map.as_mut().map(|map| map.insert(&f, a.listener)) {
-                    Some(Ok(route)) => {
-                        a.path = route.path;
-                        a.why = route.why;
-                    }
-                    Some(Err(e)) => {
-                        error!(frontend = %addr, error = %e,
-                            "could not change the frontend's map entry: it keeps its old header version and path");
-                        // Keep what the map still says, so the next change tries again.
-                        return;
-                    }
-                    None => {}
-                }
-            }
-            info!(frontend = %addr, version = %f.version, source = %f.source,
-                first_speaker = %f.first_speaker, asked = %f.path, path = %a.path, "frontend updated");
-            a.frontend = f;
+        let Some(a) = self.active.get_mut(&addr) else {
+            return;
+        };
+        if a.frontend.version != f.version
+            && let Some(slots) = self.slots.as_mut()
+            && let Err(e) = slots.bind(addr, a.slot.listener, f.version.number())
+        {
+            error!(frontend = %addr, error = %e,
+                "could not change the frontend's slot: its relay keeps the old header version");
+            return;
         }
+        // The kernel path reads the version and the path from the map entry.
+        if a.frontend.version != f.version
+            || a.frontend.first_speaker != f.first_speaker
+            || a.frontend.path != f.path
+        {
+            match self.map.as_mut().map(|map| map.insert(&f, a.slot)) {
+                Some(Ok(route)) => {
+                    a.path = route.path;
+                    a.why = route.why;
+                }
+                Some(Err(e)) => {
+                    error!(frontend = %addr, error = %e,
+                        "could not change the frontend's map entry: it keeps its old header version and path");
+                    // Keep what the map still says, so the next change tries again.
+                    return;
+                }
+                None => {}
+            }
+        }
+        info!(frontend = %addr, version = %f.version, source = %f.source,
+            first_speaker = %f.first_speaker, asked = %f.path, path = %a.path, "frontend updated");
+        a.frontend = f;
     }
 
     fn start(&mut self, f: Frontend) {
         let addr = f.addr();
         match self.make_live(&f) {
-            Ok((listener, route)) => {
+            Ok((slot, listener, route)) => {
                 self.failed.remove(&addr);
                 info!(frontend = %addr, %listener, version = %f.version, source = %f.source,
                     first_speaker = %f.first_speaker, path = %route.path,
@@ -368,6 +410,7 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
                     Active {
                         frontend: f,
                         listener,
+                        slot,
                         path: route.path,
                         why: route.why,
                     },
@@ -386,45 +429,42 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         }
     }
 
-    /// Listener first, then the redirect; a redirect that fails takes its listener
-    /// down. The listener and the path the map entry gives the frontend.
-    fn make_live(&mut self, f: &Frontend) -> Result<(SocketAddr, Route), FrontendError> {
+    /// The slot first, then the redirect; a redirect that fails retires its slot.
+    /// The slot, where its clients are sent, and the path the map entry gives.
+    fn make_live(&mut self, f: &Frontend) -> Result<(SlotRef, SocketAddr, Route), FrontendError> {
         let addr = f.addr();
-        let bind = match addr {
-            SocketAddr::V4(_) => self
-                .listen
-                .v4
-                .ok_or(FrontendError::NoListenAddress { family: "IPv4" }),
-            SocketAddr::V6(_) => self
-                .listen
-                .v6
-                .ok_or(FrontendError::NoListenAddress { family: "IPv6" }),
-        }?;
-        let Some(map) = self.map.as_mut() else {
+        let (Some(map), Some(slots)) = (self.map.as_mut(), self.slots.as_mut()) else {
             return Err(FrontendError::Map(
-                "eBPF is not live on this node: nothing would redirect to a listener".into(),
+                "eBPF is not live on this node: nothing would redirect to the relay".into(),
             ));
         };
-        let listener = self.listeners.start(f, bind)?;
-        match map.insert(f, listener) {
-            Ok(route) => Ok((listener, route)),
+        let listener = if addr.ip().to_canonical().is_ipv4() {
+            LISTENER_RELAY4
+        } else {
+            LISTENER_RELAY6
+        };
+        let (slot, at) = slots.bind(addr, listener, f.version.number())?;
+        match map.insert(f, slot) {
+            Ok(route) => Ok((slot, at, route)),
             Err(e) => {
-                self.listeners.stop(addr);
+                slots.retire(addr);
                 Err(e)
             }
         }
     }
 
     fn retire(&mut self, addr: SocketAddr) {
-        // Redirect first: once the map entry is gone no new connect reaches the listener.
+        // Redirect first: once the map entry is gone no new connect is sent to the slot.
         if let Some(map) = self.map.as_mut()
             && let Err(e) = map.remove(addr)
         {
-            // Keep the listener so redirected connects still land somewhere.
-            error!(frontend = %addr, error = %e, "could not remove redirect; keeping its listener");
+            // Keep the slot bound so redirected connects still reach their frontend.
+            error!(frontend = %addr, error = %e, "could not remove redirect; keeping its slot");
             return;
         }
-        self.listeners.stop(addr);
+        if let Some(slots) = self.slots.as_mut() {
+            slots.retire(addr);
+        }
         self.active.remove(&addr);
         info!(frontend = %addr, "frontend retired");
     }

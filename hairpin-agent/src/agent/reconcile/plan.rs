@@ -142,6 +142,7 @@ mod tests {
                 let a = Active {
                     frontend: (*f).clone(),
                     listener: "127.0.0.1:40000".parse().expect("addr"),
+                    slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
                     path: LivePath::Relay,
                     why: None,
                 };
@@ -214,7 +215,7 @@ mod tests {
         let change = plan(&BTreeMap::new(), &full, &want, true, Trigger::Change);
         assert_eq!(change, [Step::Start(a.clone())]);
         // A transient one is retried with backoff.
-        let busy = failed(&a, FrontendError::Listen("in use".into()));
+        let busy = failed(&a, FrontendError::Slot("no slot for now".into()));
         let retry = plan(&BTreeMap::new(), &busy, &want, true, Trigger::Retry);
         assert_eq!(retry, [Step::Start(a.clone())]);
         // A permanent failure of another version is a different frontend: tried.

@@ -1,10 +1,11 @@
-//! The reconciler against a recording map and listeners: the ordering invariant,
-//! one failure leaving the others alone, and which failures are retried.
+//! The reconciler against a recording map and slots: the ordering invariant (a
+//! slot is bound before the redirect to it, and retires after it), one failure
+//! leaving the others alone, and which failures are retried.
 
 use std::{cell::RefCell, collections::BTreeSet, rc::Rc};
 
 use super::*;
-use crate::model::{FirstSpeaker, PathChoice};
+use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// Every call, in order, as `op addr`.
 type Log = Rc<RefCell<Vec<String>>>;
@@ -20,7 +21,7 @@ struct FakeMap {
 }
 
 impl RedirectMap for FakeMap {
-    fn insert(&mut self, f: &Frontend, _listener: SocketAddr) -> Result<Route, FrontendError> {
+    fn insert(&mut self, f: &Frontend, _slot: SlotRef) -> Result<Route, FrontendError> {
         let (frontend, version) = (f.addr(), f.version);
         let line = if self.entries.contains(&frontend) {
             format!("rewrite {frontend} {version}")
@@ -59,11 +60,7 @@ impl RedirectMap for FakeMap {
         Ok(())
     }
 
-    fn redirect(
-        &mut self,
-        dialled: SocketAddr,
-        _listener: SocketAddr,
-    ) -> Result<(), FrontendError> {
+    fn redirect(&mut self, dialled: SocketAddr, _slot: SlotRef) -> Result<(), FrontendError> {
         self.log.borrow_mut().push(format!("redirect {dialled}"));
         self.entries.insert(dialled);
         Ok(())
@@ -78,35 +75,55 @@ impl RedirectMap for FakeMap {
 }
 
 #[derive(Default)]
-struct FakeListeners {
+struct FakeSlots {
     log: Log,
-    running: BTreeSet<SocketAddr>,
-    /// Frontends whose listener cannot bind (a port taken).
-    busy: BTreeSet<SocketAddr>,
+    bound: BTreeSet<SocketAddr>,
+    /// Frontends whose family has no slot left (transient).
+    exhausted: BTreeSet<SocketAddr>,
+    /// Frontends whose family has no slot address (permanent).
+    no_address_v6: bool,
     next_port: u16,
 }
 
-impl Listeners for FakeListeners {
-    fn start(&mut self, f: &Frontend, bind: IpAddr) -> Result<SocketAddr, FrontendError> {
-        self.log.borrow_mut().push(format!("listen {}", f.addr()));
-        if self.busy.contains(&f.addr()) {
-            return Err(FrontendError::Listen(format!("in use: {}", f.addr())));
-        }
-        self.running.insert(f.addr());
-        self.next_port += 1;
-        Ok(SocketAddr::new(bind, 40000 + self.next_port))
-    }
-
-    fn set_version(&mut self, frontend: SocketAddr, version: ProxyVersion) {
+impl Slots for FakeSlots {
+    fn bind(
+        &mut self,
+        frontend: SocketAddr,
+        listener: u8,
+        version: u8,
+    ) -> Result<(SlotRef, SocketAddr), FrontendError> {
         self.log
             .borrow_mut()
-            .push(format!("version {frontend} {version}"));
+            .push(format!("bind {frontend} v{version}"));
+        if self.no_address_v6 && frontend.is_ipv6() {
+            return Err(FrontendError::NoListenAddress { family: "IPv6" });
+        }
+        if self.exhausted.contains(&frontend) {
+            return Err(FrontendError::Slot(format!("no slot: {frontend}")));
+        }
+        self.bound.insert(frontend);
+        self.next_port += 1;
+        let slot = SlotRef {
+            addr: 0,
+            port: 1024 + self.next_port,
+            listener,
+        };
+        Ok((slot, SocketAddr::new([192, 0, 2, 1].into(), slot.port)))
     }
 
-    fn stop(&mut self, frontend: SocketAddr) {
-        self.log.borrow_mut().push(format!("stop {frontend}"));
-        self.running.remove(&frontend);
+    fn retire(&mut self, frontend: SocketAddr) {
+        self.log.borrow_mut().push(format!("retire {frontend}"));
+        self.bound.remove(&frontend);
     }
+
+    fn retire_all_but(&mut self, live: &BTreeSet<SocketAddr>) {
+        let gone: Vec<SocketAddr> = self.bound.difference(live).copied().collect();
+        for f in gone {
+            self.retire(f);
+        }
+    }
+
+    fn sweep(&mut self) {}
 }
 
 fn fe(addr: &str, version: ProxyVersion) -> Frontend {
@@ -132,22 +149,19 @@ fn set(frontends: &[Frontend]) -> Frontends {
     s
 }
 
-fn reconciler(capacity: usize) -> (Reconciler<FakeMap, FakeListeners>, Log) {
+fn reconciler(capacity: usize) -> (Reconciler<FakeMap, FakeSlots>, Log) {
     let log = Log::default();
     let map = FakeMap {
         log: log.clone(),
         capacity,
         ..FakeMap::default()
     };
-    let listeners = FakeListeners {
+    let slots = FakeSlots {
         log: log.clone(),
-        ..FakeListeners::default()
+        no_address_v6: true,
+        ..FakeSlots::default()
     };
-    let listen = ListenAddresses {
-        v4: Some("192.0.2.1".parse().expect("ip")),
-        v6: None,
-    };
-    (Reconciler::new(Some(map), listeners, listen), log)
+    (Reconciler::new(Some(map), Some(slots)), log)
 }
 
 fn take(log: &Log) -> Vec<String> {
@@ -157,18 +171,18 @@ fn take(log: &Log) -> Vec<String> {
 use ProxyVersion::{V1, V2};
 
 #[test]
-fn a_listener_exists_before_its_redirect_and_outlives_it() {
+fn a_slot_is_bound_before_its_redirect_and_retires_after_it() {
     let (mut r, log) = reconciler(16);
     let a = fe("203.0.113.10:80", V1);
     r.apply(&set(std::slice::from_ref(&a)), Trigger::Change);
     assert_eq!(
         take(&log),
-        ["listen 203.0.113.10:80", "redirect 203.0.113.10:80"]
+        ["bind 203.0.113.10:80 v1", "redirect 203.0.113.10:80"]
     );
     r.apply(&Frontends::new(), Trigger::Change);
     assert_eq!(
         take(&log),
-        ["unredirect 203.0.113.10:80", "stop 203.0.113.10:80"]
+        ["unredirect 203.0.113.10:80", "retire 203.0.113.10:80"]
     );
     assert_eq!(r.active().count(), 0);
 }
@@ -184,8 +198,8 @@ fn retirements_come_before_starts_so_a_full_map_makes_room_first() {
         take(&log),
         [
             "unredirect 203.0.113.20:80",
-            "stop 203.0.113.20:80",
-            "listen 203.0.113.10:80",
+            "retire 203.0.113.20:80",
+            "bind 203.0.113.10:80 v1",
             "redirect 203.0.113.10:80",
         ]
     );
@@ -193,7 +207,7 @@ fn retirements_come_before_starts_so_a_full_map_makes_room_first() {
 }
 
 #[test]
-fn a_version_change_updates_the_listener_and_the_map_entry_in_place() {
+fn a_version_change_updates_the_slot_and_the_map_entry_in_place() {
     let (mut r, log) = reconciler(16);
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
     take(&log);
@@ -201,7 +215,7 @@ fn a_version_change_updates_the_listener_and_the_map_entry_in_place() {
     // The map entry carries the version for the kernel path.
     assert_eq!(
         take(&log),
-        ["version 203.0.113.10:80 v2", "rewrite 203.0.113.10:80 v2"]
+        ["bind 203.0.113.10:80 v2", "rewrite 203.0.113.10:80 v2"]
     );
     let live: Vec<ProxyVersion> = r.active().map(|a| a.frontend.version).collect();
     assert_eq!(live, [V2]);
@@ -219,10 +233,10 @@ fn each_active_frontend_records_the_path_its_map_entry_gives() {
         m.kernel = true;
     }
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
-    // Still listener first: it is the fallback for sockets the kernel path cannot take.
+    // Still the slot first: it is the fallback for sockets the kernel path cannot take.
     assert_eq!(
         take(&log),
-        ["listen 203.0.113.10:80", "redirect 203.0.113.10:80"]
+        ["bind 203.0.113.10:80 v1", "redirect 203.0.113.10:80"]
     );
     let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
     assert_eq!(paths, [LivePath::Kernel]);
@@ -244,7 +258,7 @@ fn a_frontend_turning_server_first_has_its_entry_rewritten_to_the_relay_path() {
         r.active().map(|a| (a.path, a.why.clone())).collect();
     assert_eq!(got, [(LivePath::Relay, Some("relay".to_string()))]);
     take(&log);
-    // Only the first speaker changes: the entry is rewritten, the listener stays.
+    // Only the first speaker changes: the entry is rewritten, the slot stays.
     r.apply(&set(std::slice::from_ref(&client)), Trigger::Change);
     assert_eq!(take(&log), ["rewrite 203.0.113.10:25 v1"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
@@ -270,7 +284,7 @@ fn a_frontend_asking_for_the_relay_has_its_entry_rewritten_to_the_relay_path() {
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
     assert_eq!(got, [LivePath::Kernel]);
     take(&log);
-    // Only the path asked for changes: the entry is rewritten, the listener stays.
+    // Only the path asked for changes: the entry is rewritten, the slot stays.
     r.apply(&set(std::slice::from_ref(&relay)), Trigger::Change);
     assert_eq!(take(&log), ["rewrite 203.0.113.10:443 v2"]);
     let got: Vec<LivePath> = r.active().map(|a| a.path).collect();
@@ -282,10 +296,12 @@ fn a_frontend_asking_for_the_relay_has_its_entry_rewritten_to_the_relay_path() {
 }
 
 #[test]
-fn one_failure_leaves_the_others_live_and_a_failed_redirect_stops_its_listener() {
+fn one_failure_leaves_the_others_live_and_a_failed_redirect_retires_its_slot() {
     let (mut r, log) = reconciler(2);
-    r.listeners
-        .busy
+    r.slots
+        .as_mut()
+        .expect("slots")
+        .exhausted
         .insert("203.0.113.11:80".parse().expect("addr"));
     let want = set(&[
         fe("203.0.113.10:80", V1),
@@ -305,22 +321,24 @@ fn one_failure_leaves_the_others_live_and_a_failed_redirect_stops_its_listener()
     assert_eq!(
         failed,
         [
-            ("203.0.113.11:80".to_string(), false), // port taken: transient
+            ("203.0.113.11:80".to_string(), false), // no slot for now: transient
             ("203.0.113.13:80".to_string(), true),  // map full: permanent
             ("[2001:db8::10]:80".to_string(), true), // no IPv6 address: permanent
         ]
     );
-    // The full map's refusal took the listener it had started down again; no
-    // redirect ever pointed at a listener that is not there.
+    // The full map's refusal retired the slot it had bound; no redirect ever
+    // pointed at a slot that is not bound.
     assert!(
-        !r.listeners
-            .running
+        !r.slots
+            .as_ref()
+            .expect("slots")
+            .bound
             .contains(&"203.0.113.13:80".parse().expect("a"))
     );
     let log = take(&log);
-    let started = log.iter().position(|l| l == "listen 203.0.113.13:80");
+    let started = log.iter().position(|l| l == "bind 203.0.113.13:80 v1");
     let refused = log.iter().position(|l| l == "redirect 203.0.113.13:80");
-    let stopped = log.iter().position(|l| l == "stop 203.0.113.13:80");
+    let stopped = log.iter().position(|l| l == "retire 203.0.113.13:80");
     assert!(started < refused && refused < stopped, "{log:?}");
     assert!(
         !log.iter().any(|l| l == "redirect 203.0.113.11:80"),
@@ -331,8 +349,10 @@ fn one_failure_leaves_the_others_live_and_a_failed_redirect_stops_its_listener()
 #[test]
 fn a_retry_tries_transient_failures_and_leaves_permanent_ones_for_a_change() {
     let (mut r, log) = reconciler(1);
-    r.listeners
-        .busy
+    r.slots
+        .as_mut()
+        .expect("slots")
+        .exhausted
         .insert("203.0.113.10:80".parse().expect("addr"));
     let want = set(&[
         fe("203.0.113.10:80", V1),
@@ -340,19 +360,19 @@ fn a_retry_tries_transient_failures_and_leaves_permanent_ones_for_a_change() {
         fe("203.0.113.12:80", V1),
     ]);
     r.apply(&want, Trigger::Change);
-    // .10 busy (transient), .11 live, .12 map full (permanent).
+    // .10 no slot (transient), .11 live, .12 map full (permanent).
     assert!(r.has_transient_failures());
     take(&log);
     r.apply(&want, Trigger::Retry);
     assert_eq!(
         take(&log),
-        ["listen 203.0.113.10:80"],
+        ["bind 203.0.113.10:80 v1"],
         "only the transient one"
     );
 
-    // The port is free again: the next retry makes it live... into a map with no
+    // A slot is free again: the next retry makes it live... into a map with no
     // room (capacity 1), a permanent failure, so nothing is left to retry.
-    r.listeners.busy.clear();
+    r.slots.as_mut().expect("slots").exhausted.clear();
     r.apply(&want, Trigger::Retry);
     assert!(!r.has_transient_failures());
     assert_eq!(r.failed().len(), 2);
@@ -365,12 +385,12 @@ fn a_retry_tries_transient_failures_and_leaves_permanent_ones_for_a_change() {
         take(&log),
         [
             "unredirect 203.0.113.11:80",
-            "stop 203.0.113.11:80",
-            "listen 203.0.113.10:80",
+            "retire 203.0.113.11:80",
+            "bind 203.0.113.10:80 v1",
             "redirect 203.0.113.10:80",
-            "listen 203.0.113.12:80",
+            "bind 203.0.113.12:80 v1",
             "redirect 203.0.113.12:80",
-            "stop 203.0.113.12:80",
+            "retire 203.0.113.12:80",
         ]
     );
     let live: Vec<String> = r.active().map(|a| a.frontend.addr().to_string()).collect();
@@ -394,15 +414,15 @@ fn a_permanent_failure_is_retried_on_retry_when_what_is_asked_changed() {
     assert_eq!(
         take(&log),
         [
-            "listen 203.0.113.10:80",
+            "bind 203.0.113.10:80 v2",
             "redirect 203.0.113.10:80",
-            "stop 203.0.113.10:80"
+            "retire 203.0.113.10:80"
         ]
     );
 }
 
 #[test]
-fn a_redirect_that_cannot_be_removed_keeps_its_listener() {
+fn a_redirect_that_cannot_be_removed_keeps_its_slot() {
     let (mut r, log) = reconciler(16);
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
     r.map.as_mut().expect("map").refuse_remove = true;
@@ -414,15 +434,8 @@ fn a_redirect_that_cannot_be_removed_keeps_its_listener() {
 
 #[test]
 fn without_a_datapath_nothing_is_started() {
-    let log = Log::default();
-    let listeners = FakeListeners {
-        log: log.clone(),
-        ..FakeListeners::default()
-    };
-    let mut r: Reconciler<FakeMap, FakeListeners> =
-        Reconciler::new(None, listeners, ListenAddresses::default());
+    let mut r: Reconciler<FakeMap, FakeSlots> = Reconciler::new(None, None);
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
-    assert!(take(&log).is_empty());
     assert_eq!(r.active().count(), 0);
     assert!(r.failed().is_empty());
 }
@@ -440,29 +453,40 @@ fn failed_frontend_retries_double_up_to_the_cap_and_reset() {
 fn the_names_ports_are_redirected_and_their_old_entries_removed_by_the_one_writer() {
     let (mut r, log) = reconciler(16);
     let names: SocketAddr = "169.254.104.1:443".parse().expect("addr");
-    let relay: SocketAddr = "169.254.104.1:1023".parse().expect("addr");
-    r.redirect_names(vec![(names, relay)]);
-    assert_eq!(take(&log), ["redirect 169.254.104.1:443"]);
+    r.redirect_names(vec![(names, 3)]);
+    assert_eq!(
+        take(&log),
+        ["bind 169.254.104.1:443 v0", "redirect 169.254.104.1:443"]
+    );
     // Unchanged: nothing written again.
-    r.redirect_names(vec![(names, relay)]);
+    r.redirect_names(vec![(names, 3)]);
     assert!(take(&log).is_empty());
     r.redirect_names(Vec::new());
-    assert_eq!(take(&log), ["unredirect 169.254.104.1:443"]);
+    assert_eq!(
+        take(&log),
+        ["unredirect 169.254.104.1:443", "retire 169.254.104.1:443"]
+    );
     assert!(r.name_redirects().is_empty());
 }
 
 #[test]
-fn after_the_first_apply_only_the_entries_this_agent_made_stay() {
+fn after_the_first_apply_only_the_entries_and_slots_this_agent_made_stay() {
     let (mut r, log) = reconciler(16);
-    // What an earlier agent left in the adopted map.
+    // What an earlier agent left in the adopted maps.
     if let Some(m) = r.map_mut() {
         m.entries.insert("203.0.113.99:443".parse().expect("addr"));
         m.entries.insert("203.0.113.10:80".parse().expect("addr"));
     }
+    if let Some(s) = r.slots.as_mut() {
+        s.bound.insert("203.0.113.99:443".parse().expect("addr"));
+    }
     r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
     let names: SocketAddr = "169.254.104.1:80".parse().expect("addr");
-    r.redirect_names(vec![(names, "169.254.104.1:1022".parse().expect("addr"))]);
+    r.redirect_names(vec![(names, 2)]);
     take(&log);
     r.forget_earlier_entries();
-    assert_eq!(take(&log), ["unredirect 203.0.113.99:443"]);
+    assert_eq!(
+        take(&log),
+        ["unredirect 203.0.113.99:443", "retire 203.0.113.99:443"]
+    );
 }

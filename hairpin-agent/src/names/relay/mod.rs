@@ -33,6 +33,8 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 pub use conn::MAX_PEEK;
 
+use hairpin_ebpf::LISTENER_NAMES_FIRST;
+
 use crate::{
     names::{
         hosts_writer::HostsWriter,
@@ -157,6 +159,8 @@ pub struct NameRouting {
 struct Bound {
     /// The address the kernel reports it bound.
     local: SocketAddr,
+    /// Its index in the relays' listener map, when redirected.
+    index: u8,
     /// The port its connections are routed as.
     routes_as: u16,
     /// Reached through the frontends map rather than bound at the dialled address.
@@ -165,11 +169,12 @@ struct Bound {
 }
 
 /// One wanted listener: the address clients dial, the one to bind, the port its
-/// connections route as.
+/// connections route as, and (redirected) its index in the relays' listener map.
 struct Wanted {
     dialled: SocketAddr,
     bind: SocketAddr,
     routes_as: u16,
+    index: u8,
 }
 
 impl NameRouting {
@@ -232,13 +237,23 @@ impl NameRouting {
     }
 
     /// The redirected listeners: each names address and port clients dial, and the
-    /// listener it is sent to (frontends-map entries under
+    /// listener it is sent to (through a relay slot handed to that listener under
     /// [`Redirect::ConnectPrograms`], nftables rules under [`Redirect::Netfilter`]).
     pub fn redirects(&self) -> Vec<(SocketAddr, SocketAddr)> {
         self.listeners
             .iter()
             .filter(|(_, b)| b.redirected)
             .map(|(dialled, b)| (*dialled, b.local))
+            .collect()
+    }
+
+    /// As [`redirects`](Self::redirects), with each listener's index in the relays'
+    /// listener map (what a slot for the names port is handed to).
+    pub fn redirect_indexes(&self) -> Vec<(SocketAddr, u8)> {
+        self.listeners
+            .iter()
+            .filter(|(_, b)| b.redirected)
+            .map(|(dialled, b)| (*dialled, b.index))
             .collect()
     }
 
@@ -354,7 +369,8 @@ impl NameRouting {
     /// ports when redirected: port 0 here) and the Service target ports.
     fn wanted(&self) -> Vec<Wanted> {
         let address = self.cfg.address;
-        let names = self.cfg.ports.iter().map(|&port| Wanted {
+        let names = self.cfg.ports.iter().zip(0u8..).map(|(&port, i)| Wanted {
+            index: LISTENER_NAMES_FIRST.saturating_add(i),
             dialled: SocketAddr::new(address, port),
             bind: SocketAddr::new(
                 address,
@@ -367,6 +383,7 @@ impl NameRouting {
             routes_as: port,
         });
         let service = self.cfg.service_listeners.iter().map(|l| Wanted {
+            index: 0,
             dialled: l.bind,
             bind: l.bind,
             routes_as: l.routes_as,
@@ -426,7 +443,7 @@ impl NameRouting {
         let local = listener.local_addr().unwrap_or(want.bind);
         if redirected && let Some(hook) = &self.on_listen {
             use std::os::fd::AsFd;
-            hook(local, listener.as_fd())
+            hook(want.index, local, listener.as_fd())
                 .map_err(|source| ListenFailed::Register { local, source })?;
         }
         let stop = CancellationToken::new();
@@ -450,6 +467,7 @@ impl NameRouting {
         );
         Ok(Bound {
             local,
+            index: want.index,
             routes_as,
             redirected,
             stop,
