@@ -1,10 +1,11 @@
 //! Coexistence with another cgroup connect program at the same cgroup, as
 //! Cilium's socket load balancer would have at the cgroup v2 root.
 //!
-//! The "foreign" program here is an independent instance of a connect4/connect6
-//! program (its own object load, own map, own bypass mark), owned by the test
-//! process, that rewrites a service address straight to a backend the way a
-//! socket LB does. hairpin attaches beside it with bpf_links: both stay attached,
+//! The "foreign" program here is the socket-LB stand-in (`hairpin_tests::socket_lb`:
+//! connect4/connect6 programs of a few instructions, owned by the test process)
+//! that rewrites a service address straight to a backend the way a socket LB does.
+//! (hairpin's own object no longer serves as one: its connect programs rewrite only
+//! to the relay's slot addresses fixed at load.) hairpin attaches beside it with bpf_links: both stay attached,
 //! neither replaces the other, and they run in attach order (the kernel appends
 //! each link to the cgroup's program array). The order matters in one case, which
 //! the last test states: a socket LB that runs first and rewrites the LB IP itself
@@ -12,43 +13,23 @@
 
 use std::net::SocketAddr;
 
-use hairpin_agent::datapath::{Datapath, embedded_object};
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     client::{from_pod, url},
     node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
     require_privileges,
     servers::{nginx_error_log, start_nginx},
+    socket_lb::{Rule, SocketLb},
 };
 
-/// A mark unlike hairpin's, so the foreign program is not bypassed by the relay.
-const FOREIGN_MARK: u32 = 0x99;
-
-/// The foreign program and what keeps its rewrites live.
-struct Foreign {
-    _datapath: Datapath,
-    _listening: std::net::TcpListener,
-}
-
-fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> Foreign {
-    let object = embedded_object()
-        .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
-    let mut dp = Datapath::load(object, FOREIGN_MARK).expect("load the foreign program");
-    dp.attach(&node.cgroup).expect("attach the foreign program");
-    // hairpin's connect programs rewrite only to a target whose listening socket is
-    // in their liveness map; the backends here listen in another namespace, so a
-    // listening socket of this process stands in for each of them.
-    let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("a listening socket");
-    for (from, to) in rewrites {
-        dp.insert(from.parse().expect("addr"), *to)
-            .expect("foreign map entry");
-        dp.register_listener(*to, std::os::fd::AsFd::as_fd(&listening))
-            .expect("register the backend as listening");
-    }
-    Foreign {
-        _datapath: dp,
-        _listening: listening,
-    }
+/// The foreign program, linked at the node's cgroup after whatever is there; it
+/// detaches when dropped.
+fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> SocketLb {
+    let rules: Vec<Rule> = rewrites
+        .iter()
+        .map(|(from, to)| Rule::Rewrite(from.parse().expect("addr"), *to))
+        .collect();
+    SocketLb::attach(&node.cgroup, &rules).expect("attach the foreign program")
 }
 
 fn backend(port: u16) -> SocketAddr {
@@ -139,7 +120,7 @@ fn hairpin_attached_first_wins_over_a_later_socket_lb() {
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let agent = Agent::start(&node, &hairpin_frontends());
-    // Attached after hairpin: it sees the relay listener's address, not the LB IP.
+    // Attached after hairpin: it sees the relay slot's address, not the LB IP.
     let _other = foreign(&node, &[("203.0.113.10:80", backend(NGINX_PP_PORT))]);
     let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert!(

@@ -113,7 +113,10 @@ fn failed<'a>(lines: &'a [String], client: &str) -> Vec<&'a String> {
 
 /// The pinned map `name` of this layout in the node's pin dir.
 fn pinned_map(node: &SimNode, name: &str) -> PathBuf {
-    node.pin_dir().join("v1").join("maps").join(name)
+    node.pin_dir()
+        .join(format!("v{}", hairpin_ebpf::PIN_LAYOUT))
+        .join("maps")
+        .join(name)
 }
 
 /// A counter of the programs, summed over CPUs, read from the pinned counters map
@@ -568,10 +571,16 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
     let (_old, killed) = killed_agent(&node, "5s");
     let before = attached(&node);
     // An agent whose maps are laid out otherwise (a later release).
+    let (old_layout, new_layout) = (hairpin_ebpf::PIN_LAYOUT, hairpin_ebpf::PIN_LAYOUT + 1);
     let mut new = Agent::spawn_with(
         &node,
         &all_frontends(),
-        &["--kernel-path", "auto", "--pin-layout", "2"],
+        &[
+            "--kernel-path",
+            "auto",
+            "--pin-layout",
+            &new_layout.to_string(),
+        ],
     );
     new.wait_for_log(
         "does not adopt it and waits until it expires",
@@ -589,12 +598,12 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
         "took over a live datapath"
     );
     assert!(
-        !node.pin_dir().join("v1").exists(),
+        !node.pin_dir().join(format!("v{old_layout}")).exists(),
         "the old layout's pins stay"
     );
     assert!(
         node.pin_dir()
-            .join("v2")
+            .join(format!("v{new_layout}"))
             .join("links")
             .join("connect4")
             .exists()

@@ -7,8 +7,8 @@
 //! where the request should be. The connect programs look, on a kernel-path frontend
 //! hit, for a listener on the mesh's outbound capture port (15001, Linkerd's 4140) on
 //! loopback in the pod's own network namespace; found, the connect takes the relay
-//! (`kernel_fallback_mesh`): the proxy dials the relay's listener and exactly one
-//! header arrives, naming the pod. The same on `path: relay`. Without the proxy, the
+//! (`kernel_fallback_mesh`): the proxy dials the frontend's relay slot (its original
+//! destination) and exactly one header arrives, naming the pod. The same on `path: relay`. Without the proxy, the
 //! kernel path takes the pod's connections again.
 //!
 //! Cost: nine simulated nodes with one Envoy each (the tests run in parallel), one to
@@ -49,7 +49,7 @@ fn default_path_sends_one_header(shape: MeshShape) {
     let (node, _nginx, agent, mesh) = meshed(shape);
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_one_header(shape, &reply, "203.0.113.10", &node, &mesh, &agent);
-    wait_proxied(&mesh, &relay_listener(&agent, "203.0.113.10:80"));
+    wait_proxied(&mesh, &relay_listener(&node, "203.0.113.10:80"));
     let s = status(&node);
     assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 1, "{s}");
     assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
@@ -63,16 +63,18 @@ fn kernel_counter(s: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name}: {}", s["counters"]))
 }
 
-/// The address of the relay's listener for `frontend`, from the agent's log.
-fn relay_listener(agent: &Agent, frontend: &str) -> String {
-    agent
-        .log()
-        .lines()
-        .find(|l| l.contains("listener started") && l.contains(&format!("frontend={frontend}")))
-        .and_then(|l| l.split("local=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
+/// Where connects to `frontend` are sent, its relay slot (a port of the relay's
+/// address that names the frontend), from `status`: what the proxy dials.
+fn relay_listener(node: &SimNode, frontend: &str) -> String {
+    let s = status(node);
+    s["frontends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| format!("{}:{}", f["ip"].as_str().unwrap_or(""), f["port"]) == frontend)
+        .and_then(|f| f["listener"].as_str())
         .map(str::to_string)
-        .unwrap_or_else(|| panic!("no relay listener for {frontend}:\n{}", agent.log()))
+        .unwrap_or_else(|| panic!("no relay slot for {frontend}: {s}"))
 }
 
 /// Waits (3 s) until the proxy logged a connection to `original_dst`, which it
@@ -106,8 +108,8 @@ fn relay_path_sends_one_header(shape: MeshShape) {
     let (node, _nginx, agent, mesh) = meshed(shape);
     let reply = from_pod(&node, &url("203.0.113.12", 80, "/"));
     assert_one_header(shape, &reply, "203.0.113.12", &node, &mesh, &agent);
-    // Through the proxy, which dialled the relay's listener for 203.0.113.12:80.
-    wait_proxied(&mesh, &relay_listener(&agent, "203.0.113.12:80"));
+    // Through the proxy, which dialled the relay slot of 203.0.113.12:80.
+    wait_proxied(&mesh, &relay_listener(&node, "203.0.113.12:80"));
 }
 
 /// `reply` came back whole and its header named the pod and `lb`:80, and nginx logged

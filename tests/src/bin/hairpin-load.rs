@@ -8,8 +8,11 @@
 //! server answers `no-proxy-header` and closes, as an ingress would refuse it); then
 //! each line is a command: `ping` (answer the header, keep open), `once` (answer,
 //! then close first, so TIME_WAIT stays on the server side), `stream` (send bytes
-//! until the peer goes), `reset` (close with a reset).
-//! The answer to `ping` and `once` is `proxy <v1|v2> src=IP:PORT dst=IP:PORT`.
+//! until the peer goes), `reset` (close with a reset), `want IP:PORT` (as `once`,
+//! naming the LB the client dialled: when the header's destination is another, the
+//! server prints `misrouted want=IP:PORT dst=IP:PORT` on stdout, so a test counts
+//! misrouted connections where they arrive).
+//! The answer to `ping`, `once` and `want` is `proxy <v1|v2> src=IP:PORT dst=IP:PORT`.
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Read, Write},
@@ -28,7 +31,8 @@ type Result<T> = std::result::Result<T, String>;
 const USAGE: &str = "usage: hairpin-load serve ADDR... | burst TARGET TOTAL THREADS SRC_IP DEADLINE_S | \
                      hold TARGET N THREADS SRC_IP | probe TARGET TIMEOUT_MS SRC_IP | \
                      reset TARGET SRC_IP | stream TARGET | \
-                     flood TARGET N THREADS SRC_IP HEAD_BYTES HOLD_MS HOST";
+                     flood TARGET N THREADS SRC_IP HEAD_BYTES HOLD_MS HOST | \
+                     each SRC_IP SECONDS TARGET...";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,6 +45,7 @@ fn main() {
         "reset" => reset(a(1), a(2)),
         "stream" => stream(a(1)),
         "flood" => flood(&args[1..]),
+        "each" => each(&args[1..]),
         _ => Err(USAGE.to_string()),
     };
     if let Err(e) = outcome {
@@ -135,6 +140,15 @@ async fn upstream_conn(s: tokio::net::TcpStream) {
                 }
             }
             "once" => {
+                let _ = s.write_all(header.as_bytes()).await;
+                return;
+            }
+            want if want.starts_with("want ") => {
+                let want = want.trim_start_matches("want ");
+                let dst = header.trim_end().rsplit("dst=").next().unwrap_or_default();
+                if dst != want {
+                    println!("misrouted want={want} dst={dst}");
+                }
                 let _ = s.write_all(header.as_bytes()).await;
                 return;
             }
@@ -270,6 +284,66 @@ fn one_shot(target: SocketAddr, src: IpAddr) -> Result<()> {
     if !rest.is_empty() {
         return Err(format!("{} bytes after the answer", rest.len()));
     }
+    Ok(())
+}
+
+/// One connection to each target in turn (the first again after the last) for
+/// `seconds` (0: one round), each naming its target with `want`; prints one
+/// summary line: `each total=.. ok=.. misrouted=.. no_header=.. errors=..`, where
+/// `misrouted` counts headers naming another destination (the samples on stderr)
+/// and `no_header` connections that reached a server without one (no agent: as
+/// before hairpin).
+fn each(args: &[String]) -> Result<()> {
+    let [src, seconds, targets @ ..] = args else {
+        return Err(USAGE.into());
+    };
+    let src: IpAddr = parse("source IP", src)?;
+    let seconds: u64 = parse("seconds", seconds)?;
+    let targets: Vec<SocketAddr> = targets
+        .iter()
+        .map(|t| parse("target", t))
+        .collect::<Result<_>>()?;
+    if targets.is_empty() {
+        return Err(USAGE.into());
+    }
+    let started = Instant::now();
+    let (mut total, mut ok, mut misrouted, mut no_header, mut errors) = (0u64, 0, 0, 0, 0);
+    for target in targets.iter().cycle() {
+        if total >= targets.len() as u64 && started.elapsed() >= Duration::from_secs(seconds) {
+            break;
+        }
+        total += 1;
+        let answer = connect(*target).and_then(|mut s| {
+            s.get_mut()
+                .write_all(format!("want {target}\n").as_bytes())
+                .map_err(|e| format!("write: {e}"))?;
+            let local = s.get_ref().local_addr().map_err(|e| e.to_string())?;
+            let mut answer = String::new();
+            s.read_line(&mut answer).map_err(|e| format!("read: {e}"))?;
+            Ok((answer, local))
+        });
+        match answer {
+            Ok((a, _)) if a.starts_with("no-proxy-header") => no_header += 1,
+            Ok((a, local)) if a.trim_end().ends_with(&format!(" src={} dst={target}", SocketAddr::new(src, local.port()))) => ok += 1,
+            Ok((a, _)) if a.starts_with("proxy v") => {
+                misrouted += 1;
+                eprintln!("each: {target} answered {a:?}");
+            }
+            Ok((a, _)) => {
+                errors += 1;
+                eprintln!("each: {target} answered {a:?}");
+            }
+            Err(e) => {
+                errors += 1;
+                if errors <= 5 {
+                    eprintln!("each: {target}: {e}");
+                }
+            }
+        }
+    }
+    println!(
+        "each total={total} ok={ok} misrouted={misrouted} no_header={no_header} errors={errors}"
+    );
     Ok(())
 }
 

@@ -235,7 +235,7 @@ fn a_socket_left_unwritten_gets_its_header_from_the_pinned_datapath(leave: Leave
     let s = status(&node);
     let pin = node
         .pin_dir()
-        .join("v1")
+        .join(format!("v{}", hairpin_ebpf::PIN_LAYOUT))
         .join("maps")
         .join("HAIRPIN_SOCKETS");
     assert_eq!(
