@@ -167,7 +167,14 @@ mod tests {
         assert_eq!(v6[0][0].to_ne_bytes(), [0xfd, 0x68, 0, 0]);
         assert_eq!(v6[0][3].to_ne_bytes(), [0, 0, 0, 2]);
         assert_eq!(v6[1], [0; 4]);
-        let k = SlotKey::new(crate::AF_INET, SlotRef { addr: 1, port: 1024, listener: 0 });
+        let k = SlotKey::new(
+            crate::AF_INET,
+            SlotRef {
+                addr: 1,
+                port: 1024,
+                listener: 0,
+            },
+        );
         assert_eq!(k.port.to_ne_bytes(), [4, 0]);
     }
 

@@ -349,11 +349,8 @@ impl Agent {
                 n.drain(deadline).await;
             }
         };
-        let (left, (), unwritten) = tokio::join!(
-            self.relay.drain(deadline),
-            names_drain,
-            kernel_drain
-        );
+        let (left, (), unwritten) =
+            tokio::join!(self.relay.drain(deadline), names_drain, kernel_drain);
         if let Some(d) = self.datapath.as_mut() {
             if removal.removes() {
                 d.uninstall();

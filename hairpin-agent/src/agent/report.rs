@@ -218,14 +218,22 @@ mod tests {
             Active {
                 frontend: fe("203.0.113.10:80"),
                 listener: "192.0.2.1:40001".parse().expect("a"),
-                slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
+                slot: hairpin_ebpf::SlotRef {
+                    addr: 0,
+                    port: 1024,
+                    listener: 0,
+                },
                 path: LivePath::Relay,
                 why: None,
             },
             Active {
                 frontend: fe("203.0.113.13:80"),
                 listener: "192.0.2.1:40002".parse().expect("a"),
-                slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
+                slot: hairpin_ebpf::SlotRef {
+                    addr: 0,
+                    port: 1024,
+                    listener: 0,
+                },
                 path: LivePath::Kernel,
                 why: None,
             },

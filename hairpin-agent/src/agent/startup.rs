@@ -37,12 +37,12 @@ use crate::{
         decide::lb_address::LbAddressPolicy,
         source::{SourceConfig, WriterConfig},
     },
+    model::ProxyVersion,
     names::{
         link::{self as names_link, LinkError},
         relay::{NameRouting, NameRoutingConfig, Redirect, ServiceListener},
         scope::{NameScope, ScopeError, ScopeRule},
     },
-    model::ProxyVersion,
     relay::{
         ListenHook, Relay, RelayConfig,
         listener::{ConnGate, ConnLimits},
@@ -444,9 +444,8 @@ fn start_relay(
         return relay;
     }
     let liveness = d.relay_liveness();
-    let hook: ListenHook = Arc::new(move |index, addr, fd| {
-        liveness.register(index, addr, fd).map_err(Into::into)
-    });
+    let hook: ListenHook =
+        Arc::new(move |index, addr, fd| liveness.register(index, addr, fd).map_err(Into::into));
     if let Some(n) = names {
         n.on_listen(hook.clone());
     }

@@ -2,7 +2,6 @@
 //! name rather than through a loaded [`crate::datapath::Datapath`]: the agent's `/status`
 //! reports these ids, and the node CLI reads the same objects when the agent is down.
 
-
 use aya::{
     maps::{Map, MapData, MapInfo, PerCpuArray, loaded_maps},
     programs::{ProgramInfo, loaded_links, loaded_programs},

@@ -529,7 +529,11 @@ mod tests {
 
     #[test]
     fn dump_says_what_each_map_value_does() {
-        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
+        let l = SlotRef {
+            addr: 0,
+            port: 40000,
+            listener: 0,
+        };
         let words: Vec<&str> = [
             Redirect::kernel(l, HEADER_V1),
             Redirect::kernel(l, HEADER_V2),
@@ -554,7 +558,11 @@ mod tests {
 
     #[test]
     fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
-        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
+        let l = SlotRef {
+            addr: 0,
+            port: 40000,
+            listener: 0,
+        };
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
             assert_eq!(v, Redirect::server_first(l, version.number()));
@@ -590,7 +598,11 @@ mod tests {
 
     #[test]
     fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
-        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
+        let l = SlotRef {
+            addr: 0,
+            port: 40000,
+            listener: 0,
+        };
         let (client, auto) = (FirstSpeaker::Client, PathChoice::Auto);
         assert_eq!(
             KernelPath::On.value(l, ProxyVersion::V1, client, auto),
@@ -619,7 +631,11 @@ mod tests {
 
     #[test]
     fn a_frontend_asking_for_the_relay_is_relayed_with_its_own_header_byte() {
-        let l = SlotRef { addr: 0, port: 40000, listener: 0 };
+        let l = SlotRef {
+            addr: 0,
+            port: 40000,
+            listener: 0,
+        };
         let relay = PathChoice::Relay;
         for version in [ProxyVersion::V1, ProxyVersion::V2] {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Client, relay);

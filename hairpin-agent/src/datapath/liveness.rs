@@ -6,14 +6,7 @@
 //! Owns the heartbeat and relays maps' entries. Never touches a link, the frontends
 //! map or the pin directory.
 
-use std::{
-    fmt,
-    net::SocketAddr,
-    os::fd::BorrowedFd,
-    path::Path,
-    sync::Arc,
-    time::Duration,
-};
+use std::{fmt, net::SocketAddr, os::fd::BorrowedFd, path::Path, sync::Arc, time::Duration};
 
 use aya::maps::{Array, MapData, SockMap};
 use hairpin_ebpf::{HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_HEARTBEAT, MAP_RELAYS};
@@ -35,7 +28,6 @@ impl Datapath {
     pub fn relay_liveness(&self) -> RelayLiveness {
         self.relays.clone()
     }
-
 }
 
 /// How a pinned heartbeat stands.

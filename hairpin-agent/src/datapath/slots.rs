@@ -421,9 +421,8 @@ impl Datapath {
     pub fn steer_slots(&mut self) -> Result<(), DatapathError> {
         let netns = std::path::Path::new("/proc/self/ns/net");
         let error = |op| program_error(PROG_SK_LOOKUP, op, netns);
-        let file = std::fs::File::open(netns).map_err(|e| {
-            error("attach")(aya::programs::ProgramError::IOError(e))
-        })?;
+        let file = std::fs::File::open(netns)
+            .map_err(|e| error("attach")(aya::programs::ProgramError::IOError(e)))?;
         let program: &mut aya::programs::SkLookup = self
             .ebpf
             .program_mut(PROG_SK_LOOKUP)
@@ -510,6 +509,9 @@ mod tests {
             Some(key(AF_INET6, 0, 1024))
         );
         assert_eq!(addrs.key_of("10.0.0.1:4242".parse().expect("addr")), None);
-        assert_eq!(addrs.socket_addr(AF_INET6, SlotRef { addr: 1, ..slot }), None);
+        assert_eq!(
+            addrs.socket_addr(AF_INET6, SlotRef { addr: 1, ..slot }),
+            None
+        );
     }
 }

@@ -110,13 +110,9 @@ impl Relay {
         slots: SlotLookup,
     ) -> Result<SocketAddr, RelayError> {
         let listen_err = |source| RelayError::Listen { ip, source };
-        let listener = listener::bind_privileged(
-            ip,
-            self.cfg.keepalive,
-            avoid,
-            &listener::reserved_ports(),
-        )
-        .map_err(listen_err)?;
+        let listener =
+            listener::bind_privileged(ip, self.cfg.keepalive, avoid, &listener::reserved_ports())
+                .map_err(listen_err)?;
         let local = listener.local_addr().map_err(listen_err)?;
         {
             use std::os::fd::AsFd;

@@ -19,8 +19,8 @@ use aya_ebpf::{
         bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2,
     },
     helpers::{
-        bpf_getsockopt, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_sk_lookup_tcp, bpf_sk_release, bpf_sk_storage_get, bpf_skc_to_mptcp_sock,
-        bpf_skc_to_tcp_sock,
+        bpf_getsockopt, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_sk_lookup_tcp, bpf_sk_release,
+        bpf_sk_storage_get, bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock,
     },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,

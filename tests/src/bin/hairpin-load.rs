@@ -11,7 +11,8 @@
 //! until the peer goes), `reset` (close with a reset), `want IP:PORT` (as `once`,
 //! naming the LB the client dialled: when the header's destination is another, the
 //! server prints `misrouted want=IP:PORT dst=IP:PORT` on stdout, so a test counts
-//! misrouted connections where they arrive).
+//! misrouted connections where they arrive). A line `count` on the server's stdin
+//! prints `count wanted=N misrouted=M`: the `want` connections so far.
 //! The answer to `ping`, `once` and `want` is `proxy <v1|v2> src=IP:PORT dst=IP:PORT`.
 
 use std::{
@@ -110,6 +111,18 @@ fn serve(addrs: &[String]) -> Result<()> {
                 }
             }));
         }
+        // `count` on stdin: how many `want` connections came, and how many were misrouted.
+        std::thread::spawn(|| {
+            for line in std::io::stdin().lines() {
+                if line.is_ok_and(|l| l.trim() == "count") {
+                    println!(
+                        "count wanted={} misrouted={}",
+                        WANTED.load(Ordering::Relaxed),
+                        MISROUTED.load(Ordering::Relaxed)
+                    );
+                }
+            }
+        });
         println!("listening");
         for t in tasks {
             let _ = t.await;
@@ -117,6 +130,10 @@ fn serve(addrs: &[String]) -> Result<()> {
         Ok(())
     })
 }
+
+/// `want` connections served, and those whose header named another destination.
+static WANTED: AtomicU64 = AtomicU64::new(0);
+static MISROUTED: AtomicU64 = AtomicU64::new(0);
 
 async fn upstream_conn(s: tokio::net::TcpStream) {
     let _ = s.set_nodelay(true);
@@ -146,7 +163,9 @@ async fn upstream_conn(s: tokio::net::TcpStream) {
             want if want.starts_with("want ") => {
                 let want = want.trim_start_matches("want ");
                 let dst = header.trim_end().rsplit("dst=").next().unwrap_or_default();
+                WANTED.fetch_add(1, Ordering::Relaxed);
                 if dst != want {
+                    MISROUTED.fetch_add(1, Ordering::Relaxed);
                     println!("misrouted want={want} dst={dst}");
                 }
                 let _ = s.write_all(header.as_bytes()).await;
@@ -324,7 +343,14 @@ fn each(args: &[String]) -> Result<()> {
         });
         match answer {
             Ok((a, _)) if a.starts_with("no-proxy-header") => no_header += 1,
-            Ok((a, local)) if a.trim_end().ends_with(&format!(" src={} dst={target}", SocketAddr::new(src, local.port()))) => ok += 1,
+            Ok((a, local))
+                if a.trim_end().ends_with(&format!(
+                    " src={} dst={target}",
+                    SocketAddr::new(src, local.port())
+                )) =>
+            {
+                ok += 1
+            }
             Ok((a, _)) if a.starts_with("proxy v") => {
                 misrouted += 1;
                 eprintln!("each: {target} answered {a:?}");

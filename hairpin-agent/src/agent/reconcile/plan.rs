@@ -142,7 +142,11 @@ mod tests {
                 let a = Active {
                     frontend: (*f).clone(),
                     listener: "127.0.0.1:40000".parse().expect("addr"),
-                    slot: hairpin_ebpf::SlotRef { addr: 0, port: 1024, listener: 0 },
+                    slot: hairpin_ebpf::SlotRef {
+                        addr: 0,
+                        port: 1024,
+                        listener: 0,
+                    },
                     path: LivePath::Relay,
                     why: None,
                 };
