@@ -28,8 +28,15 @@ const MANY_LB: &str = "203.0.113.40";
 const FIRST_PORT: u16 = 10_000;
 
 /// Programs kube-proxy's DNAT for `MANY_LB` ports `FIRST_PORT..FIRST_PORT + n` to the
-/// upstream, as for a Service with that many ports.
+/// upstream, as for a Service with that many ports: for the node's own processes (the
+/// relay) and for pods (their connects while no agent runs).
 fn lb_ports(node: &SimNode, n: u16) {
+    for chain in ["OUTPUT", "PREROUTING"] {
+        lb_ports_in(node, chain, n);
+    }
+}
+
+fn lb_ports_in(node: &SimNode, chain: &str, n: u16) {
     let range = format!("{FIRST_PORT}:{}", FIRST_PORT + n - 1);
     let to = format!("{INGRESS_IP4}:{UPSTREAM_PORT}");
     run_in(
@@ -39,7 +46,7 @@ fn lb_ports(node: &SimNode, n: u16) {
             "-t",
             "nat",
             "-I",
-            "OUTPUT",
+            chain,
             "1",
             "-d",
             MANY_LB,
@@ -255,9 +262,12 @@ fn restarting_the_agent_never_sends_a_connection_to_another_frontends_lb() {
         count(&got, "ok") >= 200,
         "the agents relayed some of the connections: {got:?}"
     );
-    assert_eq!(
-        count(&at_server, "wanted"),
-        count(&got, "ok") + count(&got, "misrouted"),
-        "every relayed connection was counted at the upstream"
+    // Every relayed connection the client saw answered was counted at the upstream;
+    // a few more may have been counted there whose answer died with a killed agent.
+    let answered = count(&got, "ok") + count(&got, "misrouted");
+    let wanted = count(&at_server, "wanted");
+    assert!(
+        (answered..=answered + count(&got, "errors")).contains(&wanted),
+        "every relayed connection was counted at the upstream: {wanted} there, client {got:?}"
     );
 }
