@@ -24,7 +24,7 @@ use crate::{
         decide::lb_address::LbAddressPolicy,
         source::CorednsWriterConfig,
     },
-    model::{LivePath, Mode},
+    model::{Mode, NodePath},
     names::{
         hostname::Hostname,
         scope::{NameScope, ScopeError},
@@ -174,10 +174,11 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
         s.mode = Some(ModeStatus {
             // No programs and no relays here: readiness waits for the watches only.
             configured: Mode::Fallback,
-            live: vec![LivePath::Coredns],
+            live: vec![NodePath::Coredns],
             reason: "coredns-writer: writes CoreDNS rewrites while it holds the Lease; \
                      no programs, no relays"
                 .into(),
+            ebpf_failure: None,
         })
     });
     state.register_source(SOURCE);

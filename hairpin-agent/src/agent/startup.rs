@@ -44,8 +44,8 @@ use crate::{
         listener::{ConnGate, ConnLimits},
     },
     status::{
-        AgentState, AttachmentStatus, HEARTBEAT_EVERY, KernelPathState, KernelPathStatus,
-        LifecycleStatus, ListenStatus, ModeStatus, NamesStatus,
+        AgentState, AttachmentStatus, EbpfFailure, HEARTBEAT_EVERY, KernelPathState,
+        KernelPathStatus, LifecycleStatus, ListenStatus, ModeStatus, NamesStatus,
         admin::{self, AdminConfig, AdminError, AdminServer, KernelCounters},
         metrics::Metrics,
     },
@@ -332,6 +332,10 @@ fn decide_paths(args: &RunArgs, outcome: &EbpfOutcome, state: &AgentState) -> Pl
             configured: args.mode,
             live: plan.live(),
             reason: plan.reason.clone(),
+            ebpf_failure: match outcome {
+                EbpfOutcome::Failed(_, kind) => Some(*kind),
+                EbpfOutcome::NotTried | EbpfOutcome::Attached => None,
+            },
         })
     });
     plan
@@ -339,7 +343,7 @@ fn decide_paths(args: &RunArgs, outcome: &EbpfOutcome, state: &AgentState) -> Pl
 
 /// Reports the attached datapath (`/status`, metrics), releases the pins earlier
 /// releases left, and starts its heartbeat: the dead-man switch, beaten every
-/// second while this agent runs; the connect programs stop acting once no agent
+/// [`datapath::BEAT_EVERY`] while this agent runs; the connect programs stop acting once no agent
 /// has beaten within the TTL. The heartbeat task's handle.
 fn report_datapath(
     args: &RunArgs,
@@ -356,7 +360,7 @@ fn report_datapath(
     }
     report_kernel_path(args, d, state, metrics);
     release_inherited_pins(args);
-    let beating = tokio::spawn(d.heartbeat().beat_every(HEARTBEAT_EVERY)).abort_handle();
+    let beating = tokio::spawn(d.heartbeat().beat_every(datapath::BEAT_EVERY)).abort_handle();
     let hb = d.heartbeat();
     metrics.set_datapath_heartbeat(Arc::new(move || {
         (hb.age().map(|a| a.as_secs_f64()), hb.ttl().as_secs_f64())
@@ -599,7 +603,14 @@ async fn start_datapath(
         Err(e) => {
             let reason = chain(&e);
             warn!(%reason, "eBPF could not be used on this node: falling back to the name relay (/etc/hosts, CoreDNS)");
-            Ok((None, EbpfOutcome::Failed(reason), None))
+            let kind = match &e {
+                StartError::Datapath(DatapathError::Seccomp { .. }) => EbpfFailure::Seccomp,
+                StartError::Datapath(DatapathError::Capabilities { .. }) => {
+                    EbpfFailure::Capabilities
+                }
+                _ => EbpfFailure::Other,
+            };
+            Ok((None, EbpfOutcome::Failed(reason, kind), None))
         }
     }
 }
@@ -843,10 +854,12 @@ fn release_inherited_pins(args: &RunArgs) {
 /// Says in `status` and the log how the kernel path stands, and exports the
 /// programs' counters on `/metrics`.
 fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics: &Metrics) {
-    let (kernel_state, reason) = match d.kernel_path() {
-        KernelPath::On => (KernelPathState::On, None),
-        KernelPath::Off => (KernelPathState::Off, None),
-        KernelPath::Unavailable(why) => (KernelPathState::Unavailable, Some(why.clone())),
+    let (kernel_state, reason, reason_kind) = match d.kernel_path() {
+        KernelPath::On => (KernelPathState::On, None, None),
+        KernelPath::Off => (KernelPathState::Off, None, None),
+        KernelPath::Unavailable { kind, why } => {
+            (KernelPathState::Unavailable, Some(why.clone()), Some(*kind))
+        }
     };
     info!(configured = %args.kernel_path, state = %d.kernel_path(), "kernel path");
     let ids = d.kernel_ids();
@@ -855,6 +868,7 @@ fn report_kernel_path(args: &RunArgs, d: &Datapath, state: &AgentState, metrics:
             configured: args.kernel_path,
             state: kernel_state,
             reason,
+            reason_kind,
             sockets_map_id: d
                 .kernel_path()
                 .is_on()
