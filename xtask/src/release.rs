@@ -474,8 +474,19 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
         read == digest,
         "skopeo reads manifest {read}, expected {digest}"
     );
-    let version =
-        output(Command::new("podman").args(["run", "--rm", "--network=none", tag, "--version"]))?;
+    let version = output(
+        // Explicit limits: a runtime that may not raise the host's (a sandboxed
+        // build machine) refuses the defaults podman asks for.
+        Command::new("podman")
+            .args(["run", "--rm", "--network=none"])
+            .args([
+                "--ulimit",
+                "nofile=4096:4096",
+                "--ulimit",
+                "nproc=4096:4096",
+            ])
+            .args([tag, "--version"]),
+    )?;
     ensure!(
         version.trim() == format!("hairpin-agent {}", crate::release::version()),
         "the loaded image runs {version:?}"
