@@ -377,7 +377,11 @@ fn sbom(cyclonedx: &Path, package: &str, target: &str, epoch: u64, to: &Path) ->
     let written = workspace_root().join(package).join("bom.json");
     let text = fs::read_to_string(&written)
         .with_context(|| format!("cargo-cyclonedx wrote no {}", written.display()))?;
-    fs::remove_file(&written)?;
+    // It writes one beside every workspace member's Cargo.toml: none may stay in the
+    // tree (the next release would see it dirty).
+    for member in ["hairpin-agent", "hairpin-ebpf", "tests", "tools", "xtask"] {
+        let _ = fs::remove_file(workspace_root().join(member).join("bom.json"));
+    }
     let root = format!("file://{}/", workspace_root().display());
     let mut bom: serde_json::Value = serde_json::from_str(&text.replace(&root, "file:///hairpin/"))
         .context("the SBOM is not JSON")?;
