@@ -200,6 +200,7 @@ impl Agent {
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
         let plan = decide_paths(&args, &outcome, &state);
+        metrics.set_live_paths(&plan.live());
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
