@@ -200,7 +200,8 @@ impl Agent {
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
         let plan = decide_paths(&args, &outcome, &state);
-        metrics.set_live_paths(&plan.live());
+        let kernel_path = datapath.as_ref().is_some_and(|d| d.kernel_path().is_on());
+        metrics.set_live_paths(&plan.live(), kernel_path);
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
