@@ -115,9 +115,24 @@ pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 /// Opens the object pinned at `path`, read-write (a link must be opened so to be
 /// updated or detached).
 pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
+    open_pinned_with(path, 0)
+}
+
+/// `BPF_F_RDONLY` (`file_flags` of BPF_OBJ_GET): a map descriptor that can look up
+/// but never update or delete.
+const BPF_F_RDONLY: u32 = 1 << 3;
+
+/// Opens the map pinned at `path` read-only: it needs read access to the pin only,
+/// and nothing can be written through it. (The kernel opens links read-write only.)
+pub fn open_pinned_read_only(path: &Path) -> io::Result<OwnedFd> {
+    open_pinned_with(path, BPF_F_RDONLY)
+}
+
+fn open_pinned_with(path: &Path, file_flags: u32) -> io::Result<OwnedFd> {
     let p = c_path(path)?;
     let mut attr = ObjAttr {
         pathname: p.as_ptr() as u64,
+        file_flags,
         ..ObjAttr::default()
     };
     bpf(cmd::OBJ_GET, &mut attr).map(new_fd)
