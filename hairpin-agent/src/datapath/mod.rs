@@ -25,6 +25,7 @@ mod kernel_path;
 mod liveness;
 mod load;
 mod maps;
+pub mod order;
 pub mod pin;
 mod sys;
 
