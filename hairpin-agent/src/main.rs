@@ -45,7 +45,9 @@ enum Command {
     /// Print hairpin's BPF maps and counters, raw.
     Dump(hairpin_agent::cli::dump::DumpArgs),
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
-    Cleanup(hairpin_agent::cli::cleanup::CleanupArgs),
+    Cleanup(Box<hairpin_agent::cli::cleanup::CleanupArgs>),
+    /// Remove hairpin from the cluster in an order that leaves it as it was (the uninstall Job).
+    Uninstall(hairpin_agent::cli::uninstall::UninstallArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -79,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Command::Doctor(args) => exit(hairpin_agent::cli::doctor::diagnose(&args)?),
         Command::Dump(args) => exit(hairpin_agent::cli::dump::dump_maps(&args)?),
         Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::clean_up(&args)?),
+        Command::Uninstall(args) => exit(hairpin_agent::cli::uninstall::uninstall(&args)?),
     }
 }
 

@@ -15,7 +15,7 @@ use std::{
 
 use axum::{
     body::Body,
-    http::{Method, StatusCode, Uri, header},
+    http::{HeaderMap, Method, StatusCode, Uri, header},
     response::Response,
 };
 use futures::stream;
@@ -23,6 +23,30 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 mod objects;
+
+/// kubeadm's Corefile, as `kubectl -n kube-system get cm coredns -o yaml` shows it:
+/// the cluster's CoreDNS before hairpin.
+pub const KUBEADM_COREFILE: &str = ".:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+";
 
 /// Resources the fake serves, by URL collection path.
 const KINDS: [(&str, &str); 5] = [
@@ -92,6 +116,13 @@ struct State {
     concurrent: Option<(String, Value)>,
     /// ConfigMap updates refused with 409.
     conflicts: u64,
+    /// Bearer tokens whose account's RBAC is gone: every request gets 403.
+    revoked: std::collections::BTreeSet<String>,
+    /// Namespaces by name (looked up and deleted by the uninstall).
+    namespaces: BTreeMap<String, Value>,
+    /// Cluster-scoped and kube-system RBAC objects by `kind/namespace/name`, for
+    /// the uninstall's ownerReferences patches.
+    rbac: BTreeMap<String, Value>,
 }
 
 /// The running fake. Dropping it stops the server.
@@ -151,9 +182,14 @@ impl FakeApi {
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
             let app = axum::Router::new().fallback(
-                move |method: Method, uri: Uri, body: axum::body::Bytes| {
+                move |method: Method, uri: Uri, headers: HeaderMap, body: axum::body::Bytes| {
                     let (st, t) = (st.clone(), t.clone());
-                    async move { handle(st, t, method, uri, body) }
+                    async move {
+                        if let Some(refused) = forbidden(&st, &headers, &method, &uri) {
+                            return refused;
+                        }
+                        handle(st, t, method, uri, body)
+                    }
                 },
             );
             let _ = axum::serve(listener, app).await;
@@ -180,12 +216,28 @@ impl FakeApi {
 
     /// Writes a kubeconfig pointing at this server.
     pub fn write_kubeconfig(&self, path: &Path) {
+        self.write_kubeconfig_as(path, "fake-token");
+    }
+
+    /// Writes a kubeconfig pointing at this server with bearer token `token`: the
+    /// account [`FakeApi::revoke`] names.
+    pub fn write_kubeconfig_as(&self, path: &Path, token: &str) {
         let text = format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user:\n    token: fake-token\n",
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\nusers:\n- name: fake\n  user:\n    token: {token}\n",
             self.url()
         );
         std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// The account of `token` loses its RBAC, as when its Roles and bindings are
+    /// deleted: from now on every request with it gets 403.
+    pub fn revoke(&self, token: &str) {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .revoked
+            .insert(token.to_string());
     }
 
     /// Serves the Gateway API's v1 kinds (Gateway, HTTPRoute) from now on, as a
@@ -317,6 +369,35 @@ fn query(uri: &Uri) -> HashMap<String, String> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// 403 for a request whose bearer token was revoked, as the API server answers an
+/// account without RBAC; `None` lets it through.
+fn forbidden(
+    st: &Arc<Mutex<State>>,
+    headers: &HeaderMap,
+    method: &Method,
+    uri: &Uri,
+) -> Option<Response> {
+    let token = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?;
+    let mut s = st.lock().expect("fake API state");
+    if !s.revoked.contains(token) {
+        return None;
+    }
+    s.requests
+        .push(format!("{method} {uri} (forbidden: {token})"));
+    Some(status(
+        403,
+        "Forbidden",
+        &format!(
+            "{token} cannot {method} {}: its RBAC was deleted",
+            uri.path()
+        ),
+    ))
 }
 
 fn handle(

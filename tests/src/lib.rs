@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod dataplanes;
 pub mod fakeapi;
+pub mod helm;
 pub mod load;
 pub mod mesh;
 pub mod names_support;

@@ -37,27 +37,7 @@ use tokio::sync::watch;
 const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
 
 /// kubeadm's Corefile, as `kubectl -n kube-system get cm coredns -o yaml` shows it.
-const KUBEADM: &str = ".:53 {
-    errors
-    health {
-       lameduck 5s
-    }
-    ready
-    kubernetes cluster.local in-addr.arpa ip6.arpa {
-       pods insecure
-       fallthrough in-addr.arpa ip6.arpa
-       ttl 30
-    }
-    prometheus :9153
-    forward . /etc/resolv.conf {
-       max_concurrent 1000
-    }
-    cache 30
-    loop
-    reload
-    loadbalance
-}
-";
+const KUBEADM: &str = hairpin_tests::fakeapi::KUBEADM_COREFILE;
 
 fn route(host: &str) -> NameRoute {
     NameRoute {

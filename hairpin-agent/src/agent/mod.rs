@@ -40,7 +40,10 @@ use report::NamePaths;
 use source::{Desired, DesiredRx};
 
 use crate::{
-    datapath::{Datapath, Pin, drain_kernel_sockets},
+    datapath::{
+        Datapath, Pin, drain_kernel_sockets,
+        lifecycle::{Removal, Stop, StopSeen, decide},
+    },
     k8s::{
         coredns::ObjectName,
         owner::{self, Teardown},
@@ -110,42 +113,19 @@ pub struct Agent {
     link_addresses: Vec<(String, IpAddr)>,
 }
 
-/// What SIGTERM does with the datapath.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Removal {
-    /// Left for the next agent (a rollout, a restart, a node going down): links
-    /// and maps stay pinned and the programs keep running; the TTL is the backstop.
-    Keep(String),
-    /// Removed with this agent: nothing is pinned to keep, so it goes with the
-    /// process anyway.
-    Unpinned,
-    /// Removed, with the addresses the agent put on links: an uninstall.
-    Uninstall,
-}
-
-impl Removal {
-    /// Whether the datapath goes.
-    pub fn removes(&self) -> bool {
-        !matches!(self, Removal::Keep(_))
-    }
-}
-
-/// Decides what SIGTERM does with a datapath that is `pinned` or not: removed only
-/// when nothing is pinned (it goes with the process anyway) or the API server says
-/// the DaemonSet is gone or being deleted ([`owner::on_sigterm`], which keeps it when
-/// in doubt: a kept datapath never breaks traffic, it goes inert at the TTL and
-/// `cleanup` removes it; a removed one would leave every connect without hairpin
-/// until the next agent starts).
+/// Decides what SIGTERM does with a datapath that is `pinned` or not
+/// ([`decide::stop`]): removed only when nothing is pinned (it goes with the process
+/// anyway) or the API server says the DaemonSet is gone or being deleted
+/// ([`owner::on_sigterm`], which keeps it when in doubt: a kept datapath never breaks
+/// traffic, it goes inert at the TTL and `cleanup` removes it; a removed one would
+/// leave every connect without hairpin until the next agent starts).
 pub async fn decide_removal(
     pinned: bool,
     kube: Option<&kube::Client>,
     daemonset: Option<&ObjectName>,
-) -> Removal {
-    match (owner::on_sigterm(kube, daemonset).await, pinned) {
-        (Teardown::Remove, _) => Removal::Uninstall,
-        (Teardown::Keep, false) => Removal::Unpinned,
-        (Teardown::Keep, true) => Removal::Keep("kept for the next agent".into()),
-    }
+) -> Stop {
+    let uninstall = matches!(owner::on_sigterm(kube, daemonset).await, Teardown::Remove);
+    decide::stop(&StopSeen { pinned, uninstall })
 }
 
 impl Agent {
@@ -354,18 +334,9 @@ impl Agent {
             .map_mut()
             .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
         let removal = decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await;
-        match &removal {
-            Removal::Keep(why) => info!(reason = %why, "datapath kept"),
-            Removal::Unpinned => {
-                info!(
-                    reason = "nothing is pinned: it goes with this process",
-                    "datapath removed"
-                )
-            }
-            Removal::Uninstall => info!(
-                reason = "the agents are being uninstalled",
-                "datapath removed"
-            ),
+        match removal {
+            Stop::Keep => info!(reason = %removal, "datapath kept"),
+            Stop::Remove(_) => info!(reason = %removal, "datapath removed"),
         }
         if let Some(d) = self.reconciler.map_mut().filter(|_| removal.removes()) {
             if d.detach_connect() {
@@ -411,7 +382,7 @@ impl Agent {
         if let Some(beating) = self.beating.take() {
             beating.abort();
         }
-        if removal == Removal::Uninstall {
+        if removal == Stop::Remove(Removal::Uninstall) {
             if let Some(address) = self.names.as_ref().map(NameRouting::address) {
                 match crate::names::nat::remove(address) {
                     Ok(true) => info!("uninstall: the names ports' nftables table removed"),

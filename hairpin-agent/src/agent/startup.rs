@@ -23,7 +23,10 @@ use super::{
     source,
 };
 use crate::{
-    datapath::{self, Datapath, DatapathError, KernelPath, LoadOptions},
+    datapath::{
+        self, Datapath, DatapathError, KernelPath, LoadOptions,
+        lifecycle::{self, Started, Wait},
+    },
     k8s::{
         self,
         client::ClientError,
@@ -561,7 +564,8 @@ fn check_coredns(args: &RunArgs) -> Result<(), StartError> {
 /// [`EbpfOutcome::Failed`] with a warning; `ebpf` and `both` stop on it. While
 /// another agent owns the pin directory, or a live datapath of another pin layout
 /// is in it, this waits (not ready, and `status` says why): the running datapath
-/// is neither broken nor silently taken over. The log says why every 30 s.
+/// is neither broken nor silently taken over (see [`lifecycle`]). The log says why
+/// every 30 s.
 async fn start_datapath(
     args: &RunArgs,
 ) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>), StartError> {
@@ -572,15 +576,15 @@ async fn start_datapath(
     let mut said: Option<std::time::Instant> = None;
     let attached = loop {
         match attach(args) {
-            Err(e) if is_wait(&e) => {
-                let why = chain(&e);
+            Ok(Attached::Waiting(wait)) => {
                 if said.is_none_or(|t| t.elapsed() >= DATAPATH_WAIT_LOG) {
-                    warn!(reason = %why, "waiting to own the datapath");
+                    warn!(reason = %wait, "waiting to own the datapath");
                     said = Some(std::time::Instant::now());
                 }
                 tokio::time::sleep(DATAPATH_WAIT_RETRY).await;
             }
-            other => break other,
+            Ok(Attached::Ready(datapath, cgroup)) => break Ok((datapath, cgroup)),
+            Err(e) => break Err(e),
         }
     };
     match attached {
@@ -601,15 +605,22 @@ async fn start_datapath(
 const DATAPATH_WAIT_RETRY: Duration = Duration::from_secs(1);
 const DATAPATH_WAIT_LOG: Duration = Duration::from_secs(30);
 
-/// Whether `e` says to wait for the datapath rather than run without it.
-fn is_wait(e: &StartError) -> bool {
-    matches!(
-        e,
-        StartError::Datapath(DatapathError::Busy(_) | DatapathError::ForeignLayout { .. })
-    )
+/// What one attempt to own the datapath came to.
+// A Datapath is large and a Wait small, but this is returned once per attempt.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per start attempt, never stored in bulk"
+)]
+enum Attached {
+    /// Loaded and attached at the cgroup.
+    Ready(Datapath, PathBuf),
+    /// The lifecycle waits (see [`Wait`]): nothing was changed.
+    Waiting(Wait),
 }
 
-fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf), StartError> {
+/// Finds the cgroup, and starts the datapath as the lifecycle decides: loaded and
+/// attached, or waiting.
+fn attach(args: &RunArgs) -> Result<Attached, StartError> {
     let object = datapath::embedded_object().ok_or(DatapathError::NotEmbedded)?;
     let cgroup = match &args.cgroup_path {
         Some(p) => p.clone(),
@@ -619,9 +630,14 @@ fn attach(args: &RunArgs) -> Result<(Datapath, PathBuf), StartError> {
             datapath::find_cgroup2_root(&mountinfo).ok_or(StartError::NoCgroup2)?
         }
     };
-    let mut datapath = Datapath::load_with(object, &load_options(args))?;
-    datapath.attach(&cgroup)?;
-    Ok((datapath, cgroup))
+    match lifecycle::start(object, &load_options(args))? {
+        Started::Waiting(wait) => Ok(Attached::Waiting(wait)),
+        Started::Loaded { mut datapath, go } => {
+            info!(start = %go, "datapath loaded");
+            datapath.attach(&cgroup)?;
+            Ok(Attached::Ready(datapath, cgroup))
+        }
+    }
 }
 
 /// The name relay, when the plan runs one and ports are configured. It listens

@@ -95,6 +95,12 @@ pub struct CleanupArgs {
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
 
+    /// How long to wait for an exiting agent to release the pin directory's lock.
+    /// An agent still holding it after that owns the datapath: the pins are left
+    /// alone and the step fails (stop the agent first).
+    #[arg(long, env = "HAIRPIN_PIN_LOCK_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub pin_lock_wait: std::time::Duration,
+
     /// What to clean: `node` (the hosts block and the names address, run on every
     /// node), `cluster` (CoreDNS lines and the Lease, run once), or `all`.
     #[arg(long, env = "HAIRPIN_CLEANUP_SCOPE", value_enum, default_value_t = Scope::All)]
@@ -234,7 +240,7 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
         });
     }
     if args.bpf_pin_dir.as_os_str() != "none" {
-        remove_pins(&args.bpf_pin_dir, steps);
+        remove_pins(&args.bpf_pin_dir, args.pin_lock_wait, steps);
     }
 }
 
@@ -242,12 +248,33 @@ async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
 /// detached (the programs stop at once: traffic goes as before hairpin), then every
 /// pin (links, programs, maps, the layout directories, and the sockets maps earlier
 /// releases pinned), then `dir` itself when nothing else is in it.
-fn remove_pins(dir: &Path, steps: &mut Vec<CleanupStep>) {
+fn remove_pins(dir: &Path, wait: std::time::Duration, steps: &mut Vec<CleanupStep>) {
     let object = dir.display().to_string();
-    if !dir.exists() {
+    if std::fs::symlink_metadata(dir).is_err() {
         steps.push(step("pinned-maps", object, Outcome::Absent, None));
         return;
     }
+    // The pin directory's own lock, as an agent takes it: never under a live
+    // agent (one that is exiting has `wait`), never through a symlink, never off
+    // a bpf filesystem.
+    let _lock = match crate::datapath::pin::lock_for_cleanup(dir, wait) {
+        Ok(lock) => lock,
+        Err(e) => {
+            steps.push(step(
+                "pinned-maps",
+                object,
+                Outcome::Failed,
+                Some(e.to_string()),
+            ));
+            return;
+        }
+    };
+    remove_locked_pins(dir, steps);
+}
+
+/// [`remove_pins`] once the directory is checked and locked.
+fn remove_locked_pins(dir: &Path, steps: &mut Vec<CleanupStep>) {
+    let object = dir.display().to_string();
     for r in crate::datapath::pin::remove_all(dir) {
         let what = match r.kind {
             "link" => "pinned-link",
@@ -371,6 +398,8 @@ pub fn render(r: &CleanupReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
 
     use super::*;
@@ -439,7 +468,7 @@ mod tests {
             std::fs::write(dir.join(f), "").expect("file");
         }
         let mut steps = Vec::new();
-        remove_pins(&dir, &mut steps);
+        remove_locked_pins(&dir, &mut steps);
         let got: Vec<(&str, &Outcome)> = steps.iter().map(|s| (s.name, &s.outcome)).collect();
         assert_eq!(
             got,
@@ -456,13 +485,49 @@ mod tests {
         std::fs::remove_file(dir.join("not-ours")).expect("rm");
         std::fs::write(dir.join("sockets-3"), "").expect("file");
         let mut steps = Vec::new();
-        remove_pins(&dir, &mut steps);
+        remove_locked_pins(&dir, &mut steps);
         assert_eq!(steps.last().map(|s| &s.outcome), Some(&Outcome::Removed));
         assert!(!dir.exists());
 
         let mut steps = Vec::new();
-        remove_pins(&dir, &mut steps);
+        remove_pins(&dir, Duration::ZERO, &mut steps);
         assert_eq!(steps.len(), 1);
         assert_eq!(steps[0].outcome, Outcome::Absent);
+    }
+
+    /// Issue 31: cleanup never follows a symlinked pin directory, nor works on one
+    /// off bpffs (the privileged suite checks the lock against a live agent).
+    #[test]
+    fn a_symlinked_or_foreign_pin_directory_is_refused_and_left_as_it_is() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let target = base.path().join("elsewhere");
+        std::fs::create_dir_all(target.join("v1/maps")).expect("dirs");
+        std::fs::write(target.join("v1/maps/precious"), "").expect("file");
+        let link = base.path().join("pins");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let mut steps = Vec::new();
+        remove_pins(&link, Duration::ZERO, &mut steps);
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert_eq!(steps[0].outcome, Outcome::Failed);
+        assert!(
+            steps[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("symbolic link")),
+            "{steps:?}"
+        );
+        assert!(target.join("v1/maps/precious").exists());
+        // A real directory, but not on a bpf filesystem.
+        let mut steps = Vec::new();
+        remove_pins(&target, Duration::ZERO, &mut steps);
+        assert_eq!(steps[0].outcome, Outcome::Failed);
+        assert!(
+            steps[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("bpf filesystem")),
+            "{steps:?}"
+        );
+        assert!(target.join("v1/maps/precious").exists());
     }
 }

@@ -1,4 +1,5 @@
-//! The node subcommands: `status`, `check`, `doctor`, `dump`, and `cleanup`. They talk to
+//! The node subcommands: `status`, `check`, `doctor`, `dump`, `cleanup`, and the
+//! cluster's `uninstall`. They talk to
 //! the agent on this node through its admin server and to the kernel directly, so
 //! they still say something useful when the agent is down.
 
@@ -12,6 +13,7 @@ pub mod kube_proxy;
 pub mod probe;
 pub mod status;
 pub mod table;
+pub mod uninstall;
 
 use std::io::{IsTerminal, Write};
 

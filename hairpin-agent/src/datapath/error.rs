@@ -122,24 +122,6 @@ pub enum DatapathError {
         /// The kernel's answer.
         source: std::io::Error,
     },
-    /// Another agent holds the pin directory: it owns this node's datapath.
-    #[error(transparent)]
-    Busy(super::pin::PinError),
-    /// The pin directory holds a datapath of another layout, still live: this agent
-    /// does not adopt it (it would misread its maps) and waits until it expires.
-    #[error(
-        "{dir} holds a datapath of another pin layout ({found}) whose heartbeat is {state}:          this agent (layout v{layout}) does not adopt it and waits until it expires;          `hairpin-agent cleanup` removes it now"
-    )]
-    ForeignLayout {
-        /// The pin directory.
-        dir: PathBuf,
-        /// The layout directories found.
-        found: String,
-        /// This agent's layout.
-        layout: u32,
-        /// How its heartbeat stands.
-        state: String,
-    },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
     FamilyMismatch {

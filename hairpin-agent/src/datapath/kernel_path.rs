@@ -19,6 +19,7 @@ use hairpin_ebpf::{
 };
 
 use super::btf::BtfError;
+use super::lifecycle::{Drain, DrainSeen, decide};
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 // The programs read a kernel-path frontend's header byte as the version's number.
@@ -188,23 +189,30 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
     let mut fill = first;
     loop {
         let now = tokio::time::Instant::now();
-        let settled = fill.connecting == 0 || now.duration_since(started) >= HANDSHAKE_SETTLE;
-        if fill.in_map == 0 && settled {
-            tracing::info!(
-                waited_ms = now.duration_since(started).as_millis() as u64,
-                "kernel-path sockets map empty: every header is out"
-            );
-            return 0;
-        }
-        if now >= deadline {
-            if fill.in_map > 0 {
-                tracing::warn!(
-                    unwritten = fill.in_map,
-                    "drain deadline reached: kernel-path sockets established but not yet \
-                     written go without their PROXY header"
+        let seen = DrainSeen {
+            fill,
+            waited: now.duration_since(started),
+            past_deadline: now >= deadline,
+        };
+        match decide::drain(&seen) {
+            Drain::Done => {
+                tracing::info!(
+                    waited_ms = seen.waited.as_millis() as u64,
+                    "kernel-path sockets map empty: every header is out"
                 );
+                return 0;
             }
-            return fill.in_map;
+            Drain::GiveUp { unwritten } => {
+                if unwritten > 0 {
+                    tracing::warn!(
+                        unwritten,
+                        "drain deadline reached: kernel-path sockets established but not yet \
+                         written go without their PROXY header"
+                    );
+                }
+                return unwritten;
+            }
+            Drain::Wait => {}
         }
         tokio::time::sleep(FILL_POLL.min(deadline - now)).await;
         fill = read();

@@ -29,7 +29,6 @@ use hairpin_ebpf::{
 
 use super::error::{load_error, program_error};
 use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
-use super::pin::lock_pins;
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
 };
@@ -119,7 +118,7 @@ impl Datapath {
     /// Loads `object` with the bypass mark set, and both programs into the kernel
     /// (not yet attached), with room for [`MAX_FRONTENDS`] frontends.
     pub fn load(object: &[u8], bypass_mark: u32) -> Result<Datapath, DatapathError> {
-        Datapath::load_with(object, &LoadOptions::relay(bypass_mark))
+        Datapath::load_with(object, &LoadOptions::relay(bypass_mark), None, Pin::Off)
     }
 
     /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
@@ -135,18 +134,24 @@ impl Datapath {
                 max_frontends,
                 ..LoadOptions::relay(bypass_mark)
             },
+            None,
+            Pin::Off,
         )
     }
 
-    /// Loads `object` as `opts` say. With a pin directory it is locked first
-    /// ([`DatapathError::Busy`] while another agent holds it) and the shared maps are
-    /// the pinned ones when an earlier agent left them (created and pinned
-    /// otherwise). The kernel path's programs are tried first when asked for; when
-    /// this kernel cannot run them the relay path's connect programs load instead and
+    /// Loads `object` as `opts` say, pinned in `pins` (locked by the lifecycle,
+    /// which decided `pin`; see [`super::lifecycle::start`]): the shared maps are the
+    /// pinned ones when an earlier agent left them (created and pinned otherwise).
+    /// The kernel path's programs are tried first when asked for; when this kernel
+    /// cannot run them the relay path's connect programs load instead and
     /// [`Datapath::kernel_path`] says why. Nothing is attached yet.
-    pub fn load_with(object: &[u8], opts: &LoadOptions) -> Result<Datapath, DatapathError> {
+    pub(super) fn load_with(
+        object: &[u8],
+        opts: &LoadOptions,
+        pins: Option<PinDir>,
+        pin: Pin,
+    ) -> Result<Datapath, DatapathError> {
         raise_memlock_limit();
-        let (pins, pin) = lock_pins(opts)?;
         let sockets = sockets_capacity(pins.as_ref(), opts);
         // The programs' diagnostic events go to a ring buffer that a task reads; with
         // no runtime to run it, none are written.

@@ -7,8 +7,11 @@
 //!
 //! The rooms, each saying in its opening lines what it owns and never touches:
 //! - `load.rs`: the object and its load (globals, map sizes, kernel path or relay path);
-//! - `attach.rs`: attach and adopt (links consumers first, swapped in place, detached);
-//! - [`pin`]: the pin directory (its layout, lock, takeover of an expired datapath);
+//! - [`lifecycle`]: the lifecycle as one typed state machine (start, adopt, swap in
+//!   place, wait, take over, drain, keep, remove), its pure decisions and the one
+//!   executor that links, swaps and detaches;
+//! - `attach.rs`: what is attached (the links' record, their kernel ids);
+//! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
@@ -22,6 +25,7 @@ pub mod cgroup;
 mod error;
 pub mod kernel_objects;
 mod kernel_path;
+pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;

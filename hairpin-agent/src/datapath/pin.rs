@@ -33,9 +33,9 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
-use hairpin_ebpf::{MAP_HEARTBEAT, MAP_SOCKETS};
+use hairpin_ebpf::MAP_SOCKETS;
 
-use super::{Datapath, DatapathError, HeartbeatState, LoadOptions, heartbeat_state, sys};
+use super::{Datapath, sys};
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -64,6 +64,15 @@ pub enum PinError {
     )]
     Busy {
         /// The directory.
+        path: PathBuf,
+    },
+    /// A symbolic link where a pin directory must be: whoever planted it would
+    /// have `cleanup` remove files wherever it points.
+    #[error(
+        "{path} is a symbolic link: a pin directory must be a real directory on a bpf filesystem"
+    )]
+    Symlink {
+        /// The path.
         path: PathBuf,
     },
     /// A filesystem call failed.
@@ -234,6 +243,60 @@ impl PinDir {
 }
 
 /// `v<number>`.
+/// Takes the lock of an existing pin directory `root` for `cleanup`, waiting up to
+/// `within` for an agent that is exiting: [`PinError::Busy`] when one still holds
+/// it after that (removing a live agent's datapath under it is not cleanup's to
+/// do), [`PinError::Symlink`] for a symbolic link, [`PinError::NotBpffs`] for a
+/// directory elsewhere. The directory is opened without following a link.
+pub fn lock_for_cleanup(
+    root: &Path,
+    within: std::time::Duration,
+) -> Result<nix::fcntl::Flock<File>, PinError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if fs::symlink_metadata(root)
+        .map_err(io_error("stat", root))?
+        .file_type()
+        .is_symlink()
+    {
+        return Err(PinError::Symlink {
+            path: root.to_path_buf(),
+        });
+    }
+    check_bpffs(root)?;
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+            .open(root)
+            .map_err(io_error("open", root))?;
+        match nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(locked),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(PinError::Busy {
+                    path: root.to_path_buf(),
+                });
+            }
+            Err((_, e)) => {
+                return Err(PinError::Io {
+                    op: "lock",
+                    path: root.to_path_buf(),
+                    source: e.into(),
+                });
+            }
+        }
+    }
+}
+
+/// Whether `p` is a directory itself, not a symbolic link to one: [`remove_all`]
+/// never descends through a link (it would unpin files wherever it points).
+fn real_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir())
+}
+
 fn is_layout_dir(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
@@ -291,6 +354,12 @@ pub enum UnpinError {
         /// The kernel's error.
         source: io::Error,
     },
+    /// A symbolic link where a directory of pins must be: not followed.
+    #[error("refused {}: a symbolic link, not followed", path.display())]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
     /// The pin (or layout directory) could not be removed.
     #[error("remove {}: {source}", path.display())]
     Remove {
@@ -337,7 +406,13 @@ pub fn remove_all(root: &Path) -> Vec<Removed> {
     let mut layouts = Vec::new();
     for e in entries.filter_map(Result::ok) {
         let p = e.path();
-        if is_layout_dir(&p) {
+        if is_layout_dir(&p) && !real_dir(&p) {
+            done.push(Removed {
+                kind: "directory",
+                result: Err(UnpinError::Symlink { path: p.clone() }),
+                path: p,
+            });
+        } else if is_layout_dir(&p) {
             layouts.push(p);
         } else if e
             .file_name()
@@ -365,7 +440,7 @@ pub fn remove_layout(layout: &Path) -> Vec<Removed> {
     let mut done = Vec::new();
     // Links first, connect programs before the consumers: no socket is marked
     // after this that sock_ops or sk_msg would not see.
-    for role in Role::ALL.iter().rev() {
+    for role in super::lifecycle::decide::detach_order() {
         let p = layout.join("links").join(role.name());
         if !p.exists() {
             continue;
@@ -385,6 +460,14 @@ pub fn remove_layout(layout: &Path) -> Vec<Removed> {
     }
     for (sub, kind) in [("links", "link"), ("progs", "program"), ("maps", "map")] {
         let dir = layout.join(sub);
+        if dir.exists() && !real_dir(&dir) {
+            done.push(Removed {
+                kind: "directory",
+                result: Err(UnpinError::Symlink { path: dir.clone() }),
+                path: dir,
+            });
+            continue;
+        }
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
@@ -515,71 +598,6 @@ impl Datapath {
     pub fn sockets_pin(&self) -> Option<PathBuf> {
         self.pins.as_ref().map(|p| p.map(MAP_SOCKETS))
     }
-}
-
-/// Locks the pin directory, when there is one, taking over from an agent whose
-/// datapath expired: [`DatapathError::Busy`] while another agent holds it; any
-/// other failure leaves the datapath unpinned (it goes with this process), and
-/// says so.
-pub(super) fn lock_pins(opts: &LoadOptions) -> Result<(Option<PinDir>, Pin), DatapathError> {
-    let Some(dir) = &opts.pin_dir else {
-        return Ok((None, Pin::Off));
-    };
-    match PinDir::lock(dir, opts.pin_layout) {
-        Ok(pins) => {
-            take_over_expired(&pins, opts.pin_layout)?;
-            Ok((Some(pins), Pin::Pinned(dir.clone())))
-        }
-        Err(e @ PinError::Busy { .. }) => Err(DatapathError::Busy(e)),
-        Err(e) => {
-            tracing::warn!(error = %e, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
-            Ok((None, Pin::Failed(e.to_string())))
-        }
-    }
-}
-
-/// Another layout's datapath in the pin directory: left alone while its heartbeat
-/// is live (this agent would misread its maps, and its kernel path still writes
-/// headers without any agent), removed once it has expired, which it has when no
-/// agent of its layout has beaten within its TTL. The heartbeat map's layout (two
-/// u64: the beat and the TTL) is the one that never changes between layouts.
-fn take_over_expired(pins: &PinDir, layout: u32) -> Result<(), DatapathError> {
-    let foreign = pins.foreign_layouts();
-    if foreign.is_empty() {
-        return Ok(());
-    }
-    let mut live = Vec::new();
-    for dir in &foreign {
-        let state = heartbeat_state(&dir.join("maps").join(MAP_HEARTBEAT));
-        match state {
-            HeartbeatState::Live(left) => live.push(format!(
-                "{} live for {}s more",
-                dir.display(),
-                left.as_secs()
-            )),
-            state => {
-                tracing::warn!(layout = %dir.display(), heartbeat = %state, "a datapath of another layout has expired: removing it and taking over");
-                for r in remove_layout(dir) {
-                    if let Err(e) = r.result {
-                        tracing::warn!(pin = %r.path.display(), error = %e, "could not remove");
-                    }
-                }
-            }
-        }
-    }
-    if live.is_empty() {
-        return Ok(());
-    }
-    Err(DatapathError::ForeignLayout {
-        dir: pins.root().to_path_buf(),
-        found: foreign
-            .iter()
-            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect::<Vec<_>>()
-            .join(", "),
-        layout,
-        state: live.join("; "),
-    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! The fake API server's ConfigMaps (get, create, update with resourceVersion
 //! conflict checking), Node, DaemonSet and Deployment lookups (pod CIDRs,
-//! node-local-dns, the CoreDNS version) and Lease deletion (for `cleanup`). Additive
-//! to the watch layer's Services and Ingresses.
+//! node-local-dns, the CoreDNS version), DaemonSet and Deployment deletion as the
+//! garbage collector's propagation policies do it (foreground: marked deleting,
+//! removed once the test, as the controller, says its pods are gone), Lease
+//! deletion (for `cleanup`), and the Namespace and RBAC objects the uninstall
+//! deletes or patches. Additive to the watch layer's Services and Ingresses.
 
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +54,84 @@ impl FakeApi {
             .remove(key);
     }
 
+    /// The DaemonSet `namespace/name` as stored.
+    pub fn daemonset(&self, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .daemonsets
+            .get(key)
+            .cloned()
+    }
+
+    /// The Deployment `namespace/name` as stored.
+    pub fn deployment(&self, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .deployments
+            .get(key)
+            .cloned()
+    }
+
+    /// Removes the Deployment `namespace/name`, as its deletion completing does.
+    pub fn remove_deployment(&self, key: &str) {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .deployments
+            .remove(key);
+    }
+
+    /// Adds a Namespace (looked up and deleted, never watched).
+    pub fn put_namespace(&self, mut ns: Value) {
+        let name = ns["metadata"]["name"].as_str().unwrap_or("").to_string();
+        ns["metadata"]["uid"] = json!(format!("uid-namespace-{name}"));
+        self.state
+            .lock()
+            .expect("fake API state")
+            .namespaces
+            .insert(name, ns);
+    }
+
+    /// The Namespace `name` as stored (`None` once deleted).
+    pub fn namespace(&self, name: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .namespaces
+            .get(name)
+            .cloned()
+    }
+
+    /// Adds a ClusterRole, ClusterRoleBinding, Role or RoleBinding (patched, never
+    /// watched), keyed `Kind/namespace/name` (`-` for cluster-scoped).
+    pub fn put_rbac(&self, o: Value) {
+        let k = rbac_key(&o);
+        self.state.lock().expect("fake API state").rbac.insert(k, o);
+    }
+
+    /// An RBAC object by `Kind/namespace/name`.
+    pub fn rbac(&self, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("fake API state")
+            .rbac
+            .get(key)
+            .cloned()
+    }
+
+    /// Adds a Lease `namespace/name`, as its holder would have created it.
+    pub fn put_lease(&self, key: &str) {
+        let (ns, name) = key.split_once('/').expect("namespace/name");
+        let mut st = self.state.lock().expect("fake API state");
+        st.rv += 1;
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": st.rv.to_string()},
+            "spec": {"holderIdentity": "a-previous-holder"}});
+        st.leases.insert(key.to_string(), lease);
+    }
+
     /// Adds a Deployment (looked up, never watched).
     pub fn put_deployment(&self, d: Value) {
         let key = key(&d);
@@ -98,6 +179,15 @@ fn key(o: &Value) -> String {
     )
 }
 
+fn rbac_key(o: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        o["kind"].as_str().unwrap_or(""),
+        o["metadata"]["namespace"].as_str().unwrap_or("-"),
+        o["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
 fn not_found(kind: &str, name: &str) -> Response {
     status(404, "NotFound", &format!("{kind} \"{name}\" not found"))
 }
@@ -121,19 +211,25 @@ pub(super) fn handle(
                 None => not_found("nodes", name),
             })
         }
-        ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name] if method == Method::GET => {
-            let s = st.lock().expect("fake API state");
-            Some(match s.daemonsets.get(&format!("{ns}/{name}")) {
-                Some(ds) => respond(StatusCode::OK, ds.clone()),
-                None => not_found("daemonsets.apps", name),
-            })
-        }
-        ["apis", "apps", "v1", "namespaces", ns, "deployments", name] if method == Method::GET => {
-            let s = st.lock().expect("fake API state");
-            Some(match s.deployments.get(&format!("{ns}/{name}")) {
-                Some(d) => respond(StatusCode::OK, d.clone()),
-                None => not_found("deployments.apps", name),
-            })
+        ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name] => Some(workload(
+            st,
+            method,
+            &format!("{ns}/{name}"),
+            "daemonsets.apps",
+            body,
+            |s| &mut s.daemonsets,
+        )),
+        ["apis", "apps", "v1", "namespaces", ns, "deployments", name] => Some(workload(
+            st,
+            method,
+            &format!("{ns}/{name}"),
+            "deployments.apps",
+            body,
+            |s| &mut s.deployments,
+        )),
+        ["api", "v1", "namespaces", name] => Some(namespace(st, method, name)),
+        ["apis", "rbac.authorization.k8s.io", "v1", rest @ ..] if method == Method::PATCH => {
+            Some(patch_rbac(st, rest, body))
         }
         [
             "apis",
@@ -223,4 +319,80 @@ fn configmap(
         }
         _ => status(405, "MethodNotAllowed", "unsupported configmap request"),
     }
+}
+
+/// GET, or DELETE with the garbage collector's propagation: `Foreground` marks the
+/// object deleting (deletionTimestamp, the foregroundDeletion finalizer) and keeps
+/// it until the test removes it, as the controller does once its pods are gone;
+/// anything else removes it at once, as a background deletion does.
+fn workload(
+    st: &Arc<Mutex<State>>,
+    method: &Method,
+    key: &str,
+    kind: &str,
+    body: &[u8],
+    store: impl Fn(&mut State) -> &mut std::collections::BTreeMap<String, Value>,
+) -> Response {
+    let mut s = st.lock().expect("fake API state");
+    let name = key.rsplit('/').next().unwrap_or("");
+    match *method {
+        Method::GET => match store(&mut s).get(key) {
+            Some(o) => respond(StatusCode::OK, o.clone()),
+            None => not_found(kind, name),
+        },
+        Method::DELETE => {
+            let opts: Value = serde_json::from_slice(body).unwrap_or(json!({}));
+            let foreground = opts["propagationPolicy"] == "Foreground";
+            let Some(o) = store(&mut s).get_mut(key) else {
+                return not_found(kind, name);
+            };
+            if foreground {
+                o["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                o["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+                let o = o.clone();
+                return respond(StatusCode::OK, o);
+            }
+            store(&mut s).remove(key);
+            respond(
+                StatusCode::OK,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            )
+        }
+        _ => status(405, "MethodNotAllowed", "unsupported workload request"),
+    }
+}
+
+fn namespace(st: &Arc<Mutex<State>>, method: &Method, name: &str) -> Response {
+    let mut s = st.lock().expect("fake API state");
+    match *method {
+        Method::GET => match s.namespaces.get(name) {
+            Some(n) => respond(StatusCode::OK, n.clone()),
+            None => not_found("namespaces", name),
+        },
+        Method::DELETE => match s.namespaces.remove(name) {
+            Some(n) => respond(StatusCode::OK, n),
+            None => not_found("namespaces", name),
+        },
+        _ => status(405, "MethodNotAllowed", "unsupported namespace request"),
+    }
+}
+
+/// A JSON merge patch of an RBAC object's metadata (all the uninstall sends).
+fn patch_rbac(st: &Arc<Mutex<State>>, rest: &[&str], body: &[u8]) -> Response {
+    let (kind, ns, name) = match rest {
+        ["clusterroles", n] => ("ClusterRole", "-", *n),
+        ["clusterrolebindings", n] => ("ClusterRoleBinding", "-", *n),
+        ["namespaces", ns, "roles", n] => ("Role", *ns, *n),
+        ["namespaces", ns, "rolebindings", n] => ("RoleBinding", *ns, *n),
+        _ => return status(404, "NotFound", "the fake serves no such RBAC path"),
+    };
+    let patch: Value = serde_json::from_slice(body).unwrap_or(json!({}));
+    let mut s = st.lock().expect("fake API state");
+    let Some(o) = s.rbac.get_mut(&format!("{kind}/{ns}/{name}")) else {
+        return not_found(kind, name);
+    };
+    for (field, value) in patch["metadata"].as_object().into_iter().flatten() {
+        o["metadata"][field] = value.clone();
+    }
+    respond(StatusCode::OK, o.clone())
 }

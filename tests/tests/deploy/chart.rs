@@ -3,7 +3,7 @@
 //! `cargo xtask setup`; `helm.py` beside this file drives it). Each variant's values
 //! must render what kustomize renders for it, and pass Helm's strict lint.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Command};
+use std::collections::BTreeMap;
 
 use hairpin_tests::repo::workspace;
 
@@ -16,59 +16,12 @@ use super::{
 };
 
 /// The chart's directory.
-pub(super) const CHART: &str = "deploy/chart/hairpin";
+pub(super) use hairpin_tests::helm::CHART;
 
 /// The Kubernetes version the lint checks against: the chart's `kubeVersion` floor.
 const KUBE_VERSION: &str = "v1.29.0";
 
-/// The Python interpreter of the virtual environment holding helm-python-sdk:
-/// `HAIRPIN_HELM_PYTHON` (set by `cargo xtask test`), else the one `cargo xtask
-/// setup` made under the cache. Missing, the test fails saying how to install it:
-/// the chart is never checked by anything but Helm.
-fn helm_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("HAIRPIN_HELM_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("hairpin");
-    let found = std::fs::read_dir(&cache).ok().and_then(|d| {
-        d.flatten()
-            .map(|e| e.path().join("bin/python"))
-            .filter(|p| {
-                p.parent()
-                    .and_then(|b| b.parent())
-                    .and_then(|v| v.file_name())
-                    .is_some_and(|n| n.to_string_lossy().starts_with("helm-python-sdk-"))
-            })
-            .find(|p| p.exists())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "Helm (helm-python-sdk) is not installed under {}: run `cargo xtask setup`, \
-             or set HAIRPIN_HELM_PYTHON to a Python that imports helm_python",
-            cache.display()
-        )
-    })
-}
-
-/// Runs `helm.py ARGS` and returns its JSON answer, failing with Helm's own error.
-fn helm(args: &[String]) -> Json {
-    let python = helm_python();
-    let out = Command::new(&python)
-        .arg(workspace().join("tests/tests/deploy/helm.py"))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("failed to run {}: {e}", python.display()));
-    assert!(
-        out.status.success(),
-        "helm {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("helm.py prints JSON")
-}
+use hairpin_tests::helm::helm;
 
 /// `--set-json KEY=VALUE` for each (dotted key, value): Helm merges each over
 /// values.yaml (a map is merged into the default map, anything else replaces it).
@@ -81,33 +34,75 @@ fn set_json(set: &[(&str, Yaml)]) -> Vec<String> {
         .collect()
 }
 
-/// The chart's manifests as `helm install hairpin CHART -n hairpin-system` renders
-/// them with `flags` (`--set EXPR`, `--set-json EXPR`), one JSON value per object, in
-/// template path order; NOTES.txt is left out.
+/// Whether `o` is a Helm hook (an uninstall step or the `helm test` pod): Helm runs
+/// hooks at their event and keeps them out of the release.
+pub(super) fn is_hook(o: &Json) -> bool {
+    o["metadata"]["annotations"]["helm.sh/hook"].is_string()
+}
+
+/// Every object of the chart as `helm install RELEASE CHART -n NAMESPACE` renders it
+/// with `flags` (`--set EXPR`, `--set-json EXPR`), hooks included, one JSON value per
+/// object, in template path order; NOTES.txt is left out.
+pub(super) fn render_all(namespace: &str, release: &str, flags: &[String]) -> Vec<Json> {
+    let objs = hairpin_tests::helm::render_workspace_chart(namespace, release, flags);
+    assert!(
+        objs.iter().any(|o| o["kind"] == "DaemonSet"),
+        "Helm rendered no DaemonSet"
+    );
+    objs
+}
+
+/// The release's objects (no hooks) as `helm install hairpin CHART -n hairpin-system`
+/// renders them with `flags`.
 pub(super) fn render_chart_with(flags: &[String]) -> Vec<Json> {
+    render_all("hairpin-system", "hairpin", flags)
+        .into_iter()
+        .filter(|o| !is_hook(o))
+        .collect()
+}
+
+/// The chart's hooks (the uninstall steps, the test pod) for `flags`.
+pub(super) fn render_hooks_with(flags: &[String]) -> Vec<Json> {
+    render_all("hairpin-system", "hairpin", flags)
+        .into_iter()
+        .filter(is_hook)
+        .collect()
+}
+
+/// Helm's own error for `flags` (the schema's or a template's), as its message:
+/// the render must fail.
+pub(super) fn render_error(flags: &[String]) -> String {
+    let r = std::panic::catch_unwind(|| render_chart_with(flags));
+    r.err()
+        .and_then(|p| p.downcast::<String>().ok().map(|s| *s))
+        .unwrap_or_else(|| panic!("Helm rendered the chart with {flags:?}: expected a refusal"))
+}
+
+/// `helm install --dry-run=client`: the release manifest Helm would install (hooks
+/// set apart by Helm itself) and the rendered NOTES.txt.
+pub(super) fn dry_run_install(
+    namespace: &str,
+    release: &str,
+    flags: &[String],
+) -> (Vec<Json>, String) {
     let mut args = vec![
-        "render".to_string(),
+        "install".to_string(),
         workspace().join(CHART).display().to_string(),
-        "hairpin-system".to_string(),
+        namespace.to_string(),
+        "--release".to_string(),
+        release.to_string(),
     ];
     args.extend_from_slice(flags);
     let answer = helm(&args);
-    let manifests = answer["manifests"].as_object().expect("manifests");
-    let files: BTreeMap<&String, &str> = manifests
-        .iter()
-        .filter(|(path, _)| path.ends_with(".yaml"))
-        .map(|(path, text)| (path, text.as_str().expect("manifest text")))
-        .collect();
-    assert!(
-        files.keys().any(|p| p.ends_with("/daemonset.yaml")),
-        "Helm rendered no DaemonSet template: {:?}",
-        manifests.keys().collect::<Vec<_>>()
-    );
-    files.values().flat_map(|text| docs(text)).collect()
+    let manifest = answer["manifest"].as_str().expect("manifest");
+    (
+        docs(manifest),
+        answer["notes"].as_str().unwrap_or_default().to_string(),
+    )
 }
 
 /// The chart rendered by Helm with values.yaml overridden by `set` (dotted keys, as
-/// `--set-json`), in namespace hairpin-system.
+/// `--set-json`), in namespace hairpin-system, without its hooks.
 pub(super) fn render_chart(set: &[(&str, Yaml)]) -> Vec<Json> {
     render_chart_with(&set_json(set))
 }
@@ -144,8 +139,10 @@ pub(super) fn set_flags(chart: &[(&str, &str)]) -> Vec<String> {
         .collect()
 }
 
-/// Objects keyed by kind/namespace/name, without kustomize's part-of label and the
-/// Namespace (Helm's --create-namespace makes it). Container env is sorted by name:
+/// Objects keyed by kind/namespace/name, without the labels only one side sets
+/// (kustomize's part-of; Helm's managed-by and helm.sh/chart), Helm's hook
+/// annotations and the Namespace (made before the install). Container env is sorted
+/// by name:
 /// kustomize's strategic merge moves patched entries to the front, and the order of
 /// plain `value`s carries no meaning (no entry refers to another with `$(NAME)`,
 /// which `no_env_refers_to_another` checks).
@@ -154,9 +151,21 @@ pub(super) fn comparable(objs: Vec<Json>) -> BTreeMap<String, Json> {
         .filter(|o| o["kind"] != "Namespace")
         .map(|mut o| {
             if let Some(l) = o["metadata"]["labels"].as_object_mut() {
-                l.remove("app.kubernetes.io/part-of");
+                for only_one_side in [
+                    "app.kubernetes.io/part-of",
+                    "app.kubernetes.io/managed-by",
+                    "helm.sh/chart",
+                ] {
+                    l.remove(only_one_side);
+                }
             }
-            if let Some(cs) = o["spec"]["template"]["spec"]["containers"].as_array_mut() {
+            if let Some(a) = o["metadata"]["annotations"].as_object_mut() {
+                a.retain(|k, _| !k.starts_with("helm.sh/hook"));
+            }
+            for list in ["containers", "initContainers"] {
+                let Some(cs) = o["spec"]["template"]["spec"][list].as_array_mut() else {
+                    continue;
+                };
                 for c in cs {
                     if let Some(env) = c["env"].as_array_mut() {
                         env.sort_by_key(|e| e["name"].as_str().unwrap_or_default().to_string());
@@ -219,16 +228,10 @@ fn helm_lints_the_chart_with_every_variants_values() {
 #[test]
 fn helm_errors_fail_the_render() {
     // The harness reports Helm's own failure instead of rendering something: a
-    // string where the templates read `.Values.coredns.mode` is a template error.
-    let r = std::panic::catch_unwind(|| {
-        render_chart_with(&["--set-json".to_string(), r#"coredns="x""#.to_string()])
-    });
-    let msg = r
-        .err()
-        .and_then(|p| p.downcast::<String>().ok())
-        .expect("Helm refuses coredns=\"x\"");
+    // string where values.yaml has a map is refused by the schema, naming the key.
+    let msg = render_error(&["--set-json".to_string(), r#"coredns="x""#.to_string()]);
     assert!(
-        msg.contains("HelmRenderError") && msg.contains("can't evaluate field mode"),
+        msg.contains("HelmValuesError") && msg.contains("/coredns") && msg.contains("want object"),
         "{msg}"
     );
 }

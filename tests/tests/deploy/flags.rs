@@ -11,7 +11,7 @@ use std::{
 use clap::Parser;
 use hairpin_agent::{
     agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
-    cli::cleanup::CleanupArgs,
+    cli::{cleanup::CleanupArgs, uninstall::UninstallArgs},
 };
 
 use super::render::read;
@@ -38,6 +38,19 @@ struct Writer {
 struct Cleanup {
     #[command(flatten)]
     args: CleanupArgs,
+}
+
+/// `hairpin-agent uninstall`'s options.
+#[derive(Parser, Debug)]
+#[command(name = "uninstall")]
+struct Uninstall {
+    #[command(flatten)]
+    args: UninstallArgs,
+}
+
+/// The env parsed as `uninstall` parses it.
+pub fn uninstall_args(env: &BTreeMap<String, String>, source: &str) -> UninstallArgs {
+    parse::<Uninstall>(env, source).args
 }
 
 /// The env parsed as `run` parses it.

@@ -17,8 +17,10 @@
 //! engine in this suite: the Dockerfile is checked statically).
 
 mod chart;
+mod chart_values;
 mod daemonset;
 mod flags;
+mod hooks;
 mod image;
 mod kernel_path;
 mod monitoring;
@@ -51,7 +53,7 @@ pub struct Variant {
     pub written: Option<&'static str>,
     /// Whether the node's /etc/hosts is managed.
     pub hosts: bool,
-    /// The kustomization that removes what these agents wrote.
+    /// The kustomization that removes this install (`kubectl apply -k`).
     pub uninstall: &'static str,
     /// The chart values (dotted key, YAML value) that render the same objects.
     pub chart: &'static [(&'static str, &'static str)],
@@ -114,9 +116,8 @@ pub const VARIANTS: [Variant; 6] = [
         coredns: CorednsMode::Off,
         written: None,
         hosts: false,
-        // Nothing outside the namespace was written; the Job deletes the Lease and the
-        // node step finds no block.
-        uninstall: "deploy/uninstall",
+        // No hosts file to clean (nor to mount).
+        uninstall: "deploy/uninstall/fallbacks-off",
         chart: &[("mode", "ebpf"), ("hostsFile.enabled", "false")],
     },
 ];
@@ -399,7 +400,7 @@ fn no_todo_or_planned_text_is_left_in_deploy() {
 }
 
 #[test]
-fn the_readme_lists_every_variant_and_the_uninstall_order() {
+fn the_readme_lists_every_variant_and_the_one_command_uninstalls() {
     let readme = render::read("README.md");
     for v in VARIANTS.iter().filter(|v| v.dir != "deploy/base") {
         let name = v.dir.trim_start_matches("deploy/");
@@ -409,18 +410,17 @@ fn the_readme_lists_every_variant_and_the_uninstall_order() {
             v.dir
         );
     }
-    // Agents first (else they write back), then the cleanup, then the RBAC it uses.
-    let at = |s: &str| {
-        readme
-            .find(s)
-            .unwrap_or_else(|| panic!("README lacks {s:?}"))
-    };
+    // One command each: the kustomize uninstall is applied (its Job orders the
+    // removal), never the install deleted in one pass; Helm's runs its hooks.
+    for want in [
+        "kubectl apply -k deploy/uninstall",
+        "helm uninstall hairpin -n hairpin-system",
+        "kubectl wait --for=delete namespace/hairpin-system",
+    ] {
+        assert!(readme.contains(want), "README lacks {want:?}");
+    }
     assert!(
-        at("delete ds/hairpin --cascade=foreground") < at("kubectl apply -k deploy/uninstall")
-            && at("kubectl apply -k deploy/uninstall")
-                < at("wait --for=condition=complete job/hairpin-cleanup")
-            && at("wait --for=condition=complete job/hairpin-cleanup")
-                < at("kubectl delete -k deploy/overlays/"),
-        "README: the uninstall order"
+        !readme.contains("kubectl delete -k deploy/overlays/"),
+        "README: deleting the install in one pass leaves CoreDNS pointing at nothing"
     );
 }

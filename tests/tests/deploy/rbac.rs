@@ -1,29 +1,34 @@
 //! RBAC: the API calls each ServiceAccount's processes make in a given
 //! configuration, each pointing at the code that makes it, against the Roles a
 //! kustomization renders and binds to that account: `hairpin` (the DaemonSet's
-//! `run` and the uninstall Job's `cleanup`) and `hairpin-coredns` (the writer
-//! Deployment's `coredns-writer` and the hairpin-cleanup-coredns Job's `cleanup`).
+//! `run`), `hairpin-coredns` (the writer Deployment's `coredns-writer`), and in the
+//! uninstall `hairpin-uninstall` (the Job's `uninstall`) and `hairpin-cleanup` (the
+//! node cleanup's `uninstall --step await-stopped`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use hairpin_agent::{
     agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
-    cli::cleanup::CleanupArgs,
+    cli::uninstall::{Owned, Step, UninstallArgs, WorkloadKind},
     k8s::coredns::{CorednsMode, ObjectName},
 };
 use serde_json::Value as Json;
 
 use super::{
     VARIANTS,
-    flags::{cleanup_args, run_args, writer_args},
-    render::{agent, env_of, kustomize, read, writer},
-    uninstall::{cleanup_job, coredns_cleanup_job},
+    flags::{run_args, uninstall_args, writer_args},
+    render::{agent, daemonset, env_of, kustomize, pod_spec, read, writer},
+    uninstall::uninstall_job_args,
 };
 
 /// The agents' ServiceAccount.
 const AGENT: &str = "hairpin";
 /// The CoreDNS writer's ServiceAccount.
 const WRITER: &str = "hairpin-coredns";
+/// The uninstall Job's ServiceAccount.
+const UNINSTALL: &str = "hairpin-uninstall";
+/// The node cleanup's ServiceAccount.
+const NODE_CLEANUP: &str = "hairpin-cleanup";
 
 /// One permission: (namespace or "*" for cluster-wide, apiGroup, resource, verb,
 /// resourceName or "*").
@@ -243,27 +248,113 @@ fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
     ]
 }
 
-/// What `hairpin-agent cleanup` calls with `c`'s settings when it reaches the API.
-pub fn cleanup_calls(c: &CleanupArgs) -> Vec<Call> {
-    // cli/cleanup.rs `cluster_steps`: deletes the Lease by name (404 = absent).
-    let l = &c.lease;
-    let mut v = vec![call(
-        (
-            &l.namespace,
-            "coordination.k8s.io",
-            "leases",
-            "delete",
-            &l.name,
-        ),
-        "cli/cleanup.rs",
-        ".delete(&args.lease.name",
-    )];
-    // k8s/coredns/mod.rs `remove`: the same edit as the writer's, with our lines taken out;
-    // in import mode a missing coredns-custom is left missing (no create).
-    match c.coredns {
+/// What `hairpin-agent uninstall` calls with `u`'s settings.
+pub fn uninstall_calls(u: &UninstallArgs) -> Vec<Call> {
+    let mut v = Vec::new();
+    for w in &u.stop {
+        let (resource, delete_needle, get_needle) = match w.kind {
+            WorkloadKind::DaemonSet => (
+                "daemonsets",
+                "ns_api::<DaemonSet>(client, &w.name)",
+                "await_absent(ns_api::<DaemonSet>",
+            ),
+            WorkloadKind::Deployment => (
+                "deployments",
+                "ns_api::<Deployment>(client, &w.name)",
+                "await_absent(ns_api::<Deployment>",
+            ),
+        };
+        let o = &w.name;
+        // cli/uninstall.rs `await_gone`: read until 404, in every step.
+        v.push(call(
+            (&o.namespace, "apps", resource, "get", &o.name),
+            "cli/uninstall.rs",
+            get_needle,
+        ));
+        // `delete_workload`: foreground deletion, only in the Job.
+        if u.step == Step::All {
+            v.push(call(
+                (&o.namespace, "apps", resource, "delete", &o.name),
+                "cli/uninstall.rs",
+                delete_needle,
+            ));
+        }
+    }
+    if u.step != Step::All {
+        return v;
+    }
+    // cli/cleanup.rs `cluster_steps` (through `cluster_cleanup`): each Lease by name
+    // (404 = absent), and k8s/coredns/mod.rs `remove`: the writer's edit with our
+    // lines taken out (in import mode a missing coredns-custom stays missing).
+    for l in &u.leases {
+        v.push(call(
+            (
+                &l.namespace,
+                "coordination.k8s.io",
+                "leases",
+                "delete",
+                &l.name,
+            ),
+            "cli/cleanup.rs",
+            ".delete(&args.lease.name",
+        ));
+    }
+    match u.coredns {
         CorednsMode::Off => {}
-        CorednsMode::Corefile => v.extend(configmap_edit_calls(&c.coredns_objects.configmap)),
-        CorednsMode::Import => v.extend(configmap_edit_calls(&c.coredns_objects.custom_configmap)),
+        CorednsMode::Corefile => v.extend(configmap_edit_calls(&u.coredns_objects.configmap)),
+        CorednsMode::Import => v.extend(configmap_edit_calls(&u.coredns_objects.custom_configmap)),
+    }
+    // `await_nodes`: the node cleanup's rollout.
+    if let Some(n) = &u.nodes {
+        v.push(call(
+            (&n.namespace, "apps", "daemonsets", "get", &n.name),
+            "cli/uninstall.rs",
+            "ns_api::<DaemonSet>(client, nodes)",
+        ));
+    }
+    // `own_by_namespace`: the namespace's uid, then a patch of each object's
+    // ownerReferences; `delete_namespace`.
+    if let Some(ns) = &u.delete_namespace {
+        for (verb, needle) in [
+            ("get", "Api::<Namespace>::all(client.clone()).get(ns)"),
+            ("delete", ".delete(ns, &DeleteParams::background())"),
+        ] {
+            v.push(call(
+                ("*", "", "namespaces", verb, ns),
+                "cli/uninstall.rs",
+                needle,
+            ));
+        }
+        for o in &u.with_namespace {
+            let (ns, resource, name, needle) = match o {
+                Owned::ClusterRole(n) => {
+                    ("*", "clusterroles", n.as_str(), "Api::<ClusterRole>::all(")
+                }
+                Owned::ClusterRoleBinding(n) => (
+                    "*",
+                    "clusterrolebindings",
+                    n.as_str(),
+                    "Api::<ClusterRoleBinding>::all(",
+                ),
+                Owned::Role(n) => (
+                    n.namespace.as_str(),
+                    "roles",
+                    n.name.as_str(),
+                    "ns_api::<Role>(client, n)",
+                ),
+                Owned::RoleBinding(n) => (
+                    n.namespace.as_str(),
+                    "rolebindings",
+                    n.name.as_str(),
+                    "ns_api::<RoleBinding>(client, n)",
+                ),
+            };
+            v.push(call(
+                (ns, "rbac.authorization.k8s.io", resource, "patch", name),
+                "cli/uninstall.rs",
+                needle,
+            ));
+        }
     }
     v
 }
@@ -361,41 +452,57 @@ pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeMap<String, BTreeSet
     out
 }
 
-/// Every call of every variant, by ServiceAccount: the agent's with its DaemonSet's
-/// env and cleanup's with its uninstall Job's env (as `hairpin`); the writer's with
-/// its Deployment's env and cleanup's with the hairpin-cleanup-coredns Job's env (as
-/// `hairpin-coredns`).
-fn expected_calls(
-    objs: &[Json],
-    dir: &str,
-    uninstall: &str,
-) -> Option<BTreeMap<String, Vec<Call>>> {
+/// Every call of an install, by ServiceAccount: the agent's with its DaemonSet's env
+/// (as `hairpin`), the writer's with its Deployment's env (as `hairpin-coredns`).
+fn expected_calls(objs: &[Json], dir: &str) -> BTreeMap<String, Vec<Call>> {
     let run = run_args(&env_of(&agent(objs), dir), dir);
-    let removal = kustomize(uninstall)?;
-    let job = cleanup_job(&removal);
-    let cleanup = cleanup_args(&env_of(&job, uninstall), uninstall);
     let mut out = BTreeMap::new();
-    out.insert(
-        AGENT.to_string(),
-        run_calls(&run)
-            .into_iter()
-            .chain(cleanup_calls(&cleanup))
-            .collect(),
-    );
+    out.insert(AGENT.to_string(), run_calls(&run));
     if let Some(c) = writer(objs) {
         let w = writer_args(&env_of(&c, dir), dir);
-        let job = coredns_cleanup_job(&removal)
-            .unwrap_or_else(|| panic!("{uninstall}: no hairpin-cleanup-coredns Job"));
-        let cleanup = cleanup_args(&env_of(&job, uninstall), uninstall);
-        out.insert(
-            WRITER.to_string(),
-            writer_calls(&w)
-                .into_iter()
-                .chain(cleanup_calls(&cleanup))
-                .collect(),
+        out.insert(WRITER.to_string(), writer_calls(&w));
+    }
+    out
+}
+
+/// Every call of an uninstall: the Job's (as `hairpin-uninstall`) and the node
+/// cleanup's first step (as `hairpin-cleanup`).
+fn expected_uninstall_calls(objs: &[Json], dir: &str) -> BTreeMap<String, Vec<Call>> {
+    let mut out = BTreeMap::new();
+    out.insert(
+        UNINSTALL.to_string(),
+        uninstall_calls(&uninstall_job_args(objs, dir)),
+    );
+    let pod = pod_spec(&daemonset(objs, "hairpin-cleanup"));
+    let waits: Vec<Call> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.args.as_deref() == Some(&["uninstall".to_string()][..]))
+        .flat_map(|c| uninstall_calls(&uninstall_args(&env_of(c, dir), dir)))
+        .collect();
+    out.insert(NODE_CLEANUP.to_string(), waits);
+    out
+}
+
+/// The rendered grants of `objs` equal `calls`, account by account.
+fn assert_grants_are_calls(objs: &[Json], calls: &BTreeMap<String, Vec<Call>>, source: &str) {
+    let rendered = rendered_grants(objs, source);
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        calls.keys().collect::<Vec<_>>(),
+        "{source}: the ServiceAccounts granted anything"
+    );
+    for (sa, calls) in calls {
+        let (rendered, expected) = (&rendered[sa], grants(calls));
+        let extra: Vec<_> = rendered.difference(&expected).collect();
+        let missing: Vec<_> = expected.difference(rendered).collect();
+        assert!(
+            extra.is_empty() && missing.is_empty(),
+            "{source}: {sa}: RBAC differs from the calls the code makes with these settings\n  \
+             granted, not called: {extra:?}\n  called, not granted: {missing:?}"
         );
     }
-    Some(out)
 }
 
 fn is_write(verb: &str) -> bool {
@@ -405,27 +512,70 @@ fn is_write(verb: &str) -> bool {
 #[test]
 fn rbac_is_exactly_what_the_code_calls_in_each_variant() {
     for v in VARIANTS {
-        let Some(objs) = kustomize(v.dir) else { return };
-        let Some(calls) = expected_calls(&objs, v.dir, v.uninstall) else {
+        let (Some(objs), Some(removal)) = (kustomize(v.dir), kustomize(v.uninstall)) else {
             return;
         };
-        let rendered = rendered_grants(&objs, v.dir);
-        assert_eq!(
-            rendered.keys().collect::<Vec<_>>(),
-            calls.keys().collect::<Vec<_>>(),
-            "{}: the ServiceAccounts granted anything",
-            v.dir
+        assert_grants_are_calls(&objs, &expected_calls(&objs, v.dir), v.dir);
+        assert_grants_are_calls(
+            &removal,
+            &expected_uninstall_calls(&removal, v.uninstall),
+            v.uninstall,
         );
-        for (sa, calls) in &calls {
-            let (rendered, expected) = (&rendered[sa], grants(calls));
-            let extra: Vec<_> = rendered.difference(&expected).collect();
-            let missing: Vec<_> = expected.difference(rendered).collect();
-            assert!(
-                extra.is_empty() && missing.is_empty(),
-                "{}: {sa}: RBAC differs from the calls the code makes with this variant's settings\n  \
-                 granted, not called: {extra:?}\n  called, not granted: {missing:?}",
-                v.dir
+    }
+}
+
+/// The chart's pre-delete hooks grant their accounts exactly the calls of the
+/// processes they run, in any namespace.
+#[test]
+fn the_chart_hooks_grant_exactly_what_the_uninstall_calls() {
+    for v in VARIANTS {
+        let hooks = super::chart::render_hooks_with(&super::chart::set_flags(v.chart));
+        assert_grants_are_calls(
+            &hooks,
+            &expected_uninstall_calls(&hooks, "chart"),
+            &format!("chart hooks {:?}", v.chart),
+        );
+    }
+}
+
+/// The uninstall's accounts exist only during the uninstall and write nothing but
+/// what is being removed: the install's workloads and Leases by name, the CoreDNS
+/// ConfigMap it wrote, and (without Helm) the namespace and the owners of the
+/// objects that go with it. The node cleanup's reads one DaemonSet.
+#[test]
+fn the_uninstall_accounts_touch_only_what_is_being_removed() {
+    for v in VARIANTS {
+        let Some(objs) = kustomize(v.uninstall) else {
+            return;
+        };
+        let grants = rendered_grants(&objs, v.uninstall);
+        for g in &grants[NODE_CLEANUP] {
+            assert_eq!(
+                (g.2.as_str(), g.3.as_str(), g.4.as_str()),
+                ("daemonsets", "get", "hairpin"),
+                "{}",
+                v.uninstall
             );
+        }
+        for g in &grants[UNINSTALL] {
+            assert_ne!(
+                g.4, "*",
+                "{}: every grant names its object: {g:?}",
+                v.uninstall
+            );
+            let ok = match (g.2.as_str(), g.3.as_str()) {
+                ("daemonsets" | "deployments", "get" | "delete") => true,
+                ("leases", "delete") => true,
+                ("configmaps", "get" | "update") => {
+                    Some(format!("{}/{}", g.0, g.4).as_str()) == v.written
+                }
+                ("namespaces", "get" | "delete") => g.4 == "hairpin-system",
+                ("clusterroles" | "clusterrolebindings" | "roles" | "rolebindings", "patch") => {
+                    true
+                }
+                _ => false,
+            };
+            assert!(ok, "{}: the uninstall's account may {g:?}", v.uninstall);
         }
     }
 }
@@ -636,10 +786,15 @@ fn every_cited_call_is_in_the_code() {
     let mut calls = Vec::new();
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
-        let Some(c) = expected_calls(&objs, v.dir, v.uninstall) else {
+        calls.extend(expected_calls(&objs, v.dir).into_values().flatten());
+        let Some(removal) = kustomize(v.uninstall) else {
             return;
         };
-        calls.extend(c.into_values().flatten());
+        calls.extend(
+            expected_uninstall_calls(&removal, v.uninstall)
+                .into_values()
+                .flatten(),
+        );
     }
     let mut seen = BTreeSet::new();
     for c in calls {

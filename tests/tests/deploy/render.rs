@@ -11,9 +11,8 @@ use k8s_openapi::api::{
     core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
-use yaml_serde::Value as Yaml;
 
 /// A workspace file's text.
 pub fn read(rel: &str) -> String {
@@ -66,14 +65,7 @@ pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
     out
 }
 
-/// Splits a multi-document YAML stream into JSON values, dropping empty documents.
-pub fn docs(text: &str) -> Vec<Json> {
-    yaml_serde::Deserializer::from_str(text)
-        .map(|d| Yaml::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}")))
-        .filter(|v| !v.is_null())
-        .map(|v| serde_json::to_value(v).expect("YAML maps to JSON"))
-        .collect()
-}
+pub use hairpin_tests::helm::docs;
 
 /// The object of `kind` named `name`.
 pub fn find<'a>(objs: &'a [Json], kind: &str, name: &str) -> Option<&'a Json> {
@@ -182,8 +174,13 @@ pub fn writer(objs: &[Json]) -> Option<Container> {
 }
 
 /// A container's environment as the process sees it: `value`s as written, downward
-/// API fields given plausible values for a dual-stack node.
+/// API fields given plausible values for a dual-stack node, in hairpin-system.
 pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
+    env_in(c, source, "hairpin-system")
+}
+
+/// [`env_of`] for a pod in `namespace`.
+pub fn env_in(c: &Container, source: &str, namespace: &str) -> BTreeMap<String, String> {
     c.env
         .iter()
         .flatten()
@@ -195,7 +192,7 @@ pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
                     "spec.nodeName" => "node-a".into(),
                     "status.hostIPs" => "192.0.2.1,2001:db8::1".into(),
                     "status.hostIP" => "192.0.2.1".into(),
-                    "metadata.namespace" => "hairpin-system".into(),
+                    "metadata.namespace" => namespace.into(),
                     "metadata.name" => "hairpin-coredns-5d8f7-x2x9q".into(),
                     other => panic!("{source}: {}: add a value for fieldPath {other}", e.name),
                 },

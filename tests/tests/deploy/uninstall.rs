@@ -1,7 +1,9 @@
-//! deploy/uninstall: `hairpin-agent cleanup` once per node (a DaemonSet with the
-//! node's /etc/hosts and its bpf filesystem, mounted as the agents' DaemonSet mounts
-//! it) and once per cluster (a Job as the agent's ServiceAccount, and for the CoreDNS
-//! overlays one as the writer's), with the settings of the install it undoes.
+//! deploy/uninstall: one `kubectl apply -k` that removes everything its install
+//! wrote, in the order that leaves the cluster as it was. The Job (`hairpin-agent
+//! uninstall`, as its own ServiceAccount) stops exactly the install's workloads,
+//! deletes exactly their Leases and CoreDNS writing, waits for the node cleanup
+//! (`cleanup --scope node` per node, after the agents are gone, with the agents'
+//! own paths), and deletes the namespace with exactly the objects outside it.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -11,12 +13,19 @@ use k8s_openapi::api::{
 };
 use serde_json::Value as Json;
 
+use hairpin_agent::{
+    cli::{
+        cleanup::Scope,
+        uninstall::{Owned, Step, UninstallArgs, Workload},
+    },
+    k8s::coredns::CorednsMode,
+};
+
 use super::{
     VARIANTS,
-    flags::{cleanup_args, run_args, writer_args},
+    flags::{cleanup_args, run_args, uninstall_args, writer_args},
     render::{
-        agent, daemonset, env_of, find, host_path, kind_names, kustomize, parse_all, pod_spec,
-        typed, writer,
+        agent, daemonset, env_of, find, host_path, kustomize, parse_all, pod_spec, typed, writer,
     },
 };
 
@@ -58,286 +67,275 @@ fn bpffs_of(pod: &PodSpec, c: &Container, source: &str) -> (VolumeMount, Volume)
     (mount, volume)
 }
 
-/// Whether `pod` mounts the host's /sys/fs/bpf anywhere, or has it as a volume.
-fn touches_bpffs(pod: &PodSpec) -> bool {
-    let containers = pod
-        .containers
-        .iter()
-        .chain(pod.init_containers.iter().flatten());
-    containers
-        .flat_map(|c| c.volume_mounts.iter().flatten())
-        .any(|m| {
-            let p = Path::new(&m.mount_path);
-            p.starts_with("/sys/fs/bpf") || p.starts_with("/host/sys/fs/bpf")
-        })
-        || pod.volumes.iter().flatten().any(|v| {
-            v.host_path
-                .as_ref()
-                .is_some_and(|h| Path::new(&h.path).starts_with("/sys/fs/bpf"))
-        })
-}
-
-/// The cleanup Job's container.
-pub fn cleanup_job(objs: &[Json]) -> Container {
+/// The uninstall Job's container and its pod.
+pub fn uninstall_job(objs: &[Json]) -> (PodSpec, Container) {
     let job: Job =
-        typed(find(objs, "Job", "hairpin-cleanup").expect("a Job named hairpin-cleanup"));
+        typed(find(objs, "Job", "hairpin-uninstall").expect("a Job named hairpin-uninstall"));
     let pod = job.spec.expect("spec").template.spec.expect("pod spec");
     assert_eq!(pod.containers.len(), 1, "one container");
-    pod.containers[0].clone()
+    let c = pod.containers[0].clone();
+    (pod, c)
 }
 
-/// The CoreDNS cleanup Job's container (uninstalls of the CoreDNS overlays).
-pub fn coredns_cleanup_job(objs: &[Json]) -> Option<Container> {
-    let pod = job_pod(objs, "hairpin-cleanup-coredns")?;
-    assert_eq!(pod.containers.len(), 1, "one container");
-    Some(pod.containers[0].clone())
+/// The Job's settings.
+pub fn uninstall_job_args(objs: &[Json], source: &str) -> UninstallArgs {
+    uninstall_args(&env_of(&uninstall_job(objs).1, source), source)
 }
 
-fn job_pod(objs: &[Json], name: &str) -> Option<k8s_openapi::api::core::v1::PodSpec> {
-    let job: Job = typed(find(objs, "Job", name)?);
-    Some(job.spec.expect("spec").template.spec.expect("pod spec"))
-}
-
-fn runs_cleanup(c: &Container, source: &str) {
+fn runs(c: &Container, sub: &str, source: &str) {
     assert_eq!(
-        c.command.as_deref(),
-        Some(&["/usr/local/bin/hairpin-agent".to_string()][..]),
+        (c.command.as_deref(), c.args.as_deref()),
+        (
+            Some(&["/usr/local/bin/hairpin-agent".to_string()][..]),
+            Some(&[sub.to_string()][..])
+        ),
         "{source}: {}",
         c.name
     );
-    assert_eq!(
-        c.args.as_deref(),
-        Some(&["cleanup".to_string()][..]),
-        "{source}"
-    );
+}
+
+/// `namespace/name` of an object (`-` for cluster-scoped).
+fn key_of(o: &Json) -> (String, String, String) {
+    (
+        o["kind"].as_str().unwrap_or_default().to_string(),
+        o["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("-")
+            .to_string(),
+        o["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+/// What `--with-namespace` names, as (kind, namespace, name).
+fn owned_key(o: &Owned) -> (String, String, String) {
+    match o {
+        Owned::ClusterRole(n) => ("ClusterRole".into(), "-".into(), n.clone()),
+        Owned::ClusterRoleBinding(n) => ("ClusterRoleBinding".into(), "-".into(), n.clone()),
+        Owned::Role(n) => ("Role".into(), n.namespace.clone(), n.name.clone()),
+        Owned::RoleBinding(n) => ("RoleBinding".into(), n.namespace.clone(), n.name.clone()),
+    }
 }
 
 #[test]
-fn each_install_has_an_uninstall_that_undoes_what_its_agent_wrote() {
+fn each_install_has_a_one_command_uninstall_that_stops_and_removes_exactly_what_it_made() {
     for v in VARIANTS {
-        let Some(install) = kustomize(v.dir) else {
-            return;
-        };
-        let Some(objs) = kustomize(v.uninstall) else {
+        let (Some(install), Some(objs)) = (kustomize(v.dir), kustomize(v.uninstall)) else {
             return;
         };
         parse_all(&objs, v.uninstall);
-        let kinds = kind_names(&objs);
-        // Only these: `kubectl delete -k` of the uninstall must leave the ServiceAccounts
-        // and RBAC, which the Jobs use, to the install's own delete.
-        let mut want = vec!["DaemonSet/hairpin-cleanup", "Job/hairpin-cleanup"];
-        if v.coredns != hairpin_agent::k8s::coredns::CorednsMode::Off {
-            want.push("Job/hairpin-cleanup-coredns");
-        }
-        assert_eq!(kinds, want, "{}", v.uninstall);
-        let agent_c = agent(&install);
-        let run = run_args(&env_of(&agent_c, v.dir), v.dir);
+        let u = uninstall_job_args(&objs, v.uninstall);
+        let run = run_args(&env_of(&agent(&install), v.dir), v.dir);
+        let (pod, job) = uninstall_job(&objs);
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("hairpin-uninstall"),
+            "{}",
+            v.uninstall
+        );
+        assert!(
+            pod.volumes.is_none() && job.volume_mounts.is_none(),
+            "{}: the Job mounts nothing",
+            v.uninstall
+        );
+        runs(&job, "uninstall", v.uninstall);
+        assert_eq!(u.step, Step::All, "{}", v.uninstall);
 
-        // Per node: the hosts block, through the same hostPath the agent wrote.
+        // Stops the writer first (CoreDNS is restored before the agents go), then
+        // the agents: exactly the install's workloads.
+        let workloads: Vec<String> = install
+            .iter()
+            .filter(|o| matches!(o["kind"].as_str(), Some("DaemonSet" | "Deployment")))
+            .map(|o| {
+                let (k, ns, n) = key_of(o);
+                format!("{}/{ns}/{n}", k.to_lowercase())
+            })
+            .collect();
+        let stop: Vec<String> = u.stop.iter().map(Workload::to_string).collect();
+        let mut sorted = stop.clone();
+        sorted.sort();
+        let mut want = workloads.clone();
+        want.sort();
+        assert_eq!(
+            sorted, want,
+            "{}: --stop is the install's workloads",
+            v.uninstall
+        );
+        let agents = format!("daemonset/{}", run.daemonset.as_ref().expect("--daemonset"));
+        assert_eq!(
+            stop.last(),
+            Some(&agents),
+            "{}: the agents last: {stop:?}",
+            v.uninstall
+        );
+
+        // The Leases and the CoreDNS writing of exactly those processes.
+        let mut leases = vec![format!("{}/{}", run.namespace, run.lease_name)];
+        match writer(&install) {
+            None => assert_eq!(u.coredns, CorednsMode::Off, "{}", v.uninstall),
+            Some(w) => {
+                let w = writer_args(&env_of(&w, v.dir), v.dir);
+                leases.insert(0, format!("{}/{}", w.namespace, w.lease_name));
+                assert_eq!(u.coredns, w.coredns, "{}", v.uninstall);
+                let written = |mode, o: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
+                    CorednsMode::Corefile => o.configmap.to_string(),
+                    CorednsMode::Import => o.custom_configmap.to_string(),
+                    CorednsMode::Off => String::new(),
+                };
+                assert_eq!(
+                    written(u.coredns, &u.coredns_objects),
+                    written(w.coredns, &w.coredns_objects),
+                    "{}",
+                    v.uninstall
+                );
+                assert_eq!(
+                    Some(written(w.coredns, &w.coredns_objects).as_str()),
+                    v.written
+                );
+            }
+        }
+        let got: Vec<String> = u.leases.iter().map(ToString::to_string).collect();
+        assert_eq!(got, leases, "{}: --lease", v.uninstall);
+
+        // Waits for the node cleanup of this same kustomization.
+        let nodes = u.nodes.clone().expect("--nodes");
+        assert!(
+            find(&objs, "DaemonSet", &nodes.name).is_some(),
+            "{}: {nodes}",
+            v.uninstall
+        );
+
+        // Deletes the install's namespace, and with it exactly every object of the
+        // install and of this uninstall that lives outside it.
+        let ns = u.delete_namespace.clone().expect("--delete-namespace");
+        assert!(
+            install
+                .iter()
+                .any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == ns.as_str()),
+            "{}",
+            v.uninstall
+        );
+        let outside: BTreeSet<(String, String, String)> = install
+            .iter()
+            .chain(&objs)
+            .map(key_of)
+            .filter(|(k, o_ns, _)| k != "Namespace" && *o_ns != ns)
+            .collect();
+        let owned: BTreeSet<(String, String, String)> =
+            u.with_namespace.iter().map(owned_key).collect();
+        assert_eq!(owned, outside, "{}: --with-namespace", v.uninstall);
+    }
+}
+
+#[test]
+fn the_node_cleanup_waits_for_the_agents_then_cleans_what_they_wrote_with_their_paths() {
+    for v in VARIANTS {
+        let (Some(install), Some(objs)) = (kustomize(v.dir), kustomize(v.uninstall)) else {
+            return;
+        };
+        let run = run_args(&env_of(&agent(&install), v.dir), v.dir);
         let ds = daemonset(&objs, "hairpin-cleanup");
         let pod = pod_spec(&ds);
         let init = pod.init_containers.clone().unwrap_or_default();
+        let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["await-agents", "cleanup"], "{}", v.uninstall);
+
+        // First: until the agents' DaemonSet is gone (every agent has exited), as
+        // an account that can read only that DaemonSet.
+        runs(&init[0], "uninstall", v.uninstall);
+        let wait = uninstall_args(&env_of(&init[0], v.uninstall), v.uninstall);
+        assert_eq!(wait.step, Step::AwaitStopped, "{}", v.uninstall);
+        let agents: Vec<String> = wait.stop.iter().map(Workload::to_string).collect();
         assert_eq!(
-            init.len(),
-            1,
-            "{}: one init container, the cleanup",
+            agents,
+            [format!(
+                "daemonset/{}",
+                run.daemonset.as_ref().expect("--daemonset")
+            )],
+            "{}",
             v.uninstall
         );
-        runs_cleanup(&init[0], v.uninstall);
-        let node = cleanup_args(&env_of(&init[0], v.uninstall), v.uninstall);
-        let hosts = node
-            .hosts_file
-            .clone()
-            .expect("the node step cleans the hosts file");
         assert_eq!(
-            host_path(&pod, &init[0], &hosts, v.uninstall),
-            ("/etc/hosts".into(), "File".into(), false),
-            "{}: the node's /etc/hosts, writable",
+            pod.service_account_name.as_deref(),
+            Some("hairpin-cleanup"),
+            "{}",
             v.uninstall
         );
-        if let Some(agent_hosts) = &run.hosts_file {
+        assert!(
+            init[0].volume_mounts.is_none(),
+            "{}: the waiting step mounts nothing of the node",
+            v.uninstall
+        );
+
+        // Then the node's files, links and pins, with the agent's own settings.
+        runs(&init[1], "cleanup", v.uninstall);
+        let node = cleanup_args(&env_of(&init[1], v.uninstall), v.uninstall);
+        assert_eq!(node.scope, Scope::Node, "{}", v.uninstall);
+        assert_eq!(
+            node.bpf_pin_dir, run.bpf_pin_dir,
+            "{}: the agents' pin directory",
+            v.uninstall
+        );
+        assert_eq!(
+            node.hosts_file.is_some(),
+            run.hosts_file.is_some(),
+            "{}: --hosts-file",
+            v.uninstall
+        );
+        let mut want = Vec::new();
+        if let Some(hosts) = &node.hosts_file {
             let install_pod = pod_spec(&daemonset(&install, "hairpin"));
+            let agent_c = agent(&install);
+            let agent_hosts = run.hosts_file.as_ref().expect("the agent's hosts file");
             assert_eq!(
+                host_path(&pod, &init[1], hosts, v.uninstall).0,
                 host_path(&install_pod, &agent_c, agent_hosts, v.dir).0,
-                "/etc/hosts",
                 "{}: the file the agent wrote is the one cleaned",
-                v.dir
+                v.uninstall
             );
+            want.push(("hosts", "/host/etc/hosts"));
         }
-        // And the kernel path's pins, through the host's bpf filesystem (as the
-        // agents' DaemonSet mounts it: the next test). Nothing else of the node.
-        let mounts: Vec<(&str, &str)> = init[0]
+        want.push(("bpffs", BPFFS_MOUNT));
+        let mounts: Vec<(&str, &str)> = init[1]
             .volume_mounts
             .iter()
             .flatten()
             .map(|m| (m.name.as_str(), m.mount_path.as_str()))
             .collect();
         assert_eq!(
-            mounts,
-            [("hosts", "/host/etc/hosts"), ("bpffs", BPFFS_MOUNT)],
-            "{}: the cleanup's mounts",
+            mounts, want,
+            "{}: the cleanup's mounts, and nothing else of the node",
             v.uninstall
         );
-        let volumes: Vec<&str> = pod
-            .volumes
-            .iter()
-            .flatten()
-            .map(|vol| vol.name.as_str())
-            .collect();
-        assert_eq!(volumes, ["hosts", "bpffs"], "{}: the volumes", v.uninstall);
-        assert_eq!(
-            node.bpf_pin_dir, run.bpf_pin_dir,
-            "{}: the directory the agents of {} pin in",
-            v.uninstall, v.dir
-        );
-        assert_eq!(
-            node.scope,
-            hairpin_agent::cli::cleanup::Scope::Node,
-            "{}: the node step leaves the API steps to the Job",
-            v.uninstall
-        );
-        assert_eq!(
-            pod.automount_service_account_token,
-            Some(false),
-            "{}: the node step needs no API token",
-            v.uninstall
-        );
-        assert_eq!(
-            node.coredns,
-            hairpin_agent::k8s::coredns::CorednsMode::Off,
-            "{}: CoreDNS is the Job's",
-            v.uninstall
-        );
-        let tol = pod.tolerations.clone().unwrap_or_default();
         assert!(
-            tol.iter()
+            pod.tolerations
+                .iter()
+                .flatten()
                 .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
             "{}: every node the agent ran on",
             v.uninstall
         );
-        let pause = &pod.containers;
-        assert!(
-            pause.len() == 1
-                && pause[0]
-                    .image
-                    .as_deref()
-                    .is_some_and(|i| i.starts_with("registry.k8s.io/pause:")),
-            "{}: the pod idles once clean, so rollout status says every node is done",
-            v.uninstall
-        );
-        assert!(
-            pause[0].volume_mounts.is_none(),
-            "{}: the pause container mounts nothing of the node",
-            v.uninstall
-        );
-
-        // Once per cluster: the Lease and the CoreDNS lines, as the agent's
-        // ServiceAccount (rbac.rs checks those Roles grant exactly these calls).
-        let cluster_pod = job_pod(&objs, "hairpin-cleanup").expect("the Job");
+        // Then idles in the agent's own image (no pause image to pull or mirror),
+        // so that readiness tells the Job this node is clean.
+        let done = &pod.containers;
+        assert_eq!(done.len(), 1, "{}", v.uninstall);
+        runs(&done[0], "uninstall", v.uninstall);
         assert_eq!(
-            cluster_pod.service_account_name.as_deref(),
-            Some("hairpin"),
-            "{}",
-            v.uninstall
+            uninstall_args(&env_of(&done[0], v.uninstall), v.uninstall).step,
+            Step::Idle
         );
-        let job = cleanup_job(&objs);
-        runs_cleanup(&job, v.uninstall);
-        let cluster = cleanup_args(&env_of(&job, v.uninstall), v.uninstall);
-        assert_eq!(
-            cluster.scope,
-            hairpin_agent::cli::cleanup::Scope::Cluster,
-            "{}: the Job cleans the cluster-wide objects only",
-            v.uninstall
-        );
-        assert!(
-            cluster.hosts_file.is_none(),
-            "{}: no host access in the Job",
-            v.uninstall
-        );
-        assert!(
-            cluster_pod.volumes.is_none() && job.volume_mounts.is_none(),
-            "{}: the Job mounts nothing",
-            v.uninstall
-        );
-        assert_eq!(
-            cluster.lease.to_string(),
-            format!("{}/{}", run.namespace, run.lease_name),
-            "{}: the Lease the agents of {} elect",
-            v.uninstall,
-            v.dir
-        );
-        assert_eq!(
-            cluster.coredns,
-            hairpin_agent::k8s::coredns::CorednsMode::Off,
-            "{}: the agents wrote no CoreDNS, and their account may not touch it",
-            v.uninstall
-        );
-        let written = |mode, objects: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
-            hairpin_agent::k8s::coredns::CorednsMode::Off => None,
-            hairpin_agent::k8s::coredns::CorednsMode::Corefile => {
-                Some(objects.configmap.to_string())
-            }
-            hairpin_agent::k8s::coredns::CorednsMode::Import => {
-                Some(objects.custom_configmap.to_string())
-            }
-        };
-        // Once per cluster, as the writer's ServiceAccount: its lines and its Lease.
-        match (writer(&install), coredns_cleanup_job(&objs)) {
-            (None, None) => {}
-            (Some(w), Some(job)) => {
-                let w = writer_args(&env_of(&w, v.dir), v.dir);
-                let pod = job_pod(&objs, "hairpin-cleanup-coredns").expect("the Job");
-                assert_eq!(
-                    pod.service_account_name.as_deref(),
-                    Some("hairpin-coredns"),
-                    "{}",
-                    v.uninstall
-                );
-                runs_cleanup(&job, v.uninstall);
-                let c = cleanup_args(&env_of(&job, v.uninstall), v.uninstall);
-                assert_eq!(
-                    c.scope,
-                    hairpin_agent::cli::cleanup::Scope::Cluster,
-                    "{}",
-                    v.uninstall
-                );
-                assert!(c.hosts_file.is_none(), "{}", v.uninstall);
-                assert!(
-                    pod.volumes.is_none() && job.volume_mounts.is_none(),
-                    "{}: the Job mounts nothing",
-                    v.uninstall
-                );
-                assert_eq!(
-                    c.lease.to_string(),
-                    format!("{}/{}", w.namespace, w.lease_name),
-                    "{}: the writers' Lease",
-                    v.uninstall
-                );
-                assert_eq!(c.coredns, w.coredns, "{}", v.uninstall);
-                assert_eq!(
-                    written(c.coredns, &c.coredns_objects),
-                    written(w.coredns, &w.coredns_objects),
-                    "{}: the ConfigMap the writer of {} wrote",
-                    v.uninstall,
-                    v.dir
-                );
-                assert_eq!(job.image, agent_c.image, "{}", v.uninstall);
-            }
-            (w, j) => panic!(
-                "{}: a writer ({}) needs a CoreDNS cleanup Job ({})",
+        assert!(done[0].volume_mounts.is_none(), "{}", v.uninstall);
+        for c in init.iter().chain(done) {
+            assert_eq!(
+                c.image,
+                agent(&install).image,
+                "{}: {}: the installed agent's image",
                 v.uninstall,
-                w.is_some(),
-                j.is_some()
-            ),
+                c.name
+            );
         }
-        let image = |c: &Container| c.image.clone().expect("image");
-        assert_eq!(
-            image(&job),
-            image(&agent_c),
-            "{}: the installed agent's image",
-            v.uninstall
-        );
-        assert_eq!(image(&init[0]), image(&agent_c), "{}", v.uninstall);
     }
 }
 
@@ -363,13 +361,11 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
     for dir in uninstalls {
         let Some(objs) = kustomize(dir) else { return };
         let mut node_pods = 0;
-        for obj in &objs {
-            let kind = obj["kind"].as_str().unwrap_or_default();
-            if !matches!(kind, "DaemonSet" | "Job" | "Deployment") {
-                continue;
-            }
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-            let source = format!("{dir}: {kind} {name}");
+        for obj in objs
+            .iter()
+            .filter(|o| matches!(o["kind"].as_str(), Some("DaemonSet" | "Job")))
+        {
+            let source = format!("{dir}: {} {}", obj["kind"], obj["metadata"]["name"]);
             let pod: PodSpec = serde_json::from_value(obj["spec"]["template"]["spec"].clone())
                 .unwrap_or_else(|e| panic!("{source}: pod spec: {e}"));
             let cleanups: Vec<&Container> = pod
@@ -379,14 +375,24 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
                 .chain(&pod.containers)
                 .filter(|c| c.args.as_deref() == Some(&["cleanup".to_string()][..]))
                 .collect();
-            assert!(!cleanups.is_empty(), "{source}: runs no cleanup");
-            let mut node_scope = false;
+            if cleanups.is_empty() {
+                assert!(
+                    !pod.containers
+                        .iter()
+                        .chain(pod.init_containers.iter().flatten())
+                        .any(|c| c
+                            .volume_mounts
+                            .iter()
+                            .flatten()
+                            .any(|m| Path::new(&m.mount_path).starts_with("/host"))),
+                    "{source}: only the node cleanup mounts anything of the node"
+                );
+                continue;
+            }
+            node_pods += 1;
             for c in cleanups {
                 let args = cleanup_args(&env_of(c, &source), &source);
-                if args.scope == hairpin_agent::cli::cleanup::Scope::Cluster {
-                    continue;
-                }
-                node_scope = true;
+                assert_eq!(args.scope, Scope::Node, "{source}");
                 let (mount, volume) = bpffs_of(&pod, c, &source);
                 assert_eq!(mount, want_mount, "{source}: the mount, as {KERNEL_PATH}");
                 assert_eq!(
@@ -402,14 +408,6 @@ fn every_node_scope_cleanup_pod_mounts_the_host_bpf_filesystem_as_the_kernel_pat
                     args.bpf_pin_dir == Path::new(BPFFS_MOUNT),
                     "{source}: --bpf-pin-dir {} is not the mounted {BPFFS_MOUNT}",
                     args.bpf_pin_dir.display()
-                );
-            }
-            if node_scope {
-                node_pods += 1;
-            } else {
-                assert!(
-                    !touches_bpffs(&pod),
-                    "{source}: a cluster-scope cleanup needs no bpf filesystem"
                 );
             }
         }

@@ -70,6 +70,75 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
     assert_eq!(fresh.code, 52, "pre-hairpin behaviour expected: {fresh:?}");
 }
 
+/// Issue 31: `cleanup` takes the pin directory's lock as an agent does: while a
+/// live agent holds it, the pins are left alone and the step fails saying why,
+/// and traffic keeps its headers; through a symlink it never goes.
+#[test]
+fn cleanup_leaves_a_live_agents_pins_alone_and_never_follows_a_symlink() {
+    require_privileges!();
+    let node = capture_node();
+    let _nginx = start_nginx(&node);
+    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let step_of = |run: &hairpin_tests::cli::CliRun| {
+        run.json()["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .find(|s| s["name"] == "pinned-maps")
+            .cloned()
+            .unwrap_or_else(|| panic!("no pinned-maps step: {}", run.stdout))
+    };
+    let cleanup = |pin_dir: &std::path::Path| {
+        hairpin_tests::cli::run_cli(
+            &node,
+            &[
+                "cleanup",
+                "--scope",
+                "node",
+                "--listen-link",
+                "none",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--bpf-pin-dir",
+                pin_dir.to_str().expect("utf-8 path"),
+                "--pin-lock-wait",
+                "1s",
+                "--output",
+                "json",
+            ],
+        )
+    };
+    let run = cleanup(&node.pin_dir());
+    let step = step_of(&run);
+    assert_eq!(step["outcome"], "failed", "{}", run.stdout);
+    assert!(
+        step["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("another process holds the lock")),
+        "{step}"
+    );
+    assert!(node.attached_programs().contains("connect"));
+    let got = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(
+        got.code, 0,
+        "the live agent's datapath still serves: {got:?}"
+    );
+
+    // Through a symlink to the (still locked) directory: refused before any lock.
+    let link = node.dir.join("pins-link");
+    std::os::unix::fs::symlink(node.pin_dir(), &link).expect("symlink");
+    let run = cleanup(&link);
+    let step = step_of(&run);
+    assert!(
+        step["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("symbolic link")),
+        "{step}"
+    );
+    assert!(node.pin_dir().exists(), "the pins are left as they are");
+    agent.stop();
+}
+
 #[test]
 fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_into() {
     require_privileges!();

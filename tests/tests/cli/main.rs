@@ -1,5 +1,8 @@
 //! The node subcommands against a live agent on the simulated node, and against none.
 //! JSON output is checked field by field; exit codes are part of the contract.
+//! `uninstall.rs`: the cluster's one-command removal against the fake API server.
+
+mod uninstall;
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},

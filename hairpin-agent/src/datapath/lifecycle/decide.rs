@@ -1,0 +1,142 @@
+//! The lifecycle's decisions: pure functions from what the agent observed to what it
+//! does, one per moment it decides. No I/O and no kernel here (the executor,
+//! execute.rs, observes and acts); every transition has a unit test (tests.rs) and a
+//! row in docs/architecture.md's transition table.
+
+use super::super::{HeartbeatState, Role, kernel_path::HANDSHAKE_SETTLE, sys};
+use super::state::{
+    Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Start,
+    StartSeen, Stop, StopSeen, Wait,
+};
+
+/// At start, for an agent of pin layout `layout`: wait while another agent holds
+/// the lock or a live datapath of another layout is pinned; else take over what of
+/// other layouts has expired, then adopt this layout's datapath or start fresh.
+/// Without a usable pin directory the datapath is the process's own.
+pub fn start(seen: &StartSeen, layout: u32) -> Start {
+    let dir = seen.dir.clone().unwrap_or_default();
+    match &seen.pins {
+        PinDirSeen::Off => Start::Go(Go::Unpinned(None)),
+        PinDirSeen::Unusable(why) => Start::Go(Go::Unpinned(Some(why.clone()))),
+        PinDirSeen::Busy => Start::Wait(Wait::ForLock { dir }),
+        PinDirSeen::Locked => {
+            let (live, expired): (Vec<_>, Vec<_>) = seen
+                .foreign
+                .iter()
+                .cloned()
+                .partition(|f| matches!(f.heartbeat, HeartbeatState::Live(_)));
+            if !live.is_empty() {
+                return Start::Wait(Wait::OutLayout { dir, layout, live });
+            }
+            let then = if seen.own_links { Go::Adopt } else { Go::Fresh };
+            if expired.is_empty() {
+                Start::Go(then)
+            } else {
+                Start::Go(Go::TakeOver {
+                    expired,
+                    then: Box::new(then),
+                })
+            }
+        }
+    }
+}
+
+/// At one hook while linking: a wanted hook gets a new link when none is pinned,
+/// its pinned link's program swapped in place when that link is its own, or a new
+/// link before the stale one goes; a hook no longer wanted loses the link an earlier
+/// agent left there.
+pub fn hook(seen: &HookSeen) -> Hook {
+    match (seen.wanted, &seen.pinned) {
+        (true, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::NewLink,
+        (true, PinnedLink::Matches) => Hook::SwapInPlace,
+        (true, PinnedLink::Stale(why)) => Hook::Replace(why.clone()),
+        (false, PinnedLink::Matches | PinnedLink::Stale(_)) => Hook::DetachUnused,
+        (false, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::Leave,
+    }
+}
+
+/// What a pinned link `info` is to `role` at `target_id` (the cgroup's id, or the
+/// sockets map's for sk_msg): its own, or stale, with why. The kernel checks neither
+/// the attach type nor the target on update, so this does.
+pub fn pinned_link(role: Role, info: &sys::LinkInfo, target_id: u64) -> PinnedLink {
+    let expected_type = if role == Role::SkMsg {
+        sys::LINK_TYPE_SOCKMAP
+    } else {
+        sys::LINK_TYPE_CGROUP
+    };
+    if info.link_type != expected_type {
+        PinnedLink::Stale(format!(
+            "link type {} (expected {expected_type})",
+            info.link_type
+        ))
+    } else if info.attach_type != role.attach_type().raw() {
+        PinnedLink::Stale(format!(
+            "attach type {} (expected {})",
+            info.attach_type,
+            role.attach_type().raw()
+        ))
+    } else if info.target_id != target_id {
+        PinnedLink::Stale(format!(
+            "target id {} (expected {target_id}: {})",
+            info.target_id,
+            if role == Role::SkMsg {
+                "the pinned sockets map"
+            } else {
+                "this cgroup, the old one is gone or another"
+            }
+        ))
+    } else {
+        PinnedLink::Matches
+    }
+}
+
+/// A hook's link could not be made: a kernel path hook costs the kernel path only
+/// (the relay path still serves every frontend); a connect hook stops the attach.
+pub fn link_failed(role: Role) -> LinkFailed {
+    if role.kernel_path_only() {
+        LinkFailed::RelayPathOnly
+    } else {
+        LinkFailed::Stop
+    }
+}
+
+/// At stop: a pinned datapath is kept for the next agent unless the agents are
+/// being uninstalled; an unpinned one goes with the process anyway.
+pub fn stop(seen: &StopSeen) -> Stop {
+    match (seen.uninstall, seen.pinned) {
+        (true, _) => Stop::Remove(Removal::Uninstall),
+        (false, false) => Stop::Remove(Removal::Unpinned),
+        (false, true) => Stop::Keep,
+    }
+}
+
+/// While a removal drains the kernel path's sockets: done once the sockets map is
+/// empty and no marked socket can still be connecting (for at most
+/// [`HANDSHAKE_SETTLE`]); at the deadline, what is still in the map goes without
+/// its header.
+pub fn drain(seen: &DrainSeen) -> Drain {
+    let settled = seen.fill.connecting == 0 || seen.waited >= HANDSHAKE_SETTLE;
+    if seen.fill.in_map == 0 && settled {
+        Drain::Done
+    } else if seen.past_deadline {
+        Drain::GiveUp {
+            unwritten: seen.fill.in_map,
+        }
+    } else {
+        Drain::Wait
+    }
+}
+
+/// The order hooks are linked or swapped in: consumers first (sk_msg and sock_ops
+/// act on sockets the connect programs mark, setsockopt serves the marked ones),
+/// so a socket a new connect program marks always meets programs that expect it.
+/// The one place this order is written; [`detach_order`] is its reverse.
+pub fn attach_order() -> impl Iterator<Item = Role> {
+    Role::ALL.into_iter()
+}
+
+/// The order hooks are detached in: the connect programs first, so no socket is
+/// marked after this that sock_ops or sk_msg would not see.
+pub fn detach_order() -> impl Iterator<Item = Role> {
+    Role::ALL.into_iter().rev()
+}

@@ -1,0 +1,30 @@
+//! The datapath's lifecycle as one typed state machine: what a starting agent finds
+//! on the node (a pin directory locked or busy, an earlier agent's datapath of its
+//! layout or of another), what it finds at each hook, and what a stopping one
+//! decides; and what it does about each.
+//!
+//! - state.rs: the observed states and the actions, plain data;
+//! - decide.rs: pure functions from one to the other, unit-tested without root
+//!   (tests.rs), and the one consumers-first order;
+//! - execute.rs: the executor, the only code that observes and changes links and
+//!   pins.
+//!
+//! Waiting (for the lock, or for another layout's datapath to expire) is a state the
+//! agent reports, never an error. The transition table, each row with the test that
+//! pins it, is in docs/architecture.md ("The lifecycle").
+//!
+//! Owns the order of every link change. Never writes a map entry (maps.rs and
+//! liveness.rs own those) and never loads a program (load.rs).
+
+pub mod decide;
+mod execute;
+mod state;
+
+pub use execute::{Started, start};
+pub use state::{
+    Drain, DrainSeen, ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink,
+    Removal, Start, StartSeen, Stop, StopSeen, Wait,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,271 @@
+//! The lifecycle's typed states: what the agent observes of the node's datapath at
+//! each moment it decides (starting, linking a hook, stopping, draining), and what it
+//! then does. Plain data: nothing here reads or changes the kernel.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use super::super::{Fill, HeartbeatState, Role};
+
+/// The pin directory as a starting agent finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinDirSeen {
+    /// No `--bpf-pin-dir`: the datapath is this process's own.
+    Off,
+    /// Locked by this agent: it owns the node's datapath now.
+    Locked,
+    /// Another process holds its lock: another agent owns the node's datapath.
+    Busy,
+    /// It cannot be used (why): not a bpf filesystem, not writable.
+    Unusable(String),
+}
+
+/// A datapath of another pin layout found in the pin directory (links pinned there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignLayout {
+    /// Its directory, `<pin dir>/v<N>`.
+    pub dir: PathBuf,
+    /// Its heartbeat, which every layout keeps in the same shape.
+    pub heartbeat: HeartbeatState,
+}
+
+impl ForeignLayout {
+    /// Its directory's name, `v<N>`.
+    pub fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    }
+}
+
+/// What a starting agent observes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartSeen {
+    /// The pin directory.
+    pub pins: PinDirSeen,
+    /// Where it is (`--bpf-pin-dir`), when there is one.
+    pub dir: Option<PathBuf>,
+    /// Links of this agent's own layout are pinned: an earlier agent's datapath.
+    pub own_links: bool,
+    /// Datapaths of other layouts (read only when the lock is this agent's).
+    pub foreign: Vec<ForeignLayout>,
+}
+
+/// What a starting agent does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Waits, not ready, and says why in the log and `status`; observes again later.
+    Wait(Wait),
+    /// Loads and links.
+    Go(Go),
+}
+
+/// Why a starting agent waits. Waiting is a state of the lifecycle, never an error:
+/// the running datapath is neither broken nor silently taken over meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Another agent holds the pin directory's lock.
+    ForLock {
+        /// The pin directory.
+        dir: PathBuf,
+    },
+    /// Live datapaths of another layout that this agent cannot take over: it would
+    /// misread their maps, and their programs still write headers.
+    OutLayout {
+        /// The pin directory.
+        dir: PathBuf,
+        /// This agent's layout.
+        layout: u32,
+        /// The live layouts.
+        live: Vec<ForeignLayout>,
+    },
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wait::ForLock { dir } => write!(
+                f,
+                "waiting for the pin directory: another process holds the lock of {}: another \
+                 hairpin agent owns this node's datapath",
+                dir.display()
+            ),
+            Wait::OutLayout { dir, layout, live } => {
+                let names: Vec<String> = live.iter().map(ForeignLayout::name).collect();
+                let states: Vec<String> = live.iter().map(|l| l.heartbeat.to_string()).collect();
+                write!(
+                    f,
+                    "waiting out layout {names}: {dir} holds a datapath of another pin layout \
+                     whose heartbeat is {states}: this agent (layout v{layout}) does not adopt \
+                     it and waits until it expires; `hairpin-agent cleanup` removes it now",
+                    names = names.join(", "),
+                    dir = dir.display(),
+                    states = states.join("; "),
+                )
+            }
+        }
+    }
+}
+
+/// How a starting agent goes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Go {
+    /// Nothing pinned: every map made and pinned, every hook linked anew.
+    Fresh,
+    /// An earlier agent's datapath of this layout: its maps reused as they are, its
+    /// links' programs swapped in place.
+    Adopt,
+    /// Datapaths of another layout that expired: removed first, then the agent goes
+    /// on as `then` says.
+    TakeOver {
+        /// The layouts removed.
+        expired: Vec<ForeignLayout>,
+        /// Fresh or adopt, once they are gone.
+        then: Box<Go>,
+    },
+    /// Nothing pinned and nothing to pin: the datapath goes with this process
+    /// (`None`: no pin directory asked for; else why it cannot be used).
+    Unpinned(Option<String>),
+}
+
+impl fmt::Display for Go {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Go::Fresh => f.write_str("fresh"),
+            Go::Adopt => f.write_str("adopt"),
+            Go::TakeOver { expired, then } => {
+                let names: Vec<String> = expired.iter().map(ForeignLayout::name).collect();
+                write!(
+                    f,
+                    "take over from layout {} (expired), then {then}",
+                    names.join(", ")
+                )
+            }
+            Go::Unpinned(None) => f.write_str("unpinned"),
+            Go::Unpinned(Some(why)) => write!(f, "unpinned: {why}"),
+        }
+    }
+}
+
+/// What is pinned at a hook's link pin, as the agent finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinnedLink {
+    /// The datapath is not pinned: there is nothing to look at.
+    NotPinning,
+    /// Nothing pinned there.
+    Absent,
+    /// This hook's link (its link type, attach type and target are right).
+    Matches,
+    /// A link that is not this hook's, or that cannot be updated (why).
+    Stale(String),
+}
+
+/// One hook, as the agent finds it while linking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookSeen {
+    /// The hook.
+    pub role: Role,
+    /// Whether this agent runs a program there.
+    pub wanted: bool,
+    /// What is pinned at its link pin.
+    pub pinned: PinnedLink,
+}
+
+/// What the agent does at one hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// A new link (pinned when the datapath is).
+    NewLink,
+    /// The pinned link's program swapped for this agent's in place
+    /// (`BPF_LINK_UPDATE`, compare-and-swap): the hook never runs without one.
+    SwapInPlace,
+    /// A new link first, then the stale one detached (why it is stale).
+    Replace(String),
+    /// An earlier agent's link this agent does not use: detached and unpinned.
+    DetachUnused,
+    /// Nothing there and nothing wanted.
+    Leave,
+}
+
+/// A hook's link could not be made: what of the datapath goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkFailed {
+    /// A kernel path hook: the kernel path is unavailable, what of it was linked
+    /// goes again, and every frontend takes the relay path.
+    RelayPathOnly,
+    /// A connect hook: the datapath did not attach.
+    Stop,
+}
+
+/// What a stopping agent observes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopSeen {
+    /// Whether the datapath is pinned (it would outlive the process).
+    pub pinned: bool,
+    /// Whether the API server says the agents are being uninstalled.
+    pub uninstall: bool,
+}
+
+/// What a stopping agent does with the datapath.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Left for the next agent (a rollout, a restart, a node going down): links and
+    /// maps stay pinned and the programs keep running; the TTL is the backstop.
+    Keep,
+    /// Removed: the connect programs detach, the kernel path's sockets drain, then
+    /// every link and pin goes.
+    Remove(Removal),
+}
+
+/// Why the datapath is removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// Nothing is pinned: it goes with the process anyway.
+    Unpinned,
+    /// The agents are being uninstalled: with it go the addresses the agent put on
+    /// links.
+    Uninstall,
+}
+
+impl Stop {
+    /// Whether the datapath goes.
+    pub fn removes(&self) -> bool {
+        matches!(self, Stop::Remove(_))
+    }
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stop::Keep => "kept for the next agent",
+            Stop::Remove(Removal::Unpinned) => "nothing is pinned: it goes with this process",
+            Stop::Remove(Removal::Uninstall) => "the agents are being uninstalled",
+        })
+    }
+}
+
+/// The kernel path's sockets as a removal drains them, once the connect programs
+/// are detached (sock_ops and sk_msg still on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainSeen {
+    /// The sockets map's fill.
+    pub fill: Fill,
+    /// How long the drain has waited.
+    pub waited: Duration,
+    /// Whether `--drain-timeout` has passed.
+    pub past_deadline: bool,
+}
+
+/// The next step of a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Sockets still wait for their header, or a handshake may still be under way.
+    Wait,
+    /// Every header is out: sock_ops and sk_msg may go.
+    Done,
+    /// The deadline passed with this many sockets established and not yet written:
+    /// they go without their header.
+    GiveUp {
+        /// Sockets in the map.
+        unwritten: u64,
+    },
+}
