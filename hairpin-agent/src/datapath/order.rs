@@ -14,7 +14,7 @@ use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path};
 
 use crate::status::{ForeignProgram, HookOrderStatus, LinkOrderStatus};
 
-use super::{Role, sys};
+use super::{Datapath, Role, sys};
 
 /// Whether this agent's connect links go before every other program at the cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,11 +88,13 @@ pub fn observe(cgroup: &Path, role: Role, own: u32) -> io::Result<HookOrderStatu
     let dir = File::open(cgroup)?;
     let ids = sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type())?;
     let front = in_front(&ids, own).unwrap_or(&ids);
+    let behind = ids.get(front.len() + 1..).unwrap_or_default();
     Ok(HookOrderStatus {
         hook: role.name().to_string(),
         program_id: own,
         attached: in_front(&ids, own).is_some(),
         in_front: front.iter().map(|id| foreign(*id)).collect(),
+        behind: behind.iter().map(|id| foreign(*id)).collect(),
     })
 }
 
@@ -149,6 +151,20 @@ pub fn report(
         }
     }
     status
+}
+
+impl Datapath {
+    /// Where the attached connect programs run among those at their cgroup, for
+    /// `status`; `None` before attach.
+    pub fn link_order_status(&self) -> Option<LinkOrderStatus> {
+        let att = self.attachment.as_ref()?;
+        let own = |role: Role| {
+            let link = att.links.iter().find(|l| l.role == role)?;
+            let info = self.ebpf.program(link.program)?.info().ok()?;
+            Some(info.id())
+        };
+        Some(report(&self.link_order, &att.cgroup, own))
+    }
 }
 
 #[cfg(test)]

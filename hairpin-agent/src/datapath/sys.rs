@@ -143,19 +143,11 @@ struct LinkCreateAttr {
 }
 
 /// Attaches the program `prog` to `target` (a cgroup directory, or a sockmap /
-/// sockhash for [`AttachType::SkMsgVerdict`]) through a new bpf_link, after every
-/// program already there. The link lasts while its descriptor or a pin of it does.
+/// sockhash for [`AttachType::SkMsgVerdict`]) through a new bpf_link: with `flags`
+/// 0 after every program already there, with [`BPF_F_BEFORE`] (and the relative fd
+/// or id left 0) before every one. The link lasts while its descriptor or a pin of
+/// it does.
 pub fn link_create(
-    prog: BorrowedFd<'_>,
-    target: BorrowedFd<'_>,
-    attach: AttachType,
-) -> io::Result<OwnedFd> {
-    link_create_with(prog, target, attach, 0)
-}
-
-/// As [`link_create`], with `flags` ([`BPF_F_BEFORE`]: before every program
-/// already attached; the relative fd or id stays 0).
-pub fn link_create_with(
     prog: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
     attach: AttachType,

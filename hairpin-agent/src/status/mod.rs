@@ -118,6 +118,21 @@ impl LinkOrderStatus {
     pub fn blocked(&self) -> impl Iterator<Item = &HookOrderStatus> {
         self.hooks.iter().filter(|h| !h.in_front.is_empty())
     }
+
+    /// What to do when another program runs before hairpin's.
+    pub fn remedy(&self) -> &'static str {
+        if self.first {
+            "the agent puts its connect links first when it starts: restart it (the program \
+             in front was attached with BPF_F_BEFORE after it started)"
+        } else {
+            "hairpin's connect programs must run first: a kernel that orders cgroup links \
+             (Linux 6.17 and newer) lets the agent put them there itself; otherwise attach the \
+             socket load balancer's programs after hairpin's (its links removed and its agent \
+             restarted once hairpin runs), or leave pods' service connections to its per-packet \
+             load balancing (Cilium: socketLB.hostNamespaceOnly=true; Calico eBPF: \
+             bpfConnectTimeLoadBalancing: Disabled)"
+        }
+    }
 }
 
 /// One connect hook: hairpin's program and those that run before it.
@@ -133,6 +148,10 @@ pub struct HookOrderStatus {
     /// The programs that run before it, in run order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_front: Vec<ForeignProgram>,
+    /// The programs that run after it, in run order (a socket load balancer there
+    /// sees the relay's address, or the LB address of a socket hairpin marked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behind: Vec<ForeignProgram>,
 }
 
 /// Another connect program at the cgroup.
