@@ -337,55 +337,6 @@ fn render_snapshot(s: &Snapshot, not_ready: Option<&str>, colour: bool) -> Strin
     out
 }
 
-/// `order`: where the connect programs run among the others at the cgroup, and what
-/// runs in front of them (a socket load balancer there hides the LB address).
-fn render_link_order(out: &mut String, order: &crate::status::LinkOrderStatus, colour: bool) {
-    use crate::status::ForeignProgram;
-    out.push_str(&format!("order       connect links {}\n", order.ordering));
-    let list = |ps: &[ForeignProgram]| {
-        ps.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    for h in &order.hooks {
-        let line = if h.in_front.is_empty() {
-            let after = if h.behind.is_empty() {
-                String::new()
-            } else {
-                format!(", then {}", list(&h.behind))
-            };
-            format!("{}: hairpin first{after}", h.hook)
-        } else {
-            paint(
-                &format!(
-                    "{}: {} runs before hairpin's program (id {}): a socket load balancer \
-                     there hides the LB address",
-                    h.hook,
-                    list(&h.in_front),
-                    h.program_id
-                ),
-                Tone::Bad,
-                colour,
-            )
-        };
-        out.push_str(&format!("            {line}\n"));
-    }
-    let unnamed = order
-        .blocked()
-        .flat_map(|h| &h.in_front)
-        .find_map(|p| p.name_unknown.as_deref());
-    if let Some(why) = unnamed {
-        out.push_str(&format!("            names: {why}\n"));
-    }
-    if order.blocked().next().is_some() {
-        out.push_str(&format!("            fix: {}\n", order.remedy()));
-    }
-    if let Some(e) = &order.error {
-        out.push_str(&format!("            {}\n", paint(e, Tone::Warn, colour)));
-    }
-}
-
 /// `programs` and `maps`: where the programs are attached, their ids and the maps' ids.
 fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
     match &s.attachment {
@@ -406,7 +357,7 @@ fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
                 opt(a.ids.counters_map_id)
             ));
             if let Some(order) = &s.link_order {
-                render_link_order(out, order, colour);
+                order::render(out, order, colour);
             }
         }
         None => out.push_str(&format!(
@@ -811,6 +762,8 @@ fn join(ids: &[u32]) -> String {
 fn opt(id: Option<u32>) -> String {
     id.map(|i| i.to_string()).unwrap_or_else(|| "?".into())
 }
+
+mod order;
 
 #[cfg(test)]
 mod tests;
