@@ -12,6 +12,7 @@ mod fuzz;
 mod helm;
 mod image;
 mod prereqs;
+mod release;
 mod root;
 mod toolchain;
 mod venv;
@@ -54,6 +55,8 @@ enum Cmd {
     Fuzz(fuzz::Options),
     /// Build the runtime image (static agent, empty base) offline into local container storage as localhost/hairpin-agent:dev (as root).
     Image,
+    /// Build the versioned release set offline and reproducibly into target/dist/: the image as an OCI archive, the chart packaged with its digest, SBOMs, SHA256SUMS (as root: podman).
+    Release(release::Options),
     /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories against the live RustSec database or the dated snapshot in supply-chain/.
     Deny,
 }
@@ -90,6 +93,10 @@ fn main() -> Result<()> {
         Cmd::Image => {
             root::ensure_root("image")?;
             image::build().map(|name| println!("{name}"))
+        }
+        Cmd::Release(opts) => {
+            root::ensure_root("release")?;
+            release::release(&opts).map(|dir| println!("{}", dir.display()))
         }
     }
 }

@@ -200,8 +200,12 @@ impl Agent {
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
         publish_listen_addresses(&args, listen, &state).await?;
-        let (datapath, outcome, cgroup) = start_datapath(&args).await?;
+        let (mut datapath, outcome, cgroup) = start_datapath(&args).await?;
+        // After attach, which may find the kernel path unavailable: the entries the
+        // reconciler writes follow the kernel path as it stands.
+        let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
         let plan = decide_paths(&args, &outcome, &state);
+        metrics.set_live_paths(&plan.live());
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
@@ -229,9 +233,9 @@ impl Agent {
             applied: None,
             source_name: source.name,
             plan,
-            reconciler: Reconciler::new(datapath, relay, listen),
+            reconciler: Reconciler::new(frontends, relay, listen),
+            datapath,
             names,
-            names_redirects: Vec::new(),
             admin: Some(admin),
             drain_timeout: args.drain_timeout,
             signals,

@@ -28,9 +28,10 @@ use crate::{
 attached (program and link ids), every frontend with its state, listener, live path and the \
 reason when it failed, the kernel and relay counters, the last reconcile and each source's \
 health.\n\nWhen the agent does not answer, says so, lists the hairpin programs the kernel has \
-loaded and their bpf_links, and exits 1.",
-    after_help = "Exit status: 0 the agent answered and is ready; 1 the agent is not reachable; \
-2 the agent answered but is not ready (programs detached or a source not synced).\n\n\
+loaded and their bpf_links, and exits 4.",
+    after_help = "Exit status: 0 the agent answered and is ready; 3 the agent answered but is not \
+ready (programs detached or a source not synced); 4 the agent is not reachable; 2 usage; \
+6 the output could not be written.\n\n\
 Examples:\n  hairpin-agent status\n  hairpin-agent status --output json | jq '.status.frontends'"
 )]
 pub struct StatusArgs {
@@ -92,10 +93,11 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
     }
     Ok(match (&report.status, &report.not_ready_reason) {
-        (None, _) => 1,
-        (Some(_), Some(_)) => 2,
-        (Some(_), None) => 0,
-    })
+        (None, _) => super::Exit::Unreachable,
+        (Some(_), Some(_)) => super::Exit::NotReady,
+        (Some(_), None) => super::Exit::Ok,
+    }
+    .code())
 }
 
 /// The mode, the name relay, the listen addresses, the clients, the cluster DNS and

@@ -103,7 +103,10 @@ impl LoadOptions {
 /// The loaded programs and their maps.
 pub struct Datapath {
     pub(super) ebpf: Ebpf,
-    pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,
+    /// The frontends map, until its one writer is taken ([`Datapath::take_frontends`]).
+    pub(super) frontends: Option<HashMap<MapData, FrontendKey, Redirect>>,
+    /// Its kernel id, for `status` and `dump`.
+    pub(super) frontends_id: Option<u32>,
     pub(super) counters: PerCpuArray<MapData, u64>,
     pub(super) sockets: SockHash<MapData, u64>,
     pub(super) heartbeat: Heartbeat,
@@ -198,7 +201,11 @@ impl Datapath {
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
             ebpf,
-            frontends: maps.frontends,
+            frontends_id: aya::maps::IterableMap::map(&maps.frontends)
+                .info()
+                .ok()
+                .map(|i| i.id()),
+            frontends: Some(maps.frontends),
             counters: maps.counters,
             sockets: maps.sockets,
             heartbeat: Heartbeat {

@@ -43,5 +43,5 @@ pub use liveness::{
     DEFAULT_TTL, Heartbeat, HeartbeatState, RelayLiveness, heartbeat_state, monotonic_ns,
 };
 pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
-pub use maps::CountersReader;
+pub use maps::{CountersReader, FrontendsMap};
 pub use pin::{Pin, PinDir, Role};

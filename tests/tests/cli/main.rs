@@ -4,6 +4,58 @@
 
 mod uninstall;
 
+/// Exit statuses, one meaning each: a typo (clap) is 2 and never a verdict; a bad
+/// `check` target is a usage error too; every subcommand's verdicts keep theirs; the
+/// table in the README lists exactly these. No privileges: nothing is probed.
+#[test]
+fn exit_statuses_never_collide_and_the_readme_lists_them() {
+    use hairpin_agent::cli::Exit;
+    let codes: std::collections::BTreeSet<i32> = Exit::ALL.iter().map(|e| e.code()).collect();
+    assert_eq!(codes.len(), Exit::ALL.len(), "one status per meaning");
+    let bin = hairpin_tests::agent::agent_bin();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .env("HAIRPIN_ADMIN_SOCKET", "/nonexistent/hairpin/admin.sock")
+            .env("HAIRPIN_ADMIN_ADDRESS", "127.0.0.1:1")
+            .output()
+            .expect("run hairpin-agent");
+        out.status.code().unwrap_or(-1)
+    };
+    assert_eq!(
+        run(&["stauts"]),
+        Exit::Usage.code(),
+        "a typo of a subcommand"
+    );
+    assert_eq!(
+        run(&["status", "--outptu", "json"]),
+        Exit::Usage.code(),
+        "a typo of a flag"
+    );
+    assert_eq!(
+        run(&["check", "host:port"]),
+        Exit::Usage.code(),
+        "a target that does not parse"
+    );
+    assert_eq!(
+        run(&["check", "host:99999"]),
+        Exit::Usage.code(),
+        "a port out of range"
+    );
+    let readme = std::fs::read_to_string(hairpin_tests::repo::workspace().join("README.md"))
+        .expect("README");
+    let table = &readme[readme
+        .find("| exit status | meaning |")
+        .expect("the exit status table")..];
+    for e in Exit::ALL {
+        assert!(
+            table.contains(&format!("\n| {} |", e.code())),
+            "the README's exit status table lacks {e:?} ({})",
+            e.code()
+        );
+    }
+}
+
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     cli::{admin_socket, doctor_check, run_cli, start_agent},
@@ -110,11 +162,11 @@ fn status_reports_attachment_frontends_sources_and_counters() {
 }
 
 #[test]
-fn status_without_an_agent_says_so_and_exits_1() {
+fn status_without_an_agent_says_so_and_exits_4() {
     require_privileges!();
     let node = SimNode::new();
     let run = run_cli(&node, &["status", "--output", "json"]);
-    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.code, 4, "{run:?}");
     let j = run.json();
     assert_eq!(j["agent_reachable"], false);
     assert!(
@@ -127,7 +179,7 @@ fn status_without_an_agent_says_so_and_exits_1() {
     assert!(j["status"].is_null());
     assert!(j["kernel_programs"].is_array(), "{j}");
     let text = run_cli(&node, &["status"]);
-    assert_eq!(text.code, 1);
+    assert_eq!(text.code, 4);
     assert!(
         text.stdout.contains("the agent is not reachable"),
         "{}",
@@ -358,14 +410,14 @@ fn check_cannot_check_what_does_not_resolve_or_answer() {
     require_privileges!();
     let node = SimNode::new();
     let run = run_cli(&node, &["check", "no-such-host.invalid", "-o", "json"]);
-    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(run.code, 5, "{run:?}");
     assert_eq!(run.json()["verdict"], "unknown");
     // Nothing listens behind 203.0.113.10:80 without nginx: refused through the DNAT.
     let run = run_cli(
         &node,
         &["check", "203.0.113.10:80", "--timeout", "1s", "-o", "json"],
     );
-    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(run.code, 5, "{run:?}");
     assert_eq!(
         run.json()["addresses"][0]["probes"]["in_cluster"]["outcome"],
         "connect_failed"
