@@ -374,6 +374,9 @@ fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
                 opt(a.ids.frontends_map_id),
                 opt(a.ids.counters_map_id)
             ));
+            if let Some(order) = &s.link_order {
+                order::render(out, order, colour);
+            }
         }
         None => out.push_str(&format!(
             "programs    {}\n",
@@ -737,6 +740,7 @@ fn opt(id: Option<u32>) -> String {
     id.map(|i| i.to_string()).unwrap_or_else(|| "?".into())
 }
 
+mod order;
 mod unreachable;
 use unreachable::render_unreachable;
 

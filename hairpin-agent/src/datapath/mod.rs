@@ -32,6 +32,7 @@ pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
+pub mod order;
 pub mod pin;
 mod sys;
 
