@@ -195,6 +195,8 @@ fn test(args: &[String]) -> Result<()> {
         .context("formatting differs: run `cargo fmt --all`")?;
     // The supply-chain gate, before anything is built: Cargo.lock against deny.toml.
     deny::check()?;
+    // The fuzz workspace's lockfile too: its build comes last, after the suites.
+    fuzz::check_lock()?;
     let object = ebpf::build(&ebpf::Options::default())?;
     // Every workspace crate on the host, hairpin-ebpf included: its library and its
     // binary's host stub. The programs (compiled only for bpfel-unknown-none) are not
