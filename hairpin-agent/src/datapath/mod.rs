@@ -14,6 +14,8 @@
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
+//! - [`inspect`]: a pinned datapath read without owning it (read-only maps, for
+//!   `status` with no agent and `dump`);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
 //! - [`kernel_objects`], [`cgroup`], `btf.rs`, `sys.rs`, `error.rs`: kernel objects read
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
@@ -23,12 +25,14 @@ mod attach;
 mod btf;
 pub mod cgroup;
 mod error;
+pub mod inspect;
 pub mod kernel_objects;
 mod kernel_path;
 pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
+pub mod order;
 pub mod pin;
 mod sys;
 

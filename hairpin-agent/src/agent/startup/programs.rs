@@ -11,7 +11,10 @@ use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 use tracing::{info, warn};
 
 use super::{StartError, chain};
-use crate::agent::{args::RunArgs, mode::EbpfOutcome};
+use crate::agent::{
+    args::{LinkOrderMode, RunArgs},
+    mode::EbpfOutcome,
+};
 use crate::{
     datapath::{
         self, Datapath, DatapathError, KernelPath, LoadOptions,
@@ -41,6 +44,7 @@ pub(super) fn report_datapath(
         }));
     }
     report_kernel_path(args, d, state, metrics);
+    report_link_order(d, state);
     release_inherited_pins(args);
     let beating = tokio::spawn(d.heartbeat().beat_every(datapath::BEAT_EVERY)).abort_handle();
     let hb = d.heartbeat();
@@ -157,6 +161,8 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
         ttl: args.datapath_ttl,
+        link_first: args.link_order == LinkOrderMode::First,
+        mesh_ports: args.mesh_capture_ports.slots(),
     }
 }
 
@@ -177,6 +183,29 @@ pub(super) fn release_inherited_pins(args: &RunArgs) {
             std::time::Duration::from_secs(2),
         ));
     }
+}
+
+/// Says in `status` where the connect programs run among the other connect programs
+/// at the cgroup, and warns when another runs before them (a socket load balancer
+/// there hides the LB address from them).
+fn report_link_order(d: &Datapath, state: &AgentState) {
+    let Some(order) = d.link_order_status() else {
+        return;
+    };
+    info!(order = %order.ordering, "connect links");
+    for hook in order.blocked() {
+        let front: Vec<String> = hook.in_front.iter().map(ToString::to_string).collect();
+        warn!(
+            hook = %hook.hook,
+            in_front = %front.join(", "),
+            remedy = order.remedy(),
+            "another connect program runs before hairpin's: a socket load balancer there rewrites the LB address before hairpin sees it"
+        );
+    }
+    if let Some(e) = &order.error {
+        warn!(error = %e, "the order of the connect programs is not known");
+    }
+    state.update(|s| s.link_order = Some(order));
 }
 
 /// Says in `status` and the log how the kernel path stands, and exports the
