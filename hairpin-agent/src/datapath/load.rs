@@ -30,7 +30,7 @@ use hairpin_ebpf::{
 };
 
 use super::error::{load_error, program_error};
-use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
+use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
 use super::order::{self, LinkOrder};
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
@@ -197,6 +197,7 @@ impl Datapath {
         let connect = kernel_connect.unwrap_or_else(|| kernel_path.connect_programs());
         let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
+        warn_if_counters_short(&maps.counters);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {

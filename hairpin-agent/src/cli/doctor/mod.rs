@@ -16,6 +16,7 @@ use hairpin_ebpf::Counter;
 
 mod beside;
 mod checks;
+mod servers;
 pub use checks::{effective_caps, kernel_version, seccomp_check};
 
 /// Options of `doctor`.
@@ -63,7 +64,7 @@ pub enum Status {
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
-    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`.
+    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`, `lenient_servers`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -146,6 +147,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     list.push(beside::link_order_check(agent.as_ref().ok()));
     list.push(beside::mesh_check(agent.as_ref().ok()));
     list.push(beside::skipped_check(agent.as_ref().ok()));
+    list.push(lenient_servers(agent.as_ref().ok(), args.bypass_mark));
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -155,6 +157,20 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
     }
     Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Probes the agent's active frontends directly (at most [`servers::MAX_PROBED`], in
+/// parallel) and warns of every lenient server among them.
+fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
+    let (targets, more) = agent.map(servers::targets).unwrap_or_default();
+    let probed: Vec<_> = std::thread::scope(|scope| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|&addr| scope.spawn(move || (addr, servers::probe_direct(addr, mark))))
+            .collect();
+        running.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    servers::lenient_check(agent, &probed, more)
 }
 
 /// Whether kube-proxy short-circuits each frontend the agent proxies.
