@@ -377,7 +377,11 @@ fn sbom(cyclonedx: &Path, package: &str, target: &str, epoch: u64, to: &Path) ->
     let written = workspace_root().join(package).join("bom.json");
     let text = fs::read_to_string(&written)
         .with_context(|| format!("cargo-cyclonedx wrote no {}", written.display()))?;
-    fs::remove_file(&written)?;
+    // It writes one beside every workspace member's Cargo.toml: none may stay in the
+    // tree (the next release would see it dirty).
+    for member in ["hairpin-agent", "hairpin-ebpf", "tests", "tools", "xtask"] {
+        let _ = fs::remove_file(workspace_root().join(member).join("bom.json"));
+    }
     let root = format!("file://{}/", workspace_root().display());
     let mut bom: serde_json::Value = serde_json::from_str(&text.replace(&root, "file:///hairpin/"))
         .context("the SBOM is not JSON")?;
@@ -474,8 +478,19 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
         read == digest,
         "skopeo reads manifest {read}, expected {digest}"
     );
-    let version =
-        output(Command::new("podman").args(["run", "--rm", "--network=none", tag, "--version"]))?;
+    let version = output(
+        // Explicit limits: a runtime that may not raise the host's (a sandboxed
+        // build machine) refuses the defaults podman asks for.
+        Command::new("podman")
+            .args(["run", "--rm", "--network=none"])
+            .args([
+                "--ulimit",
+                "nofile=4096:4096",
+                "--ulimit",
+                "nproc=4096:4096",
+            ])
+            .args([tag, "--version"]),
+    )?;
     ensure!(
         version.trim() == format!("hairpin-agent {}", crate::release::version()),
         "the loaded image runs {version:?}"

@@ -7,17 +7,16 @@ use super::{
     AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text,
     table::{Cell, Table, Tone, paint},
 };
-use std::collections::BTreeMap;
-
-use hairpin_ebpf::Counter;
-
 use crate::{
-    datapath::kernel_objects,
+    datapath::{
+        inspect::{self, PinnedDatapath},
+        kernel_objects,
+    },
     model::LivePath,
     status::ProgramIds,
     status::{
-        ClientsStatus, CorednsStatus, FrontendState, FrontendStatus, KernelPathState,
-        KernelPathStatus, ListenStatus, ModeStatus, NamesStatus, Snapshot,
+        ClientsStatus, CorednsStatus, FrontendState, FrontendStatus, ListenStatus, ModeStatus,
+        NamesStatus, Snapshot,
     },
 };
 
@@ -27,8 +26,10 @@ use crate::{
     long_about = "Shows what the hairpin agent on this node is doing: where its programs are \
 attached (program and link ids), every frontend with its state, listener, live path and the \
 reason when it failed, the kernel and relay counters, the last reconcile and each source's \
-health.\n\nWhen the agent does not answer, says so, lists the hairpin programs the kernel has \
-loaded and their bpf_links, and exits 4.",
+health.\n\nWhen the agent does not answer, says so, reads the datapath pinned in --bpf-pin-dir \
+(its links, whether its heartbeat still keeps it live, its counters: by path, read-only, so \
+this works inside the pod), lists the hairpin programs the kernel has loaded where it may \
+(CAP_SYS_ADMIN), and exits 4.",
     after_help = "Exit status: 0 the agent answered and is ready; 3 the agent answered but is not \
 ready (programs detached or a source not synced); 4 the agent is not reachable; 2 usage; \
 6 the output could not be written.\n\n\
@@ -38,6 +39,12 @@ pub struct StatusArgs {
     /// Where the agent's admin server is.
     #[command(flatten)]
     pub admin: AdminArgs,
+
+    /// The agent's pin directory (`run --bpf-pin-dir`): read when the agent does not
+    /// answer (links, heartbeat, counters), by path and read-only, so it works inside
+    /// the pod with the DaemonSet's capabilities. `none`: not read.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: std::path::PathBuf,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -59,6 +66,8 @@ pub struct StatusReport {
     pub kernel_programs: Option<Vec<ProgramIds>>,
     /// Why they could not be listed.
     pub kernel_error: Option<String>,
+    /// The datapath pinned in `--bpf-pin-dir`, read when the agent did not answer.
+    pub pinned: Option<Vec<PinnedDatapath>>,
 }
 
 /// Shows what the agent on this node is doing (or what the kernel says); returns
@@ -72,6 +81,7 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
             status: Some(snap),
             kernel_programs: None,
             kernel_error: None,
+            pinned: None,
         },
         Err(e) => {
             let (programs, error) = match kernel_objects::hairpin_programs() {
@@ -85,6 +95,8 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
                 status: None,
                 kernel_programs: programs,
                 kernel_error: error,
+                pinned: (args.bpf_pin_dir.as_os_str() != "none")
+                    .then(|| inspect::read_pinned(&args.bpf_pin_dir)),
             }
         }
     };
@@ -358,6 +370,9 @@ fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
                 opt(a.ids.frontends_map_id),
                 opt(a.ids.counters_map_id)
             ));
+            if let Some(order) = &s.link_order {
+                order::render(out, order, colour);
+            }
         }
         None => out.push_str(&format!(
             "programs    {}\n",
@@ -494,261 +509,6 @@ fn header_writer(f: &FrontendStatus) -> &'static str {
     }
 }
 
-/// The kernel path's counters of connects sent to the relay, with what each means.
-pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
-    (Counter::KernelFallbackRelay, "no socket storage"),
-    (Counter::KernelFallbackFull, "sockets map near full"),
-    (Counter::KernelFallbackMptcp, "MPTCP subflow"),
-    (Counter::KernelFallbackFastOpen, "TCP Fast Open"),
-    (Counter::KernelFallbackMesh, "mesh proxy"),
-];
-
-/// The kernel path's counters of connections that went without their header (see
-/// [`Counter::is_kernel_miss`]), with what each means.
-pub const KERNEL_MISSES: [(Counter, &str); 4] = [
-    (
-        Counter::KernelMissedDataFirst,
-        "data sent before the handshake completed: TCP Fast Open (MSG_FASTOPEN, where the \
-         agent has no CAP_PERFMON), or a send() queued while connecting",
-    ),
-    (
-        Counter::KernelMissedInsert,
-        "the socket could not enter the sockets map: full, or a socket the map refuses (an \
-         MPTCP subflow, where the agent has no CAP_PERFMON)",
-    ),
-    (
-        Counter::KernelMissedPush,
-        "no memory to make room for the header",
-    ),
-    (
-        Counter::KernelMissedWrite,
-        "the room was made but the header could not be copied into it",
-    ),
-];
-
-/// The kernel path's counters, as `status` and `doctor` read them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelTally {
-    /// Connects marked for an in-kernel header.
-    pub marked: u64,
-    /// Headers the kernel wrote.
-    pub written: u64,
-    /// Sockets in the sockets map now: entered less left.
-    pub in_map: u64,
-    /// Connects sent to the relay instead, per counter (in [`KERNEL_FALLBACKS`] order).
-    pub fallbacks: Vec<(Counter, &'static str, u64)>,
-    /// Connections without their header, per counter (in [`KERNEL_MISSES`] order).
-    pub misses: Vec<(Counter, &'static str, u64)>,
-}
-
-impl KernelTally {
-    /// From `/status`'s `counters.kernel`; a counter the agent does not report is 0.
-    pub fn new(kernel: &BTreeMap<String, u64>) -> KernelTally {
-        let get = |c: Counter| kernel.get(c.name()).copied().unwrap_or(0);
-        let each = |list: &[(Counter, &'static str)]| {
-            list.iter()
-                .map(|&(c, what)| (c, what, get(c)))
-                .collect::<Vec<_>>()
-        };
-        KernelTally {
-            marked: get(Counter::KernelMarked),
-            written: get(Counter::KernelHeadersWritten),
-            // Per-CPU sums read one after the other: never below zero.
-            in_map: get(Counter::KernelSocketsEntered)
-                .saturating_sub(get(Counter::KernelSocketsLeft)),
-            fallbacks: each(&KERNEL_FALLBACKS),
-            misses: each(&KERNEL_MISSES),
-        }
-    }
-
-    /// Connections that went without their header.
-    pub fn missed(&self) -> u64 {
-        self.misses.iter().map(|m| m.2).sum()
-    }
-
-    /// Connects sent to the relay instead.
-    pub fn relayed(&self) -> u64 {
-        self.fallbacks.iter().map(|f| f.2).sum()
-    }
-
-    /// Whether any counter moved.
-    pub fn any(&self) -> bool {
-        self.marked + self.written + self.in_map + self.missed() + self.relayed() > 0
-    }
-
-    /// The non-zero misses, `name N (what it means)`, joined by `; `.
-    pub fn describe_misses(&self) -> String {
-        self.misses
-            .iter()
-            .filter(|m| m.2 > 0)
-            .map(|(c, what, n)| format!("{} {n} ({what})", c.name()))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-
-    /// Every fallback, `what N`, joined by `, `.
-    pub fn describe_fallbacks(&self) -> String {
-        self.fallbacks
-            .iter()
-            .map(|(_, what, n)| format!("{what} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// The `kernel path` lines: how it stands and, when on, its sockets map, headers
-/// written, fallbacks to the relay and misses (a miss is a connection that went
-/// without its header: a warning).
-fn render_kernel_path(
-    kp: &KernelPathStatus,
-    kernel: &BTreeMap<String, u64>,
-    colour: bool,
-) -> String {
-    let tally = KernelTally::new(kernel);
-    let mut out = match kp.state {
-        KernelPathState::On => format!(
-            "kernel path {} (--kernel-path {}): the kernel writes the header of client-speaks-first \
-             frontends on the client's own socket\n",
-            paint("on", Tone::Good, colour),
-            kp.configured
-        ),
-        KernelPathState::Off => format!(
-            "kernel path off (--kernel-path {}): every frontend takes the relay\n",
-            kp.configured
-        ),
-        // `auto` falls back to the relay as planned; `on` asked for the kernel path
-        // as a requirement, so its absence is painted as a failure.
-        KernelPathState::Unavailable => format!(
-            "kernel path {} (--kernel-path {}{}): every frontend takes the relay\n",
-            paint(
-                &format!(
-                    "unavailable: {}",
-                    kp.reason.as_deref().unwrap_or("no reason given")
-                ),
-                if kp.configured.requires() {
-                    Tone::Bad
-                } else {
-                    Tone::Warn
-                },
-                colour
-            ),
-            kp.configured,
-            if kp.configured.requires() {
-                ", required"
-            } else {
-                ""
-            }
-        ),
-    };
-    if kp.state != KernelPathState::On && !tally.any() {
-        return out;
-    }
-    let map = match kp.sockets_map_id {
-        Some(id) => format!("sockets map id {id}"),
-        None => "sockets map".to_string(),
-    };
-    let fill = match kp.sockets_capacity {
-        Some(cap) => {
-            let limit = hairpin_ebpf::sockets_limit(cap.max(1));
-            let text = format!(
-                "{} of {cap} in use (new connects go to the relay from {limit})",
-                tally.in_map
-            );
-            if tally.in_map >= u64::from(limit) {
-                paint(&text, Tone::Warn, colour)
-            } else {
-                text
-            }
-        }
-        None => format!("{} in use", tally.in_map),
-    };
-    out.push_str(&format!("            {map}: {fill}\n"));
-    if let Some(pin) = &kp.sockets_map_pin {
-        out.push_str(&format!(
-            "            pinned at {pin}: the datapath outlives the agent\n"
-        ));
-    } else if let Some(why) = &kp.sockets_map_pin_error {
-        out.push_str(&format!(
-            "            {}\n",
-            paint(
-                &format!(
-                    "not pinned ({why}): the datapath goes with the agent, and sockets \
-                     established but not yet written when it dies go without their header"
-                ),
-                Tone::Warn,
-                colour
-            )
-        ));
-    }
-    if let Some(m) = kp.mptcp_detection {
-        out.push_str(&format!("            MPTCP subflows told apart by {m}\n"));
-    }
-    out.push_str(&format!(
-        "            headers written {} of {} sockets marked; to the relay instead: {}\n",
-        tally.written,
-        tally.marked,
-        tally.describe_fallbacks()
-    ));
-    let missed = tally.missed();
-    if missed == 0 {
-        out.push_str("            missed none: no connection went without its header\n");
-    } else {
-        out.push_str(&format!(
-            "            {}\n",
-            paint(
-                &format!(
-                    "missed {missed}: connections that went without their header: {}",
-                    tally.describe_misses()
-                ),
-                Tone::Warn,
-                colour
-            )
-        ));
-    }
-    out
-}
-
-fn render_unreachable(report: &StatusReport, colour: bool) -> String {
-    let mut out = format!(
-        "agent       {}\n",
-        paint(
-            report.agent_error.as_deref().unwrap_or("not reachable"),
-            Tone::Bad,
-            colour
-        )
-    );
-    out.push_str(
-        "kernel      what the kernel has loaded (without the agent, the cgroup is unknown):\n",
-    );
-    match (&report.kernel_programs, &report.kernel_error) {
-        (Some(p), _) if p.is_empty() => out.push_str(
-            "            no hairpin programs loaded: nothing redirects connects on this node\n",
-        ),
-        (Some(p), _) => {
-            let mut t = Table::new(&["PROGRAM", "PROG ID", "LINK IDS", "MAP IDS"]);
-            for p in p {
-                let links = if p.link_ids.is_empty() {
-                    Cell::toned("not attached", Tone::Warn)
-                } else {
-                    join(&p.link_ids).into()
-                };
-                t.row(vec![
-                    p.name.as_str().into(),
-                    p.program_id.to_string().into(),
-                    links,
-                    join(&p.map_ids).into(),
-                ]);
-            }
-            out.push_str(&t.render(12, colour));
-        }
-        (None, e) => out.push_str(&format!(
-            "            could not list programs: {}\n",
-            e.as_deref().unwrap_or("unknown error")
-        )),
-    }
-    out
-}
-
 fn join(ids: &[u32]) -> String {
     let v: Vec<String> = ids.iter().map(u32::to_string).collect();
     if v.is_empty() {
@@ -761,6 +521,13 @@ fn join(ids: &[u32]) -> String {
 fn opt(id: Option<u32>) -> String {
     id.map(|i| i.to_string()).unwrap_or_else(|| "?".into())
 }
+
+mod kernel;
+mod order;
+mod unreachable;
+use kernel::render_kernel_path;
+pub use kernel::{KERNEL_FALLBACKS, KERNEL_MISSES, KernelTally};
+use unreachable::render_unreachable;
 
 #[cfg(test)]
 mod tests;

