@@ -8,11 +8,11 @@ use std::{
 };
 
 use hairpin_agent::{
-    model::{Frontend, ProxyVersion},
+    model::ProxyVersion,
     relay::client_policy::{ClientPolicy, parse_net},
     relay::{
-        Relay, RelayConfig,
-        listener::{ConnGate, ConnLimits},
+        ListenHook, Relay, RelayConfig, SlotLookup,
+        listener::{self, ConnGate, ConnLimits},
     },
     status::metrics::Metrics,
 };
@@ -40,18 +40,13 @@ fn config(connect_timeout: Duration) -> RelayConfig {
     }
 }
 
-fn frontend(target: SocketAddr, version: ProxyVersion) -> Frontend {
-    Frontend {
-        ip: target.ip(),
-        port: target.port(),
-        version,
-        source: hairpin_agent::model::Origin::File {
-            path: "test".into(),
-            entry: None,
-        },
-        first_speaker: Default::default(),
-        path: Default::default(),
-    }
+/// Starts `relay`'s listener on a loopback port, every connection it accepts
+/// relayed to `target` (as if its slot named it); its address.
+fn listen_for(relay: &mut Relay, target: SocketAddr, version: ProxyVersion) -> SocketAddr {
+    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let hook: ListenHook = std::sync::Arc::new(|_, _, _| Ok(()));
+    let slots: SlotLookup = std::sync::Arc::new(move |_| Some((target, version)));
+    relay.serve(bound, 0, &hook, slots).expect("serve")
 }
 
 /// Starts a relay in front of `target`; returns it and its listener address.
@@ -62,9 +57,7 @@ fn relay_to(
 ) -> (Relay, Metrics, SocketAddr) {
     let metrics = Metrics::default();
     let mut relay = Relay::new(config(timeout), metrics.clone());
-    let listener = relay
-        .start(&frontend(target, version), LOCALHOST)
-        .expect("listen");
+    let listener = listen_for(&mut relay, target, version);
     (relay, metrics, listener)
 }
 
@@ -268,6 +261,28 @@ async fn connections_leave_no_descriptor_behind() {
     assert_eq!(relay.drain(Duration::from_secs(1)).await, 0);
 }
 
+/// A connection whose slot names no frontend (retired past its quarantine, or dialled
+/// by hand) is reset at once: the relay never guesses a target.
+#[tokio::test]
+async fn a_connection_to_a_slot_no_frontend_holds_is_reset() {
+    let metrics = Metrics::default();
+    let mut relay = Relay::new(config(Duration::from_secs(2)), metrics.clone());
+    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let hook: ListenHook = std::sync::Arc::new(|_, _, _| Ok(()));
+    let slots: SlotLookup = std::sync::Arc::new(|_| None);
+    let at = relay.serve(bound, 0, &hook, slots).expect("serve");
+    let mut client = TcpStream::connect(at).await.expect("connect");
+    let mut buf = [0u8; 8];
+    let r = tokio::time::timeout(Duration::from_secs(2), client.read(&mut buf))
+        .await
+        .expect("not hung");
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset, got {r:?}"
+    );
+    assert!(metrics.render().contains("no_slot"), "{}", metrics.render());
+}
+
 #[tokio::test]
 async fn peers_outside_the_client_policy_are_reset_and_never_relayed() {
     let upstream = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
@@ -277,9 +292,7 @@ async fn peers_outside_the_client_policy_are_reset_and_never_relayed() {
     // Only a pod network: loopback clients (this test) are outside it.
     cfg.clients = ClientPolicy::new(vec![parse_net("10.244.0.0/16").expect("net")]);
     let mut relay = Relay::new(cfg, metrics.clone());
-    let listener = relay
-        .start(&frontend(target, ProxyVersion::V1), LOCALHOST)
-        .expect("listen");
+    let listener = listen_for(&mut relay, target, ProxyVersion::V1);
 
     let mut client = TcpStream::connect(listener).await.expect("connect");
     let mut buf = [0u8; 8];
@@ -389,9 +402,7 @@ async fn a_flood_past_the_per_source_cap_is_shed_while_another_client_is_served(
     });
     let gate = cfg.gate.clone();
     let mut relay = Relay::new(cfg, metrics.clone());
-    let listener = relay
-        .start(&frontend(target, ProxyVersion::V1), LOCALHOST)
-        .expect("listen");
+    let listener = listen_for(&mut relay, target, ProxyVersion::V1);
     let from = |ip: [u8; 4]| async move {
         let s = tokio::net::TcpSocket::new_v4().expect("socket");
         s.bind(SocketAddr::from((ip, 0))).expect("bind source");

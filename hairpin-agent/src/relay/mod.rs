@@ -109,11 +109,24 @@ impl Relay {
         hook: &ListenHook,
         slots: SlotLookup,
     ) -> Result<SocketAddr, RelayError> {
-        let listen_err = |source| RelayError::Listen { ip, source };
         let listener =
             listener::bind_privileged(ip, self.cfg.keepalive, avoid, &listener::reserved_ports())
-                .map_err(listen_err)?;
-        let local = listener.local_addr().map_err(listen_err)?;
+                .map_err(|source| RelayError::Listen { ip, source })?;
+        self.serve(listener, index, hook, slots)
+    }
+
+    /// As [`Relay::listen`], on a listener already bound (by [`listener::bind`]).
+    pub fn serve(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        index: u8,
+        hook: &ListenHook,
+        slots: SlotLookup,
+    ) -> Result<SocketAddr, RelayError> {
+        let local = listener.local_addr().map_err(|source| RelayError::Listen {
+            ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            source,
+        })?;
         {
             use std::os::fd::AsFd;
             hook(index, local, listener.as_fd()).map_err(|source| RelayError::Register {
