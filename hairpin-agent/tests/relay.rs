@@ -261,6 +261,18 @@ async fn connections_leave_no_descriptor_behind() {
     assert_eq!(relay.drain(Duration::from_secs(1)).await, 0);
 }
 
+/// Waits (at most 2 s) for `client` to be reset.
+async fn assert_reset(client: &mut TcpStream) {
+    let mut buf = [0u8; 8];
+    let r = tokio::time::timeout(Duration::from_secs(2), client.read(&mut buf))
+        .await
+        .expect("not hung");
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset, got {r:?}"
+    );
+}
+
 /// A connection whose slot names no frontend (retired past its quarantine, or dialled
 /// by hand) is reset at once: the relay never guesses a target.
 #[tokio::test]
@@ -272,14 +284,7 @@ async fn a_connection_to_a_slot_no_frontend_holds_is_reset() {
     let slots: SlotLookup = std::sync::Arc::new(|_| None);
     let at = relay.serve(bound, 0, &hook, slots).expect("serve");
     let mut client = TcpStream::connect(at).await.expect("connect");
-    let mut buf = [0u8; 8];
-    let r = tokio::time::timeout(Duration::from_secs(2), client.read(&mut buf))
-        .await
-        .expect("not hung");
-    assert!(
-        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
-        "expected a reset, got {r:?}"
-    );
+    assert_reset(&mut client).await;
     assert!(metrics.render().contains("no_slot"), "{}", metrics.render());
 }
 
@@ -295,14 +300,7 @@ async fn peers_outside_the_client_policy_are_reset_and_never_relayed() {
     let listener = listen_for(&mut relay, target, ProxyVersion::V1);
 
     let mut client = TcpStream::connect(listener).await.expect("connect");
-    let mut buf = [0u8; 8];
-    let r = tokio::time::timeout(Duration::from_secs(2), client.read(&mut buf))
-        .await
-        .expect("not hung");
-    assert!(
-        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
-        "expected a reset, got {r:?}"
-    );
+    assert_reset(&mut client).await;
     let reached = tokio::time::timeout(Duration::from_millis(300), upstream.accept()).await;
     assert!(reached.is_err(), "the upstream must not be contacted");
     assert!(

@@ -36,7 +36,7 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
             .filter(|(n, o)| n == name && o == "removed")
             .count()
     };
-    // Five links (detached, then unpinned), five programs, eight maps, the layout
+    // Five links (detached, then unpinned), five programs, nine maps, the layout
     // directory and the pin directory.
     assert_eq!(
         (
@@ -46,7 +46,7 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
             count("pinned-layout"),
             count("pinned-maps")
         ),
-        (5, 5, 8, 1, 1),
+        (5, 5, 9, 1, 1),
         "{}",
         run.stdout
     );
@@ -174,14 +174,15 @@ fn a_pin_dir_bind_mounted_from_the_hosts_bpffs_as_the_daemonset_does_is_pinned_i
         ],
     );
     let s = status(&node);
-    let map = Path::new("v1").join("maps").join("HAIRPIN_SOCKETS");
+    let layout = std::path::PathBuf::from(format!("v{}", hairpin_ebpf::PIN_LAYOUT));
+    let map = layout.join("maps").join("HAIRPIN_SOCKETS");
     assert_eq!(
         s["kernel_path"]["sockets_map_pin"].as_str(),
         in_pod.join(&map).to_str(),
         "{s}\n{}",
         agent.log()
     );
-    for pin in [map.clone(), Path::new("v1").join("links").join("connect4")] {
+    for pin in [map.clone(), layout.join("links").join("connect4")] {
         assert!(
             host_dir.join(&pin).exists(),
             "{} is on the host's side",

@@ -126,7 +126,7 @@ impl Slots for FakeSlots {
     fn sweep(&mut self) {}
 }
 
-fn fe(addr: &str, version: ProxyVersion) -> Frontend {
+pub(super) fn fe(addr: &str, version: ProxyVersion) -> Frontend {
     let a: SocketAddr = addr.parse().expect("addr");
     Frontend {
         ip: a.ip(),
