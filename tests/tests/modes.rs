@@ -191,14 +191,16 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
         .iter()
         .map(|s| s["name"].as_str().unwrap_or(""))
         .collect();
-    // The hosts block, the relays' two listen addresses (the agent's defaults, on
-    // lo here), the names address, the names ports' nftables table (ip; no ip6), no pinned
+    // The hosts block, the relays' four listen addresses (the agent's defaults, two
+    // per family: the listener's and one more for slots; on lo here), the names address, the names ports' nftables table (ip; no ip6), no pinned
     // map (the kernel path was off); the
     // Lease needs the API.
     assert_eq!(
         names,
         [
             "hosts",
+            "listen-address",
+            "listen-address",
             "listen-address",
             "listen-address",
             "names-address",
@@ -212,7 +214,8 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
     assert_eq!(
         outcomes,
         [
-            "removed", "removed", "removed", "removed", "removed", "absent", "absent", "skipped"
+            "removed", "removed", "removed", "removed", "removed", "removed", "removed", "absent",
+            "absent", "skipped"
         ],
         "{report:#}"
     );

@@ -515,11 +515,13 @@ fn dump_reads_this_agents_maps_by_pins_pid_and_id() {
         "{fe}"
     );
     assert_eq!(fe["entries"][0]["frontend"], "203.0.113.10:80");
+    // The relay slot it is sent to: #ADDRESS:PORT, the first slot address's index.
     assert!(
         fe["entries"][0]["listener"]
             .as_str()
             .expect("l")
-            .starts_with(RELAY_IP4)
+            .starts_with("#0:"),
+        "{fe}"
     );
     let ctr = maps
         .iter()
