@@ -328,7 +328,14 @@ fn load_connect_programs(
             Ok(connect) => (KernelPath::On, Some(connect)),
             Err(why) => {
                 tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                (KernelPath::Unavailable(why.to_string()), None)
+                let kind = why.kind();
+                (
+                    KernelPath::Unavailable {
+                        kind,
+                        why: why.to_string(),
+                    },
+                    None,
+                )
             }
         }
     } else {

@@ -9,7 +9,7 @@ use super::{
     print_json, print_text,
     table::{Cell, Table, Tone},
 };
-use crate::status::{FrontendState, KernelPathState, Snapshot};
+use crate::status::{FrontendState, KernelPathReason, KernelPathState, Snapshot};
 
 use super::status::KernelTally;
 use hairpin_ebpf::Counter;
@@ -456,17 +456,18 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             if !lacking.is_empty() {
                 detail.push_str(&format!("; this kernel lacks {}", lacking.join(" and ")));
             }
-            let fix = if !lacking.is_empty() || reason.contains("this kernel has no") {
-                "run Linux 5.19 or newer with sock_ops and sk_msg BPF programs (sockmap \
+            let fix =
+                if !lacking.is_empty() || kp.reason_kind == Some(KernelPathReason::NoProgramType) {
+                    "run Linux 5.19 or newer with sock_ops and sk_msg BPF programs (sockmap \
                  support), or set --kernel-path off"
-            } else if reason.contains("did not load") {
-                "the kernel path needs Linux 5.19 or newer and verifies with the DaemonSet's \
+                } else if kp.reason_kind == Some(KernelPathReason::Refused) {
+                    "the kernel path needs Linux 5.19 or newer and verifies with the DaemonSet's \
                  capabilities (CAP_BPF, CAP_NET_ADMIN): a refusal on such a kernel is a bug to \
                  report with `uname -r` and the agent's debug log (the verifier's words); \
                  meanwhile set --kernel-path off"
-            } else {
-                "see the agent's log for the error above, or set --kernel-path off"
-            };
+                } else {
+                    "see the agent's log for the error above, or set --kernel-path off"
+                };
             let status = if kp.configured.requires() {
                 Status::Fail
             } else {
@@ -657,14 +658,15 @@ mod tests {
 
     fn kernel_path_agent(
         state: crate::status::KernelPathState,
-        reason: Option<&str>,
+        reason: Option<(KernelPathReason, &str)>,
         counters: &[(&str, u64)],
     ) -> Snapshot {
         let mut s = Snapshot {
             kernel_path: Some(crate::status::KernelPathStatus {
                 configured: crate::model::KernelPathMode::On,
                 state,
-                reason: reason.map(Into::into),
+                reason: reason.map(|(_, why)| why.into()),
+                reason_kind: reason.map(|(kind, _)| kind),
                 sockets_map_id: Some(33),
                 sockets_capacity: Some(65_536),
                 sockets_map_pin: None,
@@ -783,7 +785,10 @@ mod tests {
     fn an_unavailable_kernel_path_warns_with_the_reason_and_the_fix() {
         let mut s = kernel_path_agent(
             KernelPathState::Unavailable,
-            Some("this kernel has no sk_msg programs"),
+            Some((
+                KernelPathReason::NoProgramType,
+                "this kernel has no sk_msg programs",
+            )),
             &[],
         );
         let c = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
@@ -812,16 +817,40 @@ mod tests {
         );
         let s = kernel_path_agent(
             KernelPathState::Unavailable,
-            Some("hairpin_sockops did not load: Permission denied (os error 13)"),
+            Some((
+                KernelPathReason::Refused,
+                "hairpin_sockops did not load: Permission denied (os error 13)",
+            )),
             &[],
         );
         let c = kernel_path_check(Some(&s), &[]);
         assert_eq!(c.status, Status::Fail);
+        let refused = c.fix.clone();
         assert!(
-            c.fix
+            refused
                 .as_deref()
                 .is_some_and(|f| f.contains("5.19") && f.contains("a bug to report")),
             "{c:?}"
+        );
+        // The fix follows the reason's kind, never its words.
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some((
+                KernelPathReason::Refused,
+                "this kernel has no words that matter",
+            )),
+            &[],
+        );
+        assert_eq!(kernel_path_check(Some(&s), &[]).fix, refused);
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some((KernelPathReason::LinkFailed, "sk_msg did not load")),
+            &[],
+        );
+        assert!(
+            kernel_path_check(Some(&s), &[])
+                .fix
+                .is_some_and(|f| f.starts_with("see the agent's log")),
         );
     }
 

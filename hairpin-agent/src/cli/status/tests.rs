@@ -1,7 +1,11 @@
 use super::*;
+use hairpin_ebpf::Counter;
+
 use crate::{
     model::{KernelPathMode, LivePath, Paths, ProxyVersion},
-    status::{AttachmentStatus, FrontendStatus, KernelIds, RetryPolicy, SourceStatus},
+    status::{
+        AttachmentStatus, FrontendStatus, KernelIds, KernelPathState, RetryPolicy, SourceStatus,
+    },
 };
 
 fn snapshot() -> Snapshot {
@@ -315,6 +319,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         configured: KernelPathMode::Auto,
         state: KernelPathState::Unavailable,
         reason: Some("this kernel has no sk_msg programs".into()),
+        reason_kind: Some(crate::status::KernelPathReason::NoProgramType),
         sockets_map_id: None,
         sockets_capacity: None,
         sockets_map_pin: None,
@@ -365,6 +370,7 @@ fn an_unavailable_kernel_path_says_why_and_an_off_one_stays_quiet() {
         configured: KernelPathMode::Off,
         state: KernelPathState::Off,
         reason: None,
+        reason_kind: None,
         sockets_map_id: None,
         sockets_capacity: None,
         sockets_map_pin: None,
