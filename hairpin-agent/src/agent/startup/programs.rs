@@ -160,6 +160,7 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         }),
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
+        pin_owner: args.pin_owner,
         ttl: args.datapath_ttl,
         link_first: args.link_order == LinkOrderMode::First,
         mesh_ports: args.mesh_capture_ports.slots(),
