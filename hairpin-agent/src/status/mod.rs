@@ -93,6 +93,11 @@ pub struct Snapshot {
     /// cgroup (a socket load balancer in front hides the LB address from them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_order: Option<LinkOrderStatus>,
+    /// Why the agent waits to own the node's datapath (another agent holds the pin
+    /// directory's lock), while it does: the admin server answers from the start,
+    /// and readiness gives this as its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath_wait: Option<String>,
 }
 
 /// Where hairpin's connect programs run among the other connect programs at the
@@ -651,7 +656,10 @@ impl Snapshot {
             .as_ref()
             .is_none_or(|m| m.live.contains(&NodePath::Programs));
         if wants_programs && self.attachment.is_none() {
-            return Some("programs are not attached".into());
+            return Some(match &self.datapath_wait {
+                Some(wait) => format!("programs are not attached: {wait}"),
+                None => "programs are not attached".into(),
+            });
         }
         if self.sources.is_empty() {
             return Some("no source of frontends has reported yet".into());

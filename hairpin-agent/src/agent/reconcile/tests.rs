@@ -126,6 +126,7 @@ impl Slots for FakeSlots {
     fn sweep(&mut self) {}
 }
 
+/// A file-sourced, client-first frontend at `addr` (shared with `plan`'s tests).
 pub(super) fn fe(addr: &str, version: ProxyVersion) -> Frontend {
     let a: SocketAddr = addr.parse().expect("addr");
     Frontend {
