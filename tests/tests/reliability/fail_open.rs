@@ -48,7 +48,6 @@ fn a_frontend_without_a_slot_of_its_family_is_skipped_and_fails_open() {
     let entries = dump_entries(&node, "listener");
     let proxied = from_pod(&node, &url("203.0.113.10", 80, "/"));
     let skipped = from_pod(&node, &url("2001:db8:ffff::12", 80, "/"));
-    let log = agent.log();
     eprintln!(
         "no slot of the family: status {bad}; map {entries:?}; proxied frontend {:?}, \
          skipped frontend curl exit {}",
