@@ -283,7 +283,10 @@ fn a_root_process_without_capabilities_cannot_open_pins_handed_to_their_owner() 
     let _nginx = start_nginx(&node);
     let yaml = hairpin_tests::agent::frontends_yaml(&all_frontends());
     let owner = hairpin_tests::agent::DAEMONSET_PIN_OWNER;
-    let maps = node.pin_dir().join("v1").join("maps");
+    let maps = node
+        .pin_dir()
+        .join(format!("v{}", hairpin_ebpf::PIN_LAYOUT))
+        .join("maps");
     let heartbeat = maps.join("HAIRPIN_HEARTBEAT");
     let frontends = maps.join("HAIRPIN_FRONTENDS");
     let pins = [&heartbeat, &frontends];
