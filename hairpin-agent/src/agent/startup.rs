@@ -203,7 +203,9 @@ impl Agent {
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
-        let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state).await;
+        let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state)
+            .await
+            .with_splice(splice_config(&args, datapath.as_ref(), &state));
         let names = start_names(
             &args,
             &source.scope,
@@ -390,7 +392,28 @@ async fn relay_config(
         }),
         buffer_size: 64 * 1024,
         keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
+        splice: crate::relay::carry::SpliceConfig::copy(),
     }
+}
+
+/// How relayed ways are spliced: `--relay-splice` against what the datapath offers
+/// (said in `/status` as `relay_splice`).
+fn splice_config(
+    args: &RunArgs,
+    datapath: Option<&Datapath>,
+    state: &AgentState,
+) -> crate::relay::carry::SpliceConfig {
+    let kernel = match datapath {
+        Some(d) => d
+            .splice()
+            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>),
+        None => Err("no eBPF datapath on this node".to_string()),
+    };
+    let (cfg, status) =
+        crate::relay::carry::resolve(args.relay_splice, args.relay_splice_after, kernel);
+    info!(configured = %status.configured, splicer = %status.splicer, reason = status.reason.as_deref().unwrap_or(""), "relay splice");
+    state.update(|s| s.relay_splice = Some(status));
+    cfg
 }
 
 /// The relay of frontends; where a datapath runs, each of its listeners and the
@@ -815,6 +838,10 @@ fn load_options(args: &RunArgs) -> LoadOptions {
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
         ttl: args.datapath_ttl,
+        // Two sockets per relayed connection, each way spliced at most once.
+        splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))
+            .unwrap_or(u32::MAX)
+            .clamp(2, 1 << 20),
     }
 }
 

@@ -23,8 +23,8 @@ use aya::{
 use hairpin_ebpf::{
     FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK, GLOBAL_FASTOPEN_CONNECT_OFF,
     GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
-    MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON,
-    Redirect,
+    MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN, MAX_FRONTENDS,
+    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, Redirect,
 };
 
 use super::error::{load_error, program_error};
@@ -69,6 +69,8 @@ pub struct LoadOptions {
     pub pin_layout: u32,
     /// How long the connect programs act after the last heartbeat.
     pub ttl: Duration,
+    /// Capacity of the relay's splice maps (two sockets per spliced connection).
+    pub splice_sockets: u32,
 }
 
 impl LoadOptions {
@@ -84,6 +86,7 @@ impl LoadOptions {
             pin_dir: None,
             pin_layout: PIN_LAYOUT,
             ttl: DEFAULT_TTL,
+            splice_sockets: MAX_SPLICE_SOCKETS,
         }
     }
 }
@@ -108,6 +111,8 @@ pub struct Datapath {
     pub(super) pin: Pin,
     /// How MPTCP subflows are told apart at connect.
     pub(super) mptcp: Mptcp,
+    /// The relay's kernel splice, or why there is none.
+    pub(super) splice: Result<super::splice::Splice, String>,
     /// Reads the programs' aya-log events into the agent's log while it lives.
     _events: Option<EventsReader>,
 }
@@ -178,6 +183,7 @@ impl Datapath {
             Some(_) => Mptcp::NotsentLowat,
         };
         let maps = OpenedMaps::take(&mut ebpf)?;
+        let splice = super::splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
@@ -198,6 +204,7 @@ impl Datapath {
             pins,
             pin,
             mptcp,
+            splice,
             _events: events,
         })
     }
@@ -256,6 +263,14 @@ fn load_object(
         .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         .map_max_entries(MAP_SOCKETS, globals.sockets);
+    for map in [
+        MAP_SPLICE,
+        MAP_SPLICE_PEERS,
+        MAP_SPLICE_CREDIT,
+        MAP_SPLICE_SEEN,
+    ] {
+        loader.map_max_entries(map, opts.splice_sockets.max(1));
+    }
     let map_pins: Vec<(&'static str, PathBuf)> = pins
         .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
         .unwrap_or_default();

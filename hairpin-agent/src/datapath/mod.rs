@@ -14,6 +14,7 @@
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
+//! - `splice.rs`: the relay's kernel splice (its stream verdict and maps);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
 //! - [`kernel_objects`], [`cgroup`], `btf.rs`, `sys.rs`, `error.rs`: kernel objects read
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
@@ -30,6 +31,7 @@ mod liveness;
 mod load;
 mod maps;
 pub mod pin;
+pub mod splice;
 mod sys;
 
 pub use attach::{Adoption, Attachment};

@@ -89,6 +89,24 @@ pub struct Snapshot {
     /// What outlives the agent: pins, the dead-man switch, what was adopted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<LifecycleStatus>,
+    /// How relayed bytes move once spliced (`--relay-splice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_splice: Option<RelaySpliceStatus>,
+}
+
+/// How relayed bytes move once a way is spliced.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RelaySpliceStatus {
+    /// `--relay-splice`: `auto`, `kernel`, `pipe` or `off`.
+    pub configured: String,
+    /// What splices: `kernel` (the stream verdict), `pipe` (splice(2)) or `copy`
+    /// (nothing: every byte through the agent).
+    pub splicer: String,
+    /// Why the kernel's splice is not used, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `--relay-splice-after`: bytes a way copies before it is spliced.
+    pub after_bytes: u64,
 }
 
 /// What of the datapath outlives the agent, and for how long.
@@ -356,6 +374,18 @@ pub struct RelayCounters {
     /// Connections reset at accept because a cap was reached, by cap (only caps hit).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shed: BTreeMap<String, u64>,
+    /// Ways of relayed connections (client to LB, LB to client) that were spliced,
+    /// by what spliced them (`kernel`, `pipe`; only those seen).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub spliced_ways: BTreeMap<String, u64>,
+    /// Bytes of kernel-spliced ways that the relay carried itself (past the
+    /// kernel's credit: a reader slower than its writer).
+    #[serde(default)]
+    pub spliced_left_bytes: u64,
+    /// Times the kernel stopped taking a spliced way's bytes until its reader
+    /// caught up.
+    #[serde(default)]
+    pub spliced_pauses: u64,
 }
 
 /// Health of one source of desired frontends.
