@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use hairpin_agent::cli::Exit;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -50,8 +51,23 @@ enum Command {
     Uninstall(hairpin_agent::cli::uninstall::UninstallArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // A usage error is clap's status 2 (Exit::Usage); every other status is the
+    // subcommand's verdict, and a failure of the command itself is Exit::Failed, so
+    // that no status means two things (README, "Debugging a node").
     let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("Error: {e:#}");
+        // A `check` target that does not parse is a usage error like clap's own.
+        let usage = matches!(
+            e.downcast_ref::<hairpin_agent::cli::CliError>(),
+            Some(hairpin_agent::cli::CliError::Target(_))
+        );
+        std::process::exit(if usage { Exit::Usage } else { Exit::Failed }.code());
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(&cli.log)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -86,7 +102,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn exit(code: i32) -> anyhow::Result<()> {
-    if code == 0 {
+    if code == Exit::Ok.code() {
         return Ok(());
     }
     std::process::exit(code)

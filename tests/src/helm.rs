@@ -14,6 +14,16 @@ use crate::repo::workspace;
 /// The chart's directory in the workspace.
 pub const CHART: &str = "deploy/chart/hairpin";
 
+/// Where `cargo xtask setup` keeps its tools: `$XDG_CACHE_HOME/hairpin`, else
+/// `~/.cache/hairpin`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"))
+        .join("hairpin")
+}
+
 /// The Python interpreter of the virtual environment holding helm-python-sdk:
 /// `HAIRPIN_HELM_PYTHON` (set by `cargo xtask test`), else the one `cargo xtask
 /// setup` made under the cache. Missing, the caller fails saying how to install it:
@@ -22,11 +32,7 @@ pub fn helm_python() -> PathBuf {
     if let Some(p) = std::env::var_os("HAIRPIN_HELM_PYTHON") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("hairpin");
+    let cache = cache_dir();
     let found = std::fs::read_dir(&cache).ok().and_then(|d| {
         d.flatten()
             .map(|e| e.path().join("bin/python"))

@@ -1,54 +1,35 @@
 //! Coexistence with another cgroup connect program at the same cgroup, as
 //! Cilium's socket load balancer would have at the cgroup v2 root.
 //!
-//! The "foreign" program here is an independent instance of a connect4/connect6
-//! program (its own object load, own map, own bypass mark), owned by the test
-//! process, that rewrites a service address straight to a backend the way a
-//! socket LB does. hairpin attaches beside it with bpf_links: both stay attached,
-//! neither replaces the other, and they run in attach order (the kernel appends
-//! each link to the cgroup's program array). The order matters in one case, which
-//! the last test states: a socket LB that runs first and rewrites the LB IP itself
-//! leaves nothing for hairpin to see.
+//! The "foreign" program here is the socket-LB stand-in (`hairpin_tests::socket_lb`:
+//! connect4/connect6 programs of a few instructions, owned by the test process),
+//! which rewrites a service address straight to a backend the way a socket LB does. hairpin attaches beside it with bpf_links: both stay attached,
+//! neither replaces the other. The order matters: a socket LB that runs first and
+//! rewrites the LB IP itself leaves nothing for hairpin to see, so hairpin's connect
+//! links go before every program already there where the kernel orders cgroup links
+//! (`BPF_F_BEFORE`); without ordering (simulated with `--link-order append`) the
+//! socket LB attached first still hides the LB IP. `tests/tests/socket_lb.rs` covers
+//! the kernel path, status and doctor beside a socket LB.
 
 use std::net::SocketAddr;
 
-use hairpin_agent::datapath::{Datapath, embedded_object};
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     client::{from_pod, url},
     node::{INGRESS_IP4, NGINX_PLAIN_PORT, NGINX_PP_PORT, POD_IP4, SimNode},
     require_privileges,
     servers::{nginx_error_log, start_nginx},
+    socket_lb::{Rule, SocketLb},
 };
 
-/// A mark unlike hairpin's, so the foreign program is not bypassed by the relay.
-const FOREIGN_MARK: u32 = 0x99;
-
-/// The foreign program and what keeps its rewrites live.
-struct Foreign {
-    _datapath: Datapath,
-    _listening: std::net::TcpListener,
-}
-
-fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> Foreign {
-    let object = embedded_object()
-        .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
-    let mut dp = Datapath::load(object, FOREIGN_MARK).expect("load the foreign program");
-    dp.attach(&node.cgroup).expect("attach the foreign program");
-    // hairpin's connect programs rewrite only to a target whose listening socket is
-    // in their liveness map; the backends here listen in another namespace, so a
-    // listening socket of this process stands in for each of them.
-    let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("a listening socket");
-    for (from, to) in rewrites {
-        dp.insert(from.parse().expect("addr"), *to)
-            .expect("foreign map entry");
-        dp.register_listener(*to, std::os::fd::AsFd::as_fd(&listening))
-            .expect("register the backend as listening");
-    }
-    Foreign {
-        _datapath: dp,
-        _listening: listening,
-    }
+/// The foreign program: the socket-LB stand-in, rewriting each `(service, backend)`,
+/// linked after whatever is at the node's cgroup.
+fn foreign(node: &SimNode, rewrites: &[(&str, SocketAddr)]) -> SocketLb {
+    let rules: Vec<Rule> = rewrites
+        .iter()
+        .map(|(from, to)| Rule::Rewrite(from.parse().expect("addr"), *to))
+        .collect();
+    SocketLb::attach(&node.cgroup, &rules).expect("attach the foreign program")
 }
 
 fn backend(port: u16) -> SocketAddr {
@@ -109,15 +90,35 @@ fn hairpin_attaches_beside_another_program_and_both_work() {
 }
 
 #[test]
-fn a_socket_lb_that_runs_first_and_rewrites_the_lb_ip_hides_it_from_hairpin() {
+fn a_socket_lb_attached_first_no_longer_hides_the_lb_ip_from_hairpin() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     // Attached first, it rewrites the LB IP itself to the ingress backend, as
-    // Cilium's socket LB does for LoadBalancer IPs (bpf-lb-sock): hairpin's program,
-    // attached after it, sees the backend address, which is no frontend.
+    // Cilium's socket LB does for LoadBalancer IPs (bpf-lb-sock). hairpin's links
+    // go before every program already there (BPF_F_BEFORE), so its program sees the
+    // LB IP and sends the connect to the relay; the socket LB then sees the relay's
+    // address, which is none of its services.
     let _other = foreign(&node, &[("203.0.113.10:80", backend(NGINX_PP_PORT))]);
     let agent = Agent::start(&node, &hairpin_frontends());
+    let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert!(
+        r.ok() && r.body.starts_with(&format!("client={POD_IP4}:")),
+        "{r:?}\n{}",
+        agent.log()
+    );
+    assert!(!nginx_error_log(&node).contains("broken header"));
+}
+
+#[test]
+fn without_link_ordering_a_socket_lb_attached_first_hides_the_lb_ip_from_hairpin() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let _other = foreign(&node, &[("203.0.113.10:80", backend(NGINX_PP_PORT))]);
+    // As on a kernel that does not order cgroup links: hairpin's links are appended,
+    // the socket LB runs first, and hairpin's program sees the backend address.
+    let agent = Agent::start_with(&node, &hairpin_frontends(), &["--link-order", "append"]);
     let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(
         r.code,

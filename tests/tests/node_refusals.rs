@@ -75,21 +75,22 @@ async fn other_nodes_addresses_and_names_are_refused() {
     );
     let mut rx = source.desired.clone();
     until(&mut rx, "shop.example.com routed", |s| {
-        s.routes
+        s.apply
+            .routes
             .iter()
             .any(|r| r.host.as_str() == "shop.example.com")
     })
     .await;
     let s = rx.borrow().clone().expect("synced");
     let ips: std::collections::BTreeSet<String> =
-        s.frontends.iter().map(|f| f.ip.to_string()).collect();
+        s.apply.frontends.iter().map(|f| f.ip.to_string()).collect();
     assert_eq!(
         ips,
         ["203.0.113.10".to_string()].into(),
         "{:?}",
-        s.frontends
+        s.apply.frontends
     );
-    let decisions: Vec<_> = s.decisions.iter().map(|d| d.to_status()).collect();
+    let decisions: Vec<_> = s.report.decisions.iter().map(|d| d.to_status()).collect();
     let decision = serde_json::to_string(&decisions).expect("json");
     for named in [
         "an address Node worker-2.example.com reports in status.addresses[type=ExternalIP]",
@@ -101,16 +102,21 @@ async fn other_nodes_addresses_and_names_are_refused() {
     // A Node's name is refused; the DNS names its kubelet reports are not names of
     // Nodes (issue 31), so w2.example.com is routed like any listed name.
     assert_eq!(
-        s.routes.iter().map(|r| r.host.as_str()).collect::<Vec<_>>(),
+        s.apply
+            .routes
+            .iter()
+            .map(|r| r.host.as_str())
+            .collect::<Vec<_>>(),
         ["shop.example.com", "w2.example.com"]
     );
     assert!(
-        s.route_skips
+        s.report
+            .route_skips
             .iter()
             .any(|k| k.message.contains("worker-2.example.com")
                 && k.reason == NameSkipReason::Refused(ScopeRule::NodeName)),
         "{:?}",
-        s.route_skips
+        s.report.route_skips
     );
 }
 
@@ -170,7 +176,8 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
     ));
     let mut rx = source.desired.clone();
     until(&mut rx, "shop.example.com routed to the tenant's LB", |s| {
-        s.routes
+        s.apply
+            .routes
             .iter()
             .any(|r| r.host.as_str() == "shop.example.com")
     })
@@ -179,14 +186,15 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
     // The tenant's LB is proxied although Node evil claims it; the LB outside
     // --lb-cidrs is refused by the operator's ranges, not by 0.0.0.0/0.
     let ips: std::collections::BTreeSet<String> =
-        s.frontends.iter().map(|f| f.ip.to_string()).collect();
+        s.apply.frontends.iter().map(|f| f.ip.to_string()).collect();
     assert_eq!(
         ips,
         ["203.0.113.10".to_string()].into(),
         "{:?}",
-        s.decisions
+        s.report.decisions
     );
     let other = s
+        .report
         .decisions
         .iter()
         .find(|d| d.service.to_string().ends_with("/other"))
@@ -198,7 +206,8 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
     );
     assert!(!other.contains("evil"), "{other}");
     assert_eq!(
-        s.ignored_node_claims
+        s.report
+            .ignored_node_claims
             .iter()
             .map(|c| (c.node.as_str(), c.claim.as_str()))
             .collect::<Vec<_>>(),

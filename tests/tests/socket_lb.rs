@@ -1,8 +1,8 @@
 //! hairpin beside a socket load balancer: Cilium's kube-proxy replacement or Calico's
 //! eBPF dataplane, whose cgroup connect programs at the cgroup root rewrite a
 //! connect to a LoadBalancer IP into a connect to a backend pod. The stand-in
-//! (`hairpin_tests::socket_lb`) is attached after the agent (its links run in attach
-//! order), and the simulated node has no kube-proxy
+//! (`hairpin_tests::socket_lb`) is attached before the agent starts, as on a node
+//! where the CNI's agent came up first, and the simulated node has no kube-proxy
 //! rules at all (the socket LB replaces kube-proxy): a connect that the stand-in did
 //! not rewrite goes nowhere. The agent runs with its default flags and only the
 //! DaemonSet's capabilities.
@@ -15,12 +15,19 @@
 //! marked connect failed, or that was disconnected, and then connected elsewhere,
 //! gets no header.
 //!
-//! Cost: two simulated nodes, one agent each, 16 + 4 requests; about 10 s.
+//! Where the kernel cannot order cgroup links (simulated with the agent's hidden
+//! `--link-order append`), the socket LB runs first and hides the LB address: the
+//! requests get the pre-hairpin failure, and `status` and `doctor` name the program
+//! in front and give the remedy. An adopted link that an earlier agent left behind the
+//! socket LB is re-created in front.
+//!
+//! Cost: four simulated nodes, 16 + 4 + 2 + 2 requests; about 15 s.
 
 use std::net::SocketAddr;
 
 use hairpin_tests::{
     agent::{CappedAgent, DAEMONSET_CAPS, status},
+    cli::{doctor_check, run_cli},
     client::{Reply, from_host, from_pod, url},
     node::{
         INGRESS_IP4, INGRESS_IP6, NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, NODE_IP6, POD_IP4,
@@ -161,9 +168,8 @@ fn frontends_yaml() -> String {
 fn socket_lb_node(extra: &[&str]) -> (SimNode, Server, SocketLb, CappedAgent) {
     let node = SimNode::with_lbs(&[]);
     let nginx = start_nginx(&node);
-    // After the agent until hairpin's links are created with BPF_F_BEFORE.
-    let agent = CappedAgent::start_yaml(&node, &frontends_yaml(), extra, &DAEMONSET_CAPS);
     let socket_lb = SocketLb::attach(&node.cgroup, &rules()).expect("attach the socket LB");
+    let agent = CappedAgent::start_yaml(&node, &frontends_yaml(), extra, &DAEMONSET_CAPS);
     (node, nginx, socket_lb, agent)
 }
 
@@ -230,8 +236,7 @@ fn assert_header(who: &str, lb: &Lb, reply: &Reply, client: &str, agent: &Capped
 }
 
 #[test]
-fn beside_a_socket_lb_running_after_hairpin_every_request_names_the_true_client_and_the_lb_it_dialled()
- {
+fn beside_a_socket_lb_attached_first_every_request_names_the_true_client_and_the_lb_it_dialled() {
     require_privileges!();
     let (node, _nginx, _socket_lb, agent) = socket_lb_node(&[]);
     assert_hairpin_runs_first(&node);
@@ -346,4 +351,91 @@ fn a_socket_reconnected_elsewhere_after_its_marked_connect_failed_gets_no_header
     assert_eq!(counter(&s, "kernel_marked"), 4, "{s}");
     assert_eq!(counter(&s, "kernel_skipped_elsewhere"), 4, "{s}");
     assert_eq!(counter(&s, "kernel_headers_written"), 0, "{s}");
+}
+
+/// The programs `status` names in front of hairpin's connect programs, per hook.
+fn in_front(s: &Value) -> Vec<(String, Vec<Value>)> {
+    s["link_order"]["hooks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no link_order.hooks: {s}"))
+        .iter()
+        .map(|h| {
+            (
+                h["hook"].as_str().unwrap_or_default().to_string(),
+                h["in_front"].as_array().cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn without_link_ordering_the_socket_lb_hides_the_lb_and_status_and_doctor_name_it() {
+    require_privileges!();
+    let (node, _nginx, _socket_lb, agent) = socket_lb_node(&["--link-order", "append"]);
+    // The socket LB rewrote the LB address before hairpin's program ran: nginx gets
+    // the connection without a header and closes it (curl: empty reply).
+    let r = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(r.code, 52, "{r:?}\n{}", agent.log());
+    assert!(nginx_error_log(&node).contains("broken header"));
+    let s = status(&node);
+    assert_eq!(s["link_order"]["first"], false, "{s}");
+    let hooks = in_front(&s);
+    assert_eq!(hooks.len(), 2, "{s}");
+    for ((hook, front), socket_lb) in hooks.iter().zip([SOCKET_LB4, SOCKET_LB6]) {
+        // The agent has no CAP_SYS_ADMIN: the id, and why there is no name.
+        assert!(
+            front.len() == 1
+                && front[0]["id"].as_u64().is_some()
+                && front[0]["name"].is_null()
+                && front[0]["name_unknown"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("CAP_SYS_ADMIN")),
+            "{hook} ({socket_lb} in front): {front:?}"
+        );
+    }
+    assert!(
+        agent
+            .log()
+            .contains("another connect program runs before hairpin's"),
+        "{}",
+        agent.log()
+    );
+    // `doctor`, run as root on the node, names them and gives the remedy.
+    let doctor = run_cli(&node, &["doctor", "--output", "json"]);
+    let check = doctor_check(&doctor.json(), "link_order");
+    assert_eq!(check["status"], "fail", "{check}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    for socket_lb in [SOCKET_LB4, SOCKET_LB6] {
+        assert!(detail.contains(socket_lb), "{detail}");
+    }
+    assert!(
+        check["fix"].as_str().is_some_and(|f| f.contains("6.17")),
+        "{check}"
+    );
+}
+
+#[test]
+fn an_adopted_link_an_earlier_agent_left_behind_the_socket_lb_is_re_created_in_front() {
+    require_privileges!();
+    // An earlier agent that appended its links after the socket LB's (an older
+    // hairpin, or one started on this node before the kernel ordered links).
+    let (node, _nginx, _socket_lb, mut earlier) = socket_lb_node(&["--link-order", "append"]);
+    earlier.stop();
+    let agent = CappedAgent::start_yaml(&node, &frontends_yaml(), &[], &DAEMONSET_CAPS);
+    assert!(
+        agent.log().contains("re-created in front"),
+        "the log must say so:\n{}",
+        agent.log()
+    );
+    assert_hairpin_runs_first(&node);
+    let lb = &LBS[0];
+    assert_header(
+        "pod",
+        lb,
+        &from_pod(&node, &url(lb.ip, 80, "/")),
+        POD_IP4,
+        &agent,
+    );
+    let s = status(&node);
+    assert!(in_front(&s).iter().all(|(_, f)| f.is_empty()), "{s}");
 }

@@ -56,7 +56,8 @@ fn start_scoped(api: &FakeApi, scope: NameScope) -> (KubeSource, Metrics) {
 }
 
 fn addrs(s: &Desired) -> Vec<SocketAddr> {
-    s.frontends
+    s.apply
+        .frontends
         .iter()
         .map(|f| SocketAddr::new(f.ip, f.port))
         .collect()
@@ -96,7 +97,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "initial sync", |_| true).await;
     assert!(
-        now(&rx).frontends.is_empty(),
+        now(&rx).apply.frontends.is_empty(),
         "a ClusterIP Service proxies nothing"
     );
 
@@ -107,7 +108,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     })
     .await;
     eprintln!("watch event -> desired frontends: {:?}", started.elapsed());
-    let d = now(&rx).decisions.clone();
+    let d = now(&rx).report.decisions.clone();
     assert!(
         d.iter().any(
             |d| d.to_status().object == "Service ingress-nginx/ingress-nginx-controller"
@@ -121,7 +122,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     off["metadata"]["annotations"]["hairpin.dev/proxy-protocol"] = json!("off");
     api.apply(off.clone());
     until(&mut rx, Duration::from_secs(2), "annotation off", |s| {
-        s.frontends.is_empty()
+        s.apply.frontends.is_empty()
     })
     .await;
 
@@ -130,15 +131,16 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     v2["metadata"]["annotations"]["hairpin.dev/proxy-protocol"] = json!("v2");
     api.apply(v2.clone());
     until(&mut rx, Duration::from_secs(2), "v2", |s| {
-        s.frontends
+        s.apply
+            .frontends
             .iter()
             .all(|f| f.version == hairpin_agent::model::ProxyVersion::V2)
-            && s.frontends.len() == 2
+            && s.apply.frontends.len() == 2
     })
     .await;
     api.delete(&v2);
     until(&mut rx, Duration::from_secs(2), "deleted", |s| {
-        s.frontends.is_empty() && s.decisions.is_empty()
+        s.apply.frontends.is_empty() && s.report.decisions.is_empty()
     })
     .await;
 }
@@ -150,7 +152,7 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
     let (source, metrics) = start(&api);
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "synced with DO", |s| {
-        s.frontends.len() == 2
+        s.apply.frontends.len() == 2
     })
     .await;
 
@@ -165,7 +167,7 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
             min = min.min(
                 seen.borrow_and_update()
                     .as_ref()
-                    .map_or(0, |d| d.frontends.len()),
+                    .map_or(0, |d| d.apply.frontends.len()),
             );
         }
         min
@@ -176,7 +178,7 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
         &mut rx,
         Duration::from_secs(5),
         "Scaleway after re-list",
-        |s| s.frontends.len() > 2,
+        |s| s.apply.frontends.len() > 2,
     )
     .await;
     let min = watcher.await.expect("watcher");
@@ -212,7 +214,7 @@ async fn a_dropped_watch_resumes_and_sees_later_changes() {
     api.disconnect_watches();
     api.apply(service("digitalocean"));
     until(&mut rx, Duration::from_secs(5), "DO after reconnect", |s| {
-        s.frontends.len() == 2
+        s.apply.frontends.len() == 2
     })
     .await;
 }
@@ -224,7 +226,7 @@ async fn an_api_outage_keeps_the_last_known_state() {
     let (source, metrics) = start(&api);
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "sync", |s| {
-        s.frontends.len() == 2
+        s.apply.frontends.len() == 2
     })
     .await;
 
@@ -246,7 +248,7 @@ async fn an_api_outage_keeps_the_last_known_state() {
     api.apply(service("scaleway"));
     // The watcher's backoff grows during the outage: allow for its next attempt.
     until(&mut rx, Duration::from_secs(20), "recovered", |s| {
-        s.frontends.len() > 2
+        s.apply.frontends.len() > 2
     })
     .await;
 }
@@ -260,8 +262,9 @@ async fn invalid_annotations_are_reported_and_do_not_block_others() {
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "sync", |_| true).await;
     let s = now(&rx);
-    assert_eq!(s.frontends.len(), 2, "{s:?}");
+    assert_eq!(s.apply.frontends.len(), 2, "{s:?}");
     let invalid = s
+        .report
         .decisions
         .iter()
         .find(|d| d.reason() == "InvalidAnnotation")
@@ -356,7 +359,7 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
     let (source, _m) = start(&api);
     let mut rx = source.desired.clone();
     until(&mut rx, Duration::from_secs(5), "initial sync", |_| true).await;
-    assert!(now(&rx).cluster_dns.is_empty(), "no DNS Service yet");
+    assert!(now(&rx).report.cluster_dns.is_empty(), "no DNS Service yet");
 
     let rke2 = recorded("cluster-dns/rke2-coredns-dual-stack.yaml");
     api.apply(rke2.clone());
@@ -365,14 +368,14 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
         "2001:cafe:43::a".parse().unwrap(),
     ];
     until(&mut rx, Duration::from_secs(2), "rke2-coredns found", |s| {
-        s.cluster_dns == both
+        s.report.cluster_dns == both
     })
     .await;
     // kube-dns appearing beside it wins; its removal falls back.
     let kube_dns = recorded("cluster-dns/kubeadm-kube-dns.yaml");
     api.apply(kube_dns.clone());
     until(&mut rx, Duration::from_secs(2), "kube-dns preferred", |s| {
-        s.cluster_dns == vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
+        s.report.cluster_dns == vec!["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
     })
     .await;
     api.delete(&kube_dns);
@@ -380,11 +383,11 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
         &mut rx,
         Duration::from_secs(2),
         "back to rke2-coredns",
-        |s| s.cluster_dns == both,
+        |s| s.report.cluster_dns == both,
     )
     .await;
     // A DNS Service change alone must not disturb the frontends.
-    assert!(now(&rx).frontends.is_empty());
+    assert!(now(&rx).apply.frontends.is_empty());
 }
 
 /// A tenant's Ingress naming another tenant's Service: the Lease holder puts a Warning
@@ -416,7 +419,8 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
         Duration::from_secs(5),
         "shop.example.com routed",
         |s| {
-            s.routes
+            s.apply
+                .routes
                 .iter()
                 .any(|r| r.host.as_str() == "shop.example.com")
         },
@@ -424,11 +428,12 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
     .await;
     assert!(
         !now(&rx)
+            .apply
             .routes
             .iter()
             .any(|r| r.host.as_str().contains("svc")),
         "{:?}",
-        now(&rx).routes
+        now(&rx).apply.routes
     );
     let (_leader_tx, leader_rx) = watch::channel(true);
     tokio::spawn(k8s::events::run(

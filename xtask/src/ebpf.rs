@@ -28,6 +28,14 @@ pub fn object_path() -> PathBuf {
         .join("hairpin-ebpf")
 }
 
+/// The sysroot of toolchain `name` (where its rust-src lives).
+fn sysroot(name: &str) -> Result<PathBuf> {
+    let out = crate::toolchain::output(
+        Command::new("rustup").args(["run", name, "rustc", "--print", "sysroot"]),
+    )?;
+    Ok(PathBuf::from(out.trim()))
+}
+
 /// Ensures the toolchain and bpf-linker, builds the object and returns its path.
 pub fn build(opts: &Options) -> Result<PathBuf> {
     let tc = toolchain::bpf_toolchain()?;
@@ -47,9 +55,16 @@ pub fn build(opts: &Options) -> Result<PathBuf> {
             "PATH",
             std::env::join_paths(paths).context("PATH is not joinable")?,
         )
+        // The object's BTF names source files: no path of this machine goes in (the
+        // checkout, the cargo home, the toolchain with its rust-src), so the release
+        // embeds the same object wherever it is built.
         .env(
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
-            "-C debuginfo=2 -C link-arg=--btf",
+            format!(
+                "-C debuginfo=2 -C link-arg=--btf {} --remap-path-prefix={}=/toolchain",
+                crate::image::remap_flags(),
+                sysroot(&tc.name)?.display()
+            ),
         )
         // Outer cargo's variables would pin the wrong toolchain for the inner build.
         .env_remove("RUSTC")

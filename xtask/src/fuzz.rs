@@ -64,6 +64,22 @@ struct Outcome {
     log: PathBuf,
 }
 
+/// Fails unless fuzz/Cargo.lock needs no change: the fuzz workspace depends on the
+/// agent by path, so a dependency added to the agent must be committed there too.
+/// Cheap (no build), so `cargo xtask test` runs it up front beside cargo-deny
+/// rather than learning it after the suites.
+pub fn check_lock() -> Result<()> {
+    toolchain::ensure_nightly(&[])?;
+    run(Command::new("cargo")
+        .current_dir(workspace_root().join("fuzz"))
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .stdout(Stdio::null())
+        .env("RUSTUP_TOOLCHAIN", NIGHTLY)
+        .env_remove("CARGO")
+        .env_remove("RUSTC"))
+    .context("fuzz/Cargo.lock is out of date: run `cargo update --workspace` in fuzz/ and commit it")
+}
+
 /// Runs the targets and prints one line per target; fails if any crashed.
 pub fn fuzz(opts: &Options) -> Result<()> {
     toolchain::ensure_nightly(&[])?;
@@ -88,14 +104,7 @@ pub fn fuzz(opts: &Options) -> Result<()> {
     );
     // cargo-fuzz's build has no --locked: check first that fuzz/Cargo.lock needs no
     // change, so the build below resolves exactly what is committed.
-    run(Command::new("cargo")
-        .current_dir(&fuzz_dir)
-        .args(["metadata", "--locked", "--format-version", "1"])
-        .stdout(Stdio::null())
-        .env("RUSTUP_TOOLCHAIN", NIGHTLY)
-        .env_remove("CARGO")
-        .env_remove("RUSTC"))
-    .context("fuzz/Cargo.lock is out of date: run `cargo update` in fuzz/ and commit it")?;
+    check_lock()?;
     run(fuzz_cmd(&cargo_fuzz, &root).args(["build", "--sanitizer", &opts.sanitizer]))?;
 
     let logs = fuzz_dir.join("logs");

@@ -18,22 +18,78 @@ use crate::{cargo, ebpf, prereqs, run, target_dir, toolchain::output};
 /// The image's name in local container storage.
 pub const IMAGE: &str = "localhost/hairpin-agent:dev";
 
-/// The runtime stage, as deploy/Dockerfile's: the binary alone, uid 0, the OCI labels.
-/// `{version}` is the agent's crate version.
+/// The runtime stage, as deploy/Dockerfile's: the binary alone, uid 0, the OCI labels
+/// (the annotation keys of the OCI image spec). `{version}` is the agent's crate
+/// version, `{revision}` the commit, `{created}` the commit's time (RFC 3339).
 const CONTAINERFILE: &str = r#"FROM scratch
 COPY hairpin-agent /usr/local/bin/hairpin-agent
 LABEL org.opencontainers.image.title="hairpin-agent" \
       org.opencontainers.image.description="Makes in-cluster traffic to the cluster's own PROXY-protocol LoadBalancers work (per-node eBPF agent)" \
       org.opencontainers.image.licenses="Apache-2.0 AND (MIT OR GPL-2.0-only)" \
-      org.opencontainers.image.version="{version}"
+      org.opencontainers.image.vendor="hairpin" \
+      org.opencontainers.image.url="https://github.com/hairpin-dev/hairpin" \
+      org.opencontainers.image.source="https://github.com/hairpin-dev/hairpin" \
+      org.opencontainers.image.documentation="https://github.com/hairpin-dev/hairpin#readme" \
+      org.opencontainers.image.version="{version}" \
+      org.opencontainers.image.revision="{revision}" \
+      org.opencontainers.image.created="{created}"
 USER 0:0
 ENTRYPOINT ["/usr/local/bin/hairpin-agent"]
 CMD ["run"]
 "#;
 
+/// One image build: its name, and the commit it comes from (its id and time, which
+/// is every timestamp in the image, so the same commit gives the same digest).
+#[derive(Clone, Debug)]
+pub struct Build {
+    /// The name in local container storage.
+    pub tag: String,
+    /// The commit id (the `revision` label).
+    pub revision: String,
+    /// The commit's time, seconds since the epoch.
+    pub epoch: u64,
+}
+
+/// `epoch` as RFC 3339 in UTC (`date -u`), for the `created` label.
+fn rfc3339(epoch: u64) -> Result<String> {
+    Ok(output(
+        Command::new("date")
+            .args(["-u", "-d"])
+            .arg(format!("@{epoch}"))
+            .arg("+%Y-%m-%dT%H:%M:%SZ"),
+    )?
+    .trim()
+    .to_string())
+}
+
+/// The Containerfile for `build`.
+fn containerfile(build: &Build) -> Result<String> {
+    Ok(CONTAINERFILE
+        .replace("{version}", env!("CARGO_PKG_VERSION"))
+        .replace("{revision}", &build.revision)
+        .replace("{created}", &rfc3339(build.epoch)?))
+}
+
+/// `--remap-path-prefix` flags that take this machine's paths (the checkout, the
+/// cargo home) out of what a build writes into its output, so that the same commit
+/// builds the same bytes wherever it is checked out.
+pub fn remap_flags() -> String {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut flags = format!(
+        "--remap-path-prefix={}=/hairpin",
+        crate::workspace_root().display()
+    );
+    if let Some(home) = home {
+        flags.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
+    }
+    flags
+}
+
 /// The target of this machine's architecture, named explicitly so that the static
 /// flag applies to the agent and not to build scripts and proc-macros.
-fn host_target() -> Result<&'static str> {
+pub fn host_target() -> Result<&'static str> {
     match std::env::consts::ARCH {
         "x86_64" => Ok("x86_64-unknown-linux-gnu"),
         "aarch64" => Ok("aarch64-unknown-linux-gnu"),
@@ -62,7 +118,10 @@ pub fn build_static_agent() -> Result<PathBuf> {
         ])
         .args(["--bin", "hairpin-agent", "--target", target])
         .env("HAIRPIN_EBPF_OBJECT", &object)
-        .env(flags_var, "-C target-feature=+crt-static"))?;
+        .env(
+            flags_var,
+            format!("-C target-feature=+crt-static {}", remap_flags()),
+        ))?;
     let bin = target_dir()
         .join(target)
         .join("release")
@@ -81,8 +140,21 @@ pub fn build_static_agent() -> Result<PathBuf> {
 }
 
 /// Builds [`IMAGE`] into local container storage with podman (buildah underneath),
-/// offline; returns the image's name.
+/// offline, from the commit checked out; returns the image's name.
 pub fn build() -> Result<&'static str> {
+    let source = crate::release::Source::read()?;
+    build_with(&Build {
+        tag: IMAGE.to_string(),
+        revision: source.revision,
+        epoch: source.epoch,
+    })?;
+    Ok(IMAGE)
+}
+
+/// Builds `build.tag` offline and reproducibly: every timestamp in the image (its
+/// creation, each file's mtime in the layer) is the commit's, and no build-host
+/// label is added.
+pub fn build_with(build: &Build) -> Result<()> {
     let bin = build_static_agent()?;
     let context = target_dir().join("image");
     if context.exists() {
@@ -98,25 +170,24 @@ pub fn build() -> Result<&'static str> {
     run(Command::new("strip")
         .arg("--strip-debug")
         .arg(context.join("hairpin-agent")))?;
-    let version = env!("CARGO_PKG_VERSION");
-    fs::write(
-        context.join("Containerfile"),
-        CONTAINERFILE.replace("{version}", version),
-    )
-    .context("failed to write the Containerfile")?;
+    fs::write(context.join("Containerfile"), containerfile(build)?)
+        .context("failed to write the Containerfile")?;
+    let tag = &build.tag;
     run(Command::new("podman")
         .args(["build", "--pull=never", "--network=none", "--layers=false"])
-        .args(["--runtime", "runc", "--tag", IMAGE, "--file"])
+        .args(["--identity-label=false", "--timestamp"])
+        .arg(build.epoch.to_string())
+        .args(["--runtime", "runc", "--tag", tag, "--file"])
         .arg(context.join("Containerfile"))
         .arg(&context))
     .context("podman could not build the image")?;
     let size =
-        output(Command::new("podman").args(["image", "inspect", "--format", "{{.Size}}", IMAGE]))?;
+        output(Command::new("podman").args(["image", "inspect", "--format", "{{.Size}}", tag]))?;
     eprintln!(
-        "xtask: built {IMAGE} ({} bytes): `podman run --rm {IMAGE} --version`",
+        "xtask: built {tag} ({} bytes): `podman run --rm {tag} --version`",
         size.trim()
     );
-    Ok(IMAGE)
+    Ok(())
 }
 
 #[cfg(test)]

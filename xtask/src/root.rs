@@ -26,6 +26,8 @@ const PASSED: &[&str] = &[
     "CARGO_TERM_COLOR",
     "CI",
     "RUST_LOG",
+    // `cargo xtask release`: the reproducible builds' timestamp, when given.
+    "SOURCE_DATE_EPOCH",
     "RUST_BACKTRACE",
     "TERM",
 ];

@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use hairpin_ebpf::DEFAULT_BYPASS_MARK;
+use hairpin_ebpf::{DEFAULT_BYPASS_MARK, MESH_PORTS};
 
 use crate::{
     k8s::coredns::{CorednsMode, ObjectName},
@@ -124,6 +124,22 @@ pub struct RunArgs {
     /// goes as before hairpin. Long enough for an upgrade that pulls an image.
     #[arg(long, env = "HAIRPIN_DATAPATH_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub datapath_ttl: Duration,
+
+    /// Outbound capture ports of mesh proxies, comma-separated (at most 4; `none`:
+    /// none). A connect to a kernel-path frontend from a network namespace where a
+    /// TCP socket listens on loopback at one of them takes the relay, which the
+    /// mesh's proxy then dials: the LB gets exactly one header, naming the pod
+    /// (`kernel_fallback_mesh`). 15001: Istio's sidecar and ambient's in-pod ztunnel
+    /// (also Consul's, Kuma's and Open Service Mesh's transparent proxies); 4140:
+    /// Linkerd's proxy.
+    #[arg(long, env = "HAIRPIN_MESH_CAPTURE_PORTS", default_value = "15001,4140", value_parser = MeshPorts::parse)]
+    pub mesh_capture_ports: MeshPorts,
+
+    /// Where the connect links go among the other connect programs at the cgroup:
+    /// `first` (before every other one where the kernel orders cgroup links), or
+    /// `append` (after them, as on a kernel that does not: for tests).
+    #[arg(long, env = "HAIRPIN_LINK_ORDER", value_enum, default_value_t = LinkOrderMode::First, hide = true)]
+    pub link_order: LinkOrderMode,
 
     /// The pin layout version to use (tests of an upgrade across layouts only).
     #[arg(long, env = "HAIRPIN_PIN_LAYOUT", default_value_t = hairpin_ebpf::PIN_LAYOUT, hide = true)]
@@ -594,6 +610,55 @@ mod tests {
         assert_eq!(&hex_text::<3>(0), b"0x0");
         assert_eq!(&hex_text::<4>(0x10), b"0x10");
         assert_eq!(&hex_text::<10>(0xffff_0000), b"0xffff0000");
+    }
+}
+
+/// `--link-order`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkOrderMode {
+    /// Before every other connect program at the cgroup, where the kernel orders
+    /// cgroup links.
+    First,
+    /// After every program already there, as on a kernel that does not (tests).
+    Append,
+}
+
+/// `--mesh-capture-ports`: at most [`MESH_PORTS`] TCP ports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MeshPorts(pub Vec<u16>);
+
+impl MeshPorts {
+    /// Parses `15001,4140`; empty or `none` is none.
+    pub fn parse(s: &str) -> Result<MeshPorts, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "none" {
+            return Ok(MeshPorts(Vec::new()));
+        }
+        let ports = s
+            .split(',')
+            .map(|p| match p.trim().parse::<u16>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "expected TCP ports such as 15001,4140 (or none), got {p:?}"
+                )),
+                Ok(n) => Ok(n),
+            })
+            .collect::<Result<Vec<u16>, String>>()?;
+        if ports.len() > MESH_PORTS {
+            return Err(format!(
+                "at most {MESH_PORTS} mesh capture ports, got {}",
+                ports.len()
+            ));
+        }
+        Ok(MeshPorts(ports))
+    }
+
+    /// The ports as the programs' global holds them: unused slots 0.
+    pub fn slots(&self) -> [u16; MESH_PORTS] {
+        let mut out = [0; MESH_PORTS];
+        for (slot, port) in out.iter_mut().zip(&self.0) {
+            *slot = *port;
+        }
+        out
     }
 }
 

@@ -169,6 +169,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
     }
     let mut signals = super::startup::stop_signals()?;
     let metrics = Metrics::default();
+    metrics.set_live_paths(&[LivePath::Coredns]);
     let state = AgentState::new(0);
     state.update(|s| {
         s.mode = Some(ModeStatus {

@@ -37,11 +37,11 @@ use args::RunArgs;
 use mode::Plan;
 use reconcile::{Backoff, Reconciler, Trigger};
 use report::NamePaths;
-use source::{Desired, DesiredRx};
+use source::{Desired, DesiredRx, ToApply, ToReport};
 
 use crate::{
     datapath::{
-        Datapath, Pin, drain_kernel_sockets,
+        Datapath, FrontendsMap, Pin, drain_kernel_sockets,
         lifecycle::{Removal, Stop, StopSeen, decide},
     },
     k8s::{
@@ -90,10 +90,12 @@ pub struct Agent {
     applied: Option<Arc<Desired>>,
     source_name: String,
     plan: Plan,
-    reconciler: Reconciler<Datapath, Relay>,
+    /// The frontends map's one writer, with the relay's listeners.
+    reconciler: Reconciler<FrontendsMap, Relay>,
+    /// The datapath, for its lifecycle (kept or removed on SIGTERM) and counters;
+    /// its frontends map belongs to the reconciler.
+    datapath: Option<Datapath>,
     names: Option<NameRouting>,
-    /// The names ports' entries in the frontends map, as last inserted.
-    names_redirects: Vec<(std::net::SocketAddr, std::net::SocketAddr)>,
     admin: Option<AdminServer>,
     drain_timeout: Duration,
     signals: (Signal, Signal),
@@ -135,26 +137,15 @@ impl Agent {
         let Some(next) = self.desired.borrow_and_update().clone() else {
             return;
         };
-        self.report_decisions(&next);
+        self.report_only(&next.report);
         let started = Instant::now();
-        self.reconciler.apply(&next.frontends, trigger);
-        let (relay_ip, failed_listeners) = self.apply_names(&next);
+        self.reconciler.apply(&next.apply.frontends, trigger);
+        let (relay_ip, failed_listeners) = self.apply_names(&next.apply);
         if !self.ready {
-            // An adopted map holds the earlier agent's entries, which kept traffic
-            // served until now: those this agent did not make live just now name
-            // frontends that went away while no agent ran.
-            let live: std::collections::BTreeSet<std::net::SocketAddr> = self
-                .reconciler
-                .active()
-                .map(|a| a.frontend.addr())
-                .chain(self.names_redirects.iter().map(|(dialled, _)| *dialled))
-                .collect();
-            if let Some(d) = self.reconciler.map_mut() {
-                d.retain_frontends(&live);
-            }
+            self.reconciler.forget_earlier_entries();
         }
         let took = started.elapsed();
-        self.report(&next, relay_ip, took);
+        self.report(&next.apply, relay_ip, took);
         // A frontend that failed transiently (a port taken) and a name relay
         // listener that could not bind are retried on their own, with backoff,
         // instead of waiting for the next change.
@@ -189,47 +180,44 @@ impl Agent {
         if !self
             .applied
             .as_ref()
-            .is_some_and(|last| last.same_to_apply(&next))
+            .is_some_and(|last| last.apply == next.apply)
         {
             return false;
         }
-        self.report_decisions(&next);
+        self.report_only(&next.report);
         self.applied = Some(next);
         true
     }
 
-    /// Lists the source's decisions and the cluster DNS in `/status`.
-    fn report_decisions(&self, next: &Desired) {
+    /// Lists what the source only reports in `/status` and metrics: the decisions,
+    /// the cluster DNS, and the names left out or withheld by the caps.
+    fn report_only(&self, next: &ToReport) {
         let decisions = next.decisions.iter().map(|d| d.to_status()).collect();
         self.state.update(|st| {
             st.decisions = decisions;
             st.cluster_dns = next.cluster_dns.clone();
+            if let Some(names) = st.names.as_mut() {
+                names.skips = next.route_skips.iter().map(|k| k.message.clone()).collect();
+                names.limits = Some(next.name_limits.clone());
+            }
         });
+        if self.names.is_some() {
+            self.metrics.set_names_withheld(next.name_limits.withheld);
+        }
     }
 
     /// Routes names and starts name listeners; the relay's address and how many
     /// listeners are still failing.
-    fn apply_names(&mut self, next: &Desired) -> (Option<IpAddr>, usize) {
+    fn apply_names(&mut self, next: &ToApply) -> (Option<IpAddr>, usize) {
         let Some(n) = self.names.as_mut() else {
             return (None, 0);
         };
         n.update(&next.routes);
-        let redirects = n.redirects();
         let (how, redirect_error) = n.redirect();
-        if redirects != self.names_redirects
-            && how == crate::names::relay::Redirect::ConnectPrograms
-            && let Some(map) = self.reconciler.map_mut()
-        {
-            // The names ports are frontends like any LB's: a connect to the names
-            // address is sent to the name relay's listener, and nothing binds the
-            // ports themselves.
-            for (dialled, listener) in &redirects {
-                if let Err(e) = map.insert(*dialled, *listener) {
-                    warn!(%dialled, %listener, error = %e, "the names port cannot be redirected to the name relay");
-                }
-            }
+        let redirects = n.redirects();
+        if how == crate::names::relay::Redirect::ConnectPrograms {
+            self.reconciler.redirect_names(redirects.clone());
         }
-        self.names_redirects = redirects;
         let (how, redirect_error) = (how.describe(), redirect_error.map(str::to_string));
         let listeners = n.listeners();
         let failed = n.failed_listeners();
@@ -238,8 +226,7 @@ impl Agent {
         self.state.update(|s| {
             if let Some(st) = s.names.as_mut() {
                 st.listeners = listeners;
-                st.redirects = self
-                    .names_redirects
+                st.redirects = redirects
                     .iter()
                     .map(|&(dialled, listener)| crate::status::NameRedirect { dialled, listener })
                     .collect();
@@ -248,15 +235,12 @@ impl Agent {
                 st.failed_listeners = failed;
                 st.hosts_error = hosts_error;
                 st.routes = next.routes.len();
-                st.skips = next.route_skips.iter().map(|k| k.message.clone()).collect();
-                st.limits = Some(next.name_limits.clone());
             }
         });
-        self.metrics.set_names_withheld(next.name_limits.withheld);
         (relay_ip, count)
     }
 
-    fn report(&self, next: &Desired, relay_ip: Option<IpAddr>, took: Duration) {
+    fn report(&self, next: &ToApply, relay_ip: Option<IpAddr>, took: Duration) {
         let rec = &self.reconciler;
         self.metrics.observe_reconcile(took);
         self.metrics
@@ -330,15 +314,15 @@ impl Agent {
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;
         let pinned = self
-            .reconciler
-            .map_mut()
+            .datapath
+            .as_ref()
             .is_some_and(|d| matches!(d.pin(), Pin::Pinned(_)));
         let removal = decide_removal(pinned, self.kube.as_ref(), self.daemonset.as_ref()).await;
         match removal {
             Stop::Keep => info!(reason = %removal, "datapath kept"),
             Stop::Remove(_) => info!(reason = %removal, "datapath removed"),
         }
-        if let Some(d) = self.reconciler.map_mut().filter(|_| removal.removes()) {
+        if let Some(d) = self.datapath.as_mut().filter(|_| removal.removes()) {
             if d.detach_connect() {
                 // Read through this process's own descriptor: opening the map by id
                 // needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
@@ -368,7 +352,7 @@ impl Agent {
             names_drain,
             kernel_drain
         );
-        if let Some(d) = self.reconciler.map_mut() {
+        if let Some(d) = self.datapath.as_mut() {
             if removal.removes() {
                 d.uninstall();
             }

@@ -23,7 +23,7 @@ use crate::{
     status::{AgentState, metrics::Metrics},
 };
 
-pub use crate::k8s::source::{Desired, DesiredRx};
+pub use crate::k8s::source::{Desired, DesiredRx, ToApply, ToReport};
 
 /// The frontends file now, then on every change; `name` is the source's name in
 /// `/status`; its `hosts` are routed within `scope`. A file that does not load now
@@ -115,10 +115,14 @@ fn load(path: &Path, scope: &NameScope) -> Result<Desired, frontends_file::Front
         warn!(reason = ?skip.reason, "hostname left out: {}", skip.message);
     }
     Ok(Desired {
-        frontends,
-        routes: routes.routes,
-        route_skips: routes.skips,
-        name_limits: routes.limits,
-        ..Desired::default()
+        apply: ToApply {
+            frontends,
+            routes: routes.routes,
+        },
+        report: ToReport {
+            route_skips: routes.skips,
+            name_limits: routes.limits,
+            ..ToReport::default()
+        },
     })
 }

@@ -14,7 +14,9 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    args::{DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, NamesRedirect, NoNodeName, RunArgs},
+    args::{
+        DEFAULT_LISTEN_V4, DEFAULT_LISTEN_V6, LinkOrderMode, NamesRedirect, NoNodeName, RunArgs,
+    },
     clients,
     frontends_file::FrontendsFileError,
     limits,
@@ -198,8 +200,12 @@ impl Agent {
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
         publish_listen_addresses(&args, listen, &state).await?;
-        let (datapath, outcome, cgroup) = start_datapath(&args).await?;
+        let (mut datapath, outcome, cgroup) = start_datapath(&args).await?;
+        // After attach, which may find the kernel path unavailable: the entries the
+        // reconciler writes follow the kernel path as it stands.
+        let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
         let plan = decide_paths(&args, &outcome, &state);
+        metrics.set_live_paths(&plan.live());
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
@@ -229,9 +235,9 @@ impl Agent {
             applied: None,
             source_name: source.name,
             plan,
-            reconciler: Reconciler::new(datapath, relay, listen),
+            reconciler: Reconciler::new(frontends, relay, listen),
+            datapath,
             names,
-            names_redirects: Vec::new(),
             admin: Some(admin),
             drain_timeout: args.drain_timeout,
             signals,
@@ -354,6 +360,7 @@ fn report_datapath(
         }));
     }
     report_kernel_path(args, d, state, metrics);
+    report_link_order(d, state);
     release_inherited_pins(args);
     let beating = tokio::spawn(d.heartbeat().beat_every(HEARTBEAT_EVERY)).abort_handle();
     let hb = d.heartbeat();
@@ -842,6 +849,8 @@ fn load_options(args: &RunArgs) -> LoadOptions {
         splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))
             .unwrap_or(u32::MAX)
             .clamp(2, 1 << 20),
+        link_first: args.link_order == LinkOrderMode::First,
+        mesh_ports: args.mesh_capture_ports.slots(),
     }
 }
 
@@ -862,6 +871,29 @@ fn release_inherited_pins(args: &RunArgs) {
             std::time::Duration::from_secs(2),
         ));
     }
+}
+
+/// Says in `status` where the connect programs run among the other connect programs
+/// at the cgroup, and warns when another runs before them (a socket load balancer
+/// there hides the LB address from them).
+fn report_link_order(d: &Datapath, state: &AgentState) {
+    let Some(order) = d.link_order_status() else {
+        return;
+    };
+    info!(order = %order.ordering, "connect links");
+    for hook in order.blocked() {
+        let front: Vec<String> = hook.in_front.iter().map(ToString::to_string).collect();
+        warn!(
+            hook = %hook.hook,
+            in_front = %front.join(", "),
+            remedy = order.remedy(),
+            "another connect program runs before hairpin's: a socket load balancer there rewrites the LB address before hairpin sees it"
+        );
+    }
+    if let Some(e) = &order.error {
+        warn!(error = %e, "the order of the connect programs is not known");
+    }
+    state.update(|s| s.link_order = Some(order));
 }
 
 /// Says in `status` and the log how the kernel path stands, and exports the

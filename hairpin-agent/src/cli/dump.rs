@@ -1,6 +1,8 @@
-//! `hairpin-agent dump`: hairpin's BPF maps, raw, read from the kernel by id, so it
-//! works without the agent. Several agents may share a machine (tests run many):
-//! `--map-id`, `--pid` or the agent's `/status` pick whose maps to show.
+//! `hairpin-agent dump`: hairpin's BPF maps, raw, read from the kernel, so it works
+//! without the agent: the maps pinned in `--bpf-pin-dir` by path and read-only (this
+//! works inside the pod with the DaemonSet's capabilities), or maps by id (needs
+//! CAP_SYS_ADMIN). Several agents may share a machine (tests run many): `--map-id`,
+//! `--pid` or the agent's `/status` pick whose maps to show.
 
 use std::collections::BTreeMap;
 
@@ -15,10 +17,11 @@ use crate::datapath::kernel_objects::{self, FoundMap, kernel_name};
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     long_about = "Prints hairpin's BPF maps as the kernel holds them: the frontends map \
-(LoadBalancer address -> relay listener) and the counters map (summed over CPUs). Maps are \
-found by their kernel names (HAIRPIN_FRONTEN, HAIRPIN_COUNTER) and opened by id, so this \
-works when the agent is down. Which maps: --map-id, else those held open by --pid, else the \
-ids in the running agent's /status, else every hairpin map on the machine.",
+(LoadBalancer address -> relay listener) and the counters map (summed over CPUs), so this \
+works when the agent is down. Which maps: --map-id, else those held open by --pid (both by \
+id: CAP_SYS_ADMIN), else those pinned in --bpf-pin-dir (by path, read-only: the DaemonSet's \
+capabilities suffice), else the ids in the running agent's /status, else every hairpin map \
+on the machine (found by their kernel names HAIRPIN_FRONTEN, HAIRPIN_COUNTER).",
     after_help = "Exit status: 0 maps found and read; 1 no hairpin map found, or one could not be read.\n\n\
 Examples:\n  hairpin-agent dump\n  hairpin-agent dump --pid $(pidof hairpin-agent) --output json\n  \
 hairpin-agent dump --map-id 42,43"
@@ -35,6 +38,11 @@ pub struct DumpArgs {
     /// Where the agent's admin server is.
     #[command(flatten)]
     pub admin: AdminArgs,
+
+    /// The agent's pin directory (`run --bpf-pin-dir`): its maps are read by path,
+    /// read-only, unless --map-id or --pid is given. `none`: not read.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: std::path::PathBuf,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -75,7 +83,7 @@ pub struct Entry {
 /// The JSON document `dump --output json` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct DumpReport {
-    /// `map_id`, `pid`, `agent` or `all`.
+    /// `map_id`, `pid`, `pins`, `agent` or `all`.
     pub selected_by: &'static str,
     /// The maps.
     pub maps: Vec<MapDump>,
@@ -83,6 +91,12 @@ pub struct DumpReport {
 
 /// Prints hairpin's maps and counters; returns the exit code.
 pub fn dump_maps(args: &DumpArgs) -> Result<i32, CliError> {
+    if args.map_ids.is_empty() && args.pid.is_none() && args.bpf_pin_dir.as_os_str() != "none" {
+        let pinned = crate::datapath::inspect::read_pinned(&args.bpf_pin_dir);
+        if !pinned.is_empty() {
+            return print_report(args, pinned_report(&pinned));
+        }
+    }
     let all = kernel_objects::hairpin_maps();
     let (selected_by, ids): (&'static str, Vec<u32>) = if !args.map_ids.is_empty() {
         ("map_id", args.map_ids.clone())
@@ -107,8 +121,53 @@ pub fn dump_maps(args: &DumpArgs) -> Result<i32, CliError> {
         .filter(|m| ids.contains(&m.id))
         .filter_map(dump_one)
         .collect();
-    let ok = !maps.is_empty() && maps.iter().all(|m| m.error.is_none());
-    let report = DumpReport { selected_by, maps };
+    print_report(args, DumpReport { selected_by, maps })
+}
+
+/// The maps of every pinned layout, read-only by path (the kernel ids are not
+/// known without CAP_SYS_ADMIN: 0).
+fn pinned_report(pinned: &[crate::datapath::inspect::PinnedDatapath]) -> DumpReport {
+    let mut maps = Vec::new();
+    for p in pinned {
+        let name = |m: &str| format!("{}/maps/{m}", p.dir.display());
+        let error_of = |m: &str| p.errors.iter().find(|e| e.contains(m)).cloned();
+        let fe_error = error_of(hairpin_ebpf::MAP_FRONTENDS);
+        maps.push(MapDump {
+            id: 0,
+            name: name(hairpin_ebpf::MAP_FRONTENDS),
+            kind: "frontends",
+            entries: fe_error.is_none().then(|| {
+                p.frontends
+                    .iter()
+                    .map(|e| Entry {
+                        frontend: e.frontend.to_string(),
+                        listener: e.listener.to_string(),
+                        path: e.path.clone(),
+                    })
+                    .collect()
+            }),
+            counters: None,
+            error: fe_error,
+        });
+        let ctr_error = error_of(hairpin_ebpf::MAP_COUNTERS);
+        maps.push(MapDump {
+            id: 0,
+            name: name(hairpin_ebpf::MAP_COUNTERS),
+            kind: "counters",
+            entries: None,
+            counters: ctr_error.is_none().then(|| p.counters.clone()),
+            error: ctr_error,
+        });
+    }
+    DumpReport {
+        selected_by: "pins",
+        maps,
+    }
+}
+
+/// Prints `report`; the exit code: 0 when maps were found and all read.
+fn print_report(args: &DumpArgs, report: DumpReport) -> Result<i32, CliError> {
+    let ok = !report.maps.is_empty() && report.maps.iter().all(|m| m.error.is_none());
     match args.output {
         OutputFormat::Json => print_json(&report)?,
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
@@ -159,7 +218,11 @@ pub fn render(r: &DumpReport, colour: bool) -> String {
     }
     let mut out = String::new();
     for m in &r.maps {
-        out.push_str(&format!("map {} {} ({})\n", m.id, m.name, m.kind));
+        if m.id == 0 {
+            out.push_str(&format!("map {} ({})\n", m.name, m.kind));
+        } else {
+            out.push_str(&format!("map {} {} ({})\n", m.id, m.name, m.kind));
+        }
         if let Some(e) = &m.error {
             out.push_str(&format!("  error: {e}\n"));
         }

@@ -21,6 +21,56 @@ use serde::Serialize;
 
 pub use admin_client::{AdminArgs, AdminClientError};
 
+/// The exit status of every subcommand: one meaning each, never shared between
+/// meanings, so a script can branch on it (the README's table lists them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// What was asked is fine: the agent is ready, in-cluster requests work, no
+    /// check failed, everything was removed.
+    Ok,
+    /// A problem was found: the target needs the PROXY header and does not get it
+    /// (`check`), a check failed (`doctor`), something could not be removed
+    /// (`cleanup`, `uninstall`), no map was found (`dump`).
+    Broken,
+    /// The command line was wrong (clap's own status for a usage error).
+    Usage,
+    /// The agent answered and is not ready (`status`).
+    NotReady,
+    /// The agent could not be reached (`status`; the kernel's view is printed).
+    Unreachable,
+    /// Could not tell: nothing resolved or answered (`check`).
+    Unknown,
+    /// The command itself failed (its output could not be written, a runtime could
+    /// not start): nothing is known about the node.
+    Failed,
+}
+
+impl Exit {
+    /// The process exit status.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Broken => 1,
+            Exit::Usage => 2,
+            Exit::NotReady => 3,
+            Exit::Unreachable => 4,
+            Exit::Unknown => 5,
+            Exit::Failed => 6,
+        }
+    }
+
+    /// Every status, for the tests and the README's table.
+    pub const ALL: [Exit; 7] = [
+        Exit::Ok,
+        Exit::Broken,
+        Exit::Usage,
+        Exit::NotReady,
+        Exit::Unreachable,
+        Exit::Unknown,
+        Exit::Failed,
+    ];
+}
+
 /// How a subcommand prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {

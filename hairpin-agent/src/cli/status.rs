@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 use hairpin_ebpf::Counter;
 
 use crate::{
-    datapath::kernel_objects,
+    datapath::{
+        inspect::{self, PinnedDatapath},
+        kernel_objects,
+    },
     model::LivePath,
     status::ProgramIds,
     status::{
@@ -27,16 +30,25 @@ use crate::{
     long_about = "Shows what the hairpin agent on this node is doing: where its programs are \
 attached (program and link ids), every frontend with its state, listener, live path and the \
 reason when it failed, the kernel and relay counters, the last reconcile and each source's \
-health.\n\nWhen the agent does not answer, says so, lists the hairpin programs the kernel has \
-loaded and their bpf_links, and exits 1.",
-    after_help = "Exit status: 0 the agent answered and is ready; 1 the agent is not reachable; \
-2 the agent answered but is not ready (programs detached or a source not synced).\n\n\
+health.\n\nWhen the agent does not answer, says so, reads the datapath pinned in --bpf-pin-dir \
+(its links, whether its heartbeat still keeps it live, its counters: by path, read-only, so \
+this works inside the pod), lists the hairpin programs the kernel has loaded where it may \
+(CAP_SYS_ADMIN), and exits 4.",
+    after_help = "Exit status: 0 the agent answered and is ready; 3 the agent answered but is not \
+ready (programs detached or a source not synced); 4 the agent is not reachable; 2 usage; \
+6 the output could not be written.\n\n\
 Examples:\n  hairpin-agent status\n  hairpin-agent status --output json | jq '.status.frontends'"
 )]
 pub struct StatusArgs {
     /// Where the agent's admin server is.
     #[command(flatten)]
     pub admin: AdminArgs,
+
+    /// The agent's pin directory (`run --bpf-pin-dir`): read when the agent does not
+    /// answer (links, heartbeat, counters), by path and read-only, so it works inside
+    /// the pod with the DaemonSet's capabilities. `none`: not read.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: std::path::PathBuf,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -58,6 +70,8 @@ pub struct StatusReport {
     pub kernel_programs: Option<Vec<ProgramIds>>,
     /// Why they could not be listed.
     pub kernel_error: Option<String>,
+    /// The datapath pinned in `--bpf-pin-dir`, read when the agent did not answer.
+    pub pinned: Option<Vec<PinnedDatapath>>,
 }
 
 /// Shows what the agent on this node is doing (or what the kernel says); returns
@@ -71,6 +85,7 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
             status: Some(snap),
             kernel_programs: None,
             kernel_error: None,
+            pinned: None,
         },
         Err(e) => {
             let (programs, error) = match kernel_objects::hairpin_programs() {
@@ -84,6 +99,8 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
                 status: None,
                 kernel_programs: programs,
                 kernel_error: error,
+                pinned: (args.bpf_pin_dir.as_os_str() != "none")
+                    .then(|| inspect::read_pinned(&args.bpf_pin_dir)),
             }
         }
     };
@@ -92,10 +109,11 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
     }
     Ok(match (&report.status, &report.not_ready_reason) {
-        (None, _) => 1,
-        (Some(_), Some(_)) => 2,
-        (Some(_), None) => 0,
-    })
+        (None, _) => super::Exit::Unreachable,
+        (Some(_), Some(_)) => super::Exit::NotReady,
+        (Some(_), None) => super::Exit::Ok,
+    }
+    .code())
 }
 
 /// The mode, the name relay, the listen addresses, the clients, the cluster DNS and
@@ -356,6 +374,9 @@ fn render_programs(out: &mut String, s: &Snapshot, colour: bool) {
                 opt(a.ids.frontends_map_id),
                 opt(a.ids.counters_map_id)
             ));
+            if let Some(order) = &s.link_order {
+                order::render(out, order, colour);
+            }
         }
         None => out.push_str(&format!(
             "programs    {}\n",
@@ -706,47 +727,6 @@ fn render_kernel_path(
     out
 }
 
-fn render_unreachable(report: &StatusReport, colour: bool) -> String {
-    let mut out = format!(
-        "agent       {}\n",
-        paint(
-            report.agent_error.as_deref().unwrap_or("not reachable"),
-            Tone::Bad,
-            colour
-        )
-    );
-    out.push_str(
-        "kernel      what the kernel has loaded (without the agent, the cgroup is unknown):\n",
-    );
-    match (&report.kernel_programs, &report.kernel_error) {
-        (Some(p), _) if p.is_empty() => out.push_str(
-            "            no hairpin programs loaded: nothing redirects connects on this node\n",
-        ),
-        (Some(p), _) => {
-            let mut t = Table::new(&["PROGRAM", "PROG ID", "LINK IDS", "MAP IDS"]);
-            for p in p {
-                let links = if p.link_ids.is_empty() {
-                    Cell::toned("not attached", Tone::Warn)
-                } else {
-                    join(&p.link_ids).into()
-                };
-                t.row(vec![
-                    p.name.as_str().into(),
-                    p.program_id.to_string().into(),
-                    links,
-                    join(&p.map_ids).into(),
-                ]);
-            }
-            out.push_str(&t.render(12, colour));
-        }
-        (None, e) => out.push_str(&format!(
-            "            could not list programs: {}\n",
-            e.as_deref().unwrap_or("unknown error")
-        )),
-    }
-    out
-}
-
 fn join(ids: &[u32]) -> String {
     let v: Vec<String> = ids.iter().map(u32::to_string).collect();
     if v.is_empty() {
@@ -759,6 +739,10 @@ fn join(ids: &[u32]) -> String {
 fn opt(id: Option<u32>) -> String {
     id.map(|i| i.to_string()).unwrap_or_else(|| "?".into())
 }
+
+mod order;
+mod unreachable;
+use unreachable::render_unreachable;
 
 #[cfg(test)]
 mod tests;

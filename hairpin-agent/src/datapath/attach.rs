@@ -91,7 +91,7 @@ impl Datapath {
             }
         }
         ids.counters_map_id = self.counters.map().info().ok().map(|i| i.id());
-        ids.frontends_map_id = self.frontends.map().info().ok().map(|i| i.id());
+        ids.frontends_map_id = self.frontends_id;
         ids
     }
 }

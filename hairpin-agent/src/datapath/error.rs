@@ -122,6 +122,15 @@ pub enum DatapathError {
         /// The kernel's answer.
         source: std::io::Error,
     },
+    /// The frontends map's one writer was handed to its owner: nothing else inserts.
+    #[error(
+        "frontend {frontend} not inserted: the frontends map has one writer, and its owner \
+         (the reconciler) has taken it"
+    )]
+    FrontendsTaken {
+        /// The frontend.
+        frontend: SocketAddr,
+    },
     /// A listener of the other family cannot serve a frontend.
     #[error("frontend {frontend} cannot be redirected to listener {listener} of another family")]
     FamilyMismatch {

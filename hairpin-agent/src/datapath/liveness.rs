@@ -71,21 +71,14 @@ impl fmt::Display for HeartbeatState {
     }
 }
 
-/// The state of the heartbeat pinned at `path`.
+/// The state of the heartbeat pinned at `path` (opened read-only: see
+/// [`super::inspect`]).
 pub fn heartbeat_state(path: &Path) -> HeartbeatState {
-    let Ok(data) = MapData::from_pin(path) else {
-        return HeartbeatState::Unreadable;
-    };
-    let Ok(map) = Array::<MapData, u64>::try_from(aya::maps::Map::Array(data)) else {
-        return HeartbeatState::Unreadable;
-    };
-    let (Ok(beat), Ok(ttl)) = (map.get(&HEARTBEAT_BEAT, 0), map.get(&HEARTBEAT_TTL, 0)) else {
-        return HeartbeatState::Unreadable;
-    };
-    heartbeat_at(beat, ttl, monotonic_ns())
+    super::inspect::heartbeat_state(path)
 }
 
-fn heartbeat_at(beat: u64, ttl: u64, now: u64) -> HeartbeatState {
+/// The heartbeat's state for a beat and TTL read at `now` (all `CLOCK_MONOTONIC` ns).
+pub(super) fn heartbeat_at(beat: u64, ttl: u64, now: u64) -> HeartbeatState {
     if beat == 0 {
         return HeartbeatState::Never;
     }

@@ -10,6 +10,7 @@
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsFd,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -25,14 +26,20 @@ use hairpin_ebpf::{
     GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
     MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN, MAX_FRONTENDS,
     MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, Redirect,
+    DEFAULT_MESH_PORTS, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
+    GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
+    GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS,
+    MAX_KERNEL_SOCKETS, MESH_PORTS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, Redirect,
+    mesh_ports_be,
 };
 
 use super::error::{load_error, program_error};
 use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
+use super::order::{self, LinkOrder};
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
 };
-use super::{btf, kernel_path};
+use super::{Role, btf, kernel_path};
 
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -71,6 +78,13 @@ pub struct LoadOptions {
     pub ttl: Duration,
     /// Capacity of the relay's splice maps (two sockets per spliced connection).
     pub splice_sockets: u32,
+    /// Whether the connect links go before every other program at the cgroup, where
+    /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
+    /// not; `--link-order append`).
+    pub link_first: bool,
+    /// The outbound capture ports of mesh proxies the kernel-path connect programs
+    /// look for in the client's network namespace (host byte order; 0: unused).
+    pub mesh_ports: [u16; MESH_PORTS],
 }
 
 impl LoadOptions {
@@ -87,6 +101,8 @@ impl LoadOptions {
             pin_layout: PIN_LAYOUT,
             ttl: DEFAULT_TTL,
             splice_sockets: MAX_SPLICE_SOCKETS,
+            link_first: true,
+            mesh_ports: DEFAULT_MESH_PORTS,
         }
     }
 }
@@ -94,7 +110,10 @@ impl LoadOptions {
 /// The loaded programs and their maps.
 pub struct Datapath {
     pub(super) ebpf: Ebpf,
-    pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,
+    /// The frontends map, until its one writer is taken ([`Datapath::take_frontends`]).
+    pub(super) frontends: Option<HashMap<MapData, FrontendKey, Redirect>>,
+    /// Its kernel id, for `status` and `dump`.
+    pub(super) frontends_id: Option<u32>,
     pub(super) counters: PerCpuArray<MapData, u64>,
     pub(super) sockets: SockHash<MapData, u64>,
     pub(super) heartbeat: Heartbeat,
@@ -113,6 +132,8 @@ pub struct Datapath {
     pub(super) mptcp: Mptcp,
     /// The relay's kernel splice, or why there is none.
     pub(super) splice: Result<super::splice::Splice, String>,
+    /// Where new connect links go among the other programs at the cgroup.
+    pub(super) link_order: LinkOrder,
     /// Reads the programs' aya-log events into the agent's log while it lives.
     _events: Option<EventsReader>,
 }
@@ -182,13 +203,19 @@ impl Datapath {
             Some([PROG_CONNECT4_KERNEL_PERFMON, _]) => Mptcp::MptcpSock,
             Some(_) => Mptcp::NotsentLowat,
         };
+        let connect = kernel_connect.unwrap_or_else(|| kernel_path.connect_programs());
+        let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
         let splice = super::splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
             ebpf,
-            frontends: maps.frontends,
+            frontends_id: aya::maps::IterableMap::map(&maps.frontends)
+                .info()
+                .ok()
+                .map(|i| i.id()),
+            frontends: Some(maps.frontends),
             counters: maps.counters,
             sockets: maps.sockets,
             heartbeat: Heartbeat {
@@ -197,7 +224,7 @@ impl Datapath {
             },
             relays: RelayLiveness(Arc::new(std::sync::Mutex::new(maps.relays))),
             sockets_id: maps.sockets_id,
-            connect: kernel_connect.unwrap_or_else(|| kernel_path.connect_programs()),
+            connect,
             attachment: None,
             capacity: opts.max_frontends,
             kernel_path,
@@ -205,6 +232,7 @@ impl Datapath {
             pin,
             mptcp,
             splice,
+            link_order,
             _events: events,
         })
     }
@@ -217,6 +245,25 @@ impl Datapath {
     /// How MPTCP subflows are told apart (`off` without the kernel path).
     pub fn mptcp(&self) -> Mptcp {
         self.mptcp
+    }
+
+    /// Where new connect links go among the other programs at the cgroup.
+    pub fn link_order(&self) -> &LinkOrder {
+        &self.link_order
+    }
+}
+
+/// Where this agent's connect links go: first where `opts` asks for it and the
+/// kernel orders cgroup links, probed with the loaded connect4 program `connect4`.
+fn link_order(ebpf: &Ebpf, opts: &LoadOptions, connect4: &'static str) -> LinkOrder {
+    if !opts.link_first {
+        return LinkOrder::Disabled;
+    }
+    match ebpf.program(connect4).map(|p| p.fd()) {
+        Some(Ok(fd)) => order::probe(fd.as_fd(), Role::Connect4.attach_type()),
+        _ => LinkOrder::Unsupported(format!(
+            "{connect4} is not loaded: the probe of cgroup link ordering could not run"
+        )),
     }
 }
 
@@ -250,6 +297,7 @@ fn load_object(
     let (req_off, connect_off, connect_mask) = globals
         .fast_open
         .map_or((0, 0, 0), |f| (f.req, f.connect_byte, f.connect_mask));
+    let mesh_ports = mesh_ports_be(opts.mesh_ports);
     let mut loader = EbpfLoader::new();
     loader
         // Not every object logs (must_exist false): it is aya-log's own global.
@@ -261,6 +309,7 @@ fn load_object(
         .override_global(GLOBAL_FASTOPEN_REQ_OFF, &req_off, true)
         .override_global(GLOBAL_FASTOPEN_CONNECT_OFF, &connect_off, true)
         .override_global(GLOBAL_FASTOPEN_CONNECT_MASK, &connect_mask, true)
+        .override_global(GLOBAL_MESH_PORTS, &mesh_ports, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         .map_max_entries(MAP_SOCKETS, globals.sockets);
     for map in [

@@ -1,9 +1,8 @@
 //! Maps and their owners: which maps every agent shares through the pins, the
 //! handles user space keeps, the frontends map's entries and the counters.
 //!
-//! One writer per map: `frontends` is written here only, for the reconciler
-//! ([`Datapath::insert_frontend`], [`Datapath::remove`],
-//! [`Datapath::retain_frontends`]); `counters`, `sockets`, `sockets_fill`,
+//! One writer per map: `frontends` is written only through [`FrontendsMap`], which
+//! the agent hands to its reconciler ([`Datapath::take_frontends`]); `counters`, `sockets`, `sockets_fill`,
 //! `pending` and `fastopen` are the programs' own (user space sizes, pins and reads
 //! them); `heartbeat` and `relays` belong to liveness.rs. Never touches a link or
 //! a program.
@@ -21,7 +20,7 @@ use hairpin_ebpf::{
 
 use super::error::{is_full, map_error};
 use super::kernel_path;
-use super::{Datapath, DatapathError, LoadOptions, PinDir};
+use super::{Datapath, DatapathError, KernelPath, LoadOptions, PinDir};
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// The maps every agent shares through the pin directory, by ELF name.
@@ -36,7 +35,44 @@ pub(super) const SHARED_MAPS: [&str; 8] = [
     MAP_RELAYS,
 ];
 
-impl Datapath {
+/// The frontends map's one writer: whoever holds it (the agent's reconciler, through
+/// [`Datapath::take_frontends`]) is the only code that changes `HAIRPIN_FRONTENDS`.
+pub struct FrontendsMap {
+    map: HashMap<MapData, FrontendKey, Redirect>,
+    /// Its capacity (`--max-frontends`), for the error when it is full.
+    capacity: u32,
+    /// The kernel path as it stood when the map was taken (after attach): whether an
+    /// entry may ask for the kernel path, and why not.
+    kernel_path: KernelPath,
+}
+
+impl std::fmt::Debug for FrontendsMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontendsMap")
+            .field("capacity", &self.capacity)
+            .field("kernel_path", &self.kernel_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrontendsMap {
+    pub(super) fn new(
+        map: HashMap<MapData, FrontendKey, Redirect>,
+        capacity: u32,
+        kernel_path: KernelPath,
+    ) -> FrontendsMap {
+        FrontendsMap {
+            map,
+            capacity,
+            kernel_path,
+        }
+    }
+
+    /// The kernel path as the entries see it.
+    pub fn kernel_path(&self) -> &KernelPath {
+        &self.kernel_path
+    }
+
     /// Redirects connects to `frontend` to `listener` (the relay path, whatever the
     /// kernel path's state).
     pub fn insert(
@@ -47,7 +83,7 @@ impl Datapath {
         self.insert_value(frontend, listener, Redirect::new(listener))
     }
 
-    /// As [`Datapath::insert`] for a frontend whose ingress expects `version`
+    /// As [`FrontendsMap::insert`] for a frontend whose ingress expects `version`
     /// headers: with the kernel path on, a client that speaks `first` and `path`
     /// `auto`, the kernel writes them on the client's own socket and the listener is
     /// the fallback; otherwise (off, unavailable, a server that speaks first, or the
@@ -74,7 +110,7 @@ impl Datapath {
         if frontend.is_ipv4() != listener.is_ipv4() {
             return Err(DatapathError::FamilyMismatch { frontend, listener });
         }
-        match self.frontends.insert(FrontendKey::new(frontend), value, 0) {
+        match self.map.insert(FrontendKey::new(frontend), value, 0) {
             Ok(()) => Ok(()),
             Err(e) if is_full(&e) => Err(DatapathError::MapFull {
                 frontend,
@@ -84,17 +120,17 @@ impl Datapath {
         }
     }
 
-    /// Removes every entry of the frontends map but those of `live`: what an earlier
-    /// agent left for frontends that are gone. Logged per entry.
-    pub fn retain_frontends(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
+    /// Removes every entry but those of `live`: what an earlier agent left for
+    /// frontends that are gone. Logged per entry.
+    pub fn retain(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
         let stale: Vec<FrontendKey> = self
-            .frontends
+            .map
             .keys()
             .filter_map(Result::ok)
             .filter(|k| !live.contains(&k.socket_addr()))
             .collect();
         for k in stale {
-            match self.frontends.remove(&k) {
+            match self.map.remove(&k) {
                 Ok(()) => {
                     tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map")
                 }
@@ -107,12 +143,44 @@ impl Datapath {
 
     /// Stops redirecting connects to `frontend`.
     pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
-        match self.frontends.remove(&FrontendKey::new(frontend)) {
+        match self.map.remove(&FrontendKey::new(frontend)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(
                 source,
             )),
         }
+    }
+}
+
+impl Datapath {
+    /// Hands the frontends map's one writer to its owner (in the agent, the
+    /// reconciler), with the kernel path as it stands now: take it after
+    /// [`Datapath::attach`], which may find the kernel path unavailable. `None` once
+    /// taken.
+    pub fn take_frontends(&mut self) -> Option<FrontendsMap> {
+        let map = self.frontends.take()?;
+        Some(FrontendsMap::new(
+            map,
+            self.capacity,
+            self.kernel_path.clone(),
+        ))
+    }
+
+    /// Redirects connects to `frontend` to `listener` through the frontends map
+    /// while no owner has taken it ([`Datapath::take_frontends`]): for a datapath
+    /// loaded on its own, as the tests' stand-ins for another program are.
+    pub fn insert(
+        &mut self,
+        frontend: SocketAddr,
+        listener: SocketAddr,
+    ) -> Result<(), DatapathError> {
+        let Some(map) = self.frontends.take() else {
+            return Err(DatapathError::FrontendsTaken { frontend });
+        };
+        let mut writer = FrontendsMap::new(map, self.capacity, self.kernel_path.clone());
+        let inserted = writer.insert(frontend, listener);
+        self.frontends = Some(writer.map);
+        inserted
     }
 
     /// Kernel id of the sockets map, for `status` and `dump`.

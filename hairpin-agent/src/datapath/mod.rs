@@ -15,6 +15,8 @@
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
 //! - `splice.rs`: the relay's kernel splice (its stream verdict and maps);
+//! - [`inspect`]: a pinned datapath read without owning it (read-only maps, for
+//!   `status` with no agent and `dump`);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
 //! - [`kernel_objects`], [`cgroup`], `btf.rs`, `sys.rs`, `error.rs`: kernel objects read
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
@@ -24,12 +26,14 @@ mod attach;
 mod btf;
 pub mod cgroup;
 mod error;
+pub mod inspect;
 pub mod kernel_objects;
 mod kernel_path;
 pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
+pub mod order;
 pub mod pin;
 pub mod splice;
 mod sys;
@@ -44,5 +48,5 @@ pub use liveness::{
     DEFAULT_TTL, Heartbeat, HeartbeatState, RelayLiveness, heartbeat_state, monotonic_ns,
 };
 pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
-pub use maps::CountersReader;
+pub use maps::{CountersReader, FrontendsMap};
 pub use pin::{Pin, PinDir, Role};

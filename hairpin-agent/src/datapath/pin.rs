@@ -297,7 +297,8 @@ fn real_dir(p: &Path) -> bool {
     fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir())
 }
 
-fn is_layout_dir(p: &Path) -> bool {
+/// Whether `p` names a layout directory (`v<N>`).
+pub fn is_layout_dir(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_prefix('v'))

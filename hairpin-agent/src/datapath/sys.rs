@@ -24,7 +24,9 @@ mod cmd {
     pub const OBJ_GET: libc::c_long = 7;
     pub const PROG_ATTACH: libc::c_long = 8;
     pub const PROG_DETACH: libc::c_long = 9;
+    pub const PROG_GET_FD_BY_ID: libc::c_long = 13;
     pub const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    pub const PROG_QUERY: libc::c_long = 16;
     pub const LINK_CREATE: libc::c_long = 28;
     pub const LINK_UPDATE: libc::c_long = 29;
     pub const LINK_DETACH: libc::c_long = 34;
@@ -32,6 +34,12 @@ mod cmd {
 
 /// `BPF_F_REPLACE`: the update happens only if the link still runs `old_prog_fd`.
 const BPF_F_REPLACE: u32 = 1 << 2;
+
+/// `BPF_F_BEFORE` at `BPF_LINK_CREATE` on a cgroup: the new link runs before the
+/// program or link `relative_fd`/`relative_id` names, or, with 0 there, before
+/// every one attached at that cgroup for that attach type. Kernels without cgroup
+/// link ordering refuse any flag there with EINVAL.
+pub const BPF_F_BEFORE: u32 = 1 << 3;
 
 /// `enum bpf_attach_type` values of hairpin's programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,9 +123,24 @@ pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 /// Opens the object pinned at `path`, read-write (a link must be opened so to be
 /// updated or detached).
 pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
+    open_pinned_with(path, 0)
+}
+
+/// `BPF_F_RDONLY` (`file_flags` of BPF_OBJ_GET): a map descriptor that can look up
+/// but never update or delete.
+const BPF_F_RDONLY: u32 = 1 << 3;
+
+/// Opens the map pinned at `path` read-only: it needs read access to the pin only,
+/// and nothing can be written through it. (The kernel opens links read-write only.)
+pub fn open_pinned_read_only(path: &Path) -> io::Result<OwnedFd> {
+    open_pinned_with(path, BPF_F_RDONLY)
+}
+
+fn open_pinned_with(path: &Path, file_flags: u32) -> io::Result<OwnedFd> {
     let p = c_path(path)?;
     let mut attr = ObjAttr {
         pathname: p.as_ptr() as u64,
+        file_flags,
         ..ObjAttr::default()
     };
     bpf(cmd::OBJ_GET, &mut attr).map(new_fd)
@@ -135,20 +158,131 @@ struct LinkCreateAttr {
 }
 
 /// Attaches the program `prog` to `target` (a cgroup directory, or a sockmap /
-/// sockhash for [`AttachType::SkMsgVerdict`]) through a new bpf_link. The link
-/// lasts while its descriptor or a pin of it does.
+/// sockhash for [`AttachType::SkMsgVerdict`]) through a new bpf_link: with `flags`
+/// 0 after every program already there, with [`BPF_F_BEFORE`] (and the relative fd
+/// or id left 0) before every one. The link lasts while its descriptor or a pin of
+/// it does.
 pub fn link_create(
     prog: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
     attach: AttachType,
+    flags: u32,
 ) -> io::Result<OwnedFd> {
     let mut attr = LinkCreateAttr {
         prog_fd: prog.as_raw_fd() as u32,
         target_fd: target.as_raw_fd() as u32,
         attach_type: attach.raw(),
+        flags,
         ..LinkCreateAttr::default()
     };
     bpf(cmd::LINK_CREATE, &mut attr).map(new_fd)
+}
+
+/// `BPF_LINK_CREATE` of `prog` at `attach` with `flags` and no target (fd -1): a
+/// probe of the flags, which attaches nothing. A kernel that takes the flags fails
+/// on the target (EBADF); one that does not, on the flags (EINVAL).
+pub fn link_create_without_target(
+    prog: BorrowedFd<'_>,
+    attach: AttachType,
+    flags: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: u32::MAX,
+        attach_type: attach.raw(),
+        flags,
+        ..LinkCreateAttr::default()
+    };
+    bpf(cmd::LINK_CREATE, &mut attr).map(new_fd)
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgQueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+}
+
+/// The ids of the programs attached at the cgroup `target` for `attach`, in the
+/// order they run (the kernel lists a cgroup's own programs so; those of its
+/// ancestors, which run after them, are not listed). Needs CAP_NET_ADMIN.
+pub fn prog_query(target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>> {
+    let mut room = 16usize;
+    loop {
+        let mut ids = vec![0u32; room];
+        let mut attr = ProgQueryAttr {
+            target_fd: target.as_raw_fd() as u32,
+            attach_type: attach.raw(),
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: room as u32,
+            ..ProgQueryAttr::default()
+        };
+        match bpf(cmd::PROG_QUERY, &mut attr) {
+            Ok(_) => {
+                ids.truncate(attr.prog_cnt as usize);
+                return Ok(ids);
+            }
+            // More programs than room (the count is in prog_cnt): again, larger.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && room < 4096 => {
+                room = (attr.prog_cnt as usize).max(room * 2);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct GetFdByIdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+/// `struct bpf_prog_info` up to its name (the pointers left 0: nothing else copied).
+#[repr(C)]
+#[derive(Default)]
+struct RawProgInfoNamed {
+    type_: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+    name: [u8; 16],
+}
+
+/// The kernel's name of the program `id` (up to 15 bytes; empty when it was loaded
+/// without one). Opening a program by id needs CAP_SYS_ADMIN: EPERM without it.
+pub fn prog_name(id: u32) -> io::Result<String> {
+    let mut attr = GetFdByIdAttr {
+        id,
+        ..GetFdByIdAttr::default()
+    };
+    let fd = bpf(cmd::PROG_GET_FD_BY_ID, &mut attr).map(new_fd)?;
+    let mut info = RawProgInfoNamed::default();
+    let mut attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<RawProgInfoNamed>() as u32,
+        info: (&raw mut info) as u64,
+    };
+    bpf(cmd::OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let end = info
+        .name
+        .iter()
+        .position(|b| *b == 0)
+        .unwrap_or(info.name.len());
+    Ok(String::from_utf8_lossy(&info.name[..end]).into_owned())
 }
 
 #[repr(C)]
@@ -332,6 +466,11 @@ mod tests {
         // bpf_link_info's union starts 8-aligned after three u32s.
         assert_eq!(std::mem::offset_of!(RawLinkInfo, union), 16);
         assert_eq!(size_of::<RawProgInfo>(), 16);
+        // bpf_prog_info's name follows eleven fields: 64 bytes in.
+        assert_eq!(std::mem::offset_of!(RawProgInfoNamed, name), 64);
+        // The query's fields up to prog_cnt: target, type, two flags, the ids pointer.
+        assert_eq!(std::mem::offset_of!(ProgQueryAttr, prog_cnt), 24);
+        assert_eq!(size_of::<GetFdByIdAttr>(), 12);
     }
 
     #[test]

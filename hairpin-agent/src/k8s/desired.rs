@@ -16,13 +16,28 @@ use crate::{
 /// What a source says should exist, sent whole: the Kubernetes source sends one
 /// after every decision round that changed it, the frontends file one per load
 /// that parsed. Shared, not copied, by everything that reads it (the agent, the
-/// Events and CoreDNS writers).
+/// Events and CoreDNS writers). Split in two: what the agent makes live, and what is
+/// only reported, so a change of the second never touches the datapath.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
+    /// What the agent makes live: frontends in the map and relays, name routes.
+    pub apply: ToApply,
+    /// What is only reported: `status`, Events, metrics.
+    pub report: ToReport,
+}
+
+/// What the agent makes live.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToApply {
     /// LoadBalancer frontends to redirect and relay, one per address.
     pub frontends: Frontends,
     /// Hostnames the name relay routes to their own LB (and /etc/hosts points at it).
     pub routes: Vec<NameRoute>,
+}
+
+/// What is only reported (in `status`, Events on the objects at fault, metrics).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToReport {
     /// Hostnames left out (refused by `--names-domains` and its rules, not accepted
     /// by their Gateway, not proxied, conflicts), with the object at fault.
     pub route_skips: Vec<NameSkip>,
@@ -36,17 +51,6 @@ pub struct Desired {
     /// What Nodes claim that is passed over (a pod network wider than a node's
     /// share), for Events on those Nodes (none from the frontends file).
     pub ignored_node_claims: Vec<IgnoredClaim>,
-}
-
-impl Desired {
-    /// Whether `self` and `other` ask the agent for the same frontends and names:
-    /// what differs is only reported (decisions, the cluster DNS).
-    pub fn same_to_apply(&self, other: &Desired) -> bool {
-        self.frontends == other.frontends
-            && self.routes == other.routes
-            && self.route_skips == other.route_skips
-            && self.name_limits == other.name_limits
-    }
 }
 
 /// The receiving end of a source: `None` until it has synced once, so the agent

@@ -49,10 +49,15 @@ pub async fn run(
         if *leader.borrow_and_update() {
             let now = desired.borrow_and_update().clone();
             if let Some(now) = now {
-                publish_decisions(&recorder, &services, &now.decisions, &mut published).await;
-                publish_names(&recorder, &now.route_skips, &mut names_published).await;
-                publish_node_claims(&recorder, &now.ignored_node_claims, &mut claims_published)
+                publish_decisions(&recorder, &services, &now.report.decisions, &mut published)
                     .await;
+                publish_names(&recorder, &now.report.route_skips, &mut names_published).await;
+                publish_node_claims(
+                    &recorder,
+                    &now.report.ignored_node_claims,
+                    &mut claims_published,
+                )
+                .await;
             }
         } else {
             // A new leader republishes what it sees; forget what we sent.

@@ -25,7 +25,7 @@ use crate::{
     status::{AgentState, metrics::Metrics},
 };
 
-pub use super::desired::{Desired, DesiredRx};
+pub use super::desired::{Desired, DesiredRx, ToApply, ToReport};
 
 /// Everything the Kubernetes source needs, validated by the caller.
 #[derive(Clone, Debug)]
@@ -179,7 +179,7 @@ fn routes_of(mut desired: DesiredRx) -> watch::Receiver<Option<Vec<NameRoute>>> 
             let next = desired
                 .borrow_and_update()
                 .as_ref()
-                .map(|d| d.routes.clone());
+                .map(|d| d.apply.routes.clone());
             tx.send_if_modified(|cur| {
                 let modified = *cur != next;
                 if modified {

@@ -32,7 +32,7 @@ use super::{
         Defaults, IgnoredClaim, SkipReason, cluster_dns::cluster_dns, decide_all,
         decision::Outcome, nodes::ClusterNodes,
     },
-    desired::{Desired, DesiredRx},
+    desired::{Desired, DesiredRx, ToApply, ToReport},
 };
 use crate::{
     names::{
@@ -316,7 +316,7 @@ async fn decide_loop(
     loop {
         let started = std::time::Instant::now();
         let desired = decide_round(&caches, &decide, &mut logged);
-        log_ignored_claims(&desired.ignored_node_claims, &mut claims_logged);
+        log_ignored_claims(&desired.report.ignored_node_claims, &mut claims_logged);
         metrics.observe_decide(started.elapsed());
         tx.send_if_modified(|cur| {
             let modified = cur.as_deref() != Some(&desired);
@@ -387,17 +387,21 @@ fn decide_round(caches: &Caches, decide: &Decide, logged: &mut SkipLog) -> Desir
     );
     logged.log_new(&names.skips);
     Desired {
-        frontends: decided.frontends,
-        routes: names.routes,
-        route_skips: names.skips,
-        name_limits: names.limits,
-        decisions: decided
-            .decisions
-            .into_iter()
-            .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
-            .collect(),
-        cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
-        ignored_node_claims: cluster_nodes.ignored,
+        apply: ToApply {
+            frontends: decided.frontends,
+            routes: names.routes,
+        },
+        report: ToReport {
+            route_skips: names.skips,
+            name_limits: names.limits,
+            decisions: decided
+                .decisions
+                .into_iter()
+                .filter(|d| !matches!(d.outcome, Outcome::Skipped(SkipReason::NotLoadBalancer)))
+                .collect(),
+            cluster_dns: cluster_dns(all.iter().map(|s| s.as_ref())),
+            ignored_node_claims: cluster_nodes.ignored,
+        },
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::model::LivePath;
+
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
     metrics::{
@@ -94,6 +96,25 @@ struct EventLabel {
     event: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// Every path a node can have live, for `hairpin_live_path` (0 for the others, so a
+/// path that goes away shows as a change, not as a missing series).
+const PATHS: [LivePath; 4] = [
+    LivePath::Relay,
+    LivePath::Kernel,
+    LivePath::Hosts,
+    LivePath::Coredns,
+];
+
 /// Reads the kernel programs' counters (name, total) when `/metrics` is scraped:
 /// they move without the agent noticing.
 pub type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
@@ -134,6 +155,7 @@ pub struct Metrics {
     coredns_pending: Gauge,
     kernel: Arc<RwLock<Option<KernelCounterReader>>>,
     heartbeat: Arc<RwLock<Option<HeartbeatReader>>>,
+    live_paths: Family<PathLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -163,11 +185,23 @@ impl Default for Metrics {
             coredns_pending: Gauge::default(),
             kernel: Arc::default(),
             heartbeat: Arc::default(),
+            live_paths: Family::default(),
         }
     }
 }
 
 impl Metrics {
+    /// The paths live on this node (`mode.live` in `/status`): 1 for each, 0 for the
+    /// others.
+    pub fn set_live_paths(&self, live: &[LivePath]) {
+        for p in PATHS {
+            let g = self
+                .live_paths
+                .get_or_create(&PathLabel { path: p.as_str() });
+            g.set(i64::from(live.contains(&p)));
+        }
+    }
+
     /// A connection was accepted by a relay listener.
     pub fn connection_opened(&self) {
         self.connections.inc();
@@ -382,6 +416,24 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut registry = Registry::with_prefix("hairpin");
         // In this order: the exposition lists the metrics as they are registered.
+        let build: Family<BuildLabels, Gauge> = Family::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "1, labelled with the version of the hairpin-agent binary serving it",
+            build,
+        );
+        registry.register(
+            "live_path",
+            "1 for each path live on this node (ebpf: the relay path's redirect, kernel: the \
+             kernel path, hosts: the /etc/hosts block, coredns: CoreDNS rewrites), 0 otherwise; \
+             none before the paths are decided",
+            self.live_paths.clone(),
+        );
         self.register_relay_traffic(&mut registry);
         self.register_proxied(&mut registry);
         self.register_refused(&mut registry);
@@ -572,6 +624,26 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_always_and_the_live_paths_once_decided() {
+        let m = Metrics::default();
+        let text = m.render();
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(
+            text.contains(&format!("hairpin_build_info{{version=\"{version}\"}} 1")),
+            "{text}"
+        );
+        assert!(!text.contains("hairpin_live_path{"), "{text}");
+        m.set_live_paths(&[LivePath::Kernel, LivePath::Coredns]);
+        let text = m.render();
+        for (path, v) in [("ebpf", 0), ("kernel", 1), ("hosts", 0), ("coredns", 1)] {
+            assert!(
+                text.contains(&format!("hairpin_live_path{{path=\"{path}\"}} {v}")),
+                "{path}: {text}"
+            );
+        }
+    }
 
     #[test]
     fn kernel_counters_are_read_at_each_scrape_and_exported_by_event() {

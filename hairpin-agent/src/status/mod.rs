@@ -89,6 +89,10 @@ pub struct Snapshot {
     /// What outlives the agent: pins, the dead-man switch, what was adopted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<LifecycleStatus>,
+    /// Where the connect programs run among the other connect programs at the
+    /// cgroup (a socket load balancer in front hides the LB address from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_order: Option<LinkOrderStatus>,
     /// How relayed bytes move once spliced (`--relay-splice`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_splice: Option<RelaySpliceStatus>,
@@ -107,6 +111,87 @@ pub struct RelaySpliceStatus {
     pub reason: Option<String>,
     /// `--relay-splice-after`: bytes a way copies before it is spliced.
     pub after_bytes: u64,
+}
+
+/// Where hairpin's connect programs run among the other connect programs at the
+/// cgroup: a socket load balancer's (Cilium's, Calico's) in front of them rewrites
+/// the LB address to a backend before they see it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LinkOrderStatus {
+    /// How the connect links are made: before every other program (`BPF_F_BEFORE`),
+    /// or appended, and why.
+    pub ordering: String,
+    /// Whether they are made before every other program.
+    pub first: bool,
+    /// Each connect hook as the kernel lists it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookOrderStatus>,
+    /// Why a hook could not be listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl LinkOrderStatus {
+    /// The hooks where another program runs before hairpin's.
+    pub fn blocked(&self) -> impl Iterator<Item = &HookOrderStatus> {
+        self.hooks.iter().filter(|h| !h.in_front.is_empty())
+    }
+
+    /// What to do when another program runs before hairpin's.
+    pub fn remedy(&self) -> &'static str {
+        if self.first {
+            "the agent puts its connect links first when it starts: restart it (the program \
+             in front was attached with BPF_F_BEFORE after it started)"
+        } else {
+            "hairpin's connect programs must run first: a kernel that orders cgroup links \
+             (Linux 6.17 and newer) lets the agent put them there itself; otherwise attach the \
+             socket load balancer's programs after hairpin's (its links removed and its agent \
+             restarted once hairpin runs), or leave pods' service connections to its per-packet \
+             load balancing (Cilium: socketLB.hostNamespaceOnly=true; Calico eBPF: \
+             bpfConnectTimeLoadBalancing: Disabled)"
+        }
+    }
+}
+
+/// One connect hook: hairpin's program and those that run before it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HookOrderStatus {
+    /// `connect4` or `connect6`.
+    pub hook: String,
+    /// hairpin's program's id there.
+    pub program_id: u32,
+    /// Whether that program is attached there at all (`false`: every program listed
+    /// is in `in_front`).
+    pub attached: bool,
+    /// The programs that run before it, in run order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_front: Vec<ForeignProgram>,
+    /// The programs that run after it, in run order (a socket load balancer there
+    /// sees the relay's address, or the LB address of a socket hairpin marked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behind: Vec<ForeignProgram>,
+}
+
+/// Another connect program at the cgroup.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ForeignProgram {
+    /// Its kernel id.
+    pub id: u32,
+    /// Its kernel name (up to 15 bytes), when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Why the name could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_unknown: Option<String>,
+}
+
+impl std::fmt::Display for ForeignProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.name {
+            Some(name) if !name.is_empty() => write!(f, "{name} (id {})", self.id),
+            _ => write!(f, "program id {}", self.id),
+        }
+    }
 }
 
 /// What of the datapath outlives the agent, and for how long.

@@ -4,6 +4,58 @@
 
 mod uninstall;
 
+/// Exit statuses, one meaning each: a typo (clap) is 2 and never a verdict; a bad
+/// `check` target is a usage error too; every subcommand's verdicts keep theirs; the
+/// table in the README lists exactly these. No privileges: nothing is probed.
+#[test]
+fn exit_statuses_never_collide_and_the_readme_lists_them() {
+    use hairpin_agent::cli::Exit;
+    let codes: std::collections::BTreeSet<i32> = Exit::ALL.iter().map(|e| e.code()).collect();
+    assert_eq!(codes.len(), Exit::ALL.len(), "one status per meaning");
+    let bin = hairpin_tests::agent::agent_bin();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .env("HAIRPIN_ADMIN_SOCKET", "/nonexistent/hairpin/admin.sock")
+            .env("HAIRPIN_ADMIN_ADDRESS", "127.0.0.1:1")
+            .output()
+            .expect("run hairpin-agent");
+        out.status.code().unwrap_or(-1)
+    };
+    assert_eq!(
+        run(&["stauts"]),
+        Exit::Usage.code(),
+        "a typo of a subcommand"
+    );
+    assert_eq!(
+        run(&["status", "--outptu", "json"]),
+        Exit::Usage.code(),
+        "a typo of a flag"
+    );
+    assert_eq!(
+        run(&["check", "host:port"]),
+        Exit::Usage.code(),
+        "a target that does not parse"
+    );
+    assert_eq!(
+        run(&["check", "host:99999"]),
+        Exit::Usage.code(),
+        "a port out of range"
+    );
+    let readme = std::fs::read_to_string(hairpin_tests::repo::workspace().join("README.md"))
+        .expect("README");
+    let table = &readme[readme
+        .find("| exit status | meaning |")
+        .expect("the exit status table")..];
+    for e in Exit::ALL {
+        assert!(
+            table.contains(&format!("\n| {} |", e.code())),
+            "the README's exit status table lacks {e:?} ({})",
+            e.code()
+        );
+    }
+}
+
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, spec},
     cli::{admin_socket, doctor_check, run_cli, start_agent},
@@ -110,11 +162,11 @@ fn status_reports_attachment_frontends_sources_and_counters() {
 }
 
 #[test]
-fn status_without_an_agent_says_so_and_exits_1() {
+fn status_without_an_agent_says_so_and_exits_4() {
     require_privileges!();
     let node = SimNode::new();
     let run = run_cli(&node, &["status", "--output", "json"]);
-    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.code, 4, "{run:?}");
     let j = run.json();
     assert_eq!(j["agent_reachable"], false);
     assert!(
@@ -127,7 +179,7 @@ fn status_without_an_agent_says_so_and_exits_1() {
     assert!(j["status"].is_null());
     assert!(j["kernel_programs"].is_array(), "{j}");
     let text = run_cli(&node, &["status"]);
-    assert_eq!(text.code, 1);
+    assert_eq!(text.code, 4);
     assert!(
         text.stdout.contains("the agent is not reachable"),
         "{}",
@@ -358,14 +410,14 @@ fn check_cannot_check_what_does_not_resolve_or_answer() {
     require_privileges!();
     let node = SimNode::new();
     let run = run_cli(&node, &["check", "no-such-host.invalid", "-o", "json"]);
-    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(run.code, 5, "{run:?}");
     assert_eq!(run.json()["verdict"], "unknown");
     // Nothing listens behind 203.0.113.10:80 without nginx: refused through the DNAT.
     let run = run_cli(
         &node,
         &["check", "203.0.113.10:80", "--timeout", "1s", "-o", "json"],
     );
-    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(run.code, 5, "{run:?}");
     assert_eq!(
         run.json()["addresses"][0]["probes"]["in_cluster"]["outcome"],
         "connect_failed"
@@ -423,22 +475,45 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
     );
 }
 
+/// `hairpin-agent <args>` on the host with only `caps` (as inside the DaemonSet's
+/// pod), the node's pins and an admin socket where no agent answers.
+fn cli_with_only_caps(node: &SimNode, caps: &[&str], args: &[&str]) -> hairpin_tests::cli::CliRun {
+    let mut cmd = std::process::Command::new(hairpin_tests::agent::agent_bin());
+    cmd.args(args)
+        .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
+        .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("no-agent.sock"))
+        .env_remove("HAIRPIN_ADMIN_ADDRESS");
+    hairpin_tests::pod::with_only_caps(&mut cmd, caps);
+    let out = cmd.output().expect("run the cli");
+    hairpin_tests::cli::CliRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 #[test]
-fn dump_reads_this_agents_maps_by_status_pid_and_id() {
+fn dump_reads_this_agents_maps_by_pins_pid_and_id() {
     require_privileges!();
     let node = SimNode::new();
     let agent = start_agent(&node, &lb10());
     let run = run_cli(&node, &["dump", "--output", "json"]);
     assert_eq!(run.code, 0, "{run:?}");
     let j = run.json();
-    assert_eq!(j["selected_by"], "agent");
+    // The node's pinned maps, by path and read-only.
+    assert_eq!(j["selected_by"], "pins");
     let maps = j["maps"].as_array().expect("maps");
     assert_eq!(maps.len(), 2, "{j}");
     let fe = maps
         .iter()
         .find(|m| m["kind"] == "frontends")
         .expect("frontends map");
-    assert_eq!(fe["name"], "HAIRPIN_FRONTEN");
+    assert!(
+        fe["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("/maps/HAIRPIN_FRONTENDS")),
+        "{fe}"
+    );
     assert_eq!(fe["entries"][0]["frontend"], "203.0.113.10:80");
     assert!(
         fe["entries"][0]["listener"]
@@ -456,6 +531,14 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     let by_pid = run_cli(&node, &["dump", "--pid", &pid, "-o", "json"]).json();
     assert_eq!(by_pid["selected_by"], "pid");
     assert_eq!(by_pid["maps"].as_array().expect("maps").len(), 2);
+    let fe = by_pid["maps"]
+        .as_array()
+        .expect("maps")
+        .iter()
+        .find(|m| m["kind"] == "frontends")
+        .cloned()
+        .expect("frontends map");
+    assert_eq!(fe["name"], "HAIRPIN_FRONTEN");
     let id = fe["id"].to_string();
     let by_id = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]).json();
     assert_eq!(
@@ -470,13 +553,60 @@ fn dump_reads_this_agents_maps_by_status_pid_and_id() {
     );
 
     drop(agent);
-    // No agent: the datapath is pinned, so its maps stay and dump still reads them.
+    // No agent: the datapath is pinned, so its maps stay and dump still reads them,
+    // by id where the caller may (CAP_SYS_ADMIN) ...
     let kept = run_cli(&node, &["dump", "--map-id", &id, "-o", "json"]);
     assert_eq!(kept.code, 0, "{kept:?}");
     assert_eq!(
         kept.json()["maps"][0]["entries"][0]["frontend"],
         "203.0.113.10:80"
     );
+    // ... and through the pins with only the DaemonSet's capabilities (issue 32):
+    // by id that fails without CAP_SYS_ADMIN.
+    let caps = &hairpin_tests::agent::DAEMONSET_CAPS;
+    let capped = cli_with_only_caps(&node, caps, &["dump", "-o", "json"]);
+    assert_eq!(capped.code, 0, "{capped:?}");
+    let cj = capped.json();
+    assert_eq!(cj["selected_by"], "pins", "{cj}");
+    assert!(cj.to_string().contains("203.0.113.10:80"), "{cj}");
+    let by_id_capped = cli_with_only_caps(&node, caps, &["dump", "--map-id", &id, "-o", "json"]);
+    assert_ne!(
+        by_id_capped.code, 0,
+        "by id needs CAP_SYS_ADMIN: {by_id_capped:?}"
+    );
+    // status with the agent down, capped: the pinned links, the heartbeat, the map.
+    let st = cli_with_only_caps(&node, caps, &["status", "-o", "json"]);
+    assert_eq!(st.code, 4, "unreachable: {st:?}");
+    let pinned = &st.json()["pinned"][0];
+    assert!(
+        pinned["heartbeat"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("live for")),
+        "{pinned}"
+    );
+    assert!(
+        pinned["links"].as_array().is_some_and(|l| l
+            .iter()
+            .any(|l| l["hook"] == "connect4" && l["prog_id"].is_u64())),
+        "{pinned}"
+    );
+    assert_eq!(
+        pinned["frontends"].as_array().map(Vec::len),
+        Some(1),
+        "{pinned}"
+    );
+    assert_eq!(
+        pinned["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{pinned}"
+    );
+    let text = cli_with_only_caps(&node, caps, &["status"]);
+    assert!(
+        text.stdout.contains("heartbeat live for"),
+        "{}",
+        text.stdout
+    );
+
     // `cleanup` removes it: the maps go (the kernel frees them after the last
     // reference, deferred), and --map-id of a vanished map finds nothing.
     hairpin_tests::cli::run_node_cleanup(&node);

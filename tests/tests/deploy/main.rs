@@ -29,6 +29,7 @@ mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod workflow;
 mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
@@ -363,7 +364,7 @@ fn the_agent_binary_accepts_each_variants_settings() {
                 .expect("run the agent");
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
-                out.status.code() == Some(1)
+                out.status.code() == Some(hairpin_agent::cli::Exit::Failed.code())
                     && stderr.contains("failed to read kubeconfig /nonexistent/"),
                 "{}: {} did not accept its manifest's settings (exit {:?}):\n{stderr}",
                 v.dir,

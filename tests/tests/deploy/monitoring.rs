@@ -352,3 +352,131 @@ fn the_dashboard_is_a_grafana_dashboard_and_the_configmap_holds_it() {
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
     assert_eq!(cm["data"]["hairpin.json"].as_str(), Some(text.as_str()));
 }
+
+/// The alerts follow the monitoring mixins' conventions: each has a `for`, a
+/// severity, and a `runbook_url` whose anchor is a section of docs/runbooks.md; no
+/// alert fires on a single event of a counter (`increase(...) > 0`); every alert on
+/// an agent's series keeps its `node`.
+#[test]
+fn every_alert_has_a_runbook_section_a_for_and_no_single_event_trigger() {
+    let Some(objs) = kustomize_with(&[MONITORING]) else {
+        return;
+    };
+    let rules: Json = serde_json::to_value(
+        yaml_serde::from_str::<yaml_serde::Value>(&rules_file(&objs)).expect("rules"),
+    )
+    .expect("json");
+    let runbooks = read("docs/runbooks.md");
+    let anchors: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| {
+            h.to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect();
+    let prefix = "https://github.com/hairpin-dev/hairpin/blob/main/docs/runbooks.md#";
+    let mut seen = BTreeSet::new();
+    for r in rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+    {
+        let Some(alert) = r["alert"].as_str() else {
+            continue;
+        };
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{alert}: no runbook_url"));
+        let anchor = url
+            .strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("{alert}: {url} is not in docs/runbooks.md"));
+        assert!(
+            anchors.contains(anchor),
+            "{alert}: docs/runbooks.md has no section #{anchor}"
+        );
+        assert_eq!(anchor, alert.to_lowercase(), "{alert}: its own section");
+        assert!(r["for"].is_string(), "{alert}: no `for`");
+        assert!(r["labels"]["severity"].is_string(), "{alert}: no severity");
+        let expr = r["expr"]
+            .as_str()
+            .expect("expr")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            !(expr.contains("increase(") && expr.ends_with("> 0")),
+            "{alert}: fires on a single event: {expr}"
+        );
+        let about_an_agent = expr.contains("hairpin_") || expr.contains("up{job=\"hairpin");
+        let keeps_node = !expr.contains(" by (") || expr.contains("node");
+        assert!(
+            !about_an_agent || keeps_node,
+            "{alert}: drops the node label: {expr}"
+        );
+        seen.insert(anchor.to_string());
+    }
+    assert_eq!(
+        seen, anchors,
+        "every section of docs/runbooks.md is an alert's"
+    );
+}
+
+/// The writer is scraped (job hairpin-coredns, with its node) and the dashboard
+/// filters every panel by cluster and node.
+#[test]
+fn the_writer_is_scraped_and_the_dashboard_has_cluster_and_node_variables() {
+    let Some(objs) = kustomize_with(&[MONITORING, "deploy/components/coredns"]) else {
+        return;
+    };
+    let pm = find(&objs, "PodMonitor", "hairpin-coredns").expect("the writer's PodMonitor");
+    let writer = find(&objs, "Deployment", "hairpin-coredns").expect("the writer");
+    let labels = &writer["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in pm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("labels")
+    {
+        assert_eq!(
+            &labels[k], v,
+            "the writer's PodMonitor selects the writer's pods ({k})"
+        );
+    }
+    let port = pm["spec"]["podMetricsEndpoints"][0]["port"]
+        .as_str()
+        .expect("port");
+    let ports = writer["spec"]["template"]["spec"]["containers"][0]["ports"].to_string();
+    assert!(ports.contains(&format!("\"name\":\"{port}\"")), "{ports}");
+    let relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"].to_string();
+    assert!(
+        relabel.contains("hairpin-coredns") && relabel.contains("__meta_kubernetes_pod_node_name")
+    );
+    let agents = find(&objs, "PodMonitor", "hairpin").expect("agents' PodMonitor");
+    assert!(
+        agents["spec"]["podMetricsEndpoints"][0]["relabelings"]
+            .to_string()
+            .contains("\"targetLabel\":\"node\"")
+    );
+
+    let dash: Json =
+        serde_json::from_str(&read(&format!("{MONITORING}/dashboard.json"))).expect("json");
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(vars, ["datasource", "cluster", "namespace", "node", "pod"]);
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().expect("expr");
+            assert!(
+                e.contains("cluster=~\"$cluster\"") && e.contains("node=~\"$node\""),
+                "{e}"
+            );
+        }
+    }
+}

@@ -17,17 +17,17 @@ mod plan;
 mod tests;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     time::Duration,
 };
 
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 pub use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
-    datapath::{Datapath, DatapathError},
+    datapath::{DatapathError, FrontendsMap},
     model::{Frontend, Frontends, LivePath, ProxyVersion},
     relay::Relay,
 };
@@ -106,6 +106,11 @@ pub trait RedirectMap {
     -> Result<Route, FrontendError>;
     /// Stops redirecting connects to `frontend`; absent is not an error.
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
+    /// Redirects connects to `dialled` to `listener`, a plain relay redirect (the
+    /// names ports to the name relay's listeners).
+    fn redirect(&mut self, dialled: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError>;
+    /// Removes every entry but those of `live`: what an earlier agent left.
+    fn retain(&mut self, live: &BTreeSet<SocketAddr>);
 }
 
 /// The relay's per-frontend listeners, as the reconciler uses them.
@@ -118,13 +123,13 @@ pub trait Listeners {
     fn stop(&mut self, frontend: SocketAddr);
 }
 
-impl RedirectMap for Datapath {
+impl RedirectMap for FrontendsMap {
     fn insert(
         &mut self,
         frontend: &Frontend,
         listener: SocketAddr,
     ) -> Result<Route, FrontendError> {
-        let kernel = Datapath::insert_frontend(
+        let kernel = FrontendsMap::insert_frontend(
             self,
             frontend.addr(),
             listener,
@@ -149,7 +154,15 @@ impl RedirectMap for Datapath {
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
-        Datapath::remove(self, frontend).map_err(|e| FrontendError::Map(e.to_string()))
+        FrontendsMap::remove(self, frontend).map_err(|e| FrontendError::Map(e.to_string()))
+    }
+
+    fn redirect(&mut self, dialled: SocketAddr, listener: SocketAddr) -> Result<(), FrontendError> {
+        FrontendsMap::insert(self, dialled, listener).map_err(|e| FrontendError::Map(e.to_string()))
+    }
+
+    fn retain(&mut self, live: &BTreeSet<SocketAddr>) {
+        FrontendsMap::retain(self, live);
     }
 }
 
@@ -185,6 +198,9 @@ pub struct Reconciler<M, L> {
     failed: BTreeMap<SocketAddr, Failed>,
     /// The frontends the last apply left as they were, and why.
     held: BTreeMap<SocketAddr, Hold>,
+    /// The names ports' entries (dialled address, the name relay's listener), as
+    /// last written.
+    name_redirects: Vec<(SocketAddr, SocketAddr)>,
 }
 
 impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
@@ -198,6 +214,7 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
             active: BTreeMap::new(),
             failed: BTreeMap::new(),
             held: BTreeMap::new(),
+            name_redirects: Vec::new(),
         }
     }
 
@@ -221,14 +238,66 @@ impl<M: RedirectMap, L: Listeners> Reconciler<M, L> {
         self.failed.values().any(|f| !f.error.is_permanent())
     }
 
-    /// The map, when a datapath is live.
+    /// The map, when a datapath is live (read only: the reconciler is its one
+    /// writer).
     pub fn map(&self) -> Option<&M> {
         self.map.as_ref()
     }
 
-    /// The map, when a datapath is live.
-    pub fn map_mut(&mut self) -> Option<&mut M> {
+    /// The map, to set up a fake one in tests.
+    #[cfg(test)]
+    pub(crate) fn map_mut(&mut self) -> Option<&mut M> {
         self.map.as_mut()
+    }
+
+    /// The names ports' entries, as last written.
+    pub fn name_redirects(&self) -> &[(SocketAddr, SocketAddr)] {
+        &self.name_redirects
+    }
+
+    /// The names ports are frontends like any LB's: a connect to the names address
+    /// is sent to the name relay's listener, and nothing binds the ports themselves.
+    /// Writes `redirects` when they changed, and removes the entries of those gone
+    /// (unless an LB frontend now holds the address).
+    pub fn redirect_names(&mut self, redirects: Vec<(SocketAddr, SocketAddr)>) {
+        if redirects == self.name_redirects {
+            return;
+        }
+        let Some(map) = self.map.as_mut() else {
+            self.name_redirects = redirects;
+            return;
+        };
+        for (dialled, listener) in &redirects {
+            if let Err(e) = map.redirect(*dialled, *listener) {
+                warn!(%dialled, %listener, error = %e, "the names port cannot be redirected to the name relay");
+            }
+        }
+        for (dialled, _) in &self.name_redirects {
+            let kept = redirects.iter().any(|(d, _)| d == dialled);
+            if !kept
+                && !self.active.contains_key(dialled)
+                && let Err(e) = map.remove(*dialled)
+            {
+                warn!(%dialled, error = %e, "a names port's old redirect could not be removed");
+            }
+        }
+        self.name_redirects = redirects;
+    }
+
+    /// Removes the entries this reconciler did not make: after the first apply, an
+    /// adopted map still holds the earlier agent's entries, which kept traffic served
+    /// until now; those not made live again name frontends that went away while no
+    /// agent ran.
+    pub fn forget_earlier_entries(&mut self) {
+        let live: BTreeSet<SocketAddr> = self
+            .active
+            .keys()
+            .copied()
+            .chain(self.name_redirects.iter().map(|(dialled, _)| *dialled))
+            .collect();
+        if let Some(map) = self.map.as_mut() {
+            map.retain(&live);
+        }
     }
 
     /// The listeners.

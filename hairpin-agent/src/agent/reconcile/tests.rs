@@ -58,6 +58,23 @@ impl RedirectMap for FakeMap {
         self.entries.remove(&frontend);
         Ok(())
     }
+
+    fn redirect(
+        &mut self,
+        dialled: SocketAddr,
+        _listener: SocketAddr,
+    ) -> Result<(), FrontendError> {
+        self.log.borrow_mut().push(format!("redirect {dialled}"));
+        self.entries.insert(dialled);
+        Ok(())
+    }
+
+    fn retain(&mut self, live: &BTreeSet<SocketAddr>) {
+        for gone in self.entries.iter().filter(|e| !live.contains(e)) {
+            self.log.borrow_mut().push(format!("unredirect {gone}"));
+        }
+        self.entries.retain(|e| live.contains(e));
+    }
 }
 
 #[derive(Default)]
@@ -417,4 +434,35 @@ fn failed_frontend_retries_double_up_to_the_cap_and_reset() {
     assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30, 30]);
     b.reset();
     assert_eq!(b.next_delay(), Duration::from_secs(1));
+}
+
+#[test]
+fn the_names_ports_are_redirected_and_their_old_entries_removed_by_the_one_writer() {
+    let (mut r, log) = reconciler(16);
+    let names: SocketAddr = "169.254.104.1:443".parse().expect("addr");
+    let relay: SocketAddr = "169.254.104.1:1023".parse().expect("addr");
+    r.redirect_names(vec![(names, relay)]);
+    assert_eq!(take(&log), ["redirect 169.254.104.1:443"]);
+    // Unchanged: nothing written again.
+    r.redirect_names(vec![(names, relay)]);
+    assert!(take(&log).is_empty());
+    r.redirect_names(Vec::new());
+    assert_eq!(take(&log), ["unredirect 169.254.104.1:443"]);
+    assert!(r.name_redirects().is_empty());
+}
+
+#[test]
+fn after_the_first_apply_only_the_entries_this_agent_made_stay() {
+    let (mut r, log) = reconciler(16);
+    // What an earlier agent left in the adopted map.
+    if let Some(m) = r.map_mut() {
+        m.entries.insert("203.0.113.99:443".parse().expect("addr"));
+        m.entries.insert("203.0.113.10:80".parse().expect("addr"));
+    }
+    r.apply(&set(&[fe("203.0.113.10:80", V1)]), Trigger::Change);
+    let names: SocketAddr = "169.254.104.1:80".parse().expect("addr");
+    r.redirect_names(vec![(names, "169.254.104.1:1022".parse().expect("addr"))]);
+    take(&log);
+    r.forget_earlier_entries();
+    assert_eq!(take(&log), ["unredirect 203.0.113.99:443"]);
 }

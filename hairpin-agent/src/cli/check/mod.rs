@@ -51,7 +51,7 @@ address, not an error.",
     after_help = "Exit status: 0 works for in-cluster clients (directly or through hairpin); \
 1 broken: the server needs the PROXY header and in-cluster connections do not get one (a \
 lenient server answers without one: 0, with the warning); \
-2 could not check (the name did not resolve, nothing answered at all).\n\n\
+5 could not check (the name did not resolve, nothing answered at all); 2 usage.\n\n\
 Examples:\n  hairpin-agent check 203.0.113.10\n  hairpin-agent check registry.example.com:443\n  \
 hairpin-agent check ingress.example.com --tls --dns-server 10.96.0.10 --output json"
 )]

@@ -138,13 +138,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The process exit code for it.
+    /// The process exit code for it (`cli::Exit`: 2 is clap's usage error).
     pub fn exit_code(self) -> i32 {
         match self {
-            Verdict::Works => 0,
-            Verdict::Broken => 1,
-            Verdict::Unknown => 2,
+            Verdict::Works => crate::cli::Exit::Ok,
+            Verdict::Broken => crate::cli::Exit::Broken,
+            Verdict::Unknown => crate::cli::Exit::Unknown,
         }
+        .code()
     }
 }
 

@@ -109,9 +109,9 @@ fn one_broken_address_makes_the_target_broken() {
     );
     assert_eq!(report(vec![works.clone(), broken]).exit_code, 1);
     assert_eq!(report(vec![works, unknown.clone()]).exit_code, 0);
-    assert_eq!(report(vec![unknown]).exit_code, 2);
+    assert_eq!(report(vec![unknown]).exit_code, 5);
     let none = report(vec![]);
-    assert_eq!(none.exit_code, 2);
+    assert_eq!(none.exit_code, 5);
     assert!(none.render(false).contains("no address to probe"));
 }
 

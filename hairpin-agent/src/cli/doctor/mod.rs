@@ -14,6 +14,7 @@ use crate::status::{FrontendState, KernelPathState, Snapshot};
 use super::status::KernelTally;
 use hairpin_ebpf::Counter;
 
+mod beside;
 mod checks;
 pub use checks::{effective_caps, kernel_version, seccomp_check};
 
@@ -62,7 +63,7 @@ pub enum Status {
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
-    /// `names_scope`, `kernel_path`.
+    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -142,6 +143,9 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
         Vec::new()
     };
     list.push(kernel_path_check(agent.as_ref().ok(), &lacking));
+    list.push(beside::link_order_check(agent.as_ref().ok()));
+    list.push(beside::mesh_check(agent.as_ref().ok()));
+    list.push(beside::skipped_check(agent.as_ref().ok()));
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -191,7 +195,7 @@ pub fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
             Status::Warn,
             format!("no kube-proxy rule for {}: in-cluster traffic to them leaves the node", missing.join(", ")),
         )
-        .fix("if their Services say ipMode: Proxy or kube-proxy is replaced (Cilium, Calico eBPF), hairpin is harmless there; otherwise check the Service's status.loadBalancer")
+        .fix("if their Services say ipMode: Proxy, hairpin is harmless there; if kube-proxy is replaced (Cilium, Calico eBPF), their socket load balancer serves them and the link_order check says whether hairpin's programs run before it; otherwise check the Service's status.loadBalancer")
     }
 }
 

@@ -53,6 +53,7 @@ fn report(status: Option<Snapshot>) -> StatusReport {
         status,
         kernel_programs: Some(vec![]),
         kernel_error: None,
+        pinned: None,
     }
 }
 

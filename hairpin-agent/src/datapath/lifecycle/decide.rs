@@ -50,7 +50,14 @@ pub fn hook(seen: &HookSeen) -> Hook {
         (true, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::NewLink,
         (true, PinnedLink::Matches) => Hook::SwapInPlace,
         (true, PinnedLink::Stale(why)) => Hook::Replace(why.clone()),
-        (false, PinnedLink::Matches | PinnedLink::Stale(_)) => Hook::DetachUnused,
+        // A new link goes before every program there: the old one is detached
+        // after it, so the hook never runs without hairpin's program.
+        (true, PinnedLink::Behind(front)) => {
+            Hook::Replace(format!("{front} runs in front of it: re-created in front"))
+        }
+        (false, PinnedLink::Matches | PinnedLink::Stale(_) | PinnedLink::Behind(_)) => {
+            Hook::DetachUnused
+        }
         (false, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::Leave,
     }
 }

@@ -17,7 +17,7 @@ use hairpin_ebpf::{MAP_HEARTBEAT, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS};
 
 use super::super::{
     Adoption, Attachment, Datapath, DatapathError, KernelPath, LoadOptions, Mptcp, Pin, PinDir,
-    Role, attach::Link, error::program_error, heartbeat_state, pin, sys,
+    Role, attach::Link, error::program_error, heartbeat_state, order, pin, sys,
 };
 use super::{
     decide,
@@ -330,10 +330,14 @@ impl Datapath {
             Err(e) => return Err(error("read")(e)),
         };
         let info = sys::link_info(link.as_fd()).map_err(error("read"))?;
-        Ok((
-            decide::pinned_link(role, &info, target_id),
-            Some((link, info)),
-        ))
+        let mut pinned = decide::pinned_link(role, &info, target_id);
+        if pinned == PinnedLink::Matches
+            && self.link_order.flags(role) != 0
+            && let Some(front) = running_in_front(role, cgroup, info.prog_id)
+        {
+            pinned = PinnedLink::Behind(front);
+        }
+        Ok((pinned, Some((link, info))))
     }
 
     /// A descriptor of the loaded program `name`, to link at `role`.
@@ -446,7 +450,8 @@ impl Datapath {
         target: &OwnedFd,
         error: impl FnOnce(std::io::Error) -> DatapathError,
     ) -> Result<Option<OwnedFd>, DatapathError> {
-        match sys::link_create(prog.as_fd(), target.as_fd(), role.attach_type()) {
+        let flags = self.link_order.flags(role);
+        match sys::link_create(prog.as_fd(), target.as_fd(), role.attach_type(), flags) {
             Ok(fd) => Ok(Some(fd)),
             Err(e)
                 if role == Role::SkMsg
@@ -586,4 +591,25 @@ fn repin(path: &Path, prog: &OwnedFd) -> std::io::Result<()> {
         Err(e) => return Err(e),
     }
     sys::pin(prog.as_fd(), path)
+}
+
+/// The programs that run before `running` (the pinned link's program) at `role`
+/// in `cgroup`, named for the log and `status`; `None` when it runs first, or when
+/// the hook cannot be listed (then it is adopted as it stands, and `status` says
+/// what the kernel lists once attached).
+fn running_in_front(role: Role, cgroup: &Path, running: u32) -> Option<String> {
+    match order::observe(cgroup, role, running) {
+        Ok(hook) if hook.attached && !hook.in_front.is_empty() => Some(
+            hook.in_front
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(hook = role.name(), error = %e, "the connect programs at the cgroup could not be listed");
+            None
+        }
+    }
 }

@@ -157,6 +157,9 @@ pub enum PinnedLink {
     Matches,
     /// A link that is not this hook's, or that cannot be updated (why).
     Stale(String),
+    /// This hook's link, but another connect program runs before it (which, named)
+    /// and this kernel orders cgroup links: hairpin's program is to run first.
+    Behind(String),
 }
 
 /// One hook, as the agent finds it while linking.

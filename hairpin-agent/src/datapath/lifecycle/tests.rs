@@ -177,6 +177,21 @@ fn a_stale_pinned_link_is_replaced_new_first() {
 }
 
 #[test]
+fn a_pinned_connect_link_behind_another_program_is_re_created_in_front() {
+    let Hook::Replace(why) = hook(true, PinnedLink::Behind("socklb4_connect (id 9)".into())) else {
+        panic!("a link behind another program must be replaced")
+    };
+    assert!(
+        why.contains("socklb4_connect (id 9) runs in front"),
+        "{why}"
+    );
+    assert_eq!(
+        hook(false, PinnedLink::Behind("x".into())),
+        Hook::DetachUnused
+    );
+}
+
+#[test]
 fn a_pinned_link_at_a_hook_no_longer_used_is_detached() {
     assert_eq!(hook(false, PinnedLink::Matches), Hook::DetachUnused);
     assert_eq!(

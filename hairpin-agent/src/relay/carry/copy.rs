@@ -35,9 +35,7 @@ pub(super) async fn copy(
             super::tcp::shutdown_write(dst).map_err(|e| way.at_dst(e))?;
             return Ok(Copied::Ended(carried));
         }
-        write_all(dst, &buf[..n])
-            .await
-            .map_err(|e| way.at_dst(e))?;
+        write_all(dst, &buf[..n]).await.map_err(|e| way.at_dst(e))?;
         carried += n as u64;
     }
 }

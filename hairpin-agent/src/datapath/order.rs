@@ -1,0 +1,194 @@
+//! Link order at the cgroup: hairpin's connect programs must run before every other
+//! connect program there, or a socket load balancer (Cilium's `cil_sock4_connect`,
+//! Calico's `calico_connect_v4`) that rewrites the LB address to a backend hides it
+//! from them. Where the kernel orders cgroup links (`BPF_F_BEFORE` at
+//! `BPF_LINK_CREATE`), the connect links are made before every program already
+//! there; where it does not, they go after, and `status` and `doctor` name the
+//! program in front.
+//!
+//! Owns the probe of the kernel's link ordering, the observation of a connect hook's
+//! order, and the words for it. Never creates or detaches a link (the lifecycle's
+//! executor does).
+
+use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path};
+
+use crate::status::{ForeignProgram, HookOrderStatus, LinkOrderStatus};
+
+use super::{Datapath, Role, sys};
+
+/// Whether this agent's connect links go before every other program at the cgroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkOrder {
+    /// The kernel orders cgroup links: connect links are made with `BPF_F_BEFORE`.
+    Before,
+    /// The kernel does not order cgroup links (why, as probed): links go after
+    /// every program already there.
+    Unsupported(String),
+    /// Ordering turned off (`--link-order append`, which simulates such a kernel).
+    Disabled,
+}
+
+impl LinkOrder {
+    /// The `BPF_LINK_CREATE` flags of a new link at `role`: before every program
+    /// already there for the connect hooks, where the kernel orders links. The other
+    /// hooks' order does not matter (sock_ops, setsockopt and sk_msg act on sockets
+    /// the connect programs marked).
+    pub fn flags(&self, role: Role) -> u32 {
+        match (self, role) {
+            (LinkOrder::Before, Role::Connect4 | Role::Connect6) => sys::BPF_F_BEFORE,
+            _ => 0,
+        }
+    }
+
+    /// Whether connect links go first.
+    pub fn orders(&self) -> bool {
+        matches!(self, LinkOrder::Before)
+    }
+}
+
+impl fmt::Display for LinkOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkOrder::Before => f.write_str("before every other program (BPF_F_BEFORE)"),
+            LinkOrder::Unsupported(why) => write!(f, "appended: {why}"),
+            LinkOrder::Disabled => f.write_str("appended: --link-order append"),
+        }
+    }
+}
+
+/// Asks the kernel whether it orders cgroup links, without attaching anything: a
+/// `BPF_LINK_CREATE` of `prog` (a loaded connect program) with `BPF_F_BEFORE` and no
+/// cgroup. A kernel that orders cgroup links takes the flag and then finds no
+/// cgroup (EBADF); one that does not refuses the flag first (EINVAL). Probed, never
+/// inferred from the kernel's version.
+pub fn probe(prog: BorrowedFd<'_>, attach: sys::AttachType) -> LinkOrder {
+    match sys::link_create_without_target(prog, attach, sys::BPF_F_BEFORE) {
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => LinkOrder::Before,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => LinkOrder::Unsupported(
+            "this kernel does not order cgroup links (BPF_F_BEFORE refused: EINVAL)".into(),
+        ),
+        Err(e) => LinkOrder::Unsupported(format!("the probe of BPF_F_BEFORE failed: {e}")),
+        // A link without a target: not a kernel this code knows. Dropping it
+        // releases whatever it is.
+        Ok(_) => LinkOrder::Unsupported(
+            "the probe of BPF_F_BEFORE made a link without a cgroup: not trusted".into(),
+        ),
+    }
+}
+
+/// The programs that run before `own` among `ids` (a hook's programs in run order),
+/// or `None` when `own` is not there at all.
+pub fn in_front(ids: &[u32], own: u32) -> Option<&[u32]> {
+    ids.iter().position(|id| *id == own).map(|at| &ids[..at])
+}
+
+/// How one connect hook stands at `cgroup`: the programs that run before this
+/// agent's `own` program there, each with its kernel name when it can be read.
+pub fn observe(cgroup: &Path, role: Role, own: u32) -> io::Result<HookOrderStatus> {
+    let dir = File::open(cgroup)?;
+    let ids = sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type())?;
+    let front = in_front(&ids, own).unwrap_or(&ids);
+    let behind = ids.get(front.len() + 1..).unwrap_or_default();
+    Ok(HookOrderStatus {
+        hook: role.name().to_string(),
+        program_id: own,
+        attached: in_front(&ids, own).is_some(),
+        in_front: front.iter().map(|id| foreign(*id)).collect(),
+        behind: behind.iter().map(|id| foreign(*id)).collect(),
+    })
+}
+
+/// A program found in front, named when this process may open it by id.
+fn foreign(id: u32) -> ForeignProgram {
+    match sys::prog_name(id) {
+        Ok(name) => ForeignProgram {
+            id,
+            name: Some(name),
+            name_unknown: None,
+        },
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => ForeignProgram {
+            id,
+            name: None,
+            name_unknown: Some(
+                "its name needs CAP_SYS_ADMIN to open it by id, which the agent does not have: \
+                 `bpftool prog show id ID` as root names it"
+                    .into(),
+            ),
+        },
+        Err(e) => ForeignProgram {
+            id,
+            name: None,
+            name_unknown: Some(format!("it could not be opened by id: {e}")),
+        },
+    }
+}
+
+/// The order of both connect hooks at `cgroup`, for `status`: `own` gives this
+/// agent's program id at each (`None`: not attached there). A hook that cannot be
+/// queried says why instead.
+pub fn report(
+    order: &LinkOrder,
+    cgroup: &Path,
+    own: impl Fn(Role) -> Option<u32>,
+) -> LinkOrderStatus {
+    let mut status = LinkOrderStatus {
+        ordering: order.to_string(),
+        first: order.orders(),
+        hooks: Vec::new(),
+        error: None,
+    };
+    for role in [Role::Connect4, Role::Connect6] {
+        let Some(id) = own(role) else { continue };
+        match observe(cgroup, role, id) {
+            Ok(h) => status.hooks.push(h),
+            Err(e) => {
+                status.error = Some(format!(
+                    "the {} programs at {} could not be listed: {e}",
+                    role.name(),
+                    cgroup.display()
+                ));
+            }
+        }
+    }
+    status
+}
+
+impl Datapath {
+    /// Where the attached connect programs run among those at their cgroup, for
+    /// `status`; `None` before attach.
+    pub fn link_order_status(&self) -> Option<LinkOrderStatus> {
+        let att = self.attachment.as_ref()?;
+        let own = |role: Role| {
+            let link = att.links.iter().find(|l| l.role == role)?;
+            let info = self.ebpf.program(link.program)?.info().ok()?;
+            Some(info.id())
+        };
+        Some(report(&self.link_order, &att.cgroup, own))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_programs_in_front_are_those_before_ours_in_run_order() {
+        assert_eq!(in_front(&[7, 3, 9], 3), Some(&[7][..]));
+        assert_eq!(in_front(&[3, 7], 3), Some(&[][..]));
+        assert_eq!(in_front(&[7, 9], 3), None);
+    }
+
+    #[test]
+    fn only_the_connect_hooks_are_linked_before_the_others() {
+        let before = LinkOrder::Before;
+        assert_eq!(before.flags(Role::Connect4), sys::BPF_F_BEFORE);
+        assert_eq!(before.flags(Role::Connect6), sys::BPF_F_BEFORE);
+        for role in [Role::SockOps, Role::SetSockopt, Role::SkMsg] {
+            assert_eq!(before.flags(role), 0, "{}", role.name());
+        }
+        for order in [LinkOrder::Disabled, LinkOrder::Unsupported("old".into())] {
+            assert_eq!(order.flags(Role::Connect4), 0, "{order}");
+            assert!(!order.orders());
+        }
+    }
+}
