@@ -12,6 +12,8 @@
 //! - [`datapath`]: the BPF programs and their map, and reading them back from the kernel.
 //! - [`status`]: what the agent reports (`/status`, metrics, the admin server).
 //! - [`model`]: the vocabulary every part shares; it depends on nothing.
+//! - [`tls`]: the one TLS client that takes any certificate (`check`, the API server's
+//!   certificate names); a leaf like `model`.
 
 pub mod agent;
 pub mod cli;
@@ -22,3 +24,4 @@ pub mod names;
 pub mod podnet;
 pub mod relay;
 pub mod status;
+pub mod tls;

@@ -384,12 +384,58 @@ impl Mode {
     }
 }
 
-/// A path that gets in-cluster clients their header: the kernel, or a relay.
+/// What a node runs to bring in-cluster clients their header (`--mode`'s outcome,
+/// `status`'s `mode.live`): the programs attached, the hosts block, CoreDNS. Not a
+/// frontend's path ([`LivePath`]): with the programs attached, each frontend takes
+/// the relay path or the kernel path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodePath {
+    /// The programs are attached at the node's cgroup: a connect to a proxied
+    /// LoadBalancer IP is marked for the kernel path or redirected to the relay.
+    /// Named `ebpf` in `/status`, flags and logs (the documented value).
+    #[serde(rename = "ebpf")]
+    Programs,
+    /// The node's /etc/hosts block points names at the name relay.
+    Hosts,
+    /// CoreDNS rewrites point pods' names at the hairpin Service (the name relay).
+    Coredns,
+}
+
+impl NodePath {
+    /// The name used in `/status`, flags and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodePath::Programs => "ebpf",
+            NodePath::Hosts => "hosts",
+            NodePath::Coredns => "coredns",
+        }
+    }
+
+    /// The frontend path it is, for the paths through the name relay (`None`: the
+    /// programs, whose frontends each take the relay or the kernel path).
+    pub fn name_path(self) -> Option<LivePath> {
+        match self {
+            NodePath::Programs => None,
+            NodePath::Hosts => Some(LivePath::Hosts),
+            NodePath::Coredns => Some(LivePath::Coredns),
+        }
+    }
+}
+
+impl fmt::Display for NodePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A path that gets a frontend's in-cluster clients their header: the kernel, or a
+/// relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LivePath {
-    /// The relay path: the connect programs redirect LoadBalancer IPs to the
-    /// per-frontend relay, which writes the header. Named `ebpf` in `/status`,
+    /// The relay path: the connect programs redirect the frontend's LoadBalancer IP
+    /// to its relay listener, which writes the header. Named `ebpf` in `/status`,
     /// flags and logs (the documented value).
     #[serde(rename = "ebpf")]
     Relay,

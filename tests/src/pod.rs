@@ -588,46 +588,45 @@ pub fn exec_container(launch: &Launch) -> anyhow::Error {
 
 enum Never {}
 
-fn setup_and_exec(l: &Launch) -> anyhow::Result<Never> {
+/// Binds `src` at `target` (made first: a directory, or an empty file), recursively
+/// when `rec`, then read-only when `ro`.
+fn bind(src: &Path, target: &Path, ro: bool, rec: bool) -> anyhow::Result<()> {
     use anyhow::Context;
-    use nix::{
-        mount::{MntFlags, MsFlags, mount, umount2},
-        sched::{CloneFlags, setns, unshare},
-        unistd::{Gid, Uid, chdir, execve, pivot_root, setgid, setgroups, setuid},
-    };
-    // Resolved while the host's files are still reachable.
-    let filters = match &l.seccomp {
-        Some(p) => {
-            let profile: Value = serde_json::from_str(&fs::read_to_string(p)?)?;
-            compile_filters(&resolve_profile(&profile, &l.caps, goarch(), kernel()))
-        }
-        None => Vec::new(),
-    };
-    let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")?
-        .trim()
-        .parse()?;
-    let argv: Vec<CString> = l
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_str()))
-        .collect::<Result<_, _>>()?;
-    let envp: Vec<CString> = l
-        .env
-        .iter()
-        .map(|a| CString::new(a.as_str()))
-        .collect::<Result<_, _>>()?;
-
-    fs::write(l.cgroup.join("cgroup.procs"), "0").context("join the cgroup")?;
-    let ns = fs::File::open(&l.netns).context("open the netns")?;
-    setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
-    // A private cgroup namespace rooted at the cgroup just joined, as runc makes for
-    // cgroup v2 (containerd's default): the container's /sys/fs/cgroup shows "/".
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP)
-        .context("unshare the mount and cgroup namespaces")?;
+    use nix::mount::{MsFlags, mount};
     let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-        .context("make / private")?;
+    if src.is_dir() {
+        fs::create_dir_all(target)?;
+    } else {
+        fs::create_dir_all(target.parent().expect("parent"))?;
+        fs::write(target, "")?;
+    }
+    let mut flags = MsFlags::MS_BIND;
+    if rec {
+        flags |= MsFlags::MS_REC;
+    }
+    mount(Some(src), target, none, flags, none)
+        .with_context(|| format!("bind {} at {}", src.display(), target.display()))?;
+    if ro {
+        mount(
+            none,
+            target,
+            none,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            none,
+        )
+        .with_context(|| format!("remount {} read-only", target.display()))?;
+    }
+    Ok(())
+}
 
+/// The container's root filesystem under `l.root`, as runc builds one: a tmpfs with
+/// the image's directories bound read-only, the binary over /usr/local, /proc, a
+/// read-only /sys and the container's cgroup2, a minimal /dev, the pod's binds, and
+/// the root made read-only when the pod asks for it.
+fn make_root(l: &Launch) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use nix::mount::{MsFlags, mount};
+    let none: Option<&str> = None;
     let root = &l.root;
     fs::create_dir_all(root)?;
     mount(
@@ -639,31 +638,6 @@ fn setup_and_exec(l: &Launch) -> anyhow::Result<Never> {
     )
     .context("mount the root tmpfs")?;
     let inside = |p: &str| root.join(p.trim_start_matches('/'));
-    let bind = |src: &Path, target: &Path, ro: bool, rec: bool| -> anyhow::Result<()> {
-        if src.is_dir() {
-            fs::create_dir_all(target)?;
-        } else {
-            fs::create_dir_all(target.parent().expect("parent"))?;
-            fs::write(target, "")?;
-        }
-        let mut flags = MsFlags::MS_BIND;
-        if rec {
-            flags |= MsFlags::MS_REC;
-        }
-        mount(Some(src), target, none, flags, none)
-            .with_context(|| format!("bind {} at {}", src.display(), target.display()))?;
-        if ro {
-            mount(
-                none,
-                target,
-                none,
-                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-                none,
-            )
-            .with_context(|| format!("remount {} read-only", target.display()))?;
-        }
-        Ok(())
-    };
     // The image: its files, read-only whatever readOnlyRootFilesystem says (the
     // host's must not be written); symlinks (merged /usr) as symlinks.
     for top in [
@@ -750,6 +724,51 @@ fn setup_and_exec(l: &Launch) -> anyhow::Result<Never> {
         )
         .context("remount the root read-only")?;
     }
+    Ok(())
+}
+
+fn setup_and_exec(l: &Launch) -> anyhow::Result<Never> {
+    use anyhow::Context;
+    use nix::{
+        mount::{MntFlags, MsFlags, mount, umount2},
+        sched::{CloneFlags, setns, unshare},
+        unistd::{Gid, Uid, chdir, execve, pivot_root, setgid, setgroups, setuid},
+    };
+    // Resolved while the host's files are still reachable.
+    let filters = match &l.seccomp {
+        Some(p) => {
+            let profile: Value = serde_json::from_str(&fs::read_to_string(p)?)?;
+            compile_filters(&resolve_profile(&profile, &l.caps, goarch(), kernel()))
+        }
+        None => Vec::new(),
+    };
+    let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")?
+        .trim()
+        .parse()?;
+    let argv: Vec<CString> = l
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = l
+        .env
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()?;
+
+    fs::write(l.cgroup.join("cgroup.procs"), "0").context("join the cgroup")?;
+    let ns = fs::File::open(&l.netns).context("open the netns")?;
+    setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
+    // A private cgroup namespace rooted at the cgroup just joined, as runc makes for
+    // cgroup v2 (containerd's default): the container's /sys/fs/cgroup shows "/".
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP)
+        .context("unshare the mount and cgroup namespaces")?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .context("make / private")?;
+
+    make_root(l)?;
+    let root = &l.root;
     // runc's pivot_root(".", "."): the old root ends up on top and is detached.
     chdir(root)?;
     pivot_root(".", ".").context("pivot_root")?;

@@ -179,11 +179,147 @@ struct Built {
     target: SocketAddr,
 }
 
+/// Puts `addresses` on the far side's eth0 (with the gateway the node sends to, so
+/// it answers ARP and NDP for it) and brings it up; IPv6 also puts the link-local
+/// gateway on the node's side of `link`.
+fn address_far_side(
+    far_ns: &str,
+    addresses: &[(IpAddr, Option<IpAddr>)],
+    node: &str,
+    link: &str,
+    family: Family,
+) {
+    let host_len = family.host_len();
+    for &(ip, via) in addresses {
+        run_in(
+            far_ns,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{ip}/{host_len}"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        // The gateway the node sends to, answered from here (ARP, NDP).
+        if let Some(gw) = via {
+            run_quiet(&[
+                "ip",
+                "-n",
+                far_ns,
+                "addr",
+                "add",
+                &format!("{gw}/{host_len}"),
+                "dev",
+                "eth0",
+                "nodad",
+            ]);
+        }
+    }
+    run_in(far_ns, &["ip", "link", "set", "eth0", "up"]);
+    if family == Family::V6 {
+        // The node answers NDP only for addresses on the link it
+        // hears it on: the far side routes through the node side's
+        // link-local gateway.
+        run_in(
+            node,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{GATEWAY6}/64"),
+                "dev",
+                link,
+                "nodad",
+            ],
+        );
+    }
+}
+
+/// The family's routes and the addresses that are route gateways, on the node, in
+/// the fixture's order; then each pod's return path where the CNI's BPF rather than
+/// a route delivers it.
+fn add_routes(f: &Fixture, node: &str, family: Family) {
+    let v4 = |ip: &IpAddr| family.has(ip);
+    let host_len = family.host_len();
+    // The family's routes in the fixture's order; one that needs a later one is
+    // tried again.
+    let mut pending: Vec<&Vec<String>> = f
+        .route_words
+        .iter()
+        .filter(|words| words.iter().any(|w| w.contains(':')) == (family == Family::V6))
+        .collect();
+    for _ in 0..3 {
+        pending.retain(|words| {
+            let mut argv = vec!["ip", family.flag(), "route", "replace"];
+            argv.extend(words.iter().map(String::as_str));
+            !hairpin_tests::sh::output_in(node, None, &argv)
+                .status
+                .success()
+        });
+    }
+    assert!(pending.is_empty(), "routes the kernel refused: {pending:?}");
+    // A node address that is also a route's gateway (Cilium's router address on
+    // cilium_host) comes after the routes: IPv6 refuses a local gateway as a route
+    // is added, not afterwards.
+    for link in &f.links {
+        for a in link
+            .addresses
+            .iter()
+            .filter(|a| gateway_of_a_route(f, a.addr()))
+        {
+            add_address(node, &link.name, a);
+        }
+    }
+    // The pod's return path where the CNI's BPF (Cilium) rather than a route
+    // delivers it: a rule to a table the rules never read.
+    for (ip, link) in f.pods.iter().filter(|(ip, _)| v4(ip)) {
+        let via = run_in(
+            node,
+            &["ip", family.flag(), "route", "get", &ip.to_string()],
+        );
+        let master = f.masters.iter().find(|(p, _)| p == link).map(|(_, m)| m);
+        let out = via.split_whitespace().skip_while(|w| *w != "dev").nth(1);
+        if out != Some(link.as_str()) && out != master.map(String::as_str) {
+            run_in(
+                node,
+                &[
+                    "ip",
+                    family.flag(),
+                    "route",
+                    "add",
+                    &format!("{ip}/{host_len}"),
+                    "dev",
+                    link,
+                    "table",
+                    "4242",
+                ],
+            );
+            run_in(
+                node,
+                &[
+                    "ip",
+                    family.flag(),
+                    "rule",
+                    "add",
+                    "to",
+                    &ip.to_string(),
+                    "lookup",
+                    "4242",
+                    "pref",
+                    "100",
+                ],
+            );
+        }
+    }
+}
+
 fn build(f: &Fixture, ns: &mut Namespaces, family: Family) -> Built {
     let node = ns.add("node");
     let spare = ns.add("spare");
     let v4 = |ip: &IpAddr| family.has(ip);
-    let host_len = family.host_len();
     // Pods by their link; off-node peers by the link the node routes them through.
     let mut pods_on: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     for (ip, link) in f.pods.iter().filter(|(ip, _)| v4(ip)) {
@@ -239,52 +375,7 @@ fn build(f: &Fixture, ns: &mut Namespaces, family: Family) -> Built {
             match far {
                 Some((far_ns, addresses)) => {
                     run(&["ip", "link", "set", &b, "netns", &far_ns, "name", "eth0"]);
-                    for (ip, via) in addresses {
-                        run_in(
-                            &far_ns,
-                            &[
-                                "ip",
-                                "addr",
-                                "add",
-                                &format!("{ip}/{host_len}"),
-                                "dev",
-                                "eth0",
-                                "nodad",
-                            ],
-                        );
-                        // The gateway the node sends to, answered from here (ARP, NDP).
-                        if let Some(gw) = via {
-                            run_quiet(&[
-                                "ip",
-                                "-n",
-                                &far_ns,
-                                "addr",
-                                "add",
-                                &format!("{gw}/{host_len}"),
-                                "dev",
-                                "eth0",
-                                "nodad",
-                            ]);
-                        }
-                    }
-                    run_in(&far_ns, &["ip", "link", "set", "eth0", "up"]);
-                    if family == Family::V6 {
-                        // The node answers NDP only for addresses on the link it
-                        // hears it on: the far side routes through the node side's
-                        // link-local gateway.
-                        run_in(
-                            &node,
-                            &[
-                                "ip",
-                                "addr",
-                                "add",
-                                &format!("{GATEWAY6}/64"),
-                                "dev",
-                                &link.name,
-                                "nodad",
-                            ],
-                        );
-                    }
+                    address_far_side(&far_ns, &addresses, &node, &link.name, family);
                 }
                 None => {
                     run(&["ip", "link", "set", &b, "netns", &spare]);
@@ -304,76 +395,7 @@ fn build(f: &Fixture, ns: &mut Namespaces, family: Family) -> Built {
     for link in &f.links {
         run_in(&node, &["ip", "link", "set", &link.name, "up"]);
     }
-    // The family's routes in the fixture's order; one that needs a later one is
-    // tried again.
-    let mut pending: Vec<&Vec<String>> = f
-        .route_words
-        .iter()
-        .filter(|words| words.iter().any(|w| w.contains(':')) == (family == Family::V6))
-        .collect();
-    for _ in 0..3 {
-        pending.retain(|words| {
-            let mut argv = vec!["ip", family.flag(), "route", "replace"];
-            argv.extend(words.iter().map(String::as_str));
-            !hairpin_tests::sh::output_in(&node, None, &argv)
-                .status
-                .success()
-        });
-    }
-    assert!(pending.is_empty(), "routes the kernel refused: {pending:?}");
-    // A node address that is also a route's gateway (Cilium's router address on
-    // cilium_host) comes after the routes: IPv6 refuses a local gateway as a route
-    // is added, not afterwards.
-    for link in &f.links {
-        for a in link
-            .addresses
-            .iter()
-            .filter(|a| gateway_of_a_route(f, a.addr()))
-        {
-            add_address(&node, &link.name, a);
-        }
-    }
-    // The pod's return path where the CNI's BPF (Cilium) rather than a route
-    // delivers it: a rule to a table the rules never read.
-    for (ip, link) in f.pods.iter().filter(|(ip, _)| v4(ip)) {
-        let via = run_in(
-            &node,
-            &["ip", family.flag(), "route", "get", &ip.to_string()],
-        );
-        let master = f.masters.iter().find(|(p, _)| p == link).map(|(_, m)| m);
-        let out = via.split_whitespace().skip_while(|w| *w != "dev").nth(1);
-        if out != Some(link.as_str()) && out != master.map(String::as_str) {
-            run_in(
-                &node,
-                &[
-                    "ip",
-                    family.flag(),
-                    "route",
-                    "add",
-                    &format!("{ip}/{host_len}"),
-                    "dev",
-                    link,
-                    "table",
-                    "4242",
-                ],
-            );
-            run_in(
-                &node,
-                &[
-                    "ip",
-                    family.flag(),
-                    "rule",
-                    "add",
-                    "to",
-                    &ip.to_string(),
-                    "lookup",
-                    "4242",
-                    "pref",
-                    "100",
-                ],
-            );
-        }
-    }
+    add_routes(f, &node, family);
     for (_, far) in pods.iter().chain(&off_node) {
         run_in(far, &["ip", "link", "set", "eth0", "up"]);
         let mut argv = vec!["ip", "-n", far, family.flag(), "route", "add", "default"];

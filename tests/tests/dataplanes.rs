@@ -19,7 +19,7 @@
 //! send without hairpin): an error, or an answer that names the wrong client.
 
 use hairpin_tests::{
-    cli::run_cli,
+    cli::{doctor_check, run_cli},
     client::{Reply, from_host, url},
     dataplanes::{
         caddy::{CaddyListener, start_caddy},
@@ -93,6 +93,25 @@ fn assert_check_says(node: &SimNode, target: &str, handling: &str) {
     );
 }
 
+/// `hairpin-agent doctor` from the node (the agent running): its `lenient_servers`
+/// check probes every active frontend directly and warns naming exactly the
+/// lenient ones (`lenient`), and none of the others.
+fn assert_doctor_names_lenient(node: &SimNode, lenient: &[&str], strict: &[&str]) {
+    let c = doctor_check(
+        &run_cli(node, &["doctor", "--output", "json"]).json(),
+        "lenient_servers",
+    );
+    let detail = c["detail"].as_str().unwrap_or("");
+    let want = if lenient.is_empty() { "ok" } else { "warn" };
+    assert_eq!(c["status"], want, "doctor: {c}");
+    for f in lenient {
+        assert!(detail.contains(f), "doctor names {f} as lenient: {c}");
+    }
+    for f in strict {
+        assert!(!detail.contains(f), "doctor does not name {f}: {c}");
+    }
+}
+
 /// The line of an ingress Envoy's access log for the request to `path`.
 fn envoy_access(envoy: &Server, path: &str) -> String {
     let needle = format!(" path={path} ");
@@ -138,6 +157,7 @@ fn envoy_1_40_strict_and_lenient() {
     );
     assert_check_says(&node, "203.0.113.21:80", "required");
     assert_check_says(&node, "203.0.113.21:81", "lenient");
+    assert_doctor_names_lenient(&node, &["203.0.113.21:81"], &["203.0.113.21:80"]);
 }
 
 const TRAEFIK: [Variant; 5] = [
@@ -290,6 +310,7 @@ fn haproxy_2_8_accept_proxy_and_expect_proxy_from_listed_sources() {
     }
     assert_check_says(&node, "203.0.113.21:80", "required");
     assert_check_says(&node, "203.0.113.21:81", "required");
+    assert_doctor_names_lenient(&node, &[], &["203.0.113.21:80", "203.0.113.21:81"]);
 }
 
 const GUNICORN: [Variant; 2] = [

@@ -29,7 +29,10 @@ use hairpin_tests::{
     repo::{workspace, write_kustomization},
     servers::start_nginx,
 };
-use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Container};
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Container, PodSpec},
+};
 use serde_json::Value as Json;
 
 /// The image `cargo xtask image` builds.
@@ -194,6 +197,51 @@ fn daemonset(components: &[&str]) -> DaemonSet {
     panic!("no DaemonSet hairpin in deploy/ with {components:?}");
 }
 
+/// The container's hostPath volume mounts as podman `--volume`s, each mapped onto
+/// the simulated node's stand-in.
+fn volume_args(pod: &PodSpec, c: &Container, node: &SimNode) -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    let mut add = |a: &[&str]| args.extend(a.iter().map(|s| s.to_string()));
+    // The hostPath volumes, mapped onto the simulated node.
+    let run_dir = node.dir.join("run-hairpin");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let hosts = node.dir.join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").expect("hosts");
+    let volumes: BTreeMap<String, String> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| {
+            let host = v
+                .host_path
+                .as_ref()
+                .expect("hostPath volumes only")
+                .path
+                .clone();
+            (v.name.clone(), host)
+        })
+        .collect();
+    for m in c.volume_mounts.iter().flatten() {
+        let on_node = match volumes[&m.name].as_str() {
+            "/sys/fs/cgroup" => node.cgroup.clone(),
+            "/etc/hosts" => hosts.clone(),
+            "/run/hairpin" => run_dir.clone(),
+            // The kernel path's pins: the simulated node's own bpf filesystem.
+            "/sys/fs/bpf/hairpin" => {
+                std::fs::create_dir_all(node.pin_dir()).expect("pin dir");
+                node.pin_dir()
+            }
+            other => panic!("hostPath {other} has no stand-in on the simulated node: add one"),
+        };
+        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+        add(&[
+            "--volume",
+            &format!("{}:{}{ro}", on_node.display(), m.mount_path),
+        ]);
+    }
+    args
+}
+
 /// `podman run` arguments for the agent container as `ds`'s pod spec says, on
 /// `node`: its network namespace is the host network, its cgroup, a copy of a hosts
 /// file and a run directory of its own stand in for the node's hostPaths, and the
@@ -257,43 +305,8 @@ fn pod_spec_args(
         add(&["--security-opt", &format!("seccomp={}", profile.display())]);
     }
 
-    // The hostPath volumes, mapped onto the simulated node.
-    let run_dir = node.dir.join("run-hairpin");
-    std::fs::create_dir_all(&run_dir).expect("run dir");
-    let hosts = node.dir.join("hosts");
-    std::fs::write(&hosts, "127.0.0.1 localhost\n").expect("hosts");
-    let volumes: BTreeMap<String, String> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| {
-            let host = v
-                .host_path
-                .as_ref()
-                .expect("hostPath volumes only")
-                .path
-                .clone();
-            (v.name.clone(), host)
-        })
-        .collect();
-    for m in c.volume_mounts.iter().flatten() {
-        let on_node = match volumes[&m.name].as_str() {
-            "/sys/fs/cgroup" => node.cgroup.clone(),
-            "/etc/hosts" => hosts.clone(),
-            "/run/hairpin" => run_dir.clone(),
-            // The kernel path's pins: the simulated node's own bpf filesystem.
-            "/sys/fs/bpf/hairpin" => {
-                std::fs::create_dir_all(node.pin_dir()).expect("pin dir");
-                node.pin_dir()
-            }
-            other => panic!("hostPath {other} has no stand-in on the simulated node: add one"),
-        };
-        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
-        add(&[
-            "--volume",
-            &format!("{}:{}{ro}", on_node.display(), m.mount_path),
-        ]);
-    }
+    let volumes = volume_args(&pod, c, node);
+    add(&volumes.iter().map(String::as_str).collect::<Vec<_>>());
     let frontends = node.dir.join("frontends.yaml");
     std::fs::write(&frontends, frontends_yaml(&[spec(LB, "v1")])).expect("frontends");
     add(&[

@@ -72,6 +72,10 @@ fn fetch_by_name(node: &SimNode, hosts: &Path, agent: &Agent) -> String {
     got.body
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario on one simulated node, read in order"
+)]
 #[test]
 fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay() {
     require_privileges!();

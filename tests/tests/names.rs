@@ -662,6 +662,10 @@ fn without_programs_a_later_wildcard_bind_succeeds_too_through_the_nftables_tabl
     later_wildcard_bind("fallback", "nftables");
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario shared by two modes: the agent, the later bind, the checks, in order"
+)]
 fn later_wildcard_bind(mode: &str, how: &str) {
     require_privileges!();
     let node = SimNode::with_lbs(&lbs_with_tls());

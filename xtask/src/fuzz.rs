@@ -77,7 +77,9 @@ pub fn check_lock() -> Result<()> {
         .env("RUSTUP_TOOLCHAIN", NIGHTLY)
         .env_remove("CARGO")
         .env_remove("RUSTC"))
-    .context("fuzz/Cargo.lock is out of date: run `cargo update --workspace` in fuzz/ and commit it")
+    .context(
+        "fuzz/Cargo.lock is out of date: run `cargo update --workspace` in fuzz/ and commit it",
+    )
 }
 
 /// Runs the targets and prints one line per target; fails if any crashed.

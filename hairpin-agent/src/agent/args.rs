@@ -121,8 +121,9 @@ pub struct RunArgs {
 
     /// The dead-man switch: how long after the agent's last heartbeat (written every
     /// second) the connect programs still act. Past it, with no agent back, traffic
-    /// goes as before hairpin. Long enough for an upgrade that pulls an image.
-    #[arg(long, env = "HAIRPIN_DATAPATH_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    /// goes as before hairpin. Long enough for an upgrade that pulls an image; at
+    /// least 5 s (five beats).
+    #[arg(long, env = "HAIRPIN_DATAPATH_TTL", default_value = "10m", value_parser = parse_datapath_ttl)]
     pub datapath_ttl: Duration,
 
     /// Outbound capture ports of mesh proxies, comma-separated (at most 4; `none`:
@@ -405,6 +406,13 @@ const fn hex_text<const N: usize>(v: u32) -> [u8; N] {
     out
 }
 
+/// Parses `--datapath-ttl`, refusing one shorter than a few heartbeats
+/// ([`crate::datapath::check_ttl`]).
+pub fn parse_datapath_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    crate::datapath::check_ttl(ttl).map_err(|e| e.to_string())
+}
+
 /// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
 pub fn parse_mark(s: &str) -> Result<u32, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -542,6 +550,15 @@ fn parse_nat64_prefix(s: &str) -> Result<ipnet::Ipv6Net, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_datapath_ttl_below_five_beats_is_refused() {
+        assert_eq!(parse_datapath_ttl("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_datapath_ttl("5s"), Ok(Duration::from_secs(5)));
+        let e = parse_datapath_ttl("2s").expect_err("2 s");
+        assert!(e.starts_with("2s is shorter than 5 heartbeats"), "{e}");
+        assert!(parse_datapath_ttl("soon").is_err());
+    }
 
     #[test]
     fn nat64_prefixes_take_only_the_lengths_rfc_6052_defines() {

@@ -24,7 +24,7 @@ use crate::{
         decide::lb_address::LbAddressPolicy,
         source::CorednsWriterConfig,
     },
-    model::{LivePath, Mode},
+    model::{Mode, NodePath},
     names::{
         hostname::Hostname,
         scope::{NameScope, ScopeError},
@@ -169,16 +169,17 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
     }
     let mut signals = super::startup::stop_signals()?;
     let metrics = Metrics::default();
-    metrics.set_live_paths(&[LivePath::Coredns]);
+    metrics.set_live_paths(&[NodePath::Coredns], false);
     let state = AgentState::new(0);
     state.update(|s| {
         s.mode = Some(ModeStatus {
             // No programs and no relays here: readiness waits for the watches only.
             configured: Mode::Fallback,
-            live: vec![LivePath::Coredns],
+            live: vec![NodePath::Coredns],
             reason: "coredns-writer: writes CoreDNS rewrites while it holds the Lease; \
                      no programs, no relays"
                 .into(),
+            ebpf_failure: None,
         })
     });
     state.register_source(SOURCE);

@@ -4,7 +4,10 @@
 //! Pure: the configured [`Mode`], what the datapath attempt came to and what is
 //! configured in, a [`Plan`] out. The agent follows the plan and `/status` shows it.
 
-use crate::model::{LivePath, Mode};
+use crate::{
+    model::{LivePath, Mode, NodePath},
+    status::EbpfFailure,
+};
 
 /// What loading and attaching the programs came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,8 +16,8 @@ pub enum EbpfOutcome {
     NotTried,
     /// Attached.
     Attached,
-    /// Tried and failed, with the reason (only `--mode auto` continues).
-    Failed(String),
+    /// Tried and failed, with the reason and its kind (only `--mode auto` continues).
+    Failed(String, EbpfFailure),
 }
 
 /// What is configured in, besides the mode.
@@ -42,12 +45,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The live paths, in a fixed order: eBPF, hosts, CoreDNS.
-    pub fn live(&self) -> Vec<LivePath> {
+    /// The live paths, in a fixed order: the programs, hosts, CoreDNS.
+    pub fn live(&self) -> Vec<NodePath> {
         [
-            (self.ebpf, LivePath::Relay),
-            (self.hosts, LivePath::Hosts),
-            (self.coredns, LivePath::Coredns),
+            (self.ebpf, NodePath::Programs),
+            (self.hosts, NodePath::Hosts),
+            (self.coredns, NodePath::Coredns),
         ]
         .into_iter()
         .filter_map(|(on, path)| on.then_some(path))
@@ -58,7 +61,7 @@ impl Plan {
     pub fn name_paths(&self) -> Vec<LivePath> {
         self.live()
             .into_iter()
-            .filter(|p| p.is_name_path())
+            .filter_map(NodePath::name_path)
             .collect()
     }
 }
@@ -123,7 +126,7 @@ pub fn plan(mode: Mode, ebpf: &EbpfOutcome, cfg: Configured) -> Plan {
                     .into()
             },
         },
-        (Mode::Auto, EbpfOutcome::Failed(why)) => Plan {
+        (Mode::Auto, EbpfOutcome::Failed(why, _)) => Plan {
             ebpf: false,
             name_relay: true,
             hosts: cfg.hosts_file,
@@ -154,17 +157,21 @@ mod tests {
     #[test]
     fn auto_uses_hosts_only_where_ebpf_fails() {
         let live = plan(Mode::Auto, &EbpfOutcome::Attached, ALL);
-        assert_eq!(live.live(), [LivePath::Relay, LivePath::Coredns]);
+        assert_eq!(live.live(), [NodePath::Programs, NodePath::Coredns]);
         assert!(live.name_relay, "CoreDNS sends this node's pods here");
         let no_dns = Configured {
             coredns: false,
             ..ALL
         };
         let ebpf_only = plan(Mode::Auto, &EbpfOutcome::Attached, no_dns);
-        assert_eq!(ebpf_only.live(), [LivePath::Relay]);
+        assert_eq!(ebpf_only.live(), [NodePath::Programs]);
         assert!(!ebpf_only.name_relay);
-        let failed = plan(Mode::Auto, &EbpfOutcome::Failed("EPERM".into()), no_dns);
-        assert_eq!(failed.live(), [LivePath::Hosts]);
+        let failed = plan(
+            Mode::Auto,
+            &EbpfOutcome::Failed("EPERM".into(), EbpfFailure::Other),
+            no_dns,
+        );
+        assert_eq!(failed.live(), [NodePath::Hosts]);
         assert!(failed.name_relay);
         assert!(failed.reason.contains("EPERM"), "{}", failed.reason);
         assert!(failed.reason.contains("falling back"), "{}", failed.reason);
@@ -174,15 +181,15 @@ mod tests {
     fn explicit_modes() {
         assert_eq!(
             plan(Mode::Ebpf, &EbpfOutcome::Attached, ALL).live(),
-            [LivePath::Relay]
+            [NodePath::Programs]
         );
         assert_eq!(
             plan(Mode::Fallback, &EbpfOutcome::NotTried, ALL).live(),
-            [LivePath::Hosts, LivePath::Coredns]
+            [NodePath::Hosts, NodePath::Coredns]
         );
         assert_eq!(
             plan(Mode::Both, &EbpfOutcome::Attached, ALL).live(),
-            [LivePath::Relay, LivePath::Hosts, LivePath::Coredns]
+            [NodePath::Programs, NodePath::Hosts, NodePath::Coredns]
         );
         let none = Configured {
             hosts_file: false,

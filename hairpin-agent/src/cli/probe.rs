@@ -10,12 +10,7 @@ use std::{
     time::Duration,
 };
 
-use rustls::{
-    DigitallySignedStruct, SignatureScheme,
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
-    crypto::CryptoProvider,
-    pki_types::{CertificateDer, ServerName, UnixTime},
-};
+use rustls::pki_types::ServerName;
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -176,14 +171,9 @@ fn http(p: &Probe, mut stream: TcpStream) -> ProbeResult {
 }
 
 fn tls(p: &Probe, mut stream: TcpStream) -> ProbeResult {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = match rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-    {
-        Ok(b) => b
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
-            .with_no_client_auth(),
+    // `check` asks "does the server answer", not "is it who it claims".
+    let config = match crate::tls::accept_any_certificate() {
+        Ok(config) => config,
         Err(e) => return ProbeResult::new(Outcome::ConnectFailed, format!("tls setup: {e}")),
     };
     // An IP target sends no SNI, as curl does for https://IP/.
@@ -208,56 +198,6 @@ fn tls(p: &Probe, mut stream: TcpStream) -> ProbeResult {
         Outcome::Answered,
         format!("TLS handshake complete ({version})"),
     )
-}
-
-/// `check` asks "does the server answer", not "is it who it claims": any certificate
-/// is accepted, but signatures are still checked so the handshake is a real one.
-#[derive(Debug)]
-struct AcceptAnyCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,10 @@ use hairpin_ebpf::{
 
 use super::btf::BtfError;
 use super::lifecycle::{Drain, DrainSeen, decide};
-use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
+use crate::{
+    model::{FirstSpeaker, PathChoice, ProxyVersion},
+    status::KernelPathReason,
+};
 
 // The programs read a kernel-path frontend's header byte as the version's number.
 const _: () = assert!(
@@ -33,9 +36,14 @@ const _: () = assert!(
 pub enum KernelPath {
     /// `--kernel-path off`: every frontend takes the relay path.
     Off,
-    /// Asked for, but this kernel cannot run it (the reason): every frontend takes
-    /// the relay path.
-    Unavailable(String),
+    /// Asked for, but this kernel cannot run it (why, and its kind): every frontend
+    /// takes the relay path.
+    Unavailable {
+        /// Why, as a kind `status` reports and `doctor` matches on.
+        kind: KernelPathReason,
+        /// Why, in words.
+        why: String,
+    },
     /// The programs are loaded: frontends whose client speaks first get their
     /// header written by the kernel, on the client's own socket.
     On,
@@ -87,7 +95,7 @@ impl KernelPath {
     pub fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
         match (self, first, path) {
             (KernelPath::Off, _, _) => None,
-            (KernelPath::Unavailable(_), _, _) => {
+            (KernelPath::Unavailable { .. }, _, _) => {
                 Some("relay: the kernel path is unavailable on this node".into())
             }
             (KernelPath::On, FirstSpeaker::Server, _) => Some(
@@ -109,7 +117,7 @@ impl fmt::Display for KernelPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelPath::Off => f.write_str("off"),
-            KernelPath::Unavailable(why) => write!(f, "unavailable: {why}"),
+            KernelPath::Unavailable { why, .. } => write!(f, "unavailable: {why}"),
             KernelPath::On => f.write_str("on"),
         }
     }
@@ -216,6 +224,18 @@ pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time
         }
         tokio::time::sleep(FILL_POLL.min(deadline - now)).await;
         fill = read();
+    }
+}
+
+impl KernelPathUnavailable {
+    /// Its kind, for `status` and `doctor`.
+    pub(super) fn kind(&self) -> KernelPathReason {
+        match self {
+            KernelPathUnavailable::NoProgramType(_) => KernelPathReason::NoProgramType,
+            KernelPathUnavailable::Probe { .. } => KernelPathReason::ProbeFailed,
+            KernelPathUnavailable::Missing(_) => KernelPathReason::NotInObject,
+            KernelPathUnavailable::Load { .. } => KernelPathReason::Refused,
+        }
     }
 }
 
@@ -559,7 +579,13 @@ mod tests {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
             assert_eq!(v, Redirect::server_first(l));
             assert!(!v.is_kernel());
-            for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+            for off in [
+                KernelPath::Off,
+                KernelPath::Unavailable {
+                    kind: KernelPathReason::NoProgramType,
+                    why: "no".into(),
+                },
+            ] {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Server, PathChoice::Auto),
                     Redirect::new(l)
@@ -582,9 +608,12 @@ mod tests {
             None
         );
         assert!(
-            KernelPath::Unavailable("x".into())
-                .why(FirstSpeaker::Client, PathChoice::Auto)
-                .is_some_and(|w| w.starts_with("relay: "))
+            KernelPath::Unavailable {
+                kind: KernelPathReason::Refused,
+                why: "x".into(),
+            }
+            .why(FirstSpeaker::Client, PathChoice::Auto)
+            .is_some_and(|w| w.starts_with("relay: "))
         );
     }
 
@@ -600,7 +629,13 @@ mod tests {
             KernelPath::On.value(l, ProxyVersion::V2, client, auto),
             Redirect::kernel(l, HEADER_V2)
         );
-        for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+        for off in [
+            KernelPath::Off,
+            KernelPath::Unavailable {
+                kind: KernelPathReason::NoProgramType,
+                why: "no".into(),
+            },
+        ] {
             assert_eq!(
                 off.value(l, ProxyVersion::V2, client, auto),
                 Redirect::new(l)
@@ -612,7 +647,11 @@ mod tests {
             [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL]
         );
         assert_eq!(
-            KernelPath::Unavailable("this kernel has no sk_msg programs".into()).to_string(),
+            KernelPath::Unavailable {
+                kind: KernelPathReason::NoProgramType,
+                why: "this kernel has no sk_msg programs".into(),
+            }
+            .to_string(),
             "unavailable: this kernel has no sk_msg programs"
         );
     }
@@ -632,7 +671,13 @@ mod tests {
                 KernelPath::On.value(l, version, FirstSpeaker::Server, relay),
                 Redirect::server_first(l)
             );
-            for off in [KernelPath::Off, KernelPath::Unavailable("no".into())] {
+            for off in [
+                KernelPath::Off,
+                KernelPath::Unavailable {
+                    kind: KernelPathReason::NoProgramType,
+                    why: "no".into(),
+                },
+            ] {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Client, relay),
                     Redirect::new(l)
@@ -650,9 +695,12 @@ mod tests {
         );
         assert_eq!(KernelPath::Off.why(FirstSpeaker::Client, relay), None);
         assert_eq!(
-            KernelPath::Unavailable("x".into())
-                .why(FirstSpeaker::Client, relay)
-                .as_deref(),
+            KernelPath::Unavailable {
+                kind: KernelPathReason::Refused,
+                why: "x".into(),
+            }
+            .why(FirstSpeaker::Client, relay)
+            .as_deref(),
             Some("relay: the kernel path is unavailable on this node")
         );
     }

@@ -25,8 +25,41 @@ use super::{Datapath, DatapathError};
 /// heartbeat; long enough for an upgrade that pulls an image.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 
+/// How often a running agent writes the datapath's heartbeat. Its own constant: the
+/// run loop's beat for `/healthz` (`status::HEARTBEAT_EVERY`) is another clock.
+pub const BEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// The fewest beats a `--datapath-ttl` must span: a TTL shorter than a few beats
+/// would let one late write (a busy node, a paused process) make a running agent's
+/// datapath inert.
+pub const MIN_TTL_BEATS: u32 = 5;
+
+/// `--datapath-ttl` shorter than [`MIN_TTL_BEATS`] heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{}s is shorter than {MIN_TTL_BEATS} heartbeats ({}s; the agent writes one every {}s): \
+     one late beat would make the running agent's datapath inert",
+    .ttl.as_secs_f64(), .min.as_secs_f64(), BEAT_EVERY.as_secs_f64()
+)]
+pub struct TtlTooShort {
+    /// The TTL asked for.
+    pub ttl: Duration,
+    /// The shortest allowed.
+    pub min: Duration,
+}
+
+/// Refuses a TTL shorter than [`MIN_TTL_BEATS`] beats of [`BEAT_EVERY`].
+pub fn check_ttl(ttl: Duration) -> Result<Duration, TtlTooShort> {
+    let min = BEAT_EVERY * MIN_TTL_BEATS;
+    if ttl < min {
+        Err(TtlTooShort { ttl, min })
+    } else {
+        Ok(ttl)
+    }
+}
+
 impl Datapath {
-    /// The heartbeat writer: the agent beats every second (see [`Heartbeat`]).
+    /// The heartbeat writer: the agent beats every [`BEAT_EVERY`] (see [`Heartbeat`]).
     pub fn heartbeat(&self) -> Heartbeat {
         self.heartbeat.clone()
     }
@@ -103,7 +136,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// The dead-man switch's writer: [`Heartbeat::beat`] stamps the heartbeat map with
-/// `CLOCK_MONOTONIC` and the TTL. The agent beats every second; the connect
+/// `CLOCK_MONOTONIC` and the TTL. The agent beats every [`BEAT_EVERY`]; the connect
 /// programs act only while the last beat is younger than the TTL.
 #[derive(Clone)]
 pub struct Heartbeat {
@@ -169,5 +202,39 @@ impl RelayLiveness {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.insert(FrontendKey::new(addr), fd.as_raw_fd(), 0)
             .map_err(map_error("insert", MAP_RELAYS, addr.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ttl_shorter_than_a_few_beats_is_refused_with_why() {
+        assert_eq!(
+            check_ttl(Duration::from_secs(5)),
+            Ok(Duration::from_secs(5))
+        );
+        assert_eq!(check_ttl(DEFAULT_TTL), Ok(DEFAULT_TTL));
+        let e = check_ttl(Duration::from_millis(2500)).expect_err("2.5 s");
+        assert_eq!(
+            e.to_string(),
+            "2.5s is shorter than 5 heartbeats (5s; the agent writes one every 1s): one late \
+             beat would make the running agent's datapath inert"
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_is_live_until_its_ttl_then_expired() {
+        let s = Duration::from_secs(1).as_nanos() as u64;
+        assert_eq!(heartbeat_at(0, 10 * s, 100 * s), HeartbeatState::Never);
+        assert_eq!(
+            heartbeat_at(95 * s, 10 * s, 100 * s),
+            HeartbeatState::Live(Duration::from_secs(5))
+        );
+        assert_eq!(
+            heartbeat_at(80 * s, 10 * s, 100 * s),
+            HeartbeatState::Expired(Duration::from_secs(10))
+        );
     }
 }

@@ -31,7 +31,7 @@ use hairpin_ebpf::{
 };
 
 use super::error::{load_error, program_error};
-use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity};
+use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
 use super::order::{self, LinkOrder};
 use super::{
     Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
@@ -203,6 +203,7 @@ impl Datapath {
         let connect = kernel_connect.unwrap_or_else(|| kernel_path.connect_programs());
         let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
+        warn_if_counters_short(&maps.counters);
         let splice = super::splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
@@ -340,7 +341,14 @@ fn load_connect_programs(
             Ok(connect) => (KernelPath::On, Some(connect)),
             Err(why) => {
                 tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                (KernelPath::Unavailable(why.to_string()), None)
+                let kind = why.kind();
+                (
+                    KernelPath::Unavailable {
+                        kind,
+                        why: why.to_string(),
+                    },
+                    None,
+                )
             }
         }
     } else {

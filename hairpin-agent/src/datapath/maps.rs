@@ -239,6 +239,28 @@ pub(super) fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32
     }
 }
 
+/// Says so when the counters map an earlier agent pinned has fewer slots than this
+/// build counts (counters were added within one pin layout, before any release):
+/// the programs' lookups of the missing slots find nothing, so those counters
+/// (the newest: `kernel_fallback_mesh`) read 0 until the datapath is made anew.
+pub(super) fn warn_if_counters_short(counters: &PerCpuArray<MapData, u64>) {
+    use aya::maps::IterableMap;
+    let Ok(slots) = counters.map().info().map(|i| i.max_entries()) else {
+        return;
+    };
+    if slots < Counter::COUNT {
+        let missing: Vec<&str> = Counter::ALL[slots as usize..]
+            .iter()
+            .map(|c| c.name())
+            .collect();
+        tracing::warn!(
+            slots,
+            counters = %missing.join(", "),
+            "the pinned counters map was made by an earlier build with fewer slots: these counters stay 0 until the datapath is made anew (`hairpin-agent cleanup`, then a restart)"
+        );
+    }
+}
+
 /// The maps user space keeps, taken out of the loaded object.
 pub(super) struct OpenedMaps {
     pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,

@@ -45,7 +45,8 @@ pub use kernel_path::{
     Fill, KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
 };
 pub use liveness::{
-    DEFAULT_TTL, Heartbeat, HeartbeatState, RelayLiveness, heartbeat_state, monotonic_ns,
+    BEAT_EVERY, DEFAULT_TTL, Heartbeat, HeartbeatState, MIN_TTL_BEATS, RelayLiveness, TtlTooShort,
+    check_ttl, heartbeat_state, monotonic_ns,
 };
 pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
 pub use maps::{CountersReader, FrontendsMap};

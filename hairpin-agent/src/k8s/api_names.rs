@@ -21,12 +21,7 @@ use std::{
 };
 
 use kube::Config;
-use rustls::{
-    DigitallySignedStruct, SignatureScheme,
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
-    crypto::CryptoProvider,
-    pki_types::{CertificateDer, ServerName, UnixTime},
-};
+use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -125,13 +120,8 @@ fn handshake(
         })?;
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ReadOnly(provider)))
-        .with_no_client_auth();
+    // Any certificate: its names only add refusals.
+    let config = crate::tls::accept_any_certificate().map_err(|e| tls(e.to_string()))?;
     let name = ServerName::try_from(host.to_owned()).map_err(|e| tls(e.to_string()))?;
     let mut conn =
         rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| tls(e.to_string()))?;
@@ -255,55 +245,5 @@ pub fn apply(scope: &NameScope, cert: &CertNames) -> NameScope {
             "the API server's certificate names are not known yet ({last_error}), and a \
              name could be one of them"
         )),
-    }
-}
-
-/// Takes any certificate (its names only add refusals) but still checks the
-/// handshake's signatures, so the handshake is a real one.
-#[derive(Debug)]
-struct ReadOnly(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for ReadOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::model::LivePath;
+use crate::model::NodePath;
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
@@ -107,13 +107,9 @@ struct BuildLabels {
 }
 
 /// Every path a node can have live, for `hairpin_live_path` (0 for the others, so a
-/// path that goes away shows as a change, not as a missing series).
-const PATHS: [LivePath; 4] = [
-    LivePath::Relay,
-    LivePath::Kernel,
-    LivePath::Hosts,
-    LivePath::Coredns,
-];
+/// path that goes away shows as a change, not as a missing series): the programs
+/// (`ebpf`), the kernel path among them (`kernel`), the hosts block, CoreDNS.
+const PATHS: [&str; 4] = ["ebpf", "kernel", "hosts", "coredns"];
 
 /// Reads the kernel programs' counters (name, total) when `/metrics` is scraped:
 /// they move without the agent noticing.
@@ -191,14 +187,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The paths live on this node (`mode.live` in `/status`): 1 for each, 0 for the
-    /// others.
-    pub fn set_live_paths(&self, live: &[LivePath]) {
+    /// The paths live on this node (`mode.live` in `/status`), and whether the
+    /// kernel path is on among the programs: 1 for each, 0 for the others.
+    pub fn set_live_paths(&self, live: &[NodePath], kernel_path: bool) {
         for p in PATHS {
-            let g = self
-                .live_paths
-                .get_or_create(&PathLabel { path: p.as_str() });
-            g.set(i64::from(live.contains(&p)));
+            let on = if p == "kernel" {
+                kernel_path && live.contains(&NodePath::Programs)
+            } else {
+                live.iter().any(|l| l.as_str() == p)
+            };
+            let g = self.live_paths.get_or_create(&PathLabel { path: p });
+            g.set(i64::from(on));
         }
     }
 
@@ -635,9 +634,9 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("hairpin_live_path{"), "{text}");
-        m.set_live_paths(&[LivePath::Kernel, LivePath::Coredns]);
+        m.set_live_paths(&[NodePath::Programs, NodePath::Coredns], true);
         let text = m.render();
-        for (path, v) in [("ebpf", 0), ("kernel", 1), ("hosts", 0), ("coredns", 1)] {
+        for (path, v) in [("ebpf", 1), ("kernel", 1), ("hosts", 0), ("coredns", 1)] {
             assert!(
                 text.contains(&format!("hairpin_live_path{{path=\"{path}\"}} {v}")),
                 "{path}: {text}"

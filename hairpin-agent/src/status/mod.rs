@@ -19,12 +19,12 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{KernelPathMode, LivePath, Paths, ProxyVersion};
+use crate::model::{KernelPathMode, NodePath, Paths, ProxyVersion};
 
 mod paths;
 pub use paths::{
-    CorednsStatus, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus, NameRedirect,
-    NamesStatus,
+    CorednsStatus, EbpfFailure, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus,
+    NameRedirect, NamesStatus,
 };
 
 /// Shared, cheaply cloneable handle on the agent's [`Snapshot`].
@@ -253,6 +253,9 @@ pub struct KernelPathStatus {
     /// Why it is unavailable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why it is unavailable, as a kind `doctor` picks its fix by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_kind: Option<KernelPathReason>,
     /// Kernel id of the sockets map (established sockets whose header is not out
     /// yet), when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,6 +274,22 @@ pub struct KernelPathStatus {
     /// How MPTCP subflows are told apart at connect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mptcp_detection: Option<MptcpDetection>,
+}
+
+/// Why the kernel path is unavailable ([`KernelPathStatus::reason_kind`]).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelPathReason {
+    /// This kernel has no program type the kernel path needs (sock_ops, sk_msg).
+    NoProgramType,
+    /// Probing for a program type failed.
+    ProbeFailed,
+    /// The eBPF object lacks one of its programs (a build problem).
+    NotInObject,
+    /// The verifier refused a program.
+    Refused,
+    /// A kernel path hook could not be linked.
+    LinkFailed,
 }
 
 /// [`KernelPathStatus::state`].
@@ -660,7 +679,7 @@ impl Snapshot {
         let wants_programs = self
             .mode
             .as_ref()
-            .is_none_or(|m| m.live.contains(&LivePath::Relay));
+            .is_none_or(|m| m.live.contains(&NodePath::Programs));
         if wants_programs && self.attachment.is_none() {
             return Some("programs are not attached".into());
         }

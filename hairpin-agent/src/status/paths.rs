@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{LivePath, Mode};
+use crate::model::{Mode, NodePath};
 
 /// Which paths are live on this node, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -17,9 +17,25 @@ pub struct ModeStatus {
     /// `--mode` as given.
     pub configured: Mode,
     /// The live paths (empty when none is).
-    pub live: Vec<LivePath>,
+    pub live: Vec<NodePath>,
     /// Why, in one sentence (the attach error when `auto` fell back).
     pub reason: String,
+    /// When `auto` fell back because the programs could not be used: why, as a kind
+    /// `doctor` picks its check by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebpf_failure: Option<EbpfFailure>,
+}
+
+/// Why the programs could not be used ([`ModeStatus::ebpf_failure`]).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EbpfFailure {
+    /// A seccomp filter refused bpf() although the capabilities allow it.
+    Seccomp,
+    /// bpf() was refused for want of capabilities.
+    Capabilities,
+    /// Anything else: the reason says what.
+    Other,
 }
 
 /// The name relay and the hosts file it is published in.

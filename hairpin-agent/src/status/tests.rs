@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{LivePath, Mode, Paths};
+use crate::model::{Mode, Paths};
 
 fn attached() -> AttachmentStatus {
     AttachmentStatus {
@@ -95,15 +95,16 @@ fn without_ebpf_live_readiness_does_not_wait_for_programs() {
     state.update(|s| {
         s.mode = Some(ModeStatus {
             configured: Mode::Fallback,
-            live: vec![LivePath::Hosts],
+            live: vec![NodePath::Hosts],
             reason: "--mode fallback".into(),
+            ebpf_failure: None,
         })
     });
     state.source_synced("file f");
     assert_eq!(state.snapshot().not_ready_reason(), None);
     state.update(|s| {
         if let Some(m) = s.mode.as_mut() {
-            m.live = vec![LivePath::Relay];
+            m.live = vec![NodePath::Programs];
         }
     });
     assert_eq!(

@@ -134,6 +134,10 @@ fn pod_specs(objs: &[Json]) -> Vec<(String, PodSpec)> {
 /// release renders there, and every reference between objects (ServiceAccounts,
 /// RBAC subjects, the agents' own DaemonSet and Lease, the uninstall's targets)
 /// names an object of this release.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one rendered release checked object by object, in the order Helm renders them"
+)]
 #[test]
 fn another_namespace_and_release_name_with_coredns_on_render_one_consistent_release() {
     let flags = set(&["coredns.mode=corefile", "tests.target=shop.example.com:443"]);

@@ -195,6 +195,7 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
             configured: crate::model::KernelPathMode::On,
             state,
             reason: reason.map(Into::into),
+            reason_kind: None,
             sockets_map_id: on.then_some(33),
             sockets_capacity: on.then_some(65_536),
             sockets_map_pin: None,

@@ -3,7 +3,7 @@
 use aya::programs::ProgramType;
 
 use super::{Check, Status};
-use crate::{cli::kube_proxy::KubeProxy, datapath};
+use crate::{cli::kube_proxy::KubeProxy, datapath, status::EbpfFailure};
 
 /// The kernel release's (major, minor), from `uname -r` text such as `6.18.0-1-amd64`.
 pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
@@ -194,21 +194,19 @@ pub(super) fn capabilities() -> Check {
     }
 }
 
-/// Marks the agent's attach error as [`datapath::DatapathError::Seccomp`]'s.
-const SECCOMP_REFUSED: &str = "a seccomp filter refused bpf()";
-
 pub(super) fn seccomp(agent: Option<&crate::status::Snapshot>) -> Check {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let reason = agent
+    let failure = agent
         .and_then(|s| s.mode.as_ref())
-        .map(|m| m.reason.as_str());
-    seccomp_check(&status, reason)
+        .and_then(|m| m.ebpf_failure);
+    seccomp_check(&status, failure)
 }
 
 /// The `seccomp` check from this process's /proc/self/status text (inside the pod,
-/// `kubectl exec` runs under the container's filter) and the agent's mode reason: a
-/// fail when the agent's programs were refused by a seccomp filter.
-pub fn seccomp_check(status: &str, agent_reason: Option<&str>) -> Check {
+/// `kubectl exec` runs under the container's filter) and why the agent could not use
+/// its programs: a fail when a seccomp filter refused them
+/// ([`crate::datapath::DatapathError::Seccomp`]).
+pub fn seccomp_check(status: &str, agent_failure: Option<EbpfFailure>) -> Check {
     let field = |name: &str| {
         status
             .lines()
@@ -228,8 +226,8 @@ pub fn seccomp_check(status: &str, agent_reason: Option<&str>) -> Check {
         ),
         (None, _) => "this process: no Seccomp field in /proc/self/status".to_string(),
     };
-    match agent_reason {
-        Some(r) if r.contains(SECCOMP_REFUSED) => Check::new(
+    match agent_failure {
+        Some(EbpfFailure::Seccomp) => Check::new(
             "seccomp",
             Status::Fail,
             format!(
@@ -285,13 +283,7 @@ mod tests {
     #[test]
     fn seccomp_fails_when_the_agent_says_its_programs_were_filtered() {
         let status = "Name:\tx\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
-        let c = seccomp_check(
-            status,
-            Some(
-                "--mode auto: eBPF could not be used (a seccomp filter refused bpf() (EPERM ...)), \
-                 falling back",
-            ),
-        );
+        let c = seccomp_check(status, Some(EbpfFailure::Seccomp));
         assert_eq!(c.status, Status::Fail);
         assert!(
             c.detail.contains("Seccomp 2 (filter), NoNewPrivs 1"),
@@ -303,7 +295,9 @@ mod tests {
             fix.contains("hairpin/bpf.json") && fix.contains("Unconfined"),
             "{fix}"
         );
-        let c = seccomp_check(status, Some("--mode auto: programs attached"));
+        let c = seccomp_check(status, Some(EbpfFailure::Capabilities));
+        assert_eq!(c.status, Status::Ok);
+        let c = seccomp_check(status, None);
         assert_eq!(c.status, Status::Ok);
         assert_eq!(c.detail, "this process: Seccomp 2 (filter), NoNewPrivs 1");
         let c = seccomp_check("Name:\tx\nNoNewPrivs:\t0\nSeccomp:\t0\n", None);

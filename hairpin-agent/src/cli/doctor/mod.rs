@@ -9,13 +9,14 @@ use super::{
     print_json, print_text,
     table::{Cell, Table, Tone},
 };
-use crate::status::{FrontendState, KernelPathState, Snapshot};
+use crate::status::{FrontendState, KernelPathReason, KernelPathState, Snapshot};
 
 use super::status::KernelTally;
 use hairpin_ebpf::Counter;
 
 mod beside;
 mod checks;
+mod servers;
 pub use checks::{effective_caps, kernel_version, seccomp_check};
 
 /// Options of `doctor`.
@@ -63,7 +64,7 @@ pub enum Status {
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
-    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`.
+    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`, `lenient_servers`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -146,6 +147,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     list.push(beside::link_order_check(agent.as_ref().ok()));
     list.push(beside::mesh_check(agent.as_ref().ok()));
     list.push(beside::skipped_check(agent.as_ref().ok()));
+    list.push(lenient_servers(agent.as_ref().ok(), args.bypass_mark));
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -155,6 +157,20 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
     }
     Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Probes the agent's active frontends directly (at most [`servers::MAX_PROBED`], in
+/// parallel) and warns of every lenient server among them.
+fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
+    let (targets, more) = agent.map(servers::targets).unwrap_or_default();
+    let probed: Vec<_> = std::thread::scope(|scope| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|&addr| scope.spawn(move || (addr, servers::probe_direct(addr, mark))))
+            .collect();
+        running.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    servers::lenient_check(agent, &probed, more)
 }
 
 /// Whether kube-proxy short-circuits each frontend the agent proxies.
@@ -440,17 +456,18 @@ fn kernel_path_check(agent: Option<&Snapshot>, lacking: &[String]) -> Check {
             if !lacking.is_empty() {
                 detail.push_str(&format!("; this kernel lacks {}", lacking.join(" and ")));
             }
-            let fix = if !lacking.is_empty() || reason.contains("this kernel has no") {
-                "run Linux 5.19 or newer with sock_ops and sk_msg BPF programs (sockmap \
+            let fix =
+                if !lacking.is_empty() || kp.reason_kind == Some(KernelPathReason::NoProgramType) {
+                    "run Linux 5.19 or newer with sock_ops and sk_msg BPF programs (sockmap \
                  support), or set --kernel-path off"
-            } else if reason.contains("did not load") {
-                "the kernel path needs Linux 5.19 or newer and verifies with the DaemonSet's \
+                } else if kp.reason_kind == Some(KernelPathReason::Refused) {
+                    "the kernel path needs Linux 5.19 or newer and verifies with the DaemonSet's \
                  capabilities (CAP_BPF, CAP_NET_ADMIN): a refusal on such a kernel is a bug to \
                  report with `uname -r` and the agent's debug log (the verifier's words); \
                  meanwhile set --kernel-path off"
-            } else {
-                "see the agent's log for the error above, or set --kernel-path off"
-            };
+                } else {
+                    "see the agent's log for the error above, or set --kernel-path off"
+                };
             let status = if kp.configured.requires() {
                 Status::Fail
             } else {
@@ -641,14 +658,15 @@ mod tests {
 
     fn kernel_path_agent(
         state: crate::status::KernelPathState,
-        reason: Option<&str>,
+        reason: Option<(KernelPathReason, &str)>,
         counters: &[(&str, u64)],
     ) -> Snapshot {
         let mut s = Snapshot {
             kernel_path: Some(crate::status::KernelPathStatus {
                 configured: crate::model::KernelPathMode::On,
                 state,
-                reason: reason.map(Into::into),
+                reason: reason.map(|(_, why)| why.into()),
+                reason_kind: reason.map(|(kind, _)| kind),
                 sockets_map_id: Some(33),
                 sockets_capacity: Some(65_536),
                 sockets_map_pin: None,
@@ -767,7 +785,10 @@ mod tests {
     fn an_unavailable_kernel_path_warns_with_the_reason_and_the_fix() {
         let mut s = kernel_path_agent(
             KernelPathState::Unavailable,
-            Some("this kernel has no sk_msg programs"),
+            Some((
+                KernelPathReason::NoProgramType,
+                "this kernel has no sk_msg programs",
+            )),
             &[],
         );
         let c = kernel_path_check(Some(&s), &["sk_msg programs".into()]);
@@ -796,16 +817,40 @@ mod tests {
         );
         let s = kernel_path_agent(
             KernelPathState::Unavailable,
-            Some("hairpin_sockops did not load: Permission denied (os error 13)"),
+            Some((
+                KernelPathReason::Refused,
+                "hairpin_sockops did not load: Permission denied (os error 13)",
+            )),
             &[],
         );
         let c = kernel_path_check(Some(&s), &[]);
         assert_eq!(c.status, Status::Fail);
+        let refused = c.fix.clone();
         assert!(
-            c.fix
+            refused
                 .as_deref()
                 .is_some_and(|f| f.contains("5.19") && f.contains("a bug to report")),
             "{c:?}"
+        );
+        // The fix follows the reason's kind, never its words.
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some((
+                KernelPathReason::Refused,
+                "this kernel has no words that matter",
+            )),
+            &[],
+        );
+        assert_eq!(kernel_path_check(Some(&s), &[]).fix, refused);
+        let s = kernel_path_agent(
+            KernelPathState::Unavailable,
+            Some((KernelPathReason::LinkFailed, "sk_msg did not load")),
+            &[],
+        );
+        assert!(
+            kernel_path_check(Some(&s), &[])
+                .fix
+                .is_some_and(|f| f.starts_with("see the agent's log")),
         );
     }
 

@@ -209,7 +209,10 @@ impl Datapath {
     /// as the plain ones.
     fn lose_kernel_path(&mut self, e: &DatapathError, cgroup: &Path, linked: Vec<Link>) {
         tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
-        self.kernel_path = KernelPath::Unavailable(e.to_string());
+        self.kernel_path = KernelPath::Unavailable {
+            kind: crate::status::KernelPathReason::LinkFailed,
+            why: e.to_string(),
+        };
         self.mptcp = Mptcp::Off;
         self.attachment = Some(Attachment {
             cgroup: cgroup.to_path_buf(),

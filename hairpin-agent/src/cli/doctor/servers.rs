@@ -1,0 +1,150 @@
+//! `doctor`'s look at the servers behind the proxied LoadBalancers: a lenient server
+//! (one that answers with a PROXY header and without one) drops a header from a peer
+//! outside its trusted list without a word, so hairpin's header can be lost there
+//! with no error anywhere. Each active frontend is probed directly, past hairpin (the
+//! bypass mark), once without a header and once with one, as `check` does.
+
+use std::{net::SocketAddr, time::Duration};
+
+use super::{Check, Status};
+use crate::{
+    cli::{
+        check::{HeaderHandling, LENIENT_WARNING, header_handling},
+        probe::{self, Probe, ProbeResult},
+    },
+    status::{FrontendState, Snapshot},
+};
+
+/// At most this many frontends are probed (two connections each), so a node with
+/// thousands of LoadBalancers is not swept by one `doctor`.
+pub const MAX_PROBED: usize = 16;
+/// Each probe's connect and read timeout.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A frontend's two direct probes: without a header, then with one.
+pub type Probes = (ProbeResult, ProbeResult);
+
+/// The active frontends to probe, in the agent's order, at most [`MAX_PROBED`]; and
+/// how many more there were.
+pub fn targets(s: &Snapshot) -> (Vec<SocketAddr>, usize) {
+    let all: Vec<SocketAddr> = s
+        .frontends
+        .iter()
+        .filter(|f| f.state == FrontendState::Active)
+        .map(|f| SocketAddr::new(f.ip, f.port))
+        .collect();
+    let more = all.len().saturating_sub(MAX_PROBED);
+    (all.into_iter().take(MAX_PROBED).collect(), more)
+}
+
+/// Probes `addr` directly (past hairpin, with `mark`) without and with a header.
+/// HTTP, except on 443 and 8443 where a TLS handshake is what a server answers.
+pub fn probe_direct(addr: SocketAddr, mark: u32) -> Probes {
+    let send = |header| {
+        probe::send(&Probe {
+            addr,
+            host: addr.ip().to_string(),
+            tls: matches!(addr.port(), 443 | 8443),
+            header,
+            mark: Some(mark),
+            timeout: PROBE_TIMEOUT,
+        })
+    };
+    (send(false), send(true))
+}
+
+/// The `lenient_servers` check from each probed frontend's answers: warns naming
+/// every lenient one; ok when none is; skipped without the agent or frontends.
+pub fn lenient_check(
+    agent: Option<&Snapshot>,
+    probed: &[(SocketAddr, Probes)],
+    more: usize,
+) -> Check {
+    let name = "lenient_servers";
+    if agent.is_none() {
+        return Check::new(
+            name,
+            Status::Skip,
+            "needs the running agent (its frontends)",
+        );
+    }
+    if probed.is_empty() {
+        return Check::new(name, Status::Skip, "no active frontend to probe");
+    }
+    let lenient: Vec<String> = probed
+        .iter()
+        .filter(|(_, (without, with))| header_handling(without, with) == HeaderHandling::Lenient)
+        .map(|(addr, _)| addr.to_string())
+        .collect();
+    let beyond = if more > 0 {
+        format!(" ({more} more not probed: `hairpin-agent check LB:PORT` probes one)")
+    } else {
+        String::new()
+    };
+    if lenient.is_empty() {
+        return Check::new(
+            name,
+            Status::Ok,
+            format!(
+                "{} frontends probed directly: none answers without a header{beyond}",
+                probed.len()
+            ),
+        );
+    }
+    Check::new(
+        name,
+        Status::Warn,
+        format!("lenient: {}{beyond}: {LENIENT_WARNING}", lenient.join(", ")),
+    )
+    .fix(
+        "put the nodes' and the pods' networks in each lenient server's trusted list \
+         (Traefik proxyProtocol.trustedIPs, Caddy proxy_protocol allow, Envoy's listener \
+         filter), or make it require the header",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::probe::Outcome;
+
+    fn answered(line: &str) -> ProbeResult {
+        ProbeResult {
+            outcome: Outcome::Answered,
+            detail: line.to_string(),
+        }
+    }
+
+    fn reset() -> ProbeResult {
+        ProbeResult {
+            outcome: Outcome::NoAnswer,
+            detail: "connection reset by peer".to_string(),
+        }
+    }
+
+    /// A strict server and a lenient one: only the lenient one is named; no
+    /// frontend, or no agent, is a skip, not an ok.
+    #[test]
+    fn only_the_lenient_servers_are_named() {
+        let strict: SocketAddr = "203.0.113.10:80".parse().unwrap();
+        let loose: SocketAddr = "203.0.113.10:81".parse().unwrap();
+        let s = Snapshot::default();
+        let probed = vec![
+            (strict, (reset(), answered("HTTP/1.1 200 OK"))),
+            (
+                loose,
+                (answered("HTTP/1.1 200 OK"), answered("HTTP/1.1 200 OK")),
+            ),
+        ];
+        let c = lenient_check(Some(&s), &probed, 0);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("203.0.113.10:81"), "{c:?}");
+        assert!(!c.detail.contains("203.0.113.10:80"), "{c:?}");
+        assert!(c.fix.is_some());
+        let c = lenient_check(Some(&s), &probed[..1], 3);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("3 more not probed"), "{c:?}");
+        assert_eq!(lenient_check(Some(&s), &[], 0).status, Status::Skip);
+        assert_eq!(lenient_check(None, &probed, 0).status, Status::Skip);
+    }
+}
