@@ -294,6 +294,25 @@ fn kick(fd: BorrowedFd<'_>) {
     }
 }
 
+impl Splice {
+    /// Puts `src` under the verdict with `grant`: its credit first, then the splice
+    /// map (from there the verdict runs on its bytes), then a kick for the bytes it
+    /// received before.
+    fn enter(&self, src: BorrowedFd<'_>, joined: &Joined, grant: Grant) -> Result<(), RelayError> {
+        {
+            let mut maps = self.maps();
+            maps.credit
+                .insert(joined.key, credit(grant), 0)
+                .map_err(map_error("insert", MAP_SPLICE_CREDIT, joined.key))?;
+            maps.splice
+                .insert(joined.key, src.as_raw_fd(), 0)
+                .map_err(map_error("insert", MAP_SPLICE, joined.key))?;
+        }
+        kick(src);
+        Ok(())
+    }
+}
+
 impl KernelSplice for Splice {
     fn pair(&self, client: BorrowedFd<'_>, upstream: BorrowedFd<'_>) -> Result<Pair, RelayError> {
         let pair = Pair {
@@ -323,7 +342,7 @@ impl KernelSplice for Splice {
             .map_err(map_error("insert", MAP_SPLICE_SEEN, key));
         if let Err(e) = seen
             .map_err(Into::into)
-            .and_then(|()| self.resume(src, &joined, grant))
+            .and_then(|()| self.enter(src, &joined, grant))
         {
             self.leave(&joined);
             return Err(e);
@@ -332,25 +351,26 @@ impl KernelSplice for Splice {
     }
 
     fn pause(&self, joined: &Joined) -> Result<(), RelayError> {
-        self.maps()
-            .splice
-            .remove(&joined.key)
-            .map_err(|e| map_error("remove", MAP_SPLICE, joined.key)(e).into())
+        // A credit the verdict never sends on within: every chunk is left with the
+        // socket, in order, for the relay to read. The socket stays in the splice
+        // map: taking it out would strand what the verdict already left behind
+        // (a chunk it could not queue at once waits in the socket's own backlog,
+        // delivered after the verdict is gone, behind newer bytes).
+        let stop = Grant {
+            limit: 0,
+            low: u64::MAX,
+            resume: u64::MAX,
+        };
+        self.grant(joined, stop)
     }
 
-    fn resume(&self, src: BorrowedFd<'_>, joined: &Joined, grant: Grant) -> Result<(), RelayError> {
-        {
-            let mut maps = self.maps();
-            maps.credit
-                .insert(joined.key, credit(grant), 0)
-                .map_err(map_error("insert", MAP_SPLICE_CREDIT, joined.key))?;
-            // Last: from here the verdict runs on the socket's bytes.
-            maps.splice
-                .insert(joined.key, src.as_raw_fd(), 0)
-                .map_err(map_error("insert", MAP_SPLICE, joined.key))?;
-        }
-        kick(src);
-        Ok(())
+    fn resume(
+        &self,
+        _src: BorrowedFd<'_>,
+        joined: &Joined,
+        grant: Grant,
+    ) -> Result<(), RelayError> {
+        self.grant(joined, grant)
     }
 
     fn counts(&self, joined: &Joined) -> Result<Counts, RelayError> {

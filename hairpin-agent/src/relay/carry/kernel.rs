@@ -34,12 +34,12 @@ pub trait KernelSplice: Send + Sync {
         key: u64,
         grant: Grant,
     ) -> Result<Joined, SpliceError>;
-    /// Stops the kernel taking `joined`'s bytes: what arrives waits in its receive
-    /// queue, and TCP's own window stops the sender.
+    /// Stops the kernel sending `joined`'s bytes on: what arrives is left with the
+    /// socket, in order, for the relay to read (counted in its receive buffer, so
+    /// TCP's own window stops the sender while the relay does not read).
     fn pause(&self, joined: &Joined) -> Result<(), SpliceError>;
-    /// Has the kernel take `joined`'s bytes again within `grant`, those that waited
-    /// first. Fails when the socket can no longer be spliced (a sockmap takes only
-    /// established sockets).
+    /// Has the kernel send `joined`'s bytes on again within `grant` (from the
+    /// moment the relay has read every byte it left behind, `grant.resume`).
     fn resume(
         &self,
         src: std::os::fd::BorrowedFd<'_>,
@@ -124,6 +124,9 @@ const BACKOFF: [Duration; 7] = [
     Duration::from_millis(100),
 ];
 
+/// Steps of [`BACKOFF`] a way waits for late bytes at its source's end (about 1 s).
+const LATE_STEPS: usize = 16;
+
 /// A way joined to the kernel, and what the relay knows of it.
 pub(super) struct KernelWay<'a> {
     pub kernel: &'a dyn KernelSplice,
@@ -152,8 +155,8 @@ enum Next {
     Paused,
     /// The source ended: the destination was shut for writing.
     Ended,
-    /// The source can no longer be spliced (it left the established state while
-    /// paused): the rest is copied.
+    /// The kernel could not be told to send on again (its credit could not be
+    /// written): the rest is copied (the verdict, paused, leaves it all behind).
     Copy,
 }
 
@@ -259,7 +262,7 @@ impl KernelWay<'_> {
         match self.kernel.resume(self.src.as_fd(), &self.joined, grant) {
             Ok(()) => Ok(Next::Spliced),
             Err(e) => {
-                tracing::debug!(error = %e, "a paused way cannot be spliced again: the rest is copied");
+                tracing::debug!(error = %e, "a paused way cannot be resumed: the rest is copied");
                 Ok(Next::Copy)
             }
         }
@@ -271,13 +274,18 @@ impl KernelWay<'_> {
         if buf.is_empty() {
             buf.resize(64 * 1024, 0);
         }
+        let mut wait = 0;
         while n > 0 {
             let want = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
             let got = super::copy::read(self.src, &mut buf[..want])
                 .await
                 .map_err(|e| self.way.at_src(e))?;
             if got == 0 {
-                break;
+                // The source's end came first: the verdict counted these bytes, but
+                // one it could not queue at once (a full receive buffer) waits in
+                // the socket's backlog and reaches the queue a moment later.
+                wait = self.late_bytes(wait).await?;
+                continue;
             }
             copy::write_all(self.dst, &buf[..got])
                 .await
@@ -287,6 +295,20 @@ impl KernelWay<'_> {
             n -= got as u64;
         }
         Ok(())
+    }
+
+    /// Waits a step (by `wait`, the step reached) for bytes the verdict left behind
+    /// that have not reached the source's receive queue yet; fails after about a
+    /// second, when they never will (the socket was torn down under the relay).
+    async fn late_bytes(&self, wait: usize) -> Result<usize, Fault> {
+        if wait >= LATE_STEPS {
+            return Err(self.way.at_src(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the source ended before the bytes the kernel left with it arrived",
+            )));
+        }
+        tokio::time::sleep(BACKOFF[wait.min(BACKOFF.len() - 1)]).await;
+        Ok(wait + 1)
     }
 
     /// Waits until `dst` has taken every byte the kernel sent on.
@@ -322,6 +344,11 @@ impl KernelWay<'_> {
                 .pause(&self.joined)
                 .map_err(|e| self.way.internal(e))?;
             self.pauses += 1;
+        }
+        if n == 0 && self.counts()?.passed > self.consumed {
+            // Not the end yet: bytes the verdict left behind are still on their way
+            // to the receive queue (see `carry_left`); `resume` carries them.
+            return Ok(Next::Paused);
         }
         // Nothing of the relay's may overtake the kernel's bytes.
         self.drained().await?;
