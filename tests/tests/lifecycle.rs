@@ -542,6 +542,28 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
     assert_true_client("pod", &reply, POD_IP4, "203.0.113.10", &first);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("agent ready"), "{text}");
+    // Waiting, it answers its probes (a rollout's startup probe is not left
+    // unanswered): live, not ready, and why, in /readyz and `status`.
+    let sock = node.dir.join("second.sock");
+    assert_eq!(admin_at(&sock, "/healthz").0, 200);
+    let (code, ready) = admin_at(&sock, "/readyz");
+    assert_eq!(code, 503, "{ready}");
+    assert!(
+        ready.contains("programs are not attached: waiting for the pin directory"),
+        "{ready}"
+    );
+    let out = Command::new(agent_bin())
+        .args(["status", "--admin-socket"])
+        .arg(&sock)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run status");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("not ready: programs are not attached: waiting for the pin directory"),
+        "{said}"
+    );
     // Once the first is gone, the second adopts its datapath.
     first.signal(Signal::SIGKILL);
     first.wait(Duration::from_secs(10));
@@ -715,4 +737,24 @@ fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_
     assert_eq!(listen_addresses_on_the_node(&node), "", "{log}");
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(reply.code, 52, "pre-hairpin behaviour: {reply:?}");
+}
+
+/// `GET path` on the admin socket `sock`: the status code and the body.
+fn admin_at(sock: &Path, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-w",
+            "\\n%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(sock)
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }

@@ -119,6 +119,16 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
 
+    /// Hands the pin directory to this account, `UID:GID` (the DaemonSet sets
+    /// 60104:60104): directories 2770 and pins 660 owned by it, nothing for others.
+    /// Opening a pin needs only file access to it, so a root process without
+    /// capabilities that reaches the host's bpf filesystem could otherwise open the
+    /// maps and redirect connections or stop the heartbeat. The agent (uid 0) reaches
+    /// them through the group, which must be one of its supplementary groups; making
+    /// them over needs CAP_CHOWN. Unset: uid 0 owns them, directories 0700.
+    #[arg(long, env = "HAIRPIN_PIN_OWNER")]
+    pub pin_owner: Option<crate::datapath::pin::PinOwner>,
+
     /// The dead-man switch: how long after the agent's last heartbeat (written every
     /// second) the connect programs still act. Past it, with no agent back, traffic
     /// goes as before hairpin. Long enough for an upgrade that pulls an image; at

@@ -1,8 +1,9 @@
 //! `hairpin-agent run`: the DaemonSet's agent, from startup to shutdown.
 //!
 //! [`Agent::start`] takes the source first (a bad file or kubeconfig changes
-//! nothing), then the datapath as `--mode` allows, then the name relay as the
-//! resulting [`mode::Plan`] says, then the admin server. [`Agent::apply`] makes what
+//! nothing), then the admin server (the probes answer while the datapath waits for
+//! the pin directory), then the datapath as `--mode` allows, then the name relay as
+//! the resulting [`mode::Plan`] says. [`Agent::apply`] makes what
 //! the source wants live, [`Agent::wait`] waits for the next reason to apply, and
 //! [`Agent::shutdown`] removes the redirects before it lets connections drain.
 //!

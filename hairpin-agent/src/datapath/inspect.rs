@@ -189,10 +189,7 @@ pub fn read_counters(path: &Path) -> Result<Vec<(&'static str, u64)>, InspectErr
             source: Box::new(e),
         }
     })?;
-    Ok(super::maps::sum_counters(&map)
-        .into_iter()
-        .map(|(c, total)| (c.name(), total))
-        .collect())
+    Ok(super::maps::named_counters(&map))
 }
 
 /// The frontends map pinned at `path`, sorted.

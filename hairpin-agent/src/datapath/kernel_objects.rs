@@ -235,10 +235,7 @@ pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelObjectsE
             id,
             source: Box::new(e),
         })?;
-    Ok(super::maps::sum_counters(&map)
-        .into_iter()
-        .map(|(c, total)| (c.name(), total))
-        .collect())
+    Ok(super::maps::named_counters(&map))
 }
 
 #[cfg(test)]

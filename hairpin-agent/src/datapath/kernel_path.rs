@@ -459,6 +459,21 @@ fn short(e: &ProgramError) -> String {
 mod tests {
     use super::*;
 
+    fn unavailable(kind: KernelPathReason, why: &str) -> KernelPath {
+        KernelPath::Unavailable {
+            kind,
+            why: why.into(),
+        }
+    }
+
+    /// The states in which no header is written in the kernel.
+    fn not_on() -> [KernelPath; 2] {
+        [
+            KernelPath::Off,
+            unavailable(KernelPathReason::NoProgramType, "no"),
+        ]
+    }
+
     fn fills(seq: Vec<Fill>) -> impl Fn() -> Fill {
         let seq = std::sync::Mutex::new(seq.into_iter());
         let last = std::sync::Mutex::new(Fill::default());
@@ -579,13 +594,7 @@ mod tests {
             let v = KernelPath::On.value(l, version, FirstSpeaker::Server, PathChoice::Auto);
             assert_eq!(v, Redirect::server_first(l));
             assert!(!v.is_kernel());
-            for off in [
-                KernelPath::Off,
-                KernelPath::Unavailable {
-                    kind: KernelPathReason::NoProgramType,
-                    why: "no".into(),
-                },
-            ] {
+            for off in not_on() {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Server, PathChoice::Auto),
                     Redirect::new(l)
@@ -608,12 +617,9 @@ mod tests {
             None
         );
         assert!(
-            KernelPath::Unavailable {
-                kind: KernelPathReason::Refused,
-                why: "x".into(),
-            }
-            .why(FirstSpeaker::Client, PathChoice::Auto)
-            .is_some_and(|w| w.starts_with("relay: "))
+            unavailable(KernelPathReason::Refused, "x")
+                .why(FirstSpeaker::Client, PathChoice::Auto)
+                .is_some_and(|w| w.starts_with("relay: "))
         );
     }
 
@@ -629,13 +635,7 @@ mod tests {
             KernelPath::On.value(l, ProxyVersion::V2, client, auto),
             Redirect::kernel(l, HEADER_V2)
         );
-        for off in [
-            KernelPath::Off,
-            KernelPath::Unavailable {
-                kind: KernelPathReason::NoProgramType,
-                why: "no".into(),
-            },
-        ] {
+        for off in not_on() {
             assert_eq!(
                 off.value(l, ProxyVersion::V2, client, auto),
                 Redirect::new(l)
@@ -671,13 +671,7 @@ mod tests {
                 KernelPath::On.value(l, version, FirstSpeaker::Server, relay),
                 Redirect::server_first(l)
             );
-            for off in [
-                KernelPath::Off,
-                KernelPath::Unavailable {
-                    kind: KernelPathReason::NoProgramType,
-                    why: "no".into(),
-                },
-            ] {
+            for off in not_on() {
                 assert_eq!(
                     off.value(l, version, FirstSpeaker::Client, relay),
                     Redirect::new(l)
@@ -695,12 +689,9 @@ mod tests {
         );
         assert_eq!(KernelPath::Off.why(FirstSpeaker::Client, relay), None);
         assert_eq!(
-            KernelPath::Unavailable {
-                kind: KernelPathReason::Refused,
-                why: "x".into(),
-            }
-            .why(FirstSpeaker::Client, relay)
-            .as_deref(),
+            unavailable(KernelPathReason::Refused, "x")
+                .why(FirstSpeaker::Client, relay)
+                .as_deref(),
             Some("relay: the kernel path is unavailable on this node")
         );
     }

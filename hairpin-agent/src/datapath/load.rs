@@ -71,6 +71,8 @@ pub struct LoadOptions {
     pub pin_dir: Option<PathBuf>,
     /// The pin layout (`hairpin_ebpf::PIN_LAYOUT` but in tests of an upgrade).
     pub pin_layout: u32,
+    /// Who the pin directory is handed to (`--pin-owner`); `None`: uid 0, 0700.
+    pub pin_owner: Option<super::pin::PinOwner>,
     /// How long the connect programs act after the last heartbeat.
     pub ttl: Duration,
     /// Capacity of the relay's splice maps (two sockets per spliced connection).
@@ -96,6 +98,7 @@ impl LoadOptions {
             node_ipv6: None,
             pin_dir: None,
             pin_layout: PIN_LAYOUT,
+            pin_owner: None,
             ttl: DEFAULT_TTL,
             splice_sockets: MAX_SPLICE_SOCKETS,
             link_first: true,

@@ -363,3 +363,12 @@ pub(super) fn sum_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(Counter, u64
         })
         .collect()
 }
+
+/// [`sum_counters`] by counter name, as `status` and `dump` read a counters map
+/// opened by pin or by id.
+pub(super) fn named_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(&'static str, u64)> {
+    sum_counters(map)
+        .into_iter()
+        .map(|(c, total)| (c.name(), total))
+        .collect()
+}

@@ -96,6 +96,11 @@ pub struct Snapshot {
     /// How relayed bytes move once spliced (`--relay-splice`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_splice: Option<RelaySpliceStatus>,
+    /// Why the agent waits to own the node's datapath (another agent holds the pin
+    /// directory's lock), while it does: the admin server answers from the start,
+    /// and readiness gives this as its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath_wait: Option<String>,
 }
 
 /// How relayed bytes move once a way is spliced.
@@ -681,7 +686,10 @@ impl Snapshot {
             .as_ref()
             .is_none_or(|m| m.live.contains(&NodePath::Programs));
         if wants_programs && self.attachment.is_none() {
-            return Some("programs are not attached".into());
+            return Some(match &self.datapath_wait {
+                Some(wait) => format!("programs are not attached: {wait}"),
+                None => "programs are not attached".into(),
+            });
         }
         if self.sources.is_empty() {
             return Some("no source of frontends has reported yet".into());

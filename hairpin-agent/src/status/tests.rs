@@ -33,6 +33,26 @@ fn ready_needs_attachment_and_every_source_synced() {
 }
 
 #[test]
+fn an_agent_waiting_for_the_datapath_says_why_it_is_not_ready() {
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
+    state.source_synced("file f.yaml");
+    state.update(|s| {
+        s.datapath_wait =
+            Some("waiting for the pin directory: another process holds its lock".into())
+    });
+    assert_eq!(
+        state.snapshot().not_ready_reason().as_deref(),
+        Some(
+            "programs are not attached: waiting for the pin directory: another process holds \
+             its lock"
+        )
+    );
+    state.update(|s| s.datapath_wait = None);
+    state.set_attachment(Some(attached()));
+    assert_eq!(state.snapshot().not_ready_reason(), None);
+}
+
+#[test]
 fn a_synced_source_stays_synced_through_errors_and_a_good_delivery_clears_them() {
     let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     state.source_synced("file f");

@@ -108,24 +108,9 @@ fn step_for(
 mod tests {
     use super::*;
     use crate::{
-        agent::reconcile::FrontendError,
-        model::{LivePath, Origin, ProxyVersion},
+        agent::reconcile::{FrontendError, tests::fe},
+        model::{LivePath, ProxyVersion},
     };
-
-    fn fe(addr: &str, version: ProxyVersion) -> Frontend {
-        let a: SocketAddr = addr.parse().expect("addr");
-        Frontend {
-            ip: a.ip(),
-            port: a.port(),
-            version,
-            source: Origin::File {
-                path: "test".into(),
-                entry: None,
-            },
-            first_speaker: Default::default(),
-            path: Default::default(),
-        }
-    }
 
     fn set(frontends: &[&Frontend]) -> Frontends {
         let mut s = Frontends::new();

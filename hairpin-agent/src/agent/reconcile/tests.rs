@@ -109,7 +109,8 @@ impl Listeners for FakeListeners {
     }
 }
 
-fn fe(addr: &str, version: ProxyVersion) -> Frontend {
+/// A file-sourced, client-first frontend at `addr` (shared with `plan`'s tests).
+pub(super) fn fe(addr: &str, version: ProxyVersion) -> Frontend {
     let a: SocketAddr = addr.parse().expect("addr");
     Frontend {
         ip: a.ip(),

@@ -1,6 +1,6 @@
-//! Startup: flags into typed configs, then the source, the datapath, the relays
-//! and the admin server, in the order that changes nothing when a step fails
-//! before the programs attach.
+//! Startup: flags into typed configs, then the source, the admin server (it
+//! answers while the datapath waits for its turn), the datapath and the relays, in
+//! the order that changes nothing when a step fails before the programs attach.
 
 mod names;
 mod programs;
@@ -195,7 +195,9 @@ impl Agent {
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
         publish_listen_addresses(&args, listen, &state).await?;
-        let (mut datapath, outcome, cgroup) = start_datapath(&args).await?;
+        // Before the datapath, which may wait: the probes answer meanwhile.
+        let (admin, own_counters) = start_admin(&args, &state, &metrics).await?;
+        let (mut datapath, outcome, cgroup) = start_datapath(&args, &state).await?;
         // After attach, which may find the kernel path unavailable: the entries the
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
@@ -221,7 +223,7 @@ impl Agent {
         .await?;
         let mut names = names;
         let relay = start_relay(relay_config, datapath.as_ref(), names.as_mut(), &metrics);
-        let admin = start_admin(&args, datapath.as_ref(), &state, &metrics).await?;
+        serve_own_counters(datapath.as_ref(), &own_counters, &metrics);
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(Agent {
@@ -400,25 +402,18 @@ fn start_relay(
     relay
 }
 
-/// The admin server, up before the first sync: /healthz answers and /readyz says
-/// what it waits for. The kernel counters are read through the agent's own map
-/// descriptor where it can (opening the map by id, as `dump` does, needs
-/// CAP_SYS_ADMIN, which the DaemonSet does not grant), else by id.
+/// Starts the admin server before the datapath, so that it answers from the first
+/// second: `/healthz` live, `/readyz` not ready with the reason while the agent
+/// waits to own the datapath. `/status` reads the kernel counters through the
+/// datapath's own descriptor once [`serve_own_counters`] has set it; by id before.
 async fn start_admin(
     args: &RunArgs,
-    datapath: Option<&Datapath>,
     state: &AgentState,
     metrics: &Metrics,
-) -> Result<AdminServer, StartError> {
-    let reader = datapath.and_then(|d| match d.counters_reader() {
-        Ok(r) => Some(Arc::new(r)),
-        Err(e) => {
-            warn!(error = %e, "the kernel counters cannot be read through the agent's own map descriptor");
-            None
-        }
-    });
-    let own = reader.clone();
-    let kernel: KernelCounters = Arc::new(move |id| match &own {
+) -> Result<(AdminServer, OwnCounters), StartError> {
+    let own = OwnCounters::default();
+    let reader = own.clone();
+    let kernel: KernelCounters = Arc::new(move |id| match reader.get() {
         Some(r) => Ok(r
             .read()
             .into_iter()
@@ -428,14 +423,6 @@ async fn start_admin(
             .map(|c| c.into_iter().map(|(n, v)| (n.to_string(), v)).collect())
             .map_err(Into::into),
     });
-    if let Some(r) = reader {
-        metrics.set_kernel_counters(Arc::new(move || {
-            r.read()
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect()
-        }));
-    }
     let admin = admin::start(
         &AdminConfig {
             address: Some(args.admin_address),
@@ -447,7 +434,38 @@ async fn start_admin(
         Some(kernel),
     )
     .await?;
-    Ok(admin)
+    Ok((admin, own))
+}
+
+/// The datapath's own counters reader, once it is loaded: set once, read by the
+/// admin server's `/status`.
+type OwnCounters = Arc<std::sync::OnceLock<datapath::CountersReader>>;
+
+/// Serves the kernel counters through the datapath's own map descriptor (no
+/// CAP_SYS_ADMIN needed to open it by id): `/status` and `/metrics`.
+fn serve_own_counters(datapath: Option<&Datapath>, own: &OwnCounters, metrics: &Metrics) {
+    let Some(d) = datapath else {
+        return;
+    };
+    match d.counters_reader() {
+        Ok(r) => {
+            let _ = own.set(r);
+            let own = own.clone();
+            metrics.set_kernel_counters(Arc::new(move || {
+                own.get()
+                    .map(|r| {
+                        r.read()
+                            .into_iter()
+                            .map(|(n, v)| (n.to_string(), v))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }));
+        }
+        Err(e) => {
+            warn!(error = %e, "the kernel counters cannot be read through the agent's own map descriptor");
+        }
+    }
 }
 
 /// The Kubernetes source's settings: a Lease and its writer only when something

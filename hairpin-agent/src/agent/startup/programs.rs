@@ -62,6 +62,7 @@ pub(super) fn report_datapath(
 /// every 30 s.
 pub(super) async fn start_datapath(
     args: &RunArgs,
+    state: &AgentState,
 ) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>), StartError> {
     if !args.mode.tries_ebpf() {
         info!("--mode fallback: no programs loaded");
@@ -71,6 +72,11 @@ pub(super) async fn start_datapath(
     let attached = loop {
         match attach(args) {
             Ok(Attached::Waiting(wait)) => {
+                // The admin server already answers: readiness and `status` say why.
+                let why = wait.to_string();
+                if state.snapshot().datapath_wait.as_ref() != Some(&why) {
+                    state.update(|s| s.datapath_wait = Some(why));
+                }
                 if said.is_none_or(|t| t.elapsed() >= DATAPATH_WAIT_LOG) {
                     warn!(reason = %wait, "waiting to own the datapath");
                     said = Some(std::time::Instant::now());
@@ -81,6 +87,9 @@ pub(super) async fn start_datapath(
             Err(e) => break Err(e),
         }
     };
+    if said.is_some() {
+        state.update(|s| s.datapath_wait = None);
+    }
     match attached {
         Ok((datapath, cgroup)) => {
             info!(cgroup = %cgroup.display(), "programs attached");
@@ -160,6 +169,7 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         }),
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
+        pin_owner: args.pin_owner,
         ttl: args.datapath_ttl,
         // Two sockets per relayed connection, each way spliced at most once.
         splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))

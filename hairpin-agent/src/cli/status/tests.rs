@@ -1,7 +1,11 @@
 use super::*;
+use hairpin_ebpf::Counter;
+
 use crate::{
     model::{KernelPathMode, LivePath, Paths, ProxyVersion},
-    status::{AttachmentStatus, FrontendStatus, KernelIds, RetryPolicy, SourceStatus},
+    status::{
+        AttachmentStatus, FrontendStatus, KernelIds, KernelPathState, RetryPolicy, SourceStatus,
+    },
 };
 
 fn snapshot() -> Snapshot {

@@ -1,6 +1,11 @@
 //! Unit tests for the hosts block (pure) and `write_in_place` (on real files).
 
-use std::{net::IpAddr, os::unix::fs::PermissionsExt, path::PathBuf, time::SystemTime};
+use std::{
+    net::IpAddr,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
 
 use super::*;
 
