@@ -11,6 +11,7 @@
 //! - [`slot`]: the relay's slots (where relayed connects go) and their map's types.
 //! - [`kernel_path`]: a marked socket's pending header and the sockets map's sizing.
 //! - [`counter`]: the counters' indices and names.
+//! - [`splice`]: the relay's splice: its maps' sizing and its flow control's records.
 //! - [`text`]: the pieces of a v1 header's text, as the kernel formats them.
 #![no_std]
 
@@ -19,6 +20,7 @@ pub mod frontend;
 pub mod kernel_path;
 pub mod names;
 pub mod slot;
+pub mod splice;
 pub mod text;
 
 pub use counter::Counter;
@@ -26,6 +28,7 @@ pub use frontend::*;
 pub use kernel_path::*;
 pub use names::*;
 pub use slot::*;
+pub use splice::*;
 
 #[cfg(feature = "user")]
 mod user {
@@ -39,4 +42,8 @@ mod user {
     unsafe impl aya::Pod for super::SlotKey {}
     // SAFETY: as above (the padding before `retired_at` is the explicit `pad`).
     unsafe impl aya::Pod for super::Slot {}
+    // SAFETY: as above (three u64, no padding).
+    unsafe impl aya::Pod for super::SpliceCredit {}
+    // SAFETY: as above (three u64, no padding).
+    unsafe impl aya::Pod for super::SpliceSeen {}
 }

@@ -169,6 +169,20 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_RELAY_KEEPALIVE", default_value = "60s", value_parser = humantime::parse_duration)]
     pub relay_keepalive: Duration,
 
+    /// How a relayed connection's bytes move once a way (client to LB, LB to client)
+    /// has carried --relay-splice-after bytes: `auto`, the kernel's splice (a stream
+    /// verdict sends what one socket receives out of the other) where the programs
+    /// load, else splice(2) through a pipe; `kernel` or `pipe`, only that; `off`,
+    /// copied through the agent. Either splice keeps the bytes out of user space.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Auto)]
+    pub relay_splice: crate::relay::carry::SpliceMode,
+
+    /// Bytes a way of a relayed connection carries as a copy before it is spliced:
+    /// an exchange (a request and its answer) costs fewer syscalls copied than
+    /// spliced, a transfer fewer spliced. 0 splices from the first byte.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE_AFTER", default_value_t = crate::relay::carry::DEFAULT_AFTER)]
+    pub relay_splice_after: u64,
+
     /// How long SIGTERM waits for open connections after redirects are removed.
     #[arg(long, env = "HAIRPIN_DRAIN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,

@@ -25,7 +25,8 @@ use hairpin_ebpf::{
     DEFAULT_MESH_PORTS, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
     GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
     GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
-    MAP_SLOTS, MAP_SOCKETS, MAX_FRONTENDS, MAX_KERNEL_SOCKETS, MESH_PORTS, PIN_LAYOUT,
+    MAP_SLOTS, MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN,
+    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_PORTS, PIN_LAYOUT,
     PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, Redirect, Slot, SlotKey, mesh_ports_be,
     slot_addrs4, slot_addrs6,
 };
@@ -79,6 +80,8 @@ pub struct LoadOptions {
     /// The relay's slot addresses (the listen addresses), fixed in the object: the
     /// only addresses a connect is ever rewritten to.
     pub slot_addrs: SlotAddrs,
+    /// Capacity of the relay's splice maps (two sockets per spliced connection).
+    pub splice_sockets: u32,
     /// Whether the connect links go before every other program at the cgroup, where
     /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
     /// not; `--link-order append`).
@@ -103,6 +106,7 @@ impl LoadOptions {
             pin_owner: None,
             ttl: DEFAULT_TTL,
             slot_addrs: SlotAddrs::default(),
+            splice_sockets: MAX_SPLICE_SOCKETS,
             link_first: true,
             mesh_ports: DEFAULT_MESH_PORTS,
         }
@@ -141,6 +145,8 @@ pub struct Datapath {
     pub(super) pin: Pin,
     /// How MPTCP subflows are told apart at connect.
     pub(super) mptcp: Mptcp,
+    /// The relay's kernel splice, or why there is none.
+    pub(super) splice: Result<super::splice::Splice, String>,
     /// Where new connect links go among the other programs at the cgroup.
     pub(super) link_order: LinkOrder,
     /// Reads the programs' aya-log events into the agent's log while it lives.
@@ -217,6 +223,7 @@ impl Datapath {
         let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
         warn_if_counters_short(&maps.counters);
+        let splice = super::splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
@@ -248,6 +255,7 @@ impl Datapath {
             pins,
             pin,
             mptcp,
+            splice,
             link_order,
             _events: events,
         })
@@ -340,6 +348,14 @@ fn load_object(
         // Live slots and those in quarantine: twice the frontends.
         .map_max_entries(MAP_SLOTS, opts.max_frontends.saturating_mul(2))
         .map_max_entries(MAP_SOCKETS, globals.sockets);
+    for map in [
+        MAP_SPLICE,
+        MAP_SPLICE_PEERS,
+        MAP_SPLICE_CREDIT,
+        MAP_SPLICE_SEEN,
+    ] {
+        loader.map_max_entries(map, opts.splice_sockets.max(1));
+    }
     let map_pins: Vec<(&'static str, PathBuf)> = pins
         .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
         .unwrap_or_default();

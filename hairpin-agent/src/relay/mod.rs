@@ -5,13 +5,17 @@
 //! its slot (a port of a slot address that no socket binds), the kernel hands them
 //! to the listener, and the accepted socket's own address, the slot, names the
 //! frontend ([`SlotLookup`]). No port of the node's is held per frontend.
-//! [`listener`] (bind, accept, client policy, drain) and [`proxy`] (upstream
-//! connect, PROXY [`header`], copy) are shared with the name relay
-//! (`crate::names::relay`), which routes by TLS SNI or HTTP Host instead.
+//! [`listener`] (bind, accept, client policy, drain), [`proxy`] (upstream connect,
+//! PROXY [`header`]) and [`carry`] (the bytes both ways: copied, then spliced) are
+//! shared with the name relay (`crate::names::relay`), which routes by TLS SNI or
+//! HTTP Host instead.
 //!
 //! Owns sockets and bytes; does not decide which frontends exist nor which slot
-//! serves which (the agent's reconciler does), nor touch the BPF maps.
+//! serves which (the agent's reconciler does), nor touch the BPF maps: the kernel
+//! splice reaches them through [`carry::KernelSplice`], which the datapath
+//! implements.
 
+pub mod carry;
 pub mod client_policy;
 mod config;
 pub mod header;

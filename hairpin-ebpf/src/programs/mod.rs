@@ -10,6 +10,8 @@
 //! - [`setsockopt`]: notes which sockets asked for TCP Fast Open.
 //! - [`slots`]: the relay's slots as the connect programs check them, and the
 //!   sk_lookup program that hands a connection to a slot to its relay listener.
+//! - [`sk_skb`]: the relay's splice: a relayed socket's received bytes go out of its
+//!   peer in the kernel.
 //! - [`header`]: formats the PROXY v1/v2 header into a socket's storage (for sock_ops).
 //! - [`maps`]: the maps and the loader's globals, the ABI shared with the agent
 //!   (names and layouts from `hairpin_ebpf`; a pinned datapath is adopted by them).
@@ -70,6 +72,7 @@ mod helpers;
 mod maps;
 mod setsockopt;
 mod sk_msg;
+mod sk_skb;
 mod slots;
 mod sock_ops;
 
