@@ -13,12 +13,12 @@ use std::{
 
 use hairpin_agent::{
     datapath::{Datapath, embedded_object, splice::SpliceHeld},
-    model::{Frontend, ProxyVersion},
+    model::ProxyVersion,
     relay::{
-        Relay, RelayConfig,
+        ListenHook, Relay, RelayConfig, SlotLookup,
         carry::{self, KernelSplice, SpliceConfig, SpliceMode},
         client_policy::ClientPolicy,
-        listener::{ConnGate, ConnLimits},
+        listener::{self, ConnGate, ConnLimits},
     },
     status::metrics::Metrics,
 };
@@ -62,18 +62,11 @@ async fn setup(splice: SpliceConfig) -> Setup {
     let target = upstream.local_addr().expect("addr");
     let metrics = Metrics::default();
     let mut relay = Relay::new(relay_config(splice), metrics.clone());
-    let frontend = Frontend {
-        ip: target.ip(),
-        port: target.port(),
-        version: ProxyVersion::V1,
-        source: hairpin_agent::model::Origin::File {
-            path: "test".into(),
-            entry: None,
-        },
-        first_speaker: Default::default(),
-        path: Default::default(),
-    };
-    let listener = relay.start(&frontend, LOCALHOST).expect("listen");
+    // Every connection relayed to the upstream, as if its slot named it.
+    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let hook: ListenHook = Arc::new(|_, _, _| Ok(()));
+    let slots: SlotLookup = Arc::new(move |_| Some((target, ProxyVersion::V1)));
+    let listener = relay.serve(bound, 0, &hook, slots).expect("serve");
     Setup {
         relay,
         metrics,
