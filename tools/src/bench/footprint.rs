@@ -101,7 +101,7 @@ pub struct Footprint {
 }
 
 /// Measures each size `ctx.opts.runs` times. `start` spawns an agent with the given
-/// frontends (RLIMIT_NOFILE already raised by the caller: one listener per frontend).
+/// frontends (RLIMIT_NOFILE already raised by the caller).
 pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Vec<Footprint>> {
     let relay = targets()
         .into_iter()

@@ -92,8 +92,9 @@ pub fn pin_self(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// Raises RLIMIT_NOFILE for this process and its future children: the agent opens
-/// one listener per frontend, 10,000 frontends need more than the usual 1,024.
+/// Raises RLIMIT_NOFILE for this process and its future children: nginx, HAProxy
+/// and the relay hold two descriptors per connection under load, more than the
+/// usual 1,024.
 /// Without CAP_SYS_RESOURCE (a container) only the soft limit can rise, to the hard
 /// one. Returns the soft limit in force.
 pub fn raise_nofile(want: u64) -> Result<u64> {
