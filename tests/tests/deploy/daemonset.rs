@@ -313,14 +313,12 @@ fn daemonset_runs_everywhere_with_only_the_capabilities_it_needs() {
         let caps = sc.capabilities.expect("capabilities");
         assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "{k}");
         let added: BTreeSet<String> = caps.add.unwrap_or_default().into_iter().collect();
-        // NET_BIND_SERVICE exactly when a name relay may run and binds a port < 1024.
-        let binds_low = run.mode.allows_names()
-            && (run.names_ports.0.iter().any(|p| *p < 1024)
-                || run.names_service_ports.0.iter().any(|(_, l)| *l < 1024));
-        let mut want: BTreeSet<String> = ["BPF", "NET_ADMIN"].map(String::from).into();
-        if binds_low {
-            want.insert("NET_BIND_SERVICE".into());
-        }
+        // NET_BIND_SERVICE always: the relay's listeners take privileged ports (the
+        // connect programs send only to such a listener), and a name relay may bind
+        // its ports 80/443.
+        let mut want: BTreeSet<String> = ["BPF", "NET_ADMIN", "NET_BIND_SERVICE"]
+            .map(String::from)
+            .into();
         // CHOWN exactly when the pins are handed to an owner, whose group the pod has.
         let groups = pod
             .security_context
