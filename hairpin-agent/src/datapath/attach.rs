@@ -43,6 +43,9 @@ pub enum Adoption {
     /// A pinned link was not what this hook needs (why): a new link was made and
     /// the old one detached after it.
     Replaced(String),
+    /// Another layout's link, handed over (its layout named): this agent's program
+    /// swapped into it in place, and pinned as this layout's.
+    TakenOver(String),
 }
 
 impl fmt::Display for Adoption {
@@ -51,6 +54,7 @@ impl fmt::Display for Adoption {
             Adoption::New => f.write_str("new"),
             Adoption::Swapped => f.write_str("swapped"),
             Adoption::Replaced(why) => write!(f, "replaced: {why}"),
+            Adoption::TakenOver(layout) => write!(f, "taken over from layout {layout}"),
         }
     }
 }
