@@ -253,6 +253,23 @@ fn killed_agent(node: &SimNode, ttl: &str) -> (Agent, Instant) {
     (agent, Instant::now())
 }
 
+/// Every hook ran one program `before` and runs one `after`, another.
+fn assert_one_new_program_per_hook(
+    before: &BTreeSet<(String, u64)>,
+    after: &BTreeSet<(String, u64)>,
+) {
+    for hook in HOOKS {
+        let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
+        let new: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
+        assert_eq!(
+            (old.len(), new.len()),
+            (1, 1),
+            "{hook}: {before:?} -> {after:?}"
+        );
+        assert_ne!(old[0].1, new[0].1, "{hook} still runs the old program");
+    }
+}
+
 /// Waits for the agent to say it is ready.
 fn ready(agent: &mut Agent) {
     agent.wait_for_log("agent ready", Duration::from_secs(30));
@@ -469,16 +486,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     assert!(gaps.is_empty(), "a hook without a program: {gaps:?}");
     assert!(bad.is_empty(), "failed: {bad:?}\n{}", next.log());
     // Every hook runs the new agent's program now, through the same links.
-    for hook in HOOKS {
-        let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
-        let new: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
-        assert_eq!(
-            (old.len(), new.len()),
-            (1, 1),
-            "{hook}: {before:?} -> {after:?}"
-        );
-        assert_ne!(old[0].1, new[0].1, "{hook} still runs the old program");
-    }
+    assert_one_new_program_per_hook(&before, &after);
     assert!(seen.len() <= before.len() + after.len(), "{seen:?}");
     let s = status(&node);
     let adopted: Vec<&Value> = s["lifecycle"]["adopted"]
@@ -635,16 +643,7 @@ fn an_upgrade_across_pin_layouts_is_handed_over_at_once_with_no_instant_without_
     assert!(gaps.is_empty(), "a hook without a program: {gaps:?}");
     assert!(bad.is_empty(), "failed: {bad:?}\n{}", new.log());
     // One program per hook again, the new agent's.
-    for hook in HOOKS {
-        let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
-        let new_: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
-        assert_eq!(
-            (old.len(), new_.len()),
-            (1, 1),
-            "{hook}: {before:?} -> {after:?}"
-        );
-        assert_ne!(old[0].1, new_[0].1, "{hook} still runs the old program");
-    }
+    assert_one_new_program_per_hook(&before, &after);
     assert!(
         !node.pin_dir().join("v1").exists(),
         "the old layout's pins stay"

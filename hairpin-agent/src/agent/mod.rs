@@ -181,14 +181,9 @@ impl Agent {
         };
         if d.complete_handover() {
             let ids = d.kernel_ids();
-            let adopted: Vec<(String, String)> = d
+            let adopted = d
                 .attachment()
-                .map(|a| {
-                    a.adopted
-                        .iter()
-                        .map(|(hook, how)| (hook.to_string(), how.to_string()))
-                        .collect()
-                })
+                .map(|a| a.adopted_status())
                 .unwrap_or_default();
             self.state.update(|s| {
                 if let Some(a) = s.attachment.as_mut() {

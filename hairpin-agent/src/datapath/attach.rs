@@ -59,6 +59,16 @@ impl fmt::Display for Adoption {
     }
 }
 
+impl Attachment {
+    /// Per hook, what became of its link, as `status` lists it.
+    pub fn adopted_status(&self) -> Vec<(String, String)> {
+        self.adopted
+            .iter()
+            .map(|(hook, how)| (hook.to_string(), how.to_string()))
+            .collect()
+    }
+}
+
 impl Datapath {
     /// Where the programs are attached, if they are.
     pub fn attachment(&self) -> Option<&Attachment> {

@@ -412,23 +412,8 @@ impl Datapath {
             return Ok(None);
         };
         let prog_pin = pins.prog(role);
-        let expected = sys::open_pinned(&prog_pin)
-            .ok()
-            .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == running));
-        if expected.is_none() {
-            tracing::warn!(
-                hook = role.name(),
-                "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
-            );
-        }
-        match sys::link_update(
-            link.as_fd(),
-            prog.as_fd(),
-            expected.as_ref().map(|p| p.as_fd()),
-        ) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => return Ok(None),
-            Err(e) => return Err(error("update")(e)),
+        if !update_link(role, link, prog, (&prog_pin, running), cgroup)? {
+            return Ok(None);
         }
         repin(&prog_pin, prog).map_err(error("pin"))?;
         let link = link.try_clone().map_err(error("read"))?;
@@ -618,6 +603,38 @@ pub(super) fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) ->
         program,
         fd,
         id,
+    }
+}
+
+/// Swaps `prog` into `link` in place (`BPF_LINK_UPDATE`), compare-and-swap against
+/// the program pinned at `expected.0` when that is the one the link runs (id
+/// `expected.1`). `false` when the kernel says the link can no longer be updated
+/// (ENOLINK: its cgroup went away).
+pub(super) fn update_link(
+    role: Role,
+    link: &OwnedFd,
+    prog: &OwnedFd,
+    expected: (&Path, u32),
+    cgroup: &Path,
+) -> Result<bool, DatapathError> {
+    let (pinned, running) = expected;
+    let expected = sys::open_pinned(pinned)
+        .ok()
+        .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == running));
+    if expected.is_none() {
+        tracing::warn!(
+            hook = role.name(),
+            "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
+        );
+    }
+    match sys::link_update(
+        link.as_fd(),
+        prog.as_fd(),
+        expected.as_ref().map(|p| p.as_fd()),
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => Ok(false),
+        Err(e) => Err(link_error(role, cgroup, "update")(e)),
     }
 }
 

@@ -29,7 +29,7 @@ use super::super::{
 };
 use super::{
     decide,
-    execute::{Target, link_error, link_of},
+    execute::{Target, link_error, link_of, update_link},
     state::{ForeignLayout, PinnedLink},
 };
 
@@ -103,17 +103,8 @@ impl Datapath {
     ) -> Result<Option<(Link, Adoption)>, DatapathError> {
         let (link, info, dir) = theirs;
         let their_prog = dir.join("progs").join(role.name());
-        let expected = sys::open_pinned(&their_prog)
-            .ok()
-            .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == info.prog_id));
-        match sys::link_update(
-            link.as_fd(),
-            prog.as_fd(),
-            expected.as_ref().map(|p| p.as_fd()),
-        ) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => return Ok(None),
-            Err(e) => return Err(link_error(role, cgroup, "update")(e)),
+        if !update_link(role, link, prog, (&their_prog, info.prog_id), cgroup)? {
+            return Ok(None);
         }
         let link = link.try_clone().map_err(link_error(role, cgroup, "read"))?;
         self.pin_link(role, Some(&link), prog, cgroup)?;
