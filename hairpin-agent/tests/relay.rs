@@ -37,6 +37,7 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         }),
         buffer_size: 16 * 1024,
         keepalive: Some(Duration::from_secs(60)),
+        splice: hairpin_agent::relay::carry::SpliceConfig::copy(),
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`frontend`]: the frontend map's key and value and their address encoding.
 //! - [`kernel_path`]: a marked socket's pending header and the sockets map's sizing.
 //! - [`counter`]: the counters' indices and names.
+//! - [`splice`]: the relay's splice: its maps' sizing and its flow control's records.
 //! - [`text`]: the pieces of a v1 header's text, as the kernel formats them.
 #![no_std]
 
@@ -17,12 +18,14 @@ pub mod counter;
 pub mod frontend;
 pub mod kernel_path;
 pub mod names;
+pub mod splice;
 pub mod text;
 
 pub use counter::Counter;
 pub use frontend::*;
 pub use kernel_path::*;
 pub use names::*;
+pub use splice::*;
 
 #[cfg(feature = "user")]
 mod user {
@@ -32,4 +35,8 @@ mod user {
     unsafe impl aya::Pod for super::Redirect {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PendingHeader {}
+    // SAFETY: as above (three u64, no padding).
+    unsafe impl aya::Pod for super::SpliceCredit {}
+    // SAFETY: as above (three u64, no padding).
+    unsafe impl aya::Pod for super::SpliceSeen {}
 }

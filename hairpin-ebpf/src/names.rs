@@ -37,6 +37,10 @@ pub const PROG_SK_MSG: &str = "hairpin_sk_msg";
 /// [`MAP_FASTOPEN`] that a socket set TCP_FASTOPEN_CONNECT, so that the connect
 /// programs send it to the relay. It never changes or refuses an option.
 pub const PROG_SETSOCKOPT: &str = "hairpin_setsockopt";
+/// ELF name of the relay's stream-verdict program (`sk_skb`), attached to
+/// [`MAP_SPLICE`]: sends the bytes a relayed socket receives out of its peer, so
+/// that after the header a relayed connection's bytes never cross user space.
+pub const PROG_SPLICE: &str = "hairpin_splice";
 
 // ---- Maps
 
@@ -72,6 +76,25 @@ pub const MAP_PENDING: &str = "HAIRPIN_PENDING";
 /// ELF name of the socket-local storage marking sockets that set
 /// TCP_FASTOPEN_CONNECT (a nonzero value; setting it to 0 clears the mark).
 pub const MAP_FASTOPEN: &str = "HAIRPIN_FASTOPEN";
+/// ELF name of the SOCKHASH (socket cookie -> that socket) of the relay's spliced
+/// sockets, with [`PROG_SPLICE`] attached as its stream verdict: a socket's received
+/// bytes run the program only once the socket is here. Never pinned: it belongs to
+/// the running agent, as its relayed connections do.
+pub const MAP_SPLICE: &str = "HAIRPIN_SPLICE";
+/// ELF name of the SOCKHASH (socket cookie -> the socket's peer) the splice program
+/// redirects through: an accepted client's cookie names its upstream, the upstream's
+/// names the client. No program is attached to it, so a socket is in it (and a
+/// valid redirect target) before its peer's bytes can reach it. Never pinned.
+pub const MAP_SPLICE_PEERS: &str = "HAIRPIN_PEERS";
+/// ELF name of the socket storage of what the agent grants each spliced socket
+/// ([`SpliceCredit`](crate::SpliceCredit)); never pinned.
+pub const MAP_SPLICE_CREDIT: &str = "HAIRPIN_CREDIT";
+/// ELF name of the socket storage of what the splice program did with each spliced
+/// socket's bytes ([`SpliceSeen`](crate::SpliceSeen)); never pinned.
+pub const MAP_SPLICE_SEEN: &str = "HAIRPIN_SPLICED";
+/// ELF name of the ring buffer on which the splice program asks the agent to
+/// refill a socket's credit (one socket cookie per request); never pinned.
+pub const MAP_SPLICE_REFILL: &str = "HAIRPIN_REFILL";
 
 // ---- Globals the loader sets
 

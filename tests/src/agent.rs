@@ -430,7 +430,16 @@ pub fn status(node: &SimNode) -> serde_json::Value {
 
 /// The DaemonSet's capabilities (deploy/base/daemonset.yaml): no CAP_PERFMON, no
 /// CAP_SYS_ADMIN.
-pub const DAEMONSET_CAPS: [&str; 3] = ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
+pub const DAEMONSET_CAPS: [&str; 4] = [
+    "CAP_BPF",
+    "CAP_CHOWN",
+    "CAP_NET_ADMIN",
+    "CAP_NET_BIND_SERVICE",
+];
+
+/// The DaemonSet's pin owner (`HAIRPIN_PIN_OWNER`), whose group is the pod's
+/// supplementary group.
+pub const DAEMONSET_PIN_OWNER: u32 = 60104;
 
 /// The agent as [`Agent::start_with`] runs it, but with exactly `caps` (as the
 /// DaemonSet's securityContext grants them); killed on drop.
@@ -454,7 +463,20 @@ impl CappedAgent {
     /// As [`CappedAgent::start`], with `yaml` as the frontends file as written (for
     /// settings [`FrontendSpec`] does not carry, such as `path: relay`).
     pub fn start_yaml(node: &SimNode, yaml: &str, extra: &[&str], caps: &[&str]) -> CappedAgent {
+        CappedAgent::start_in_groups(node, yaml, extra, caps, &[])
+    }
+
+    /// As [`CappedAgent::start_yaml`], with `groups` as its supplementary groups (a
+    /// pod's `supplementalGroups`).
+    pub fn start_in_groups(
+        node: &SimNode,
+        yaml: &str,
+        extra: &[&str],
+        caps: &[&str],
+        groups: &[u32],
+    ) -> CappedAgent {
         use std::os::{fd::AsRawFd, unix::process::CommandExt};
+        let groups: Vec<libc::gid_t> = groups.to_vec();
         let frontends = node.dir.join("frontends.yaml");
         std::fs::write(&frontends, yaml).expect("write frontends");
         let log = node.dir.join("agent.log");
@@ -486,6 +508,10 @@ impl CappedAgent {
                 }
                 // Writing 0 moves the writing process itself.
                 if libc::write(procs_fd, b"0\n".as_ptr().cast(), 2) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Before the capabilities go (CAP_SETGID).
+                if !groups.is_empty() && libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

@@ -119,6 +119,16 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = DEFAULT_BPF_PIN_DIR)]
     pub bpf_pin_dir: PathBuf,
 
+    /// Hands the pin directory to this account, `UID:GID` (the DaemonSet sets
+    /// 60104:60104): directories 2770 and pins 660 owned by it, nothing for others.
+    /// Opening a pin needs only file access to it, so a root process without
+    /// capabilities that reaches the host's bpf filesystem could otherwise open the
+    /// maps and redirect connections or stop the heartbeat. The agent (uid 0) reaches
+    /// them through the group, which must be one of its supplementary groups; making
+    /// them over needs CAP_CHOWN. Unset: uid 0 owns them, directories 0700.
+    #[arg(long, env = "HAIRPIN_PIN_OWNER")]
+    pub pin_owner: Option<crate::datapath::pin::PinOwner>,
+
     /// The dead-man switch: how long after the agent's last heartbeat (written every
     /// second) the connect programs still act. Past it, with no agent back, traffic
     /// goes as before hairpin. Long enough for an upgrade that pulls an image; at
@@ -155,6 +165,20 @@ pub struct RunArgs {
     /// 0 turns it off.
     #[arg(long, env = "HAIRPIN_RELAY_KEEPALIVE", default_value = "60s", value_parser = humantime::parse_duration)]
     pub relay_keepalive: Duration,
+
+    /// How a relayed connection's bytes move once a way (client to LB, LB to client)
+    /// has carried --relay-splice-after bytes: `auto`, the kernel's splice (a stream
+    /// verdict sends what one socket receives out of the other) where the programs
+    /// load, else splice(2) through a pipe; `kernel` or `pipe`, only that; `off`,
+    /// copied through the agent. Either splice keeps the bytes out of user space.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Auto)]
+    pub relay_splice: crate::relay::carry::SpliceMode,
+
+    /// Bytes a way of a relayed connection carries as a copy before it is spliced:
+    /// an exchange (a request and its answer) costs fewer syscalls copied than
+    /// spliced, a transfer fewer spliced. 0 splices from the first byte.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE_AFTER", default_value_t = crate::relay::carry::DEFAULT_AFTER)]
+    pub relay_splice_after: u64,
 
     /// How long SIGTERM waits for open connections after redirects are removed.
     #[arg(long, env = "HAIRPIN_DRAIN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]

@@ -24,8 +24,9 @@ use aya::{
 use hairpin_ebpf::{
     DEFAULT_MESH_PORTS, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
     GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
-    GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS, MAP_SOCKETS, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, MESH_PORTS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, Redirect,
+    GLOBAL_NODE_IP6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS, MAP_SOCKETS, MAP_SPLICE,
+    MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN, MAX_FRONTENDS, MAX_KERNEL_SOCKETS,
+    MAX_SPLICE_SOCKETS, MESH_PORTS, PIN_LAYOUT, PROG_CONNECT4_KERNEL_PERFMON, Redirect,
     mesh_ports_be,
 };
 
@@ -70,8 +71,12 @@ pub struct LoadOptions {
     pub pin_dir: Option<PathBuf>,
     /// The pin layout (`hairpin_ebpf::PIN_LAYOUT` but in tests of an upgrade).
     pub pin_layout: u32,
+    /// Who the pin directory is handed to (`--pin-owner`); `None`: uid 0, 0700.
+    pub pin_owner: Option<super::pin::PinOwner>,
     /// How long the connect programs act after the last heartbeat.
     pub ttl: Duration,
+    /// Capacity of the relay's splice maps (two sockets per spliced connection).
+    pub splice_sockets: u32,
     /// Whether the connect links go before every other program at the cgroup, where
     /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
     /// not; `--link-order append`).
@@ -93,7 +98,9 @@ impl LoadOptions {
             node_ipv6: None,
             pin_dir: None,
             pin_layout: PIN_LAYOUT,
+            pin_owner: None,
             ttl: DEFAULT_TTL,
+            splice_sockets: MAX_SPLICE_SOCKETS,
             link_first: true,
             mesh_ports: DEFAULT_MESH_PORTS,
         }
@@ -123,6 +130,8 @@ pub struct Datapath {
     pub(super) pin: Pin,
     /// How MPTCP subflows are told apart at connect.
     pub(super) mptcp: Mptcp,
+    /// The relay's kernel splice, or why there is none.
+    pub(super) splice: Result<super::splice::Splice, String>,
     /// Where new connect links go among the other programs at the cgroup.
     pub(super) link_order: LinkOrder,
     /// Another layout's live datapath being handed over, until this agent's
@@ -201,6 +210,7 @@ impl Datapath {
         let link_order = link_order(&ebpf, opts, connect[0]);
         let maps = OpenedMaps::take(&mut ebpf)?;
         warn_if_counters_short(&maps.counters);
+        let splice = super::splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         Ok(Datapath {
@@ -225,6 +235,7 @@ impl Datapath {
             pins,
             pin,
             mptcp,
+            splice,
             link_order,
             handover: None,
             _events: events,
@@ -306,6 +317,14 @@ fn load_object(
         .override_global(GLOBAL_MESH_PORTS, &mesh_ports, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         .map_max_entries(MAP_SOCKETS, globals.sockets);
+    for map in [
+        MAP_SPLICE,
+        MAP_SPLICE_PEERS,
+        MAP_SPLICE_CREDIT,
+        MAP_SPLICE_SEEN,
+    ] {
+        loader.map_max_entries(map, opts.splice_sockets.max(1));
+    }
     let map_pins: Vec<(&'static str, PathBuf)> = pins
         .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
         .unwrap_or_default();

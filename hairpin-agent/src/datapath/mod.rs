@@ -14,6 +14,7 @@
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: which maps are shared, and the one writer of each;
 //! - `liveness.rs`: the heartbeat and the relays' liveness registry;
+//! - `splice.rs`: the relay's kernel splice (its stream verdict and maps);
 //! - [`inspect`]: a pinned datapath read without owning it (read-only maps, for
 //!   `status` with no agent and `dump`);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
@@ -34,6 +35,7 @@ mod load;
 mod maps;
 pub mod order;
 pub mod pin;
+pub mod splice;
 mod sys;
 
 pub use attach::{Adoption, Attachment};

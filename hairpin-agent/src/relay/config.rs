@@ -8,6 +8,7 @@ use std::{
 use tokio_util::task::TaskTracker;
 
 use super::{
+    carry::SpliceConfig,
     client_policy::ClientPolicy,
     listener::{Admission, ConnGate},
 };
@@ -37,9 +38,16 @@ pub struct RelayConfig {
     /// whose network namespace went away) is dropped after [`super::KEEPALIVE_PROBES`]
     /// unanswered probes instead of holding two sockets and its buffers forever.
     pub keepalive: Option<Duration>,
+    /// How each way's bytes move once it has carried enough (see [`super::carry`]).
+    pub splice: SpliceConfig,
 }
 
 impl RelayConfig {
+    /// The same, with `splice`.
+    pub fn with_splice(self, splice: SpliceConfig) -> RelayConfig {
+        RelayConfig { splice, ..self }
+    }
+
     /// What a listener of either relay checks its accepted connections against,
     /// counting in `metrics` and running them on `connections`.
     pub fn admission(&self, metrics: &Metrics, connections: &TaskTracker) -> Admission {

@@ -2,13 +2,16 @@
 //!
 //! [`Relay`] runs one listener per proxied frontend: the eBPF redirect sends a
 //! frontend's connects to its listener, so the listener itself names the original
-//! destination. [`listener`] (bind, accept, client policy, drain) and [`proxy`]
-//! (upstream connect, PROXY [`header`], copy) are shared with the name relay
-//! (`crate::names::relay`), which routes by TLS SNI or HTTP Host instead.
+//! destination. [`listener`] (bind, accept, client policy, drain), [`proxy`]
+//! (upstream connect, PROXY [`header`]) and [`carry`] (the bytes both ways: copied,
+//! then spliced) are shared with the name relay (`crate::names::relay`), which
+//! routes by TLS SNI or HTTP Host instead.
 //!
 //! Owns sockets and bytes; does not decide which frontends exist (the agent's
-//! reconciler does) nor touch the BPF maps.
+//! reconciler does) nor touch the BPF maps: the kernel splice reaches them through
+//! [`carry::KernelSplice`], which the datapath implements.
 
+pub mod carry;
 pub mod client_policy;
 mod config;
 pub mod header;

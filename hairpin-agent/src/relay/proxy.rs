@@ -6,20 +6,23 @@
 use std::{
     io,
     net::{IpAddr, SocketAddr},
-    pin::Pin,
-    task::{Context, Poll},
     time::Duration,
 };
 
 use nix::sys::socket::{setsockopt, sockopt};
 use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
+    io::AsyncWriteExt,
     net::{TcpSocket, TcpStream},
     time::timeout,
 };
 use tracing::{debug, warn};
 
-use super::{config::RelayConfig, header::Header, listener::set_keepalive};
+use super::{
+    carry::{self, Carried, Fault, Side},
+    config::RelayConfig,
+    header::Header,
+    listener::set_keepalive,
+};
 use crate::{
     model::ProxyVersion,
     status::metrics::{ConnError, Direction, Metrics},
@@ -37,9 +40,9 @@ pub(crate) struct Upstream {
 
 /// Relays `client` to `to.target` as both relays do: marked upstream socket, the
 /// PROXY header, then `first` (bytes already read from the client, which the name
-/// relay needed to route), then both ways with half-close. Counts the bytes; on
-/// failure counts the error and resets the client at once, instead of an empty
-/// reply or a hang.
+/// relay needed to route), then both ways with half-close ([`carry`]: copied, then
+/// spliced). Counts the bytes; on failure counts the error and resets the client at
+/// once, instead of an empty reply or a hang.
 pub(crate) async fn proxy(
     client: &mut TcpStream,
     to: &Upstream,
@@ -48,11 +51,29 @@ pub(crate) async fn proxy(
     metrics: &Metrics,
 ) {
     match relay(client, to, first, cfg).await {
-        Ok((up, down)) => {
+        Ok(Carried {
+            up,
+            down,
+            kernel,
+            piped,
+            left,
+            pauses,
+        }) => {
             let up = up + first.len() as u64;
             metrics.bytes(Direction::Upstream, up);
             metrics.bytes(Direction::Downstream, down);
-            debug!(bytes_up = up, bytes_down = down, "closed");
+            metrics.spliced("kernel", u64::from(kernel));
+            metrics.spliced("pipe", u64::from(piped));
+            metrics.spliced_left(left, pauses);
+            debug!(
+                bytes_up = up,
+                bytes_down = down,
+                ways_kernel = kernel,
+                ways_piped = piped,
+                bytes_left = left,
+                pauses,
+                "closed"
+            );
         }
         Err((side, kind, e)) => {
             match side {
@@ -72,81 +93,12 @@ pub(crate) async fn proxy(
     }
 }
 
-/// Which end of a relayed connection an error came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
-    Client,
-    Upstream,
-}
-
-/// Marks an error as the upstream socket's, so a failed copy can say which side broke.
-#[derive(Debug)]
-struct UpstreamFault(io::Error);
-
-impl std::fmt::Display for UpstreamFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "upstream: {}", self.0)
-    }
-}
-
-impl std::error::Error for UpstreamFault {}
-
-/// The upstream stream, with every error it returns tagged [`UpstreamFault`].
-struct Tagged<'a>(&'a mut TcpStream);
-
-fn tag<T>(r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-    r.map_err(|e| io::Error::new(e.kind(), UpstreamFault(e)))
-}
-
-impl AsyncRead for Tagged<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        tag(Pin::new(&mut *self.0).poll_read(cx, buf))
-    }
-}
-
-impl AsyncWrite for Tagged<'_> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        tag(Pin::new(&mut *self.0).poll_write(cx, buf))
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        tag(Pin::new(&mut *self.0).poll_flush(cx))
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        tag(Pin::new(&mut *self.0).poll_shutdown(cx))
-    }
-}
-
-/// The side and kind of a copy error: upstream when [`Tagged`] marked it.
-fn side_of(e: io::Error) -> (Side, ConnError, io::Error) {
-    let kind = classify(&e);
-    let upstream = e.get_ref().is_some_and(|inner| inner.is::<UpstreamFault>());
-    (
-        if upstream {
-            Side::Upstream
-        } else {
-            Side::Client
-        },
-        kind,
-        e,
-    )
-}
-
 async fn relay(
     client: &mut TcpStream,
     to: &Upstream,
     first: &[u8],
     cfg: &RelayConfig,
-) -> Result<(u64, u64), (Side, ConnError, io::Error)> {
+) -> Result<Carried, (Side, ConnError, io::Error)> {
     let mut upstream = match timeout(
         cfg.connect_timeout,
         connect_marked(to.target, cfg.bypass_mark),
@@ -169,6 +121,7 @@ async fn relay(
     let _ = upstream.set_nodelay(true);
     set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
+    let sent = (header.as_bytes().len() + first.len()) as u64;
     let written = if first.is_empty() {
         upstream.write_all(header.as_bytes()).await
     } else {
@@ -179,13 +132,16 @@ async fn relay(
         upstream.write_all(&both).await
     };
     written.map_err(|e| (Side::Upstream, classify(&e), e))?;
-    // tokio's copy_bidirectional, not splice(2): splice was no faster on the bulk
-    // case of `cargo xtask bench` (within run-to-run spread; docs/architecture.md),
-    // so the well-kept path stays.
-    let size = cfg.buffer_size;
-    tokio::io::copy_bidirectional_with_sizes(client, &mut Tagged(&mut upstream), size, size)
+    carry::carry(client, &upstream, sent, &cfg.splice, cfg.buffer_size)
         .await
-        .map_err(side_of)
+        .map_err(|Fault { side, error }| {
+            // The connection is dead: the upstream learns at once too. A plain close
+            // would send a FIN, and bytes the kernel splice left with the upstream
+            // socket (not in its receive queue, which makes close() reset) would
+            // keep its sender waiting on a closed window.
+            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+            (side, classify(&error), error)
+        })
 }
 
 /// The address the PROXY header names as the client: the peer itself for pods;

@@ -87,6 +87,11 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HowLabel {
+    how: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabel {
     event: String,
 }
@@ -132,6 +137,9 @@ pub struct Metrics {
     names_withheld: Gauge,
     refused_clients: Counter,
     shed: Family<ReasonLabel, Counter>,
+    spliced: Family<HowLabel, Counter>,
+    spliced_left: Counter,
+    spliced_pauses: Counter,
     watch_restarts: Family<ResourceLabel, Counter>,
     decide_seconds: Histogram,
     reconcile_seconds: Histogram,
@@ -159,6 +167,9 @@ impl Default for Metrics {
             names_withheld: Gauge::default(),
             refused_clients: Counter::default(),
             shed: Family::default(),
+            spliced: Family::default(),
+            spliced_left: Counter::default(),
+            spliced_pauses: Counter::default(),
             watch_restarts: Family::default(),
             decide_seconds: duration_histogram(),
             reconcile_seconds: duration_histogram(),
@@ -254,6 +265,24 @@ impl Metrics {
     /// `reason` is `total` or `per_source`.
     pub fn shed(&self, reason: &'static str) {
         self.shed.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts `ways` of a relayed connection spliced by `how` (`kernel`, `pipe`).
+    pub fn spliced(&self, how: &'static str, ways: u64) {
+        if ways > 0 {
+            self.spliced.get_or_create(&HowLabel { how }).inc_by(ways);
+        }
+    }
+
+    /// Counts, for kernel-spliced ways, the bytes the relay carried itself (past
+    /// the kernel's credit) and the pauses for a reader slower than its writer.
+    pub fn spliced_left(&self, bytes: u64, pauses: u64) {
+        if bytes > 0 {
+            self.spliced_left.inc_by(bytes);
+        }
+        if pauses > 0 {
+            self.spliced_pauses.inc_by(pauses);
+        }
     }
 
     /// Counts a failed watch of `resource` (it restarts with backoff).
@@ -370,6 +399,15 @@ impl Metrics {
                     Some((reason.to_string(), n))
                 })
                 .collect(),
+            spliced_ways: ["kernel", "pipe"]
+                .into_iter()
+                .filter_map(|how| {
+                    let n = self.spliced.get(&HowLabel { how })?.get();
+                    Some((how.to_string(), n))
+                })
+                .collect(),
+            spliced_left_bytes: self.spliced_left.get(),
+            spliced_pauses: self.spliced_pauses.get(),
         }
     }
 
@@ -464,6 +502,21 @@ impl Metrics {
             "relay_shed",
             "Connections reset at accept because a cap was reached (--max-connections total, --max-connections-per-source)",
             self.shed.clone(),
+        );
+        registry.register(
+            "relay_spliced_ways",
+            "Ways of relayed connections (client to LB, LB to client) whose bytes were spliced, by what spliced them (kernel: the stream verdict; pipe: splice(2))",
+            self.spliced.clone(),
+        );
+        registry.register(
+            "relay_spliced_left_bytes",
+            "Bytes of kernel-spliced ways that the relay carried itself: those the kernel left with their source past its credit, for a reader slower than its writer",
+            self.spliced_left.clone(),
+        );
+        registry.register(
+            "relay_spliced_pauses",
+            "Times the kernel stopped taking a spliced way's bytes until its reader caught up (a reader slower than its writer)",
+            self.spliced_pauses.clone(),
         );
     }
 

@@ -93,11 +93,29 @@ pub struct Snapshot {
     /// cgroup (a socket load balancer in front hides the LB address from them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_order: Option<LinkOrderStatus>,
+    /// How relayed bytes move once spliced (`--relay-splice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_splice: Option<RelaySpliceStatus>,
     /// Why the agent waits to own the node's datapath (another agent holds the pin
     /// directory's lock), while it does: the admin server answers from the start,
     /// and readiness gives this as its reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datapath_wait: Option<String>,
+}
+
+/// How relayed bytes move once a way is spliced.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RelaySpliceStatus {
+    /// `--relay-splice`: `auto`, `kernel`, `pipe` or `off`.
+    pub configured: String,
+    /// What splices: `kernel` (the stream verdict), `pipe` (splice(2)) or `copy`
+    /// (nothing: every byte through the agent).
+    pub splicer: String,
+    /// Why the kernel's splice is not used, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `--relay-splice-after`: bytes a way copies before it is spliced.
+    pub after_bytes: u64,
 }
 
 /// Where hairpin's connect programs run among the other connect programs at the
@@ -465,6 +483,18 @@ pub struct RelayCounters {
     /// Connections reset at accept because a cap was reached, by cap (only caps hit).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shed: BTreeMap<String, u64>,
+    /// Ways of relayed connections (client to LB, LB to client) that were spliced,
+    /// by what spliced them (`kernel`, `pipe`; only those seen).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub spliced_ways: BTreeMap<String, u64>,
+    /// Bytes of kernel-spliced ways that the relay carried itself (past the
+    /// kernel's credit: a reader slower than its writer).
+    #[serde(default)]
+    pub spliced_left_bytes: u64,
+    /// Times the kernel stopped taking a spliced way's bytes until its reader
+    /// caught up.
+    #[serde(default)]
+    pub spliced_pauses: u64,
 }
 
 /// Health of one source of desired frontends.

@@ -10,11 +10,12 @@ use core::ffi::c_void;
 use aya_ebpf::{
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{Array, HashMap, PerCpuArray, SockHash},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, SockHash},
 };
 use hairpin_ebpf::{
     Counter, DEFAULT_BYPASS_MARK, DEFAULT_MESH_PORTS, FrontendKey, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, MESH_PORTS, PendingHeader, Redirect, mesh_ports_be,
+    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_PORTS, PendingHeader, Redirect,
+    SPLICE_REFILL_BYTES, SpliceCredit, SpliceSeen, mesh_ports_be,
 };
 
 #[map(name = "HAIRPIN_FRONTENDS")]
@@ -41,6 +42,36 @@ pub(super) static HAIRPIN_RELAYS: SockHash<FrontendKey> =
 #[map(name = "HAIRPIN_SOCKETS")]
 pub(super) static HAIRPIN_SOCKETS: SockHash<u64> =
     SockHash::with_max_entries(MAX_KERNEL_SOCKETS, 0);
+
+/// The relay's spliced sockets by their own cookie, with
+/// [`hairpin_splice`](super::sk_skb::hairpin_splice) as their stream verdict (see
+/// [`hairpin_ebpf::MAP_SPLICE`]). The loader sizes it; never pinned.
+#[map(name = "HAIRPIN_SPLICE")]
+pub(super) static HAIRPIN_SPLICE: SockHash<u64> = SockHash::with_max_entries(MAX_SPLICE_SOCKETS, 0);
+
+/// Each spliced socket's peer by the socket's own cookie: where the splice program
+/// sends what the socket receives (see [`hairpin_ebpf::MAP_SPLICE_PEERS`]). The
+/// loader sizes it; never pinned.
+#[map(name = "HAIRPIN_PEERS")]
+pub(super) static HAIRPIN_PEERS: SockHash<u64> = SockHash::with_max_entries(MAX_SPLICE_SOCKETS, 0);
+
+/// What the agent grants each spliced socket, by its cookie (see
+/// [`hairpin_ebpf::SpliceCredit`]). (Socket storage would free itself with the
+/// socket, but a stream verdict may not call `bpf_sk_storage_get`.) The loader
+/// sizes it; never pinned.
+#[map(name = "HAIRPIN_CREDIT")]
+pub(super) static HAIRPIN_CREDIT: HashMap<u64, SpliceCredit> =
+    HashMap::with_max_entries(MAX_SPLICE_SOCKETS, 0);
+
+/// What the splice program did with each spliced socket's bytes, by its cookie
+/// (see [`hairpin_ebpf::SpliceSeen`]). The loader sizes it; never pinned.
+#[map(name = "HAIRPIN_SPLICED")]
+pub(super) static HAIRPIN_SPLICED: HashMap<u64, SpliceSeen> =
+    HashMap::with_max_entries(MAX_SPLICE_SOCKETS, 0);
+
+/// Refill requests: the cookie of a spliced socket whose credit runs low.
+#[map(name = "HAIRPIN_REFILL")]
+pub(super) static HAIRPIN_REFILL: RingBuf = RingBuf::with_byte_size(SPLICE_REFILL_BYTES, 0);
 
 /// How many sockets [`HAIRPIN_SOCKETS`] holds now: added to at each insert, taken
 /// from when a socket leaves (header out, or closed), atomically.

@@ -8,6 +8,8 @@
 //! - [`sk_msg`]: the kernel path's header, written ahead of a marked socket's first
 //!   bytes.
 //! - [`setsockopt`]: notes which sockets asked for TCP Fast Open.
+//! - [`sk_skb`]: the relay's splice: a relayed socket's received bytes go out of its
+//!   peer in the kernel.
 //! - [`header`]: formats the PROXY v1/v2 header into a socket's storage (for sock_ops).
 //! - [`maps`]: the maps and the loader's globals, the ABI shared with the agent
 //!   (names and layouts from `hairpin_ebpf`; a pinned datapath is adopted by them).
@@ -68,6 +70,7 @@ mod helpers;
 mod maps;
 mod setsockopt;
 mod sk_msg;
+mod sk_skb;
 mod sock_ops;
 
 #[cfg(not(test))]

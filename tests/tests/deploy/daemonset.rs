@@ -321,6 +321,23 @@ fn daemonset_runs_everywhere_with_only_the_capabilities_it_needs() {
         if binds_low {
             want.insert("NET_BIND_SERVICE".into());
         }
+        // CHOWN exactly when the pins are handed to an owner, whose group the pod has.
+        let groups = pod
+            .security_context
+            .as_ref()
+            .and_then(|s| s.supplemental_groups.clone())
+            .unwrap_or_default();
+        match run.pin_owner {
+            Some(owner) => {
+                want.insert("CHOWN".into());
+                assert!(
+                    groups.contains(&i64::from(owner.gid)),
+                    "{k}: the pod must be in the pin owner's group {}: {groups:?}",
+                    owner.gid
+                );
+            }
+            None => assert!(groups.is_empty(), "{k}: {groups:?}"),
+        }
         assert_eq!(added, want, "{k}: capabilities");
     }
 }

@@ -50,8 +50,9 @@ fn bpffs_volume() -> Json {
     json!({"name": "bpffs", "hostPath": {"path": BPFFS, "type": "DirectoryOrCreate"}})
 }
 
-/// `objs` with the agent's HAIRPIN_KERNEL_PATH and HAIRPIN_BPF_PIN_DIR entries,
-/// CAP_PERFMON, and the bpffs mount and volume (only as [`bpffs_mount`] and
+/// `objs` with the agent's HAIRPIN_KERNEL_PATH, HAIRPIN_BPF_PIN_DIR and
+/// HAIRPIN_PIN_OWNER entries, CAP_PERFMON and CAP_CHOWN, the pod's supplementary
+/// groups, and the bpffs mount and volume (only as [`bpffs_mount`] and
 /// [`bpffs_volume`] write them) taken out.
 fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
     for o in &mut objs {
@@ -61,16 +62,28 @@ fn without_kernel_path(mut objs: Vec<Json>) -> Vec<Json> {
         let c = &mut o["spec"]["template"]["spec"]["containers"][0];
         if let Some(env) = c["env"].as_array_mut() {
             env.retain(|e| {
-                e["name"] != "HAIRPIN_KERNEL_PATH" && e["name"] != "HAIRPIN_BPF_PIN_DIR"
+                e["name"] != "HAIRPIN_KERNEL_PATH"
+                    && e["name"] != "HAIRPIN_BPF_PIN_DIR"
+                    && e["name"] != "HAIRPIN_PIN_OWNER"
             });
         }
         if let Some(add) = c["securityContext"]["capabilities"]["add"].as_array_mut() {
-            add.retain(|a| a != "PERFMON");
+            add.retain(|a| a != "PERFMON" && a != "CHOWN");
         }
         if let Some(mounts) = c["volumeMounts"].as_array_mut() {
             mounts.retain(|m| *m != bpffs_mount());
         }
         let pod = &mut o["spec"]["template"]["spec"];
+        // The pins' owner's group: only where something is pinned.
+        if let Some(sc) = pod
+            .get_mut("securityContext")
+            .and_then(|v| v.as_object_mut())
+        {
+            sc.remove("supplementalGroups");
+            if sc.is_empty() {
+                pod.as_object_mut().map(|p| p.remove("securityContext"));
+            }
+        }
         if let Some(volumes) = pod["volumes"].as_array_mut() {
             volumes.retain(|v| *v != bpffs_volume());
         }

@@ -235,3 +235,100 @@ fn a_pin_dir_off_bpffs_leaves_the_kernel_path_on_and_says_why_it_is_not_pinned()
         .expect("a captured connection");
     assert!(got.starts_with(b"PROXY TCP4 "), "{}", got.escape_ascii());
 }
+
+/// `bpf(BPF_OBJ_GET)` of `pin` read-write (what stopping the heartbeat or
+/// redirecting a destination needs) by a root process stripped of every capability
+/// (a root container that reaches the host's bpf filesystem through a hostPath):
+/// made in the child between fork and exec, so its error is spawn's.
+fn capless_open(pin: &Path) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let path = std::ffi::CString::new(pin.to_str().expect("utf-8")).expect("no NUL");
+    let mut cmd = Command::new("true");
+    hairpin_tests::pod::with_only_caps(&mut cmd, &[]);
+    // SAFETY: one bpf system call on memory prepared before the fork, and close.
+    unsafe {
+        cmd.pre_exec(move || {
+            // union bpf_attr for BPF_OBJ_GET: pathname, bpf_fd, file_flags (0: read
+            // and write), path_fd.
+            let mut attr = [0u64; 3];
+            attr[0] = path.as_ptr() as u64;
+            let fd = libc::syscall(
+                libc::SYS_bpf,
+                7, // BPF_OBJ_GET
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            );
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd as i32);
+            Ok(())
+        });
+    }
+    cmd.status().map(|_| ())
+}
+
+/// Issue 31: since Linux 5.19 opening a pinned map needs only file access to the pin.
+/// Pinned by uid 0, a root process without any capability opens the heartbeat and
+/// the frontends map (read-write: it could stop the heartbeat or redirect a
+/// destination). Handed to the DaemonSet's pin owner (`--pin-owner`, the agent
+/// reaching them through its supplementary group), the same process cannot open
+/// either, and the datapath the agent adopted still serves.
+#[test]
+fn a_root_process_without_capabilities_cannot_open_pins_handed_to_their_owner() {
+    use std::os::unix::fs::MetadataExt;
+    require_privileges!();
+    let node = capture_node();
+    let _nginx = start_nginx(&node);
+    let yaml = hairpin_tests::agent::frontends_yaml(&all_frontends());
+    let owner = hairpin_tests::agent::DAEMONSET_PIN_OWNER;
+    let maps = node.pin_dir().join("v1").join("maps");
+    let heartbeat = maps.join("HAIRPIN_HEARTBEAT");
+    let frontends = maps.join("HAIRPIN_FRONTENDS");
+    let pins = [&heartbeat, &frontends];
+
+    // Owned by uid 0 (no --pin-owner): the capability-less process gets in.
+    let mut agent =
+        CappedAgent::start_in_groups(&node, &yaml, KERNEL_PATH_ON, &DAEMONSET_CAPS, &[]);
+    for pin in pins {
+        let opened = capless_open(pin);
+        assert!(opened.is_ok(), "uid 0 owns {}: {opened:?}", pin.display());
+    }
+    let mode = std::fs::metadata(node.pin_dir()).expect("pin dir").mode();
+    assert_eq!(mode & 0o7777, 0o700, "{mode:o}: 0700 without an owner");
+    agent.stop();
+
+    // Handed over: the next agent adopts the datapath and secures it.
+    let flag = format!("{owner}:{owner}");
+    let mut extra = KERNEL_PATH_ON.to_vec();
+    extra.extend(["--pin-owner", &flag]);
+    let mut agent = CappedAgent::start_in_groups(&node, &yaml, &extra, &DAEMONSET_CAPS, &[owner]);
+    for dir in [node.pin_dir(), maps.clone()] {
+        let m = std::fs::metadata(&dir).expect("pin dir");
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o7777),
+            (owner, owner, 0o2770),
+            "{}",
+            dir.display()
+        );
+    }
+    for pin in pins {
+        let m = std::fs::metadata(pin).expect("pin");
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (owner, owner, 0o660));
+        let opened = capless_open(pin);
+        assert_eq!(
+            opened.as_ref().map_err(std::io::Error::kind).err(),
+            Some(std::io::ErrorKind::PermissionDenied),
+            "{} must be out of its reach: {opened:?}",
+            pin.display()
+        );
+    }
+    let got = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(got.code, 0, "{got:?}\n{}", agent.log());
+    assert!(
+        agent.log().contains("pin directory handed to its owner"),
+        "{}",
+        agent.log()
+    );
+    agent.stop();
+}

@@ -72,20 +72,16 @@ fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
 
 /// One bulk download, then one upload, per target: each case's results, empty when
 /// it failed (and recorded as failed). `run` names the run (`""`, `" (kernel path)"`).
-#[expect(clippy::type_complexity, reason = "traffic::bulk's own result, twice")]
 fn transfers(
     ctx: &Ctx<'_>,
     r: &mut Results,
-    agent_pid: i32,
+    pids: (i32, i32),
     targets: &[traffic::Target],
     run: &str,
-) -> (
-    Vec<(traffic::Target, Vec<f64>)>,
-    Vec<(traffic::Target, Vec<f64>)>,
-) {
+) -> (Vec<traffic::Transfers>, Vec<traffic::Transfers>) {
     let mut one = |way: Direction, case: &str| {
         eprintln!("{case}{run} ({} MiB per transfer)", ctx.opts.bulk_mib);
-        let res = traffic::bulk(ctx, agent_pid, targets, way);
+        let res = traffic::bulk(ctx, pids, targets, way);
         record(r, &format!("{case}{run}"), res).unwrap_or_default()
     };
     (
@@ -146,7 +142,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             r.rate = rate;
             r.rss_small = Some((idle, load));
         }
-        (r.bulk, r.upload) = transfers(&ctx, &mut r, agent.pid(), &relay, "");
+        (r.bulk, r.upload) = transfers(&ctx, &mut r, (agent.pid(), haproxy.pid()), &relay, "");
     }
     drop(agent);
 
@@ -186,8 +182,13 @@ pub fn run(opts: &Options) -> Result<Results> {
         if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
             r.rate_kernel = rate;
         }
-        (r.bulk_kernel, r.upload_kernel) =
-            transfers(&ctx, &mut r, agent.pid(), &kernel, " (kernel path)");
+        (r.bulk_kernel, r.upload_kernel) = transfers(
+            &ctx,
+            &mut r,
+            (agent.pid(), haproxy.pid()),
+            &kernel,
+            " (kernel path)",
+        );
         eprintln!("kernel path: the programs' own run time (BPF statistics, wrk)");
         let only: Vec<_> = kernel
             .iter()
@@ -195,7 +196,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             .cloned()
             .collect();
         let res = programs::measure(&ctx, agent.pid(), &only);
-        r.kernel_programs =
+        (r.kernel_programs, r.kernel_programs_total) =
             record(&mut r, "program run time (kernel path)", res).unwrap_or_default();
     }
     drop(agent);
@@ -234,8 +235,8 @@ fn method_notes(o: &Options) -> Vec<String> {
     vec![
         format!("Topology: `hairpin_tests::node::SimNode` (pod, node and ingress network namespaces, veths, kube-proxy-style iptables DNAT). nginx with `listen 80 proxy_protocol` (and a plain :8081) in the ingress namespace behind every path; agent built in release with the BPF object embedded, running at `--log info`."),
         format!("Connection rate: `wrk -t1 -c{} -d{}s --latency -H 'Connection: close'` from the pod namespace inside the pod cgroup, a new TCP connection per request; targets interleaved round by round after a 1 s warm-up each. hairpin: the client dials the LB IP and the connect4 program redirects it to the relay. HAProxy: `mode tcp`, `server lb <LB IP>:80 send-proxy[-v2]`, bound on the node IP in the node namespace outside the attached cgroup (hairpin-proxy's data plane; the client dials it directly). Direct: an unproxied LB IP DNATed to nginx's plain port. The programs stay attached for all targets, so every client connect pays the same lookup.", o.wrk_connections, o.wrk_secs),
-        format!("Kernel path: the rate, bulk and upload cases again with an agent run with the default `--kernel-path auto` (connect4 marks the socket and leaves the destination, sock_ops and sk_msg write the header on the client's own socket), the hairpin rows replaced by the kernel path's and the direct and HAProxy rows measured again in the same rounds, so each ratio compares runs of one sitting. Then, apart from the timed rounds, {} wrk runs per kernel-path target with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS): for each of the agent's programs that ran (found through the agent's own descriptors), ns per run and runs per request (one new connection each).", o.runs),
-        format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; upload: `curl -T` of a sparse file of the same size to nginx's `/upload`, which answers at once and reads the body away (the transfer ends when nginx has read all of it). MB/s = 10^6 bytes/s from curl's own size and time. HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
+        format!("Kernel path: the rate, bulk and upload cases again with an agent run with the default `--kernel-path auto` (connect4 marks the socket and leaves the destination, sock_ops and sk_msg write the header on the client's own socket), the hairpin rows replaced by the kernel path's and the direct and HAProxy rows measured again in the same rounds, so each ratio compares runs of one sitting. Then, apart from the timed rounds, {} wrk runs per kernel-path target with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS): for each of the agent's programs that ran (found through the agent's own descriptors), ns per run and runs per request (one new connection each), and all of them together per connection (their run time summed, over the requests wrk completed).", o.runs),
+        format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; upload: `curl -T` of a sparse file of the same size to nginx's `/upload`, which answers at once and reads the body away (the transfer ends when nginx has read all of it). MB/s = 10^6 bytes/s from curl's own size and time. CPU per MB: over each transfer, the proxy process's user and system time (the agent for the relay rows, HAProxy for its own) and every CPU's busy time (as for the rate rows: the client, nginx, the kernel's TCP work, softirqs and kworkers, where the kernel splice sends), per 10^6 bytes. The relay splices each way once it has carried 64 KiB (`--relay-splice auto`: the kernel's stream verdict where it loads). HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib),
         "HAProxy's `server` lines dial LBs of their own (203.0.113.20 and .22, DNATed to nginx ports 83 and 84), and so do the kernel-path rows (203.0.113.30 and .32, ports 85 and 86): flows that leave the pod masqueraded to the node IP (the direct and kernel-path rows) and those from the node IP itself (HAProxy's and the relay's upstream connects) must not meet at the same nginx port, where a TIME_WAIT left by one fails the other's SYN on PAWS (different timestamp offsets) and costs a 1 s retransmit.".into(),
         format!("connect(): {full} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call. Each round runs the loop with no agent (no connect program attached anywhere, so the kernel skips the hook), then starts the agent (2 frontends) and runs one child process that moves itself back and forth {pairs} times between a cgroup outside the attached subtree (same namespace, same running agent, no program on the path) and the pod cgroup under the programs, timing {per} connects on each side of every pair (order alternating); 'added' is the median (and range) of the per-pair differences attached minus outside, so drift and the agent's presence on the 2-core machine fall on both sides alike. The outside and attached cells are per pair; the no-agent cell is one {full}-connect run per round. A third run per round turns on the kernel's BPF run-time statistics (BPF_ENABLE_STATS) and reads hairpin's programs' run_time_ns and run_cnt before and after: the program's own ns per run, and runs per connect() (1.00 = the hook ran once per call). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", full = o.connects, per = (o.connects / 4).max(1), pairs = connect::PAIRS),
         format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),

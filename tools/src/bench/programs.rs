@@ -25,6 +25,16 @@ pub struct ProgramRuns {
     pub runs_per_request: Vec<f64>,
 }
 
+/// Every program of the agent together, per request, during the wrk runs of one
+/// target: the sum over programs of ns per run × runs per request.
+#[derive(Clone, Debug, Default)]
+pub struct ProgramsTotal {
+    /// The target's row label.
+    pub target: &'static str,
+    /// ns of program run time per request (one new connection each), per round.
+    pub ns_per_request: Vec<f64>,
+}
+
 /// `(run_time_ns, run_count)` summed per kernel name over the programs whose
 /// descriptors process `pid` holds (its `prog_id:` fdinfo lines): the agent's own,
 /// not those of another agent or tool loaded under the same names.
@@ -54,10 +64,22 @@ fn snapshot(pid: i32) -> Result<BTreeMap<String, (u64, u64)>> {
 }
 
 /// For each of `targets`, `runs` wrk runs with run-time statistics on; per program
-/// that ran, its ns per run and runs per request. Statistics cost each program run
-/// two clock reads, so these runs are apart from the timed rounds.
-pub fn measure(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<ProgramRuns>> {
+/// that ran, its ns per run and runs per request, and all of them per request.
+/// Statistics cost each program run two clock reads, so these runs are apart from
+/// the timed rounds.
+pub fn measure(
+    ctx: &Ctx<'_>,
+    agent_pid: i32,
+    targets: &[Target],
+) -> Result<(Vec<ProgramRuns>, Vec<ProgramsTotal>)> {
     let mut out: Vec<ProgramRuns> = Vec::new();
+    let mut totals: Vec<ProgramsTotal> = targets
+        .iter()
+        .map(|t| ProgramsTotal {
+            target: t.name,
+            ..ProgramsTotal::default()
+        })
+        .collect();
     for _ in 0..ctx.opts.runs {
         for t in targets {
             let stats = enable_run_time_stats()
@@ -67,12 +89,14 @@ pub fn measure(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<
             let after = snapshot(agent_pid)?;
             drop(stats);
             ensure!(res.requests > 0, "{}: wrk completed no request", t.name);
+            let mut total_ns = 0u64;
             for (name, (ns, n)) in &after {
                 let (ns0, n0) = before.get(name).copied().unwrap_or_default();
                 let runs = n.saturating_sub(n0);
                 if runs == 0 {
                     continue; // loaded, not attached, or not on this path
                 }
+                total_ns += ns.saturating_sub(ns0);
                 let per_run = ns.saturating_sub(ns0) as f64 / runs as f64;
                 let per_req = runs as f64 / res.requests as f64;
                 eprintln!(
@@ -96,11 +120,19 @@ pub fn measure(ctx: &Ctx<'_>, agent_pid: i32, targets: &[Target]) -> Result<Vec<
                 slot.ns_per_run.push(per_run);
                 slot.runs_per_request.push(per_req);
             }
+            let per_request = total_ns as f64 / res.requests as f64;
+            eprintln!(
+                "  program run time: {:<32} all programs {per_request:>6.0} ns/request",
+                t.name
+            );
+            if let Some(total) = totals.iter_mut().find(|x| x.target == t.name) {
+                total.ns_per_request.push(per_request);
+            }
         }
     }
     ensure!(
         !out.is_empty(),
         "no program of the agent ran during the statistics runs"
     );
-    Ok(out)
+    Ok((out, totals))
 }

@@ -7,9 +7,9 @@ use super::{
     connect::ConnectResult,
     footprint::Footprint,
     options::Options,
-    programs::ProgramRuns,
+    programs::{ProgramRuns, ProgramsTotal},
     stats::{Spread, percentile, ratio},
-    traffic::{DIRECT, KERNEL_V1, KERNEL_V2, RateRuns, Target},
+    traffic::{DIRECT, KERNEL_V1, KERNEL_V2, RateRuns, Transfers},
 };
 
 /// Everything one bench run measured; a case that failed leaves its field empty and
@@ -20,18 +20,20 @@ pub struct Results {
     pub rate: Vec<RateRuns>,
     /// Agent RSS (KiB) idle with the bench's two frontends, and the largest under wrk.
     pub rss_small: Option<(u64, u64)>,
-    /// Bulk MB/s per target.
-    pub bulk: Vec<(Target, Vec<f64>)>,
+    /// Bulk transfers per target.
+    pub bulk: Vec<Transfers>,
     /// wrk rounds per target with the kernel path on.
     pub rate_kernel: Vec<RateRuns>,
-    /// Bulk MB/s per target with the kernel path on.
-    pub bulk_kernel: Vec<(Target, Vec<f64>)>,
-    /// Upload MB/s per target (relay run).
-    pub upload: Vec<(Target, Vec<f64>)>,
-    /// Upload MB/s per target with the kernel path on.
-    pub upload_kernel: Vec<(Target, Vec<f64>)>,
+    /// Bulk transfers per target with the kernel path on.
+    pub bulk_kernel: Vec<Transfers>,
+    /// Uploads per target (relay run).
+    pub upload: Vec<Transfers>,
+    /// Uploads per target with the kernel path on.
+    pub upload_kernel: Vec<Transfers>,
     /// The kernel path's programs' own run time under wrk.
     pub kernel_programs: Vec<ProgramRuns>,
+    /// All of the kernel path's programs together per connection, under wrk.
+    pub kernel_programs_total: Vec<ProgramsTotal>,
     /// connect() ns per case.
     pub connect: Vec<ConnectResult>,
     /// File-source convergence, ms per change.
@@ -107,7 +109,16 @@ fn kernel_rows(r: &Results, out: &mut String) {
     ] {
         if !runs.is_empty() {
             transfer_row(out, way, runs, (KERNEL_V1, "kernel"), Some(0.90));
+            machine_per_mb_row(out, way, runs, KERNEL_V1);
         }
+    }
+    for t in &r.kernel_programs_total {
+        let _ = writeln!(
+            out,
+            "| the programs' total run time per connection (Σ ns per run × runs per request, kernel BPF stats), {}, ns | {} | — | — | — | reported |",
+            t.target,
+            cell(Spread::of(&t.ns_per_request), 0),
+        );
     }
     for p in &r.kernel_programs {
         let _ = writeln!(
@@ -162,7 +173,7 @@ fn kernel_row(
 fn transfer_row(
     out: &mut String,
     figure: &str,
-    runs: &[(Target, Vec<f64>)],
+    runs: &[Transfers],
     (hairpin, who): (&str, &str),
     target: Option<f64>,
 ) {
@@ -185,11 +196,52 @@ fn transfer_row(
     );
 }
 
-/// The spread of the transfer runs of the target named `name`.
-fn spread_of(runs: &[(Target, Vec<f64>)], name: &str) -> Option<Spread> {
+/// The spread of the transfer rates of the target named `name`.
+fn spread_of(runs: &[Transfers], name: &str) -> Option<Spread> {
+    spread_by(runs, name, |x| &x.mbps)
+}
+
+/// The spread of one of the figures of the transfers of the target named `name`.
+fn spread_by(runs: &[Transfers], name: &str, of: fn(&Transfers) -> &Vec<f64>) -> Option<Spread> {
     runs.iter()
-        .find(|(t, _)| t.name == name)
-        .and_then(|(_, v)| Spread::of(v))
+        .find(|x| x.target.name == name)
+        .and_then(|x| Spread::of(of(x)))
+}
+
+/// The machine's CPU per MB moved (all CPUs, kernel work and kworkers included) by
+/// `hairpin` against direct and HAProxy, from the same `runs`.
+fn machine_per_mb_row(out: &mut String, way: &str, runs: &[Transfers], hairpin: &str) {
+    let of: fn(&Transfers) -> &Vec<f64> = |x| &x.machine_us_per_mb;
+    let (h, d, a) = (
+        spread_by(runs, hairpin, of),
+        spread_by(runs, DIRECT, of),
+        spread_by(runs, "HAProxy send-proxy", of),
+    );
+    let _ = writeln!(
+        out,
+        "| machine CPU per MB, {way} (µs, all CPUs) | {} | direct: {}; HAProxy: {} | {} | — | reported |",
+        cell(h, 0),
+        cell(d, 0),
+        cell(a, 0),
+        q_cell(ratio(h, d)),
+    );
+}
+
+/// The relay's own CPU per MB moved (the agent's user and system time) against
+/// HAProxy's, from the same `runs`.
+fn proxy_per_mb_row(out: &mut String, way: &str, runs: &[Transfers]) {
+    let of: fn(&Transfers) -> &Vec<f64> = |x| &x.proxy_us_per_mb;
+    let (h, a) = (
+        spread_by(runs, "hairpin relay, PROXY v1", of),
+        spread_by(runs, "HAProxy send-proxy", of),
+    );
+    let _ = writeln!(
+        out,
+        "| relay CPU per MB, {way} (µs, the agent's process) | {} | HAProxy: {} | {} | — | reported |",
+        cell(h, 0),
+        cell(a, 0),
+        q_cell(ratio(h, a)),
+    );
 }
 
 fn ms(s: Option<Spread>) -> Option<Spread> {
@@ -201,9 +253,17 @@ fn ms(s: Option<Spread>) -> Option<Spread> {
     })
 }
 
-/// The relay's rate rows against HAProxy, per PROXY version: new connections/s,
-/// p50 and p99 latency, proxy and machine CPU per request.
-fn rate_rows(r: &Results, out: &mut String) {
+fn main_table(r: &Results, out: &mut String) {
+    out.push_str("| Figure | hairpin | compared with | ratio | target | result |\n|---|---|---|---|---|---|\n");
+    // The default path first, then the relay.
+    kernel_rows(r, out);
+    relay_rows(r, out);
+    other_rows(r, out);
+}
+
+/// The relay's rows: rate, latency and CPU per request against HAProxy, transfers
+/// against direct (and their CPU per MB), from the relay run's rounds.
+fn relay_rows(r: &Results, out: &mut String) {
     for (v, hp, ha) in [
         ("v1", "hairpin relay, PROXY v1", "HAProxy send-proxy"),
         ("v2", "hairpin relay, PROXY v2", "HAProxy send-proxy-v2"),
@@ -213,16 +273,16 @@ fn rate_rows(r: &Results, out: &mut String) {
         let q = ratio(rps.0, rps.1);
         let _ = writeln!(
             out,
-            "| new connections/s, PROXY {v} | {} | {ha}: {} | {} | ≥ 1.10× | {} |",
+            "| new connections/s, **relay**, PROXY {v} | {} | {ha}: {} | {} | ≥ 1.30× | {} |",
             cell(rps.0, 0),
             cell(rps.1, 0),
             q.map_or("—".into(), |q| format!("{q:.2}×")),
-            met(q.map(|q| q >= 1.10))
+            met(q.map(|q| q >= 1.30))
         );
         let p50 = (h.and_then(RateRuns::p50), a.and_then(RateRuns::p50));
         let _ = writeln!(
             out,
-            "| p50 latency, PROXY {v} (ms) | {} | {ha}: {} | {} | — | — |",
+            "| p50 latency, **relay**, PROXY {v} (ms) | {} | {ha}: {} | {} | — | — |",
             cell(ms(p50.0), 2),
             cell(ms(p50.1), 2),
             ratio(p50.0, p50.1).map_or("—".into(), |q| format!("{q:.2}×")),
@@ -231,36 +291,61 @@ fn rate_rows(r: &Results, out: &mut String) {
         let q = ratio(p99.0, p99.1);
         let _ = writeln!(
             out,
-            "| p99 latency, PROXY {v} (ms) | {} | {ha}: {} | {} | ≤ HAProxy | {} |",
+            "| p99 latency, **relay**, PROXY {v} (ms) | {} | {ha}: {} | {} | ≤ HAProxy | {} |",
             cell(ms(p99.0), 2),
             cell(ms(p99.1), 2),
             q.map_or("—".into(), |q| format!("{q:.2}×")),
             met(q.map(|q| q <= 1.0))
         );
-        for (figure, of) in [
+        for (figure, of, judged) in [
             (
-                format!("proxy CPU per request, PROXY {v} (µs)"),
+                format!("proxy CPU per request, **relay**, PROXY {v} (µs)"),
                 RateRuns::cpu_per_request as fn(&RateRuns) -> Option<Spread>,
+                false,
             ),
             (
-                format!("machine CPU per request, PROXY {v} (µs, all CPUs)"),
+                format!("machine CPU per request, **relay**, PROXY {v} (µs, all CPUs)"),
                 RateRuns::machine_per_request,
+                true,
             ),
         ] {
             let (x, y) = (h.and_then(of), a.and_then(of));
+            let q = ratio(x, y);
             let _ = writeln!(
                 out,
-                "| {figure} | {} | {ha}: {} | {} | — | reported |",
+                "| {figure} | {} | {ha}: {} | {} | {} | {} |",
                 cell(x, 1),
                 cell(y, 1),
-                q_cell(ratio(x, y)),
+                q_cell(q),
+                if judged { "< HAProxy" } else { "—" },
+                if judged {
+                    met(q.map(|q| q < 1.0))
+                } else {
+                    "reported"
+                },
             );
+        }
+    }
+    for (way, runs) in [
+        ("bulk download, **relay**", &r.bulk),
+        ("bulk upload, **relay**", &r.upload),
+    ] {
+        if !runs.is_empty() {
+            transfer_row(
+                out,
+                way,
+                runs,
+                ("hairpin relay, PROXY v1", "relay"),
+                Some(0.90),
+            );
+            proxy_per_mb_row(out, way, runs);
+            machine_per_mb_row(out, way, runs, "hairpin relay, PROXY v1");
         }
     }
 }
 
-/// The connect() cost rows: added time per case, and the program's own run time.
-fn connect_rows(r: &Results, out: &mut String) {
+/// connect() overhead, convergence and footprint.
+fn other_rows(r: &Results, out: &mut String) {
     for c in &r.connect {
         let added = c.added();
         let target = if c.case.proxied {
@@ -299,29 +384,6 @@ fn connect_rows(r: &Results, out: &mut String) {
             cell(Spread::of(&c.runs_per_connect), 2),
         );
     }
-}
-
-fn main_table(r: &Results, out: &mut String) {
-    out.push_str("| Figure | hairpin | compared with | ratio | target | result |\n|---|---|---|---|---|---|\n");
-    rate_rows(r, out);
-    transfer_row(
-        out,
-        "bulk throughput",
-        &r.bulk,
-        ("hairpin relay, PROXY v1", "hairpin"),
-        Some(0.90),
-    );
-    if !r.upload.is_empty() {
-        transfer_row(
-            out,
-            "bulk upload",
-            &r.upload,
-            ("hairpin relay, PROXY v1", "hairpin"),
-            None,
-        );
-    }
-    kernel_rows(r, out);
-    connect_rows(r, out);
     let conv = &r.converge_file;
     if !conv.is_empty() {
         let _ = writeln!(
@@ -408,7 +470,10 @@ fn names_rows(f: &Footprint, out: &mut String) {
 }
 
 fn detail(r: &Results, out: &mut String) {
-    for (rate, run) in [(&r.rate, ""), (&r.rate_kernel, ", kernel path run")] {
+    for (rate, run) in [
+        (&r.rate_kernel, ", kernel path run"),
+        (&r.rate, ", relay run"),
+    ] {
         if rate.is_empty() {
             continue;
         }
@@ -429,11 +494,11 @@ fn detail(r: &Results, out: &mut String) {
         }
     }
     for (title, rate) in [
-        ("Machine CPU per request, every target", &r.rate),
         (
             "Machine CPU per request, every target, kernel path run",
             &r.rate_kernel,
         ),
+        ("Machine CPU per request, every target, relay run", &r.rate),
     ] {
         if rate.iter().all(|x| x.machine.is_empty()) {
             continue;
@@ -457,17 +522,27 @@ fn detail(r: &Results, out: &mut String) {
         }
     }
     for (title, bulk) in [
-        ("Bulk, every target", &r.bulk),
         ("Bulk, every target, kernel path run", &r.bulk_kernel),
-        ("Upload, every target", &r.upload),
         ("Upload, every target, kernel path run", &r.upload_kernel),
+        ("Bulk, every target, relay run", &r.bulk),
+        ("Upload, every target, relay run", &r.upload),
     ] {
         if bulk.is_empty() {
             continue;
         }
-        let _ = write!(out, "\n### {title}\n\n| target | MB/s |\n|---|---|\n");
-        for (t, v) in bulk {
-            let _ = writeln!(out, "| {} | {} |", t.name, cell(Spread::of(v), 0));
+        let _ = write!(
+            out,
+            "\n### {title}\n\n| target | MB/s | proxy CPU µs/MB | machine CPU µs/MB (all CPUs) |\n|---|---|---|---|\n"
+        );
+        for x in bulk {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                x.target.name,
+                cell(Spread::of(&x.mbps), 0),
+                cell(Spread::of(&x.proxy_us_per_mb), 0),
+                cell(Spread::of(&x.machine_us_per_mb), 0),
+            );
         }
     }
 }
@@ -501,9 +576,22 @@ mod tests {
     use super::*;
     use crate::bench::{
         procs::CpuTime,
-        traffic::{MachineRun, kernel_targets},
+        traffic::{MachineRun, Target, kernel_targets},
         wrk::WrkResult,
     };
+
+    fn transfers(t: &Target, mbps: f64, machine: f64) -> Transfers {
+        Transfers {
+            target: t.clone(),
+            mbps: vec![mbps],
+            proxy_us_per_mb: if t.hairpin || t.haproxy {
+                vec![machine / 2.0]
+            } else {
+                Vec::new()
+            },
+            machine_us_per_mb: vec![machine],
+        }
+    }
 
     /// One round of 1000 requests that cost `us` µs each, split evenly over two
     /// CPUs, each run for 1 s of which 0.1 s was stolen.
@@ -541,15 +629,29 @@ mod tests {
             let mut x = runs(&t, if t.hairpin { 9_000.0 } else { 10_000.0 }, 1_000.0);
             x.cpu_us_per_request = vec![if t.hairpin { 110.0 } else { 100.0 }];
             r.rate.push(x);
+            if !t.name.contains("v2") {
+                let (mbps, machine) = match (t.hairpin, t.haproxy) {
+                    (true, _) => (950.0, 800.0),
+                    (_, true) => (500.0, 1200.0),
+                    _ => (1000.0, 600.0),
+                };
+                r.bulk.push(transfers(&t, mbps, machine));
+                r.upload.push(transfers(&t, mbps * 0.8, machine));
+            }
         }
         let mut out = String::new();
         main_table(&r, &mut out);
         // Machine: 1e6/rps * 0.9 µs per request: 100 for the relay, 90 for HAProxy.
         for row in [
-            "| proxy CPU per request, PROXY v1 (µs) | 110.0 | HAProxy send-proxy: 100.0 | 1.10× | — | reported |",
-            "| machine CPU per request, PROXY v1 (µs, all CPUs) | 100.0 | HAProxy send-proxy: 90.0 | 1.11× | — | reported |",
-            "| proxy CPU per request, PROXY v2 (µs) | 110.0 | HAProxy send-proxy-v2: 100.0 | 1.10× | — | reported |",
-            "| machine CPU per request, PROXY v2 (µs, all CPUs) | 100.0 | HAProxy send-proxy-v2: 90.0 | 1.11× | — | reported |",
+            "| new connections/s, **relay**, PROXY v1 | 9000 | HAProxy send-proxy: 10000 | 0.90× | ≥ 1.30× | **missed** |",
+            "| proxy CPU per request, **relay**, PROXY v1 (µs) | 110.0 | HAProxy send-proxy: 100.0 | 1.10× | — | reported |",
+            "| machine CPU per request, **relay**, PROXY v1 (µs, all CPUs) | 100.0 | HAProxy send-proxy: 90.0 | 1.11× | < HAProxy | **missed** |",
+            "| proxy CPU per request, **relay**, PROXY v2 (µs) | 110.0 | HAProxy send-proxy-v2: 100.0 | 1.10× | — | reported |",
+            "| machine CPU per request, **relay**, PROXY v2 (µs, all CPUs) | 100.0 | HAProxy send-proxy-v2: 90.0 | 1.11× | < HAProxy | **missed** |",
+            "| bulk download, **relay** (MB/s) | 950 | direct: 1000; HAProxy: 500 (relay/HAProxy 1.90×) | 0.95× | ≥ 0.90× direct | **met** |",
+            "| relay CPU per MB, bulk download, **relay** (µs, the agent's process) | 400 | HAProxy: 600 | 0.67× | — | reported |",
+            "| machine CPU per MB, bulk download, **relay** (µs, all CPUs) | 800 | direct: 600; HAProxy: 1200 | 1.33× | — | reported |",
+            "| bulk upload, **relay** (MB/s) | 760 | direct: 800; HAProxy: 400 (relay/HAProxy 1.90×) | 0.95× | ≥ 0.90× direct | **met** |",
         ] {
             assert!(out.lines().any(|l| l == row), "{row}\nnot in\n{out}");
         }
@@ -567,14 +669,11 @@ mod tests {
             };
             r.rate_kernel.push(runs(&t, rps, p99));
             if !t.name.contains("v2") {
-                r.bulk_kernel.push((
-                    t.clone(),
-                    vec![if t.name == DIRECT { 1000.0 } else { 950.0 }],
-                ));
-                r.upload_kernel.push((
-                    t.clone(),
-                    vec![if t.name == DIRECT { 1000.0 } else { 850.0 }],
-                ));
+                let direct = t.name == DIRECT;
+                r.bulk_kernel
+                    .push(transfers(&t, if direct { 1000.0 } else { 950.0 }, 600.0));
+                r.upload_kernel
+                    .push(transfers(&t, if direct { 1000.0 } else { 850.0 }, 700.0));
             }
         }
         r.kernel_programs.push(ProgramRuns {
@@ -583,10 +682,26 @@ mod tests {
             ns_per_run: vec![700.0],
             runs_per_request: vec![3.0],
         });
+        r.kernel_programs_total.push(ProgramsTotal {
+            target: KERNEL_V1,
+            ns_per_request: vec![2_300.0, 2_100.0, 2_500.0],
+        });
         let mut out = String::new();
         kernel_rows(&r, &mut out);
         let mut rows: Vec<&str> = out.lines().collect();
-        assert_eq!(rows.len(), 9, "{out}");
+        assert_eq!(rows.len(), 12, "{out}");
+        assert_eq!(
+            rows.remove(7),
+            "| machine CPU per MB, bulk download, **kernel path** (µs, all CPUs) | 600 | direct: 600; HAProxy: 600 | 1.00× | — | reported |"
+        );
+        assert_eq!(
+            rows.remove(8),
+            "| machine CPU per MB, bulk upload, **kernel path** (µs, all CPUs) | 700 | direct: 700; HAProxy: 700 | 1.00× | — | reported |"
+        );
+        assert_eq!(
+            rows.remove(8),
+            "| the programs' total run time per connection (Σ ns per run × runs per request, kernel BPF stats), hairpin kernel path, PROXY v1, ns | 2300 (2100–2500) | — | — | — | reported |"
+        );
         // 1e6/rps * 0.9 µs per request: direct 90, kernel v1 94.7, HAProxy 180.
         assert_eq!(
             rows.remove(2),
@@ -631,7 +746,11 @@ mod tests {
                     .contains(&format!("| {DIRECT} | 90.0 | 45.0 | 45.0 | 5 | 5 | 10.0 |")),
             "{detail_out}"
         );
-        assert!(!detail_out.contains("### Machine CPU per request, every target\n"));
+        assert!(!detail_out.contains("relay run"), "{detail_out}");
+        assert!(
+            detail_out.contains(&format!("| {KERNEL_V1} | 950 | — | 600 |")),
+            "{detail_out}"
+        );
         // Without a kernel path run there are no rows.
         let mut none = String::new();
         kernel_rows(&Results::default(), &mut none);

@@ -355,22 +355,49 @@ impl Direction {
     }
 }
 
-/// Bulk MB/s (10^6 bytes per second) per target, over the rounds, one way. With
-/// `--profile DIR`, the agent's first hairpin transfer runs under `perf record`
-/// (and, in [`connection_rate`], its first PROXY v1 wrk round).
+/// One target's transfers one way, per round: the rate and what each MB cost.
+#[derive(Clone, Debug)]
+pub struct Transfers {
+    /// The target.
+    pub target: Target,
+    /// MB/s (10^6 bytes per second).
+    pub mbps: Vec<f64>,
+    /// The proxy process's CPU time (user + system) per MB moved, in µs: the agent
+    /// for the relay rows, HAProxy for its own; empty for rows without one.
+    pub proxy_us_per_mb: Vec<f64>,
+    /// Every CPU's busy time per MB moved, in µs (as [`MachineRun`] counts it):
+    /// what the bytes cost the machine, kernel work and kworkers included.
+    pub machine_us_per_mb: Vec<f64>,
+}
+
+impl Transfers {
+    fn new(target: Target) -> Transfers {
+        Transfers {
+            target,
+            mbps: Vec::new(),
+            proxy_us_per_mb: Vec::new(),
+            machine_us_per_mb: Vec::new(),
+        }
+    }
+}
+
+/// Bulk MB/s (10^6 bytes per second) per target, over the rounds, one way, with
+/// the proxy's and the machine's CPU per MB. With `--profile DIR`, the agent's first
+/// hairpin transfer runs under `perf record` (and, in [`connection_rate`], its first
+/// PROXY v1 wrk round).
 pub fn bulk(
     ctx: &Ctx<'_>,
-    agent_pid: i32,
+    (agent_pid, haproxy_pid): (i32, i32),
     targets: &[Target],
     way: Direction,
-) -> Result<Vec<(Target, Vec<f64>)>> {
+) -> Result<Vec<Transfers>> {
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets
         .iter()
         .filter(|t| !t.name.contains("v2"))
         .cloned()
         .collect();
-    let mut out: Vec<(Target, Vec<f64>)> = wanted.into_iter().map(|t| (t, Vec::new())).collect();
+    let mut out: Vec<Transfers> = wanted.into_iter().map(Transfers::new).collect();
     let upload = upload_file(ctx.node);
     let upload = upload.to_str().context("utf-8 path")?;
     let argv = |u: &str| -> Vec<String> {
@@ -402,7 +429,8 @@ pub fn bulk(
         .stdout(Stdio::null())
         .status()?;
     for round in 0..ctx.opts.runs {
-        for (t, samples) in &mut out {
+        for x in &mut out {
+            let t = &x.target;
             let u = url(t.ip, t.port, path);
             let perf = match &ctx.opts.profile {
                 Some(dir) if round == 0 && t.hairpin => Some(start_perf(
@@ -414,7 +442,14 @@ pub fn bulk(
             };
             let a = argv(&u);
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let proxy = if t.hairpin {
+                Some(agent_pid)
+            } else {
+                t.haproxy.then_some(haproxy_pid)
+            };
+            let (proxy_before, machine_before) = (proxy.and_then(cpu_us), cpu_times());
             let o = in_pod(ctx.node, ctx.client_cpu, &a).output()?;
+            let (proxy_after, machine_after) = (proxy.and_then(cpu_us), cpu_times());
             if let Some(p) = perf {
                 stop_perf(p)?;
             }
@@ -428,13 +463,21 @@ pub fn bulk(
                 way.label(),
                 String::from_utf8_lossy(&o.stderr)
             );
-            let mbps = size as f64 / secs / 1e6;
+            let (mb, mbps) = (size as f64 / 1e6, size as f64 / secs / 1e6);
+            if let (Some(a), Some(b)) = (proxy_before, proxy_after) {
+                x.proxy_us_per_mb.push((b - a) / mb);
+            }
+            if let (Some(a), Some(b)) = (machine_before, machine_after) {
+                let busy: f64 = cpu_deltas(&a, &b).iter().map(|c| c.busy_us).sum();
+                x.machine_us_per_mb.push(busy / mb);
+            }
             eprintln!(
-                "  {} round {round}: {:<32} {mbps:>8.0} MB/s",
+                "  {} round {round}: {:<32} {mbps:>8.0} MB/s, machine {:>6.0} µs/MB",
                 way.label(),
-                t.name
+                x.target.name,
+                x.machine_us_per_mb.last().copied().unwrap_or(f64::NAN),
             );
-            samples.push(mbps);
+            x.mbps.push(mbps);
         }
     }
     Ok(out)

@@ -207,7 +207,9 @@ impl Agent {
         let beating = datapath
             .as_ref()
             .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
-        let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state).await;
+        let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state)
+            .await
+            .with_splice(splice_config(&args, datapath.as_ref(), &state));
         let names = start_names(
             &args,
             &source.scope,
@@ -354,7 +356,28 @@ async fn relay_config(
         }),
         buffer_size: 64 * 1024,
         keepalive: (!args.relay_keepalive.is_zero()).then_some(args.relay_keepalive),
+        splice: crate::relay::carry::SpliceConfig::copy(),
     }
+}
+
+/// How relayed ways are spliced: `--relay-splice` against what the datapath offers
+/// (said in `/status` as `relay_splice`).
+fn splice_config(
+    args: &RunArgs,
+    datapath: Option<&Datapath>,
+    state: &AgentState,
+) -> crate::relay::carry::SpliceConfig {
+    let kernel = match datapath {
+        Some(d) => d
+            .splice()
+            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>),
+        None => Err("no eBPF datapath on this node".to_string()),
+    };
+    let (cfg, status) =
+        crate::relay::carry::resolve(args.relay_splice, args.relay_splice_after, kernel);
+    info!(configured = %status.configured, splicer = %status.splicer, reason = status.reason.as_deref().unwrap_or(""), "relay splice");
+    state.update(|s| s.relay_splice = Some(status));
+    cfg
 }
 
 /// The relay of frontends; where a datapath runs, each of its listeners and the

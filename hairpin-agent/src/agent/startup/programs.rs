@@ -169,7 +169,12 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         }),
         pin_dir: args.pin_dir().map(PathBuf::from),
         pin_layout: args.pin_layout,
+        pin_owner: args.pin_owner,
         ttl: args.datapath_ttl,
+        // Two sockets per relayed connection, each way spliced at most once.
+        splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))
+            .unwrap_or(u32::MAX)
+            .clamp(2, 1 << 20),
         link_first: args.link_order == LinkOrderMode::First,
         mesh_ports: args.mesh_capture_ports.slots(),
     }

@@ -84,7 +84,7 @@ fn observe_start(opts: &LoadOptions) -> (StartSeen, Option<PinDir>) {
     let Some(dir) = &opts.pin_dir else {
         return (seen, None);
     };
-    match PinDir::lock(dir, opts.pin_layout) {
+    match PinDir::lock(dir, opts.pin_layout, opts.pin_owner) {
         Ok(pins) => {
             seen.pins = PinDirSeen::Locked;
             seen.own_links = Role::ALL.iter().any(|r| pins.link(*r).exists());

@@ -75,6 +75,23 @@ pub enum PinError {
         /// The path.
         path: PathBuf,
     },
+    /// `--pin-owner`'s group is not among this process's groups: once the
+    /// directories are handed over the agent could not reach its own pins.
+    #[error(
+        "--pin-owner {owner}: this process is not in group {gid} (its groups: {groups}), so it \
+         could not reach {path} once handed over: give the pod that supplementary group \
+         (securityContext.supplementalGroups: [{gid}]), as the DaemonSet does"
+    )]
+    NotInGroup {
+        /// The pin directory.
+        path: PathBuf,
+        /// The owner asked for.
+        owner: PinOwner,
+        /// Its group.
+        gid: u32,
+        /// This process's groups, comma-separated.
+        groups: String,
+    },
     /// A filesystem call failed.
     #[error("failed to {op} {path}: {source}")]
     Io {
@@ -86,6 +103,10 @@ pub enum PinError {
         source: io::Error,
     },
 }
+
+mod owner;
+pub use owner::{PinOwner, secure};
+use owner::{check_in_group, private_dirs};
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PinError + 'a {
     move |source| PinError::Io {
@@ -169,10 +190,15 @@ impl std::fmt::Debug for PinDir {
 }
 
 impl PinDir {
-    /// Makes `root` (0700) and this layout's directories when missing, checks that
-    /// they are on a bpf filesystem, and takes the lock without waiting: [`PinError::Busy`]
+    /// Makes `root` and this layout's directories when missing, checks that they are
+    /// on a bpf filesystem, and takes the lock without waiting: [`PinError::Busy`]
     /// when another process holds it. `layout` is [`PIN_LAYOUT`] but in tests.
-    pub fn lock(root: &Path, layout: u32) -> Result<PinDir, PinError> {
+    /// With `owner`, everything under `root` is handed to it ([`secure`]) once locked;
+    /// without, the directories are 0700 (a hostPath made them 0755).
+    pub fn lock(root: &Path, layout: u32, owner: Option<PinOwner>) -> Result<PinDir, PinError> {
+        if let Some(owner) = owner {
+            check_in_group(root, owner)?;
+        }
         ensure_dir(root)?;
         let lock = File::open(root).map_err(io_error("open", root))?;
         match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
@@ -185,6 +211,20 @@ impl PinDir {
                 for sub in ["maps", "links", "progs"] {
                     let d = dir.layout_dir().join(sub);
                     fs::create_dir_all(&d).map_err(io_error("make", &d))?;
+                }
+                match owner {
+                    Some(owner) => {
+                        let changed = secure(root, owner)?;
+                        if changed > 0 {
+                            tracing::info!(
+                                dir = %root.display(),
+                                %owner,
+                                changed,
+                                "pin directory handed to its owner: no access for others"
+                            );
+                        }
+                    }
+                    None => private_dirs(root)?,
                 }
                 Ok(dir)
             }

@@ -1,0 +1,124 @@
+//! One way by `splice(2)` through a pipe: the kernel moves the source socket's
+//! received pages into the pipe and from the pipe into the destination's send
+//! queue, so the bytes never cross user space; the relay only says when. The kernel
+//! splice's stand-in where the datapath offers none (no programs on the node, or the
+//! stream verdict refused), and where it is chosen (`--relay-splice pipe`).
+//!
+//! A way holds a pipe only while bytes are in it: an idle connection holds none, so
+//! descriptors and pipe pages follow the bytes in flight, not the connections open.
+//! Empty pipes go back to a pool shared by every connection.
+
+use std::{
+    io,
+    os::fd::{AsFd, OwnedFd},
+    sync::{Mutex, PoisonError},
+};
+
+use tokio::{io::Interest, net::TcpStream};
+
+use super::{Fault, Way, tcp};
+
+/// Bytes asked of one `splice(2)` into the pipe: more than a pipe holds, so each
+/// call takes what the pipe has room for.
+const CHUNK: usize = 1 << 20;
+/// Empty pipes the pool keeps for the next bursts; more are closed.
+const POOL_KEEPS: usize = 64;
+
+/// A pipe's two ends.
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+/// Empty pipes, shared by every relayed connection.
+#[derive(Debug, Default)]
+pub struct PipePool(Mutex<Vec<(OwnedFd, OwnedFd)>>);
+
+impl PipePool {
+    fn take(&self) -> io::Result<Pipe> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let (read, write) = match kept {
+            Some(p) => p,
+            None => {
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)?
+            }
+        };
+        Ok(Pipe { read, write })
+    }
+
+    fn give_back(&self, p: Pipe) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < POOL_KEEPS {
+            kept.push((p.read, p.write));
+        }
+    }
+
+    /// Empty pipes kept now.
+    pub fn kept(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// What a splice through the pipe came to.
+pub(super) enum Spliced {
+    /// The source ended; the destination was shut for writing. Bytes carried.
+    Ended(u64),
+    /// No pipe could be had (descriptor limits) and nothing is held: the way goes
+    /// on as a copy. Bytes carried.
+    NoPipe(u64),
+}
+
+/// Splices `way` from `src` to `dst` until the source ends.
+pub(super) async fn splice(
+    src: &TcpStream,
+    dst: &TcpStream,
+    way: Way,
+    pool: &PipePool,
+) -> Result<Spliced, Fault> {
+    let mut carried = 0u64;
+    loop {
+        src.readable().await.map_err(|e| way.at_src(e))?;
+        let pipe = match pool.take() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "no pipe for a splice: the way goes on as a copy");
+                return Ok(Spliced::NoPipe(carried));
+            }
+        };
+        let filled = src.try_io(Interest::READABLE, || {
+            tcp::splice(src.as_fd(), pipe.write.as_fd(), CHUNK)
+        });
+        let n = match filled {
+            Ok(0) => {
+                pool.give_back(pipe);
+                tcp::shutdown_write(dst).map_err(|e| way.at_dst(e))?;
+                return Ok(Spliced::Ended(carried));
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                pool.give_back(pipe);
+                continue;
+            }
+            // The pipe may hold nothing of it: it is dropped, not pooled.
+            Err(e) => return Err(way.at_src(e)),
+        };
+        drain(&pipe, dst, n).await.map_err(|e| way.at_dst(e))?;
+        pool.give_back(pipe);
+        carried += n as u64;
+    }
+}
+
+/// Moves the `held` bytes in `pipe` to `dst`, waiting for room.
+async fn drain(pipe: &Pipe, dst: &TcpStream, mut held: usize) -> io::Result<()> {
+    while held > 0 {
+        dst.ready(Interest::WRITABLE).await?;
+        match dst.try_io(Interest::WRITABLE, || {
+            tcp::splice(pipe.read.as_fd(), dst.as_fd(), held)
+        }) {
+            Ok(n) => held -= n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
