@@ -47,7 +47,12 @@ fn container() -> Container {
     assert!(c.drop_all && !c.privileged && c.no_new_privs && c.read_only_root);
     assert_eq!(
         c.caps,
-        ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"],
+        [
+            "CAP_BPF",
+            "CAP_NET_ADMIN",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_CHOWN"
+        ],
         "the capabilities as written"
     );
     c
@@ -211,9 +216,10 @@ fn proc_status(pid: u32, name: &str) -> String {
 /// The container process is confined as the manifest says.
 fn assert_confined(pod: &PodProcess) {
     let pid = pod.pid();
-    // CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_BPF (39), nothing else.
+    // CAP_CHOWN (0), CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_BPF (39),
+    // nothing else.
     for set in ["CapEff", "CapPrm", "CapBnd"] {
-        assert_eq!(proc_status(pid, set), "0000008000001400", "{set}");
+        assert_eq!(proc_status(pid, set), "0000008000001401", "{set}");
     }
     assert_eq!(proc_status(pid, "CapInh"), "0000000000000000");
     assert_eq!(proc_status(pid, "CapAmb"), "0000000000000000");
