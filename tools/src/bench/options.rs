@@ -31,8 +31,8 @@ pub struct Options {
     /// kernel-path run's first direct and kernel-path v1 rate rounds. Those rounds'
     /// figures then include perf's own cost.
     pub profile: Option<std::path::PathBuf>,
-    /// The relay run's agent's `--relay-splice` (`None`: its default, `auto`): `off`
-    /// measures the relay copying every byte, against the spliced default.
+    /// The relay run's agent's `--relay-splice` (`None`: its default, `off`): `auto`,
+    /// `kernel` or `pipe` measure a splicer against the copy.
     pub relay_splice: Option<String>,
 }
 
