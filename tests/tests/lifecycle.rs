@@ -253,6 +253,23 @@ fn killed_agent(node: &SimNode, ttl: &str) -> (Agent, Instant) {
     (agent, Instant::now())
 }
 
+/// Every hook ran one program `before` and runs one `after`, another.
+fn assert_one_new_program_per_hook(
+    before: &BTreeSet<(String, u64)>,
+    after: &BTreeSet<(String, u64)>,
+) {
+    for hook in HOOKS {
+        let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
+        let new: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
+        assert_eq!(
+            (old.len(), new.len()),
+            (1, 1),
+            "{hook}: {before:?} -> {after:?}"
+        );
+        assert_ne!(old[0].1, new[0].1, "{hook} still runs the old program");
+    }
+}
+
 /// Waits for the agent to say it is ready.
 fn ready(agent: &mut Agent) {
     agent.wait_for_log("agent ready", Duration::from_secs(30));
@@ -469,16 +486,7 @@ fn an_upgrade_swaps_every_program_in_place_with_no_instant_without_one() {
     assert!(gaps.is_empty(), "a hook without a program: {gaps:?}");
     assert!(bad.is_empty(), "failed: {bad:?}\n{}", next.log());
     // Every hook runs the new agent's program now, through the same links.
-    for hook in HOOKS {
-        let old: Vec<_> = before.iter().filter(|(t, _)| t == hook).collect();
-        let new: Vec<_> = after.iter().filter(|(t, _)| t == hook).collect();
-        assert_eq!(
-            (old.len(), new.len()),
-            (1, 1),
-            "{hook}: {before:?} -> {after:?}"
-        );
-        assert_ne!(old[0].1, new[0].1, "{hook} still runs the old program");
-    }
+    assert_one_new_program_per_hook(&before, &after);
     assert!(seen.len() <= before.len() + after.len(), "{seen:?}");
     let s = status(&node);
     let adopted: Vec<&Value> = s["lifecycle"]["adopted"]
@@ -583,33 +591,59 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
 }
 
 #[test]
-fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_once_it_expires() {
+fn an_upgrade_across_pin_layouts_is_handed_over_at_once_with_no_instant_without_a_program() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let (_old, killed) = killed_agent(&node, "5s");
+    // The running release, with the default TTL (10 minutes): waiting it out would
+    // stall the rollout on this node.
+    let mut old = Agent::start_with(&node, &all_frontends(), DEFAULTS);
+    ready(&mut old);
     let before = attached(&node);
-    // An agent whose maps are laid out otherwise (a later release).
+    let sampler = Sampler::start(node.cgroup.clone());
+    let conns = Connector::start(&node, "203.0.113.10", "layouts");
+    conns.wait_more(10);
+    // A rollout to a release whose maps are laid out otherwise.
+    old.stop();
+    assert!(old.log().contains("datapath kept"), "{}", old.log());
+    let exited = Instant::now();
     let mut new = Agent::spawn_with(
         &node,
         &all_frontends(),
         &["--kernel-path", "auto", "--pin-layout", "2"],
     );
-    new.wait_for_log(
-        "does not adopt it and waits until it expires",
-        Duration::from_secs(10),
-    );
-    // Meanwhile the old datapath is untouched and still writes headers.
-    assert_eq!(attached(&node), before);
-    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_true_client("pod, old datapath", &reply, POD_IP4, "203.0.113.10", &new);
-    assert!(killed.elapsed() < Duration::from_secs(5));
-    // Expired, it is removed and the new layout's datapath takes its place.
     ready(&mut new);
+    let took = exited.elapsed();
     assert!(
-        killed.elapsed() >= Duration::from_secs(5),
-        "took over a live datapath"
+        took < Duration::from_secs(10),
+        "ready {took:?} after its predecessor's exit\n{}",
+        new.log()
     );
+    // The old layout's consumers go once the sockets it marked have their header.
+    new.wait_for_log(
+        "the other layout's datapath is handed over: removed",
+        Duration::from_secs(40),
+    );
+    conns.wait_more(10);
+    let Samples {
+        count: samples,
+        gaps,
+        seen: _,
+    } = sampler.finish();
+    let after = attached(&node);
+    let lines = conns.finish();
+    let bad = failed(&lines, POD_IP4);
+    eprintln!(
+        "across pin layouts: ready {took:?} after the old agent's exit, {samples} samples of \
+         the cgroup, {} connections, {} failed",
+        lines.len(),
+        bad.len()
+    );
+    assert!(samples >= 20, "too few samples: {samples}");
+    assert!(gaps.is_empty(), "a hook without a program: {gaps:?}");
+    assert!(bad.is_empty(), "failed: {bad:?}\n{}", new.log());
+    // One program per hook again, the new agent's.
+    assert_one_new_program_per_hook(&before, &after);
     assert!(
         !node.pin_dir().join("v1").exists(),
         "the old layout's pins stay"
@@ -621,6 +655,16 @@ fn an_agent_of_another_pin_layout_leaves_the_live_datapath_alone_and_takes_over_
             .join("connect4")
             .exists()
     );
+    let s = status(&node);
+    let adopted = s["lifecycle"]["adopted"].as_array().expect("adopted");
+    for hook in ["connect4", "connect6"] {
+        assert!(
+            adopted
+                .iter()
+                .any(|a| a[0] == hook && a[1] == "taken over from layout v1"),
+            "{s}"
+        );
+    }
     let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_true_client("pod, new datapath", &reply, POD_IP4, "203.0.113.10", &new);
 }

@@ -144,6 +144,7 @@ impl Agent {
         let (relay_ip, failed_listeners) = self.apply_names(&next.apply);
         if !self.ready {
             self.reconciler.forget_earlier_entries();
+            self.complete_handover();
         }
         let took = started.elapsed();
         self.report(&next.apply, relay_ip, took);
@@ -168,6 +169,30 @@ impl Agent {
                 failed = self.reconciler.failed().len(),
                 "agent ready"
             );
+        }
+    }
+
+    /// After the first apply, with this agent's frontends live: the connect links
+    /// of another layout's datapath being handed over get this agent's programs
+    /// (see `datapath::lifecycle`), and `/status` lists the links as they are now.
+    fn complete_handover(&mut self) {
+        let Some(d) = self.datapath.as_mut() else {
+            return;
+        };
+        if d.complete_handover() {
+            let ids = d.kernel_ids();
+            let adopted = d
+                .attachment()
+                .map(|a| a.adopted_status())
+                .unwrap_or_default();
+            self.state.update(|s| {
+                if let Some(a) = s.attachment.as_mut() {
+                    a.ids = ids;
+                }
+                if let Some(l) = s.lifecycle.as_mut() {
+                    l.adopted = adopted;
+                }
+            });
         }
     }
 

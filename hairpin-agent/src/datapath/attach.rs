@@ -43,6 +43,9 @@ pub enum Adoption {
     /// A pinned link was not what this hook needs (why): a new link was made and
     /// the old one detached after it.
     Replaced(String),
+    /// Another layout's link, handed over (its layout named): this agent's program
+    /// swapped into it in place, and pinned as this layout's.
+    TakenOver(String),
 }
 
 impl fmt::Display for Adoption {
@@ -51,7 +54,18 @@ impl fmt::Display for Adoption {
             Adoption::New => f.write_str("new"),
             Adoption::Swapped => f.write_str("swapped"),
             Adoption::Replaced(why) => write!(f, "replaced: {why}"),
+            Adoption::TakenOver(layout) => write!(f, "taken over from layout {layout}"),
         }
+    }
+}
+
+impl Attachment {
+    /// Per hook, what became of its link, as `status` lists it.
+    pub fn adopted_status(&self) -> Vec<(String, String)> {
+        self.adopted
+            .iter()
+            .map(|(hook, how)| (hook.to_string(), how.to_string()))
+            .collect()
     }
 }
 

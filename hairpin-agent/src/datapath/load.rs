@@ -134,6 +134,9 @@ pub struct Datapath {
     pub(super) splice: Result<super::splice::Splice, String>,
     /// Where new connect links go among the other programs at the cgroup.
     pub(super) link_order: LinkOrder,
+    /// Another layout's live datapath being handed over, until this agent's
+    /// frontends are live (see `lifecycle::takeover`).
+    pub(super) handover: Option<super::lifecycle::Handover>,
     /// Reads the programs' aya-log events into the agent's log while it lives.
     _events: Option<EventsReader>,
 }
@@ -234,6 +237,7 @@ impl Datapath {
             mptcp,
             splice,
             link_order,
+            handover: None,
             _events: events,
         })
     }

@@ -274,12 +274,7 @@ pub(super) fn report_kernel_path(
             heartbeat_age_seconds: None,
             adopted: d
                 .attachment()
-                .map(|a| {
-                    a.adopted
-                        .iter()
-                        .map(|(hook, how)| (hook.to_string(), how.to_string()))
-                        .collect()
-                })
+                .map(|a| a.adopted_status())
                 .unwrap_or_default(),
         })
     });

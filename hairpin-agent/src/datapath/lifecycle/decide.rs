@@ -9,11 +9,11 @@ use super::state::{
     StartSeen, Stop, StopSeen, Wait,
 };
 
-/// At start, for an agent of pin layout `layout`: wait while another agent holds
-/// the lock or a live datapath of another layout is pinned; else take over what of
-/// other layouts has expired, then adopt this layout's datapath or start fresh.
+/// At start: wait while another agent holds the lock; else take over what of other
+/// layouts has expired, hand over what of them is live (the lock is this agent's,
+/// so their agent has exited), then adopt this layout's datapath or start fresh.
 /// Without a usable pin directory the datapath is the process's own.
-pub fn start(seen: &StartSeen, layout: u32) -> Start {
+pub fn start(seen: &StartSeen) -> Start {
     let dir = seen.dir.clone().unwrap_or_default();
     match &seen.pins {
         PinDirSeen::Off => Start::Go(Go::Unpinned(None)),
@@ -25,10 +25,14 @@ pub fn start(seen: &StartSeen, layout: u32) -> Start {
                 .iter()
                 .cloned()
                 .partition(|f| matches!(f.heartbeat, HeartbeatState::Live(_)));
-            if !live.is_empty() {
-                return Start::Wait(Wait::OutLayout { dir, layout, live });
-            }
             let then = if seen.own_links { Go::Adopt } else { Go::Fresh };
+            if !live.is_empty() {
+                return Start::Go(Go::HandOver {
+                    live,
+                    expired,
+                    then: Box::new(then),
+                });
+            }
             if expired.is_empty() {
                 Start::Go(then)
             } else {
@@ -45,7 +49,24 @@ pub fn start(seen: &StartSeen, layout: u32) -> Start {
 /// its pinned link's program swapped in place when that link is its own, or a new
 /// link before the stale one goes; a hook no longer wanted loses the link an earlier
 /// agent left there.
+///
+/// During a hand-over, a connect hook with nothing of this layout pinned and the
+/// other layout's link there keeps that link: its program serves until this agent's
+/// frontends are live, then this agent's is swapped into it in place. Never two
+/// connect programs that mark at once, never none.
 pub fn hook(seen: &HookSeen) -> Hook {
+    let own_absent = matches!(seen.pinned, PinnedLink::NotPinning | PinnedLink::Absent);
+    if seen.wanted
+        && !seen.role.kernel_path_only()
+        && own_absent
+        && seen.theirs == PinnedLink::Matches
+    {
+        return if seen.frontends_live {
+            Hook::TakeOverLink
+        } else {
+            Hook::Defer
+        };
+    }
     match (seen.wanted, &seen.pinned) {
         (true, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::NewLink,
         (true, PinnedLink::Matches) => Hook::SwapInPlace,

@@ -25,6 +25,7 @@ use super::{
         ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Start, StartSeen,
         Wait,
     },
+    takeover::Handover,
 };
 
 /// What [`start`] came to.
@@ -50,7 +51,7 @@ pub enum Started {
 /// observation takes it again.
 pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
     let (seen, pins) = observe_start(opts);
-    let go = match decide::start(&seen, opts.pin_layout) {
+    let go = match decide::start(&seen) {
         Start::Wait(wait) => return Ok(Started::Waiting(wait)),
         Start::Go(go) => go,
     };
@@ -63,7 +64,10 @@ pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError
         (Go::Unpinned(None), _) | (_, None) => Pin::Off,
         (_, Some(dir)) => Pin::Pinned(dir.clone()),
     };
-    let datapath = Datapath::load_with(object, opts, pins, pin)?;
+    let mut datapath = Datapath::load_with(object, opts, pins, pin)?;
+    if let Go::HandOver { live, .. } = &go {
+        datapath.handover = Some(Handover::of(live));
+    }
     Ok(Started::Loaded { datapath, go })
 }
 
@@ -105,9 +109,9 @@ fn observe_start(opts: &LoadOptions) -> (StartSeen, Option<PinDir>) {
     }
 }
 
-/// Removes the expired datapaths of other layouts a takeover names.
+/// Removes the expired datapaths of other layouts a takeover or a hand-over names.
 fn take_over(go: &Go) {
-    let Go::TakeOver { expired, .. } = go else {
+    let (Go::TakeOver { expired, .. } | Go::HandOver { expired, .. }) = go else {
         return;
     };
     for layout in expired {
@@ -121,15 +125,32 @@ fn take_over(go: &Go) {
 }
 
 /// Where the hooks are: the cgroup's directory, open, and its id.
-struct Target<'a> {
+pub(super) struct Target<'a> {
     path: &'a Path,
     dir: File,
     id: u64,
 }
 
+impl<'a> Target<'a> {
+    /// The cgroup v2 directory `cgroup`, opened.
+    pub(super) fn open(cgroup: &'a Path) -> Result<Target<'a>, DatapathError> {
+        let cgroup_error = |source| DatapathError::Cgroup {
+            path: cgroup.to_path_buf(),
+            source,
+        };
+        let dir = File::open(cgroup).map_err(cgroup_error)?;
+        let id = sys::cgroup_id(&dir).map_err(cgroup_error)?;
+        Ok(Target {
+            path: cgroup,
+            dir,
+            id,
+        })
+    }
+}
+
 impl Datapath {
     /// The program this agent runs at `role`, if it uses the hook.
-    fn program_for(&self, role: Role) -> Option<&'static str> {
+    pub(super) fn program_for(&self, role: Role) -> Option<&'static str> {
         let kernel_path = self.kernel_path.is_on();
         match role {
             Role::SkMsg => kernel_path.then_some(PROG_SK_MSG),
@@ -153,17 +174,7 @@ impl Datapath {
     /// detached). Links of hooks this agent does not use (the kernel path off now)
     /// are detached after the connect programs were swapped.
     pub fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
-        let cgroup_error = |source| DatapathError::Cgroup {
-            path: cgroup.to_path_buf(),
-            source,
-        };
-        let dir = File::open(cgroup).map_err(cgroup_error)?;
-        let id = sys::cgroup_id(&dir).map_err(cgroup_error)?;
-        let target = Target {
-            path: cgroup,
-            dir,
-            id,
-        };
+        let target = Target::open(cgroup)?;
         // Live before any program of this agent's runs: a new datapath, or one
         // whose earlier agent has been gone past the TTL, acts from now on.
         if let Err(e) = self.heartbeat.beat() {
@@ -175,7 +186,7 @@ impl Datapath {
             let Some(program) = self.program_for(role) else {
                 continue;
             };
-            match self.execute_hook(role, Some(program), &target) {
+            match self.execute_hook(role, Some(program), &target, false) {
                 Ok(Some((link, how))) => {
                     adopted.push((role.name(), how));
                     links.push(link);
@@ -233,29 +244,34 @@ impl Datapath {
             if links.iter().any(|l| l.role == role) {
                 continue;
             }
-            if let Err(e) = self.execute_hook(role, None, target) {
+            if let Err(e) = self.execute_hook(role, None, target, false) {
                 tracing::warn!(hook = role.name(), error = %e, "an earlier agent's unused link could not be detached");
             }
         }
     }
 
-    /// Observes `role`'s pinned link, decides, and acts: `program` is what this agent
-    /// runs there (`None`: it does not use the hook). The link made or adopted, and
-    /// how.
-    fn execute_hook(
+    /// Observes `role`'s pinned link (and the one of a layout being handed over),
+    /// decides, and acts: `program` is what this agent runs there (`None`: it does
+    /// not use the hook), `frontends_live` whether its frontends are. The link made,
+    /// adopted or taken over, and how.
+    pub(super) fn execute_hook(
         &mut self,
         role: Role,
         program: Option<&'static str>,
         target: &Target<'_>,
+        frontends_live: bool,
     ) -> Result<Option<(Link, Adoption)>, DatapathError> {
         let error = |op: &'static str| link_error(role, target.path, op);
         let (target_fd, target_id) = self.target_of(role, target).map_err(error("read"))?;
         let (mut pinned, old) = self.observe_hook(role, target_id, target.path)?;
+        let (mut theirs_seen, theirs) = self.observe_foreign(role, target_id, target.path)?;
         loop {
             let seen = HookSeen {
                 role,
                 wanted: program.is_some(),
                 pinned: pinned.clone(),
+                theirs: theirs_seen.clone(),
+                frontends_live,
             };
             let action = decide::hook(&seen);
             let name = match (&action, program) {
@@ -263,11 +279,28 @@ impl Datapath {
                     self.detach_unused_link(role, old.as_ref());
                     return Ok(None);
                 }
+                (Hook::Defer, _) => {
+                    if let Some(h) = self.handover.as_mut() {
+                        h.deferred.push(role);
+                    }
+                    return Ok(None);
+                }
                 (Hook::Leave, _) | (_, None) => return Ok(None),
                 (_, Some(name)) => name,
             };
             let prog = self.program_fd(role, name, target.path)?;
             let how = match action {
+                Hook::TakeOverLink => {
+                    if let Some(t) = &theirs
+                        && let Some(done) =
+                            self.take_over_link(role, name, &prog, t, target.path)?
+                    {
+                        return Ok(Some(done));
+                    }
+                    // Its cgroup went away: a new link of this agent's, decided again.
+                    theirs_seen = PinnedLink::Stale("update: the link's target is gone".into());
+                    continue;
+                }
                 Hook::SwapInPlace => {
                     let old = old.as_ref().map(|(fd, info)| (fd, info.prog_id));
                     match self.swap_in_place(role, &prog, old, target.path)? {
@@ -286,7 +319,7 @@ impl Datapath {
                 }
                 Hook::Replace(why) => Adoption::Replaced(why),
                 // (the last two returned above)
-                Hook::NewLink | Hook::DetachUnused | Hook::Leave => Adoption::New,
+                Hook::NewLink | Hook::DetachUnused | Hook::Leave | Hook::Defer => Adoption::New,
             };
             let fd = self.create_link(role, &prog, &target_fd, error("create"))?;
             self.pin_link(role, fd.as_ref(), &prog, target.path)?;
@@ -379,23 +412,8 @@ impl Datapath {
             return Ok(None);
         };
         let prog_pin = pins.prog(role);
-        let expected = sys::open_pinned(&prog_pin)
-            .ok()
-            .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == running));
-        if expected.is_none() {
-            tracing::warn!(
-                hook = role.name(),
-                "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
-            );
-        }
-        match sys::link_update(
-            link.as_fd(),
-            prog.as_fd(),
-            expected.as_ref().map(|p| p.as_fd()),
-        ) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => return Ok(None),
-            Err(e) => return Err(error("update")(e)),
+        if !update_link(role, link, prog, (&prog_pin, running), cgroup)? {
+            return Ok(None);
         }
         repin(&prog_pin, prog).map_err(error("pin"))?;
         let link = link.try_clone().map_err(error("read"))?;
@@ -404,7 +422,7 @@ impl Datapath {
 
     /// Pins a new link `fd` (none: sk_msg on the map the old way) and its program
     /// `prog` at `role`'s pins, when the datapath is pinned.
-    fn pin_link(
+    pub(super) fn pin_link(
         &self,
         role: Role,
         fd: Option<&OwnedFd>,
@@ -553,12 +571,14 @@ fn log_adoptions(adopted: &[(&'static str, Adoption)]) {
             Adoption::Replaced(why) => {
                 tracing::warn!(hook, reason = %why, "the pinned link was replaced")
             }
+            // Logged where it happens (takeover.rs).
+            Adoption::TakenOver(_) => {}
         }
     }
 }
 
 /// The error of linking `role` at `cgroup` when `op` fails.
-fn link_error(
+pub(super) fn link_error(
     role: Role,
     cgroup: &Path,
     op: &'static str,
@@ -573,7 +593,7 @@ fn link_error(
 }
 
 /// A [`Link`] record for `fd` (its id read from the kernel).
-fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) -> Link {
+pub(super) fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) -> Link {
     let id = fd
         .as_ref()
         .and_then(|fd| sys::link_info(fd.as_fd()).ok())
@@ -583,6 +603,38 @@ fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) -> Link {
         program,
         fd,
         id,
+    }
+}
+
+/// Swaps `prog` into `link` in place (`BPF_LINK_UPDATE`), compare-and-swap against
+/// the program pinned at `expected.0` when that is the one the link runs (id
+/// `expected.1`). `false` when the kernel says the link can no longer be updated
+/// (ENOLINK: its cgroup went away).
+pub(super) fn update_link(
+    role: Role,
+    link: &OwnedFd,
+    prog: &OwnedFd,
+    expected: (&Path, u32),
+    cgroup: &Path,
+) -> Result<bool, DatapathError> {
+    let (pinned, running) = expected;
+    let expected = sys::open_pinned(pinned)
+        .ok()
+        .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == running));
+    if expected.is_none() {
+        tracing::warn!(
+            hook = role.name(),
+            "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
+        );
+    }
+    match sys::link_update(
+        link.as_fd(),
+        prog.as_fd(),
+        expected.as_ref().map(|p| p.as_fd()),
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => Ok(false),
+        Err(e) => Err(link_error(role, cgroup, "update")(e)),
     }
 }
 

@@ -7,7 +7,7 @@
 //! - decide.rs: pure functions from one to the other, unit-tested without root
 //!   (tests.rs), and the one consumers-first order;
 //! - execute.rs: the executor, the only code that observes and changes links and
-//!   pins.
+//!   pins; takeover.rs, its part that hands over another layout's live datapath.
 //!
 //! Waiting (for the lock, or for another layout's datapath to expire) is a state the
 //! agent reports, never an error. The transition table, each row with the test that
@@ -19,12 +19,15 @@
 pub mod decide;
 mod execute;
 mod state;
+mod takeover;
 
 pub use execute::{Started, start};
 pub use state::{
     Drain, DrainSeen, ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink,
     Removal, Start, StartSeen, Stop, StopSeen, Wait,
 };
+pub(super) use takeover::Handover;
+pub use takeover::RETIRE_MAX;
 
 #[cfg(test)]
 mod tests;

@@ -68,16 +68,6 @@ pub enum Wait {
         /// The pin directory.
         dir: PathBuf,
     },
-    /// Live datapaths of another layout that this agent cannot take over: it would
-    /// misread their maps, and their programs still write headers.
-    OutLayout {
-        /// The pin directory.
-        dir: PathBuf,
-        /// This agent's layout.
-        layout: u32,
-        /// The live layouts.
-        live: Vec<ForeignLayout>,
-    },
 }
 
 impl fmt::Display for Wait {
@@ -89,19 +79,6 @@ impl fmt::Display for Wait {
                  hairpin agent owns this node's datapath",
                 dir.display()
             ),
-            Wait::OutLayout { dir, layout, live } => {
-                let names: Vec<String> = live.iter().map(ForeignLayout::name).collect();
-                let states: Vec<String> = live.iter().map(|l| l.heartbeat.to_string()).collect();
-                write!(
-                    f,
-                    "waiting out layout {names}: {dir} holds a datapath of another pin layout \
-                     whose heartbeat is {states}: this agent (layout v{layout}) does not adopt \
-                     it and waits until it expires; `hairpin-agent cleanup` removes it now",
-                    names = names.join(", "),
-                    dir = dir.display(),
-                    states = states.join("; "),
-                )
-            }
         }
     }
 }
@@ -122,6 +99,20 @@ pub enum Go {
         /// Fresh or adopt, once they are gone.
         then: Box<Go>,
     },
+    /// Live datapaths of another layout whose agent has exited (this one holds the
+    /// lock): expired ones removed first; then this agent goes on as `then` says,
+    /// linking its consumers beside the other layout's, and once its frontends are
+    /// live swaps its connect programs into the other layout's connect links in
+    /// place (the hooks never run without a program, nor with two that mark); the
+    /// other layout goes once the sockets it marked have their header.
+    HandOver {
+        /// The live layouts handed over.
+        live: Vec<ForeignLayout>,
+        /// Expired layouts, removed first.
+        expired: Vec<ForeignLayout>,
+        /// Fresh or adopt.
+        then: Box<Go>,
+    },
     /// Nothing pinned and nothing to pin: the datapath goes with this process
     /// (`None`: no pin directory asked for; else why it cannot be used).
     Unpinned(Option<String>),
@@ -137,6 +128,14 @@ impl fmt::Display for Go {
                 write!(
                     f,
                     "take over from layout {} (expired), then {then}",
+                    names.join(", ")
+                )
+            }
+            Go::HandOver { live, then, .. } => {
+                let names: Vec<String> = live.iter().map(ForeignLayout::name).collect();
+                write!(
+                    f,
+                    "hand over from layout {} (live, its agent gone), then {then}",
                     names.join(", ")
                 )
             }
@@ -171,6 +170,11 @@ pub struct HookSeen {
     pub wanted: bool,
     /// What is pinned at its link pin.
     pub pinned: PinnedLink,
+    /// What the layout being handed over pinned at this hook (`Absent` when none
+    /// is, or there is no hand-over).
+    pub theirs: PinnedLink,
+    /// Whether this agent's frontends are live (its first apply is done).
+    pub frontends_live: bool,
 }
 
 /// What the agent does at one hook.
@@ -187,6 +191,13 @@ pub enum Hook {
     DetachUnused,
     /// Nothing there and nothing wanted.
     Leave,
+    /// A connect hook of a hand-over before this agent's frontends are live: the
+    /// other layout's program keeps serving there, this agent's is not linked yet.
+    Defer,
+    /// A connect hook of a hand-over once this agent's frontends are live: its
+    /// program swapped into the other layout's link in place, which is pinned as
+    /// this layout's from then on.
+    TakeOverLink,
 }
 
 /// A hook's link could not be made: what of the datapath goes on.

@@ -7,8 +7,6 @@ use super::super::{Fill, HeartbeatState, Role, sys};
 use super::decide;
 use super::*;
 
-const LAYOUT: u32 = 2;
-
 fn seen(pins: PinDirSeen, own_links: bool, foreign: Vec<ForeignLayout>) -> StartSeen {
     StartSeen {
         pins,
@@ -36,7 +34,7 @@ fn without_a_pin_dir_the_datapath_is_the_processs_own() {
         own_links: false,
         foreign: Vec::new(),
     };
-    assert_eq!(decide::start(&s, LAYOUT), Start::Go(Go::Unpinned(None)));
+    assert_eq!(decide::start(&s), Start::Go(Go::Unpinned(None)));
 }
 
 #[test]
@@ -47,7 +45,7 @@ fn an_unusable_pin_dir_leaves_the_datapath_unpinned_and_says_why() {
         vec![],
     );
     assert_eq!(
-        decide::start(&s, LAYOUT),
+        decide::start(&s),
         Start::Go(Go::Unpinned(Some("not on a bpf filesystem".into())))
     );
 }
@@ -56,7 +54,7 @@ fn an_unusable_pin_dir_leaves_the_datapath_unpinned_and_says_why() {
 fn a_pin_dir_another_agent_holds_is_waited_for() {
     // Even with another layout's datapath in it: only the lock's holder reads that.
     let s = seen(PinDirSeen::Busy, true, vec![layout(1, LIVE)]);
-    let Start::Wait(wait) = decide::start(&s, LAYOUT) else {
+    let Start::Wait(wait) = decide::start(&s) else {
         panic!("a busy pin dir must be waited for");
     };
     assert_eq!(
@@ -79,43 +77,49 @@ fn a_pin_dir_another_agent_holds_is_waited_for() {
 #[test]
 fn an_empty_pin_dir_starts_fresh() {
     let s = seen(PinDirSeen::Locked, false, vec![]);
-    assert_eq!(decide::start(&s, LAYOUT), Start::Go(Go::Fresh));
+    assert_eq!(decide::start(&s), Start::Go(Go::Fresh));
 }
 
 #[test]
 fn an_earlier_agents_datapath_of_this_layout_is_adopted() {
     let s = seen(PinDirSeen::Locked, true, vec![]);
-    assert_eq!(decide::start(&s, LAYOUT), Start::Go(Go::Adopt));
+    assert_eq!(decide::start(&s), Start::Go(Go::Adopt));
 }
 
 #[test]
-fn a_live_datapath_of_another_layout_is_waited_out() {
+fn a_live_datapath_of_another_layout_is_handed_over_at_once() {
+    // The lock is this agent's: the other layout's agent has exited, whatever its
+    // heartbeat says. Its datapath serves until this agent's is ready for it.
     let s = seen(PinDirSeen::Locked, false, vec![layout(1, LIVE)]);
-    let Start::Wait(wait) = decide::start(&s, LAYOUT) else {
-        panic!("a live datapath of another layout must be waited out");
-    };
-    let text = wait.to_string();
-    assert!(text.starts_with("waiting out layout v1: "), "{text}");
-    assert!(text.contains("live for 540s more"), "{text}");
-    assert!(
-        text.contains("this agent (layout v2) does not adopt it and waits until it expires"),
-        "{text}"
+    let go = decide::start(&s);
+    assert_eq!(
+        go,
+        Start::Go(Go::HandOver {
+            live: vec![layout(1, LIVE)],
+            expired: vec![],
+            then: Box::new(Go::Fresh),
+        })
+    );
+    let Start::Go(go) = go else { unreachable!() };
+    assert_eq!(
+        go.to_string(),
+        "hand over from layout v1 (live, its agent gone), then fresh"
     );
 }
 
 #[test]
-fn one_live_layout_among_expired_ones_is_waited_out() {
+fn expired_layouts_go_first_and_live_ones_are_handed_over() {
     let s = seen(
         PinDirSeen::Locked,
-        false,
+        true,
         vec![layout(1, EXPIRED), layout(3, LIVE)],
     );
     assert_eq!(
-        decide::start(&s, LAYOUT),
-        Start::Wait(Wait::OutLayout {
-            dir: PathBuf::from("/sys/fs/bpf/hairpin"),
-            layout: LAYOUT,
+        decide::start(&s),
+        Start::Go(Go::HandOver {
             live: vec![layout(3, LIVE)],
+            expired: vec![layout(1, EXPIRED)],
+            then: Box::new(Go::Adopt),
         })
     );
 }
@@ -130,7 +134,7 @@ fn an_expired_datapath_of_another_layout_is_taken_over() {
     ];
     let fresh = seen(PinDirSeen::Locked, false, gone.clone());
     assert_eq!(
-        decide::start(&fresh, LAYOUT),
+        decide::start(&fresh),
         Start::Go(Go::TakeOver {
             expired: gone.clone(),
             then: Box::new(Go::Fresh)
@@ -138,7 +142,7 @@ fn an_expired_datapath_of_another_layout_is_taken_over() {
     );
     let adopt = seen(PinDirSeen::Locked, true, gone.clone());
     assert_eq!(
-        decide::start(&adopt, LAYOUT),
+        decide::start(&adopt),
         Start::Go(Go::TakeOver {
             expired: gone,
             then: Box::new(Go::Adopt)
@@ -151,7 +155,63 @@ fn hook(wanted: bool, pinned: PinnedLink) -> Hook {
         role: Role::Connect4,
         wanted,
         pinned,
+        theirs: PinnedLink::Absent,
+        frontends_live: false,
     })
+}
+
+fn handed_over(role: Role, pinned: PinnedLink, theirs: PinnedLink, frontends_live: bool) -> Hook {
+    decide::hook(&HookSeen {
+        role,
+        wanted: true,
+        pinned,
+        theirs,
+        frontends_live,
+    })
+}
+
+#[test]
+fn a_handed_over_connect_link_serves_until_the_frontends_are_live_then_is_taken_over() {
+    for role in [Role::Connect4, Role::Connect6] {
+        for own in [PinnedLink::Absent, PinnedLink::NotPinning] {
+            assert_eq!(
+                handed_over(role, own.clone(), PinnedLink::Matches, false),
+                Hook::Defer,
+                "{role:?}"
+            );
+            assert_eq!(
+                handed_over(role, own, PinnedLink::Matches, true),
+                Hook::TakeOverLink,
+                "{role:?}"
+            );
+        }
+        // Its link elsewhere or gone: this agent links its own.
+        assert_eq!(
+            handed_over(
+                role,
+                PinnedLink::Absent,
+                PinnedLink::Stale("x".into()),
+                true
+            ),
+            Hook::NewLink
+        );
+        // This layout's own link wins: swapped in place as in any adoption.
+        assert_eq!(
+            handed_over(role, PinnedLink::Matches, PinnedLink::Matches, false),
+            Hook::SwapInPlace
+        );
+    }
+}
+
+#[test]
+fn a_handed_over_layouts_consumers_stay_beside_this_agents_new_ones() {
+    for role in [Role::SkMsg, Role::SockOps, Role::SetSockopt] {
+        assert_eq!(
+            handed_over(role, PinnedLink::Absent, PinnedLink::Matches, false),
+            Hook::NewLink,
+            "{role:?}"
+        );
+    }
 }
 
 #[test]
