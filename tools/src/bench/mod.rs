@@ -70,6 +70,15 @@ fn start_agent(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
     Agent::start_logging(node, specs, "info", AGENT_ARGS)
 }
 
+/// The relay run's agent: the traffic frontends, with `--relay-splice` as asked.
+fn relay_agent(node: &SimNode, opts: &Options) -> Agent {
+    let mut args: Vec<&str> = AGENT_ARGS.to_vec();
+    if let Some(mode) = &opts.relay_splice {
+        args.extend(["--relay-splice", mode.as_str()]);
+    }
+    Agent::start_logging(node, &traffic_specs(), "info", &args)
+}
+
 /// One bulk download, then one upload, per target: each case's results, empty when
 /// it failed (and recorded as failed). `run` names the run (`""`, `" (kernel path)"`).
 fn transfers(
@@ -131,11 +140,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let res = connect::overhead(&ctx, &|| start_agent(&node, &traffic_specs()));
     r.connect = record(&mut r, "connect overhead", res).unwrap_or_default();
 
-    let mut relay_args: Vec<&str> = AGENT_ARGS.to_vec();
-    if let Some(mode) = &opts.relay_splice {
-        relay_args.extend(["--relay-splice", mode.as_str()]);
-    }
-    let agent = Agent::start_logging(&node, &traffic_specs(), "info", &relay_args);
+    let agent = relay_agent(&node, opts);
     std::thread::sleep(Duration::from_millis(300));
     let idle = procs::rss_kib(agent.pid()).unwrap_or(0);
     let relay = traffic::targets();
