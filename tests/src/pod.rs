@@ -80,6 +80,8 @@ pub struct Container {
     pub uid: u32,
     /// `securityContext.runAsGroup`.
     pub gid: u32,
+    /// The pod's `securityContext.supplementalGroups`.
+    pub groups: Vec<u32>,
     /// `!allowPrivilegeEscalation`.
     pub no_new_privs: bool,
     /// `capabilities.add`, as `CAP_` names.
@@ -171,6 +173,14 @@ pub fn daemonset_container(path: &str) -> Container {
         read_only_root: sc["readOnlyRootFilesystem"].as_bool().unwrap_or(false),
         uid: sc["runAsUser"].as_u64().unwrap_or(0) as u32,
         gid: sc["runAsGroup"].as_u64().unwrap_or(0) as u32,
+        groups: spec["securityContext"]["supplementalGroups"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|g| g.as_u64().expect("a group id") as u32)
+                    .collect()
+            })
+            .unwrap_or_default(),
         no_new_privs: sc["allowPrivilegeEscalation"] == false,
         caps,
         drop_all: strs(&sc["capabilities"]["drop"]).iter().any(|d| d == "ALL"),
@@ -458,6 +468,8 @@ pub struct Launch {
     pub uid: u32,
     /// gid.
     pub gid: u32,
+    /// Supplementary groups (the pod's `supplementalGroups`).
+    pub groups: Vec<u32>,
     /// The bounding, permitted and effective capabilities (`CAP_` names).
     pub caps: Vec<String>,
     /// `no_new_privs`.
@@ -481,7 +493,7 @@ impl Launch {
         json!({
             "netns": self.netns, "cgroup": self.cgroup, "root": self.root,
             "binary": self.binary, "binds": binds, "read_only_root": self.read_only_root,
-            "uid": self.uid, "gid": self.gid, "caps": self.caps,
+            "uid": self.uid, "gid": self.gid, "groups": self.groups, "caps": self.caps,
             "no_new_privs": self.no_new_privs, "seccomp": self.seccomp,
             "argv": self.argv, "env": self.env,
         })
@@ -517,6 +529,12 @@ impl Launch {
             read_only_root: v["read_only_root"].as_bool().expect("read_only_root"),
             uid: v["uid"].as_u64().expect("uid") as u32,
             gid: v["gid"].as_u64().expect("gid") as u32,
+            groups: v["groups"]
+                .as_array()
+                .expect("groups")
+                .iter()
+                .map(|g| g.as_u64().expect("a group id") as u32)
+                .collect(),
             caps: strs("caps"),
             no_new_privs: v["no_new_privs"].as_bool().expect("no_new_privs"),
             seccomp: v["seccomp"].as_str().map(PathBuf::from),
@@ -775,7 +793,8 @@ fn setup_and_exec(l: &Launch) -> anyhow::Result<Never> {
     umount2(".", MntFlags::MNT_DETACH).context("detach the old root")?;
     chdir("/")?;
 
-    setgroups(&[]).context("setgroups")?;
+    let groups: Vec<Gid> = l.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    setgroups(&groups).context("setgroups")?;
     setgid(Gid::from_raw(l.gid)).context("setgid")?;
     if l.uid != 0 {
         // SAFETY: prctl with integer arguments.

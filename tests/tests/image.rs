@@ -301,6 +301,15 @@ fn pod_spec_args(
             sc.run_as_group.expect("runAsGroup")
         ),
     ]);
+    // The pod's supplementalGroups (the pins' owner's group).
+    for g in pod
+        .security_context
+        .as_ref()
+        .and_then(|s| s.supplemental_groups.clone())
+        .unwrap_or_default()
+    {
+        add(&["--group-add", &g.to_string()]);
+    }
     if let Some(profile) = seccomp {
         add(&["--security-opt", &format!("seccomp={}", profile.display())]);
     }

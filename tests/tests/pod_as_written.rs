@@ -47,7 +47,12 @@ fn container() -> Container {
     assert!(c.drop_all && !c.privileged && c.no_new_privs && c.read_only_root);
     assert_eq!(
         c.caps,
-        ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"],
+        [
+            "CAP_BPF",
+            "CAP_NET_ADMIN",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_CHOWN"
+        ],
         "the capabilities as written"
     );
     c
@@ -131,6 +136,7 @@ fn launch(
         read_only_root: c.read_only_root,
         uid: c.uid,
         gid: c.gid,
+        groups: c.groups.clone(),
         caps: c.caps.clone(),
         no_new_privs: c.no_new_privs,
         seccomp: Some(seccomp.to_path_buf()),
@@ -211,10 +217,13 @@ fn proc_status(pid: u32, name: &str) -> String {
 /// The container process is confined as the manifest says.
 fn assert_confined(pod: &PodProcess) {
     let pid = pod.pid();
-    // CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_BPF (39), nothing else.
+    // CAP_CHOWN (0), CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12), CAP_BPF (39),
+    // nothing else.
     for set in ["CapEff", "CapPrm", "CapBnd"] {
-        assert_eq!(proc_status(pid, set), "0000008000001400", "{set}");
+        assert_eq!(proc_status(pid, set), "0000008000001401", "{set}");
     }
+    // The pod's supplementalGroups (the pins' owner's group), and only them.
+    assert_eq!(proc_status(pid, "Groups"), "60104", "supplementalGroups");
     assert_eq!(proc_status(pid, "CapInh"), "0000000000000000");
     assert_eq!(proc_status(pid, "CapAmb"), "0000000000000000");
     assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
@@ -240,6 +249,7 @@ fn assert_confined(pod: &PodProcess) {
 #[test]
 fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_true_client() {
     require_privileges!();
+    use std::os::unix::fs::MetadataExt;
     let c = container();
     let node = SimNode::new();
     let (_api, _nginx, _haproxy) = cluster(&node);
@@ -260,6 +270,15 @@ fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_
                 pod.log()
             );
         }
+        // HAIRPIN_PIN_OWNER: the pin directory handed to 60104, reached through the
+        // pod's group.
+        let pins = std::fs::metadata(node.pin_dir()).expect("pin dir");
+        assert_eq!(
+            (pins.uid(), pins.gid(), pins.mode() & 0o7777),
+            (60104, 60104, 0o2770),
+            "{tag}: the pin directory's owner and mode\nagent:\n{}",
+            pod.log()
+        );
         let (_, out) = on_node(&node, &["status", "--output", "json"]);
         let status = json(&out);
         let reason = status["status"]["mode"]["reason"]
