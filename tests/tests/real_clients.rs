@@ -168,11 +168,15 @@ fn real_clients_get_their_header_from_the_kernel_with_the_daemonsets_capabilitie
     );
     assert!(out.status.success());
     n += 1;
-    let access = nginx_access_log(&node);
+    // nginx logs the request once it has finalised it, which may be just after the
+    // client saw the connection close.
+    let logged = |a: &str| {
+        a.lines()
+            .any(|l| l.contains(&format!("pp_client={POD_IP4}:")) && l.contains("\" 400 "))
+    };
+    let access = hairpin_tests::wait::eventually(|| nginx_access_log(&node), logged);
     assert!(
-        access
-            .lines()
-            .any(|l| l.contains(&format!("pp_client={POD_IP4}:")) && l.contains("\" 400 ")),
+        logged(&access),
         "the TLS client's connection must carry the header:\n{access}"
     );
     let s = status(&node);

@@ -44,6 +44,9 @@ pub struct Options {
     /// figures then include perf's own cost.
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
+    /// The relay run's agent's `--relay-splice` (`off`: the relay copies every byte).
+    #[arg(long)]
+    pub relay_splice: Option<String>,
     /// Print the report only; leave BENCHMARKS.md as it is.
     #[arg(long)]
     pub no_write: bool,
@@ -85,6 +88,9 @@ pub fn bench(opts: &Options) -> Result<()> {
     }
     if let Some(s) = &opts.sizes {
         cmd.args(["--sizes", s]);
+    }
+    if let Some(mode) = &opts.relay_splice {
+        cmd.args(["--relay-splice", mode]);
     }
     if let Some(dir) = &opts.profile {
         cmd.arg("--profile").arg(dir);

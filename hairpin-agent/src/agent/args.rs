@@ -173,8 +173,10 @@ pub struct RunArgs {
     /// has carried --relay-splice-after bytes: `auto`, the kernel's splice (a stream
     /// verdict sends what one socket receives out of the other) where the programs
     /// load, else splice(2) through a pipe; `kernel` or `pipe`, only that; `off`,
-    /// copied through the agent. Either splice keeps the bytes out of user space.
-    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Auto)]
+    /// copied through the agent (the default: on the bench the kernel's splice carried
+    /// bulk transfers slower than the copy, BENCHMARKS.md). Either splice keeps the
+    /// bytes out of user space.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Off)]
     pub relay_splice: crate::relay::carry::SpliceMode,
 
     /// Bytes a way of a relayed connection carries as a copy before it is spliced:

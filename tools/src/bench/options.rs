@@ -31,6 +31,9 @@ pub struct Options {
     /// kernel-path run's first direct and kernel-path v1 rate rounds. Those rounds'
     /// figures then include perf's own cost.
     pub profile: Option<std::path::PathBuf>,
+    /// The relay run's agent's `--relay-splice` (`None`: its default, `off`): `auto`,
+    /// `kernel` or `pipe` measure a splicer against the copy.
+    pub relay_splice: Option<String>,
 }
 
 impl Options {
@@ -48,6 +51,7 @@ impl Options {
             out: None,
             command: "cargo xtask bench".into(),
             profile: None,
+            relay_splice: None,
         }
     }
 
@@ -65,6 +69,7 @@ impl Options {
             out: None,
             command: "cargo xtask bench --quick".into(),
             profile: None,
+            relay_splice: None,
         }
     }
 
@@ -107,6 +112,7 @@ impl Options {
                 "--hostnames" => o.hostnames = num()? as usize,
                 "--out" => o.out = Some(value.into()),
                 "--profile" => o.profile = Some(value.into()),
+                "--relay-splice" => o.relay_splice = Some(value.clone()),
                 "--command" => o.command = value.clone(),
                 _ => bail!("unknown option {flag}"),
             }
