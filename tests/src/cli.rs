@@ -48,22 +48,41 @@ impl CliRun {
 /// Runs `hairpin-agent cleanup` for the node scope as the uninstall's node cleanup
 /// does (no listen link here, no API server), with JSON output; asserts it succeeded.
 pub fn run_node_cleanup(node: &SimNode) -> CliRun {
-    let run = run_cli(
-        node,
-        &[
-            "cleanup",
-            "--scope",
-            "node",
-            "--listen-link",
-            "none",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-            "--output",
-            "json",
-        ],
-    );
+    let run = node_cleanup(node, &[]);
     assert_eq!(run.code, 0, "{run:?}");
     run
+}
+
+/// As [`run_node_cleanup`], with `extra` flags, whatever its exit status.
+pub fn node_cleanup(node: &SimNode, extra: &[&str]) -> CliRun {
+    let mut args = vec![
+        "cleanup",
+        "--scope",
+        "node",
+        "--listen-link",
+        "none",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--output",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    run_cli(node, &args)
+}
+
+/// Each step of a `cleanup` or `uninstall` JSON report: its name and outcome.
+pub fn steps(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_string(),
+                s["outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
 }
 
 /// Runs `hairpin-agent <args>` in the node namespace, in the host cgroup (so the

@@ -215,28 +215,8 @@ mod tests {
             s
         };
         let active = [
-            Active {
-                frontend: fe("203.0.113.10:80"),
-                listener: "192.0.2.1:40001".parse().expect("a"),
-                slot: hairpin_ebpf::SlotRef {
-                    addr: 0,
-                    port: 1024,
-                    listener: 0,
-                },
-                path: LivePath::Relay,
-                why: None,
-            },
-            Active {
-                frontend: fe("203.0.113.13:80"),
-                listener: "192.0.2.1:40002".parse().expect("a"),
-                slot: hairpin_ebpf::SlotRef {
-                    addr: 0,
-                    port: 1024,
-                    listener: 0,
-                },
-                path: LivePath::Kernel,
-                why: None,
-            },
+            Active::for_test(fe("203.0.113.10:80"), "192.0.2.1:40001", LivePath::Relay),
+            Active::for_test(fe("203.0.113.13:80"), "192.0.2.1:40002", LivePath::Kernel),
         ];
         let failed = BTreeMap::from([
             (

@@ -46,10 +46,11 @@ pub async fn pod_cidrs(client: Client, node: &str) -> Result<Vec<IpNet>, NodeErr
     from_node(&n, node)
 }
 
-/// The pod CIDRs of `n` (`spec.podCIDRs`, else the older single `spec.podCIDR`).
-pub fn from_node(n: &Node, node: &str) -> Result<Vec<IpNet>, NodeError> {
+/// The pod CIDRs `n` lists, as written, each with the field it is in:
+/// `spec.podCIDRs[i]`, else the older single `spec.podCIDR`.
+pub fn listed_pod_cidrs(n: &Node) -> Vec<(String, &String)> {
     let spec = n.spec.as_ref();
-    let listed: Vec<(String, &String)> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+    match spec.and_then(|s| s.pod_cidrs.as_ref()) {
         Some(list) if !list.is_empty() => list
             .iter()
             .enumerate()
@@ -59,8 +60,12 @@ pub fn from_node(n: &Node, node: &str) -> Result<Vec<IpNet>, NodeError> {
             .and_then(|s| s.pod_cidr.as_ref())
             .map(|c| vec![("spec.podCIDR".to_string(), c)])
             .unwrap_or_default(),
-    };
-    listed
+    }
+}
+
+/// The pod CIDRs of `n` (`spec.podCIDRs`, else the older single `spec.podCIDR`).
+pub fn from_node(n: &Node, node: &str) -> Result<Vec<IpNet>, NodeError> {
+    listed_pod_cidrs(n)
         .into_iter()
         .map(|(field, value)| {
             value

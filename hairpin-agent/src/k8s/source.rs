@@ -83,6 +83,57 @@ pub struct CorednsWriterConfig {
     pub timing: task::Timing,
 }
 
+/// What both sources watch and decide by.
+struct Watched {
+    defaults: Defaults,
+    scope: NameScope,
+    cert_names: CertNamesRx,
+}
+
+/// Starts the watches and the decision, their health reported on the source
+/// `name` in `state`.
+fn watches(
+    client: &kube::Client,
+    w: Watched,
+    metrics: Metrics,
+    state: &AgentState,
+    name: String,
+) -> super::watch::KubeSource {
+    let health = source_health(state.clone(), name);
+    super::watch::spawn(
+        client.clone(),
+        w.defaults,
+        w.scope,
+        w.cert_names,
+        metrics,
+        health,
+    )
+}
+
+/// How long the agents' Lease (the Events writer's election) holds without renewal.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// Runs for the Lease `namespace/name` as `identity`, renewing every third of
+/// `duration`; the receiver says whether this process holds it.
+fn elect(
+    client: &kube::Client,
+    namespace: String,
+    name: String,
+    identity: String,
+    duration: Duration,
+) -> watch::Receiver<bool> {
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let lease = lease::LeaseConfig {
+        namespace,
+        name,
+        identity,
+        duration,
+        renew_every: duration / 3,
+    };
+    tokio::spawn(lease::run(client.clone(), lease, leader_tx));
+    leader_rx
+}
+
 /// Reports a watch's failures and recoveries on the source `name` in `state`.
 fn source_health(state: AgentState, name: String) -> Health {
     Arc::new(move |resource, error| match error {
@@ -98,27 +149,27 @@ pub fn spawn(
     metrics: Metrics,
     state: AgentState,
 ) -> DesiredRx {
-    let health = source_health(state.clone(), cfg.name.clone());
-    let source = super::watch::spawn(
-        client.clone(),
-        cfg.defaults,
-        cfg.scope,
-        cfg.cert_names,
+    let source = watches(
+        &client,
+        Watched {
+            defaults: cfg.defaults,
+            scope: cfg.scope,
+            cert_names: cfg.cert_names,
+        },
         metrics,
-        health,
+        &state,
+        cfg.name.clone(),
     );
     let Some(w) = cfg.writer else {
         return source.desired;
     };
-    let (leader_tx, leader_rx) = watch::channel(false);
-    let lease = lease::LeaseConfig {
-        namespace: w.namespace,
-        name: w.lease,
-        identity: w.node.clone(),
-        duration: Duration::from_secs(15),
-        renew_every: Duration::from_secs(5),
-    };
-    tokio::spawn(lease::run(client.clone(), lease, leader_tx));
+    let leader_rx = elect(
+        &client,
+        w.namespace,
+        w.lease,
+        w.node.clone(),
+        LEASE_DURATION,
+    );
     tokio::spawn(events::run(
         client,
         w.node,
@@ -137,24 +188,24 @@ pub fn spawn_coredns_writer(
     metrics: Metrics,
     state: AgentState,
 ) -> DesiredRx {
-    let health = source_health(state.clone(), cfg.name.clone());
-    let source = super::watch::spawn(
-        client.clone(),
-        cfg.defaults,
-        cfg.scope,
-        cfg.cert_names,
+    let source = watches(
+        &client,
+        Watched {
+            defaults: cfg.defaults,
+            scope: cfg.scope,
+            cert_names: cfg.cert_names,
+        },
         metrics.clone(),
-        health,
+        &state,
+        cfg.name.clone(),
     );
-    let (leader_tx, leader_rx) = watch::channel(false);
-    let lease = lease::LeaseConfig {
-        namespace: cfg.namespace,
-        name: cfg.lease,
-        identity: cfg.identity.clone(),
-        duration: cfg.lease_duration,
-        renew_every: cfg.lease_duration / 3,
-    };
-    tokio::spawn(lease::run(client.clone(), lease, leader_tx));
+    let leader_rx = elect(
+        &client,
+        cfg.namespace,
+        cfg.lease,
+        cfg.identity.clone(),
+        cfg.lease_duration,
+    );
     tokio::spawn(task::run(
         client,
         cfg.coredns,

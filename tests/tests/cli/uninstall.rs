@@ -519,17 +519,7 @@ fn the_kustomize_uninstall_deletes_the_namespace_with_every_object_outside_it() 
     }
     assert!(api.leases().is_empty());
     assert_eq!(corefile_of(&api), KUBEADM);
-    let steps: Vec<(String, String)> = report["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap_or("").to_string(),
-                s["outcome"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
+    let steps = hairpin_tests::cli::steps(&report);
     assert_eq!(
         steps[0],
         ("stop".to_string(), "absent".to_string()),

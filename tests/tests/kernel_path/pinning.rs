@@ -19,17 +19,7 @@ fn cleanup_removes_a_killed_agents_datapath_and_traffic_goes_as_before_hairpin()
     let attached = node.attached_programs();
     assert!(attached.contains("connect"), "{attached}");
     let run = hairpin_tests::cli::run_node_cleanup(&node);
-    let steps: Vec<(String, String)> = run.json()["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap_or("").to_string(),
-                s["outcome"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
+    let steps = hairpin_tests::cli::steps(&run.json());
     let count = |name: &str| {
         steps
             .iter()
@@ -89,22 +79,13 @@ fn cleanup_leaves_a_live_agents_pins_alone_and_never_follows_a_symlink() {
             .unwrap_or_else(|| panic!("no pinned-maps step: {}", run.stdout))
     };
     let cleanup = |pin_dir: &std::path::Path| {
-        hairpin_tests::cli::run_cli(
+        hairpin_tests::cli::node_cleanup(
             &node,
             &[
-                "cleanup",
-                "--scope",
-                "node",
-                "--listen-link",
-                "none",
-                "--kubeconfig",
-                "/nonexistent/kubeconfig",
                 "--bpf-pin-dir",
                 pin_dir.to_str().expect("utf-8 path"),
                 "--pin-lock-wait",
                 "1s",
-                "--output",
-                "json",
             ],
         )
     };

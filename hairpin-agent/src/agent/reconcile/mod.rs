@@ -50,6 +50,24 @@ pub struct Active {
     pub why: Option<String>,
 }
 
+#[cfg(test)]
+impl Active {
+    /// `frontend` active at `listener` on `path`, with slot 0 of the first address.
+    pub fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
+        Active {
+            frontend,
+            listener: listener.parse().expect("a listener address"),
+            slot: SlotRef {
+                addr: 0,
+                port: 1024,
+                listener: 0,
+            },
+            path,
+            why: None,
+        }
+    }
+}
+
 /// The path a map entry gives a frontend, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {

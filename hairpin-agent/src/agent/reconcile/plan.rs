@@ -124,17 +124,7 @@ mod tests {
         frontends
             .iter()
             .map(|f| {
-                let a = Active {
-                    frontend: (*f).clone(),
-                    listener: "127.0.0.1:40000".parse().expect("addr"),
-                    slot: hairpin_ebpf::SlotRef {
-                        addr: 0,
-                        port: 1024,
-                        listener: 0,
-                    },
-                    path: LivePath::Relay,
-                    why: None,
-                };
+                let a = Active::for_test((*f).clone(), "127.0.0.1:40000", LivePath::Relay);
                 (f.addr(), a)
             })
             .collect()

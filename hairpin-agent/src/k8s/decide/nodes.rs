@@ -99,19 +99,7 @@ impl ClusterNodes {
                     });
                 }
             }
-            let spec = node.spec.as_ref();
-            let cidrs: Vec<(String, &String)> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
-                Some(list) if !list.is_empty() => list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (format!("spec.podCIDRs[{i}]"), c))
-                    .collect(),
-                _ => spec
-                    .and_then(|s| s.pod_cidr.as_ref())
-                    .map(|c| vec![("spec.podCIDR".to_string(), c)])
-                    .unwrap_or_default(),
-            };
-            for (field, c) in cidrs {
+            for (field, c) in crate::k8s::node::listed_pod_cidrs(node) {
                 if let Ok(net) = c.parse::<IpNet>() {
                     pod_networks.push(NodeClaim {
                         node: name.clone(),
