@@ -83,33 +83,6 @@ pub struct CorednsWriterConfig {
     pub timing: task::Timing,
 }
 
-/// What both sources watch and decide by.
-struct Watched {
-    defaults: Defaults,
-    scope: NameScope,
-    cert_names: CertNamesRx,
-}
-
-/// Starts the watches and the decision, their health reported on the source
-/// `name` in `state`.
-fn watches(
-    client: &kube::Client,
-    w: Watched,
-    metrics: Metrics,
-    state: &AgentState,
-    name: String,
-) -> super::watch::KubeSource {
-    let health = source_health(state.clone(), name);
-    super::watch::spawn(
-        client.clone(),
-        w.defaults,
-        w.scope,
-        w.cert_names,
-        metrics,
-        health,
-    )
-}
-
 /// How long the agents' Lease (the Events writer's election) holds without renewal.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
@@ -149,16 +122,14 @@ pub fn spawn(
     metrics: Metrics,
     state: AgentState,
 ) -> DesiredRx {
-    let source = watches(
-        &client,
-        Watched {
-            defaults: cfg.defaults,
-            scope: cfg.scope,
-            cert_names: cfg.cert_names,
-        },
+    let health = source_health(state.clone(), cfg.name.clone());
+    let source = super::watch::spawn(
+        client.clone(),
+        cfg.defaults,
+        cfg.scope,
+        cfg.cert_names,
         metrics,
-        &state,
-        cfg.name.clone(),
+        health,
     );
     let Some(w) = cfg.writer else {
         return source.desired;
@@ -188,16 +159,14 @@ pub fn spawn_coredns_writer(
     metrics: Metrics,
     state: AgentState,
 ) -> DesiredRx {
-    let source = watches(
-        &client,
-        Watched {
-            defaults: cfg.defaults,
-            scope: cfg.scope,
-            cert_names: cfg.cert_names,
-        },
+    let health = source_health(state.clone(), cfg.name.clone());
+    let source = super::watch::spawn(
+        client.clone(),
+        cfg.defaults,
+        cfg.scope,
+        cfg.cert_names,
         metrics.clone(),
-        &state,
-        cfg.name.clone(),
+        health,
     );
     let leader_rx = elect(
         &client,
