@@ -31,6 +31,7 @@ use hairpin_ebpf::{
     slot_addrs4, slot_addrs6,
 };
 
+use super::adopt;
 use super::error::{load_error, program_error};
 use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
 use super::order::{self, LinkOrder};
@@ -363,6 +364,8 @@ fn load_object(
     let map_pins: Vec<(&'static str, PathBuf)> = pins
         .map(|p| SHARED_MAPS.iter().map(|m| (*m, p.map(m))).collect())
         .unwrap_or_default();
+    // Only a map that is what this object defines is adopted.
+    adopt::refuse_foreign(object, &map_pins);
     for (name, path) in &map_pins {
         // An earlier agent's map of this layout is reused as it is (its entries,
         // counters, sockets and their storage); else made and pinned here.

@@ -24,6 +24,7 @@
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
 //!   this boundary's error.
 
+mod adopt;
 mod attach;
 mod btf;
 pub mod cgroup;

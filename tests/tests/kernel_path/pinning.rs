@@ -311,9 +311,84 @@ fn a_root_process_without_capabilities_cannot_open_pins_handed_to_their_owner() 
     let got = from_pod(&node, &url("203.0.113.10", 80, "/"));
     assert_eq!(got.code, 0, "{got:?}\n{}", agent.log());
     assert!(
-        agent.log().contains("pin directory handed to its owner"),
-        "{}",
+        agent.log().contains("pin directory handed to its owner")
+            && !agent.log().contains("not the one this build defines"),
+        "the earlier agent's maps are adopted as they are:\n{}",
         agent.log()
     );
+    agent.stop();
+}
+
+/// `bpftool -j map show pinned PATH` as JSON.
+fn pinned_map(path: &Path) -> Value {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "show", "pinned"])
+        .arg(path)
+        .output()
+        .expect("run bpftool");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bpftool map show pinned {}: {e}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Issue 31: a map pinned where the agent adopts its own is adopted only when it is
+/// what the object defines. Here the heartbeat's pin is an array of 4-byte values
+/// (the agent's is of 8) and the frontends map's an array, not a hash, as whoever
+/// could write the pin directory might plant them: the agent says so, unpins them,
+/// makes its own, and the pod's request gets its header.
+#[test]
+fn a_planted_map_at_a_pin_path_is_not_adopted_but_made_anew() {
+    require_privileges!();
+    let node = capture_node();
+    let _nginx = start_nginx(&node);
+    let maps = node
+        .pin_dir()
+        .join(format!("v{}", hairpin_ebpf::PIN_LAYOUT))
+        .join("maps");
+    std::fs::create_dir_all(&maps).expect("the maps directory");
+    let heartbeat = maps.join("HAIRPIN_HEARTBEAT");
+    let frontends = maps.join("HAIRPIN_FRONTENDS");
+    for (pin, key, value, entries) in [(&heartbeat, "4", "4", "2"), (&frontends, "4", "8", "16")] {
+        hairpin_tests::sh::run(&[
+            "bpftool",
+            "map",
+            "create",
+            pin.to_str().expect("utf-8"),
+            "type",
+            "array",
+            "key",
+            key,
+            "value",
+            value,
+            "entries",
+            entries,
+            "name",
+            "planted",
+        ]);
+    }
+    let planted = pinned_map(&heartbeat)["id"].clone();
+    let mut agent = Agent::start_with(&node, &all_frontends(), KERNEL_PATH_ON);
+    let log = agent.log();
+    for name in ["HAIRPIN_HEARTBEAT", "HAIRPIN_FRONTENDS"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("not the one this build defines") && l.contains(name)),
+            "{name}:\n{log}"
+        );
+    }
+    let hb = pinned_map(&heartbeat);
+    assert_ne!(hb["id"], planted, "made anew: {hb}");
+    assert_eq!(hb["bytes_value"], 8, "{hb}");
+    assert_eq!(
+        pinned_map(&frontends)["type"],
+        "hash",
+        "the agent's own frontends map"
+    );
+    let got = from_pod(&node, &url("203.0.113.10", 80, "/"));
+    assert_eq!(got.code, 0, "{got:?}\n{}", agent.log());
     agent.stop();
 }
