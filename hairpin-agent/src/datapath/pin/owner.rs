@@ -73,28 +73,39 @@ pub(super) fn check_in_group(root: &Path, owner: PinOwner) -> Result<(), PinErro
     })
 }
 
+/// Calls `visit` with `root` and everything under it, each with its own metadata,
+/// descending only into real directories (never through a symbolic link).
+fn walk(
+    root: &Path,
+    mut visit: impl FnMut(&Path, &fs::Metadata) -> Result<(), PinError>,
+) -> Result<(), PinError> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = fs::symlink_metadata(&p).map_err(io_error("stat", &p))?;
+        if meta.is_dir() {
+            for e in fs::read_dir(&p).map_err(io_error("read", &p))? {
+                stack.push(e.map_err(io_error("read", &p))?.path());
+            }
+        }
+        visit(&p, &meta)?;
+    }
+    Ok(())
+}
+
 /// Without a [`PinOwner`]: `root` and the directories under it (never through a
 /// symbolic link) 0700, as SECURITY.md states. This keeps out every uid but 0;
 /// uid 0 without capabilities still gets in (it owns them): `--pin-owner` closes that.
 pub(super) fn private_dirs(root: &Path) -> Result<(), PinError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let meta = fs::symlink_metadata(&p).map_err(io_error("stat", &p))?;
-        if !meta.is_dir() {
-            continue;
-        }
-        for e in fs::read_dir(&p).map_err(io_error("read", &p))? {
-            stack.push(e.map_err(io_error("read", &p))?.path());
-        }
+    walk(root, |p, meta| {
         // Left as it is when another owner has it (an earlier --pin-owner): that is
         // at least as private.
-        if meta.uid() == 0 && meta.mode() & 0o7777 != 0o700 {
-            fs::set_permissions(&p, fs::Permissions::from_mode(0o700))
-                .map_err(io_error("chmod", &p))?;
+        if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 != 0o700 {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o700))
+                .map_err(io_error("chmod", p))?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// The directories' mode under a [`PinOwner`]: the group may read, write and
@@ -110,44 +121,38 @@ const SECURE_PIN_MODE: u32 = 0o660;
 pub fn secure(root: &Path, owner: PinOwner) -> Result<usize, PinError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mut changed = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let meta = fs::symlink_metadata(&p).map_err(io_error("stat", &p))?;
+    walk(root, |p, meta| {
         if meta.file_type().is_symlink() {
-            return Err(PinError::Symlink { path: p });
+            return Err(PinError::Symlink {
+                path: p.to_path_buf(),
+            });
         }
         let want = if meta.is_dir() {
             SECURE_DIR_MODE
         } else {
             SECURE_PIN_MODE
         };
-        if meta.is_dir() {
-            for e in fs::read_dir(&p).map_err(io_error("read", &p))? {
-                stack.push(e.map_err(io_error("read", &p))?.path());
-            }
-        }
+        let right_mode = meta.mode() & 0o7777 == want;
         let right_owner = meta.uid() == owner.uid && meta.gid() == owner.gid;
-        if right_owner && meta.mode() & 0o7777 == want {
-            continue;
-        }
-        if meta.mode() & 0o7777 != want {
-            fs::set_permissions(&p, fs::Permissions::from_mode(want))
-                .map_err(io_error("chmod", &p))?;
+        if !right_mode {
+            fs::set_permissions(p, fs::Permissions::from_mode(want))
+                .map_err(io_error("chmod", p))?;
         }
         if !right_owner {
             nix::unistd::chown(
-                &p,
+                p,
                 Some(nix::unistd::Uid::from_raw(owner.uid)),
                 Some(nix::unistd::Gid::from_raw(owner.gid)),
             )
             .map_err(|e| PinError::Io {
                 op: "chown (CAP_CHOWN)",
-                path: p.clone(),
+                path: p.to_path_buf(),
                 source: e.into(),
             })?;
         }
-        changed += 1;
-    }
+        changed += usize::from(!(right_mode && right_owner));
+        Ok(())
+    })?;
     Ok(changed)
 }
 
