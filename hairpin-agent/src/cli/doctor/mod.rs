@@ -147,7 +147,10 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     list.push(beside::link_order_check(agent.as_ref().ok()));
     list.push(beside::mesh_check(agent.as_ref().ok()));
     list.push(beside::skipped_check(agent.as_ref().ok()));
-    list.push(lenient_servers(agent.as_ref().ok(), args.bypass_mark));
+    list.push(servers::lenient_servers(
+        agent.as_ref().ok(),
+        args.bypass_mark,
+    ));
     let report = DoctorReport {
         ok: list.iter().all(|c| c.status != Status::Fail),
         checks: list,
@@ -157,20 +160,6 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
         OutputFormat::Text => print_text(&render(&report, colour_stdout()))?,
     }
     Ok(if report.ok { 0 } else { 1 })
-}
-
-/// Probes the agent's active frontends directly (at most [`servers::MAX_PROBED`], in
-/// parallel) and warns of every lenient server among them.
-fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
-    let (targets, more) = agent.map(servers::targets).unwrap_or_default();
-    let probed: Vec<_> = std::thread::scope(|scope| {
-        let running: Vec<_> = targets
-            .iter()
-            .map(|&addr| scope.spawn(move || (addr, servers::probe_direct(addr, mark))))
-            .collect();
-        running.into_iter().filter_map(|h| h.join().ok()).collect()
-    });
-    servers::lenient_check(agent, &probed, more)
 }
 
 /// Whether kube-proxy short-circuits each frontend the agent proxies.

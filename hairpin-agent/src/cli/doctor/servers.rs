@@ -53,6 +53,20 @@ pub fn probe_direct(addr: SocketAddr, mark: u32) -> Probes {
     (send(false), send(true))
 }
 
+/// Probes the agent's active frontends directly (at most [`MAX_PROBED`], in
+/// parallel) and warns of every lenient server among them.
+pub fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
+    let (targets, more) = agent.map(targets).unwrap_or_default();
+    let probed: Vec<_> = std::thread::scope(|scope| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|&addr| scope.spawn(move || (addr, probe_direct(addr, mark))))
+            .collect();
+        running.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    lenient_check(agent, &probed, more)
+}
+
 /// The `lenient_servers` check from each probed frontend's answers: warns naming
 /// every lenient one; ok when none is; skipped without the agent or frontends.
 pub fn lenient_check(
