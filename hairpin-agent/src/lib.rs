@@ -19,6 +19,7 @@ pub mod agent;
 pub mod cli;
 pub mod datapath;
 pub mod k8s;
+pub mod logs;
 pub mod model;
 pub mod names;
 pub mod podnet;

@@ -10,8 +10,9 @@
 //!
 //! Cost: three simulated nodes; 1,100 relayed connections for the narrowed range;
 //! 8 agent starts under a 30 s dialling loop for the restart loop (about 60,000
-//! connections, 9,000 of them relayed); about 31 s of wall time on two cores (the
-//! three tests run side by side).
+//! connections, 9,000 of them relayed); three file changes and 8 relayed connections
+//! for the quarantine; about 31 s of wall time on two cores (the four tests run side
+//! by side).
 
 use std::time::Duration;
 
@@ -272,4 +273,77 @@ fn restarting_the_agent_never_sends_a_connection_to_another_frontends_lb() {
         (answered..=answered + count(&got, "errors")).contains(&wanted),
         "every relayed connection was counted at the upstream: {wanted} there, client {got:?}"
     );
+}
+
+/// Each active frontend's slot (where its clients are sent), by LB port, once the
+/// agent's `/status` lists exactly `ports` as active.
+fn slots_once_active(node: &SimNode, ports: &[u16]) -> std::collections::BTreeMap<u16, String> {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        last = status(node);
+        let active: std::collections::BTreeMap<u16, String> = last["frontends"]
+            .as_array()
+            .expect("frontends")
+            .iter()
+            .filter(|f| f["state"] == "active")
+            .map(|f| {
+                let port = u16::try_from(f["port"].as_u64().expect("port")).expect("a port");
+                (port, f["listener"].as_str().unwrap_or("").to_string())
+            })
+            .collect();
+        if active.keys().copied().eq(ports.iter().copied()) {
+            return active;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the agent never had exactly {ports:?} active: {last}");
+}
+
+/// Replaces the running agent's frontends file at once (a rename, as kubelet does).
+fn replace_frontends(agent: &Agent, ports: Vec<u16>) {
+    let tmp = agent.frontends.with_extension("tmp");
+    std::fs::write(&tmp, frontends_yaml(&[many(ports)])).expect("write the frontends file");
+    std::fs::rename(&tmp, &agent.frontends).expect("replace the frontends file");
+}
+
+#[test]
+fn a_frontend_back_within_its_quarantine_takes_its_own_slot_and_no_other_frontend_does() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _upstream = start_upstream(&node);
+    lb_ports(&node, 8);
+    let a: Vec<u16> = (FIRST_PORT..FIRST_PORT + 4).collect();
+    let b: Vec<u16> = (FIRST_PORT + 4..FIRST_PORT + 8).collect();
+    let agent = Agent::start_with(&node, &[many(a.clone())], &["--kernel-path", "off"]);
+    let first = slots_once_active(&node, &a);
+    // A goes away: its slots retire, held for their quarantine. B comes: it must not
+    // be given a slot A's clients may still be sent to.
+    replace_frontends(&agent, b.clone());
+    let of_b = slots_once_active(&node, &b);
+    for (port, slot) in &of_b {
+        assert!(
+            !first.values().any(|s| s == slot),
+            "{port} took {slot}, a slot of a retired frontend still in its quarantine: A {first:?}, B {of_b:?}"
+        );
+    }
+    // A comes back within the quarantine: each of its frontends takes its own slot
+    // again (what clients already sent there expect), and B keeps its own.
+    let both: Vec<u16> = a.iter().chain(&b).copied().collect();
+    replace_frontends(&agent, both.clone());
+    let again = slots_once_active(&node, &both);
+    for (port, slot) in &first {
+        assert_eq!(
+            again.get(port),
+            Some(slot),
+            "{port} came back to another slot: before {first:?}, now {again:?}"
+        );
+    }
+    for (port, slot) in &of_b {
+        assert_eq!(again.get(port), Some(slot), "{port} moved: {again:?}");
+    }
+    // And every one of them relays to its own LB port.
+    let mut pod = each_from_pod(&node, 0, &targets(both.into_iter()));
+    let got = summary(&pod.line());
+    assert_eq!(count(&got, "ok"), 8, "{got:?}\n{}", agent.log());
+    assert_eq!(count(&got, "misrouted"), 0, "{got:?}");
 }

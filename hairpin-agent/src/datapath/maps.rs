@@ -110,7 +110,7 @@ impl FrontendsMap {
     }
 
     /// Removes every entry but those of `live`: what an earlier agent left for
-    /// frontends that are gone. Logged per entry.
+    /// frontends that are gone. Logged per entry (the first few at info level).
     pub fn retain(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
         let stale: Vec<FrontendKey> = self
             .map
@@ -118,16 +118,18 @@ impl FrontendsMap {
             .filter_map(Result::ok)
             .filter(|k| !live.contains(&k.socket_addr()))
             .collect();
+        let mut said = crate::logs::LogBudget::default();
         for k in stale {
             match self.map.remove(&k) {
                 Ok(()) => {
-                    tracing::info!(frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map")
+                    crate::item!(said, info, frontend = %k.socket_addr(), "an earlier agent's frontend that is gone: removed from the map");
                 }
                 Err(e) => {
                     tracing::warn!(frontend = %k.socket_addr(), error = %e, "an earlier agent's stale frontend could not be removed")
                 }
             }
         }
+        said.more(|n| tracing::info!(more = n, "and more of an earlier agent's frontends that are gone: removed from the map (each at log level debug)"));
     }
 
     /// Stops redirecting connects to `frontend`.

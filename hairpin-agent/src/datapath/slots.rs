@@ -185,8 +185,15 @@ pub struct SlotTable {
     used: HashSet<SlotKey>,
     /// Retired slots by when they retired, oldest first.
     retired: VecDeque<(u64, SlotKey)>,
+    /// The retired slot of each frontend that has one: a frontend back within its
+    /// quarantine takes its own slot again (no other frontend may).
+    retired_of: StdHashMap<SocketAddr, SlotKey>,
     /// Where the next search starts, per family (IPv4, IPv6).
     cursors: [(u8, u16); 2],
+    /// Per family, whether the last search found every slot taken and none was
+    /// freed since: a full family then fails at once instead of searching all of
+    /// its slots again for every frontend still waiting.
+    full: [bool; 2],
 }
 
 impl std::fmt::Debug for SlotTable {
@@ -211,7 +218,9 @@ impl SlotTable {
             live: StdHashMap::new(),
             used: HashSet::new(),
             retired: VecDeque::new(),
+            retired_of: StdHashMap::new(),
             cursors: [(0, SLOT_PORT_MIN); 2],
+            full: [false; 2],
         };
         let mut retired: Vec<(u64, SlotKey)> = Vec::new();
         let entries: Vec<(SlotKey, Slot)> = t.map.iter().filter_map(Result::ok).collect();
@@ -219,6 +228,7 @@ impl SlotTable {
             t.used.insert(key);
             if slot.retired != 0 {
                 retired.push((slot.retired_at, key));
+                t.retire_for(slot.frontend(), key, slot.retired_at);
             } else if let Some(earlier) = t.live.insert(slot.frontend(), key) {
                 // Two live slots for one frontend (never written so): keep one.
                 retired.push((0, earlier));
@@ -257,21 +267,24 @@ impl SlotTable {
             return Err(SlotError::NoAddress { family: name });
         }
         let wanted = Slot::live(frontend, listener, version);
-        let key = match self.live.get(&frontend) {
-            Some(key) => *key,
-            None => {
-                let cursor = &mut self.cursors[usize::from(family != AF_INET)];
-                next_free(
+        let exhausted = SlotError::Exhausted {
+            family: name,
+            addresses: self.addrs.count(family),
+        };
+        let fam = usize::from(family != AF_INET);
+        let key = match (self.live.get(&frontend), self.retired_of.get(&frontend)) {
+            (Some(key), _) | (None, Some(key)) => *key,
+            (None, None) if self.full[fam] => return Err(exhausted),
+            (None, None) => {
+                let found = next_free(
                     family,
                     self.addrs.count(family),
                     &self.used,
                     &self.avoid,
-                    cursor,
-                )
-                .ok_or(SlotError::Exhausted {
-                    family: name,
-                    addresses: self.addrs.count(family),
-                })?
+                    &mut self.cursors[fam],
+                );
+                self.full[fam] = found.is_none();
+                found.ok_or(exhausted)?
             }
         };
         let current = self.map.get(&key, 0).ok();
@@ -289,6 +302,7 @@ impl SlotTable {
         }
         self.used.insert(key);
         self.live.insert(frontend, key);
+        self.retired_of.remove(&frontend);
         let slot = SlotRef {
             addr: key.addr,
             port: u16::from_be(key.port),
@@ -319,6 +333,18 @@ impl SlotTable {
             Err(e) => tracing::debug!(%frontend, error = %e, "a retired slot was not in the map"),
         }
         self.retired.push_back((now, key));
+        self.retire_for(frontend, key, now);
+    }
+
+    /// Notes `key` as `frontend`'s retired slot (the latest, where it has two).
+    fn retire_for(&mut self, frontend: SocketAddr, key: SlotKey, at: u64) {
+        let newer = |k: &SlotKey| self.map.get(k, 0).is_ok_and(|s| s.retired_at > at);
+        match self.retired_of.get(&frontend) {
+            Some(held) if *held != key && newer(held) => {}
+            _ => {
+                self.retired_of.insert(frontend, key);
+            }
+        }
     }
 
     /// Retires every live slot but those of `keep`: an earlier agent's, for
@@ -330,10 +356,12 @@ impl SlotTable {
             .filter(|f| !keep.contains(f))
             .copied()
             .collect();
-        for f in gone {
-            tracing::info!(frontend = %f, "an earlier agent's slot for a frontend that is gone: retired");
-            self.retire(f);
+        let mut said = crate::logs::LogBudget::default();
+        for f in &gone {
+            crate::item!(said, info, frontend = %f, "an earlier agent's slot for a frontend that is gone: retired");
+            self.retire(*f);
         }
+        said.more(|n| tracing::info!(more = n, "and more of an earlier agent's slots for frontends that are gone: retired (each at log level debug)"));
     }
 
     /// Frees the retired slots whose quarantine ended (`now`: `CLOCK_MONOTONIC` ns).
@@ -343,10 +371,19 @@ impl SlotTable {
                 break;
             }
             self.retired.pop_front();
-            // Taken again meanwhile (a frontend back within its quarantine): kept.
-            if self.map.get(&key, 0).is_ok_and(|s| s.retired != 0) {
-                let _ = self.map.remove(&key);
-                self.used.remove(&key);
+            let slot = self.map.get(&key, 0).ok();
+            // Taken again meanwhile by its frontend (back within its quarantine), or
+            // retired again since (a later entry frees it): kept.
+            if slot.is_some_and(|s| s.retired == 0 || s.retired_at > at) {
+                continue;
+            }
+            let _ = self.map.remove(&key);
+            self.used.remove(&key);
+            self.full[usize::from(key.family != AF_INET)] = false;
+            if let Some(s) = slot {
+                if self.retired_of.get(&s.frontend()) == Some(&key) {
+                    self.retired_of.remove(&s.frontend());
+                }
             }
         }
     }

@@ -30,6 +30,7 @@ pub use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
     datapath::{DatapathError, FrontendsMap, SlotError, SlotTable, monotonic_ns},
+    logs::LogBudget,
     model::{Frontend, Frontends, LivePath},
 };
 
@@ -238,6 +239,10 @@ pub struct Reconciler<M, S> {
     /// The names ports' entries (dialled address, the name relay listener's index),
     /// as last written.
     name_redirects: Vec<(SocketAddr, u8)>,
+    /// This apply's per-frontend lines (started, updated, retired), and its
+    /// failures': a few each, the rest counted (see [`LogBudget`]).
+    said: LogBudget,
+    said_errors: LogBudget,
 }
 
 impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
@@ -252,6 +257,8 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
             failed: BTreeMap::new(),
             held: BTreeMap::new(),
             name_redirects: Vec::new(),
+            said: LogBudget::default(),
+            said_errors: LogBudget::default(),
         }
     }
 
@@ -363,6 +370,8 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         self.failed
             .retain(|a, _| redirecting && desired.contains(a));
         self.held.clear();
+        self.said = LogBudget::default();
+        self.said_errors = LogBudget::default();
         for step in plan(&self.active, &self.failed, desired, redirecting, trigger) {
             match step {
                 Step::Retire(addr) => self.retire(addr),
@@ -376,6 +385,13 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         if let Some(slots) = self.slots.as_mut() {
             slots.sweep();
         }
+        self.said.more(|n| {
+            info!(
+                more = n,
+                "and more frontends proxied, updated or retired (each at log level debug)"
+            )
+        });
+        self.said_errors.more(|n| error!(more = n, "and more frontends not proxied (each at log level debug; `hairpin-agent status` lists them all)"));
     }
 
     fn update(&mut self, f: Frontend) {
@@ -410,7 +426,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
                 None => {}
             }
         }
-        info!(frontend = %addr, version = %f.version, source = %f.source,
+        crate::item!(self.said, info, frontend = %addr, version = %f.version, source = %f.source,
             first_speaker = %f.first_speaker, asked = %f.path, path = %a.path, "frontend updated");
         a.frontend = f;
     }
@@ -420,7 +436,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         match self.make_live(&f) {
             Ok((slot, listener, route)) => {
                 self.failed.remove(&addr);
-                info!(frontend = %addr, %listener, version = %f.version, source = %f.source,
+                crate::item!(self.said, info, frontend = %addr, %listener, version = %f.version, source = %f.source,
                     first_speaker = %f.first_speaker, path = %route.path,
                     why = route.why.as_deref().unwrap_or(""), "frontend proxied");
                 self.active.insert(
@@ -439,8 +455,8 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
                 if self.failed.get(&addr).map(|x| &x.error) == Some(&error) {
                     debug!(frontend = %addr, reason = %error, "frontend still not proxied");
                 } else {
-                    error!(frontend = %addr, source = %f.source, reason = %error,
-                        permanent = error.is_permanent(), "frontend not proxied");
+                    crate::item!(self.said_errors, error, frontend = %addr, source = %f.source,
+                        reason = %error, permanent = error.is_permanent(), "frontend not proxied");
                 }
                 self.failed.insert(addr, Failed { frontend: f, error });
             }
@@ -484,7 +500,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
             slots.retire(addr);
         }
         self.active.remove(&addr);
-        info!(frontend = %addr, "frontend retired");
+        crate::item!(self.said, info, frontend = %addr, "frontend retired");
     }
 }
 
