@@ -15,7 +15,7 @@ pub struct LogBudget {
 impl LogBudget {
     /// Counts one item: whether it still gets its line at the level asked (else at
     /// debug level). Used through [`item!`](crate::item).
-    pub fn next(&mut self) -> bool {
+    pub fn own_line(&mut self) -> bool {
         self.seen += 1;
         self.seen <= PER_PASS
     }
@@ -33,7 +33,7 @@ impl LogBudget {
 #[macro_export]
 macro_rules! item {
     ($budget:expr, $level:ident, $($rest:tt)+) => {
-        if $budget.next() {
+        if $budget.own_line() {
             tracing::$level!($($rest)+)
         } else {
             tracing::debug!($($rest)+)
@@ -48,14 +48,14 @@ mod tests {
     #[test]
     fn the_first_items_get_a_line_and_the_rest_one_summary() {
         let mut b = LogBudget::default();
-        let lines = (0..PER_PASS + 10).filter(|_| b.next()).count();
+        let lines = (0..PER_PASS + 10).filter(|_| b.own_line()).count();
         assert_eq!(lines, PER_PASS);
         let mut more = None;
         b.more(|n| more = Some(n));
         assert_eq!(more, Some(10));
 
         let mut few = LogBudget::default();
-        assert!(few.next());
+        assert!(few.own_line());
         let mut said = false;
         few.more(|_| said = true);
         assert!(!said, "no summary when every item had its line");

@@ -219,11 +219,11 @@ pub enum Origin {
     Service(ServiceName),
     /// An entry of the frontends file.
     File {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The entry's `name`, when it has one.
+        /// The file (one allocation shared by every frontend the file lists).
+        path: std::sync::Arc<std::path::Path>,
+        /// The entry's `name`, when it has one (shared by the entry's ports).
         #[serde(default)]
-        entry: Option<String>,
+        entry: Option<std::sync::Arc<str>>,
     },
 }
 
@@ -660,8 +660,8 @@ mod tests {
         let service = Origin::Service(ServiceName::new("ingress", "nginx"));
         assert_eq!(service.to_string(), "Service ingress/nginx");
         let file = |entry: Option<&str>| Origin::File {
-            path: "/etc/hairpin/frontends.yaml".into(),
-            entry: entry.map(str::to_string),
+            path: std::path::Path::new("/etc/hairpin/frontends.yaml").into(),
+            entry: entry.map(Into::into),
         };
         assert_eq!(
             file(Some("lb6")).to_string(),

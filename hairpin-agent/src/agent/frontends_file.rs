@@ -138,10 +138,10 @@ struct Entry {
     path: Option<String>,
 }
 
-fn source_of(path: &Path, name: Option<&str>) -> Origin {
+fn source_of(path: &std::sync::Arc<Path>, name: Option<&str>) -> Origin {
     Origin::File {
-        path: path.to_path_buf(),
-        entry: name.map(str::to_string),
+        path: path.clone(),
+        entry: name.map(Into::into),
     }
 }
 
@@ -182,6 +182,7 @@ pub fn parse_file(
         expected: expected.to_string(),
     };
     let mut frontends = Frontends::new();
+    let shared: std::sync::Arc<Path> = path.into();
     // Where each address was first listed, for the conflict error.
     let mut listed = std::collections::BTreeMap::new();
     for (index, e) in file.frontends.iter().enumerate() {
@@ -214,7 +215,7 @@ pub fn parse_file(
         if e.ports.contains(&0) {
             return Err(invalid(index, "ports", "TCP ports from 1 to 65535, got 0"));
         }
-        let source = source_of(path, e.name.as_deref());
+        let source = source_of(&shared, e.name.as_deref());
         for (port_index, &port) in e.ports.iter().enumerate() {
             let frontend = Frontend {
                 ip: e.ip,
@@ -249,7 +250,7 @@ pub fn parse_file(
                 })?;
             claims.push(Claim {
                 created: None,
-                source: source_of(path, e.name.as_deref()).to_string(),
+                source: source_of(&shared, e.name.as_deref()).to_string(),
                 object: None,
                 field: format!("frontends[{index}].hosts[{host_index}]"),
                 host,

@@ -192,7 +192,7 @@ mod tests {
             port: a.port(),
             version: ProxyVersion::V2,
             source: crate::model::Origin::File {
-                path: "test".into(),
+                path: std::path::Path::new("test").into(),
                 entry: None,
             },
             first_speaker: Default::default(),

@@ -380,11 +380,19 @@ impl SlotTable {
             let _ = self.map.remove(&key);
             self.used.remove(&key);
             self.full[usize::from(key.family != AF_INET)] = false;
-            if let Some(s) = slot {
-                if self.retired_of.get(&s.frontend()) == Some(&key) {
-                    self.retired_of.remove(&s.frontend());
-                }
+            if let Some(s) = slot
+                && self.retired_of.get(&s.frontend()) == Some(&key)
+            {
+                self.retired_of.remove(&s.frontend());
             }
+        }
+        // A mass retirement (an agent restarted with a partial set) grows these to
+        // the node's whole set; give the room back once they are mostly empty.
+        if self.retired_of.len() < self.retired_of.capacity() / 4 {
+            self.retired_of.shrink_to_fit();
+        }
+        if self.retired.len() < self.retired.capacity() / 4 {
+            self.retired.shrink_to_fit();
         }
     }
 }

@@ -46,7 +46,7 @@ impl Options {
             bulk_mib: 1024,
             connects: 20_000,
             changes: 20,
-            sizes: vec![1_000, 10_000],
+            sizes: vec![1_000, 10_000, 100_000],
             hostnames: 10_000,
             out: None,
             command: "cargo xtask bench".into(),

@@ -134,7 +134,7 @@ pub(super) fn fe(addr: &str, version: ProxyVersion) -> Frontend {
         port: a.port(),
         version,
         source: crate::model::Origin::File {
-            path: "test".into(),
+            path: std::path::Path::new("test").into(),
             entry: None,
         },
         first_speaker: FirstSpeaker::Client,
