@@ -46,9 +46,11 @@ pub struct Results {
     pub failures: Vec<String>,
     /// Free-form notes on placement and limits.
     pub notes: Vec<String>,
+    /// The kernel path against a baseline build (`--baseline`).
+    pub baseline: Option<super::baseline::Comparison>,
 }
 
-fn cell(s: Option<Spread>, digits: usize) -> String {
+pub(super) fn cell(s: Option<Spread>, digits: usize) -> String {
     s.map_or("—".into(), |s| s.show(digits))
 }
 
@@ -64,7 +66,7 @@ fn rate_by<'a>(r: &'a Results, name: &str) -> Option<&'a RateRuns> {
     r.rate.iter().find(|x| x.target.name == name)
 }
 
-fn q_cell(q: Option<f64>) -> String {
+pub(super) fn q_cell(q: Option<f64>) -> String {
     q.map_or("—".into(), |q| format!("{q:.2}×"))
 }
 
@@ -244,7 +246,7 @@ fn proxy_per_mb_row(out: &mut String, way: &str, runs: &[Transfers]) {
     );
 }
 
-fn ms(s: Option<Spread>) -> Option<Spread> {
+pub(super) fn ms(s: Option<Spread>) -> Option<Spread> {
     s.map(|s| Spread {
         min: s.min / 1e3,
         median: s.median / 1e3,
@@ -556,7 +558,12 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
         o.command, o.runs
     );
     let _ = writeln!(out, "Machine: {machine}.  \nTools: {}.\n", tools.join("; "));
-    main_table(r, &mut out);
+    if !o.baseline_only {
+        main_table(r, &mut out);
+    }
+    if let Some(c) = &r.baseline {
+        super::baseline::render(c, &mut out);
+    }
     detail(r, &mut out);
     out.push_str("\n## Method\n\n");
     for n in &r.notes {
