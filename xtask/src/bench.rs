@@ -127,10 +127,11 @@ pub fn bench(opts: &Options) -> Result<()> {
 /// The agent of git revision `rev`, built in release with its own BPF object, and
 /// kept as target/baseline/hairpin-agent-<commit> (built once per commit). The
 /// source is one detached worktree, target/baseline/src, moved to each commit; its
-/// BPF object is built by its own `cargo xtask build-ebpf` (into its own target/bpf,
-/// kept between runs), and the agent in this tree's target dir, so crates.io
-/// dependencies already built for this tree are reused and only the workspace's
-/// own crates compile.
+/// BPF object is built by its own `cargo xtask build-ebpf` (into its own target/bpf),
+/// and everything else in target/baseline/target, kept between runs and first
+/// seeded with a copy of this tree's release dependencies: a target dir shared with
+/// this tree's builds would have the two builds overwrite each other's binaries
+/// (cargo does not put a binary back when its build is fresh).
 fn build_baseline(rev: &str) -> Result<PathBuf> {
     let root = workspace_root();
     let git = |args: &[&str]| -> Result<String> {
@@ -169,26 +170,34 @@ fn build_baseline(rev: &str) -> Result<PathBuf> {
         git(&["worktree", "prune"])?;
         git(&["worktree", "add", "--force", "--detach", src_str, &commit])?;
     }
+    let targets = dir.join("target");
+    if !targets.exists() && target_dir().join("release").exists() {
+        eprintln!(
+            "baseline {rev}: seeding {} with this tree's release dependencies",
+            targets.display()
+        );
+        std::fs::create_dir_all(&targets)?;
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(target_dir().join("release"))
+            .arg(&targets))?;
+    }
     eprintln!("baseline {rev} ({commit}): building its BPF object and agent");
     run(cargo()
         .current_dir(&src)
         .args(["xtask", "build-ebpf"])
-        .env("CARGO_TARGET_DIR", target_dir()))?;
+        .env("CARGO_TARGET_DIR", &targets))?;
     let object = src.join("target/bpf/bpfel-unknown-none/release/hairpin-ebpf");
     run(cargo()
         .current_dir(&src)
-        .args([
-            "build",
-            "--locked",
-            "--release",
-            "--package",
-            "hairpin-agent",
-            "--bin",
-        ])
-        .arg("hairpin-agent")
-        .env("CARGO_TARGET_DIR", target_dir())
+        // The same packages as this tree's build: the same features for every
+        // dependency, so the seeded ones are reused.
+        .args(["build", "--locked", "--release", "--bins"])
+        .args(["--package", "hairpin-agent", "--package", "hairpin-tests"])
+        .args(["--package", "hairpin-tools"])
+        .env("CARGO_TARGET_DIR", &targets)
         .env("HAIRPIN_EBPF_OBJECT", &object))?;
-    std::fs::copy(target_dir().join("release/hairpin-agent"), &bin)
+    std::fs::copy(targets.join("release/hairpin-agent"), &bin)
         .with_context(|| format!("copy the baseline agent to {}", bin.display()))?;
     Ok(bin)
 }
