@@ -130,8 +130,8 @@ pub fn bench(opts: &Options) -> Result<()> {
 /// BPF object is built by its own `cargo xtask build-ebpf` (into its own target/bpf),
 /// and everything else in target/baseline/target, kept between runs and first
 /// seeded with a copy of this tree's release dependencies: a target dir shared with
-/// this tree's builds would have the two builds overwrite each other's binaries
-/// (cargo does not put a binary back when its build is fresh).
+/// this tree's builds would have the two builds overwrite each other's artifacts
+/// (a workspace crate's artifacts are named the same in both trees).
 fn build_baseline(rev: &str) -> Result<PathBuf> {
     let root = workspace_root();
     let git = |args: &[&str]| -> Result<String> {
@@ -181,6 +181,15 @@ fn build_baseline(rev: &str) -> Result<PathBuf> {
             .arg("-a")
             .arg(target_dir().join("release"))
             .arg(&targets))?;
+        // Cargo checks a workspace crate's fingerprint against its sources by their
+        // path inside the package, so the copies of this tree's own crates would pass
+        // for fresh in the baseline's worktree: only the dependencies may stay.
+        run(cargo()
+            .current_dir(&src)
+            .args(["clean", "--release"])
+            .args(["--package", "hairpin-agent", "--package", "hairpin-ebpf"])
+            .args(["--package", "hairpin-tests", "--package", "hairpin-tools"])
+            .env("CARGO_TARGET_DIR", &targets))?;
     }
     eprintln!("baseline {rev} ({commit}): building its BPF object and agent");
     run(cargo()

@@ -3,7 +3,7 @@
 //! write into one buffer when it fits a page, and counts every header it could not
 //! write. It never drops a write: every return is `SK_PASS`.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::ptr::write_volatile;
 
 use aya_ebpf::{
     bindings::sk_action::SK_PASS,
@@ -90,53 +90,34 @@ pub fn hairpin_sk_msg(ctx: SkMsgContext) -> u32 {
     SK_PASS
 }
 
-/// Copies the header into the pulled room at `data`, eight bytes at a time and the
-/// last (up to seven) one by one, checking each store against `data_end` as the
-/// verifier needs. Unrolled by macros so that every offset, into the packet and into
-/// the storage, is a constant: without CAP_PERFMON the verifier refuses packet
-/// pointer arithmetic with a register ("pointer arithmetic with it prohibited for
-/// !root"), and would explore a speculative path at every variable-offset access to
-/// the storage. The header is the storage value's first field, so each 8-byte load
-/// from it is aligned; the packet stores need not be (x86-64 and arm64 allow them).
+/// Copies the header into the pulled room at `data`, checking every byte against
+/// `data_end` as the verifier needs. Unrolled by a macro so that every offset, into
+/// the packet and into the storage, is a constant: without CAP_PERFMON the verifier
+/// refuses packet pointer arithmetic with a register ("pointer arithmetic with it
+/// prohibited for !root"), and would explore a speculative path at every
+/// variable-offset access to the storage.
 #[inline(always)]
 fn copy_header(data: usize, data_end: usize, p: &PendingHeader) -> bool {
     let len = usize::from(p.len);
-    macro_rules! words {
-        ($($i:literal)*) => {$(
-            if $i + 8 > len {
-                return copy_tail::<$i>(data, data_end, p, len);
-            }
-            if data + $i + 8 > data_end {
-                return false;
-            }
-            // SAFETY: inside [data, data_end), checked just above; an aligned 8-byte
-            // load inside the storage's `header`.
-            unsafe {
-                let word = read_volatile(p.header.as_ptr().add($i).cast::<u64>());
-                write_volatile((data + $i) as *mut u64, word);
-            }
-        )*};
-    }
-    words!(0 8 16 24 32 40 48 56 64 72 80 88 96 104 112 120);
-    const _: () = assert!(HEADER_ROOM == 128, "copy_header unrolls HEADER_ROOM bytes");
-    true
-}
-
-/// The header's last `len - AT` bytes (fewer than eight), one at a time.
-#[inline(always)]
-fn copy_tail<const AT: usize>(data: usize, data_end: usize, p: &PendingHeader, len: usize) -> bool {
     macro_rules! bytes {
-        ($($k:literal)*) => {$(
-            if AT + $k >= len {
+        ($($i:literal)*) => {$(
+            if $i >= len {
                 return true;
             }
-            if data + AT + $k + 1 > data_end {
+            if data + $i + 1 > data_end {
                 return false;
             }
             // SAFETY: inside [data, data_end), checked just above.
-            unsafe { write_volatile((data + AT + $k) as *mut u8, p.header[AT + $k]) };
+            unsafe { write_volatile((data + $i) as *mut u8, p.header[$i]) };
         )*};
     }
-    bytes!(0 1 2 3 4 5 6);
+    bytes!(
+        0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+        32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59
+        60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87
+        88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111
+        112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127
+    );
+    const _: () = assert!(HEADER_ROOM == 128, "copy_header unrolls HEADER_ROOM bytes");
     true
 }
