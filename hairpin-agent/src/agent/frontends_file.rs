@@ -344,7 +344,8 @@ mod tests {
         // (only the agent picks the kernel path: one cannot ask for it) and what the
         // refusal says is expected.
         type Field = (&'static str, [&'static str; 3], &'static str, &'static str);
-        let fields: [(Field, fn(&Frontend) -> String); 2] = [
+        type Read = fn(&Frontend) -> String;
+        let fields: [(Field, Read); 2] = [
             (
                 (
                     "firstSpeaker",
