@@ -758,9 +758,11 @@ async fn a_second_writer_does_not_write_while_the_first_holds_the_lease() {
     )
     .await;
     assert_eq!(holder(&api).as_deref(), Some("writer-1"));
-    assert!(
-        second.log().contains("CoreDNS rewrites written"),
-        "{}",
-        second.log()
-    );
+    // It logs the write once the PUT has returned: a moment after the fake API has it.
+    until(
+        Duration::from_secs(5),
+        "the second writer logged its write",
+        || second.log().contains("CoreDNS rewrites written"),
+    )
+    .await;
 }
