@@ -135,18 +135,8 @@ pub fn bench(opts: &Options) -> Result<()> {
 fn build_baseline(rev: &str) -> Result<PathBuf> {
     let root = workspace_root();
     let git = |args: &[&str]| -> Result<String> {
-        let out = Command::new("git")
-            .current_dir(&root)
-            .args(args)
-            .output()
-            .with_context(|| format!("git {args:?}"))?;
-        if !out.status.success() {
-            bail!(
-                "git {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        let out = crate::toolchain::output(Command::new("git").current_dir(&root).args(args))?;
+        Ok(out.trim().to_string())
     };
     let commit = git(&["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
         .with_context(|| format!("--baseline {rev}: not a commit of this repository"))?;
