@@ -8,7 +8,7 @@ use std::time::Duration;
 use hairpin_tests::{
     agent::Agent,
     cli::{admin_socket, doctor_check, run_cli},
-    client::{Reply, from_host, from_pod, url},
+    client::{Reply, assert_true_client, from_host, from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     require_privileges,
@@ -44,6 +44,22 @@ fn start_with(node: &SimNode, api: &FakeApi, pod_cidrs: Option<&[&str]>, extra: 
 
 fn status_clients(node: &SimNode) -> Value {
     run_cli(node, &["status", "--output", "json"]).json()["status"]["clients"].clone()
+}
+
+/// `status`'s clients, asserted to have learned `pods` pods (and `ranges` ranges,
+/// when given) from a synced source; `why` says where they come from.
+fn assert_learned(node: &SimNode, pods: u64, ranges: Option<u64>, why: &str) -> Value {
+    let clients = status_clients(node);
+    let learned = &clients["learned"];
+    assert_eq!(
+        (learned["pods"].as_u64(), learned["synced"].as_bool()),
+        (Some(pods), Some(true)),
+        "{why}: {clients}"
+    );
+    if let Some(ranges) = ranges {
+        assert_eq!(learned["ranges"].as_u64(), Some(ranges), "{why}: {clients}");
+    }
+    clients
 }
 
 /// The relays' refused-clients counter, from the agent's /metrics.
@@ -206,19 +222,8 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
         agent.log()
     );
     let host = from_host(&node, &target);
-    assert!(
-        host.body.starts_with(&format!("client={NODE_IP4}:")),
-        "{host:?}"
-    );
-    let clients = status_clients(&node);
-    assert_eq!(
-        (
-            clients["learned"]["pods"].as_u64(),
-            clients["learned"]["synced"].as_bool()
-        ),
-        (Some(2), Some(true)),
-        "the pod's two host routes: {clients}"
-    );
+    assert_true_client("host", &host, NODE_IP4, "203.0.113.10", &agent);
+    let clients = assert_learned(&node, 2, None, "the pod's two host routes");
     assert!(
         clients["source"]
             .as_str()
@@ -304,7 +309,7 @@ fn a_file_source_without_allowed_clients_serves_the_node_only() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let _agent = Agent::start_without_pod_network(
+    let agent = Agent::start_without_pod_network(
         &node,
         &[hairpin_tests::agent::spec("203.0.113.10", "v1")],
     );
@@ -312,20 +317,8 @@ fn a_file_source_without_allowed_clients_serves_the_node_only() {
     let pod = from_pod(&node, &target);
     assert!(matches!(pod.code, 7 | 52 | 56), "{pod:?}");
     let host = from_host(&node, &target);
-    assert!(
-        host.body.starts_with(&format!("client={NODE_IP4}:")),
-        "{host:?}"
-    );
-    let clients = status_clients(&node);
-    assert_eq!(
-        (
-            clients["learned"]["pods"].as_u64(),
-            clients["learned"]["ranges"].as_u64(),
-            clients["learned"]["synced"].as_bool()
-        ),
-        (Some(0), Some(0), Some(true)),
-        "no CNI shape on this node's routes: {clients}"
-    );
+    assert_true_client("host", &host, NODE_IP4, "203.0.113.10", &agent);
+    assert_learned(&node, 0, Some(0), "no CNI shape on this node's routes");
     let report = run_cli(&node, &["doctor", "--output", "json"]).json();
     let check = doctor_check(&report, "clients");
     assert_eq!(check["status"], "warn", "{check}");
