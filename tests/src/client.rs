@@ -29,6 +29,13 @@ impl Reply {
     pub fn ok(&self) -> bool {
         self.code == 0
     }
+
+    /// True when the connection was refused: curl could not connect (7), or the
+    /// connection was closed or reset before a reply came (52; 55 when the reset
+    /// met the request's send, 56 its receive).
+    pub fn refused(&self) -> bool {
+        matches!(self.code, 7 | 52 | 55 | 56)
+    }
 }
 
 /// A URL for `ip:port/path`, bracketing IPv6.
