@@ -191,7 +191,7 @@ pub fn render(c: &Comparison, out: &mut String) {
         of(DIRECT, RateRuns::rps),
         0,
     );
-    for k in [KERNEL_V1, KERNEL_V2] {
+    for k in [KERNEL_V1, KERNEL_V2, DIRECT] {
         let total = |s: &Side| {
             s.totals
                 .iter()
