@@ -113,6 +113,9 @@ async fn header_first_then_bytes_both_ways_with_half_close() {
     assert_eq!(reply, b"reply after half-close");
     let text = metrics.render();
     assert!(text.contains("hairpin_relay_connections_total 1"), "{text}");
+    // The client's bytes count once, however many went with the header's write.
+    let c = counters_when(&metrics, |c| c.active_connections == 0).await;
+    assert_eq!((c.bytes_upstream, c.bytes_downstream), (14, 22), "{c:?}");
 }
 
 #[tokio::test]
