@@ -21,8 +21,11 @@ use super::{Fault, Way, tcp};
 /// Bytes asked of one `splice(2)` into the pipe: more than a pipe holds, so each
 /// call takes what the pipe has room for.
 const CHUNK: usize = 1 << 20;
-/// Empty pipes the pool keeps for the next bursts; more are closed.
-const POOL_KEEPS: usize = 64;
+/// Empty pipes the pool keeps for the next bursts; more are closed. Few: each
+/// counts its [`PIPE_BYTES`] against its user's pipe pages
+/// (`fs.pipe-user-pages-soft`, 64 MiB by default, shared by every process of the
+/// agent's uid on the node), past which new pipes get two pages; 16 keep a quarter.
+const POOL_KEEPS: usize = 16;
 /// Bytes a new pipe is asked to hold (`F_SETPIPE_SZ`; the kernel's default
 /// `fs.pipe-max-size`): a pipe holds 16 pages by default (64 KiB of full pages,
 /// less where the received pages are partly filled), so a transfer cost two
