@@ -14,6 +14,10 @@ use crate::{
     sh::command_in,
 };
 
+/// `run` flags of an agent publishing names under example.com through its name
+/// relay (`--mode both`), as the names suites run it; more flags follow them.
+pub const NAMES_UNDER_EXAMPLE_COM: [&str; 4] = ["--mode", "both", "--names-domains", "example.com"];
+
 /// The simulated pod network (the pod's /24 and /64), passed as `--allowed-clients`
 /// to agents reading a frontends file.
 pub const SIM_POD_NETWORKS: &str = "192.0.2.0/24,2001:db8:1::/64";

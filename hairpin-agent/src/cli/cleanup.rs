@@ -16,10 +16,10 @@ use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
     k8s::{
         self,
-        coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
+        coredns::{CorednsUndo, ObjectName, Written},
     },
+    names::hosts_writer,
     names::link as names_link,
-    names::{hostname::Hostname, hosts_writer},
 };
 
 /// Options of `cleanup`.
@@ -69,14 +69,9 @@ pub struct CleanupArgs {
     )]
     pub listen_addresses: Vec<IpAddr>,
 
-    /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
-    /// our key of coredns-custom; `off` touches neither.
-    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
-    pub coredns: CorednsMode,
-
-    /// Which ConfigMaps the CoreDNS writing concerns.
+    /// Which CoreDNS writing to undo, in which ConfigMaps.
     #[command(flatten)]
-    pub coredns_objects: CorednsObjects,
+    pub coredns: CorednsUndo,
 
     /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are skipped.
     #[arg(long, env = "HAIRPIN_KUBECONFIG")]
@@ -328,13 +323,7 @@ async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Clea
 }
 
 async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
-    let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
-        mode: args.coredns,
-        configmap: args.coredns_objects.configmap.clone(),
-        custom: args.coredns_objects.custom_configmap.clone(),
-        // CleanupStep does not render rewrites; any exact name does.
-        target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
-    });
+    let coredns = args.coredns.config();
     let cm_object = coredns
         .as_ref()
         .map(|c| format!("configmap {}", c.written()));

@@ -42,7 +42,7 @@ use super::{
     cleanup::{self, CleanupArgs, CleanupReport, CleanupStep, Outcome, Scope},
     print_json, print_text,
 };
-use crate::k8s::coredns::{CorednsMode, CorednsObjects, ObjectName};
+use crate::k8s::coredns::{CorednsMode, CorednsUndo, ObjectName};
 
 /// How often a wait reads the object again.
 const POLL: Duration = Duration::from_secs(2);
@@ -81,13 +81,9 @@ pub struct UninstallArgs {
     )]
     pub leases: Vec<ObjectName>,
 
-    /// Which CoreDNS writing to undo (as `cleanup --coredns`).
-    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
-    pub coredns: CorednsMode,
-
-    /// Which ConfigMaps the CoreDNS writing concerns.
+    /// Which CoreDNS writing to undo (as `cleanup --coredns`), in which ConfigMaps.
     #[command(flatten)]
-    pub coredns_objects: CorednsObjects,
+    pub coredns: CorednsUndo,
 
     /// The node cleanup DaemonSet, `NS/NAME`: awaited until ready on every node.
     #[arg(long, env = "HAIRPIN_UNINSTALL_NODES")]
@@ -294,7 +290,7 @@ pub async fn run(args: &UninstallArgs) -> CleanupReport {
     for (i, lease) in args.leases.iter().enumerate() {
         // The CoreDNS lines go with the first Lease's run: one edit, whatever the count.
         let coredns = if i == 0 {
-            args.coredns
+            args.coredns.mode
         } else {
             CorednsMode::Off
         };
@@ -365,8 +361,10 @@ async fn cluster_cleanup(
         names_redirect: crate::agent::args::NamesRedirect::Off,
         listen_link: "none".into(),
         listen_addresses: Vec::new(),
-        coredns,
-        coredns_objects: args.coredns_objects.clone(),
+        coredns: CorednsUndo {
+            mode: coredns,
+            objects: args.coredns.objects.clone(),
+        },
         kubeconfig: args.kubeconfig.clone(),
         lease: lease.clone(),
         bpf_pin_dir: none,

@@ -299,10 +299,10 @@ pub fn uninstall_calls(u: &UninstallArgs) -> Vec<Call> {
             ".delete(&args.lease.name",
         ));
     }
-    match u.coredns {
+    match u.coredns.mode {
         CorednsMode::Off => {}
-        CorednsMode::Corefile => v.extend(configmap_edit_calls(&u.coredns_objects.configmap)),
-        CorednsMode::Import => v.extend(configmap_edit_calls(&u.coredns_objects.custom_configmap)),
+        CorednsMode::Corefile => v.extend(configmap_edit_calls(&u.coredns.objects.configmap)),
+        CorednsMode::Import => v.extend(configmap_edit_calls(&u.coredns.objects.custom_configmap)),
     }
     // `await_nodes`: the node cleanup's rollout.
     if let Some(n) = &u.nodes {

@@ -54,6 +54,32 @@ impl fmt::Display for CorednsMode {
     }
 }
 
+/// Which CoreDNS writing `cleanup` and `uninstall` undo, and in which ConfigMaps.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CorednsUndo {
+    /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
+    /// our key of coredns-custom; `off` touches neither.
+    #[arg(long = "coredns", env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
+    pub mode: CorednsMode,
+
+    /// Which ConfigMaps the CoreDNS writing concerns.
+    #[command(flatten)]
+    pub objects: CorednsObjects,
+}
+
+impl CorednsUndo {
+    /// What to remove; `None` with `--coredns off`.
+    pub fn config(&self) -> Option<CorednsConfig> {
+        (self.mode != CorednsMode::Off).then(|| CorednsConfig {
+            mode: self.mode,
+            configmap: self.objects.configmap.clone(),
+            custom: self.objects.custom_configmap.clone(),
+            // Removing renders no rewrite: any exact name does.
+            target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
+        })
+    }
+}
+
 /// The ConfigMaps the CoreDNS writer edits, shared by `run` and `cleanup` so the
 /// same settings undo exactly what was written.
 #[derive(clap::Args, Clone, Debug)]
