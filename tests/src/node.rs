@@ -249,34 +249,11 @@ impl SimNode {
         for (ns, dev) in [(node, "vpod"), (node, "ving"), (pod, "eth0"), (ing, "eth0")] {
             run_in(ns, &["ip", "link", "set", dev, "up"]);
         }
-        run_in(pod, &["ip", "route", "add", "default", "via", NODE_IP4]);
-        run_in(
-            pod,
-            &["ip", "-6", "route", "add", "default", "via", NODE_IP6],
-        );
-        run_in(
-            ing,
-            &["ip", "route", "add", "default", "via", "198.51.100.1"],
-        );
-        run_in(
-            ing,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:2::1",
-            ],
-        );
+        default_routes(pod, [NODE_IP4, NODE_IP6]);
+        default_routes(ing, ["198.51.100.1", "2001:db8:2::1"]);
         // The node's uplink: LB IPs are off-node, so the node needs a route towards
         // them before kube-proxy's OUTPUT DNAT rewrites the destination.
-        run_in(node, &["ip", "route", "add", "default", "via", INGRESS_IP4]);
-        run_in(
-            node,
-            &["ip", "-6", "route", "add", "default", "via", INGRESS_IP6],
-        );
+        default_routes(node, [INGRESS_IP4, INGRESS_IP6]);
         run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         match mode {
@@ -351,19 +328,7 @@ impl SimNode {
             ],
         );
         run_in(&ns, &["ip", "link", "set", "eth0", "up"]);
-        run_in(&ns, &["ip", "route", "add", "default", "via", OFF_NODE_GW4]);
-        run_in(
-            &ns,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:3::1",
-            ],
-        );
+        default_routes(&ns, [OFF_NODE_GW4, "2001:db8:3::1"]);
         ns
     }
 
@@ -625,6 +590,12 @@ impl Drop for SimNode {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The IPv4 and IPv6 default routes of namespace `ns`, via `[v4, v6]`.
+fn default_routes(ns: &str, [v4, v6]: [&str; 2]) {
+    run_in(ns, &["ip", "route", "add", "default", "via", v4]);
+    run_in(ns, &["ip", "-6", "route", "add", "default", "via", v6]);
 }
 
 /// The ingress backend kube-proxy DNATs the family's LBs to, as a rule writes it.

@@ -16,7 +16,7 @@ use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
     k8s::{
         self,
-        coredns::{CorednsUndo, ObjectName, Written},
+        coredns::{ClusterCleanup, ObjectName, Written},
     },
     names::hosts_writer,
     names::link as names_link,
@@ -69,13 +69,9 @@ pub struct CleanupArgs {
     )]
     pub listen_addresses: Vec<IpAddr>,
 
-    /// Which CoreDNS writing to undo, in which ConfigMaps.
+    /// The API, and the CoreDNS writing to undo.
     #[command(flatten)]
-    pub coredns: CorednsUndo,
-
-    /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are skipped.
-    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub cluster: ClusterCleanup,
 
     /// The agent's Lease, `namespace/name`, to delete.
     #[arg(
@@ -153,7 +149,21 @@ pub struct CleanupReport {
     pub steps: Vec<CleanupStep>,
 }
 
-fn step(
+/// Whether one of `steps` failed.
+pub(super) fn failed(steps: &[CleanupStep]) -> bool {
+    steps.iter().any(|s| s.outcome == Outcome::Failed)
+}
+
+/// The report of `steps`: ok when none failed.
+pub(super) fn report(steps: Vec<CleanupStep>) -> CleanupReport {
+    CleanupReport {
+        ok: !failed(&steps),
+        steps,
+    }
+}
+
+/// One step's result.
+pub(super) fn step(
     name: &'static str,
     object: String,
     outcome: Outcome,
@@ -189,10 +199,7 @@ pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     if args.scope != Scope::Node {
         cluster_steps(args, &mut steps).await;
     }
-    CleanupReport {
-        ok: steps.iter().all(|s| s.outcome != Outcome::Failed),
-        steps,
-    }
+    report(steps)
 }
 
 async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
@@ -323,12 +330,12 @@ async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Clea
 }
 
 async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
-    let coredns = args.coredns.config();
+    let coredns = args.cluster.coredns.config();
     let cm_object = coredns
         .as_ref()
         .map(|c| format!("configmap {}", c.written()));
     let lease_object = format!("lease {}", args.lease);
-    let client = match k8s::client::client(args.kubeconfig.as_deref()).await {
+    let client = match k8s::client::client(args.cluster.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
             let note = Some(format!("no Kubernetes API reachable: {e}"));

@@ -67,6 +67,20 @@ pub struct CorednsUndo {
     pub objects: CorednsObjects,
 }
 
+/// What the cluster-scope steps of `cleanup` and `uninstall` need: the API and
+/// the CoreDNS writing to undo.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterCleanup {
+    /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are
+    /// skipped.
+    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// Which CoreDNS writing to undo, in which ConfigMaps.
+    #[command(flatten)]
+    pub coredns: CorednsUndo,
+}
+
 impl CorednsUndo {
     /// What to remove; `None` with `--coredns off`.
     pub fn config(&self) -> Option<CorednsConfig> {
