@@ -29,28 +29,10 @@ use libfuzzer_sys::fuzz_target;
 const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
 const DEFAULT_HOSTS: [&str; 3] = ["app.example.com", "*.apps.example.com", "API.example.com."];
 
-/// Brace depth at the start of each line by the simple reference reading, or
-/// `None` when unbalanced (only for input without `"`, CR or a BOM).
-fn reference_depths(corefile: &str) -> Option<Vec<i64>> {
-    let mut depth = 0i64;
-    let mut out = Vec::new();
-    for line in corefile.split('\n') {
-        out.push(depth);
-        let code = line.split('#').next().unwrap_or("");
-        let words: Vec<&str> = code.split_whitespace().collect();
-        for (i, w) in words.iter().enumerate() {
-            if *w == "{" || (w.len() > 1 && w.ends_with('{') && i + 1 == words.len()) {
-                depth += 1;
-            } else if *w == "}" {
-                depth -= 1;
-                if depth < 0 {
-                    return None;
-                }
-            }
-        }
-    }
-    (depth == 0).then_some(out)
-}
+// The simple reference reading of the braces, the one the property tests use.
+#[path = "../../hairpin-agent/src/names/corefile/reference.rs"]
+mod reference;
+use reference::reference_depths;
 
 fn is_ours(line: &str) -> bool {
     line.trim_end().ends_with(MARKER)

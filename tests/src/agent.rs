@@ -14,6 +14,10 @@ use crate::{
     sh::command_in,
 };
 
+/// `run` flags of an agent publishing names under example.com through its name
+/// relay (`--mode both`), as the names suites run it; more flags follow them.
+pub const NAMES_UNDER_EXAMPLE_COM: [&str; 4] = ["--mode", "both", "--names-domains", "example.com"];
+
 /// The simulated pod network (the pod's /24 and /64), passed as `--allowed-clients`
 /// to agents reading a frontends file.
 pub const SIM_POD_NETWORKS: &str = "192.0.2.0/24,2001:db8:1::/64";
@@ -46,9 +50,27 @@ pub fn wait_for_log_of(
     }
 }
 
-/// Path of the agent binary: HAIRPIN_AGENT_BIN (set by `cargo xtask test`), else the
-/// debug build beside this test binary.
+/// The binary agents start from instead of [`agent_bin`]'s, while set: the bench's
+/// baseline comparison alternates two builds of the agent in one process.
+static AGENT_BIN_OVERRIDE: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+/// Makes the agents started from now on run `bin` (`None`: [`agent_bin`]'s again).
+pub fn set_agent_bin(bin: Option<PathBuf>) {
+    *AGENT_BIN_OVERRIDE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = bin;
+}
+
+/// Path of the agent binary: the one [`set_agent_bin`] set, else HAIRPIN_AGENT_BIN
+/// (set by `cargo xtask test`), else the debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
+    if let Some(bin) = AGENT_BIN_OVERRIDE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+    {
+        return bin;
+    }
     workspace_bin(
         "HAIRPIN_AGENT_BIN",
         "hairpin-agent",

@@ -29,6 +29,13 @@ impl Reply {
     pub fn ok(&self) -> bool {
         self.code == 0
     }
+
+    /// True when the connection was refused: curl could not connect (7), or the
+    /// connection was closed or reset before a reply came (52; 55 when the reset
+    /// met the request's send, 56 its receive).
+    pub fn refused(&self) -> bool {
+        matches!(self.code, 7 | 52 | 55 | 56)
+    }
 }
 
 /// A URL for `ip:port/path`, bracketing IPv6.
@@ -59,6 +66,21 @@ pub fn mptcp_enabled(netns: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "1"
 }
 
+/// Python for a client script to start with: `get(s, host)` sends an HTTP/1.0 GET of
+/// `/` for `host` on the connected socket `s` and returns the whole reply (status
+/// line, headers, body), read until the server closes.
+pub const PY_GET: &str = r#"
+def get(s, host):
+    s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+    reply = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    return reply.decode(errors="replace")
+"#;
+
 /// One HTTP/1.0 request from the pod to `lb`:80 over an MPTCP socket (python's
 /// `IPPROTO_MPTCP`; curl cannot ask for one everywhere): stdout is the reply's body.
 pub fn mptcp_from_pod(node: &SimNode, lb: &str) -> Output {
@@ -68,19 +90,12 @@ lb = sys.argv[1]
 s = socket.socket(socket.AF_INET6 if ":" in lb else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
 s.settimeout(5)
 s.connect((lb, 80))
-s.sendall(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")
-reply = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    reply += chunk
-print(reply.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
+print(get(s, "lb").split("\r\n\r\n", 1)[-1].strip())
 "#;
     output_in(
         &node.pod_ns,
         Some(&node.pod_cgroup()),
-        &["python3", "-c", PY, lb],
+        &["python3", "-c", &format!("{PY_GET}{PY}"), lb],
     )
 }
 

@@ -202,6 +202,12 @@ impl FakeApi {
         }
     }
 
+    /// A kube client of this server, as the agent's own is built from a kubeconfig.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url().parse().expect("the fake API's URL"));
+        kube::Client::try_from(config).expect("a client of the fake API")
+    }
+
     /// The server URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -10,6 +10,7 @@ pub mod client;
 pub mod dataplanes;
 pub mod fakeapi;
 pub mod helm;
+pub mod kube_source;
 pub mod load;
 pub mod mesh;
 pub mod names_support;

@@ -275,16 +275,9 @@ pub fn raise_nofile(want: u64) -> u64 {
     hard
 }
 
-/// CLOCK_MONOTONIC in nanoseconds, as `hairpin-load` prints it.
-pub fn monotonic_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes a timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
-}
+/// CLOCK_MONOTONIC in nanoseconds, as `hairpin-load` prints it: the agent's own
+/// reading (the clock its heartbeat and the programs use).
+pub use hairpin_agent::datapath::monotonic_ns;
 
 /// Samples a process's footprint every 100 ms on a thread, keeping the largest.
 pub struct PeakSampler {

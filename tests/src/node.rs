@@ -221,20 +221,14 @@ impl SimNode {
         for ns in [&self.node_ns, &self.pod_ns, &self.ingress_ns] {
             run_in(ns, &["ip", "link", "set", "lo", "up"]);
         }
-        self.veth(
-            "a",
-            &self.node_ns.clone(),
-            "vpod",
-            &self.pod_ns.clone(),
-            "eth0",
-        );
-        self.veth(
-            "b",
-            &self.node_ns.clone(),
-            "ving",
-            &self.ingress_ns.clone(),
-            "eth0",
-        );
+        // The node's links to the pod and to the ingress, each the far side's eth0.
+        let node_ns = self.node_ns.clone();
+        for (tag, link, far) in [
+            ("a", "vpod", self.pod_ns.clone()),
+            ("b", "ving", self.ingress_ns.clone()),
+        ] {
+            self.veth(tag, &node_ns, link, &far, "eth0");
+        }
         let (node, pod, ing) = (&self.node_ns, &self.pod_ns, &self.ingress_ns);
         let addr = |ns: &str, a: &str, dev: &str| {
             let fam = if a.contains(':') { "-6" } else { "-4" };
@@ -255,34 +249,11 @@ impl SimNode {
         for (ns, dev) in [(node, "vpod"), (node, "ving"), (pod, "eth0"), (ing, "eth0")] {
             run_in(ns, &["ip", "link", "set", dev, "up"]);
         }
-        run_in(pod, &["ip", "route", "add", "default", "via", NODE_IP4]);
-        run_in(
-            pod,
-            &["ip", "-6", "route", "add", "default", "via", NODE_IP6],
-        );
-        run_in(
-            ing,
-            &["ip", "route", "add", "default", "via", "198.51.100.1"],
-        );
-        run_in(
-            ing,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:2::1",
-            ],
-        );
+        default_routes(pod, [NODE_IP4, NODE_IP6]);
+        default_routes(ing, ["198.51.100.1", "2001:db8:2::1"]);
         // The node's uplink: LB IPs are off-node, so the node needs a route towards
         // them before kube-proxy's OUTPUT DNAT rewrites the destination.
-        run_in(node, &["ip", "route", "add", "default", "via", INGRESS_IP4]);
-        run_in(
-            node,
-            &["ip", "-6", "route", "add", "default", "via", INGRESS_IP6],
-        );
+        default_routes(node, [INGRESS_IP4, INGRESS_IP6]);
         run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         match mode {
@@ -357,19 +328,7 @@ impl SimNode {
             ],
         );
         run_in(&ns, &["ip", "link", "set", "eth0", "up"]);
-        run_in(&ns, &["ip", "route", "add", "default", "via", OFF_NODE_GW4]);
-        run_in(
-            &ns,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:3::1",
-            ],
-        );
+        default_routes(&ns, [OFF_NODE_GW4, "2001:db8:3::1"]);
         ns
     }
 
@@ -386,11 +345,7 @@ impl SimNode {
     /// KUBE-SEP with DNAT, and the masquerade mark, for one family.
     fn kube_proxy_rules(&self, lbs: &[LbRule]) {
         for v6 in [false, true] {
-            let backend = if v6 {
-                format!("[{INGRESS_IP6}]")
-            } else {
-                INGRESS_IP4.to_string()
-            };
+            let backend = ingress_backend(v6);
             let mut chains = String::from(
                 ":KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
             );
@@ -403,16 +358,9 @@ impl SimNode {
                  -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
                  -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE\n",
             );
-            for (i, lb) in lbs
-                .iter()
-                .filter(|l| l.lb_ip.contains(':') == v6)
-                .enumerate()
+            for (lb, [ext, svc, sep]) in
+                service_chains(lbs, v6, ["KUBE-EXT", "KUBE-SVC", "KUBE-SEP"])
             {
-                let (ext, svc, sep) = (
-                    format!("KUBE-EXT-{i}"),
-                    format!("KUBE-SVC-{i}"),
-                    format!("KUBE-SEP-{i}"),
-                );
                 chains.push_str(&format!(":{ext} - [0:0]\n:{svc} - [0:0]\n:{sep} - [0:0]\n"));
                 let plen = if v6 { 128 } else { 32 };
                 rules.push_str(&format!(
@@ -441,23 +389,16 @@ impl SimNode {
     fn kube_proxy_nft_rules(&self, lbs: &[LbRule]) {
         let mut input = String::new();
         for v6 in [false, true] {
-            let (family, addr_type, daddr, backend) = if v6 {
-                ("ip6", "ipv6_addr", "ip6 daddr", format!("[{INGRESS_IP6}]"))
+            let (family, addr_type, daddr) = if v6 {
+                ("ip6", "ipv6_addr", "ip6 daddr")
             } else {
-                ("ip", "ipv4_addr", "ip daddr", INGRESS_IP4.to_string())
+                ("ip", "ipv4_addr", "ip daddr")
             };
+            let backend = ingress_backend(v6);
             let mut chains = String::new();
             let mut elements = Vec::new();
-            for (i, lb) in lbs
-                .iter()
-                .filter(|l| l.lb_ip.contains(':') == v6)
-                .enumerate()
+            for (lb, [ext, svc, ep]) in service_chains(lbs, v6, ["external", "service", "endpoint"])
             {
-                let (ext, svc, ep) = (
-                    format!("external-{i}"),
-                    format!("service-{i}"),
-                    format!("endpoint-{i}"),
-                );
                 chains.push_str(&format!(
                     "\tchain {ep} {{\n\t\tcomment \"{name}\"\n\t\tmeta l4proto tcp dnat to {backend}:{bport}\n\t}}\n\
                      \tchain {svc} {{\n\t\tnumgen random mod 1 vmap {{ 0 : goto {ep} }}\n\t}}\n\
@@ -649,6 +590,34 @@ impl Drop for SimNode {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The IPv4 and IPv6 default routes of namespace `ns`, via `[v4, v6]`.
+fn default_routes(ns: &str, [v4, v6]: [&str; 2]) {
+    run_in(ns, &["ip", "route", "add", "default", "via", v4]);
+    run_in(ns, &["ip", "-6", "route", "add", "default", "via", v6]);
+}
+
+/// The ingress backend kube-proxy DNATs the family's LBs to, as a rule writes it.
+fn ingress_backend(v6: bool) -> String {
+    if v6 {
+        format!("[{INGRESS_IP6}]")
+    } else {
+        INGRESS_IP4.to_string()
+    }
+}
+
+/// The family's LBs, each with its chains named as kube-proxy numbers them: the
+/// external, service and endpoint chain `prefixes`, each with the LB's index.
+fn service_chains<'a>(
+    lbs: &'a [LbRule],
+    v6: bool,
+    prefixes: [&'static str; 3],
+) -> impl Iterator<Item = (&'a LbRule, [String; 3])> {
+    lbs.iter()
+        .filter(move |l| l.lb_ip.contains(':') == v6)
+        .enumerate()
+        .map(move |(i, lb)| (lb, prefixes.map(|p| format!("{p}-{i}"))))
 }
 
 fn kill_netns_processes(ns: &str) {

@@ -1,9 +1,9 @@
 //! A stand-in for a socket load balancer (Cilium's `cil_sock4_connect` with its
 //! kube-proxy replacement, Calico eBPF's `calico_connect_v4`): cgroup connect4 and
 //! connect6 programs of a few BPF instructions, loaded and linked with raw bpf(2)
-//! calls, that rewrite a service address to a backend at connect time, as those do
-//! for a LoadBalancer IP, or refuse the connect (as Cilium does for a service
-//! without backends). Their names are their own (`socklb4_connect`,
+//! calls (the agent's own, `hairpin_agent::datapath::sys`), that rewrite a service
+//! address to a backend at connect time, as those do for a LoadBalancer IP, or
+//! refuse the connect (as Cilium does for a service without backends). Their names are their own (`socklb4_connect`,
 //! `socklb6_connect`), so a test can tell them from hairpin's in `bpftool` and in
 //! what `status` and `doctor` say.
 //!
@@ -14,9 +14,11 @@
 use std::{
     io,
     net::{IpAddr, SocketAddr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     path::Path,
 };
+
+use hairpin_agent::datapath::sys::{self, AttachType};
 
 /// The kernel name of the stand-in's connect4 program.
 pub const SOCKET_LB4: &str = "socklb4_connect";
@@ -61,12 +63,13 @@ impl SocketLb {
                 .filter(|r| r.service().is_ipv6() == v6)
                 .collect();
             let (name, attach) = if v6 {
-                (SOCKET_LB6, CONNECT6)
+                (SOCKET_LB6, AttachType::Connect6)
             } else {
-                (SOCKET_LB4, CONNECT4)
+                (SOCKET_LB4, AttachType::Connect4)
             };
             let prog = prog_load(name, attach, &program(&mine, v6))?;
-            links.push(link_create(&prog, &dir, attach)?);
+            // No flags: after whatever is attached there.
+            links.push(sys::link_create(prog.as_fd(), dir.as_fd(), attach, 0)?);
             programs.push(prog);
         }
         Ok(SocketLb {
@@ -76,9 +79,8 @@ impl SocketLb {
     }
 }
 
-/// `BPF_CGROUP_INET4_CONNECT`, `BPF_CGROUP_INET6_CONNECT`.
-const CONNECT4: u32 = 10;
-const CONNECT6: u32 = 11;
+/// `BPF_PROG_LOAD`.
+const BPF_PROG_LOAD: libc::c_long = 5;
 /// `BPF_PROG_TYPE_CGROUP_SOCK_ADDR`.
 const PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
 /// Offsets in `struct bpf_sock_addr`.
@@ -178,24 +180,6 @@ fn program(rules: &[Rule], v6: bool) -> Vec<Insn> {
     out
 }
 
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
-    // SAFETY: `attr` is a #[repr(C)] prefix of `union bpf_attr` for `cmd`, zeroed
-    // beyond the fields set, passed with its size.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            (attr as *mut T).cast::<libc::c_void>(),
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor this process owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
-}
-
 #[repr(C)]
 #[derive(Default)]
 struct ProgLoadAttr {
@@ -213,7 +197,7 @@ struct ProgLoadAttr {
     expected_attach_type: u32,
 }
 
-fn prog_load(name: &str, attach: u32, insns: &[Insn]) -> io::Result<OwnedFd> {
+fn prog_load(name: &str, attach: AttachType, insns: &[Insn]) -> io::Result<OwnedFd> {
     let license = c"GPL";
     let mut log = vec![0u8; 64 * 1024];
     let mut prog_name = [0u8; 16];
@@ -227,36 +211,18 @@ fn prog_load(name: &str, attach: u32, insns: &[Insn]) -> io::Result<OwnedFd> {
         log_size: log.len() as u32,
         log_buf: log.as_mut_ptr() as u64,
         prog_name,
-        expected_attach_type: attach,
+        expected_attach_type: attach.raw(),
         ..ProgLoadAttr::default()
     };
-    bpf(5, &mut attr).map_err(|e| {
+    // SAFETY: a #[repr(C)] prefix of bpf_attr for BPF_PROG_LOAD, zeroed beyond
+    // expected_attach_type; the instructions, the license and the log outlive the call.
+    unsafe { sys::bpf_fd(BPF_PROG_LOAD, &mut attr) }.map_err(|e| {
         let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
         io::Error::new(
             e.kind(),
             format!("load {name}: {e}: {}", String::from_utf8_lossy(&log[..end])),
         )
     })
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    _rest: [u64; 4],
-}
-
-fn link_create(prog: &OwnedFd, cgroup: &std::fs::File, attach: u32) -> io::Result<OwnedFd> {
-    let mut attr = LinkCreateAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: cgroup.as_raw_fd() as u32,
-        attach_type: attach,
-        ..LinkCreateAttr::default()
-    };
-    bpf(28, &mut attr)
 }
 
 #[cfg(test)]

@@ -243,7 +243,6 @@ fn address_far_side(
 /// a route delivers it.
 fn add_routes(f: &Fixture, node: &str, family: Family) {
     let v4 = |ip: &IpAddr| family.has(ip);
-    let host_len = family.host_len();
     // The family's routes in the fixture's order; one that needs a later one is
     // tried again.
     let mut pending: Vec<&Vec<String>> = f
@@ -283,20 +282,7 @@ fn add_routes(f: &Fixture, node: &str, family: Family) {
         let master = f.masters.iter().find(|(p, _)| p == link).map(|(_, m)| m);
         let out = via.split_whitespace().skip_while(|w| *w != "dev").nth(1);
         if out != Some(link.as_str()) && out != master.map(String::as_str) {
-            run_in(
-                node,
-                &[
-                    "ip",
-                    family.flag(),
-                    "route",
-                    "add",
-                    &format!("{ip}/{host_len}"),
-                    "dev",
-                    link,
-                    "table",
-                    "4242",
-                ],
-            );
+            change_host_route(node, family, "add", (ip, link), &["table", "4242"]);
             run_in(
                 node,
                 &[
@@ -314,6 +300,20 @@ fn add_routes(f: &Fixture, node: &str, family: Family) {
             );
         }
     }
+}
+
+/// `ip route VERB` of the host route to `ip` on `link` in `node`, with `more`.
+fn change_host_route(
+    node: &str,
+    family: Family,
+    verb: &str,
+    (ip, link): (&IpAddr, &str),
+    more: &[&str],
+) {
+    let dst = format!("{ip}/{}", family.host_len());
+    let mut argv = vec!["ip", family.flag(), "route", verb, &dst, "dev", link];
+    argv.extend_from_slice(more);
+    run_in(node, &argv);
 }
 
 fn build(f: &Fixture, ns: &mut Namespaces, family: Family) -> Built {
@@ -520,25 +520,29 @@ enum Outcome {
     Refused(Duration),
 }
 
+/// A TCP connection from source address `from` (any port) to `target`, within 2 s,
+/// in the calling thread's network namespace: the connect's error when it fails (the
+/// socket and its source address must be had).
+fn connect_bound(from: IpAddr, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(target),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    sock.bind(&SocketAddr::new(from, 0).into())
+        .expect("bind source");
+    sock.connect_timeout(&target.into(), Duration::from_secs(2))?;
+    Ok(sock.into())
+}
+
 /// Connects from `ns` with source `from` to `target` and reads what comes back.
 fn connect_from(ns: &str, from: IpAddr, target: SocketAddr) -> Outcome {
     in_netns(ns, move || {
         let started = Instant::now();
-        let sock = socket2::Socket::new(
-            socket2::Domain::for_address(target),
-            socket2::Type::STREAM,
-            None,
-        )
-        .expect("socket");
-        sock.bind(&SocketAddr::new(from, 0).into())
-            .expect("bind source");
-        if sock
-            .connect_timeout(&target.into(), Duration::from_secs(2))
-            .is_err()
-        {
+        let Ok(mut stream) = connect_bound(from, target) else {
             return Outcome::Refused(started.elapsed());
-        }
-        let mut stream: TcpStream = sock.into();
+        };
         stream
             .set_read_timeout(Some(Duration::from_secs(5)))
             .expect("read timeout");
@@ -567,16 +571,8 @@ fn flood(
         let mut held = Vec::new();
         let mut failed = 0;
         for _ in 0..n {
-            let sock = socket2::Socket::new(
-                socket2::Domain::for_address(target),
-                socket2::Type::STREAM,
-                None,
-            )
-            .expect("socket");
-            sock.bind(&SocketAddr::new(from, 0).into())
-                .expect("bind source");
-            match sock.connect_timeout(&target.into(), Duration::from_secs(2)) {
-                Ok(()) => held.push(TcpStream::from(sock)),
+            match connect_bound(from, target) {
+                Ok(stream) => held.push(stream),
                 // Reset before the handshake was seen through: refused too.
                 Err(_) => failed += 1,
             }
@@ -686,38 +682,14 @@ fn shape_in(name: &str, family: Family, with_flood: bool) {
         r.dst.addr() == *ip && r.dst.prefix_len() == host_len && r.dev.as_deref() == Some(link)
     });
     if host_route {
-        run_in(
-            &built.node,
-            &[
-                "ip",
-                family.flag(),
-                "route",
-                "del",
-                &format!("{ip}/{host_len}"),
-                "dev",
-                link,
-            ],
-        );
+        change_host_route(&built.node, family, "del", (ip, link), &[]);
         let gone = wait_for(&reads, |n| !n.contains(*ip));
         assert!(gone, "{name}: the route's removal was not followed");
         assert!(matches!(
             connect_from(pod, *ip, built.target),
             Outcome::Refused(_)
         ));
-        run_in(
-            &built.node,
-            &[
-                "ip",
-                family.flag(),
-                "route",
-                "add",
-                &format!("{ip}/{host_len}"),
-                "dev",
-                link,
-                "scope",
-                "link",
-            ],
-        );
+        change_host_route(&built.node, family, "add", (ip, link), &["scope", "link"]);
         assert!(
             wait_for(&reads, |n| n.contains(*ip)),
             "{name}: the route's return was not followed"

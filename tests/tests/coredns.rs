@@ -24,7 +24,7 @@ use hairpin_agent::{
     status::{AgentState, metrics::Metrics},
 };
 use hairpin_tests::{
-    agent::{Agent, agent_bin},
+    agent::{Agent, NAMES_UNDER_EXAMPLE_COM, agent_bin},
     fakeapi::{FakeApi, digitalocean_service, recorded},
     names_support::curl_resolved_from_pod,
     node::{NODE_IP4, POD_IP4, SimNode},
@@ -71,8 +71,11 @@ fn config(mode: CorednsMode) -> CorednsConfig {
     }
 }
 
-fn client(api: &FakeApi) -> kube::Client {
-    kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client")
+/// A cluster whose CoreDNS ConfigMap holds kubeadm's Corefile.
+fn kubeadm_cluster() -> FakeApi {
+    let api = FakeApi::start();
+    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    api
 }
 
 struct Writer {
@@ -103,7 +106,7 @@ fn start_writer(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
     let (routes_tx, routes_rx) = watch::channel(Some(routes()));
     let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
     tokio::spawn(coredns_loop::run(
-        client(api),
+        api.client(),
         config(mode),
         Reporting {
             instance: "writer-0".into(),
@@ -190,8 +193,7 @@ async fn corefile_mode_writes_our_lines_and_nothing_else() {
 
 #[tokio::test]
 async fn a_concurrent_edit_gets_409_and_is_kept_after_the_retry() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let api = kubeadm_cluster();
     let edited = KUBEADM.replace("cache 30", "cache 60");
     api.change_before_next_update("kube-system/coredns", "Corefile", &edited);
     let _w = start(&api, CorednsMode::Corefile, true);
@@ -239,12 +241,12 @@ async fn import_mode_owns_only_its_key() {
     assert!(api.configmap("kube-system/coredns").is_none());
 }
 
-#[tokio::test]
-async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
-    let api = FakeApi::start();
-    let odd = "example.org:53 {\n    forward . 1.1.1.1\n}\n";
-    api.put_configmap(configmap("coredns", json!({"Corefile": odd})));
-    let w = start(&api, CorednsMode::Corefile, true);
+/// Starts the writer (corefile mode, the leader) on a ConfigMap holding `text`,
+/// which it must refuse: one Warning Event on the ConfigMap, never a write, the
+/// Corefile left as it was. The error its status shows.
+async fn refused(api: &FakeApi, text: &str) -> String {
+    api.put_configmap(configmap("coredns", json!({"Corefile": text})));
+    let w = start(api, CorednsMode::Corefile, true);
     until(Duration::from_secs(5), "event published", || {
         !api.events().is_empty()
     })
@@ -260,14 +262,21 @@ async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
         .coredns
         .and_then(|c| c.last_error)
         .expect("error in status");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(api.events().len(), 1, "one Event per distinct error");
+    assert_eq!(puts(api), 0, "never written: {:#?}", api.requests());
+    assert_eq!(corefile(api), text);
+    err
+}
+
+#[tokio::test]
+async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
+    let api = FakeApi::start();
+    let err = refused(&api, "example.org:53 {\n    forward . 1.1.1.1\n}\n").await;
     assert!(
         err.contains("kube-system/coredns") && err.contains("main server block"),
         "{err}"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(api.events().len(), 1, "one Event per distinct error");
-    assert_eq!(puts(&api), 0, "never written");
-    assert_eq!(corefile(&api), odd);
 }
 
 /// Issue 14 finding 3: a Corefile CoreDNS itself could not parse (here the main
@@ -277,27 +286,11 @@ async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
 async fn an_unbalanced_corefile_is_never_written() {
     let api = FakeApi::start();
     let cut = KUBEADM.trim_end().strip_suffix('}').expect("closing brace");
-    api.put_configmap(configmap("coredns", json!({"Corefile": cut})));
-    let w = start(&api, CorednsMode::Corefile, true);
-    until(Duration::from_secs(5), "event published", || {
-        !api.events().is_empty()
-    })
-    .await;
-    assert_eq!(api.events()[0]["reason"], REASON_UNRECOGNIZED);
-    let err = w
-        .state
-        .snapshot()
-        .coredns
-        .and_then(|c| c.last_error)
-        .expect("error in status");
     assert_eq!(
-        err,
+        refused(&api, cut).await,
         "configmap kube-system/coredns: data.Corefile: corefile: block opened at line 1 is \
          never closed (expected a matching '}')"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(puts(&api), 0, "never written: {:#?}", api.requests());
-    assert_eq!(corefile(&api), cut);
 }
 
 /// Issue 14 finding 3: `answer auto` needs CoreDNS 1.8.4 (an older one refuses the
@@ -306,8 +299,7 @@ async fn an_unbalanced_corefile_is_never_written() {
 /// within a resync. With no Deployment to read, the version is unknown: the same.
 #[tokio::test]
 async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let api = kubeadm_cluster();
     api.put_deployment(coredns_deployment("registry.k8s.io/coredns/coredns:v1.8.3"));
     let w = start_writer(&api, CorednsMode::Corefile, true);
     let target = Hostname::parse(TARGET).expect("target");
@@ -353,8 +345,7 @@ async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
     .await;
 
     // No Deployment by that name: unknown, held back again, naming the object.
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let api = kubeadm_cluster();
     let w = start_writer(&api, CorednsMode::Import, true);
     until(Duration::from_secs(5), "unknown version reported", || {
         w.state
@@ -377,8 +368,7 @@ async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
 
 #[tokio::test]
 async fn only_the_lease_holder_writes() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let api = kubeadm_cluster();
     api.put_daemonset(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "node-local-dns", "namespace": "kube-system"}}));
     let w = start(&api, CorednsMode::Corefile, false);
@@ -401,8 +391,7 @@ async fn only_the_lease_holder_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
+    let api = kubeadm_cluster();
     let w = start(&api, CorednsMode::Corefile, true);
     until(Duration::from_secs(5), "written", || {
         corefile(&api) != KUBEADM
@@ -410,7 +399,7 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
     .await;
     drop(w);
     // A Lease as the agent makes one.
-    let c = client(&api);
+    let c = api.client();
     let (tx, _rx) = watch::channel(false);
     let lease = tokio::spawn(hairpin_agent::k8s::lease::run(
         c,
@@ -512,13 +501,10 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
         &node,
         &kubeconfig,
         &[
-            "--mode",
-            "both",
-            "--coredns",
-            "corefile",
-            "--names-domains",
-            "example.com",
-        ],
+            NAMES_UNDER_EXAMPLE_COM.as_slice(),
+            &["--coredns", "corefile"],
+        ]
+        .concat(),
     );
     // The agent writes nothing in CoreDNS: the writer, its own process, does.
     let mut writer = WriterProcess::start_in(
@@ -661,12 +647,17 @@ fn lb_and_ingress(api: &FakeApi, hosts: &[String]) {
     );
 }
 
-fn kubeconfig_for(api: &FakeApi, name: &str) -> std::path::PathBuf {
+/// For the writer subcommand: a kubeadm cluster with a current CoreDNS, an LB and
+/// an Ingress naming a0.example.com; a kubeconfig for it in a directory of `name`.
+fn writer_cluster(name: &str) -> (FakeApi, std::path::PathBuf) {
+    let api = kubeadm_cluster();
+    api.put_deployment(coredns_deployment(CURRENT_IMAGE));
+    lb_and_ingress(&api, &["a0.example.com".to_string()]);
     let dir = std::env::temp_dir().join(format!("hairpin-writer-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let kubeconfig = dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
-    kubeconfig
+    (api, kubeconfig)
 }
 
 /// Item 7 of issue 14: an Ingress that flaps must not rewrite the ConfigMap (and make
@@ -675,11 +666,7 @@ fn kubeconfig_for(api: &FakeApi, name: &str) -> std::path::PathBuf {
 /// last state is what is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_subcommand_coalesces_a_burst_of_ingress_changes() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
-    api.put_deployment(coredns_deployment(CURRENT_IMAGE));
-    lb_and_ingress(&api, &["a0.example.com".to_string()]);
-    let kubeconfig = kubeconfig_for(&api, "burst");
+    let (api, kubeconfig) = writer_cluster("burst");
     let w = WriterProcess::start(
         &kubeconfig,
         "writer-0",
@@ -725,11 +712,7 @@ async fn the_writer_subcommand_coalesces_a_burst_of_ingress_changes() {
 /// the Lease and writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_writer_does_not_write_while_the_first_holds_the_lease() {
-    let api = FakeApi::start();
-    api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
-    api.put_deployment(coredns_deployment(CURRENT_IMAGE));
-    lb_and_ingress(&api, &["a0.example.com".to_string()]);
-    let kubeconfig = kubeconfig_for(&api, "lease");
+    let (api, kubeconfig) = writer_cluster("lease");
     let args = [
         "--names-domains",
         "example.com",
@@ -775,9 +758,11 @@ async fn a_second_writer_does_not_write_while_the_first_holds_the_lease() {
     )
     .await;
     assert_eq!(holder(&api).as_deref(), Some("writer-1"));
-    assert!(
-        second.log().contains("CoreDNS rewrites written"),
-        "{}",
-        second.log()
-    );
+    // It logs the write once the PUT has returned: a moment after the fake API has it.
+    until(
+        Duration::from_secs(5),
+        "the second writer logged its write",
+        || second.log().contains("CoreDNS rewrites written"),
+    )
+    .await;
 }

@@ -47,9 +47,19 @@ fn agent_with_names(node: &SimNode, cgroup: &Path, extra: &[&str], wait: &str) -
     agent
 }
 
-fn status(node: &SimNode) -> (i32, Value) {
+/// `status --output json`, asserted ready (exit 0) in the `configured` mode with
+/// `live` paths; `why` says why it is ready so.
+fn status_in_mode(node: &SimNode, configured: &str, live: &[&str], why: &str) -> Value {
     let run = run_cli(node, &["status", "--output", "json"]);
-    (run.code, run.json())
+    let s = run.json();
+    assert_eq!(run.code, 0, "{why}: {s:#}");
+    assert_eq!(s["status"]["mode"]["configured"], configured, "{s:#}");
+    assert_eq!(
+        s["status"]["mode"]["live"],
+        serde_json::json!(live),
+        "{s:#}"
+    );
+    s
 }
 
 fn frontend<'a>(s: &'a Value, ip: &str) -> &'a Value {
@@ -80,20 +90,19 @@ fn fetch_by_name(node: &SimNode, hosts: &Path, agent: &Agent) -> String {
 fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay() {
     require_privileges!();
     let (node, _nginx, hosts) = node_with_hosts(NODE_HOSTS);
-    let hosts_arg = hosts.to_str().expect("utf-8 path");
+    // What the agent writes, and so what `cleanup` is told to undo.
+    let written = [
+        "--hosts-file",
+        hosts.to_str().expect("utf-8 path"),
+        "--names-link",
+        "lo",
+        "--names-address",
+        NAMES_ADDRESS,
+    ];
     let mut agent = agent_with_names(
         &node,
         &node.cgroup,
-        &[
-            "--mode",
-            "fallback",
-            "--hosts-file",
-            hosts_arg,
-            "--names-link",
-            "lo",
-            "--names-address",
-            NAMES_ADDRESS,
-        ],
+        &[&["--mode", "fallback"], written.as_slice()].concat(),
         "hosts file updated",
     );
     let attached = node.attached_programs();
@@ -122,14 +131,7 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
     );
     assert!(lines[1].ends_with("dst=203.0.113.10:80"), "{body}");
 
-    let (code, s) = status(&node);
-    assert_eq!(code, 0, "ready without programs: {s:#}");
-    assert_eq!(s["status"]["mode"]["configured"], "fallback", "{s:#}");
-    assert_eq!(
-        s["status"]["mode"]["live"],
-        serde_json::json!(["hosts"]),
-        "{s:#}"
-    );
+    let s = status_in_mode(&node, "fallback", &["hosts"], "ready without programs");
     assert!(s["status"]["attachment"].is_null(), "{s:#}");
     let named = frontend(&s, "203.0.113.10");
     assert_eq!(named["path"], "hosts", "{s:#}");
@@ -164,33 +166,28 @@ fn fallback_mode_attaches_nothing_and_names_reach_the_lb_through_the_name_relay(
     assert_ne!(fs::read(&hosts).expect("read"), NODE_HOSTS);
     // ...`cleanup` removes both, and a second run finds nothing and still exits 0.
     let args = [
-        "cleanup",
-        "--hosts-file",
-        hosts_arg,
-        "--names-link",
-        "lo",
-        "--names-address",
-        NAMES_ADDRESS,
-        "--kubeconfig",
-        "/nonexistent/kubeconfig",
-        "--output",
-        "json",
-    ];
+        &["cleanup"],
+        written.as_slice(),
+        &[
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--output",
+            "json",
+        ],
+    ]
+    .concat();
     let first = run_cli(&node, &args);
     assert_eq!(first.code, 0, "{first:?}");
     let report = first.json();
-    let outcomes: Vec<&str> = report["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| s["outcome"].as_str().unwrap_or(""))
-        .collect();
-    let names: Vec<&str> = report["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| s["name"].as_str().unwrap_or(""))
-        .collect();
+    let steps = |field: &str| -> Vec<&str> {
+        report["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| s[field].as_str().unwrap_or(""))
+            .collect()
+    };
+    let (outcomes, names) = (steps("outcome"), steps("name"));
     // The hosts block, the relays' four listen addresses (the agent's defaults, two
     // per family: the listener's and one more for slots; on lo here), the names address, the names ports' nftables table (ip; no ip6), no pinned
     // map (the kernel path was off); the
@@ -256,14 +253,7 @@ fn auto_mode_is_ebpf_where_it_attaches_and_leaves_the_hosts_file_alone() {
         &["--hosts-file", hosts_arg],
         "reconcile finished frontends=2",
     );
-    let (code, s) = status(&node);
-    assert_eq!(code, 0, "{s:#}");
-    assert_eq!(s["status"]["mode"]["configured"], "auto", "{s:#}");
-    assert_eq!(
-        s["status"]["mode"]["live"],
-        serde_json::json!(["ebpf"]),
-        "{s:#}"
-    );
+    let s = status_in_mode(&node, "auto", &["ebpf"], "ready with the programs");
     let reason = s["status"]["mode"]["reason"].as_str().unwrap_or("");
     assert!(reason.contains("programs attached"), "{reason}");
     assert_eq!(frontend(&s, "203.0.113.10")["path"], "ebpf", "{s:#}");
@@ -307,13 +297,7 @@ fn auto_mode_falls_back_to_the_hosts_file_when_attach_fails_and_says_why() {
     let body = fetch_by_name(&node, &hosts, &agent);
     assert!(body.contains("dst=203.0.113.10:80"), "{body}");
 
-    let (code, s) = status(&node);
-    assert_eq!(code, 0, "{s:#}");
-    assert_eq!(
-        s["status"]["mode"]["live"],
-        serde_json::json!(["hosts"]),
-        "{s:#}"
-    );
+    let s = status_in_mode(&node, "auto", &["hosts"], "ready on the hosts file");
     let reason = s["status"]["mode"]["reason"].as_str().unwrap_or("");
     assert!(reason.contains("eBPF could not be used"), "{reason}");
     assert!(

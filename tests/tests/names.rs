@@ -5,11 +5,12 @@
 
 use std::{
     fs,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use hairpin_tests::{
-    agent::{Agent, FrontendSpec, spec},
+    agent::{Agent, FrontendSpec, NAMES_UNDER_EXAMPLE_COM, spec},
     cli::{admin_socket, doctor_check, run_cli},
     fakeapi::{FakeApi, digitalocean_service, recorded},
     load::Helper,
@@ -18,7 +19,7 @@ use hairpin_tests::{
     },
     node::{NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, RELAY_IP4, SimNode},
     require_privileges,
-    servers::{start_haproxy, start_nginx},
+    servers::{Server, start_haproxy, start_nginx},
     sh::run_in,
 };
 
@@ -72,14 +73,51 @@ fn agent_with_names_in(node: &SimNode, mode: &str, extra: &[&str], ready: &str) 
 const NODE_HOSTS: &[u8] =
     b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n# kubelet-managed below\n10.9.9.9 keep-me \xe9\n192.0.2.1\tnode-1";
 
-#[test]
-fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_name_relay() {
-    require_privileges!();
+/// A node with both LBs served (plain nginx, and TLS for the names on :443) and its
+/// hosts file holding [`NODE_HOSTS`]: the node, the servers and the file.
+fn node_with_tls_and_hosts() -> (SimNode, Server, Server, PathBuf) {
     let node = SimNode::with_lbs(&lbs_with_tls());
-    let _nginx = start_nginx(&node);
+    let nginx = start_nginx(&node);
     let tls = start_tls_nginx(&node);
     let hosts = node.dir.join("hosts");
     fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    (node, nginx, tls, hosts)
+}
+
+/// Runs `script` as a host process whose resolver reads `hosts`; its `count` lines
+/// of output, the run having succeeded (else the agent's and TLS server's logs).
+fn host_lines(
+    node: &SimNode,
+    hosts: &Path,
+    script: &str,
+    count: usize,
+    (agent, tls): (&Agent, &Server),
+) -> Vec<String> {
+    let got = sh_with_hosts_file(node, hosts, script);
+    assert!(
+        got.ok(),
+        "{got:?}\nagent:\n{}\ntls:\n{}",
+        agent.log(),
+        tls.log()
+    );
+    let lines: Vec<String> = got.body.lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), count, "{}", got.body);
+    lines
+}
+
+/// Asserts that `line`, what a backend echoed, names the node's IP as the true
+/// client (after `prefix`, the TLS server's own) and `dst` as the LB.
+fn assert_from_node(line: &str, prefix: &str, dst: &str) {
+    assert!(
+        line.starts_with(&format!("{prefix}client={NODE_IP4}:")) && line.ends_with(dst),
+        "a host process -> the node IP as the PROXY source, to {dst}: {line}"
+    );
+}
+
+#[test]
+fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_name_relay() {
+    require_privileges!();
+    let (node, _nginx, tls, hosts) = node_with_tls_and_hosts();
     let system_hosts = fs::read("/etc/hosts").expect("read /etc/hosts");
     let hosts_arg = hosts.to_str().expect("utf-8 path");
     let mut agent = agent_with_names(&node, &["--hosts-file", hosts_arg], "hosts file updated");
@@ -106,36 +144,24 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
         agent.log()
     );
 
-    let got = sh_with_hosts_file(
+    let lines = host_lines(
         &node,
         &hosts,
         "getent hosts a.example.com && curl -sS --max-time 10 http://a.example.com/ \
          && curl -sS -k --max-time 10 https://b.example.com/",
+        3,
+        (&agent, &tls),
     );
-    assert!(
-        got.ok(),
-        "{got:?}\nagent:\n{}\ntls:\n{}",
-        agent.log(),
-        tls.log()
-    );
-    let lines: Vec<&str> = got.body.lines().collect();
-    assert_eq!(lines.len(), 3, "{}", got.body);
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [RELAY_IP4, "a.example.com"]
     );
-    assert!(
-        lines[1].starts_with(&format!("client={NODE_IP4}:")),
-        "host process -> node IP: {}",
-        lines[1]
+    assert_from_node(&lines[1], "", "dst=203.0.113.10:80");
+    assert_from_node(
+        &lines[2],
+        "tls-b sni=b.example.com ",
+        "dst=203.0.113.11:443",
     );
-    assert!(lines[1].ends_with("dst=203.0.113.10:80"), "{}", lines[1]);
-    assert!(
-        lines[2].starts_with(&format!("tls-b sni=b.example.com client={NODE_IP4}:")),
-        "{}",
-        lines[2]
-    );
-    assert!(lines[2].ends_with("dst=203.0.113.11:443"), "{}", lines[2]);
     assert_eq!(
         fs::read("/etc/hosts").expect("read /etc/hosts"),
         system_hosts,
@@ -164,15 +190,15 @@ fn refused_names_never_reach_the_hosts_block_and_an_allowed_one_does() {
         &node,
         &specs,
         &[
-            "--mode",
-            "both",
-            "--names-domains",
-            "example.com",
-            "--hosts-file",
-            hosts.to_str().expect("utf-8 path"),
-            "--admin-socket",
-            sock.to_str().expect("utf-8 path"),
-        ],
+            NAMES_UNDER_EXAMPLE_COM.as_slice(),
+            &[
+                "--hosts-file",
+                hosts.to_str().expect("utf-8 path"),
+                "--admin-socket",
+                sock.to_str().expect("utf-8 path"),
+            ],
+        ]
+        .concat(),
     );
     fs::write(
         &agent.frontends,
@@ -662,17 +688,9 @@ fn without_programs_a_later_wildcard_bind_succeeds_too_through_the_nftables_tabl
     later_wildcard_bind("fallback", "nftables");
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scenario shared by two modes: the agent, the later bind, the checks, in order"
-)]
 fn later_wildcard_bind(mode: &str, how: &str) {
     require_privileges!();
-    let node = SimNode::with_lbs(&lbs_with_tls());
-    let _nginx = start_nginx(&node);
-    let tls = start_tls_nginx(&node);
-    let hosts = node.dir.join("hosts");
-    fs::write(&hosts, NODE_HOSTS).expect("write hosts");
+    let (node, _nginx, tls, hosts) = node_with_tls_and_hosts();
     let sock = admin_socket(&node);
     let agent = agent_with_names_in(
         &node,
@@ -709,33 +727,21 @@ fn later_wildcard_bind(mode: &str, how: &str) {
     }
 
     // Names still go through the name relay, with the true client, to each LB.
-    let got = sh_with_hosts_file(
+    let lines = host_lines(
         &node,
         &hosts,
         "curl -sS --max-time 10 http://a.example.com/ \
          && curl -sS -k --max-time 10 https://b.example.com/",
+        2,
+        (&agent, &tls),
     );
     let _ = ingress.kill();
     let _ = ingress.wait();
-    assert!(
-        got.ok(),
-        "{got:?}\nagent:\n{}\ntls:\n{}",
-        agent.log(),
-        tls.log()
-    );
-    let lines: Vec<&str> = got.body.lines().collect();
-    assert_eq!(lines.len(), 2, "{}", got.body);
-    assert!(
-        lines[0].starts_with(&format!("client={NODE_IP4}:"))
-            && lines[0].ends_with("dst=203.0.113.10:80"),
-        "{}",
-        lines[0]
-    );
-    assert!(
-        lines[1].starts_with(&format!("tls-b sni=b.example.com client={NODE_IP4}:"))
-            && lines[1].ends_with("dst=203.0.113.11:443"),
-        "{}",
-        lines[1]
+    assert_from_node(&lines[0], "", "dst=203.0.113.10:80");
+    assert_from_node(
+        &lines[1],
+        "tls-b sni=b.example.com ",
+        "dst=203.0.113.11:443",
     );
 
     // Status says how: each names port redirected to a listener on another port.
@@ -854,17 +860,17 @@ fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_anoth
         &node,
         &kubeconfig,
         &[
-            "--mode",
-            "both",
-            "--names-domains",
-            "example.com",
-            "--max-names-per-namespace",
-            "3",
-            "--hosts-file",
-            hosts.to_str().expect("utf-8 path"),
-            "--admin-socket",
-            sock.to_str().expect("utf-8 path"),
-        ],
+            NAMES_UNDER_EXAMPLE_COM.as_slice(),
+            &[
+                "--max-names-per-namespace",
+                "3",
+                "--hosts-file",
+                hosts.to_str().expect("utf-8 path"),
+                "--admin-socket",
+                sock.to_str().expect("utf-8 path"),
+            ],
+        ]
+        .concat(),
     );
     let names_in_block = || -> Vec<String> {
         let written = fs::read(&hosts).expect("read hosts");

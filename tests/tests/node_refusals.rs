@@ -11,30 +11,42 @@
 //! `--lb-cidrs` names the LoadBalancer ranges, and the passed-over claims are
 //! Warning Events on that Node.
 
-use std::time::{Duration, Instant};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use hairpin_agent::{
-    k8s::{
-        self,
-        source::{Desired, DesiredRx},
-    },
+    k8s::{self, source::Desired, watch::KubeSource},
     names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
-    status::metrics::Metrics,
 };
-use hairpin_tests::fakeapi::{FakeApi, digitalocean_service};
+use hairpin_tests::{
+    fakeapi::{FakeApi, digitalocean_service},
+    kube_source::{self, now, until},
+};
 use serde_json::json;
 
-async fn until(rx: &mut DesiredRx, what: &str, pred: impl Fn(&Desired) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if rx.borrow_and_update().as_deref().is_some_and(&pred) {
-            return;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, rx.changed()).await.is_err() {
-            panic!("{what}: not within 10 s; last sent: {:?}", *rx.borrow());
-        }
-    }
+/// The source both binaries run, watching `api` with `defaults` and publishing
+/// names under example.com.
+fn watch_names(api: &FakeApi, defaults: k8s::Defaults) -> KubeSource {
+    let scope = NameScope::new(&["example.com"], "cluster.local").expect("scope");
+    kube_source::start(api, defaults, scope).0
+}
+
+/// What `source` sends once it routes `host`.
+async fn routed(source: &KubeSource, host: &str) -> Arc<Desired> {
+    let mut rx = source.desired.clone();
+    until(
+        &mut rx,
+        Duration::from_secs(10),
+        &format!("{host} routed"),
+        |s| s.apply.routes.iter().any(|r| r.host.as_str() == host),
+    )
+    .await;
+    now(&rx)
+}
+
+/// The LB addresses among the frontends, each once, sorted.
+fn frontend_ips(s: &Desired) -> Vec<String> {
+    let ips: BTreeSet<String> = s.apply.frontends.iter().map(|f| f.ip.to_string()).collect();
+    ips.into_iter().collect()
 }
 
 #[tokio::test]
@@ -63,30 +75,11 @@ async fn other_nodes_addresses_and_names_are_refused() {
             "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
         );
     }
-    let client =
-        kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client");
-    let source = k8s::watch::spawn(
-        client,
-        k8s::Defaults::default(),
-        NameScope::new(&["example.com"], "cluster.local").expect("scope"),
-        k8s::api_names::known(Vec::new()),
-        Metrics::default(),
-        std::sync::Arc::new(|_, _| {}),
-    );
-    let mut rx = source.desired.clone();
-    until(&mut rx, "shop.example.com routed", |s| {
-        s.apply
-            .routes
-            .iter()
-            .any(|r| r.host.as_str() == "shop.example.com")
-    })
-    .await;
-    let s = rx.borrow().clone().expect("synced");
-    let ips: std::collections::BTreeSet<String> =
-        s.apply.frontends.iter().map(|f| f.ip.to_string()).collect();
+    let source = watch_names(&api, k8s::Defaults::default());
+    let s = routed(&source, "shop.example.com").await;
     assert_eq!(
-        ips,
-        ["203.0.113.10".to_string()].into(),
+        frontend_ips(&s),
+        ["203.0.113.10"],
         "{:?}",
         s.apply.frontends
     );
@@ -149,8 +142,6 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
         "spec": {"rules": [{"host": "shop.example.com"}]},
         "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
     );
-    let client =
-        kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client");
     let defaults = k8s::Defaults {
         addresses: hairpin_agent::k8s::decide::lb_address::LbAddressPolicy {
             allowed: vec!["203.0.113.0/24".parse().expect("net")],
@@ -158,38 +149,21 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
         },
         ..k8s::Defaults::default()
     };
-    let source = k8s::watch::spawn(
-        client.clone(),
-        defaults,
-        NameScope::new(&["example.com"], "cluster.local").expect("scope"),
-        k8s::api_names::known(Vec::new()),
-        Metrics::default(),
-        std::sync::Arc::new(|_, _| {}),
-    );
+    let source = watch_names(&api, defaults);
     let (_leader_tx, leader_rx) = tokio::sync::watch::channel(true);
     tokio::spawn(k8s::events::run(
-        client,
+        api.client(),
         "w1".into(),
         source.services.clone(),
         source.desired.clone(),
         leader_rx,
     ));
-    let mut rx = source.desired.clone();
-    until(&mut rx, "shop.example.com routed to the tenant's LB", |s| {
-        s.apply
-            .routes
-            .iter()
-            .any(|r| r.host.as_str() == "shop.example.com")
-    })
-    .await;
-    let s = rx.borrow().clone().expect("synced");
+    let s = routed(&source, "shop.example.com").await;
     // The tenant's LB is proxied although Node evil claims it; the LB outside
     // --lb-cidrs is refused by the operator's ranges, not by 0.0.0.0/0.
-    let ips: std::collections::BTreeSet<String> =
-        s.apply.frontends.iter().map(|f| f.ip.to_string()).collect();
     assert_eq!(
-        ips,
-        ["203.0.113.10".to_string()].into(),
+        frontend_ips(&s),
+        ["203.0.113.10"],
         "{:?}",
         s.report.decisions
     );

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use hairpin_tests::{
     agent::{CappedAgent, DAEMONSET_CAPS, status},
     cli::{doctor_check, run_cli},
-    client::{Reply, from_host, from_pod, url},
+    client::{PY_GET, Reply, from_host, from_pod, url},
     node::{
         INGRESS_IP4, INGRESS_IP6, NGINX_PLAIN_PORT, NGINX_PP_PORT, NODE_IP4, NODE_IP6, POD_IP4,
         POD_IP6, SimNode,
@@ -282,19 +282,14 @@ import ctypes, errno, socket, sys, time
 how, lb, elsewhere = sys.argv[1:4]
 family = socket.AF_INET6 if ":" in lb else socket.AF_INET
 s = socket.socket(family, socket.SOCK_STREAM)
-if how == "refused":
-    # The socket LB refuses it after hairpin's program marked it.
+# refused: the socket LB refuses it after hairpin's program marked it; reset: the
+# SYN went out (the handshake's callbacks ran) and was reset.
+failure = {"refused": PermissionError, "reset": ConnectionRefusedError}.get(how)
+if failure:
     try:
         s.connect((lb, 80))
-        sys.exit("the connect to %s was not refused" % lb)
-    except PermissionError:
-        pass
-elif how == "reset":
-    # The SYN went out (the handshake's callbacks ran) and was reset.
-    try:
-        s.connect((lb, 80))
-        sys.exit("the connect to %s was not reset" % lb)
-    except ConnectionRefusedError:
+        sys.exit("the connect to %s was not %s" % (lb, how))
+    except failure:
         pass
 elif how == "unspec":
     # Still connecting (the SYN gets no answer): disconnected with AF_UNSPEC.
@@ -309,14 +304,7 @@ elif how == "unspec":
     s.setblocking(True)
 s.settimeout(5)
 s.connect((elsewhere, 80))
-s.sendall(b"GET / HTTP/1.0\r\nHost: elsewhere\r\n\r\n")
-reply = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    reply += chunk
-head, _, body = reply.decode(errors="replace").partition("\r\n\r\n")
+head, _, body = get(s, "elsewhere").partition("\r\n\r\n")
 print(head.splitlines()[0] if head else "", body.strip())
 "#;
 
@@ -335,7 +323,14 @@ fn a_socket_reconnected_elsewhere_after_its_marked_connect_failed_gets_no_header
         let out = output_in(
             &node.pod_ns,
             Some(&node.pod_cgroup()),
-            &["python3", "-c", RECONNECT, how, lb, elsewhere],
+            &[
+                "python3",
+                "-c",
+                &format!("{PY_GET}{RECONNECT}"),
+                how,
+                lb,
+                elsewhere,
+            ],
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         // nginx's plain port answers a request that starts with a PROXY header 400.

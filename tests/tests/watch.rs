@@ -5,20 +5,18 @@
 
 use std::{
     net::SocketAddr,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use hairpin_agent::{
-    k8s::{
-        self,
-        source::{Desired, DesiredRx},
-        watch::KubeSource,
-    },
+    k8s::{self, source::Desired, watch::KubeSource},
     names::scope::NameScope,
     status::metrics::Metrics,
 };
-use hairpin_tests::fakeapi::{FakeApi, recorded};
+use hairpin_tests::{
+    fakeapi::{FakeApi, recorded},
+    kube_source::{self, now, until},
+};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -32,27 +30,8 @@ fn service(name: &str) -> Value {
     svc
 }
 
-fn client(api: &FakeApi) -> kube::Client {
-    let config = kube::Config::new(api.url().parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
-}
-
 fn start(api: &FakeApi) -> (KubeSource, Metrics) {
-    start_scoped(api, NameScope::none())
-}
-
-/// As [`start`], publishing hostnames within `scope`.
-fn start_scoped(api: &FakeApi, scope: NameScope) -> (KubeSource, Metrics) {
-    let metrics = Metrics::default();
-    let source = k8s::watch::spawn(
-        client(api),
-        k8s::Defaults::default(),
-        scope,
-        k8s::api_names::known(Vec::new()),
-        metrics.clone(),
-        std::sync::Arc::new(|_, _| {}),
-    );
-    (source, metrics)
+    kube_source::start(api, k8s::Defaults::default(), NameScope::none())
 }
 
 fn addrs(s: &Desired) -> Vec<SocketAddr> {
@@ -61,29 +40,6 @@ fn addrs(s: &Desired) -> Vec<SocketAddr> {
         .iter()
         .map(|f| SocketAddr::new(f.ip, f.port))
         .collect()
-}
-
-/// What the source sends now; it has synced.
-fn now(rx: &DesiredRx) -> Arc<Desired> {
-    rx.borrow().clone().expect("synced")
-}
-
-/// Waits until the source has synced and `pred` holds for what it sends, or fails
-/// after `within`.
-async fn until(rx: &mut DesiredRx, within: Duration, what: &str, pred: impl Fn(&Desired) -> bool) {
-    let deadline = Instant::now() + within;
-    loop {
-        if rx.borrow_and_update().as_deref().is_some_and(&pred) {
-            return;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, rx.changed()).await.is_err() {
-            panic!(
-                "{what}: not within {within:?}; last sent: {:?}",
-                *rx.borrow()
-            );
-        }
-    }
 }
 
 const DO_HTTP: &str = "203.0.113.10:80";
@@ -282,7 +238,7 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
     let api = FakeApi::start();
     api.apply(service("digitalocean"));
     let (source, _m) = start(&api);
-    let c = client(&api);
+    let c = api.client();
     let (leader_tx, leader_rx) = watch::channel(false);
     let lease = k8s::lease::LeaseConfig {
         namespace: "hairpin-system".into(),
@@ -412,7 +368,7 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
         "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
     }));
     let scope = NameScope::new(&["example.com"], "cluster.local").expect("scope");
-    let (source, _m) = start_scoped(&api, scope);
+    let (source, _m) = kube_source::start(&api, k8s::Defaults::default(), scope);
     let mut rx = source.desired.clone();
     until(
         &mut rx,
@@ -437,7 +393,7 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
     );
     let (_leader_tx, leader_rx) = watch::channel(true);
     tokio::spawn(k8s::events::run(
-        client(&api),
+        api.client(),
         "node-a".into(),
         source.services.clone(),
         source.desired.clone(),

@@ -6,6 +6,7 @@
 
 mod actionlint;
 mod bench;
+mod cache;
 mod dataplanes;
 mod deny;
 mod ebpf;

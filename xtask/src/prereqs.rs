@@ -288,11 +288,4 @@ pub fn ensure_cargo_tool_probed(
     Ok(bin)
 }
 
-/// Where built tools are kept between runs: `$XDG_CACHE_HOME/hairpin` or `~/.cache/hairpin`.
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("hairpin")
-}
+pub use crate::cache::cache_dir;

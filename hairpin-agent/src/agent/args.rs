@@ -172,11 +172,11 @@ pub struct RunArgs {
     /// How a relayed connection's bytes move once a way (client to LB, LB to client)
     /// has carried --relay-splice-after bytes: `auto`, the kernel's splice (a stream
     /// verdict sends what one socket receives out of the other) where the programs
-    /// load, else splice(2) through a pipe; `kernel` or `pipe`, only that; `off`,
-    /// copied through the agent (the default: on the bench the kernel's splice carried
-    /// bulk transfers slower than the copy, BENCHMARKS.md). Either splice keeps the
-    /// bytes out of user space.
-    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Off)]
+    /// load, else splice(2) through a pipe; `kernel` or `pipe` (the default), only
+    /// that; `off`, copied through the agent. On the bench splice(2) carried bulk
+    /// transfers faster than the copy and the kernel's splice slower than either
+    /// (BENCHMARKS.md). Either splice keeps the bytes out of user space.
+    #[arg(long, env = "HAIRPIN_RELAY_SPLICE", value_enum, default_value_t = crate::relay::carry::SpliceMode::Pipe)]
     pub relay_splice: crate::relay::carry::SpliceMode,
 
     /// Bytes a way of a relayed connection carries as a copy before it is spliced:

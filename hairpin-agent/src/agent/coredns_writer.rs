@@ -184,28 +184,30 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
     });
     state.register_source(SOURCE);
     let cfg = CorednsWriterConfig {
-        defaults: k8s::Defaults {
-            proxy_protocol: args.decision.default_proxy_protocol.0,
-            addresses: LbAddressPolicy {
-                reserved: args
-                    .decision
-                    .reserved_cidrs
-                    .iter()
-                    .map(|n| (*n, "in --reserved-cidrs".to_string()))
-                    .collect(),
-                allowed: args.decision.lb_cidrs.clone(),
-                nat64: args.decision.nat64_prefixes.clone(),
-                ..LbAddressPolicy::default()
+        decide: k8s::watch::Decide {
+            defaults: k8s::Defaults {
+                proxy_protocol: args.decision.default_proxy_protocol.0,
+                addresses: LbAddressPolicy {
+                    reserved: args
+                        .decision
+                        .reserved_cidrs
+                        .iter()
+                        .map(|n| (*n, "in --reserved-cidrs".to_string()))
+                        .collect(),
+                    allowed: args.decision.lb_cidrs.clone(),
+                    nat64: args.decision.nat64_prefixes.clone(),
+                    ..LbAddressPolicy::default()
+                },
+                // The agents' --max-frontends is theirs (it sizes their kernel map); the
+                // writer assumes its default.
+                frontend_caps: k8s::decide::desired::FrontendCaps {
+                    per_namespace: args.decision.max_frontends_per_namespace as usize,
+                    ..Default::default()
+                },
             },
-            // The agents' --max-frontends is theirs (it sizes their kernel map); the
-            // writer assumes its default.
-            frontend_caps: k8s::decide::desired::FrontendCaps {
-                per_namespace: args.decision.max_frontends_per_namespace as usize,
-                ..Default::default()
-            },
+            scope,
+            cert_names,
         },
-        scope,
-        cert_names,
         name: SOURCE.into(),
         namespace: args.namespace.clone(),
         lease: args.lease_name.clone(),

@@ -286,6 +286,20 @@ mod tests {
         parse(Path::new("f.yaml"), text)
     }
 
+    /// The message `text` is refused with (`why` names what is wrong with it).
+    fn refusal(text: &str, why: &str) -> String {
+        p(text).expect_err(why).to_string()
+    }
+
+    /// `text`'s frontends, each as `ADDRESS:PORT` and what `field` reads on it.
+    fn listed(text: &str, field: impl Fn(&Frontend) -> String) -> Vec<String> {
+        p(text)
+            .expect("valid")
+            .iter()
+            .map(|f| format!("{} {}", f.addr(), field(f)))
+            .collect()
+    }
+
     fn example_com() -> NameScope {
         NameScope::new(&["example.com"], "cluster.local").expect("scope")
     }
@@ -305,105 +319,97 @@ mod tests {
 
     #[test]
     fn errors_name_the_entry_and_field() {
-        let err = p("frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v3\n")
-            .expect_err("v3 is invalid")
-            .to_string();
+        let err = refusal(
+            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v3\n",
+            "v3 is invalid",
+        );
         assert_eq!(
             err,
             "frontends file f.yaml: frontends[0].proxyProtocol: expected v1 or v2, got \"v3\""
         );
-        let err = p("frontends:\n- ip: 127.0.0.1\n  ports: [80]\n  proxyProtocol: v1\n")
-            .expect_err("loopback is invalid")
-            .to_string();
+        let err = refusal(
+            "frontends:\n- ip: 127.0.0.1\n  ports: [80]\n  proxyProtocol: v1\n",
+            "loopback is invalid",
+        );
         assert!(err.contains("frontends[0].ip"), "{err}");
-        let err = p("frontends:\n- ip: 203.0.113.1\n  ports: []\n  proxyProtocol: v1\n")
-            .expect_err("no ports")
-            .to_string();
+        let err = refusal(
+            "frontends:\n- ip: 203.0.113.1\n  ports: []\n  proxyProtocol: v1\n",
+            "no ports",
+        );
         assert!(err.contains("frontends[0].ports: at least one"), "{err}");
     }
 
     #[test]
-    fn first_speaker_is_per_entry_defaults_to_client_and_a_bad_value_is_named() {
-        let got = p(
-            "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
-                     - ip: 203.0.113.10\n  ports: [25]\n  proxyProtocol: v1\n  firstSpeaker: server\n\
-                     - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  firstSpeaker: Client\n",
-        )
-        .expect("valid");
-        let speakers: Vec<String> = got
-            .iter()
-            .map(|f| format!("{} {}", f.addr(), f.first_speaker))
-            .collect();
-        assert_eq!(
-            speakers,
-            [
-                "203.0.113.10:25 server",
-                "203.0.113.10:80 client",
-                "203.0.113.10:443 client",
-                "203.0.113.11:80 client",
-            ]
-        );
-        let err = p(
-            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
-                     - ip: 203.0.113.11\n  ports: [25]\n  proxyProtocol: v1\n  firstSpeaker: smtp\n",
-        )
-        .expect_err("smtp is not a speaker")
-        .to_string();
-        assert_eq!(
-            err,
-            "frontends file f.yaml: frontends[1].firstSpeaker: expected client or server, got \"smtp\""
-        );
+    fn first_speaker_and_path_are_per_entry_with_a_default_and_a_bad_value_is_named() {
+        // Each field: its default, a value, the default in another case, a bad value
+        // (only the agent picks the kernel path: one cannot ask for it) and what the
+        // refusal says is expected.
+        type Field = (&'static str, [&'static str; 3], &'static str, &'static str);
+        type Read = fn(&Frontend) -> String;
+        let fields: [(Field, Read); 2] = [
+            (
+                (
+                    "firstSpeaker",
+                    ["client", "server", "Client"],
+                    "smtp",
+                    "client or server",
+                ),
+                |f| f.first_speaker.to_string(),
+            ),
+            (
+                ("path", ["auto", "relay", "Auto"], "kernel", "auto or relay"),
+                |f| f.path.to_string(),
+            ),
+        ];
+        for ((field, [default, set, other_case], bad, expected), read) in fields {
+            let entries = format!(
+                "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
+                 - ip: 203.0.113.10\n  ports: [25]\n  proxyProtocol: v1\n  {field}: {set}\n\
+                 - ip: 203.0.113.11\n  ports: [80]\n  proxyProtocol: v2\n  {field}: {other_case}\n"
+            );
+            assert_eq!(
+                listed(&entries, read),
+                [
+                    format!("203.0.113.10:25 {set}"),
+                    format!("203.0.113.10:80 {default}"),
+                    format!("203.0.113.10:443 {default}"),
+                    format!("203.0.113.11:80 {default}"),
+                ],
+                "{field}"
+            );
+            let err = refusal(
+                &format!(
+                    "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
+                     - ip: 203.0.113.11\n  ports: [443]\n  proxyProtocol: v1\n  {field}: {bad}\n"
+                ),
+                bad,
+            );
+            assert_eq!(
+                err,
+                format!(
+                    "frontends file f.yaml: frontends[1].{field}: expected {expected}, got \"{bad}\""
+                )
+            );
+        }
         // The snake_case spelling is read too.
         let got = p(
             "frontends:\n- ip: 203.0.113.10\n  ports: [25]\n  proxyProtocol: v1\n  first_speaker: server\n",
         )
         .expect("valid");
         assert!(got.iter().all(|f| f.first_speaker == FirstSpeaker::Server));
-    }
-
-    #[test]
-    fn path_is_per_entry_defaults_to_auto_and_a_bad_value_is_named() {
-        let got = p(
-            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
-                     - ip: 203.0.113.10\n  ports: [443]\n  proxyProtocol: v2\n  path: relay\n\
-                     - ip: 203.0.113.11\n  ports: [443]\n  proxyProtocol: v2\n  path: Auto\n",
-        )
-        .expect("valid");
-        let paths: Vec<String> = got
-            .iter()
-            .map(|f| format!("{} {}", f.addr(), f.path))
-            .collect();
-        assert_eq!(
-            paths,
-            [
-                "203.0.113.10:80 auto",
-                "203.0.113.10:443 relay",
-                "203.0.113.11:443 auto",
-            ]
-        );
-        let err = p(
-            "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n\
-                     - ip: 203.0.113.11\n  ports: [443]\n  proxyProtocol: v1\n  path: kernel\n",
-        )
-        .expect_err("kernel is not a path one can ask for")
-        .to_string();
-        assert_eq!(
-            err,
-            "frontends file f.yaml: frontends[1].path: expected auto or relay, got \"kernel\""
-        );
-        let err = p(
+        let err = refusal(
             "frontends:\n- ip: 203.0.113.10\n  ports: [80]\n  proxyProtocol: v1\n  path: [relay]\n",
-        )
-        .expect_err("a list is not a path")
-        .to_string();
+            "a list is not a path",
+        );
         assert!(err.starts_with("frontends file f.yaml: "), "{err}");
     }
 
     #[test]
     fn unknown_fields_and_bad_addresses_are_rejected() {
-        let err = p("frontends:\n- ip: 203.0.113.1\n  port: [80]\n  proxyProtocol: v1\n")
-            .expect_err("typo")
-            .to_string();
+        let err = refusal(
+            "frontends:\n- ip: 203.0.113.1\n  port: [80]\n  proxyProtocol: v1\n",
+            "typo",
+        );
         assert!(err.contains("unknown field `port`"), "{err}");
         assert!(
             p("frontends:\n- ip: 203.0.113.300\n  ports: [80]\n  proxyProtocol: v1\n").is_err()
@@ -412,20 +418,20 @@ mod tests {
 
     #[test]
     fn the_same_address_twice_is_refused_naming_both_entries() {
-        let err = p(
+        let err = refusal(
             "frontends:\n- ip: 203.0.113.10\n  ports: [80, 443]\n  proxyProtocol: v1\n\
                      - ip: 203.0.113.10\n  ports: [443]\n  proxyProtocol: v2\n",
-        )
-        .expect_err("443 twice")
-        .to_string();
+            "443 twice",
+        );
         assert_eq!(
             err,
             "frontends file f.yaml: frontends[1].ports[0]: 203.0.113.10:443 is already listed at \
              frontends[0].ports[1]; list each ip and port once, with the proxyProtocol it needs"
         );
-        let err = p("frontends:\n- ip: 2001:db8::10\n  ports: [80, 80]\n  proxyProtocol: v1\n")
-            .expect_err("80 twice in one entry")
-            .to_string();
+        let err = refusal(
+            "frontends:\n- ip: 2001:db8::10\n  ports: [80, 80]\n  proxyProtocol: v1\n",
+            "80 twice in one entry",
+        );
         assert!(
             err.contains("frontends[0].ports[1]: [2001:db8::10]:80 is already listed at frontends[0].ports[0]"),
             "{err}"

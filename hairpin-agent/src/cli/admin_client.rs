@@ -31,6 +31,27 @@ pub struct AdminArgs {
     pub admin_address: SocketAddr,
 }
 
+/// Where to read the running agent from: its admin server, else what it pinned.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// Where the agent's admin server is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// The agent's pin directory (`run --bpf-pin-dir`), read by path and read-only, so
+    /// it works inside the pod with the DaemonSet's capabilities. `none`: not read.
+    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
+    pub bpf_pin_dir: PathBuf,
+}
+
+impl AgentArgs {
+    /// The datapaths pinned in --bpf-pin-dir; `None` when it is `none`.
+    pub fn read_pinned(&self) -> Option<Vec<crate::datapath::inspect::PinnedDatapath>> {
+        (self.bpf_pin_dir.as_os_str() != "none")
+            .then(|| crate::datapath::inspect::read_pinned(&self.bpf_pin_dir))
+    }
+}
+
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminClientError {

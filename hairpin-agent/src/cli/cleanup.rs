@@ -16,10 +16,10 @@ use super::{CliError, OutputFormat, print_json, print_text};
 use crate::{
     k8s::{
         self,
-        coredns::{CorednsConfig, CorednsMode, CorednsObjects, ObjectName, Written},
+        coredns::{ClusterCleanup, ObjectName, Written},
     },
+    names::hosts_writer,
     names::link as names_link,
-    names::{hostname::Hostname, hosts_writer},
 };
 
 /// Options of `cleanup`.
@@ -69,18 +69,9 @@ pub struct CleanupArgs {
     )]
     pub listen_addresses: Vec<IpAddr>,
 
-    /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
-    /// our key of coredns-custom; `off` touches neither.
-    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
-    pub coredns: CorednsMode,
-
-    /// Which ConfigMaps the CoreDNS writing concerns.
+    /// The API, and the CoreDNS writing to undo.
     #[command(flatten)]
-    pub coredns_objects: CorednsObjects,
-
-    /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are skipped.
-    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub cluster: ClusterCleanup,
 
     /// The agent's Lease, `namespace/name`, to delete.
     #[arg(
@@ -158,7 +149,21 @@ pub struct CleanupReport {
     pub steps: Vec<CleanupStep>,
 }
 
-fn step(
+/// Whether one of `steps` failed.
+pub(super) fn failed(steps: &[CleanupStep]) -> bool {
+    steps.iter().any(|s| s.outcome == Outcome::Failed)
+}
+
+/// The report of `steps`: ok when none failed.
+pub(super) fn report(steps: Vec<CleanupStep>) -> CleanupReport {
+    CleanupReport {
+        ok: !failed(&steps),
+        steps,
+    }
+}
+
+/// One step's result.
+pub(super) fn step(
     name: &'static str,
     object: String,
     outcome: Outcome,
@@ -194,10 +199,7 @@ pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     if args.scope != Scope::Node {
         cluster_steps(args, &mut steps).await;
     }
-    CleanupReport {
-        ok: steps.iter().all(|s| s.outcome != Outcome::Failed),
-        steps,
-    }
+    report(steps)
 }
 
 async fn node_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
@@ -328,18 +330,12 @@ async fn remove_address(what: &'static str, link: &str, address: IpAddr) -> Clea
 }
 
 async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
-    let coredns = (args.coredns != CorednsMode::Off).then(|| CorednsConfig {
-        mode: args.coredns,
-        configmap: args.coredns_objects.configmap.clone(),
-        custom: args.coredns_objects.custom_configmap.clone(),
-        // CleanupStep does not render rewrites; any exact name does.
-        target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
-    });
+    let coredns = args.cluster.coredns.config();
     let cm_object = coredns
         .as_ref()
         .map(|c| format!("configmap {}", c.written()));
     let lease_object = format!("lease {}", args.lease);
-    let client = match k8s::client::client(args.kubeconfig.as_deref()).await {
+    let client = match k8s::client::client(args.cluster.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
             let note = Some(format!("no Kubernetes API reachable: {e}"));

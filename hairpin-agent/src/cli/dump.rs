@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text, table::Table,
+    AgentArgs, CliError, OutputFormat, colour_stdout, print_json, print_text, table::Table,
 };
 use crate::datapath::kernel_objects::{self, FoundMap, kernel_name};
 
@@ -37,14 +37,10 @@ pub struct DumpArgs {
     #[arg(long, env = "HAIRPIN_DUMP_PID")]
     pub pid: Option<u32>,
 
-    /// Where the agent's admin server is.
+    /// The agent: its maps pinned in --bpf-pin-dir (unless --map-id or --pid is
+    /// given), else the ids its admin server reports.
     #[command(flatten)]
-    pub admin: AdminArgs,
-
-    /// The agent's pin directory (`run --bpf-pin-dir`): its maps are read by path,
-    /// read-only, unless --map-id or --pid is given. `none`: not read.
-    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
-    pub bpf_pin_dir: std::path::PathBuf,
+    pub agent: AgentArgs,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -93,18 +89,18 @@ pub struct DumpReport {
 
 /// Prints hairpin's maps and counters; returns the exit code.
 pub fn dump_maps(args: &DumpArgs) -> Result<i32, CliError> {
-    if args.map_ids.is_empty() && args.pid.is_none() && args.bpf_pin_dir.as_os_str() != "none" {
-        let pinned = crate::datapath::inspect::read_pinned(&args.bpf_pin_dir);
-        if !pinned.is_empty() {
-            return print_report(args, pinned_report(&pinned));
-        }
+    if args.map_ids.is_empty()
+        && args.pid.is_none()
+        && let Some(pinned) = args.agent.read_pinned().filter(|p| !p.is_empty())
+    {
+        return print_report(args, pinned_report(&pinned));
     }
     let all = kernel_objects::hairpin_maps();
     let (selected_by, ids): (&'static str, Vec<u32>) = if !args.map_ids.is_empty() {
         ("map_id", args.map_ids.clone())
     } else if let Some(pid) = args.pid {
         ("pid", kernel_objects::map_ids_of_pid(pid)?)
-    } else if let Some(a) = args.admin.status().ok().and_then(|s| s.attachment) {
+    } else if let Some(a) = args.agent.admin.status().ok().and_then(|s| s.attachment) {
         (
             "agent",
             a.ids

@@ -19,7 +19,7 @@ use std::io::{IsTerminal, Write};
 
 use serde::Serialize;
 
-pub use admin_client::{AdminArgs, AdminClientError};
+pub use admin_client::{AdminArgs, AdminClientError, AgentArgs};
 
 /// The exit status of every subcommand: one meaning each, never shared between
 /// meanings, so a script can branch on it (the README's table lists them).

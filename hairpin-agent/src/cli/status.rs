@@ -4,14 +4,11 @@
 use serde::Serialize;
 
 use super::{
-    AdminArgs, CliError, OutputFormat, colour_stdout, print_json, print_text,
+    AgentArgs, CliError, OutputFormat, colour_stdout, print_json, print_text,
     table::{Cell, Table, Tone, paint},
 };
 use crate::{
-    datapath::{
-        inspect::{self, PinnedDatapath},
-        kernel_objects,
-    },
+    datapath::{inspect::PinnedDatapath, kernel_objects},
     model::LivePath,
     status::ProgramIds,
     status::{
@@ -36,15 +33,10 @@ ready (programs detached or a source not synced); 4 the agent is not reachable; 
 Examples:\n  hairpin-agent status\n  hairpin-agent status --output json | jq '.status.frontends'"
 )]
 pub struct StatusArgs {
-    /// Where the agent's admin server is.
+    /// The agent: asked through its admin server; when it does not answer, its
+    /// datapath pinned in --bpf-pin-dir is read (links, heartbeat, counters).
     #[command(flatten)]
-    pub admin: AdminArgs,
-
-    /// The agent's pin directory (`run --bpf-pin-dir`): read when the agent does not
-    /// answer (links, heartbeat, counters), by path and read-only, so it works inside
-    /// the pod with the DaemonSet's capabilities. `none`: not read.
-    #[arg(long, env = "HAIRPIN_BPF_PIN_DIR", default_value = crate::agent::args::DEFAULT_BPF_PIN_DIR)]
-    pub bpf_pin_dir: std::path::PathBuf,
+    pub agent: AgentArgs,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -73,7 +65,7 @@ pub struct StatusReport {
 /// Shows what the agent on this node is doing (or what the kernel says); returns
 /// the exit code.
 pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
-    let report = match args.admin.status() {
+    let report = match args.agent.admin.status() {
         Ok(snap) => StatusReport {
             agent_reachable: true,
             agent_error: None,
@@ -95,8 +87,7 @@ pub fn show_status(args: &StatusArgs) -> Result<i32, CliError> {
                 status: None,
                 kernel_programs: programs,
                 kernel_error: error,
-                pinned: (args.bpf_pin_dir.as_os_str() != "none")
-                    .then(|| inspect::read_pinned(&args.bpf_pin_dir)),
+                pinned: args.agent.read_pinned(),
             }
         }
     };

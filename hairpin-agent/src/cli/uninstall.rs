@@ -39,10 +39,12 @@ use tracing::info;
 
 use super::{
     CliError, OutputFormat,
-    cleanup::{self, CleanupArgs, CleanupReport, CleanupStep, Outcome, Scope},
+    cleanup::{
+        self, CleanupArgs, CleanupReport, CleanupStep, Outcome, Scope, failed, report, step,
+    },
     print_json, print_text,
 };
-use crate::k8s::coredns::{CorednsMode, CorednsObjects, ObjectName};
+use crate::k8s::coredns::{ClusterCleanup, CorednsMode, CorednsUndo, ObjectName};
 
 /// How often a wait reads the object again.
 const POLL: Duration = Duration::from_secs(2);
@@ -81,14 +83,6 @@ pub struct UninstallArgs {
     )]
     pub leases: Vec<ObjectName>,
 
-    /// Which CoreDNS writing to undo (as `cleanup --coredns`).
-    #[arg(long, env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
-    pub coredns: CorednsMode,
-
-    /// Which ConfigMaps the CoreDNS writing concerns.
-    #[command(flatten)]
-    pub coredns_objects: CorednsObjects,
-
     /// The node cleanup DaemonSet, `NS/NAME`: awaited until ready on every node.
     #[arg(long, env = "HAIRPIN_UNINSTALL_NODES")]
     pub nodes: Option<ObjectName>,
@@ -113,9 +107,9 @@ pub struct UninstallArgs {
     #[arg(long, env = "HAIRPIN_UNINSTALL_TIMEOUT", default_value = "4m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
-    /// kubeconfig; default in-cluster, then $KUBECONFIG.
-    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
-    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The API, and the CoreDNS writing to undo (as `cleanup --coredns`).
+    #[command(flatten)]
+    pub cluster: ClusterCleanup,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -265,7 +259,7 @@ pub fn uninstall(args: &UninstallArgs) -> Result<i32, CliError> {
 pub async fn run(args: &UninstallArgs) -> CleanupReport {
     let mut steps = Vec::new();
     let deadline = Instant::now() + args.timeout;
-    let client = match crate::k8s::client::client(args.kubeconfig.as_deref()).await {
+    let client = match crate::k8s::client::client(args.cluster.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
             steps.push(step(
@@ -294,7 +288,7 @@ pub async fn run(args: &UninstallArgs) -> CleanupReport {
     for (i, lease) in args.leases.iter().enumerate() {
         // The CoreDNS lines go with the first Lease's run: one edit, whatever the count.
         let coredns = if i == 0 {
-            args.coredns
+            args.cluster.coredns.mode
         } else {
             CorednsMode::Off
         };
@@ -326,31 +320,6 @@ async fn wait_for_termination() -> std::io::Result<()> {
     Ok(())
 }
 
-fn failed(steps: &[CleanupStep]) -> bool {
-    steps.iter().any(|s| s.outcome == Outcome::Failed)
-}
-
-fn report(steps: Vec<CleanupStep>) -> CleanupReport {
-    CleanupReport {
-        ok: !failed(&steps),
-        steps,
-    }
-}
-
-fn step(
-    name: &'static str,
-    object: String,
-    outcome: Outcome,
-    detail: Option<String>,
-) -> CleanupStep {
-    CleanupStep {
-        name,
-        object,
-        outcome,
-        detail,
-    }
-}
-
 /// `cleanup --scope cluster` for one Lease (and the CoreDNS writing, when given).
 async fn cluster_cleanup(
     args: &UninstallArgs,
@@ -365,9 +334,13 @@ async fn cluster_cleanup(
         names_redirect: crate::agent::args::NamesRedirect::Off,
         listen_link: "none".into(),
         listen_addresses: Vec::new(),
-        coredns,
-        coredns_objects: args.coredns_objects.clone(),
-        kubeconfig: args.kubeconfig.clone(),
+        cluster: ClusterCleanup {
+            coredns: CorednsUndo {
+                mode: coredns,
+                ..args.cluster.coredns.clone()
+            },
+            ..args.cluster.clone()
+        },
         lease: lease.clone(),
         bpf_pin_dir: none,
         pin_lock_wait: std::time::Duration::ZERO,

@@ -40,7 +40,7 @@ pub mod order;
 pub mod pin;
 mod slots;
 pub mod splice;
-mod sys;
+pub mod sys;
 
 pub use attach::{Adoption, Attachment};
 pub use cgroup::find_cgroup2_root;

@@ -88,6 +88,19 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     }
 }
 
+/// A bpf(2) command `cmd` that returns a new descriptor (a program or link made, an
+/// object opened): the descriptor, which this process then owns. For commands this
+/// module does not wrap (the suites load their own small programs with it).
+///
+/// # Safety
+///
+/// `attr` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, zeroed beyond
+/// the fields set, and every address in it must be valid for what `cmd` reads or
+/// writes there (instructions, a license, a log buffer) for the whole call.
+pub unsafe fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    bpf(cmd, attr).map(new_fd)
+}
+
 fn new_fd(r: libc::c_long) -> OwnedFd {
     // SAFETY: the kernel returned a fresh descriptor this process now owns.
     unsafe { OwnedFd::from_raw_fd(r as i32) }

@@ -14,14 +14,12 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::watch;
 
 use super::{
-    api_names::CertNamesRx,
     coredns::{CorednsConfig, task},
-    decide::Defaults,
     events, lease,
-    watch::Health,
+    watch::{Decide, Health},
 };
 use crate::{
-    names::{routes::NameRoute, scope::NameScope},
+    names::routes::NameRoute,
     status::{AgentState, metrics::Metrics},
 };
 
@@ -30,13 +28,8 @@ pub use super::desired::{Desired, DesiredRx, ToApply, ToReport};
 /// Everything the Kubernetes source needs, validated by the caller.
 #[derive(Clone, Debug)]
 pub struct SourceConfig {
-    /// Agent-wide decision settings.
-    pub defaults: Defaults,
-    /// Which hostnames may be published (`--names-domains` and the names always refused).
-    pub scope: NameScope,
-    /// The API server's certificate names, read in the background
-    /// ([`super::api_names::read_cert_names`]); no name is published until known.
-    pub cert_names: CertNamesRx,
+    /// What the decision goes by.
+    pub decide: Decide,
     /// The name `/status` lists this source under (`kubernetes`).
     pub name: String,
     /// The Lease and what its holder writes; `None` when this agent writes nothing
@@ -61,12 +54,9 @@ pub struct WriterConfig {
 /// its own Lease, and the CoreDNS loop.
 #[derive(Clone, Debug)]
 pub struct CorednsWriterConfig {
-    /// Decision settings: the same as the DaemonSet's, so the names are the same.
-    pub defaults: Defaults,
-    /// Which hostnames may be published.
-    pub scope: NameScope,
-    /// The API server's certificate names, as for [`SourceConfig::cert_names`].
-    pub cert_names: CertNamesRx,
+    /// What the decision goes by: the same as the DaemonSet's, so the names are the
+    /// same.
+    pub decide: Decide,
     /// The name `/status` lists this source under.
     pub name: String,
     /// The Lease's namespace.
@@ -123,14 +113,7 @@ pub fn spawn(
     state: AgentState,
 ) -> DesiredRx {
     let health = source_health(state.clone(), cfg.name.clone());
-    let source = super::watch::spawn(
-        client.clone(),
-        cfg.defaults,
-        cfg.scope,
-        cfg.cert_names,
-        metrics,
-        health,
-    );
+    let source = super::watch::spawn(client.clone(), cfg.decide, metrics, health);
     let Some(w) = cfg.writer else {
         return source.desired;
     };
@@ -160,14 +143,7 @@ pub fn spawn_coredns_writer(
     state: AgentState,
 ) -> DesiredRx {
     let health = source_health(state.clone(), cfg.name.clone());
-    let source = super::watch::spawn(
-        client.clone(),
-        cfg.defaults,
-        cfg.scope,
-        cfg.cert_names,
-        metrics.clone(),
-        health,
-    );
+    let source = super::watch::spawn(client.clone(), cfg.decide, metrics.clone(), health);
     let leader_rx = elect(
         &client,
         cfg.namespace,

@@ -94,16 +94,10 @@ const GATEWAY_KINDS: [(&str, &str); 3] = [
     ("v1alpha2", "TLSRoute"),
 ];
 
-/// Starts the reflectors and the decision loop; hostnames are routed within `scope`
-/// once `cert_names` knows the API server's certificate names (none before).
-pub fn spawn(
-    client: Client,
-    defaults: Defaults,
-    scope: NameScope,
-    cert_names: CertNamesRx,
-    metrics: Metrics,
-    health: Health,
-) -> KubeSource {
+/// Starts the reflectors and the decision loop; hostnames are routed within
+/// `decide.scope` once `decide.cert_names` knows the API server's certificate names
+/// (none before).
+pub fn spawn(client: Client, decide: Decide, metrics: Metrics, health: Health) -> KubeSource {
     let changed = Arc::new(Notify::new());
     let (services, svc_writer) = reflector::store::<Service>();
     let svc_stream = reflector(
@@ -174,11 +168,7 @@ pub fn spawn(
             nodes,
             gateway_api: gateway_stores,
         },
-        Decide {
-            defaults,
-            scope,
-            cert_names,
-        },
+        decide,
         changed,
         tx,
         metrics,
@@ -282,11 +272,17 @@ fn kind_name(ar: &ApiResource) -> &'static str {
 /// How long the decision waits for the first Node list.
 const NODES_WAIT: Duration = Duration::from_secs(10);
 
-/// What the decision needs besides the caches.
-struct Decide {
-    defaults: Defaults,
-    scope: NameScope,
-    cert_names: CertNamesRx,
+/// What the decision needs besides the caches: the same for the DaemonSet's source
+/// and the CoreDNS writer's, so both publish the same names.
+#[derive(Clone, Debug)]
+pub struct Decide {
+    /// Agent-wide decision settings.
+    pub defaults: Defaults,
+    /// Which hostnames may be published (`--names-domains` and the names always refused).
+    pub scope: NameScope,
+    /// The API server's certificate names, read in the background
+    /// ([`super::api_names::read_cert_names`]); no name is published until known.
+    pub cert_names: CertNamesRx,
 }
 
 /// The caches the decision reads.

@@ -520,4 +520,7 @@ pub fn render_import(rewrites: &[Rewrite]) -> String {
 }
 
 #[cfg(test)]
+pub(crate) mod reference;
+
+#[cfg(test)]
 mod tests;

@@ -5,7 +5,11 @@ use std::net::IpAddr;
 
 use proptest::prelude::*;
 
-use super::{corefile as coredns, hostname::Hostname, hosts};
+use super::{
+    corefile::{self as coredns, reference::reference_depths},
+    hostname::Hostname,
+    hosts,
+};
 
 /// Lines that stress the marker matcher and line handling without being a
 /// complete marker.
@@ -187,27 +191,6 @@ proptest! {
             prop_assert_eq!(depths[i], 1, "{}", out);
         }
     }
-}
-
-/// Brace depth at the start of each line, read as simply as the generators above
-/// allow (no quotes; a `#` starts a comment; a `{` or `}` token, or a word ending
-/// in `{` last on its line, is a brace), or `None` when unbalanced.
-fn reference_depths(corefile: &str) -> Option<Vec<usize>> {
-    let mut depth: usize = 0;
-    let mut out = Vec::new();
-    for line in corefile.split('\n') {
-        out.push(depth);
-        let code = line.split('#').next().unwrap_or("");
-        let words: Vec<&str> = code.split_whitespace().collect();
-        for (i, w) in words.iter().enumerate() {
-            if *w == "{" || (w.len() > 1 && w.ends_with('{') && i + 1 == words.len()) {
-                depth += 1;
-            } else if *w == "}" {
-                depth = depth.checked_sub(1)?;
-            }
-        }
-    }
-    (depth == 0).then_some(out)
 }
 
 /// A plugin line for a server block body: plain directives, comments holding

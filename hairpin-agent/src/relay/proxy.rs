@@ -59,7 +59,6 @@ pub(crate) async fn proxy(
             left,
             pauses,
         }) => {
-            let up = up + first.len() as u64;
             metrics.bytes(Direction::Upstream, up);
             metrics.bytes(Direction::Downstream, down);
             metrics.spliced("kernel", u64::from(kernel));
@@ -115,25 +114,31 @@ async fn relay(
         Ok(Err(e)) => return Err((Side::Upstream, classify(&e), e)),
         Ok(Ok(s)) => s,
     };
-    // The header is a small write followed by the client's bytes: without NODELAY,
-    // Nagle holds the client's first segment behind the header's delayed ACK. The
+    // The header's write may be followed by more of the client's small writes:
+    // without NODELAY, Nagle holds them behind the first one's delayed ACK. The
     // client's socket has NODELAY and keepalive from its listener (`listener::bind`).
     let _ = upstream.set_nodelay(true);
     set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
-    let sent = (header.as_bytes().len() + first.len()) as u64;
-    let written = if first.is_empty() {
-        upstream.write_all(header.as_bytes()).await
-    } else {
-        // Header and the bytes already read in one write, as the cloud LB sends them.
-        let mut both = Vec::with_capacity(header.as_bytes().len() + first.len());
-        both.extend_from_slice(header.as_bytes());
-        both.extend_from_slice(first);
-        upstream.write_all(&both).await
-    };
-    written.map_err(|e| (Side::Upstream, classify(&e), e))?;
+    // Not before the kernel's splice: joined after a read that took part of a
+    // received chunk, its verdict is handed that chunk whole and sends the part
+    // already read again (tests/tests/relay_splice.rs saw the client's first
+    // 16 KiB arrive twice). Its ways read only what they copy before they join.
+    let read_early = !matches!(cfg.splice.splicer, carry::Splicer::Kernel(..));
+    let head = first_write(client, header.as_bytes(), first, read_early)?;
+    let sent = head.len() as u64;
+    let early = sent - header.as_bytes().len() as u64;
+    upstream
+        .write_all(&head)
+        .await
+        .map_err(|e| (Side::Upstream, classify(&e), e))?;
+    drop(head);
     carry::carry(client, &upstream, sent, &cfg.splice, cfg.buffer_size)
         .await
+        .map(|carried| Carried {
+            up: carried.up + early,
+            ..carried
+        })
         .map_err(|Fault { side, error }| {
             // The connection is dead: the upstream learns at once too. A plain close
             // would send a FIN, and bytes the kernel splice left with the upstream
@@ -142,6 +147,35 @@ async fn relay(
             let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
             (side, classify(&error), error)
         })
+}
+
+/// Most bytes of the client's read at once into the header's write.
+const FIRST_READ: usize = 16 * 1024;
+
+/// The upstream's first write: the header, `first` (bytes the caller already read),
+/// then whatever the client sent while the upstream connected (a request usually
+/// arrives within that round trip), read without waiting. One write, one segment,
+/// as the cloud LB sends them: written apart, with NODELAY, the header went out
+/// alone and the server woke once for it and again for the request. A client that
+/// has ended reads 0 here and again in the carry, which ends its way then. Without
+/// `read`, only the header and `first`.
+fn first_write(
+    client: &TcpStream,
+    header: &[u8],
+    first: &[u8],
+    read: bool,
+) -> Result<Vec<u8>, (Side, ConnError, io::Error)> {
+    let mut head = Vec::with_capacity(header.len() + first.len() + FIRST_READ);
+    head.extend_from_slice(header);
+    head.extend_from_slice(first);
+    if !read {
+        return Ok(head);
+    }
+    match client.try_read_buf(&mut head) {
+        Ok(_) => Ok(head),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(head),
+        Err(e) => Err((Side::Client, classify(&e), e)),
+    }
 }
 
 /// The address the PROXY header names as the client: the peer itself for pods;
@@ -181,5 +215,73 @@ fn classify(e: &io::Error) -> ConnError {
         io::ErrorKind::TimedOut => ConnError::Timeout,
         io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ConnError::Reset,
         _ => ConnError::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::{io::AsyncReadExt, net::TcpListener};
+
+    /// An accepted socket and its client, on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (a, _) = l.accept().await.expect("accept");
+        (a, c)
+    }
+
+    #[tokio::test]
+    async fn the_first_write_takes_the_header_then_what_the_client_already_sent() {
+        let (accepted, mut client) = pair().await;
+        // Nothing sent yet: the header (and `first`) alone, without waiting.
+        let head = first_write(&accepted, b"HDR ", b"peeked ", true).expect("first write");
+        assert_eq!(head, b"HDR peeked ");
+        client
+            .write_all(b"GET / HTTP/1.1\r\n\r\n")
+            .await
+            .expect("send");
+        accepted.readable().await.expect("readable");
+        let head = first_write(&accepted, b"HDR ", b"", false).expect("header only");
+        assert_eq!(head, b"HDR ", "not read without `read`");
+        let head = first_write(&accepted, b"HDR ", b"", true).expect("first write");
+        assert_eq!(head, b"HDR GET / HTTP/1.1\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_ended_reads_its_end_again_after_the_first_write() {
+        let (mut accepted, mut client) = pair().await;
+        client.write_all(b"last words").await.expect("send");
+        client.shutdown().await.expect("half-close");
+        drop(client);
+        accepted.readable().await.expect("readable");
+        let head = first_write(&accepted, b"HDR ", b"", true).expect("first write");
+        assert_eq!(head, b"HDR last words");
+        assert_eq!(
+            first_write(&accepted, b"", b"", true).expect("the end"),
+            b""
+        );
+        let mut rest = Vec::new();
+        accepted
+            .read_to_end(&mut rest)
+            .await
+            .expect("the end again");
+        assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_client_reset_before_the_first_write_is_the_clients_fault() {
+        let (accepted, client) = pair().await;
+        socket2::SockRef::from(&client)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(client);
+        accepted.readable().await.expect("readable");
+        match first_write(&accepted, b"HDR ", b"", true) {
+            Err((Side::Client, ConnError::Reset, _)) => {}
+            other => panic!("expected a client reset, got {other:?}"),
+        }
     }
 }

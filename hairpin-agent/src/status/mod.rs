@@ -519,4 +519,39 @@ impl Snapshot {
 }
 
 #[cfg(test)]
+impl FrontendStatus {
+    /// `addr` (`IP:PORT`) from `file f.yaml` with a v1 header, active at `listener`
+    /// on the relay path.
+    pub(crate) fn active_for_test(addr: &str, listener: &str) -> FrontendStatus {
+        FrontendStatus {
+            state: FrontendState::Active,
+            listener: Some(listener.parse().expect("a listener address")),
+            path: Paths(vec![crate::model::LivePath::Relay]),
+            ..FrontendStatus::failed_for_test(addr, "", None)
+        }
+    }
+
+    /// `addr` (`IP:PORT`) from `file f.yaml` with a v1 header, failed for `reason`
+    /// (none when empty) and tried again as `retry` says.
+    pub(crate) fn failed_for_test(
+        addr: &str,
+        reason: &str,
+        retry: Option<RetryPolicy>,
+    ) -> FrontendStatus {
+        let addr: SocketAddr = addr.parse().expect("a frontend address");
+        FrontendStatus {
+            ip: addr.ip(),
+            port: addr.port(),
+            version: ProxyVersion::V1,
+            source: "file f.yaml".into(),
+            state: FrontendState::Failed,
+            listener: None,
+            reason: (!reason.is_empty()).then(|| reason.into()),
+            retry,
+            path: Paths::default(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests;

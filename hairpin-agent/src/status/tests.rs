@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{Mode, Paths};
+use crate::model::Mode;
 
 fn attached() -> AttachmentStatus {
     AttachmentStatus {
@@ -79,17 +79,11 @@ fn the_snapshot_round_trips_through_json_with_stable_names() {
             reason: "IPModeProxy".into(),
             message: "the LB says ipMode: Proxy".into(),
         });
-        s.frontends.push(FrontendStatus {
-            ip: "203.0.113.10".parse().expect("ip"),
-            port: 80,
-            version: ProxyVersion::V1,
-            source: "file f".into(),
-            state: FrontendState::Failed,
-            listener: None,
-            reason: Some("no IPv4 listen address".into()),
-            retry: None,
-            path: Paths::default(),
-        });
+        s.frontends.push(FrontendStatus::failed_for_test(
+            "203.0.113.10:80",
+            "no IPv4 listen address",
+            None,
+        ));
     });
     let snap = state.snapshot();
     let json = serde_json::to_value(&snap).expect("json");

@@ -77,32 +77,45 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
             family: AF_INET,
             pad: 0,
         };
-        if let Some(to) = lookup(sa, &key) {
-            // The kernel writes the header on this socket: the destination stays.
-            if KERNEL
-                && to.is_kernel()
-                && kernel_can_take::<PERFMON>(sa, &key)
-                && mark(ctx, &key, to.header)
-            {
-                return 1;
+        if let Some((addr, port)) = decide::<KERNEL, PERFMON>(ctx, sa, &key) {
+            // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
+            // stores (a merged 64-bit store is rejected by the verifier).
+            unsafe {
+                write_volatile(&mut sa.user_ip4, addr[0]);
+                write_volatile(&mut sa.user_port, u32::from(port));
             }
-            // Only to this frontend's own slot, on an address fixed at load, handed to
-            // a listener of this agent; else as before hairpin.
-            if let Some(addr) = slot_target(&key, &to) {
-                // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
-                // stores (a merged 64-bit store is rejected by the verifier).
-                unsafe {
-                    write_volatile(&mut sa.user_ip4, addr[0]);
-                    write_volatile(&mut sa.user_port, u32::from(to.slot_port));
-                }
-                count(Counter::Redirected);
-            }
-        }
-        if KERNEL {
-            unmark_stale(sa);
+            count(Counter::Redirected);
         }
     }
     1
+}
+
+/// A TCP connect to `key`: the kernel path's frontend is marked (the destination
+/// stays), a relayed one gets its slot's address and port to rewrite to (only this
+/// frontend's own slot, on an address fixed at load, handed to a listener of this
+/// agent), anything else is left as before hairpin. A connect the kernel path does
+/// not mark clears a mark an earlier connect of the socket left.
+#[inline(always)]
+fn decide<const KERNEL: bool, const PERFMON: bool>(
+    ctx: &SockAddrContext,
+    sa: &bpf_sock_addr,
+    key: &FrontendKey,
+) -> Option<([u32; 4], u16)> {
+    let mut slot = None;
+    if let Some(to) = lookup(sa, key) {
+        if KERNEL
+            && to.is_kernel()
+            && kernel_can_take::<PERFMON>(sa, key)
+            && mark(ctx, key, to.header)
+        {
+            return None;
+        }
+        slot = slot_target(key, &to).map(|addr| (addr, to.slot_port));
+    }
+    if KERNEL {
+        unmark_stale(sa);
+    }
+    slot
 }
 
 #[cgroup_sock_addr(connect6)]
@@ -156,36 +169,22 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
                 pad: 0,
             }
         };
-        if let Some(to) = lookup(sa, &key) {
-            if KERNEL
-                && to.is_kernel()
-                && kernel_can_take::<PERFMON>(sa, &key)
-                && mark(ctx, &key, to.header)
-            {
-                return 1;
-            }
+        if let Some((a, port)) = decide::<KERNEL, PERFMON>(ctx, sa, &key) {
             // An IPv4 frontend's slot is IPv4: reached through its mapped address.
-            let addr = slot_target(&key, &to).map(|a| {
-                if mapped {
-                    [0, 0, V4_MAPPED_WORD, a[0]]
-                } else {
-                    a
-                }
-            });
-            if let Some(addr) = addr {
-                // SAFETY: writable context fields, one 32-bit store each (see connect4).
-                unsafe {
-                    write_volatile(&mut sa.user_ip6[0], addr[0]);
-                    write_volatile(&mut sa.user_ip6[1], addr[1]);
-                    write_volatile(&mut sa.user_ip6[2], addr[2]);
-                    write_volatile(&mut sa.user_ip6[3], addr[3]);
-                    write_volatile(&mut sa.user_port, u32::from(to.slot_port));
-                }
-                count(Counter::Redirected);
+            let addr = if mapped {
+                [0, 0, V4_MAPPED_WORD, a[0]]
+            } else {
+                a
+            };
+            // SAFETY: writable context fields, one 32-bit store each (see connect4).
+            unsafe {
+                write_volatile(&mut sa.user_ip6[0], addr[0]);
+                write_volatile(&mut sa.user_ip6[1], addr[1]);
+                write_volatile(&mut sa.user_ip6[2], addr[2]);
+                write_volatile(&mut sa.user_ip6[3], addr[3]);
+                write_volatile(&mut sa.user_port, u32::from(port));
             }
-        }
-        if KERNEL {
-            unmark_stale(sa);
+            count(Counter::Redirected);
         }
     }
     1

@@ -180,26 +180,10 @@ fn closed(ops: *mut bpf_sock_ops) {
         // never in the map, so the fill is not its to follow.
         return;
     };
-    if p.state == PENDING_FIRST_WRITE {
-        // SAFETY: context read.
-        if unsafe { (*ops).data_segs_out } != 0 {
-            // Bytes left that sk_msg never saw, and no RTT sample came to say so.
-            count(Counter::KernelMissedDataFirst);
-            event!(
-                debug,
-                "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of, and closed: no header",
-                p.family,
-                p.dst,
-                p.dst_port
-            );
-        }
-    } else if p.state != PENDING_WRITTEN {
-        // Not in the map (still connecting, refused at insert, or already out): the
-        // fill never counted it.
-        return;
+    if leaves_the_map(ops, p, true) {
+        p.state = PENDING_NONE;
+        left_the_map();
     }
-    p.state = PENDING_NONE;
-    left_the_map();
 }
 
 /// An RTT sample: once the header is out (or can no longer be), the socket leaves
@@ -213,25 +197,7 @@ fn rtt(ops: *mut bpf_sock_ops) {
         // the map, nothing to take out.
         return;
     };
-    if p.state == PENDING_FIRST_WRITE {
-        // SAFETY: context read.
-        if unsafe { (*ops).data_segs_out } == 0 {
-            // Nothing sent yet: the header still waits for the first write, so the
-            // socket stays in the map.
-            return;
-        }
-        // Data went out but sk_msg never saw it: a send() that was already
-        // waiting for the handshake, or a path sk_msg does not cover.
-        count(Counter::KernelMissedDataFirst);
-        event!(
-            debug,
-            "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of: no header",
-            p.family,
-            p.dst,
-            p.dst_port
-        );
-    } else if p.state != PENDING_WRITTEN {
-        // Not in the map (its insert failed, or it already left): nothing to take out.
+    if !leaves_the_map(ops, p, false) {
         return;
     }
     p.state = PENDING_NONE;
@@ -246,6 +212,35 @@ fn rtt(ops: *mut bpf_sock_ops) {
         bpf_sock_ops_cb_flags_set(ops, flags as i32);
         bpf_sk_storage_delete(pending_map(), sk.cast());
     }
+}
+
+/// Whether the socket of mark `p` is in the map and leaves it now: its header is
+/// out, or it can no longer be (data went out that sk_msg never saw: a send() that
+/// was already waiting for the handshake, or a path sk_msg does not cover; counted),
+/// or the socket is `closing`. A socket that has sent nothing yet stays for its
+/// first write; one not in the map (still connecting, refused at insert, or already
+/// out) never counted in the fill.
+#[inline(always)]
+fn leaves_the_map(ops: *mut bpf_sock_ops, p: &PendingHeader, closing: bool) -> bool {
+    if p.state == PENDING_WRITTEN {
+        return true;
+    }
+    if p.state != PENDING_FIRST_WRITE {
+        return false;
+    }
+    // SAFETY: context read.
+    if unsafe { (*ops).data_segs_out } == 0 {
+        return closing;
+    }
+    count(Counter::KernelMissedDataFirst);
+    event!(
+        debug,
+        "kernel_missed_data_first: a connection to {:i} port {} sent data the header could not go ahead of: no header",
+        p.family,
+        p.dst,
+        p.dst_port
+    );
+    true
 }
 
 /// Adds `delta` (1, or `u64::MAX` for -1) to the sockets map's fill.

@@ -25,6 +25,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+// CLOCK_MONOTONIC in nanoseconds: comparable across processes on this machine,
+// unlike `Instant`, so the test can time events it did not see itself.
+use hairpin_tests::load::monotonic_ns;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 type Result<T> = std::result::Result<T, String>;
@@ -57,18 +60,6 @@ fn main() {
 
 fn parse<T: std::str::FromStr>(what: &str, s: &str) -> Result<T> {
     s.parse().map_err(|_| format!("bad {what}: {s:?}\n{USAGE}"))
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: comparable across processes on this machine,
-/// unlike `Instant`, so the test can time events it did not see itself.
-fn monotonic_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes a timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
 // ---- upstream ----

@@ -21,7 +21,7 @@ use std::{
 
 use hairpin_agent::names::corefile;
 use hairpin_tests::{
-    agent::{Agent, agent_bin},
+    agent::{Agent, NAMES_UNDER_EXAMPLE_COM, agent_bin},
     fakeapi::{FakeApi, digitalocean_service, recorded},
     helm::render_workspace_chart,
     node::SimNode,
@@ -225,23 +225,23 @@ fn helm_uninstall_leaves_coredns_and_the_node_as_they_were_before_the_install() 
         &node,
         &kubeconfig("agent"),
         &[
-            "--kernel-path",
-            "auto",
-            "--mode",
-            "both",
-            "--coredns",
-            "corefile",
-            "--names-domains",
-            "example.com",
-            "--drain-timeout",
-            "1s",
-            "--daemonset",
-            &agent_env["HAIRPIN_DAEMONSET"],
-            "--lease-name",
-            &agent_env["HAIRPIN_LEASE_NAME"],
-            "--hosts-file",
-            hosts.to_str().expect("utf-8"),
-        ],
+            NAMES_UNDER_EXAMPLE_COM.as_slice(),
+            &[
+                "--kernel-path",
+                "auto",
+                "--coredns",
+                "corefile",
+                "--drain-timeout",
+                "1s",
+                "--daemonset",
+                &agent_env["HAIRPIN_DAEMONSET"],
+                "--lease-name",
+                &agent_env["HAIRPIN_LEASE_NAME"],
+                "--hosts-file",
+                hosts.to_str().expect("utf-8"),
+            ],
+        ]
+        .concat(),
     );
     agent.wait_for_log("agent ready", WITHIN);
     let mut writer_env = env(

@@ -60,66 +60,62 @@ pub struct Variant {
     pub chart: &'static [(&'static str, &'static str)],
 }
 
+/// The kustomization at the repository's root: the agents alone, in `--mode auto`
+/// with the hosts file, writing no CoreDNS. Every other variant is this one but for
+/// what it names.
+const ROOT: Variant = Variant {
+    dir: "deploy",
+    mode: Mode::Auto,
+    coredns: CorednsMode::Off,
+    written: None,
+    hosts: true,
+    uninstall: "deploy/uninstall",
+    chart: &[],
+};
+
 /// Every kustomization that installs hairpin (`every_kustomization_is_a_variant`
 /// fails on one missing here).
 pub const VARIANTS: [Variant; 6] = [
-    Variant {
-        dir: "deploy",
-        mode: Mode::Auto,
-        coredns: CorednsMode::Off,
-        written: None,
-        hosts: true,
-        uninstall: "deploy/uninstall",
-        chart: &[],
-    },
+    ROOT,
     Variant {
         dir: "deploy/base",
-        mode: Mode::Auto,
-        coredns: CorednsMode::Off,
-        written: None,
-        hosts: true,
-        uninstall: "deploy/uninstall",
-        chart: &[],
+        ..ROOT
     },
     Variant {
         dir: "deploy/overlays/coredns",
-        mode: Mode::Auto,
         coredns: CorednsMode::Corefile,
         written: Some("kube-system/coredns"),
-        hosts: true,
         uninstall: "deploy/uninstall/coredns",
         chart: &[("coredns.mode", "corefile")],
+        ..ROOT
     },
     Variant {
         dir: "deploy/overlays/coredns-import",
-        mode: Mode::Auto,
         coredns: CorednsMode::Import,
         written: Some("kube-system/coredns-custom"),
-        hosts: true,
         uninstall: "deploy/uninstall/coredns-import",
         chart: &[("coredns.mode", "import")],
+        ..ROOT
     },
     Variant {
         dir: "deploy/overlays/rke2",
-        mode: Mode::Auto,
         coredns: CorednsMode::Corefile,
         written: Some("kube-system/rke2-coredns-rke2-coredns"),
-        hosts: true,
         uninstall: "deploy/uninstall/rke2",
         chart: &[
             ("coredns.mode", "corefile"),
             ("coredns.configMap", "rke2-coredns-rke2-coredns"),
         ],
+        ..ROOT
     },
     Variant {
         dir: "deploy/overlays/fallbacks-off",
         mode: Mode::Ebpf,
-        coredns: CorednsMode::Off,
-        written: None,
         hosts: false,
         // No hosts file to clean (nor to mount).
         uninstall: "deploy/uninstall/fallbacks-off",
         chart: &[("mode", "ebpf"), ("hostsFile.enabled", "false")],
+        ..ROOT
     },
 ];
 

@@ -299,10 +299,14 @@ pub fn uninstall_calls(u: &UninstallArgs) -> Vec<Call> {
             ".delete(&args.lease.name",
         ));
     }
-    match u.coredns {
+    match u.cluster.coredns.mode {
         CorednsMode::Off => {}
-        CorednsMode::Corefile => v.extend(configmap_edit_calls(&u.coredns_objects.configmap)),
-        CorednsMode::Import => v.extend(configmap_edit_calls(&u.coredns_objects.custom_configmap)),
+        CorednsMode::Corefile => {
+            v.extend(configmap_edit_calls(&u.cluster.coredns.objects.configmap))
+        }
+        CorednsMode::Import => v.extend(configmap_edit_calls(
+            &u.cluster.coredns.objects.custom_configmap,
+        )),
     }
     // `await_nodes`: the node cleanup's rollout.
     if let Some(n) = &u.nodes {

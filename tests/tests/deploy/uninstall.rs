@@ -174,18 +174,18 @@ fn each_install_has_a_one_command_uninstall_that_stops_and_removes_exactly_what_
         // The Leases and the CoreDNS writing of exactly those processes.
         let mut leases = vec![format!("{}/{}", run.namespace, run.lease_name)];
         match writer(&install) {
-            None => assert_eq!(u.coredns, CorednsMode::Off, "{}", v.uninstall),
+            None => assert_eq!(u.cluster.coredns.mode, CorednsMode::Off, "{}", v.uninstall),
             Some(w) => {
                 let w = writer_args(&env_of(&w, v.dir), v.dir);
                 leases.insert(0, format!("{}/{}", w.namespace, w.lease_name));
-                assert_eq!(u.coredns, w.coredns, "{}", v.uninstall);
+                assert_eq!(u.cluster.coredns.mode, w.coredns, "{}", v.uninstall);
                 let written = |mode, o: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
                     CorednsMode::Corefile => o.configmap.to_string(),
                     CorednsMode::Import => o.custom_configmap.to_string(),
                     CorednsMode::Off => String::new(),
                 };
                 assert_eq!(
-                    written(u.coredns, &u.coredns_objects),
+                    written(u.cluster.coredns.mode, &u.cluster.coredns.objects),
                     written(w.coredns, &w.coredns_objects),
                     "{}",
                     v.uninstall

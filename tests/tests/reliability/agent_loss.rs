@@ -33,7 +33,7 @@ fn sigkill_mid_transfer_ends_the_transfer_and_new_connects_go_as_before_hairpin(
     agent.wait(Duration::from_secs(10));
     let ended = receiving.line();
     receiving.wait_success(Duration::from_secs(5));
-    let ended_ns: u128 = ended
+    let ended_ns: u64 = ended
         .rsplit("at_ns=")
         .next()
         .and_then(|v| v.parse().ok())
@@ -89,11 +89,11 @@ fn a_restarted_agent_relays_again_within_a_second_of_its_start() {
         agent = Agent::start_with(&node, &specs, RELAY);
         let ok = probe.line();
         probe.wait_success(Duration::from_secs(5));
-        let at: u128 = ok
+        let at: u64 = ok
             .strip_prefix("ok ")
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("probe: {ok}"));
-        took.push(Duration::from_nanos(at.saturating_sub(spawned) as u64));
+        took.push(Duration::from_nanos(at.saturating_sub(spawned)));
     }
     eprintln!("restart: agent spawn -> first relayed request: {took:?}");
     let worst = took.iter().max().expect("three restarts");

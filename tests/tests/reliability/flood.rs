@@ -182,15 +182,15 @@ fn a_flood_of_unfinished_heads_past_the_caps_is_shed_while_another_client_is_ser
         &specs,
         "info",
         &[
-            "--mode",
-            "both",
-            "--names-domains",
-            "example.com",
-            "--hosts-file",
-            hosts.to_str().expect("utf-8 path"),
-            "--max-connections",
-            &total_cap,
-        ],
+            NAMES_UNDER_EXAMPLE_COM.as_slice(),
+            &[
+                "--hosts-file",
+                hosts.to_str().expect("utf-8 path"),
+                "--max-connections",
+                &total_cap,
+            ],
+        ]
+        .concat(),
     );
     std::fs::write(
         &agent.frontends,

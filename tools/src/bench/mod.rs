@@ -5,6 +5,7 @@
 //! overhead (programs detached and attached), connection rate and bulk throughput
 //! (one agent, HAProxy and nginx running throughout), convergence, footprint.
 
+pub mod baseline;
 pub mod connect;
 pub mod converge;
 pub mod footprint;
@@ -110,6 +111,36 @@ fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
     }
 }
 
+/// An agent with the kernel path on (`--kernel-path auto`, the default
+/// configuration; the test harness's agents otherwise run the relay) serving the
+/// kernel path's own LBs; an error when the path did not come on.
+fn kernel_agent(node: &SimNode) -> Result<Agent> {
+    let mut args: Vec<&str> = AGENT_ARGS.to_vec();
+    args.extend(["--kernel-path", "auto"]);
+    let agent = Agent::start_logging(node, &kernel_specs(), "info", &args);
+    if !agent.log().contains("state=on") {
+        anyhow::bail!(
+            "the kernel path is not on: {}",
+            agent
+                .log()
+                .lines()
+                .find(|l| l.contains("kernel path configured"))
+                .unwrap_or("no kernel path line in the agent log")
+        );
+    }
+    Ok(agent)
+}
+
+/// The kernel path against the baseline build (`--baseline`), recorded in `r`.
+fn compare_with_baseline(ctx: &Ctx<'_>, r: &mut Results, haproxy_pid: i32) {
+    eprintln!(
+        "kernel path against the baseline ({} rounds per agent, wrk {} s per run)",
+        ctx.opts.runs, ctx.opts.wrk_secs
+    );
+    let res = baseline::compare(ctx, haproxy_pid);
+    r.baseline = record(r, "kernel path against the baseline", res);
+}
+
 /// Runs every case and returns what they measured.
 pub fn run(opts: &Options) -> Result<Results> {
     let mut r = Results::default();
@@ -136,6 +167,12 @@ pub fn run(opts: &Options) -> Result<Results> {
         client_cpu,
     };
 
+    if opts.baseline_only {
+        compare_with_baseline(&ctx, &mut r, haproxy.pid());
+        r.notes.extend(method_notes(opts));
+        return Ok(r);
+    }
+
     eprintln!("connect() overhead ({} connects per run)", opts.connects);
     let res = connect::overhead(&ctx, &|| start_agent(&node, &traffic_specs()));
     r.connect = record(&mut r, "connect overhead", res).unwrap_or_default();
@@ -158,24 +195,9 @@ pub fn run(opts: &Options) -> Result<Results> {
     // The same rows with the kernel writing the header on the client's socket: the
     // default configuration (`auto`; the test harness's agents otherwise run the
     // relay), adopting the datapath the relay run's agent left pinned.
-    let mut args: Vec<&str> = AGENT_ARGS.to_vec();
-    args.extend(["--kernel-path", "auto"]);
-    let agent = Agent::start_logging(&node, &kernel_specs(), "info", &args);
     let kernel = traffic::kernel_targets();
-    let on = agent.log().contains("state=on");
-    let checked = if on {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!(
-            "the kernel path is not on: {}",
-            agent
-                .log()
-                .lines()
-                .find(|l| l.contains("kernel path configured"))
-                .unwrap_or("no kernel path line in the agent log")
-        ))
-    };
-    if record(&mut r, "kernel path", checked).is_some()
+    let agent = record(&mut r, "kernel path", kernel_agent(&node));
+    if let Some(agent) = &agent
         && record(
             &mut r,
             "sanity (kernel path)",
@@ -209,6 +231,9 @@ pub fn run(opts: &Options) -> Result<Results> {
             record(&mut r, "program run time (kernel path)", res).unwrap_or_default();
     }
     drop(agent);
+    if opts.baseline.is_some() {
+        compare_with_baseline(&ctx, &mut r, haproxy.pid());
+    }
 
     eprintln!("convergence ({} changes)", opts.changes);
     let agent = start_agent(&node, &converge::base_specs());
@@ -241,8 +266,12 @@ pub fn run(opts: &Options) -> Result<Results> {
 }
 
 fn method_notes(o: &Options) -> Vec<String> {
-    vec![
-        format!("Topology: `hairpin_tests::node::SimNode` (pod, node and ingress network namespaces, veths, kube-proxy-style iptables DNAT). nginx with `listen 80 proxy_protocol` (and a plain :8081) in the ingress namespace behind every path; agent built in release with the BPF object embedded, running at `--log info`."),
+    let mut notes = Vec::new();
+    if let Some((_, rev)) = &o.baseline {
+        notes.push(format!("Against `{rev}` (`--baseline {rev}`): `cargo xtask bench` also builds that revision's agent (release, with the BPF object its own `cargo xtask build-ebpf` builds, from a worktree under target/baseline, in the same target dir so only the workspace's crates compile; kept per commit). Then {} rounds: in each, this tree's agent and the baseline's take turns (this tree first in odd rounds, the baseline first in even ones), each started with `--kernel-path auto` on the kernel path's LBs and running one rate round (1 s warm-up per target, then direct and the kernel path v1 and v2, as in the rate rows) and one wrk run per target with the BPF run-time statistics on (as in the program rows; the direct target's are the programs' miss path, where sock_ops runs only for the callbacks the kernel makes on every connect). Ratios are this tree's median over the baseline's.", o.runs));
+    }
+    notes.extend([
+        "Topology: `hairpin_tests::node::SimNode` (pod, node and ingress network namespaces, veths, kube-proxy-style iptables DNAT). nginx with `listen 80 proxy_protocol` (and a plain :8081) in the ingress namespace behind every path; agent built in release with the BPF object embedded, running at `--log info`.".into(),
         format!("Connection rate: `wrk -t1 -c{} -d{}s --latency -H 'Connection: close'` from the pod namespace inside the pod cgroup, a new TCP connection per request; targets interleaved round by round after a 1 s warm-up each. hairpin: the client dials the LB IP and the connect4 program redirects it to the relay. HAProxy: `mode tcp`, `server lb <LB IP>:80 send-proxy[-v2]`, bound on the node IP in the node namespace outside the attached cgroup (hairpin-proxy's data plane; the client dials it directly). Direct: an unproxied LB IP DNATed to nginx's plain port. The programs stay attached for all targets, so every client connect pays the same lookup.", o.wrk_connections, o.wrk_secs),
         format!("Kernel path: the rate, bulk and upload cases again with an agent run with the default `--kernel-path auto` (connect4 marks the socket and leaves the destination, sock_ops and sk_msg write the header on the client's own socket), the hairpin rows replaced by the kernel path's and the direct and HAProxy rows measured again in the same rounds, so each ratio compares runs of one sitting. Then, apart from the timed rounds, {} wrk runs per kernel-path target with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS): for each of the agent's programs that ran (found through the agent's own descriptors), ns per run and runs per request (one new connection each), and all of them together per connection (their run time summed, over the requests wrk completed).", o.runs),
         format!("Bulk: `curl -o /dev/null` of a sparse {} MiB file (nginx `sendfile on`) from the pod; upload: `curl -T` of a sparse file of the same size to nginx's `/upload`, which answers at once and reads the body away (the transfer ends when nginx has read all of it). MB/s = 10^6 bytes/s from curl's own size and time. CPU per MB: over each transfer, the proxy process's user and system time (the agent for the relay rows, HAProxy for its own) and every CPU's busy time (as for the rate rows: the client, nginx, the kernel's TCP work, softirqs and kworkers, where the kernel splice sends), per 10^6 bytes. The relay run's agent runs with `--relay-splice {}` (`off`, the default: every byte copied through the agent; `auto`: each way spliced once it has carried 64 KiB, by the kernel's stream verdict where it loads). HAProxy has no `splice-*` option, as in hairpin-proxy.", o.bulk_mib, o.relay_splice.as_deref().unwrap_or("off")),
@@ -250,5 +279,6 @@ fn method_notes(o: &Options) -> Vec<String> {
         format!("connect(): {full} socket()+connect()+close() per run in one process in the pod cgroup, mean ns per call. Each round runs the loop with no agent (no connect program attached anywhere, so the kernel skips the hook), then starts the agent (2 frontends) and runs one child process that moves itself back and forth {pairs} times between a cgroup outside the attached subtree (same namespace, same running agent, no program on the path) and the pod cgroup under the programs, timing {per} connects on each side of every pair (order alternating); 'added' is the median (and range) of the per-pair differences attached minus outside, so drift and the agent's presence on the 2-core machine fall on both sides alike. The outside and attached cells are per pair; the no-agent cell is one {full}-connect run per round. A third run per round turns on the kernel's BPF run-time statistics (BPF_ENABLE_STATS) and reads hairpin's programs' run_time_ns and run_cnt before and after: the program's own ns per run, and runs per connect() (1.00 = the hook ran once per call). 'proxied' compares different paths (relay listener vs DNAT to the ingress), so it is reported, not judged.", full = o.connects, per = (o.connects / 4).max(1), pairs = connect::PAIRS),
         format!("Convergence: the agent polls the frontends file every 100 ms; {} atomic replacements alternately add and remove a frontend; a probe in the pod connects every 1 ms and stamps the first connect whose peer shows the redirect (or its absence). p99 of {} samples is close to the max.", o.changes, o.changes),
         "Footprint: VmRSS from /proc/PID/status 300 ms after `agent ready` (idle) and the largest seen every 100 ms during a wrk run through the relay; start→ready is wall time with 20 ms polling; file change→reconciled is wall time (includes up to one 100 ms poll) and the agent's own `reconcile finished elapsed_ms` log field (a 1-frontend agent given the full set). Hostnames: an agent with `--mode both --hosts-file` (name relay and /etc/hosts block) starts with 1 frontend and is given the largest size's frontends with N hostnames (`h<i>.bench.example.com`, spread over the synthetic LBs) in one file change; apply is that reconcile (map, listeners, route table, hosts block written in place), checked by counting the names in the written file; RSS idle 300 ms after, and under a wrk run through the relay.".into(),
-    ]
+    ]);
+    notes
 }

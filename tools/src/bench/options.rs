@@ -34,6 +34,11 @@ pub struct Options {
     /// The relay run's agent's `--relay-splice` (`None`: its default, `off`): `auto`,
     /// `kernel` or `pipe` measure a splicer against the copy.
     pub relay_splice: Option<String>,
+    /// The baseline's agent binary and the revision it was built from (`--baseline`):
+    /// the kernel path is measured with both agents, alternating round by round.
+    pub baseline: Option<(std::path::PathBuf, String)>,
+    /// Only the baseline comparison (`--baseline-only`): no other case runs.
+    pub baseline_only: bool,
 }
 
 impl Options {
@@ -52,6 +57,8 @@ impl Options {
             command: "cargo xtask bench".into(),
             profile: None,
             relay_splice: None,
+            baseline: None,
+            baseline_only: false,
         }
     }
 
@@ -70,6 +77,8 @@ impl Options {
             command: "cargo xtask bench --quick".into(),
             profile: None,
             relay_splice: None,
+            baseline: None,
+            baseline_only: false,
         }
     }
 
@@ -82,6 +91,7 @@ impl Options {
             Options::full()
         };
         let mut it = args.iter();
+        let (mut base_bin, mut base_rev) = (None, None);
         while let Some(flag) = it.next() {
             if flag == "--quick" {
                 continue;
@@ -114,8 +124,19 @@ impl Options {
                 "--profile" => o.profile = Some(value.into()),
                 "--relay-splice" => o.relay_splice = Some(value.clone()),
                 "--command" => o.command = value.clone(),
+                "--baseline-agent" => base_bin = Some(std::path::PathBuf::from(value)),
+                "--baseline-rev" => base_rev = Some(value.clone()),
+                "--baseline-only" => o.baseline_only = value != "no",
                 _ => bail!("unknown option {flag}"),
             }
+        }
+        o.baseline = match (base_bin, base_rev) {
+            (Some(bin), rev) => Some((bin, rev.unwrap_or_else(|| "baseline".into()))),
+            (None, None) => None,
+            (None, Some(rev)) => bail!("--baseline-rev {rev} needs --baseline-agent"),
+        };
+        if o.baseline_only && o.baseline.is_none() {
+            bail!("--baseline-only needs --baseline-agent");
         }
         Ok(o)
     }
@@ -138,5 +159,10 @@ mod tests {
         assert!(Options::parse(&args("--runs")).is_err());
         assert!(Options::parse(&args("--bogus 1")).is_err());
         assert_eq!(Options::parse(&[]).unwrap().bulk_mib, 1024);
+        let o = Options::parse(&args("--baseline-agent /b/agent --baseline-rev main")).unwrap();
+        assert_eq!(o.baseline, Some(("/b/agent".into(), "main".into())));
+        assert!(!o.baseline_only);
+        assert!(Options::parse(&args("--baseline-rev main")).is_err());
+        assert!(Options::parse(&args("--baseline-only yes")).is_err());
     }
 }

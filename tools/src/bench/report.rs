@@ -46,9 +46,11 @@ pub struct Results {
     pub failures: Vec<String>,
     /// Free-form notes on placement and limits.
     pub notes: Vec<String>,
+    /// The kernel path against a baseline build (`--baseline`).
+    pub baseline: Option<super::baseline::Comparison>,
 }
 
-fn cell(s: Option<Spread>, digits: usize) -> String {
+pub(super) fn cell(s: Option<Spread>, digits: usize) -> String {
     s.map_or("—".into(), |s| s.show(digits))
 }
 
@@ -64,8 +66,18 @@ fn rate_by<'a>(r: &'a Results, name: &str) -> Option<&'a RateRuns> {
     r.rate.iter().find(|x| x.target.name == name)
 }
 
-fn q_cell(q: Option<f64>) -> String {
+pub(super) fn q_cell(q: Option<f64>) -> String {
     q.map_or("—".into(), |q| format!("{q:.2}×"))
+}
+
+/// A row reported without a comparison or a target: its figure and value.
+fn reported(out: &mut String, figure: &str, value: &str) {
+    let _ = writeln!(out, "| {figure} | {value} | — | — | — | reported |");
+}
+
+/// KiB samples as MiB.
+fn mib(kib: &[f64]) -> Option<Spread> {
+    Spread::of(&kib.iter().map(|k| k / 1024.0).collect::<Vec<_>>())
 }
 
 /// The kernel path's rows: rate and p99 against direct (the targets) and HAProxy,
@@ -113,11 +125,13 @@ fn kernel_rows(r: &Results, out: &mut String) {
         }
     }
     for t in &r.kernel_programs_total {
-        let _ = writeln!(
+        reported(
             out,
-            "| the programs' total run time per connection (Σ ns per run × runs per request, kernel BPF stats), {}, ns | {} | — | — | — | reported |",
-            t.target,
-            cell(Spread::of(&t.ns_per_request), 0),
+            &format!(
+                "the programs' total run time per connection (Σ ns per run × runs per request, kernel BPF stats), {}, ns",
+                t.target
+            ),
+            &cell(Spread::of(&t.ns_per_request), 0),
         );
     }
     for p in &r.kernel_programs {
@@ -244,7 +258,7 @@ fn proxy_per_mb_row(out: &mut String, way: &str, runs: &[Transfers]) {
     );
 }
 
-fn ms(s: Option<Spread>) -> Option<Spread> {
+pub(super) fn ms(s: Option<Spread>) -> Option<Spread> {
     s.map(|s| Spread {
         min: s.min / 1e3,
         median: s.median / 1e3,
@@ -386,14 +400,17 @@ fn other_rows(r: &Results, out: &mut String) {
     }
     let conv = &r.converge_file;
     if !conv.is_empty() {
-        let _ = writeln!(
+        reported(
             out,
-            "| convergence, **file source** (`--frontends-poll 100ms`), ms | p50 {:.0}, p99 {:.0} (min {:.0}, max {:.0}, n={}) | — | — | — | reported |",
-            percentile(conv, 50.0),
-            percentile(conv, 99.0),
-            percentile(conv, 0.0),
-            percentile(conv, 100.0),
-            conv.len()
+            "convergence, **file source** (`--frontends-poll 100ms`), ms",
+            &format!(
+                "p50 {:.0}, p99 {:.0} (min {:.0}, max {:.0}, n={})",
+                percentile(conv, 50.0),
+                percentile(conv, 99.0),
+                percentile(conv, 0.0),
+                percentile(conv, 100.0),
+                conv.len()
+            ),
         );
     }
     match &r.converge_watch {
@@ -410,11 +427,14 @@ fn other_rows(r: &Results, out: &mut String) {
         _ => out.push_str("| convergence, Kubernetes watch stream | not measured (see the errors above) | — | — | — | not measured |\n"),
     }
     if let Some((idle, load)) = r.rss_small {
-        let _ = writeln!(
+        reported(
             out,
-            "| agent RSS, 2 frontends (MiB) | idle {:.1}, under wrk {:.1} | — | — | — | reported |",
-            idle as f64 / 1024.0,
-            load as f64 / 1024.0
+            "agent RSS, 2 frontends (MiB)",
+            &format!(
+                "idle {:.1}, under wrk {:.1}",
+                idle as f64 / 1024.0,
+                load as f64 / 1024.0
+            ),
         );
     }
     for f in &r.footprint {
@@ -422,7 +442,6 @@ fn other_rows(r: &Results, out: &mut String) {
             names_rows(f, out);
             continue;
         }
-        let mib = |v: &[f64]| Spread::of(&v.iter().map(|k| k / 1024.0).collect::<Vec<_>>());
         let (idle, load) = (mib(&f.idle_kib), mib(&f.load_kib));
         let limit = (f.size == 1_000).then_some(25.0);
         let ok = limit.and_then(|l| Some(idle?.max.max(load?.max) < l));
@@ -435,37 +454,46 @@ fn other_rows(r: &Results, out: &mut String) {
             limit.map_or("—".into(), |l| format!("< {l:.0} MiB")),
             if limit.is_some() { met(ok) } else { "reported" }
         );
-        let _ = writeln!(
+        reported(
             out,
-            "| apply {} frontends (ms) | start→ready {}; file change→reconciled {} (agent-timed {}) | — | — | — | reported |",
-            f.size,
-            cell(Spread::of(&f.ready_ms), 0),
-            cell(Spread::of(&f.apply_wall_ms), 0),
-            cell(Spread::of(&f.apply_agent_ms), 0),
+            &format!("apply {} frontends (ms)", f.size),
+            &format!(
+                "start→ready {}; file change→reconciled {} (agent-timed {})",
+                cell(Spread::of(&f.ready_ms), 0),
+                cell(Spread::of(&f.apply_wall_ms), 0),
+                cell(Spread::of(&f.apply_agent_ms), 0),
+            ),
         );
     }
 }
 
 /// The rows of the hostnames footprint case (no start→ready: it starts small).
 fn names_rows(f: &Footprint, out: &mut String) {
-    let mib = |v: &[f64]| Spread::of(&v.iter().map(|k| k / 1024.0).collect::<Vec<_>>());
     let kib = Spread::of(&f.hosts_bytes.iter().map(|b| b / 1024.0).collect::<Vec<_>>());
-    let _ = writeln!(
+    reported(
         out,
-        "| agent RSS, {} frontends + {} hostnames (MiB) | idle {}, under wrk {} | — | — | — | reported |",
-        f.size,
-        f.hostnames,
-        cell(mib(&f.idle_kib), 1),
-        cell(mib(&f.load_kib), 1),
+        &format!(
+            "agent RSS, {} frontends + {} hostnames (MiB)",
+            f.size, f.hostnames
+        ),
+        &format!(
+            "idle {}, under wrk {}",
+            cell(mib(&f.idle_kib), 1),
+            cell(mib(&f.load_kib), 1)
+        ),
     );
-    let _ = writeln!(
+    reported(
         out,
-        "| apply {} frontends + {} hostnames incl. /etc/hosts block (ms) | file change→reconciled {} (agent-timed {}); hosts file {} KiB | — | — | — | reported |",
-        f.size,
-        f.hostnames,
-        cell(Spread::of(&f.apply_wall_ms), 0),
-        cell(Spread::of(&f.apply_agent_ms), 0),
-        cell(kib, 0),
+        &format!(
+            "apply {} frontends + {} hostnames incl. /etc/hosts block (ms)",
+            f.size, f.hostnames
+        ),
+        &format!(
+            "file change→reconciled {} (agent-timed {}); hosts file {} KiB",
+            cell(Spread::of(&f.apply_wall_ms), 0),
+            cell(Spread::of(&f.apply_agent_ms), 0),
+            cell(kib, 0),
+        ),
     );
 }
 
@@ -556,7 +584,12 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
         o.command, o.runs
     );
     let _ = writeln!(out, "Machine: {machine}.  \nTools: {}.\n", tools.join("; "));
-    main_table(r, &mut out);
+    if !o.baseline_only {
+        main_table(r, &mut out);
+    }
+    if let Some(c) = &r.baseline {
+        super::baseline::render(c, &mut out);
+    }
     detail(r, &mut out);
     out.push_str("\n## Method\n\n");
     for n in &r.notes {

@@ -540,16 +540,18 @@ fn source_config(
         None
     };
     Ok(SourceConfig {
-        defaults: k8s::Defaults {
-            proxy_protocol: args.decision.default_proxy_protocol.0,
-            addresses: lb_addresses(args),
-            frontend_caps: k8s::decide::desired::FrontendCaps {
-                per_namespace: args.decision.max_frontends_per_namespace as usize,
-                total: args.max_frontends as usize,
+        decide: k8s::watch::Decide {
+            defaults: k8s::Defaults {
+                proxy_protocol: args.decision.default_proxy_protocol.0,
+                addresses: lb_addresses(args),
+                frontend_caps: k8s::decide::desired::FrontendCaps {
+                    per_namespace: args.decision.max_frontends_per_namespace as usize,
+                    total: args.max_frontends as usize,
+                },
             },
+            scope,
+            cert_names,
         },
-        scope,
-        cert_names,
         name: "kubernetes".into(),
         writer,
     })

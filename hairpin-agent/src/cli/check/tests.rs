@@ -122,15 +122,8 @@ fn coverage_comes_from_the_agents_frontends() {
     assert_eq!(coverage(None, addr), Coverage::Unknown);
     assert_eq!(coverage(Some(&snap), addr), Coverage::NotCovered);
     snap.frontends.push(crate::status::FrontendStatus {
-        ip: addr.ip(),
-        port: 80,
         version: crate::model::ProxyVersion::V2,
-        source: "file f".into(),
-        state: FrontendState::Active,
-        listener: Some("192.0.2.1:4000".parse().expect("addr")),
-        reason: None,
-        retry: None,
-        path: Paths(vec![LivePath::Relay]),
+        ..crate::status::FrontendStatus::active_for_test("203.0.113.10:80", "192.0.2.1:4000")
     });
     assert_eq!(
         coverage(Some(&snap), addr),
@@ -222,19 +215,16 @@ fn kernel_path_agent(state: KernelPathState, reason: Option<&str>) -> Snapshot {
     ] {
         let kernel = on && first == "client";
         snap.frontends.push(crate::status::FrontendStatus {
-            ip: "203.0.113.10".parse().expect("ip"),
-            port,
-            version: crate::model::ProxyVersion::V1,
-            source: "file f".into(),
-            state: FrontendState::Active,
-            listener: Some(listener.parse().expect("addr")),
             reason: why(first),
-            retry: None,
             path: Paths(vec![if kernel {
                 LivePath::Kernel
             } else {
                 LivePath::Relay
             }]),
+            ..crate::status::FrontendStatus::active_for_test(
+                &format!("203.0.113.10:{port}"),
+                listener,
+            )
         });
     }
     snap

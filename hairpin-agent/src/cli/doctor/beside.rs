@@ -227,29 +227,19 @@ mod tests {
         };
         let c = link_order_check(Some(&snapshot(false, vec![named])));
         assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(
-            c.detail
-                .contains("connect4: cil_sock4_conne (id 12) runs before hairpin's program (id 8)"),
-            "{}",
-            c.detail
-        );
-        assert!(
-            c.fix.as_deref().is_some_and(|f| f.contains("6.17")),
-            "{c:?}"
-        );
+        c.assert_detail_names(&[
+            "connect4: cil_sock4_conne (id 12) runs before hairpin's program (id 8)",
+        ]);
+        c.assert_fix_names(&["6.17"]);
         let unnamed = ForeignProgram {
             id: 12,
             name: None,
             name_unknown: Some("its name needs CAP_SYS_ADMIN".into()),
         };
         let c = link_order_check(Some(&snapshot(false, vec![unnamed])));
-        assert!(
-            c.detail.contains(
-                "program id 12 runs before hairpin's program (id 8) (its name needs CAP_SYS_ADMIN)"
-            ),
-            "{}",
-            c.detail
-        );
+        c.assert_detail_names(&[
+            "program id 12 runs before hairpin's program (id 8) (its name needs CAP_SYS_ADMIN)",
+        ]);
     }
 
     #[test]

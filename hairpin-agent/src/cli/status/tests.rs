@@ -2,7 +2,7 @@ use super::*;
 use hairpin_ebpf::Counter;
 
 use crate::{
-    model::{KernelPathMode, LivePath, Paths, ProxyVersion},
+    model::{KernelPathMode, LivePath, Paths},
     status::{
         AttachmentStatus, FrontendStatus, KernelIds, KernelPathState, RetryPolicy, SourceStatus,
     },
@@ -26,17 +26,10 @@ fn snapshot() -> Snapshot {
             counters_map_id: Some(12),
         },
     });
-    s.frontends.push(FrontendStatus {
-        ip: "203.0.113.10".parse().expect("ip"),
-        port: 80,
-        version: ProxyVersion::V1,
-        source: "file f.yaml".into(),
-        state: FrontendState::Active,
-        listener: Some("192.0.2.1:40001".parse().expect("addr")),
-        reason: None,
-        retry: None,
-        path: Paths(vec![LivePath::Relay]),
-    });
+    s.frontends.push(FrontendStatus::active_for_test(
+        "203.0.113.10:80",
+        "192.0.2.1:40001",
+    ));
     s.sources.push(SourceStatus {
         name: "file f.yaml".into(),
         synced: true,
@@ -168,17 +161,11 @@ fn a_failed_frontend_says_why_and_when_it_is_tried_again() {
         (81, "the frontend map is full", RetryPolicy::OnChange),
         (82, "address in use", RetryPolicy::Backoff),
     ] {
-        s.frontends.push(FrontendStatus {
-            ip: "203.0.113.10".parse().expect("ip"),
-            port,
-            version: ProxyVersion::V1,
-            source: "file f.yaml".into(),
-            state: FrontendState::Failed,
-            listener: None,
-            reason: Some(reason.into()),
-            retry: Some(retry),
-            path: Paths::default(),
-        });
+        s.frontends.push(FrontendStatus::failed_for_test(
+            &format!("203.0.113.10:{port}"),
+            reason,
+            Some(retry),
+        ));
     }
     let text = render(&report(Some(s)), false);
     assert!(

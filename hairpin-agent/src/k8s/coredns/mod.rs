@@ -54,6 +54,46 @@ impl fmt::Display for CorednsMode {
     }
 }
 
+/// Which CoreDNS writing `cleanup` and `uninstall` undo, and in which ConfigMaps.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CorednsUndo {
+    /// Which CoreDNS writing to undo: `corefile` removes the marked lines, `import`
+    /// our key of coredns-custom; `off` touches neither.
+    #[arg(long = "coredns", env = "HAIRPIN_COREDNS", value_enum, default_value_t = CorednsMode::Off)]
+    pub mode: CorednsMode,
+
+    /// Which ConfigMaps the CoreDNS writing concerns.
+    #[command(flatten)]
+    pub objects: CorednsObjects,
+}
+
+/// What the cluster-scope steps of `cleanup` and `uninstall` need: the API and
+/// the CoreDNS writing to undo.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterCleanup {
+    /// kubeconfig; default in-cluster, then $KUBECONFIG. No API: those steps are
+    /// skipped.
+    #[arg(long, env = "HAIRPIN_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// Which CoreDNS writing to undo, in which ConfigMaps.
+    #[command(flatten)]
+    pub coredns: CorednsUndo,
+}
+
+impl CorednsUndo {
+    /// What to remove; `None` with `--coredns off`.
+    pub fn config(&self) -> Option<CorednsConfig> {
+        (self.mode != CorednsMode::Off).then(|| CorednsConfig {
+            mode: self.mode,
+            configmap: self.objects.configmap.clone(),
+            custom: self.objects.custom_configmap.clone(),
+            // Removing renders no rewrite: any exact name does.
+            target: Hostname::parse("hairpin.invalid").expect("a valid exact name"),
+        })
+    }
+}
+
 /// The ConfigMaps the CoreDNS writer edits, shared by `run` and `cleanup` so the
 /// same settings undo exactly what was written.
 #[derive(clap::Args, Clone, Debug)]

@@ -16,13 +16,13 @@ pub(super) enum Copied {
     Reached(u64),
 }
 
-/// Copies `way` from `src` to `dst` through `buf` until the source ends, or, with
-/// `until`, until that many bytes have gone.
+/// Copies `way` from `src` to `dst` through `buf`'s capacity until the source
+/// ends, or, with `until`, until that many bytes have gone.
 pub(super) async fn copy(
     src: &TcpStream,
     dst: &TcpStream,
     way: Way,
-    buf: &mut [u8],
+    buf: &mut Vec<u8>,
     until: Option<u64>,
 ) -> Result<Copied, Fault> {
     let mut carried = 0u64;
@@ -30,13 +30,27 @@ pub(super) async fn copy(
         if until.is_some_and(|n| carried >= n) {
             return Ok(Copied::Reached(carried));
         }
-        let n = read(src, buf).await.map_err(|e| way.at_src(e))?;
+        let n = read_into(src, buf).await.map_err(|e| way.at_src(e))?;
         if n == 0 {
             super::tcp::shutdown_write(dst).map_err(|e| way.at_dst(e))?;
             return Ok(Copied::Ended(carried));
         }
         write_all(dst, &buf[..n]).await.map_err(|e| way.at_dst(e))?;
         carried += n as u64;
+    }
+}
+
+/// Reads what `src` has (0: its end) into `buf`'s capacity, replacing what `buf`
+/// held, waiting for it. The capacity is never zeroed first: a connection's buffers
+/// cost an allocation, not a 64 KiB memset each.
+async fn read_into(src: &TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    buf.clear();
+    loop {
+        src.readable().await?;
+        match src.try_read_buf(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
     }
 }
 

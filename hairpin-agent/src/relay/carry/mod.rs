@@ -314,7 +314,7 @@ impl Ctx<'_> {
             Side::Client => (self.client, self.upstream),
             Side::Upstream => (self.upstream, self.client),
         };
-        let mut buf = vec![0u8; self.buffer];
+        let mut buf = Vec::with_capacity(self.buffer.max(1));
         let spliced = !matches!(self.cfg.splicer, Splicer::Copy);
         let mut carried = 0;
         if !spliced || self.cfg.after > 0 {

@@ -21,8 +21,16 @@ use super::{Fault, Way, tcp};
 /// Bytes asked of one `splice(2)` into the pipe: more than a pipe holds, so each
 /// call takes what the pipe has room for.
 const CHUNK: usize = 1 << 20;
-/// Empty pipes the pool keeps for the next bursts; more are closed.
-const POOL_KEEPS: usize = 64;
+/// Empty pipes the pool keeps for the next bursts; more are closed. Few: each
+/// counts its [`PIPE_BYTES`] against its user's pipe pages
+/// (`fs.pipe-user-pages-soft`, 64 MiB by default, shared by every process of the
+/// agent's uid on the node), past which new pipes get two pages; 16 keep a quarter.
+const POOL_KEEPS: usize = 16;
+/// Bytes a new pipe is asked to hold (`F_SETPIPE_SZ`; the kernel's default
+/// `fs.pipe-max-size`): a pipe holds 16 pages by default (64 KiB of full pages,
+/// less where the received pages are partly filled), so a transfer cost two
+/// splices and a wakeup per 64 KiB at best; 1 MiB takes 256.
+const PIPE_BYTES: nix::libc::c_int = 1 << 20;
 
 /// A pipe's two ends.
 struct Pipe {
@@ -40,7 +48,18 @@ impl PipePool {
         let (read, write) = match kept {
             Some(p) => p,
             None => {
-                nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)?
+                let (read, write) = nix::unistd::pipe2(
+                    nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
+                )?;
+                // Refused past the user's pipe pages (`fs.pipe-user-pages-soft`,
+                // without CAP_SYS_RESOURCE) or above `fs.pipe-max-size`: the pipe
+                // keeps its default size, and the splice works as before.
+                if let Err(e) =
+                    nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES))
+                {
+                    tracing::debug!(error = %e, "a relay pipe keeps its default size");
+                }
+                (read, write)
             }
         };
         Ok(Pipe { read, write })
