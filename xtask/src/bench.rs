@@ -44,7 +44,7 @@ pub struct Options {
     /// figures then include perf's own cost.
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
-    /// The relay run's agent's `--relay-splice` (`off`: the relay copies every byte).
+    /// The relay run's agent's `--relay-splice` (default `pipe`; `off`: the relay copies every byte).
     #[arg(long)]
     pub relay_splice: Option<String>,
     /// Print the report only; leave BENCHMARKS.md as it is.

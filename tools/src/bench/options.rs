@@ -31,8 +31,8 @@ pub struct Options {
     /// kernel-path run's first direct and kernel-path v1 rate rounds. Those rounds'
     /// figures then include perf's own cost.
     pub profile: Option<std::path::PathBuf>,
-    /// The relay run's agent's `--relay-splice` (`None`: its default, `off`): `auto`,
-    /// `kernel` or `pipe` measure a splicer against the copy.
+    /// The relay run's agent's `--relay-splice` (`None`: its default, `pipe`): `off`
+    /// measures the copy, `auto` or `kernel` the kernel's splice.
     pub relay_splice: Option<String>,
     /// The baseline's agent binary and the revision it was built from (`--baseline`):
     /// the kernel path is measured with both agents, alternating round by round.
