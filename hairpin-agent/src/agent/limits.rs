@@ -75,14 +75,18 @@ pub fn spawn_trimmer(metrics: Metrics, every: Duration) {
     });
 }
 
+/// Gives the allocator's free pages back to the kernel: after a burst of relayed
+/// connections (above), and after each reconcile (a large apply allocates the
+/// parsed source, the plan and the status rows once and frees most of it).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_memory() {
+pub fn release_free_memory() {
     // SAFETY: malloc_trim only walks the allocator's own arenas under their locks.
     unsafe { libc::malloc_trim(0) };
 }
 
+/// Nothing to give back with other allocators.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
+pub fn release_free_memory() {}
 
 #[cfg(test)]
 mod tests {

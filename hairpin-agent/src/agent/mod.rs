@@ -291,7 +291,7 @@ impl Agent {
             elapsed_ms = took.as_secs_f64() * 1e3,
             "reconcile finished"
         );
-        give_back_freed_memory();
+        limits::release_free_memory();
     }
 
     /// Waits for the next reason to apply, beating while idle so `/healthz` can
@@ -415,17 +415,5 @@ impl Agent {
             admin.shutdown().await;
         }
         info!(left, kernel_unwritten = unwritten, "agent stopped");
-    }
-}
-
-/// Hands the heap pages a reconcile freed back to the kernel. A large apply
-/// allocates the parsed source, the plan and the status rows once and frees most of
-/// it; glibc keeps freed pages for reuse, so without this the agent's RSS stays at
-/// its peak. Each call walks the heap once, once per reconcile.
-fn give_back_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free pages of the allocator's own heap.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
