@@ -30,9 +30,7 @@ const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
 const DEFAULT_HOSTS: [&str; 3] = ["app.example.com", "*.apps.example.com", "API.example.com."];
 
 // The simple reference reading of the braces, the one the property tests use.
-#[path = "../../hairpin-agent/src/names/corefile/reference.rs"]
-mod reference;
-use reference::reference_depths;
+use hairpin_agent::names::corefile::reference::reference_depths;
 
 fn is_ours(line: &str) -> bool {
     line.trim_end().ends_with(MARKER)

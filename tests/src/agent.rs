@@ -161,6 +161,15 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Replaces the frontends file in one step (write aside, then rename), as an
+    /// operator's tooling or kubelet's ConfigMap update does: the agent never reads a
+    /// half-written file.
+    pub fn replace_frontends(&self, yaml: &str) -> std::io::Result<()> {
+        let tmp = self.frontends.with_extension("tmp");
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, &self.frontends)
+    }
+
     /// Starts the agent on `node` with `specs` and waits until it logs `agent ready`.
     pub fn start(node: &SimNode, specs: &[FrontendSpec]) -> Agent {
         Agent::start_with(node, specs, &[])

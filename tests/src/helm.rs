@@ -14,10 +14,17 @@ use crate::repo::workspace;
 /// The chart's directory in the workspace.
 pub const CHART: &str = "deploy/chart/hairpin";
 
-/// Where `cargo xtask setup` keeps its tools: xtask's own definition.
-#[path = "../../xtask/src/cache.rs"]
-mod cache;
-pub use cache::cache_dir;
+/// Where `cargo xtask setup` keeps its tools (xtask/src/cache.rs names the place):
+/// `$XDG_CACHE_HOME/hairpin`, else `~/.cache/hairpin`, else `/var/cache/hairpin`.
+/// Only the fallback of a plain `cargo test`: `cargo xtask test` passes each tool's
+/// path itself (`HAIRPIN_HELM_PYTHON`, ...).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"))
+        .join("hairpin")
+}
 
 /// The Python interpreter of the virtual environment holding helm-python-sdk:
 /// `HAIRPIN_HELM_PYTHON` (set by `cargo xtask test`), else the one `cargo xtask

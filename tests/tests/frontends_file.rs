@@ -16,9 +16,7 @@ use hairpin_tests::{
 
 /// Replaces the file in one step, as an operator's tooling (or a ConfigMap) does.
 fn replace(agent: &Agent, text: &str) {
-    let tmp = agent.frontends.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write frontends");
-    std::fs::rename(&tmp, &agent.frontends).expect("replace frontends");
+    agent.replace_frontends(text).expect("replace frontends");
 }
 
 #[test]

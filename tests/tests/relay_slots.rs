@@ -299,11 +299,11 @@ fn slots_once_active(node: &SimNode, ports: &[u16]) -> std::collections::BTreeMa
     panic!("the agent never had exactly {ports:?} active: {last}");
 }
 
-/// Replaces the running agent's frontends file at once (a rename, as kubelet does).
+/// Replaces the running agent's frontends file with `ports` of `MANY_LB`.
 fn replace_frontends(agent: &Agent, ports: Vec<u16>) {
-    let tmp = agent.frontends.with_extension("tmp");
-    std::fs::write(&tmp, frontends_yaml(&[many(ports)])).expect("write the frontends file");
-    std::fs::rename(&tmp, &agent.frontends).expect("replace the frontends file");
+    agent
+        .replace_frontends(&frontends_yaml(&[many(ports)]))
+        .expect("replace the frontends file");
 }
 
 #[test]

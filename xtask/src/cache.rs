@@ -1,7 +1,7 @@
 //! Where `cargo xtask` keeps the tools it installs between runs (Helm's Python
-//! SDK, the data planes, actionlint, pinned cargo tools). The suites find those
-//! tools there too, so they include this very file (tests/src/helm.rs, by path):
-//! the two can never disagree on the place.
+//! SDK, the data planes, actionlint, pinned cargo tools). `cargo xtask test` hands
+//! the suites each tool's path; a plain `cargo test` looks in the same place
+//! (tests/src/helm.rs `cache_dir`).
 
 use std::path::PathBuf;
 

@@ -222,23 +222,28 @@ impl SlotTable {
             cursors: [(0, SLOT_PORT_MIN); 2],
             full: [false; 2],
         };
-        let mut retired: Vec<(u64, SlotKey)> = Vec::new();
+        let mut retired: Vec<(u64, SlotKey, SocketAddr)> = Vec::new();
         let entries: Vec<(SlotKey, Slot)> = t.map.iter().filter_map(Result::ok).collect();
         for (key, slot) in entries {
             t.used.insert(key);
             if slot.retired != 0 {
-                retired.push((slot.retired_at, key));
-                t.retire_for(slot.frontend(), key, slot.retired_at);
+                retired.push((slot.retired_at, key, slot.frontend()));
             } else if let Some(earlier) = t.live.insert(slot.frontend(), key) {
                 // Two live slots for one frontend (never written so): keep one.
-                retired.push((0, earlier));
+                retired.push((0, earlier, slot.frontend()));
             }
             let cursor = &mut t.cursors[usize::from(key.family != AF_INET)];
             let next = (key.addr, u16::from_be(key.port).saturating_add(1));
             *cursor = (*cursor).max(next);
         }
+        // Oldest first: a frontend retired twice keeps its latest slot to come back to.
         retired.sort();
-        t.retired = retired.into();
+        for &(_, key, frontend) in &retired {
+            if !t.live.contains_key(&frontend) {
+                t.retired_of.insert(frontend, key);
+            }
+        }
+        t.retired = retired.into_iter().map(|(at, key, _)| (at, key)).collect();
         t
     }
 
@@ -333,18 +338,7 @@ impl SlotTable {
             Err(e) => tracing::debug!(%frontend, error = %e, "a retired slot was not in the map"),
         }
         self.retired.push_back((now, key));
-        self.retire_for(frontend, key, now);
-    }
-
-    /// Notes `key` as `frontend`'s retired slot (the latest, where it has two).
-    fn retire_for(&mut self, frontend: SocketAddr, key: SlotKey, at: u64) {
-        let newer = |k: &SlotKey| self.map.get(k, 0).is_ok_and(|s| s.retired_at > at);
-        match self.retired_of.get(&frontend) {
-            Some(held) if *held != key && newer(held) => {}
-            _ => {
-                self.retired_of.insert(frontend, key);
-            }
-        }
+        self.retired_of.insert(frontend, key);
     }
 
     /// Retires every live slot but those of `keep`: an earlier agent's, for

@@ -519,8 +519,9 @@ pub fn render_import(rewrites: &[Rewrite]) -> String {
     out
 }
 
-#[cfg(test)]
-pub(crate) mod reference;
+/// Not for the agent: the property tests' and the fuzz target's oracle.
+#[doc(hidden)]
+pub mod reference;
 
 #[cfg(test)]
 mod tests;

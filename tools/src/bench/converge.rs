@@ -29,14 +29,6 @@ fn toggled_specs() -> Vec<FrontendSpec> {
     s
 }
 
-/// Replaces the frontends file in one step: the agent must never read a half-written file.
-pub fn write_frontends(agent: &Agent, yaml: &str) -> Result<()> {
-    let tmp = agent.frontends.with_extension("tmp");
-    std::fs::write(&tmp, yaml)?;
-    std::fs::rename(&tmp, &agent.frontends)?;
-    Ok(())
-}
-
 /// The file source (`--frontends`, polled every `--frontends-poll`): milliseconds from
 /// the file being replaced to the pod's connect to LB_V2 being redirected (odd
 /// changes add the frontend, even ones remove it), one sample per change.
@@ -47,7 +39,7 @@ pub fn file_source(ctx: &Ctx<'_>, agent: &Agent) -> Result<Vec<f64>> {
         } else {
             base_specs()
         };
-        write_frontends(agent, &frontends_yaml(&specs))
+        Ok(agent.replace_frontends(&frontends_yaml(&specs))?)
     })
 }
 

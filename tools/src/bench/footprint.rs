@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use super::{
     Ctx,
-    converge::{base_specs, write_frontends},
+    converge::base_specs,
     procs::rss_kib,
     traffic::{targets, wrk_once},
 };
@@ -151,7 +151,7 @@ pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Resul
 /// containing `needle`: (wall ms from the write, the agent's own `elapsed_ms`).
 fn timed_apply(agent: &mut Agent, yaml: &str, needle: &str, within_s: u64) -> Result<(f64, f64)> {
     let t = Instant::now();
-    write_frontends(agent, yaml)?;
+    agent.replace_frontends(yaml)?;
     agent.wait_for_log(needle, Duration::from_secs(within_s));
     let wall = t.elapsed().as_secs_f64() * 1e3;
     let log = agent.log();

@@ -2,8 +2,8 @@
 //! split on whitespace, `#` to the end of the line a comment, a `{` or `}` word, or
 //! a word ending in `{` last on its line, a brace. It is right only for text without
 //! quotes, CR or a BOM, the only text it is used on. Shared by the property tests
-//! (`names/proptests.rs`) and the Corefile fuzz target, which includes this file by
-//! its path.
+//! (`names/proptests.rs`) and the Corefile fuzz target (through the crate: hidden
+//! from its docs, never called by the agent).
 
 /// Brace depth at the start of each line, or `None` when unbalanced.
 pub fn reference_depths(corefile: &str) -> Option<Vec<usize>> {
