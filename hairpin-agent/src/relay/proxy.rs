@@ -118,7 +118,6 @@ async fn relay(
     // without NODELAY, Nagle holds them behind the first one's delayed ACK. The
     // client's socket has NODELAY and keepalive from its listener (`listener::bind`).
     let _ = upstream.set_nodelay(true);
-    set_keepalive(&upstream, cfg.keepalive);
     let header = Header::new(to.version, to.source, to.target);
     // Not before the kernel's splice: joined after a read that took part of a
     // received chunk, its verdict is handed that chunk whole and sends the part
@@ -133,7 +132,8 @@ async fn relay(
         .await
         .map_err(|e| (Side::Upstream, classify(&e), e))?;
     drop(head);
-    carry::carry(client, &upstream, sent, &cfg.splice, cfg.buffer_size)
+    let carried = carry::carry(client, &upstream, sent, &cfg.splice, cfg.buffer_size);
+    keepalive_later(&upstream, cfg.keepalive, carried)
         .await
         .map(|carried| Carried {
             up: carried.up + early,
@@ -147,6 +147,36 @@ async fn relay(
             let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
             (side, classify(&error), error)
         })
+}
+
+/// How long a relayed connection lives before its upstream socket gets TCP
+/// keepalive (at most; less when the keepalive idle time is shorter).
+const KEEPALIVE_AFTER: Duration = Duration::from_secs(1);
+
+/// Runs `carried`, turning on TCP keepalive on `upstream` as `idle` says once it
+/// has run for [`KEEPALIVE_AFTER`] (or half of `idle`, if shorter). Most relayed
+/// connections are an exchange that ends well within that, and keepalive costs the
+/// upstream four setsockopt calls (an accepted client inherits it from its
+/// listener; a connected socket cannot): done at once it was a sixth of the
+/// relay's syscalls per connection. Late, it probes the same: the kernel counts
+/// the idle time from the last segment received, not from when keepalive was
+/// turned on, so a connection idle from its start is probed at most that much later.
+async fn keepalive_later<F: std::future::Future>(
+    upstream: &TcpStream,
+    idle: Option<Duration>,
+    carried: F,
+) -> F::Output {
+    let Some(idle) = idle else {
+        return carried.await;
+    };
+    tokio::pin!(carried);
+    tokio::select! {
+        biased;
+        out = &mut carried => return out,
+        () = tokio::time::sleep(KEEPALIVE_AFTER.min(idle / 2)) => {}
+    }
+    set_keepalive(upstream, Some(idle));
+    carried.await
 }
 
 /// Most bytes of the client's read at once into the header's write.
@@ -171,7 +201,9 @@ fn first_write(
     if !read {
         return Ok(head);
     }
-    match client.try_read_buf(&mut head) {
+    // A short read (the usual request) clears the readiness: the carry's first
+    // read of the client then waits instead of failing with EAGAIN.
+    match carry::try_read_buf(client, &mut head) {
         Ok(_) => Ok(head),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(head),
         Err(e) => Err((Side::Client, classify(&e), e)),

@@ -5,7 +5,7 @@
 
 use tokio::{io::Interest, net::TcpStream};
 
-use super::{Fault, Way};
+use super::{Ends, Fault, Way};
 
 /// How a copy ended.
 pub(super) enum Copied {
@@ -24,6 +24,7 @@ pub(super) async fn copy(
     way: Way,
     buf: &mut Vec<u8>,
     until: Option<u64>,
+    ends: &Ends,
 ) -> Result<Copied, Fault> {
     let mut carried = 0u64;
     loop {
@@ -32,7 +33,7 @@ pub(super) async fn copy(
         }
         let n = read_into(src, buf).await.map_err(|e| way.at_src(e))?;
         if n == 0 {
-            super::tcp::shutdown_write(dst).map_err(|e| way.at_dst(e))?;
+            ends.end(dst).map_err(|e| way.at_dst(e))?;
             return Ok(Copied::Ended(carried));
         }
         write_all(dst, &buf[..n]).await.map_err(|e| way.at_dst(e))?;
@@ -47,10 +48,34 @@ async fn read_into(src: &TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize>
     buf.clear();
     loop {
         src.readable().await?;
-        match src.try_read_buf(buf) {
+        match try_read_buf(src, buf) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             r => return r,
         }
+    }
+}
+
+/// As [`TcpStream::try_read_buf`], and a read that comes back short (0 < n < the
+/// room `buf` had) took all `src` had: its readiness is cleared, so the next read
+/// waits for the poller instead of first costing a read that fails with EAGAIN (a
+/// request or an answer is one short read: that was a syscall in every way of
+/// every exchange). As tokio's own `AsyncRead` does: the clear is tied to the
+/// readiness seen before the read, so one the poller reports meanwhile (from
+/// another worker) is kept, and so is an end-of-stream already seen.
+pub(crate) fn try_read_buf(src: &TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut short = None;
+    let read = src.try_io(Interest::READABLE, || {
+        let n = src.try_read_buf(buf)?;
+        if 0 < n && n < room {
+            short = Some(n);
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (read, short) {
+        (_, Some(n)) => Ok(n),
+        (r, None) => r,
     }
 }
 

@@ -193,10 +193,14 @@ impl KernelWay<'_> {
                 }
                 Next::Copy => {
                     self.drained().await?;
-                    let rest =
-                        match super::copy::copy(self.src, self.dst, self.way, buf, None).await? {
-                            super::copy::Copied::Ended(n) | super::copy::Copied::Reached(n) => n,
-                        };
+                    // Its own ends: a kernel-spliced way always shuts its destination
+                    // (see `Ends`).
+                    let ends = super::Ends::default();
+                    let rest = match super::copy::copy(self.src, self.dst, self.way, buf, None, &ends)
+                        .await?
+                    {
+                        super::copy::Copied::Ended(n) | super::copy::Copied::Reached(n) => n,
+                    };
                     let seen = self.counts()?;
                     return Ok((
                         seen.redirected + self.consumed + rest,

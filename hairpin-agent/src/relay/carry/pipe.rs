@@ -16,7 +16,7 @@ use std::{
 
 use tokio::{io::Interest, net::TcpStream};
 
-use super::{Fault, Way, tcp};
+use super::{Ends, Fault, Way, tcp};
 
 /// Bytes asked of one `splice(2)` into the pipe: more than a pipe holds, so each
 /// call takes what the pipe has room for.
@@ -93,6 +93,7 @@ pub(super) async fn splice(
     dst: &TcpStream,
     way: Way,
     pool: &PipePool,
+    ends: &Ends,
 ) -> Result<Spliced, Fault> {
     let mut carried = 0u64;
     loop {
@@ -110,7 +111,7 @@ pub(super) async fn splice(
         let n = match filled {
             Ok(0) => {
                 pool.give_back(pipe);
-                tcp::shutdown_write(dst).map_err(|e| way.at_dst(e))?;
+                ends.end(dst).map_err(|e| way.at_dst(e))?;
                 return Ok(Spliced::Ended(carried));
             }
             Ok(n) => n,
