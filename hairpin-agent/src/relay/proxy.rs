@@ -114,10 +114,9 @@ async fn relay(
         Ok(Err(e)) => return Err((Side::Upstream, classify(&e), e)),
         Ok(Ok(s)) => s,
     };
-    // The header's write may be followed by more of the client's small writes:
-    // without NODELAY, Nagle holds them behind the first one's delayed ACK. The
-    // client's socket has NODELAY and keepalive from its listener (`listener::bind`).
-    let _ = upstream.set_nodelay(true);
+    // The client's socket has NODELAY and keepalive from its listener
+    // (`listener::bind`); the upstream's NODELAY is set by the carry, only if the
+    // client sends more after the first write (see `carry::carry`).
     let header = Header::new(to.version, to.source, to.target);
     // Not before the kernel's splice: joined after a read that took part of a
     // received chunk, its verdict is handed that chunk whole and sends the part
@@ -229,6 +228,11 @@ pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> So
 /// Connects to `target` from a socket carrying `mark`, so the connect programs let
 /// it through to the real LB (and kube-proxy's DNAT) instead of back to us.
 /// Shared with the name relay, whose upstream connects need the same guard.
+///
+/// Returns once the socket is writable: connected, or failed. A failed connect's
+/// error (refused, unreachable, timed out) is the one the first write returns, so
+/// it is not read apart with `SO_ERROR` as `TcpSocket::connect` does: one syscall
+/// fewer per relayed connection, and the header is written at once either way.
 async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
     let socket = match target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
@@ -237,7 +241,19 @@ async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<Tcp
     if let Some(mark) = mark {
         setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
     }
-    socket.connect(target).await
+    // Non-blocking (tokio made it so): EINPROGRESS is the connect under way.
+    match socket2::SockRef::from(&socket).connect(&target.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the descriptor is the socket's own, whose ownership `into_raw_fd`
+    // gives up: the std stream is its only owner.
+    let std = unsafe { std::net::TcpStream::from_raw_fd(socket.into_raw_fd()) };
+    let stream = TcpStream::from_std(std)?;
+    stream.writable().await?;
+    Ok(stream)
 }
 
 /// The metrics label for an upstream failure (shared with the name relay).
@@ -263,6 +279,28 @@ mod tests {
             .expect("connect");
         let (a, _) = l.accept().await.expect("accept");
         (a, c)
+    }
+
+    /// The connect is not checked apart (`SO_ERROR`): a refused one is the first
+    /// write's error, classified as the upstream's refusal; a made one carries it.
+    #[tokio::test]
+    async fn a_refused_upstream_connect_is_the_first_writes_error() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let open = l.local_addr().expect("addr");
+        let closed = {
+            let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            gone.local_addr().expect("addr")
+        };
+        let mut up = connect_marked(closed, None).await.expect("writable");
+        let e = up.write_all(b"HDR ").await.expect_err("refused");
+        assert_eq!(classify(&e), ConnError::Refused, "{e}");
+        let mut up = connect_marked(open, None).await.expect("connected");
+        up.write_all(b"HDR GET").await.expect("write");
+        up.shutdown().await.expect("end");
+        let (mut a, _) = l.accept().await.expect("accept");
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got, b"HDR GET");
     }
 
     #[tokio::test]

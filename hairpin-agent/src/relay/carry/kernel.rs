@@ -196,11 +196,12 @@ impl KernelWay<'_> {
                     // Its own ends: a kernel-spliced way always shuts its destination
                     // (see `Ends`).
                     let ends = super::Ends::default();
-                    let rest = match super::copy::copy(self.src, self.dst, self.way, buf, None, &ends)
-                        .await?
-                    {
-                        super::copy::Copied::Ended(n) | super::copy::Copied::Reached(n) => n,
-                    };
+                    let rest =
+                        match super::copy::copy(self.src, self.dst, self.way, buf, None, &ends)
+                            .await?
+                        {
+                            super::copy::Copied::Ended(n) | super::copy::Copied::Reached(n) => n,
+                        };
                     let seen = self.counts()?;
                     return Ok((
                         seen.redirected + self.consumed + rest,

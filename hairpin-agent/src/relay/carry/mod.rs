@@ -28,8 +28,8 @@ use std::{
 
 use tokio::net::TcpStream;
 
-pub use kernel::{Counts, Grant, Joined, KernelSplice, Pair, SpliceError};
 pub(crate) use copy::try_read_buf;
+pub use kernel::{Counts, Grant, Joined, KernelSplice, Pair, SpliceError};
 pub use pipe::PipePool;
 
 use crate::status::metrics::Direction;
@@ -339,6 +339,9 @@ impl Ctx<'_> {
             Side::Client => (self.client, self.upstream),
             Side::Upstream => (self.upstream, self.client),
         };
+        if way.to == Side::Upstream {
+            self.nodelay_when_more(src, dst, way).await?;
+        }
         let mut buf = Vec::with_capacity(self.buffer.max(1));
         let spliced = !matches!(self.cfg.splicer, Splicer::Copy);
         let mut carried = 0;
@@ -377,6 +380,28 @@ impl Ctx<'_> {
                 Ok(Moved::by(How::Copy, carried + n))
             }
         }
+    }
+
+    /// Sets `TCP_NODELAY` on the upstream (`dst`) once the client (`src`) has more
+    /// to send than the first write took, before any of it is carried: without it,
+    /// Nagle holds a small write behind the first one's delayed ACK. Most clients
+    /// of a relayed exchange send nothing more but their end, which needs no
+    /// NODELAY (the FIN pushes what is queued): then the setsockopt, one syscall a
+    /// connection, is not made.
+    async fn nodelay_when_more(
+        &self,
+        src: &TcpStream,
+        dst: &TcpStream,
+        way: Way,
+    ) -> Result<(), Fault> {
+        let ready = src
+            .ready(tokio::io::Interest::READABLE)
+            .await
+            .map_err(|e| way.at_src(e))?;
+        if !ready.is_read_closed() {
+            let _ = dst.set_nodelay(true);
+        }
+        Ok(())
     }
 
     /// Joins `way` to the kernel and runs it to its end: the bytes it carried and,
