@@ -57,7 +57,15 @@ use crate::{
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<(), StartError> {
-    let mut agent = Agent::start(args).await?;
+    let mut agent = match Agent::start(args).await {
+        Ok(agent) => agent,
+        // Asked to stop before it owned anything: a stop, not a failure (exit 0).
+        Err(StartError::Stopped { signal }) => {
+            info!(signal, "agent stopped before it started");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     let mut trigger = Trigger::Change;
     loop {
         agent.apply(trigger);

@@ -117,6 +117,13 @@ pub enum StartError {
     /// The admin server did not start.
     #[error(transparent)]
     Admin(#[from] AdminError),
+    /// SIGTERM or SIGINT while the agent waited to own the datapath: it stopped
+    /// with nothing attached or changed ([`super::run`] exits 0 on it).
+    #[error("{signal} while waiting to own the datapath: stopped with nothing attached or changed")]
+    Stopped {
+        /// `SIGTERM` or `SIGINT`.
+        signal: &'static str,
+    },
 }
 
 /// `e` and its causes, each after a colon: how a reason reads in `status` and logs.
@@ -195,14 +202,22 @@ impl Agent {
         let metrics = Metrics::default();
         limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
         let state = AgentState::new(args.bypass_mark);
-        let signals = stop_signals()?;
+        let mut signals = stop_signals()?;
         // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
         publish_listen_addresses(&args, &addresses, &state).await?;
         // Before the datapath, which may wait: the probes answer meanwhile.
         let (admin, own_counters) = start_admin(&args, &state, &metrics).await?;
-        let (mut datapath, outcome, cgroup) = start_datapath(&args, &state).await?;
+        let (mut datapath, outcome, cgroup) =
+            match start_datapath(&args, &state, &mut signals).await {
+                Ok(started) => started,
+                Err(e) => {
+                    // Its socket file goes too: the next agent finds none stale.
+                    admin.shutdown().await;
+                    return Err(e);
+                }
+            };
         // After attach, which may find the kernel path unavailable: the entries the
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
