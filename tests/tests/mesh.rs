@@ -8,28 +8,67 @@
 //! hit, for a listener on the mesh's outbound capture port (15001, Linkerd's 4140) on
 //! loopback in the pod's own network namespace; found, the connect takes the relay
 //! (`kernel_fallback_mesh`): the proxy dials the frontend's relay slot (its original
-//! destination) and exactly one header arrives, naming the pod. The same on `path: relay`. Without the proxy, the
-//! kernel path takes the pod's connections again.
+//! destination) and exactly one header arrives, naming the pod. The same on `path:
+//! relay`. Without the proxy, the kernel path takes the pod's connections again. Every
+//! test runs over IPv4 and then IPv6 on the same dual-stack node (the harness installs
+//! the redirect rules' ip6tables twins and the proxy on 127.0.0.1 and ::1, as meshes do
+//! in a dual-stack pod).
 //!
-//! Cost: nine simulated nodes with one Envoy each (the tests run in parallel), one to
-//! three requests each; about 15 s of wall time.
+//! Cost: nine simulated nodes with one Envoy each (the tests run in parallel), two to
+//! six requests each; about 15 s of wall time.
+
+use std::net::{IpAddr, SocketAddr};
 
 use hairpin_tests::{
     agent::{Agent, status},
     client::{Reply, from_pod, url},
     mesh::{Mesh, MeshShape},
-    node::{POD_IP4, SimNode},
+    node::{POD_IP4, POD_IP6, SimNode},
     require_privileges,
     servers::{Server, nginx_access_log, start_nginx},
     wait::eventually,
 };
 use serde_json::Value;
 
-/// nginx behind two LBs: 203.0.113.10 on the default path (v1), 203.0.113.12 asking
-/// for the relay (v2).
+/// nginx behind LBs on the default path (v1) and asking for the relay (v2), IPv4 and
+/// IPv6.
 const FRONTENDS: &str = "frontends:\n\
     - ip: \"203.0.113.10\"\n  ports: [80]\n  proxyProtocol: v1\n\
-    - ip: \"203.0.113.12\"\n  ports: [80]\n  proxyProtocol: v2\n  path: relay\n";
+    - ip: \"203.0.113.12\"\n  ports: [80]\n  proxyProtocol: v2\n  path: relay\n\
+    - ip: \"2001:db8:ffff::10\"\n  ports: [80]\n  proxyProtocol: v1\n\
+    - ip: \"2001:db8:ffff::12\"\n  ports: [80]\n  proxyProtocol: v2\n  path: relay\n";
+
+/// One address family's pod address and LBs.
+struct Family {
+    /// `IPv4` or `IPv6`, for failure messages.
+    name: &'static str,
+    pod: &'static str,
+    /// On the default path, v1.
+    default_lb: &'static str,
+    /// Asking for the relay, v2.
+    relay_lb: &'static str,
+}
+
+/// IPv4 first, then IPv6: a test's counters after family `i` count `i + 1` requests.
+const FAMILIES: [Family; 2] = [
+    Family {
+        name: "IPv4",
+        pod: POD_IP4,
+        default_lb: "203.0.113.10",
+        relay_lb: "203.0.113.12",
+    },
+    Family {
+        name: "IPv6",
+        pod: POD_IP6,
+        default_lb: "2001:db8:ffff::10",
+        relay_lb: "2001:db8:ffff::12",
+    },
+];
+
+/// `ip:port` as Envoy and the agent write it (`[v6]:port`).
+fn sock(ip: &str, port: u16) -> String {
+    SocketAddr::new(ip.parse().expect("a literal address"), port).to_string()
+}
 
 /// A node with nginx and an agent on its defaults (the kernel path where it can
 /// run), and `shape` installed in its pod.
@@ -42,18 +81,26 @@ fn meshed(shape: MeshShape) -> (SimNode, Server, Agent, Mesh) {
     (node, nginx, agent, mesh)
 }
 
-/// The pod's request to 203.0.113.10 on the default path: the connect program saw
-/// the proxy's listener and sent the connect to the relay, which the proxy dialled;
-/// one header, naming the pod.
+/// The pod's request to the default-path LB, over IPv4 and then IPv6: the connect
+/// program saw the proxy's listener (127.0.0.1, then ::1) and sent the connect to the
+/// relay, which the proxy dialled; one header, naming the pod.
 fn default_path_sends_one_header(shape: MeshShape) {
     let (node, _nginx, agent, mesh) = meshed(shape);
-    let reply = from_pod(&node, &url("203.0.113.10", 80, "/"));
-    assert_one_header(shape, &reply, "203.0.113.10", &node, &mesh, &agent);
-    wait_proxied(&mesh, &relay_listener(&node, "203.0.113.10:80"));
-    let s = status(&node);
-    assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 1, "{s}");
-    assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{s}");
-    assert_eq!(kernel_counter(&s, "redirected"), 1, "{s}");
+    for (i, f) in FAMILIES.iter().enumerate() {
+        let reply = from_pod(&node, &url(f.default_lb, 80, "/"));
+        assert_one_header(shape, &reply, f, f.default_lb, &node, &mesh, &agent);
+        wait_proxied(&mesh, &relay_listener(&node, f.default_lb), f.pod);
+        let s = status(&node);
+        let requests = i as u64 + 1;
+        let context = format!("{} {}: {s}", shape.name(), f.name);
+        assert_eq!(
+            kernel_counter(&s, "kernel_fallback_mesh"),
+            requests,
+            "{context}"
+        );
+        assert_eq!(kernel_counter(&s, "kernel_marked"), 0, "{context}");
+        assert_eq!(kernel_counter(&s, "redirected"), requests, "{context}");
+    }
 }
 
 /// A kernel counter from `status`.
@@ -63,23 +110,27 @@ fn kernel_counter(s: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name}: {}", s["counters"]))
 }
 
-/// Where connects to `frontend` are sent, its relay slot (a port of the relay's
-/// address that names the frontend), from `status`: what the proxy dials.
-fn relay_listener(node: &SimNode, frontend: &str) -> String {
+/// Where connects to `lb`:80 are sent, its relay slot (a port of the relay's address
+/// that names the frontend), from `status`, as the proxy writes it: what it dials.
+fn relay_listener(node: &SimNode, lb: &str) -> String {
     let s = status(node);
+    let lb: IpAddr = lb.parse().expect("a literal address");
     s["frontends"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|f| format!("{}:{}", f["ip"].as_str().unwrap_or(""), f["port"]) == frontend)
+        .find(|f| {
+            f["ip"].as_str().and_then(|ip| ip.parse::<IpAddr>().ok()) == Some(lb) && f["port"] == 80
+        })
         .and_then(|f| f["listener"].as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no relay slot for {frontend}: {s}"))
+        .and_then(|l| l.parse::<SocketAddr>().ok())
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| panic!("no relay slot for {lb} port 80: {s}"))
 }
 
 /// Waits (3 s) until the proxy logged a connection to `original_dst`, which it
-/// dialled, from the pod's address in the ambient shape; that line.
-fn wait_proxied(mesh: &Mesh, original_dst: &str) -> String {
+/// dialled, from the pod's address `pod` in the ambient shape; that line.
+fn wait_proxied(mesh: &Mesh, original_dst: &str, pod: &str) -> String {
     let want = format!("original_dst={original_dst} upstream={original_dst} ");
     let text = eventually(|| mesh.proxied().join("\n"), |t| t.contains(&want));
     let line = text
@@ -94,29 +145,35 @@ fn wait_proxied(mesh: &Mesh, original_dst: &str) -> String {
         })
         .to_string();
     if mesh.shape() == MeshShape::Ambient {
+        // The port-less half of `[pod]:port`.
+        let from = sock(pod, 0);
+        let from = from.strip_suffix(":0").expect("port 0");
         assert!(
-            line.contains(&format!("from={POD_IP4}:")),
+            line.contains(&format!("from={from}:")),
             "the ambient proxy dials from the pod's address: {line}"
         );
     }
     line
 }
 
-/// The pod's request to 203.0.113.12 (`path: relay`) through the proxy: one header,
-/// naming the pod and the LB it dialled.
+/// The pod's request to the LB asking for the relay, through the proxy, over IPv4 and
+/// then IPv6: one header, naming the pod and the LB it dialled.
 fn relay_path_sends_one_header(shape: MeshShape) {
     let (node, _nginx, agent, mesh) = meshed(shape);
-    let reply = from_pod(&node, &url("203.0.113.12", 80, "/"));
-    assert_one_header(shape, &reply, "203.0.113.12", &node, &mesh, &agent);
-    // Through the proxy, which dialled the relay slot of 203.0.113.12:80.
-    wait_proxied(&mesh, &relay_listener(&node, "203.0.113.12:80"));
+    for f in &FAMILIES {
+        let reply = from_pod(&node, &url(f.relay_lb, 80, "/"));
+        assert_one_header(shape, &reply, f, f.relay_lb, &node, &mesh, &agent);
+        // Through the proxy, which dialled the LB's relay slot.
+        wait_proxied(&mesh, &relay_listener(&node, f.relay_lb), f.pod);
+    }
 }
 
-/// `reply` came back whole and its header named the pod and `lb`:80, and nginx logged
-/// no second header.
+/// `reply` came back whole and its header named `f`'s pod and `lb`:80, and nginx
+/// logged no second header.
 fn assert_one_header(
     shape: MeshShape,
     reply: &Reply,
+    f: &Family,
     lb: &str,
     node: &SimNode,
     mesh: &Mesh,
@@ -124,8 +181,9 @@ fn assert_one_header(
 ) {
     let context = || {
         format!(
-            "{}: {reply:?}\naccess log:\n{}\nproxy:\n{}\nagent:\n{}",
+            "{} {} -> {lb}: {reply:?}\naccess log:\n{}\nproxy:\n{}\nagent:\n{}",
             shape.name(),
+            f.name,
             nginx_access_log(node),
             mesh.proxy_log(),
             agent.log()
@@ -133,7 +191,7 @@ fn assert_one_header(
     };
     assert!(reply.ok(), "{}", context());
     assert!(
-        reply.body.starts_with(&format!("client={POD_IP4}:"))
+        reply.body.starts_with(&format!("client={}:", f.pod))
             && reply.body.trim_end().ends_with(&format!("dst={lb}:80")),
         "{}",
         context()
@@ -193,29 +251,44 @@ fn ambient_relay_path_sends_one_header() {
     relay_path_sends_one_header(MeshShape::Ambient);
 }
 
+/// Over IPv4 and then IPv6: the kernel writes the header, the sidecar installed sends
+/// the connects to the relay, the sidecar gone gives them back to the kernel.
 #[test]
 fn without_the_proxy_the_kernel_path_takes_the_pods_connections() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
     let agent = Agent::start_with_frontends_yaml(&node, FRONTENDS, &["--kernel-path", "auto"]);
-    let lb = "203.0.113.10";
-    let request = |kernel: u64, mesh: u64| {
-        let reply = from_pod(&node, &url(lb, 80, "/"));
+    let request = |f: &Family, kernel: u64, mesh: u64| {
+        let reply = from_pod(&node, &url(f.default_lb, 80, "/"));
         assert!(
-            reply.ok() && reply.body.starts_with(&format!("client={POD_IP4}:")),
-            "{reply:?}\n{}",
+            reply.ok() && reply.body.starts_with(&format!("client={}:", f.pod)),
+            "{}: {reply:?}\n{}",
+            f.name,
             agent.log()
         );
         let s = status(&node);
-        assert_eq!(kernel_counter(&s, "kernel_headers_written"), kernel, "{s}");
-        assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), mesh, "{s}");
+        let context = format!("{}: {s}", f.name);
+        assert_eq!(
+            kernel_counter(&s, "kernel_headers_written"),
+            kernel,
+            "{context}"
+        );
+        assert_eq!(
+            kernel_counter(&s, "kernel_fallback_mesh"),
+            mesh,
+            "{context}"
+        );
     };
+    let [v4, v6] = &FAMILIES;
     // No proxy yet: the kernel writes the header.
-    request(1, 0);
+    request(v4, 1, 0);
+    request(v6, 2, 0);
     let mesh = Mesh::install(&node, MeshShape::IstioTcp);
-    request(1, 1);
+    request(v4, 2, 1);
+    request(v6, 2, 2);
     // The sidecar gone (its listener closed, its rules deleted): the kernel again.
     drop(mesh);
-    request(2, 1);
+    request(v4, 3, 2);
+    request(v6, 4, 2);
 }

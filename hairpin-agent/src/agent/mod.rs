@@ -57,7 +57,15 @@ use crate::{
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<(), StartError> {
-    let mut agent = Agent::start(args).await?;
+    let mut agent = match Agent::start(args).await {
+        Ok(agent) => agent,
+        // Asked to stop before it owned anything: a stop, not a failure (exit 0).
+        Err(StartError::Stopped { signal }) => {
+            info!(signal, "agent stopped before it started");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     let mut trigger = Trigger::Change;
     loop {
         agent.apply(trigger);
@@ -95,6 +103,9 @@ pub struct Agent {
     reconciler: Reconciler<FrontendsMap, SlotTable>,
     /// The relay's listeners, and the connections they relay.
     relay: Relay,
+    /// The families the relay does not serve (a listener that could not bind, no
+    /// sk_lookup program): their relayed frontends are listed as failed.
+    relay_unserved: Vec<crate::status::UnservedFamily>,
     /// The datapath, for its lifecycle (kept or removed on SIGTERM) and counters;
     /// its frontends map belongs to the reconciler.
     datapath: Option<Datapath>,
@@ -271,8 +282,6 @@ impl Agent {
     fn report(&self, next: &ToApply, relay_ip: Option<IpAddr>, took: Duration) {
         let rec = &self.reconciler;
         self.metrics.observe_reconcile(took);
-        self.metrics
-            .set_frontends(rec.active().count(), rec.failed().len());
         let name_paths: Vec<LivePath> = self.plan.name_paths();
         let paths = NamePaths::new(name_paths, &next.routes, relay_ip);
         let reconciled = report::Reconciled {
@@ -280,7 +289,12 @@ impl Agent {
             failed: rec.failed(),
             held: rec.held(),
         };
-        let statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
+        let mut statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
+        let unserved = report::mark_unserved(&mut statuses, &self.relay_unserved);
+        self.metrics.set_frontends(
+            rec.active().count() - unserved,
+            rec.failed().len() + unserved,
+        );
         self.state.record_frontends(statuses, took);
         self.state.source_synced(&self.source_name);
         // How long a change takes to apply at scale: `cargo xtask bench` reads this.
