@@ -593,6 +593,93 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
     let _ = second.wait();
 }
 
+/// A process holding the pin directory's lock (`flock(1)`, as another agent or
+/// `hairpin-agent cleanup` would), killed with it.
+struct LockHolder(Child);
+
+impl LockHolder {
+    /// Takes the lock of `dir` and returns once it is held.
+    fn hold(dir: &Path) -> LockHolder {
+        std::fs::create_dir_all(dir).expect("the pin directory");
+        let child = Command::new("flock")
+            .arg(dir)
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("run flock");
+        let holder = LockHolder(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Held once a non-blocking attempt of our own fails.
+        while Command::new("flock")
+            .args(["-n"])
+            .arg(dir)
+            .arg("true")
+            .status()
+            .expect("run flock -n")
+            .success()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "flock never took {}",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        holder
+    }
+}
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every file or directory under `dir`, recursively.
+fn entries_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.path());
+        if e.path().is_dir() {
+            out.extend(entries_under(&e.path()));
+        }
+    }
+    out
+}
+
+/// The kubelet stops a pod whose agent still waits for the pin directory's lock
+/// (a rollout where the old agent, or `cleanup`, holds it): SIGTERM ends the wait
+/// at once, well within the DaemonSet's 30 s grace period, with exit status 0, a
+/// line saying so, nothing attached or pinned, and its admin socket gone. Costs
+/// under a second (0.4 s here: the agent's start; no program is loaded).
+#[test]
+fn sigterm_while_waiting_for_the_pin_lock_stops_the_agent_at_once_with_nothing_attached() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _holder = LockHolder::hold(&node.pin_dir());
+    let mut agent = Agent::spawn_with(&node, &all_frontends(), DEFAULTS);
+    agent.wait_for_log("waiting to own the datapath", Duration::from_secs(20));
+    let sent = Instant::now();
+    agent.signal(Signal::SIGTERM);
+    // Without the wait watching for it, the signal is queued behind the lock and
+    // the agent runs on until the kubelet's SIGKILL: this wait fails.
+    let exit = agent.wait(Duration::from_secs(5));
+    let took = sent.elapsed();
+    let log = agent.log();
+    assert!(exit.success(), "{exit}\n{log}");
+    assert!(took < Duration::from_secs(2), "took {took:?}\n{log}");
+    assert!(
+        log.contains("stopped while waiting to own the datapath: nothing was attached or changed")
+            && log.contains("signal=\"SIGTERM\""),
+        "{log}"
+    );
+    assert!(!log.contains("programs attached"), "{log}");
+    assert!(attached(&node).is_empty(), "{:?}", attached(&node));
+    let pinned = entries_under(&node.pin_dir());
+    assert!(pinned.is_empty(), "{pinned:?}");
+    assert!(!node.dir.join("admin.sock").exists(), "{log}");
+}
+
 #[test]
 fn an_upgrade_across_pin_layouts_is_handed_over_at_once_with_no_instant_without_a_program() {
     require_privileges!();

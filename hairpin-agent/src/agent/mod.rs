@@ -57,7 +57,15 @@ use crate::{
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<(), StartError> {
-    let mut agent = Agent::start(args).await?;
+    let mut agent = match Agent::start(args).await {
+        Ok(agent) => agent,
+        // Asked to stop before it owned anything: a stop, not a failure (exit 0).
+        Err(StartError::Stopped { signal }) => {
+            info!(signal, "agent stopped before it started");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     let mut trigger = Trigger::Change;
     loop {
         agent.apply(trigger);
@@ -95,6 +103,12 @@ pub struct Agent {
     reconciler: Reconciler<FrontendsMap, SlotTable>,
     /// The relay's listeners, and the connections they relay.
     relay: Relay,
+    /// The relay's listeners and the families it does not serve (a listener that
+    /// could not bind, no sk_lookup program): their relayed frontends are listed as
+    /// failed. `None` without a datapath.
+    relay_status: Option<crate::status::RelayStatus>,
+    /// What it takes to try a failed relay listener again.
+    relay_retry: Option<startup::RelayRetry>,
     /// The datapath, for its lifecycle (kept or removed on SIGTERM) and counters;
     /// its frontends map belongs to the reconciler.
     datapath: Option<Datapath>,
@@ -143,7 +157,8 @@ impl Agent {
         self.report_only(&next.report);
         let started = Instant::now();
         self.reconciler.apply(&next.apply.frontends, trigger);
-        let (relay_ip, failed_listeners) = self.apply_names(&next.apply);
+        let (relay_ip, failed_names) = self.apply_names(&next.apply);
+        let failed_listeners = failed_names + self.retry_relay();
         if !self.ready {
             self.reconciler.forget_earlier_entries();
             self.complete_handover();
@@ -234,6 +249,27 @@ impl Agent {
         }
     }
 
+    /// Tries the relay's failed listeners again (after the first apply: the first
+    /// try was at start), and says in `/status` and the metrics how they stand; how
+    /// many are still worth retrying.
+    fn retry_relay(&mut self) -> usize {
+        let (Some(status), Some(retry)) = (self.relay_status.as_mut(), self.relay_retry.as_ref())
+        else {
+            return 0;
+        };
+        if startup::RelayRetry::pending(status) == 0 {
+            return 0;
+        }
+        if self.ready {
+            // The error may have changed too: said as it stands.
+            retry.retry(&mut self.relay, status);
+            let now = status.clone();
+            self.metrics.set_relay_unserved(now.unserved.len());
+            self.state.update(|s| s.relay = Some(now));
+        }
+        startup::RelayRetry::pending(status)
+    }
+
     /// Routes names and starts name listeners; the relay's address and how many
     /// listeners are still failing.
     fn apply_names(&mut self, next: &ToApply) -> (Option<IpAddr>, usize) {
@@ -271,8 +307,6 @@ impl Agent {
     fn report(&self, next: &ToApply, relay_ip: Option<IpAddr>, took: Duration) {
         let rec = &self.reconciler;
         self.metrics.observe_reconcile(took);
-        self.metrics
-            .set_frontends(rec.active().count(), rec.failed().len());
         let name_paths: Vec<LivePath> = self.plan.name_paths();
         let paths = NamePaths::new(name_paths, &next.routes, relay_ip);
         let reconciled = report::Reconciled {
@@ -280,7 +314,15 @@ impl Agent {
             failed: rec.failed(),
             held: rec.held(),
         };
-        let statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
+        let mut statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
+        let unserved = self
+            .relay_status
+            .as_ref()
+            .map_or(0, |r| report::mark_unserved(&mut statuses, &r.unserved));
+        self.metrics.set_frontends(
+            rec.active().count() - unserved,
+            rec.failed().len() + unserved,
+        );
         self.state.record_frontends(statuses, took);
         self.state.source_synced(&self.source_name);
         // How long a change takes to apply at scale: `cargo xtask bench` reads this.

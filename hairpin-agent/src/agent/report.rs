@@ -11,7 +11,7 @@ use super::reconcile::{Active, Failed, Hold};
 use crate::{
     model::{Frontends, LivePath, Paths},
     names::routes::NameRoute,
-    status::{FrontendState, FrontendStatus, RetryPolicy},
+    status::{FrontendState, FrontendStatus, RetryPolicy, UnservedFamily},
 };
 
 /// How clients reach the name relay: the live name paths and the LB ports names route to.
@@ -140,6 +140,27 @@ pub fn frontend_statuses<'a>(
         });
     }
     out
+}
+
+/// Lists the frontends on the relay path of a family the relay does not serve
+/// (`unserved`) as failed, with why and what to do: their connects go as before
+/// hairpin, though their slot and map entry are in place. How many.
+pub fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily]) -> usize {
+    let mut marked = 0;
+    for f in statuses.iter_mut() {
+        if f.state != FrontendState::Active || f.path.0.first() != Some(&LivePath::Relay) {
+            continue;
+        }
+        let Some(u) = unserved.iter().find(|u| u.covers(f.ip)) else {
+            continue;
+        };
+        f.state = FrontendState::Failed;
+        f.reason = Some(format!("{}; {}", u.describe(), u.fix));
+        // Not retried: the listener is bound at start (the fix says so).
+        f.retry = None;
+        marked += 1;
+    }
+    marked
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::{
     status::ProgramIds,
     status::{
         ClientsStatus, CorednsStatus, FrontendState, FrontendStatus, ListenStatus, ModeStatus,
-        NamesStatus, Snapshot,
+        NamesStatus, RelayStatus, Snapshot,
     },
 };
 
@@ -115,6 +115,9 @@ fn render_paths(s: &Snapshot, colour: bool) -> String {
     }
     if let Some(l) = &s.listen {
         render_listen(&mut out, l);
+    }
+    if let Some(r) = &s.relay {
+        render_relay(&mut out, r, colour);
     }
     if let Some(c) = &s.clients {
         render_clients(&mut out, c);
@@ -258,6 +261,28 @@ fn render_listen(out: &mut String, l: &ListenStatus) {
         None => "as given (--listen-link none)".to_string(),
     };
     out.push_str(&format!("listen      {} {on}\n", addresses.join(", ")));
+}
+
+/// `relay`: the relay of frontends' listeners, and each family it does not serve,
+/// why and what to do.
+fn render_relay(out: &mut String, r: &RelayStatus, colour: bool) {
+    let listeners: Vec<String> = r.listeners.iter().map(ToString::to_string).collect();
+    out.push_str(&format!(
+        "relay       {}\n",
+        if listeners.is_empty() {
+            paint("no listener", Tone::Bad, colour)
+        } else {
+            format!("listening on {}", listeners.join(", "))
+        }
+    ));
+    for u in &r.unserved {
+        out.push_str(&format!(
+            "            {}: {}\n            fix: {}\n",
+            paint(&format!("{} not served", u.family), Tone::Bad, colour),
+            u.describe(),
+            u.fix
+        ));
+    }
 }
 
 /// `clients`: who the relays serve, and what was learned from this node's routes.

@@ -134,6 +134,7 @@ pub struct Metrics {
     client_errors: Family<KindLabel, Counter>,
     frontends: Gauge,
     frontends_failed: Gauge,
+    relay_unserved: Gauge,
     names_withheld: Gauge,
     refused_clients: Counter,
     shed: Family<ReasonLabel, Counter>,
@@ -164,6 +165,7 @@ impl Default for Metrics {
             client_errors: Family::default(),
             frontends: Gauge::default(),
             frontends_failed: Gauge::default(),
+            relay_unserved: Gauge::default(),
             names_withheld: Gauge::default(),
             refused_clients: Counter::default(),
             shed: Family::default(),
@@ -254,6 +256,12 @@ impl Metrics {
     pub fn set_frontends(&self, proxied: usize, failed: usize) {
         self.frontends.set(proxied as i64);
         self.frontends_failed.set(failed as i64);
+    }
+
+    /// Sets how many families the relay of frontends does not serve (a listener
+    /// that could not bind, no sk_lookup program).
+    pub fn set_relay_unserved(&self, families: usize) {
+        self.relay_unserved.set(families as i64);
     }
 
     /// Counts a connection reset because its peer is outside the client policy.
@@ -483,6 +491,12 @@ impl Metrics {
             "frontends_failed",
             "Frontends that could not be made live (left on the pre-hairpin path)",
             self.frontends_failed.clone(),
+        );
+        registry.register(
+            "relay_listeners_unserved",
+            "Address families the relay of frontends does not serve (its listener could not \
+             bind, or no sk_lookup program): their relayed frontends go as before hairpin",
+            self.relay_unserved.clone(),
         );
         registry.register(
             "names_withheld",

@@ -26,6 +26,8 @@ pub use datapath::{
     ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState, KernelPathStatus,
     LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
+mod relay;
+pub use relay::{RelayStatus, UnservedFamily};
 mod paths;
 pub use paths::{
     CorednsStatus, EbpfFailure, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus,
@@ -88,6 +90,10 @@ pub struct Snapshot {
     /// Where the relays listen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<ListenStatus>,
+    /// The relay of frontends' listeners and the families it does not serve, when a
+    /// datapath runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayStatus>,
     /// The kernel path (in-kernel headers), when the programs were loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<KernelPathStatus>,

@@ -21,7 +21,7 @@ use std::{
 
 use hairpin_tests::{
     agent::{Agent, FrontendSpec, NAMES_UNDER_EXAMPLE_COM, frontends_yaml_with_hosts, spec},
-    cli::{cli_status, dump_entries, run_cli},
+    cli::{cli_status, doctor_check, dump_entries, run_cli},
     client::{from_host, from_pod, url},
     fakeapi::{FakeApi, digitalocean_service},
     load::{

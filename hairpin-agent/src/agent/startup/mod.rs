@@ -4,12 +4,15 @@
 
 mod names;
 mod programs;
+mod relay;
 
 use names::{
     link_addresses, listen_addresses, names_scope, publish_listen_addresses, relay_addresses,
     start_names,
 };
 use programs::{report_datapath, start_datapath};
+pub(super) use relay::RelayRetry;
+use relay::start_relay;
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
@@ -23,7 +26,7 @@ use super::{
     frontends_file::FrontendsFileError,
     limits,
     mode::{self, Configured, EbpfOutcome, Plan},
-    reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ListenAddresses, Reconciler},
+    reconcile::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX, Reconciler},
     source,
 };
 use crate::{
@@ -35,14 +38,12 @@ use crate::{
         decide::lb_address::LbAddressPolicy,
         source::{SourceConfig, WriterConfig},
     },
-    model::ProxyVersion,
     names::{
         link::LinkError,
-        relay::NameRouting,
         scope::{NameScope, ScopeError},
     },
     relay::{
-        ListenHook, Relay, RelayConfig,
+        RelayConfig,
         listener::{ConnGate, ConnLimits},
     },
     status::{
@@ -117,6 +118,13 @@ pub enum StartError {
     /// The admin server did not start.
     #[error(transparent)]
     Admin(#[from] AdminError),
+    /// SIGTERM or SIGINT while the agent waited to own the datapath: it stopped
+    /// with nothing attached or changed ([`super::run`] exits 0 on it).
+    #[error("{signal} while waiting to own the datapath: stopped with nothing attached or changed")]
+    Stopped {
+        /// `SIGTERM` or `SIGINT`.
+        signal: &'static str,
+    },
 }
 
 /// `e` and its causes, each after a colon: how a reason reads in `status` and logs.
@@ -195,14 +203,22 @@ impl Agent {
         let metrics = Metrics::default();
         limits::spawn_trimmer(metrics.clone(), Duration::from_secs(10));
         let state = AgentState::new(args.bypass_mark);
-        let signals = stop_signals()?;
+        let mut signals = stop_signals()?;
         // The source fails before anything is attached: a bad file or kubeconfig changes nothing.
         let source = start_source(&args, names_scope(&args)?, &metrics, &state).await?;
         // Before the programs attach: redirects must find their listeners' address.
         publish_listen_addresses(&args, &addresses, &state).await?;
         // Before the datapath, which may wait: the probes answer meanwhile.
         let (admin, own_counters) = start_admin(&args, &state, &metrics).await?;
-        let (mut datapath, outcome, cgroup) = start_datapath(&args, &state).await?;
+        let (mut datapath, outcome, cgroup) =
+            match start_datapath(&args, &state, &mut signals).await {
+                Ok(started) => started,
+                Err(e) => {
+                    // Its socket file goes too: the next agent finds none stale.
+                    admin.shutdown().await;
+                    return Err(e);
+                }
+            };
         // After attach, which may find the kernel path unavailable: the entries the
         // reconciler writes follow the kernel path as it stands.
         let frontends = datapath.as_mut().and_then(Datapath::take_frontends);
@@ -232,7 +248,7 @@ impl Agent {
         )
         .await?;
         let mut names = names;
-        let relay = start_relay(
+        let (relay, relay_status, relay_retry) = start_relay(
             relay_config,
             datapath.as_mut(),
             names.as_mut(),
@@ -240,6 +256,8 @@ impl Agent {
             &args.names_ports.0,
             &metrics,
         );
+        metrics.set_relay_unserved(relay_status.as_ref().map_or(0, |r| r.unserved.len()));
+        state.update(|s| s.relay = relay_status.clone());
         serve_own_counters(datapath.as_ref(), &own_counters, &metrics);
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -252,6 +270,8 @@ impl Agent {
             plan,
             reconciler: Reconciler::new(frontends, slots),
             relay,
+            relay_status,
+            relay_retry,
             datapath,
             names,
             admin: Some(admin),
@@ -396,63 +416,6 @@ fn splice_config(
     info!(configured = %status.configured, splicer = %status.splicer, reason = status.reason.as_deref().unwrap_or(""), "relay splice");
     state.update(|s| s.relay_splice = Some(status));
     cfg
-}
-
-/// The relay of frontends: where a datapath runs, its sk_lookup program is linked,
-/// then one listener per family listens on a privileged port of the family's first
-/// listen address (none in `avoid`), registered in the liveness map as it binds, as
-/// the name relay's redirected listeners will be: the connect programs send to a
-/// slot only while its listener is there. Each connection is relayed to the
-/// frontend its slot names in the slots map.
-fn start_relay(
-    config: RelayConfig,
-    datapath: Option<&mut Datapath>,
-    names: Option<&mut NameRouting>,
-    listen: ListenAddresses,
-    avoid: &[u16],
-    metrics: &Metrics,
-) -> Relay {
-    let mut relay = Relay::new(config, metrics.clone());
-    let Some(d) = datapath else {
-        return relay;
-    };
-    let steered = match d.steering() {
-        Ok(()) => d.steer_slots().map_err(|e| e.to_string()),
-        Err(why) => Err(why.to_string()),
-    };
-    if let Err(why) = steered {
-        // No listener is registered, so the connect programs send nothing to a slot:
-        // relayed frontends go as before hairpin; the kernel path is unaffected.
-        warn!(reason = %why, "the relay's slots cannot reach its listeners: relayed connects go as before hairpin");
-        return relay;
-    }
-    let liveness = d.relay_liveness();
-    let hook: ListenHook =
-        Arc::new(move |index, addr, fd| liveness.register(index, addr, fd).map_err(Into::into));
-    if let Some(n) = names {
-        n.on_listen(hook.clone());
-    }
-    let reader = match d.slots_reader() {
-        Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "the relay cannot read the slots map: relayed connects go as before hairpin");
-            return relay;
-        }
-    };
-    let lookup: crate::relay::SlotLookup = Arc::new(move |local| {
-        let owner = reader.owner(local)?;
-        Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
-    });
-    for (ip, index) in [
-        (listen.v4, hairpin_ebpf::LISTENER_RELAY4),
-        (listen.v6, hairpin_ebpf::LISTENER_RELAY6),
-    ] {
-        let Some(ip) = ip else { continue };
-        if let Err(e) = relay.listen(ip, index, avoid, &hook, lookup.clone()) {
-            warn!(error = %e, "relayed connects of this family go as before hairpin");
-        }
-    }
-    relay
 }
 
 /// Starts the admin server before the datapath, so that it answers from the first

@@ -8,6 +8,7 @@
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 
+use tokio::signal::unix::Signal;
 use tracing::{info, warn};
 
 use super::{StartError, chain};
@@ -59,10 +60,14 @@ pub(super) fn report_datapath(
 /// another agent owns the pin directory, or a live datapath of another pin layout
 /// is in it, this waits (not ready, and `status` says why): the running datapath
 /// is neither broken nor silently taken over (see [`lifecycle`]). The log says why
-/// every 30 s.
+/// every 30 s. SIGTERM or SIGINT meanwhile (the kubelet stopping a pod that never
+/// got its turn, in a rollout) ends the wait at once with [`StartError::Stopped`]:
+/// nothing was loaded, attached or pinned, so there is nothing to undo, and waiting
+/// on would only end in the kubelet's SIGKILL at the grace period.
 pub(super) async fn start_datapath(
     args: &RunArgs,
     state: &AgentState,
+    signals: &mut (Signal, Signal),
 ) -> Result<(Option<Datapath>, EbpfOutcome, Option<PathBuf>), StartError> {
     if !args.mode.tries_ebpf() {
         info!("--mode fallback: no programs loaded");
@@ -81,7 +86,14 @@ pub(super) async fn start_datapath(
                     warn!(reason = %wait, "waiting to own the datapath");
                     said = Some(std::time::Instant::now());
                 }
-                tokio::time::sleep(DATAPATH_WAIT_RETRY).await;
+                let signal = tokio::select! {
+                    () = tokio::time::sleep(DATAPATH_WAIT_RETRY) => continue,
+                    _ = signals.0.recv() => "SIGTERM",
+                    _ = signals.1.recv() => "SIGINT",
+                };
+                warn!(signal, reason = %wait,
+                    "stopped while waiting to own the datapath: nothing was attached or changed");
+                return Err(StartError::Stopped { signal });
             }
             Ok(Attached::Ready(datapath, cgroup)) => break Ok((datapath, cgroup)),
             Err(e) => break Err(e),

@@ -16,6 +16,7 @@ use hairpin_ebpf::Counter;
 
 mod beside;
 mod checks;
+mod relay;
 mod servers;
 pub use checks::{effective_caps, kernel_version, seccomp_check};
 
@@ -64,7 +65,7 @@ pub enum Status {
 pub struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
-    /// `names_scope`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`, `lenient_servers`.
+    /// `names_scope`, `relay`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`, `lenient_servers`.
     pub name: &'static str,
     /// The result.
     pub status: Status,
@@ -169,6 +170,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     } else {
         Vec::new()
     };
+    list.push(relay::relay_check(agent.as_ref().ok()));
     list.push(kernel_path_check(agent.as_ref().ok(), &lacking));
     list.push(beside::link_order_check(agent.as_ref().ok()));
     list.push(beside::mesh_check(agent.as_ref().ok()));

@@ -429,3 +429,28 @@ fn the_kernel_path_says_where_its_sockets_map_is_pinned_or_why_not() {
     let plain = render(&report(Some(kernel_path_snapshot())), false);
     assert!(!plain.contains("pinned"), "{plain}");
 }
+
+#[test]
+fn an_unserved_relay_family_is_named_with_its_error_and_fix() {
+    let mut s = snapshot();
+    s.relay = Some(crate::status::RelayStatus {
+        listeners: vec!["169.254.104.1:1023".parse().expect("addr")],
+        unserved: vec![crate::status::UnservedFamily {
+            family: "IPv6".into(),
+            address: Some("fd68:6169:7270:696e::1".parse().expect("ip")),
+            what: "bind".into(),
+            error: "Address in use (os error 98)".into(),
+            fix: "free one".into(),
+        }],
+    });
+    let text = render(&report(Some(s)), false);
+    assert!(
+        text.contains("relay       listening on 169.254.104.1:1023\n")
+            && text.contains(
+                "IPv6 not served: the relay's IPv6 listener is not served on \
+                 fd68:6169:7270:696e::1 (bind: Address in use (os error 98))"
+            )
+            && text.contains("fix: free one"),
+        "{text}"
+    );
+}
