@@ -103,9 +103,12 @@ pub struct Agent {
     reconciler: Reconciler<FrontendsMap, SlotTable>,
     /// The relay's listeners, and the connections they relay.
     relay: Relay,
-    /// The families the relay does not serve (a listener that could not bind, no
-    /// sk_lookup program): their relayed frontends are listed as failed.
-    relay_unserved: Vec<crate::status::UnservedFamily>,
+    /// The relay's listeners and the families it does not serve (a listener that
+    /// could not bind, no sk_lookup program): their relayed frontends are listed as
+    /// failed. `None` without a datapath.
+    relay_status: Option<crate::status::RelayStatus>,
+    /// What it takes to try a failed relay listener again.
+    relay_retry: Option<startup::RelayRetry>,
     /// The datapath, for its lifecycle (kept or removed on SIGTERM) and counters;
     /// its frontends map belongs to the reconciler.
     datapath: Option<Datapath>,
@@ -154,7 +157,8 @@ impl Agent {
         self.report_only(&next.report);
         let started = Instant::now();
         self.reconciler.apply(&next.apply.frontends, trigger);
-        let (relay_ip, failed_listeners) = self.apply_names(&next.apply);
+        let (relay_ip, failed_names) = self.apply_names(&next.apply);
+        let failed_listeners = failed_names + self.retry_relay();
         if !self.ready {
             self.reconciler.forget_earlier_entries();
             self.complete_handover();
@@ -245,6 +249,27 @@ impl Agent {
         }
     }
 
+    /// Tries the relay's failed listeners again (after the first apply: the first
+    /// try was at start), and says in `/status` and the metrics how they stand; how
+    /// many are still worth retrying.
+    fn retry_relay(&mut self) -> usize {
+        let (Some(status), Some(retry)) = (self.relay_status.as_mut(), self.relay_retry.as_ref())
+        else {
+            return 0;
+        };
+        if startup::RelayRetry::pending(status) == 0 {
+            return 0;
+        }
+        if self.ready {
+            // The error may have changed too: said as it stands.
+            retry.retry(&mut self.relay, status);
+            let now = status.clone();
+            self.metrics.set_relay_unserved(now.unserved.len());
+            self.state.update(|s| s.relay = Some(now));
+        }
+        startup::RelayRetry::pending(status)
+    }
+
     /// Routes names and starts name listeners; the relay's address and how many
     /// listeners are still failing.
     fn apply_names(&mut self, next: &ToApply) -> (Option<IpAddr>, usize) {
@@ -290,7 +315,10 @@ impl Agent {
             held: rec.held(),
         };
         let mut statuses = report::frontend_statuses(reconciled, &next.frontends, &paths);
-        let unserved = report::mark_unserved(&mut statuses, &self.relay_unserved);
+        let unserved = self
+            .relay_status
+            .as_ref()
+            .map_or(0, |r| report::mark_unserved(&mut statuses, &r.unserved));
         self.metrics.set_frontends(
             rec.active().count() - unserved,
             rec.failed().len() + unserved,

@@ -135,13 +135,14 @@ impl Drop for PortHolder {
 /// node): the agent starts and serves the rest (the IPv4 frontend is relayed), and
 /// `status`, `/status`, `doctor` and `/metrics` name the family, the address, the
 /// OS error and the fix; the IPv6 frontend is listed failed with that reason and its
-/// connects go as before hairpin. Costs about 2 s.
+/// connects go as before hairpin. The ports freed, the agent's own retry (1 s
+/// doubling) serves the family, with no restart. Costs about 2 s.
 #[test]
 fn a_relay_listener_that_cannot_bind_is_named_in_status_and_doctor_and_the_rest_is_served() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    let _holder = PortHolder::ipv6_privileged(&node);
+    let holder = PortHolder::ipv6_privileged(&node);
     let agent = Agent::start_with(
         &node,
         &[spec("203.0.113.10", "v1"), spec("2001:db8:ffff::12", "v2")],
@@ -207,6 +208,24 @@ fn a_relay_listener_that_cannot_bind_is_named_in_status_and_doctor_and_the_rest_
         metrics.contains("hairpin_relay_listeners_unserved 1")
             && metrics.contains("hairpin_frontends_failed 1"),
         "{metrics}"
+    );
+    // The ports freed: served on the next retry, without a restart.
+    drop(holder);
+    let served = wait_until(Duration::from_secs(40), || {
+        frontend_status(&node, "2001:db8:ffff::12")["state"] == "active"
+    });
+    assert!(served.is_some(), "{}\n{}", cli_status(&node), agent.log());
+    assert!(cli_status(&node)["relay"]["unserved"].is_null());
+    let relayed = from_pod(&node, &url("2001:db8:ffff::12", 80, "/"));
+    assert!(
+        relayed.ok() && relayed.body.starts_with(&format!("client={POD_IP6}:")),
+        "{relayed:?}\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("the relay's listener is served again"),
+        "{}",
+        agent.log()
     );
 }
 

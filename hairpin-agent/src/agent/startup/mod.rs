@@ -11,6 +11,7 @@ use names::{
     start_names,
 };
 use programs::{report_datapath, start_datapath};
+pub(super) use relay::RelayRetry;
 use relay::start_relay;
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
@@ -247,7 +248,7 @@ impl Agent {
         )
         .await?;
         let mut names = names;
-        let (relay, relay_status) = start_relay(
+        let (relay, relay_status, relay_retry) = start_relay(
             relay_config,
             datapath.as_mut(),
             names.as_mut(),
@@ -255,12 +256,8 @@ impl Agent {
             &args.names_ports.0,
             &metrics,
         );
-        let relay_unserved = relay_status
-            .as_ref()
-            .map(|r| r.unserved.clone())
-            .unwrap_or_default();
-        metrics.set_relay_unserved(relay_unserved.len());
-        state.update(|s| s.relay = relay_status);
+        metrics.set_relay_unserved(relay_status.as_ref().map_or(0, |r| r.unserved.len()));
+        state.update(|s| s.relay = relay_status.clone());
         serve_own_counters(datapath.as_ref(), &own_counters, &metrics);
         let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -273,7 +270,8 @@ impl Agent {
             plan,
             reconciler: Reconciler::new(frontends, slots),
             relay,
-            relay_unserved,
+            relay_status,
+            relay_retry,
             datapath,
             names,
             admin: Some(admin),

@@ -4,17 +4,19 @@
 //! CAP_NET_BIND_SERVICE) or no sk_lookup program (a kernel before 5.9). Either way
 //! the agent serves everything else, and the connect programs send nothing to a
 //! listener that is not there: the family's relayed connects go as before hairpin.
+//! A listener that could not bind or register is tried again with the failed
+//! frontends' backoff ([`RelayRetry`]).
 
 use std::{io, net::IpAddr, sync::Arc};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::{
     agent::reconcile::ListenAddresses,
     datapath::Datapath,
     model::ProxyVersion,
     names::relay::NameRouting,
-    relay::{ListenHook, Relay, RelayConfig, RelayError},
+    relay::{ListenHook, Relay, RelayConfig, RelayError, SlotLookup},
     status::{RelayStatus, UnservedFamily, metrics::Metrics},
 };
 
@@ -28,8 +30,9 @@ const STEERING_FIX: &str = "the relay's slots need the hairpin_sk_lookup program
 /// listen address (none in `avoid`), registered in the liveness map as it binds, as
 /// the name relay's redirected listeners will be: the connect programs send to a
 /// slot only while its listener is there. Each connection is relayed to the
-/// frontend its slot names in the slots map. The relay, and what `/status` says
-/// of it (`None` without a datapath: no relay of frontends runs).
+/// frontend its slot names in the slots map. The relay, what `/status` says of it
+/// (`None` without a datapath: no relay of frontends runs), and what it takes to
+/// try a failed listener again.
 pub(super) fn start_relay(
     config: RelayConfig,
     datapath: Option<&mut Datapath>,
@@ -37,10 +40,10 @@ pub(super) fn start_relay(
     listen: ListenAddresses,
     avoid: &[u16],
     metrics: &Metrics,
-) -> (Relay, Option<RelayStatus>) {
+) -> (Relay, Option<RelayStatus>, Option<RelayRetry>) {
     let mut relay = Relay::new(config, metrics.clone());
     let Some(d) = datapath else {
-        return (relay, None);
+        return (relay, None, None);
     };
     let families = [
         ("IPv4", listen.v4, hairpin_ebpf::LISTENER_RELAY4),
@@ -74,7 +77,7 @@ pub(super) fn start_relay(
         // relayed frontends go as before hairpin; the kernel path is unaffected.
         warn!(reason = %why, fix = STEERING_FIX,
             "the relay's slots cannot reach its listeners: relayed connects go as before hairpin");
-        return (relay, all_unserved("steering", &why, STEERING_FIX));
+        return (relay, all_unserved("steering", &why, STEERING_FIX), None);
     }
     let liveness = d.relay_liveness();
     let hook: ListenHook =
@@ -87,7 +90,7 @@ pub(super) fn start_relay(
         Err(e) => {
             let fix = "see the agent's log; restart the agent (the pod)";
             warn!(error = %e, "the relay cannot read the slots map: relayed connects go as before hairpin");
-            return (relay, all_unserved("slots", &e.to_string(), fix));
+            return (relay, all_unserved("slots", &e.to_string(), fix), None);
         }
     };
     let lookup: crate::relay::SlotLookup = Arc::new(move |local| {
@@ -102,12 +105,60 @@ pub(super) fn start_relay(
             Err(e) => {
                 let unserved = unserved_by(family, ip, &e);
                 warn!(family, address = %ip, error = %e, fix = %unserved.fix,
-                    "the relay's listener is not served: relayed connects of this family go as before hairpin");
+                    "the relay's listener is not served: relayed connects of this family go as before hairpin (retried with backoff)");
                 status.unserved.push(unserved);
             }
         }
     }
-    (relay, Some(status))
+    let retry = RelayRetry {
+        hook,
+        lookup,
+        avoid: avoid.to_vec(),
+    };
+    (relay, Some(status), Some(retry))
+}
+
+/// What it takes to try a relay listener that could not bind or register again.
+pub struct RelayRetry {
+    hook: ListenHook,
+    lookup: SlotLookup,
+    avoid: Vec<u16>,
+}
+
+impl RelayRetry {
+    /// Whether `status` has a family worth trying again (a bind or a registration
+    /// that failed; steering and the slots map do not come right by retrying).
+    pub fn pending(status: &RelayStatus) -> usize {
+        status
+            .unserved
+            .iter()
+            .filter(|u| u.what == "bind" || u.what == "register")
+            .count()
+    }
+
+    /// Tries each such family of `status` again, moving those that bind to its
+    /// listeners (and updating the error of the others).
+    pub fn retry(&self, relay: &mut Relay, status: &mut RelayStatus) {
+        for u in status.unserved.iter_mut() {
+            let (Some(ip), true) = (u.address, u.what == "bind" || u.what == "register") else {
+                continue;
+            };
+            let index = if u.family == "IPv4" {
+                hairpin_ebpf::LISTENER_RELAY4
+            } else {
+                hairpin_ebpf::LISTENER_RELAY6
+            };
+            match relay.listen(ip, index, &self.avoid, &self.hook, self.lookup.clone()) {
+                Ok(local) => {
+                    info!(family = %u.family, %local, "the relay's listener is served again");
+                    status.listeners.push(local);
+                    u.what.clear();
+                }
+                Err(e) => *u = unserved_by(&u.family, ip, &e),
+            }
+        }
+        status.unserved.retain(|u| !u.what.is_empty());
+    }
 }
 
 /// What `/status` says of a listener of `family` on `ip` that failed with `e`.
@@ -117,8 +168,8 @@ fn unserved_by(family: &str, ip: IpAddr, e: &RelayError) -> UnservedFamily {
         RelayError::Register { source, .. } => (
             "register",
             source.to_string(),
-            "the liveness map refused the listener: see the agent's log, then restart the \
-             agent (the pod)"
+            "the liveness map refused the listener: see the agent's log; the agent tries again \
+             on its own (1 s doubling to 30 s)"
                 .to_string(),
         ),
     };
@@ -131,22 +182,24 @@ fn unserved_by(family: &str, ip: IpAddr, e: &RelayError) -> UnservedFamily {
     }
 }
 
-/// What to do about a listener on `ip` that could not bind.
+/// What to do about a listener on `ip` that could not bind. A flag or a
+/// capability changes with the pod; a port freed or an address that comes up is
+/// found by the agent's own retries.
 fn bind_fix(ip: IpAddr, e: &io::Error) -> String {
-    let restart = "then restart the agent (the pod): the listener is bound at start";
+    let retried = "the agent tries again on its own (1 s doubling to 30 s)";
     match e.kind() {
-        io::ErrorKind::PermissionDenied => {
-            format!("give the agent CAP_NET_BIND_SERVICE (the DaemonSet adds it), {restart}")
-        }
+        io::ErrorKind::PermissionDenied => "give the agent CAP_NET_BIND_SERVICE (the DaemonSet \
+             adds it), then restart it (the pod)"
+            .to_string(),
         io::ErrorKind::AddrNotAvailable => format!(
             "{ip} is not an address of this node: let the agent put it on a link \
              (--listen-link, the default) or pass one of the node's addresses as \
-             --listen-address, {restart}"
+             --listen-address; once it is there {retried}"
         ),
         _ => format!(
             "every port of 512-1023 on {ip} is taken (a listener on the wildcard address \
              takes the port on every address: `ss -ltnp 'sport >= 512 and sport <= 1023'`): \
-             free one or move the relay with --listen-address, {restart}"
+             free one ({retried}) or move the relay with --listen-address"
         ),
     }
 }
@@ -166,7 +219,7 @@ mod tests {
         assert_eq!((u.family.as_str(), u.what.as_str()), ("IPv6", "bind"));
         assert!(u.error.contains("os error 98"), "{}", u.error);
         assert!(
-            u.fix.contains("ss -ltnp") && u.fix.contains("restart"),
+            u.fix.contains("ss -ltnp") && u.fix.contains("tries again"),
             "{}",
             u.fix
         );
