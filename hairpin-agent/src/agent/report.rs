@@ -156,7 +156,8 @@ pub fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily
         };
         f.state = FrontendState::Failed;
         f.reason = Some(format!("{}; {}", u.describe(), u.fix));
-        // Not retried: the listener is bound at start (the fix says so).
+        // Its retry is the listener's (the agent's backoff, which the fix names),
+        // not the frontend's own: none is shown.
         f.retry = None;
         marked += 1;
     }

@@ -9,12 +9,8 @@ use std::{
     time::Duration,
 };
 
-use nix::sys::socket::{setsockopt, sockopt};
-use tokio::{
-    io::AsyncWriteExt,
-    net::{TcpSocket, TcpStream},
-    time::timeout,
-};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::{io::AsyncWriteExt, net::TcpStream, time::timeout};
 use tracing::{debug, warn};
 
 use super::{
@@ -234,24 +230,21 @@ pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> So
 /// it is not read apart with `SO_ERROR` as `TcpSocket::connect` does: one syscall
 /// fewer per relayed connection, and the header is written at once either way.
 async fn connect_marked(target: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
-    let socket = match target {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
+    let socket = Socket::new(
+        Domain::for_address(target),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
     if let Some(mark) = mark {
-        setsockopt(&socket, sockopt::Mark, &mark).map_err(io::Error::from)?;
+        socket.set_mark(mark)?;
     }
-    // Non-blocking (tokio made it so): EINPROGRESS is the connect under way.
-    match socket2::SockRef::from(&socket).connect(&target.into()) {
+    // Non-blocking: EINPROGRESS is the connect under way.
+    match socket.connect(&target.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
         Err(e) => return Err(e),
     }
-    use std::os::fd::{FromRawFd, IntoRawFd};
-    // SAFETY: the descriptor is the socket's own, whose ownership `into_raw_fd`
-    // gives up: the std stream is its only owner.
-    let std = unsafe { std::net::TcpStream::from_raw_fd(socket.into_raw_fd()) };
-    let stream = TcpStream::from_std(std)?;
+    let stream = TcpStream::from_std(socket.into())?;
     stream.writable().await?;
     Ok(stream)
 }

@@ -27,7 +27,7 @@ pub use datapath::{
     LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;
-pub use relay::{RelayStatus, UnservedFamily};
+pub use relay::{RelayStatus, UnservedFamily, UnservedStep};
 mod paths;
 pub use paths::{
     CorednsStatus, EbpfFailure, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus,

@@ -25,15 +25,44 @@ pub struct UnservedFamily {
     /// The listen address the listener was to bind, when it got that far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<IpAddr>,
-    /// What failed: `bind` (no port of the listener's range could be bound),
-    /// `register` (the liveness map refused it), `steering` (the sk_lookup program
-    /// did not load or link: no connection reaches a slot), `slots` (the slots map
-    /// cannot be read).
-    pub what: String,
+    /// What failed.
+    pub what: UnservedStep,
     /// The error, as the OS or the kernel gave it.
     pub error: String,
     /// What the operator can do.
     pub fix: String,
+}
+
+/// The step of starting a relay listener that failed.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnservedStep {
+    /// No port of the listener's range could be bound.
+    Bind,
+    /// The liveness map refused the listener.
+    Register,
+    /// The sk_lookup program did not load or link: no connection reaches a slot.
+    Steering,
+    /// The slots map cannot be read.
+    Slots,
+}
+
+impl UnservedStep {
+    /// As `/status` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnservedStep::Bind => "bind",
+            UnservedStep::Register => "register",
+            UnservedStep::Steering => "steering",
+            UnservedStep::Slots => "slots",
+        }
+    }
+
+    /// Whether trying again can serve the family: a port may be freed, an address
+    /// come up; steering and the slots map do not come right by retrying.
+    pub fn retried(self) -> bool {
+        matches!(self, UnservedStep::Bind | UnservedStep::Register)
+    }
 }
 
 impl UnservedFamily {
@@ -48,7 +77,10 @@ impl UnservedFamily {
         let at = self.address.map(|a| format!(" on {a}")).unwrap_or_default();
         format!(
             "the relay's {} listener is not served{at} ({}: {}): relayed {} connects go as before hairpin",
-            self.family, self.what, self.error, self.family
+            self.family,
+            self.what.as_str(),
+            self.error,
+            self.family
         )
     }
 }
@@ -62,7 +94,7 @@ mod tests {
         let u = UnservedFamily {
             family: "IPv6".into(),
             address: Some("fd68:6169:7270:696e::1".parse().expect("ip")),
-            what: "bind".into(),
+            what: UnservedStep::Bind,
             error: "Address in use (os error 98)".into(),
             fix: "free a port".into(),
         };

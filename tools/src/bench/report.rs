@@ -95,28 +95,8 @@ fn qs_cell(q: Option<Spread>) -> String {
 /// A figure of a target's rate rounds, one sample per round in round order.
 type Rounds = fn(&RateRuns) -> Vec<f64>;
 
-fn rps_rounds(r: &RateRuns) -> Vec<f64> {
-    r.runs.iter().map(|w| w.requests_per_sec).collect()
-}
-
-fn p50_rounds(r: &RateRuns) -> Vec<f64> {
-    r.runs.iter().map(|w| w.p50_us).collect()
-}
-
-fn p99_rounds(r: &RateRuns) -> Vec<f64> {
-    r.runs.iter().map(|w| w.p99_us).collect()
-}
-
 fn proxy_cpu_rounds(r: &RateRuns) -> Vec<f64> {
     r.cpu_us_per_request.clone()
-}
-
-/// Every CPU's busy time per request, per round (NaN for a round without requests,
-/// which Spread leaves out).
-fn machine_rounds(r: &RateRuns) -> Vec<f64> {
-    (r.machine.iter())
-        .map(|m| m.cpus.iter().map(|c| c.busy_us).sum::<f64>() / m.requests as f64)
-        .collect()
 }
 
 /// A row reported without a comparison or a target: its figure and value.
@@ -151,21 +131,21 @@ fn kernel_rows(r: &Results, out: &mut String) {
             out,
             &format!("new connections/s, **kernel path**, PROXY {v}"),
             (ha, runs),
-            (rps_rounds, no_scale, 0),
+            (RateRuns::rps_rounds, no_scale, 0),
             Some(("≥ 0.95× direct", |q| q >= 0.95)),
         );
         kernel_row(
             out,
             &format!("p99 latency, **kernel path**, PROXY {v} (ms)"),
             (ha, runs),
-            (p99_rounds, ms, 2),
+            (RateRuns::p99_rounds, ms, 2),
             Some(("≤ 1.10× direct", |q| q <= 1.10)),
         );
         kernel_row(
             out,
             &format!("machine CPU per request, **kernel path**, PROXY {v} (µs, all CPUs)"),
             (ha, runs),
-            (machine_rounds, no_scale, 1),
+            (RateRuns::machine_rounds, no_scale, 1),
             Some(("≤ 1.04× direct", |q| q <= 1.04)),
         );
     }
@@ -339,17 +319,17 @@ fn relay_rows(r: &Results, out: &mut String) {
         for (figure, (of, scale, digits), target) in [
             (
                 format!("new connections/s, **relay**, PROXY {v}"),
-                (rps_rounds as Rounds, no_scale as Scale, 0),
+                (RateRuns::rps_rounds as Rounds, no_scale as Scale, 0),
                 Some(("≥ 1.30×", (|q| q >= 1.30) as fn(f64) -> bool)),
             ),
             (
                 format!("p50 latency, **relay**, PROXY {v} (ms)"),
-                (p50_rounds, ms, 2),
+                (RateRuns::p50_rounds, ms, 2),
                 None,
             ),
             (
                 format!("p99 latency, **relay**, PROXY {v} (ms)"),
-                (p99_rounds, ms, 2),
+                (RateRuns::p99_rounds, ms, 2),
                 Some(("≤ HAProxy", |q| q <= 1.0)),
             ),
             (
@@ -359,7 +339,7 @@ fn relay_rows(r: &Results, out: &mut String) {
             ),
             (
                 format!("machine CPU per request, **relay**, PROXY {v} (µs, all CPUs)"),
-                (machine_rounds, no_scale, 1),
+                (RateRuns::machine_rounds, no_scale, 1),
                 Some(("< HAProxy", |q| q < 1.0)),
             ),
         ] {

@@ -121,23 +121,40 @@ impl MachineRun {
 }
 
 impl RateRuns {
+    /// Requests per second, one sample per round in round order (as are the other
+    /// `*_rounds`: the report pairs rounds of two targets by their index).
+    pub fn rps_rounds(&self) -> Vec<f64> {
+        self.runs.iter().map(|r| r.requests_per_sec).collect()
+    }
+    /// Median latency (µs), per round.
+    pub fn p50_rounds(&self) -> Vec<f64> {
+        self.runs.iter().map(|r| r.p50_us).collect()
+    }
+    /// p99 latency (µs), per round.
+    pub fn p99_rounds(&self) -> Vec<f64> {
+        self.runs.iter().map(|r| r.p99_us).collect()
+    }
+    /// Busy time of every CPU per request (µs), per round; NaN for a round without
+    /// requests (which [`Spread`] leaves out), so the indices stay the rounds'.
+    pub fn machine_rounds(&self) -> Vec<f64> {
+        (self.machine.iter())
+            .map(|m| {
+                m.per_request(m.cpus.iter().map(|c| c.busy_us).sum())
+                    .unwrap_or(f64::NAN)
+            })
+            .collect()
+    }
     /// Requests per second over the rounds.
     pub fn rps(&self) -> Option<Spread> {
-        Spread::of(
-            &self
-                .runs
-                .iter()
-                .map(|r| r.requests_per_sec)
-                .collect::<Vec<_>>(),
-        )
+        Spread::of(&self.rps_rounds())
     }
     /// Median latency (µs) over the rounds.
     pub fn p50(&self) -> Option<Spread> {
-        Spread::of(&self.runs.iter().map(|r| r.p50_us).collect::<Vec<_>>())
+        Spread::of(&self.p50_rounds())
     }
     /// p99 latency (µs) over the rounds.
     pub fn p99(&self) -> Option<Spread> {
-        Spread::of(&self.runs.iter().map(|r| r.p99_us).collect::<Vec<_>>())
+        Spread::of(&self.p99_rounds())
     }
     /// The proxy process's CPU time per request (µs) over the rounds.
     pub fn cpu_per_request(&self) -> Option<Spread> {
@@ -145,10 +162,7 @@ impl RateRuns {
     }
     /// Busy time of every CPU per request (µs) over the rounds.
     pub fn machine_per_request(&self) -> Option<Spread> {
-        let v: Vec<f64> = (self.machine.iter())
-            .filter_map(|m| m.per_request(m.cpus.iter().map(|c| c.busy_us).sum()))
-            .collect();
-        Spread::of(&v)
+        Spread::of(&self.machine_rounds())
     }
     /// Busy time of CPU `cpu` per request (µs) over the rounds.
     pub fn cpu_per_request_on(&self, cpu: usize) -> Option<Spread> {

@@ -17,7 +17,7 @@ use crate::{
     model::ProxyVersion,
     names::relay::NameRouting,
     relay::{ListenHook, Relay, RelayConfig, RelayError, SlotLookup},
-    status::{RelayStatus, UnservedFamily, metrics::Metrics},
+    status::{RelayStatus, UnservedFamily, UnservedStep, metrics::Metrics},
 };
 
 /// What to do when the relay's slots cannot reach its listeners.
@@ -45,19 +45,16 @@ pub(super) fn start_relay(
     let Some(d) = datapath else {
         return (relay, None, None);
     };
-    let families = [
-        ("IPv4", listen.v4, hairpin_ebpf::LISTENER_RELAY4),
-        ("IPv6", listen.v6, hairpin_ebpf::LISTENER_RELAY6),
-    ];
+    let families = [("IPv4", listen.v4), ("IPv6", listen.v6)];
     // Every family with an address, unserved for `what`: `error`.
-    let all_unserved = |what: &str, error: &str, fix: &str| {
+    let all_unserved = |what: UnservedStep, error: &str, fix: &str| {
         let unserved = families
             .iter()
-            .filter_map(|(family, ip, _)| {
+            .filter_map(|(family, ip)| {
                 ip.map(|ip| UnservedFamily {
                     family: family.to_string(),
                     address: Some(ip),
-                    what: what.into(),
+                    what,
                     error: error.into(),
                     fix: fix.into(),
                 })
@@ -77,7 +74,11 @@ pub(super) fn start_relay(
         // relayed frontends go as before hairpin; the kernel path is unaffected.
         warn!(reason = %why, fix = STEERING_FIX,
             "the relay's slots cannot reach its listeners: relayed connects go as before hairpin");
-        return (relay, all_unserved("steering", &why, STEERING_FIX), None);
+        return (
+            relay,
+            all_unserved(UnservedStep::Steering, &why, STEERING_FIX),
+            None,
+        );
     }
     let liveness = d.relay_liveness();
     let hook: ListenHook =
@@ -90,7 +91,11 @@ pub(super) fn start_relay(
         Err(e) => {
             let fix = "see the agent's log; restart the agent (the pod)";
             warn!(error = %e, "the relay cannot read the slots map: relayed connects go as before hairpin");
-            return (relay, all_unserved("slots", &e.to_string(), fix), None);
+            return (
+                relay,
+                all_unserved(UnservedStep::Slots, &e.to_string(), fix),
+                None,
+            );
         }
     };
     let lookup: crate::relay::SlotLookup = Arc::new(move |local| {
@@ -98,9 +103,9 @@ pub(super) fn start_relay(
         Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
     });
     let mut status = RelayStatus::default();
-    for (family, ip, index) in families {
+    for (family, ip) in families {
         let Some(ip) = ip else { continue };
-        match relay.listen(ip, index, avoid, &hook, lookup.clone()) {
+        match relay.listen(ip, listener_index(ip), avoid, &hook, lookup.clone()) {
             Ok(local) => status.listeners.push(local),
             Err(e) => {
                 let unserved = unserved_by(family, ip, &e);
@@ -126,47 +131,58 @@ pub struct RelayRetry {
 }
 
 impl RelayRetry {
-    /// Whether `status` has a family worth trying again (a bind or a registration
-    /// that failed; steering and the slots map do not come right by retrying).
+    /// How many families of `status` are worth trying again (see
+    /// [`UnservedStep::retried`]).
     pub fn pending(status: &RelayStatus) -> usize {
-        status
-            .unserved
-            .iter()
-            .filter(|u| u.what == "bind" || u.what == "register")
-            .count()
+        status.unserved.iter().filter(|u| u.what.retried()).count()
     }
 
     /// Tries each such family of `status` again, moving those that bind to its
     /// listeners (and updating the error of the others).
     pub fn retry(&self, relay: &mut Relay, status: &mut RelayStatus) {
-        for u in status.unserved.iter_mut() {
-            let (Some(ip), true) = (u.address, u.what == "bind" || u.what == "register") else {
-                continue;
+        let listeners = &mut status.listeners;
+        status.unserved.retain_mut(|u| {
+            let (Some(ip), true) = (u.address, u.what.retried()) else {
+                return true;
             };
-            let index = if u.family == "IPv4" {
-                hairpin_ebpf::LISTENER_RELAY4
-            } else {
-                hairpin_ebpf::LISTENER_RELAY6
-            };
-            match relay.listen(ip, index, &self.avoid, &self.hook, self.lookup.clone()) {
+            match relay.listen(
+                ip,
+                listener_index(ip),
+                &self.avoid,
+                &self.hook,
+                self.lookup.clone(),
+            ) {
                 Ok(local) => {
                     info!(family = %u.family, %local, "the relay's listener is served again");
-                    status.listeners.push(local);
-                    u.what.clear();
+                    listeners.push(local);
+                    false
                 }
-                Err(e) => *u = unserved_by(&u.family, ip, &e),
+                Err(e) => {
+                    *u = unserved_by(&u.family, ip, &e);
+                    true
+                }
             }
-        }
-        status.unserved.retain(|u| !u.what.is_empty());
+        });
+    }
+}
+
+/// The liveness map's slot of the relay's listener on `ip`'s family.
+fn listener_index(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        hairpin_ebpf::LISTENER_RELAY4
+    } else {
+        hairpin_ebpf::LISTENER_RELAY6
     }
 }
 
 /// What `/status` says of a listener of `family` on `ip` that failed with `e`.
 fn unserved_by(family: &str, ip: IpAddr, e: &RelayError) -> UnservedFamily {
     let (what, error, fix) = match e {
-        RelayError::Listen { source, .. } => ("bind", source.to_string(), bind_fix(ip, source)),
+        RelayError::Listen { source, .. } => {
+            (UnservedStep::Bind, source.to_string(), bind_fix(ip, source))
+        }
         RelayError::Register { source, .. } => (
-            "register",
+            UnservedStep::Register,
             source.to_string(),
             "the liveness map refused the listener: see the agent's log; the agent tries again \
              on its own (1 s doubling to 30 s)"
@@ -176,7 +192,7 @@ fn unserved_by(family: &str, ip: IpAddr, e: &RelayError) -> UnservedFamily {
     UnservedFamily {
         family: family.to_string(),
         address: Some(ip),
-        what: what.into(),
+        what,
         error,
         fix,
     }

@@ -59,13 +59,13 @@ pub fn relay_check(agent: Option<&Snapshot>) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{FrontendStatus, RelayStatus, UnservedFamily};
+    use crate::status::{FrontendStatus, RelayStatus, UnservedFamily, UnservedStep};
 
-    fn unserved(family: &str, address: &str, what: &str, error: &str) -> UnservedFamily {
+    fn unserved(family: &str, address: &str, what: UnservedStep, error: &str) -> UnservedFamily {
         UnservedFamily {
             family: family.into(),
             address: Some(address.parse().expect("ip")),
-            what: what.into(),
+            what,
             error: error.into(),
             fix: format!("fix {family}"),
         }
@@ -85,7 +85,7 @@ mod tests {
         let u = unserved(
             "IPv6",
             "fd68:6169:7270:696e::1",
-            "bind",
+            UnservedStep::Bind,
             "Address in use (os error 98)",
         );
         s.frontends = vec![FrontendStatus::failed_for_test(
@@ -112,8 +112,13 @@ mod tests {
         s.relay = Some(RelayStatus {
             listeners: Vec::new(),
             unserved: vec![
-                unserved("IPv4", "169.254.104.1", "steering", why),
-                unserved("IPv6", "fd68:6169:7270:696e::1", "steering", why),
+                unserved("IPv4", "169.254.104.1", UnservedStep::Steering, why),
+                unserved(
+                    "IPv6",
+                    "fd68:6169:7270:696e::1",
+                    UnservedStep::Steering,
+                    why,
+                ),
             ],
         });
         let c = relay_check(Some(&s));

@@ -438,7 +438,7 @@ fn an_unserved_relay_family_is_named_with_its_error_and_fix() {
         unserved: vec![crate::status::UnservedFamily {
             family: "IPv6".into(),
             address: Some("fd68:6169:7270:696e::1".parse().expect("ip")),
-            what: "bind".into(),
+            what: crate::status::UnservedStep::Bind,
             error: "Address in use (os error 98)".into(),
             fix: "free one".into(),
         }],
