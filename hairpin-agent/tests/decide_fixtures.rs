@@ -481,7 +481,7 @@ fn with_ports(namespace: &str, name: &str, ip: &str, ports: u16, created: &str) 
 /// each withheld frontend is a skip and a Warning on its Service.
 #[test]
 fn frontend_caps_withhold_only_the_greedy_namespaces_newest_and_share_the_rest() {
-    use hairpin_agent::k8s::decide::desired::FrontendCaps;
+    use hairpin_agent::k8s::decide::service::FrontendCaps;
     let greedy = with_ports(
         "tenant-a",
         "wide",

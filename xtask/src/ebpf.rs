@@ -62,7 +62,7 @@ pub fn build(opts: &Options) -> Result<PathBuf> {
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
             format!(
                 "-C debuginfo=2 -C link-arg=--btf {} --remap-path-prefix={}=/toolchain",
-                crate::image::remap_flags(),
+                crate::toolchain::remap_flags(),
                 sysroot(&tc.name)?.display()
             ),
         )

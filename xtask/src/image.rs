@@ -13,7 +13,7 @@ use std::{fs, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, ebpf, prereqs, run, target_dir, toolchain::output};
+use crate::{cargo, ebpf, prereqs, run, source::Source, target_dir, toolchain::{self, output}};
 
 /// The image's name in local container storage.
 pub const IMAGE: &str = "localhost/hairpin-agent:dev";
@@ -70,23 +70,6 @@ fn containerfile(build: &Build) -> Result<String> {
         .replace("{created}", &rfc3339(build.epoch)?))
 }
 
-/// `--remap-path-prefix` flags that take this machine's paths (the checkout, the
-/// cargo home) out of what a build writes into its output, so that the same commit
-/// builds the same bytes wherever it is checked out.
-pub fn remap_flags() -> String {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    let mut flags = format!(
-        "--remap-path-prefix={}=/hairpin",
-        crate::workspace_root().display()
-    );
-    if let Some(home) = home {
-        flags.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
-    }
-    flags
-}
-
 /// The target of this machine's architecture, named explicitly so that the static
 /// flag applies to the agent and not to build scripts and proc-macros.
 pub fn host_target() -> Result<&'static str> {
@@ -120,7 +103,7 @@ pub fn build_static_agent() -> Result<PathBuf> {
         .env("HAIRPIN_EBPF_OBJECT", &object)
         .env(
             flags_var,
-            format!("-C target-feature=+crt-static {}", remap_flags()),
+            format!("-C target-feature=+crt-static {}", toolchain::remap_flags()),
         ))?;
     let bin = target_dir()
         .join(target)
@@ -142,7 +125,7 @@ pub fn build_static_agent() -> Result<PathBuf> {
 /// Builds [`IMAGE`] into local container storage with podman (buildah underneath),
 /// offline, from the commit checked out; returns the image's name.
 pub fn build() -> Result<&'static str> {
-    let source = crate::release::Source::read()?;
+    let source = Source::read()?;
     build_with(&Build {
         tag: IMAGE.to_string(),
         revision: source.revision,

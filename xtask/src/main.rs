@@ -16,6 +16,7 @@ mod image;
 mod prereqs;
 mod release;
 mod root;
+mod source;
 mod toolchain;
 mod venv;
 

@@ -31,7 +31,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{image, prereqs, run, target_dir, toolchain::output, workspace_root};
+use crate::{image, prereqs, run, source::Source, target_dir, toolchain::output, workspace_root};
 
 /// cargo-cyclonedx, the CycloneDX project's SBOM generator for Cargo, pinned.
 pub const CARGO_CYCLONEDX_VERSION: &str = "0.5.9";
@@ -51,43 +51,6 @@ pub struct Options {
 /// appVersion) and the kustomizations' image tags must equal.
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
-}
-
-/// What the commit says: its id and time (the set's every timestamp).
-#[derive(Clone, Debug)]
-pub struct Source {
-    /// The commit id, with `-dirty` when the tree has uncommitted changes.
-    pub revision: String,
-    /// Seconds since the epoch: `SOURCE_DATE_EPOCH` when set, else the commit's time.
-    pub epoch: u64,
-}
-
-impl Source {
-    /// From git (the workspace), or from `SOURCE_DATE_EPOCH`.
-    pub fn read() -> Result<Source> {
-        let git = |args: &[&str]| {
-            output(Command::new("git").current_dir(workspace_root()).args(args))
-                .map(|s| s.trim().to_string())
-        };
-        let mut revision =
-            git(&["rev-parse", "HEAD"]).context("the release needs a git checkout")?;
-        let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
-        if dirty {
-            eprintln!(
-                "xtask: warning: the tree has uncommitted changes: the set is not the commit's"
-            );
-            revision.push_str("-dirty");
-        }
-        let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
-            Ok(s) => s
-                .parse()
-                .with_context(|| format!("SOURCE_DATE_EPOCH={s:?}: expected seconds"))?,
-            Err(_) => git(&["log", "-1", "--format=%ct"])?
-                .parse()
-                .context("git log printed no commit time")?,
-        };
-        Ok(Source { revision, epoch })
-    }
 }
 
 /// Every file name of the set for `version`.

@@ -336,7 +336,7 @@ pub struct DecisionArgs {
     /// other namespace loses one. All namespaces together share `--max-frontends`
     /// round robin.
     #[arg(long, env = "HAIRPIN_MAX_FRONTENDS_PER_NAMESPACE",
-          default_value_t = crate::k8s::decide::desired::DEFAULT_MAX_FRONTENDS_PER_NAMESPACE as u32,
+          default_value_t = crate::k8s::decide::service::DEFAULT_MAX_FRONTENDS_PER_NAMESPACE as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_frontends_per_namespace: u32,
 

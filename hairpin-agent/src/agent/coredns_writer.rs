@@ -200,7 +200,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
                 },
                 // The agents' --max-frontends is theirs (it sizes their kernel map); the
                 // writer assumes its default.
-                frontend_caps: k8s::decide::desired::FrontendCaps {
+                frontend_caps: k8s::decide::service::FrontendCaps {
                     per_namespace: args.decision.max_frontends_per_namespace as usize,
                     ..Default::default()
                 },

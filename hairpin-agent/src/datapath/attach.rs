@@ -7,14 +7,14 @@
 
 use std::{fmt, os::fd::OwnedFd, path::PathBuf};
 
-use super::{Datapath, Role};
+use super::role::Role;
 
 /// Where the programs are attached, and through which links.
 #[derive(Debug)]
 pub struct Attachment {
     /// The cgroup v2 directory.
     pub cgroup: PathBuf,
-    pub(super) links: Vec<Link>,
+    pub(crate) links: Vec<Link>,
     /// What became of the links found pinned at start: adopted (swapped in place)
     /// or not, per hook.
     pub adopted: Vec<(&'static str, Adoption)>,
@@ -22,14 +22,14 @@ pub struct Attachment {
 
 /// One hook's bpf_link.
 #[derive(Debug)]
-pub(super) struct Link {
-    pub(super) role: Role,
+pub(crate) struct Link {
+    pub(crate) role: Role,
     /// The program it runs (ELF name).
-    pub(super) program: &'static str,
+    pub(crate) program: &'static str,
     /// The link (None: sk_msg attached to the map the old way).
-    pub(super) fd: Option<OwnedFd>,
+    pub(crate) fd: Option<OwnedFd>,
     /// The link's id, for `status`.
-    pub(super) id: Option<u32>,
+    pub(crate) id: Option<u32>,
 }
 
 /// What the agent did with a hook's link at start.
@@ -69,43 +69,61 @@ impl Attachment {
     }
 }
 
-impl Datapath {
-    /// Where the programs are attached, if they are.
-    pub fn attachment(&self) -> Option<&Attachment> {
-        self.attachment.as_ref()
+impl Attachment {
+    /// The record of `links` at `cgroup`, and what became of each hook's link.
+    pub(crate) fn new(
+        cgroup: PathBuf,
+        links: Vec<Link>,
+        adopted: Vec<(&'static str, Adoption)>,
+    ) -> Attachment {
+        Attachment {
+            cgroup,
+            links,
+            adopted,
+        }
     }
 
-    /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
-    pub fn kernel_ids(&self) -> crate::status::KernelIds {
-        use aya::maps::IterableMap;
+    /// Adds `link`, made at the hook `hook` as `how` says.
+    pub(crate) fn push(&mut self, link: Link, hook: &'static str, how: Adoption) {
+        self.adopted.push((hook, how));
+        self.links.push(link);
+    }
+
+    /// The program linked at `role`, if one is.
+    pub(crate) fn program(&self, role: Role) -> Option<&'static str> {
+        self.links.iter().find(|l| l.role == role).map(|l| l.program)
+    }
+
+    /// Kernel ids of the linked programs and their links, for `status` and `dump`
+    /// (`info` describes a loaded program); the maps' ids are the maps' owner's.
+    pub(crate) fn kernel_ids(
+        &self,
+        info: impl Fn(&str) -> Option<aya::programs::ProgramInfo>,
+    ) -> crate::status::KernelIds {
         let mut ids = crate::status::KernelIds::default();
-        if let Some(att) = &self.attachment {
-            // The connect programs first, as `status` has always listed them.
-            let (connect, rest): (Vec<&Link>, Vec<&Link>) = att
-                .links
-                .iter()
-                .partition(|l| matches!(l.role, Role::Connect4 | Role::Connect6));
-            let order = |r: Role| match r {
-                Role::SockOps => 0,
-                Role::SetSockopt => 1,
-                _ => 2,
+        // The connect programs first, as `status` has always listed them.
+        let (connect, rest): (Vec<&Link>, Vec<&Link>) = self
+            .links
+            .iter()
+            .partition(|l| matches!(l.role, Role::Connect4 | Role::Connect6));
+        let order = |r: Role| match r {
+            Role::SockOps => 0,
+            Role::SetSockopt => 1,
+            _ => 2,
+        };
+        let mut rest = rest;
+        rest.sort_by_key(|l| order(l.role));
+        for l in connect.into_iter().chain(rest) {
+            let Some(info) = info(l.program) else {
+                continue;
             };
-            let mut rest = rest;
-            rest.sort_by_key(|l| order(l.role));
-            for l in connect.into_iter().chain(rest) {
-                let Some(info) = self.ebpf.program(l.program).and_then(|p| p.info().ok()) else {
-                    continue;
-                };
-                ids.programs.push(crate::status::ProgramIds {
-                    name: l.program.to_string(),
-                    program_id: info.id(),
-                    link_ids: l.id.into_iter().collect(),
-                    map_ids: info.map_ids().ok().flatten().unwrap_or_default(),
-                });
-            }
+            ids.programs.push(crate::status::ProgramIds {
+                name: l.program.to_string(),
+                program_id: info.id(),
+                link_ids: l.id.into_iter().collect(),
+                map_ids: info.map_ids().ok().flatten().unwrap_or_default(),
+            });
         }
-        ids.counters_map_id = self.counters.map().info().ok().map(|i| i.id());
-        ids.frontends_map_id = self.frontends_id;
         ids
     }
 }

@@ -19,7 +19,10 @@ use hairpin_ebpf::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{HeartbeatState, Role, liveness, pin, sys};
+use super::liveness::{self, HeartbeatState};
+use super::pin;
+use super::role::Role;
+use super::sys;
 
 /// Why a pinned map could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +193,7 @@ pub fn read_counters(path: &Path) -> Result<Vec<(&'static str, u64)>, InspectErr
             source: Box::new(e),
         }
     })?;
-    Ok(super::maps::named_counters(&map))
+    Ok(super::counters::named_counters(&map))
 }
 
 /// The frontends map pinned at `path`, sorted.
@@ -206,7 +209,7 @@ pub fn read_frontends(path: &Path) -> Result<Vec<FrontendEntry>, InspectError> {
         .map(|(k, v)| FrontendEntry {
             frontend: k.socket_addr(),
             listener: v.slot().to_string(),
-            path: super::describe_value(&v).to_string(),
+            path: super::kernel_path::describe(&v).to_string(),
         })
         .collect();
     out.sort_by(|a, b| (a.frontend, &a.listener).cmp(&(b.frontend, &b.listener)));

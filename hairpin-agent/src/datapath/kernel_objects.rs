@@ -216,7 +216,7 @@ pub fn read_counters(id: u32) -> Result<Vec<(&'static str, u64)>, KernelObjectsE
             id,
             source: Box::new(e),
         })?;
-    Ok(super::maps::named_counters(&map))
+    Ok(super::counters::named_counters(&map))
 }
 
 #[cfg(test)]

@@ -21,7 +21,9 @@ use hairpin_ebpf::{
 };
 
 use super::btf::BtfError;
-use super::lifecycle::{Drain, DrainSeen, decide};
+use super::lifecycle::decide;
+use super::counters::Fill;
+use super::lifecycle::state::{Drain, DrainSeen};
 use crate::{
     model::{FirstSpeaker, PathChoice, ProxyVersion},
     status::KernelPathReason,
@@ -160,28 +162,12 @@ pub fn read_frontend_paths(
     Ok(out)
 }
 
-/// The sockets map's fill, from the counters ([`super::CountersReader::fill`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Fill {
-    /// Established marked sockets in the map: their header is not out yet.
-    pub in_map: u64,
-    /// Marked sockets not yet seen established (`kernel_marked` less those that
-    /// entered the map or missed it at their handshake): handshakes under way, and
-    /// connects that failed (which never settle). An estimate: a socket that entered
-    /// and later missed its header by data first is counted on both sides.
-    pub connecting: u64,
-}
-
-/// How long a handshake already under way when the connect programs detach may
-/// still take to reach sock_ops: a lost SYN is sent again 1 s after the connect.
-pub const HANDSHAKE_SETTLE: Duration = Duration::from_millis(1500);
-
 /// How often the fill is read while waiting.
 const FILL_POLL: Duration = Duration::from_millis(20);
 
 /// After the connect programs detached (sock_ops and sk_msg still on), waits until
 /// the sockets map is empty, every socket's header out or the socket closed, and no
-/// marked socket can still be connecting (for at most [`HANDSHAKE_SETTLE`]), or
+/// marked socket can still be connecting (for at most [`decide::HANDSHAKE_SETTLE`]), or
 /// until `deadline`. `read` gives the fill. The sockets still in the map at the
 /// deadline are established and not yet written: the datapath is being removed, so
 /// they never get their header (the map and sk_msg go). Logged as such; their count
@@ -458,6 +444,7 @@ fn short(e: &ProgramError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::lifecycle::decide::HANDSHAKE_SETTLE;
 
     fn unavailable(kind: KernelPathReason, why: &str) -> KernelPath {
         KernelPath::Unavailable {

@@ -6,13 +6,12 @@
 //! Owns the heartbeat and relays maps' entries. Never touches a link, the frontends
 //! map or the pin directory.
 
-use std::{fmt, net::SocketAddr, os::fd::BorrowedFd, path::Path, sync::Arc, time::Duration};
+use std::{fmt, net::SocketAddr, os::fd::BorrowedFd, sync::Arc, time::Duration};
 
 use aya::maps::{Array, MapData, SockMap};
 use hairpin_ebpf::{HEARTBEAT_BEAT, HEARTBEAT_TTL, MAP_HEARTBEAT, MAP_RELAYS};
 
-use super::error::map_error;
-use super::{Datapath, DatapathError};
+use super::error::{DatapathError, map_error};
 
 /// Default of `--datapath-ttl`: how long the connect programs act after the last
 /// heartbeat; long enough for an upgrade that pulls an image.
@@ -51,15 +50,42 @@ pub fn check_ttl(ttl: Duration) -> Result<Duration, TtlTooShort> {
     }
 }
 
-impl Datapath {
-    /// The heartbeat writer: the agent beats every [`BEAT_EVERY`] (see [`Heartbeat`]).
-    pub fn heartbeat(&self) -> Heartbeat {
-        self.heartbeat.clone()
+/// The datapath's liveness: the heartbeat map's writer and the relays map's. Made
+/// at load, handed out as clones to the tasks that beat and register.
+pub(crate) struct Liveness {
+    heartbeat: Heartbeat,
+    relays: RelayLiveness,
+}
+
+impl Liveness {
+    /// Liveness over the heartbeat map (the connect programs act for `ttl` after
+    /// each beat) and the relays map (its sockets marked `mark`).
+    pub(crate) fn new(
+        heartbeat: Array<MapData, u64>,
+        ttl: Duration,
+        relays: SockMap<MapData>,
+        mark: u32,
+    ) -> Liveness {
+        Liveness {
+            heartbeat: Heartbeat {
+                map: Arc::new(std::sync::Mutex::new(heartbeat)),
+                ttl,
+            },
+            relays: RelayLiveness {
+                map: Arc::new(std::sync::Mutex::new(relays)),
+                mark,
+            },
+        }
     }
 
-    /// The relay's liveness registry (see [`RelayLiveness`]).
-    pub fn relay_liveness(&self) -> RelayLiveness {
-        self.relays.clone()
+    /// The heartbeat writer.
+    pub(crate) fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
+    }
+
+    /// The relay's liveness registry.
+    pub(crate) fn relays(&self) -> &RelayLiveness {
+        &self.relays
     }
 }
 
@@ -85,12 +111,6 @@ impl fmt::Display for HeartbeatState {
             HeartbeatState::Unreadable => f.write_str("unreadable"),
         }
     }
-}
-
-/// The state of the heartbeat pinned at `path` (opened read-only: see
-/// [`super::inspect`]).
-pub fn heartbeat_state(path: &Path) -> HeartbeatState {
-    super::inspect::heartbeat_state(path)
 }
 
 /// The heartbeat's state for a beat and TTL read at `now` (all `CLOCK_MONOTONIC` ns).
@@ -123,8 +143,8 @@ pub fn monotonic_ns() -> u64 {
 /// programs act only while the last beat is younger than the TTL.
 #[derive(Clone)]
 pub struct Heartbeat {
-    pub(super) map: Arc<std::sync::Mutex<Array<MapData, u64>>>,
-    pub(super) ttl: Duration,
+    map: Arc<std::sync::Mutex<Array<MapData, u64>>>,
+    ttl: Duration,
 }
 
 impl Heartbeat {
@@ -178,9 +198,9 @@ impl Heartbeat {
 /// listener out as it closes: a relay that is gone is never a target.
 #[derive(Clone)]
 pub struct RelayLiveness {
-    pub(super) map: Arc<std::sync::Mutex<SockMap<MapData>>>,
+    map: Arc<std::sync::Mutex<SockMap<MapData>>>,
     /// The bypass mark, which a listener carries to be taken for the agent's own.
-    pub(super) mark: u32,
+    mark: u32,
 }
 
 impl RelayLiveness {

@@ -1,46 +1,53 @@
-//! The object and its load: the BPF object compiled into this binary, what to load
-//! ([`LoadOptions`]), and [`Datapath::load_with`], which sets the programs' read-only
-//! globals, sizes the maps, reuses the shared maps an earlier agent pinned, and loads
-//! the programs into the kernel (the kernel path's when it can, else the relay path's).
-//! Also the task that reads the programs' events into the agent's log.
+//! The object and its load: the BPF object compiled into this binary, and
+//! [`Datapath::load_with`], which sets the programs' read-only globals, sizes the
+//! maps, reuses the shared maps an earlier agent pinned, loads the programs into the
+//! kernel (the kernel path's when it can, else the relay path's) and hands each part
+//! to its owner: the programs (programs.rs), the links (the lifecycle's executor),
+//! the maps (maps.rs), liveness (liveness.rs), the slots (slots.rs), the splice
+//! (splice.rs). [`Datapath`] composes them and only delegates.
 //!
 //! Owns the [`Datapath`] value and the loader's globals. Never attaches a program
-//! (attach.rs), never writes a map entry (maps.rs, liveness.rs), and locks the pin
-//! directory only through pin.rs.
+//! (the executor does), never writes a map entry, and locks the pin directory only
+//! through pin.rs.
 
 use std::{
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::SocketAddr,
     os::fd::AsFd,
     path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
 };
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, SockHash},
-    programs::CgroupSockAddr,
-};
+use aya::{Ebpf, EbpfLoader, programs::CgroupSockAddr};
 use hairpin_ebpf::{
-    DEFAULT_MESH_PORTS, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
+    Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
     GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
     GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
     MAP_SLOTS, MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN,
-    MAX_FRONTENDS, MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_PORTS, PIN_LAYOUT,
-    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, Redirect, Slot, SlotKey, mesh_ports_be,
+    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, mesh_ports_be,
     slot_addrs4, slot_addrs6,
 };
 
 use super::adopt;
-use super::error::{load_error, program_error};
-use super::maps::{OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
+use super::attach::Attachment;
+use super::btf;
+use super::counters::CountersReader;
+use super::error::{DatapathError, load_error, program_error};
+use super::events::{EventsReader, events_level};
+use super::kernel_path::{self, KernelPath};
+use super::lifecycle::execute::Links;
+use super::lifecycle::kernel::Sys;
+use super::lifecycle::start::{Decided, decide_start};
+use super::lifecycle::state::{Go, Wait};
+use super::lifecycle::takeover::Handover;
+use super::liveness::{Heartbeat, Liveness, RelayLiveness};
+use super::maps::{FrontendsMap, Maps, OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
+use super::options::LoadOptions;
 use super::order::{self, LinkOrder};
-use super::{
-    Attachment, DEFAULT_TTL, DatapathError, Heartbeat, KernelPath, Pin, PinDir, RelayLiveness,
-    SlotAddrs,
-};
-use super::{Role, btf, kernel_path};
-
+use super::pin::{Pin, PinDir, Pinning};
+use super::programs::Programs;
+use super::role::Role;
+use super::slots::{SlotTable, Slots, SlotsReader};
+use super::splice::{self, Splice};
+use crate::status::LinkOrderStatus;
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
 
@@ -52,118 +59,60 @@ pub fn embedded_object() -> Option<&'static [u8]> {
     None
 }
 
-/// What to load: the relay path's settings, and the kernel path's when asked for.
-#[derive(Clone, Debug)]
-pub struct LoadOptions {
-    /// SO_MARK of the relay's upstream sockets, which the connect programs skip.
-    pub bypass_mark: u32,
-    /// Capacity of the frontends map (preallocated).
-    pub max_frontends: u32,
-    /// Whether to try the kernel path.
-    pub kernel_path: bool,
-    /// Capacity of the sockets map (allocated as used): established sockets whose
-    /// header is not out yet.
-    pub max_kernel_sockets: u32,
-    /// The node's IPv4 address: the header's source for a socket whose own address
-    /// is loopback or the LB address (as the relay names host processes).
-    pub node_ipv4: Option<Ipv4Addr>,
-    /// The node's IPv6 address, likewise.
-    pub node_ipv6: Option<Ipv6Addr>,
-    /// Where links, programs and maps are pinned (on a bpf filesystem) so the
-    /// datapath outlives this process; `None`: they go with it.
-    pub pin_dir: Option<PathBuf>,
-    /// The pin layout (`hairpin_ebpf::PIN_LAYOUT` but in tests of an upgrade).
-    pub pin_layout: u32,
-    /// Who the pin directory is handed to (`--pin-owner`); `None`: uid 0, 0700.
-    pub pin_owner: Option<super::pin::PinOwner>,
-    /// How long the connect programs act after the last heartbeat.
-    pub ttl: Duration,
-    /// The relay's slot addresses (the listen addresses), fixed in the object: the
-    /// only addresses a connect is ever rewritten to.
-    pub slot_addrs: SlotAddrs,
-    /// Capacity of the relay's splice maps (two sockets per spliced connection).
-    pub splice_sockets: u32,
-    /// Whether the connect links go before every other program at the cgroup, where
-    /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
-    /// not; `--link-order append`).
-    pub link_first: bool,
-    /// The outbound capture ports of mesh proxies the kernel-path connect programs
-    /// look for in the client's network namespace (host byte order; 0: unused).
-    pub mesh_ports: [u16; MESH_PORTS],
+/// The loaded datapath: its parts, each with its one owner. The programs, the links
+/// (the lifecycle's executor), the maps, liveness, the slots and the splice.
+pub struct Datapath {
+    programs: Programs,
+    links: Links,
+    maps: Maps,
+    liveness: Liveness,
+    slots: Slots,
+    /// The relay's kernel splice, or why there is none.
+    splice: Result<Splice, String>,
 }
 
-impl LoadOptions {
-    /// The relay path only, with `bypass_mark` and room for [`MAX_FRONTENDS`].
-    pub fn relay(bypass_mark: u32) -> LoadOptions {
-        LoadOptions {
-            bypass_mark,
-            max_frontends: MAX_FRONTENDS,
-            kernel_path: false,
-            max_kernel_sockets: MAX_KERNEL_SOCKETS,
-            node_ipv4: None,
-            node_ipv6: None,
-            pin_dir: None,
-            pin_layout: PIN_LAYOUT,
-            pin_owner: None,
-            ttl: DEFAULT_TTL,
-            slot_addrs: SlotAddrs::default(),
-            splice_sockets: MAX_SPLICE_SOCKETS,
-            link_first: true,
-            mesh_ports: DEFAULT_MESH_PORTS,
+/// How MPTCP subflows are told apart at connect.
+pub use crate::status::MptcpDetection as Mptcp;
+
+/// What [`start`] came to.
+// A Datapath is large and a Wait small, but this is returned once per attempt.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per start attempt, never stored in bulk"
+)]
+pub enum Started {
+    /// Loaded (not attached yet), and how: fresh, adopted, after a takeover, unpinned.
+    Loaded {
+        /// The datapath.
+        datapath: Datapath,
+        /// What the lifecycle decided.
+        go: Go,
+    },
+    /// Not loaded: the agent waits, and says why; nothing was changed.
+    Waiting(Wait),
+}
+
+/// Observes the node, decides (the lifecycle's start), and loads `object` as
+/// decided (nothing attached yet), or says what to wait for.
+pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
+    match decide_start(opts) {
+        Decided::Wait(wait) => Ok(Started::Waiting(wait)),
+        Decided::Load {
+            go,
+            pinning,
+            handover,
+        } => {
+            let datapath = Datapath::load_with(object, opts, pinning, handover)?;
+            Ok(Started::Loaded { datapath, go })
         }
     }
 }
-
-/// The loaded programs and their maps.
-pub struct Datapath {
-    pub(super) ebpf: Ebpf,
-    /// The frontends map, until its one writer is taken ([`Datapath::take_frontends`]).
-    pub(super) frontends: Option<HashMap<MapData, FrontendKey, Redirect>>,
-    /// Its kernel id, for `status` and `dump`.
-    pub(super) frontends_id: Option<u32>,
-    pub(super) counters: PerCpuArray<MapData, u64>,
-    pub(super) sockets: SockHash<MapData, u64>,
-    pub(super) heartbeat: Heartbeat,
-    pub(super) relays: RelayLiveness,
-    /// The slots map, until its one writer is taken ([`Datapath::take_slots`]).
-    pub(super) slots: Option<HashMap<MapData, SlotKey, Slot>>,
-    /// The slots map's descriptor, for the relay's reader.
-    pub(super) slots_fd: std::os::fd::OwnedFd,
-    /// The slot addresses the object was loaded with.
-    pub(super) slot_addrs: SlotAddrs,
-    /// Why the relay's sk_lookup program did not load, if it did not: then no
-    /// connection reaches a slot, and the relay path is down on this node.
-    pub(super) steering: Result<(), String>,
-    pub(super) sockets_id: Option<u32>,
-    /// The connect programs loaded: the marking ones when the kernel path loaded.
-    pub(super) connect: [&'static str; 2],
-    pub(super) attachment: Option<Attachment>,
-    pub(super) capacity: u32,
-    pub(super) kernel_path: KernelPath,
-    /// The locked pin directory, when the datapath is pinned.
-    pub(super) pins: Option<PinDir>,
-    /// Whether it is pinned: the directory, or why not.
-    pub(super) pin: Pin,
-    /// How MPTCP subflows are told apart at connect.
-    pub(super) mptcp: Mptcp,
-    /// The relay's kernel splice, or why there is none.
-    pub(super) splice: Result<super::splice::Splice, String>,
-    /// Where new connect links go among the other programs at the cgroup.
-    pub(super) link_order: LinkOrder,
-    /// Another layout's live datapath being handed over, until this agent's
-    /// frontends are live (see `lifecycle::takeover`).
-    pub(super) handover: Option<super::lifecycle::Handover>,
-    /// Reads the programs' aya-log events into the agent's log while it lives.
-    _events: Option<EventsReader>,
-}
-
-pub use crate::status::MptcpDetection as Mptcp;
 
 impl Datapath {
     /// Loads `object` with the bypass mark set, and both programs into the kernel
     /// (not yet attached), with room for [`MAX_FRONTENDS`] frontends.
     pub fn load(object: &[u8], bypass_mark: u32) -> Result<Datapath, DatapathError> {
-        Datapath::load_with(object, &LoadOptions::relay(bypass_mark), None, Pin::Off)
+        Datapath::load_with(object, &LoadOptions::relay(bypass_mark), Pinning::Off, None)
     }
 
     /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
@@ -179,25 +128,26 @@ impl Datapath {
                 max_frontends,
                 ..LoadOptions::relay(bypass_mark)
             },
+            Pinning::Off,
             None,
-            Pin::Off,
         )
     }
 
-    /// Loads `object` as `opts` say, pinned in `pins` (locked by the lifecycle,
-    /// which decided `pin`; see [`super::lifecycle::start`]): the shared maps are the
-    /// pinned ones when an earlier agent left them (created and pinned otherwise).
-    /// The kernel path's programs are tried first when asked for; when this kernel
-    /// cannot run them the relay path's connect programs load instead and
-    /// [`Datapath::kernel_path`] says why. Nothing is attached yet.
-    pub(super) fn load_with(
+    /// Loads `object` as `opts` say, pinned as `pinning` says (its directory locked
+    /// by the lifecycle, which decided it; see the lifecycle's `start`): the shared
+    /// maps are the pinned ones when an earlier agent left them (created and pinned
+    /// otherwise). The kernel path's programs are tried first when asked for; when
+    /// this kernel cannot run them the relay path's connect programs load instead
+    /// and [`Datapath::kernel_path`] says why. Nothing is attached yet.
+    fn load_with(
         object: &[u8],
         opts: &LoadOptions,
-        pins: Option<PinDir>,
-        pin: Pin,
+        pinning: Pinning,
+        handover: Option<Handover>,
     ) -> Result<Datapath, DatapathError> {
         raise_memlock_limit();
-        let sockets = sockets_capacity(pins.as_ref(), opts);
+        let pins = pinning.dir();
+        let sockets = sockets_capacity(pins, opts);
         // The programs' diagnostic events go to a ring buffer that a task reads; with
         // no runtime to run it, none are written.
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -214,7 +164,7 @@ impl Datapath {
             sockets,
             fast_open: fields,
         };
-        let mut ebpf = load_object(object, opts, pins.as_ref(), &globals)?;
+        let mut ebpf = load_object(object, opts, pins, &globals)?;
         let (kernel_path, kernel_connect) =
             load_connect_programs(&mut ebpf, opts, fast_open.map(|_| ()))?;
         let mptcp = match kernel_connect {
@@ -225,66 +175,193 @@ impl Datapath {
         let steering = load_sk_lookup(&mut ebpf);
         let connect = kernel_connect.unwrap_or_else(|| kernel_path.connect_programs());
         let link_order = link_order(&ebpf, opts, connect[0]);
-        let maps = OpenedMaps::take(&mut ebpf)?;
-        warn_if_counters_short(&maps.counters);
-        let splice = super::splice::offer(&mut ebpf);
+        let OpenedMaps {
+            frontends,
+            counters,
+            heartbeat,
+            relays,
+            slots,
+            slots_fd,
+            sockets,
+            sockets_id,
+        } = OpenedMaps::take(&mut ebpf)?;
+        warn_if_counters_short(&counters);
+        let splice = splice::offer(&mut ebpf);
         // Every program is loaded: the ring buffer's descriptor can move to the reader.
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
+        let liveness = Liveness::new(heartbeat, opts.ttl, relays, opts.bypass_mark);
+        let slots = Slots::new(slots, slots_fd, opts.slot_addrs.clone());
+        let maps = Maps::new(frontends, counters, (sockets, sockets_id), opts.max_frontends);
+        let links = Links::new(Sys, pinning, link_order, maps.sockets_target()?, handover);
+        let programs = Programs::new(ebpf, connect, (kernel_path, mptcp), steering, events);
         Ok(Datapath {
-            ebpf,
-            frontends_id: aya::maps::IterableMap::map(&maps.frontends)
-                .info()
-                .ok()
-                .map(|i| i.id()),
-            frontends: Some(maps.frontends),
-            counters: maps.counters,
-            sockets: maps.sockets,
-            heartbeat: Heartbeat {
-                map: Arc::new(std::sync::Mutex::new(maps.heartbeat)),
-                ttl: opts.ttl,
-            },
-            relays: RelayLiveness {
-                map: Arc::new(std::sync::Mutex::new(maps.relays)),
-                mark: opts.bypass_mark,
-            },
-            slots_fd: maps.slots_fd,
-            slots: Some(maps.slots),
-            slot_addrs: opts.slot_addrs.clone(),
-            steering,
-            sockets_id: maps.sockets_id,
-            connect,
-            attachment: None,
-            capacity: opts.max_frontends,
-            kernel_path,
-            pins,
-            pin,
-            mptcp,
+            programs,
+            links,
+            maps,
+            liveness,
+            slots,
             splice,
-            link_order,
-            handover: None,
-            _events: events,
         })
     }
 
     /// Whether connections aimed at the relay's slots can reach its listeners: why
     /// not, when the sk_lookup program did not load.
     pub fn steering(&self) -> Result<(), &str> {
-        self.steering.as_ref().map(|_| ()).map_err(String::as_str)
+        self.programs.steering()
     }
 
     /// How the kernel path stands: off, unavailable (why), or on.
     pub fn kernel_path(&self) -> &KernelPath {
-        &self.kernel_path
+        self.programs.kernel_path()
     }
 
     /// How MPTCP subflows are told apart (`off` without the kernel path).
     pub fn mptcp(&self) -> Mptcp {
-        self.mptcp
+        self.programs.mptcp()
     }
 
     /// Where new connect links go among the other programs at the cgroup.
     pub fn link_order(&self) -> &LinkOrder {
-        &self.link_order
+        self.links.order()
+    }
+
+    /// Attaches the programs at `cgroup` (a cgroup v2 directory) through bpf_links,
+    /// consumers first, adopting or replacing what an earlier agent pinned (see the
+    /// lifecycle's executor). The heartbeat is written first: a new datapath, or one
+    /// whose earlier agent has been gone past the TTL, acts from now on.
+    pub fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
+        let heartbeat = self.liveness.heartbeat();
+        self.links.attach(&mut self.programs, cgroup, || {
+            if let Err(e) = heartbeat.beat() {
+                tracing::warn!(error = %e, "the first heartbeat could not be written");
+            }
+        })
+    }
+
+    /// Where the programs are attached, if they are.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        self.links.attachment()
+    }
+
+    /// Whether a hand-over of another layout's datapath waits for this agent's
+    /// frontends to be live.
+    pub fn handover_pending(&self) -> bool {
+        self.links.handover_pending()
+    }
+
+    /// Completes a hand-over once this agent's frontends are live (its first apply
+    /// is done): its connect programs are swapped into the other layout's connect
+    /// links in place, and that layout goes once the sockets it marked have their
+    /// header. Whether there was one to complete.
+    pub fn complete_handover(&mut self) -> bool {
+        self.links.complete_handover(&self.programs)
+    }
+
+    /// Detaches the connect programs only (and after them the setsockopt program),
+    /// and unpins them: from now on no connect is redirected or marked; sock_ops and
+    /// sk_msg stay for the sockets already marked. Whether sock_ops is still
+    /// attached: then the sockets map is worth waiting for
+    /// ([`CountersReader::fill`]) before [`Datapath::detach`].
+    pub fn detach_connect(&mut self) -> bool {
+        self.links.detach_connect(&self.programs)
+    }
+
+    /// Detaches whatever is still attached, producers first, and unpins their links.
+    pub fn detach(&mut self) {
+        self.links.detach(&self.programs);
+    }
+
+    /// Removes the datapath: detaches every link and removes every pin (links,
+    /// programs, maps), so nothing of hairpin stays in the kernel once this process
+    /// exits. For an uninstall, and for a failed attach.
+    pub fn uninstall(&mut self) {
+        self.links.uninstall(&self.programs);
+    }
+
+    /// Kernel ids of the programs, their links and the maps, for `status` and `dump`.
+    pub fn kernel_ids(&self) -> crate::status::KernelIds {
+        let mut ids = match self.links.attachment() {
+            Some(att) => att.kernel_ids(|name| self.programs.info(name)),
+            None => crate::status::KernelIds::default(),
+        };
+        ids.counters_map_id = self.maps.counters_id();
+        ids.frontends_map_id = self.maps.frontends_id();
+        ids
+    }
+
+    /// Where the attached connect programs run among those at their cgroup, for
+    /// `status`; `None` before attach.
+    pub fn link_order_status(&self) -> Option<LinkOrderStatus> {
+        let att = self.links.attachment()?;
+        let own = |role: Role| Some(self.programs.info(att.program(role)?)?.id());
+        Some(order::report(self.links.order(), &att.cgroup, own))
+    }
+
+    /// Whether the datapath is pinned: the directory, or why not.
+    pub fn pin(&self) -> Pin {
+        self.links.pinning().status()
+    }
+
+    /// Where the sockets map is pinned, when the datapath is.
+    pub fn sockets_pin(&self) -> Option<PathBuf> {
+        self.links.pinning().dir().map(|p| p.map(MAP_SOCKETS))
+    }
+
+    /// Hands the frontends map's one writer to its owner (in the agent, the
+    /// reconciler), with the kernel path as it stands now: take it after
+    /// [`Datapath::attach`], which may find the kernel path unavailable. `None` once
+    /// taken.
+    pub fn take_frontends(&mut self) -> Option<FrontendsMap> {
+        self.maps.take_frontends(self.programs.kernel_path())
+    }
+
+    /// Kernel id of the sockets map, for `status` and `dump`.
+    pub fn sockets_map_id(&self) -> Option<u32> {
+        self.maps.sockets_id()
+    }
+
+    /// The per-CPU counters, summed.
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        self.maps.counters()
+    }
+
+    /// A reader of the counters through this process's own descriptor of the map,
+    /// for `/status` and `/metrics` (which may not open the map by id).
+    pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
+        self.maps.counters_reader()
+    }
+
+    /// The heartbeat writer: the agent beats every [`BEAT_EVERY`](super::liveness::BEAT_EVERY).
+    pub fn heartbeat(&self) -> Heartbeat {
+        self.liveness.heartbeat().clone()
+    }
+
+    /// The relay's liveness registry.
+    pub fn relay_liveness(&self) -> RelayLiveness {
+        self.liveness.relays().clone()
+    }
+
+    /// Hands the slots map's one writer to its owner (the reconciler), with the
+    /// slots an earlier agent bound; `avoid`: ports never to hand out. `None` once
+    /// taken.
+    pub fn take_slots(&mut self, avoid: Vec<u16>) -> Option<SlotTable> {
+        self.slots.take(avoid)
+    }
+
+    /// A reader of the slots map for the relay's accept path.
+    pub fn slots_reader(&self) -> Result<SlotsReader, DatapathError> {
+        self.slots.reader()
+    }
+
+    /// Links the sk_lookup program to this process's network namespace, where the
+    /// relay listens (see the loaded programs' `steer_slots`).
+    pub fn steer_slots(&mut self) -> Result<(), DatapathError> {
+        self.programs.steer_slots()
+    }
+
+    /// The relay's kernel splice, or why this datapath offers none.
+    pub fn splice(&self) -> Result<Splice, String> {
+        self.splice.clone()
     }
 }
 
@@ -427,70 +504,6 @@ fn load_sk_lookup(ebpf: &mut Ebpf) -> Result<(), String> {
 // No Drop: a link this process made without pinning it goes when its descriptor
 // closes with the process; a pinned datapath stays for the next agent, which is the
 // point of pinning it ([`Datapath::remove`] takes it away on an uninstall).
-
-/// aya-log's level for the programs' events: the most verbose level the agent's
-/// `--log` filter lets through for any target (0: none). It is a read-only global of
-/// the object, so the verifier drops the events below it; finer per-target filtering
-/// (`hairpin_ebpf=debug`) happens in the subscriber, as for the agent's own events.
-fn events_level() -> u8 {
-    use aya_log::Level;
-    let level = match tracing::level_filters::LevelFilter::current().into_level() {
-        None => return 0,
-        Some(tracing::Level::ERROR) => Level::Error,
-        Some(tracing::Level::WARN) => Level::Warn,
-        Some(tracing::Level::INFO) => Level::Info,
-        Some(tracing::Level::DEBUG) => Level::Debug,
-        Some(_) => Level::Trace,
-    };
-    level.into()
-}
-
-/// The task reading the programs' aya-log ring buffer into the agent's log (through
-/// the `log` crate, which the subscriber bridges to tracing); aborted on drop.
-struct EventsReader(tokio::task::AbortHandle);
-
-impl EventsReader {
-    /// Takes the ring buffer out of `ebpf` and reads it on `rt`; None (and a debug
-    /// line) when it cannot, which the datapath does without.
-    fn start(ebpf: &mut Ebpf, rt: &tokio::runtime::Handle) -> Option<EventsReader> {
-        let logger = match aya_log::EbpfLogger::init(ebpf) {
-            Ok(logger) => logger,
-            Err(e) => {
-                tracing::debug!(error = %e, "the programs' events are not read (aya-log)");
-                return None;
-            }
-        };
-        let _entered = rt.enter();
-        // SAFETY: the logger owns the ring buffer's descriptor and keeps it, open
-        // and the same, for as long as it lives, which is as long as the AsyncFd.
-        let registered = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
-        };
-        let mut fd = match registered {
-            Ok(fd) => fd,
-            Err(e) => {
-                tracing::debug!(error = %e, "the programs' events are not read (aya-log)");
-                return None;
-            }
-        };
-        let task = rt.spawn(async move {
-            loop {
-                let Ok(mut ready) = fd.readable_mut().await else {
-                    return;
-                };
-                ready.get_inner_mut().flush();
-                ready.clear_ready();
-            }
-        });
-        Some(EventsReader(task.abort_handle()))
-    }
-}
-
-impl Drop for EventsReader {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// One of our programs, as the connect-hook type.
 pub(super) fn program<'a>(

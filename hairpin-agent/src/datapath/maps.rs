@@ -2,7 +2,7 @@
 //! handles user space keeps, the frontends map's entries and the counters.
 //!
 //! One writer per map: `frontends` is written only through [`FrontendsMap`], which
-//! the agent hands to its reconciler ([`Datapath::take_frontends`]); `counters`, `sockets`, `sockets_fill`,
+//! the agent hands to its reconciler (`Datapath::take_frontends`); `counters`, `sockets`, `sockets_fill`,
 //! `pending` and `fastopen` are the programs' own (user space sizes, pins and reads
 //! them); `heartbeat` and `relays` belong to liveness.rs, `slots` to slots.rs. Never
 //! touches a link or a program.
@@ -18,13 +18,15 @@ use hairpin_ebpf::{
     MAP_RELAYS, MAP_SLOTS, MAP_SOCKETS, MAP_SOCKETS_FILL, Redirect, Slot, SlotKey, SlotRef,
 };
 
-use super::error::{is_full, map_error};
-use super::kernel_path;
-use super::{Datapath, DatapathError, KernelPath, LoadOptions, PinDir};
+use super::counters::{CountersReader, sum_counters};
+use super::error::{DatapathError, is_full, map_error};
+use super::kernel_path::KernelPath;
+use super::options::LoadOptions;
+use super::pin::PinDir;
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// The maps every agent shares through the pin directory, by ELF name.
-pub(super) const SHARED_MAPS: [&str; 9] = [
+pub(crate) const SHARED_MAPS: [&str; 9] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_COUNTERS,
@@ -37,7 +39,7 @@ pub(super) const SHARED_MAPS: [&str; 9] = [
 ];
 
 /// The frontends map's one writer: whoever holds it (the agent's reconciler, through
-/// [`Datapath::take_frontends`]) is the only code that changes `HAIRPIN_FRONTENDS`.
+/// `Datapath::take_frontends`) is the only code that changes `HAIRPIN_FRONTENDS`.
 pub struct FrontendsMap {
     map: HashMap<MapData, FrontendKey, Redirect>,
     /// Its capacity (`--max-frontends`), for the error when it is full.
@@ -57,7 +59,7 @@ impl std::fmt::Debug for FrontendsMap {
 }
 
 impl FrontendsMap {
-    pub(super) fn new(
+    fn new(
         map: HashMap<MapData, FrontendKey, Redirect>,
         capacity: u32,
         kernel_path: KernelPath,
@@ -143,35 +145,95 @@ impl FrontendsMap {
     }
 }
 
-impl Datapath {
-    /// Hands the frontends map's one writer to its owner (in the agent, the
-    /// reconciler), with the kernel path as it stands now: take it after
-    /// [`Datapath::attach`], which may find the kernel path unavailable. `None` once
-    /// taken.
-    pub fn take_frontends(&mut self) -> Option<FrontendsMap> {
-        let map = self.frontends.take()?;
-        Some(FrontendsMap::new(
-            map,
-            self.capacity,
-            self.kernel_path.clone(),
-        ))
+/// The maps user space keeps beside liveness's and the slots': the frontends map
+/// until its one writer is handed out, the counters, the sockets map (which sk_msg
+/// links to) and their kernel ids.
+pub(crate) struct Maps {
+    /// The frontends map, until its one writer is taken ([`Maps::take_frontends`]).
+    frontends: Option<HashMap<MapData, FrontendKey, Redirect>>,
+    /// Its kernel id, for `status` and `dump`.
+    frontends_id: Option<u32>,
+    /// Its capacity (`--max-frontends`).
+    capacity: u32,
+    counters: PerCpuArray<MapData, u64>,
+    sockets: SockHash<MapData, u64>,
+    sockets_id: Option<u32>,
+}
+
+impl Maps {
+    /// The maps taken out of the loaded object (the sockets map with its kernel
+    /// id), the frontends map sized for `capacity`.
+    pub(crate) fn new(
+        frontends: HashMap<MapData, FrontendKey, Redirect>,
+        counters: PerCpuArray<MapData, u64>,
+        (sockets, sockets_id): (SockHash<MapData, u64>, Option<u32>),
+        capacity: u32,
+    ) -> Maps {
+        Maps {
+            frontends_id: aya::maps::IterableMap::map(&frontends)
+                .info()
+                .ok()
+                .map(|i| i.id()),
+            frontends: Some(frontends),
+            capacity,
+            counters,
+            sockets,
+            sockets_id,
+        }
     }
 
-    /// Kernel id of the sockets map, for `status` and `dump`.
-    pub fn sockets_map_id(&self) -> Option<u32> {
+    /// Hands the frontends map's one writer to its owner, with the kernel path as
+    /// it stands now. `None` once taken.
+    pub(crate) fn take_frontends(&mut self, kernel_path: &KernelPath) -> Option<FrontendsMap> {
+        let map = self.frontends.take()?;
+        Some(FrontendsMap::new(map, self.capacity, kernel_path.clone()))
+    }
+
+    /// Kernel id of the frontends map.
+    pub(crate) fn frontends_id(&self) -> Option<u32> {
+        self.frontends_id
+    }
+
+    /// Kernel id of the counters map.
+    pub(crate) fn counters_id(&self) -> Option<u32> {
+        use aya::maps::IterableMap;
+        self.counters.map().info().ok().map(|i| i.id())
+    }
+
+    /// Kernel id of the sockets map.
+    pub(crate) fn sockets_id(&self) -> Option<u32> {
         self.sockets_id
     }
 
+    /// A descriptor of the sockets map of its own (what sk_msg links to) and its
+    /// kernel id (0 when unknown).
+    pub(crate) fn sockets_target(&self) -> Result<(std::os::fd::OwnedFd, u64), DatapathError> {
+        let fd = self
+            .sockets
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|io_error| {
+                map_error("open", MAP_SOCKETS, String::new())(aya::maps::MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "dup",
+                        io_error,
+                    },
+                ))
+            })?;
+        Ok((fd, u64::from(self.sockets_id.unwrap_or(0))))
+    }
+
     /// The per-CPU counters, summed.
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         sum_counters(&self.counters)
     }
 
     /// A reader of the counters through this process's own descriptor of the map,
     /// for `/status` and `/metrics`: opening the map by id (`dump`, and
-    /// [`kernel_objects::read_counters`]) needs CAP_SYS_ADMIN, which the DaemonSet does not
-    /// grant, so there the kernel path's fallback and miss counters would not show.
-    pub fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
+    /// `kernel_objects::read_counters`) needs CAP_SYS_ADMIN, which the DaemonSet does
+    /// not grant, so there the kernel path's fallback and miss counters would not show.
+    pub(crate) fn counters_reader(&self) -> Result<CountersReader, DatapathError> {
         use aya::maps::IterableMap;
         let fd = self
             .counters
@@ -193,14 +255,14 @@ impl Datapath {
             MAP_COUNTERS,
             String::new(),
         ))?;
-        Ok(CountersReader(map))
+        Ok(CountersReader::new(map))
     }
 }
 
 /// The sockets map's size. Not preallocated, but kept small while unused; a
 /// pinned one is sized for any later agent (its buckets cost about 16 bytes each),
 /// and one an earlier agent pinned keeps its own size, which the limit then follows.
-pub(super) fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32 {
+pub(crate) fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32 {
     if let Some(existing) = pins
         .and_then(|p| MapData::from_pin(p.map(MAP_SOCKETS)).ok())
         .and_then(|m| m.info().ok())
@@ -217,7 +279,7 @@ pub(super) fn sockets_capacity(pins: Option<&PinDir>, opts: &LoadOptions) -> u32
 /// build counts (counters were added within one pin layout, before any release):
 /// the programs' lookups of the missing slots find nothing, so those counters
 /// (the newest: `kernel_fallback_mesh`) read 0 until the datapath is made anew.
-pub(super) fn warn_if_counters_short(counters: &PerCpuArray<MapData, u64>) {
+pub(crate) fn warn_if_counters_short(counters: &PerCpuArray<MapData, u64>) {
     use aya::maps::IterableMap;
     let Ok(slots) = counters.map().info().map(|i| i.max_entries()) else {
         return;
@@ -236,21 +298,21 @@ pub(super) fn warn_if_counters_short(counters: &PerCpuArray<MapData, u64>) {
 }
 
 /// The maps user space keeps, taken out of the loaded object.
-pub(super) struct OpenedMaps {
-    pub(super) frontends: HashMap<MapData, FrontendKey, Redirect>,
-    pub(super) counters: PerCpuArray<MapData, u64>,
-    pub(super) heartbeat: Array<MapData, u64>,
-    pub(super) relays: SockMap<MapData>,
-    pub(super) slots: HashMap<MapData, SlotKey, Slot>,
+pub(crate) struct OpenedMaps {
+    pub(crate) frontends: HashMap<MapData, FrontendKey, Redirect>,
+    pub(crate) counters: PerCpuArray<MapData, u64>,
+    pub(crate) heartbeat: Array<MapData, u64>,
+    pub(crate) relays: SockMap<MapData>,
+    pub(crate) slots: HashMap<MapData, SlotKey, Slot>,
     /// A descriptor of the slots map of its own, for the relay's reader.
-    pub(super) slots_fd: std::os::fd::OwnedFd,
-    pub(super) sockets: SockHash<MapData, u64>,
+    pub(crate) slots_fd: std::os::fd::OwnedFd,
+    pub(crate) sockets: SockHash<MapData, u64>,
     /// The sockets map's kernel id, for `status`.
-    pub(super) sockets_id: Option<u32>,
+    pub(crate) sockets_id: Option<u32>,
 }
 
 impl OpenedMaps {
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<OpenedMaps, DatapathError> {
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<OpenedMaps, DatapathError> {
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name)
                 .ok_or(DatapathError::Missing { kind: "map", name })
@@ -307,61 +369,4 @@ impl OpenedMaps {
             sockets_id,
         })
     }
-}
-
-/// The programs' counters, read through a descriptor this process holds (see
-/// [`Datapath::counters_reader`]); valid while the process runs.
-pub struct CountersReader(PerCpuArray<MapData, u64>);
-
-impl CountersReader {
-    /// The per-CPU counters, summed, by name.
-    pub fn read(&self) -> Vec<(&'static str, u64)> {
-        sum_counters(&self.0)
-            .into_iter()
-            .map(|(c, v)| (c.name(), v))
-            .collect()
-    }
-
-    /// The sockets map's fill as the counters tell it: sockets in the map (entered
-    /// less left) and marked sockets not yet seen established. Each difference reads
-    /// its subtrahends first, so a socket that moves on between the reads is never
-    /// missed, only counted twice.
-    pub fn fill(&self) -> kernel_path::Fill {
-        let get = |c: Counter| -> u64 {
-            self.0
-                .get(&(c as u32), 0)
-                .map(|per_cpu| per_cpu.iter().sum())
-                .unwrap_or(0)
-        };
-        let left = get(Counter::KernelSocketsLeft);
-        let settled = get(Counter::KernelMissedInsert) + get(Counter::KernelMissedDataFirst);
-        let entered = get(Counter::KernelSocketsEntered);
-        let marked = get(Counter::KernelMarked);
-        kernel_path::Fill {
-            in_map: entered.saturating_sub(left),
-            connecting: marked.saturating_sub(entered + settled),
-        }
-    }
-}
-
-pub(super) fn sum_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(Counter, u64)> {
-    Counter::ALL
-        .iter()
-        .map(|c| {
-            let total = map
-                .get(&(*c as u32), 0)
-                .map(|per_cpu| per_cpu.iter().sum())
-                .unwrap_or(0);
-            (*c, total)
-        })
-        .collect()
-}
-
-/// [`sum_counters`] by counter name, as `status` and `dump` read a counters map
-/// opened by pin or by id.
-pub(super) fn named_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(&'static str, u64)> {
-    sum_counters(map)
-        .into_iter()
-        .map(|(c, total)| (c.name(), total))
-        .collect()
 }

@@ -5,30 +5,40 @@
 //! Pinned, the datapath outlives the agent: the next agent adopts it and swaps its
 //! programs in place, and a heartbeat makes an abandoned one inert.
 //!
-//! The rooms, each saying in its opening lines what it owns and never touches:
-//! - `load.rs`: the object and its load (globals, map sizes, kernel path or relay path);
+//! The parts, each a type with private fields handed to its one owner, and each file
+//! saying in its opening lines what it owns and never touches:
+//! - `programs.rs`: the loaded programs (`Programs`: the object, the kernel path's
+//!   state, the sk_lookup program); `load.rs` loads them and composes the parts
+//!   into [`Datapath`]; `options.rs`, what to load; `events.rs`, their log events;
 //! - [`lifecycle`]: the lifecycle as one typed state machine (start, adopt, swap in
 //!   place, wait, take over, drain, keep, remove), its pure decisions and the one
-//!   executor that links, swaps and detaches;
-//! - `attach.rs`: what is attached (the links' record, their kernel ids);
+//!   executor, which owns the links (`Links`: the attachment, the pinning, the
+//!   link order, a hand-over) and reaches the kernel through a seam;
+//! - `attach.rs`: the record of what is attached (the links, their kernel ids);
+//! - [`order`]: where connect links go among other programs at the cgroup;
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
-//! - `maps.rs`: which maps are shared, and the one writer of each;
-//! - `liveness.rs`: the heartbeat and the relays' liveness registry;
-//! - `splice.rs`: the relay's kernel splice (its stream verdict and maps);
+//! - `maps.rs`: the maps (`Maps`: frontends, counters, sockets, capacity) and the
+//!   frontends map's one writer; `counters.rs`, the counters read; `adopt.rs`, which
+//!   pinned maps may be reused;
+//! - `liveness.rs`: the heartbeat and the relays' liveness registry (`Liveness`);
+//! - `slots.rs`: the relay's slots (`Slots`: the slots map's writer and reader);
+//! - [`splice`]: the relay's kernel splice (its stream verdict and maps);
 //! - [`inspect`]: a pinned datapath read without owning it (read-only maps, for
 //!   `status` with no agent and `dump`);
-//! - `slots.rs`: the relay's slots (the slots map's writer and reader, the sk_lookup
-//!   link that hands a slot's connections to its listener);
 //! - `kernel_path.rs`: the kernel path's programs and its per-frontend choice;
-//! - [`kernel_objects`], [`cgroup`], `btf.rs`, `sys.rs`, `error.rs`: kernel objects read
+//! - [`kernel_objects`], [`cgroup`], `btf.rs`, [`sys`], `error.rs`: kernel objects read
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
 //!   this boundary's error.
+//!
+//! This file only indexes: the parts import each other by path.
 
 mod adopt;
 mod attach;
 mod btf;
 pub mod cgroup;
+mod counters;
 mod error;
+mod events;
 pub mod inspect;
 pub mod kernel_objects;
 mod kernel_path;
@@ -36,23 +46,29 @@ pub mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
+mod options;
 pub mod order;
 pub mod pin;
+mod programs;
+mod role;
 mod slots;
 pub mod splice;
 pub mod sys;
 
 pub use attach::{Adoption, Attachment};
 pub use cgroup::find_cgroup2_root;
+pub use counters::{CountersReader, Fill};
 pub use error::{DatapathError, Denial, classify_denial};
 pub use kernel_path::{
-    Fill, KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
+    KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
 };
 pub use liveness::{
     BEAT_EVERY, DEFAULT_TTL, Heartbeat, HeartbeatState, MIN_TTL_BEATS, RelayLiveness, TtlTooShort,
-    check_ttl, heartbeat_state, monotonic_ns,
+    check_ttl, monotonic_ns,
 };
-pub use load::{Datapath, LoadOptions, Mptcp, embedded_object};
-pub use maps::{CountersReader, FrontendsMap};
-pub use pin::{Pin, PinDir, Role};
+pub use load::{Datapath, Mptcp, Started, embedded_object, start};
+pub use maps::FrontendsMap;
+pub use options::LoadOptions;
+pub use pin::{Pin, PinDir};
+pub use role::Role;
 pub use slots::{SlotAddrs, SlotError, SlotOwner, SlotTable, SlotsReader};

@@ -14,7 +14,8 @@ use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path};
 
 use crate::status::{ForeignProgram, HookOrderStatus, LinkOrderStatus};
 
-use super::{Datapath, Role, sys};
+use super::role::Role;
+use super::sys;
 
 /// Whether this agent's connect links go before every other program at the cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,19 +154,6 @@ pub fn report(
     status
 }
 
-impl Datapath {
-    /// Where the attached connect programs run among those at their cgroup, for
-    /// `status`; `None` before attach.
-    pub fn link_order_status(&self) -> Option<LinkOrderStatus> {
-        let att = self.attachment.as_ref()?;
-        let own = |role: Role| {
-            let link = att.links.iter().find(|l| l.role == role)?;
-            let info = self.ebpf.program(link.program)?.info().ok()?;
-            Some(info.id())
-        };
-        Some(report(&self.link_order, &att.cgroup, own))
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -2,11 +2,11 @@
 //! one writer ([`SlotTable`], the reconciler's: which slot each frontend is served
 //! on, handed out so that no slot ever serves two frontends while a connect aimed at
 //! it may still arrive), the relay's reader ([`SlotsReader`]: whose slot a connection
-//! came to, at accept), and the sk_lookup link that hands connections aimed at slots
-//! to the relay's listeners.
+//! came to, at accept). (The sk_lookup program that hands connections aimed at slots
+//! to the relay's listeners is the loaded programs' own, programs.rs.)
 //!
-//! Owns `HAIRPIN_SLOTS` and the sk_lookup link. Never touches the frontends map, a
-//! cgroup link or the pin directory.
+//! Owns `HAIRPIN_SLOTS` ([`Slots`]). Never touches the frontends map, a cgroup link
+//! or the pin directory.
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet, VecDeque},
@@ -17,12 +17,12 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, MAP_SLOTS, PROG_SK_LOOKUP, SLOT_ADDRS, SLOT_PORT_MIN, SLOT_QUARANTINE_NS,
+    AF_INET, AF_INET6, MAP_SLOTS, SLOT_ADDRS, SLOT_PORT_MIN, SLOT_QUARANTINE_NS,
     Slot, SlotKey, SlotRef,
 };
 
-use super::error::{is_full, map_error, program_error};
-use super::{Datapath, DatapathError, monotonic_ns};
+use super::error::{DatapathError, is_full, map_error};
+use super::liveness::monotonic_ns;
 
 /// The relay's slot addresses per family: the listen addresses (the first of each
 /// family also holds the relay's listener), written into the object at load. Each
@@ -423,56 +423,51 @@ impl SlotsReader {
     }
 }
 
-impl Datapath {
+/// The slots map until its one writer is handed out, a descriptor of it for the
+/// relay's readers, and the slot addresses the object was loaded with.
+pub(crate) struct Slots {
+    map: Option<HashMap<MapData, SlotKey, Slot>>,
+    fd: std::os::fd::OwnedFd,
+    addrs: SlotAddrs,
+}
+
+impl Slots {
+    /// The slots map `map` (`fd`: a descriptor of it of its own) over `addrs`.
+    pub(crate) fn new(
+        map: HashMap<MapData, SlotKey, Slot>,
+        fd: std::os::fd::OwnedFd,
+        addrs: SlotAddrs,
+    ) -> Slots {
+        Slots {
+            map: Some(map),
+            fd,
+            addrs,
+        }
+    }
+
     /// Hands the slots map's one writer to its owner (the reconciler), with the
     /// slots an earlier agent bound; `avoid`: ports never to hand out. `None` once
     /// taken.
-    pub fn take_slots(&mut self, avoid: Vec<u16>) -> Option<SlotTable> {
-        let map = self.slots.take()?;
-        Some(SlotTable::adopt(map, self.slot_addrs.clone(), avoid))
+    pub(crate) fn take(&mut self, avoid: Vec<u16>) -> Option<SlotTable> {
+        let map = self.map.take()?;
+        Some(SlotTable::adopt(map, self.addrs.clone(), avoid))
     }
 
     /// A reader of the slots map for the relay's accept path.
-    pub fn slots_reader(&self) -> Result<SlotsReader, DatapathError> {
+    pub(crate) fn reader(&self) -> Result<SlotsReader, DatapathError> {
         let open = |e| map_error("open", MAP_SLOTS, String::new())(e);
-        let fd = self
-            .slots_fd
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|io_error| {
-                open(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
-                    call: "dup",
-                    io_error,
-                }))
-            })?;
+        let fd = self.fd.as_fd().try_clone_to_owned().map_err(|io_error| {
+            open(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "dup",
+                io_error,
+            }))
+        })?;
         let data = MapData::from_fd(fd).map_err(open)?;
         let map = HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(open)?;
         Ok(SlotsReader {
             map: Arc::new(map),
-            addrs: self.slot_addrs.clone(),
+            addrs: self.addrs.clone(),
         })
-    }
-
-    /// Links the sk_lookup program to this process's network namespace, where the
-    /// relay listens: from now on a connection aimed at a bound slot reaches the
-    /// listener its slot names. The link is this process's: it goes when the
-    /// process does, as the relay's listeners do.
-    pub fn steer_slots(&mut self) -> Result<(), DatapathError> {
-        let netns = std::path::Path::new("/proc/self/ns/net");
-        let error = |op| program_error(PROG_SK_LOOKUP, op, netns);
-        let file = std::fs::File::open(netns)
-            .map_err(|e| error("attach")(aya::programs::ProgramError::IOError(e)))?;
-        let program: &mut aya::programs::SkLookup = self
-            .ebpf
-            .program_mut(PROG_SK_LOOKUP)
-            .ok_or(DatapathError::Missing {
-                kind: "program",
-                name: PROG_SK_LOOKUP,
-            })?
-            .try_into()
-            .map_err(error("attach"))?;
-        program.attach(file).map_err(error("attach"))?;
-        Ok(())
     }
 }
 

@@ -24,7 +24,6 @@ use hairpin_ebpf::{
 };
 use tokio::sync::Notify;
 
-use super::Datapath;
 use crate::relay::carry::{Counts, Grant, Joined, KernelSplice, Pair, SpliceError as RelayError};
 
 /// Why the kernel splice is not offered, or failed for one connection.
@@ -409,12 +408,6 @@ fn credit(g: Grant) -> SpliceCredit {
     }
 }
 
-impl Datapath {
-    /// The relay's kernel splice, or why this datapath offers none.
-    pub fn splice(&self) -> Result<Splice, String> {
-        self.splice.clone()
-    }
-}
 
 /// The splice of a freshly loaded object (its program and maps taken out of it),
 /// or why not; logged either way.

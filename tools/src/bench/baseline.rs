@@ -11,8 +11,8 @@ use hairpin_tests::agent::set_agent_bin;
 
 use super::{
     Ctx,
+    cells::{cell, ms, q_cell},
     programs::{self, ProgramRuns, ProgramsTotal},
-    report::{cell, ms, q_cell},
     stats::{Spread, ratio},
     traffic::{self, DIRECT, KERNEL_V1, KERNEL_V2, RateRuns},
 };

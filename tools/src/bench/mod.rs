@@ -6,6 +6,7 @@
 //! (one agent, HAProxy and nginx running throughout), convergence, footprint.
 
 pub mod baseline;
+pub mod cells;
 pub mod connect;
 pub mod converge;
 pub mod footprint;

@@ -507,7 +507,7 @@ fn source_config(
             defaults: k8s::Defaults {
                 proxy_protocol: args.decision.default_proxy_protocol.0,
                 addresses: lb_addresses(args),
-                frontend_caps: k8s::decide::desired::FrontendCaps {
+                frontend_caps: k8s::decide::service::FrontendCaps {
                     per_namespace: args.decision.max_frontends_per_namespace as usize,
                     total: args.max_frontends as usize,
                 },

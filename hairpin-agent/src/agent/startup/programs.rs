@@ -18,8 +18,8 @@ use crate::agent::{
 };
 use crate::{
     datapath::{
-        self, Datapath, DatapathError, KernelPath, LoadOptions, SlotAddrs,
-        lifecycle::{self, Started, Wait},
+        self, Datapath, DatapathError, KernelPath, LoadOptions, SlotAddrs, Started,
+        lifecycle::Wait,
     },
     status::{
         AgentState, AttachmentStatus, EbpfFailure, KernelPathState, KernelPathStatus,
@@ -153,7 +153,7 @@ pub(super) fn attach(args: &RunArgs) -> Result<Attached, StartError> {
             datapath::find_cgroup2_root(&mountinfo).ok_or(StartError::NoCgroup2)?
         }
     };
-    match lifecycle::start(object, &load_options(args))? {
+    match datapath::start(object, &load_options(args))? {
         Started::Waiting(wait) => Ok(Attached::Waiting(wait)),
         Started::Loaded { mut datapath, go } => {
             info!(start = %go, "datapath loaded");

@@ -3,11 +3,19 @@
 //! execute.rs, observes and acts); every transition has a unit test (tests.rs) and a
 //! row in docs/architecture.md's transition table.
 
-use super::super::{HeartbeatState, Role, kernel_path::HANDSHAKE_SETTLE, sys};
+use std::time::Duration;
+
+use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::role::Role;
+use crate::datapath::sys;
 use super::state::{
     Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Start,
     StartSeen, Stop, StopSeen, Wait,
 };
+
+/// How long a handshake already under way when the connect programs detach may
+/// still take to reach sock_ops: a lost SYN is sent again 1 s after the connect.
+pub const HANDSHAKE_SETTLE: Duration = Duration::from_millis(1500);
 
 /// At start: wait while another agent holds the lock; else take over what of other
 /// layouts has expired, hand over what of them is live (the lock is this agent's,
@@ -155,16 +163,4 @@ pub fn drain(seen: &DrainSeen) -> Drain {
     }
 }
 
-/// The order hooks are linked or swapped in: consumers first (sk_msg and sock_ops
-/// act on sockets the connect programs mark, setsockopt serves the marked ones),
-/// so a socket a new connect program marks always meets programs that expect it.
-/// The one place this order is written; [`detach_order`] is its reverse.
-pub fn attach_order() -> impl Iterator<Item = Role> {
-    Role::ALL.into_iter()
-}
-
-/// The order hooks are detached in: the connect programs first, so no socket is
-/// marked after this that sock_ops or sk_msg would not see.
-pub fn detach_order() -> impl Iterator<Item = Role> {
-    Role::ALL.into_iter().rev()
-}
+pub use crate::datapath::role::{attach_order, detach_order};

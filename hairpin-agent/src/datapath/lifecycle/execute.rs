@@ -1,171 +1,100 @@
-//! The lifecycle's executor: the one place that observes the node's datapath and
-//! changes it as decide.rs says. It locks the pin directory and reads what is pinned
-//! there (start), removes another layout's expired datapath (take over), links,
-//! swaps, replaces and detaches each hook's link in the one order decide.rs gives,
-//! and removes the datapath on an uninstall.
+//! The lifecycle's executor: the one place that changes the node's links and pins as
+//! decide.rs says. [`Links`] owns them: the attachment, the pin directory (one enum,
+//! [`Pinning`]), where new connect links go ([`LinkOrder`]) and a hand-over under
+//! way. It links, swaps, replaces and detaches each hook's link in the one order
+//! decide.rs gives, and removes the datapath on an uninstall. Every kernel call goes
+//! through the seam (kernel.rs), so the order is unit-tested without root
+//! (executor_tests.rs).
 //!
-//! Owns every link and pin change of the agent. Never decides (decide.rs does), and
-//! never writes a map entry but the first heartbeat (through liveness.rs).
+//! Owns every link and pin change of the agent. Never decides (decide.rs does),
+//! never loads a program (load.rs) and never writes a map entry.
 
 use std::{
-    fs::File,
     os::fd::{AsFd, OwnedFd},
     path::Path,
 };
 
-use hairpin_ebpf::{MAP_HEARTBEAT, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS};
+use super::decide;
+use super::hook::{Target, link_error, link_of, pin_link, repin, update_link};
+use super::kernel::{LinkKernel, LoadedPrograms, Sys};
+use super::state::{Hook, HookSeen, LinkFailed, PinnedLink};
+use super::takeover::{self, Handover, take_over_link};
+use crate::datapath::attach::{Adoption, Attachment, Link};
+use crate::datapath::error::DatapathError;
+use crate::datapath::order::{self, LinkOrder};
+use crate::datapath::pin::{self, PinDir, Pinning};
+use crate::datapath::role::Role;
+use crate::datapath::sys::LinkInfo;
 
-use super::super::{
-    Adoption, Attachment, Datapath, DatapathError, KernelPath, LoadOptions, Mptcp, Pin, PinDir,
-    Role, attach::Link, error::program_error, heartbeat_state, order, pin, sys,
-};
-use super::{
-    decide,
-    state::{
-        ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Start, StartSeen,
-        Wait,
-    },
-    takeover::Handover,
-};
-
-/// What [`start`] came to.
-// A Datapath is large and a Wait small, but this is returned once per attempt.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "returned once per start attempt, never stored in bulk"
-)]
-pub enum Started {
-    /// Loaded (not attached yet), and how: fresh, adopted, after a takeover, unpinned.
-    Loaded {
-        /// The datapath.
-        datapath: Datapath,
-        /// What the lifecycle decided.
-        go: Go,
-    },
-    /// Not loaded: the agent waits, and says why; nothing was changed.
-    Waiting(Wait),
+/// The datapath's links: what is attached and pinned, and the executor that alone
+/// changes them. Generic over the kernel's calls ([`Sys`] but in unit tests).
+pub(crate) struct Links<K: LinkKernel = Sys> {
+    kernel: K,
+    /// Whether the datapath is pinned: the locked directory, or why not.
+    pinning: Pinning,
+    /// Where new connect links go among the other programs at the cgroup.
+    order: LinkOrder,
+    /// The sockets map sk_msg links to, and its kernel id.
+    sockets: (OwnedFd, u64),
+    attachment: Option<Attachment>,
+    /// Another layout's live datapath being handed over, until this agent's
+    /// frontends are live (see takeover.rs).
+    handover: Option<Handover>,
 }
 
-/// Observes the node, decides, and loads `object` as decided (nothing attached yet),
-/// or says what to wait for. While waiting, the lock is not held: the next
-/// observation takes it again.
-pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
-    let (seen, pins) = observe_start(opts);
-    let go = match decide::start(&seen) {
-        Start::Wait(wait) => return Ok(Started::Waiting(wait)),
-        Start::Go(go) => go,
-    };
-    take_over(&go);
-    let pin = match (&go, &opts.pin_dir) {
-        (Go::Unpinned(Some(why)), _) => {
-            tracing::warn!(error = %why, "the datapath is not pinned: it goes with this process, and traffic loses hairpin while no agent runs");
-            Pin::Failed(why.clone())
-        }
-        (Go::Unpinned(None), _) | (_, None) => Pin::Off,
-        (_, Some(dir)) => Pin::Pinned(dir.clone()),
-    };
-    let mut datapath = Datapath::load_with(object, opts, pins, pin)?;
-    if let Go::HandOver { live, .. } = &go {
-        datapath.handover = Some(Handover::of(live));
-    }
-    Ok(Started::Loaded { datapath, go })
-}
-
-/// What a starting agent finds: the pin directory (locked when it can be, the lock
-/// returned), this layout's links and the other layouts' datapaths with their
-/// heartbeats.
-fn observe_start(opts: &LoadOptions) -> (StartSeen, Option<PinDir>) {
-    let mut seen = StartSeen {
-        pins: PinDirSeen::Off,
-        dir: opts.pin_dir.clone(),
-        own_links: false,
-        foreign: Vec::new(),
-    };
-    let Some(dir) = &opts.pin_dir else {
-        return (seen, None);
-    };
-    match PinDir::lock(dir, opts.pin_layout, opts.pin_owner) {
-        Ok(pins) => {
-            seen.pins = PinDirSeen::Locked;
-            seen.own_links = Role::ALL.iter().any(|r| pins.link(*r).exists());
-            seen.foreign = pins
-                .foreign_layouts()
-                .into_iter()
-                .map(|dir| ForeignLayout {
-                    heartbeat: heartbeat_state(&dir.join("maps").join(MAP_HEARTBEAT)),
-                    dir,
-                })
-                .collect();
-            (seen, Some(pins))
-        }
-        Err(pin::PinError::Busy { .. }) => {
-            seen.pins = PinDirSeen::Busy;
-            (seen, None)
-        }
-        Err(e) => {
-            seen.pins = PinDirSeen::Unusable(e.to_string());
-            (seen, None)
-        }
-    }
-}
-
-/// Removes the expired datapaths of other layouts a takeover or a hand-over names.
-fn take_over(go: &Go) {
-    let (Go::TakeOver { expired, .. } | Go::HandOver { expired, .. }) = go else {
-        return;
-    };
-    for layout in expired {
-        tracing::warn!(layout = %layout.dir.display(), heartbeat = %layout.heartbeat, "a datapath of another layout has expired: removing it and taking over");
-        for r in pin::remove_layout(&layout.dir) {
-            if let Err(e) = r.result {
-                tracing::warn!(pin = %r.path.display(), error = %e, "could not remove");
-            }
-        }
-    }
-}
-
-/// Where the hooks are: the cgroup's directory, open, and its id.
-pub(super) struct Target<'a> {
-    path: &'a Path,
-    dir: File,
-    id: u64,
-}
-
-impl<'a> Target<'a> {
-    /// The cgroup v2 directory `cgroup`, opened.
-    pub(super) fn open(cgroup: &'a Path) -> Result<Target<'a>, DatapathError> {
-        let cgroup_error = |source| DatapathError::Cgroup {
-            path: cgroup.to_path_buf(),
-            source,
-        };
-        let dir = File::open(cgroup).map_err(cgroup_error)?;
-        let id = sys::cgroup_id(&dir).map_err(cgroup_error)?;
-        Ok(Target {
-            path: cgroup,
-            dir,
-            id,
-        })
-    }
-}
-
-impl Datapath {
-    /// The program this agent runs at `role`, if it uses the hook.
-    pub(super) fn program_for(&self, role: Role) -> Option<&'static str> {
-        let kernel_path = self.kernel_path.is_on();
-        match role {
-            Role::SkMsg => kernel_path.then_some(PROG_SK_MSG),
-            Role::SockOps => kernel_path.then_some(PROG_SOCK_OPS),
-            Role::SetSockopt => kernel_path.then_some(PROG_SETSOCKOPT),
-            Role::Connect4 => Some(self.connect[0]),
-            Role::Connect6 => Some(self.connect[1]),
+impl<K: LinkKernel> Links<K> {
+    /// Nothing attached yet: links to come through `kernel`, pinned as `pinning`
+    /// says, ordered as `order` says, sk_msg on the sockets map `sockets` (its
+    /// descriptor and id); `handover` when another layout's live datapath is
+    /// being handed over.
+    pub(crate) fn new(
+        kernel: K,
+        pinning: Pinning,
+        order: LinkOrder,
+        sockets: (OwnedFd, u64),
+        handover: Option<Handover>,
+    ) -> Links<K> {
+        Links {
+            kernel,
+            pinning,
+            order,
+            sockets,
+            attachment: None,
+            handover,
         }
     }
 
-    /// Attaches the programs at `cgroup` (a cgroup v2 directory) through bpf_links,
+    /// Whether the datapath is pinned: the directory, or why not.
+    pub(crate) fn pinning(&self) -> &Pinning {
+        &self.pinning
+    }
+
+    /// Where new connect links go among the other programs at the cgroup.
+    pub(crate) fn order(&self) -> &LinkOrder {
+        &self.order
+    }
+
+    /// Where the programs are attached, if they are.
+    pub(crate) fn attachment(&self) -> Option<&Attachment> {
+        self.attachment.as_ref()
+    }
+
+    /// Whether a hand-over of another layout's datapath waits for this agent's
+    /// frontends to be live.
+    pub(crate) fn handover_pending(&self) -> bool {
+        self.handover.is_some()
+    }
+
+    fn pins(&self) -> Option<&PinDir> {
+        self.pinning.dir()
+    }
+
+    /// Attaches `programs` at `cgroup` (a cgroup v2 directory) through bpf_links,
     /// beside whatever else is attached there (links never replace another's
     /// program), in [`decide::attach_order`]: sk_msg on the sockets map, sock_ops,
     /// setsockopt, then connect4 and connect6, so every socket marked has the
-    /// programs that finish its header behind it. The heartbeat is written first.
+    /// programs that finish its header behind it. `first` runs once the cgroup is
+    /// open, before any link changes (the first heartbeat).
     ///
     /// Pinned, each hook is observed and decided on ([`decide::hook`]): an earlier
     /// agent's link of the right kind has its program swapped in place,
@@ -173,20 +102,21 @@ impl Datapath {
     /// without a program); a stale one is replaced (the new one first, then the old
     /// detached). Links of hooks this agent does not use (the kernel path off now)
     /// are detached after the connect programs were swapped.
-    pub fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
-        let target = Target::open(cgroup)?;
-        // Live before any program of this agent's runs: a new datapath, or one
-        // whose earlier agent has been gone past the TTL, acts from now on.
-        if let Err(e) = self.heartbeat.beat() {
-            tracing::warn!(error = %e, "the first heartbeat could not be written");
-        }
+    pub(crate) fn attach(
+        &mut self,
+        programs: &mut impl LoadedPrograms,
+        cgroup: &Path,
+        first: impl FnOnce(),
+    ) -> Result<&Attachment, DatapathError> {
+        let target = Target::open(&self.kernel, cgroup)?;
+        first();
         let mut links: Vec<Link> = Vec::new();
         let mut adopted = Vec::new();
         for role in decide::attach_order() {
-            let Some(program) = self.program_for(role) else {
+            let Some(program) = programs.program_for(role) else {
                 continue;
             };
-            match self.execute_hook(role, Some(program), &target, false) {
+            match self.execute_hook(programs, role, Some(program), &target, false) {
                 Ok(Some((link, how))) => {
                     adopted.push((role.name(), how));
                     links.push(link);
@@ -194,7 +124,17 @@ impl Datapath {
                 Ok(None) => {}
                 Err(e) => match decide::link_failed(role) {
                     LinkFailed::RelayPathOnly => {
-                        self.lose_kernel_path(&e, cgroup, std::mem::take(&mut links));
+                        tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
+                        programs.lose_kernel_path(&e);
+                        // What of the kernel path was linked goes again. The marking
+                        // connect programs stay: with the kernel path off, no entry
+                        // asks them to mark, and they redirect as the plain ones.
+                        self.attachment = Some(Attachment::new(
+                            cgroup.to_path_buf(),
+                            std::mem::take(&mut links),
+                            Vec::new(),
+                        ));
+                        self.detach(programs);
                         adopted.clear();
                     }
                     // The links made here without a pin go as `links` drops; pinned
@@ -205,46 +145,29 @@ impl Datapath {
                 },
             }
         }
-        self.detach_unused(&links, &target);
+        self.detach_unused(programs, &links, &target);
         log_adoptions(&adopted);
-        Ok(&*self.attachment.insert(Attachment {
-            cgroup: cgroup.to_path_buf(),
-            links,
-            adopted,
-        }))
-    }
-
-    /// A kernel path hook could not be linked: the kernel path is unavailable, and
-    /// what of it was linked (`linked`) goes again. The marking connect programs
-    /// stay: with the kernel path off, no entry asks them to mark, and they redirect
-    /// as the plain ones.
-    fn lose_kernel_path(&mut self, e: &DatapathError, cgroup: &Path, linked: Vec<Link>) {
-        tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
-        self.kernel_path = KernelPath::Unavailable {
-            kind: crate::status::KernelPathReason::LinkFailed,
-            why: e.to_string(),
-        };
-        self.mptcp = Mptcp::Off;
-        self.attachment = Some(Attachment {
-            cgroup: cgroup.to_path_buf(),
-            links: linked,
-            adopted: Vec::new(),
-        });
-        self.detach_roles(|_| true);
-        self.attachment = None;
+        Ok(&*self
+            .attachment
+            .insert(Attachment::new(cgroup.to_path_buf(), links, adopted)))
     }
 
     /// The hooks an earlier agent linked that this one does not use: detached, after
     /// this agent's own were linked.
-    fn detach_unused(&mut self, links: &[Link], target: &Target<'_>) {
-        if self.pins.is_none() {
+    fn detach_unused(
+        &mut self,
+        programs: &impl LoadedPrograms,
+        links: &[Link],
+        target: &Target<'_>,
+    ) {
+        if self.pins().is_none() {
             return;
         }
         for role in decide::attach_order() {
             if links.iter().any(|l| l.role == role) {
                 continue;
             }
-            if let Err(e) = self.execute_hook(role, None, target, false) {
+            if let Err(e) = self.execute_hook(programs, role, None, target, false) {
                 tracing::warn!(hook = role.name(), error = %e, "an earlier agent's unused link could not be detached");
             }
         }
@@ -254,8 +177,9 @@ impl Datapath {
     /// decides, and acts: `program` is what this agent runs there (`None`: it does
     /// not use the hook), `frontends_live` whether its frontends are. The link made,
     /// adopted or taken over, and how.
-    pub(super) fn execute_hook(
+    fn execute_hook(
         &mut self,
+        programs: &impl LoadedPrograms,
         role: Role,
         program: Option<&'static str>,
         target: &Target<'_>,
@@ -264,7 +188,10 @@ impl Datapath {
         let error = |op: &'static str| link_error(role, target.path, op);
         let (target_fd, target_id) = self.target_of(role, target).map_err(error("read"))?;
         let (mut pinned, old) = self.observe_hook(role, target_id, target.path)?;
-        let (mut theirs_seen, theirs) = self.observe_foreign(role, target_id, target.path)?;
+        let (mut theirs_seen, theirs) = match &self.handover {
+            Some(h) => h.observe(&self.kernel, role, target_id, target.path)?,
+            None => (PinnedLink::Absent, None),
+        };
         loop {
             let seen = HookSeen {
                 role,
@@ -281,19 +208,25 @@ impl Datapath {
                 }
                 (Hook::Defer, _) => {
                     if let Some(h) = self.handover.as_mut() {
-                        h.deferred.push(role);
+                        h.defer(role);
                     }
                     return Ok(None);
                 }
                 (Hook::Leave, _) | (_, None) => return Ok(None),
                 (_, Some(name)) => name,
             };
-            let prog = self.program_fd(role, name, target.path)?;
+            let prog = programs.program_fd(role, name, target.path)?;
             let how = match action {
                 Hook::TakeOverLink => {
                     if let Some(t) = &theirs
-                        && let Some(done) =
-                            self.take_over_link(role, name, &prog, t, target.path)?
+                        && let Some(done) = take_over_link(
+                            &self.kernel,
+                            self.pins(),
+                            (role, name),
+                            &prog,
+                            t,
+                            target.path,
+                        )?
                     {
                         return Ok(Some(done));
                     }
@@ -305,7 +238,8 @@ impl Datapath {
                     let old = old.as_ref().map(|(fd, info)| (fd, info.prog_id));
                     match self.swap_in_place(role, &prog, old, target.path)? {
                         Some(link) => {
-                            return Ok(Some((link_of(role, name, Some(link)), Adoption::Swapped)));
+                            let link = link_of(&self.kernel, role, name, Some(link));
+                            return Ok(Some((link, Adoption::Swapped)));
                         }
                         // The link cannot be updated (its cgroup went away): observed
                         // anew as stale, and decided again.
@@ -322,16 +256,16 @@ impl Datapath {
                 Hook::NewLink | Hook::DetachUnused | Hook::Leave | Hook::Defer => Adoption::New,
             };
             let fd = self.create_link(role, &prog, &target_fd, error("create"))?;
-            self.pin_link(role, fd.as_ref(), &prog, target.path)?;
+            pin_link(&self.kernel, self.pins(), role, fd.as_ref(), &prog, target.path)?;
             if let Some((stale, _)) = &old
                 && matches!(how, Adoption::Replaced(_))
             {
                 // After the new link: the hook was never without a program.
-                if let Err(e) = sys::link_detach(stale.as_fd()) {
+                if let Err(e) = self.kernel.link_detach(stale.as_fd()) {
                     tracing::debug!(hook = role.name(), error = %e, "the replaced link could not be detached (already gone)");
                 }
             }
-            return Ok(Some((link_of(role, name, fd), how)));
+            return Ok(Some((link_of(&self.kernel, role, name, fd), how)));
         }
     }
 
@@ -339,10 +273,9 @@ impl Datapath {
     /// descriptor and kernel id.
     fn target_of(&self, role: Role, target: &Target<'_>) -> std::io::Result<(OwnedFd, u64)> {
         if role == Role::SkMsg {
-            let fd = self.sockets.fd().as_fd().try_clone_to_owned()?;
-            Ok((fd, u64::from(self.sockets_id.unwrap_or(0))))
+            Ok((self.sockets.0.try_clone()?, self.sockets.1))
         } else {
-            Ok((target.dir.as_fd().try_clone_to_owned()?, target.id))
+            Ok((target.dir.try_clone()?, target.id))
         }
     }
 
@@ -353,47 +286,27 @@ impl Datapath {
         role: Role,
         target_id: u64,
         cgroup: &Path,
-    ) -> Result<(PinnedLink, Option<(OwnedFd, sys::LinkInfo)>), DatapathError> {
+    ) -> Result<(PinnedLink, Option<(OwnedFd, LinkInfo)>), DatapathError> {
         let error = |op: &'static str| link_error(role, cgroup, op);
-        let Some(pins) = &self.pins else {
+        let Some(pins) = self.pins() else {
             return Ok((PinnedLink::NotPinning, None));
         };
-        let link = match sys::open_pinned(&pins.link(role)) {
+        let link = match self.kernel.open_pinned(&pins.link(role)) {
             Ok(link) => link,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Ok((PinnedLink::Absent, None));
             }
             Err(e) => return Err(error("read")(e)),
         };
-        let info = sys::link_info(link.as_fd()).map_err(error("read"))?;
+        let info = self.kernel.link_info(link.as_fd()).map_err(error("read"))?;
         let mut pinned = decide::pinned_link(role, &info, target_id);
         if pinned == PinnedLink::Matches
-            && self.link_order.flags(role) != 0
+            && self.order.flags(role) != 0
             && let Some(front) = running_in_front(role, cgroup, info.prog_id)
         {
             pinned = PinnedLink::Behind(front);
         }
         Ok((pinned, Some((link, info))))
-    }
-
-    /// A descriptor of the loaded program `name`, to link at `role`.
-    fn program_fd(
-        &self,
-        role: Role,
-        name: &'static str,
-        cgroup: &Path,
-    ) -> Result<OwnedFd, DatapathError> {
-        self.ebpf
-            .program(name)
-            .ok_or(DatapathError::Missing {
-                kind: "program",
-                name,
-            })?
-            .fd()
-            .map_err(program_error(name, "attach", cgroup))?
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(link_error(role, cgroup, "read"))
     }
 
     /// Swaps `prog` into the pinned link `old` (with the id of the program it runs),
@@ -408,46 +321,25 @@ impl Datapath {
         cgroup: &Path,
     ) -> Result<Option<OwnedFd>, DatapathError> {
         let error = |op: &'static str| link_error(role, cgroup, op);
-        let (Some(pins), Some((link, running))) = (&self.pins, old) else {
+        let (Some(pins), Some((link, running))) = (self.pins(), old) else {
             return Ok(None);
         };
         let prog_pin = pins.prog(role);
-        if !update_link(role, link, prog, (&prog_pin, running), cgroup)? {
+        if !update_link(&self.kernel, role, link, prog, (&prog_pin, running), cgroup)? {
             return Ok(None);
         }
-        repin(&prog_pin, prog).map_err(error("pin"))?;
+        repin(&self.kernel, &prog_pin, prog).map_err(error("pin"))?;
         let link = link.try_clone().map_err(error("read"))?;
         Ok(Some(link))
     }
 
-    /// Pins a new link `fd` (none: sk_msg on the map the old way) and its program
-    /// `prog` at `role`'s pins, when the datapath is pinned.
-    pub(super) fn pin_link(
-        &self,
-        role: Role,
-        fd: Option<&OwnedFd>,
-        prog: &OwnedFd,
-        cgroup: &Path,
-    ) -> Result<(), DatapathError> {
-        let error = |op: &'static str| link_error(role, cgroup, op);
-        let Some(pins) = &self.pins else {
-            return Ok(());
-        };
-        if let Some(fd) = fd {
-            let link_pin = pins.link(role);
-            let _ = pin::unpin(&link_pin);
-            sys::pin(fd.as_fd(), &link_pin).map_err(error("pin"))?;
-        }
-        repin(&pins.prog(role), prog).map_err(error("pin"))
-    }
-
     /// Detaches and unpins an earlier agent's link at a hook this agent does not use.
-    fn detach_unused_link(&self, role: Role, old: Option<&(OwnedFd, sys::LinkInfo)>) {
-        let Some(pins) = &self.pins else {
+    fn detach_unused_link(&self, role: Role, old: Option<&(OwnedFd, LinkInfo)>) {
+        let Some(pins) = self.pins() else {
             return;
         };
         if let Some((fd, _)) = old {
-            match sys::link_detach(fd.as_fd()) {
+            match self.kernel.link_detach(fd.as_fd()) {
                 Ok(()) => tracing::info!(
                     hook = role.name(),
                     "an earlier agent's link this agent does not use: detached"
@@ -457,8 +349,8 @@ impl Datapath {
                 }
             }
         }
-        let _ = pin::unpin(&pins.link(role));
-        let _ = pin::unpin(&pins.prog(role));
+        let _ = self.kernel.unpin(&pins.link(role));
+        let _ = self.kernel.unpin(&pins.prog(role));
     }
 
     /// A new link of `prog` at `target`; sk_msg falls back to the map attachment on
@@ -471,8 +363,11 @@ impl Datapath {
         target: &OwnedFd,
         error: impl FnOnce(std::io::Error) -> DatapathError,
     ) -> Result<Option<OwnedFd>, DatapathError> {
-        let flags = self.link_order.flags(role);
-        match sys::link_create(prog.as_fd(), target.as_fd(), role.attach_type(), flags) {
+        let flags = self.order.flags(role);
+        match self
+            .kernel
+            .link_create(prog.as_fd(), target.as_fd(), role.attach_type(), flags)
+        {
             Ok(fd) => Ok(Some(fd)),
             Err(e)
                 if role == Role::SkMsg
@@ -482,11 +377,66 @@ impl Datapath {
                     ) =>
             {
                 tracing::debug!(error = %e, "no sockmap links on this kernel: sk_msg attaches to the map");
-                sys::map_attach(prog.as_fd(), target.as_fd(), role.attach_type())
+                self.kernel
+                    .map_attach(prog.as_fd(), target.as_fd(), role.attach_type())
                     .map(|()| None)
                     .map_err(error)
             }
             Err(e) => Err(error(e)),
+        }
+    }
+
+    /// Completes a hand-over once this agent's frontends are live (its first apply
+    /// is done): its connect programs are swapped into the other layout's connect
+    /// links in place, and that layout goes once the sockets it marked have their
+    /// header (in the background, for at most [`takeover::RETIRE_MAX`]). Whether
+    /// there was one to complete. A connect hook that cannot be taken over keeps the
+    /// other layout's program until the layout goes, and the log says so.
+    pub(crate) fn complete_handover(&mut self, programs: &impl LoadedPrograms) -> bool {
+        let Some(deferred) = self.handover.as_ref().map(|h| h.deferred().to_vec()) else {
+            return false;
+        };
+        let cgroup = self.attachment.as_ref().map(|a| a.cgroup.clone());
+        let target = cgroup
+            .as_deref()
+            .map(|c| Target::open(&self.kernel, c));
+        match target {
+            Some(Ok(target)) => {
+                for role in deferred {
+                    self.take_over_deferred(programs, role, &target);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the hand-over cannot complete: the cgroup cannot be opened");
+            }
+            None => {}
+        }
+        if let Some(h) = self.handover.take() {
+            takeover::retire(h.finish());
+        }
+        true
+    }
+
+    /// Takes over the other layout's link at the deferred connect hook `role`.
+    fn take_over_deferred(
+        &mut self,
+        programs: &impl LoadedPrograms,
+        role: Role,
+        target: &Target<'_>,
+    ) {
+        let Some(program) = programs.program_for(role) else {
+            return;
+        };
+        match self.execute_hook(programs, role, Some(program), target, true) {
+            Ok(Some((link, how))) => {
+                if let Some(att) = self.attachment.as_mut() {
+                    att.push(link, role.name(), how);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(hook = role.name(), error = %e, "the other layout's connect link could not be taken over: its program serves until that layout goes");
+            }
         }
     }
 
@@ -495,10 +445,10 @@ impl Datapath {
     /// redirected or marked. sock_ops stays, so sockets already marked still enter
     /// the sockets map at their handshake and leave it at their first RTT sample (or
     /// close), and sk_msg stays on the map, so they still get their header. Whether
-    /// sock_ops is still attached: then the sockets map is worth waiting for
-    /// ([`super::super::CountersReader::fill`]) before [`Datapath::detach`].
-    pub fn detach_connect(&mut self) -> bool {
-        self.detach_roles(|r| !matches!(r, Role::SockOps | Role::SkMsg));
+    /// sock_ops is still attached: then the sockets map is worth waiting for before
+    /// [`Links::detach`].
+    pub(crate) fn detach_connect(&mut self, programs: &impl LoadedPrograms) -> bool {
+        self.detach_roles(programs, |r| !matches!(r, Role::SockOps | Role::SkMsg));
         self.attachment
             .as_ref()
             .is_some_and(|a| a.links.iter().any(|l| l.role == Role::SockOps))
@@ -506,13 +456,13 @@ impl Datapath {
 
     /// Detaches whatever is still attached, in [`decide::detach_order`], and unpins
     /// their links.
-    pub fn detach(&mut self) {
-        self.detach_roles(|_| true);
+    pub(crate) fn detach(&mut self, programs: &impl LoadedPrograms) {
+        self.detach_roles(programs, |_| true);
         self.attachment = None;
     }
 
     /// Detaches the links of the roles `which` picks, in [`decide::detach_order`].
-    fn detach_roles(&mut self, which: impl Fn(Role) -> bool) {
+    fn detach_roles(&mut self, programs: &impl LoadedPrograms, which: impl Fn(Role) -> bool) {
         let Some(att) = self.attachment.as_mut() else {
             return;
         };
@@ -524,23 +474,24 @@ impl Datapath {
             att.links = kept;
             gone.extend(now);
         }
+        let cgroup = att.cgroup.clone();
         for l in gone {
             let detached = match &l.fd {
-                Some(fd) => sys::link_detach(fd.as_fd()),
-                None => self
-                    .ebpf
-                    .program(l.program)
-                    .and_then(|p| p.fd().ok())
+                Some(fd) => self.kernel.link_detach(fd.as_fd()),
+                None => programs
+                    .program_fd(l.role, l.program, &cgroup)
+                    .ok()
                     .map_or(Ok(()), |p| {
-                        sys::map_detach(p.as_fd(), self.sockets.fd().as_fd(), l.role.attach_type())
+                        self.kernel
+                            .map_detach(p.as_fd(), self.sockets.0.as_fd(), l.role.attach_type())
                     }),
             };
             if let Err(e) = detached {
                 tracing::warn!(hook = l.role.name(), error = %e, "detach failed");
             }
-            if let Some(pins) = &self.pins {
-                let _ = pin::unpin(&pins.link(l.role));
-                let _ = pin::unpin(&pins.prog(l.role));
+            if let Some(pins) = self.pinning.dir() {
+                let _ = self.kernel.unpin(&pins.link(l.role));
+                let _ = self.kernel.unpin(&pins.prog(l.role));
             }
         }
     }
@@ -548,9 +499,9 @@ impl Datapath {
     /// Removes the datapath: detaches every link and removes every pin (links,
     /// programs, maps), so nothing of hairpin stays in the kernel once this process
     /// exits. For an uninstall, and for a failed attach.
-    pub fn uninstall(&mut self) {
-        self.detach();
-        if let Some(pins) = &self.pins {
+    pub(crate) fn uninstall(&mut self, programs: &impl LoadedPrograms) {
+        self.detach(programs);
+        if let Some(pins) = self.pins() {
             for r in pin::remove_all(pins.root()) {
                 if let Err(e) = r.result {
                     tracing::warn!(kind = r.kind, pin = %r.path.display(), error = %e, "could not remove");
@@ -575,77 +526,6 @@ fn log_adoptions(adopted: &[(&'static str, Adoption)]) {
             Adoption::TakenOver(_) => {}
         }
     }
-}
-
-/// The error of linking `role` at `cgroup` when `op` fails.
-pub(super) fn link_error(
-    role: Role,
-    cgroup: &Path,
-    op: &'static str,
-) -> impl FnOnce(std::io::Error) -> DatapathError {
-    let cgroup = cgroup.to_path_buf();
-    move |source| DatapathError::Link {
-        op,
-        role: role.name(),
-        cgroup,
-        source,
-    }
-}
-
-/// A [`Link`] record for `fd` (its id read from the kernel).
-pub(super) fn link_of(role: Role, program: &'static str, fd: Option<OwnedFd>) -> Link {
-    let id = fd
-        .as_ref()
-        .and_then(|fd| sys::link_info(fd.as_fd()).ok())
-        .map(|i| i.id);
-    Link {
-        role,
-        program,
-        fd,
-        id,
-    }
-}
-
-/// Swaps `prog` into `link` in place (`BPF_LINK_UPDATE`), compare-and-swap against
-/// the program pinned at `expected.0` when that is the one the link runs (id
-/// `expected.1`). `false` when the kernel says the link can no longer be updated
-/// (ENOLINK: its cgroup went away).
-pub(super) fn update_link(
-    role: Role,
-    link: &OwnedFd,
-    prog: &OwnedFd,
-    expected: (&Path, u32),
-    cgroup: &Path,
-) -> Result<bool, DatapathError> {
-    let (pinned, running) = expected;
-    let expected = sys::open_pinned(pinned)
-        .ok()
-        .filter(|p| sys::prog_id(p.as_fd()).is_ok_and(|id| id == running));
-    if expected.is_none() {
-        tracing::warn!(
-            hook = role.name(),
-            "the program the pinned link runs is not pinned beside it: swapped without compare-and-swap"
-        );
-    }
-    match sys::link_update(
-        link.as_fd(),
-        prog.as_fd(),
-        expected.as_ref().map(|p| p.as_fd()),
-    ) {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => Ok(false),
-        Err(e) => Err(link_error(role, cgroup, "update")(e)),
-    }
-}
-
-/// Pins `prog` at `path` in place of whatever was pinned there.
-fn repin(path: &Path, prog: &OwnedFd) -> std::io::Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    sys::pin(prog.as_fd(), path)
 }
 
 /// The programs that run before `running` (the pinned link's program) at `role`

@@ -6,8 +6,11 @@
 //! - state.rs: the observed states and the actions, plain data;
 //! - decide.rs: pure functions from one to the other, unit-tested without root
 //!   (tests.rs), and the one consumers-first order;
-//! - execute.rs: the executor, the only code that observes and changes links and
-//!   pins; takeover.rs, its part that hands over another layout's live datapath.
+//! - start.rs: the start's observation and decision;
+//! - execute.rs: the executor, the links' owner and the only code that changes links
+//!   and pins; hook.rs, its steps at one hook; takeover.rs, its hand-over of another
+//!   layout's live datapath; kernel.rs, its seam over the kernel, which unit tests
+//!   replace (fake.rs, executor_tests.rs).
 //!
 //! Waiting (for the lock, or for another layout's datapath to expire) is a state the
 //! agent reports, never an error. The transition table, each row with the test that
@@ -17,17 +20,22 @@
 //! liveness.rs own those) and never loads a program (load.rs).
 
 pub mod decide;
-mod execute;
-mod state;
-mod takeover;
+pub(crate) mod execute;
+pub(crate) mod hook;
+pub(crate) mod kernel;
+pub(crate) mod start;
+pub mod state;
+pub(crate) mod takeover;
 
-pub use execute::{Started, start};
 pub use state::{
     Drain, DrainSeen, ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink,
     Removal, Start, StartSeen, Stop, StopSeen, Wait,
 };
-pub(super) use takeover::Handover;
 pub use takeover::RETIRE_MAX;
 
+#[cfg(test)]
+mod executor_tests;
+#[cfg(test)]
+mod fake;
 #[cfg(test)]
 mod tests;

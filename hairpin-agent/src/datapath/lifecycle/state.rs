@@ -4,7 +4,9 @@
 
 use std::{fmt, path::PathBuf, time::Duration};
 
-use super::super::{Fill, HeartbeatState, Role};
+use crate::datapath::counters::Fill;
+use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::role::Role;
 
 /// The pin directory as a starting agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,14 +6,15 @@
 //! 1. At attach, this agent's consumers (sk_msg, sock_ops, setsockopt) are linked
 //!    beside the other layout's; the connect hooks keep the other layout's links and
 //!    programs, which still find their own frontends (decide: `Hook::Defer`).
-//! 2. Once this agent's frontends are live ([`Datapath::complete_handover`], after
+//! 2. Once this agent's frontends are live (the links' `complete_handover`, after
 //!    its first apply), its connect programs are swapped into those links in place
 //!    (`Hook::TakeOverLink`), which are pinned as this layout's from then on.
 //! 3. The other layout's consumers stay until the sockets its connect programs
 //!    marked have their header (a handshake settles, its sockets map empties, for
 //!    at most [`RETIRE_MAX`]); then the whole layout is removed.
 //!
-//! Part of the one executor (execute.rs): never decides, only observes and acts.
+//! Part of the one executor (execute.rs, which owns the [`Handover`] value): never
+//! decides, only observes and acts, through the seam (kernel.rs).
 
 use std::{
     os::fd::{AsFd, OwnedFd},
@@ -24,14 +25,16 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use hairpin_ebpf::MAP_SOCKETS;
 
-use super::super::{
-    Adoption, Datapath, DatapathError, Role, attach::Link, kernel_path::HANDSHAKE_SETTLE, pin, sys,
-};
-use super::{
-    decide,
-    execute::{Target, link_error, link_of, update_link},
-    state::{ForeignLayout, PinnedLink},
-};
+use super::decide;
+use super::hook::{link_error, link_of, pin_link, update_link};
+use super::kernel::LinkKernel;
+use super::state::{ForeignLayout, PinnedLink};
+use crate::datapath::attach::{Adoption, Link};
+use crate::datapath::error::DatapathError;
+use super::decide::HANDSHAKE_SETTLE;
+use crate::datapath::pin::{self, PinDir};
+use crate::datapath::role::Role;
+use crate::datapath::sys::LinkInfo;
 
 /// The longest the other layout's consumers stay for the sockets it marked.
 pub const RETIRE_MAX: Duration = Duration::from_secs(30);
@@ -41,141 +44,108 @@ const RETIRE_POLL: Duration = Duration::from_millis(100);
 
 /// A hand-over of other layouts' live datapaths under way.
 #[derive(Debug)]
-pub(in crate::datapath) struct Handover {
+pub(crate) struct Handover {
     /// Their layout directories.
     from: Vec<PathBuf>,
     /// The connect hooks still running their programs, until this agent's
     /// frontends are live.
-    pub(super) deferred: Vec<Role>,
+    deferred: Vec<Role>,
 }
+
+/// The other layout's link at a hook: its descriptor, description and layout
+/// directory.
+pub(super) type Theirs = (OwnedFd, LinkInfo, PathBuf);
 
 impl Handover {
     /// A hand-over of `live`.
-    pub(super) fn of(live: &[ForeignLayout]) -> Handover {
+    pub(crate) fn of(live: &[ForeignLayout]) -> Handover {
         Handover {
             from: live.iter().map(|l| l.dir.clone()).collect(),
             deferred: Vec::new(),
         }
     }
-}
 
-/// The other layout's link at a hook: its descriptor, description and layout
-/// directory.
-pub(super) type Theirs = (OwnedFd, sys::LinkInfo, PathBuf);
+    /// `role` keeps the other layout's link until this agent's frontends are live.
+    pub(super) fn defer(&mut self, role: Role) {
+        self.deferred.push(role);
+    }
 
-impl Datapath {
+    /// The connect hooks deferred so far.
+    pub(super) fn deferred(&self) -> &[Role] {
+        &self.deferred
+    }
+
+    /// The layouts handed over, once the hand-over completes.
+    pub(super) fn finish(self) -> Vec<PathBuf> {
+        self.from
+    }
+
     /// What the layouts being handed over pinned at `role` (the first that has a
-    /// link there), with the link. `Absent` when none is being handed over.
-    pub(super) fn observe_foreign(
+    /// link there), with the link.
+    pub(super) fn observe(
         &self,
+        kernel: &impl LinkKernel,
         role: Role,
         target_id: u64,
         cgroup: &Path,
     ) -> Result<(PinnedLink, Option<Theirs>), DatapathError> {
-        let Some(h) = &self.handover else {
-            return Ok((PinnedLink::Absent, None));
-        };
-        for dir in &h.from {
+        for dir in &self.from {
             let path = dir.join("links").join(role.name());
-            let link = match sys::open_pinned(&path) {
+            let link = match kernel.open_pinned(&path) {
                 Ok(link) => link,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                 Err(e) => return Err(link_error(role, cgroup, "read")(e)),
             };
-            let info = sys::link_info(link.as_fd()).map_err(link_error(role, cgroup, "read"))?;
+            let info = kernel
+                .link_info(link.as_fd())
+                .map_err(link_error(role, cgroup, "read"))?;
             let seen = decide::pinned_link(role, &info, target_id);
             return Ok((seen, Some((link, info, dir.clone()))));
         }
         Ok((PinnedLink::Absent, None))
     }
+}
 
-    /// Swaps `prog` (the program `name`) into the other layout's link `theirs` in
-    /// place, compare-and-swap against the program pinned beside it, and pins the
-    /// link and `prog` as this layout's, their pins gone. `None` when the kernel
-    /// says the link can no longer be updated (ENOLINK: its cgroup went away).
-    pub(super) fn take_over_link(
-        &self,
-        role: Role,
-        name: &'static str,
-        prog: &OwnedFd,
-        theirs: &Theirs,
-        cgroup: &Path,
-    ) -> Result<Option<(Link, Adoption)>, DatapathError> {
-        let (link, info, dir) = theirs;
-        let their_prog = dir.join("progs").join(role.name());
-        if !update_link(role, link, prog, (&their_prog, info.prog_id), cgroup)? {
-            return Ok(None);
-        }
-        let link = link.try_clone().map_err(link_error(role, cgroup, "read"))?;
-        self.pin_link(role, Some(&link), prog, cgroup)?;
-        let _ = pin::unpin(&dir.join("links").join(role.name()));
-        let _ = pin::unpin(&their_prog);
-        let from = dir
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        tracing::info!(hook = role.name(), layout = %from, "handed over: this agent's program swapped into the other layout's link in place");
-        Ok(Some((
-            link_of(role, name, Some(link)),
-            Adoption::TakenOver(from),
-        )))
+/// Swaps `prog` (the program `name`) into the other layout's link `theirs` in
+/// place, compare-and-swap against the program pinned beside it, and pins the
+/// link and `prog` as this layout's in `pins`, their pins gone. `None` when the
+/// kernel says the link can no longer be updated (ENOLINK: its cgroup went away).
+pub(super) fn take_over_link(
+    kernel: &impl LinkKernel,
+    pins: Option<&PinDir>,
+    (role, name): (Role, &'static str),
+    prog: &OwnedFd,
+    theirs: &Theirs,
+    cgroup: &Path,
+) -> Result<Option<(Link, Adoption)>, DatapathError> {
+    let (link, info, dir) = theirs;
+    let their_prog = dir.join("progs").join(role.name());
+    if !update_link(kernel, role, link, prog, (&their_prog, info.prog_id), cgroup)? {
+        return Ok(None);
     }
+    let link = link.try_clone().map_err(link_error(role, cgroup, "read"))?;
+    pin_link(kernel, pins, role, Some(&link), prog, cgroup)?;
+    let _ = kernel.unpin(&dir.join("links").join(role.name()));
+    let _ = kernel.unpin(&their_prog);
+    let from = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    tracing::info!(hook = role.name(), layout = %from, "handed over: this agent's program swapped into the other layout's link in place");
+    Ok(Some((
+        link_of(kernel, role, name, Some(link)),
+        Adoption::TakenOver(from),
+    )))
+}
 
-    /// Whether a hand-over of another layout's datapath waits for this agent's
-    /// frontends to be live.
-    pub fn handover_pending(&self) -> bool {
-        self.handover.is_some()
-    }
-
-    /// Completes a hand-over once this agent's frontends are live (its first apply
-    /// is done): its connect programs are swapped into the other layout's connect
-    /// links in place, and that layout goes once the sockets it marked have their
-    /// header (in the background, for at most [`RETIRE_MAX`]). Whether there was one
-    /// to complete. A connect hook that cannot be taken over keeps the other
-    /// layout's program until the layout goes, and the log says so.
-    pub fn complete_handover(&mut self) -> bool {
-        let Some(deferred) = self.handover.as_ref().map(|h| h.deferred.clone()) else {
-            return false;
-        };
-        let cgroup = self.attachment.as_ref().map(|a| a.cgroup.clone());
-        let target = cgroup.as_deref().map(Target::open);
-        match target {
-            Some(Ok(target)) => {
-                for role in deferred {
-                    self.take_over_deferred(role, &target);
-                }
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "the hand-over cannot complete: the cgroup cannot be opened");
-            }
-            None => {}
+/// Retires the layouts handed over: in the background once the sockets they
+/// marked have their header (for at most [`RETIRE_MAX`]), or at once without a
+/// runtime.
+pub(super) fn retire(from: Vec<PathBuf>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(retire_layouts(from));
         }
-        let from = self.handover.take().map(|h| h.from).unwrap_or_default();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(retire_layouts(from));
-            }
-            Err(_) => remove_layouts(&from),
-        }
-        true
-    }
-
-    /// Takes over the other layout's link at the deferred connect hook `role`.
-    fn take_over_deferred(&mut self, role: Role, target: &Target<'_>) {
-        let Some(program) = self.program_for(role) else {
-            return;
-        };
-        match self.execute_hook(role, Some(program), target, true) {
-            Ok(Some((link, how))) => {
-                if let Some(att) = self.attachment.as_mut() {
-                    att.adopted.push((role.name(), how));
-                    att.links.push(link);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(hook = role.name(), error = %e, "the other layout's connect link could not be taken over: its program serves until that layout goes");
-            }
-        }
+        Err(_) => remove_layouts(&from),
     }
 }
 

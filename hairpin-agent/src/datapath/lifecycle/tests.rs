@@ -3,7 +3,10 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use super::super::{Fill, HeartbeatState, Role, sys};
+use crate::datapath::counters::Fill;
+use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::role::Role;
+use crate::datapath::sys;
 use super::decide;
 use super::*;
 

@@ -33,9 +33,9 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
-use hairpin_ebpf::MAP_SOCKETS;
 
-use super::{Datapath, sys};
+use super::role::Role;
+use super::sys;
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -116,61 +116,6 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> P
     }
 }
 
-/// The hooks the datapath links at, in the order an agent attaches or swaps them:
-/// consumers first (sk_msg and sock_ops act on sockets the connect programs mark),
-/// so a socket marked by a new connect program always meets programs that expect it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// sk_msg on the sockets map.
-    SkMsg,
-    /// sock_ops at the cgroup.
-    SockOps,
-    /// cgroup/setsockopt.
-    SetSockopt,
-    /// cgroup/connect4.
-    Connect4,
-    /// cgroup/connect6.
-    Connect6,
-}
-
-impl Role {
-    /// Every role, consumers first.
-    pub const ALL: [Role; 5] = [
-        Role::SkMsg,
-        Role::SockOps,
-        Role::SetSockopt,
-        Role::Connect4,
-        Role::Connect6,
-    ];
-
-    /// The pin name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::SkMsg => "sk_msg",
-            Role::SockOps => "sock_ops",
-            Role::SetSockopt => "setsockopt",
-            Role::Connect4 => "connect4",
-            Role::Connect6 => "connect6",
-        }
-    }
-
-    /// The kernel's attach type of the hook.
-    pub fn attach_type(self) -> sys::AttachType {
-        match self {
-            Role::SkMsg => sys::AttachType::SkMsgVerdict,
-            Role::SockOps => sys::AttachType::SockOps,
-            Role::SetSockopt => sys::AttachType::SetSockopt,
-            Role::Connect4 => sys::AttachType::Connect4,
-            Role::Connect6 => sys::AttachType::Connect6,
-        }
-    }
-
-    /// Whether the kernel path alone uses this hook.
-    pub fn kernel_path_only(self) -> bool {
-        matches!(self, Role::SkMsg | Role::SockOps | Role::SetSockopt)
-    }
-}
-
 /// The pin directory, locked by this process for as long as it lives: one agent
 /// owns a node's datapath at a time.
 pub struct PinDir {
@@ -236,6 +181,22 @@ impl PinDir {
                 path: root.to_path_buf(),
                 source: e.into(),
             }),
+        }
+    }
+
+    /// A pin directory at `root` on any filesystem, locked, without the bpf
+    /// filesystem check: for the executor's unit tests, whose fake kernel keeps the
+    /// pins in memory and only needs their paths.
+    #[cfg(test)]
+    pub(crate) fn for_tests(root: &Path, layout: u32) -> PinDir {
+        let lock = File::open(root).expect("the test's directory opens");
+        let locked = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| e)
+            .expect("the test's own directory is not locked by another");
+        PinDir {
+            root: root.to_path_buf(),
+            layout,
+            _lock: locked,
         }
     }
 
@@ -481,7 +442,7 @@ pub fn remove_layout(layout: &Path) -> Vec<Removed> {
     let mut done = Vec::new();
     // Links first, connect programs before the consumers: no socket is marked
     // after this that sock_ops or sk_msg would not see.
-    for role in super::lifecycle::decide::detach_order() {
+    for role in super::role::detach_order() {
         let p = layout.join("links").join(role.name());
         if !p.exists() {
             continue;
@@ -629,17 +590,6 @@ pub enum Pin {
     Failed(String),
 }
 
-impl Datapath {
-    /// Whether the datapath is pinned: the directory, or why not.
-    pub fn pin(&self) -> &Pin {
-        &self.pin
-    }
-
-    /// Where the sockets map is pinned, when the datapath is.
-    pub fn sockets_pin(&self) -> Option<PathBuf> {
-        self.pins.as_ref().map(|p| p.map(MAP_SOCKETS))
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -689,5 +639,36 @@ mod tests {
         );
         assert!(Role::ALL[..3].iter().all(|r| r.kernel_path_only()));
         assert!(!Role::Connect4.kernel_path_only());
+    }
+}
+
+/// The links' pinning, as their owner holds it: off, failed (why), or pinned in
+/// the locked directory.
+#[derive(Debug)]
+pub(crate) enum Pinning {
+    /// No pin directory: the links and maps are the process's own.
+    Off,
+    /// Pinning failed, and why: the datapath is the process's own.
+    Failed(String),
+    /// Pinned in this directory, locked by this process.
+    Pinned(PinDir),
+}
+
+impl Pinning {
+    /// The locked directory, when pinned.
+    pub(crate) fn dir(&self) -> Option<&PinDir> {
+        match self {
+            Pinning::Pinned(dir) => Some(dir),
+            Pinning::Off | Pinning::Failed(_) => None,
+        }
+    }
+
+    /// As `status` says it.
+    pub(crate) fn status(&self) -> Pin {
+        match self {
+            Pinning::Off => Pin::Off,
+            Pinning::Failed(why) => Pin::Failed(why.clone()),
+            Pinning::Pinned(dir) => Pin::Pinned(dir.root().to_path_buf()),
+        }
     }
 }

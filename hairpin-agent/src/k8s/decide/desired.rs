@@ -14,32 +14,9 @@ use crate::model::{FirstSpeaker, Frontend, Frontends, PathChoice, ProxyVersion, 
 
 use super::{
     decision::{Decision, Outcome, Skip, SkipReason},
-    service::{Defaults, decide},
+    service::{Defaults, FrontendCaps, decide},
 };
 
-/// `--max-frontends-per-namespace`'s default: a Service of a thousand ports fits,
-/// and sixteen such namespaces fill the default frontends map.
-pub const DEFAULT_MAX_FRONTENDS_PER_NAMESPACE: usize = 4096;
-
-/// How many frontends (LoadBalancer (IP, port) pairs) one namespace and all may
-/// have. Applied as [`crate::names::caps`] applies the name caps: per namespace the
-/// oldest Services' frontends first; in all, round robin between namespaces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FrontendCaps {
-    /// `--max-frontends-per-namespace`.
-    pub per_namespace: usize,
-    /// `--max-frontends` (the kernel map's capacity).
-    pub total: usize,
-}
-
-impl Default for FrontendCaps {
-    fn default() -> Self {
-        FrontendCaps {
-            per_namespace: DEFAULT_MAX_FRONTENDS_PER_NAMESPACE,
-            total: hairpin_ebpf::MAX_FRONTENDS as usize,
-        }
-    }
-}
 
 /// Two Services claim the same (IP, port) with different PROXY versions.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -21,6 +21,30 @@ use super::{
     provider_eval,
 };
 
+/// `--max-frontends-per-namespace`'s default: a Service of a thousand ports fits,
+/// and sixteen such namespaces fill the default frontends map.
+pub const DEFAULT_MAX_FRONTENDS_PER_NAMESPACE: usize = 4096;
+
+/// How many frontends (LoadBalancer (IP, port) pairs) one namespace and all may
+/// have. Applied as [`crate::names::caps`] applies the name caps: per namespace the
+/// oldest Services' frontends first; in all, round robin between namespaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrontendCaps {
+    /// `--max-frontends-per-namespace`.
+    pub per_namespace: usize,
+    /// `--max-frontends` (the kernel map's capacity).
+    pub total: usize,
+}
+
+impl Default for FrontendCaps {
+    fn default() -> Self {
+        FrontendCaps {
+            per_namespace: DEFAULT_MAX_FRONTENDS_PER_NAMESPACE,
+            total: hairpin_ebpf::MAX_FRONTENDS as usize,
+        }
+    }
+}
+
 /// Agent-wide settings the decision needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Defaults {
@@ -30,7 +54,7 @@ pub struct Defaults {
     /// Which LoadBalancer addresses may be redirected.
     pub addresses: LbAddressPolicy,
     /// How many frontends one namespace, and all, may have.
-    pub frontend_caps: super::desired::FrontendCaps,
+    pub frontend_caps: FrontendCaps,
 }
 
 /// A Service's name; a missing namespace reads as `default`, as kubectl does.
