@@ -13,7 +13,12 @@ use std::{fs, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, ebpf, prereqs, run, source::Source, target_dir, toolchain::{self, output}};
+use crate::{
+    cargo, ebpf, prereqs, run,
+    source::Source,
+    target_dir,
+    toolchain::{self, output},
+};
 
 /// The image's name in local container storage.
 pub const IMAGE: &str = "localhost/hairpin-agent:dev";

@@ -91,7 +91,10 @@ impl Attachment {
 
     /// The program linked at `role`, if one is.
     pub(crate) fn program(&self, role: Role) -> Option<&'static str> {
-        self.links.iter().find(|l| l.role == role).map(|l| l.program)
+        self.links
+            .iter()
+            .find(|l| l.role == role)
+            .map(|l| l.program)
     }
 
     /// Kernel ids of the linked programs and their links, for `status` and `dump`

@@ -21,8 +21,8 @@ use hairpin_ebpf::{
 };
 
 use super::btf::BtfError;
-use super::lifecycle::decide;
 use super::counters::Fill;
+use super::lifecycle::decide;
 use super::lifecycle::state::{Drain, DrainSeen};
 use crate::{
     model::{FirstSpeaker, PathChoice, ProxyVersion},

@@ -22,8 +22,7 @@ use hairpin_ebpf::{
     GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
     GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
     MAP_SLOTS, MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN,
-    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, mesh_ports_be,
-    slot_addrs4, slot_addrs6,
+    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, mesh_ports_be, slot_addrs4, slot_addrs6,
 };
 
 use super::adopt;
@@ -39,7 +38,9 @@ use super::lifecycle::start::{Decided, decide_start};
 use super::lifecycle::state::{Go, Wait};
 use super::lifecycle::takeover::Handover;
 use super::liveness::{Heartbeat, Liveness, RelayLiveness};
-use super::maps::{FrontendsMap, Maps, OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short};
+use super::maps::{
+    FrontendsMap, Maps, OpenedMaps, SHARED_MAPS, sockets_capacity, warn_if_counters_short,
+};
 use super::options::LoadOptions;
 use super::order::{self, LinkOrder};
 use super::pin::{Pin, PinDir, Pinning};
@@ -191,7 +192,12 @@ impl Datapath {
         let events = runtime.and_then(|rt| EventsReader::start(&mut ebpf, &rt));
         let liveness = Liveness::new(heartbeat, opts.ttl, relays, opts.bypass_mark);
         let slots = Slots::new(slots, slots_fd, opts.slot_addrs.clone());
-        let maps = Maps::new(frontends, counters, (sockets, sockets_id), opts.max_frontends);
+        let maps = Maps::new(
+            frontends,
+            counters,
+            (sockets, sockets_id),
+            opts.max_frontends,
+        );
         let links = Links::new(Sys, pinning, link_order, maps.sockets_target()?, handover);
         let programs = Programs::new(ebpf, connect, (kernel_path, mptcp), steering, events);
         Ok(Datapath {

@@ -154,7 +154,6 @@ pub fn report(
     status
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

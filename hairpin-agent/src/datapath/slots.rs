@@ -17,8 +17,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use hairpin_ebpf::{
-    AF_INET, AF_INET6, MAP_SLOTS, SLOT_ADDRS, SLOT_PORT_MIN, SLOT_QUARANTINE_NS,
-    Slot, SlotKey, SlotRef,
+    AF_INET, AF_INET6, MAP_SLOTS, SLOT_ADDRS, SLOT_PORT_MIN, SLOT_QUARANTINE_NS, Slot, SlotKey,
+    SlotRef,
 };
 
 use super::error::{DatapathError, is_full, map_error};

@@ -408,7 +408,6 @@ fn credit(g: Grant) -> SpliceCredit {
     }
 }
 
-
 /// The splice of a freshly loaded object (its program and maps taken out of it),
 /// or why not; logged either way.
 pub(super) fn offer(ebpf: &mut Ebpf) -> Result<Splice, String> {

@@ -4,11 +4,11 @@
 use std::fmt::Write;
 
 use super::{
+    cells::{cell, ms, q_cell},
     connect::ConnectResult,
     footprint::Footprint,
     options::Options,
     programs::{ProgramRuns, ProgramsTotal},
-    cells::{cell, ms, q_cell},
     stats::{Spread, percentile, ratio},
     traffic::{DIRECT, KERNEL_V1, KERNEL_V2, RateRuns, Transfers},
 };

@@ -18,8 +18,7 @@ use crate::agent::{
 };
 use crate::{
     datapath::{
-        self, Datapath, DatapathError, KernelPath, LoadOptions, SlotAddrs, Started,
-        lifecycle::Wait,
+        self, Datapath, DatapathError, KernelPath, LoadOptions, SlotAddrs, Started, lifecycle::Wait,
     },
     status::{
         AgentState, AttachmentStatus, EbpfFailure, KernelPathState, KernelPathStatus,

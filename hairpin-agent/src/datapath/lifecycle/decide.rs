@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use crate::datapath::liveness::HeartbeatState;
-use crate::datapath::role::Role;
-use crate::datapath::sys;
 use super::state::{
     Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Start,
     StartSeen, Stop, StopSeen, Wait,
 };
+use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::role::Role;
+use crate::datapath::sys;
 
 /// How long a handshake already under way when the connect programs detach may
 /// still take to reach sock_ops: a lost SYN is sent again 1 s after the connect.

@@ -256,7 +256,14 @@ impl<K: LinkKernel> Links<K> {
                 Hook::NewLink | Hook::DetachUnused | Hook::Leave | Hook::Defer => Adoption::New,
             };
             let fd = self.create_link(role, &prog, &target_fd, error("create"))?;
-            pin_link(&self.kernel, self.pins(), role, fd.as_ref(), &prog, target.path)?;
+            pin_link(
+                &self.kernel,
+                self.pins(),
+                role,
+                fd.as_ref(),
+                &prog,
+                target.path,
+            )?;
             if let Some((stale, _)) = &old
                 && matches!(how, Adoption::Replaced(_))
             {
@@ -397,9 +404,7 @@ impl<K: LinkKernel> Links<K> {
             return false;
         };
         let cgroup = self.attachment.as_ref().map(|a| a.cgroup.clone());
-        let target = cgroup
-            .as_deref()
-            .map(|c| Target::open(&self.kernel, c));
+        let target = cgroup.as_deref().map(|c| Target::open(&self.kernel, c));
         match target {
             Some(Ok(target)) => {
                 for role in deferred {
@@ -482,8 +487,11 @@ impl<K: LinkKernel> Links<K> {
                     .program_fd(l.role, l.program, &cgroup)
                     .ok()
                     .map_or(Ok(()), |p| {
-                        self.kernel
-                            .map_detach(p.as_fd(), self.sockets.0.as_fd(), l.role.attach_type())
+                        self.kernel.map_detach(
+                            p.as_fd(),
+                            self.sockets.0.as_fd(),
+                            l.role.attach_type(),
+                        )
                     }),
             };
             if let Err(e) = detached {

@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hairpin_ebpf::{
-    PROG_CONNECT4, PROG_CONNECT6, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS,
-};
+use hairpin_ebpf::{PROG_CONNECT4, PROG_CONNECT6, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS};
 
 use super::execute::Links;
 use super::fake::{CGROUP_ID, Call, Fake, FakePrograms, SOCKETS_ID};
@@ -74,11 +72,19 @@ impl Node {
     }
 
     fn link_pin(&self, role: Role) -> PathBuf {
-        self.pins.as_ref().expect("pinned").join("links").join(role.name())
+        self.pins
+            .as_ref()
+            .expect("pinned")
+            .join("links")
+            .join(role.name())
     }
 
     fn prog_pin(&self, role: Role) -> PathBuf {
-        self.pins.as_ref().expect("pinned").join("progs").join(role.name())
+        self.pins
+            .as_ref()
+            .expect("pinned")
+            .join("progs")
+            .join(role.name())
     }
 }
 
@@ -149,7 +155,10 @@ fn detach_takes_producers_first() {
     n.attach();
     let made = n.kernel.calls();
     n.kernel.clear();
-    assert!(n.links.detach_connect(&n.programs), "sock_ops stays attached");
+    assert!(
+        n.links.detach_connect(&n.programs),
+        "sock_ops stays attached"
+    );
     assert_eq!(
         detached(&n.kernel.calls(), &made),
         [Role::Connect6, Role::Connect4, Role::SetSockopt]
@@ -185,7 +194,13 @@ fn a_stale_pinned_link_is_replaced_new_link_before_the_old_detaches() {
     n.attach();
     let calls = n.kernel.calls();
     let create = position(&calls, |c| {
-        matches!(c, Call::Create { hook: Role::Connect4, .. })
+        matches!(
+            c,
+            Call::Create {
+                hook: Role::Connect4,
+                ..
+            }
+        )
     });
     let detach = position(&calls, |c| *c == Call::Detach { link: old });
     assert!(create < detach, "the new link first: {calls:#?}");
@@ -224,7 +239,11 @@ fn an_adopted_link_has_its_program_swapped_compare_and_swap() {
         }),
         "BPF_F_REPLACE against the pinned program: {calls:#?}"
     );
-    assert_eq!(created(&calls), [Role::Connect6], "connect4 is not linked anew");
+    assert_eq!(
+        created(&calls),
+        [Role::Connect6],
+        "connect4 is not linked anew"
+    );
     assert!(!calls.contains(&Call::Detach { link: old }), "{calls:#?}");
     assert_eq!(n.kernel.running(old), Some(PROG_CONNECT4.into()));
     assert_eq!(
@@ -243,7 +262,10 @@ fn a_handover_defers_the_connect_links_until_the_frontends_are_live() {
     }]);
     let mut n = node(true, true, LinkOrder::Disabled, Some(handover));
     let mut their_links = Vec::new();
-    for (role, name) in [(Role::Connect4, "their connect4"), (Role::Connect6, "their connect6")] {
+    for (role, name) in [
+        (Role::Connect4, "their connect4"),
+        (Role::Connect6, "their connect6"),
+    ] {
         let prog = n.kernel.program(name);
         let link_pin = theirs.join("links").join(role.name());
         let prog_pin = theirs.join("progs").join(role.name());
@@ -260,7 +282,9 @@ fn a_handover_defers_the_connect_links_until_the_frontends_are_live() {
         "the connect hooks keep the other layout's links: {calls:#?}"
     );
     assert!(
-        !calls.iter().any(|c| matches!(c, Call::Update { .. } | Call::Detach { .. })),
+        !calls
+            .iter()
+            .any(|c| matches!(c, Call::Update { .. } | Call::Detach { .. })),
         "{calls:#?}"
     );
     assert!(n.links.handover_pending());
@@ -284,7 +308,10 @@ fn a_handover_defers_the_connect_links_until_the_frontends_are_live() {
             "{calls:#?}"
         );
         assert_eq!(n.kernel.running(*id), Some(ours.into()));
-        assert_eq!(n.kernel.pinned(&n.link_pin(*role)), Some(format!("link {id}")));
+        assert_eq!(
+            n.kernel.pinned(&n.link_pin(*role)),
+            Some(format!("link {id}"))
+        );
         assert_eq!(n.kernel.pinned(link_pin), None, "their pin goes");
     }
     assert!(!n.links.handover_pending());
@@ -307,7 +334,13 @@ fn a_kernel_path_hook_that_cannot_link_costs_the_kernel_path_only() {
     assert_eq!(detached(&calls, &calls), [Role::SkMsg]);
     let detach = position(&calls, |c| matches!(c, Call::Detach { .. }));
     let connect = position(&calls, |c| {
-        matches!(c, Call::Create { hook: Role::Connect4, .. })
+        matches!(
+            c,
+            Call::Create {
+                hook: Role::Connect4,
+                ..
+            }
+        )
     });
     assert!(detach < connect, "{calls:#?}");
     let att = n.links.attachment().expect("attached");

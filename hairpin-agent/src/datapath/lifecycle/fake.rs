@@ -168,9 +168,12 @@ impl Fake {
             detached: false,
         }));
         let mut st = self.0.borrow_mut();
-        st.pins.insert(path.to_path_buf(), inode(link.as_fd()).expect("fstat"));
         st.pins
-            .insert(prog_pin.to_path_buf(), inode(prog.0.as_fd()).expect("fstat"));
+            .insert(path.to_path_buf(), inode(link.as_fd()).expect("fstat"));
+        st.pins.insert(
+            prog_pin.to_path_buf(),
+            inode(prog.0.as_fd()).expect("fstat"),
+        );
         id
     }
 
@@ -407,7 +410,9 @@ impl FakePrograms {
 
 impl LoadedPrograms for FakePrograms {
     fn program_for(&self, role: Role) -> Option<&'static str> {
-        use hairpin_ebpf::{PROG_CONNECT4, PROG_CONNECT6, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS};
+        use hairpin_ebpf::{
+            PROG_CONNECT4, PROG_CONNECT6, PROG_SETSOCKOPT, PROG_SK_MSG, PROG_SOCK_OPS,
+        };
         match role {
             Role::SkMsg => self.kernel_hooks.then_some(PROG_SK_MSG),
             Role::SockOps => self.kernel_hooks.then_some(PROG_SOCK_OPS),

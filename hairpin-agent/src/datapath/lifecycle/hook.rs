@@ -25,7 +25,10 @@ pub(super) struct Target<'a> {
 
 impl<'a> Target<'a> {
     /// The cgroup v2 directory `cgroup`, opened.
-    pub(super) fn open(kernel: &impl LinkKernel, cgroup: &'a Path) -> Result<Target<'a>, DatapathError> {
+    pub(super) fn open(
+        kernel: &impl LinkKernel,
+        cgroup: &'a Path,
+    ) -> Result<Target<'a>, DatapathError> {
         let (dir, id) = kernel
             .open_cgroup(cgroup)
             .map_err(|source| DatapathError::Cgroup {

@@ -26,12 +26,12 @@ use aya::maps::{Map, MapData, SockHash};
 use hairpin_ebpf::MAP_SOCKETS;
 
 use super::decide;
+use super::decide::HANDSHAKE_SETTLE;
 use super::hook::{link_error, link_of, pin_link, update_link};
 use super::kernel::LinkKernel;
 use super::state::{ForeignLayout, PinnedLink};
 use crate::datapath::attach::{Adoption, Link};
 use crate::datapath::error::DatapathError;
-use super::decide::HANDSHAKE_SETTLE;
 use crate::datapath::pin::{self, PinDir};
 use crate::datapath::role::Role;
 use crate::datapath::sys::LinkInfo;
@@ -120,7 +120,14 @@ pub(super) fn take_over_link(
 ) -> Result<Option<(Link, Adoption)>, DatapathError> {
     let (link, info, dir) = theirs;
     let their_prog = dir.join("progs").join(role.name());
-    if !update_link(kernel, role, link, prog, (&their_prog, info.prog_id), cgroup)? {
+    if !update_link(
+        kernel,
+        role,
+        link,
+        prog,
+        (&their_prog, info.prog_id),
+        cgroup,
+    )? {
         return Ok(None);
     }
     let link = link.try_clone().map_err(link_error(role, cgroup, "read"))?;

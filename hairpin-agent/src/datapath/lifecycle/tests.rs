@@ -3,12 +3,12 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use super::decide;
+use super::*;
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
 use crate::datapath::sys;
-use super::decide;
-use super::*;
 
 fn seen(pins: PinDirSeen, own_links: bool, foreign: Vec<ForeignLayout>) -> StartSeen {
     StartSeen {

@@ -33,7 +33,6 @@ use std::{
 use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
-
 use super::role::Role;
 use super::sys;
 
@@ -589,7 +588,6 @@ pub enum Pin {
     /// Pinning failed, and why: the datapath is the process's own.
     Failed(String),
 }
-
 
 #[cfg(test)]
 mod tests {

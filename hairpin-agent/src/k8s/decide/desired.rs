@@ -17,7 +17,6 @@ use super::{
     service::{Defaults, FrontendCaps, decide},
 };
 
-
 /// Two Services claim the same (IP, port) with different PROXY versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {

@@ -216,8 +216,7 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
     detail(&r, &mut detail_out);
     assert!(
         detail_out.contains("### Machine CPU per request, every target, kernel path run")
-            && detail_out
-                .contains(&format!("| {DIRECT} | 90.0 | 45.0 | 45.0 | 5 | 5 | 10.0 |")),
+            && detail_out.contains(&format!("| {DIRECT} | 90.0 | 45.0 | 45.0 | 5 | 5 | 10.0 |")),
         "{detail_out}"
     );
     assert!(!detail_out.contains("relay run"), "{detail_out}");
