@@ -121,6 +121,23 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `--remap-path-prefix` flags that take this machine's paths (the checkout, the
+/// cargo home) out of what a build writes into its output, so that the same commit
+/// builds the same bytes wherever it is checked out.
+pub fn remap_flags() -> String {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut flags = format!(
+        "--remap-path-prefix={}=/hairpin",
+        crate::workspace_root().display()
+    );
+    if let Some(home) = home {
+        flags.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
+    }
+    flags
+}
+
 #[cfg(test)]
 mod tests {
     use super::NIGHTLY;
@@ -155,21 +172,4 @@ mod tests {
             "deploy/Dockerfile must not install an unpinned nightly"
         );
     }
-}
-
-/// `--remap-path-prefix` flags that take this machine's paths (the checkout, the
-/// cargo home) out of what a build writes into its output, so that the same commit
-/// builds the same bytes wherever it is checked out.
-pub fn remap_flags() -> String {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    let mut flags = format!(
-        "--remap-path-prefix={}=/hairpin",
-        crate::workspace_root().display()
-    );
-    if let Some(home) = home {
-        flags.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
-    }
-    flags
 }
