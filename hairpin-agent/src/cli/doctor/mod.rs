@@ -145,7 +145,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
                 .fix("see `hairpin-agent status` and the agent's log"),
         },
         Err(e) => Check::new("agent", Status::Warn, e.to_string())
-            .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket/--admin-address"),
+            .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket"),
     });
     let kp = KubeProxy::observe();
     list.push(checks::seccomp(agent.as_ref().ok()));
