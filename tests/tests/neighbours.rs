@@ -8,7 +8,7 @@
 
 use std::{
     path::Path,
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -358,4 +358,36 @@ fn wait_for(path: &Path) {
         assert!(Instant::now() < deadline, "{} never appeared", path.display());
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Which capability `SO_MARK` (the bypass mark) needs on this kernel: CAP_NET_RAW
+/// alone is enough since Linux 5.17 (as is CAP_NET_ADMIN), none is not. SECURITY.md
+/// names both; a process as root with only the runtimes' default CAP_NET_RAW can opt
+/// its connections out of hairpin.
+#[test]
+fn so_mark_needs_cap_net_raw_or_cap_net_admin_and_nothing_less() {
+    require_privileges!();
+    let set_mark = |caps: &str| -> String {
+        let bounding = format!("--bounding-set=-all{caps}");
+        let out = Command::new("setpriv")
+            .args([
+                "--inh-caps=-all",
+                &bounding,
+                "--",
+                "python3",
+                "-c",
+                "import socket\ns=socket.socket()\ntry:\n  s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, 0x68); print('ok')\nexcept OSError as e: print(e.errno)",
+            ])
+            .output()
+            .expect("setpriv");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(set_mark(",+net_raw"), "ok", "CAP_NET_RAW alone");
+    assert_eq!(set_mark(",+net_admin"), "ok", "CAP_NET_ADMIN alone");
+    assert_eq!(
+        set_mark(",+net_bind_service,+bpf,+chown"),
+        libc::EPERM.to_string(),
+        "neither"
+    );
 }

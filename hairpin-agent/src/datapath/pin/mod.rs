@@ -25,7 +25,6 @@
 use std::{
     fs::{self, File},
     io,
-    os::fd::AsFd,
     path::{Path, PathBuf},
     time::Duration,
 };

@@ -140,20 +140,21 @@ fn same_device(path: &Path, stat: &FileStat, dev: u64) -> Result<(), PinError> {
     })
 }
 
-/// The names in the directory open at `dir`, sorted (read through a descriptor of
-/// its own for that very directory: `.` relative to `dir`).
+/// The names in the directory open at `dir`, sorted: read through
+/// `/proc/self/fd/N`, which names that very directory whatever its path has become.
 fn names(dir: &OwnedFd, path: &Path) -> Result<Vec<String>, PinError> {
-    let mut listing = nix::dir::Dir::openat(dir, ".", dir_flags(), Mode::empty())
-        .map_err(nix_error("read", path))?;
+    use std::os::fd::AsRawFd;
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    let read = |e: io::Error| PinError::Io {
+        op: "read",
+        path: path.to_path_buf(),
+        source: e,
+    };
     let mut out = Vec::new();
-    for e in listing.iter() {
-        let e = e.map_err(nix_error("read", path))?;
+    for e in std::fs::read_dir(&by_fd).map_err(read)? {
         // A name that is not UTF-8 is none the agent pins.
-        if let Ok(n) = e.file_name().to_str()
-            && n != "."
-            && n != ".."
-        {
-            out.push(n.to_string());
+        if let Ok(n) = e.map_err(read)?.file_name().into_string() {
+            out.push(n);
         }
     }
     out.sort();
