@@ -5,7 +5,8 @@
 //! directory may change owner or mode, on another filesystem or on the same bpf
 //! filesystem. Also the layout removal, with a link planted where a pin directory was.
 //!
-//! Bounded: 1,000 hand-overs (about a second), one racing thread.
+//! Bounded: 1,000 hand-overs and 1,000 removals (about 20 s in all), one racing
+//! thread each.
 
 use std::{
     fs,
@@ -129,7 +130,7 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
             while !stop.load(Ordering::Acquire) {
                 if paused.load(Ordering::Acquire) {
                     parked.store(true, Ordering::Release);
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                     continue;
                 }
                 parked.store(false, Ordering::Release);
@@ -139,7 +140,8 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
                 let victim = &victims[i % 2].path;
                 i += 1;
                 let real = root.join(name);
-                let aside = root.join(format!("{}.aside", name.replace('/', "-")));
+                // No dots: a bpf filesystem refuses them in names.
+                let aside = root.join(format!("{}-aside", name.replace('/', "-")));
                 if fs::rename(&real, &aside).is_err() {
                     continue;
                 }
@@ -160,12 +162,12 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
     for _ in 0..ROUNDS {
         paused.store(true, Ordering::Release);
         while !parked.load(Ordering::Acquire) {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         reset(&root);
         paused.store(false, Ordering::Release);
         while parked.load(Ordering::Acquire) {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         match secure(&root, owner) {
             Ok(_) => handed += 1,
@@ -217,7 +219,7 @@ fn removing_a_layout_never_follows_a_link_planted_for_its_directories() {
         let (stop, planted, layout, other) =
             (stop.clone(), planted.clone(), layout.clone(), other.clone());
         std::thread::spawn(move || {
-            let (real, aside) = (layout.join("maps"), layout.with_extension("maps-aside"));
+            let (real, aside) = (layout.join("maps"), layout.with_file_name("v0-maps-aside"));
             while !stop.load(Ordering::Acquire) {
                 if fs::rename(&real, &aside).is_err() {
                     std::hint::spin_loop();
@@ -225,13 +227,15 @@ fn removing_a_layout_never_follows_a_link_planted_for_its_directories() {
                 }
                 if std::os::unix::fs::symlink(&other, &real).is_ok() {
                     planted.fetch_add(1, Ordering::Relaxed);
-                    for _ in 0..50 {
+                    for _ in 0..200 {
                         std::hint::spin_loop();
                     }
                     let _ = fs::remove_file(&real);
                 }
                 // The layout may be gone by now: then so is its place.
-                let _ = fs::rename(&aside, &real);
+                if fs::rename(&aside, &real).is_err() {
+                    let _ = fs::remove_dir_all(&aside);
+                }
             }
         })
     };
@@ -241,6 +245,13 @@ fn removing_a_layout_never_follows_a_link_planted_for_its_directories() {
             let _ = fs::create_dir_all(layout.join(sub));
         }
         let _ = std::os::unix::fs::symlink("/nonexistent", layout.join("maps/own"));
+        // Start each removal while the racer is flipping (a few exchanges in; at
+        // most 10 ms).
+        let before = planted.load(Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(10);
+        while planted.load(Ordering::Relaxed) < before + 3 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         let _ = remove_layout(&layout);
         rounds += 1;
         if fs::symlink_metadata(&theirs).is_err() {
@@ -257,7 +268,8 @@ fn removing_a_layout_never_follows_a_link_planted_for_its_directories() {
     );
     assert!(planted > 0, "the racer planted nothing");
     // Unraced, the layout goes whole.
-    let _ = fs::remove_dir_all(layout.with_extension("maps-aside"));
+    let _ = fs::remove_dir_all(layout.with_file_name("v0-maps-aside"));
+    let _ = fs::remove_dir_all(&layout);
     for sub in ["maps", "links", "progs"] {
         fs::create_dir_all(layout.join(sub)).expect("layout");
     }

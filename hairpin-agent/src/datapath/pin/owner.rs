@@ -114,11 +114,21 @@ fn open_dir_at(
             same_device(path, &stat, dev)?;
             Ok(Some((fd, stat)))
         }
-        Err(Errno::ENOENT | Errno::ENOTDIR) => Ok(None),
-        // O_NOFOLLOW on a symbolic link.
+        Err(Errno::ENOENT) => Ok(None),
+        // O_NOFOLLOW on a symbolic link: ELOOP, or ENOTDIR with O_DIRECTORY.
         Err(Errno::ELOOP) => Err(PinError::Symlink {
             path: path.to_path_buf(),
         }),
+        Err(Errno::ENOTDIR) => {
+            let kind = nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
+            match kind {
+                Ok(SFlag::S_IFLNK) => Err(PinError::Symlink {
+                    path: path.to_path_buf(),
+                }),
+                _ => Ok(None),
+            }
+        }
         Err(e) => Err(nix_error("open", path)(e)),
     }
 }
