@@ -102,7 +102,8 @@ fn as_nobody(node: &SimNode, script: &str, args: &[&str]) -> Child {
         "--inh-caps=-all",
         "--bounding-set=-all",
         "--",
-        "python3",
+        // The system's interpreter: one under root's home is not nobody's to run.
+        "/usr/bin/python3",
         "-c",
         script,
     ];
@@ -113,6 +114,16 @@ fn as_nobody(node: &SimNode, script: &str, args: &[&str]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start the neighbour")
+}
+
+/// A directory in `node`'s scratch directory where the neighbour may write what it
+/// reports (the scratch directory itself is root's).
+fn nobodys_dir(node: &SimNode) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = node.dir.join("nobody");
+    std::fs::create_dir_all(&dir).expect("the neighbour's directory");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    dir
 }
 
 /// One of the DaemonSet's probes as written in deploy/base/daemonset.yaml.
@@ -191,7 +202,7 @@ fn a_neighbour_holding_every_admin_connection_it_can_never_fails_a_probe() {
     require_privileges!();
     let node = SimNode::new();
     let _agent = start_agent(&node, &hairpin_tests::agent::all_frontends());
-    let report = node.dir.join("crowd.json");
+    let report = nobodys_dir(&node).join("crowd.json");
     let sock = admin_socket(&node);
     let mut crowd = as_nobody(
         &node,
@@ -250,7 +261,7 @@ fn a_neighbour_holding_every_admin_connection_it_can_never_fails_a_probe() {
 fn an_admin_port_taken_before_the_agent_starts_neither_stops_it_nor_feeds_the_cli() {
     require_privileges!();
     let node = SimNode::new();
-    let bound = node.dir.join("squat.bound");
+    let bound = nobodys_dir(&node).join("squat.bound");
     let mut squatter = as_nobody(
         &node,
         SQUAT,
@@ -278,7 +289,7 @@ fn an_admin_port_taken_before_the_agent_starts_neither_stops_it_nor_feeds_the_cl
     // `status` reads the agent (its pid), never the squatter's TCP answer.
     let run = run_cli(&node, &["status", "--output", "json"]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(run.json()["agent"]["pid"], agent.pid());
+    assert_eq!(run.json()["status"]["agent"]["pid"], agent.pid());
     // Without the socket it says the agent is unreachable (4), never reads TCP.
     let gone = node.dir.join("no-such.sock");
     let run = run_cli(
