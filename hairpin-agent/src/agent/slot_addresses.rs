@@ -23,7 +23,7 @@ pub enum SlotAddressError {
     /// Another socket is bound to it.
     #[error(
         "--listen-address {address} is used by other sockets on this node ({what}): its slots \
-         would take their connections; pass an address nothing else uses"
+         (ports 1024-65535) would take their connections; pass an address nothing else uses"
     )]
     InUse {
         /// The address.
@@ -44,9 +44,13 @@ pub struct BoundSocket {
     pub port: u16,
 }
 
+/// The first port of a slot address that is a slot: below it the relay's and the
+/// name relay's own listeners sit on privileged ports, which the slots leave alone.
+pub const FIRST_SLOT_PORT: u16 = 1024;
+
 /// Refuses each of `addresses` that is one of `node_ips` or has a socket of `bound`
-/// on it (a listener or a connection bound to that very address; the wildcard
-/// address is not counted).
+/// on it at a slot port (a listener or a connection bound to that very address,
+/// port [`FIRST_SLOT_PORT`] and up; the wildcard address is not counted).
 pub fn check(
     addresses: &[IpAddr],
     node_ips: &[IpAddr],
@@ -59,7 +63,7 @@ pub fn check(
         }
         let on: BTreeSet<(&str, u16)> = bound
             .iter()
-            .filter(|b| b.address.to_canonical() == a)
+            .filter(|b| b.address.to_canonical() == a && b.port >= FIRST_SLOT_PORT)
             .map(|b| (b.proto, b.port))
             .collect();
         if !on.is_empty() {
@@ -161,6 +165,14 @@ mod tests {
         );
         check(&[ip("169.254.104.1"), ip("fd68:6169:7270:696e::1")], &node, &[kubelet])
             .expect("the node-local defaults");
+        // A privileged port is no slot: a names port held there is the name
+        // relay's business (it retries), not a reason to refuse the address.
+        let names_port = BoundSocket {
+            proto: "tcp",
+            address: ip("169.254.104.1"),
+            port: 80,
+        };
+        check(&[ip("169.254.104.1")], &node, &[names_port]).expect("below the slots");
     }
 
     #[test]
