@@ -237,8 +237,7 @@ fn a_neighbour_holding_every_admin_connection_it_can_never_fails_a_probe() {
     let status = crowd.wait().expect("the neighbour exits on its own");
     assert!(status.success(), "the neighbour failed: {status}");
     let crowd: Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("its report"))
-            .expect("json");
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("its report")).expect("json");
     eprintln!("probes: {runs} runs, slowest {slowest:?}; neighbour: {crowd}");
     assert!(
         failed.is_empty(),
@@ -254,7 +253,10 @@ fn a_neighbour_holding_every_admin_connection_it_can_never_fails_a_probe() {
     );
     // ...and could never reach the socket the probes use.
     assert_eq!(crowd["unix_ok"], 0, "{crowd}");
-    assert!(crowd["unix_errors"]["EACCES"].as_u64().unwrap_or(0) > 0, "{crowd}");
+    assert!(
+        crowd["unix_errors"]["EACCES"].as_u64().unwrap_or(0) > 0,
+        "{crowd}"
+    );
 }
 
 #[test]
@@ -284,7 +286,10 @@ fn an_admin_port_taken_before_the_agent_starts_neither_stops_it_nor_feeds_the_cl
             ok && took < Duration::from_secs(2),
             "{what}: ok={ok} in {took:?}: {said}"
         );
-        assert!(!said.contains("SQUATTER"), "{what} asked the squatter: {said}");
+        assert!(
+            !said.contains("SQUATTER"),
+            "{what} asked the squatter: {said}"
+        );
     }
     // `status` reads the agent (its pid), never the squatter's TCP answer.
     let run = run_cli(&node, &["status", "--output", "json"]);
@@ -328,7 +333,14 @@ fn a_node_address_as_listen_address_is_refused_at_start_naming_it() {
     let service_ip = "192.0.2.77";
     hairpin_tests::sh::run_in(
         &node.node_ns,
-        &["ip", "addr", "add", &format!("{service_ip}/32"), "dev", "lo"],
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{service_ip}/32"),
+            "dev",
+            "lo",
+        ],
     );
     let service = std::net::SocketAddr::new(service_ip.parse().expect("ip"), 8080);
     let mut listener = command_in(
@@ -357,8 +369,9 @@ fn a_node_address_as_listen_address_is_refused_at_start_naming_it() {
     let _ = listener.wait();
     assert!(!status.success(), "started on {service}:\n{log}");
     assert!(
-        log.contains(&format!("--listen-address {service_ip} is used by other sockets"))
-            && log.contains("tcp port 8080"),
+        log.contains(&format!(
+            "--listen-address {service_ip} is used by other sockets"
+        )) && log.contains("tcp port 8080"),
         "{log}"
     );
 }
@@ -366,7 +379,11 @@ fn a_node_address_as_listen_address_is_refused_at_start_naming_it() {
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -391,7 +408,11 @@ fn so_mark_needs_cap_net_raw_or_cap_net_admin_and_nothing_less() {
             ])
             .output()
             .expect("setpriv");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(set_mark(",+net_raw"), "ok", "CAP_NET_RAW alone");

@@ -31,7 +31,8 @@ struct Bpffs {
 
 impl Bpffs {
     fn mount(tag: &str) -> Bpffs {
-        let dir = std::env::temp_dir().join(format!("hairpin-handover-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("hairpin-handover-{tag}-{}", std::process::id()));
         fs::create_dir_all(&dir).expect("mount point");
         nix::mount::mount(
             Some("bpf"),
@@ -192,12 +193,18 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
             Victim::look(&v.path)
         );
     }
-    assert!(planted >= ROUNDS as u64 / 2, "the racer planted only {planted} links");
+    assert!(
+        planted >= ROUNDS as u64 / 2,
+        "the racer planted only {planted} links"
+    );
     // Unraced, the hand-over completes and hands over the agent's directories.
     reset(&root);
     secure(&root, owner).expect("hand-over without a racer");
     let m = fs::metadata(root.join("v1/maps")).expect("maps");
-    assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (60_104, 60_104, 0o2770));
+    assert_eq!(
+        (m.uid(), m.gid(), m.mode() & 0o7777),
+        (60_104, 60_104, 0o2770)
+    );
 }
 
 /// A layout directory being removed (a takeover of another layout) whose `maps`
@@ -214,7 +221,10 @@ fn removing_a_layout_never_follows_a_link_planted_for_its_directories() {
     fs::create_dir_all(&other).expect("another tool's directory");
     let theirs = other.join("policy");
     std::os::unix::fs::symlink("/nonexistent", &theirs).expect("their entry");
-    let (stop, planted) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, planted) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let racer = {
         let (stop, planted, layout, other) =
             (stop.clone(), planted.clone(), layout.clone(), other.clone());

@@ -163,8 +163,12 @@ mod tests {
             err.to_string().contains("10.0.0.6") && err.to_string().contains("tcp port 10250"),
             "{err}"
         );
-        check(&[ip("169.254.104.1"), ip("fd68:6169:7270:696e::1")], &node, &[kubelet])
-            .expect("the node-local defaults");
+        check(
+            &[ip("169.254.104.1"), ip("fd68:6169:7270:696e::1")],
+            &node,
+            &[kubelet],
+        )
+        .expect("the node-local defaults");
         // A privileged port is no slot: a names port held there is the name
         // relay's business (it retries), not a reason to refuse the address.
         let names_port = BoundSocket {

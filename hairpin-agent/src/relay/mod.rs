@@ -276,9 +276,6 @@ mod tests {
         let lb: SocketAddr = "203.0.113.7:443".parse().expect("addr");
         let lookup: SlotLookup = Arc::new(move |_| Some((lb, ProxyVersion::V2)));
         let slot: SocketAddr = "169.254.104.1:2000".parse().expect("addr");
-        assert_eq!(
-            refusing_targets(lookup)(slot),
-            Some((lb, ProxyVersion::V2))
-        );
+        assert_eq!(refusing_targets(lookup)(slot), Some((lb, ProxyVersion::V2)));
     }
 }

@@ -134,8 +134,14 @@ fn helm_uninstall_stops_the_agents_before_it_deletes_their_rbac() {
                 .as_str()
                 .unwrap_or_default();
             if h["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete" {
-                let rbac = ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
-                    .contains(&h["kind"].as_str().unwrap_or_default());
+                let rbac = [
+                    "ServiceAccount",
+                    "Role",
+                    "RoleBinding",
+                    "ClusterRole",
+                    "ClusterRoleBinding",
+                ]
+                .contains(&h["kind"].as_str().unwrap_or_default());
                 assert!(
                     policy.contains("hook-succeeded") && policy.contains("hook-failed") == rbac,
                     "{}: {} {}: {policy}",

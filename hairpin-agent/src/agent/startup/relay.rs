@@ -98,11 +98,10 @@ pub(super) fn start_relay(
             );
         }
     };
-    let lookup: crate::relay::SlotLookup =
-        crate::relay::refusing_targets(Arc::new(move |local| {
-            let owner = reader.owner(local)?;
-            Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
-        }));
+    let lookup: crate::relay::SlotLookup = crate::relay::refusing_targets(Arc::new(move |local| {
+        let owner = reader.owner(local)?;
+        Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
+    }));
     let mut status = RelayStatus::default();
     for (family, ip) in families {
         let Some(ip) = ip else { continue };

@@ -120,8 +120,9 @@ fn open_dir_at(
             path: path.to_path_buf(),
         }),
         Err(Errno::ENOTDIR) => {
-            let kind = nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
+            let kind =
+                nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
             match kind {
                 Ok(SFlag::S_IFLNK) => Err(PinError::Symlink {
                     path: path.to_path_buf(),

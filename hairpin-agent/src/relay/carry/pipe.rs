@@ -96,16 +96,15 @@ impl PipePool {
             // Refused past the user's pipe pages (`fs.pipe-user-pages-soft`,
             // without CAP_SYS_RESOURCE) or above `fs.pipe-max-size`: the pipe
             // keeps its default size, and the splice works as before.
-            Some(place) => match nix::fcntl::fcntl(
-                &write,
-                nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES),
-            ) {
-                Ok(_) => Some(place),
-                Err(e) => {
-                    tracing::debug!(error = %e, "a relay pipe keeps its default size");
-                    None
+            Some(place) => {
+                match nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES)) {
+                    Ok(_) => Some(place),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a relay pipe keeps its default size");
+                        None
+                    }
                 }
-            },
+            }
             None => None,
         };
         Ok(Pipe {
@@ -124,7 +123,10 @@ impl PipePool {
 
     /// Empty pipes kept now.
     pub fn kept(&self) -> usize {
-        self.kept.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Enlarged pipes alive now (in use or kept).
