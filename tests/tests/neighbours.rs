@@ -370,7 +370,7 @@ fn a_node_address_as_listen_address_is_refused_at_start_naming_it() {
     assert!(!status.success(), "started on {service}:\n{log}");
     assert!(
         log.contains(&format!(
-            "--listen-address {service_ip} is used by other sockets"
+            "--listen-address {service_ip} is used by other listeners"
         )) && log.contains("tcp port 8080"),
         "{log}"
     );

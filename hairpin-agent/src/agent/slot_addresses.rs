@@ -20,23 +20,23 @@ pub enum SlotAddressError {
          --listen-address unset for the node-local default or pass an address of its own"
     )]
     NodeIp(IpAddr),
-    /// Another socket is bound to it.
+    /// Another process listens on it at a slot port.
     #[error(
-        "--listen-address {address} is used by other sockets on this node ({what}): its slots \
+        "--listen-address {address} is used by other listeners on this node ({what}): its slots \
          (ports 1024-65535) would take their connections; pass an address nothing else uses"
     )]
     InUse {
         /// The address.
         address: IpAddr,
-        /// The sockets found, as `tcp port 10250, udp port 53`.
+        /// The listeners found, as `tcp port 10250, tcp port 30080`.
         what: String,
     },
 }
 
-/// One socket of the node's network namespace, as `/proc/net/{tcp,udp}{,6}` lists it.
+/// One TCP listener of the node's network namespace, as `/proc/net/tcp{,6}` lists it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BoundSocket {
-    /// `tcp` or `udp`.
+    /// `tcp` (slots are TCP only).
     pub proto: &'static str,
     /// Its local address.
     pub address: IpAddr,
@@ -48,9 +48,10 @@ pub struct BoundSocket {
 /// name relay's own listeners sit on privileged ports, which the slots leave alone.
 pub const FIRST_SLOT_PORT: u16 = 1024;
 
-/// Refuses each of `addresses` that is one of `node_ips` or has a socket of `bound`
-/// on it at a slot port (a listener or a connection bound to that very address,
-/// port [`FIRST_SLOT_PORT`] and up; the wildcard address is not counted).
+/// Refuses each of `addresses` that is one of `node_ips` or has a listener of
+/// `bound` on that very address at a slot port ([`FIRST_SLOT_PORT`] and up; the
+/// wildcard address is not counted, nor a connection: those on a slot address are
+/// the relay's own, such as a killed agent's in TIME_WAIT).
 pub fn check(
     addresses: &[IpAddr],
     node_ips: &[IpAddr],
@@ -83,16 +84,11 @@ pub fn check(
     Ok(())
 }
 
-/// The sockets of this network namespace bound to a specific address, from
-/// `/proc/net/{tcp,tcp6,udp,udp6}`; a file that cannot be read adds nothing.
+/// The TCP listeners of this network namespace on a specific address, from
+/// `/proc/net/{tcp,tcp6}`; a file that cannot be read adds nothing.
 pub fn bound_sockets() -> Vec<BoundSocket> {
     let mut out = Vec::new();
-    for (file, proto) in [
-        ("/proc/net/tcp", "tcp"),
-        ("/proc/net/tcp6", "tcp"),
-        ("/proc/net/udp", "udp"),
-        ("/proc/net/udp6", "udp"),
-    ] {
+    for (file, proto) in [("/proc/net/tcp", "tcp"), ("/proc/net/tcp6", "tcp")] {
         if let Ok(text) = std::fs::read_to_string(file) {
             out.extend(parse_proc_net(&text, proto));
         }
@@ -100,12 +96,17 @@ pub fn bound_sockets() -> Vec<BoundSocket> {
     out
 }
 
-/// The bound sockets of one `/proc/net` table (its header line skipped).
+/// The listeners of one `/proc/net/tcp{,6}` table (its header line skipped): state
+/// `0A`, `TCP_LISTEN`.
 pub fn parse_proc_net(text: &str, proto: &'static str) -> Vec<BoundSocket> {
     text.lines()
         .skip(1)
         .filter_map(|line| {
-            let local = line.split_whitespace().nth(1)?;
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1)?;
+            if fields.nth(1)? != "0A" {
+                return None;
+            }
             let (addr, port) = local.split_once(':')?;
             let port = u16::from_str_radix(port, 16).ok()?;
             let address = parse_hex_addr(addr)?;
@@ -183,7 +184,8 @@ mod tests {
     fn proc_net_tables_parse_to_their_bound_addresses() {
         let v4 = "  sl  local_address rem_address   st\n   \
                   0: 0100007F:26AD 00000000:0000 0A\n   \
-                  1: 00000000:0016 00000000:0000 0A\n";
+                  1: 00000000:0016 00000000:0000 0A\n   \
+                  2: 0100007F:E000 0100007F:26AD 01\n";
         let got = parse_proc_net(v4, "tcp");
         assert_eq!(
             got,
@@ -192,12 +194,12 @@ mod tests {
                 address: ip("127.0.0.1"),
                 port: 9901
             }],
-            "the wildcard listener is not counted"
+            "the wildcard listener and a connection are not counted"
         );
         let v6 = "  sl  local_address rem_address st\n   \
                   0: 00000000000000000000000001000000:0035 x 0A\n   \
                   1: 0000000000000000FFFF00000500000A:1F90 x 0A\n";
-        let got = parse_proc_net(v6, "udp");
+        let got = parse_proc_net(v6, "tcp");
         if cfg!(target_endian = "little") {
             assert_eq!(got[0].address, ip("::1"));
             assert_eq!(got[1].address, ip("10.0.0.5"), "a v4-mapped socket");
