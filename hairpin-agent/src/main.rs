@@ -43,6 +43,8 @@ enum Command {
     Check(hairpin_agent::cli::check::CheckArgs),
     /// Check that this node can run hairpin: kernel, BPF, cgroup v2, capabilities, kube-proxy.
     Doctor(hairpin_agent::cli::doctor::DoctorArgs),
+    /// Ask this node's agent /healthz (or /readyz) over its admin socket: the DaemonSet's exec probes.
+    Health(hairpin_agent::cli::health::HealthArgs),
     /// Print hairpin's BPF maps and counters, raw.
     Dump(hairpin_agent::cli::dump::DumpArgs),
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
@@ -95,6 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => exit(hairpin_agent::cli::status::show_status(&args)?),
         Command::Check(args) => exit(hairpin_agent::cli::check::check_target(&args)?),
         Command::Doctor(args) => exit(hairpin_agent::cli::doctor::diagnose(&args)?),
+        Command::Health(args) => exit(hairpin_agent::cli::health::probe(&args)),
         Command::Dump(args) => exit(hairpin_agent::cli::dump::dump_maps(&args)?),
         Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::clean_up(&args)?),
         Command::Uninstall(args) => exit(hairpin_agent::cli::uninstall::uninstall(&args)?),

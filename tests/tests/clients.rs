@@ -263,8 +263,8 @@ fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused(
     let targets = [
         format!("http://{listener}/"),
         format!("http://{name_listener}/"),
-        format!("http://{NODE_IP4}:10080/"),
-        format!("http://[{NODE_IP6}]:10080/"),
+        format!("http://{NODE_IP4}:880/"),
+        format!("http://[{NODE_IP6}]:880/"),
     ];
     let replies: Vec<(String, Reply)> = std::thread::scope(|s| {
         let running: Vec<_> = targets

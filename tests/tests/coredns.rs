@@ -487,7 +487,7 @@ fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_ser
     const CLUSTER_IP: &str = "203.0.113.200";
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    node.add_cluster_ip(CLUSTER_IP, 80, NODE_IP4, 10080);
+    node.add_cluster_ip(CLUSTER_IP, 80, NODE_IP4, 880);
     let api = FakeApi::start_in_netns(&node.node_ns);
     api.put_configmap(configmap("coredns", json!({"Corefile": KUBEADM})));
     api.apply(digitalocean_service());

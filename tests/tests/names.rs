@@ -385,23 +385,23 @@ fn pods_reach_the_name_relay_through_the_hairpin_cluster_ip_service() {
     let _nginx = start_nginx(&node);
     let _haproxy = start_haproxy(&node);
     let tls = start_tls_nginx(&node);
-    // The base manifest's ports: 80 -> 10080, 443 -> 10443 (the agent's default).
+    // The base manifest's ports: 80 -> 880, 443 -> 843 (the agent's default).
     for (cluster_ip, endpoint) in [(CLUSTER_IP4, NODE_IP4), (CLUSTER_IP6, NODE_IP6)] {
-        node.add_cluster_ip(cluster_ip, 80, endpoint, 10080);
-        node.add_cluster_ip(cluster_ip, 443, endpoint, 10443);
+        node.add_cluster_ip(cluster_ip, 80, endpoint, 880);
+        node.add_cluster_ip(cluster_ip, 443, endpoint, 843);
     }
     // The names address is elsewhere (as with --names-link), so only the Service
     // listeners are on the node IPs: the test cannot pass by reaching :80 directly.
     let agent = agent_with_names(
         &node,
         &["--names-address", "127.0.0.53", "--names-ports", "80,443"],
-        &format!("[{NODE_IP6}]:10443"),
+        &format!("[{NODE_IP6}]:843"),
     );
     let log = agent.log();
     for l in [
-        format!("{NODE_IP4}:10080"),
-        format!("{NODE_IP4}:10443"),
-        format!("[{NODE_IP6}]:10080"),
+        format!("{NODE_IP4}:880"),
+        format!("{NODE_IP4}:843"),
+        format!("[{NODE_IP6}]:880"),
     ] {
         assert!(log.contains(&l), "listener {l} missing:\n{log}");
     }

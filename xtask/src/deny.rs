@@ -135,23 +135,26 @@ impl Snapshot {
         })
     }
 
-    /// How many days old the snapshot is, in words.
-    fn age(&self) -> String {
-        let today = Command::new("date").args(["-u", "+%s"]).output();
-        let then = Command::new("date")
-            .args(["-u", "-d", &self.date, "+%s"])
-            .output();
-        let secs = |o: std::io::Result<std::process::Output>| {
-            o.ok().and_then(|o| {
+    /// How many days old the snapshot is, when `date` can tell.
+    fn age_days(&self) -> Option<i64> {
+        let secs = |args: &[&str]| {
+            Command::new("date").args(args).output().ok().and_then(|o| {
                 String::from_utf8_lossy(&o.stdout)
                     .trim()
                     .parse::<i64>()
                     .ok()
             })
         };
-        match (secs(today), secs(then)) {
-            (Some(now), Some(then)) => format!("{} days old", (now - then) / 86_400),
-            _ => "age unknown".to_owned(),
+        let now = secs(&["-u", "+%s"])?;
+        let then = secs(&["-u", "-d", &self.date, "+%s"])?;
+        Some((now - then) / 86_400)
+    }
+
+    /// How many days old the snapshot is, in words.
+    fn age(&self) -> String {
+        match self.age_days() {
+            Some(days) => format!("{days} days old"),
+            None => "age unknown".to_owned(),
         }
     }
 
@@ -311,9 +314,28 @@ fn fetch_advisory_db(bin: &Path, policy: &Path) -> Result<Fetched> {
     }
 }
 
+/// The oldest the advisory snapshot may be: on machines without GitHub it is the
+/// only advisory check, and a snapshot older than this misses a third of a year of
+/// advisories. supply-chain/README.md says how to refresh it.
+#[cfg(test)]
+const MAX_SNAPSHOT_DAYS: i64 = 120;
+
 #[cfg(test)]
 mod tests {
-    use super::{parse_snapshot_name, with_db_path};
+    use super::{MAX_SNAPSHOT_DAYS, Snapshot, parse_snapshot_name, with_db_path};
+
+    #[test]
+    fn the_advisory_snapshot_is_at_most_120_days_old() {
+        let snapshot = Snapshot::find().expect("the snapshot in supply-chain/");
+        let days = snapshot.age_days().expect("date(1) tells the age");
+        assert!(
+            days <= MAX_SNAPSHOT_DAYS,
+            "supply-chain/ holds the RustSec snapshot of {} (commit {}), {days} days old: \
+             refresh it (supply-chain/README.md)",
+            snapshot.date,
+            snapshot.commit
+        );
+    }
 
     #[test]
     fn the_snapshot_name_gives_its_date_and_commit() {

@@ -258,7 +258,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "HAIRPIN_NAMES_SERVICE_PORTS",
-        default_value = "80=10080,443=10443",
+        default_value = "80=880,443=843",
         value_parser = parse_port_map
     )]
     pub names_service_ports: PortMap,
@@ -550,12 +550,22 @@ fn parse_port_map(s: &str) -> Result<PortMap, String> {
             .and_then(|(svc, listen)| Some((port(svc)?, port(listen)?)));
         let Some((svc, listen)) = parsed else {
             return Err(format!(
-                "expected SERVICE=LISTEN port pairs such as 80=10080,443=10443 (or off), got {:?}",
+                "expected SERVICE=LISTEN port pairs such as 80=880,443=843 (or off), got {:?}",
                 pair.trim()
             ));
         };
         if out.iter().any(|(_, l)| *l == listen) {
             return Err(format!("listen port {listen} is given twice"));
+        }
+        // These listeners sit on the node IP and get the node's pods' requests
+        // (cookies, Authorization): a port from 1024 up could be bound by any uid
+        // while the agent restarts, and would receive them.
+        if listen >= 1024 {
+            return Err(format!(
+                "listen port {listen} is unprivileged: any uid could bind it on the node IP \
+                 while the agent restarts and receive the names' requests; pick one below 1024 \
+                 such as 80=880,443=843"
+            ));
         }
         out.push((svc, listen));
     }
@@ -618,21 +628,25 @@ mod tests {
     #[test]
     fn service_port_pairs_parse_and_bad_ones_say_what_was_expected() {
         assert_eq!(
-            parse_port_map("80=10080, 443=10443"),
-            Ok(PortMap(vec![(80, 10080), (443, 10443)]))
+            parse_port_map("80=880, 443=843"),
+            Ok(PortMap(vec![(80, 880), (443, 843)]))
         );
         assert_eq!(parse_port_map("off"), Ok(PortMap(vec![])));
         assert_eq!(parse_port_map(""), Ok(PortMap(vec![])));
-        let e = parse_port_map("80:10080").expect_err("wrong separator");
+        let e = parse_port_map("80:880").expect_err("wrong separator");
         assert!(
-            e.contains("SERVICE=LISTEN") && e.contains("\"80:10080\""),
+            e.contains("SERVICE=LISTEN") && e.contains("\"80:880\""),
             "{e}"
         );
         assert!(parse_port_map("80=0").is_err());
+        // The listeners sit on the node IP: only privileged ports, which no uid
+        // without CAP_NET_BIND_SERVICE can take while the agent restarts.
+        let e = parse_port_map("80=10080").expect_err("unprivileged listen port");
+        assert!(e.contains("10080") && e.contains("below 1024"), "{e}");
         assert!(
-            parse_port_map("80=10080,443=10080")
+            parse_port_map("80=880,443=880")
                 .expect_err("same listen port")
-                .contains("10080")
+                .contains("880")
         );
     }
 

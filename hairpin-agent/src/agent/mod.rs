@@ -20,6 +20,7 @@ pub mod mode;
 pub mod name_limits;
 pub mod reconcile;
 pub mod report;
+pub mod slot_addresses;
 pub mod source;
 mod startup;
 

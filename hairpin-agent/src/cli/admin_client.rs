@@ -1,10 +1,12 @@
-//! A tiny HTTP/1.0 client for the agent's admin server: one GET, over the unix
-//! socket first, then TCP. Synchronous and dependency-free on purpose: the CLI must
-//! work on a broken node, and one request needs no runtime.
+//! A tiny HTTP/1.0 client for the agent's admin server: one GET over its unix
+//! socket, never TCP. The socket is root's alone (0600 in a root-owned directory),
+//! while any uid on the node can bind a TCP port the agent has not bound yet (during a
+//! restart) and answer with a forged `/status`, which `doctor` would then probe.
+//! Synchronous and dependency-free on purpose: the CLI must work on a broken node,
+//! and one request needs no runtime.
 
 use std::{
     io::{Read, Write},
-    net::{SocketAddr, TcpStream},
     os::unix::net::UnixStream,
     path::PathBuf,
     time::Duration,
@@ -18,17 +20,14 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 /// Where the running agent's admin server is.
 #[derive(clap::Args, Debug, Clone)]
 pub struct AdminArgs {
-    /// Unix socket of the running agent's admin server, tried first.
+    /// Unix socket of the running agent's admin server, the only way the CLI asks
+    /// the agent (never its TCP address, which another uid could hold).
     #[arg(
         long,
         env = "HAIRPIN_ADMIN_SOCKET",
         default_value = crate::status::admin::DEFAULT_ADMIN_SOCKET
     )]
     pub admin_socket: PathBuf,
-
-    /// TCP address of the running agent's admin server, tried when the socket does not answer.
-    #[arg(long, env = "HAIRPIN_ADMIN_ADDRESS", default_value = crate::status::admin::DEFAULT_ADMIN_ADDRESS)]
-    pub admin_address: SocketAddr,
 }
 
 /// Where to read the running agent from: its admin server, else what it pinned.
@@ -55,19 +54,15 @@ impl AgentArgs {
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminClientError {
-    /// Neither the socket nor the address answered.
+    /// The socket did not answer.
     #[error(
-        "the agent is not reachable: socket {socket}: {socket_error}; address {address}: {address_error}"
+        "the agent is not reachable on its admin socket {socket} (root only; --admin-socket): {source}"
     )]
     Unreachable {
         /// The socket tried.
         socket: PathBuf,
         /// Its error.
-        socket_error: std::io::Error,
-        /// The address tried.
-        address: SocketAddr,
-        /// Its error.
-        address_error: std::io::Error,
+        source: std::io::Error,
     },
     /// The reply was not HTTP or not 200.
     #[error("the agent answered {path} with {detail}")]
@@ -92,30 +87,17 @@ pub struct Reply {
 }
 
 impl AdminArgs {
-    /// GETs `path` from the agent, socket first.
+    /// GETs `path` from the agent over its admin socket.
     pub fn get(&self, path: &str) -> Result<Reply, AdminClientError> {
-        let raw = match UnixStream::connect(&self.admin_socket) {
-            Ok(s) => {
-                s.set_read_timeout(Some(TIMEOUT)).ok();
-                s.set_write_timeout(Some(TIMEOUT)).ok();
-                request(s, path)
+        let s = UnixStream::connect(&self.admin_socket).map_err(|source| {
+            AdminClientError::Unreachable {
+                socket: self.admin_socket.clone(),
+                source,
             }
-            Err(socket_error) => match TcpStream::connect_timeout(&self.admin_address, TIMEOUT) {
-                Ok(s) => {
-                    s.set_read_timeout(Some(TIMEOUT)).ok();
-                    s.set_write_timeout(Some(TIMEOUT)).ok();
-                    request(s, path)
-                }
-                Err(address_error) => {
-                    return Err(AdminClientError::Unreachable {
-                        socket: self.admin_socket.clone(),
-                        socket_error,
-                        address: self.admin_address,
-                        address_error,
-                    });
-                }
-            },
-        };
+        })?;
+        s.set_read_timeout(Some(TIMEOUT)).ok();
+        s.set_write_timeout(Some(TIMEOUT)).ok();
+        let raw = request(s, path);
         let raw = raw.map_err(|e| AdminClientError::BadReply {
             path: path.to_string(),
             detail: e.to_string(),
@@ -132,18 +114,6 @@ impl AdminArgs {
     /// The agent's `/status`, which it serves on its unix socket only.
     pub fn status(&self) -> Result<Snapshot, AdminClientError> {
         let reply = self.get(STATUS_PATH)?;
-        if reply.code == 404 {
-            // The socket did not answer and the TCP address has no /status.
-            return Err(AdminClientError::BadReply {
-                path: STATUS_PATH.into(),
-                detail: format!(
-                    "404 on {}: /status is served on the admin socket only ({}), which \
-                     needs root on the node (or pass --admin-socket)",
-                    self.admin_address,
-                    self.admin_socket.display()
-                ),
-            });
-        }
         if reply.code != 200 {
             return Err(AdminClientError::BadReply {
                 path: STATUS_PATH.into(),

@@ -1,4 +1,5 @@
-//! The node subcommands: `status`, `check`, `doctor`, `dump`, `cleanup`, and the
+//! The node subcommands: `status`, `check`, `doctor`, `dump`, `cleanup`, `health` (the
+//! DaemonSet's probes), and the
 //! cluster's `uninstall`. They talk to
 //! the agent on this node through its admin server and to the kernel directly, so
 //! they still say something useful when the agent is down.
@@ -9,6 +10,7 @@ pub mod cleanup;
 pub mod dns;
 pub mod doctor;
 pub mod dump;
+pub mod health;
 pub mod kube_proxy;
 pub mod probe;
 pub mod status;

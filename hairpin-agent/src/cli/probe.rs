@@ -58,7 +58,7 @@ impl ProbeResult {
     fn new(outcome: Outcome, detail: impl Into<String>) -> ProbeResult {
         ProbeResult {
             outcome,
-            detail: detail.into(),
+            detail: printable(&detail.into()),
         }
     }
 
@@ -66,6 +66,21 @@ impl ProbeResult {
     pub fn answered(&self) -> bool {
         self.outcome == Outcome::Answered
     }
+}
+
+/// `s` with every control character escaped (`\u{1b}`): a status line is the
+/// server's own bytes, and printed raw its terminal escapes would drive the
+/// operator's terminal (clear it, rewrite earlier lines, set its title).
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Sends `p` and reads what comes back.
@@ -98,7 +113,7 @@ enum ConnectError {
     #[error("socket: {0}")]
     Socket(io::Error),
     /// The mark could not be set.
-    #[error("could not set SO_MARK {mark:#x} (needs CAP_NET_ADMIN): {source}")]
+    #[error("could not set SO_MARK {mark:#x} (needs CAP_NET_ADMIN or CAP_NET_RAW): {source}")]
     Mark {
         /// The mark asked for.
         mark: u32,

@@ -81,6 +81,25 @@ pub type ListenHookError = Box<dyn std::error::Error + Send + Sync>;
 /// frontend holds that slot, and the connection is reset, never relayed to a guess.
 pub type SlotLookup = Arc<dyn Fn(SocketAddr) -> Option<(SocketAddr, ProxyVersion)> + Send + Sync>;
 
+/// `lookup`, refusing a frontend that the refusal table of LoadBalancer addresses
+/// refuses whatever the policy (loopback, link-local, multicast, a metadata or
+/// platform endpoint, in every IPv6 spelling: `k8s/decide/lb_address.rs`). The slots
+/// map is written by the agent only from frontends that passed the whole table, but
+/// whoever can write the map (its pin) could name such an address, and the relay
+/// dials with the bypass mark: a connection to such a slot is reset, never relayed.
+pub fn refusing_targets(lookup: SlotLookup) -> SlotLookup {
+    Arc::new(move |local| {
+        let (target, version) = lookup(local)?;
+        match crate::k8s::decide::lb_address::builtin_refusal(target.ip()) {
+            None => Some((target, version)),
+            Some(why) => {
+                tracing::warn!(slot = %local, %target, why, "a slot names a refused address: not relayed");
+                None
+            }
+        }
+    })
+}
+
 /// The relay's listeners, and every connection they accepted.
 pub struct Relay {
     cfg: Arc<RelayConfig>,
@@ -231,5 +250,32 @@ impl Connection {
         };
         proxy(&mut self.client, &to, &[], &self.cfg, &self.metrics).await;
         self.metrics.connection_closed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot naming loopback, the metadata endpoint (also as NAT64) or a
+    /// link-local address is not relayed; a LoadBalancer's address is.
+    #[test]
+    fn a_slot_naming_a_refused_address_is_not_relayed() {
+        for target in [
+            "127.0.0.1:10250",
+            "169.254.169.254:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+            "[fe80::1]:80",
+            "[::ffff:127.0.0.1]:22",
+        ] {
+            let target: SocketAddr = target.parse().expect("addr");
+            let lookup: SlotLookup = Arc::new(move |_| Some((target, ProxyVersion::V1)));
+            let slot: SocketAddr = "169.254.104.1:2000".parse().expect("addr");
+            assert_eq!(refusing_targets(lookup)(slot), None, "{target}");
+        }
+        let lb: SocketAddr = "203.0.113.7:443".parse().expect("addr");
+        let lookup: SlotLookup = Arc::new(move |_| Some((lb, ProxyVersion::V2)));
+        let slot: SocketAddr = "169.254.104.1:2000".parse().expect("addr");
+        assert_eq!(refusing_targets(lookup)(slot), Some((lb, ProxyVersion::V2)));
     }
 }

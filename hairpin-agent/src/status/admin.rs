@@ -4,7 +4,9 @@
 //! root on the node only), and optionally `/metrics` alone on an address of its own
 //! for a Prometheus on the node's network. The node CLI reads `/status` from the socket.
 //! The TCP listeners cap their connections and time out slow request heads
-//! ([`tcp_server`]).
+//! ([`tcp_server`]); they are unprivileged ports that any uid can crowd or bind
+//! first, so the DaemonSet probes over the socket (`hairpin-agent health`), and an
+//! admin address someone else holds is logged and gone without.
 
 use std::{
     collections::BTreeMap,
@@ -81,7 +83,8 @@ pub enum AdminError {
     /// The unix socket (or its directory) could not be made.
     #[error("failed to {op} admin socket {path}: {source}")]
     Socket {
-        /// `create the directory of`, `remove stale`, `bind`, `chmod`.
+        /// `create the directory of`, `inspect the directory of`, `use the directory
+        /// of`, `remove stale`, `bind`, `chmod`.
         op: &'static str,
         /// The socket path.
         path: PathBuf,
@@ -159,9 +162,20 @@ pub async fn start(
         (cfg.metrics, Routes::Metrics),
     ] {
         let Some(address) = address else { continue };
-        let l = TcpListener::bind(address)
-            .await
-            .map_err(|source| AdminError::Listen { address, source })?;
+        let l = match TcpListener::bind(address).await {
+            Ok(l) => l,
+            // Any uid can bind an unprivileged port first (say while the agent
+            // restarts). With the socket serving the probes (the DaemonSet's exec
+            // probes) that must not keep the agent from starting: it runs on without.
+            Err(source) if routes == Routes::Probes && cfg.socket.is_some() => {
+                warn!(
+                    %address, error = %source,
+                    "admin address not bound: /healthz, /readyz and /metrics are served on the admin socket only"
+                );
+                continue;
+            }
+            Err(source) => return Err(AdminError::Listen { address, source }),
+        };
         let bound = l.local_addr().ok();
         if routes == Routes::Probes {
             local_addr = bound;
@@ -215,6 +229,20 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AdminError> {
     };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err("create the directory of"))?;
+        // Whoever may write the directory may swap the socket for their own between
+        // the agent's bind and a CLI's connect (or a probe's): only its owner.
+        let meta = std::fs::metadata(dir).map_err(err("inspect the directory of"))?;
+        if meta.permissions().mode() & 0o022 != 0 {
+            return Err(AdminError::Socket {
+                op: "use the directory of",
+                path: path.to_path_buf(),
+                source: io::Error::other(format!(
+                    "{} is writable by group or others (mode {:o}): make it 0755 or tighter",
+                    dir.display(),
+                    meta.permissions().mode() & 0o7777
+                )),
+            });
+        }
     }
     if path.exists() {
         // A socket file left by a crashed agent refuses connections: remove it. One

@@ -520,7 +520,19 @@ impl Snapshot {
             .filter(|s| !s.synced)
             .map(|s| s.name.as_str())
             .collect();
-        (!pending.is_empty()).then(|| format!("sources not synced: {}", pending.join(", ")))
+        if !pending.is_empty() {
+            return Some(format!("sources not synced: {}", pending.join(", ")));
+        }
+        // Every name listener counts: with the CoreDNS mode the hairpin Service's
+        // endpoint on this node follows readiness, and a listener that could not bind
+        // (its port held by someone else) must not receive the node's pods' names.
+        let failed: Vec<String> = self
+            .names
+            .iter()
+            .flat_map(|n| &n.failed_listeners)
+            .map(|f| format!("{} ({})", f.address, f.error))
+            .collect();
+        (!failed.is_empty()).then(|| format!("name listeners not bound: {}", failed.join(", ")))
     }
 }
 

@@ -169,3 +169,28 @@ fn a_stalled_run_loop_is_the_first_reason_not_to_be_ready() {
     let json = serde_json::to_value(&snap).expect("json");
     assert!(json.get("run_loop_stalled_secs").is_none());
 }
+
+/// A name listener that could not bind (its port held by another process) keeps
+/// the agent not ready: with the CoreDNS mode, the hairpin Service's endpoint on
+/// this node follows readiness, so the node's pods are not sent to that port.
+#[test]
+fn a_name_listener_that_is_not_bound_keeps_the_agent_not_ready() {
+    let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
+    state.set_attachment(Some(attached()));
+    state.source_synced("file f.yaml");
+    state.update(|s| s.names = Some(NamesStatus::default()));
+    assert_eq!(state.snapshot().not_ready_reason(), None);
+    state.update(|s| {
+        if let Some(n) = s.names.as_mut() {
+            n.failed_listeners = vec![FailedListener {
+                address: "192.0.2.1:880".parse().expect("addr"),
+                error: "Address in use".into(),
+            }];
+        }
+    });
+    let why = state.snapshot().not_ready_reason().expect("not ready");
+    assert!(
+        why.contains("name listeners not bound") && why.contains("192.0.2.1:880"),
+        "{why}"
+    );
+}

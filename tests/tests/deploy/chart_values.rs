@@ -101,6 +101,15 @@ fn the_schema_refuses_each_bad_value_naming_its_key() {
             "both",
         ),
         (set(&["image.tag=1.0"]), "HAIRPIN_MODE", "auto"),
+        // The LoadBalancer ranges, so a Node's claim cannot switch an LB off.
+        (
+            vec![
+                "--set-json".into(),
+                r#"lbCidrs=["203.0.113.0/24","2001:db8:9::/64"]"#.into(),
+            ],
+            "HAIRPIN_LB_CIDRS",
+            "203.0.113.0/24,2001:db8:9::/64",
+        ),
     ] {
         let objs = render_chart_with(&flags);
         let got = env_of(&super::render::agent(&objs), "chart");

@@ -111,8 +111,12 @@ fn the_service_is_the_name_relays_listeners_and_the_coredns_target() {
     }
 }
 
+/// The probes run `hairpin-agent health` over the admin socket, never HTTP to the
+/// admin port: that port is unprivileged and the DaemonSet shares the node's
+/// network, so any uid could crowd it (the kubelet's probe refused, the agent
+/// restarted at will) or bind it first (tests/tests/neighbours.rs shows both).
 #[test]
-fn probes_hit_routes_the_admin_server_serves_on_its_address() {
+fn probes_ask_the_admin_socket_never_the_shared_admin_port() {
     let routes = admin_routes();
     assert!(
         routes.contains("/healthz") && routes.contains("/readyz"),
@@ -122,46 +126,48 @@ fn probes_hit_routes_the_admin_server_serves_on_its_address() {
     for v in VARIANTS {
         let Some(objs) = kustomize(v.dir) else { return };
         let c = agent(&objs);
-        let address = run_args(&env_of(&c, v.dir), v.dir).admin_address;
-        assert_eq!(
-            address, defaults.admin_address,
-            "{}: the agent's default admin address",
-            v.dir
-        );
+        let run = run_args(&env_of(&c, v.dir), v.dir);
         assert!(
-            address.ip().is_loopback(),
+            run.admin_address.ip().is_loopback(),
             "{}: admin address should stay node-local",
             v.dir
         );
-        for (what, probe, path) in [
-            ("startupProbe", &c.startup_probe, "/healthz"),
-            ("livenessProbe", &c.liveness_probe, "/healthz"),
-            ("readinessProbe", &c.readiness_probe, "/readyz"),
+        assert_eq!(
+            run.admin_socket, defaults.admin_socket,
+            "{}: the socket `health` asks by default",
+            v.dir
+        );
+        let bin = c
+            .command
+            .as_ref()
+            .and_then(|c| c.first())
+            .unwrap_or_else(|| panic!("{}: the agent's command", v.dir));
+        for (what, probe, ready) in [
+            ("startupProbe", &c.startup_probe, false),
+            ("livenessProbe", &c.liveness_probe, false),
+            ("readinessProbe", &c.readiness_probe, true),
         ] {
-            let get = probe
+            let p = probe
                 .as_ref()
-                .and_then(|p| p.http_get.as_ref())
-                .unwrap_or_else(|| panic!("{}: {what} must be an httpGet", v.dir));
-            let p = get.path.as_deref().unwrap_or("/");
-            assert_eq!(p, path, "{}: {what} path", v.dir);
+                .unwrap_or_else(|| panic!("{}: {what} missing", v.dir));
             assert!(
-                routes.contains(p),
-                "{}: {what} path {p} is not served by status/admin.rs ({routes:?})",
+                p.http_get.is_none() && p.tcp_socket.is_none() && p.grpc.is_none(),
+                "{}: {what} must not dial the admin port",
                 v.dir
             );
-            assert_eq!(
-                get.port,
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
-                    address.port().into()
-                ),
-                "{}: {what} port must be the admin address's",
-                v.dir
-            );
-            // Kubelet would dial the node IP otherwise, where the loopback listener is not.
-            assert_eq!(
-                get.host.as_deref(),
-                Some(address.ip().to_string().as_str()),
-                "{}: {what} host",
+            let cmd = p
+                .exec
+                .as_ref()
+                .and_then(|e| e.command.clone())
+                .unwrap_or_else(|| panic!("{}: {what} must be an exec probe", v.dir));
+            let mut want = vec![bin.clone(), "health".to_string()];
+            if ready {
+                want.push("--ready".into());
+            }
+            assert_eq!(cmd, want, "{}: {what} command", v.dir);
+            assert!(
+                p.timeout_seconds.unwrap_or(1) >= 3,
+                "{}: {what} must outlast the CLI's own 3 s timeout",
                 v.dir
             );
         }

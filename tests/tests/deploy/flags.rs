@@ -166,7 +166,7 @@ fn a_name_that_is_no_flag_and_a_value_the_agent_refuses_both_fail() {
     let env = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
     for (bad, why) in [
         (env("HAIRPIN_COREDNS_MODE", "import"), "not a flag"),
-        (env("HAIRPIN_NAMES_SERVICE_PORTS", "80:10080"), "bad value"),
+        (env("HAIRPIN_NAMES_SERVICE_PORTS", "80:880"), "bad value"),
         (env("HAIRPIN_COREDNS", "on"), "bad value"),
     ] {
         let r = std::panic::catch_unwind(|| run_args(&bad, "test"));

@@ -1,6 +1,7 @@
 //! Issue 22: the uninstall's node cleanup runs where the agent put its listen
 //! addresses and the hairpin0 link (the host's network namespace, hostNetwork),
-//! with the one capability rtnetlink needs to remove them, and removes the same
+//! with the capability rtnetlink needs to remove them (and CAP_BPF to detach the
+//! pinned links), and removes the same
 //! link and addresses the agent of the install used. (`tests/tests/modes.rs` runs
 //! `cleanup` against a node and checks the addresses are gone.)
 
@@ -41,7 +42,10 @@ fn the_node_cleanup_removes_the_agents_listen_link_from_the_host_network() {
                     .and_then(|s| s.capabilities.as_ref())
                     .unwrap_or_else(|| panic!("{source}: capabilities"));
                 let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
-                assert_eq!(added, BTreeSet::from(["NET_ADMIN"]), "{source}");
+                // NET_ADMIN for rtnetlink; BPF to detach the pinned links: with
+                // kernel.unprivileged_bpf_disabled (1 or 2, the distributions'
+                // default) every bpf() command needs CAP_BPF.
+                assert_eq!(added, BTreeSet::from(["BPF", "NET_ADMIN"]), "{source}");
                 assert_eq!(
                     caps.drop.as_deref(),
                     Some(&["ALL".to_string()][..]),

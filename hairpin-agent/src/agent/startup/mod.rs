@@ -66,6 +66,9 @@ pub enum StartError {
     /// `--coredns` with `--frontends`: CoreDNS follows the Kubernetes source's names.
     #[error("--coredns follows the Kubernetes source's names: it cannot be used with --frontends")]
     CorednsWithFrontendsFile,
+    /// A `--listen-address` is an address the node uses for something else.
+    #[error(transparent)]
+    SlotAddress(#[from] crate::agent::slot_addresses::SlotAddressError),
     /// A signal handler could not be installed.
     #[error(transparent)]
     Signal(#[from] SignalError),
@@ -198,6 +201,12 @@ impl Agent {
         check_coredns(&args)?;
         let node = NodeIps::of(&args)?;
         let addresses = relay_addresses(&args);
+        // Before anything binds: the sockets found are the node's, not ours.
+        crate::agent::slot_addresses::check(
+            &addresses,
+            &args.node_ips,
+            &crate::agent::slot_addresses::bound_sockets(),
+        )?;
         let listen = listen_addresses(&addresses);
         limits::raise_nofile_limit();
         let metrics = Metrics::default();

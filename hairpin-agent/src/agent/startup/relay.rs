@@ -98,10 +98,10 @@ pub(super) fn start_relay(
             );
         }
     };
-    let lookup: crate::relay::SlotLookup = Arc::new(move |local| {
+    let lookup: crate::relay::SlotLookup = crate::relay::refusing_targets(Arc::new(move |local| {
         let owner = reader.owner(local)?;
         Some((owner.frontend, ProxyVersion::from_number(owner.version)?))
-    });
+    }));
     let mut status = RelayStatus::default();
     for (family, ip) in families {
         let Some(ip) = ip else { continue };
@@ -209,8 +209,9 @@ fn bind_fix(ip: IpAddr, e: &io::Error) -> String {
             .to_string(),
         io::ErrorKind::AddrNotAvailable => format!(
             "{ip} is not an address of this node: let the agent put it on a link \
-             (--listen-link, the default) or pass one of the node's addresses as \
-             --listen-address; once it is there {retried}"
+             (--listen-link, the default); never pass a node IP or any address the node \
+             uses for something else as --listen-address (the agent refuses it: its \
+             slots would take that address's connections); once it is there {retried}"
         ),
         _ => format!(
             "every port of 512-1023 on {ip} is taken (a listener on the wildcard address \

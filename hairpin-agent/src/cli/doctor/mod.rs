@@ -141,11 +141,16 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
     list.push(match &agent {
         Ok(s) => match s.not_ready_reason() {
             None => Check::new("agent", Status::Ok, format!("pid {} ready", s.agent.pid)),
-            Some(r) => Check::new("agent", Status::Warn, format!("pid {} not ready: {r}", s.agent.pid))
-                .fix("see `hairpin-agent status` and the agent's log"),
+            Some(r) => Check::new(
+                "agent",
+                Status::Warn,
+                format!("pid {} not ready: {r}", s.agent.pid),
+            )
+            .fix("see `hairpin-agent status` and the agent's log"),
         },
-        Err(e) => Check::new("agent", Status::Warn, e.to_string())
-            .fix("start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket/--admin-address"),
+        Err(e) => Check::new("agent", Status::Warn, e.to_string()).fix(
+            "start the agent (the hairpin DaemonSet pod on this node), or pass --admin-socket",
+        ),
     });
     let kp = KubeProxy::observe();
     list.push(checks::seccomp(agent.as_ref().ok()));

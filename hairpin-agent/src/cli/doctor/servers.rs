@@ -3,8 +3,17 @@
 //! outside its trusted list without a word, so hairpin's header can be lost there
 //! with no error anywhere. Each active frontend is probed directly, past hairpin (the
 //! bypass mark), once without a header and once with one, as `check` does.
+//!
+//! The probes carry the bypass mark, so they go wherever an address points, past
+//! every program of hairpin's. The frontends come from the agent's `/status` (over
+//! its root-only socket), and the refusal table of LoadBalancer addresses is applied
+//! again here before any probe: an address it refuses (loopback, link-local, a
+//! metadata endpoint, this node's own addresses) is never dialled, whatever lists it.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use super::{Check, Status};
 use crate::{
@@ -25,16 +34,60 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 pub type Probes = (ProbeResult, ProbeResult);
 
 /// The active frontends to probe, in the agent's order, at most [`MAX_PROBED`]; and
-/// how many more there were.
+/// how many more there were. Those the refusal table refuses are never probed
+/// ([`refused`]).
 pub fn targets(s: &Snapshot) -> (Vec<SocketAddr>, usize) {
+    let local = local_addresses();
     let all: Vec<SocketAddr> = s
         .frontends
         .iter()
         .filter(|f| f.state == FrontendState::Active)
         .map(|f| SocketAddr::new(f.ip, f.port))
+        .filter(|a| refused(a.ip(), &local).is_none())
         .collect();
     let more = all.len().saturating_sub(MAX_PROBED);
     (all.into_iter().take(MAX_PROBED).collect(), more)
+}
+
+/// Why `ip` is never probed: the refusal table's built-in classes and platform
+/// endpoints (`k8s/decide/lb_address.rs`), or one of this node's own addresses
+/// (`local`).
+pub fn refused(ip: IpAddr, local: &[IpAddr]) -> Option<String> {
+    if let Some(class) = crate::k8s::decide::lb_address::builtin_refusal(ip) {
+        return Some(format!("{ip} is {class}"));
+    }
+    let ip = ip.to_canonical();
+    local
+        .iter()
+        .any(|l| l.to_canonical() == ip)
+        .then(|| format!("{ip} is an address of this node"))
+}
+
+/// This network namespace's own addresses; none when they cannot be listed.
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}
+
+/// The active frontends the refusal table refuses, each with why.
+fn refused_frontends(s: &Snapshot) -> Vec<String> {
+    let local = local_addresses();
+    s.frontends
+        .iter()
+        .filter(|f| f.state == FrontendState::Active)
+        .filter_map(|f| refused(f.ip, &local).map(|why| format!("{}:{} ({why})", f.ip, f.port)))
+        .collect()
 }
 
 /// Probes `addr` directly (past hairpin, with `mark`) without and with a header.
@@ -64,7 +117,18 @@ pub fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
             .collect();
         running.into_iter().filter_map(|h| h.join().ok()).collect()
     });
-    lenient_check(agent, &probed, more)
+    let mut check = lenient_check(agent, &probed, more);
+    let refused = agent.map(refused_frontends).unwrap_or_default();
+    if !refused.is_empty() {
+        check.detail.push_str(&format!(
+            "; not probed, refused as LoadBalancer addresses: {}",
+            refused.join(", ")
+        ));
+        if check.status != Status::Warn {
+            check.status = Status::Warn;
+        }
+    }
+    check
 }
 
 /// The `lenient_servers` check from each probed frontend's answers: warns naming
@@ -138,6 +202,45 @@ mod tests {
 
     /// A strict server and a lenient one: only the lenient one is named; no
     /// frontend, or no agent, is a skip, not an ok.
+    /// A status listing loopback, a metadata endpoint and this node's own address
+    /// as active frontends: none is a target (the probes carry the bypass mark).
+    #[test]
+    fn the_refusal_table_is_applied_before_any_probe() {
+        use crate::{
+            model::{Paths, ProxyVersion},
+            status::FrontendStatus,
+        };
+        let mut s = Snapshot::default();
+        for (ip, port) in [
+            ("127.0.0.1", 10250),
+            ("169.254.169.254", 80),
+            ("::ffff:127.0.0.1", 22),
+            ("64:ff9b::a9fe:a9fe", 80),
+            ("203.0.113.10", 443),
+        ] {
+            s.frontends.push(FrontendStatus {
+                ip: ip.parse().unwrap(),
+                port,
+                version: ProxyVersion::V1,
+                source: String::new(),
+                state: FrontendState::Active,
+                listener: None,
+                reason: None,
+                retry: None,
+                path: Paths(Vec::new()),
+            });
+        }
+        let (t, more) = targets(&s);
+        assert_eq!(t, vec!["203.0.113.10:443".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(more, 0);
+        let local = ["10.0.0.5".parse().unwrap()];
+        assert!(refused("10.0.0.5".parse().unwrap(), &local).is_some());
+        assert!(refused("203.0.113.10".parse().unwrap(), &local).is_none());
+        let refused = refused_frontends(&s);
+        assert_eq!(refused.len(), 4, "{refused:?}");
+        assert!(refused[1].contains("169.254.169.254:80"), "{refused:?}");
+    }
+
     #[test]
     fn only_the_lenient_servers_are_named() {
         let strict: SocketAddr = "203.0.113.10:80".parse().unwrap();

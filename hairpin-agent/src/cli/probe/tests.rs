@@ -66,3 +66,22 @@ fn a_tls_probe_to_a_server_that_hangs_up_gets_no_answer() {
     let r = send(&probe(addr, false, true));
     assert_eq!(r.outcome, Outcome::NoAnswer, "{r:?}");
 }
+
+/// A server whose status line carries terminal escapes (clear the screen, set the
+/// title): `check` shows them escaped, never as bytes the terminal would obey.
+#[test]
+fn a_status_line_with_terminal_escapes_is_printed_escaped() {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        if let Some(Ok(mut conn)) = l.incoming().next() {
+            let mut first = String::new();
+            let _ = BufReader::new(&conn).read_line(&mut first);
+            let _ = conn.write_all(b"HTTP/1.1 200 \x1b[2J\x1b]0;owned\x07OK\r\n\r\n");
+        }
+    });
+    let r = send(&probe(addr, false, false));
+    assert_eq!(r.outcome, Outcome::Answered, "{r:?}");
+    assert!(!r.detail.chars().any(char::is_control), "{:?}", r.detail);
+    assert!(r.detail.contains("\\u{1b}[2J"), "{:?}", r.detail);
+}

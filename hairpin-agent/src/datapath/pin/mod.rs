@@ -25,7 +25,6 @@
 use std::{
     fs::{self, File},
     io,
-    os::fd::AsFd,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -34,7 +33,6 @@ use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
 use super::role::Role;
-use super::sys;
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -436,63 +434,9 @@ pub fn remove_all(root: &Path) -> Vec<Removed> {
 
 /// Removes the datapath of one layout directory (`<dir>/v<N>`): links detached
 /// first, connect programs before their consumers, then every pin and the
-/// directories.
+/// directories; by descriptor, never through a symbolic link (`owner::remove_layout`).
 pub fn remove_layout(layout: &Path) -> Vec<Removed> {
-    let mut done = Vec::new();
-    // Links first, connect programs before the consumers: no socket is marked
-    // after this that sock_ops or sk_msg would not see.
-    for role in super::role::detach_order() {
-        let p = layout.join("links").join(role.name());
-        if !p.exists() {
-            continue;
-        }
-        let detached = sys::open_pinned(&p)
-            .and_then(|fd| sys::link_detach(fd.as_fd()))
-            .map_err(|source| UnpinError::Detach {
-                path: p.clone(),
-                source,
-            });
-        let result = detached.and_then(|()| unpin(&p));
-        done.push(Removed {
-            kind: "link",
-            path: p,
-            result,
-        });
-    }
-    for (sub, kind) in [("links", "link"), ("progs", "program"), ("maps", "map")] {
-        let dir = layout.join(sub);
-        if dir.exists() && !real_dir(&dir) {
-            done.push(Removed {
-                kind: "directory",
-                result: Err(UnpinError::Symlink { path: dir.clone() }),
-                path: dir,
-            });
-            continue;
-        }
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut pins: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
-        pins.sort();
-        for p in pins {
-            done.push(Removed {
-                kind,
-                result: unpin(&p),
-                path: p,
-            });
-        }
-        let _ = fs::remove_dir(&dir);
-    }
-    let result = fs::remove_dir(layout).map_err(|source| UnpinError::Remove {
-        path: layout.to_path_buf(),
-        source,
-    });
-    done.push(Removed {
-        kind: "directory",
-        path: layout.to_path_buf(),
-        result,
-    });
-    done
+    owner::remove_layout(layout)
 }
 
 /// The legacy sockets-map pins in `dir`, sorted.

@@ -2,9 +2,19 @@
 //! opening a pinned map needs only file access to the pin, so a root process without
 //! capabilities that reaches the host's bpf filesystem could open hairpin's maps.
 
-use std::{fs, path::Path};
+use std::{
+    io,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+};
 
-use super::{PinError, io_error};
+use nix::{
+    errno::Errno,
+    fcntl::OFlag,
+    sys::stat::{FileStat, Mode, SFlag, fstat},
+};
+
+use super::{PinError, Removed, UnpinError};
 
 /// Who owns the pins when they are handed to a dedicated account
 /// (`--pin-owner`): since Linux 5.19 opening a pinned map needs only file access to
@@ -73,36 +83,249 @@ pub(super) fn check_in_group(root: &Path, owner: PinOwner) -> Result<(), PinErro
     })
 }
 
-/// Calls `visit` with `root` and everything under it, each with its own metadata,
-/// descending only into real directories (never through a symbolic link).
-fn walk(
-    root: &Path,
-    mut visit: impl FnMut(&Path, &fs::Metadata) -> Result<(), PinError>,
-) -> Result<(), PinError> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let meta = fs::symlink_metadata(&p).map_err(io_error("stat", &p))?;
-        if meta.is_dir() {
-            for e in fs::read_dir(&p).map_err(io_error("read", &p))? {
-                stack.push(e.map_err(io_error("read", &p))?.path());
+/// The directory flags of every step of a walk: a real directory, never a link.
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// What [`walk`] found: a directory the agent made (open, so it is changed through
+/// its descriptor) or a pin (open with `O_PATH`, the inode itself, never a link).
+pub(super) struct Found<'a> {
+    /// Its path, for errors and logs only: nothing is done by path.
+    pub path: &'a Path,
+    /// The descriptor every change goes through.
+    pub fd: &'a OwnedFd,
+    /// Its metadata, read from that descriptor.
+    pub stat: &'a FileStat,
+}
+
+/// Opens `name` under `parent` as a directory without following a link, on
+/// `dev` (the pin directory's device) only; `None` when it does not exist or is
+/// not a directory.
+fn open_dir_at(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+    dev: u64,
+) -> Result<Option<(OwnedFd, FileStat)>, PinError> {
+    match nix::fcntl::openat(parent, name, dir_flags(), Mode::empty()) {
+        Ok(fd) => {
+            let stat = fstat(&fd).map_err(nix_error("stat", path))?;
+            same_device(path, &stat, dev)?;
+            Ok(Some((fd, stat)))
+        }
+        Err(Errno::ENOENT) => Ok(None),
+        // O_NOFOLLOW on a symbolic link: ELOOP, or ENOTDIR with O_DIRECTORY.
+        Err(Errno::ELOOP) => Err(PinError::Symlink {
+            path: path.to_path_buf(),
+        }),
+        Err(Errno::ENOTDIR) => {
+            let kind =
+                nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
+            match kind {
+                Ok(SFlag::S_IFLNK) => Err(PinError::Symlink {
+                    path: path.to_path_buf(),
+                }),
+                _ => Ok(None),
             }
         }
-        visit(&p, &meta)?;
+        Err(e) => Err(nix_error("open", path)(e)),
+    }
+}
+
+/// Fails unless `stat` is on `dev`: the walk never leaves the pin directory's
+/// bpf filesystem (a directory of another filesystem mounted or moved in is not the
+/// agent's).
+fn same_device(path: &Path, stat: &FileStat, dev: u64) -> Result<(), PinError> {
+    if stat.st_dev == dev {
+        return Ok(());
+    }
+    Err(PinError::Io {
+        op: "stay on the pin directory's filesystem at",
+        path: path.to_path_buf(),
+        source: io::Error::other(format!(
+            "device {:#x}, the pin directory's is {dev:#x}",
+            stat.st_dev
+        )),
+    })
+}
+
+/// The names in the directory open at `dir`, sorted: read through
+/// `/proc/self/fd/N`, which names that very directory whatever its path has become.
+fn names(dir: &OwnedFd, path: &Path) -> Result<Vec<String>, PinError> {
+    use std::os::fd::AsRawFd;
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    let read = |e: io::Error| PinError::Io {
+        op: "read",
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&by_fd).map_err(read)? {
+        // A name that is not UTF-8 is none the agent pins.
+        if let Ok(n) = e.map_err(read)?.file_name().into_string() {
+            out.push(n);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The pin `name` under `parent` as an `O_PATH` descriptor of its inode (a link is
+/// opened as itself and refused, a directory is none of the agent's pins), on `dev`.
+fn open_pin_at(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+    dev: u64,
+) -> Result<Option<(OwnedFd, FileStat)>, PinError> {
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::openat(parent, name, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(nix_error("open", path)(e)),
+    };
+    let stat = fstat(&fd).map_err(nix_error("stat", path))?;
+    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+    if kind == SFlag::S_IFLNK {
+        return Err(PinError::Symlink {
+            path: path.to_path_buf(),
+        });
+    }
+    if kind == SFlag::S_IFDIR {
+        return Ok(None);
+    }
+    same_device(path, &stat, dev)?;
+    Ok(Some((fd, stat)))
+}
+
+/// Calls `visit` with `root` and with every name the agent pins under it, each by
+/// descriptor: `root`, its layout directories `v<N>` and their `maps`, `links`
+/// and `progs`, the pins in those, and the legacy `sockets-*` maps in `root`.
+/// Every step is `openat` relative to its parent's descriptor with `O_NOFOLLOW`, on
+/// the root's device: a name swapped for a link (or a directory of elsewhere) between
+/// one step and the next is refused or left alone, never followed. Anything else in
+/// the directories is not the agent's and is left alone.
+pub(super) fn walk(
+    root: &Path,
+    mut visit: impl FnMut(Found<'_>) -> Result<(), PinError>,
+) -> Result<(), PinError> {
+    let fd = match nix::fcntl::open(root, dir_flags(), Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ELOOP) => {
+            return Err(PinError::Symlink {
+                path: root.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(nix_error("open", root)(e)),
+    };
+    let stat = fstat(&fd).map_err(nix_error("stat", root))?;
+    let dev = stat.st_dev;
+    visit(Found {
+        path: root,
+        fd: &fd,
+        stat: &stat,
+    })?;
+    for name in names(&fd, root)? {
+        let path = root.join(&name);
+        if super::is_layout_dir(&path) {
+            let Some((layout, st)) = open_dir_at(&fd, &name, &path, dev)? else {
+                continue;
+            };
+            visit(Found {
+                path: &path,
+                fd: &layout,
+                stat: &st,
+            })?;
+            for sub in ["maps", "links", "progs"] {
+                let sub_path = path.join(sub);
+                let Some((dir, st)) = open_dir_at(&layout, sub, &sub_path, dev)? else {
+                    continue;
+                };
+                visit(Found {
+                    path: &sub_path,
+                    fd: &dir,
+                    stat: &st,
+                })?;
+                for pin in names(&dir, &sub_path)? {
+                    let pin_path = sub_path.join(&pin);
+                    if let Some((p, st)) = open_pin_at(&dir, &pin, &pin_path, dev)? {
+                        visit(Found {
+                            path: &pin_path,
+                            fd: &p,
+                            stat: &st,
+                        })?;
+                    }
+                }
+            }
+        } else if name.starts_with(super::SOCKETS_PIN_PREFIX)
+            && let Some((p, st)) = open_pin_at(&fd, &name, &path, dev)?
+        {
+            visit(Found {
+                path: &path,
+                fd: &p,
+                stat: &st,
+            })?;
+        }
     }
     Ok(())
 }
 
-/// Without a [`PinOwner`]: `root` and the directories under it (never through a
-/// symbolic link) 0700, as SECURITY.md states. This keeps out every uid but 0;
-/// uid 0 without capabilities still gets in (it owns them): `--pin-owner` closes that.
+fn nix_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> PinError + 'a {
+    move |e| PinError::Io {
+        op,
+        path: path.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+fn is_dir(stat: &FileStat) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
+}
+
+/// Sets the mode of what `fd` is (a directory open for reading, or a pin's `O_PATH`
+/// descriptor) through the descriptor itself: `/proc/self/fd/N` names that very
+/// inode, whatever its name has become since (`fchmod` refuses an `O_PATH`
+/// descriptor, and `fchmodat(AT_SYMLINK_NOFOLLOW)` goes by name).
+fn chmod_fd(f: &Found<'_>, mode: u32) -> Result<(), PinError> {
+    use std::os::fd::AsRawFd;
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", f.fd.as_raw_fd()));
+    nix::sys::stat::fchmodat(
+        nix::fcntl::AT_FDCWD,
+        &by_fd,
+        Mode::from_bits_truncate(mode),
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )
+    .map_err(nix_error("chmod", f.path))
+}
+
+/// Changes the owner of what `fd` is, by the descriptor (`AT_EMPTY_PATH`).
+fn chown_fd(f: &Found<'_>, owner: PinOwner) -> Result<(), PinError> {
+    nix::unistd::fchownat(
+        f.fd,
+        "",
+        Some(nix::unistd::Uid::from_raw(owner.uid)),
+        Some(nix::unistd::Gid::from_raw(owner.gid)),
+        nix::fcntl::AtFlags::AT_EMPTY_PATH | nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| PinError::Io {
+        op: "chown (CAP_CHOWN)",
+        path: f.path.to_path_buf(),
+        source: e.into(),
+    })
+}
+
+/// Without a [`PinOwner`]: `root` and the agent's directories under it (never
+/// through a symbolic link) 0700, as SECURITY.md states. This keeps out every uid
+/// but 0; uid 0 without capabilities still gets in (it owns them): `--pin-owner`
+/// closes that.
 pub(super) fn private_dirs(root: &Path) -> Result<(), PinError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    walk(root, |p, meta| {
+    walk(root, |f| {
         // Left as it is when another owner has it (an earlier --pin-owner): that is
         // at least as private.
-        if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 != 0o700 {
-            fs::set_permissions(p, fs::Permissions::from_mode(0o700))
-                .map_err(io_error("chmod", p))?;
+        if is_dir(f.stat) && f.stat.st_uid == 0 && f.stat.st_mode & 0o7777 != 0o700 {
+            chmod_fd(&f, 0o700)?;
         }
         Ok(())
     })
@@ -114,46 +337,163 @@ const SECURE_DIR_MODE: u32 = 0o2770;
 /// The pins' mode under a [`PinOwner`].
 const SECURE_PIN_MODE: u32 = 0o660;
 
-/// Hands `root` and everything under it (never through a symbolic link) to `owner`:
+/// Hands `root` and what the agent pins under it ([`walk`]: by descriptor, never
+/// through a symbolic link, never off the pin directory's filesystem) to `owner`:
 /// directories 2770, pins 660, uid and gid `owner`'s. Needs CAP_CHOWN for what the
 /// agent itself pinned (owned by uid 0): the mode is set first, while it still
 /// owns them. What is already right is left alone; returns how many were changed.
 pub fn secure(root: &Path, owner: PinOwner) -> Result<usize, PinError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mut changed = 0;
-    walk(root, |p, meta| {
-        if meta.file_type().is_symlink() {
-            return Err(PinError::Symlink {
-                path: p.to_path_buf(),
-            });
-        }
-        let want = if meta.is_dir() {
+    walk(root, |f| {
+        let want = if is_dir(f.stat) {
             SECURE_DIR_MODE
         } else {
             SECURE_PIN_MODE
         };
-        let right_mode = meta.mode() & 0o7777 == want;
-        let right_owner = meta.uid() == owner.uid && meta.gid() == owner.gid;
+        let right_mode = f.stat.st_mode & 0o7777 == want;
+        let right_owner = f.stat.st_uid == owner.uid && f.stat.st_gid == owner.gid;
         if !right_mode {
-            fs::set_permissions(p, fs::Permissions::from_mode(want))
-                .map_err(io_error("chmod", p))?;
+            chmod_fd(&f, want)?;
         }
         if !right_owner {
-            nix::unistd::chown(
-                p,
-                Some(nix::unistd::Uid::from_raw(owner.uid)),
-                Some(nix::unistd::Gid::from_raw(owner.gid)),
-            )
-            .map_err(|e| PinError::Io {
-                op: "chown (CAP_CHOWN)",
-                path: p.to_path_buf(),
-                source: e.into(),
-            })?;
+            chown_fd(&f, owner)?;
         }
         changed += usize::from(!(right_mode && right_owner));
         Ok(())
     })?;
     Ok(changed)
+}
+
+/// Removes the datapath of one layout directory (`<dir>/v<N>`) by descriptor, as
+/// [`walk`] reaches it: links detached first (connect programs before their
+/// consumers), then every pin of `links`, `progs` and `maps`, and the directories.
+/// A link is opened through its own `O_PATH` descriptor (`/proc/self/fd/N`), so a
+/// name swapped for a symbolic link to another tool's pinned link is never detached;
+/// pins are removed with `unlinkat` in their directory, never through a link.
+pub(super) fn remove_layout(layout: &Path) -> Vec<Removed> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut done = Vec::new();
+    let symlink = |path: &Path| Removed {
+        kind: "directory",
+        path: path.to_path_buf(),
+        result: Err(UnpinError::Symlink {
+            path: path.to_path_buf(),
+        }),
+    };
+    let opened = nix::fcntl::open(layout, dir_flags(), Mode::empty())
+        .and_then(|fd| fstat(&fd).map(|st| (fd, st)));
+    let (lfd, dev) = match opened {
+        Ok((fd, st)) => (fd, st.st_dev),
+        Err(Errno::ELOOP) => return vec![symlink(layout)],
+        Err(e) => {
+            return vec![Removed {
+                kind: "directory",
+                path: layout.to_path_buf(),
+                result: Err(UnpinError::Remove {
+                    path: layout.to_path_buf(),
+                    source: e.into(),
+                }),
+            }];
+        }
+    };
+    let sub = |name: &str| {
+        let path = layout.join(name);
+        let dir = open_dir_at(&lfd, name, &path, dev);
+        (path, dir)
+    };
+    // Links first, connect programs before the consumers: no socket is marked
+    // after this that sock_ops or sk_msg would not see.
+    if let (links_path, Ok(Some((links, _)))) = sub("links") {
+        for role in super::super::role::detach_order() {
+            let name = role.name();
+            let p = links_path.join(name);
+            let pin = match open_pin_at(&links, name, &p, dev) {
+                Ok(Some((pin, _))) => pin,
+                Ok(None) => continue,
+                Err(e) => {
+                    done.push(Removed {
+                        kind: "link",
+                        path: p.clone(),
+                        result: Err(UnpinError::Detach {
+                            path: p,
+                            source: io::Error::other(e.to_string()),
+                        }),
+                    });
+                    continue;
+                }
+            };
+            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", pin.as_raw_fd()));
+            let result = super::super::sys::open_pinned(&by_fd)
+                .and_then(|fd| super::super::sys::link_detach(fd.as_fd()))
+                .map_err(|source| UnpinError::Detach {
+                    path: p.clone(),
+                    source,
+                })
+                .and_then(|()| unlink_at(&links, name, &p));
+            done.push(Removed {
+                kind: "link",
+                path: p,
+                result,
+            });
+        }
+    }
+    for (name, kind) in [("links", "link"), ("progs", "program"), ("maps", "map")] {
+        let (path, dir) = sub(name);
+        let dir = match dir {
+            Ok(Some((dir, _))) => dir,
+            Ok(None) => continue,
+            Err(PinError::Symlink { .. }) => {
+                done.push(symlink(&path));
+                continue;
+            }
+            Err(e) => {
+                done.push(Removed {
+                    kind: "directory",
+                    path: path.clone(),
+                    result: Err(UnpinError::Remove {
+                        path,
+                        source: io::Error::other(e.to_string()),
+                    }),
+                });
+                continue;
+            }
+        };
+        let pins = names(&dir, &path).unwrap_or_default();
+        for pin in pins {
+            let p = path.join(&pin);
+            done.push(Removed {
+                kind,
+                result: unlink_at(&dir, &pin, &p),
+                path: p,
+            });
+        }
+        let _ = nix::unistd::unlinkat(&lfd, name, nix::unistd::UnlinkatFlags::RemoveDir);
+    }
+    drop(lfd);
+    // The layout directory itself, by name in its parent: `remove_dir` never follows
+    // a final link (rmdir of a link fails with ENOTDIR).
+    let result = std::fs::remove_dir(layout).map_err(|source| UnpinError::Remove {
+        path: layout.to_path_buf(),
+        source,
+    });
+    done.push(Removed {
+        kind: "directory",
+        path: layout.to_path_buf(),
+        result,
+    });
+    done
+}
+
+/// Removes the entry `name` of the directory open at `dir` (a link is removed as
+/// itself); one already gone is fine.
+fn unlink_at(dir: &OwnedFd, name: &str, path: &Path) -> Result<(), UnpinError> {
+    match nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(UnpinError::Remove {
+            path: path.to_path_buf(),
+            source: e.into(),
+        }),
+    }
 }
 
 #[cfg(test)]

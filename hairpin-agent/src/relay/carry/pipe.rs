@@ -11,7 +11,10 @@
 use std::{
     io,
     os::fd::{AsFd, OwnedFd},
-    sync::{Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use tokio::{io::Interest, net::TcpStream};
@@ -31,50 +34,104 @@ const POOL_KEEPS: usize = 16;
 /// less where the received pages are partly filled), so a transfer cost two
 /// splices and a wakeup per 64 KiB at best; 1 MiB takes 256.
 const PIPE_BYTES: nix::libc::c_int = 1 << 20;
+/// Enlarged pipes alive at once (in use or pooled); past it new pipes keep the
+/// default size. The pages count against the agent's uid, 0, node-wide
+/// (`fs.pipe-user-pages-soft`, 64 MiB by default), which every root container shares:
+/// without a cap, about 48 slow readers held it all and left every root process on
+/// the node with two-page pipes. 16 take a quarter.
+pub const MAX_ENLARGED: usize = 16;
 
-/// A pipe's two ends.
+/// A pipe's two ends, and its place among the enlarged ones if it has one.
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    _enlarged: Option<Enlarged>,
+}
+
+/// One of the [`MAX_ENLARGED`] places, given back when its pipe closes.
+struct Enlarged(Arc<AtomicUsize>);
+
+impl Drop for Enlarged {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Empty pipes, shared by every relayed connection.
-#[derive(Debug, Default)]
-pub struct PipePool(Mutex<Vec<(OwnedFd, OwnedFd)>>);
+#[derive(Default)]
+pub struct PipePool {
+    kept: Mutex<Vec<Pipe>>,
+    enlarged: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for PipePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipePool")
+            .field("kept", &self.kept())
+            .field("enlarged", &self.enlarged())
+            .finish()
+    }
+}
 
 impl PipePool {
     fn take(&self) -> io::Result<Pipe> {
-        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let (read, write) = match kept {
-            Some(p) => p,
-            None => {
-                let (read, write) = nix::unistd::pipe2(
-                    nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
-                )?;
-                // Refused past the user's pipe pages (`fs.pipe-user-pages-soft`,
-                // without CAP_SYS_RESOURCE) or above `fs.pipe-max-size`: the pipe
-                // keeps its default size, and the splice works as before.
-                if let Err(e) =
-                    nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES))
-                {
-                    tracing::debug!(error = %e, "a relay pipe keeps its default size");
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        if let Some(p) = kept {
+            return Ok(p);
+        }
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)?;
+        let place = self
+            .enlarged
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_ENLARGED).then_some(n + 1)
+            })
+            .is_ok()
+            .then(|| Enlarged(self.enlarged.clone()));
+        let enlarged = match place {
+            // Refused past the user's pipe pages (`fs.pipe-user-pages-soft`,
+            // without CAP_SYS_RESOURCE) or above `fs.pipe-max-size`: the pipe
+            // keeps its default size, and the splice works as before.
+            Some(place) => {
+                match nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES)) {
+                    Ok(_) => Some(place),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a relay pipe keeps its default size");
+                        None
+                    }
                 }
-                (read, write)
             }
+            None => None,
         };
-        Ok(Pipe { read, write })
+        Ok(Pipe {
+            read,
+            write,
+            _enlarged: enlarged,
+        })
     }
 
     fn give_back(&self, p: Pipe) {
-        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.len() < POOL_KEEPS {
-            kept.push((p.read, p.write));
+            kept.push(p);
         }
     }
 
     /// Empty pipes kept now.
     pub fn kept(&self) -> usize {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Enlarged pipes alive now (in use or kept).
+    pub fn enlarged(&self) -> usize {
+        self.enlarged.load(Ordering::Acquire)
     }
 }
 
@@ -141,4 +198,30 @@ async fn drain(pipe: &Pipe, dst: &TcpStream, mut held: usize) -> io::Result<()> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pipes past [`MAX_ENLARGED`] keep the kernel's default size, so the relay
+    /// never holds more than 16 MiB of uid 0's node-wide pipe pages; a place comes
+    /// back when its pipe closes.
+    #[test]
+    fn at_most_max_enlarged_pipes_are_enlarged_at_once() {
+        let pool = PipePool::default();
+        let size = |p: &Pipe| {
+            nix::fcntl::fcntl(&p.write, nix::fcntl::FcntlArg::F_GETPIPE_SZ).expect("size")
+        };
+        let held: Vec<Pipe> = (0..MAX_ENLARGED + 24)
+            .map(|_| pool.take().expect("pipe"))
+            .collect();
+        let big = held.iter().filter(|p| size(p) >= PIPE_BYTES).count();
+        assert_eq!(big, MAX_ENLARGED, "pipes enlarged at once");
+        assert_eq!(pool.enlarged(), MAX_ENLARGED);
+        drop(held);
+        assert_eq!(pool.enlarged(), 0, "places come back with their pipes");
+        let again = pool.take().expect("pipe");
+        assert!(size(&again) >= PIPE_BYTES);
+    }
 }
