@@ -50,7 +50,7 @@ enum Command {
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
     Cleanup(Box<hairpin_agent::cli::cleanup::CleanupArgs>),
     /// Remove hairpin from the cluster in an order that leaves it as it was (the uninstall Job).
-    Uninstall(hairpin_agent::cli::uninstall::UninstallArgs),
+    Uninstall(Box<hairpin_agent::cli::uninstall::UninstallArgs>),
 }
 
 fn main() {

@@ -83,8 +83,8 @@ pub enum AdminError {
     /// The unix socket (or its directory) could not be made.
     #[error("failed to {op} admin socket {path}: {source}")]
     Socket {
-        /// `create the directory of`, `inspect the directory of`, `use the directory
-        /// of`, `remove stale`, `bind`, `chmod`.
+        /// `create the directory of`, `inspect the directory of`, `chmod the
+        /// directory of`, `use the directory of`, `remove stale`, `bind`, `chmod`.
         op: &'static str,
         /// The socket path.
         path: PathBuf,
@@ -230,8 +230,17 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AdminError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err("create the directory of"))?;
         // Whoever may write the directory may swap the socket for their own between
-        // the agent's bind and a CLI's connect (or a probe's): only its owner.
-        let meta = std::fs::metadata(dir).map_err(err("inspect the directory of"))?;
+        // the agent's bind and a CLI's connect (or a probe's): only its owner. One of
+        // this process's own (an emptyDir is made 0777) is tightened; another's
+        // is refused.
+        use std::os::unix::fs::MetadataExt;
+        let mut meta = std::fs::metadata(dir).map_err(err("inspect the directory of"))?;
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 && meta.uid() == nix::unistd::geteuid().as_raw() {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7755))
+                .map_err(err("chmod the directory of"))?;
+            meta = std::fs::metadata(dir).map_err(err("inspect the directory of"))?;
+        }
         if meta.permissions().mode() & 0o022 != 0 {
             return Err(AdminError::Socket {
                 op: "use the directory of",
@@ -354,6 +363,33 @@ mod tests {
             path,
         )
         .await
+    }
+
+    /// The socket's directory is writable by no one but its owner: one of this
+    /// process's own made 0777 (an emptyDir) is tightened to 0755 before the bind.
+    #[tokio::test]
+    async fn a_socket_directory_others_may_write_is_tightened_before_the_bind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).expect("dir");
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let socket = run.join("admin.sock");
+        let server = start(
+            &AdminConfig {
+                address: None,
+                socket: Some(socket.clone()),
+                metrics: None,
+            },
+            AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK),
+            Metrics::default(),
+            None,
+        )
+        .await
+        .expect("admin server");
+        let mode = std::fs::metadata(&run).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755);
+        assert_eq!(socket_code(&socket, "/healthz").await, 200);
+        server.shutdown().await;
     }
 
     #[tokio::test]

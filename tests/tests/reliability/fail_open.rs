@@ -28,12 +28,14 @@ fn a_frontend_without_a_slot_of_its_family_is_skipped_and_fails_open() {
     require_privileges!();
     let node = SimNode::new();
     let _nginx = start_nginx(&node);
-    // A squatter on the listen address, where per-frontend listeners used to bind.
+    // A squatter on the listen address, where per-frontend listeners used to bind:
+    // at a privileged port (one at a slot port, 1024 up, gets the address refused at
+    // start, `tests/tests/neighbours.rs`).
     run_in(
         &node.node_ns,
         &["ip", "addr", "add", &format!("{RELAY_IP4}/32"), "dev", "lo"],
     );
-    let squat = format!("{RELAY_IP4}:47000");
+    let squat = format!("{RELAY_IP4}:1000");
     let mut squatter = Helper::in_netns(&node.node_ns, &["serve", &squat]);
     assert_eq!(squatter.line(), "listening");
     let mut extra = RELAY.to_vec();
