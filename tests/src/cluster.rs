@@ -15,6 +15,7 @@
 
 pub mod binaries;
 pub mod certs;
+pub mod dns;
 pub mod forward;
 pub mod objects;
 pub mod proxy;
@@ -70,6 +71,17 @@ impl Proc {
     /// Starts `argv` in `netns` (outside the node's cgroup: hairpin's programs never
     /// see the control plane's own connections), logging to `dir/NAME.log`.
     pub fn spawn(name: &'static str, netns: &str, dir: &Path, argv: &[&str]) -> Proc {
+        Proc::spawn_env(name, netns, dir, argv, &[])
+    }
+
+    /// As [`Proc::spawn`], with `env` added to its environment.
+    pub fn spawn_env(
+        name: &'static str,
+        netns: &str,
+        dir: &Path,
+        argv: &[&str],
+        env: &[(&str, String)],
+    ) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let out = fs::OpenOptions::new()
             .create(true)
@@ -78,6 +90,7 @@ impl Proc {
             .expect("log file");
         let err = out.try_clone().expect("log file");
         let child = command_in(netns, None, argv)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -136,7 +149,7 @@ pub struct Cluster {
     // Field order is drop order: the client and the forwarder go before the
     // processes, the runtime last.
     client: Client,
-    forward: forward::Forwarder,
+    _forward: forward::Forwarder,
     kcm: Option<Proc>,
     apiserver: Proc,
     etcd: Proc,
@@ -203,7 +216,7 @@ impl Cluster {
             netns: node.node_ns.clone(),
             bins,
             client,
-            forward,
+            _forward: forward,
             kcm: None,
             apiserver,
             etcd,

@@ -80,7 +80,7 @@ impl Cluster {
 
     /// Creates the Service and its EndpointSlices (the ingress pod, each family of
     /// the Service, ready), as an ingress controller's Service with its pods.
-    pub fn create_lb_service(&self, svc: &LbService) {
+    pub fn create_lb_service(&self, svc: &LbService<'_>) {
         self.ensure_namespace(svc.namespace);
         let services: Api<Service> = Api::namespaced(self.client(), svc.namespace);
         let slices: Api<EndpointSlice> = Api::namespaced(self.client(), svc.namespace);
@@ -128,6 +128,18 @@ impl Cluster {
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .unwrap_or_else(|e| panic!("patch the LB status of {namespace}/{name}: {e}"));
+        });
+    }
+
+    /// Sets `status.loadBalancer.ingress` of an Ingress, as its controller does.
+    pub fn set_ingress_lb(&self, namespace: &str, name: &str, ingress: Value) {
+        let api: Api<k8s_openapi::api::networking::v1::Ingress> =
+            Api::namespaced(self.client(), namespace);
+        let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        self.block_on(async {
+            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("patch the status of Ingress {namespace}/{name}: {e}"));
         });
     }
 
@@ -215,10 +227,9 @@ impl Cluster {
             "spec": {"audiences": [], "expirationSeconds": 3600},
         }))
         .expect("token request");
-        let body = serde_json::to_vec(&request).expect("json");
         let answer: TokenRequest = self.block_on(async {
             accounts
-                .create_subresource("token", name, &PostParams::default(), body)
+                .create_subresource("token", name, &PostParams::default(), &request)
                 .await
                 .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{name}: {e}"))
         });
@@ -241,11 +252,23 @@ pub fn chart_objects(namespace: &str, flags: &[String]) -> Vec<Value> {
 /// The DaemonSet's agent container environment with its field references resolved
 /// as the kubelet resolves them on the simulated node.
 pub fn daemonset_env(objects: &[Value], namespace: &str) -> Vec<(String, String)> {
-    let ds = objects
+    workload_env(objects, "DaemonSet", namespace, "hairpin-agent-0")
+}
+
+/// The first container's environment of the chart's `kind` (DaemonSet, Deployment),
+/// field references resolved as the kubelet resolves them for a pod `pod_name` on
+/// the simulated node.
+pub fn workload_env(
+    objects: &[Value],
+    kind: &str,
+    namespace: &str,
+    pod_name: &str,
+) -> Vec<(String, String)> {
+    let workload = objects
         .iter()
-        .find(|o| o["kind"] == "DaemonSet")
-        .expect("the chart renders a DaemonSet");
-    let container = &ds["spec"]["template"]["spec"]["containers"][0];
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("the chart renders no {kind}"));
+    let container = &workload["spec"]["template"]["spec"]["containers"][0];
     let node_ips = format!("{},{}", crate::node::NODE_IP4, crate::node::NODE_IP6);
     container["env"]
         .as_array()
@@ -259,7 +282,8 @@ pub fn daemonset_env(objects: &[Value], namespace: &str) -> Vec<(String, String)
                     Some("spec.nodeName") => super::NODE_NAME.to_string(),
                     Some("status.hostIP" | "status.hostIPs") => node_ips.clone(),
                     Some("metadata.namespace") => namespace.to_string(),
-                    other => panic!("the DaemonSet's env {name} refers to {other:?}"),
+                    Some("metadata.name") => pod_name.to_string(),
+                    other => panic!("the {kind}'s env {name} refers to {other:?}"),
                 },
             };
             (name, value)

@@ -36,6 +36,8 @@ impl KubeProxy {
                  clusterCIDR: {cidrs}\n\
                  healthzBindAddress: 127.0.0.1:10256\n\
                  metricsBindAddress: 127.0.0.1:10249\n\
+                 # This sandbox may not lower a process's OOM score (no CAP_SYS_RESOURCE).\n\
+                 oomScoreAdj: 0\n\
                  # The host's conntrack table is shared by every test and helper on the\n\
                  # machine: kube-proxy must not resize it or change its timeouts.\n\
                  conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n",

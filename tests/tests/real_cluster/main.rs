@@ -6,15 +6,17 @@
 //! to the real server. Outside CI the suite skips when the binaries are missing;
 //! under `CI=true` it fails.
 
+mod coredns;
 mod events;
 mod lb;
 mod rbac;
+mod restart;
 
 use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::Agent,
-    client::{Reply, from_host, from_pod, url},
+    client::{Reply, url},
     cluster::{
         Cluster,
         objects::{DO_PROXY_PROTOCOL, LbService, chart_objects, daemonset_env},
