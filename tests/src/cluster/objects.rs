@@ -290,3 +290,27 @@ pub fn workload_env(
         })
         .collect()
 }
+
+/// Creates a single-stack DigitalOcean-annotated LoadBalancer Service `namespace/name`
+/// and sets its status to `ip`, with `client` (for bulk loads, many in flight).
+pub async fn create_service_with_status(client: &kube::Client, namespace: &str, name: &str, ip: &str) {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let svc = LbService {
+        namespace,
+        name,
+        annotations: [(DO_PROXY_PROTOCOL.to_string(), "true".to_string())].into(),
+        port: 80,
+        target_port: 80,
+        dual_stack: false,
+    };
+    let object: Service = serde_json::from_value(svc.object()).expect("service object");
+    services
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create Service {namespace}/{name}: {e}"));
+    let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "VIP"}]}}});
+    services
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("patch the LB status of {namespace}/{name}: {e}"));
+}

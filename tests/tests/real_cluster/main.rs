@@ -8,6 +8,7 @@
 
 mod coredns;
 mod events;
+mod latency;
 mod lb;
 mod rbac;
 mod restart;
