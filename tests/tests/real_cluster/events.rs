@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::status,
-    client::from_pod,
     node::{KubeProxyMode, NGINX_PLAIN_PORT},
 };
 use serde_json::json;
 
-use crate::{RealNode, do_service, until_reply, vip};
+use crate::{From, RealNode, do_service, until_reply, vip};
 
 /// Waits for an Event with `reason` on Service `ns/name`; its note.
 fn wait_event(rn: &RealNode, ns: &str, name: &str, reason: &str) -> String {
@@ -60,7 +59,7 @@ fn ip_mode_proxy_hostname_only_and_unannotated_services_are_left_alone_with_even
     let off = wait_event(&rn, "apps", "unannotated", "SkippedProxyProtocolOff");
     eprintln!("Events: {proxy:?}; {hostname:?}; {off:?}");
     // The unannotated LB answers plainly through kube-proxy, with no header.
-    until_reply(&rn.node, from_pod, "203.0.113.99", Duration::from_secs(15), |r| {
+    until_reply(&rn.node, From::Pod, "203.0.113.99", Duration::from_secs(15), |r| {
         r.ok() && r.body.starts_with("plain remote=")
     });
     // Nothing of the three is a frontend.

@@ -7,16 +7,22 @@ use std::time::{Duration, Instant};
 
 use hairpin_tests::{
     agent::status,
-    client::{Reply, from_host, from_pod},
+    client::Reply,
     node::{KubeProxyMode, NODE_IP4, NODE_IP6, POD_IP4, POD_IP6, SimNode},
     sh::output_in,
 };
 use serde_json::json;
 
-use crate::{RealNode, do_service, names, until_reply, vip};
+use crate::{From, RealNode, do_service, names, until_reply, vip};
 
 /// How long the agent and kube-proxy together may take from the status patch to the
 /// first request with a header (kube-proxy's default minSyncPeriod is 1 s).
+/// The node's address towards the ingress (its uplink): what a host process's
+/// socket is bound to, so what its header names.
+const NODE_UPLINK4: &str = "198.51.100.1";
+/// Its IPv6 address.
+const NODE_UPLINK6: &str = "2001:db8:2::1";
+
 const CONVERGE: Duration = Duration::from_secs(15);
 
 fn header_on_both_paths(mode: KubeProxyMode) {
@@ -43,18 +49,22 @@ fn header_on_both_paths(mode: KubeProxyMode) {
         vip(&["203.0.113.11", "2001:db8:ffff::11"]),
     );
     let node = &rn.node;
-    until_reply(node, from_pod, "203.0.113.10", CONVERGE, |r| names(r, POD_IP4));
+    until_reply(node, From::Pod, "203.0.113.10", CONVERGE, |r| names(r, POD_IP4));
     eprintln!(
         "{mode:?}: status patch -> first pod request with a header: {:.2} s",
         patched.elapsed().as_secs_f64()
     );
-    for lb in ["203.0.113.10", "203.0.113.11"] {
-        until_reply(node, from_pod, lb, CONVERGE, |r| names(r, POD_IP4));
-        until_reply(node, from_host, lb, CONVERGE, |r| names(r, NODE_IP4));
-    }
-    for lb in ["2001:db8:ffff::10", "2001:db8:ffff::11"] {
-        until_reply(node, from_pod, lb, CONVERGE, |r| names(r, POD_IP6));
-        until_reply(node, from_host, lb, CONVERGE, |r| names(r, NODE_IP6));
+    // A host process's header names the node: on the kernel path the address its
+    // socket is bound to (the uplink, towards the LB), on the relay the node IP the
+    // relay is given (`HAIRPIN_NODE_IPS`, the DaemonSet's status.hostIPs).
+    for (lb, pod, host) in [
+        ("203.0.113.10", POD_IP4, NODE_UPLINK4),
+        ("203.0.113.11", POD_IP4, NODE_IP4),
+        ("2001:db8:ffff::10", POD_IP6, NODE_UPLINK6),
+        ("2001:db8:ffff::11", POD_IP6, NODE_IP6),
+    ] {
+        until_reply(node, From::Pod, lb, CONVERGE, |r| names(r, pod));
+        until_reply(node, From::Host, lb, CONVERGE, |r| names(r, host));
     }
     // The real rules are kube-proxy's, in the mode asked for.
     assert!(rn.proxy.programs(&node.node_ns, "203.0.113.10"), "{}", rn.proxy.log());
@@ -117,7 +127,7 @@ fn annotation_removed_or_service_deleted_stops_the_header_within_a_second() {
     c.set_lb_ingress("ingress-nginx", "annotated", vip(&["203.0.113.10"]));
     c.set_lb_ingress("ingress-nginx", "deleted", vip(&["203.0.113.12"]));
     for lb in ["203.0.113.10", "203.0.113.12"] {
-        until_reply(&rn.node, from_pod, lb, CONVERGE, |r| names(r, POD_IP4));
+        until_reply(&rn.node, From::Pod, lb, CONVERGE, |r| names(r, POD_IP4));
     }
     c.annotate_service(
         "ingress-nginx",

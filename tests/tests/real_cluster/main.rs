@@ -140,26 +140,55 @@ fn do_service<'a>(namespace: &'a str, name: &'a str, extra: &[(&str, &str)]) -> 
     }
 }
 
-/// Requests `lb`:80 from the pod until the reply satisfies `done`, or fails after
-/// `within` with the last reply; returns how long it took.
+/// Who sends a request: the pod (its namespace and cgroup) or a host process.
+#[derive(Clone, Copy, Debug)]
+enum From {
+    Pod,
+    Host,
+}
+
+/// One request to `lb`:80 with short timeouts (a poll must not sit out a rule that
+/// is not there yet).
+fn request(node: &SimNode, from: From, lb: &str) -> Reply {
+    let (ns, cgroup) = match from {
+        From::Pod => (&node.pod_ns, node.pod_cgroup()),
+        From::Host => (&node.node_ns, node.host_cgroup()),
+    };
+    Reply::from_output(hairpin_tests::sh::output_in(
+        ns,
+        Some(&cgroup),
+        &[
+            "curl",
+            "-sS",
+            "--connect-timeout",
+            "0.5",
+            "--max-time",
+            "2",
+            &url(lb, 80, "/"),
+        ],
+    ))
+}
+
+/// Requests `lb`:80 until the reply satisfies `done`, or fails after `within` with
+/// the last reply; returns how long it took.
 fn until_reply(
     node: &SimNode,
-    from: fn(&SimNode, &str) -> Reply,
+    from: From,
     lb: &str,
     within: Duration,
     done: impl Fn(&Reply) -> bool,
 ) -> Duration {
     let started = Instant::now();
     loop {
-        let reply = from(node, &url(lb, 80, "/"));
+        let reply = request(node, from, lb);
         if done(&reply) {
             return started.elapsed();
         }
         assert!(
             started.elapsed() < within,
-            "{lb}: not within {within:?}: {reply:?}"
+            "{from:?} -> {lb}: not within {within:?}: {reply:?}"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

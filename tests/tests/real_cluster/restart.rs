@@ -9,7 +9,7 @@ use hairpin_tests::{
     node::{KubeProxyMode, POD_IP4},
 };
 
-use crate::{RealNode, do_service, names, until_reply, vip};
+use crate::{From, RealNode, do_service, names, until_reply, vip};
 
 #[test]
 fn control_plane_restart_keeps_the_datapath_and_the_agent_converges_after() {
@@ -21,7 +21,7 @@ fn control_plane_restart_keeps_the_datapath_and_the_agent_converges_after() {
         .create_lb_service(&do_service("ingress-nginx", "before", &[]));
     rn.cluster
         .set_lb_ingress("ingress-nginx", "before", vip(&["203.0.113.10"]));
-    until_reply(&rn.node, from_pod, "203.0.113.10", Duration::from_secs(15), |r| {
+    until_reply(&rn.node, From::Pod, "203.0.113.10", Duration::from_secs(15), |r| {
         names(r, POD_IP4)
     });
     rn.cluster.stop_control_plane();
@@ -43,7 +43,7 @@ fn control_plane_restart_keeps_the_datapath_and_the_agent_converges_after() {
         .create_lb_service(&do_service("ingress-nginx", "after", &[]));
     rn.cluster
         .set_lb_ingress("ingress-nginx", "after", vip(&["203.0.113.12"]));
-    let converged = until_reply(&rn.node, from_pod, "203.0.113.12", Duration::from_secs(60), |r| {
+    let converged = until_reply(&rn.node, From::Pod, "203.0.113.12", Duration::from_secs(60), |r| {
         names(r, POD_IP4)
     });
     eprintln!(
