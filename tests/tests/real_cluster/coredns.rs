@@ -79,7 +79,7 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     let deadline = Instant::now() + Duration::from_secs(30);
     let written = loop {
         let text = corefile_of(c);
-        if text.contains("shop.example.com") && text.contains("apps.example.com") {
+        if text.contains("shop.example.com") && text.contains(r"apps\.example\.com") {
             break text;
         }
         assert!(
