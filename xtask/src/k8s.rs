@@ -134,6 +134,9 @@ impl Go {
         cmd.current_dir(dir)
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-buildvcs=false")
+            // Static binaries, as Kubernetes releases its own; also one fixed build
+            // configuration whatever C compiler the machine has, so the build cache
+            // is shared between runs.
             .env("CGO_ENABLED", "0");
         cmd
     }
@@ -165,7 +168,8 @@ fn cache_entry(key: &str, names: &[&str]) -> (PathBuf, bool) {
 fn build_into(dir: &Path, what: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let parent = dir.parent().context("cache entry has a parent")?;
     fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
-    let tmp = parent.join(format!(".tmp-{}-{}", std::process::id(), what));
+    let key = dir.file_name().context("cache entry has a name")?;
+    let tmp = parent.join(format!(".tmp-{}-{}", std::process::id(), key.to_string_lossy()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp)?;
     let started = Instant::now();
