@@ -90,12 +90,40 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!("Corefile as written:\n{written}");
+    // The API server records the writer under its own name (an operator's
+    // server-side apply of the ConfigMap names it in the conflict).
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.client(), "kube-system");
+    let cm = c.block_on(cms.get("coredns")).expect("the coredns ConfigMap");
+    let managers: Vec<String> = cm
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|f| f.manager)
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "hairpin-coredns-writer"),
+        "{managers:?}"
+    );
     let dns = CoreDns::start(c, &rn.node.ingress_ns);
     for name in ["shop.example.com", "web.apps.example.com"] {
-        let reply = in_pod_with_cluster_dns(
-            &rn.node,
-            &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
-        );
+        // Polled for a while: kube-proxy's DNAT for the DNS Service and CoreDNS's
+        // informers settle on their own time. A wrong or refused rewrite never passes.
+        let started = Instant::now();
+        let reply = loop {
+            let reply = in_pod_with_cluster_dns(
+                &rn.node,
+                &format!(
+                    "getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"
+                ),
+            );
+            if reply.ok() || started.elapsed() > Duration::from_secs(20) {
+                break reply;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        eprintln!("{name}: answered after {:.1} s", started.elapsed().as_secs_f64());
         assert!(
             reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
             "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
