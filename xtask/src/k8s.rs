@@ -344,3 +344,42 @@ fn pin(version: &str) -> Result<()> {
     println!("{}", versions.join(format!("{version}.mod")).display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn major_minor_of_a_release() {
+        assert_eq!(major_minor("v1.37.2").unwrap(), ("1", "37"));
+        assert_eq!(major_minor("1.34.4").unwrap(), ("1", "34"));
+        assert!(major_minor("latest").is_err());
+    }
+
+    #[test]
+    fn the_pin_hash_follows_the_files() {
+        let dir = std::env::temp_dir().join(format!("xtask-k8s-hash-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("go.sum");
+        fs::write(&f, "a").unwrap();
+        let one = pin_hash(std::slice::from_ref(&f)).unwrap();
+        assert_eq!(one, pin_hash(std::slice::from_ref(&f)).unwrap());
+        fs::write(&f, "b").unwrap();
+        assert_ne!(one, pin_hash(std::slice::from_ref(&f)).unwrap());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn every_committed_pin_has_its_sums() {
+        let versions = modules_dir().join("kubernetes/versions");
+        for e in fs::read_dir(versions).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "mod") {
+                assert!(p.with_extension("sum").exists(), "{} has no .sum", p.display());
+            }
+        }
+        assert!(kube_modfile(DEFAULT_K8S_VERSION).unwrap().is_none());
+        assert!(kube_modfile("v1.34.4").unwrap().is_some());
+        assert!(kube_modfile("v1.0.0").is_err());
+    }
+}
