@@ -113,7 +113,11 @@ impl Proc {
         if let Some(c) = self.child.as_mut()
             && let Ok(Some(status)) = c.try_wait()
         {
-            panic!("{} exited ({status}):\n{}", self.name, tail(&self.log_text()));
+            panic!(
+                "{} exited ({status}):\n{}",
+                self.name,
+                tail(&self.log_text())
+            );
         }
     }
 
@@ -411,7 +415,6 @@ fn start_apiserver(
     ];
     let mut argv = vec![bins.apiserver.to_str().expect("utf-8 path")];
     argv.extend(args.iter().map(String::as_str));
-    let _ = NODE_IP6;
     Proc::spawn("kube-apiserver", netns, dir, &argv)
 }
 

@@ -31,7 +31,10 @@ pub const COREDNS_VERSION: &str = "v1.14.7";
 /// The variables `cargo xtask test` hands the suites, one per binary.
 const KUBE_BINARIES: [(&str, &str); 3] = [
     ("kube-apiserver", "HAIRPIN_KUBE_APISERVER_BIN"),
-    ("kube-controller-manager", "HAIRPIN_KUBE_CONTROLLER_MANAGER_BIN"),
+    (
+        "kube-controller-manager",
+        "HAIRPIN_KUBE_CONTROLLER_MANAGER_BIN",
+    ),
     ("kube-proxy", "HAIRPIN_KUBE_PROXY_BIN"),
 ];
 
@@ -169,7 +172,11 @@ fn build_into(dir: &Path, what: &str, build: impl FnOnce(&Path) -> Result<()>) -
     let parent = dir.parent().context("cache entry has a parent")?;
     fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
     let key = dir.file_name().context("cache entry has a name")?;
-    let tmp = parent.join(format!(".tmp-{}-{}", std::process::id(), key.to_string_lossy()));
+    let tmp = parent.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        key.to_string_lossy()
+    ));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp)?;
     let started = Instant::now();
@@ -212,9 +219,15 @@ fn build_kube(go: &Go, version: &str) -> Result<PathBuf> {
     };
     let hash = pin_hash(&[gomod, gosum, module.join("main.go")])?;
     let names: Vec<&str> = KUBE_BINARIES.iter().map(|(n, _)| *n).collect();
-    let (dir, cached) = cache_entry(&format!("kubernetes-{version}-{}-{hash}", go.version), &names);
+    let (dir, cached) = cache_entry(
+        &format!("kubernetes-{version}-{}-{hash}", go.version),
+        &names,
+    );
     if cached {
-        eprintln!("xtask: Kubernetes {version} components cached in {}", dir.display());
+        eprintln!(
+            "xtask: Kubernetes {version} components cached in {}",
+            dir.display()
+        );
         return Ok(dir);
     }
     let what = format!("kube-apiserver, kube-controller-manager, kube-proxy {version}");
@@ -230,7 +243,9 @@ fn build_kube(go: &Go, version: &str) -> Result<PathBuf> {
         if let Some(m) = &modfile {
             cmd.arg(format!("-modfile={}", m.display()));
         }
-        cmd.args(["-ldflags", &ldflags, "-o"]).arg(tmp.join("kube")).arg(".");
+        cmd.args(["-ldflags", &ldflags, "-o"])
+            .arg(tmp.join("kube"))
+            .arg(".");
         run(&mut cmd)?;
         for name in &names {
             symlink("kube", tmp.join(name))?;
@@ -262,7 +277,14 @@ fn build_tool(go: &Go, name: &str, version: &str, package: &str, flag: &[&str]) 
     build_into(&dir, &format!("{name} {version}"), |tmp| {
         run(go
             .command(&module)
-            .args(["build", "-mod=readonly", "-trimpath", "-ldflags", "-s -w", "-o"])
+            .args([
+                "build",
+                "-mod=readonly",
+                "-trimpath",
+                "-ldflags",
+                "-s -w",
+                "-o",
+            ])
             .arg(tmp.join(name))
             .arg(package))?;
         check_version(&tmp.join(name), flag, version.trim_start_matches('v'))
@@ -276,11 +298,19 @@ fn check_version(bin: &Path, flag: &[&str], version: &str) -> Result<()> {
         .args(flag)
         .output()
         .with_context(|| format!("run {}", bin.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if !text.contains(version) {
-        bail!("{} {flag:?} does not print {version}: {text}", bin.display());
+        bail!(
+            "{} {flag:?} does not print {version}: {text}",
+            bin.display()
+        );
     }
-    eprintln!("xtask: {}: {}", bin.display(), text.lines().next().unwrap_or(""));
+    eprintln!(
+        "xtask: {}: {}",
+        bin.display(),
+        text.lines().next().unwrap_or("")
+    );
     Ok(())
 }
 
@@ -303,7 +333,12 @@ fn pin(version: &str) -> Result<()> {
     // The release's own go.mod names its staging modules (`=> ./staging/...`).
     let out = go
         .command(&scratch)
-        .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
+        .args([
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{version}"),
+        ])
         .output()
         .context("go mod download")?;
     if !out.status.success() {
@@ -338,8 +373,14 @@ fn pin(version: &str) -> Result<()> {
     run(go.command(&scratch).args(["mod", "tidy"]))?;
     let versions = modules_dir().join("kubernetes/versions");
     fs::create_dir_all(&versions)?;
-    fs::copy(scratch.join("go.mod"), versions.join(format!("{version}.mod")))?;
-    fs::copy(scratch.join("go.sum"), versions.join(format!("{version}.sum")))?;
+    fs::copy(
+        scratch.join("go.mod"),
+        versions.join(format!("{version}.mod")),
+    )?;
+    fs::copy(
+        scratch.join("go.sum"),
+        versions.join(format!("{version}.sum")),
+    )?;
     let _ = fs::remove_dir_all(&scratch);
     println!("{}", versions.join(format!("{version}.mod")).display());
     Ok(())
@@ -375,7 +416,11 @@ mod tests {
         for e in fs::read_dir(versions).unwrap().flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "mod") {
-                assert!(p.with_extension("sum").exists(), "{} has no .sum", p.display());
+                assert!(
+                    p.with_extension("sum").exists(),
+                    "{} has no .sum",
+                    p.display()
+                );
             }
         }
         assert!(kube_modfile(DEFAULT_K8S_VERSION).unwrap().is_none());

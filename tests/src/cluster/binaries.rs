@@ -26,7 +26,11 @@ pub struct Binaries {
 
 /// (variable, cache entry prefix, file name).
 const WANTED: [(&str, &str, &str); 5] = [
-    ("HAIRPIN_KUBE_APISERVER_BIN", "kubernetes-", "kube-apiserver"),
+    (
+        "HAIRPIN_KUBE_APISERVER_BIN",
+        "kubernetes-",
+        "kube-apiserver",
+    ),
     (
         "HAIRPIN_KUBE_CONTROLLER_MANAGER_BIN",
         "kubernetes-",

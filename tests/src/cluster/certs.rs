@@ -39,7 +39,13 @@ impl Pki {
         let pki = Pki::at(dir);
         let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
         let ca_key = dir.join("ca.key");
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
         let mut argv = vec!["openssl", "req", "-x509"];
         argv.extend_from_slice(&ec);
         let (ca_key_s, ca_cert_s) = (s(&ca_key), s(&pki.ca_cert));
@@ -62,7 +68,14 @@ impl Pki {
         let (key_s, csr_s) = (s(&pki.server_key), s(&csr));
         let mut argv = vec!["openssl", "req"];
         argv.extend_from_slice(&ec);
-        argv.extend_from_slice(&["-keyout", &key_s, "-out", &csr_s, "-subj", "/CN=kube-apiserver"]);
+        argv.extend_from_slice(&[
+            "-keyout",
+            &key_s,
+            "-out",
+            &csr_s,
+            "-subj",
+            "/CN=kube-apiserver",
+        ]);
         run(&argv);
         let ext = dir.join("apiserver.ext");
         std::fs::write(

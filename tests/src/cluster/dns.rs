@@ -35,11 +35,11 @@ pub fn kube_dns_objects(endpoint_ip: &str) -> Vec<Value> {
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": "coredns", "namespace": "kube-system"}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": "system:coredns"},
-               "rules": [
-                   {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-               ]}),
+        "metadata": {"name": "system:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": "system:coredns"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
@@ -118,7 +118,13 @@ impl CoreDns {
             let out = output_in(
                 netns,
                 None,
-                &["curl", "-sf", "--max-time", "1", "http://127.0.0.1:8181/ready"],
+                &[
+                    "curl",
+                    "-sf",
+                    "--max-time",
+                    "1",
+                    "http://127.0.0.1:8181/ready",
+                ],
             );
             if out.status.success() {
                 break;
@@ -170,4 +176,3 @@ pub fn in_pod_with_cluster_dns(node: &SimNode, script: &str) -> Reply {
         script,
     ))
 }
-

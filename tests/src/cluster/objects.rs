@@ -21,7 +21,8 @@ use super::Cluster;
 use crate::node::{INGRESS_IP4, INGRESS_IP6};
 
 /// The DigitalOcean cloud controller's PROXY protocol annotation.
-pub const DO_PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol";
+pub const DO_PROXY_PROTOCOL: &str =
+    "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol";
 
 /// A LoadBalancer Service the test creates: `name` in `namespace`, TCP `port`
 /// served by the ingress pod's `target_port`, in the families of its LB IPs.
@@ -243,9 +244,7 @@ impl Cluster {
 pub fn chart_objects(namespace: &str, flags: &[String]) -> Vec<Value> {
     crate::helm::render_workspace_chart(namespace, "hairpin", flags)
         .into_iter()
-        .filter(|o| {
-            o["metadata"]["annotations"]["helm.sh/hook"].is_null()
-        })
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
         .collect()
 }
 
@@ -293,7 +292,12 @@ pub fn workload_env(
 
 /// Creates a single-stack DigitalOcean-annotated LoadBalancer Service `namespace/name`
 /// and sets its status to `ip`, with `client` (for bulk loads, many in flight).
-pub async fn create_service_with_status(client: &kube::Client, namespace: &str, name: &str, ip: &str) {
+pub async fn create_service_with_status(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    ip: &str,
+) {
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let svc = LbService {
         namespace,

@@ -66,7 +66,13 @@ impl KubeProxy {
             let out = output_in(
                 &cluster.netns,
                 None,
-                &["curl", "-sf", "--max-time", "2", "http://127.0.0.1:10256/healthz"],
+                &[
+                    "curl",
+                    "-sf",
+                    "--max-time",
+                    "2",
+                    "http://127.0.0.1:10256/healthz",
+                ],
             );
             if out.status.success() {
                 break;

@@ -54,19 +54,30 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
                      "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
                                   "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
         c.kubectl_apply(&objects);
-        c.create_lb_service(&do_service("ingress-nginx", "ingress-nginx-controller", &[]));
-        c.set_lb_ingress("ingress-nginx", "ingress-nginx-controller", vip(&["203.0.113.10"]));
+        c.create_lb_service(&do_service(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            &[],
+        ));
+        c.set_lb_ingress(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            vip(&["203.0.113.10"]),
+        );
         c.ensure_namespace("shop");
-        c.kubectl_apply(&[json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        c.kubectl_apply(&[
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
             "metadata": {"name": "shop", "namespace": "shop"},
             "spec": {"ingressClassName": "nginx", "rules": [
-                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}})]);
+                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
+        ]);
         c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
     }
     rn.start_agent(&flags);
     let c = &rn.cluster;
     // The DaemonSet's pod on this node (hostNetwork) is the chart Service's endpoint.
-    c.kubectl_apply(&[json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+    c.kubectl_apply(&[
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": "hairpin-sim", "namespace": RELEASE_NS,
                      "labels": {"kubernetes.io/service-name": "hairpin",
                                 "endpointslice.kubernetes.io/managed-by": "hairpin-tests"}},
@@ -74,7 +85,8 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
         "endpoints": [{"addresses": [NODE_IP4], "nodeName": "sim-node",
                        "conditions": {"ready": true, "serving": true, "terminating": false}}],
         "ports": [{"name": "http", "port": 10080, "protocol": "TCP"},
-                  {"name": "https", "port": 10443, "protocol": "TCP"}]})]);
+                  {"name": "https", "port": 10443, "protocol": "TCP"}]}),
+    ]);
     let writer = start_writer(&rn, &flags);
     let deadline = Instant::now() + Duration::from_secs(30);
     let written = loop {
@@ -94,7 +106,9 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     // server-side apply of the ConfigMap names it in the conflict).
     let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube::Api::namespaced(c.client(), "kube-system");
-    let cm = c.block_on(cms.get("coredns")).expect("the coredns ConfigMap");
+    let cm = c
+        .block_on(cms.get("coredns"))
+        .expect("the coredns ConfigMap");
     let managers: Vec<String> = cm
         .metadata
         .managed_fields
@@ -114,16 +128,17 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
         let reply = loop {
             let reply = in_pod_with_cluster_dns(
                 &rn.node,
-                &format!(
-                    "getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"
-                ),
+                &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
             );
             if reply.ok() || started.elapsed() > Duration::from_secs(20) {
                 break reply;
             }
             std::thread::sleep(Duration::from_millis(500));
         };
-        eprintln!("{name}: answered after {:.1} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "{name}: answered after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         assert!(
             reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
             "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
@@ -144,9 +159,13 @@ fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
     let env: Vec<(String, String)> =
         workload_env(&objects, "Deployment", RELEASE_NS, "hairpin-coredns-0")
             .into_iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "HAIRPIN_ADMIN_ADDRESS" | "HAIRPIN_ADMIN_SOCKET"))
+            .filter(|(k, _)| {
+                !matches!(k.as_str(), "HAIRPIN_ADMIN_ADDRESS" | "HAIRPIN_ADMIN_SOCKET")
+            })
             .collect();
-    let token = rn.cluster.service_account_token(RELEASE_NS, "hairpin-coredns");
+    let token = rn
+        .cluster
+        .service_account_token(RELEASE_NS, "hairpin-coredns");
     let kubeconfig = rn.node.dir.join("writer.kubeconfig");
     rn.cluster.node_kubeconfig(&kubeconfig, &token);
     let sock = rn.node.dir.join("writer.sock");

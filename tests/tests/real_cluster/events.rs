@@ -59,13 +59,21 @@ fn ip_mode_proxy_hostname_only_and_unannotated_services_are_left_alone_with_even
     let off = wait_event(&rn, "apps", "unannotated", "SkippedProxyProtocolOff");
     eprintln!("Events: {proxy:?}; {hostname:?}; {off:?}");
     // The unannotated LB answers plainly through kube-proxy, with no header.
-    until_reply(&rn.node, From::Pod, "203.0.113.99", Duration::from_secs(15), |r| {
-        r.ok() && r.body.starts_with("plain remote=")
-    });
+    until_reply(
+        &rn.node,
+        From::Pod,
+        "203.0.113.99",
+        Duration::from_secs(15),
+        |r| r.ok() && r.body.starts_with("plain remote="),
+    );
     // Nothing of the three is a frontend.
     let s = status(&rn.node);
     let frontends = s["frontends"].as_array().cloned().unwrap_or_default();
     assert!(frontends.is_empty(), "{s}");
     // kube-proxy (>= 1.30) programs nothing for the ipMode: Proxy address.
-    assert!(!rn.proxy.programs(&rn.node.node_ns, "203.0.113.11"), "{}", rn.proxy.log());
+    assert!(
+        !rn.proxy.programs(&rn.node.node_ns, "203.0.113.11"),
+        "{}",
+        rn.proxy.log()
+    );
 }

@@ -108,11 +108,17 @@ fn status_patch_to_first_header_p50_p99_over_100_changes() {
         let deadline = Duration::from_secs(20);
         from.read_line(&mut line).expect("from the prober");
         let t = started.elapsed();
-        assert!(t < deadline, "change {i} to {ip} took {t:?}\n{}", rn.agent().log());
+        assert!(
+            t < deadline,
+            "change {i} to {ip} took {t:?}\n{}",
+            rn.agent().log()
+        );
         took.push(t);
         let log = rn.agent().log();
         let at = proxied_at(&log, &ip).unwrap_or_else(|| panic!("no proxied line for {ip}"));
-        agent_took.push(Duration::from_secs_f64((at - patched_at).rem_euclid(86_400.0)));
+        agent_took.push(Duration::from_secs_f64(
+            (at - patched_at).rem_euclid(86_400.0),
+        ));
     }
     let _ = prober.kill();
     let _ = prober.wait();
@@ -170,7 +176,10 @@ fn ten_thousand_lb_services_agent_rss_and_time_to_converge() {
                 async move {
                     let ip = format!("198.18.{}.{}", 1 + i / 250, 1 + i % 250);
                     hairpin_tests::cluster::objects::create_service_with_status(
-                        &client, "many", &format!("lb-{i}"), &ip,
+                        &client,
+                        "many",
+                        &format!("lb-{i}"),
+                        &ip,
                     )
                     .await;
                 }

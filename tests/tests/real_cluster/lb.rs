@@ -31,7 +31,11 @@ fn header_on_both_paths(mode: KubeProxyMode) {
     };
     rn.start_agent(&[]);
     let c = &rn.cluster;
-    c.create_lb_service(&do_service("ingress-nginx", "ingress-nginx-controller", &[]));
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
     c.create_lb_service(&do_service(
         "ingress-nginx",
         "ingress-relayed",
@@ -49,7 +53,9 @@ fn header_on_both_paths(mode: KubeProxyMode) {
         vip(&["203.0.113.11", "2001:db8:ffff::11"]),
     );
     let node = &rn.node;
-    until_reply(node, From::Pod, "203.0.113.10", CONVERGE, |r| names(r, POD_IP4));
+    until_reply(node, From::Pod, "203.0.113.10", CONVERGE, |r| {
+        names(r, POD_IP4)
+    });
     eprintln!(
         "{mode:?}: status patch -> first pod request with a header: {:.2} s",
         patched.elapsed().as_secs_f64()
@@ -67,7 +73,11 @@ fn header_on_both_paths(mode: KubeProxyMode) {
         until_reply(node, From::Host, lb, CONVERGE, |r| names(r, host));
     }
     // The real rules are kube-proxy's, in the mode asked for.
-    assert!(rn.proxy.programs(&node.node_ns, "203.0.113.10"), "{}", rn.proxy.log());
+    assert!(
+        rn.proxy.programs(&node.node_ns, "203.0.113.10"),
+        "{}",
+        rn.proxy.log()
+    );
     // Each Service on the path it asked for.
     let s = status(node);
     let path_of = |ip: &str| {
@@ -98,7 +108,13 @@ fn quick_pod_request(node: &SimNode, lb: &str) -> Reply {
     Reply::from_output(output_in(
         &node.pod_ns,
         Some(&node.pod_cgroup()),
-        &["curl", "-sS", "--max-time", "1", &format!("http://{lb}:80/")],
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "1",
+            &format!("http://{lb}:80/"),
+        ],
     ))
 }
 
@@ -110,7 +126,10 @@ fn until_no_header(node: &SimNode, lb: &str) -> Duration {
         if !names(&r, POD_IP4) {
             return started.elapsed();
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{lb}: still a header: {r:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{lb}: still a header: {r:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -135,7 +154,10 @@ fn annotation_removed_or_service_deleted_stops_the_header_within_a_second() {
         json!({ (crate::DO_PROXY_PROTOCOL): null }),
     );
     let gone = until_no_header(&rn.node, "203.0.113.10");
-    eprintln!("annotation removed -> no header: {:.3} s", gone.as_secs_f64());
+    eprintln!(
+        "annotation removed -> no header: {:.3} s",
+        gone.as_secs_f64()
+    );
     assert!(gone < Duration::from_secs(1), "took {gone:?}");
     // The request now reaches nginx without one, which refuses it: the Service is
     // still there, kube-proxy still forwards, only hairpin stepped aside.

@@ -88,7 +88,12 @@ impl RealNode {
         let kubeconfig = self.node.dir.join("agent.kubeconfig");
         let token = self.cluster.service_account_token(RELEASE_NS, "hairpin");
         self.cluster.node_kubeconfig(&kubeconfig, &token);
-        self.agent = Some(Agent::start_as_daemonset(&self.node, &kubeconfig, &env, &[]));
+        self.agent = Some(Agent::start_as_daemonset(
+            &self.node,
+            &kubeconfig,
+            &env,
+            &[],
+        ));
         self.agent.as_mut().expect("agent")
     }
 

@@ -30,7 +30,10 @@ fn a_permission_removed_from_the_chart_is_named_in_the_agents_error() {
         .lines()
         .find(|l| l.contains("cannot list resource"))
         .expect("the refusal");
-    assert!(line.contains("services"), "the error names the resource: {line}");
+    assert!(
+        line.contains("services"),
+        "the error names the resource: {line}"
+    );
     assert!(
         log.contains("system:serviceaccount:hairpin-system:hairpin"),
         "the error names the account: {log}"
