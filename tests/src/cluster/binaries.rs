@@ -24,22 +24,35 @@ pub struct Binaries {
     pub etcd_version: String,
 }
 
-/// (variable, cache entry prefix, file name).
+/// The Kubernetes release `cargo xtask k8s` builds unless `HAIRPIN_K8S_VERSION`
+/// names another (xtask/src/k8s.rs).
+pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
+
+/// (variable, cache entry prefix, file name); `{k8s}` is the Kubernetes release.
 const WANTED: [(&str, &str, &str); 5] = [
     (
         "HAIRPIN_KUBE_APISERVER_BIN",
-        "kubernetes-",
+        "kubernetes-{k8s}-",
         "kube-apiserver",
     ),
     (
         "HAIRPIN_KUBE_CONTROLLER_MANAGER_BIN",
-        "kubernetes-",
+        "kubernetes-{k8s}-",
         "kube-controller-manager",
     ),
-    ("HAIRPIN_KUBE_PROXY_BIN", "kubernetes-", "kube-proxy"),
+    ("HAIRPIN_KUBE_PROXY_BIN", "kubernetes-{k8s}-", "kube-proxy"),
     ("HAIRPIN_ETCD_BIN", "etcd-", "etcd"),
     ("HAIRPIN_COREDNS_BIN", "coredns-", "coredns"),
 ];
+
+/// `HAIRPIN_K8S_VERSION` as `vX.Y.Z`, else the default.
+fn k8s_version() -> String {
+    match std::env::var("HAIRPIN_K8S_VERSION") {
+        Ok(v) if v.starts_with('v') => v,
+        Ok(v) if !v.is_empty() => format!("v{v}"),
+        _ => DEFAULT_K8S_VERSION.to_string(),
+    }
+}
 
 impl Binaries {
     /// Every binary, or `None` when one is missing and this is not CI (the suite
@@ -48,8 +61,9 @@ impl Binaries {
     pub fn find() -> Option<Binaries> {
         let mut found = Vec::new();
         let mut missing = Vec::new();
+        let k8s = k8s_version();
         for (var, prefix, name) in WANTED {
-            match locate(var, prefix, name) {
+            match locate(var, &prefix.replace("{k8s}", &k8s), name) {
                 Some(p) => found.push(p),
                 None => missing.push(format!("{name} (${var})")),
             }
@@ -80,7 +94,8 @@ impl Binaries {
     }
 }
 
-/// `$var`, else `<cache>/k8s/<prefix>*/<name>` (the newest entry).
+/// `$var`, else `<cache>/k8s/<prefix>*/<name>` (the newest entry: a changed pin
+/// makes a new one).
 fn locate(var: &str, prefix: &str, name: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(var) {
         let p = PathBuf::from(p);
