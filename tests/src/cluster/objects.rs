@@ -307,7 +307,12 @@ pub async fn create_service_with_status(
         target_port: 80,
         dual_stack: false,
     };
-    let object: Service = serde_json::from_value(svc.object()).expect("service object");
+    let mut object = svc.object();
+    // The node port range holds 2,768 ports: past that the real API server refuses
+    // the Service ("failed to allocate a nodePort: range is full"). Clouds whose LBs
+    // reach the pods directly turn allocation off the same way.
+    object["spec"]["allocateLoadBalancerNodePorts"] = json!(false);
+    let object: Service = serde_json::from_value(object).expect("service object");
     services
         .create(&PostParams::default(), &object)
         .await
