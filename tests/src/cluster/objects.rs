@@ -39,6 +39,8 @@ pub struct LbService<'a> {
     pub target_port: u16,
     /// Whether the Service is dual-stack (an IPv6 LB address needs it).
     pub dual_stack: bool,
+    /// `externalTrafficPolicy: Local` (else Cluster); the ingress pod is on this node.
+    pub local_traffic: bool,
 }
 
 impl LbService<'_> {
@@ -55,7 +57,7 @@ impl LbService<'_> {
             "metadata": {"name": self.name, "namespace": self.namespace, "annotations": self.annotations},
             "spec": {
                 "type": "LoadBalancer",
-                "externalTrafficPolicy": "Cluster",
+                "externalTrafficPolicy": if self.local_traffic { "Local" } else { "Cluster" },
                 "ipFamilyPolicy": policy,
                 "ipFamilies": families,
                 "ports": [{"name": "http", "protocol": "TCP", "port": self.port, "targetPort": self.target_port}],
@@ -106,7 +108,7 @@ impl Cluster {
                         },
                     },
                     "addressType": family,
-                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false}}],
+                    "endpoints": [{"addresses": [ip], "nodeName": super::NODE_NAME, "conditions": {"ready": true, "serving": true, "terminating": false}}],
                     "ports": [{"name": "http", "protocol": "TCP", "port": svc.target_port}],
                 }))
                 .expect("endpoint slice object");
@@ -306,6 +308,7 @@ pub async fn create_service_with_status(
         port: 80,
         target_port: 80,
         dual_stack: false,
+        local_traffic: false,
     };
     let mut object = svc.object();
     // The node port range holds 2,768 ports: past that the real API server refuses

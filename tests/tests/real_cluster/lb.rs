@@ -36,11 +36,15 @@ fn header_on_both_paths(mode: KubeProxyMode) {
         "ingress-nginx-controller",
         &[],
     ));
-    c.create_lb_service(&do_service(
+    // The relayed one with `externalTrafficPolicy: Local` (its ingress pod is on this
+    // node): kube-proxy's other LB chain shape.
+    let mut relayed = do_service(
         "ingress-nginx",
         "ingress-relayed",
         &[("hairpin.dev/path", "relay")],
-    ));
+    );
+    relayed.local_traffic = true;
+    c.create_lb_service(&relayed);
     let patched = Instant::now();
     c.set_lb_ingress(
         "ingress-nginx",

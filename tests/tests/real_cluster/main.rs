@@ -142,6 +142,7 @@ fn do_service<'a>(namespace: &'a str, name: &'a str, extra: &[(&str, &str)]) -> 
         port: 80,
         target_port: hairpin_tests::node::NGINX_PP_PORT,
         dual_stack: true,
+        local_traffic: false,
     }
 }
 
