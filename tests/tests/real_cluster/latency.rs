@@ -164,7 +164,12 @@ fn ten_thousand_lb_services_agent_rss_and_time_to_converge() {
     rn.start_agent(&[]);
     let idle = rss_kib(rn.agent().pid());
     let c = &rn.cluster;
-    c.ensure_namespace("many");
+    // Spread over namespaces as a cluster's are: one namespace may hold at most
+    // `--max-frontends-per-namespace` (4,096 by default) frontends.
+    const NAMESPACES: usize = 4;
+    for n in 0..NAMESPACES {
+        c.ensure_namespace(&format!("many-{n}"));
+    }
     let client = c.client();
     let created = Instant::now();
     // Services with their status, 32 requests in flight.
@@ -177,7 +182,7 @@ fn ten_thousand_lb_services_agent_rss_and_time_to_converge() {
                     let ip = format!("198.18.{}.{}", 1 + i / 250, 1 + i % 250);
                     hairpin_tests::cluster::objects::create_service_with_status(
                         &client,
-                        "many",
+                        &format!("many-{}", i % NAMESPACES),
                         &format!("lb-{i}"),
                         &ip,
                     )
