@@ -326,6 +326,35 @@ impl Agent {
         agent
     }
 
+    /// The agent with the environment the chart's DaemonSet gives it (`env`, its
+    /// field references resolved for the simulated node; set after this harness's
+    /// own defaults, so the DaemonSet's kernel-path choice applies), reading the API
+    /// server of `kubeconfig` as `--node-name sim-node`; returns once its programs
+    /// are attached.
+    pub fn start_as_daemonset(
+        node: &SimNode,
+        kubeconfig: &std::path::Path,
+        env: &[(String, String)],
+        extra: &[&str],
+    ) -> Agent {
+        let source = [
+            "--kubeconfig",
+            kubeconfig.to_str().expect("utf-8 path"),
+            "--node-name",
+            "sim-node",
+        ];
+        let mut agent = Agent::spawn_env(
+            node,
+            &source,
+            &node.cgroup,
+            "hairpin_agent=debug,info",
+            extra,
+            env,
+        );
+        agent.wait_for_log("programs attached", Duration::from_secs(20));
+        agent
+    }
+
     /// `hairpin-agent run` with `source` flags in the node namespace, inside the
     /// agent's child cgroup, attaching at `cgroup`, logging to the node's agent.log.
     fn spawn(
@@ -334,6 +363,18 @@ impl Agent {
         cgroup: &std::path::Path,
         log_filter: &str,
         extra: &[&str],
+    ) -> Agent {
+        Agent::spawn_env(node, source, cgroup, log_filter, extra, &[])
+    }
+
+    /// As [`Agent::spawn`], with `env` set last.
+    fn spawn_env(
+        node: &SimNode,
+        source: &[&str],
+        cgroup: &std::path::Path,
+        log_filter: &str,
+        extra: &[&str],
+        env: &[(String, String)],
     ) -> Agent {
         let log = node.dir.join("agent.log");
         let out = fs::File::create(&log).expect("agent log");
@@ -360,6 +401,7 @@ impl Agent {
             // the kernel path (`auto`) now, and a test that wants it passes
             // `--kernel-path`, which takes precedence over this variable.
             .env("HAIRPIN_KERNEL_PATH", "off")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)

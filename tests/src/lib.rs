@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod dataplanes;
 pub mod fakeapi;
 pub mod helm;

@@ -175,8 +175,18 @@ impl SimNode {
         SimNode::with_lbs_in(&default_lbs(), KubeProxyMode::Nftables)
     }
 
+    /// Builds the node with no service rules at all: the real kube-proxy programs
+    /// them (tests/src/cluster/proxy.rs).
+    pub fn for_real_kube_proxy() -> SimNode {
+        SimNode::with_rules(&[], None)
+    }
+
     /// Builds the node with `lbs` as kube-proxy rules in `mode`.
     pub fn with_lbs_in(lbs: &[LbRule], mode: KubeProxyMode) -> SimNode {
+        SimNode::with_rules(lbs, Some(mode))
+    }
+
+    fn with_rules(lbs: &[LbRule], mode: Option<KubeProxyMode>) -> SimNode {
         sweep_stale();
         let id = format!(
             "{PREFIX}{}x{}",
@@ -199,7 +209,7 @@ impl SimNode {
         node
     }
 
-    fn build(&mut self, lbs: &[LbRule], mode: KubeProxyMode) {
+    fn build(&mut self, lbs: &[LbRule], mode: Option<KubeProxyMode>) {
         let _ = fs::remove_dir_all(&self.dir);
         fs::create_dir_all(&self.dir).expect("create scratch dir");
         // A bpf filesystem of the node's own, where agents pin the kernel path's
@@ -257,8 +267,9 @@ impl SimNode {
         run_in(node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         match mode {
-            KubeProxyMode::Iptables => self.kube_proxy_rules(lbs),
-            KubeProxyMode::Nftables => self.kube_proxy_nft_rules(lbs),
+            Some(KubeProxyMode::Iptables) => self.kube_proxy_rules(lbs),
+            Some(KubeProxyMode::Nftables) => self.kube_proxy_nft_rules(lbs),
+            None => {}
         }
         fs::create_dir(&self.cgroup)
             .unwrap_or_else(|e| panic!("create cgroup {}: {e}", self.cgroup.display()));

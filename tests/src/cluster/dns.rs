@@ -1,0 +1,178 @@
+//! Real CoreDNS as the cluster's DNS: the `kube-dns` Service (10.96.0.10, kube-proxy
+//! DNATs to it), CoreDNS running in a pod namespace of the node with the Corefile of
+//! the `kube-system/coredns` ConfigMap as the kubelet projects it, its `kubernetes`
+//! plugin reaching the real API server with in-cluster configuration (the
+//! `coredns` ServiceAccount's token and the CA at the in-cluster path, in a private
+//! mount namespace; kubeadm's ClusterRole `system:coredns`).
+//!
+//! Each [`CoreDns::start`] is a fresh process: a Corefile CoreDNS refuses makes it
+//! exit, and the start fails with CoreDNS's own error (a reload would keep the old
+//! configuration and hide it).
+
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use serde_json::{Value, json};
+
+use super::{APISERVER_PORT, Cluster, Proc};
+use crate::{
+    client::Reply,
+    node::{NODE_IP4, SimNode},
+    sh::output_in,
+};
+
+/// The cluster DNS Service's IP (kubeadm's: the tenth of the service range).
+pub const DNS_IP: &str = "10.96.0.10";
+
+/// kubeadm's RBAC for CoreDNS (`system:coredns`), its ServiceAccount and the
+/// `kube-dns` Service; the Service's endpoints are `endpoint_ip`, where CoreDNS runs.
+pub fn kube_dns_objects(endpoint_ip: &str) -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "coredns", "namespace": "kube-system"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "system:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "system:coredns"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+               "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": "kube-system"}]}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+               "spec": {"clusterIP": DNS_IP, "selector": {"k8s-app": "kube-dns"},
+                        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                                  {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}}),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "kube-dns-sim", "namespace": "kube-system",
+                            "labels": {"kubernetes.io/service-name": "kube-dns",
+                                       "endpointslice.kubernetes.io/managed-by": "hairpin-tests"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [endpoint_ip], "nodeName": super::NODE_NAME,
+                              "conditions": {"ready": true, "serving": true, "terminating": false}}],
+               "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                         {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}),
+    ]
+}
+
+/// A running CoreDNS; killed on drop.
+pub struct CoreDns {
+    proc: Proc,
+    /// The Corefile it runs.
+    pub corefile: String,
+}
+
+impl CoreDns {
+    /// Starts CoreDNS in `netns` with the Corefile the `kube-system/coredns`
+    /// ConfigMap holds now; waits until its `ready` endpoint (:8181) answers, or
+    /// fails with its log when it refuses the Corefile or never gets ready.
+    pub fn start(cluster: &Cluster, netns: &str) -> CoreDns {
+        let dir = cluster.dir.join("coredns");
+        let secrets = dir.join("serviceaccount");
+        fs::create_dir_all(&secrets).expect("coredns dir");
+        let token = cluster.service_account_token("kube-system", "coredns");
+        fs::write(secrets.join("token"), token).expect("token");
+        fs::copy(cluster.ca_cert(), secrets.join("ca.crt")).expect("ca");
+        fs::write(secrets.join("namespace"), "kube-system").expect("namespace");
+        let corefile = corefile_of(cluster);
+        let conf = dir.join("Corefile");
+        fs::write(&conf, &corefile).expect("Corefile");
+        // The in-cluster path, seen only by CoreDNS: a tmpfs over /run in its own
+        // mount namespace (/var/run is /run here).
+        let script = format!(
+            "mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io && \
+             cp -r {secrets} /run/secrets/kubernetes.io/serviceaccount && \
+             cd {dir} && exec {bin} -conf {conf}",
+            secrets = secrets.display(),
+            dir = dir.display(),
+            bin = cluster.bins.coredns.display(),
+            conf = conf.display(),
+        );
+        let mut proc = Proc::spawn_env(
+            "coredns",
+            netns,
+            &cluster.dir,
+            &[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+            ],
+            &[
+                ("KUBERNETES_SERVICE_HOST", NODE_IP4.to_string()),
+                ("KUBERNETES_SERVICE_PORT", APISERVER_PORT.to_string()),
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            proc.assert_running();
+            let out = output_in(
+                netns,
+                None,
+                &[
+                    "curl",
+                    "-sf",
+                    "--max-time",
+                    "1",
+                    "http://127.0.0.1:8181/ready",
+                ],
+            );
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CoreDNS not ready within 20 s with this Corefile:\n{corefile}\nlog:\n{}",
+                super::tail(&proc.log_text())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        CoreDns { proc, corefile }
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        self.proc.log_text()
+    }
+}
+
+/// The Corefile of `kube-system/coredns`, as the kubelet projects it into the pod.
+pub fn corefile_of(cluster: &Cluster) -> String {
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), "kube-system");
+    let cm = cluster
+        .block_on(cms.get("coredns"))
+        .expect("the coredns ConfigMap");
+    cm.data
+        .and_then(|d| d.get("Corefile").cloned())
+        .expect("a Corefile key")
+}
+
+/// The pod resolving through the cluster DNS Service: a resolv.conf as the kubelet
+/// writes it for `dnsPolicy: ClusterFirst`, bind-mounted over the pod's, then
+/// `script` (curl through glibc's resolver).
+pub fn in_pod_with_cluster_dns(node: &SimNode, script: &str) -> Reply {
+    let resolv = node.dir.join("pod-resolv.conf");
+    fs::write(
+        &resolv,
+        format!(
+            "search default.svc.cluster.local svc.cluster.local cluster.local\n\
+             nameserver {DNS_IP}\noptions ndots:5\n"
+        ),
+    )
+    .expect("resolv.conf");
+    Reply::from_output(crate::sh::sh_with_files_over(
+        &node.pod_ns,
+        &node.pod_cgroup(),
+        &[(resolv.as_path(), "/etc/resolv.conf")],
+        script,
+    ))
+}

@@ -1,0 +1,194 @@
+//! Real CoreDNS serving the cluster DNS Service from the `coredns` ConfigMap the
+//! chart's CoreDNS writer rewrites (kubeadm's Corefile; an exact and a wildcard
+//! name), its `kubernetes` plugin against the real API server: a pod resolves the
+//! public name through glibc's resolver and the cluster DNS Service (kube-proxy's
+//! DNAT), reaches the name relay through the chart's `hairpin` Service, and the
+//! ingress sees the pod's own address in the header. A rewrite CoreDNS refuses
+//! fails [`CoreDns::start`] with CoreDNS's error; one that answers a wrong name
+//! fails the request.
+
+use std::time::{Duration, Instant};
+
+use hairpin_tests::{
+    agent::agent_bin,
+    cluster::{
+        Proc,
+        dns::{CoreDns, corefile_of, in_pod_with_cluster_dns, kube_dns_objects},
+        objects::workload_env,
+    },
+    fakeapi::KUBEADM_COREFILE,
+    node::{INGRESS_IP4, KubeProxyMode, NODE_IP4, POD_IP4},
+};
+use serde_json::json;
+
+use crate::{RELEASE_NS, RealNode, do_service, vip};
+
+/// The CoreDNS the cluster runs (the writer checks its version before it writes
+/// wildcard rewrites).
+const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
+
+#[test]
+fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header() {
+    let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
+        return;
+    };
+    let flags: Vec<String> = [
+        "--set",
+        "coredns.mode=corefile",
+        "--set",
+        "names.domains=example.com",
+    ]
+    .map(String::from)
+    .to_vec();
+    {
+        let c = &rn.cluster;
+        // kubeadm's cluster DNS: CoreDNS runs in the ingress pod's namespace (another
+        // pod of the node), the kube-dns Service in front of it.
+        let mut objects = kube_dns_objects(INGRESS_IP4);
+        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "coredns", "namespace": "kube-system"},
+            "data": {"Corefile": KUBEADM_COREFILE}}));
+        objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                                  "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
+        c.kubectl_apply(&objects);
+        c.create_lb_service(&do_service(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            &[],
+        ));
+        c.set_lb_ingress(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            vip(&["203.0.113.10"]),
+        );
+        c.ensure_namespace("shop");
+        c.kubectl_apply(&[
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "shop", "namespace": "shop"},
+            "spec": {"ingressClassName": "nginx", "rules": [
+                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
+        ]);
+        c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+    }
+    rn.start_agent(&flags);
+    let c = &rn.cluster;
+    // The DaemonSet's pod on this node (hostNetwork) is the chart Service's endpoint.
+    c.kubectl_apply(&[
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "hairpin-sim", "namespace": RELEASE_NS,
+                     "labels": {"kubernetes.io/service-name": "hairpin",
+                                "endpointslice.kubernetes.io/managed-by": "hairpin-tests"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [NODE_IP4], "nodeName": "sim-node",
+                       "conditions": {"ready": true, "serving": true, "terminating": false}}],
+        "ports": [{"name": "http", "port": 10080, "protocol": "TCP"},
+                  {"name": "https", "port": 10443, "protocol": "TCP"}]}),
+    ]);
+    let writer = start_writer(&rn, &flags);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let written = loop {
+        let text = corefile_of(c);
+        if text.contains("shop.example.com") && text.contains(r"apps\.example\.com") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the writer wrote no rewrite: {text}\nwriter:\n{}",
+            writer.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("Corefile as written:\n{written}");
+    // The API server records the writer under its own name (an operator's
+    // server-side apply of the ConfigMap names it in the conflict).
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.client(), "kube-system");
+    let cm = c
+        .block_on(cms.get("coredns"))
+        .expect("the coredns ConfigMap");
+    let managers: Vec<String> = cm
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|f| f.manager)
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "hairpin-coredns-writer"),
+        "{managers:?}"
+    );
+    let dns = CoreDns::start(c, &rn.node.ingress_ns);
+    for name in ["shop.example.com", "web.apps.example.com"] {
+        // Polled for a while: kube-proxy's DNAT for the DNS Service and CoreDNS's
+        // informers settle on their own time. A wrong or refused rewrite never passes.
+        let started = Instant::now();
+        let reply = loop {
+            let reply = in_pod_with_cluster_dns(
+                &rn.node,
+                &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
+            );
+            if reply.ok() || started.elapsed() > Duration::from_secs(20) {
+                break reply;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        eprintln!(
+            "{name}: answered after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        assert!(
+            reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
+            "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
+            dns.log(),
+            rn.agent().log()
+        );
+        assert!(
+            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
+            "{name}: {reply:?}"
+        );
+    }
+}
+
+/// `hairpin-agent coredns-writer` as the chart's Deployment runs it: its
+/// environment, its own ServiceAccount's token.
+fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
+    let objects = hairpin_tests::cluster::objects::chart_objects(RELEASE_NS, flags);
+    let env: Vec<(String, String)> =
+        workload_env(&objects, "Deployment", RELEASE_NS, "hairpin-coredns-0")
+            .into_iter()
+            .filter(|(k, _)| {
+                !matches!(k.as_str(), "HAIRPIN_ADMIN_ADDRESS" | "HAIRPIN_ADMIN_SOCKET")
+            })
+            .collect();
+    let token = rn
+        .cluster
+        .service_account_token(RELEASE_NS, "hairpin-coredns");
+    let kubeconfig = rn.node.dir.join("writer.kubeconfig");
+    rn.cluster.node_kubeconfig(&kubeconfig, &token);
+    let sock = rn.node.dir.join("writer.sock");
+    let env: Vec<(&str, String)> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .chain([
+            ("HAIRPIN_ADMIN_ADDRESS", "127.0.0.1:0".to_string()),
+            ("HAIRPIN_ADMIN_SOCKET", sock.display().to_string()),
+        ])
+        .collect();
+    Proc::spawn_env(
+        "coredns-writer",
+        &rn.node.node_ns,
+        &rn.node.dir,
+        &[
+            agent_bin().to_str().expect("utf-8 path"),
+            "coredns-writer",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("utf-8 path"),
+            "--log",
+            "hairpin_agent=debug,info",
+        ],
+        &env,
+    )
+}
