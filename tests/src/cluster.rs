@@ -428,6 +428,9 @@ fn start_kcm(bins: &Binaries, netns: &str, dir: &Path, pki: &certs::Pki) -> Proc
         // No kubelet posts the simulated node's status: the lifecycle controller
         // would taint it unreachable, which nothing here is about.
         "--controllers=*,-node-lifecycle-controller".into(),
+        // Each controller with its own ServiceAccount and the bootstrap roles, as
+        // kubeadm runs it (the shared identity lacks most of their permissions).
+        "--use-service-account-credentials=true".into(),
         "--leader-elect=false".into(),
         "--secure-port=0".into(),
         "--v=1".into(),
