@@ -2,8 +2,10 @@
 //! test gives it (recorded from real clusters, see hairpin-agent/tests/fixtures)
 //! through the real list and watch protocol over HTTP, and lets the test script
 //! what a real API server does to watchers: modify, delete, 410 Gone, dropped
-//! connections and outages. There is no kube-apiserver binary for this machine;
-//! this serves recorded objects and nothing more (no admission, no validation).
+//! connections and outages, each at the step a test chooses. It serves recorded
+//! objects and nothing more (no admission, no validation): the real API server,
+//! etcd, kube-proxy and CoreDNS are `cluster`'s, run by the `real_cluster` suite;
+//! this one stays for faults a real server cannot be made to show on cue.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -478,9 +478,10 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
 /// streams, takes the Lease, writes the rewrite for the Ingress host into the
 /// Corefile, and a pod given what CoreDNS would answer for that name (the rewrite
 /// target, the `hairpin` Service's ClusterIP) gets the page through the name relay
-/// with its own address in the PROXY header. There is no CoreDNS binary for this
-/// machine (Debian does not package it), so the DNS answer itself is the one step
-/// taken as given: the ClusterIP is passed to curl with `--resolve`.
+/// with its own address in the PROXY header. The DNS answer is given here (the
+/// ClusterIP is passed to curl with `--resolve`) to keep this test on the recorded
+/// API server; real CoreDNS answering from the Corefile the agent wrote is
+/// `real_cluster`'s `coredns` scenario.
 #[test]
 fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_service() {
     require_privileges!();
