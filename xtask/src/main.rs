@@ -184,6 +184,7 @@ fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> 
     Ok(bin)
 }
 
+/// Where cargo builds: CARGO_TARGET_DIR, else the workspace's target/.
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)

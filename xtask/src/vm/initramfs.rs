@@ -48,9 +48,11 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 ho
   poweroff -f
 fi
 echo /bin/modprobe-host > /proc/sys/kernel/modprobe
+ip link set lo up
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
+mkdir -p /host/dev/pts
 mount -t devpts devpts /host/dev/pts
 mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run

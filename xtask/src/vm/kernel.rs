@@ -223,7 +223,7 @@ fn version_key(package: &str) -> Vec<u64> {
 }
 
 /// Adds bookworm-backports to apt's sources (as root) when absent, and updates apt.
-pub fn ensure_backports() -> Result<()> {
+fn ensure_backports() -> Result<()> {
     if fs::read_to_string(BACKPORTS_SOURCES).is_ok_and(|s| s == BACKPORTS) {
         return Ok(());
     }
