@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn the_newest_abi_sorts_last() {
-        let mut v = vec![
+        let mut v = [
             "linux-image-6.1.0-57-amd64-unsigned",
             "linux-image-6.1.0-9-amd64-unsigned",
         ];
