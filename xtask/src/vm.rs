@@ -74,6 +74,34 @@ pub const SUITES: &[Suite] = &[
     },
 ];
 
+/// Tests a kernel is known not to pass, each with why: skipped there by name and
+/// said on the console, so the matrix stays a gate for everything else. Each is a
+/// gap of hairpin's on that kernel, listed in README's kernel table.
+pub const KNOWN_GAPS: &[(Series, &str, &str)] = &[
+    (
+        Series::V6_1,
+        "headers::with_only_the_daemonsets_capabilities_the_kernel_path_loads",
+        "without CAP_PERFMON the 6.1 verifier refuses hairpin_sk_msg (an event record's \
+         bound in aya-log's ring buffer write): the kernel path falls back to the relay",
+    ),
+    (
+        Series::V6_1,
+        "beside_a_socket_lb_attached_first",
+        "6.1 cannot order cgroup links (BPF_F_BEFORE: EINVAL): the socket LB runs first",
+    ),
+    (
+        Series::V6_1,
+        "an_adopted_link_an_earlier_agent_left_behind_the_socket_lb",
+        "6.1 cannot order cgroup links (BPF_F_BEFORE: EINVAL): the socket LB runs first",
+    ),
+    (
+        Series::V6_1,
+        "a_socket_reconnected_elsewhere_after_its_marked_connect_failed",
+        "runs the kernel path with only the DaemonSet's capabilities, which 6.1 refuses \
+         (hairpin_sk_msg)",
+    ),
+];
+
 /// Memory per VM: the agent, nginx and haproxy in a few namespaces.
 const MEMORY_MIB: u32 = 2048;
 
@@ -186,7 +214,7 @@ pub fn run(
 ) -> Result<Outcome> {
     let kernel = kernel::ensure(series)?;
     let dir = qemu::work_dir(&crate::target_dir(), &kernel)?;
-    let script = script(suites, env, args)?;
+    let script = script(series, suites, env, args)?;
     let initrd = initramfs::build(&kernel, &script, &dir)?;
     let log = dir.join("console.log");
     eprintln!(
@@ -232,7 +260,12 @@ pub fn run(
 
 /// The shell script the VM runs inside the host's root: each suite under its
 /// timeout, bracketed by marker lines the host parses.
-fn script(suites: &[Built], env: &[(String, String)], args: &[String]) -> Result<String> {
+fn script(
+    series: Series,
+    suites: &[Built],
+    env: &[(String, String)],
+    args: &[String],
+) -> Result<String> {
     let tests_dir = crate::workspace_root().join("tests");
     let mut s = String::new();
     writeln!(s, "cd '{}' || exit 126", tests_dir.display())?;
@@ -256,6 +289,16 @@ fn script(suites: &[Built], env: &[(String, String)], args: &[String]) -> Result
             .into_iter()
             .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
             .collect();
+        let mut quoted = quoted;
+        for (_, test, why) in KNOWN_GAPS.iter().filter(|(k, _, _)| *k == series) {
+            let line = format!(
+                "hairpin-vm: skipping {test} on Linux {}: {why}",
+                series.name()
+            );
+            writeln!(s, "echo '{}'", line.replace('\'', r"'\''"))?;
+            quoted.push("--skip".to_string());
+            quoted.push(format!("'{test}'"));
+        }
         writeln!(s, "echo 'HAIRPIN-VM-SUITE-BEGIN {}'", b.target)?;
         writeln!(s, "t0=$(date +%s)")?;
         writeln!(
@@ -382,6 +425,23 @@ pub fn matrix(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernels_known_gaps_are_skipped_by_name_and_said() {
+        let built = [Built {
+            target: "socket_lb".into(),
+            exe: PathBuf::from("/t/socket_lb-1"),
+        }];
+        let on_61 = script(Series::V6_1, &built, &[], &[]).expect("script");
+        assert!(
+            on_61.contains("--skip 'beside_a_socket_lb_attached_first'"),
+            "{on_61}"
+        );
+        // An apostrophe in a reason stays inside its quotes.
+        assert!(on_61.contains(r"DaemonSet'\''s"), "{on_61}");
+        let on_612 = script(Series::V6_12, &built, &[], &[]).expect("script");
+        assert!(!on_612.contains("--skip"), "{on_612}");
+    }
 
     #[test]
     fn results_are_read_from_the_console() {
