@@ -269,7 +269,10 @@ fn script(
     let tests_dir = crate::workspace_root().join("tests");
     let mut s = String::new();
     writeln!(s, "cd '{}' || exit 126", tests_dir.display())?;
-    writeln!(s, "export CI=true RUST_BACKTRACE=1")?;
+    // Waits for an agent or a server to settle stretch by this (tests/src/wait.rs):
+    // emulation is about 15 times slower than the host, and two suites' agents start
+    // side by side.
+    writeln!(s, "export CI=true RUST_BACKTRACE=1 HAIRPIN_TEST_SLOWDOWN=4")?;
     for (k, v) in env {
         writeln!(s, "export {k}='{}'", v.replace('\'', r"'\''"))?;
     }
