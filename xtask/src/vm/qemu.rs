@@ -61,10 +61,12 @@ pub fn boot(
         .arg("-initrd")
         .arg(initrd)
         // mitigations=off: the guest's speculation barriers cost much under emulation
-        // and guard nothing here.
+        // and guard nothing here. no_timer_check: on a loaded host the emulated timer
+        // can miss the kernel's early IO-APIC check, which then panics at boot ("IO-APIC
+        // + timer doesn't work!", seen here with two builds running).
         .args([
             "-append",
-            "console=ttyS0 panic=-1 quiet mitigations=off",
+            "console=ttyS0 panic=-1 quiet mitigations=off no_timer_check",
             "-virtfs",
             "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
         ])
