@@ -85,6 +85,6 @@ mod tests {
             text.contains("hairpin_kernel_capability{capability=\"link_order\"} 0"),
             "{text}"
         );
-        assert!(!text.contains("mptcp_detection"), "{text}");
+        assert!(!text.contains("capability=\"mptcp_detection\""), "{text}");
     }
 }
