@@ -31,7 +31,7 @@ pub fn wait_for_log_of(
     needle: &str,
     within: Duration,
 ) {
-    let deadline = Instant::now() + within;
+    let deadline = Instant::now() + crate::wait::slack(within);
     loop {
         let text = fs::read_to_string(log).unwrap_or_default();
         if text.contains(needle) {

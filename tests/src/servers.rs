@@ -226,7 +226,7 @@ fn wait_listening(node: &SimNode, ports: &[u16]) {
 /// Waits until TCP `ports` listen in `netns` (10 s); when `server` is given, fails at
 /// once with its log if it exits first.
 pub fn wait_listening_in(netns: &str, ports: &[u16], mut server: Option<&mut Server>) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + crate::wait::slack(Duration::from_secs(10));
     loop {
         let out = output_in(netns, None, &["ss", "-Htln"]);
         let text = String::from_utf8_lossy(&out.stdout);

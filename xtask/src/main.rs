@@ -20,6 +20,7 @@ mod root;
 mod source;
 mod toolchain;
 mod venv;
+mod vm;
 
 use std::{path::PathBuf, process::Command};
 
@@ -47,6 +48,11 @@ enum Cmd {
     },
     /// Check formatting and clippy, then run every test suite and fuzz target briefly (as root: asks sudo otherwise).
     Test {
+        /// Where the suites run: `host` (every suite, on this machine's kernel), or a
+        /// Debian kernel in a VM (`6.1`, `6.12`: the datapath suites). Repeatable;
+        /// by default all three.
+        #[arg(long = "kernel", env = "HAIRPIN_TEST_KERNELS", value_delimiter = ',')]
+        kernels: Vec<Target>,
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -80,13 +86,18 @@ fn main() -> Result<()> {
             actionlint::ensure_actionlint()?;
             deny::ensure_cargo_deny()?;
             k8s::ensure_components()?;
+            // The kernel matrix: qemu, busybox, and Debian's kernels in the cache.
+            prereqs::ensure_packages(vm::PACKAGES)?;
+            for series in vm::Series::ALL {
+                vm::ensure_kernel(series)?;
+            }
             Ok(())
         }
         Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
         Cmd::Build { release } => build_agent(release).map(|bin| println!("{}", bin.display())),
-        Cmd::Test { args } => {
+        Cmd::Test { kernels, args } => {
             root::ensure_root("test")?;
-            test(&args)
+            test_matrix(&kernels, &args)
         }
         Cmd::Demo => {
             root::ensure_root("demo")?;
@@ -131,7 +142,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// `cargo` in the workspace root. Every build, check and test through it passes
 /// `--locked`: Cargo.lock is what deny.toml checked, and a build never rewrites it.
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
     if std::env::var_os("CI").is_some() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
@@ -179,7 +190,8 @@ fn build_agent_with(object: &std::path::Path, release: bool) -> Result<PathBuf> 
     Ok(bin)
 }
 
-fn target_dir() -> PathBuf {
+/// Where cargo builds: CARGO_TARGET_DIR, else the workspace's target/.
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
@@ -190,7 +202,64 @@ fn target_dir() -> PathBuf {
 /// with room to spare.
 const TEST_DISK_NEED: u64 = 6 << 30;
 
-fn test(args: &[String]) -> Result<()> {
+/// Where `cargo xtask test` runs the suites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// This machine's kernel: every suite.
+    Host,
+    /// A Debian kernel in a VM: the datapath suites ([`vm::SUITES`]).
+    Vm(vm::Series),
+}
+
+impl std::str::FromStr for Target {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "host" {
+            return Ok(Target::Host);
+        }
+        s.parse()
+            .map(Target::Vm)
+            .map_err(|_| anyhow::anyhow!("unknown kernel {s:?}: expected host, 6.1 or 6.12"))
+    }
+}
+
+/// Runs the suites on the host and the VM kernels asked for (all by default).
+fn test_matrix(kernels: &[Target], args: &[String]) -> Result<()> {
+    let all = kernels.is_empty();
+    let vms: Vec<vm::Series> = if all {
+        vm::Series::ALL.to_vec()
+    } else {
+        kernels
+            .iter()
+            .filter_map(|k| match k {
+                Target::Vm(s) => Some(*s),
+                Target::Host => None,
+            })
+            .collect()
+    };
+    let object = if all || kernels.contains(&Target::Host) {
+        test(args)?
+    } else {
+        prereqs::ensure_system_packages()?;
+        ebpf::build(&ebpf::Options::default())?
+    };
+    if vms.is_empty() {
+        return Ok(());
+    }
+    let agent = build_agent_with(&object, false)?;
+    let env = [
+        ("HAIRPIN_AGENT_BIN".to_string(), agent.display().to_string()),
+        (
+            "HAIRPIN_EBPF_OBJECT".to_string(),
+            object.display().to_string(),
+        ),
+    ];
+    vm::matrix(&vms, &object, &env, args)
+}
+
+/// Every suite on this machine's kernel; returns the BPF object it built.
+fn test(args: &[String]) -> Result<PathBuf> {
     prereqs::ensure_system_packages()?;
     check_free_space(&target_dir(), TEST_DISK_NEED);
     prereqs::ensure_lint_tools()?;
@@ -249,7 +318,8 @@ fn test(args: &[String]) -> Result<()> {
     run(cargo().args(["test", "--locked", "--package", "hairpin-ebpf", "--lib"]))?;
     // Every fuzz target briefly, from its seeds and earlier corpus: a crash fails the
     // run. The long runs are `cargo xtask fuzz --time N` (RELIABILITY.md).
-    fuzz::fuzz(&fuzz::Options::smoke())
+    fuzz::fuzz(&fuzz::Options::smoke())?;
+    Ok(object)
 }
 
 /// Warns, naming the filesystem and the figures, when less than `need` bytes are

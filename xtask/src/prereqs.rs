@@ -52,7 +52,7 @@ pub fn ensure_system_packages() -> Result<()> {
 
 /// Installs those of `packages` (name, a file proving it is installed) that are
 /// missing; as another user, fails naming them.
-fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
+pub fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, bin)| !Path::new(bin).exists())

@@ -36,7 +36,7 @@ impl LinkOrderStatus {
              in front was attached with BPF_F_BEFORE after it started)"
         } else {
             "hairpin's connect programs must run first: a kernel that orders cgroup links \
-             (Linux 6.17 and newer) lets the agent put them there itself; otherwise attach the \
+             (Linux 6.17 and newer, and 6.12 stable releases with the backport) lets the agent put them there itself; otherwise attach the \
              socket load balancer's programs after hairpin's (its links removed and its agent \
              restarted once hairpin runs), or leave pods' service connections to its per-packet \
              load balancing (Cilium: socketLB.hostNamespaceOnly=true; Calico eBPF: \

@@ -153,6 +153,7 @@ pub struct Metrics {
     kernel: Arc<RwLock<Option<KernelCounterReader>>>,
     heartbeat: Arc<RwLock<Option<HeartbeatReader>>>,
     live_paths: Family<PathLabel, Gauge>,
+    capabilities: super::capabilities::KernelCapabilities,
 }
 
 impl Default for Metrics {
@@ -184,6 +185,7 @@ impl Default for Metrics {
             kernel: Arc::default(),
             heartbeat: Arc::default(),
             live_paths: Family::default(),
+            capabilities: Default::default(),
         }
     }
 }
@@ -201,6 +203,15 @@ impl Metrics {
             let g = self.live_paths.get_or_create(&PathLabel { path: p });
             g.set(i64::from(on));
         }
+    }
+
+    /// Whether the kernel gives hairpin `capability` (`hairpin_kernel_capability`).
+    pub fn set_kernel_capability(
+        &self,
+        capability: super::capabilities::KernelCapability,
+        on: bool,
+    ) {
+        self.capabilities.set(capability, on);
     }
 
     /// A connection was accepted by a relay listener.
@@ -442,6 +453,7 @@ impl Metrics {
              none before the paths are decided",
             self.live_paths.clone(),
         );
+        self.capabilities.register(&mut registry);
         self.register_relay_traffic(&mut registry);
         self.register_proxied(&mut registry);
         self.register_refused(&mut registry);

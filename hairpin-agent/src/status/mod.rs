@@ -6,6 +6,7 @@
 //! field names below are the stable JSON contract of `/status`.
 
 pub mod admin;
+pub mod capabilities;
 pub mod metrics;
 pub mod tcp_server;
 

@@ -31,7 +31,7 @@ use hairpin_ebpf::{
 };
 
 use super::{
-    helpers::count,
+    helpers::{array_value, count, frontend_key},
     maps::{
         HAIRPIN_BYPASS_MARK, HAIRPIN_FASTOPEN_CONNECT_MASK, HAIRPIN_FASTOPEN_CONNECT_OFF,
         HAIRPIN_FASTOPEN_REQ_OFF, HAIRPIN_FILL, HAIRPIN_FRONTENDS, HAIRPIN_HEARTBEAT,
@@ -71,13 +71,8 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
     // SAFETY: the kernel hands every cgroup/connect4 program a valid bpf_sock_addr.
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
-        let key = FrontendKey {
-            addr: [sa.user_ip4, 0, 0, 0],
-            port: sa.user_port as u16,
-            family: AF_INET,
-            pad: 0,
-        };
-        if let Some((addr, port)) = decide::<KERNEL, PERFMON>(ctx, sa, &key) {
+        let key = frontend_key([sa.user_ip4, 0, 0, 0], sa.user_port as u16, AF_INET);
+        if let Some((addr, port)) = decide::<KERNEL, PERFMON>(ctx, sa, key.frontend()) {
             // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
             // stores (a merged 64-bit store is rejected by the verifier).
             unsafe {
@@ -155,21 +150,11 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
         // A dual-stack socket reaching an IPv4 LB through ::ffff:a.b.c.d uses the v4 entry.
         let mapped = ip6[0] == 0 && ip6[1] == 0 && ip6[2] == V4_MAPPED_WORD;
         let key = if mapped {
-            FrontendKey {
-                addr: [ip6[3], 0, 0, 0],
-                port: sa.user_port as u16,
-                family: AF_INET,
-                pad: 0,
-            }
+            frontend_key([ip6[3], 0, 0, 0], sa.user_port as u16, AF_INET)
         } else {
-            FrontendKey {
-                addr: ip6,
-                port: sa.user_port as u16,
-                family: AF_INET6,
-                pad: 0,
-            }
+            frontend_key(ip6, sa.user_port as u16, AF_INET6)
         };
-        if let Some((a, port)) = decide::<KERNEL, PERFMON>(ctx, sa, &key) {
+        if let Some((a, port)) = decide::<KERNEL, PERFMON>(ctx, sa, key.frontend()) {
             // An IPv4 frontend's slot is IPv4: reached through its mapped address.
             let addr = if mapped {
                 [0, 0, V4_MAPPED_WORD, a[0]]
@@ -250,8 +235,8 @@ fn lookup(sa: &bpf_sock_addr, key: &FrontendKey) -> Option<Redirect> {
 #[inline(always)]
 fn alive() -> bool {
     let (Some(beat), Some(ttl)) = (
-        HAIRPIN_HEARTBEAT.get_ptr(HEARTBEAT_BEAT),
-        HAIRPIN_HEARTBEAT.get_ptr(HEARTBEAT_TTL),
+        array_value::<_, u64>(&HAIRPIN_HEARTBEAT, HEARTBEAT_BEAT),
+        array_value::<_, u64>(&HAIRPIN_HEARTBEAT, HEARTBEAT_TTL),
     ) else {
         // An array's slots always read; should one not, fail open: not alive.
         return false;
@@ -276,7 +261,7 @@ fn alive() -> bool {
 fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -> bool {
     // SAFETY: a read-only global the loader may have rewritten before load.
     let limit = u64::from(unsafe { read_volatile(&HAIRPIN_SOCKETS_LIMIT) });
-    if let Some(fill) = HAIRPIN_FILL.get_ptr(0) {
+    if let Some(fill) = array_value::<_, u64>(&HAIRPIN_FILL, 0) {
         // SAFETY: a valid slot of the array for this program run.
         if unsafe { read_volatile(fill) } >= limit {
             count(Counter::KernelFallbackFull);

@@ -58,8 +58,25 @@ pub(super) fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
         // No dynptr, no header: `p.len` stays 0, which sk_msg counts as a miss.
         return;
     }
+    // The IPv6 text's plans, read through a dynptr made here, once: Linux 6.1's
+    // verifier refuses to make a dynptr where one was made before on the same path
+    // ("Dynptr has to be an uninitialized dynptr", fixed in 6.3), and a dynptr made
+    // per address would reuse its stack slot for the second address of a line.
+    let mut plans = MaybeUninit::<bpf_dynptr>::uninit();
+    // SAFETY: the table is a global the program owns, valid for its whole run; the
+    // dynptr covers exactly it and is only ever read within it, by the helper.
+    let plans_made = unsafe {
+        bpf_dynptr_from_mem(
+            (&raw mut IP6_PLANS).cast(),
+            IP6_PLANS_SIZE,
+            0,
+            plans.as_mut_ptr(),
+        )
+    } == 0;
     let mut out = Out {
         d: d.as_ptr(),
+        plans: plans.as_ptr(),
+        plans_made,
         pos: 0,
         ok: true,
     };
@@ -135,6 +152,10 @@ pub(super) fn format_header(ops: *mut bpf_sock_ops, p: &mut PendingHeader) {
 struct Out {
     /// A dynptr over the header, on the stack of [`format_header`].
     d: *const bpf_dynptr,
+    /// A dynptr over [`IP6_PLANS`], on the stack of [`format_header`].
+    plans: *const bpf_dynptr,
+    /// Whether `plans` was made.
+    plans_made: bool,
     pos: u32,
     ok: bool,
 }
@@ -209,6 +230,21 @@ impl Out {
         }
     }
 
+    /// [`ip6_plan`] of `zeros`, read from [`IP6_PLANS`] (None if the helpers fail).
+    #[inline(always)]
+    fn plan_of(&self, zeros: u32) -> Option<u32> {
+        if !self.plans_made {
+            return None;
+        }
+        let mut plan = 0u32;
+        // SAFETY: the dynptr made in `format_header` over the table, read within it
+        // by the helper into a stack word.
+        let read = unsafe {
+            bpf_dynptr_read((&raw mut plan).cast(), 4, self.plans, (zeros & 0xff) * 4, 0)
+        };
+        (read == 0).then_some(plan)
+    }
+
     /// An IPv6 address exactly as Rust's `Ipv6Addr` displays it (which the relay's
     /// header uses): the first longest run of two or more zero groups as `::`.
     /// IPv4-mapped addresses never get here (their header is TCP4). What each group
@@ -218,7 +254,7 @@ impl Out {
     fn ip6(&mut self, w: [u32; 4]) {
         let g = groups(w);
         let zeros = zero_groups(&g);
-        let Some(plan) = plan_of(zeros) else {
+        let Some(plan) = self.plan_of(zeros) else {
             self.ok = false;
             return;
         };
@@ -256,16 +292,5 @@ static mut IP6_PLANS: [u32; 256] = {
     t
 };
 
-/// [`ip6_plan`] of `zeros`, read from [`IP6_PLANS`] (None if the helpers fail).
-#[inline(always)]
-fn plan_of(zeros: u32) -> Option<u32> {
-    let mut d = MaybeUninit::<bpf_dynptr>::uninit();
-    let mut plan = 0u32;
-    // SAFETY: the table is a global the program owns, valid for its whole run; the
-    // dynptr covers exactly it and is read within it, by the helper.
-    let read = unsafe {
-        bpf_dynptr_from_mem((&raw mut IP6_PLANS).cast(), 256 * 4, 0, d.as_mut_ptr()) == 0
-            && bpf_dynptr_read((&raw mut plan).cast(), 4, d.as_ptr(), (zeros & 0xff) * 4, 0) == 0
-    };
-    read.then_some(plan)
-}
+/// The size of [`IP6_PLANS`] in bytes.
+const IP6_PLANS_SIZE: u32 = 256 * 4;

@@ -16,10 +16,10 @@ use aya_ebpf::{
     macros::sk_lookup,
     programs::SkLookupContext,
 };
-use hairpin_ebpf::{AF_INET, AF_INET6, Counter, FrontendKey, Redirect, SLOT_PORT_MIN, SlotKey};
+use hairpin_ebpf::{AF_INET, AF_INET6, Counter, FrontendKey, Redirect, SLOT_PORT_MIN};
 
 use super::{
-    helpers::count,
+    helpers::{count, slot_key},
     maps::{
         HAIRPIN_BYPASS_MARK, HAIRPIN_SLOT_ADDRS4, HAIRPIN_SLOT_ADDRS6, HAIRPIN_SLOTS, relays_map,
     },
@@ -40,13 +40,9 @@ pub(super) fn slot_target(key: &FrontendKey, to: &Redirect) -> Option<[u32; 4]> 
         count(Counter::RelayUnverified);
         return None;
     };
-    let slot = SlotKey {
-        port: to.slot_port,
-        addr: to.slot_addr,
-        family: key.family,
-    };
+    let slot = slot_key(to.slot_port, to.slot_addr, key.family);
     // SAFETY: a hash lookup returns a pointer valid for this program run, or None.
-    let owner = unsafe { HAIRPIN_SLOTS.get(&slot) };
+    let owner = unsafe { HAIRPIN_SLOTS.get(slot.slot()) };
     let own = owner.is_some_and(|s| {
         s.retired == 0
             && s.listener == to.listener
@@ -203,13 +199,9 @@ pub fn hairpin_sk_lookup(ctx: SkLookupContext) -> u32 {
     if port < SLOT_PORT_MIN {
         return SK_PASS;
     }
-    let slot = SlotKey {
-        port: port.to_be(),
-        addr: index,
-        family,
-    };
+    let slot = slot_key(port.to_be(), index, family);
     // SAFETY: a hash lookup returns a pointer valid for this program run, or None.
-    let Some(owner) = (unsafe { HAIRPIN_SLOTS.get(&slot) }) else {
+    let Some(owner) = (unsafe { HAIRPIN_SLOTS.get(slot.slot()) }) else {
         return SK_PASS;
     };
     let index = u32::from(owner.listener);

@@ -29,7 +29,7 @@ use hairpin_ebpf::{
 
 use super::{
     header::format_header,
-    helpers::{count, pending_of},
+    helpers::{array_value, count, pending_of},
     maps::{HAIRPIN_FILL, pending_map, sockets_map},
 };
 
@@ -246,7 +246,7 @@ fn leaves_the_map(ops: *mut bpf_sock_ops, p: &PendingHeader, closing: bool) -> b
 /// Adds `delta` (1, or `u64::MAX` for -1) to the sockets map's fill.
 #[inline(always)]
 fn fill_add(delta: u64) {
-    if let Some(p) = HAIRPIN_FILL.get_ptr_mut(0) {
+    if let Some(p) = array_value::<_, u64>(&HAIRPIN_FILL, 0) {
         // SAFETY: a valid, aligned u64 slot shared by every CPU, only ever added to
         // atomically. The result is unused, so this is one atomic add instruction.
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, delta) };

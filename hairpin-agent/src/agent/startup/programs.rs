@@ -45,6 +45,7 @@ pub(super) fn report_datapath(
     }
     report_kernel_path(args, d, state, metrics);
     report_link_order(d, state);
+    report_capabilities(d, metrics);
     release_inherited_pins(args);
     let beating = tokio::spawn(d.heartbeat().beat_every(datapath::BEAT_EVERY)).abort_handle();
     let hb = d.heartbeat();
@@ -190,6 +191,35 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         mesh_ports: args.mesh_capture_ports.slots(),
         slot_addrs: SlotAddrs::of(&super::names::relay_addresses(args)),
     }
+}
+
+/// Exports what the kernel gives hairpin (`hairpin_kernel_capability`): the kernel
+/// path (unless `--kernel-path off` left it untried), the connect links' order, MPTCP
+/// detection and the relay's kernel splice.
+fn report_capabilities(d: &Datapath, metrics: &Metrics) {
+    use crate::status::capabilities::KernelCapability as Cap;
+    match d.kernel_path() {
+        KernelPath::On => metrics.set_kernel_capability(Cap::KernelPath, true),
+        KernelPath::Unavailable { .. } => metrics.set_kernel_capability(Cap::KernelPath, false),
+        KernelPath::Off => {}
+    }
+    metrics.set_kernel_capability(Cap::LinkOrder, d.link_order().orders());
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mptcp = match d.mptcp() {
+        datapath::Mptcp::Off => None,
+        datapath::Mptcp::MptcpSock => Some(true),
+        // The subflow's TCP_NOTSENT_LOWAT reads u32::MAX from Linux 6.7 on; before,
+        // an MPTCP subflow looks like any TCP socket to the connect programs.
+        datapath::Mptcp::NotsentLowat => {
+            Some(crate::cli::doctor::kernel_version(&release).is_some_and(|v| v >= (6, 7)))
+        }
+    };
+    if let Some(on) = mptcp {
+        metrics.set_kernel_capability(Cap::MptcpDetection, on);
+    }
+    metrics.set_kernel_capability(Cap::KernelSplice, d.splice().is_ok());
 }
 
 /// Watches the sockets maps earlier releases pinned one per agent in

@@ -103,6 +103,23 @@ pub(super) fn ebpf_object(bypass_mark: u32) -> Check {
         )
         .fix("build with `cargo xtask build`");
     };
+    // The relay's splice watches its refill ring on a tokio runtime, as in the agent:
+    // without one entered, the load would report the splice missing for want of a
+    // reactor, not of anything the kernel lacks.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Check::new(
+                "ebpf_object",
+                Status::Fail,
+                format!("cannot start a tokio runtime to load the object in: {e}"),
+            );
+        }
+    };
+    let _entered = rt.enter();
     // Load (and so verify) both programs without attaching; dropping unloads them.
     match datapath::Datapath::load(object, bypass_mark) {
         Ok(_) => Check::new(

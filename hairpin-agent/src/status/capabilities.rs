@@ -1,0 +1,90 @@
+//! `hairpin_kernel_capability`: what this node's kernel lets hairpin run, one gauge
+//! per capability (1 available, 0 not), set once the datapath is loaded. What
+//! `status` and `doctor` say in words, for alerts across a fleet of mixed kernels.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+/// A capability the kernel may lack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelCapability {
+    /// The kernel path: the header written by sock_ops and sk_msg programs.
+    KernelPath,
+    /// Cgroup links put before the other programs at the hook (`BPF_F_BEFORE`).
+    LinkOrder,
+    /// MPTCP subflows told apart (and sent to the relay) by the connect programs.
+    MptcpDetection,
+    /// The relay's bytes spliced in the kernel (sockmap stream verdict).
+    KernelSplice,
+}
+
+impl KernelCapability {
+    /// The `capability` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelCapability::KernelPath => "kernel_path",
+            KernelCapability::LinkOrder => "link_order",
+            KernelCapability::MptcpDetection => "mptcp_detection",
+            KernelCapability::KernelSplice => "kernel_splice",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapabilityLabel {
+    capability: &'static str,
+}
+
+/// The `hairpin_kernel_capability` family.
+#[derive(Clone, Debug, Default)]
+pub struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
+
+impl KernelCapabilities {
+    /// Sets `capability` to 1 (`available`) or 0.
+    pub fn set(&self, capability: KernelCapability, available: bool) {
+        self.0
+            .get_or_create(&CapabilityLabel {
+                capability: capability.name(),
+            })
+            .set(i64::from(available));
+    }
+
+    /// Registers the family into `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kernel_capability",
+            "1 for each capability this node's kernel gives hairpin, 0 for one it lacks \
+             (kernel_path, link_order: connect links ordered first, mptcp_detection, \
+             kernel_splice); `status` and `doctor` say why; none before the datapath loads",
+            self.0.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_capability_is_exported_as_set() {
+        let caps = KernelCapabilities::default();
+        caps.set(KernelCapability::KernelPath, true);
+        caps.set(KernelCapability::LinkOrder, false);
+        let mut registry = Registry::with_prefix("hairpin");
+        caps.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(
+            text.contains("hairpin_kernel_capability{capability=\"kernel_path\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hairpin_kernel_capability{capability=\"link_order\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("capability=\"mptcp_detection\""), "{text}");
+    }
+}
