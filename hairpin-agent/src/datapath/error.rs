@@ -275,6 +275,21 @@ pub fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
     })
 }
 
+/// Why connections aimed at the relay's slots cannot reach its listeners: the
+/// relay's sk_lookup program did not load.
+#[derive(Debug, thiserror::Error)]
+pub enum SteeringError {
+    /// The object has no such program (a build without it).
+    #[error("the eBPF object has no program {}", hairpin_ebpf::PROG_SK_LOOKUP)]
+    Missing,
+    /// The program is not an sk_lookup program.
+    #[error("{0}")]
+    Type(#[source] aya::programs::ProgramError),
+    /// The kernel refused it.
+    #[error("{prog} did not load (sk_lookup programs need Linux 5.9): {0}", prog = hairpin_ebpf::PROG_SK_LOOKUP)]
+    Load(#[source] aya::programs::ProgramError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,7 +58,7 @@ pub mod sys;
 pub use attach::{Adoption, Attachment};
 pub use cgroup::find_cgroup2_root;
 pub use counters::{CountersReader, Fill};
-pub use error::{DatapathError, Denial, classify_denial};
+pub use error::{DatapathError, Denial, SteeringError, classify_denial};
 pub use kernel_path::{
     KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
 };

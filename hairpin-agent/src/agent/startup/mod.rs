@@ -408,8 +408,9 @@ fn splice_config(
     let kernel = match datapath {
         Some(d) => d
             .splice()
-            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>),
-        None => Err("no eBPF datapath on this node".to_string()),
+            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>)
+            .map_err(|why| crate::relay::carry::NoKernelSplice::Unavailable(why)),
+        None => Err(crate::relay::carry::NoKernelSplice::NoDatapath),
     };
     let (cfg, status) =
         crate::relay::carry::resolve(args.relay_splice, args.relay_splice_after, kernel);

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::state::{
-    Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Start,
-    StartSeen, Stop, StopSeen, Wait,
+    Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Replace,
+    Stale, Start, StartSeen, Stop, StopSeen, Wait,
 };
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
@@ -78,12 +78,10 @@ pub fn hook(seen: &HookSeen) -> Hook {
     match (seen.wanted, &seen.pinned) {
         (true, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::NewLink,
         (true, PinnedLink::Matches) => Hook::SwapInPlace,
-        (true, PinnedLink::Stale(why)) => Hook::Replace(why.clone()),
+        (true, PinnedLink::Stale(why)) => Hook::Replace(Replace::Stale(why.clone())),
         // A new link goes before every program there: the old one is detached
         // after it, so the hook never runs without hairpin's program.
-        (true, PinnedLink::Behind(front)) => {
-            Hook::Replace(format!("{front} runs in front of it: re-created in front"))
-        }
+        (true, PinnedLink::Behind(front)) => Hook::Replace(Replace::Behind(front.clone())),
         (false, PinnedLink::Matches | PinnedLink::Stale(_) | PinnedLink::Behind(_)) => {
             Hook::DetachUnused
         }
@@ -101,26 +99,21 @@ pub fn pinned_link(role: Role, info: &sys::LinkInfo, target_id: u64) -> PinnedLi
         sys::LINK_TYPE_CGROUP
     };
     if info.link_type != expected_type {
-        PinnedLink::Stale(format!(
-            "link type {} (expected {expected_type})",
-            info.link_type
-        ))
+        PinnedLink::Stale(Stale::LinkType {
+            found: info.link_type,
+            expected: expected_type,
+        })
     } else if info.attach_type != role.attach_type().raw() {
-        PinnedLink::Stale(format!(
-            "attach type {} (expected {})",
-            info.attach_type,
-            role.attach_type().raw()
-        ))
+        PinnedLink::Stale(Stale::AttachType {
+            found: info.attach_type,
+            expected: role.attach_type().raw(),
+        })
     } else if info.target_id != target_id {
-        PinnedLink::Stale(format!(
-            "target id {} (expected {target_id}: {})",
-            info.target_id,
-            if role == Role::SkMsg {
-                "the pinned sockets map"
-            } else {
-                "this cgroup, the old one is gone or another"
-            }
-        ))
+        PinnedLink::Stale(Stale::Target {
+            found: info.target_id,
+            expected: target_id,
+            sockets_map: role == Role::SkMsg,
+        })
     } else {
         PinnedLink::Matches
     }

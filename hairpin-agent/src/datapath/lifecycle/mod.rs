@@ -29,7 +29,7 @@ pub(crate) mod takeover;
 
 pub use state::{
     Drain, DrainSeen, ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink,
-    Removal, Start, StartSeen, Stop, StopSeen, Wait,
+    Removal, Replace, Stale, Start, StartSeen, Stop, StopSeen, Wait,
 };
 pub use takeover::RETIRE_MAX;
 

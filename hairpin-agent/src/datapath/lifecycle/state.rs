@@ -7,6 +7,7 @@ use std::{fmt, path::PathBuf, time::Duration};
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
+use crate::status::ForeignProgram;
 
 /// The pin directory as a starting agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,10 +158,93 @@ pub enum PinnedLink {
     /// This hook's link (its link type, attach type and target are right).
     Matches,
     /// A link that is not this hook's, or that cannot be updated (why).
-    Stale(String),
-    /// This hook's link, but another connect program runs before it (which, named)
-    /// and this kernel orders cgroup links: hairpin's program is to run first.
-    Behind(String),
+    Stale(Stale),
+    /// This hook's link, but other connect programs run before it (these) and this
+    /// kernel orders cgroup links: hairpin's program is to run first.
+    Behind(Vec<ForeignProgram>),
+}
+
+/// Why a pinned link is not this hook's, or can no longer serve it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// Its link type (`BPF_LINK_TYPE_*`) is not the hook's.
+    LinkType {
+        /// The link's.
+        found: u32,
+        /// The hook's.
+        expected: u32,
+    },
+    /// Its attach type is not the hook's (the kernel checks neither on update).
+    AttachType {
+        /// The link's.
+        found: u32,
+        /// The hook's.
+        expected: u32,
+    },
+    /// It is linked elsewhere: another cgroup (0: the old one is gone), or another
+    /// sockets map for sk_msg.
+    Target {
+        /// The link's target id.
+        found: u64,
+        /// This cgroup's id, or the pinned sockets map's.
+        expected: u64,
+        /// Whether the target is the sockets map (sk_msg).
+        sockets_map: bool,
+    },
+    /// The kernel says it can no longer be updated (`ENOLINK`): its cgroup is gone.
+    Gone,
+}
+
+impl fmt::Display for Stale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stale::LinkType { found, expected } => {
+                write!(f, "link type {found} (expected {expected})")
+            }
+            Stale::AttachType { found, expected } => {
+                write!(f, "attach type {found} (expected {expected})")
+            }
+            Stale::Target {
+                found,
+                expected,
+                sockets_map,
+            } => write!(
+                f,
+                "target id {found} (expected {expected}: {})",
+                if *sockets_map {
+                    "the pinned sockets map"
+                } else {
+                    "this cgroup, the old one is gone or another"
+                }
+            ),
+            Stale::Gone => f.write_str("update: the link's target is gone (ENOLINK)"),
+        }
+    }
+}
+
+/// Why a wanted hook's pinned link is replaced by a new one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// It is not this hook's, or cannot be updated.
+    Stale(Stale),
+    /// Other connect programs run in front of it: the new link goes before them.
+    Behind(Vec<ForeignProgram>),
+}
+
+impl fmt::Display for Replace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Replace::Stale(why) => why.fmt(f),
+            Replace::Behind(front) => {
+                let names: Vec<String> = front.iter().map(ToString::to_string).collect();
+                write!(
+                    f,
+                    "{} runs in front of it: re-created in front",
+                    names.join(", ")
+                )
+            }
+        }
+    }
 }
 
 /// One hook, as the agent finds it while linking.
@@ -187,8 +271,8 @@ pub enum Hook {
     /// The pinned link's program swapped for this agent's in place
     /// (`BPF_LINK_UPDATE`, compare-and-swap): the hook never runs without one.
     SwapInPlace,
-    /// A new link first, then the stale one detached (why it is stale).
-    Replace(String),
+    /// A new link first, then the stale one detached (why).
+    Replace(Replace),
     /// An earlier agent's link this agent does not use: detached and unpinned.
     DetachUnused,
     /// Nothing there and nothing wanted.
