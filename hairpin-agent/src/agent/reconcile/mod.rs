@@ -181,7 +181,7 @@ impl Slots for SlotTable {
 
 impl RedirectMap for FrontendsMap {
     fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError> {
-        let kernel = FrontendsMap::insert_frontend(
+        let kernel = FrontendsMap::insert(
             self,
             frontend.addr(),
             slot,
@@ -210,7 +210,7 @@ impl RedirectMap for FrontendsMap {
     }
 
     fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), FrontendError> {
-        FrontendsMap::insert(self, dialled, slot).map_err(|e| FrontendError::Map(e.to_string()))
+        FrontendsMap::redirect(self, dialled, slot).map_err(|e| FrontendError::Map(e.to_string()))
     }
 
     fn retain(&mut self, live: &BTreeSet<SocketAddr>) {
