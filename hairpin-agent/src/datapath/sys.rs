@@ -97,6 +97,7 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
 /// `attr` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, zeroed beyond
 /// the fields set, and every address in it must be valid for what `cmd` reads or
 /// writes there (instructions, a license, a log buffer) for the whole call.
+#[cfg(feature = "testing")]
 pub unsafe fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     bpf(cmd, attr).map(new_fd)
 }
