@@ -205,7 +205,7 @@ pub(super) fn denied(e: DatapathError) -> DatapathError {
 
 /// Why bpf() answered EPERM, as far as /proc/self/status tells.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Denial {
+pub(super) enum Denial {
     /// The capabilities were effective and a seccomp filter is installed
     /// (`Seccomp: 2`): the filter is the likely cause.
     Seccomp {
@@ -233,7 +233,7 @@ const CAP_BPF: u32 = 39;
 /// object needs CAP_BPF (or CAP_SYS_ADMIN) for the maps and programs, and CAP_NET_ADMIN
 /// (or CAP_SYS_ADMIN) for the cgroup sock_addr program type; with those effective, an
 /// EPERM under a seccomp filter (`Seccomp: 2`) is the filter's.
-pub fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
+pub(super) fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
     if errno != nix::errno::Errno::EPERM as i32 {
         return None;
     }

@@ -128,7 +128,7 @@ impl fmt::Display for KernelPath {
 
 /// What a frontends map value does with a connect, for `dump`: `kernel v1`,
 /// `kernel v2`, `relay`, `relay (server speaks first)` or `relay (hairpin.dev/path)`.
-pub fn describe(value: &Redirect) -> &'static str {
+pub(super) fn describe(value: &Redirect) -> &'static str {
     match value.header {
         HEADER_V1 => "kernel v1",
         HEADER_V2 => "kernel v2",
@@ -140,7 +140,7 @@ pub fn describe(value: &Redirect) -> &'static str {
 
 /// The frontends map `id` with what each entry does: frontend, its slot and
 /// [`describe`]'s words, in frontend order.
-pub fn read_frontend_paths(
+pub(crate) fn read_frontend_paths(
     id: u32,
 ) -> Result<Vec<(SocketAddr, SlotRef, &'static str)>, super::kernel_objects::KernelObjectsError> {
     use aya::maps::{HashMap, Map, MapData};
@@ -172,7 +172,10 @@ const FILL_POLL: Duration = Duration::from_millis(20);
 /// deadline are established and not yet written: the datapath is being removed, so
 /// they never get their header (the map and sk_msg go). Logged as such; their count
 /// is returned. (A datapath kept for the next agent is not drained at all.)
-pub async fn drain_kernel_sockets(read: impl Fn() -> Fill, deadline: tokio::time::Instant) -> u64 {
+pub(crate) async fn drain_kernel_sockets(
+    read: impl Fn() -> Fill,
+    deadline: tokio::time::Instant,
+) -> u64 {
     let started = tokio::time::Instant::now();
     let first = read();
     tracing::info!(

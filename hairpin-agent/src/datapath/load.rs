@@ -74,7 +74,7 @@ pub struct Datapath {
 }
 
 /// How MPTCP subflows are told apart at connect.
-pub use crate::status::MptcpDetection as Mptcp;
+pub(super) use crate::status::MptcpDetection as Mptcp;
 
 /// What [`start`] came to.
 // A Datapath is large and a Wait small, but this is returned once per attempt.
@@ -82,7 +82,7 @@ pub use crate::status::MptcpDetection as Mptcp;
     clippy::large_enum_variant,
     reason = "returned once per start attempt, never stored in bulk"
 )]
-pub enum Started {
+pub(crate) enum Started {
     /// Loaded (not attached yet), and how: fresh, adopted, after a takeover, unpinned.
     Loaded {
         /// The datapath.
@@ -96,7 +96,7 @@ pub enum Started {
 
 /// Observes the node, decides (the lifecycle's start), and loads `object` as
 /// decided (nothing attached yet), or says what to wait for.
-pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
+pub(crate) fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
     match decide_start(opts) {
         Decided::Wait(wait) => Ok(Started::Waiting(wait)),
         Decided::Load {

@@ -11,7 +11,7 @@ use crate::status::ForeignProgram;
 
 /// The pin directory as a starting agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinDirSeen {
+pub(crate) enum PinDirSeen {
     /// No `--bpf-pin-dir`: the datapath is this process's own.
     Off,
     /// Locked by this agent: it owns the node's datapath now.
@@ -24,7 +24,7 @@ pub enum PinDirSeen {
 
 /// A datapath of another pin layout found in the pin directory (links pinned there).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignLayout {
+pub(crate) struct ForeignLayout {
     /// Its directory, `<pin dir>/v<N>`.
     pub dir: PathBuf,
     /// Its heartbeat, which every layout keeps in the same shape.
@@ -33,7 +33,7 @@ pub struct ForeignLayout {
 
 impl ForeignLayout {
     /// Its directory's name, `v<N>`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.dir
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
@@ -42,7 +42,7 @@ impl ForeignLayout {
 
 /// What a starting agent observes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StartSeen {
+pub(crate) struct StartSeen {
     /// The pin directory.
     pub pins: PinDirSeen,
     /// Where it is (`--bpf-pin-dir`), when there is one.
@@ -55,7 +55,7 @@ pub struct StartSeen {
 
 /// What a starting agent does.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Waits, not ready, and says why in the log and `status`; observes again later.
     Wait(Wait),
     /// Loads and links.
@@ -65,7 +65,7 @@ pub enum Start {
 /// Why a starting agent waits. Waiting is a state of the lifecycle, never an error:
 /// the running datapath is neither broken nor silently taken over meanwhile.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Wait {
+pub(crate) enum Wait {
     /// Another agent holds the pin directory's lock.
     ForLock {
         /// The pin directory.
@@ -88,7 +88,7 @@ impl fmt::Display for Wait {
 
 /// How a starting agent goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Go {
+pub(crate) enum Go {
     /// Nothing pinned: every map made and pinned, every hook linked anew.
     Fresh,
     /// An earlier agent's datapath of this layout: its maps reused as they are, its
@@ -150,7 +150,7 @@ impl fmt::Display for Go {
 
 /// What is pinned at a hook's link pin, as the agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinnedLink {
+pub(crate) enum PinnedLink {
     /// The datapath is not pinned: there is nothing to look at.
     NotPinning,
     /// Nothing pinned there.
@@ -249,7 +249,7 @@ impl fmt::Display for Replace {
 
 /// One hook, as the agent finds it while linking.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HookSeen {
+pub(crate) struct HookSeen {
     /// The hook.
     pub role: Role,
     /// Whether this agent runs a program there.
@@ -265,7 +265,7 @@ pub struct HookSeen {
 
 /// What the agent does at one hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     /// A new link (pinned when the datapath is).
     NewLink,
     /// The pinned link's program swapped for this agent's in place
@@ -288,7 +288,7 @@ pub enum Hook {
 
 /// A hook's link could not be made: what of the datapath goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkFailed {
+pub(crate) enum LinkFailed {
     /// A kernel path hook: the kernel path is unavailable, what of it was linked
     /// goes again, and every frontend takes the relay path.
     RelayPathOnly,
@@ -298,7 +298,7 @@ pub enum LinkFailed {
 
 /// What a stopping agent observes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StopSeen {
+pub(crate) struct StopSeen {
     /// Whether the datapath is pinned (it would outlive the process).
     pub pinned: bool,
     /// Whether the API server says the agents are being uninstalled.
@@ -346,7 +346,7 @@ impl fmt::Display for Stop {
 /// The kernel path's sockets as a removal drains them, once the connect programs
 /// are detached (sock_ops and sk_msg still on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainSeen {
+pub(crate) struct DrainSeen {
     /// The sockets map's fill.
     pub fill: Fill,
     /// How long the drain has waited.
@@ -357,7 +357,7 @@ pub struct DrainSeen {
 
 /// The next step of a drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drain {
+pub(crate) enum Drain {
     /// Sockets still wait for their header, or a handshake may still be under way.
     Wait,
     /// Every header is out: sock_ops and sk_msg may go.

@@ -4,7 +4,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use super::decide;
-use super::*;
+use super::state::*;
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
