@@ -265,7 +265,7 @@ pub(super) fn report_kernel_path(
             sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
             sockets_map_pin: d.sockets_pin().map(|p| p.display().to_string()),
             sockets_map_pin_error: match d.pin() {
-                datapath::Pin::Failed(why) => Some(why.clone()),
+                datapath::Pin::Failed(why) => Some(why.to_string()),
                 _ => None,
             },
             mptcp_detection: Some(d.mptcp()),
@@ -278,7 +278,7 @@ pub(super) fn report_kernel_path(
                 _ => None,
             },
             pin_error: match d.pin() {
-                datapath::Pin::Failed(why) => Some(why.clone()),
+                datapath::Pin::Failed(why) => Some(why.to_string()),
                 _ => None,
             },
             layout: args.pin_layout,

@@ -6,6 +6,7 @@ use std::{fmt, path::PathBuf, time::Duration};
 
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::pin::Unusable;
 use crate::datapath::role::Role;
 use crate::status::ForeignProgram;
 
@@ -19,7 +20,7 @@ pub(crate) enum PinDirSeen {
     /// Another process holds its lock: another agent owns the node's datapath.
     Busy,
     /// It cannot be used (why): not a bpf filesystem, not writable.
-    Unusable(String),
+    Unusable(Unusable),
 }
 
 /// A datapath of another pin layout found in the pin directory (links pinned there).
@@ -118,7 +119,7 @@ pub(crate) enum Go {
     },
     /// Nothing pinned and nothing to pin: the datapath goes with this process
     /// (`None`: no pin directory asked for; else why it cannot be used).
-    Unpinned(Option<String>),
+    Unpinned(Option<Unusable>),
 }
 
 impl fmt::Display for Go {

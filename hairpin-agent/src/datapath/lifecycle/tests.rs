@@ -43,14 +43,10 @@ fn without_a_pin_dir_the_datapath_is_the_processs_own() {
 
 #[test]
 fn an_unusable_pin_dir_leaves_the_datapath_unpinned_and_says_why() {
-    let s = seen(
-        PinDirSeen::Unusable("not on a bpf filesystem".into()),
-        false,
-        vec![],
-    );
+    let s = seen(PinDirSeen::Unusable(not_bpffs()), false, vec![]);
     assert_eq!(
         decide::start(&s),
-        Start::Go(Go::Unpinned(Some("not on a bpf filesystem".into())))
+        Start::Go(Go::Unpinned(Some(not_bpffs())))
     );
 }
 
@@ -396,4 +392,11 @@ fn a_drain_gives_up_at_the_deadline_with_the_sockets_left_unwritten() {
     assert_eq!(drain(4, 0, 30_000, true), Drain::GiveUp { unwritten: 4 });
     assert_eq!(drain(0, 2, 100, true), Drain::GiveUp { unwritten: 0 });
     assert_eq!(drain(0, 0, 30_000, true), Drain::Done);
+}
+
+fn not_bpffs() -> crate::datapath::pin::Unusable {
+    crate::datapath::pin::Unusable::new(crate::datapath::pin::PinError::NotBpffs {
+        path: PathBuf::from("/tmp/pins"),
+        found: 0x0102_1994,
+    })
 }

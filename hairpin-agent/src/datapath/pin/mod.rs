@@ -27,6 +27,7 @@ use std::{
     io,
     os::fd::AsFd,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -102,6 +103,28 @@ pub(crate) enum PinError {
         source: io::Error,
     },
 }
+
+/// Why the pin directory cannot be used ([`PinError`]), shared by the lifecycle's
+/// states and `status`, which carry it as it is.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Unusable(Arc<PinError>);
+
+impl Unusable {
+    /// `e`, shared.
+    pub(crate) fn new(e: PinError) -> Unusable {
+        Unusable(Arc::new(e))
+    }
+}
+
+/// Equal when they say the same: an I/O error has no equality of its own.
+impl PartialEq for Unusable {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Unusable {}
 
 mod owner;
 pub(crate) use owner::{PinOwner, secure};
@@ -590,7 +613,7 @@ pub enum Pin {
     /// Pinned here: links and maps outlive the process.
     Pinned(PathBuf),
     /// Pinning failed, and why: the datapath is the process's own.
-    Failed(String),
+    Failed(Unusable),
 }
 
 #[cfg(test)]
@@ -651,7 +674,7 @@ pub(crate) enum Pinning {
     /// No pin directory: the links and maps are the process's own.
     Off,
     /// Pinning failed, and why: the datapath is the process's own.
-    Failed(String),
+    Failed(Unusable),
     /// Pinned in this directory, locked by this process.
     Pinned(PinDir),
 }
