@@ -185,7 +185,7 @@ impl NodeIps {
 /// (none with the frontends file), and the names scope (with the API server's
 /// names refused).
 struct Source {
-    desired: source::DesiredRx,
+    desired: crate::k8s::desired::DesiredRx,
     name: String,
     kube: Option<kube::Client>,
     scope: NameScope,
