@@ -9,7 +9,7 @@ use std::{
 use hairpin_agent::{
     k8s::{
         self,
-        source::{Desired, DesiredRx},
+        desired::{Desired, DesiredRx},
         watch::KubeSource,
     },
     names::scope::NameScope,

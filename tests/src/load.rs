@@ -1,5 +1,5 @@
 //! Scaffolding for the reliability suite: the `hairpin-load` upstream and clients
-//! (see `src/bin/hairpin-load.rs`) on a [`SimNode`], and what the suite reads about
+//! (see `src/bin/hairpin-load/`) on a [`SimNode`], and what the suite reads about
 //! the agent process (resident memory, open descriptors).
 
 use std::{

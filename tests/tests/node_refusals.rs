@@ -14,7 +14,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use hairpin_agent::{
-    k8s::{self, source::Desired, watch::KubeSource},
+    k8s::{self, desired::Desired, watch::KubeSource},
     names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
 };
 use hairpin_tests::{

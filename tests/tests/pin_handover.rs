@@ -18,7 +18,7 @@ use std::{
     },
 };
 
-use hairpin_agent::datapath::pin::{PinOwner, remove_layout, secure};
+use hairpin_agent::datapath::handover::{remove_layout, secure};
 use hairpin_tests::require_privileges;
 
 /// How many hand-overs race the link.
@@ -106,10 +106,7 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
         Victim::new(bpffs.dir.join("cni"), 0o700),
     ]);
     reset(&root);
-    let owner = PinOwner {
-        uid: 60_104,
-        gid: 60_104,
-    };
+    let owner = (60_104, 60_104);
 
     let (paused, parked, stop) = (
         Arc::new(AtomicBool::new(true)),
@@ -170,7 +167,7 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
         while parked.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
-        match secure(&root, owner) {
+        match secure(&root, owner.0, owner.1) {
             Ok(_) => handed += 1,
             Err(_) => refused += 1,
         }
@@ -199,7 +196,7 @@ fn a_link_planted_between_check_and_chown_never_hands_over_anything_outside() {
     );
     // Unraced, the hand-over completes and hands over the agent's directories.
     reset(&root);
-    secure(&root, owner).expect("hand-over without a racer");
+    secure(&root, owner.0, owner.1).expect("hand-over without a racer");
     let m = fs::metadata(root.join("v1/maps")).expect("maps");
     assert_eq!(
         (m.uid(), m.gid(), m.mode() & 0o7777),

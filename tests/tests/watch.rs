@@ -9,7 +9,7 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::{self, source::Desired, watch::KubeSource},
+    k8s::{self, desired::Desired, watch::KubeSource},
     names::scope::NameScope,
     status::metrics::Metrics,
 };

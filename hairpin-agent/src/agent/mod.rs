@@ -35,11 +35,11 @@ use std::{
 use tokio::{signal::unix::Signal, time::Interval};
 use tracing::{debug, info, warn};
 
+use crate::k8s::desired::{Desired, DesiredRx, ToApply, ToReport};
 use args::RunArgs;
 use mode::Plan;
 use reconcile::{Backoff, Reconciler, Trigger};
 use report::NamePaths;
-use source::{Desired, DesiredRx, ToApply, ToReport};
 
 use crate::{
     datapath::{

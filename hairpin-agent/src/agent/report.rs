@@ -170,7 +170,6 @@ mod tests {
 
     use super::*;
     use crate::{
-        agent::reconcile::FrontendError,
         model::{Frontend, ProxyVersion},
         names::hostname::Hostname,
     };
@@ -245,14 +244,14 @@ mod tests {
                 "203.0.113.11:80".parse().expect("a"),
                 Failed {
                     frontend: fe("203.0.113.11:80"),
-                    error: FrontendError::MapFull("full".into()),
+                    error: crate::agent::reconcile::tests::map_full(),
                 },
             ),
             (
                 "203.0.113.12:80".parse().expect("a"),
                 Failed {
                     frontend: fe("203.0.113.12:80"),
-                    error: FrontendError::Slot("no slot for now".into()),
+                    error: crate::agent::reconcile::tests::no_slot(),
                 },
             ),
         ]);
@@ -279,13 +278,15 @@ mod tests {
                 )
             })
             .collect();
+        let full = crate::agent::reconcile::tests::map_full().to_string();
+        let no_slot = crate::agent::reconcile::tests::no_slot().to_string();
         assert_eq!(
             got,
             [
-                "203.0.113.10:80 Active ebpf,hosts None None",
-                "203.0.113.13:80 Active kernel None None",
-                "203.0.113.11:80 Failed none Some(OnChange) Some(\"full\")",
-                "203.0.113.12:80 Failed none Some(Backoff) Some(\"no slot for now\")",
+                "203.0.113.10:80 Active ebpf,hosts None None".to_string(),
+                "203.0.113.13:80 Active kernel None None".to_string(),
+                format!("203.0.113.11:80 Failed none Some(OnChange) Some({full:?})"),
+                format!("203.0.113.12:80 Failed none Some(Backoff) Some({no_slot:?})"),
             ]
         );
     }

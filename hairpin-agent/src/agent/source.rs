@@ -23,7 +23,7 @@ use crate::{
     status::{AgentState, metrics::Metrics},
 };
 
-pub use crate::k8s::source::{Desired, DesiredRx, ToApply, ToReport};
+use crate::k8s::desired::{Desired, DesiredRx, ToApply, ToReport};
 
 /// The frontends file now, then on every change; `name` is the source's name in
 /// `/status`; its `hosts` are routed within `scope`. A file that does not load now

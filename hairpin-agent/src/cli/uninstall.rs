@@ -384,13 +384,27 @@ fn deleted(name: &'static str, object: String, r: Result<(), kube::Error>) -> Cl
     }
 }
 
+/// Why a workload was not seen gone.
+#[derive(Debug, thiserror::Error)]
+enum NotGone {
+    /// Still there at the deadline.
+    #[error("{what} still exists: its pods have not all exited")]
+    Deadline {
+        /// The workload.
+        what: String,
+    },
+    /// The API server could not be asked.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// Reads `name` until the API server says 404, or the deadline.
 async fn await_absent<K>(
     api: Api<K>,
     name: &str,
     what: &str,
     deadline: Instant,
-) -> Result<(), String>
+) -> Result<(), NotGone>
 where
     K: Clone + DeserializeOwned + fmt::Debug,
 {
@@ -398,10 +412,12 @@ where
         match api.get_opt(name).await {
             Ok(None) => return Ok(()),
             Ok(Some(_)) if Instant::now() >= deadline => {
-                return Err(format!("{what} still exists: its pods have not all exited"));
+                return Err(NotGone::Deadline {
+                    what: what.to_string(),
+                });
             }
             Ok(Some(_)) => info!(object = what, "waiting for its pods to exit"),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
         tokio::time::sleep(POLL).await;
     }
@@ -419,7 +435,7 @@ async fn await_gone(client: &Client, w: &Workload, deadline: Instant) -> Cleanup
     };
     match r {
         Ok(()) => step("stopped", what, Outcome::Removed, None),
-        Err(e) => step("stopped", what, Outcome::Failed, Some(e)),
+        Err(e) => step("stopped", what, Outcome::Failed, Some(e.to_string())),
     }
 }
 

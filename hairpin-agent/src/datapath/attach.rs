@@ -7,6 +7,7 @@
 
 use std::{fmt, os::fd::OwnedFd, path::PathBuf};
 
+use super::lifecycle::state::Replace;
 use super::role::Role;
 
 /// Where the programs are attached, and through which links.
@@ -42,7 +43,7 @@ pub enum Adoption {
     Swapped,
     /// A pinned link was not what this hook needs (why): a new link was made and
     /// the old one detached after it.
-    Replaced(String),
+    Replaced(Replace),
     /// Another layout's link, handed over (its layout named): this agent's program
     /// swapped into it in place, and pinned as this layout's.
     TakenOver(String),

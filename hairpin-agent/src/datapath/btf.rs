@@ -17,11 +17,11 @@
 use std::fmt;
 
 /// Where the running kernel has `sysfs` publish its own BTF.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(super) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Byte offsets in `struct tcp_sock` of the running kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FastOpenFields {
+pub(super) struct FastOpenFields {
     /// Of `fastopen_req` (a pointer, 8 bytes): non-null while a `sendto(MSG_FASTOPEN)`
     /// is connecting.
     pub req: u32,
@@ -33,7 +33,7 @@ pub struct FastOpenFields {
 
 /// Why the fields could not be found.
 #[derive(Debug, PartialEq, Eq)]
-pub struct BtfError(String);
+pub(super) struct BtfError(String);
 
 impl fmt::Display for BtfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -48,14 +48,14 @@ fn err<T>(what: impl Into<String>) -> Result<T, BtfError> {
 }
 
 /// [`FastOpenFields`] of the running kernel, from [`VMLINUX_BTF`].
-pub fn running_kernel_fast_open_fields() -> Result<FastOpenFields, BtfError> {
+pub(super) fn running_kernel_fast_open_fields() -> Result<FastOpenFields, BtfError> {
     let data =
         std::fs::read(VMLINUX_BTF).or_else(|e| err(format!("cannot read {VMLINUX_BTF}: {e}")))?;
     fast_open_fields(&data).map_err(|e| BtfError(format!("{VMLINUX_BTF}: {e}")))
 }
 
 /// [`FastOpenFields`] from the BTF blob `data`.
-pub fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfError> {
+pub(super) fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfError> {
     if cfg!(target_endian = "big") {
         // Bitfields are laid out from the most significant bit there; the mask below
         // assumes little-endian bit numbering.

@@ -205,7 +205,7 @@ pub(super) fn denied(e: DatapathError) -> DatapathError {
 
 /// Why bpf() answered EPERM, as far as /proc/self/status tells.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Denial {
+pub(super) enum Denial {
     /// The capabilities were effective and a seccomp filter is installed
     /// (`Seccomp: 2`): the filter is the likely cause.
     Seccomp {
@@ -233,7 +233,7 @@ const CAP_BPF: u32 = 39;
 /// object needs CAP_BPF (or CAP_SYS_ADMIN) for the maps and programs, and CAP_NET_ADMIN
 /// (or CAP_SYS_ADMIN) for the cgroup sock_addr program type; with those effective, an
 /// EPERM under a seccomp filter (`Seccomp: 2`) is the filter's.
-pub fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
+pub(super) fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
     if errno != nix::errno::Errno::EPERM as i32 {
         return None;
     }
@@ -273,6 +273,21 @@ pub fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
         effective,
         no_new_privs,
     })
+}
+
+/// Why connections aimed at the relay's slots cannot reach its listeners: the
+/// relay's sk_lookup program did not load.
+#[derive(Debug, thiserror::Error)]
+pub enum SteeringError {
+    /// The object has no such program (a build without it).
+    #[error("the eBPF object has no program {}", hairpin_ebpf::PROG_SK_LOOKUP)]
+    Missing,
+    /// The program is not an sk_lookup program.
+    #[error("{0}")]
+    Type(#[source] aya::programs::ProgramError),
+    /// The kernel refused it.
+    #[error("{prog} did not load (sk_lookup programs need Linux 5.9): {0}", prog = hairpin_ebpf::PROG_SK_LOOKUP)]
+    Load(#[source] aya::programs::ProgramError),
 }
 
 #[cfg(test)]

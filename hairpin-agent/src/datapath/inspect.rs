@@ -26,7 +26,7 @@ use super::sys;
 
 /// Why a pinned map could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum InspectError {
+pub(crate) enum InspectError {
     /// The pin could not be opened (absent, or no access to it).
     #[error("failed to open {}: {source}", path.display())]
     Open {
@@ -46,7 +46,7 @@ pub enum InspectError {
 }
 
 /// The map pinned at `path`, opened read-only.
-pub fn open_map_read_only(path: &Path) -> Result<Map, InspectError> {
+pub(crate) fn open_map_read_only(path: &Path) -> Result<Map, InspectError> {
     let fd = sys::open_pinned_read_only(path).map_err(|source| InspectError::Open {
         path: path.to_path_buf(),
         source,
@@ -107,7 +107,7 @@ pub struct PinnedDatapath {
 }
 
 /// Every layout pinned under `root`, read; empty when nothing is pinned there.
-pub fn read_pinned(root: &Path) -> Vec<PinnedDatapath> {
+pub(crate) fn read_pinned(root: &Path) -> Vec<PinnedDatapath> {
     let Ok(entries) = std::fs::read_dir(root) else {
         return Vec::new();
     };
@@ -172,7 +172,7 @@ fn read_link(path: &Path, hook: &str) -> Option<PinnedLink> {
 }
 
 /// The heartbeat pinned at `path`, read-only.
-pub fn heartbeat_state(path: &Path) -> HeartbeatState {
+pub(crate) fn heartbeat_state(path: &Path) -> HeartbeatState {
     let Ok(map) = open_map_read_only(path) else {
         return HeartbeatState::Unreadable;
     };
@@ -186,7 +186,7 @@ pub fn heartbeat_state(path: &Path) -> HeartbeatState {
 }
 
 /// The counters map pinned at `path`, summed over CPUs.
-pub fn read_counters(path: &Path) -> Result<Vec<(&'static str, u64)>, InspectError> {
+pub(crate) fn read_counters(path: &Path) -> Result<Vec<(&'static str, u64)>, InspectError> {
     let map = PerCpuArray::<MapData, u64>::try_from(open_map_read_only(path)?).map_err(|e| {
         InspectError::Read {
             path: path.to_path_buf(),
@@ -197,7 +197,7 @@ pub fn read_counters(path: &Path) -> Result<Vec<(&'static str, u64)>, InspectErr
 }
 
 /// The frontends map pinned at `path`, sorted.
-pub fn read_frontends(path: &Path) -> Result<Vec<FrontendEntry>, InspectError> {
+pub(crate) fn read_frontends(path: &Path) -> Result<Vec<FrontendEntry>, InspectError> {
     let map: HashMap<MapData, FrontendKey, Redirect> = HashMap::try_from(open_map_read_only(path)?)
         .map_err(|e| InspectError::Read {
             path: path.to_path_buf(),

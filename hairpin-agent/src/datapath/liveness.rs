@@ -15,16 +15,16 @@ use super::error::{DatapathError, map_error};
 
 /// Default of `--datapath-ttl`: how long the connect programs act after the last
 /// heartbeat; long enough for an upgrade that pulls an image.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
+pub(super) const DEFAULT_TTL: Duration = Duration::from_secs(600);
 
 /// How often a running agent writes the datapath's heartbeat. Its own constant: the
 /// run loop's beat for `/healthz` (`status::HEARTBEAT_EVERY`) is another clock.
-pub const BEAT_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const BEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// The fewest beats a `--datapath-ttl` must span: a TTL shorter than a few beats
 /// would let one late write (a busy node, a paused process) make a running agent's
 /// datapath inert.
-pub const MIN_TTL_BEATS: u32 = 5;
+pub(super) const MIN_TTL_BEATS: u32 = 5;
 
 /// `--datapath-ttl` shorter than [`MIN_TTL_BEATS`] heartbeats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -33,7 +33,7 @@ pub const MIN_TTL_BEATS: u32 = 5;
      one late beat would make the running agent's datapath inert",
     .ttl.as_secs_f64(), .min.as_secs_f64(), BEAT_EVERY.as_secs_f64()
 )]
-pub struct TtlTooShort {
+pub(crate) struct TtlTooShort {
     /// The TTL asked for.
     pub ttl: Duration,
     /// The shortest allowed.
@@ -41,7 +41,7 @@ pub struct TtlTooShort {
 }
 
 /// Refuses a TTL shorter than [`MIN_TTL_BEATS`] beats of [`BEAT_EVERY`].
-pub fn check_ttl(ttl: Duration) -> Result<Duration, TtlTooShort> {
+pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration, TtlTooShort> {
     let min = BEAT_EVERY * MIN_TTL_BEATS;
     if ttl < min {
         Err(TtlTooShort { ttl, min })

@@ -14,6 +14,7 @@ use std::{
     net::SocketAddr,
     os::fd::AsFd,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use aya::{Ebpf, EbpfLoader, programs::CgroupSockAddr};
@@ -29,7 +30,7 @@ use super::adopt;
 use super::attach::Attachment;
 use super::btf;
 use super::counters::CountersReader;
-use super::error::{DatapathError, load_error, program_error};
+use super::error::{DatapathError, SteeringError, load_error, program_error};
 use super::events::{EventsReader, events_level};
 use super::kernel_path::{self, KernelPath};
 use super::lifecycle::execute::Links;
@@ -47,7 +48,7 @@ use super::pin::{Pin, PinDir, Pinning};
 use super::programs::Programs;
 use super::role::Role;
 use super::slots::{SlotTable, Slots, SlotsReader};
-use super::splice::{self, Splice};
+use super::splice::{self, Splice, SpliceError};
 use crate::status::LinkOrderStatus;
 #[cfg(hairpin_ebpf_embedded)]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hairpin-ebpf.o"));
@@ -69,11 +70,11 @@ pub struct Datapath {
     liveness: Liveness,
     slots: Slots,
     /// The relay's kernel splice, or why there is none.
-    splice: Result<Splice, String>,
+    splice: Result<Splice, Arc<SpliceError>>,
 }
 
 /// How MPTCP subflows are told apart at connect.
-pub use crate::status::MptcpDetection as Mptcp;
+pub(super) use crate::status::MptcpDetection as Mptcp;
 
 /// What [`start`] came to.
 // A Datapath is large and a Wait small, but this is returned once per attempt.
@@ -81,7 +82,7 @@ pub use crate::status::MptcpDetection as Mptcp;
     clippy::large_enum_variant,
     reason = "returned once per start attempt, never stored in bulk"
 )]
-pub enum Started {
+pub(crate) enum Started {
     /// Loaded (not attached yet), and how: fresh, adopted, after a takeover, unpinned.
     Loaded {
         /// The datapath.
@@ -95,7 +96,7 @@ pub enum Started {
 
 /// Observes the node, decides (the lifecycle's start), and loads `object` as
 /// decided (nothing attached yet), or says what to wait for.
-pub fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
+pub(crate) fn start(object: &[u8], opts: &LoadOptions) -> Result<Started, DatapathError> {
     match decide_start(opts) {
         Decided::Wait(wait) => Ok(Started::Waiting(wait)),
         Decided::Load {
@@ -212,7 +213,7 @@ impl Datapath {
 
     /// Whether connections aimed at the relay's slots can reach its listeners: why
     /// not, when the sk_lookup program did not load.
-    pub fn steering(&self) -> Result<(), &str> {
+    pub fn steering(&self) -> Result<(), &SteeringError> {
         self.programs.steering()
     }
 
@@ -366,7 +367,7 @@ impl Datapath {
     }
 
     /// The relay's kernel splice, or why this datapath offers none.
-    pub fn splice(&self) -> Result<Splice, String> {
+    pub fn splice(&self) -> Result<Splice, Arc<SpliceError>> {
         self.splice.clone()
     }
 }
@@ -494,14 +495,14 @@ fn load_connect_programs(
 
 /// Loads the relay's sk_lookup program (not attached yet: see
 /// [`Datapath::steer_slots`]); why not, when it does not (Linux before 5.9).
-fn load_sk_lookup(ebpf: &mut Ebpf) -> Result<(), String> {
+fn load_sk_lookup(ebpf: &mut Ebpf) -> Result<(), SteeringError> {
     let program: &mut aya::programs::SkLookup = ebpf
         .program_mut(PROG_SK_LOOKUP)
-        .ok_or_else(|| format!("the eBPF object has no program {PROG_SK_LOOKUP}"))?
+        .ok_or(SteeringError::Missing)?
         .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+        .map_err(SteeringError::Type)?;
     program.load().map_err(|e| {
-        let why = format!("{PROG_SK_LOOKUP} did not load (sk_lookup programs need Linux 5.9): {e}");
+        let why = SteeringError::Load(e);
         tracing::warn!(reason = %why, "the relay path is unavailable: connects to relayed frontends go as before hairpin");
         why
     })

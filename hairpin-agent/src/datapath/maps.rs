@@ -76,18 +76,17 @@ impl FrontendsMap {
         &self.kernel_path
     }
 
-    /// Redirects connects to `frontend` to `slot` (the relay path, whatever the
+    /// Redirects connects to `dialled` to `slot` (the relay path, whatever the
     /// kernel path's state): the names ports' entries.
-    pub fn insert(&mut self, frontend: SocketAddr, slot: SlotRef) -> Result<(), DatapathError> {
-        self.insert_value(frontend, Redirect::new(slot, 0))
+    pub fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), DatapathError> {
+        self.insert_value(dialled, Redirect::new(slot, 0))
     }
 
-    /// As [`FrontendsMap::insert`] for a frontend whose ingress expects `version`
-    /// headers: with the kernel path on, a client that speaks `first` and `path`
-    /// `auto`, the kernel writes them on the client's own socket and the slot is
-    /// the fallback; otherwise (off, unavailable, a server that speaks first, or the
+    /// Redirects connects to `frontend`, whose ingress expects `version` headers:
+    /// with the kernel path on, a client that speaks `first` and `path` `auto`, the
+    /// kernel writes them on the client's own socket and the slot is the fallback; otherwise (off, unavailable, a server that speaks first, or the
     /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
-    pub fn insert_frontend(
+    pub fn insert(
         &mut self,
         frontend: SocketAddr,
         slot: SlotRef,

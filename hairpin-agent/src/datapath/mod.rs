@@ -30,45 +30,67 @@
 //!   by id, the cgroup2 root, the running kernel's BTF, the raw syscalls aya lacks, and
 //!   this boundary's error.
 //!
-//! This file only indexes: the parts import each other by path.
+//! This file only indexes: the parts import each other by path. What other crates
+//! use (the suites, fuzz targets and tools) is `pub`; the rest is the crate's own.
+
+#![warn(unreachable_pub)]
 
 mod adopt;
 mod attach;
 mod btf;
-pub mod cgroup;
+pub(crate) mod cgroup;
 mod counters;
 mod error;
 mod events;
-pub mod inspect;
+pub(crate) mod inspect;
 pub mod kernel_objects;
 mod kernel_path;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 mod liveness;
 mod load;
 mod maps;
 mod options;
-pub mod order;
-pub mod pin;
+pub(crate) mod order;
+pub(crate) mod pin;
 mod programs;
 mod role;
 mod slots;
 pub mod splice;
 pub mod sys;
 
-pub use attach::{Adoption, Attachment};
 pub use cgroup::find_cgroup2_root;
-pub use counters::{CountersReader, Fill};
-pub use error::{DatapathError, Denial, classify_denial};
-pub use kernel_path::{
-    KernelPath, describe as describe_value, drain_kernel_sockets, read_frontend_paths,
-};
-pub use liveness::{
-    BEAT_EVERY, DEFAULT_TTL, Heartbeat, HeartbeatState, MIN_TTL_BEATS, RelayLiveness, TtlTooShort,
-    check_ttl, monotonic_ns,
-};
-pub use load::{Datapath, Mptcp, Started, embedded_object, start};
-pub use maps::FrontendsMap;
-pub use options::LoadOptions;
-pub use pin::{Pin, PinDir};
-pub use role::Role;
-pub use slots::{SlotAddrs, SlotError, SlotOwner, SlotTable, SlotsReader};
+pub(crate) use counters::CountersReader;
+pub use error::DatapathError;
+pub(crate) use kernel_path::{KernelPath, drain_kernel_sockets, read_frontend_paths};
+pub use liveness::monotonic_ns;
+pub(crate) use liveness::{BEAT_EVERY, check_ttl};
+pub use load::{Datapath, embedded_object};
+pub(crate) use load::{Started, start};
+pub(crate) use maps::FrontendsMap;
+pub(crate) use options::LoadOptions;
+pub(crate) use pin::Pin;
+pub(crate) use role::Role;
+pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};
+
+/// The pin hand-over and a layout's removal as the race suite drives them
+/// (`tests/tests/pin_handover.rs`); built only with the `testing` feature, never
+/// in the shipped binary.
+#[cfg(feature = "testing")]
+pub mod handover {
+    use std::path::Path;
+
+    /// Hands `root` over to `uid:gid` as `--pin-owner` does; how many entries it
+    /// changed, or why it refused.
+    pub fn secure(root: &Path, uid: u32, gid: u32) -> Result<usize, String> {
+        super::pin::secure(root, super::pin::PinOwner { uid, gid }).map_err(|e| e.to_string())
+    }
+
+    /// Removes a layout directory (`<dir>/v<N>`) as a layout takeover does; one
+    /// line per entry removed or refused.
+    pub fn remove_layout(layout: &Path) -> Vec<String> {
+        super::pin::remove_layout(layout)
+            .iter()
+            .map(|r| format!("{r:?}"))
+            .collect()
+    }
+}

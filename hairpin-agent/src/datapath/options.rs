@@ -20,7 +20,7 @@ use super::slots::SlotAddrs;
 
 /// What to load: the relay path's settings, and the kernel path's when asked for.
 #[derive(Clone, Debug)]
-pub struct LoadOptions {
+pub(crate) struct LoadOptions {
     /// SO_MARK of the relay's upstream sockets, which the connect programs skip.
     pub bypass_mark: u32,
     /// Capacity of the frontends map (preallocated).
@@ -60,7 +60,7 @@ pub struct LoadOptions {
 
 impl LoadOptions {
     /// The relay path only, with `bypass_mark` and room for [`MAX_FRONTENDS`].
-    pub fn relay(bypass_mark: u32) -> LoadOptions {
+    pub(crate) fn relay(bypass_mark: u32) -> LoadOptions {
         LoadOptions {
             bypass_mark,
             max_frontends: MAX_FRONTENDS,

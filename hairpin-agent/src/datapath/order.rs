@@ -62,7 +62,7 @@ impl fmt::Display for LinkOrder {
 /// cgroup. A kernel that orders cgroup links takes the flag and then finds no
 /// cgroup (EBADF); one that does not refuses the flag first (EINVAL). Probed, never
 /// inferred from the kernel's version.
-pub fn probe(prog: BorrowedFd<'_>, attach: sys::AttachType) -> LinkOrder {
+pub(crate) fn probe(prog: BorrowedFd<'_>, attach: sys::AttachType) -> LinkOrder {
     match sys::link_create_without_target(prog, attach, sys::BPF_F_BEFORE) {
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => LinkOrder::Before,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => LinkOrder::Unsupported(
@@ -79,13 +79,13 @@ pub fn probe(prog: BorrowedFd<'_>, attach: sys::AttachType) -> LinkOrder {
 
 /// The programs that run before `own` among `ids` (a hook's programs in run order),
 /// or `None` when `own` is not there at all.
-pub fn in_front(ids: &[u32], own: u32) -> Option<&[u32]> {
+pub(crate) fn in_front(ids: &[u32], own: u32) -> Option<&[u32]> {
     ids.iter().position(|id| *id == own).map(|at| &ids[..at])
 }
 
 /// How one connect hook stands at `cgroup`: the programs that run before this
 /// agent's `own` program there, each with its kernel name when it can be read.
-pub fn observe(cgroup: &Path, role: Role, own: u32) -> io::Result<HookOrderStatus> {
+pub(crate) fn observe(cgroup: &Path, role: Role, own: u32) -> io::Result<HookOrderStatus> {
     let dir = File::open(cgroup)?;
     let ids = sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type())?;
     let front = in_front(&ids, own).unwrap_or(&ids);
@@ -127,7 +127,7 @@ fn foreign(id: u32) -> ForeignProgram {
 /// The order of both connect hooks at `cgroup`, for `status`: `own` gives this
 /// agent's program id at each (`None`: not attached there). A hook that cannot be
 /// queried says why instead.
-pub fn report(
+pub(crate) fn report(
     order: &LinkOrder,
     cgroup: &Path,
     own: impl Fn(Role) -> Option<u32>,

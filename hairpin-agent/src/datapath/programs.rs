@@ -14,7 +14,7 @@ use std::{
 use aya::Ebpf;
 use hairpin_ebpf::{PROG_SETSOCKOPT, PROG_SK_LOOKUP, PROG_SK_MSG, PROG_SOCK_OPS};
 
-use super::error::{DatapathError, program_error};
+use super::error::{DatapathError, SteeringError, program_error};
 use super::events::EventsReader;
 use super::kernel_path::KernelPath;
 use super::lifecycle::hook::link_error;
@@ -32,7 +32,7 @@ pub(crate) struct Programs {
     mptcp: Mptcp,
     /// Why the relay's sk_lookup program did not load, if it did not: then no
     /// connection reaches a slot, and the relay path is down on this node.
-    steering: Result<(), String>,
+    steering: Result<(), SteeringError>,
     /// Reads the programs' aya-log events into the agent's log while they live.
     _events: Option<EventsReader>,
 }
@@ -44,7 +44,7 @@ impl Programs {
         ebpf: Ebpf,
         connect: [&'static str; 2],
         (kernel_path, mptcp): (KernelPath, Mptcp),
-        steering: Result<(), String>,
+        steering: Result<(), SteeringError>,
         events: Option<EventsReader>,
     ) -> Programs {
         Programs {
@@ -69,8 +69,8 @@ impl Programs {
 
     /// Whether connections aimed at the relay's slots can reach its listeners: why
     /// not, when the sk_lookup program did not load.
-    pub(crate) fn steering(&self) -> Result<(), &str> {
-        self.steering.as_ref().map(|_| ()).map_err(String::as_str)
+    pub(crate) fn steering(&self) -> Result<(), &SteeringError> {
+        self.steering.as_ref().map(|_| ())
     }
 
     /// The kernel's description of the loaded program `name`.

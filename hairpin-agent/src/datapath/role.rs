@@ -65,12 +65,12 @@ impl Role {
 /// act on sockets the connect programs mark, setsockopt serves the marked ones),
 /// so a socket a new connect program marks always meets programs that expect it.
 /// The one place this order is written; [`detach_order`] is its reverse.
-pub fn attach_order() -> impl Iterator<Item = Role> {
+pub(crate) fn attach_order() -> impl Iterator<Item = Role> {
     Role::ALL.into_iter()
 }
 
 /// The order hooks are detached in: the connect programs first, so no socket is
 /// marked after this that sock_ops or sk_msg would not see.
-pub fn detach_order() -> impl Iterator<Item = Role> {
+pub(crate) fn detach_order() -> impl Iterator<Item = Role> {
     Role::ALL.into_iter().rev()
 }

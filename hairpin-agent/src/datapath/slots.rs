@@ -105,7 +105,7 @@ fn family_of(frontend: SocketAddr) -> u8 {
 /// The next free slot of `family` from `cursor` on (round robin, so a freed slot is
 /// handed out again as late as possible): not in `used`, not an `avoid` port, on
 /// one of `addrs` addresses. None when every slot is taken.
-pub fn next_free(
+pub(super) fn next_free(
     family: u8,
     addrs: usize,
     used: &HashSet<SlotKey>,

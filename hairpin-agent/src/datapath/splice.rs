@@ -409,13 +409,13 @@ fn credit(g: Grant) -> SpliceCredit {
 }
 
 /// The splice of a freshly loaded object (its program and maps taken out of it),
-/// or why not; logged either way.
-pub(super) fn offer(ebpf: &mut Ebpf) -> Result<Splice, String> {
+/// or why not (shared: the datapath hands it to each asker); logged either way.
+pub(super) fn offer(ebpf: &mut Ebpf) -> Result<Splice, Arc<SpliceError>> {
     match Splice::load(ebpf) {
         Ok(s) => Ok(s),
         Err(e) => {
             tracing::info!(reason = %e, "the relay's kernel splice is unavailable: relayed bytes are spliced through pipes");
-            Err(e.to_string())
+            Err(Arc::new(e))
         }
     }
 }

@@ -20,16 +20,16 @@ use std::{
 
 /// `enum bpf_cmd` values used here.
 mod cmd {
-    pub const OBJ_PIN: libc::c_long = 6;
-    pub const OBJ_GET: libc::c_long = 7;
-    pub const PROG_ATTACH: libc::c_long = 8;
-    pub const PROG_DETACH: libc::c_long = 9;
-    pub const PROG_GET_FD_BY_ID: libc::c_long = 13;
-    pub const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-    pub const PROG_QUERY: libc::c_long = 16;
-    pub const LINK_CREATE: libc::c_long = 28;
-    pub const LINK_UPDATE: libc::c_long = 29;
-    pub const LINK_DETACH: libc::c_long = 34;
+    pub(super) const OBJ_PIN: libc::c_long = 6;
+    pub(super) const OBJ_GET: libc::c_long = 7;
+    pub(super) const PROG_ATTACH: libc::c_long = 8;
+    pub(super) const PROG_DETACH: libc::c_long = 9;
+    pub(super) const PROG_GET_FD_BY_ID: libc::c_long = 13;
+    pub(super) const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    pub(super) const PROG_QUERY: libc::c_long = 16;
+    pub(super) const LINK_CREATE: libc::c_long = 28;
+    pub(super) const LINK_UPDATE: libc::c_long = 29;
+    pub(super) const LINK_DETACH: libc::c_long = 34;
 }
 
 /// `BPF_F_REPLACE`: the update happens only if the link still runs `old_prog_fd`.
@@ -97,6 +97,7 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
 /// `attr` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, zeroed beyond
 /// the fields set, and every address in it must be valid for what `cmd` reads or
 /// writes there (instructions, a license, a log buffer) for the whole call.
+#[cfg(feature = "testing")]
 pub unsafe fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     bpf(cmd, attr).map(new_fd)
 }

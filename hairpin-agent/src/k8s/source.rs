@@ -23,7 +23,7 @@ use crate::{
     status::{AgentState, metrics::Metrics},
 };
 
-pub use super::desired::{Desired, DesiredRx, ToApply, ToReport};
+use super::desired::DesiredRx;
 
 /// Everything the Kubernetes source needs, validated by the caller.
 #[derive(Clone, Debug)]

@@ -520,7 +520,7 @@ pub fn render_import(rewrites: &[Rewrite]) -> String {
 }
 
 /// Not for the agent: the property tests' and the fuzz target's oracle.
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod reference;
 
 #[cfg(test)]

@@ -29,6 +29,8 @@
 //! Nothing here widens the policy past what a rule matched: a route wider than
 //! [`MAX_RANGE_V4`] / [`MAX_RANGE_V6`] is never taken as a node's pod range.
 
+/// Not for the agent: the CNI fixtures' text form, for the suites.
+#[cfg(any(test, feature = "testing"))]
 pub mod fixture;
 pub mod netlink;
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! than the map holds. Figures are printed (run with `--nocapture`) and collected
 //! in RELIABILITY.md.
 //!
-//! The traffic is `hairpin-load` (src/bin/hairpin-load.rs): an upstream in the
+//! The traffic is `hairpin-load` (src/bin/hairpin-load/): an upstream in the
 //! ingress namespace that answers with the PROXY header it received, and clients in
 //! the pod namespace and cgroup. The heavy and the timed cases take [`serial`], so
 //! they never share the two CPUs with each other; the rest run beside them.

@@ -15,11 +15,12 @@
 
 mod plan;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -88,7 +89,7 @@ pub struct Failed {
 }
 
 /// Why a frontend is not live.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum FrontendError {
     /// No listen address of the frontend's family is configured.
     #[error("no {family} listen address: pass --listen-address or --node-ip with one")]
@@ -96,16 +97,31 @@ pub enum FrontendError {
         /// `IPv4` or `IPv6`.
         family: &'static str,
     },
-    /// No relay slot could be bound for it (its message says why).
+    /// No relay slot could be bound for it.
     #[error("{0}")]
-    Slot(String),
+    Slot(#[source] Arc<SlotError>),
     /// The frontend map has no room left.
     #[error("{0}")]
-    MapFull(String),
+    MapFull(#[source] Arc<DatapathError>),
     /// The map refused the entry for another reason.
     #[error("{0}")]
-    Map(String),
+    Map(#[source] Arc<DatapathError>),
+    /// No eBPF datapath on this node.
+    #[error("eBPF is not live on this node: nothing would redirect to the relay")]
+    NotLive,
 }
+
+/// Equal when the same kind of failure says the same: the causes (kernel errors)
+/// have no equality of their own, and a plan compares failures to retry only what
+/// changed.
+impl PartialEq for FrontendError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for FrontendError {}
 
 impl FrontendError {
     /// True when retrying cannot help until something changes: the configuration
@@ -162,7 +178,7 @@ impl Slots for SlotTable {
     ) -> Result<(SlotRef, SocketAddr), FrontendError> {
         SlotTable::bind(self, frontend, listener, version).map_err(|e| match e {
             SlotError::NoAddress { family } => FrontendError::NoListenAddress { family },
-            e => FrontendError::Slot(e.to_string()),
+            e => FrontendError::Slot(Arc::new(e)),
         })
     }
 
@@ -181,7 +197,7 @@ impl Slots for SlotTable {
 
 impl RedirectMap for FrontendsMap {
     fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError> {
-        let kernel = FrontendsMap::insert_frontend(
+        let kernel = FrontendsMap::insert(
             self,
             frontend.addr(),
             slot,
@@ -190,8 +206,8 @@ impl RedirectMap for FrontendsMap {
             frontend.path,
         )
         .map_err(|e| match e {
-            DatapathError::MapFull { .. } => FrontendError::MapFull(e.to_string()),
-            e => FrontendError::Map(e.to_string()),
+            DatapathError::MapFull { .. } => FrontendError::MapFull(Arc::new(e)),
+            e => FrontendError::Map(Arc::new(e)),
         })?;
         Ok(Route {
             path: if kernel {
@@ -206,11 +222,11 @@ impl RedirectMap for FrontendsMap {
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
-        FrontendsMap::remove(self, frontend).map_err(|e| FrontendError::Map(e.to_string()))
+        FrontendsMap::remove(self, frontend).map_err(|e| FrontendError::Map(Arc::new(e)))
     }
 
     fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), FrontendError> {
-        FrontendsMap::insert(self, dialled, slot).map_err(|e| FrontendError::Map(e.to_string()))
+        FrontendsMap::redirect(self, dialled, slot).map_err(|e| FrontendError::Map(Arc::new(e)))
     }
 
     fn retain(&mut self, live: &BTreeSet<SocketAddr>) {
@@ -468,9 +484,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     fn make_live(&mut self, f: &Frontend) -> Result<(SlotRef, SocketAddr, Route), FrontendError> {
         let addr = f.addr();
         let (Some(map), Some(slots)) = (self.map.as_mut(), self.slots.as_mut()) else {
-            return Err(FrontendError::Map(
-                "eBPF is not live on this node: nothing would redirect to the relay".into(),
-            ));
+            return Err(FrontendError::NotLive);
         };
         let listener = if addr.ip().to_canonical().is_ipv4() {
             LISTENER_RELAY4

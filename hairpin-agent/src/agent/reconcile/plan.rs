@@ -187,20 +187,20 @@ mod tests {
     #[test]
     fn a_permanent_failure_is_held_on_a_retry_and_tried_again_on_a_change() {
         let a = fe(A, ProxyVersion::V1);
-        let full = failed(&a, FrontendError::MapFull("full".into()));
+        let full = failed(&a, crate::agent::reconcile::tests::map_full());
         let want = set(&[&a]);
         let retry = plan(&BTreeMap::new(), &full, &want, true, Trigger::Retry);
         assert_eq!(retry, [Step::Hold(a.addr(), Hold::WaitsForChange)]);
         let change = plan(&BTreeMap::new(), &full, &want, true, Trigger::Change);
         assert_eq!(change, [Step::Start(a.clone())]);
         // A transient one is retried with backoff.
-        let busy = failed(&a, FrontendError::Slot("no slot for now".into()));
+        let busy = failed(&a, crate::agent::reconcile::tests::no_slot());
         let retry = plan(&BTreeMap::new(), &busy, &want, true, Trigger::Retry);
         assert_eq!(retry, [Step::Start(a.clone())]);
         // A permanent failure of another version is a different frontend: tried.
         let other = failed(
             &fe(A, ProxyVersion::V2),
-            FrontendError::MapFull("full".into()),
+            crate::agent::reconcile::tests::map_full(),
         );
         let retry = plan(&BTreeMap::new(), &other, &want, true, Trigger::Retry);
         assert_eq!(retry, [Step::Start(a)]);

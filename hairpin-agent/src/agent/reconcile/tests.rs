@@ -30,7 +30,7 @@ impl RedirectMap for FakeMap {
         };
         self.log.borrow_mut().push(line);
         if self.entries.len() >= self.capacity && !self.entries.contains(&frontend) {
-            return Err(FrontendError::MapFull(format!("full: {frontend}")));
+            return Err(map_full());
         }
         self.entries.insert(frontend);
         // As the datapath: a server-speaks-first frontend, or one that asks for
@@ -54,7 +54,7 @@ impl RedirectMap for FakeMap {
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
         self.log.borrow_mut().push(format!("unredirect {frontend}"));
         if self.refuse_remove {
-            return Err(FrontendError::Map("EPERM".into()));
+            return Err(map_refused());
         }
         self.entries.remove(&frontend);
         Ok(())
@@ -99,7 +99,7 @@ impl Slots for FakeSlots {
             return Err(FrontendError::NoListenAddress { family: "IPv6" });
         }
         if self.exhausted.contains(&frontend) {
-            return Err(FrontendError::Slot(format!("no slot: {frontend}")));
+            return Err(no_slot());
         }
         self.bound.insert(frontend);
         self.next_port += 1;
@@ -490,4 +490,32 @@ fn after_the_first_apply_only_the_entries_and_slots_this_agent_made_stay() {
         take(&log),
         ["unredirect 203.0.113.99:443", "retire 203.0.113.99:443"]
     );
+}
+
+/// A full frontends map, as the map says it.
+pub(crate) fn map_full() -> FrontendError {
+    FrontendError::MapFull(std::sync::Arc::new(
+        crate::datapath::DatapathError::MapFull {
+            frontend: "203.0.113.10:443".parse().expect("an address"),
+            capacity: 1,
+        },
+    ))
+}
+
+/// The map refusing an entry for another reason.
+pub(crate) fn map_refused() -> FrontendError {
+    FrontendError::Map(std::sync::Arc::new(
+        crate::datapath::DatapathError::Missing {
+            kind: "map",
+            name: "HAIRPIN_FRONTENDS",
+        },
+    ))
+}
+
+/// No slot free for now.
+pub(crate) fn no_slot() -> FrontendError {
+    FrontendError::Slot(std::sync::Arc::new(crate::datapath::SlotError::Exhausted {
+        family: "IPv4",
+        addresses: 1,
+    }))
 }

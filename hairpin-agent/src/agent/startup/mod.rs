@@ -188,7 +188,7 @@ impl NodeIps {
 /// (none with the frontends file), and the names scope (with the API server's
 /// names refused).
 struct Source {
-    desired: source::DesiredRx,
+    desired: crate::k8s::desired::DesiredRx,
     name: String,
     kube: Option<kube::Client>,
     scope: NameScope,
@@ -417,8 +417,9 @@ fn splice_config(
     let kernel = match datapath {
         Some(d) => d
             .splice()
-            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>),
-        None => Err("no eBPF datapath on this node".to_string()),
+            .map(|s| Arc::new(s) as Arc<dyn crate::relay::carry::KernelSplice>)
+            .map_err(|why| crate::relay::carry::NoKernelSplice::Unavailable(why)),
+        None => Err(crate::relay::carry::NoKernelSplice::NoDatapath),
     };
     let (cfg, status) =
         crate::relay::carry::resolve(args.relay_splice, args.relay_splice_after, kernel);

@@ -208,11 +208,11 @@ fn report_capabilities(d: &Datapath, metrics: &Metrics) {
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
     let mptcp = match d.mptcp() {
-        datapath::Mptcp::Off => None,
-        datapath::Mptcp::MptcpSock => Some(true),
+        crate::status::MptcpDetection::Off => None,
+        crate::status::MptcpDetection::MptcpSock => Some(true),
         // The subflow's TCP_NOTSENT_LOWAT reads u32::MAX from Linux 6.7 on; before,
         // an MPTCP subflow looks like any TCP socket to the connect programs.
-        datapath::Mptcp::NotsentLowat => {
+        crate::status::MptcpDetection::NotsentLowat => {
             Some(crate::cli::doctor::kernel_version(&release).is_some_and(|v| v >= (6, 7)))
         }
     };
@@ -295,7 +295,7 @@ pub(super) fn report_kernel_path(
             sockets_capacity: d.kernel_path().is_on().then_some(args.kernel_path_sockets),
             sockets_map_pin: d.sockets_pin().map(|p| p.display().to_string()),
             sockets_map_pin_error: match d.pin() {
-                datapath::Pin::Failed(why) => Some(why.clone()),
+                datapath::Pin::Failed(why) => Some(why.to_string()),
                 _ => None,
             },
             mptcp_detection: Some(d.mptcp()),
@@ -308,7 +308,7 @@ pub(super) fn report_kernel_path(
                 _ => None,
             },
             pin_error: match d.pin() {
-                datapath::Pin::Failed(why) => Some(why.clone()),
+                datapath::Pin::Failed(why) => Some(why.to_string()),
                 _ => None,
             },
             layout: args.pin_layout,

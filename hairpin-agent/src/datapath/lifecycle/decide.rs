@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::state::{
-    Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Start,
-    StartSeen, Stop, StopSeen, Wait,
+    Drain, DrainSeen, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink, Removal, Replace,
+    Stale, Start, StartSeen, Stop, StopSeen, Wait,
 };
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
@@ -15,13 +15,13 @@ use crate::datapath::sys;
 
 /// How long a handshake already under way when the connect programs detach may
 /// still take to reach sock_ops: a lost SYN is sent again 1 s after the connect.
-pub const HANDSHAKE_SETTLE: Duration = Duration::from_millis(1500);
+pub(crate) const HANDSHAKE_SETTLE: Duration = Duration::from_millis(1500);
 
 /// At start: wait while another agent holds the lock; else take over what of other
 /// layouts has expired, hand over what of them is live (the lock is this agent's,
 /// so their agent has exited), then adopt this layout's datapath or start fresh.
 /// Without a usable pin directory the datapath is the process's own.
-pub fn start(seen: &StartSeen) -> Start {
+pub(crate) fn start(seen: &StartSeen) -> Start {
     let dir = seen.dir.clone().unwrap_or_default();
     match &seen.pins {
         PinDirSeen::Off => Start::Go(Go::Unpinned(None)),
@@ -62,7 +62,7 @@ pub fn start(seen: &StartSeen) -> Start {
 /// other layout's link there keeps that link: its program serves until this agent's
 /// frontends are live, then this agent's is swapped into it in place. Never two
 /// connect programs that mark at once, never none.
-pub fn hook(seen: &HookSeen) -> Hook {
+pub(crate) fn hook(seen: &HookSeen) -> Hook {
     let own_absent = matches!(seen.pinned, PinnedLink::NotPinning | PinnedLink::Absent);
     if seen.wanted
         && !seen.role.kernel_path_only()
@@ -78,12 +78,10 @@ pub fn hook(seen: &HookSeen) -> Hook {
     match (seen.wanted, &seen.pinned) {
         (true, PinnedLink::NotPinning | PinnedLink::Absent) => Hook::NewLink,
         (true, PinnedLink::Matches) => Hook::SwapInPlace,
-        (true, PinnedLink::Stale(why)) => Hook::Replace(why.clone()),
+        (true, PinnedLink::Stale(why)) => Hook::Replace(Replace::Stale(why.clone())),
         // A new link goes before every program there: the old one is detached
         // after it, so the hook never runs without hairpin's program.
-        (true, PinnedLink::Behind(front)) => {
-            Hook::Replace(format!("{front} runs in front of it: re-created in front"))
-        }
+        (true, PinnedLink::Behind(front)) => Hook::Replace(Replace::Behind(front.clone())),
         (false, PinnedLink::Matches | PinnedLink::Stale(_) | PinnedLink::Behind(_)) => {
             Hook::DetachUnused
         }
@@ -94,33 +92,28 @@ pub fn hook(seen: &HookSeen) -> Hook {
 /// What a pinned link `info` is to `role` at `target_id` (the cgroup's id, or the
 /// sockets map's for sk_msg): its own, or stale, with why. The kernel checks neither
 /// the attach type nor the target on update, so this does.
-pub fn pinned_link(role: Role, info: &sys::LinkInfo, target_id: u64) -> PinnedLink {
+pub(crate) fn pinned_link(role: Role, info: &sys::LinkInfo, target_id: u64) -> PinnedLink {
     let expected_type = if role == Role::SkMsg {
         sys::LINK_TYPE_SOCKMAP
     } else {
         sys::LINK_TYPE_CGROUP
     };
     if info.link_type != expected_type {
-        PinnedLink::Stale(format!(
-            "link type {} (expected {expected_type})",
-            info.link_type
-        ))
+        PinnedLink::Stale(Stale::LinkType {
+            found: info.link_type,
+            expected: expected_type,
+        })
     } else if info.attach_type != role.attach_type().raw() {
-        PinnedLink::Stale(format!(
-            "attach type {} (expected {})",
-            info.attach_type,
-            role.attach_type().raw()
-        ))
+        PinnedLink::Stale(Stale::AttachType {
+            found: info.attach_type,
+            expected: role.attach_type().raw(),
+        })
     } else if info.target_id != target_id {
-        PinnedLink::Stale(format!(
-            "target id {} (expected {target_id}: {})",
-            info.target_id,
-            if role == Role::SkMsg {
-                "the pinned sockets map"
-            } else {
-                "this cgroup, the old one is gone or another"
-            }
-        ))
+        PinnedLink::Stale(Stale::Target {
+            found: info.target_id,
+            expected: target_id,
+            sockets_map: role == Role::SkMsg,
+        })
     } else {
         PinnedLink::Matches
     }
@@ -128,7 +121,7 @@ pub fn pinned_link(role: Role, info: &sys::LinkInfo, target_id: u64) -> PinnedLi
 
 /// A hook's link could not be made: a kernel path hook costs the kernel path only
 /// (the relay path still serves every frontend); a connect hook stops the attach.
-pub fn link_failed(role: Role) -> LinkFailed {
+pub(crate) fn link_failed(role: Role) -> LinkFailed {
     if role.kernel_path_only() {
         LinkFailed::RelayPathOnly
     } else {
@@ -138,7 +131,7 @@ pub fn link_failed(role: Role) -> LinkFailed {
 
 /// At stop: a pinned datapath is kept for the next agent unless the agents are
 /// being uninstalled; an unpinned one goes with the process anyway.
-pub fn stop(seen: &StopSeen) -> Stop {
+pub(crate) fn stop(seen: &StopSeen) -> Stop {
     match (seen.uninstall, seen.pinned) {
         (true, _) => Stop::Remove(Removal::Uninstall),
         (false, false) => Stop::Remove(Removal::Unpinned),
@@ -150,7 +143,7 @@ pub fn stop(seen: &StopSeen) -> Stop {
 /// empty and no marked socket can still be connecting (for at most
 /// [`HANDSHAKE_SETTLE`]); at the deadline, what is still in the map goes without
 /// its header.
-pub fn drain(seen: &DrainSeen) -> Drain {
+pub(crate) fn drain(seen: &DrainSeen) -> Drain {
     let settled = seen.fill.connecting == 0 || seen.waited >= HANDSHAKE_SETTLE;
     if seen.fill.in_map == 0 && settled {
         Drain::Done
@@ -163,4 +156,4 @@ pub fn drain(seen: &DrainSeen) -> Drain {
     }
 }
 
-pub use crate::datapath::role::{attach_order, detach_order};
+pub(crate) use crate::datapath::role::{attach_order, detach_order};

@@ -17,7 +17,7 @@ use std::{
 use super::decide;
 use super::hook::{Target, link_error, link_of, pin_link, repin, update_link};
 use super::kernel::{LinkKernel, LoadedPrograms, Sys};
-use super::state::{Hook, HookSeen, LinkFailed, PinnedLink};
+use super::state::{Hook, HookSeen, LinkFailed, PinnedLink, Stale};
 use super::takeover::{self, Handover, take_over_link};
 use crate::datapath::attach::{Adoption, Attachment, Link};
 use crate::datapath::error::DatapathError;
@@ -25,6 +25,7 @@ use crate::datapath::order::{self, LinkOrder};
 use crate::datapath::pin::{self, PinDir, Pinning};
 use crate::datapath::role::Role;
 use crate::datapath::sys::LinkInfo;
+use crate::status::ForeignProgram;
 
 /// The datapath's links: what is attached and pinned, and the executor that alone
 /// changes them. Generic over the kernel's calls ([`Sys`] but in unit tests).
@@ -231,7 +232,7 @@ impl<K: LinkKernel> Links<K> {
                         return Ok(Some(done));
                     }
                     // Its cgroup went away: a new link of this agent's, decided again.
-                    theirs_seen = PinnedLink::Stale("update: the link's target is gone".into());
+                    theirs_seen = PinnedLink::Stale(Stale::Gone);
                     continue;
                 }
                 Hook::SwapInPlace => {
@@ -244,9 +245,7 @@ impl<K: LinkKernel> Links<K> {
                         // The link cannot be updated (its cgroup went away): observed
                         // anew as stale, and decided again.
                         None => {
-                            pinned = PinnedLink::Stale(
-                                "update: the link's target is gone (ENOLINK)".into(),
-                            );
+                            pinned = PinnedLink::Stale(Stale::Gone);
                             continue;
                         }
                     }
@@ -540,15 +539,9 @@ fn log_adoptions(adopted: &[(&'static str, Adoption)]) {
 /// in `cgroup`, named for the log and `status`; `None` when it runs first, or when
 /// the hook cannot be listed (then it is adopted as it stands, and `status` says
 /// what the kernel lists once attached).
-fn running_in_front(role: Role, cgroup: &Path, running: u32) -> Option<String> {
+fn running_in_front(role: Role, cgroup: &Path, running: u32) -> Option<Vec<ForeignProgram>> {
     match order::observe(cgroup, role, running) {
-        Ok(hook) if hook.attached && !hook.in_front.is_empty() => Some(
-            hook.in_front
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        Ok(hook) if hook.attached && !hook.in_front.is_empty() => Some(hook.in_front),
         Ok(_) => None,
         Err(e) => {
             tracing::warn!(hook = role.name(), error = %e, "the connect programs at the cgroup could not be listed");

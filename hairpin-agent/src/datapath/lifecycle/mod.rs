@@ -19,19 +19,15 @@
 //! Owns the order of every link change. Never writes a map entry (maps.rs and
 //! liveness.rs own those) and never loads a program (load.rs).
 
-pub mod decide;
+pub(crate) mod decide;
 pub(crate) mod execute;
 pub(crate) mod hook;
 pub(crate) mod kernel;
 pub(crate) mod start;
-pub mod state;
+pub(crate) mod state;
 pub(crate) mod takeover;
 
-pub use state::{
-    Drain, DrainSeen, ForeignLayout, Go, Hook, HookSeen, LinkFailed, PinDirSeen, PinnedLink,
-    Removal, Start, StartSeen, Stop, StopSeen, Wait,
-};
-pub use takeover::RETIRE_MAX;
+pub(crate) use state::{Removal, Stop, StopSeen, Wait};
 
 #[cfg(test)]
 mod executor_tests;

@@ -12,7 +12,7 @@ use super::state::{ForeignLayout, Go, PinDirSeen, Start, StartSeen, Wait};
 use super::takeover::Handover;
 use crate::datapath::inspect::heartbeat_state;
 use crate::datapath::options::LoadOptions;
-use crate::datapath::pin::{self, PinDir, Pinning};
+use crate::datapath::pin::{self, PinDir, Pinning, Unusable};
 use crate::datapath::role::Role;
 
 /// What the lifecycle decided at start: what to load and how, or what to wait for.
@@ -92,7 +92,7 @@ fn observe_start(opts: &LoadOptions) -> (StartSeen, Option<PinDir>) {
             (seen, None)
         }
         Err(e) => {
-            seen.pins = PinDirSeen::Unusable(e.to_string());
+            seen.pins = PinDirSeen::Unusable(Unusable::new(e));
             (seen, None)
         }
     }

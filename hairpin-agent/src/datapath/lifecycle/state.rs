@@ -6,11 +6,13 @@ use std::{fmt, path::PathBuf, time::Duration};
 
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
+use crate::datapath::pin::Unusable;
 use crate::datapath::role::Role;
+use crate::status::ForeignProgram;
 
 /// The pin directory as a starting agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinDirSeen {
+pub(crate) enum PinDirSeen {
     /// No `--bpf-pin-dir`: the datapath is this process's own.
     Off,
     /// Locked by this agent: it owns the node's datapath now.
@@ -18,12 +20,12 @@ pub enum PinDirSeen {
     /// Another process holds its lock: another agent owns the node's datapath.
     Busy,
     /// It cannot be used (why): not a bpf filesystem, not writable.
-    Unusable(String),
+    Unusable(Unusable),
 }
 
 /// A datapath of another pin layout found in the pin directory (links pinned there).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignLayout {
+pub(crate) struct ForeignLayout {
     /// Its directory, `<pin dir>/v<N>`.
     pub dir: PathBuf,
     /// Its heartbeat, which every layout keeps in the same shape.
@@ -32,7 +34,7 @@ pub struct ForeignLayout {
 
 impl ForeignLayout {
     /// Its directory's name, `v<N>`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.dir
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
@@ -41,7 +43,7 @@ impl ForeignLayout {
 
 /// What a starting agent observes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StartSeen {
+pub(crate) struct StartSeen {
     /// The pin directory.
     pub pins: PinDirSeen,
     /// Where it is (`--bpf-pin-dir`), when there is one.
@@ -54,7 +56,7 @@ pub struct StartSeen {
 
 /// What a starting agent does.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Waits, not ready, and says why in the log and `status`; observes again later.
     Wait(Wait),
     /// Loads and links.
@@ -64,7 +66,7 @@ pub enum Start {
 /// Why a starting agent waits. Waiting is a state of the lifecycle, never an error:
 /// the running datapath is neither broken nor silently taken over meanwhile.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Wait {
+pub(crate) enum Wait {
     /// Another agent holds the pin directory's lock.
     ForLock {
         /// The pin directory.
@@ -87,7 +89,7 @@ impl fmt::Display for Wait {
 
 /// How a starting agent goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Go {
+pub(crate) enum Go {
     /// Nothing pinned: every map made and pinned, every hook linked anew.
     Fresh,
     /// An earlier agent's datapath of this layout: its maps reused as they are, its
@@ -117,7 +119,7 @@ pub enum Go {
     },
     /// Nothing pinned and nothing to pin: the datapath goes with this process
     /// (`None`: no pin directory asked for; else why it cannot be used).
-    Unpinned(Option<String>),
+    Unpinned(Option<Unusable>),
 }
 
 impl fmt::Display for Go {
@@ -149,7 +151,7 @@ impl fmt::Display for Go {
 
 /// What is pinned at a hook's link pin, as the agent finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinnedLink {
+pub(crate) enum PinnedLink {
     /// The datapath is not pinned: there is nothing to look at.
     NotPinning,
     /// Nothing pinned there.
@@ -157,15 +159,98 @@ pub enum PinnedLink {
     /// This hook's link (its link type, attach type and target are right).
     Matches,
     /// A link that is not this hook's, or that cannot be updated (why).
-    Stale(String),
-    /// This hook's link, but another connect program runs before it (which, named)
-    /// and this kernel orders cgroup links: hairpin's program is to run first.
-    Behind(String),
+    Stale(Stale),
+    /// This hook's link, but other connect programs run before it (these) and this
+    /// kernel orders cgroup links: hairpin's program is to run first.
+    Behind(Vec<ForeignProgram>),
+}
+
+/// Why a pinned link is not this hook's, or can no longer serve it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// Its link type (`BPF_LINK_TYPE_*`) is not the hook's.
+    LinkType {
+        /// The link's.
+        found: u32,
+        /// The hook's.
+        expected: u32,
+    },
+    /// Its attach type is not the hook's (the kernel checks neither on update).
+    AttachType {
+        /// The link's.
+        found: u32,
+        /// The hook's.
+        expected: u32,
+    },
+    /// It is linked elsewhere: another cgroup (0: the old one is gone), or another
+    /// sockets map for sk_msg.
+    Target {
+        /// The link's target id.
+        found: u64,
+        /// This cgroup's id, or the pinned sockets map's.
+        expected: u64,
+        /// Whether the target is the sockets map (sk_msg).
+        sockets_map: bool,
+    },
+    /// The kernel says it can no longer be updated (`ENOLINK`): its cgroup is gone.
+    Gone,
+}
+
+impl fmt::Display for Stale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stale::LinkType { found, expected } => {
+                write!(f, "link type {found} (expected {expected})")
+            }
+            Stale::AttachType { found, expected } => {
+                write!(f, "attach type {found} (expected {expected})")
+            }
+            Stale::Target {
+                found,
+                expected,
+                sockets_map,
+            } => write!(
+                f,
+                "target id {found} (expected {expected}: {})",
+                if *sockets_map {
+                    "the pinned sockets map"
+                } else {
+                    "this cgroup, the old one is gone or another"
+                }
+            ),
+            Stale::Gone => f.write_str("update: the link's target is gone (ENOLINK)"),
+        }
+    }
+}
+
+/// Why a wanted hook's pinned link is replaced by a new one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// It is not this hook's, or cannot be updated.
+    Stale(Stale),
+    /// Other connect programs run in front of it: the new link goes before them.
+    Behind(Vec<ForeignProgram>),
+}
+
+impl fmt::Display for Replace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Replace::Stale(why) => why.fmt(f),
+            Replace::Behind(front) => {
+                let names: Vec<String> = front.iter().map(ToString::to_string).collect();
+                write!(
+                    f,
+                    "{} runs in front of it: re-created in front",
+                    names.join(", ")
+                )
+            }
+        }
+    }
 }
 
 /// One hook, as the agent finds it while linking.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HookSeen {
+pub(crate) struct HookSeen {
     /// The hook.
     pub role: Role,
     /// Whether this agent runs a program there.
@@ -181,14 +266,14 @@ pub struct HookSeen {
 
 /// What the agent does at one hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     /// A new link (pinned when the datapath is).
     NewLink,
     /// The pinned link's program swapped for this agent's in place
     /// (`BPF_LINK_UPDATE`, compare-and-swap): the hook never runs without one.
     SwapInPlace,
-    /// A new link first, then the stale one detached (why it is stale).
-    Replace(String),
+    /// A new link first, then the stale one detached (why).
+    Replace(Replace),
     /// An earlier agent's link this agent does not use: detached and unpinned.
     DetachUnused,
     /// Nothing there and nothing wanted.
@@ -204,7 +289,7 @@ pub enum Hook {
 
 /// A hook's link could not be made: what of the datapath goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkFailed {
+pub(crate) enum LinkFailed {
     /// A kernel path hook: the kernel path is unavailable, what of it was linked
     /// goes again, and every frontend takes the relay path.
     RelayPathOnly,
@@ -214,7 +299,7 @@ pub enum LinkFailed {
 
 /// What a stopping agent observes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StopSeen {
+pub(crate) struct StopSeen {
     /// Whether the datapath is pinned (it would outlive the process).
     pub pinned: bool,
     /// Whether the API server says the agents are being uninstalled.
@@ -262,7 +347,7 @@ impl fmt::Display for Stop {
 /// The kernel path's sockets as a removal drains them, once the connect programs
 /// are detached (sock_ops and sk_msg still on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainSeen {
+pub(crate) struct DrainSeen {
     /// The sockets map's fill.
     pub fill: Fill,
     /// How long the drain has waited.
@@ -273,7 +358,7 @@ pub struct DrainSeen {
 
 /// The next step of a drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drain {
+pub(crate) enum Drain {
     /// Sockets still wait for their header, or a handshake may still be under way.
     Wait,
     /// Every header is out: sock_ops and sk_msg may go.

@@ -37,7 +37,7 @@ use crate::datapath::role::Role;
 use crate::datapath::sys::LinkInfo;
 
 /// The longest the other layout's consumers stay for the sockets it marked.
-pub const RETIRE_MAX: Duration = Duration::from_secs(30);
+pub(crate) const RETIRE_MAX: Duration = Duration::from_secs(30);
 
 /// How often the other layout's sockets map is read while it drains.
 const RETIRE_POLL: Duration = Duration::from_millis(100);

@@ -4,11 +4,12 @@
 use std::{path::PathBuf, time::Duration};
 
 use super::decide;
-use super::*;
+use super::state::*;
 use crate::datapath::counters::Fill;
 use crate::datapath::liveness::HeartbeatState;
 use crate::datapath::role::Role;
 use crate::datapath::sys;
+use crate::status::ForeignProgram;
 
 fn seen(pins: PinDirSeen, own_links: bool, foreign: Vec<ForeignLayout>) -> StartSeen {
     StartSeen {
@@ -42,14 +43,10 @@ fn without_a_pin_dir_the_datapath_is_the_processs_own() {
 
 #[test]
 fn an_unusable_pin_dir_leaves_the_datapath_unpinned_and_says_why() {
-    let s = seen(
-        PinDirSeen::Unusable("not on a bpf filesystem".into()),
-        false,
-        vec![],
-    );
+    let s = seen(PinDirSeen::Unusable(not_bpffs()), false, vec![]);
     assert_eq!(
         decide::start(&s),
-        Start::Go(Go::Unpinned(Some("not on a bpf filesystem".into())))
+        Start::Go(Go::Unpinned(Some(not_bpffs())))
     );
 }
 
@@ -193,7 +190,7 @@ fn a_handed_over_connect_link_serves_until_the_frontends_are_live_then_is_taken_
             handed_over(
                 role,
                 PinnedLink::Absent,
-                PinnedLink::Stale("x".into()),
+                PinnedLink::Stale(Stale::Gone),
                 true
             ),
             Hook::NewLink
@@ -230,35 +227,40 @@ fn a_wanted_hooks_own_pinned_link_is_swapped_in_place() {
 
 #[test]
 fn a_stale_pinned_link_is_replaced_new_first() {
+    let why = Stale::AttachType {
+        found: 9,
+        expected: 10,
+    };
     assert_eq!(
-        hook(
-            true,
-            PinnedLink::Stale("attach type 9 (expected 10)".into())
-        ),
-        Hook::Replace("attach type 9 (expected 10)".into())
+        hook(true, PinnedLink::Stale(why.clone())),
+        Hook::Replace(Replace::Stale(why.clone()))
     );
+    assert_eq!(why.to_string(), "attach type 9 (expected 10)");
 }
 
 #[test]
 fn a_pinned_connect_link_behind_another_program_is_re_created_in_front() {
-    let Hook::Replace(why) = hook(true, PinnedLink::Behind("socklb4_connect (id 9)".into())) else {
+    let front = vec![ForeignProgram {
+        id: 9,
+        name: Some("socklb4_connect".into()),
+        name_unknown: None,
+    }];
+    let Hook::Replace(why) = hook(true, PinnedLink::Behind(front.clone())) else {
         panic!("a link behind another program must be replaced")
     };
     assert!(
-        why.contains("socklb4_connect (id 9) runs in front"),
+        why.to_string()
+            .contains("socklb4_connect (id 9) runs in front"),
         "{why}"
     );
-    assert_eq!(
-        hook(false, PinnedLink::Behind("x".into())),
-        Hook::DetachUnused
-    );
+    assert_eq!(hook(false, PinnedLink::Behind(front)), Hook::DetachUnused);
 }
 
 #[test]
 fn a_pinned_link_at_a_hook_no_longer_used_is_detached() {
     assert_eq!(hook(false, PinnedLink::Matches), Hook::DetachUnused);
     assert_eq!(
-        hook(false, PinnedLink::Stale("x".into())),
+        hook(false, PinnedLink::Stale(Stale::Gone)),
         Hook::DetachUnused
     );
     assert_eq!(hook(false, PinnedLink::Absent), Hook::Leave);
@@ -289,7 +291,7 @@ fn a_pinned_link_is_the_hooks_own_only_with_its_type_attach_type_and_target() {
         PinnedLink::Matches
     );
     let stale = |role, info: &sys::LinkInfo, target| match decide::pinned_link(role, info, target) {
-        PinnedLink::Stale(why) => why,
+        PinnedLink::Stale(why) => why.to_string(),
         other => panic!("expected stale, got {other:?}"),
     };
     // A connect4 link found at the connect6 pin (the kernel would not refuse it).
@@ -390,4 +392,11 @@ fn a_drain_gives_up_at_the_deadline_with_the_sockets_left_unwritten() {
     assert_eq!(drain(4, 0, 30_000, true), Drain::GiveUp { unwritten: 4 });
     assert_eq!(drain(0, 2, 100, true), Drain::GiveUp { unwritten: 0 });
     assert_eq!(drain(0, 0, 30_000, true), Drain::Done);
+}
+
+fn not_bpffs() -> crate::datapath::pin::Unusable {
+    crate::datapath::pin::Unusable::new(crate::datapath::pin::PinError::NotBpffs {
+        path: PathBuf::from("/tmp/pins"),
+        found: 0x0102_1994,
+    })
 }

@@ -26,6 +26,7 @@ use std::{
     fs::{self, File},
     io,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -39,11 +40,11 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The pin name prefix of the sockets maps earlier releases pinned one per agent
 /// (`sockets-<map id>`); the map id follows. Adopted and removed once empty.
-pub const SOCKETS_PIN_PREFIX: &str = "sockets-";
+pub(crate) const SOCKETS_PIN_PREFIX: &str = "sockets-";
 
 /// Why the pin directory cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum PinError {
+pub(crate) enum PinError {
     /// Not on a bpf filesystem: nothing pinned there could outlive the agent.
     #[error(
         "{path} is not on a bpf filesystem (statfs type {found:#x}, expected {BPF_FS_MAGIC:#x}): \
@@ -101,8 +102,30 @@ pub enum PinError {
     },
 }
 
+/// Why the pin directory cannot be used ([`PinError`]), shared by the lifecycle's
+/// states and `status`, which carry it as it is.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Unusable(Arc<PinError>);
+
+impl Unusable {
+    /// `e`, shared.
+    pub(crate) fn new(e: PinError) -> Unusable {
+        Unusable(Arc::new(e))
+    }
+}
+
+/// Equal when they say the same: an I/O error has no equality of its own.
+impl PartialEq for Unusable {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Unusable {}
+
 mod owner;
-pub use owner::{PinOwner, secure};
+pub(crate) use owner::{PinOwner, secure};
 use owner::{check_in_group, private_dirs};
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PinError + 'a {
@@ -115,7 +138,7 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> P
 
 /// The pin directory, locked by this process for as long as it lives: one agent
 /// owns a node's datapath at a time.
-pub struct PinDir {
+pub(crate) struct PinDir {
     root: PathBuf,
     layout: u32,
     /// Holds the flock (released on drop, and by the kernel when the process dies).
@@ -137,7 +160,11 @@ impl PinDir {
     /// when another process holds it. `layout` is [`PIN_LAYOUT`] but in tests.
     /// With `owner`, everything under `root` is handed to it ([`secure`]) once locked;
     /// without, the directories are 0700 (a hostPath made them 0755).
-    pub fn lock(root: &Path, layout: u32, owner: Option<PinOwner>) -> Result<PinDir, PinError> {
+    pub(crate) fn lock(
+        root: &Path,
+        layout: u32,
+        owner: Option<PinOwner>,
+    ) -> Result<PinDir, PinError> {
         if let Some(owner) = owner {
             check_in_group(root, owner)?;
         }
@@ -198,33 +225,33 @@ impl PinDir {
     }
 
     /// The directory itself.
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// This layout's directory, `v<layout>`.
-    pub fn layout_dir(&self) -> PathBuf {
+    pub(crate) fn layout_dir(&self) -> PathBuf {
         self.root.join(format!("v{}", self.layout))
     }
 
     /// Where the map of ELF name `name` is pinned.
-    pub fn map(&self, name: &str) -> PathBuf {
+    pub(crate) fn map(&self, name: &str) -> PathBuf {
         self.layout_dir().join("maps").join(name)
     }
 
     /// Where the link of `role` is pinned.
-    pub fn link(&self, role: Role) -> PathBuf {
+    pub(crate) fn link(&self, role: Role) -> PathBuf {
         self.layout_dir().join("links").join(role.name())
     }
 
     /// Where the program the link of `role` runs is pinned.
-    pub fn prog(&self, role: Role) -> PathBuf {
+    pub(crate) fn prog(&self, role: Role) -> PathBuf {
         self.layout_dir().join("progs").join(role.name())
     }
 
     /// The layout directories other than this agent's (`v*`) that hold links: a
     /// datapath of another layout, which this agent never adopts.
-    pub fn foreign_layouts(&self) -> Vec<PathBuf> {
+    pub(crate) fn foreign_layouts(&self) -> Vec<PathBuf> {
         let own = self.layout_dir();
         let Ok(entries) = fs::read_dir(&self.root) else {
             return Vec::new();
@@ -246,7 +273,7 @@ impl PinDir {
 /// it after that (removing a live agent's datapath under it is not cleanup's to
 /// do), [`PinError::Symlink`] for a symbolic link, [`PinError::NotBpffs`] for a
 /// directory elsewhere. The directory is opened without following a link.
-pub fn lock_for_cleanup(
+pub(crate) fn lock_for_cleanup(
     root: &Path,
     within: std::time::Duration,
 ) -> Result<nix::fcntl::Flock<File>, PinError> {
@@ -296,7 +323,7 @@ fn real_dir(p: &Path) -> bool {
 }
 
 /// Whether `p` names a layout directory (`v<N>`).
-pub fn is_layout_dir(p: &Path) -> bool {
+pub(crate) fn is_layout_dir(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_prefix('v'))
@@ -325,7 +352,7 @@ fn ensure_dir(dir: &Path) -> Result<(), PinError> {
 }
 
 /// Ok when `path` is on a bpf filesystem; else what it is on, and what to mount.
-pub fn check_bpffs(path: &Path) -> Result<(), PinError> {
+pub(crate) fn check_bpffs(path: &Path) -> Result<(), PinError> {
     let st = nix::sys::statfs::statfs(path).map_err(|e| PinError::Io {
         op: "statfs",
         path: path.to_path_buf(),
@@ -344,7 +371,7 @@ pub fn check_bpffs(path: &Path) -> Result<(), PinError> {
 
 /// Why a pinned object of [`remove_all`] stayed.
 #[derive(Debug, thiserror::Error)]
-pub enum UnpinError {
+pub(crate) enum UnpinError {
     /// The pinned link could not be opened or detached.
     #[error("detach {}: {source}", path.display())]
     Detach {
@@ -370,7 +397,7 @@ pub enum UnpinError {
 }
 
 /// Removes the pin at `path`. A pin already gone is fine.
-pub fn unpin(path: &Path) -> Result<(), UnpinError> {
+pub(crate) fn unpin(path: &Path) -> Result<(), UnpinError> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -383,7 +410,7 @@ pub fn unpin(path: &Path) -> Result<(), UnpinError> {
 
 /// What [`remove_all`] did with one object.
 #[derive(Debug)]
-pub struct Removed {
+pub(crate) struct Removed {
     /// `link`, `program`, `map` or `directory`.
     pub kind: &'static str,
     /// The pin.
@@ -397,7 +424,7 @@ pub struct Removed {
 /// every pin goes, links, programs, maps, and the layout directories; the legacy
 /// `sockets-*` maps too. What the kernel frees follows from the pins going. `root`
 /// itself stays (it is usually a mount point). A missing `root` has nothing to do.
-pub fn remove_all(root: &Path) -> Vec<Removed> {
+pub(crate) fn remove_all(root: &Path) -> Vec<Removed> {
     let mut done = Vec::new();
     let Ok(entries) = fs::read_dir(root) else {
         return done;
@@ -435,12 +462,12 @@ pub fn remove_all(root: &Path) -> Vec<Removed> {
 /// Removes the datapath of one layout directory (`<dir>/v<N>`): links detached
 /// first, connect programs before their consumers, then every pin and the
 /// directories; by descriptor, never through a symbolic link (`owner::remove_layout`).
-pub fn remove_layout(layout: &Path) -> Vec<Removed> {
+pub(crate) fn remove_layout(layout: &Path) -> Vec<Removed> {
     owner::remove_layout(layout)
 }
 
 /// The legacy sockets-map pins in `dir`, sorted.
-pub fn pins(dir: &Path) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn pins(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut paths: Vec<PathBuf> = fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter(|e| {
@@ -455,7 +482,7 @@ pub fn pins(dir: &Path) -> io::Result<Vec<PathBuf>> {
 }
 
 /// A sockets map an earlier release pinned per agent, watched until it is empty.
-pub struct Inherited {
+pub(crate) struct Inherited {
     /// The pin.
     pub path: PathBuf,
     map: SockHash<MapData, u64>,
@@ -472,14 +499,14 @@ impl std::fmt::Debug for Inherited {
 impl Inherited {
     /// Sockets still in the map. A key that cannot be read counts as a socket, so
     /// the pin is never removed on a doubt.
-    pub fn sockets(&self) -> usize {
+    pub(crate) fn sockets(&self) -> usize {
         self.map.keys().count()
     }
 }
 
 /// The legacy sockets maps pinned in `dir`, each opened, and the pins that could
 /// not be opened with the reason. A missing `dir` has none.
-pub fn inherited(dir: &Path) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
+pub(crate) fn inherited(dir: &Path) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
     let mut maps = Vec::new();
     let mut failed = Vec::new();
     let Ok(paths) = pins(dir) else {
@@ -499,7 +526,7 @@ pub fn inherited(dir: &Path) -> (Vec<Inherited>, Vec<(PathBuf, String)>) {
 
 /// Watches `maps` every `every` and removes each pin once its map is empty, until
 /// none is left.
-pub async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration) {
+pub(crate) async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration) {
     for m in &maps {
         info!(pin = %m.path.display(), sockets = m.sockets(),
             "an earlier release's sockets map: its sockets keep their header; unpinned once they are gone");
@@ -530,7 +557,7 @@ pub enum Pin {
     /// Pinned here: links and maps outlive the process.
     Pinned(PathBuf),
     /// Pinning failed, and why: the datapath is the process's own.
-    Failed(String),
+    Failed(Unusable),
 }
 
 #[cfg(test)]
@@ -591,7 +618,7 @@ pub(crate) enum Pinning {
     /// No pin directory: the links and maps are the process's own.
     Off,
     /// Pinning failed, and why: the datapath is the process's own.
-    Failed(String),
+    Failed(Unusable),
     /// Pinned in this directory, locked by this process.
     Pinned(PinDir),
 }

@@ -342,7 +342,7 @@ const SECURE_PIN_MODE: u32 = 0o660;
 /// directories 2770, pins 660, uid and gid `owner`'s. Needs CAP_CHOWN for what the
 /// agent itself pinned (owned by uid 0): the mode is set first, while it still
 /// owns them. What is already right is left alone; returns how many were changed.
-pub fn secure(root: &Path, owner: PinOwner) -> Result<usize, PinError> {
+pub(crate) fn secure(root: &Path, owner: PinOwner) -> Result<usize, PinError> {
     let mut changed = 0;
     walk(root, |f| {
         let want = if is_dir(f.stat) {

@@ -499,12 +499,23 @@ impl Drop for Left<'_> {
     }
 }
 
+/// Why the relay has no kernel splice to use.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NoKernelSplice {
+    /// No eBPF datapath on this node.
+    #[error("no eBPF datapath on this node")]
+    NoDatapath,
+    /// The datapath offers none, and why.
+    #[error("{0}")]
+    Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync>),
+}
+
 /// The splice `mode` asks for, given what the datapath offers (`kernel`: its
 /// splice, or why there is none), and what status says of it.
 pub fn resolve(
     mode: SpliceMode,
     after: u64,
-    kernel: Result<Arc<dyn KernelSplice>, String>,
+    kernel: Result<Arc<dyn KernelSplice>, NoKernelSplice>,
 ) -> (SpliceConfig, crate::status::RelaySpliceStatus) {
     let pipes = || Arc::new(PipePool::default());
     let (splicer, reason) = match (mode, kernel) {
@@ -512,8 +523,8 @@ pub fn resolve(
         (SpliceMode::Pipe, _) => (Splicer::Pipe(pipes()), Some("--relay-splice pipe".into())),
         (SpliceMode::Auto, Ok(k)) => (Splicer::Kernel(k, Some(pipes())), None),
         (SpliceMode::Kernel, Ok(k)) => (Splicer::Kernel(k, None), None),
-        (SpliceMode::Auto, Err(why)) => (Splicer::Pipe(pipes()), Some(why)),
-        (SpliceMode::Kernel, Err(why)) => (Splicer::Copy, Some(why)),
+        (SpliceMode::Auto, Err(why)) => (Splicer::Pipe(pipes()), Some(why.to_string())),
+        (SpliceMode::Kernel, Err(why)) => (Splicer::Copy, Some(why.to_string())),
     };
     let status = crate::status::RelaySpliceStatus {
         configured: mode.name().into(),
