@@ -604,5 +604,16 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
     out
 }
 
+/// The line that opens BENCHMARKS.md's sections measured by other runs than this
+/// bench (the `real_cluster` suite against a real API server and kube-proxy):
+/// [`kept_sections`] carries them into the next report unchanged.
+pub const KEPT_MARKER: &str = "<!-- measured elsewhere: kept by cargo xtask bench -->";
+
+/// What of the previous BENCHMARKS.md a new report keeps: everything from
+/// [`KEPT_MARKER`] on, or nothing when the file has no such line.
+pub fn kept_sections(previous: &str) -> &str {
+    previous.find(KEPT_MARKER).map_or("", |at| &previous[at..])
+}
+
 #[cfg(test)]
 mod tests;

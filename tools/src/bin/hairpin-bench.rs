@@ -47,6 +47,14 @@ fn main() -> Result<()> {
     println!("{text}");
     eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(out) = &opts.out {
+        // Sections other runs measured (the real control plane's) are carried over.
+        let previous = std::fs::read_to_string(out).unwrap_or_default();
+        let kept = report::kept_sections(&previous);
+        let text = if kept.is_empty() {
+            text
+        } else {
+            format!("{}\n\n{kept}", text.trim_end())
+        };
         std::fs::write(out, &text).with_context(|| format!("write {}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }

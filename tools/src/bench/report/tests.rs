@@ -229,3 +229,15 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
     kernel_rows(&Results::default(), &mut none);
     assert!(none.is_empty());
 }
+
+#[test]
+fn the_sections_measured_elsewhere_survive_a_new_report() {
+    let old = format!(
+        "# hairpin benchmarks\n\nold table\n\n{KEPT_MARKER}\n## Real cluster\n\n| a | b |\n"
+    );
+    assert_eq!(
+        kept_sections(&old),
+        format!("{KEPT_MARKER}\n## Real cluster\n\n| a | b |\n")
+    );
+    assert_eq!(kept_sections("# hairpin benchmarks\n\nold table\n"), "");
+}
