@@ -200,7 +200,7 @@ pub fn writer_calls(w: &CorednsWriterArgs) -> Vec<Call> {
             v.push(call(
                 (&o.namespace, "", "configmaps", "create", "*"),
                 "k8s/coredns/mod.rs",
-                "create(&PostParams::default(), &cm)",
+                "create(&write_params(), &cm)",
             ));
         }
     }
@@ -243,7 +243,7 @@ fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
         call(
             cm("update"),
             "k8s/coredns/mod.rs",
-            ".replace(&o.name, &PostParams::default(), &cm)",
+            ".replace(&o.name, &write_params(), &cm)",
         ),
     ]
 }
