@@ -88,6 +88,11 @@ pub const KNOWN_GAPS: &[(Series, &str, &str)] = &[
         "an_adopted_link_an_earlier_agent_left_behind_the_socket_lb",
         "6.1 cannot order cgroup links (BPF_F_BEFORE: EINVAL): the socket LB runs first",
     ),
+    (
+        Series::V6_1,
+        "a_socket_reconnected_elsewhere_after_its_marked_connect_failed",
+        "6.1 cannot order cgroup links (BPF_F_BEFORE: EINVAL): the socket LB runs first",
+    ),
 ];
 
 /// Memory per VM: the agent, nginx and haproxy in a few namespaces.
