@@ -16,6 +16,8 @@
 //! - [`maps`]: the maps and the loader's globals, the ABI shared with the agent
 //!   (names and layouts from `hairpin_ebpf`; a pinned datapath is adopted by them).
 //! - [`helpers`]: what several hooks share: counters, a socket's pending header.
+//! - [`events`]: the diagnostic events' records (aya-log's format, a size the
+//!   verifier knows).
 //!
 //! The kernel path: connect marks the socket (socket storage: version and original
 //! destination) and leaves the destination alone; sock_ops, when the handshake is
