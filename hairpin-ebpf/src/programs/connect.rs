@@ -72,7 +72,9 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
     let sa = unsafe { &mut *ctx.sock_addr };
     if is_tcp(sa) {
         let key = frontend_key([sa.user_ip4, 0, 0, 0], sa.user_port as u16, AF_INET);
-        if let Some((addr, port)) = decide::<KERNEL, PERFMON>(ctx, sa, key.frontend()) {
+        let mut to = NO_SLOT;
+        if decide::<KERNEL, PERFMON>(ctx, sa, key.frontend(), &mut to) {
+            let (addr, port) = to;
             // SAFETY: writable context fields; volatile so LLVM keeps two 32-bit
             // stores (a merged 64-bit store is rejected by the verifier).
             unsafe {
@@ -85,32 +87,47 @@ fn connect4<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
     1
 }
 
+/// [`decide`]'s slot before it decides: the address and port a connect is rewritten
+/// to are zeros, not left undefined, on every path that does not rewrite. Returned
+/// as an `Option`, the address was undefined on those paths, and LLVM left a map
+/// value pointer in its register there; without CAP_PERFMON, Linux 6.1 walks the
+/// rewrite's branch mispredicted as a speculative path (`sanitize_speculative_path`)
+/// and refused the program: "R7 leaks addr into ctx".
+const NO_SLOT: ([u32; 4], u16) = ([0; 4], 0);
+
 /// A TCP connect to `key`: the kernel path's frontend is marked (the destination
-/// stays), a relayed one gets its slot's address and port to rewrite to (only this
-/// frontend's own slot, on an address fixed at load, handed to a listener of this
-/// agent), anything else is left as before hairpin. A connect the kernel path does
-/// not mark clears a mark an earlier connect of the socket left.
+/// stays), a relayed one gets its slot's address and port to rewrite to in `to`
+/// (only this frontend's own slot, on an address fixed at load, handed to a listener
+/// of this agent) and true, anything else is left as before hairpin. A connect the
+/// kernel path does not mark clears a mark an earlier connect of the socket left.
 #[inline(always)]
 fn decide<const KERNEL: bool, const PERFMON: bool>(
     ctx: &SockAddrContext,
     sa: &bpf_sock_addr,
     key: &FrontendKey,
-) -> Option<([u32; 4], u16)> {
+    to: &mut ([u32; 4], u16),
+) -> bool {
     let mut slot = None;
-    if let Some(to) = lookup(sa, key) {
+    if let Some(redirect) = lookup(sa, key) {
         if KERNEL
-            && to.is_kernel()
+            && redirect.is_kernel()
             && kernel_can_take::<PERFMON>(sa, key)
-            && mark(ctx, key, to.header)
+            && mark(ctx, key, redirect.header)
         {
-            return None;
+            return false;
         }
-        slot = slot_target(key, &to).map(|addr| (addr, to.slot_port));
+        slot = slot_target(key, &redirect).map(|addr| (addr, redirect.slot_port));
     }
     if KERNEL {
         unmark_stale(sa);
     }
-    slot
+    match slot {
+        Some(slot) => {
+            *to = slot;
+            true
+        }
+        None => false,
+    }
 }
 
 #[cgroup_sock_addr(connect6)]
@@ -154,7 +171,9 @@ fn connect6<const KERNEL: bool, const PERFMON: bool>(ctx: &SockAddrContext) -> i
         } else {
             frontend_key(ip6, sa.user_port as u16, AF_INET6)
         };
-        if let Some((a, port)) = decide::<KERNEL, PERFMON>(ctx, sa, key.frontend()) {
+        let mut to = NO_SLOT;
+        if decide::<KERNEL, PERFMON>(ctx, sa, key.frontend(), &mut to) {
+            let (a, port) = to;
             // An IPv4 frontend's slot is IPv4: reached through its mapped address.
             let addr = if mapped {
                 [0, 0, V4_MAPPED_WORD, a[0]]

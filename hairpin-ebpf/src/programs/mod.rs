@@ -16,6 +16,8 @@
 //! - [`maps`]: the maps and the loader's globals, the ABI shared with the agent
 //!   (names and layouts from `hairpin_ebpf`; a pinned datapath is adopted by them).
 //! - [`helpers`]: what several hooks share: counters, a socket's pending header.
+//! - [`events`]: the diagnostic events' records (aya-log's format, a size the
+//!   verifier knows).
 //!
 //! The kernel path: connect marks the socket (socket storage: version and original
 //! destination) and leaves the destination alone; sock_ops, when the handshake is
@@ -28,19 +30,21 @@
 //! Every program fails open: a connect is never rejected, an option never refused,
 //! a write never dropped; a bug or a full map degrades to the pre-hairpin behaviour.
 
-/// A diagnostic event through aya-log, naming the frontend (its address words and
-/// port in network byte order, as in [`hairpin_ebpf::FrontendKey`] and
+/// A diagnostic event to aya-log's ring buffer, naming the frontend (its address
+/// words and port in network byte order, as in [`hairpin_ebpf::FrontendKey`] and
 /// [`hairpin_ebpf::PendingHeader`]) with `{:i} port {}` in `$fmt`, then at most one
-/// more argument (an error number). One format string serves both families: the
-/// address goes out as 4 or 16 bytes, and user space prints either.
+/// more argument (an error number, printed where `$fmt` has a third `{}`). One format
+/// string serves both families: the address goes out as 4 or 16 bytes, and user
+/// space prints either. Written by [`events::write`] as aya-log's macros write it,
+/// with a record size the verifier knows (see [`events`]).
 ///
 /// Only on the rare paths (fallbacks, misses, failures), never on a plain redirect
 /// or a header written. Each event is its own `#[inline(never)]` function, a BPF
-/// subprogram with its own stack frame: inlined, aya-log's record building (a ring
-/// buffer reservation filled at constant offsets) reshuffles the caller's stack
-/// slots, and without CAP_PERFMON the verifier refuses a scalar written over a
-/// spilled pointer. aya-log's level check reads a read-only global the loader sets
-/// from the agent's `--log`, so the verifier drops the events below it.
+/// subprogram with its own stack frame: inlined, the record building (a ring buffer
+/// reservation filled at constant offsets) reshuffles the caller's stack slots, and
+/// without CAP_PERFMON the verifier refuses a scalar written over a spilled pointer.
+/// The level check reads aya-log's read-only global, which the loader sets from the
+/// agent's `--log`, so the verifier drops the events below it.
 macro_rules! event {
     ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr) => {
         event!($level, $fmt, $family, $addr, $port, 0)
@@ -48,18 +52,42 @@ macro_rules! event {
     ($level:ident, $fmt:literal, $family:expr, $addr:expr, $port:expr, $arg:expr) => {{
         #[inline(never)]
         fn emit(family: u8, addr: &[u32; 4], port: u16, arg: i64) {
+            use $crate::programs::{events, helpers::ip6_octets};
+            const MESSAGE: events::Message = events::message($fmt);
+            /// This event's own copy of the record writer (see [`events::write`]).
+            struct Site;
+            let level = event_level!($level);
             let port = u16::from_be(port);
-            // Only the events whose message has an `{}` for it print it.
-            let _ = arg;
-            use $crate::programs::{EVENTS_TARGET, helpers::ip6_octets};
+            let (module, file, line) = (module_path!(), file!(), line!());
             if family == hairpin_ebpf::AF_INET {
-                ::aya_log_ebpf::$level!((), target: EVENTS_TARGET, $fmt, addr[0].to_ne_bytes(), port, arg);
+                let ip = addr[0].to_ne_bytes();
+                events::write::<Site, 4>(level, module, file, line, &MESSAGE, ip, port, arg);
             } else {
-                ::aya_log_ebpf::$level!((), target: EVENTS_TARGET, $fmt, ip6_octets(addr), port, arg);
+                let ip = ip6_octets(addr);
+                events::write::<Site, 16>(level, module, file, line, &MESSAGE, ip, port, arg);
             }
         }
         emit($family, &$addr, $port, $arg);
     }};
+}
+
+/// aya-log's level for [`event!`]'s first argument.
+macro_rules! event_level {
+    (error) => {
+        ::aya_log_ebpf::macro_support::Level::Error
+    };
+    (warn) => {
+        ::aya_log_ebpf::macro_support::Level::Warn
+    };
+    (info) => {
+        ::aya_log_ebpf::macro_support::Level::Info
+    };
+    (debug) => {
+        ::aya_log_ebpf::macro_support::Level::Debug
+    };
+    (trace) => {
+        ::aya_log_ebpf::macro_support::Level::Trace
+    };
 }
 
 /// The log target of every event, whichever hook's file sends it: the one the docs
@@ -67,6 +95,7 @@ macro_rules! event {
 const EVENTS_TARGET: &str = "hairpin_ebpf::programs";
 
 mod connect;
+mod events;
 mod header;
 mod helpers;
 mod maps;
