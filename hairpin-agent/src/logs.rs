@@ -4,11 +4,11 @@
 //! writes a few dozen lines, not 100,000, and each item is still at debug level.
 
 /// Items told one by one per pass; the rest in one summary line.
-pub const PER_PASS: usize = 64;
+pub(crate) const PER_PASS: usize = 64;
 
 /// Counts the items of one pass and says whether each still gets its own line.
 #[derive(Debug, Default)]
-pub struct LogBudget {
+pub(crate) struct LogBudget {
     seen: usize,
 }
 

@@ -16,7 +16,7 @@ use crate::{
 
 /// How clients reach the name relay: the live name paths and the LB ports names route to.
 #[derive(Clone, Debug, Default)]
-pub struct NamePaths {
+pub(crate) struct NamePaths {
     /// Live name paths: hosts, CoreDNS.
     pub live: Vec<LivePath>,
     /// The LB addresses at least one routed name leads to.
@@ -51,7 +51,7 @@ impl NamePaths {
 
 /// What the reconciler holds after an apply: the frontends live, those that
 /// failed, and those it left as they were, and why.
-pub struct Reconciled<'a, A> {
+pub(crate) struct Reconciled<'a, A> {
     /// Live now.
     pub active: A,
     /// Could not be made live.
@@ -61,7 +61,7 @@ pub struct Reconciled<'a, A> {
 }
 
 /// Every frontend in `desired`, as `/status` lists it.
-pub fn frontend_statuses<'a>(
+pub(crate) fn frontend_statuses<'a>(
     rec: Reconciled<'a, impl Iterator<Item = &'a Active>>,
     desired: &Frontends,
     names: &NamePaths,
@@ -145,7 +145,7 @@ pub fn frontend_statuses<'a>(
 /// Lists the frontends on the relay path of a family the relay does not serve
 /// (`unserved`) as failed, with why and what to do: their connects go as before
 /// hairpin, though their slot and map entry are in place. How many.
-pub fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily]) -> usize {
+pub(crate) fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily]) -> usize {
     let mut marked = 0;
     for f in statuses.iter_mut() {
         if f.state != FrontendState::Active || f.path.0.first() != Some(&LivePath::Relay) {

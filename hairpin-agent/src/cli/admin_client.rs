@@ -136,7 +136,7 @@ fn request(mut s: impl Read + Write, path: &str) -> std::io::Result<String> {
 }
 
 /// Splits a raw HTTP/1.x reply into status code and body.
-pub fn parse_reply(raw: &str) -> Option<Reply> {
+pub(crate) fn parse_reply(raw: &str) -> Option<Reply> {
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let status = head.lines().next()?;
     let mut parts = status.split_whitespace();

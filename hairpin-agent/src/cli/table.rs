@@ -2,7 +2,7 @@
 
 /// How a cell reads: the colour it gets on a terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tone {
+pub(crate) enum Tone {
     /// No colour.
     Plain,
     /// Green: works, ok.
@@ -26,7 +26,7 @@ impl Tone {
 
 /// One cell: its text and tone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cell {
+pub(crate) struct Cell {
     text: String,
     tone: Tone,
 }
@@ -55,7 +55,7 @@ impl From<&str> for Cell {
 
 /// A table: a header row and rows, columns padded to the widest cell.
 #[derive(Clone, Debug, Default)]
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<Cell>>,
 }
@@ -122,7 +122,7 @@ impl Table {
 }
 
 /// `text` in `tone`'s colour when `colour`, else as is.
-pub fn paint(text: &str, tone: Tone, colour: bool) -> String {
+pub(crate) fn paint(text: &str, tone: Tone, colour: bool) -> String {
     match (colour, tone.ansi()) {
         (true, Some(code)) => format!("{code}{text}\x1b[0m"),
         _ => text.to_string(),

@@ -5,7 +5,7 @@ use std::{fmt, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-pub use super::object::ObjectId;
+pub(crate) use super::object::ObjectId;
 use super::{caps::CapRule, hostname::Hostname, scope::ScopeRule};
 
 /// Why a host was not routed.
@@ -80,7 +80,7 @@ impl fmt::Display for NameSkip {
 
 /// A host claimed by an object, before the frontends and other claims are consulted.
 #[derive(Clone, Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The object's creationTimestamp: older objects win conflicts.
     pub created: Option<Time>,
     /// `Kind ns/name`.

@@ -48,7 +48,7 @@ pub struct HostsReport {
 }
 
 /// The block pointing every exact route name at `relay`, and the wildcards left out.
-pub fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Skipped>) {
+pub(crate) fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Skipped>) {
     let (block, mut skipped) =
         HostsBlock::from_entries(routes.iter().map(|r| (relay, r.host.clone())));
     // A wildcard on two LBs is one name left out, not two.
@@ -124,7 +124,7 @@ fn read(path: &Path) -> Result<Vec<u8>, HostsError> {
 }
 
 /// The hosts file's writer task and the handle that feeds it.
-pub struct HostsWriter {
+pub(crate) struct HostsWriter {
     shared: Arc<Shared>,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,

@@ -53,7 +53,7 @@ const METADATA_NAMES: &[&str] = &[
 const CLOUD_INTERNAL_ZONES: &[&str] = &["google.internal", "ec2.internal", "compute.internal"];
 
 /// `--cluster-domain`'s default: the domain of Services and Pods on most clusters.
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+pub(crate) const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// Loopback names besides `localhost` and `*.localhost` that distributions put in
 /// /etc/hosts (RHEL, Fedora); single-label ones are refused as single labels.

@@ -46,9 +46,9 @@ use ipnet::IpNet;
 
 /// The widest IPv4 route taken as one node's pod range (a /16 is 65,536 pods; no
 /// CNI gives one node more).
-pub const MAX_RANGE_V4: u8 = 16;
+pub(crate) const MAX_RANGE_V4: u8 = 16;
 /// The widest IPv6 route taken as one node's pod range.
-pub const MAX_RANGE_V6: u8 = 48;
+pub(crate) const MAX_RANGE_V6: u8 = 48;
 
 /// The main routing table's id: the CNIs above install their pod routes there.
 pub const MAIN_TABLE: u32 = 254;
@@ -178,7 +178,7 @@ fn too_wide(net: &IpNet) -> bool {
 /// This node's pod networks from its `links` and `routes`, by the rules of the
 /// module's documentation. Routes outside the main table, with a gateway where a
 /// rule wants none, or not unicast are never taken.
-pub fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
+pub(crate) fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
     let by_name: BTreeMap<&str, &HostLink> = links.iter().map(|l| (l.name.as_str(), l)).collect();
     let mut found = PodNetworks::default();
     for route in routes {

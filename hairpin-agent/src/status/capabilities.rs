@@ -40,7 +40,7 @@ struct CapabilityLabel {
 
 /// The `hairpin_kernel_capability` family.
 #[derive(Clone, Debug, Default)]
-pub struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
+pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
 
 impl KernelCapabilities {
     /// Sets `capability` to 1 (`available`) or 0.

@@ -113,11 +113,11 @@ const PATHS: [&str; 4] = ["ebpf", "kernel", "hosts", "coredns"];
 
 /// Reads the kernel programs' counters (name, total) when `/metrics` is scraped:
 /// they move without the agent noticing.
-pub type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+pub(crate) type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 
 /// Reads the datapath's heartbeat when `/metrics` is scraped: seconds since the
 /// beat the kernel programs see (None: never written), and the TTL in seconds.
-pub type HeartbeatReader = Arc<dyn Fn() -> (Option<f64>, f64) + Send + Sync>;
+pub(crate) type HeartbeatReader = Arc<dyn Fn() -> (Option<f64>, f64) + Send + Sync>;
 
 /// Seconds, from 100 µs to about 13 s.
 fn duration_histogram() -> Histogram {

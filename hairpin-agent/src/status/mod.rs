@@ -5,10 +5,10 @@
 //! admin server only reads it. The same types deserialize on the CLI side, so the
 //! field names below are the stable JSON contract of `/status`.
 
-pub mod admin;
-pub mod capabilities;
+pub(crate) mod admin;
+pub(crate) mod capabilities;
 pub mod metrics;
-pub mod tcp_server;
+pub(crate) mod tcp_server;
 
 use std::{
     collections::BTreeMap,
@@ -23,14 +23,14 @@ use serde::{Deserialize, Serialize};
 use crate::model::{NodePath, Paths, ProxyVersion};
 
 mod datapath;
-pub use datapath::{
+pub(crate) use datapath::{
     ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState, KernelPathStatus,
     LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;
-pub use relay::{RelayStatus, UnservedFamily, UnservedStep};
+pub(crate) use relay::{RelayStatus, UnservedFamily, UnservedStep};
 mod paths;
-pub use paths::{
+pub(crate) use paths::{
     CorednsStatus, EbpfFailure, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus,
     NameRedirect, NamesStatus,
 };
@@ -44,12 +44,12 @@ pub struct AgentState {
 }
 
 /// How often the run loop beats while it waits for a change.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
 /// A run loop silent this long is stuck (an apply that never returns, a
 /// deadlock): `/healthz` fails so the kubelet restarts the agent. Twelve missed
 /// beats, and three times the longest drain the manifests allow.
-pub const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
+pub(crate) const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
 
 /// Everything `/status` reports. Counters are filled in per request by the admin server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -377,7 +377,7 @@ pub struct Decision {
 }
 
 /// RFC 3339 at second precision, the format of every time in [`Snapshot`].
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 

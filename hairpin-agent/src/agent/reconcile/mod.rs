@@ -27,7 +27,7 @@ use std::{
 use hairpin_ebpf::{LISTENER_RELAY4, LISTENER_RELAY6, SlotRef};
 use tracing::{debug, error, info, warn};
 
-pub use plan::{Hold, Step, Trigger, plan};
+pub(crate) use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
     datapath::{DatapathError, FrontendsMap, SlotError, SlotTable, monotonic_ns},
@@ -37,7 +37,7 @@ use crate::{
 
 /// A frontend being proxied now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Active {
+pub(crate) struct Active {
     /// What was asked for.
     pub frontend: Frontend,
     /// Its relay slot: where connects to it are sent (the kernel path's fallback).
@@ -72,7 +72,7 @@ impl Active {
 
 /// The path a map entry gives a frontend, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     /// [`LivePath::Relay`] (the relay) or [`LivePath::Kernel`].
     pub path: LivePath,
     /// Why, when the kernel path was asked for.
@@ -81,7 +81,7 @@ pub struct Route {
 
 /// A frontend that could not be made live, as it was asked for and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failed {
+pub(crate) struct Failed {
     /// What was asked for.
     pub frontend: Frontend,
     /// Why it is not live.
@@ -90,7 +90,7 @@ pub struct Failed {
 
 /// Why a frontend is not live.
 #[derive(Clone, Debug, thiserror::Error)]
-pub enum FrontendError {
+pub(crate) enum FrontendError {
     /// No listen address of the frontend's family is configured.
     #[error("no {family} listen address: pass --listen-address or --node-ip with one")]
     NoListenAddress {
@@ -135,7 +135,7 @@ impl FrontendError {
 }
 
 /// The BPF frontend map, as the reconciler uses it.
-pub trait RedirectMap {
+pub(crate) trait RedirectMap {
     /// Redirects connects to `frontend` to `slot`, whose relay writes its version's
     /// headers (or has the kernel write them, where the kernel path is on and the
     /// client speaks first). Inserting an address again replaces its entry. Returns
@@ -151,7 +151,7 @@ pub trait RedirectMap {
 }
 
 /// The relay's slots, as the reconciler uses them (see [`SlotTable`]).
-pub trait Slots {
+pub(crate) trait Slots {
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener
     /// `listener` (a [`hairpin_ebpf::MAP_RELAYS`] index) with `version` headers: the
     /// one it holds already, else a free one. The slot, and where clients are sent.
@@ -237,7 +237,7 @@ impl RedirectMap for FrontendsMap {
 /// Listener addresses per family: the first listen address of each (see
 /// `--listen-address`), where the relay's listener of that family binds.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ListenAddresses {
+pub(crate) struct ListenAddresses {
     /// For IPv4 frontends.
     pub v4: Option<std::net::IpAddr>,
     /// For IPv6 frontends.
@@ -245,7 +245,7 @@ pub struct ListenAddresses {
 }
 
 /// The map and the slots (when a datapath is live), and what is live and failed.
-pub struct Reconciler<M, S> {
+pub(crate) struct Reconciler<M, S> {
     map: Option<M>,
     slots: Option<S>,
     active: BTreeMap<SocketAddr, Active>,
@@ -519,14 +519,14 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
 }
 
 /// First retry of failed frontends after an apply that left some failed.
-pub const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Longest wait between retries of failed frontends.
-pub const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Doubling delays with a cap: 1 s, 2 s, 4 s ... 30 s, back to the first on reset
 /// (a change from the source, or nothing left to retry).
 #[derive(Clone, Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,

@@ -124,7 +124,7 @@ pub(super) fn start_relay(
 }
 
 /// What it takes to try a relay listener that could not bind or register again.
-pub struct RelayRetry {
+pub(crate) struct RelayRetry {
     hook: ListenHook,
     lookup: SlotLookup,
     avoid: Vec<u16>,

@@ -15,7 +15,7 @@ use crate::model::Paths;
 
 /// How the name resolved.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Resolution {
+pub(crate) struct Resolution {
     /// As the node resolves it (getaddrinfo: /etc/hosts, then its DNS).
     pub node: Vec<IpAddr>,
     /// Why the node could not.
@@ -32,7 +32,7 @@ pub struct Resolution {
 }
 
 /// A pod-style lookup: the server asked, where it came from, and its answer.
-pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
+pub(crate) type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
@@ -87,7 +87,7 @@ impl Resolution {
 /// Whether the running agent proxies an address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum Coverage {
+pub(crate) enum Coverage {
     /// A listener and redirect are live.
     Active {
         /// The relay listener.
@@ -117,7 +117,7 @@ pub enum Coverage {
 /// Who writes the PROXY header of an in-cluster connection to a covered address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum HeaderBy {
+pub(crate) enum HeaderBy {
     /// The kernel path: the kernel writes it on the client's own socket, ahead of
     /// its first bytes (a socket it cannot take goes to the relay listener).
     Kernel,
@@ -128,7 +128,7 @@ pub enum HeaderBy {
 /// The verdict for an address, or for the whole target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// In-cluster clients get an answer.
     Works,
     /// The server wants the header and in-cluster clients do not send one.
@@ -151,7 +151,7 @@ impl Verdict {
 
 /// The rules: the in-cluster probe answering is what matters; failing that, the
 /// header probe answering means the header is what is missing.
-pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Verdict {
+pub(crate) fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Verdict {
     if in_cluster.answered() {
         Verdict::Works
     } else if direct_with_header.answered() {
@@ -165,7 +165,7 @@ pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Ve
 /// hairpin: one without a header, one with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum HeaderHandling {
+pub(crate) enum HeaderHandling {
     /// It answers only when a header comes first.
     Required,
     /// It answers the same with a header and without one. Traefik
@@ -185,7 +185,7 @@ pub enum HeaderHandling {
 /// line and answers 400; a lenient one consumes it and answers the request as it
 /// would have without). A TLS handshake completes after a header only where the
 /// server took it.
-pub fn header_handling(direct: &ProbeResult, direct_with_header: &ProbeResult) -> HeaderHandling {
+pub(crate) fn header_handling(direct: &ProbeResult, direct_with_header: &ProbeResult) -> HeaderHandling {
     match (direct.answered(), direct_with_header.answered()) {
         (false, true) => HeaderHandling::Required,
         (true, false) => HeaderHandling::NotSpoken,
@@ -210,7 +210,7 @@ fn http_status(p: &ProbeResult) -> Option<u16> {
 
 /// The warning for a lenient server: why the symptom there is a wrong client
 /// address rather than an error, and what its trusted list must hold.
-pub const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROXY header and \
+pub(crate) const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROXY header and \
     without one, as Traefik (proxyProtocol.trustedIPs), Caddy (proxy_protocol allow) and Envoy \
     (allow_requests_without_proxy_protocol) do. Such a server drops a header from a peer outside \
     its trusted list without a word and serves the request as that peer's, so the symptom is a \
@@ -220,7 +220,7 @@ pub const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROX
 
 /// Probes of one address.
 #[derive(Clone, Debug, Serialize)]
-pub struct Probes {
+pub(crate) struct Probes {
     /// Unmarked, no header: what an in-cluster client gets now.
     pub in_cluster: ProbeResult,
     /// Marked, no header: the LB path without hairpin.
@@ -231,7 +231,7 @@ pub struct Probes {
 
 /// Everything about one resolved address.
 #[derive(Clone, Debug, Serialize)]
-pub struct AddressReport {
+pub(crate) struct AddressReport {
     /// The address probed.
     pub address: SocketAddr,
     /// kube-proxy rules sending it straight to the backends.
@@ -305,7 +305,7 @@ impl AddressReport {
 
 /// The JSON document `check --output json` prints.
 #[derive(Clone, Debug, Serialize)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// What was checked.
     pub target: Target,
     /// How it resolved.

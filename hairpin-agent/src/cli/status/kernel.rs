@@ -9,7 +9,7 @@ use super::{Tone, paint};
 use crate::status::{KernelPathState, KernelPathStatus};
 
 /// The kernel path's counters of connects sent to the relay, with what each means.
-pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
+pub(crate) const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
     (Counter::KernelFallbackRelay, "no socket storage"),
     (Counter::KernelFallbackFull, "sockets map near full"),
     (Counter::KernelFallbackMptcp, "MPTCP subflow"),
@@ -19,7 +19,7 @@ pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
 
 /// The kernel path's counters of connections that went without their header (see
 /// [`Counter::is_kernel_miss`]), with what each means.
-pub const KERNEL_MISSES: [(Counter, &str); 4] = [
+pub(crate) const KERNEL_MISSES: [(Counter, &str); 4] = [
     (
         Counter::KernelMissedDataFirst,
         "data sent before the handshake completed: TCP Fast Open (MSG_FASTOPEN, where the \
@@ -42,7 +42,7 @@ pub const KERNEL_MISSES: [(Counter, &str); 4] = [
 
 /// The kernel path's counters, as `status` and `doctor` read them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelTally {
+pub(crate) struct KernelTally {
     /// Connects marked for an in-kernel header.
     pub marked: u64,
     /// Headers the kernel wrote.

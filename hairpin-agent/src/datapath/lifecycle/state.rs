@@ -308,7 +308,7 @@ pub(crate) struct StopSeen {
 
 /// What a stopping agent does with the datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// Left for the next agent (a rollout, a restart, a node going down): links and
     /// maps stay pinned and the programs keep running; the TTL is the backstop.
     Keep,
@@ -319,7 +319,7 @@ pub enum Stop {
 
 /// Why the datapath is removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Removal {
+pub(crate) enum Removal {
     /// Nothing is pinned: it goes with the process anyway.
     Unpinned,
     /// The agents are being uninstalled: with it go the addresses the agent put on

@@ -68,7 +68,7 @@ pub struct Reporting {
 
 /// When the next round may write: at once, or after the interval since the last
 /// write (pure, so the rate limit is unit-tested).
-pub fn write_at(
+pub(crate) fn write_at(
     last_write: Option<Instant>,
     min_interval: Duration,
     now: Instant,
@@ -78,7 +78,7 @@ pub fn write_at(
 
 /// Runs forever. `routes` is `None` until the source has synced (so an empty set at
 /// startup never removes lines it did not mean to); `leader` says whether to write.
-pub async fn run(
+pub(crate) async fn run(
     client: Client,
     cfg: CorednsConfig,
     report: Reporting,

@@ -29,13 +29,13 @@ use crate::names::scope::{NameScope, ScopeRule};
 /// No node's pod network is wider than this (IPv4): a Node claiming a wider one is
 /// passed over whatever the others claim (`--node-cidr-mask-size` defaults to /24;
 /// a whole cluster range is commonly /16).
-pub const WIDEST_POD_NETWORK_V4: u8 = 16;
+pub(crate) const WIDEST_POD_NETWORK_V4: u8 = 16;
 /// As [`WIDEST_POD_NETWORK_V4`] for IPv6 (the default node share is /64).
-pub const WIDEST_POD_NETWORK_V6: u8 = 48;
+pub(crate) const WIDEST_POD_NETWORK_V6: u8 = 48;
 
 /// One address or pod network a Node reports as its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeClaim {
+pub(crate) struct NodeClaim {
     /// The Node's `metadata.name`.
     pub node: String,
     /// The network claimed (a /32 or /128 for an address).
@@ -60,7 +60,7 @@ pub struct IgnoredClaim {
 
 /// The addresses, pod networks and names of every Node, as far as they are believed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClusterNodes {
+pub(crate) struct ClusterNodes {
     /// Addresses and pod networks refused as LoadBalancer addresses.
     pub claims: Vec<NodeClaim>,
     /// Node names (`metadata.name`).
@@ -193,7 +193,7 @@ fn within_share(claims: Vec<NodeClaim>) -> (Vec<NodeClaim>, Vec<IgnoredClaim>) {
 
 /// `node` cut down to what [`ClusterNodes::from_nodes`] reads: a Node's images,
 /// conditions and labels are most of its size.
-pub fn slim(node: &mut Node) {
+pub(crate) fn slim(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
     node.metadata.labels = None;

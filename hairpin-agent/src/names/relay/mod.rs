@@ -31,7 +31,7 @@ use tokio::{sync::watch, time::timeout};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, error, info, info_span, warn};
 
-pub use conn::MAX_PEEK;
+pub(crate) use conn::MAX_PEEK;
 
 use hairpin_ebpf::LISTENER_NAMES_FIRST;
 
@@ -61,7 +61,7 @@ pub enum Peek {
 
 /// Name routing settings, validated once at startup.
 #[derive(Clone, Debug)]
-pub struct NameRoutingConfig {
+pub(crate) struct NameRoutingConfig {
     /// The node-local address the listeners bind and /etc/hosts names.
     pub address: IpAddr,
     /// The ports clients dial on [`address`](Self::address) (80 and 443 typically).
@@ -84,7 +84,7 @@ pub struct NameRoutingConfig {
 
 /// How connects to the names ports reach the name relay's listeners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Redirect {
+pub(crate) enum Redirect {
     /// The listeners bind the names ports as they are (`--names-redirect off`): a
     /// host process cannot bind `0.0.0.0` on them while the relay runs.
     Bound,
@@ -114,7 +114,7 @@ impl Redirect {
 
 /// A listener whose connections are routed as if they came to another port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServiceListener {
+pub(crate) struct ServiceListener {
     /// Where to listen: a node IP and the Service's targetPort.
     pub bind: SocketAddr,
     /// The port the client dialled (the Service port), which is also the LB port.
@@ -130,7 +130,7 @@ struct Shared {
 }
 
 /// The running name relay and hosts-file writer.
-pub struct NameRouting {
+pub(crate) struct NameRouting {
     cfg: NameRoutingConfig,
     shared: Arc<Shared>,
     table: watch::Sender<Arc<RouteTable>>,

@@ -39,7 +39,7 @@ const PIPE_BYTES: nix::libc::c_int = 1 << 20;
 /// (`fs.pipe-user-pages-soft`, 64 MiB by default), which every root container shares:
 /// without a cap, about 48 slow readers held it all and left every root process on
 /// the node with two-page pipes. 16 take a quarter.
-pub const MAX_ENLARGED: usize = 16;
+pub(crate) const MAX_ENLARGED: usize = 16;
 
 /// A pipe's two ends, and its place among the enlarged ones if it has one.
 struct Pipe {
