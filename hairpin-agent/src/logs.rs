@@ -15,13 +15,13 @@ pub(crate) struct LogBudget {
 impl LogBudget {
     /// Counts one item: whether it still gets its line at the level asked (else at
     /// debug level). Used through [`item!`](crate::item).
-    pub fn own_line(&mut self) -> bool {
+    pub(crate) fn own_line(&mut self) -> bool {
         self.seen += 1;
         self.seen <= PER_PASS
     }
 
     /// Calls `say` with how many items got no line of their own, if any.
-    pub fn more(&self, say: impl FnOnce(usize)) {
+    pub(crate) fn more(&self, say: impl FnOnce(usize)) {
         if self.seen > PER_PASS {
             say(self.seen - PER_PASS);
         }

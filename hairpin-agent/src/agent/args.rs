@@ -469,14 +469,16 @@ pub(crate) const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
 
 /// The relays' default IPv6 listen address: a unique-local address ("hairpin" in
 /// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
-pub(crate) const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
+pub(crate) const DEFAULT_LISTEN_V6: Ipv6Addr =
+    Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
 
 /// The relay's second default IPv4 address: slots only (64,512 more), so that the
 /// default `--max-frontends` fits in one family's slots.
 pub(crate) const DEFAULT_SLOTS_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 2);
 
 /// The relay's second default IPv6 address: slots only, as [`DEFAULT_SLOTS_V4`].
-pub(crate) const DEFAULT_SLOTS_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 2);
+pub(crate) const DEFAULT_SLOTS_V6: Ipv6Addr =
+    Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 2);
 
 /// Where the kernel path pins its sockets map: hairpin's directory of the host's bpf
 /// filesystem, which the DaemonSet mounts.

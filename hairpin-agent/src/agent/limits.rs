@@ -46,7 +46,7 @@ pub(crate) struct TrimTrigger {
 
 impl TrimTrigger {
     /// True when `closed` (connections closed so far) moved since the last `true`.
-    pub fn due(&mut self, closed: u64) -> bool {
+    pub(crate) fn due(&mut self, closed: u64) -> bool {
         let due = closed != self.last_closed;
         self.last_closed = closed;
         due

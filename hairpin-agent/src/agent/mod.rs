@@ -151,7 +151,7 @@ pub(crate) async fn decide_removal(
 impl Agent {
     /// Makes what the source says now live (nothing before it first synced), and
     /// reports it; arms the retry timer while something can still come right.
-    pub fn apply(&mut self, trigger: Trigger) {
+    pub(crate) fn apply(&mut self, trigger: Trigger) {
         let Some(next) = self.desired.borrow_and_update().clone() else {
             return;
         };
@@ -339,7 +339,7 @@ impl Agent {
 
     /// Waits for the next reason to apply, beating while idle so `/healthz` can
     /// tell a stuck loop.
-    pub async fn wait(&mut self) -> Wake {
+    pub(crate) async fn wait(&mut self) -> Wake {
         let retry_in = self.retry_in;
         let retry_timer = async {
             match retry_in {
@@ -381,7 +381,7 @@ impl Agent {
     /// until the sockets map is empty (every established marked socket has written
     /// its header, or closed), alongside the relay's drain and within the same
     /// deadline; then every link and pin goes.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         let deadline = self.drain_timeout;
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;

@@ -46,7 +46,7 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The live paths, in a fixed order: the programs, hosts, CoreDNS.
-    pub fn live(&self) -> Vec<NodePath> {
+    pub(crate) fn live(&self) -> Vec<NodePath> {
         [
             (self.ebpf, NodePath::Programs),
             (self.hosts, NodePath::Hosts),
@@ -58,7 +58,7 @@ impl Plan {
     }
 
     /// The live paths that go through the name relay.
-    pub fn name_paths(&self) -> Vec<LivePath> {
+    pub(crate) fn name_paths(&self) -> Vec<LivePath> {
         self.live()
             .into_iter()
             .filter_map(NodePath::name_path)

@@ -27,7 +27,11 @@ pub(crate) struct NamePaths {
 
 impl NamePaths {
     /// The paths for `routes` with `live` name paths (empty when the name relay is off).
-    pub fn new(live: Vec<LivePath>, routes: &[NameRoute], relay: Option<IpAddr>) -> NamePaths {
+    pub(crate) fn new(
+        live: Vec<LivePath>,
+        routes: &[NameRoute],
+        relay: Option<IpAddr>,
+    ) -> NamePaths {
         let routed = routes
             .iter()
             .flat_map(|r| r.ports.iter().map(|p| SocketAddr::new(r.lb, *p)))
@@ -40,7 +44,7 @@ impl NamePaths {
     }
 
     /// The name paths reaching LB address `addr`, if any.
-    pub fn for_frontend(&self, addr: SocketAddr) -> Vec<LivePath> {
+    pub(crate) fn for_frontend(&self, addr: SocketAddr) -> Vec<LivePath> {
         if self.relay.is_some() && self.routed.contains(&addr) {
             self.live.clone()
         } else {

@@ -74,7 +74,11 @@ pub(crate) fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, Dn
 }
 
 /// The A and AAAA addresses in answer `buf` to query `id`.
-pub(crate) fn parse_answer(server: SocketAddr, id: u16, buf: &[u8]) -> Result<Vec<IpAddr>, DnsError> {
+pub(crate) fn parse_answer(
+    server: SocketAddr,
+    id: u16,
+    buf: &[u8],
+) -> Result<Vec<IpAddr>, DnsError> {
     let bad = |detail| DnsError::Malformed { server, detail };
     if buf.len() < 12 {
         return Err(bad("shorter than a header"));
@@ -128,7 +132,11 @@ fn skip_name(buf: &[u8], mut at: usize) -> Option<usize> {
 }
 
 /// Asks `server` for the A and AAAA records of `name`.
-pub(crate) fn lookup(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<IpAddr>, DnsError> {
+pub(crate) fn lookup(
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Vec<IpAddr>, DnsError> {
     let io = |source| DnsError::Io { server, source };
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal address")

@@ -21,7 +21,7 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// Lowercase name, as in the JSON.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
@@ -56,7 +56,7 @@ pub(crate) struct KubeProxy {
 
 impl KubeProxy {
     /// Reads the node's rules (this network namespace's).
-    pub fn observe() -> KubeProxy {
+    pub(crate) fn observe() -> KubeProxy {
         let mut kp = KubeProxy::default();
         for tool in ["iptables-save", "ip6tables-save"] {
             match tool_output(tool, &["-t", "nat"]) {
@@ -89,7 +89,7 @@ impl KubeProxy {
     }
 
     /// The rules that short-circuit `ip:port`.
-    pub fn matching(&self, ip: IpAddr, port: u16) -> Vec<&ShortCircuit> {
+    pub(crate) fn matching(&self, ip: IpAddr, port: u16) -> Vec<&ShortCircuit> {
         self.rules
             .iter()
             .filter(|r| r.ip == ip && r.port.is_none_or(|p| p == port))

@@ -21,7 +21,7 @@ use std::io::{IsTerminal, Write};
 
 use serde::Serialize;
 
-pub(crate) use admin_client::{AdminArgs, AdminClientError, AgentArgs};
+pub(crate) use admin_client::{AdminArgs, AgentArgs};
 
 /// The exit status of every subcommand: one meaning each, never shared between
 /// meanings, so a script can branch on it (the README's table lists them).

@@ -63,7 +63,7 @@ impl ProbeResult {
     }
 
     /// True when the server answered.
-    pub fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         self.outcome == Outcome::Answered
     }
 }

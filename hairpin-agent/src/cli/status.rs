@@ -541,8 +541,8 @@ fn opt(id: Option<u32>) -> String {
 mod kernel;
 mod order;
 mod unreachable;
+pub(crate) use kernel::KernelTally;
 use kernel::render_kernel_path;
-pub(crate) use kernel::{KERNEL_FALLBACKS, KERNEL_MISSES, KernelTally};
 use unreachable::render_unreachable;
 
 #[cfg(test)]

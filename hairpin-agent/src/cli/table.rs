@@ -33,7 +33,7 @@ pub(crate) struct Cell {
 
 impl Cell {
     /// A cell with a tone.
-    pub fn toned(text: impl Into<String>, tone: Tone) -> Cell {
+    pub(crate) fn toned(text: impl Into<String>, tone: Tone) -> Cell {
         Cell {
             text: text.into(),
             tone,
@@ -62,7 +62,7 @@ pub(crate) struct Table {
 
 impl Table {
     /// A table with these column headers.
-    pub fn new(headers: &[&str]) -> Table {
+    pub(crate) fn new(headers: &[&str]) -> Table {
         Table {
             headers: headers.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
@@ -70,20 +70,20 @@ impl Table {
     }
 
     /// Adds a row; missing cells render empty.
-    pub fn row(&mut self, cells: Vec<Cell>) -> &mut Table {
+    pub(crate) fn row(&mut self, cells: Vec<Cell>) -> &mut Table {
         self.rows.push(cells);
         self
     }
 
     /// True when no row was added.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
 
     /// The table as lines, indented by `indent` spaces, coloured when `colour`.
     /// Widths count characters, and padding goes outside the colour codes, so
     /// coloured and plain output align the same.
-    pub fn render(&self, indent: usize, colour: bool) -> String {
+    pub(crate) fn render(&self, indent: usize, colour: bool) -> String {
         let cols = self
             .rows
             .iter()

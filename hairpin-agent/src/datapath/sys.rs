@@ -356,7 +356,11 @@ struct ProgAttachAttr {
 /// Attaches `prog` to the map `map` the old way (`BPF_PROG_ATTACH`), for kernels
 /// without sockmap links (before 6.10): the attachment lives as long as the map,
 /// and attaching again replaces the program unconditionally.
-pub(crate) fn map_attach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: AttachType) -> io::Result<()> {
+pub(crate) fn map_attach(
+    prog: BorrowedFd<'_>,
+    map: BorrowedFd<'_>,
+    attach: AttachType,
+) -> io::Result<()> {
     let mut attr = ProgAttachAttr {
         target_fd: map.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
@@ -367,7 +371,11 @@ pub(crate) fn map_attach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: Atta
 }
 
 /// Takes `prog` off the map `map` (the inverse of [`map_attach`]).
-pub(crate) fn map_detach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: AttachType) -> io::Result<()> {
+pub(crate) fn map_detach(
+    prog: BorrowedFd<'_>,
+    map: BorrowedFd<'_>,
+    attach: AttachType,
+) -> io::Result<()> {
     let mut attr = ProgAttachAttr {
         target_fd: map.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,

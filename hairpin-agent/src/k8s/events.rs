@@ -223,7 +223,7 @@ impl NameWarning {
     }
 
     /// The Event itself.
-    pub fn event(&self) -> Event {
+    pub(crate) fn event(&self) -> Event {
         Event {
             type_: EventType::Warning,
             reason: self.reason.into(),
@@ -235,7 +235,7 @@ impl NameWarning {
     }
 
     /// The Event's `regarding` reference.
-    pub fn reference(&self) -> ObjectReference {
+    pub(crate) fn reference(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some(self.object.api_version.clone()),
             kind: Some(self.object.kind.clone()),

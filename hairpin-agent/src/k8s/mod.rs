@@ -20,5 +20,4 @@ pub mod owner;
 pub(crate) mod source;
 pub mod watch;
 
-pub(crate) use decide::{Conflict, Decision, DesiredState, Skip};
 pub use decide::{Defaults, Outcome, Rule, SkipReason, decide, decide_all, service_key};

@@ -124,7 +124,7 @@ impl<K> Default for Withheld<K> {
 
 impl<K: Ord + Clone> Withheld<K> {
     /// The cap withholding `claim` in `namespace`, if any.
-    pub fn rule(&self, namespace: &str, claim: &K) -> Option<CapRule> {
+    pub(crate) fn rule(&self, namespace: &str, claim: &K) -> Option<CapRule> {
         // Lookups by borrowed parts would need a different key; claims are few.
         self.names
             .get(&(namespace.to_owned(), claim.clone()))
@@ -135,7 +135,7 @@ impl<K: Ord + Clone> Withheld<K> {
 impl Withheld {
     /// `/status`'s view: the caps, and how many names each namespace over one
     /// has withheld.
-    pub fn report(&self, caps: NameCaps) -> NameLimitsStatus {
+    pub(crate) fn report(&self, caps: NameCaps) -> NameLimitsStatus {
         let mut by_namespace: BTreeMap<String, usize> = BTreeMap::new();
         for (ns, _) in self.names.keys() {
             *by_namespace.entry(ns.clone()).or_default() += 1;
@@ -149,7 +149,7 @@ impl Withheld {
     }
 
     /// One sentence for the skip of a withheld claim of `host` in `namespace`.
-    pub fn message(
+    pub(crate) fn message(
         &self,
         rule: CapRule,
         namespace: &str,

@@ -67,7 +67,7 @@ pub(crate) enum LinkOutcome {
 
 impl LinkOutcome {
     /// The link the address is on.
-    pub fn link(&self) -> &str {
+    pub(crate) fn link(&self) -> &str {
         match self {
             LinkOutcome::Present { link }
             | LinkOutcome::Added { link }
@@ -77,7 +77,7 @@ impl LinkOutcome {
     }
 
     /// One line for logs and `/status`.
-    pub fn note(&self, address: IpAddr) -> String {
+    pub(crate) fn note(&self, address: IpAddr) -> String {
         match self {
             LinkOutcome::Present { link } => format!("{address} already on {link}"),
             LinkOutcome::Added { link } => format!("added {address} to {link}"),

@@ -15,8 +15,8 @@ use std::{
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::DynamicObject;
 
-pub(crate) use super::claims::{Claim, NameSkip, ObjectId};
 pub use super::claims::NameSkipReason;
+pub(crate) use super::claims::{Claim, NameSkip, ObjectId};
 use super::{
     caps, gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
 };
@@ -284,7 +284,7 @@ pub(crate) struct RouteTable {
 
 impl RouteTable {
     /// Indexes `routes`; for a host on several LBs the lowest address is tried first.
-    pub fn new(routes: &[NameRoute]) -> RouteTable {
+    pub(crate) fn new(routes: &[NameRoute]) -> RouteTable {
         let mut by_host: BTreeMap<String, Vec<NameRoute>> = BTreeMap::new();
         for r in routes {
             by_host
@@ -299,14 +299,15 @@ impl RouteTable {
     }
 
     /// Whether there are no routes.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_host.is_empty()
     }
 
     /// The route for a client's `name` (from SNI or Host) on `port`: the exact name,
     /// else the wildcard of its parent. A name that is not a valid hostname, or is
     /// itself a wildcard, matches nothing.
-    pub fn lookup(&self, name: &str, port: u16) -> Option<&NameRoute> {
+    pub(crate) fn lookup(&self, name: &str, port: u16) -> Option<&NameRoute> {
         let host = Hostname::parse(name).ok().filter(|h| !h.is_wildcard())?;
         fn on_port(list: &[NameRoute], port: u16) -> Option<&NameRoute> {
             list.iter().find(|r| r.ports.contains(&port))

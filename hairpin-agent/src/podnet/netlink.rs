@@ -148,15 +148,6 @@ fn address(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// Reads this node's pod networks once.
-pub(crate) async fn pod_networks() -> Result<PodNetworks, PodnetError> {
-    let (conn, handle, _) = rtnetlink::new_connection().map_err(PodnetError::Connect)?;
-    let conn = AbortOnDrop(tokio::spawn(conn));
-    let (links, routes) = read(&handle).await?;
-    drop(conn);
-    Ok(classify(&links, &routes))
-}
-
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

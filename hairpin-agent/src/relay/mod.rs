@@ -35,7 +35,6 @@ use tokio::{net::TcpStream, time::timeout};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
-pub(crate) use listener::KEEPALIVE_PROBES;
 use proxy::{Upstream, proxy, true_client};
 
 use crate::{model::ProxyVersion, status::metrics::Metrics};

@@ -119,7 +119,14 @@ pub(crate) struct AdminServer {
     tasks: TaskTracker,
     socket: Option<PathBuf>,
     /// The bound TCP address (the real port when 0 was asked).
-    pub local_addr: Option<SocketAddr>,
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the unit tests reach a server bound on port 0 through it"
+        )
+    )]
+    pub(crate) local_addr: Option<SocketAddr>,
 }
 
 /// The `routes` of one listener, over `state` and `metrics`; `kernel` reads the
@@ -213,7 +220,7 @@ pub(crate) async fn start(
 
 impl AdminServer {
     /// Stops serving and removes the socket file.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.wait().await;
         if let Some(p) = &self.socket {

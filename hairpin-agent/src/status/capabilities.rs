@@ -44,7 +44,7 @@ pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
 
 impl KernelCapabilities {
     /// Sets `capability` to 1 (`available`) or 0.
-    pub fn set(&self, capability: KernelCapability, available: bool) {
+    pub(crate) fn set(&self, capability: KernelCapability, available: bool) {
         self.0
             .get_or_create(&CapabilityLabel {
                 capability: capability.name(),
@@ -53,7 +53,7 @@ impl KernelCapabilities {
     }
 
     /// Registers the family into `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "kernel_capability",
             "1 for each capability this node's kernel gives hairpin, 0 for one it lacks \

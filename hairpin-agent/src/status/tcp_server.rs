@@ -104,7 +104,12 @@ fn take_place(places: &Arc<Mutex<Places>>, peer: IpAddr, limits: Limits) -> Opti
 
 /// Serves `app` on `listener` within `limits` until `stop`, then lets open
 /// connections finish their response (at most [`CLOSE_GRACE`]).
-pub(crate) async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) {
     let places = Arc::new(Mutex::new(Places::default()));
     let conns = TaskTracker::new();
     loop {

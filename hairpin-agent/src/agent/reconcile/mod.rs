@@ -55,7 +55,7 @@ pub(crate) struct Active {
 #[cfg(test)]
 impl Active {
     /// `frontend` active at `listener` on `path`, with slot 0 of the first address.
-    pub fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
+    pub(crate) fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
         Active {
             frontend,
             listener: listener.parse().expect("a listener address"),
@@ -126,7 +126,7 @@ impl Eq for FrontendError {}
 impl FrontendError {
     /// True when retrying cannot help until something changes: the configuration
     /// (no listen address) or the set of frontends (a full map).
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         matches!(
             self,
             FrontendError::NoListenAddress { .. } | FrontendError::MapFull(_)
@@ -265,7 +265,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// A reconciler with nothing live yet. Without a datapath (`map` and `slots`
     /// both `None`: eBPF is not live on this node) nothing redirects, so nothing is
     /// made live.
-    pub fn new(map: Option<M>, slots: Option<S>) -> Self {
+    pub(crate) fn new(map: Option<M>, slots: Option<S>) -> Self {
         Reconciler {
             map,
             slots,
@@ -279,35 +279,23 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// Frontends live now.
-    pub fn active(&self) -> impl Iterator<Item = &Active> {
+    pub(crate) fn active(&self) -> impl Iterator<Item = &Active> {
         self.active.values()
     }
 
     /// Frontends that could not be made live, by address.
-    pub fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
+    pub(crate) fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
         &self.failed
     }
 
     /// The frontends asked for that the last apply left as they were, and why.
-    pub fn held(&self) -> &BTreeMap<SocketAddr, Hold> {
+    pub(crate) fn held(&self) -> &BTreeMap<SocketAddr, Hold> {
         &self.held
     }
 
     /// Whether some failure is worth retrying before the next change.
-    pub fn has_transient_failures(&self) -> bool {
+    pub(crate) fn has_transient_failures(&self) -> bool {
         self.failed.values().any(|f| !f.error.is_permanent())
-    }
-
-    /// The map, when a datapath is live (read only: the reconciler is its one
-    /// writer).
-    pub fn map(&self) -> Option<&M> {
-        self.map.as_ref()
-    }
-
-    /// The slots, when a datapath is live (read only: the reconciler is their one
-    /// writer).
-    pub fn slots(&self) -> Option<&S> {
-        self.slots.as_ref()
     }
 
     /// The map, to set up a fake one in tests.
@@ -317,7 +305,8 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// The names ports' entries (dialled address, listener index), as last written.
-    pub fn name_redirects(&self) -> &[(SocketAddr, u8)] {
+    #[cfg(test)]
+    pub(crate) fn name_redirects(&self) -> &[(SocketAddr, u8)] {
         &self.name_redirects
     }
 
@@ -326,7 +315,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// `listener` of the relays' listener map), and nothing binds the ports
     /// themselves. Writes `redirects` when they changed, and removes the entries of
     /// those gone (unless an LB frontend now holds the address).
-    pub fn redirect_names(&mut self, redirects: Vec<(SocketAddr, u8)>) {
+    pub(crate) fn redirect_names(&mut self, redirects: Vec<(SocketAddr, u8)>) {
         if redirects == self.name_redirects {
             return;
         }
@@ -364,7 +353,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// adopted map still holds the earlier agent's entries, which kept traffic served
     /// until now; those not made live again name frontends that went away while no
     /// agent ran. Their slots retire after them.
-    pub fn forget_earlier_entries(&mut self) {
+    pub(crate) fn forget_earlier_entries(&mut self) {
         let live: BTreeSet<SocketAddr> = self
             .active
             .keys()
@@ -380,7 +369,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// Converges on `desired`: plans the steps and performs them in order.
-    pub fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
+    pub(crate) fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
         let redirecting = self.map.is_some() && self.slots.is_some();
         // A failure no longer asked for is forgotten.
         self.failed
@@ -534,7 +523,7 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// Starts at `first`, never above `max`.
-    pub fn new(first: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,
             max,
@@ -543,14 +532,14 @@ impl Backoff {
     }
 
     /// The delay to wait now; the one after is twice as long, up to the cap.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(self.max);
         d
     }
 
     /// Back to the first delay.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.first;
     }
 }

@@ -26,7 +26,7 @@ mod tests;
 
 pub(crate) use report::{
     AddressReport, CheckReport, Coverage, HeaderBy, HeaderHandling, LENIENT_WARNING, Resolution,
-    Verdict, header_handling, verdict,
+    header_handling,
 };
 pub(crate) use target::{BadTarget, Target, parse_target};
 

@@ -36,7 +36,7 @@ pub(crate) type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsEr
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
-    pub fn literal(ip: IpAddr) -> Resolution {
+    pub(crate) fn literal(ip: IpAddr) -> Resolution {
         Resolution {
             node: vec![ip],
             pod: vec![ip],
@@ -46,7 +46,10 @@ impl Resolution {
     }
 
     /// From the node's lookup and the optional pod-style one.
-    pub fn from_lookups(node: std::io::Result<Vec<IpAddr>>, pod: Option<PodLookup>) -> Resolution {
+    pub(crate) fn from_lookups(
+        node: std::io::Result<Vec<IpAddr>>,
+        pod: Option<PodLookup>,
+    ) -> Resolution {
         let mut r = Resolution::default();
         match node {
             Ok(ips) => r.node = ips,
@@ -73,7 +76,7 @@ impl Resolution {
     }
 
     /// Every address found, node's first, without duplicates.
-    pub fn addresses(&self) -> Vec<IpAddr> {
+    pub(crate) fn addresses(&self) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();
         for ip in self.node.iter().chain(&self.pod) {
             if !out.contains(ip) {
@@ -139,7 +142,7 @@ pub(crate) enum Verdict {
 
 impl Verdict {
     /// The process exit code for it (`cli::Exit`: 2 is clap's usage error).
-    pub fn exit_code(self) -> i32 {
+    pub(crate) fn exit_code(self) -> i32 {
         match self {
             Verdict::Works => crate::cli::Exit::Ok,
             Verdict::Broken => crate::cli::Exit::Broken,
@@ -185,7 +188,10 @@ pub(crate) enum HeaderHandling {
 /// line and answers 400; a lenient one consumes it and answers the request as it
 /// would have without). A TLS handshake completes after a header only where the
 /// server took it.
-pub(crate) fn header_handling(direct: &ProbeResult, direct_with_header: &ProbeResult) -> HeaderHandling {
+pub(crate) fn header_handling(
+    direct: &ProbeResult,
+    direct_with_header: &ProbeResult,
+) -> HeaderHandling {
     match (direct.answered(), direct_with_header.answered()) {
         (false, true) => HeaderHandling::Required,
         (true, false) => HeaderHandling::NotSpoken,
@@ -253,7 +259,7 @@ pub(crate) struct AddressReport {
 
 impl AddressReport {
     /// Builds the report and its verdict.
-    pub fn new(
+    pub(crate) fn new(
         address: SocketAddr,
         kube_proxy: Vec<ShortCircuit>,
         hairpin: Coverage,
@@ -328,7 +334,7 @@ pub(crate) struct CheckReport {
 
 impl CheckReport {
     /// Assembles the report and the overall verdict.
-    pub fn new(
+    pub(crate) fn new(
         target: Target,
         resolution: Resolution,
         agent_error: Option<String>,
@@ -357,7 +363,7 @@ impl CheckReport {
     }
 
     /// The human rendering.
-    pub fn render(&self, colour: bool) -> String {
+    pub(crate) fn render(&self, colour: bool) -> String {
         let t = &self.target;
         let mut out = format!(
             "check {}:{} ({})\n",

@@ -18,7 +18,7 @@ mod beside;
 mod checks;
 mod relay;
 mod servers;
-pub(crate) use checks::{effective_caps, kernel_version, seccomp_check};
+pub(crate) use checks::kernel_version;
 
 /// Options of `doctor`.
 #[derive(clap::Args, Debug, Clone)]
@@ -77,7 +77,7 @@ pub(crate) struct Check {
 
 impl Check {
     /// A check result.
-    pub fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    pub(crate) fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
         Check {
             name,
             status,
@@ -87,7 +87,7 @@ impl Check {
     }
 
     /// With a fix line.
-    pub fn fix(mut self, fix: impl Into<String>) -> Check {
+    pub(crate) fn fix(mut self, fix: impl Into<String>) -> Check {
         self.fix = Some(fix.into());
         self
     }

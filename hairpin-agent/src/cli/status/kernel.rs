@@ -57,7 +57,7 @@ pub(crate) struct KernelTally {
 
 impl KernelTally {
     /// From `/status`'s `counters.kernel`; a counter the agent does not report is 0.
-    pub fn new(kernel: &BTreeMap<String, u64>) -> KernelTally {
+    pub(crate) fn new(kernel: &BTreeMap<String, u64>) -> KernelTally {
         let get = |c: Counter| kernel.get(c.name()).copied().unwrap_or(0);
         let each = |list: &[(Counter, &'static str)]| {
             list.iter()
@@ -76,22 +76,22 @@ impl KernelTally {
     }
 
     /// Connections that went without their header.
-    pub fn missed(&self) -> u64 {
+    pub(crate) fn missed(&self) -> u64 {
         self.misses.iter().map(|m| m.2).sum()
     }
 
     /// Connects sent to the relay instead.
-    pub fn relayed(&self) -> u64 {
+    pub(crate) fn relayed(&self) -> u64 {
         self.fallbacks.iter().map(|f| f.2).sum()
     }
 
     /// Whether any counter moved.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.marked + self.written + self.in_map + self.missed() + self.relayed() > 0
     }
 
     /// The non-zero misses, `name N (what it means)`, joined by `; `.
-    pub fn describe_misses(&self) -> String {
+    pub(crate) fn describe_misses(&self) -> String {
         self.misses
             .iter()
             .filter(|m| m.2 > 0)
@@ -101,7 +101,7 @@ impl KernelTally {
     }
 
     /// Every fallback, `what N`, joined by `, `.
-    pub fn describe_fallbacks(&self) -> String {
+    pub(crate) fn describe_fallbacks(&self) -> String {
         self.fallbacks
             .iter()
             .map(|(_, what, n)| format!("{what} {n}"))

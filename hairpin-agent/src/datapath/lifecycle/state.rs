@@ -329,7 +329,7 @@ pub(crate) enum Removal {
 
 impl Stop {
     /// Whether the datapath goes.
-    pub fn removes(&self) -> bool {
+    pub(crate) fn removes(&self) -> bool {
         matches!(self, Stop::Remove(_))
     }
 }

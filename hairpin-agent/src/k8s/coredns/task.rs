@@ -78,7 +78,7 @@ pub(crate) fn write_at(
 
 /// Runs forever. `routes` is `None` until the source has synced (so an empty set at
 /// startup never removes lines it did not mean to); `leader` says whether to write.
-pub(crate) async fn run(
+pub async fn run(
     client: Client,
     cfg: CorednsConfig,
     report: Reporting,

@@ -60,7 +60,7 @@ impl Version {
     /// AKS's `…/coredns:v1.9.4-hotfix.20240704`, with or without `@sha256:…`.
     /// `None` without a tag, for `latest`, or for a tag that does not start with
     /// `MAJOR.MINOR.PATCH` (an optional `v` first, then only a `-` or `+` suffix).
-    pub fn from_image(image: &str) -> Option<Version> {
+    pub(crate) fn from_image(image: &str) -> Option<Version> {
         let name = image.split('@').next()?;
         // A `:` before the last `/` is a registry port, not a tag.
         let (_, tag) = name.rsplit_once(':')?;

@@ -164,7 +164,7 @@ pub(crate) struct PerPort<T> {
 
 impl<T: Copy> PerPort<T> {
     /// The setting for Service port `port`.
-    pub fn for_port(&self, port: i32) -> T {
+    pub(crate) fn for_port(&self, port: i32) -> T {
         self.ports.get(&port).copied().unwrap_or(self.all)
     }
 }

@@ -212,17 +212,6 @@ pub(crate) fn embedded_ipv4s(ip: Ipv6Addr, nat64: &[ipnet::Ipv6Net]) -> Vec<Ipv4
     out
 }
 
-/// The IPv4 address an IPv6 address stands for (the first of [`embedded_ipv4s`]
-/// without operator prefixes).
-pub(crate) fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
-    embedded_ipv4s(ip, &[]).into_iter().next()
-}
-
-/// The platform endpoint `ip` is (in any spelling), with its source.
-pub(crate) fn platform_endpoint(ip: IpAddr) -> Option<(&'static str, &'static str, &'static str)> {
-    platform_endpoint_with(ip, &[])
-}
-
 fn platform_endpoint_with(
     ip: IpAddr,
     nat64: &[ipnet::Ipv6Net],

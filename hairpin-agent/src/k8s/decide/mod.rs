@@ -20,9 +20,8 @@ pub(crate) mod provider_eval;
 pub mod providers;
 pub mod service;
 
-pub(crate) use decision::{Decision, Skip};
+pub(crate) use decision::Decision;
 pub use decision::{Outcome, Rule, SkipReason};
-pub(crate) use desired::Conflict;
 pub use desired::{DesiredState, decide_all};
 pub(crate) use nodes::IgnoredClaim;
 pub use service::{Defaults, decide, service_key};

@@ -73,7 +73,7 @@ impl ClusterNodes {
     /// Reads `nodes`: `status.addresses` (InternalIP, ExternalIP), `spec.podCIDRs`
     /// (or the older `spec.podCIDR`), `metadata.name`. Entries that do not parse are
     /// passed over; pod networks wider than a node's share too, into `ignored`.
-    pub fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> ClusterNodes {
+    pub(crate) fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> ClusterNodes {
         let mut out = ClusterNodes::default();
         let mut pod_networks = Vec::new();
         for node in nodes {
@@ -118,7 +118,7 @@ impl ClusterNodes {
 
     /// `policy` also refusing every Node's believed addresses and pod networks
     /// (outside `--lb-cidrs`: see [`LbAddressPolicy::refusal`]).
-    pub fn refuse_addresses(&self, policy: &LbAddressPolicy) -> LbAddressPolicy {
+    pub(crate) fn refuse_addresses(&self, policy: &LbAddressPolicy) -> LbAddressPolicy {
         let mut p = policy.clone();
         p.node_claims.extend(self.claims.iter().map(|c| {
             let what = if c.pod_network {
@@ -135,7 +135,7 @@ impl ClusterNodes {
     }
 
     /// `scope` also refusing every Node's name.
-    pub fn refuse_names(&self, scope: &NameScope) -> NameScope {
+    pub(crate) fn refuse_names(&self, scope: &NameScope) -> NameScope {
         self.names.iter().fold(scope.clone(), |s, n| {
             s.refuse_own(n, ScopeRule::NodeName, "the name of a Node of this cluster")
         })

@@ -49,7 +49,7 @@ pub(crate) enum Scan {
 impl HelloScan {
     /// Walks the records of `buf` (the whole buffer so far, which only grows) not
     /// walked yet.
-    pub fn advance(&mut self, buf: &[u8]) -> Scan {
+    pub(crate) fn advance(&mut self, buf: &[u8]) -> Scan {
         loop {
             let at = self.next;
             let Some(h) = buf.get(at..at + 5) else {

@@ -29,8 +29,8 @@ use std::{
 use tokio::net::TcpStream;
 
 pub(crate) use copy::try_read_buf;
-pub(crate) use kernel::{Counts, Grant, Joined, Pair, SpliceError};
 pub use kernel::KernelSplice;
+pub(crate) use kernel::{Counts, Grant, Joined, Pair, SpliceError};
 pub(crate) use pipe::PipePool;
 
 use crate::status::metrics::Direction;
