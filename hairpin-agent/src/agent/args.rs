@@ -510,7 +510,7 @@ impl RunArgs {
     }
 
     /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
-    pub fn node_name(&self) -> Result<String, NoNodeName> {
+    pub(crate) fn node_name(&self) -> Result<String, NoNodeName> {
         match &self.node_name {
             Some(n) => Ok(n.clone()),
             None => Ok(nix::unistd::gethostname()
@@ -690,7 +690,7 @@ pub struct MeshPorts(pub Vec<u16>);
 
 impl MeshPorts {
     /// Parses `15001,4140`; empty or `none` is none.
-    pub fn parse(s: &str) -> Result<MeshPorts, String> {
+    pub(crate) fn parse(s: &str) -> Result<MeshPorts, String> {
         let s = s.trim();
         if s.is_empty() || s == "none" {
             return Ok(MeshPorts(Vec::new()));
@@ -714,7 +714,7 @@ impl MeshPorts {
     }
 
     /// The ports as the programs' global holds them: unused slots 0.
-    pub fn slots(&self) -> [u16; MESH_PORTS] {
+    pub(crate) fn slots(&self) -> [u16; MESH_PORTS] {
         let mut out = [0; MESH_PORTS];
         for (slot, port) in out.iter_mut().zip(&self.0) {
             *slot = *port;

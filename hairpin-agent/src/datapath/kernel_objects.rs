@@ -35,7 +35,7 @@ pub enum KernelObjectsError {
 impl KernelObjectsError {
     /// True when the map no longer exists (ENOENT opening it by id): it was freed
     /// between being listed and being opened, as an exiting agent's maps are.
-    pub fn is_gone(&self) -> bool {
+    pub(crate) fn is_gone(&self) -> bool {
         match self {
             Self::Map {
                 op: "open", source, ..

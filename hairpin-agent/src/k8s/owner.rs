@@ -39,7 +39,7 @@ pub enum OwnerState {
 impl OwnerState {
     /// Whether the agents are being uninstalled (the DaemonSet gone or going), so
     /// that nothing of the datapath should stay behind.
-    pub fn is_uninstall(self) -> bool {
+    pub(crate) fn is_uninstall(self) -> bool {
         matches!(self, OwnerState::Deleting | OwnerState::Gone)
     }
 }

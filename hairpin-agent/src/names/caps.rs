@@ -52,7 +52,7 @@ pub(crate) const FRONTENDS_FILE_NAMESPACE: &str = "(frontends file)";
 
 /// The caps, validated (each at least 1) by the flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NameCaps {
+pub(crate) struct NameCaps {
     /// Names one namespace may publish.
     pub per_namespace: usize,
     /// Names published in all.
@@ -80,7 +80,7 @@ pub enum CapRule {
 
 impl CapRule {
     /// The rule's stable name in messages, logs and `/status`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CapRule::Namespace => "max-names-per-namespace",
             CapRule::Global => "max-names",
@@ -88,7 +88,7 @@ impl CapRule {
     }
 
     /// The CamelCase reason of the Warning Event on the object that named the host.
-    pub fn event_reason(self) -> &'static str {
+    pub(crate) fn event_reason(self) -> &'static str {
         match self {
             CapRule::Namespace => "HostnameNamespaceCapReached",
             CapRule::Global => "HostnameGlobalCapReached",

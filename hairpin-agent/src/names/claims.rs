@@ -42,7 +42,7 @@ impl NameSkipReason {
     /// The rule's name when a tenant's object asked for something refused
     /// (a Warning Event on it), `None` for the ordinary states (no LB yet, not
     /// proxied, `--names-domains` empty).
-    pub fn warning_rule(self) -> Option<&'static str> {
+    pub(crate) fn warning_rule(self) -> Option<&'static str> {
         match self {
             // Not the object's fault: the operator's or the API server's state.
             NameSkipReason::Refused(ScopeRule::NoDomains | ScopeRule::ApiServerPending) => None,

@@ -140,7 +140,8 @@ impl Rewrite {
     }
 
     /// The name it is rewritten to.
-    pub fn target(&self) -> &Hostname {
+    #[cfg(test)]
+    pub(crate) fn target(&self) -> &Hostname {
         &self.target
     }
 

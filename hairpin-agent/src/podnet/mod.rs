@@ -137,7 +137,8 @@ pub struct PodNetworks {
 
 impl PodNetworks {
     /// Every network found, host routes as /32 and /128.
-    pub fn networks(&self) -> Vec<IpNet> {
+    #[cfg(test)]
+    pub(crate) fn networks(&self) -> Vec<IpNet> {
         self.hosts
             .iter()
             .map(|a| IpNet::from(*a))
@@ -152,7 +153,7 @@ impl PodNetworks {
     }
 
     /// The matched rules as one line: `calico (cali* host routes): 12`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.shapes.is_empty() {
             return "no pod network found in this node's links and routes".into();
         }

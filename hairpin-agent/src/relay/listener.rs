@@ -63,7 +63,7 @@ pub enum Shed {
 
 impl Shed {
     /// The metrics label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Shed::Total => "total",
             Shed::PerSource => "per_source",
@@ -126,7 +126,7 @@ impl ConnGate {
     }
 
     /// A place for a connection from `source`, or the cap it would pass.
-    pub fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
+    pub(crate) fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
         let source = source.to_canonical();
         let mut open = self.lock();
         let from_source = open.by_source.get(&source).copied().unwrap_or(0);

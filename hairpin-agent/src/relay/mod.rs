@@ -123,7 +123,7 @@ impl Relay {
     /// connection it accepts to the frontend `slots` names for the connection's own
     /// address (its slot). Returns the listener's address. Must run inside a tokio
     /// runtime.
-    pub fn listen(
+    pub(crate) fn listen(
         &mut self,
         ip: IpAddr,
         index: u8,
@@ -202,7 +202,8 @@ impl Relay {
     }
 
     /// The listeners' addresses.
-    pub fn listeners(&self) -> Vec<SocketAddr> {
+    #[cfg(test)]
+    pub(crate) fn listeners(&self) -> Vec<SocketAddr> {
         self.listeners.iter().map(|(a, _)| *a).collect()
     }
 

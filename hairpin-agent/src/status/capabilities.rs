@@ -10,7 +10,7 @@ use prometheus_client::{
 
 /// A capability the kernel may lack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelCapability {
+pub(crate) enum KernelCapability {
     /// The kernel path: the header written by sock_ops and sk_msg programs.
     KernelPath,
     /// Cgroup links put before the other programs at the hook (`BPF_F_BEFORE`).
@@ -23,7 +23,7 @@ pub enum KernelCapability {
 
 impl KernelCapability {
     /// The `capability` label.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             KernelCapability::KernelPath => "kernel_path",
             KernelCapability::LinkOrder => "link_order",

@@ -167,7 +167,7 @@ pub(crate) enum PinnedLink {
 
 /// Why a pinned link is not this hook's, or can no longer serve it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Stale {
+pub(crate) enum Stale {
     /// Its link type (`BPF_LINK_TYPE_*`) is not the hook's.
     LinkType {
         /// The link's.
@@ -225,7 +225,7 @@ impl fmt::Display for Stale {
 
 /// Why a wanted hook's pinned link is replaced by a new one.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Replace {
+pub(crate) enum Replace {
     /// It is not this hook's, or cannot be updated.
     Stale(Stale),
     /// Other connect programs run in front of it: the new link goes before them.

@@ -83,7 +83,7 @@ pub struct ClusterCleanup {
 
 impl CorednsUndo {
     /// What to remove; `None` with `--coredns off`.
-    pub fn config(&self) -> Option<CorednsConfig> {
+    pub(crate) fn config(&self) -> Option<CorednsConfig> {
         (self.mode != CorednsMode::Off).then(|| CorednsConfig {
             mode: self.mode,
             configmap: self.objects.configmap.clone(),
@@ -160,7 +160,7 @@ pub struct CorednsConfig {
 
 impl CorednsConfig {
     /// The ConfigMap this mode writes.
-    pub fn written(&self) -> &ObjectName {
+    pub(crate) fn written(&self) -> &ObjectName {
         match self.mode {
             CorednsMode::Import => &self.custom,
             CorednsMode::Corefile | CorednsMode::Off => &self.configmap,

@@ -47,7 +47,7 @@ pub struct LbAddressPolicy {
 
 impl LbAddressPolicy {
     /// Why `ip` may not be redirected, or `None` when it may.
-    pub fn refusal(&self, ip: IpAddr) -> Option<String> {
+    pub(crate) fn refusal(&self, ip: IpAddr) -> Option<String> {
         if let Some(class) = builtin_refusal_with(ip, &self.nat64) {
             return Some(format!("{ip} is {class}"));
         }

@@ -53,7 +53,7 @@ pub enum SpliceMode {
 
 impl SpliceMode {
     /// The `--relay-splice` value.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SpliceMode::Auto => "auto",
             SpliceMode::Kernel => "kernel",
@@ -132,7 +132,7 @@ pub struct Budget {
 
 impl Budget {
     /// A budget of `cap` bytes, none held.
-    pub fn new(cap: u64) -> Budget {
+    pub(crate) fn new(cap: u64) -> Budget {
         Budget {
             cap,
             held: AtomicU64::new(0),
@@ -153,7 +153,8 @@ impl Budget {
     }
 
     /// Bytes held now.
-    pub fn held(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> u64 {
         self.held.load(Ordering::Acquire)
     }
 }

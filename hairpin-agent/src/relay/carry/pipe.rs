@@ -122,7 +122,7 @@ impl PipePool {
     }
 
     /// Empty pipes kept now.
-    pub fn kept(&self) -> usize {
+    pub(crate) fn kept(&self) -> usize {
         self.kept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -130,7 +130,7 @@ impl PipePool {
     }
 
     /// Enlarged pipes alive now (in use or kept).
-    pub fn enlarged(&self) -> usize {
+    pub(crate) fn enlarged(&self) -> usize {
         self.enlarged.load(Ordering::Acquire)
     }
 }
