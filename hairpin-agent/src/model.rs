@@ -532,13 +532,7 @@ impl fmt::Display for KernelPathMode {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Paths(pub Vec<LivePath>);
 
-impl Paths {
-    /// True when no path reaches the frontend.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+impl Paths {}
 
 impl From<Vec<LivePath>> for Paths {
     fn from(v: Vec<LivePath>) -> Paths {

@@ -157,16 +157,6 @@ impl Heartbeat {
             .map_err(map_error("write", MAP_HEARTBEAT, String::new()))
     }
 
-    /// The heartbeat as the programs see it now.
-    #[cfg(test)]
-    pub(crate) fn state(&self) -> HeartbeatState {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        match (map.get(&HEARTBEAT_BEAT, 0), map.get(&HEARTBEAT_TTL, 0)) {
-            (Ok(beat), Ok(ttl)) => heartbeat_at(beat, ttl, monotonic_ns()),
-            _ => HeartbeatState::Unreadable,
-        }
-    }
-
     /// Seconds since the last beat (None: never, or unreadable).
     pub(crate) fn age(&self) -> Option<Duration> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());

@@ -117,25 +117,6 @@ impl Datapath {
         Datapath::load_with(object, &LoadOptions::relay(bypass_mark), Pinning::Off, None)
     }
 
-    /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
-    /// entries (the kernel preallocates them).
-    #[cfg(test)]
-    pub(crate) fn load_with_capacity(
-        object: &[u8],
-        bypass_mark: u32,
-        max_frontends: u32,
-    ) -> Result<Datapath, DatapathError> {
-        Datapath::load_with(
-            object,
-            &LoadOptions {
-                max_frontends,
-                ..LoadOptions::relay(bypass_mark)
-            },
-            Pinning::Off,
-            None,
-        )
-    }
-
     /// Loads `object` as `opts` say, pinned as `pinning` says (its directory locked
     /// by the lifecycle, which decided it; see the lifecycle's `start`): the shared
     /// maps are the pinned ones when an earlier agent left them (created and pinned
@@ -251,13 +232,6 @@ impl Datapath {
         self.links.attachment()
     }
 
-    /// Whether a hand-over of another layout's datapath waits for this agent's
-    /// frontends to be live.
-    #[cfg(test)]
-    pub(crate) fn handover_pending(&self) -> bool {
-        self.links.handover_pending()
-    }
-
     /// Completes a hand-over once this agent's frontends are live (its first apply
     /// is done): its connect programs are swapped into the other layout's connect
     /// links in place, and that layout goes once the sockets it marked have their
@@ -273,12 +247,6 @@ impl Datapath {
     /// ([`CountersReader::fill`]) before [`Datapath::detach`].
     pub(crate) fn detach_connect(&mut self) -> bool {
         self.links.detach_connect(&self.programs)
-    }
-
-    /// Detaches whatever is still attached, producers first, and unpins their links.
-    #[cfg(test)]
-    pub(crate) fn detach(&mut self) {
-        self.links.detach(&self.programs);
     }
 
     /// Removes the datapath: detaches every link and removes every pin (links,

@@ -165,13 +165,7 @@ pub(crate) enum SlotError {
     Map(#[from] DatapathError),
 }
 
-impl SlotError {
-    /// Whether retrying cannot help before the set of frontends or the flags change.
-    #[cfg(test)]
-    pub(crate) fn is_permanent(&self) -> bool {
-        matches!(self, SlotError::NoAddress { .. })
-    }
-}
+impl SlotError {}
 
 /// The slots map's one writer, and which slot each live frontend holds.
 pub(crate) struct SlotTable {
@@ -246,18 +240,6 @@ impl SlotTable {
         }
         t.retired = retired.into_iter().map(|(at, key, _)| (at, key)).collect();
         t
-    }
-
-    /// The slot addresses.
-    #[cfg(test)]
-    pub(crate) fn addrs(&self) -> &SlotAddrs {
-        &self.addrs
-    }
-
-    /// How many slots are bound to live frontends, and how many are retired.
-    #[cfg(test)]
-    pub(crate) fn counts(&self) -> (usize, usize) {
-        (self.live.len(), self.retired.len())
     }
 
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener

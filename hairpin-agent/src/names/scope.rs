@@ -319,12 +319,6 @@ impl NameScope {
         &self.domains
     }
 
-    /// The cluster domain refused.
-    #[cfg(test)]
-    pub(crate) fn cluster_domain(&self) -> &str {
-        &self.cluster_domain
-    }
-
     /// One sentence for `/status` and `doctor`: the domains, or that none is listed.
     pub(crate) fn describe(&self) -> String {
         if self.domains.is_empty() {

@@ -58,12 +58,6 @@ impl ClientPolicy {
         self
     }
 
-    /// The addresses learned at run time, when the policy learns.
-    #[cfg(test)]
-    pub(crate) fn learned(&self) -> Option<&LearnedClients> {
-        self.learned.as_ref()
-    }
-
     /// Whether a connection from `peer` may be relayed. IPv4-mapped IPv6 peers
     /// (dual-stack listeners) are judged by their IPv4 address. Decided at once:
     /// nothing waits on a peer the policy does not know.

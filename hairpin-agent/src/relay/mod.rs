@@ -201,12 +201,6 @@ impl Relay {
         Ok(local)
     }
 
-    /// The listeners' addresses.
-    #[cfg(test)]
-    pub(crate) fn listeners(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().map(|(a, _)| *a).collect()
-    }
-
     /// Stops every listener, then waits up to `deadline` for open connections to
     /// finish. Returns the number still open when it gave up.
     pub async fn drain(&mut self, deadline: Duration) -> i64 {

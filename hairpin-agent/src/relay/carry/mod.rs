@@ -151,12 +151,6 @@ impl Budget {
     fn give_back(&self, n: u64) {
         self.held.fetch_sub(n, Ordering::AcqRel);
     }
-
-    /// Bytes held now.
-    #[cfg(test)]
-    pub(crate) fn held(&self) -> u64 {
-        self.held.load(Ordering::Acquire)
-    }
 }
 
 /// Which end of a relayed connection an error came from.
