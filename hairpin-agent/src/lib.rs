@@ -15,14 +15,16 @@
 //! - [`tls`]: the one TLS client that takes any certificate (`check`, the API server's
 //!   certificate names); a leaf like `model`.
 
+#![warn(unreachable_pub)]
+
 pub mod agent;
 pub mod cli;
 pub mod datapath;
 pub mod k8s;
-pub mod logs;
+pub(crate) mod logs;
 pub mod model;
 pub mod names;
 pub mod podnet;
 pub mod relay;
 pub mod status;
-pub mod tls;
+pub(crate) mod tls;

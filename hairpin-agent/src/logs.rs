@@ -4,24 +4,24 @@
 //! writes a few dozen lines, not 100,000, and each item is still at debug level.
 
 /// Items told one by one per pass; the rest in one summary line.
-pub const PER_PASS: usize = 64;
+pub(crate) const PER_PASS: usize = 64;
 
 /// Counts the items of one pass and says whether each still gets its own line.
 #[derive(Debug, Default)]
-pub struct LogBudget {
+pub(crate) struct LogBudget {
     seen: usize,
 }
 
 impl LogBudget {
     /// Counts one item: whether it still gets its line at the level asked (else at
     /// debug level). Used through [`item!`](crate::item).
-    pub fn own_line(&mut self) -> bool {
+    pub(crate) fn own_line(&mut self) -> bool {
         self.seen += 1;
         self.seen <= PER_PASS
     }
 
     /// Calls `say` with how many items got no line of their own, if any.
-    pub fn more(&self, say: impl FnOnce(usize)) {
+    pub(crate) fn more(&self, say: impl FnOnce(usize)) {
         if self.seen > PER_PASS {
             say(self.seen - PER_PASS);
         }

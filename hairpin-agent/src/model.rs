@@ -47,7 +47,7 @@ impl ProxyVersion {
     /// The version's number as one byte, `1` or `2`: the header byte of a kernel-path
     /// frontend map value (`hairpin_ebpf::HEADER_V1`/`HEADER_V2`, the same numbers)
     /// and what the relay keeps per listener. The one encoding of a version as a byte.
-    pub const fn number(self) -> u8 {
+    pub(crate) const fn number(self) -> u8 {
         match self {
             ProxyVersion::V1 => 1,
             ProxyVersion::V2 => 2,
@@ -55,7 +55,7 @@ impl ProxyVersion {
     }
 
     /// The version [`ProxyVersion::number`] gives `n`, if any.
-    pub const fn from_number(n: u8) -> Option<ProxyVersion> {
+    pub(crate) const fn from_number(n: u8) -> Option<ProxyVersion> {
         match n {
             1 => Some(ProxyVersion::V1),
             2 => Some(ProxyVersion::V2),
@@ -174,7 +174,7 @@ pub struct ServiceName {
 
 impl ServiceName {
     /// The Service `name` in `namespace`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceName {
+    pub(crate) fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceName {
         ServiceName {
             namespace: namespace.into(),
             name: name.into(),
@@ -263,7 +263,7 @@ pub struct Frontend {
 
 impl Frontend {
     /// The LoadBalancer address, `ip:port`.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.ip, self.port)
     }
 }
@@ -279,13 +279,13 @@ pub struct Frontends(BTreeMap<SocketAddr, Frontend>);
 
 impl Frontends {
     /// No frontends.
-    pub fn new() -> Frontends {
+    pub(crate) fn new() -> Frontends {
         Frontends::default()
     }
 
     /// Adds `frontend`; when its address is already owned, leaves the set as it
     /// is and returns the owner, for the caller's rule to report (or merge into).
-    pub fn insert(&mut self, frontend: Frontend) -> Result<(), &mut Frontend> {
+    pub(crate) fn insert(&mut self, frontend: Frontend) -> Result<(), &mut Frontend> {
         use std::collections::btree_map::Entry;
         match self.0.entry(frontend.addr()) {
             Entry::Vacant(v) => {
@@ -297,22 +297,23 @@ impl Frontends {
     }
 
     /// Takes the frontend at `addr` out (a cap withheld every claim of it).
-    pub fn remove(&mut self, addr: &SocketAddr) -> Option<Frontend> {
+    pub(crate) fn remove(&mut self, addr: &SocketAddr) -> Option<Frontend> {
         self.0.remove(addr)
     }
 
     /// The frontend that owns `addr`.
-    pub fn get(&self, addr: &SocketAddr) -> Option<&Frontend> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, addr: &SocketAddr) -> Option<&Frontend> {
         self.0.get(addr)
     }
 
     /// Whether `addr` is owned.
-    pub fn contains(&self, addr: &SocketAddr) -> bool {
+    pub(crate) fn contains(&self, addr: &SocketAddr) -> bool {
         self.0.contains_key(addr)
     }
 
     /// The frontends on LoadBalancer IP `ip`, in port order.
-    pub fn on_ip(&self, ip: IpAddr) -> impl Iterator<Item = &Frontend> {
+    pub(crate) fn on_ip(&self, ip: IpAddr) -> impl Iterator<Item = &Frontend> {
         self.0
             .range(SocketAddr::new(ip, 0)..=SocketAddr::new(ip, u16::MAX))
             .map(|(_, f)| f)
@@ -369,12 +370,12 @@ impl fmt::Display for Mode {
 
 impl Mode {
     /// Whether the programs are loaded and attached at all.
-    pub fn tries_ebpf(self) -> bool {
+    pub(crate) fn tries_ebpf(self) -> bool {
         self != Mode::Fallback
     }
 
     /// Whether a load or attach failure stops the agent (rather than falling back).
-    pub fn requires_ebpf(self) -> bool {
+    pub(crate) fn requires_ebpf(self) -> bool {
         matches!(self, Mode::Ebpf | Mode::Both)
     }
 
@@ -404,7 +405,7 @@ pub enum NodePath {
 
 impl NodePath {
     /// The name used in `/status`, flags and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NodePath::Programs => "ebpf",
             NodePath::Hosts => "hosts",
@@ -414,7 +415,7 @@ impl NodePath {
 
     /// The frontend path it is, for the paths through the name relay (`None`: the
     /// programs, whose frontends each take the relay or the kernel path).
-    pub fn name_path(self) -> Option<LivePath> {
+    pub(crate) fn name_path(self) -> Option<LivePath> {
         match self {
             NodePath::Programs => None,
             NodePath::Hosts => Some(LivePath::Hosts),
@@ -451,7 +452,7 @@ pub enum LivePath {
 
 impl LivePath {
     /// The name used in `/status`, flags and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LivePath::Relay => "ebpf",
             LivePath::Kernel => "kernel",
@@ -462,7 +463,8 @@ impl LivePath {
 
     /// Whether this path goes through the name relay (every path but the relay and
     /// kernel paths does).
-    pub fn is_name_path(self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_name_path(self) -> bool {
         !matches!(self, LivePath::Relay | LivePath::Kernel)
     }
 }
@@ -510,7 +512,7 @@ impl KernelPathMode {
 
     /// Whether this node failing to run the kernel path is a failure (`on`) rather
     /// than the relay taking over as planned (`auto`).
-    pub fn requires(self) -> bool {
+    pub(crate) fn requires(self) -> bool {
         self == KernelPathMode::On
     }
 }
@@ -530,12 +532,7 @@ impl fmt::Display for KernelPathMode {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Paths(pub Vec<LivePath>);
 
-impl Paths {
-    /// True when no path reaches the frontend.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+impl Paths {}
 
 impl From<Vec<LivePath>> for Paths {
     fn from(v: Vec<LivePath>) -> Paths {

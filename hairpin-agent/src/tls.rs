@@ -17,7 +17,7 @@ use rustls::{
 
 /// A client config with ring's provider and the safe default protocol versions,
 /// no client certificate, and a verifier that accepts any server certificate.
-pub fn accept_any_certificate() -> Result<ClientConfig, rustls::Error> {
+pub(crate) fn accept_any_certificate() -> Result<ClientConfig, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?

@@ -389,7 +389,7 @@ pub(crate) fn parse_default_version(s: &str) -> Result<DefaultVersion, String> {
 
 /// [`DEFAULT_BYPASS_MARK`] as the default of every `--bypass-mark` flag, in hex as
 /// `--help` shows it (`0x68`): formatted at compile time from the one definition.
-pub const DEFAULT_BYPASS_MARK_ARG: &str = {
+pub(crate) const DEFAULT_BYPASS_MARK_ARG: &str = {
     const TEXT: [u8; hex_len(DEFAULT_BYPASS_MARK)] = hex_text(DEFAULT_BYPASS_MARK);
     match std::str::from_utf8(&TEXT) {
         Ok(s) => s,
@@ -423,13 +423,13 @@ const fn hex_text<const N: usize>(v: u32) -> [u8; N] {
 
 /// Parses `--datapath-ttl`, refusing one shorter than a few heartbeats
 /// ([`crate::datapath::check_ttl`]).
-pub fn parse_datapath_ttl(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_datapath_ttl(s: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     crate::datapath::check_ttl(ttl).map_err(|e| e.to_string())
 }
 
 /// Parses a mark in hex (`0x68`) or decimal, refusing 0 (every unmarked socket has it).
-pub fn parse_mark(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_mark(s: &str) -> Result<u32, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
@@ -465,25 +465,27 @@ fn parse_ports(s: &str) -> Result<Ports, String> {
 
 /// The relays' default IPv4 listen address: link-local (169.254.0.0/16 is never
 /// routed off a link), beside node-local-dns's 169.254.20.10.
-pub const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
+pub(crate) const DEFAULT_LISTEN_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 1);
 
 /// The relays' default IPv6 listen address: a unique-local address ("hairpin" in
 /// ASCII), since a link-local fe80:: address needs a zone pods cannot name.
-pub const DEFAULT_LISTEN_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
+pub(crate) const DEFAULT_LISTEN_V6: Ipv6Addr =
+    Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 1);
 
 /// The relay's second default IPv4 address: slots only (64,512 more), so that the
 /// default `--max-frontends` fits in one family's slots.
-pub const DEFAULT_SLOTS_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 2);
+pub(crate) const DEFAULT_SLOTS_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 104, 2);
 
 /// The relay's second default IPv6 address: slots only, as [`DEFAULT_SLOTS_V4`].
-pub const DEFAULT_SLOTS_V6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 2);
+pub(crate) const DEFAULT_SLOTS_V6: Ipv6Addr =
+    Ipv6Addr::new(0xfd68, 0x6169, 0x7270, 0x696e, 0, 0, 0, 2);
 
 /// Where the kernel path pins its sockets map: hairpin's directory of the host's bpf
 /// filesystem, which the DaemonSet mounts.
-pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
+pub(crate) const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/hairpin";
 
 /// The link the default listen addresses go on.
-pub const DEFAULT_LISTEN_LINK: &str = "hairpin0";
+pub(crate) const DEFAULT_LISTEN_LINK: &str = "hairpin0";
 
 /// Every default listen address: the listeners' and the slots-only ones, both families.
 pub fn default_listen_addresses() -> impl Iterator<Item = IpAddr> {
@@ -508,7 +510,7 @@ impl RunArgs {
     }
 
     /// `--node-name`, else the host name (a hostNetwork pod's is the node's).
-    pub fn node_name(&self) -> Result<String, NoNodeName> {
+    pub(crate) fn node_name(&self) -> Result<String, NoNodeName> {
         match &self.node_name {
             Some(n) => Ok(n.clone()),
             None => Ok(nix::unistd::gethostname()
@@ -688,7 +690,7 @@ pub struct MeshPorts(pub Vec<u16>);
 
 impl MeshPorts {
     /// Parses `15001,4140`; empty or `none` is none.
-    pub fn parse(s: &str) -> Result<MeshPorts, String> {
+    pub(crate) fn parse(s: &str) -> Result<MeshPorts, String> {
         let s = s.trim();
         if s.is_empty() || s == "none" {
             return Ok(MeshPorts(Vec::new()));
@@ -712,7 +714,7 @@ impl MeshPorts {
     }
 
     /// The ports as the programs' global holds them: unused slots 0.
-    pub fn slots(&self) -> [u16; MESH_PORTS] {
+    pub(crate) fn slots(&self) -> [u16; MESH_PORTS] {
         let mut out = [0; MESH_PORTS];
         for (slot, port) in out.iter_mut().zip(&self.0) {
             *slot = *port;

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// The relays' client policy, recorded in `state`.
-pub async fn policy(
+pub(crate) async fn policy(
     args: &RunArgs,
     kube: Option<kube::Client>,
     state: &AgentState,

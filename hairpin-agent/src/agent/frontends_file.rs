@@ -147,7 +147,7 @@ fn source_of(path: &std::sync::Arc<Path>, name: Option<&str>) -> Origin {
 
 /// What one version of the file says: the frontends, and the names routed to them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct FrontendsFile {
+pub(crate) struct FrontendsFile {
     /// One frontend per LoadBalancer address.
     pub frontends: Frontends,
     /// The `hosts` names, each routed to its own entry's LB.
@@ -155,7 +155,7 @@ pub struct FrontendsFile {
 }
 
 /// Reads `path` once and parses it, routing its `hosts` within `scope`.
-pub fn load(path: &Path, scope: &NameScope) -> Result<FrontendsFile, FrontendsFileError> {
+pub(crate) fn load(path: &Path, scope: &NameScope) -> Result<FrontendsFile, FrontendsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| FrontendsFileError::Read {
         path: path.to_path_buf(),
         source,
@@ -166,7 +166,7 @@ pub fn load(path: &Path, scope: &NameScope) -> Result<FrontendsFile, FrontendsFi
 /// Parses the YAML `text` of the file at `path` (named in errors): frontends and
 /// routes from one parse, so both always come from the same version of the file.
 /// `hosts` names outside `scope` are skips in the routes, not errors.
-pub fn parse_file(
+pub(crate) fn parse_file(
     path: &Path,
     text: &str,
     scope: &NameScope,

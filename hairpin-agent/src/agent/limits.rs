@@ -13,7 +13,7 @@ use crate::status::metrics::Metrics;
 /// hand a container: containerd 2 and systemd services get a soft limit of 1,024
 /// (about 500 connections) under a hard limit hundreds of times higher. Returns the
 /// soft limit in force.
-pub fn raise_nofile_limit() -> u64 {
+pub(crate) fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok(l) => l,
@@ -40,13 +40,13 @@ pub fn raise_nofile_limit() -> u64 {
 /// Decides when freed memory is worth returning: after connections closed since the
 /// last time, so an idle agent does nothing and a busy one trims once per period.
 #[derive(Debug, Default)]
-pub struct TrimTrigger {
+pub(crate) struct TrimTrigger {
     last_closed: u64,
 }
 
 impl TrimTrigger {
     /// True when `closed` (connections closed so far) moved since the last `true`.
-    pub fn due(&mut self, closed: u64) -> bool {
+    pub(crate) fn due(&mut self, closed: u64) -> bool {
         let due = closed != self.last_closed;
         self.last_closed = closed;
         due
@@ -61,7 +61,7 @@ impl TrimTrigger {
 /// all closed, against 13 MiB before, and so counted against the container's memory
 /// limit at the next burst. `malloc_trim(0)` brought it back to 34 MiB
 /// (`tests/tests/reliability.rs`, RELIABILITY.md).
-pub fn spawn_trimmer(metrics: Metrics, every: Duration) {
+pub(crate) fn spawn_trimmer(metrics: Metrics, every: Duration) {
     tokio::spawn(async move {
         let mut trigger = TrimTrigger::default();
         let mut tick = tokio::time::interval(every);
@@ -79,14 +79,14 @@ pub fn spawn_trimmer(metrics: Metrics, every: Duration) {
 /// connections (above), and after each reconcile (a large apply allocates the
 /// parsed source, the plan and the status rows once and frees most of it).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     // SAFETY: malloc_trim only walks the allocator's own arenas under their locks.
     unsafe { libc::malloc_trim(0) };
 }
 
 /// Nothing to give back with other allocators.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release_free_memory() {}
+pub(crate) fn release_free_memory() {}
 
 #[cfg(test)]
 mod tests {

@@ -12,19 +12,19 @@
 //! of its own.
 
 pub mod args;
-pub mod clients;
+pub(crate) mod clients;
 pub mod coredns_writer;
 pub mod frontends_file;
-pub mod limits;
-pub mod mode;
-pub mod name_limits;
-pub mod reconcile;
-pub mod report;
-pub mod slot_addresses;
-pub mod source;
+pub(crate) mod limits;
+pub(crate) mod mode;
+pub(crate) mod name_limits;
+pub(crate) mod reconcile;
+pub(crate) mod report;
+pub(crate) mod slot_addresses;
+pub(crate) mod source;
 mod startup;
 
-pub use startup::{SignalError, StartError};
+pub(crate) use startup::{SignalError, StartError};
 
 use std::{
     net::IpAddr,
@@ -82,7 +82,7 @@ pub async fn run(args: RunArgs) -> Result<(), StartError> {
 
 /// Why [`Agent::wait`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// The source delivered a new desired state.
     Changed,
     /// Failed frontends or name listeners are due for a retry.
@@ -92,7 +92,7 @@ pub enum Wake {
 }
 
 /// The running agent.
-pub struct Agent {
+pub(crate) struct Agent {
     state: AgentState,
     metrics: Metrics,
     desired: DesiredRx,
@@ -139,7 +139,7 @@ pub struct Agent {
 /// ([`owner::on_sigterm`], which keeps it when in doubt: a kept datapath never breaks
 /// traffic, it goes inert at the TTL and `cleanup` removes it; a removed one would
 /// leave every connect without hairpin until the next agent starts).
-pub async fn decide_removal(
+pub(crate) async fn decide_removal(
     pinned: bool,
     kube: Option<&kube::Client>,
     daemonset: Option<&ObjectName>,
@@ -151,7 +151,7 @@ pub async fn decide_removal(
 impl Agent {
     /// Makes what the source says now live (nothing before it first synced), and
     /// reports it; arms the retry timer while something can still come right.
-    pub fn apply(&mut self, trigger: Trigger) {
+    pub(crate) fn apply(&mut self, trigger: Trigger) {
         let Some(next) = self.desired.borrow_and_update().clone() else {
             return;
         };
@@ -339,7 +339,7 @@ impl Agent {
 
     /// Waits for the next reason to apply, beating while idle so `/healthz` can
     /// tell a stuck loop.
-    pub async fn wait(&mut self) -> Wake {
+    pub(crate) async fn wait(&mut self) -> Wake {
         let retry_in = self.retry_in;
         let retry_timer = async {
             match retry_in {
@@ -381,7 +381,7 @@ impl Agent {
     /// until the sockets map is empty (every established marked socket has written
     /// its header, or closed), alongside the relay's drain and within the same
     /// deadline; then every link and pin goes.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         let deadline = self.drain_timeout;
         let until = tokio::time::Instant::now() + deadline;
         let mut kernel_sockets = None;

@@ -11,7 +11,7 @@ use crate::{
 
 /// What loading and attaching the programs came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EbpfOutcome {
+pub(crate) enum EbpfOutcome {
     /// Not tried (`--mode fallback`).
     NotTried,
     /// Attached.
@@ -22,7 +22,7 @@ pub enum EbpfOutcome {
 
 /// What is configured in, besides the mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Configured {
+pub(crate) struct Configured {
     /// `--hosts-file` is set.
     pub hosts_file: bool,
     /// `--coredns` is not `off`.
@@ -31,7 +31,7 @@ pub struct Configured {
 
 /// The paths to run, with the reason in one sentence for `/status`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The programs are attached and redirect LB IPs.
     pub ebpf: bool,
     /// The name relay listens (behind the hosts block and the CoreDNS rewrites).
@@ -46,7 +46,7 @@ pub struct Plan {
 
 impl Plan {
     /// The live paths, in a fixed order: the programs, hosts, CoreDNS.
-    pub fn live(&self) -> Vec<NodePath> {
+    pub(crate) fn live(&self) -> Vec<NodePath> {
         [
             (self.ebpf, NodePath::Programs),
             (self.hosts, NodePath::Hosts),
@@ -58,7 +58,7 @@ impl Plan {
     }
 
     /// The live paths that go through the name relay.
-    pub fn name_paths(&self) -> Vec<LivePath> {
+    pub(crate) fn name_paths(&self) -> Vec<LivePath> {
         self.live()
             .into_iter()
             .filter_map(NodePath::name_path)
@@ -67,7 +67,7 @@ impl Plan {
 }
 
 /// Decides the paths for `mode` after the datapath attempt `ebpf`.
-pub fn plan(mode: Mode, ebpf: &EbpfOutcome, cfg: Configured) -> Plan {
+pub(crate) fn plan(mode: Mode, ebpf: &EbpfOutcome, cfg: Configured) -> Plan {
     let attached = *ebpf == EbpfOutcome::Attached;
     let names_reason = |why: &str| {
         let mut parts = Vec::new();

@@ -36,7 +36,7 @@ pub struct NameLimitArgs {
 
 impl NameLimitArgs {
     /// The caps, as names resolution takes them.
-    pub fn limits(&self) -> NameCaps {
+    pub(crate) fn limits(&self) -> NameCaps {
         NameCaps {
             per_namespace: self.max_names_per_namespace as usize,
             total: self.max_names as usize,

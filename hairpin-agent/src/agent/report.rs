@@ -16,7 +16,7 @@ use crate::{
 
 /// How clients reach the name relay: the live name paths and the LB ports names route to.
 #[derive(Clone, Debug, Default)]
-pub struct NamePaths {
+pub(crate) struct NamePaths {
     /// Live name paths: hosts, CoreDNS.
     pub live: Vec<LivePath>,
     /// The LB addresses at least one routed name leads to.
@@ -27,7 +27,11 @@ pub struct NamePaths {
 
 impl NamePaths {
     /// The paths for `routes` with `live` name paths (empty when the name relay is off).
-    pub fn new(live: Vec<LivePath>, routes: &[NameRoute], relay: Option<IpAddr>) -> NamePaths {
+    pub(crate) fn new(
+        live: Vec<LivePath>,
+        routes: &[NameRoute],
+        relay: Option<IpAddr>,
+    ) -> NamePaths {
         let routed = routes
             .iter()
             .flat_map(|r| r.ports.iter().map(|p| SocketAddr::new(r.lb, *p)))
@@ -40,7 +44,7 @@ impl NamePaths {
     }
 
     /// The name paths reaching LB address `addr`, if any.
-    pub fn for_frontend(&self, addr: SocketAddr) -> Vec<LivePath> {
+    pub(crate) fn for_frontend(&self, addr: SocketAddr) -> Vec<LivePath> {
         if self.relay.is_some() && self.routed.contains(&addr) {
             self.live.clone()
         } else {
@@ -51,7 +55,7 @@ impl NamePaths {
 
 /// What the reconciler holds after an apply: the frontends live, those that
 /// failed, and those it left as they were, and why.
-pub struct Reconciled<'a, A> {
+pub(crate) struct Reconciled<'a, A> {
     /// Live now.
     pub active: A,
     /// Could not be made live.
@@ -61,7 +65,7 @@ pub struct Reconciled<'a, A> {
 }
 
 /// Every frontend in `desired`, as `/status` lists it.
-pub fn frontend_statuses<'a>(
+pub(crate) fn frontend_statuses<'a>(
     rec: Reconciled<'a, impl Iterator<Item = &'a Active>>,
     desired: &Frontends,
     names: &NamePaths,
@@ -145,7 +149,7 @@ pub fn frontend_statuses<'a>(
 /// Lists the frontends on the relay path of a family the relay does not serve
 /// (`unserved`) as failed, with why and what to do: their connects go as before
 /// hairpin, though their slot and map entry are in place. How many.
-pub fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily]) -> usize {
+pub(crate) fn mark_unserved(statuses: &mut [FrontendStatus], unserved: &[UnservedFamily]) -> usize {
     let mut marked = 0;
     for f in statuses.iter_mut() {
         if f.state != FrontendState::Active || f.path.0.first() != Some(&LivePath::Relay) {

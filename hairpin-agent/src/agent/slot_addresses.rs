@@ -35,7 +35,7 @@ pub enum SlotAddressError {
 
 /// One TCP listener of the node's network namespace, as `/proc/net/tcp{,6}` lists it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct BoundSocket {
+pub(crate) struct BoundSocket {
     /// `tcp` (slots are TCP only).
     pub proto: &'static str,
     /// Its local address.
@@ -46,13 +46,13 @@ pub struct BoundSocket {
 
 /// The first port of a slot address that is a slot: below it the relay's and the
 /// name relay's own listeners sit on privileged ports, which the slots leave alone.
-pub const FIRST_SLOT_PORT: u16 = 1024;
+pub(crate) const FIRST_SLOT_PORT: u16 = 1024;
 
 /// Refuses each of `addresses` that is one of `node_ips` or has a listener of
 /// `bound` on that very address at a slot port ([`FIRST_SLOT_PORT`] and up; the
 /// wildcard address is not counted, nor a connection: those on a slot address are
 /// the relay's own, such as a killed agent's in TIME_WAIT).
-pub fn check(
+pub(crate) fn check(
     addresses: &[IpAddr],
     node_ips: &[IpAddr],
     bound: &[BoundSocket],
@@ -86,7 +86,7 @@ pub fn check(
 
 /// The TCP listeners of this network namespace on a specific address, from
 /// `/proc/net/{tcp,tcp6}`; a file that cannot be read adds nothing.
-pub fn bound_sockets() -> Vec<BoundSocket> {
+pub(crate) fn bound_sockets() -> Vec<BoundSocket> {
     let mut out = Vec::new();
     for (file, proto) in [("/proc/net/tcp", "tcp"), ("/proc/net/tcp6", "tcp")] {
         if let Ok(text) = std::fs::read_to_string(file) {
@@ -98,7 +98,7 @@ pub fn bound_sockets() -> Vec<BoundSocket> {
 
 /// The listeners of one `/proc/net/tcp{,6}` table (its header line skipped): state
 /// `0A`, `TCP_LISTEN`.
-pub fn parse_proc_net(text: &str, proto: &'static str) -> Vec<BoundSocket> {
+pub(crate) fn parse_proc_net(text: &str, proto: &'static str) -> Vec<BoundSocket> {
     text.lines()
         .skip(1)
         .filter_map(|line| {

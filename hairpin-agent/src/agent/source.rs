@@ -28,7 +28,7 @@ use crate::k8s::desired::{Desired, DesiredRx, ToApply, ToReport};
 /// The frontends file now, then on every change; `name` is the source's name in
 /// `/status`; its `hosts` are routed within `scope`. A file that does not load now
 /// is an error: nothing is attached yet.
-pub fn file(
+pub(crate) fn file(
     path: &Path,
     every: Duration,
     state: AgentState,
@@ -50,7 +50,7 @@ pub fn file(
 
 /// The cluster, through [`k8s::source`], which sends its desired state itself once
 /// the Service list has synced.
-pub fn kubernetes(
+pub(crate) fn kubernetes(
     client: kube::Client,
     cfg: SourceConfig,
     metrics: Metrics,

@@ -45,7 +45,7 @@ pub struct AgentArgs {
 
 impl AgentArgs {
     /// The datapaths pinned in --bpf-pin-dir; `None` when it is `none`.
-    pub fn read_pinned(&self) -> Option<Vec<crate::datapath::inspect::PinnedDatapath>> {
+    pub(crate) fn read_pinned(&self) -> Option<Vec<crate::datapath::inspect::PinnedDatapath>> {
         (self.bpf_pin_dir.as_os_str() != "none")
             .then(|| crate::datapath::inspect::read_pinned(&self.bpf_pin_dir))
     }
@@ -53,7 +53,7 @@ impl AgentArgs {
 
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminClientError {
+pub(crate) enum AdminClientError {
     /// The socket did not answer.
     #[error(
         "the agent is not reachable on its admin socket {socket} (root only; --admin-socket): {source}"
@@ -79,7 +79,7 @@ pub enum AdminClientError {
 
 /// An HTTP reply: status code and body.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The status code.
     pub code: u16,
     /// The body.
@@ -88,7 +88,7 @@ pub struct Reply {
 
 impl AdminArgs {
     /// GETs `path` from the agent over its admin socket.
-    pub fn get(&self, path: &str) -> Result<Reply, AdminClientError> {
+    pub(crate) fn get(&self, path: &str) -> Result<Reply, AdminClientError> {
         let s = UnixStream::connect(&self.admin_socket).map_err(|source| {
             AdminClientError::Unreachable {
                 socket: self.admin_socket.clone(),
@@ -112,7 +112,7 @@ impl AdminArgs {
     }
 
     /// The agent's `/status`, which it serves on its unix socket only.
-    pub fn status(&self) -> Result<Snapshot, AdminClientError> {
+    pub(crate) fn status(&self) -> Result<Snapshot, AdminClientError> {
         let reply = self.get(STATUS_PATH)?;
         if reply.code != 200 {
             return Err(AdminClientError::BadReply {
@@ -136,7 +136,7 @@ fn request(mut s: impl Read + Write, path: &str) -> std::io::Result<String> {
 }
 
 /// Splits a raw HTTP/1.x reply into status code and body.
-pub fn parse_reply(raw: &str) -> Option<Reply> {
+pub(crate) fn parse_reply(raw: &str) -> Option<Reply> {
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let status = head.lines().next()?;
     let mut parts = status.split_whitespace();

@@ -116,7 +116,7 @@ pub enum Scope {
 /// What happened to one thing hairpin may have written.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// It was there and is gone now.
     Removed,
     /// It was not there.
@@ -129,7 +129,7 @@ pub enum Outcome {
 
 /// One step of the cleanup report: what was removed, and how it went.
 #[derive(Debug, Serialize)]
-pub struct CleanupStep {
+pub(crate) struct CleanupStep {
     /// `hosts`, `names-address`, `names-nat`, `coredns`, `lease`, `pinned-*`.
     pub name: &'static str,
     /// The thing: a path, `addr on link`, `configmap ns/name`, `lease ns/name`.
@@ -142,7 +142,7 @@ pub struct CleanupStep {
 
 /// The JSON document `cleanup --output json` prints.
 #[derive(Debug, Serialize)]
-pub struct CleanupReport {
+pub(crate) struct CleanupReport {
     /// True when nothing failed.
     pub ok: bool,
     /// Each step in order.
@@ -191,7 +191,7 @@ pub fn clean_up(args: &CleanupArgs) -> Result<i32, CliError> {
 }
 
 /// Does every step and reports each.
-pub async fn remove_all(args: &CleanupArgs) -> CleanupReport {
+pub(crate) async fn remove_all(args: &CleanupArgs) -> CleanupReport {
     let mut steps = Vec::new();
     if args.scope != Scope::Cluster {
         node_steps(args, &mut steps).await;
@@ -369,7 +369,7 @@ async fn cluster_steps(args: &CleanupArgs, steps: &mut Vec<CleanupStep>) {
 }
 
 /// The human rendering.
-pub fn render(r: &CleanupReport) -> String {
+pub(crate) fn render(r: &CleanupReport) -> String {
     let mut out = String::new();
     for s in &r.steps {
         let outcome = format!("{:?}", s.outcome).to_lowercase();

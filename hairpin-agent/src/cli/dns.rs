@@ -9,7 +9,7 @@ use std::{
 
 /// Errors of a DNS lookup.
 #[derive(Debug, thiserror::Error)]
-pub enum DnsError {
+pub(crate) enum DnsError {
     /// The name cannot be encoded (empty label, label over 63 bytes).
     #[error("invalid dns name {0:?}: labels must be 1 to 63 bytes")]
     Name(String),
@@ -50,12 +50,12 @@ fn rcode_name(rcode: u8) -> &'static str {
 }
 
 /// DNS record type A.
-pub const TYPE_A: u16 = 1;
+pub(crate) const TYPE_A: u16 = 1;
 /// DNS record type AAAA.
-pub const TYPE_AAAA: u16 = 28;
+pub(crate) const TYPE_AAAA: u16 = 28;
 
 /// Encodes a recursive query for `name` of type `qtype`.
-pub fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, DnsError> {
+pub(crate) fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, DnsError> {
     let mut q = Vec::with_capacity(32 + name.len());
     q.extend_from_slice(&id.to_be_bytes());
     q.extend_from_slice(&[0x01, 0x00]); // RD
@@ -74,7 +74,11 @@ pub fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, DnsError>
 }
 
 /// The A and AAAA addresses in answer `buf` to query `id`.
-pub fn parse_answer(server: SocketAddr, id: u16, buf: &[u8]) -> Result<Vec<IpAddr>, DnsError> {
+pub(crate) fn parse_answer(
+    server: SocketAddr,
+    id: u16,
+    buf: &[u8],
+) -> Result<Vec<IpAddr>, DnsError> {
     let bad = |detail| DnsError::Malformed { server, detail };
     if buf.len() < 12 {
         return Err(bad("shorter than a header"));
@@ -128,7 +132,11 @@ fn skip_name(buf: &[u8], mut at: usize) -> Option<usize> {
 }
 
 /// Asks `server` for the A and AAAA records of `name`.
-pub fn lookup(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<IpAddr>, DnsError> {
+pub(crate) fn lookup(
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Vec<IpAddr>, DnsError> {
     let io = |source| DnsError::Io { server, source };
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal address")

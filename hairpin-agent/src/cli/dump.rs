@@ -49,7 +49,7 @@ pub struct DumpArgs {
 
 /// One map's contents.
 #[derive(Clone, Debug, Serialize)]
-pub struct MapDump {
+pub(crate) struct MapDump {
     /// Kernel map id.
     pub id: u32,
     /// Kernel name.
@@ -66,7 +66,7 @@ pub struct MapDump {
 
 /// One frontends map entry.
 #[derive(Clone, Debug, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The LoadBalancer address a connect is aimed at.
     pub frontend: String,
     /// The relay listener it is rewritten to.
@@ -80,7 +80,7 @@ pub struct Entry {
 
 /// The JSON document `dump --output json` prints.
 #[derive(Clone, Debug, Serialize)]
-pub struct DumpReport {
+pub(crate) struct DumpReport {
     /// `map_id`, `pid`, `pins`, `agent` or `all`.
     pub selected_by: &'static str,
     /// The maps.
@@ -210,7 +210,7 @@ fn dump_one(m: &FoundMap) -> Option<MapDump> {
 }
 
 /// The human rendering.
-pub fn render(r: &DumpReport, colour: bool) -> String {
+pub(crate) fn render(r: &DumpReport, colour: bool) -> String {
     if r.maps.is_empty() {
         return format!("no hairpin maps found (selected by {})\n", r.selected_by);
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 /// A kube-proxy mode found on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub(crate) enum Mode {
     /// KUBE-SERVICES in the nat table.
     Iptables,
     /// `table ip kube-proxy` / `table ip6 kube-proxy`.
@@ -21,7 +21,7 @@ pub enum Mode {
 
 impl Mode {
     /// Lowercase name, as in the JSON.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
@@ -32,7 +32,7 @@ impl Mode {
 
 /// One destination kube-proxy rewrites before it leaves the node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ShortCircuit {
+pub(crate) struct ShortCircuit {
     /// The destination IP.
     pub ip: IpAddr,
     /// The TCP port; `None` for every port (IPVS binds the whole address).
@@ -45,7 +45,7 @@ pub struct ShortCircuit {
 
 /// What kube-proxy did on this node.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct KubeProxy {
+pub(crate) struct KubeProxy {
     /// Modes found (normally one).
     pub modes: Vec<Mode>,
     /// Destinations short-circuited.
@@ -56,7 +56,7 @@ pub struct KubeProxy {
 
 impl KubeProxy {
     /// Reads the node's rules (this network namespace's).
-    pub fn observe() -> KubeProxy {
+    pub(crate) fn observe() -> KubeProxy {
         let mut kp = KubeProxy::default();
         for tool in ["iptables-save", "ip6tables-save"] {
             match tool_output(tool, &["-t", "nat"]) {
@@ -89,7 +89,7 @@ impl KubeProxy {
     }
 
     /// The rules that short-circuit `ip:port`.
-    pub fn matching(&self, ip: IpAddr, port: u16) -> Vec<&ShortCircuit> {
+    pub(crate) fn matching(&self, ip: IpAddr, port: u16) -> Vec<&ShortCircuit> {
         self.rules
             .iter()
             .filter(|r| r.ip == ip && r.port.is_none_or(|p| p == port))
@@ -99,7 +99,7 @@ impl KubeProxy {
 
 /// A tool that could not tell what it printed.
 #[derive(Debug, thiserror::Error)]
-pub enum ToolError {
+pub(crate) enum ToolError {
     /// The tool could not be started (absent from this node's PATH, usually).
     #[error("could not run {tool}: {source}")]
     Spawn {
@@ -144,7 +144,7 @@ fn tool_output(tool: &str, args: &[&str]) -> Result<String, ToolError> {
 
 /// Parses `iptables-save -t nat` output: whether a KUBE-SERVICES chain exists, and each
 /// `-A KUBE-SERVICES -d IP/len ... --dport PORT` rule (LoadBalancer, external and cluster IPs).
-pub fn parse_iptables_save(text: &str) -> (bool, Vec<ShortCircuit>) {
+pub(crate) fn parse_iptables_save(text: &str) -> (bool, Vec<ShortCircuit>) {
     let chain = text.lines().any(|l| l.starts_with(":KUBE-SERVICES "));
     let rules = text
         .lines()
@@ -207,7 +207,7 @@ fn shell_words(s: &str) -> Vec<String> {
 /// Parses `nft list ruleset`: whether kube-proxy's nftables table exists, and each
 /// `ADDR . tcp . PORT : goto TARGET` element of its maps (`service-ips` holds cluster,
 /// external and LoadBalancer IPs; LoadBalancer ones go to `external-...` chains).
-pub fn parse_nft_ruleset(text: &str) -> (bool, Vec<ShortCircuit>) {
+pub(crate) fn parse_nft_ruleset(text: &str) -> (bool, Vec<ShortCircuit>) {
     let mut table = false;
     let mut rules = Vec::new();
     let mut inside = false;
@@ -246,7 +246,7 @@ pub fn parse_nft_ruleset(text: &str) -> (bool, Vec<ShortCircuit>) {
 
 /// Parses `ip -o addr show dev kube-ipvs0`: every address bound there is answered by
 /// IPVS on the node itself, on every port.
-pub fn parse_ipvs_addrs(text: &str) -> Vec<ShortCircuit> {
+pub(crate) fn parse_ipvs_addrs(text: &str) -> Vec<ShortCircuit> {
     text.lines()
         .filter_map(|l| {
             let mut w = l.split_whitespace();

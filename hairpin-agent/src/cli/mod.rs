@@ -4,24 +4,24 @@
 //! the agent on this node through its admin server and to the kernel directly, so
 //! they still say something useful when the agent is down.
 
-pub mod admin_client;
+pub(crate) mod admin_client;
 pub mod check;
 pub mod cleanup;
-pub mod dns;
+pub(crate) mod dns;
 pub mod doctor;
 pub mod dump;
 pub mod health;
-pub mod kube_proxy;
-pub mod probe;
+pub(crate) mod kube_proxy;
+pub(crate) mod probe;
 pub mod status;
-pub mod table;
+pub(crate) mod table;
 pub mod uninstall;
 
 use std::io::{IsTerminal, Write};
 
 use serde::Serialize;
 
-pub use admin_client::{AdminArgs, AdminClientError, AgentArgs};
+pub(crate) use admin_client::{AdminArgs, AgentArgs};
 
 /// The exit status of every subcommand: one meaning each, never shared between
 /// meanings, so a script can branch on it (the README's table lists them).
@@ -97,12 +97,12 @@ pub enum CliError {
 }
 
 /// Whether stdout gets ANSI colour: only a terminal does, never a pipe or a file.
-pub fn colour_stdout() -> bool {
+pub(crate) fn colour_stdout() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
 /// Prints `value` as pretty JSON on stdout.
-pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
+pub(crate) fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
@@ -110,7 +110,7 @@ pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
 }
 
 /// Prints `text` on stdout.
-pub fn print_text(text: &str) -> Result<(), CliError> {
+pub(crate) fn print_text(text: &str) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     Ok(())

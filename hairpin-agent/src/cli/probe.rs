@@ -18,7 +18,7 @@ use crate::{model::ProxyVersion, relay::header::Header};
 
 /// One probe to run.
 #[derive(Clone, Debug)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// Where to connect.
     pub addr: SocketAddr,
     /// Host header and TLS server name.
@@ -36,7 +36,7 @@ pub struct Probe {
 /// How a probe ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The server answered: an HTTP status line, or a completed TLS handshake.
     Answered,
     /// Connected, but the server closed, reset or stayed silent.
@@ -47,7 +47,7 @@ pub enum Outcome {
 
 /// What a probe saw.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProbeResult {
+pub(crate) struct ProbeResult {
     /// How it ended.
     pub outcome: Outcome,
     /// The status line, TLS version, or error.
@@ -63,7 +63,7 @@ impl ProbeResult {
     }
 
     /// True when the server answered.
-    pub fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         self.outcome == Outcome::Answered
     }
 }
@@ -71,7 +71,7 @@ impl ProbeResult {
 /// `s` with every control character escaped (`\u{1b}`): a status line is the
 /// server's own bytes, and printed raw its terminal escapes would drive the
 /// operator's terminal (clear it, rewrite earlier lines, set its title).
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_control() {
@@ -84,7 +84,7 @@ pub fn printable(s: &str) -> String {
 }
 
 /// Sends `p` and reads what comes back.
-pub fn send(p: &Probe) -> ProbeResult {
+pub(crate) fn send(p: &Probe) -> ProbeResult {
     let mut stream = match connect(p) {
         Ok(s) => s,
         Err(e) => return ProbeResult::new(Outcome::ConnectFailed, e.to_string()),

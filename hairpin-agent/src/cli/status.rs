@@ -45,7 +45,7 @@ pub struct StatusArgs {
 
 /// The JSON document `status --output json` prints.
 #[derive(Debug, Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     /// True when the agent answered.
     pub agent_reachable: bool,
     /// Why it did not.
@@ -331,7 +331,7 @@ fn render_coredns(out: &mut String, c: &CorednsStatus, colour: bool) {
 }
 
 /// The human rendering of `report`.
-pub fn render(report: &StatusReport, colour: bool) -> String {
+pub(crate) fn render(report: &StatusReport, colour: bool) -> String {
     match &report.status {
         Some(s) => render_snapshot(s, report.not_ready_reason.as_deref(), colour),
         None => render_unreachable(report, colour),
@@ -541,8 +541,8 @@ fn opt(id: Option<u32>) -> String {
 mod kernel;
 mod order;
 mod unreachable;
+pub(crate) use kernel::KernelTally;
 use kernel::render_kernel_path;
-pub use kernel::{KERNEL_FALLBACKS, KERNEL_MISSES, KernelTally};
 use unreachable::render_unreachable;
 
 #[cfg(test)]

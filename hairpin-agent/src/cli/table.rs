@@ -2,7 +2,7 @@
 
 /// How a cell reads: the colour it gets on a terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tone {
+pub(crate) enum Tone {
     /// No colour.
     Plain,
     /// Green: works, ok.
@@ -26,14 +26,14 @@ impl Tone {
 
 /// One cell: its text and tone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cell {
+pub(crate) struct Cell {
     text: String,
     tone: Tone,
 }
 
 impl Cell {
     /// A cell with a tone.
-    pub fn toned(text: impl Into<String>, tone: Tone) -> Cell {
+    pub(crate) fn toned(text: impl Into<String>, tone: Tone) -> Cell {
         Cell {
             text: text.into(),
             tone,
@@ -55,14 +55,14 @@ impl From<&str> for Cell {
 
 /// A table: a header row and rows, columns padded to the widest cell.
 #[derive(Clone, Debug, Default)]
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<Cell>>,
 }
 
 impl Table {
     /// A table with these column headers.
-    pub fn new(headers: &[&str]) -> Table {
+    pub(crate) fn new(headers: &[&str]) -> Table {
         Table {
             headers: headers.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
@@ -70,20 +70,20 @@ impl Table {
     }
 
     /// Adds a row; missing cells render empty.
-    pub fn row(&mut self, cells: Vec<Cell>) -> &mut Table {
+    pub(crate) fn row(&mut self, cells: Vec<Cell>) -> &mut Table {
         self.rows.push(cells);
         self
     }
 
     /// True when no row was added.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
 
     /// The table as lines, indented by `indent` spaces, coloured when `colour`.
     /// Widths count characters, and padding goes outside the colour codes, so
     /// coloured and plain output align the same.
-    pub fn render(&self, indent: usize, colour: bool) -> String {
+    pub(crate) fn render(&self, indent: usize, colour: bool) -> String {
         let cols = self
             .rows
             .iter()
@@ -122,7 +122,7 @@ impl Table {
 }
 
 /// `text` in `tone`'s colour when `colour`, else as is.
-pub fn paint(text: &str, tone: Tone, colour: bool) -> String {
+pub(crate) fn paint(text: &str, tone: Tone, colour: bool) -> String {
     match (colour, tone.ansi()) {
         (true, Some(code)) => format!("{code}{text}\x1b[0m"),
         _ => text.to_string(),

@@ -228,7 +228,7 @@ impl fmt::Display for Owned {
 
 /// How far a DaemonSet's rollout is: `(ready, desired)` once the controller has seen
 /// its current spec and every scheduled pod runs it and is ready; `None` before.
-pub fn rollout_done(ds: &DaemonSet) -> Option<(i32, i32)> {
+pub(crate) fn rollout_done(ds: &DaemonSet) -> Option<(i32, i32)> {
     let status = ds.status.as_ref()?;
     let seen = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
     let desired = status.desired_number_scheduled;
@@ -256,7 +256,7 @@ pub fn uninstall(args: &UninstallArgs) -> Result<i32, CliError> {
 
 /// Does every step of `args.step` in order and reports each; a failed step ends
 /// the run (the next would undo what the failed one protects).
-pub async fn run(args: &UninstallArgs) -> CleanupReport {
+pub(crate) async fn run(args: &UninstallArgs) -> CleanupReport {
     let mut steps = Vec::new();
     let deadline = Instant::now() + args.timeout;
     let client = match crate::k8s::client::client(args.cluster.kubeconfig.as_deref()).await {

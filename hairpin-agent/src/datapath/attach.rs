@@ -12,7 +12,7 @@ use super::role::Role;
 
 /// Where the programs are attached, and through which links.
 #[derive(Debug)]
-pub struct Attachment {
+pub(crate) struct Attachment {
     /// The cgroup v2 directory.
     pub cgroup: PathBuf,
     pub(crate) links: Vec<Link>,
@@ -35,7 +35,7 @@ pub(crate) struct Link {
 
 /// What the agent did with a hook's link at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Adoption {
+pub(crate) enum Adoption {
     /// None was pinned: a new link was made.
     New,
     /// A pinned link ran an earlier agent's program: swapped for this agent's in
@@ -62,7 +62,7 @@ impl fmt::Display for Adoption {
 
 impl Attachment {
     /// Per hook, what became of its link, as `status` lists it.
-    pub fn adopted_status(&self) -> Vec<(String, String)> {
+    pub(crate) fn adopted_status(&self) -> Vec<(String, String)> {
         self.adopted
             .iter()
             .map(|(hook, how)| (hook.to_string(), how.to_string()))

@@ -31,7 +31,7 @@ impl CountersReader {
     /// less left) and marked sockets not yet seen established. Each difference reads
     /// its subtrahends first, so a socket that moves on between the reads is never
     /// missed, only counted twice.
-    pub fn fill(&self) -> Fill {
+    pub(crate) fn fill(&self) -> Fill {
         let get = |c: Counter| -> u64 {
             self.0
                 .get(&(c as u32), 0)
@@ -73,7 +73,7 @@ pub(crate) fn named_counters(map: &PerCpuArray<MapData, u64>) -> Vec<(&'static s
 
 /// The sockets map's fill, from the counters ([`CountersReader::fill`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Fill {
+pub(crate) struct Fill {
     /// Established marked sockets in the map: their header is not out yet.
     pub in_map: u64,
     /// Marked sockets not yet seen established (`kernel_marked` less those that

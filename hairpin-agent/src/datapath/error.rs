@@ -278,7 +278,7 @@ pub(super) fn classify_denial(status: &str, errno: i32) -> Option<Denial> {
 /// Why connections aimed at the relay's slots cannot reach its listeners: the
 /// relay's sk_lookup program did not load.
 #[derive(Debug, thiserror::Error)]
-pub enum SteeringError {
+pub(crate) enum SteeringError {
     /// The object has no such program (a build without it).
     #[error("the eBPF object has no program {}", hairpin_ebpf::PROG_SK_LOOKUP)]
     Missing,

@@ -61,7 +61,7 @@ pub(crate) fn open_map_read_only(path: &Path) -> Result<Map, InspectError> {
 
 /// One link pinned in a layout directory.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PinnedLink {
+pub(crate) struct PinnedLink {
     /// The hook (`connect4`, `sock_ops`, ...).
     pub hook: String,
     /// The link's kernel id and the program it runs; `None` with `error`.
@@ -77,7 +77,7 @@ pub struct PinnedLink {
 
 /// One frontends map entry, as `dump` prints it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FrontendEntry {
+pub(crate) struct FrontendEntry {
     /// The LoadBalancer address a connect is aimed at.
     pub frontend: SocketAddr,
     /// The relay slot it is rewritten to, `#ADDRESS:PORT` (the index of the slot
@@ -89,7 +89,7 @@ pub struct FrontendEntry {
 
 /// One pinned layout (`<pin dir>/v<N>`), read.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PinnedDatapath {
+pub(crate) struct PinnedDatapath {
     /// The layout directory.
     pub dir: PathBuf,
     /// The links found, in the order hooks are linked.

@@ -35,7 +35,7 @@ pub enum KernelObjectsError {
 impl KernelObjectsError {
     /// True when the map no longer exists (ENOENT opening it by id): it was freed
     /// between being listed and being opened, as an exiting agent's maps are.
-    pub fn is_gone(&self) -> bool {
+    pub(crate) fn is_gone(&self) -> bool {
         match self {
             Self::Map {
                 op: "open", source, ..
@@ -51,13 +51,13 @@ impl KernelObjectsError {
 
 /// The kernel's object names: BPF_OBJ_NAME_LEN is 16 with the NUL, so names are cut to
 /// 15 bytes (`HAIRPIN_FRONTENDS` is `HAIRPIN_FRONTEN`; both programs are `hairpin_connect`).
-pub fn kernel_name(name: &str) -> &str {
+pub(crate) fn kernel_name(name: &str) -> &str {
     name.get(..15).unwrap_or(name)
 }
 
 /// One hairpin map found in the kernel.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FoundMap {
+pub(crate) struct FoundMap {
     /// Kernel map id.
     pub id: u32,
     /// Kernel (truncated) name.
@@ -67,7 +67,7 @@ pub struct FoundMap {
 /// Every bpf link the kernel lists, as (program id, link id). Kernels before 5.8
 /// cannot list links: that is an error, not an empty list. A link freed between
 /// being listed and being opened (another tool's, going away) is skipped.
-pub fn links() -> Result<Vec<(u32, u32)>, KernelObjectsError> {
+pub(crate) fn links() -> Result<Vec<(u32, u32)>, KernelObjectsError> {
     let mut found = Vec::new();
     let mut first_error = None;
     for l in loaded_links() {
@@ -85,7 +85,7 @@ pub fn links() -> Result<Vec<(u32, u32)>, KernelObjectsError> {
 }
 
 /// Ids for `programs` (ELF name, kernel info), with their links found by listing.
-pub fn ids_of(programs: &[(&str, ProgramInfo)]) -> KernelIds {
+pub(crate) fn ids_of(programs: &[(&str, ProgramInfo)]) -> KernelIds {
     let links = links().unwrap_or_default();
     let mut ids = KernelIds::default();
     for (name, info) in programs {
@@ -117,7 +117,7 @@ pub fn ids_of(programs: &[(&str, ProgramInfo)]) -> KernelIds {
 
 /// Every loaded program named like hairpin's, with links and maps: what is in the
 /// kernel whether or not an agent answers.
-pub fn hairpin_programs() -> Result<Vec<ProgramIds>, KernelObjectsError> {
+pub(crate) fn hairpin_programs() -> Result<Vec<ProgramIds>, KernelObjectsError> {
     let mut found = Vec::new();
     for p in loaded_programs() {
         let p = p.map_err(|e| KernelObjectsError::Programs(Box::new(e)))?;
@@ -162,7 +162,7 @@ pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, aya::sys::Syscall
 }
 
 /// Every loaded map named like hairpin's frontends or counters map.
-pub fn hairpin_maps() -> Vec<FoundMap> {
+pub(crate) fn hairpin_maps() -> Vec<FoundMap> {
     loaded_maps()
         .filter_map(Result::ok)
         .filter_map(|m| {
@@ -178,7 +178,7 @@ pub fn hairpin_maps() -> Vec<FoundMap> {
 }
 
 /// The bpf map ids process `pid` holds open, from /proc/PID/fdinfo (`map_id:` lines).
-pub fn map_ids_of_pid(pid: u32) -> std::io::Result<Vec<u32>> {
+pub(crate) fn map_ids_of_pid(pid: u32) -> std::io::Result<Vec<u32>> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         let Ok(text) = std::fs::read_to_string(entry?.path()) else {

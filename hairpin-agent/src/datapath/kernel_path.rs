@@ -37,7 +37,7 @@ const _: () = assert!(
 
 /// How the kernel path stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KernelPath {
+pub(crate) enum KernelPath {
     /// `--kernel-path off`: every frontend takes the relay path.
     Off,
     /// Asked for, but this kernel cannot run it (why, and its kind): every frontend
@@ -55,7 +55,7 @@ pub enum KernelPath {
 
 impl KernelPath {
     /// Whether kernel-path frontends get in-kernel headers.
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         *self == KernelPath::On
     }
 
@@ -95,7 +95,7 @@ impl KernelPath {
     /// Why a frontend whose `first` side speaks first and that asks for `path` takes
     /// the path it takes, when the kernel path was asked for (`None` when it is off:
     /// everything is relayed). The same order as [`KernelPath::value`].
-    pub fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
+    pub(crate) fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
         match (self, first, path) {
             (KernelPath::Off, _, _) => None,
             (KernelPath::Unavailable { .. }, _, _) => {

@@ -91,7 +91,7 @@ impl Liveness {
 
 /// How a pinned heartbeat stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeartbeatState {
+pub(crate) enum HeartbeatState {
     /// Younger than its TTL: the connect programs act for this much longer.
     Live(Duration),
     /// Older than its TTL by this much: the connect programs leave traffic alone.
@@ -142,14 +142,14 @@ pub fn monotonic_ns() -> u64 {
 /// `CLOCK_MONOTONIC` and the TTL. The agent beats every [`BEAT_EVERY`]; the connect
 /// programs act only while the last beat is younger than the TTL.
 #[derive(Clone)]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     map: Arc<std::sync::Mutex<Array<MapData, u64>>>,
     ttl: Duration,
 }
 
 impl Heartbeat {
     /// Writes the TTL and a beat of now.
-    pub fn beat(&self) -> Result<(), DatapathError> {
+    pub(crate) fn beat(&self) -> Result<(), DatapathError> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let ttl = u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX);
         map.set(HEARTBEAT_TTL, ttl, 0)
@@ -157,29 +157,20 @@ impl Heartbeat {
             .map_err(map_error("write", MAP_HEARTBEAT, String::new()))
     }
 
-    /// The heartbeat as the programs see it now.
-    pub fn state(&self) -> HeartbeatState {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        match (map.get(&HEARTBEAT_BEAT, 0), map.get(&HEARTBEAT_TTL, 0)) {
-            (Ok(beat), Ok(ttl)) => heartbeat_at(beat, ttl, monotonic_ns()),
-            _ => HeartbeatState::Unreadable,
-        }
-    }
-
     /// Seconds since the last beat (None: never, or unreadable).
-    pub fn age(&self) -> Option<Duration> {
+    pub(crate) fn age(&self) -> Option<Duration> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let beat = map.get(&HEARTBEAT_BEAT, 0).ok().filter(|b| *b != 0)?;
         Some(Duration::from_nanos(monotonic_ns().saturating_sub(beat)))
     }
 
     /// The TTL.
-    pub fn ttl(&self) -> Duration {
+    pub(crate) fn ttl(&self) -> Duration {
         self.ttl
     }
 
     /// Beats every `every` until the task is dropped; a failed write is logged.
-    pub async fn beat_every(self, every: Duration) {
+    pub(crate) async fn beat_every(self, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -197,7 +188,7 @@ impl Heartbeat {
 /// names is there, carrying the bypass mark on a privileged port; the kernel takes a
 /// listener out as it closes: a relay that is gone is never a target.
 #[derive(Clone)]
-pub struct RelayLiveness {
+pub(crate) struct RelayLiveness {
     map: Arc<std::sync::Mutex<SockMap<MapData>>>,
     /// The bypass mark, which a listener carries to be taken for the agent's own.
     mark: u32,
@@ -207,7 +198,7 @@ impl RelayLiveness {
     /// Marks the listening socket `fd` (listening on `addr`) with the bypass mark and
     /// registers it at `index`, in place of whatever was there. The map holds no
     /// reference that keeps it open: its owner closing it takes it out.
-    pub fn register(
+    pub(crate) fn register(
         &self,
         index: u8,
         addr: SocketAddr,

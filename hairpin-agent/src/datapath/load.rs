@@ -117,24 +117,6 @@ impl Datapath {
         Datapath::load_with(object, &LoadOptions::relay(bypass_mark), Pinning::Off, None)
     }
 
-    /// As [`Datapath::load`], with the frontends map sized for `max_frontends`
-    /// entries (the kernel preallocates them).
-    pub fn load_with_capacity(
-        object: &[u8],
-        bypass_mark: u32,
-        max_frontends: u32,
-    ) -> Result<Datapath, DatapathError> {
-        Datapath::load_with(
-            object,
-            &LoadOptions {
-                max_frontends,
-                ..LoadOptions::relay(bypass_mark)
-            },
-            Pinning::Off,
-            None,
-        )
-    }
-
     /// Loads `object` as `opts` say, pinned as `pinning` says (its directory locked
     /// by the lifecycle, which decided it; see the lifecycle's `start`): the shared
     /// maps are the pinned ones when an earlier agent left them (created and pinned
@@ -213,22 +195,22 @@ impl Datapath {
 
     /// Whether connections aimed at the relay's slots can reach its listeners: why
     /// not, when the sk_lookup program did not load.
-    pub fn steering(&self) -> Result<(), &SteeringError> {
+    pub(crate) fn steering(&self) -> Result<(), &SteeringError> {
         self.programs.steering()
     }
 
     /// How the kernel path stands: off, unavailable (why), or on.
-    pub fn kernel_path(&self) -> &KernelPath {
+    pub(crate) fn kernel_path(&self) -> &KernelPath {
         self.programs.kernel_path()
     }
 
     /// How MPTCP subflows are told apart (`off` without the kernel path).
-    pub fn mptcp(&self) -> Mptcp {
+    pub(crate) fn mptcp(&self) -> Mptcp {
         self.programs.mptcp()
     }
 
     /// Where new connect links go among the other programs at the cgroup.
-    pub fn link_order(&self) -> &LinkOrder {
+    pub(crate) fn link_order(&self) -> &LinkOrder {
         self.links.order()
     }
 
@@ -236,7 +218,7 @@ impl Datapath {
     /// consumers first, adopting or replacing what an earlier agent pinned (see the
     /// lifecycle's executor). The heartbeat is written first: a new datapath, or one
     /// whose earlier agent has been gone past the TTL, acts from now on.
-    pub fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
+    pub(crate) fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
         let heartbeat = self.liveness.heartbeat();
         self.links.attach(&mut self.programs, cgroup, || {
             if let Err(e) = heartbeat.beat() {
@@ -246,21 +228,15 @@ impl Datapath {
     }
 
     /// Where the programs are attached, if they are.
-    pub fn attachment(&self) -> Option<&Attachment> {
+    pub(crate) fn attachment(&self) -> Option<&Attachment> {
         self.links.attachment()
-    }
-
-    /// Whether a hand-over of another layout's datapath waits for this agent's
-    /// frontends to be live.
-    pub fn handover_pending(&self) -> bool {
-        self.links.handover_pending()
     }
 
     /// Completes a hand-over once this agent's frontends are live (its first apply
     /// is done): its connect programs are swapped into the other layout's connect
     /// links in place, and that layout goes once the sockets it marked have their
     /// header. Whether there was one to complete.
-    pub fn complete_handover(&mut self) -> bool {
+    pub(crate) fn complete_handover(&mut self) -> bool {
         self.links.complete_handover(&self.programs)
     }
 
@@ -269,19 +245,14 @@ impl Datapath {
     /// sk_msg stay for the sockets already marked. Whether sock_ops is still
     /// attached: then the sockets map is worth waiting for
     /// ([`CountersReader::fill`]) before [`Datapath::detach`].
-    pub fn detach_connect(&mut self) -> bool {
+    pub(crate) fn detach_connect(&mut self) -> bool {
         self.links.detach_connect(&self.programs)
-    }
-
-    /// Detaches whatever is still attached, producers first, and unpins their links.
-    pub fn detach(&mut self) {
-        self.links.detach(&self.programs);
     }
 
     /// Removes the datapath: detaches every link and removes every pin (links,
     /// programs, maps), so nothing of hairpin stays in the kernel once this process
     /// exits. For an uninstall, and for a failed attach.
-    pub fn uninstall(&mut self) {
+    pub(crate) fn uninstall(&mut self) {
         self.links.uninstall(&self.programs);
     }
 
@@ -298,19 +269,19 @@ impl Datapath {
 
     /// Where the attached connect programs run among those at their cgroup, for
     /// `status`; `None` before attach.
-    pub fn link_order_status(&self) -> Option<LinkOrderStatus> {
+    pub(crate) fn link_order_status(&self) -> Option<LinkOrderStatus> {
         let att = self.links.attachment()?;
         let own = |role: Role| Some(self.programs.info(att.program(role)?)?.id());
         Some(order::report(self.links.order(), &att.cgroup, own))
     }
 
     /// Whether the datapath is pinned: the directory, or why not.
-    pub fn pin(&self) -> Pin {
+    pub(crate) fn pin(&self) -> Pin {
         self.links.pinning().status()
     }
 
     /// Where the sockets map is pinned, when the datapath is.
-    pub fn sockets_pin(&self) -> Option<PathBuf> {
+    pub(crate) fn sockets_pin(&self) -> Option<PathBuf> {
         self.links.pinning().dir().map(|p| p.map(MAP_SOCKETS))
     }
 
@@ -318,17 +289,17 @@ impl Datapath {
     /// reconciler), with the kernel path as it stands now: take it after
     /// [`Datapath::attach`], which may find the kernel path unavailable. `None` once
     /// taken.
-    pub fn take_frontends(&mut self) -> Option<FrontendsMap> {
+    pub(crate) fn take_frontends(&mut self) -> Option<FrontendsMap> {
         self.maps.take_frontends(self.programs.kernel_path())
     }
 
     /// Kernel id of the sockets map, for `status` and `dump`.
-    pub fn sockets_map_id(&self) -> Option<u32> {
+    pub(crate) fn sockets_map_id(&self) -> Option<u32> {
         self.maps.sockets_id()
     }
 
     /// The per-CPU counters, summed.
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         self.maps.counters()
     }
 
@@ -339,30 +310,30 @@ impl Datapath {
     }
 
     /// The heartbeat writer: the agent beats every [`BEAT_EVERY`](super::liveness::BEAT_EVERY).
-    pub fn heartbeat(&self) -> Heartbeat {
+    pub(crate) fn heartbeat(&self) -> Heartbeat {
         self.liveness.heartbeat().clone()
     }
 
     /// The relay's liveness registry.
-    pub fn relay_liveness(&self) -> RelayLiveness {
+    pub(crate) fn relay_liveness(&self) -> RelayLiveness {
         self.liveness.relays().clone()
     }
 
     /// Hands the slots map's one writer to its owner (the reconciler), with the
     /// slots an earlier agent bound; `avoid`: ports never to hand out. `None` once
     /// taken.
-    pub fn take_slots(&mut self, avoid: Vec<u16>) -> Option<SlotTable> {
+    pub(crate) fn take_slots(&mut self, avoid: Vec<u16>) -> Option<SlotTable> {
         self.slots.take(avoid)
     }
 
     /// A reader of the slots map for the relay's accept path.
-    pub fn slots_reader(&self) -> Result<SlotsReader, DatapathError> {
+    pub(crate) fn slots_reader(&self) -> Result<SlotsReader, DatapathError> {
         self.slots.reader()
     }
 
     /// Links the sk_lookup program to this process's network namespace, where the
     /// relay listens (see the loaded programs' `steer_slots`).
-    pub fn steer_slots(&mut self) -> Result<(), DatapathError> {
+    pub(crate) fn steer_slots(&mut self) -> Result<(), DatapathError> {
         self.programs.steer_slots()
     }
 

@@ -40,7 +40,7 @@ pub(crate) const SHARED_MAPS: [&str; 9] = [
 
 /// The frontends map's one writer: whoever holds it (the agent's reconciler, through
 /// `Datapath::take_frontends`) is the only code that changes `HAIRPIN_FRONTENDS`.
-pub struct FrontendsMap {
+pub(crate) struct FrontendsMap {
     map: HashMap<MapData, FrontendKey, Redirect>,
     /// Its capacity (`--max-frontends`), for the error when it is full.
     capacity: u32,
@@ -72,13 +72,17 @@ impl FrontendsMap {
     }
 
     /// The kernel path as the entries see it.
-    pub fn kernel_path(&self) -> &KernelPath {
+    pub(crate) fn kernel_path(&self) -> &KernelPath {
         &self.kernel_path
     }
 
     /// Redirects connects to `dialled` to `slot` (the relay path, whatever the
     /// kernel path's state): the names ports' entries.
-    pub fn redirect(&mut self, dialled: SocketAddr, slot: SlotRef) -> Result<(), DatapathError> {
+    pub(crate) fn redirect(
+        &mut self,
+        dialled: SocketAddr,
+        slot: SlotRef,
+    ) -> Result<(), DatapathError> {
         self.insert_value(dialled, Redirect::new(slot, 0))
     }
 
@@ -86,7 +90,7 @@ impl FrontendsMap {
     /// with the kernel path on, a client that speaks `first` and `path` `auto`, the
     /// kernel writes them on the client's own socket and the slot is the fallback; otherwise (off, unavailable, a server that speaks first, or the
     /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         frontend: SocketAddr,
         slot: SlotRef,
@@ -112,7 +116,7 @@ impl FrontendsMap {
 
     /// Removes every entry but those of `live`: what an earlier agent left for
     /// frontends that are gone. Logged per entry (the first few at info level).
-    pub fn retain(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
+    pub(crate) fn retain(&mut self, live: &std::collections::BTreeSet<SocketAddr>) {
         let stale: Vec<FrontendKey> = self
             .map
             .keys()
@@ -134,7 +138,7 @@ impl FrontendsMap {
     }
 
     /// Stops redirecting connects to `frontend`.
-    pub fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
+    pub(crate) fn remove(&mut self, frontend: SocketAddr) -> Result<(), DatapathError> {
         match self.map.remove(&FrontendKey::new(frontend)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(map_error("remove", MAP_FRONTENDS, frontend.to_string())(

@@ -60,7 +60,7 @@ pub mod sys;
 
 pub use cgroup::find_cgroup2_root;
 pub(crate) use counters::CountersReader;
-pub use error::DatapathError;
+pub(crate) use error::DatapathError;
 pub(crate) use kernel_path::{KernelPath, drain_kernel_sockets, read_frontend_paths};
 pub use liveness::monotonic_ns;
 pub(crate) use liveness::{BEAT_EVERY, check_ttl};

@@ -19,7 +19,7 @@ use super::sys;
 
 /// Whether this agent's connect links go before every other program at the cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkOrder {
+pub(crate) enum LinkOrder {
     /// The kernel orders cgroup links: connect links are made with `BPF_F_BEFORE`.
     Before,
     /// The kernel does not order cgroup links (why, as probed): links go after
@@ -34,7 +34,7 @@ impl LinkOrder {
     /// already there for the connect hooks, where the kernel orders links. The other
     /// hooks' order does not matter (sock_ops, setsockopt and sk_msg act on sockets
     /// the connect programs marked).
-    pub fn flags(&self, role: Role) -> u32 {
+    pub(crate) fn flags(&self, role: Role) -> u32 {
         match (self, role) {
             (LinkOrder::Before, Role::Connect4 | Role::Connect6) => sys::BPF_F_BEFORE,
             _ => 0,
@@ -42,7 +42,7 @@ impl LinkOrder {
     }
 
     /// Whether connect links go first.
-    pub fn orders(&self) -> bool {
+    pub(crate) fn orders(&self) -> bool {
         matches!(self, LinkOrder::Before)
     }
 }

@@ -10,7 +10,7 @@ use super::sys;
 /// consumers first (sk_msg and sock_ops act on sockets the connect programs mark),
 /// so a socket marked by a new connect program always meets programs that expect it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
+pub(crate) enum Role {
     /// sk_msg on the sockets map.
     SkMsg,
     /// sock_ops at the cgroup.
@@ -25,7 +25,7 @@ pub enum Role {
 
 impl Role {
     /// Every role, consumers first.
-    pub const ALL: [Role; 5] = [
+    pub(crate) const ALL: [Role; 5] = [
         Role::SkMsg,
         Role::SockOps,
         Role::SetSockopt,
@@ -34,7 +34,7 @@ impl Role {
     ];
 
     /// The pin name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Role::SkMsg => "sk_msg",
             Role::SockOps => "sock_ops",
@@ -45,7 +45,7 @@ impl Role {
     }
 
     /// The kernel's attach type of the hook.
-    pub fn attach_type(self) -> sys::AttachType {
+    pub(crate) fn attach_type(self) -> sys::AttachType {
         match self {
             Role::SkMsg => sys::AttachType::SkMsgVerdict,
             Role::SockOps => sys::AttachType::SockOps,
@@ -56,7 +56,7 @@ impl Role {
     }
 
     /// Whether the kernel path alone uses this hook.
-    pub fn kernel_path_only(self) -> bool {
+    pub(crate) fn kernel_path_only(self) -> bool {
         matches!(self, Role::SkMsg | Role::SockOps | Role::SetSockopt)
     }
 }

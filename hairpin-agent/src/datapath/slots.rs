@@ -28,7 +28,7 @@ use super::liveness::monotonic_ns;
 /// family also holds the relay's listener), written into the object at load. Each
 /// gives [`hairpin_ebpf::SLOTS_PER_ADDR`] slots.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SlotAddrs {
+pub(crate) struct SlotAddrs {
     /// IPv4 slot addresses, at most [`SLOT_ADDRS`].
     pub v4: Vec<Ipv4Addr>,
     /// IPv6 slot addresses, at most [`SLOT_ADDRS`].
@@ -37,7 +37,7 @@ pub struct SlotAddrs {
 
 impl SlotAddrs {
     /// The slot addresses among `addrs`, in order, at most [`SLOT_ADDRS`] per family.
-    pub fn of(addrs: &[IpAddr]) -> SlotAddrs {
+    pub(crate) fn of(addrs: &[IpAddr]) -> SlotAddrs {
         let mut out = SlotAddrs::default();
         for a in addrs {
             match a {
@@ -73,14 +73,14 @@ impl SlotAddrs {
     }
 
     /// Where a client is sent for `slot` of `family`: its address and port.
-    pub fn socket_addr(&self, family: u8, slot: SlotRef) -> Option<SocketAddr> {
+    pub(crate) fn socket_addr(&self, family: u8, slot: SlotRef) -> Option<SocketAddr> {
         self.addr(family, slot.addr)
             .map(|ip| SocketAddr::new(ip, slot.port))
     }
 
     /// The slot a connection accepted at `local` came to (an IPv4 one through a
     /// mapped address too), if `local` is on a slot address.
-    pub fn key_of(&self, local: SocketAddr) -> Option<SlotKey> {
+    pub(crate) fn key_of(&self, local: SocketAddr) -> Option<SlotKey> {
         let (family, index) = match local.ip().to_canonical() {
             IpAddr::V4(ip) => (AF_INET, self.v4.iter().position(|a| *a == ip)?),
             IpAddr::V6(ip) => (AF_INET6, self.v6.iter().position(|a| *a == ip)?),
@@ -142,7 +142,7 @@ pub(super) fn next_free(
 
 /// Why a slot could not be bound.
 #[derive(Debug, thiserror::Error)]
-pub enum SlotError {
+pub(crate) enum SlotError {
     /// No slot address of the frontend's family.
     #[error("no {family} slot address: pass --listen-address with one")]
     NoAddress {
@@ -165,15 +165,10 @@ pub enum SlotError {
     Map(#[from] DatapathError),
 }
 
-impl SlotError {
-    /// Whether retrying cannot help before the set of frontends or the flags change.
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, SlotError::NoAddress { .. })
-    }
-}
+impl SlotError {}
 
 /// The slots map's one writer, and which slot each live frontend holds.
-pub struct SlotTable {
+pub(crate) struct SlotTable {
     map: HashMap<MapData, SlotKey, Slot>,
     addrs: SlotAddrs,
     /// Ports never handed out: the names ports, where the names address is a slot
@@ -247,20 +242,10 @@ impl SlotTable {
         t
     }
 
-    /// The slot addresses.
-    pub fn addrs(&self) -> &SlotAddrs {
-        &self.addrs
-    }
-
-    /// How many slots are bound to live frontends, and how many are retired.
-    pub fn counts(&self) -> (usize, usize) {
-        (self.live.len(), self.retired.len())
-    }
-
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener
     /// `listener` with `version` headers: the one it holds already (an earlier
     /// agent's too), else a free one. Where clients are sent for it.
-    pub fn bind(
+    pub(crate) fn bind(
         &mut self,
         frontend: SocketAddr,
         listener: u8,
@@ -322,7 +307,7 @@ impl SlotTable {
 
     /// Retires `frontend`'s slot (after its redirect is gone): connections still
     /// aimed at it reach it for [`SLOT_QUARANTINE_NS`], then it is free.
-    pub fn retire(&mut self, frontend: SocketAddr) {
+    pub(crate) fn retire(&mut self, frontend: SocketAddr) {
         let Some(key) = self.live.remove(&frontend) else {
             return;
         };
@@ -343,7 +328,7 @@ impl SlotTable {
 
     /// Retires every live slot but those of `keep`: an earlier agent's, for
     /// frontends that went away while no agent ran.
-    pub fn retire_all_but(&mut self, keep: &std::collections::BTreeSet<SocketAddr>) {
+    pub(crate) fn retire_all_but(&mut self, keep: &std::collections::BTreeSet<SocketAddr>) {
         let gone: Vec<SocketAddr> = self
             .live
             .keys()
@@ -359,7 +344,7 @@ impl SlotTable {
     }
 
     /// Frees the retired slots whose quarantine ended (`now`: `CLOCK_MONOTONIC` ns).
-    pub fn sweep(&mut self, now: u64) {
+    pub(crate) fn sweep(&mut self, now: u64) {
         while let Some(&(at, key)) = self.retired.front() {
             if now.saturating_sub(at) < SLOT_QUARANTINE_NS {
                 break;
@@ -393,7 +378,7 @@ impl SlotTable {
 
 /// What the relay needs of a connection's slot: whose it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotOwner {
+pub(crate) struct SlotOwner {
     /// The frontend the slot serves (the names address and port for a names slot).
     pub frontend: SocketAddr,
     /// The PROXY version its relay writes.
@@ -404,7 +389,7 @@ pub struct SlotOwner {
 
 /// The relay's reader of the slots map: whose slot a connection came to.
 #[derive(Clone)]
-pub struct SlotsReader {
+pub(crate) struct SlotsReader {
     map: Arc<HashMap<MapData, SlotKey, Slot>>,
     addrs: SlotAddrs,
 }
@@ -412,7 +397,7 @@ pub struct SlotsReader {
 impl SlotsReader {
     /// The owner of the slot a connection accepted at `local` came to; None when
     /// `local` is no slot, or no frontend holds it.
-    pub fn owner(&self, local: SocketAddr) -> Option<SlotOwner> {
+    pub(crate) fn owner(&self, local: SocketAddr) -> Option<SlotOwner> {
         let key = self.addrs.key_of(local)?;
         let slot = self.map.get(&key, 0).ok()?;
         Some(SlotOwner {

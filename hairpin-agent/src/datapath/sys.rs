@@ -39,7 +39,7 @@ const BPF_F_REPLACE: u32 = 1 << 2;
 /// program or link `relative_fd`/`relative_id` names, or, with 0 there, before
 /// every one attached at that cgroup for that attach type. Kernels without cgroup
 /// link ordering refuse any flag there with EINVAL.
-pub const BPF_F_BEFORE: u32 = 1 << 3;
+pub(crate) const BPF_F_BEFORE: u32 = 1 << 3;
 
 /// `enum bpf_attach_type` values of hairpin's programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,9 +65,9 @@ impl AttachType {
 }
 
 /// `BPF_LINK_TYPE_CGROUP`.
-pub const LINK_TYPE_CGROUP: u32 = 3;
+pub(crate) const LINK_TYPE_CGROUP: u32 = 3;
 /// `BPF_LINK_TYPE_SOCKMAP` (6.10 and newer).
-pub const LINK_TYPE_SOCKMAP: u32 = 14;
+pub(crate) const LINK_TYPE_SOCKMAP: u32 = 14;
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a #[repr(C)] prefix of `union bpf_attr` for `cmd`, zeroed
@@ -124,7 +124,7 @@ struct ObjAttr {
 
 /// Pins the object behind `fd` (a link, program or map) at `path` on a bpf
 /// filesystem. EEXIST when something is pinned there already.
-pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+pub(crate) fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let p = c_path(path)?;
     let mut attr = ObjAttr {
         pathname: p.as_ptr() as u64,
@@ -136,7 +136,7 @@ pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 
 /// Opens the object pinned at `path`, read-write (a link must be opened so to be
 /// updated or detached).
-pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
     open_pinned_with(path, 0)
 }
 
@@ -146,7 +146,7 @@ const BPF_F_RDONLY: u32 = 1 << 3;
 
 /// Opens the map pinned at `path` read-only: it needs read access to the pin only,
 /// and nothing can be written through it. (The kernel opens links read-write only.)
-pub fn open_pinned_read_only(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_pinned_read_only(path: &Path) -> io::Result<OwnedFd> {
     open_pinned_with(path, BPF_F_RDONLY)
 }
 
@@ -195,7 +195,7 @@ pub fn link_create(
 /// `BPF_LINK_CREATE` of `prog` at `attach` with `flags` and no target (fd -1): a
 /// probe of the flags, which attaches nothing. A kernel that takes the flags fails
 /// on the target (EBADF); one that does not, on the flags (EINVAL).
-pub fn link_create_without_target(
+pub(crate) fn link_create_without_target(
     prog: BorrowedFd<'_>,
     attach: AttachType,
     flags: u32,
@@ -225,7 +225,7 @@ struct ProgQueryAttr {
 /// The ids of the programs attached at the cgroup `target` for `attach`, in the
 /// order they run (the kernel lists a cgroup's own programs so; those of its
 /// ancestors, which run after them, are not listed). Needs CAP_NET_ADMIN.
-pub fn prog_query(target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>> {
+pub(crate) fn prog_query(target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>> {
     let mut room = 16usize;
     loop {
         let mut ids = vec![0u32; room];
@@ -278,7 +278,7 @@ struct RawProgInfoNamed {
 
 /// The kernel's name of the program `id` (up to 15 bytes; empty when it was loaded
 /// without one). Opening a program by id needs CAP_SYS_ADMIN: EPERM without it.
-pub fn prog_name(id: u32) -> io::Result<String> {
+pub(crate) fn prog_name(id: u32) -> io::Result<String> {
     let mut attr = GetFdByIdAttr {
         id,
         ..GetFdByIdAttr::default()
@@ -312,7 +312,7 @@ struct LinkUpdateAttr {
 /// either program at every instant, never none. With `old`, only if the link still
 /// runs that program (compare-and-swap; EPERM otherwise). The kernel does not check
 /// that `new` has the link's attach type: callers check [`link_info`] first.
-pub fn link_update(
+pub(crate) fn link_update(
     link: BorrowedFd<'_>,
     new: BorrowedFd<'_>,
     old: Option<BorrowedFd<'_>>,
@@ -335,7 +335,7 @@ struct LinkDetachAttr {
 /// Detaches the link from its hook now, whoever else holds it (its pin, other
 /// descriptors): the program stops running there. The link object stays until its
 /// last reference goes.
-pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
     let mut attr = LinkDetachAttr {
         link_fd: link.as_raw_fd() as u32,
     };
@@ -356,7 +356,11 @@ struct ProgAttachAttr {
 /// Attaches `prog` to the map `map` the old way (`BPF_PROG_ATTACH`), for kernels
 /// without sockmap links (before 6.10): the attachment lives as long as the map,
 /// and attaching again replaces the program unconditionally.
-pub fn map_attach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: AttachType) -> io::Result<()> {
+pub(crate) fn map_attach(
+    prog: BorrowedFd<'_>,
+    map: BorrowedFd<'_>,
+    attach: AttachType,
+) -> io::Result<()> {
     let mut attr = ProgAttachAttr {
         target_fd: map.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
@@ -367,7 +371,11 @@ pub fn map_attach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: AttachType)
 }
 
 /// Takes `prog` off the map `map` (the inverse of [`map_attach`]).
-pub fn map_detach(prog: BorrowedFd<'_>, map: BorrowedFd<'_>, attach: AttachType) -> io::Result<()> {
+pub(crate) fn map_detach(
+    prog: BorrowedFd<'_>,
+    map: BorrowedFd<'_>,
+    attach: AttachType,
+) -> io::Result<()> {
     let mut attr = ProgAttachAttr {
         target_fd: map.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
@@ -400,7 +408,7 @@ struct RawLinkInfo {
 
 /// What the kernel says of a link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinkInfo {
+pub(crate) struct LinkInfo {
     /// `BPF_LINK_TYPE_*`.
     pub link_type: u32,
     /// The link's id.
@@ -415,7 +423,7 @@ pub struct LinkInfo {
 }
 
 /// The kernel's description of the link `fd`.
-pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+pub(crate) fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     let mut info = RawLinkInfo::default();
     let mut attr = InfoAttr {
         bpf_fd: fd.as_raw_fd() as u32,
@@ -448,7 +456,7 @@ struct RawProgInfo {
 }
 
 /// The id of the program `fd`.
-pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+pub(crate) fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
     let mut info = RawProgInfo::default();
     let mut attr = InfoAttr {
         bpf_fd: fd.as_raw_fd() as u32,
@@ -461,7 +469,7 @@ pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
 
 /// The cgroup id of the cgroup v2 directory `dir`: the inode number of the
 /// directory on cgroup2, which is what the kernel reports as a link's `cgroup_id`.
-pub fn cgroup_id(dir: &impl AsFd) -> io::Result<u64> {
+pub(crate) fn cgroup_id(dir: &impl AsFd) -> io::Result<u64> {
     let st = nix::sys::stat::fstat(dir.as_fd()).map_err(io::Error::from)?;
     Ok(st.st_ino)
 }

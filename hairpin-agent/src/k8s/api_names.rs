@@ -28,7 +28,7 @@ use tracing::{info, warn};
 use crate::names::scope::{NameScope, ScopeRule};
 
 /// How long reading the certificate may take before startup goes on without it.
-pub const CERT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CERT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Errors reading the API server's certificate names.
 #[derive(Debug, thiserror::Error)]
@@ -176,7 +176,7 @@ pub enum CertNames {
 }
 
 /// The receiving end of [`read_cert_names`].
-pub type CertNamesRx = watch::Receiver<CertNames>;
+pub(crate) type CertNamesRx = watch::Receiver<CertNames>;
 
 /// A [`CertNamesRx`] that already knows `names` (tests; sources that read none).
 pub fn known(names: Vec<String>) -> CertNamesRx {

@@ -31,18 +31,18 @@ pub enum ClientError {
 
 /// A client from `kubeconfig` when given, else inferred (in-cluster, then
 /// `$KUBECONFIG` / `~/.kube/config`).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     from_config(config(kubeconfig).await?)
 }
 
 /// A client from a configuration read by [`config`].
-pub fn from_config(config: Config) -> Result<Client, ClientError> {
+pub(crate) fn from_config(config: Config) -> Result<Client, ClientError> {
     Client::try_from(config).map_err(ClientError::Build)
 }
 
 /// The API server's host when it is a name (not an IP address), from the
 /// configuration's cluster URL: a name that must never be published.
-pub fn api_server_name(config: &Config) -> Option<String> {
+pub(crate) fn api_server_name(config: &Config) -> Option<String> {
     let host = config.cluster_url.host()?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.parse::<std::net::IpAddr>()
@@ -52,7 +52,7 @@ pub fn api_server_name(config: &Config) -> Option<String> {
 
 /// The configuration from `kubeconfig` when given, else inferred (in-cluster, then
 /// `$KUBECONFIG` / `~/.kube/config`).
-pub async fn config(kubeconfig: Option<&Path>) -> Result<Config, ClientError> {
+pub(crate) async fn config(kubeconfig: Option<&Path>) -> Result<Config, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {

@@ -162,7 +162,7 @@ async fn publish_node_claims(
 }
 
 /// The Warning on a Node whose claim is passed over, and its reference.
-pub fn node_claim_event(c: &IgnoredClaim) -> (Event, ObjectReference) {
+pub(crate) fn node_claim_event(c: &IgnoredClaim) -> (Event, ObjectReference) {
     let event = Event {
         type_: EventType::Warning,
         reason: "NodeClaimIgnored".into(),
@@ -208,7 +208,7 @@ async fn publish(
 
 /// A Warning Event on the object whose hostname was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NameWarning {
+pub(crate) struct NameWarning {
     /// The object at fault.
     pub object: ObjectId,
     /// CamelCase reason naming the rule (`HostnameRefusedClusterDomain`, ...).
@@ -223,7 +223,7 @@ impl NameWarning {
     }
 
     /// The Event itself.
-    pub fn event(&self) -> Event {
+    pub(crate) fn event(&self) -> Event {
         Event {
             type_: EventType::Warning,
             reason: self.reason.into(),
@@ -235,7 +235,7 @@ impl NameWarning {
     }
 
     /// The Event's `regarding` reference.
-    pub fn reference(&self) -> ObjectReference {
+    pub(crate) fn reference(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some(self.object.api_version.clone()),
             kind: Some(self.object.kind.clone()),
@@ -250,7 +250,7 @@ impl NameWarning {
 /// The Warnings `skips` call for: those on a Kubernetes object whose reason is a
 /// refusal (not "no LB yet" nor "--names-domains is empty"), one per object and
 /// sentence, in order.
-pub fn name_warnings(skips: &[NameSkip]) -> Vec<NameWarning> {
+pub(crate) fn name_warnings(skips: &[NameSkip]) -> Vec<NameWarning> {
     let mut out: Vec<NameWarning> = Vec::new();
     for s in skips {
         let (Some(object), Some(reason)) = (&s.object, s.reason.warning_rule()) else {

@@ -41,7 +41,7 @@ pub struct LeaseConfig {
 
 /// What one look at the Lease decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Create it: there is none.
     Create,
     /// We hold it: renew.
@@ -53,7 +53,7 @@ pub enum Step {
 }
 
 /// Decides what to do with `lease` (pure, so the expiry rules are unit-tested).
-pub fn step(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Step {
+pub(crate) fn step(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Step {
     let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
         return if lease.is_some() {
             Step::TakeOver
@@ -83,7 +83,7 @@ pub fn step(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Step {
 /// `step` seen from this process: a Lease held by someone else that has not changed
 /// (same resourceVersion) for longer than `duration` is taken over, whatever its
 /// own times claim.
-pub fn step_observed(step: Step, unchanged_for: Duration, duration: Duration) -> Step {
+pub(crate) fn step_observed(step: Step, unchanged_for: Duration, duration: Duration) -> Step {
     match step {
         Step::Follow(_) if unchanged_for > duration => Step::TakeOver,
         other => other,

@@ -9,18 +9,15 @@
 //! the agent.
 
 pub mod api_names;
-pub mod client;
+pub(crate) mod client;
 pub mod coredns;
 pub mod decide;
 pub mod desired;
 pub mod events;
 pub mod lease;
-pub mod node;
+pub(crate) mod node;
 pub mod owner;
-pub mod source;
+pub(crate) mod source;
 pub mod watch;
 
-pub use decide::{
-    Conflict, Decision, Defaults, DesiredState, Outcome, Rule, Skip, SkipReason, decide,
-    decide_all, service_key,
-};
+pub use decide::{Defaults, Outcome, Rule, SkipReason, decide, decide_all, service_key};

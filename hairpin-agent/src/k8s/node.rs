@@ -12,7 +12,7 @@ use kube::{Api, Client};
 
 /// Why the pod CIDRs could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum NodeError {
+pub(crate) enum NodeError {
     /// The API call failed (403 without the `nodes get` grant, 404 for a wrong name).
     #[error("Node {node}: cannot read it: {source}")]
     Get {
@@ -35,7 +35,7 @@ pub enum NodeError {
 }
 
 /// Reads `node`'s pod CIDRs; empty when the Node has none.
-pub async fn pod_cidrs(client: Client, node: &str) -> Result<Vec<IpNet>, NodeError> {
+pub(crate) async fn pod_cidrs(client: Client, node: &str) -> Result<Vec<IpNet>, NodeError> {
     let n = Api::<Node>::all(client)
         .get(node)
         .await
@@ -48,7 +48,7 @@ pub async fn pod_cidrs(client: Client, node: &str) -> Result<Vec<IpNet>, NodeErr
 
 /// The pod CIDRs `n` lists, as written, each with the field it is in:
 /// `spec.podCIDRs[i]`, else the older single `spec.podCIDR`.
-pub fn listed_pod_cidrs(n: &Node) -> Vec<(String, &String)> {
+pub(crate) fn listed_pod_cidrs(n: &Node) -> Vec<(String, &String)> {
     let spec = n.spec.as_ref();
     match spec.and_then(|s| s.pod_cidrs.as_ref()) {
         Some(list) if !list.is_empty() => list
@@ -64,7 +64,7 @@ pub fn listed_pod_cidrs(n: &Node) -> Vec<(String, &String)> {
 }
 
 /// The pod CIDRs of `n` (`spec.podCIDRs`, else the older single `spec.podCIDR`).
-pub fn from_node(n: &Node, node: &str) -> Result<Vec<IpNet>, NodeError> {
+pub(crate) fn from_node(n: &Node, node: &str) -> Result<Vec<IpNet>, NodeError> {
     listed_pod_cidrs(n)
         .into_iter()
         .map(|(field, value)| {

@@ -21,7 +21,7 @@ use super::coredns::ObjectName;
 /// How long the read may take: SIGTERM's grace period (30 s in the DaemonSet) also
 /// has to cover the relay's drain, so an API server that does not answer must not
 /// hold the agent.
-pub const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How the agent's DaemonSet stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum OwnerState {
 impl OwnerState {
     /// Whether the agents are being uninstalled (the DaemonSet gone or going), so
     /// that nothing of the datapath should stay behind.
-    pub fn is_uninstall(self) -> bool {
+    pub(crate) fn is_uninstall(self) -> bool {
         matches!(self, OwnerState::Deleting | OwnerState::Gone)
     }
 }
@@ -118,7 +118,7 @@ pub async fn daemonset_state_within(
 }
 
 /// The state of a DaemonSet the API server returned.
-pub fn state_of(ds: &DaemonSet) -> OwnerState {
+pub(crate) fn state_of(ds: &DaemonSet) -> OwnerState {
     if ds.metadata.deletion_timestamp.is_some() {
         OwnerState::Deleting
     } else {

@@ -27,7 +27,7 @@ use super::desired::DesiredRx;
 
 /// Everything the Kubernetes source needs, validated by the caller.
 #[derive(Clone, Debug)]
-pub struct SourceConfig {
+pub(crate) struct SourceConfig {
     /// What the decision goes by.
     pub decide: Decide,
     /// The name `/status` lists this source under (`kubernetes`).
@@ -41,7 +41,7 @@ pub struct SourceConfig {
 /// a Warning on each Ingress or Gateway route whose hostname was refused), elected
 /// by a Lease. Absent when `--events` is off.
 #[derive(Clone, Debug)]
-pub struct WriterConfig {
+pub(crate) struct WriterConfig {
     /// The Lease's namespace.
     pub namespace: String,
     /// The Lease's name.
@@ -53,7 +53,7 @@ pub struct WriterConfig {
 /// The CoreDNS writer's source: the same watches and decision as the DaemonSet's,
 /// its own Lease, and the CoreDNS loop.
 #[derive(Clone, Debug)]
-pub struct CorednsWriterConfig {
+pub(crate) struct CorednsWriterConfig {
     /// What the decision goes by: the same as the DaemonSet's, so the names are the
     /// same.
     pub decide: Decide,
@@ -106,7 +106,7 @@ fn source_health(state: AgentState, name: String) -> Health {
 }
 
 /// Starts the source; it sends what should exist whenever the decision changes.
-pub fn spawn(
+pub(crate) fn spawn(
     client: kube::Client,
     cfg: SourceConfig,
     metrics: Metrics,
@@ -136,7 +136,7 @@ pub fn spawn(
 
 /// Starts the CoreDNS writer's source: the watches, its Lease and, while it holds
 /// the Lease, the CoreDNS loop. What it sends says when the watches synced.
-pub fn spawn_coredns_writer(
+pub(crate) fn spawn_coredns_writer(
     client: kube::Client,
     cfg: CorednsWriterConfig,
     metrics: Metrics,

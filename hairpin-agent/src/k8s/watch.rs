@@ -54,7 +54,7 @@ pub struct KubeSource {
 }
 
 /// Called with a resource's watch error, or `None` when it delivers again.
-pub type Health = Arc<dyn Fn(&'static str, Option<String>) + Send + Sync>;
+pub(crate) type Health = Arc<dyn Fn(&'static str, Option<String>) + Send + Sync>;
 
 /// The Gateway API caches, filled in as discovery finds each kind served.
 #[derive(Clone, Default)]

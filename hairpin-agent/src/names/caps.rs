@@ -40,19 +40,19 @@ use super::{hostname::Hostname, object::ObjectId};
 use crate::status::NameLimitsStatus;
 
 /// `--max-names-per-namespace`'s default.
-pub const DEFAULT_MAX_NAMES_PER_NAMESPACE: usize = 200;
+pub(crate) const DEFAULT_MAX_NAMES_PER_NAMESPACE: usize = 200;
 
 /// `--max-names`'s default: as many names as fit both files under 1 MiB in the
 /// worst case (see the module's documentation).
-pub const DEFAULT_MAX_NAMES: usize = 2000;
+pub(crate) const DEFAULT_MAX_NAMES: usize = 2000;
 
 /// The pseudo-namespace names from the frontends file count under (no namespace
 /// is spelled with parentheses or spaces, so it never collides with one).
-pub const FRONTENDS_FILE_NAMESPACE: &str = "(frontends file)";
+pub(crate) const FRONTENDS_FILE_NAMESPACE: &str = "(frontends file)";
 
 /// The caps, validated (each at least 1) by the flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NameCaps {
+pub(crate) struct NameCaps {
     /// Names one namespace may publish.
     pub per_namespace: usize,
     /// Names published in all.
@@ -80,7 +80,7 @@ pub enum CapRule {
 
 impl CapRule {
     /// The rule's stable name in messages, logs and `/status`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CapRule::Namespace => "max-names-per-namespace",
             CapRule::Global => "max-names",
@@ -88,7 +88,7 @@ impl CapRule {
     }
 
     /// The CamelCase reason of the Warning Event on the object that named the host.
-    pub fn event_reason(self) -> &'static str {
+    pub(crate) fn event_reason(self) -> &'static str {
         match self {
             CapRule::Namespace => "HostnameNamespaceCapReached",
             CapRule::Global => "HostnameGlobalCapReached",
@@ -98,7 +98,7 @@ impl CapRule {
 
 /// The namespace a claim or skip counts under: its object's, or
 /// [`FRONTENDS_FILE_NAMESPACE`] for the frontends file.
-pub fn namespace_of(object: Option<&ObjectId>) -> &str {
+pub(crate) fn namespace_of(object: Option<&ObjectId>) -> &str {
     object.map_or(FRONTENDS_FILE_NAMESPACE, |o| o.namespace.as_str())
 }
 
@@ -106,7 +106,7 @@ pub fn namespace_of(object: Option<&ObjectId>) -> &str {
 /// `K` is what is claimed: a hostname here, a LoadBalancer address for frontends
 /// (`k8s::decide::desired`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Withheld<K = Hostname> {
+pub(crate) struct Withheld<K = Hostname> {
     /// (namespace, claim) -> the cap that withheld it.
     pub names: BTreeMap<(String, K), CapRule>,
     /// How many claims each namespace keeps after the caps.
@@ -124,7 +124,7 @@ impl<K> Default for Withheld<K> {
 
 impl<K: Ord + Clone> Withheld<K> {
     /// The cap withholding `claim` in `namespace`, if any.
-    pub fn rule(&self, namespace: &str, claim: &K) -> Option<CapRule> {
+    pub(crate) fn rule(&self, namespace: &str, claim: &K) -> Option<CapRule> {
         // Lookups by borrowed parts would need a different key; claims are few.
         self.names
             .get(&(namespace.to_owned(), claim.clone()))
@@ -135,7 +135,7 @@ impl<K: Ord + Clone> Withheld<K> {
 impl Withheld {
     /// `/status`'s view: the caps, and how many names each namespace over one
     /// has withheld.
-    pub fn report(&self, caps: NameCaps) -> NameLimitsStatus {
+    pub(crate) fn report(&self, caps: NameCaps) -> NameLimitsStatus {
         let mut by_namespace: BTreeMap<String, usize> = BTreeMap::new();
         for (ns, _) in self.names.keys() {
             *by_namespace.entry(ns.clone()).or_default() += 1;
@@ -149,7 +149,7 @@ impl Withheld {
     }
 
     /// One sentence for the skip of a withheld claim of `host` in `namespace`.
-    pub fn message(
+    pub(crate) fn message(
         &self,
         rule: CapRule,
         namespace: &str,
@@ -179,7 +179,7 @@ impl Withheld {
 /// object's creationTimestamp), one entry per claim (a claim made twice in a
 /// namespace counts once, at its oldest). Generic over what is claimed: the names
 /// here, the LoadBalancer addresses of `k8s::decide::desired` under the frontend caps.
-pub fn withhold<'a, K: Ord + Clone + 'a>(
+pub(crate) fn withhold<'a, K: Ord + Clone + 'a>(
     claims: impl IntoIterator<Item = (&'a str, &'a K, Option<&'a Time>)>,
     caps: NameCaps,
 ) -> Withheld<K> {

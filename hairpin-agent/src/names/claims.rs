@@ -5,7 +5,7 @@ use std::{fmt, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-pub use super::object::ObjectId;
+pub(crate) use super::object::ObjectId;
 use super::{caps::CapRule, hostname::Hostname, scope::ScopeRule};
 
 /// Why a host was not routed.
@@ -42,7 +42,7 @@ impl NameSkipReason {
     /// The rule's name when a tenant's object asked for something refused
     /// (a Warning Event on it), `None` for the ordinary states (no LB yet, not
     /// proxied, `--names-domains` empty).
-    pub fn warning_rule(self) -> Option<&'static str> {
+    pub(crate) fn warning_rule(self) -> Option<&'static str> {
         match self {
             // Not the object's fault: the operator's or the API server's state.
             NameSkipReason::Refused(ScopeRule::NoDomains | ScopeRule::ApiServerPending) => None,
@@ -80,7 +80,7 @@ impl fmt::Display for NameSkip {
 
 /// A host claimed by an object, before the frontends and other claims are consulted.
 #[derive(Clone, Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The object's creationTimestamp: older objects win conflicts.
     pub created: Option<Time>,
     /// `Kind ns/name`.

@@ -139,11 +139,6 @@ impl Rewrite {
         &self.host
     }
 
-    /// The name it is rewritten to.
-    pub fn target(&self) -> &Hostname {
-        &self.target
-    }
-
     /// The `rewrite` directive, without indentation or marker.
     ///
     /// Both names are validated [`Hostname`]s, so the line holds only

@@ -197,7 +197,7 @@ fn identity(obj: &DynamicObject, default_kind: &str) -> (String, String, ObjectI
 /// A route's hostnames map to the addresses of each parent Gateway that accepted
 /// it, admits its namespace and has a listener for the hostname (module docs);
 /// every other case is a skip naming the rule.
-pub fn gateway_claims<'a>(
+pub(crate) fn gateway_claims<'a>(
     gateways: impl IntoIterator<Item = &'a DynamicObject>,
     routes: impl IntoIterator<Item = &'a DynamicObject>,
 ) -> (Vec<Claim>, Vec<NameSkip>) {

@@ -588,7 +588,7 @@ mod write;
 pub(crate) use write::check_linked;
 #[cfg(test)]
 use write::write_edits;
-pub use write::write_in_place;
+pub(crate) use write::write_in_place;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -48,7 +48,7 @@ pub struct HostsReport {
 }
 
 /// The block pointing every exact route name at `relay`, and the wildcards left out.
-pub fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Skipped>) {
+pub(crate) fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Skipped>) {
     let (block, mut skipped) =
         HostsBlock::from_entries(routes.iter().map(|r| (relay, r.host.clone())));
     // A wildcard on two LBs is one name left out, not two.
@@ -124,7 +124,7 @@ fn read(path: &Path) -> Result<Vec<u8>, HostsError> {
 }
 
 /// The hosts file's writer task and the handle that feeds it.
-pub struct HostsWriter {
+pub(crate) struct HostsWriter {
     shared: Arc<Shared>,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -156,7 +156,7 @@ impl HostsWriter {
     /// Starts the task keeping `path`'s block pointing names at `relay`, writing at
     /// most once per `min_interval`; it reports into `state`'s names status (when
     /// given) and `metrics`. Nothing is written before the first [`set`](Self::set).
-    pub fn spawn(
+    pub(crate) fn spawn(
         path: PathBuf,
         relay: IpAddr,
         min_interval: Duration,
@@ -190,7 +190,7 @@ impl HostsWriter {
     }
 
     /// Asks for the block of `routes` (the latest call wins); returns at once.
-    pub fn set(&mut self, routes: &[NameRoute]) {
+    pub(crate) fn set(&mut self, routes: &[NameRoute]) {
         let (block, skipped) = render(routes, self.shared.relay);
         if skipped != self.skipped {
             for s in &skipped {
@@ -213,17 +213,18 @@ impl HostsWriter {
     }
 
     /// Why the last sync failed, `None` when it did not (or none ran yet).
-    pub fn error(&self) -> Option<String> {
+    pub(crate) fn error(&self) -> Option<String> {
         self.shared.lock().error.clone()
     }
 
     /// The writer's counters and pace, as `/status` shows them.
-    pub fn status(&self) -> HostsWriterStatus {
+    #[cfg(test)]
+    pub(crate) fn status(&self) -> HostsWriterStatus {
         self.shared.lock().status.clone()
     }
 
     /// Stops the task, writing a block still waiting for the interval first.
-    pub async fn shutdown(&mut self) {
+    pub(crate) async fn shutdown(&mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take()
             && let Err(e) = task.await

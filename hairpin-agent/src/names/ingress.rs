@@ -13,7 +13,7 @@ use super::{
 /// The hosts one Ingress names, as claims on its LB IPs, and the values that are
 /// not valid hostnames (which never reach a file). Rules without a host (catch-all
 /// rules) name nothing and are passed over.
-pub fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
+pub(crate) fn ingress_claims(ingress: &Ingress) -> (Vec<Claim>, Vec<NameSkip>) {
     let meta = &ingress.metadata;
     let source = format!(
         "Ingress {}/{}",

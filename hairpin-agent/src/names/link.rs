@@ -20,7 +20,7 @@ use rtnetlink::{
 use tracing::warn;
 
 /// The link used when the dummy type is missing.
-pub const LOOPBACK: &str = "lo";
+pub(crate) const LOOPBACK: &str = "lo";
 
 /// Errors at the netlink boundary.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum LinkError {
 
 /// What [`ensure`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkOutcome {
+pub(crate) enum LinkOutcome {
     /// The address was already on the link.
     Present {
         /// The link holding it.
@@ -67,7 +67,7 @@ pub enum LinkOutcome {
 
 impl LinkOutcome {
     /// The link the address is on.
-    pub fn link(&self) -> &str {
+    pub(crate) fn link(&self) -> &str {
         match self {
             LinkOutcome::Present { link }
             | LinkOutcome::Added { link }
@@ -77,7 +77,7 @@ impl LinkOutcome {
     }
 
     /// One line for logs and `/status`.
-    pub fn note(&self, address: IpAddr) -> String {
+    pub(crate) fn note(&self, address: IpAddr) -> String {
         match self {
             LinkOutcome::Present { link } => format!("{address} already on {link}"),
             LinkOutcome::Added { link } => format!("added {address} to {link}"),
@@ -138,7 +138,7 @@ async fn has_address(
 
 /// Makes sure `address`/32 (or /128) is on link `name`, creating a dummy link of
 /// that name when there is none.
-pub async fn ensure(name: &str, address: IpAddr) -> Result<LinkOutcome, LinkError> {
+pub(crate) async fn ensure(name: &str, address: IpAddr) -> Result<LinkOutcome, LinkError> {
     let handle = connect()?;
     let (link, outcome) = match find(&handle, name).await? {
         Some(link) => (link, None),
@@ -224,7 +224,7 @@ fn is_dummy(link: &LinkMessage) -> bool {
 
 /// What [`remove`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Removed {
+pub(crate) struct Removed {
     /// Links the address was removed from.
     pub address_from: Vec<String>,
     /// The dummy link deleted, when it was ours and held nothing else.
@@ -234,7 +234,7 @@ pub struct Removed {
 /// Removes `address` from link `name` (and from `lo`, where [`ensure`] puts it on
 /// kernels without dummy links); deletes `name` when it is a dummy link left
 /// without addresses. Idempotent: nothing there is not an error.
-pub async fn remove(name: &str, address: IpAddr) -> Result<Removed, LinkError> {
+pub(crate) async fn remove(name: &str, address: IpAddr) -> Result<Removed, LinkError> {
     let handle = connect()?;
     let mut removed = Removed::default();
     let mut names = vec![name];

@@ -12,17 +12,17 @@
 //! Everything but [`hosts_writer`], [`hosts::write_in_place`], [`link`] and
 //! [`relay`] is sans-IO. Does not touch the BPF datapath nor the Kubernetes API.
 
-pub mod caps;
-pub mod claims;
+pub(crate) mod caps;
+pub(crate) mod claims;
 pub mod corefile;
-pub mod gateway;
+pub(crate) mod gateway;
 pub mod hostname;
 pub mod hosts;
 pub mod hosts_writer;
-pub mod ingress;
-pub mod link;
-pub mod nat;
-pub mod object;
+pub(crate) mod ingress;
+pub(crate) mod link;
+pub(crate) mod nat;
+pub(crate) mod object;
 pub mod relay;
 pub mod routes;
 pub mod scope;

@@ -24,7 +24,7 @@ use std::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 /// The table's name, in the `ip` or `ip6` family.
-pub const TABLE: &str = "hairpin";
+pub(crate) const TABLE: &str = "hairpin";
 
 // include/uapi/linux/netlink.h
 const NLM_F_REQUEST: u16 = 0x1;
@@ -93,7 +93,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 /// One names port and the listener port its connects are sent to, on the names address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PortRedirect {
+pub(crate) struct PortRedirect {
     /// The port clients dial on the names address.
     pub dialled: u16,
     /// The name relay's listener port on the same address.
@@ -102,7 +102,7 @@ pub struct PortRedirect {
 
 /// Replaces the agent's table for `address`'s family with one that sends each
 /// `redirects` port on `address` to its listener port, atomically.
-pub fn apply(address: IpAddr, redirects: &[PortRedirect]) -> io::Result<()> {
+pub(crate) fn apply(address: IpAddr, redirects: &[PortRedirect]) -> io::Result<()> {
     let family = family(address);
     let mut batch = Batch::new(family);
     batch.replace_table();
@@ -119,7 +119,7 @@ pub fn apply(address: IpAddr, redirects: &[PortRedirect]) -> io::Result<()> {
 }
 
 /// Deletes the agent's table for `family_of`'s family; whether there was one.
-pub fn remove(family_of: IpAddr) -> io::Result<bool> {
+pub(crate) fn remove(family_of: IpAddr) -> io::Result<bool> {
     let mut batch = Batch::new(family(family_of));
     batch.message(NFT_MSG_DELTABLE, 0, |m| m.string(NFTA_TABLE_NAME, TABLE));
     match batch.send() {

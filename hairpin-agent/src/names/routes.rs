@@ -15,7 +15,8 @@ use std::{
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::DynamicObject;
 
-pub use super::claims::{Claim, NameSkip, NameSkipReason, ObjectId};
+pub use super::claims::NameSkipReason;
+pub(crate) use super::claims::{Claim, NameSkip, ObjectId};
 use super::{
     caps, gateway::gateway_claims, hostname::Hostname, ingress::ingress_claims, scope::NameScope,
 };
@@ -61,7 +62,7 @@ pub struct NameRoutes {
 /// A host claimed again on the same LB IPs merges (two Ingresses splitting one host
 /// by path on one controller is ordinary); claimed on different LBs by another
 /// object, the older keeps it and the newer gets a [`NameSkipReason::Conflict`].
-pub fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> NameRoutes {
+pub(crate) fn resolve(claims: Vec<Claim>, frontends: &Frontends, scope: &NameScope) -> NameRoutes {
     let mut out = NameRoutes::default();
     let claims = in_scope_oldest_first(claims, scope, &mut out.skips);
     let viable = on_proxied_lbs(claims, frontends, &mut out.skips);
@@ -234,7 +235,7 @@ fn settle(
 /// The routes for every object at once: Ingresses, Gateways and their routes, tied to
 /// `frontends` (what the Service decision proxies), within `scope`. Conflicts are
 /// settled across kinds.
-pub fn name_routes<'a>(
+pub(crate) fn name_routes<'a>(
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateways: impl IntoIterator<Item = &'a DynamicObject>,
     routes: impl IntoIterator<Item = &'a DynamicObject>,
@@ -277,13 +278,13 @@ fn ports_by_version(lb: IpAddr, frontends: &Frontends) -> BTreeMap<ProxyVersion,
 /// Routes indexed for the relay: exact names first, then `*.parent` wildcards
 /// matching exactly one more label.
 #[derive(Clone, Debug, Default)]
-pub struct RouteTable {
+pub(crate) struct RouteTable {
     by_host: BTreeMap<String, Vec<NameRoute>>,
 }
 
 impl RouteTable {
     /// Indexes `routes`; for a host on several LBs the lowest address is tried first.
-    pub fn new(routes: &[NameRoute]) -> RouteTable {
+    pub(crate) fn new(routes: &[NameRoute]) -> RouteTable {
         let mut by_host: BTreeMap<String, Vec<NameRoute>> = BTreeMap::new();
         for r in routes {
             by_host
@@ -298,14 +299,15 @@ impl RouteTable {
     }
 
     /// Whether there are no routes.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_host.is_empty()
     }
 
     /// The route for a client's `name` (from SNI or Host) on `port`: the exact name,
     /// else the wildcard of its parent. A name that is not a valid hostname, or is
     /// itself a wildcard, matches nothing.
-    pub fn lookup(&self, name: &str, port: u16) -> Option<&NameRoute> {
+    pub(crate) fn lookup(&self, name: &str, port: u16) -> Option<&NameRoute> {
         let host = Hostname::parse(name).ok().filter(|h| !h.is_wildcard())?;
         fn on_port(list: &[NameRoute], port: u16) -> Option<&NameRoute> {
             list.iter().find(|r| r.ports.contains(&port))

@@ -53,7 +53,7 @@ const METADATA_NAMES: &[&str] = &[
 const CLOUD_INTERNAL_ZONES: &[&str] = &["google.internal", "ec2.internal", "compute.internal"];
 
 /// `--cluster-domain`'s default: the domain of Services and Pods on most clusters.
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+pub(crate) const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// Loopback names besides `localhost` and `*.localhost` that distributions put in
 /// /etc/hosts (RHEL, Fedora); single-label ones are refused as single labels.
@@ -99,7 +99,7 @@ pub enum ScopeRule {
 
 impl ScopeRule {
     /// The rule's stable name: `cluster-domain`, `localhost`, ...
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ScopeRule::NoDomains => "no-domains",
             ScopeRule::OutsideDomains => "outside-domains",
@@ -117,7 +117,7 @@ impl ScopeRule {
     }
 
     /// The CamelCase reason of the Warning Event on the object that named the host.
-    pub fn event_reason(self) -> &'static str {
+    pub(crate) fn event_reason(self) -> &'static str {
         match self {
             ScopeRule::NoDomains => "HostnameNoDomainsListed",
             ScopeRule::OutsideDomains => "HostnameOutsideDomains",
@@ -280,7 +280,12 @@ impl NameScope {
     /// Also refuses `name` (and wildcards covering it) under `rule`, described as
     /// `what` (`this node's name`): the node name, the host name, the API server.
     /// Values that are empty, IP addresses or not DNS names are passed over.
-    pub fn refuse_own(mut self, name: &str, rule: ScopeRule, what: &'static str) -> NameScope {
+    pub(crate) fn refuse_own(
+        mut self,
+        name: &str,
+        rule: ScopeRule,
+        what: &'static str,
+    ) -> NameScope {
         if let Ok(h) = Hostname::parse(name)
             && !h.is_wildcard()
             && !self.own.iter().any(|(n, _, _)| n == h.as_str())
@@ -293,34 +298,29 @@ impl NameScope {
     /// The same scope withholding every name it would let through, for `why`
     /// ([`ScopeRule::ApiServerPending`]): the always-refused rules still name
     /// themselves first.
-    pub fn withhold_all(mut self, why: String) -> NameScope {
+    pub(crate) fn withhold_all(mut self, why: String) -> NameScope {
         self.withheld = Some(why);
         self
     }
 
     /// The same scope publishing at most `caps` names (the defaults otherwise).
-    pub fn with_caps(mut self, caps: NameCaps) -> NameScope {
+    pub(crate) fn with_caps(mut self, caps: NameCaps) -> NameScope {
         self.caps = caps;
         self
     }
 
     /// The caps on how many names are published.
-    pub fn caps(&self) -> NameCaps {
+    pub(crate) fn caps(&self) -> NameCaps {
         self.caps
     }
 
     /// The listed domains, sorted.
-    pub fn domains(&self) -> &[String] {
+    pub(crate) fn domains(&self) -> &[String] {
         &self.domains
     }
 
-    /// The cluster domain refused.
-    pub fn cluster_domain(&self) -> &str {
-        &self.cluster_domain
-    }
-
     /// One sentence for `/status` and `doctor`: the domains, or that none is listed.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.domains.is_empty() {
             return "none: --names-domains is empty, no names are published".to_owned();
         }

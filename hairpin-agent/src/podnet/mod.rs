@@ -46,9 +46,9 @@ use ipnet::IpNet;
 
 /// The widest IPv4 route taken as one node's pod range (a /16 is 65,536 pods; no
 /// CNI gives one node more).
-pub const MAX_RANGE_V4: u8 = 16;
+pub(crate) const MAX_RANGE_V4: u8 = 16;
 /// The widest IPv6 route taken as one node's pod range.
-pub const MAX_RANGE_V6: u8 = 48;
+pub(crate) const MAX_RANGE_V6: u8 = 48;
 
 /// The main routing table's id: the CNIs above install their pod routes there.
 pub const MAIN_TABLE: u32 = 254;
@@ -137,7 +137,8 @@ pub struct PodNetworks {
 
 impl PodNetworks {
     /// Every network found, host routes as /32 and /128.
-    pub fn networks(&self) -> Vec<IpNet> {
+    #[cfg(test)]
+    pub(crate) fn networks(&self) -> Vec<IpNet> {
         self.hosts
             .iter()
             .map(|a| IpNet::from(*a))
@@ -152,7 +153,7 @@ impl PodNetworks {
     }
 
     /// The matched rules as one line: `calico (cali* host routes): 12`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.shapes.is_empty() {
             return "no pod network found in this node's links and routes".into();
         }
@@ -178,7 +179,7 @@ fn too_wide(net: &IpNet) -> bool {
 /// This node's pod networks from its `links` and `routes`, by the rules of the
 /// module's documentation. Routes outside the main table, with a gateway where a
 /// rule wants none, or not unicast are never taken.
-pub fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
+pub(crate) fn classify(links: &[HostLink], routes: &[HostRoute]) -> PodNetworks {
     let by_name: BTreeMap<&str, &HostLink> = links.iter().map(|l| (l.name.as_str(), l)).collect();
     let mut found = PodNetworks::default();
     for route in routes {

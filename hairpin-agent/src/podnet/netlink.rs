@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use super::{HostLink, HostRoute, PodNetworks, classify};
 
 /// How often the whole table is read again regardless of notifications.
-pub const RESYNC: Duration = Duration::from_secs(30);
+pub(crate) const RESYNC: Duration = Duration::from_secs(30);
 
 /// Errors reading the node's routing state.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +50,7 @@ fn dump(what: &'static str) -> impl FnOnce(rtnetlink::Error) -> PodnetError {
 }
 
 /// Reads the node's links (with their addresses) and its routes of both families.
-pub async fn read(handle: &Handle) -> Result<(Vec<HostLink>, Vec<HostRoute>), PodnetError> {
+pub(crate) async fn read(handle: &Handle) -> Result<(Vec<HostLink>, Vec<HostRoute>), PodnetError> {
     let mut links: HashMap<u32, HostLink> = HashMap::new();
     let mut stream = handle.link().get().execute();
     while let Some(msg) = stream.try_next().await.map_err(dump("links"))? {
@@ -146,15 +146,6 @@ fn address(a: &RouteAddress) -> Option<IpAddr> {
         RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
         _ => None,
     }
-}
-
-/// Reads this node's pod networks once.
-pub async fn pod_networks() -> Result<PodNetworks, PodnetError> {
-    let (conn, handle, _) = rtnetlink::new_connection().map_err(PodnetError::Connect)?;
-    let conn = AbortOnDrop(tokio::spawn(conn));
-    let (links, routes) = read(&handle).await?;
-    drop(conn);
-    Ok(classify(&links, &routes))
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

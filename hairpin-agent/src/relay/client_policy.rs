@@ -58,15 +58,10 @@ impl ClientPolicy {
         self
     }
 
-    /// The addresses learned at run time, when the policy learns.
-    pub fn learned(&self) -> Option<&LearnedClients> {
-        self.learned.as_ref()
-    }
-
     /// Whether a connection from `peer` may be relayed. IPv4-mapped IPv6 peers
     /// (dual-stack listeners) are judged by their IPv4 address. Decided at once:
     /// nothing waits on a peer the policy does not know.
-    pub fn allows(&self, peer: IpAddr) -> bool {
+    pub(crate) fn allows(&self, peer: IpAddr) -> bool {
         let peer = peer.to_canonical();
         self.any
             || self.allowed.iter().any(|net| net.contains(&peer))
@@ -104,7 +99,7 @@ impl LearnedClients {
     }
 
     /// Whether `peer` is in them.
-    pub fn contains(&self, peer: IpAddr) -> bool {
+    pub(crate) fn contains(&self, peer: IpAddr) -> bool {
         self.inner
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -112,13 +107,15 @@ impl LearnedClients {
     }
 
     /// How many networks are learned (pod addresses and ranges).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         let n = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         n.hosts.len() + n.ranges.len()
     }
 
     /// Whether none is.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -44,13 +44,13 @@ pub struct RelayConfig {
 
 impl RelayConfig {
     /// The same, with `splice`.
-    pub fn with_splice(self, splice: SpliceConfig) -> RelayConfig {
+    pub(crate) fn with_splice(self, splice: SpliceConfig) -> RelayConfig {
         RelayConfig { splice, ..self }
     }
 
     /// What a listener of either relay checks its accepted connections against,
     /// counting in `metrics` and running them on `connections`.
-    pub fn admission(&self, metrics: &Metrics, connections: &TaskTracker) -> Admission {
+    pub(crate) fn admission(&self, metrics: &Metrics, connections: &TaskTracker) -> Admission {
         Admission {
             clients: self.clients.clone(),
             gate: self.gate.clone(),

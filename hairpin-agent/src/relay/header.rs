@@ -13,7 +13,7 @@ use std::{
 use crate::model::ProxyVersion;
 
 /// The 12-byte v2 signature.
-pub const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
+pub(crate) const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
 
 /// Longest header we produce: a v1 TCP6 line is at most 104 bytes, v2 TCP6 is 52.
 const MAX_LEN: usize = 108;

@@ -24,7 +24,7 @@ use crate::status::metrics::Metrics;
 
 /// Unanswered keepalive probes before a relayed connection is dropped; they are sent
 /// every `min(keepalive, 10 s)`.
-pub const KEEPALIVE_PROBES: u32 = 3;
+pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
 /// Turns on TCP keepalive on `s` as `idle` says (see [`RelayConfig::keepalive`]).
 /// Set on a listener, every accepted socket inherits it (the kernel clones the
@@ -63,7 +63,7 @@ pub enum Shed {
 
 impl Shed {
     /// The metrics label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Shed::Total => "total",
             Shed::PerSource => "per_source",
@@ -126,7 +126,7 @@ impl ConnGate {
     }
 
     /// A place for a connection from `source`, or the cap it would pass.
-    pub fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
+    pub(crate) fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
         let source = source.to_canonical();
         let mut open = self.lock();
         let from_source = open.by_source.get(&source).copied().unwrap_or(0);
@@ -191,13 +191,13 @@ pub fn bind(addr: SocketAddr, keepalive: Option<Duration>) -> io::Result<TcpList
 /// only a process with CAP_NET_BIND_SERVICE may bind, and none of them is in the
 /// node's ephemeral range, so a port held here is never one an outbound connect
 /// needs, and one left behind by a dead agent cannot be taken by any uid.
-pub const PRIVILEGED_PORTS: std::ops::RangeInclusive<u16> = 512..=1023;
+pub(crate) const PRIVILEGED_PORTS: std::ops::RangeInclusive<u16> = 512..=1023;
 
 /// A listener as [`bind`] makes it, on `ip` at the highest port of
 /// [`PRIVILEGED_PORTS`] that is free, not in `avoid` and not in the node's
 /// `ip_local_reserved_ports` (`reserved`, as read by [`reserved_ports`]). Fails
 /// with the last error when none can be bound (EACCES: no CAP_NET_BIND_SERVICE).
-pub fn bind_privileged(
+pub(crate) fn bind_privileged(
     ip: std::net::IpAddr,
     keepalive: Option<Duration>,
     avoid: &[u16],
@@ -223,14 +223,14 @@ pub fn bind_privileged(
 
 /// The node's `net.ipv4.ip_local_reserved_ports` (which also applies to IPv6):
 /// ports the operator keeps for listeners of their own. Unreadable: none.
-pub fn reserved_ports() -> Vec<std::ops::RangeInclusive<u16>> {
+pub(crate) fn reserved_ports() -> Vec<std::ops::RangeInclusive<u16>> {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports")
         .map(|s| parse_port_ranges(&s))
         .unwrap_or_default()
 }
 
 /// `8080,9000-9010` -> [8080..=8080, 9000..=9010]; what does not parse is skipped.
-pub fn parse_port_ranges(s: &str) -> Vec<std::ops::RangeInclusive<u16>> {
+pub(crate) fn parse_port_ranges(s: &str) -> Vec<std::ops::RangeInclusive<u16>> {
     s.trim()
         .split(',')
         .filter_map(|part| {

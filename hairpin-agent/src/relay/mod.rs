@@ -20,7 +20,7 @@ pub mod client_policy;
 mod config;
 pub mod header;
 pub mod listener;
-pub mod proxy;
+pub(crate) mod proxy;
 
 pub use config::RelayConfig;
 
@@ -35,7 +35,6 @@ use tokio::{net::TcpStream, time::timeout};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
-pub use listener::KEEPALIVE_PROBES;
 use proxy::{Upstream, proxy, true_client};
 
 use crate::{model::ProxyVersion, status::metrics::Metrics};
@@ -74,7 +73,7 @@ pub type ListenHook = Arc<
 
 /// Why a [`ListenHook`] could not register a listener: its owner's own error (the
 /// datapath's), boxed so that the relay names no BPF type.
-pub type ListenHookError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type ListenHookError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Whose slot a connection accepted at an address came to: the frontend and the
 /// header version its relay writes, read from the datapath's slots map. `None`: no
@@ -87,7 +86,7 @@ pub type SlotLookup = Arc<dyn Fn(SocketAddr) -> Option<(SocketAddr, ProxyVersion
 /// map is written by the agent only from frontends that passed the whole table, but
 /// whoever can write the map (its pin) could name such an address, and the relay
 /// dials with the bypass mark: a connection to such a slot is reset, never relayed.
-pub fn refusing_targets(lookup: SlotLookup) -> SlotLookup {
+pub(crate) fn refusing_targets(lookup: SlotLookup) -> SlotLookup {
     Arc::new(move |local| {
         let (target, version) = lookup(local)?;
         match crate::k8s::decide::lb_address::builtin_refusal(target.ip()) {
@@ -124,7 +123,7 @@ impl Relay {
     /// connection it accepts to the frontend `slots` names for the connection's own
     /// address (its slot). Returns the listener's address. Must run inside a tokio
     /// runtime.
-    pub fn listen(
+    pub(crate) fn listen(
         &mut self,
         ip: IpAddr,
         index: u8,
@@ -200,11 +199,6 @@ impl Relay {
         self.listeners.push((local, stop));
         info!(%local, index, "relay listening");
         Ok(local)
-    }
-
-    /// The listeners' addresses.
-    pub fn listeners(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().map(|(a, _)| *a).collect()
     }
 
     /// Stops every listener, then waits up to `deadline` for open connections to

@@ -208,7 +208,7 @@ fn first_write(
 /// The address the PROXY header names as the client: the peer itself for pods;
 /// for processes on the node (loopback, or the listener's own address as source)
 /// the node's primary IP, which is what the cloud LB would have seen.
-pub fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> SocketAddr {
+pub(crate) fn true_client(peer: SocketAddr, local: SocketAddr, cfg: &RelayConfig) -> SocketAddr {
     let ip = peer.ip().to_canonical();
     let from_host = ip.is_loopback() || ip == local.ip().to_canonical();
     let node = match ip {

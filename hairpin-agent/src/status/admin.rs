@@ -32,20 +32,20 @@ use tracing::{info, warn};
 use super::{AgentState, RUN_LOOP_STALL, Snapshot, metrics::Metrics, tcp_server};
 
 /// Content type of `/metrics`: prometheus-client renders OpenMetrics text.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Where the agent serves its admin socket and the node CLI asks it by default.
-pub const DEFAULT_ADMIN_SOCKET: &str = "/run/hairpin/admin.sock";
+pub(crate) const DEFAULT_ADMIN_SOCKET: &str = "/run/hairpin/admin.sock";
 
 /// The admin server's TCP address by default (probes and metrics; no `/status`).
-pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9901";
+pub(crate) const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:9901";
 
 /// The path of the agent's own account of itself, served on the admin socket only.
-pub const STATUS_PATH: &str = "/status";
+pub(crate) const STATUS_PATH: &str = "/status";
 
 /// Where the admin server listens, and what each listener serves.
 #[derive(Clone, Debug)]
-pub struct AdminConfig {
+pub(crate) struct AdminConfig {
     /// TCP address for the probes and metrics (`/healthz`, `/readyz`, `/metrics`),
     /// e.g. 127.0.0.1:9901; `None` to serve no TCP.
     pub address: Option<SocketAddr>,
@@ -60,7 +60,7 @@ pub struct AdminConfig {
 
 /// What one listener of the admin server serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Routes {
+pub(crate) enum Routes {
     /// `/healthz`, `/readyz`, `/metrics`: what probes and a local scraper need.
     Probes,
     /// `/metrics` alone.
@@ -99,12 +99,12 @@ pub enum AdminError {
 /// Reads the programs' counters from the counters map with this kernel id, per
 /// `/status` request (they move without the agent noticing). Given by whoever
 /// owns the datapath, so this server needs no BPF code of its own.
-pub type KernelCounters =
+pub(crate) type KernelCounters =
     Arc<dyn Fn(u32) -> Result<BTreeMap<String, u64>, KernelCountersError> + Send + Sync>;
 
 /// Why [`KernelCounters`] could not read the counters: its owner's own error (the
 /// datapath's), boxed so that this server names no BPF type.
-pub type KernelCountersError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type KernelCountersError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct Shared {
@@ -114,17 +114,24 @@ struct Shared {
 }
 
 /// The running admin server; [`AdminServer::shutdown`] stops it and removes the socket.
-pub struct AdminServer {
+pub(crate) struct AdminServer {
     stop: CancellationToken,
     tasks: TaskTracker,
     socket: Option<PathBuf>,
     /// The bound TCP address (the real port when 0 was asked).
-    pub local_addr: Option<SocketAddr>,
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the unit tests reach a server bound on port 0 through it"
+        )
+    )]
+    pub(crate) local_addr: Option<SocketAddr>,
 }
 
 /// The `routes` of one listener, over `state` and `metrics`; `kernel` reads the
 /// programs' counters.
-pub fn router(
+pub(crate) fn router(
     routes: Routes,
     state: AgentState,
     metrics: Metrics,
@@ -147,7 +154,7 @@ pub fn router(
 }
 
 /// Binds both listeners and serves them until [`AdminServer::shutdown`].
-pub async fn start(
+pub(crate) async fn start(
     cfg: &AdminConfig,
     state: AgentState,
     metrics: Metrics,
@@ -213,7 +220,7 @@ pub async fn start(
 
 impl AdminServer {
     /// Stops serving and removes the socket file.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.wait().await;
         if let Some(p) = &self.socket {

@@ -10,7 +10,7 @@ use prometheus_client::{
 
 /// A capability the kernel may lack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelCapability {
+pub(crate) enum KernelCapability {
     /// The kernel path: the header written by sock_ops and sk_msg programs.
     KernelPath,
     /// Cgroup links put before the other programs at the hook (`BPF_F_BEFORE`).
@@ -23,7 +23,7 @@ pub enum KernelCapability {
 
 impl KernelCapability {
     /// The `capability` label.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             KernelCapability::KernelPath => "kernel_path",
             KernelCapability::LinkOrder => "link_order",
@@ -40,11 +40,11 @@ struct CapabilityLabel {
 
 /// The `hairpin_kernel_capability` family.
 #[derive(Clone, Debug, Default)]
-pub struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
+pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
 
 impl KernelCapabilities {
     /// Sets `capability` to 1 (`available`) or 0.
-    pub fn set(&self, capability: KernelCapability, available: bool) {
+    pub(crate) fn set(&self, capability: KernelCapability, available: bool) {
         self.0
             .get_or_create(&CapabilityLabel {
                 capability: capability.name(),
@@ -53,7 +53,7 @@ impl KernelCapabilities {
     }
 
     /// Registers the family into `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "kernel_capability",
             "1 for each capability this node's kernel gives hairpin, 0 for one it lacks \

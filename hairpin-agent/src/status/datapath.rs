@@ -25,12 +25,12 @@ pub struct LinkOrderStatus {
 
 impl LinkOrderStatus {
     /// The hooks where another program runs before hairpin's.
-    pub fn blocked(&self) -> impl Iterator<Item = &HookOrderStatus> {
+    pub(crate) fn blocked(&self) -> impl Iterator<Item = &HookOrderStatus> {
         self.hooks.iter().filter(|h| !h.in_front.is_empty())
     }
 
     /// What to do when another program runs before hairpin's.
-    pub fn remedy(&self) -> &'static str {
+    pub(crate) fn remedy(&self) -> &'static str {
         if self.first {
             "the agent puts its connect links first when it starts: restart it (the program \
              in front was attached with BPF_F_BEFORE after it started)"

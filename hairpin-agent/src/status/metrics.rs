@@ -50,7 +50,7 @@ impl ConnError {
     ];
 
     /// The label value and `/status` key.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ConnError::Refused => "refused",
             ConnError::Timeout => "timeout",
@@ -113,11 +113,11 @@ const PATHS: [&str; 4] = ["ebpf", "kernel", "hosts", "coredns"];
 
 /// Reads the kernel programs' counters (name, total) when `/metrics` is scraped:
 /// they move without the agent noticing.
-pub type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+pub(crate) type KernelCounterReader = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 
 /// Reads the datapath's heartbeat when `/metrics` is scraped: seconds since the
 /// beat the kernel programs see (None: never written), and the TTL in seconds.
-pub type HeartbeatReader = Arc<dyn Fn() -> (Option<f64>, f64) + Send + Sync>;
+pub(crate) type HeartbeatReader = Arc<dyn Fn() -> (Option<f64>, f64) + Send + Sync>;
 
 /// Seconds, from 100 µs to about 13 s.
 fn duration_histogram() -> Histogram {
@@ -193,7 +193,7 @@ impl Default for Metrics {
 impl Metrics {
     /// The paths live on this node (`mode.live` in `/status`), and whether the
     /// kernel path is on among the programs: 1 for each, 0 for the others.
-    pub fn set_live_paths(&self, live: &[NodePath], kernel_path: bool) {
+    pub(crate) fn set_live_paths(&self, live: &[NodePath], kernel_path: bool) {
         for p in PATHS {
             let on = if p == "kernel" {
                 kernel_path && live.contains(&NodePath::Programs)
@@ -206,7 +206,7 @@ impl Metrics {
     }
 
     /// Whether the kernel gives hairpin `capability` (`hairpin_kernel_capability`).
-    pub fn set_kernel_capability(
+    pub(crate) fn set_kernel_capability(
         &self,
         capability: super::capabilities::KernelCapability,
         on: bool,
@@ -215,18 +215,18 @@ impl Metrics {
     }
 
     /// A connection was accepted by a relay listener.
-    pub fn connection_opened(&self) {
+    pub(crate) fn connection_opened(&self) {
         self.connections.inc();
         self.active.inc();
     }
 
     /// A relayed connection ended.
-    pub fn connection_closed(&self) {
+    pub(crate) fn connection_closed(&self) {
         self.active.dec();
     }
 
     /// Relayed connections that have ended, since start.
-    pub fn connections_closed(&self) -> u64 {
+    pub(crate) fn connections_closed(&self) -> u64 {
         self.connections
             .get()
             .saturating_sub(u64::try_from(self.active.get()).unwrap_or(0))
@@ -259,24 +259,24 @@ impl Metrics {
 
     /// Sets how many hostnames the caps on names withhold now (`--max-names`,
     /// `--max-names-per-namespace`).
-    pub fn set_names_withheld(&self, withheld: usize) {
+    pub(crate) fn set_names_withheld(&self, withheld: usize) {
         self.names_withheld.set(withheld as i64);
     }
 
     /// Sets the number of frontends proxied and failed.
-    pub fn set_frontends(&self, proxied: usize, failed: usize) {
+    pub(crate) fn set_frontends(&self, proxied: usize, failed: usize) {
         self.frontends.set(proxied as i64);
         self.frontends_failed.set(failed as i64);
     }
 
     /// Sets how many families the relay of frontends does not serve (a listener
     /// that could not bind, no sk_lookup program).
-    pub fn set_relay_unserved(&self, families: usize) {
+    pub(crate) fn set_relay_unserved(&self, families: usize) {
         self.relay_unserved.set(families as i64);
     }
 
     /// Counts a connection reset because its peer is outside the client policy.
-    pub fn refused_client(&self) {
+    pub(crate) fn refused_client(&self) {
         self.refused_clients.inc();
     }
 
@@ -288,7 +288,7 @@ impl Metrics {
     }
 
     /// Counts `ways` of a relayed connection spliced by `how` (`kernel`, `pipe`).
-    pub fn spliced(&self, how: &'static str, ways: u64) {
+    pub(crate) fn spliced(&self, how: &'static str, ways: u64) {
         if ways > 0 {
             self.spliced.get_or_create(&HowLabel { how }).inc_by(ways);
         }
@@ -296,7 +296,7 @@ impl Metrics {
 
     /// Counts, for kernel-spliced ways, the bytes the relay carried itself (past
     /// the kernel's credit) and the pauses for a reader slower than its writer.
-    pub fn spliced_left(&self, bytes: u64, pauses: u64) {
+    pub(crate) fn spliced_left(&self, bytes: u64, pauses: u64) {
         if bytes > 0 {
             self.spliced_left.inc_by(bytes);
         }
@@ -313,48 +313,49 @@ impl Metrics {
     }
 
     /// Records how long deciding the desired frontends took.
-    pub fn observe_decide(&self, d: std::time::Duration) {
+    pub(crate) fn observe_decide(&self, d: std::time::Duration) {
         self.decide_seconds.observe(d.as_secs_f64());
     }
 
     /// Records how long applying a desired state took.
-    pub fn observe_reconcile(&self, d: std::time::Duration) {
+    pub(crate) fn observe_reconcile(&self, d: std::time::Duration) {
         self.reconcile_seconds.observe(d.as_secs_f64());
     }
 
     /// Counts a write that changed the hosts file.
-    pub fn hosts_written(&self) {
+    pub(crate) fn hosts_written(&self) {
         self.hosts_writes.inc();
     }
 
     /// Counts a desired hosts block replaced by a newer one before it was written.
-    pub fn hosts_coalesced(&self) {
+    pub(crate) fn hosts_coalesced(&self) {
         self.hosts_coalesced.inc();
     }
 
     /// Whether a hosts block waits for `--hosts-min-interval`.
-    pub fn set_hosts_pending(&self, pending: bool) {
+    pub(crate) fn set_hosts_pending(&self, pending: bool) {
         self.hosts_pending.set(i64::from(pending));
     }
 
     /// Writes that changed the hosts file and blocks coalesced, since start.
-    pub fn hosts_counts(&self) -> (u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn hosts_counts(&self) -> (u64, u64) {
         (self.hosts_writes.get(), self.hosts_coalesced.get())
     }
 
     /// Counts a write (update or create) of CoreDNS's ConfigMap.
-    pub fn coredns_written(&self) {
+    pub(crate) fn coredns_written(&self) {
         self.coredns_writes.inc();
     }
 
     /// Counts a change of the routed names folded into a CoreDNS write that was
     /// already waiting for the minimum interval between writes.
-    pub fn coredns_coalesced(&self) {
+    pub(crate) fn coredns_coalesced(&self) {
         self.coredns_coalesced.inc();
     }
 
     /// Whether a CoreDNS write waits for the minimum interval between writes.
-    pub fn set_coredns_pending(&self, pending: bool) {
+    pub(crate) fn set_coredns_pending(&self, pending: bool) {
         self.coredns_pending.set(i64::from(pending));
     }
 
@@ -374,7 +375,7 @@ impl Metrics {
     }
 
     /// The datapath's heartbeat now (age and TTL in seconds), when one is exported.
-    pub fn datapath_heartbeat(&self) -> Option<(Option<f64>, f64)> {
+    pub(crate) fn datapath_heartbeat(&self) -> Option<(Option<f64>, f64)> {
         let read = self
             .heartbeat
             .read()

@@ -5,10 +5,10 @@
 //! admin server only reads it. The same types deserialize on the CLI side, so the
 //! field names below are the stable JSON contract of `/status`.
 
-pub mod admin;
-pub mod capabilities;
+pub(crate) mod admin;
+pub(crate) mod capabilities;
 pub mod metrics;
-pub mod tcp_server;
+pub(crate) mod tcp_server;
 
 use std::{
     collections::BTreeMap,
@@ -23,14 +23,14 @@ use serde::{Deserialize, Serialize};
 use crate::model::{NodePath, Paths, ProxyVersion};
 
 mod datapath;
-pub use datapath::{
+pub(crate) use datapath::{
     ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState, KernelPathStatus,
     LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;
-pub use relay::{RelayStatus, UnservedFamily, UnservedStep};
+pub(crate) use relay::{RelayStatus, UnservedFamily, UnservedStep};
 mod paths;
-pub use paths::{
+pub(crate) use paths::{
     CorednsStatus, EbpfFailure, FailedListener, HostsWriterStatus, ModeStatus, NameLimitsStatus,
     NameRedirect, NamesStatus,
 };
@@ -44,12 +44,12 @@ pub struct AgentState {
 }
 
 /// How often the run loop beats while it waits for a change.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
 /// A run loop silent this long is stuck (an apply that never returns, a
 /// deadlock): `/healthz` fails so the kubelet restarts the agent. Twelve missed
 /// beats, and three times the longest drain the manifests allow.
-pub const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
+pub(crate) const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
 
 /// Everything `/status` reports. Counters are filled in per request by the admin server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -268,7 +268,7 @@ pub enum RetryPolicy {
 
 impl RetryPolicy {
     /// How `status` says it.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             RetryPolicy::Backoff => "retrying with backoff",
             RetryPolicy::OnChange => "waits for a change",
@@ -354,7 +354,7 @@ pub enum DecisionState {
 
 impl DecisionState {
     /// The word `/status` uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DecisionState::Proxied => "proxied",
             DecisionState::Skipped => "skipped",
@@ -377,7 +377,7 @@ pub struct Decision {
 }
 
 /// RFC 3339 at second precision, the format of every time in [`Snapshot`].
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
@@ -406,12 +406,12 @@ impl AgentState {
     }
 
     /// Changes the snapshot under the lock.
-    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+    pub(crate) fn update(&self, f: impl FnOnce(&mut Snapshot)) {
         f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// The run loop is alive now.
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         *self
             .heartbeat
             .lock()
@@ -421,7 +421,7 @@ impl AgentState {
     /// How long the run loop has been silent at `now`, when that is over `limit`;
     /// `None` while it beats, and before it first started (start-up has its own
     /// probe).
-    pub fn run_loop_stalled(&self, now: Instant, limit: Duration) -> Option<Duration> {
+    pub(crate) fn run_loop_stalled(&self, now: Instant, limit: Duration) -> Option<Duration> {
         let last = (*self
             .heartbeat
             .lock()
@@ -431,13 +431,13 @@ impl AgentState {
     }
 
     /// Records where the programs are attached (`None`: detached).
-    pub fn set_attachment(&self, attachment: Option<AttachmentStatus>) {
+    pub(crate) fn set_attachment(&self, attachment: Option<AttachmentStatus>) {
         self.update(|s| s.attachment = attachment);
     }
 
     /// Records every frontend asked for and how it stands, after an apply that
     /// took `took`.
-    pub fn record_frontends(&self, mut frontends: Vec<FrontendStatus>, took: Duration) {
+    pub(crate) fn record_frontends(&self, mut frontends: Vec<FrontendStatus>, took: Duration) {
         frontends.sort_by_key(|f| (f.ip, f.port));
         self.update(|s| {
             s.frontends = frontends;
@@ -449,7 +449,7 @@ impl AgentState {
     }
 
     /// Records a good delivery from source `name`: it is synced from now on.
-    pub fn source_synced(&self, name: &str) {
+    pub(crate) fn source_synced(&self, name: &str) {
         self.with_source(name, |src| {
             src.synced = true;
             src.last_sync = Some(rfc3339(SystemTime::now()));
@@ -458,17 +458,17 @@ impl AgentState {
     }
 
     /// Registers source `name` as not yet synced, so readiness waits for it.
-    pub fn register_source(&self, name: &str) {
+    pub(crate) fn register_source(&self, name: &str) {
         self.with_source(name, |_| {});
     }
 
     /// Clears the last error of source `name` (its watch recovered).
-    pub fn source_recovered(&self, name: &str) {
+    pub(crate) fn source_recovered(&self, name: &str) {
         self.with_source(name, |src| src.last_error = None);
     }
 
     /// Records an error from source `name`; a synced source stays synced (fail static).
-    pub fn source_error(&self, name: &str, error: &str) {
+    pub(crate) fn source_error(&self, name: &str, error: &str) {
         self.with_source(name, |src| src.last_error = Some(error.to_string()));
     }
 
@@ -494,7 +494,7 @@ impl AgentState {
 impl Snapshot {
     /// Why the agent is not ready, or `None` when programs are attached and every
     /// source has synced.
-    pub fn not_ready_reason(&self) -> Option<String> {
+    pub(crate) fn not_ready_reason(&self) -> Option<String> {
         if let Some(secs) = self.run_loop_stalled_secs {
             return Some(format!(
                 "run loop stalled: silent for {secs} s (liveness restarts the agent)"

@@ -49,7 +49,7 @@ pub enum UnservedStep {
 
 impl UnservedStep {
     /// As `/status` spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             UnservedStep::Bind => "bind",
             UnservedStep::Register => "register",
@@ -60,20 +60,20 @@ impl UnservedStep {
 
     /// Whether trying again can serve the family: a port may be freed, an address
     /// come up; steering and the slots map do not come right by retrying.
-    pub fn retried(self) -> bool {
+    pub(crate) fn retried(self) -> bool {
         matches!(self, UnservedStep::Bind | UnservedStep::Register)
     }
 }
 
 impl UnservedFamily {
     /// Whether `ip` (a frontend's address) is of this family.
-    pub fn covers(&self, ip: IpAddr) -> bool {
+    pub(crate) fn covers(&self, ip: IpAddr) -> bool {
         let v4 = ip.to_canonical().is_ipv4();
         (self.family == "IPv4") == v4
     }
 
     /// One sentence: the family, what failed and why, the consequence.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let at = self.address.map(|a| format!(" on {a}")).unwrap_or_default();
         format!(
             "the relay's {} listener is not served{at} ({}: {}): relayed {} connects go as before hairpin",

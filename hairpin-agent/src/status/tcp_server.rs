@@ -32,7 +32,7 @@ use tracing::{debug, warn};
 
 /// The bounds of one TCP listener of the admin server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Connections served at once on the listener.
     pub max_connections: usize,
     /// Connections served at once from one peer address.
@@ -104,7 +104,12 @@ fn take_place(places: &Arc<Mutex<Places>>, peer: IpAddr, limits: Limits) -> Opti
 
 /// Serves `app` on `listener` within `limits` until `stop`, then lets open
 /// connections finish their response (at most [`CLOSE_GRACE`]).
-pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) {
     let places = Arc::new(Mutex::new(Places::default()));
     let conns = TaskTracker::new();
     loop {

@@ -27,7 +27,7 @@ use std::{
 use hairpin_ebpf::{LISTENER_RELAY4, LISTENER_RELAY6, SlotRef};
 use tracing::{debug, error, info, warn};
 
-pub use plan::{Hold, Step, Trigger, plan};
+pub(crate) use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
     datapath::{DatapathError, FrontendsMap, SlotError, SlotTable, monotonic_ns},
@@ -37,7 +37,7 @@ use crate::{
 
 /// A frontend being proxied now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Active {
+pub(crate) struct Active {
     /// What was asked for.
     pub frontend: Frontend,
     /// Its relay slot: where connects to it are sent (the kernel path's fallback).
@@ -55,7 +55,7 @@ pub struct Active {
 #[cfg(test)]
 impl Active {
     /// `frontend` active at `listener` on `path`, with slot 0 of the first address.
-    pub fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
+    pub(crate) fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
         Active {
             frontend,
             listener: listener.parse().expect("a listener address"),
@@ -72,7 +72,7 @@ impl Active {
 
 /// The path a map entry gives a frontend, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     /// [`LivePath::Relay`] (the relay) or [`LivePath::Kernel`].
     pub path: LivePath,
     /// Why, when the kernel path was asked for.
@@ -81,7 +81,7 @@ pub struct Route {
 
 /// A frontend that could not be made live, as it was asked for and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failed {
+pub(crate) struct Failed {
     /// What was asked for.
     pub frontend: Frontend,
     /// Why it is not live.
@@ -90,7 +90,7 @@ pub struct Failed {
 
 /// Why a frontend is not live.
 #[derive(Clone, Debug, thiserror::Error)]
-pub enum FrontendError {
+pub(crate) enum FrontendError {
     /// No listen address of the frontend's family is configured.
     #[error("no {family} listen address: pass --listen-address or --node-ip with one")]
     NoListenAddress {
@@ -126,7 +126,7 @@ impl Eq for FrontendError {}
 impl FrontendError {
     /// True when retrying cannot help until something changes: the configuration
     /// (no listen address) or the set of frontends (a full map).
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         matches!(
             self,
             FrontendError::NoListenAddress { .. } | FrontendError::MapFull(_)
@@ -135,7 +135,7 @@ impl FrontendError {
 }
 
 /// The BPF frontend map, as the reconciler uses it.
-pub trait RedirectMap {
+pub(crate) trait RedirectMap {
     /// Redirects connects to `frontend` to `slot`, whose relay writes its version's
     /// headers (or has the kernel write them, where the kernel path is on and the
     /// client speaks first). Inserting an address again replaces its entry. Returns
@@ -151,7 +151,7 @@ pub trait RedirectMap {
 }
 
 /// The relay's slots, as the reconciler uses them (see [`SlotTable`]).
-pub trait Slots {
+pub(crate) trait Slots {
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener
     /// `listener` (a [`hairpin_ebpf::MAP_RELAYS`] index) with `version` headers: the
     /// one it holds already, else a free one. The slot, and where clients are sent.
@@ -237,7 +237,7 @@ impl RedirectMap for FrontendsMap {
 /// Listener addresses per family: the first listen address of each (see
 /// `--listen-address`), where the relay's listener of that family binds.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ListenAddresses {
+pub(crate) struct ListenAddresses {
     /// For IPv4 frontends.
     pub v4: Option<std::net::IpAddr>,
     /// For IPv6 frontends.
@@ -245,7 +245,7 @@ pub struct ListenAddresses {
 }
 
 /// The map and the slots (when a datapath is live), and what is live and failed.
-pub struct Reconciler<M, S> {
+pub(crate) struct Reconciler<M, S> {
     map: Option<M>,
     slots: Option<S>,
     active: BTreeMap<SocketAddr, Active>,
@@ -265,7 +265,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// A reconciler with nothing live yet. Without a datapath (`map` and `slots`
     /// both `None`: eBPF is not live on this node) nothing redirects, so nothing is
     /// made live.
-    pub fn new(map: Option<M>, slots: Option<S>) -> Self {
+    pub(crate) fn new(map: Option<M>, slots: Option<S>) -> Self {
         Reconciler {
             map,
             slots,
@@ -279,35 +279,23 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// Frontends live now.
-    pub fn active(&self) -> impl Iterator<Item = &Active> {
+    pub(crate) fn active(&self) -> impl Iterator<Item = &Active> {
         self.active.values()
     }
 
     /// Frontends that could not be made live, by address.
-    pub fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
+    pub(crate) fn failed(&self) -> &BTreeMap<SocketAddr, Failed> {
         &self.failed
     }
 
     /// The frontends asked for that the last apply left as they were, and why.
-    pub fn held(&self) -> &BTreeMap<SocketAddr, Hold> {
+    pub(crate) fn held(&self) -> &BTreeMap<SocketAddr, Hold> {
         &self.held
     }
 
     /// Whether some failure is worth retrying before the next change.
-    pub fn has_transient_failures(&self) -> bool {
+    pub(crate) fn has_transient_failures(&self) -> bool {
         self.failed.values().any(|f| !f.error.is_permanent())
-    }
-
-    /// The map, when a datapath is live (read only: the reconciler is its one
-    /// writer).
-    pub fn map(&self) -> Option<&M> {
-        self.map.as_ref()
-    }
-
-    /// The slots, when a datapath is live (read only: the reconciler is their one
-    /// writer).
-    pub fn slots(&self) -> Option<&S> {
-        self.slots.as_ref()
     }
 
     /// The map, to set up a fake one in tests.
@@ -317,7 +305,8 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// The names ports' entries (dialled address, listener index), as last written.
-    pub fn name_redirects(&self) -> &[(SocketAddr, u8)] {
+    #[cfg(test)]
+    pub(crate) fn name_redirects(&self) -> &[(SocketAddr, u8)] {
         &self.name_redirects
     }
 
@@ -326,7 +315,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// `listener` of the relays' listener map), and nothing binds the ports
     /// themselves. Writes `redirects` when they changed, and removes the entries of
     /// those gone (unless an LB frontend now holds the address).
-    pub fn redirect_names(&mut self, redirects: Vec<(SocketAddr, u8)>) {
+    pub(crate) fn redirect_names(&mut self, redirects: Vec<(SocketAddr, u8)>) {
         if redirects == self.name_redirects {
             return;
         }
@@ -364,7 +353,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     /// adopted map still holds the earlier agent's entries, which kept traffic served
     /// until now; those not made live again name frontends that went away while no
     /// agent ran. Their slots retire after them.
-    pub fn forget_earlier_entries(&mut self) {
+    pub(crate) fn forget_earlier_entries(&mut self) {
         let live: BTreeSet<SocketAddr> = self
             .active
             .keys()
@@ -380,7 +369,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// Converges on `desired`: plans the steps and performs them in order.
-    pub fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
+    pub(crate) fn apply(&mut self, desired: &Frontends, trigger: Trigger) {
         let redirecting = self.map.is_some() && self.slots.is_some();
         // A failure no longer asked for is forgotten.
         self.failed
@@ -519,14 +508,14 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
 }
 
 /// First retry of failed frontends after an apply that left some failed.
-pub const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Longest wait between retries of failed frontends.
-pub const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Doubling delays with a cap: 1 s, 2 s, 4 s ... 30 s, back to the first on reset
 /// (a change from the source, or nothing left to retry).
 #[derive(Clone, Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,
@@ -534,7 +523,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Starts at `first`, never above `max`.
-    pub fn new(first: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,
             max,
@@ -543,14 +532,14 @@ impl Backoff {
     }
 
     /// The delay to wait now; the one after is twice as long, up to the cap.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(self.max);
         d
     }
 
     /// Back to the first delay.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.first;
     }
 }

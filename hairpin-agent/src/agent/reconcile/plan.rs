@@ -9,7 +9,7 @@ use crate::model::{Frontend, Frontends};
 
 /// Why an apply runs: something changed, or failed frontends are due for a retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// The source delivered a new set (or the first one): everything is tried.
     Change,
     /// The retry timer fired: only transient failures are tried again; a permanent
@@ -19,7 +19,7 @@ pub enum Trigger {
 
 /// One step, performed by the executor: a change, or a frontend left as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Remove the redirect to the frontend at this address, then stop its listener.
     Retire(SocketAddr),
     /// A live frontend's header version or source changed: new connections use it.
@@ -32,7 +32,7 @@ pub enum Step {
 
 /// Why a frontend asked for is left as it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// It is live, as it is asked for.
     Unchanged,
     /// It failed for a reason retrying cannot fix (see
@@ -48,7 +48,7 @@ pub enum Hold {
 /// and map entries the starts may need), then updates, then starts, each in
 /// address order; then a hold for every frontend asked for and left as it is.
 /// With `redirecting` false (no datapath on this node) nothing is started.
-pub fn plan(
+pub(crate) fn plan(
     live: &BTreeMap<SocketAddr, Active>,
     failed: &BTreeMap<SocketAddr, Failed>,
     desired: &Frontends,

@@ -197,7 +197,7 @@ struct Source {
 impl Agent {
     /// Starts everything in the order the module docs give; fails before anything
     /// is attached when the source, the flags or the admin server are unusable.
-    pub async fn start(args: RunArgs) -> Result<Agent, StartError> {
+    pub(crate) async fn start(args: RunArgs) -> Result<Agent, StartError> {
         check_coredns(&args)?;
         let node = NodeIps::of(&args)?;
         let addresses = relay_addresses(&args);

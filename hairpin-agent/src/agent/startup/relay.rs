@@ -124,7 +124,7 @@ pub(super) fn start_relay(
 }
 
 /// What it takes to try a relay listener that could not bind or register again.
-pub struct RelayRetry {
+pub(crate) struct RelayRetry {
     hook: ListenHook,
     lookup: SlotLookup,
     avoid: Vec<u16>,
@@ -133,13 +133,13 @@ pub struct RelayRetry {
 impl RelayRetry {
     /// How many families of `status` are worth trying again (see
     /// [`UnservedStep::retried`]).
-    pub fn pending(status: &RelayStatus) -> usize {
+    pub(crate) fn pending(status: &RelayStatus) -> usize {
         status.unserved.iter().filter(|u| u.what.retried()).count()
     }
 
     /// Tries each such family of `status` again, moving those that bind to its
     /// listeners (and updating the error of the others).
-    pub fn retry(&self, relay: &mut Relay, status: &mut RelayStatus) {
+    pub(crate) fn retry(&self, relay: &mut Relay, status: &mut RelayStatus) {
         let listeners = &mut status.listeners;
         status.unserved.retain_mut(|u| {
             let (Some(ip), true) = (u.address, u.what.retried()) else {

@@ -24,11 +24,11 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-pub use report::{
+pub(crate) use report::{
     AddressReport, CheckReport, Coverage, HeaderBy, HeaderHandling, LENIENT_WARNING, Resolution,
-    Verdict, header_handling, verdict,
+    header_handling,
 };
-pub use target::{BadTarget, Target, parse_target};
+pub(crate) use target::{BadTarget, Target, parse_target};
 
 /// Options of `check`.
 #[derive(clap::Args, Debug, Clone)]

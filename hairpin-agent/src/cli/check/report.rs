@@ -15,7 +15,7 @@ use crate::model::Paths;
 
 /// How the name resolved.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Resolution {
+pub(crate) struct Resolution {
     /// As the node resolves it (getaddrinfo: /etc/hosts, then its DNS).
     pub node: Vec<IpAddr>,
     /// Why the node could not.
@@ -32,11 +32,11 @@ pub struct Resolution {
 }
 
 /// A pod-style lookup: the server asked, where it came from, and its answer.
-pub type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
+pub(crate) type PodLookup = (SocketAddr, &'static str, Result<Vec<IpAddr>, DnsError>);
 
 impl Resolution {
     /// An IP literal: nothing to resolve.
-    pub fn literal(ip: IpAddr) -> Resolution {
+    pub(crate) fn literal(ip: IpAddr) -> Resolution {
         Resolution {
             node: vec![ip],
             pod: vec![ip],
@@ -46,7 +46,10 @@ impl Resolution {
     }
 
     /// From the node's lookup and the optional pod-style one.
-    pub fn from_lookups(node: std::io::Result<Vec<IpAddr>>, pod: Option<PodLookup>) -> Resolution {
+    pub(crate) fn from_lookups(
+        node: std::io::Result<Vec<IpAddr>>,
+        pod: Option<PodLookup>,
+    ) -> Resolution {
         let mut r = Resolution::default();
         match node {
             Ok(ips) => r.node = ips,
@@ -73,7 +76,7 @@ impl Resolution {
     }
 
     /// Every address found, node's first, without duplicates.
-    pub fn addresses(&self) -> Vec<IpAddr> {
+    pub(crate) fn addresses(&self) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();
         for ip in self.node.iter().chain(&self.pod) {
             if !out.contains(ip) {
@@ -87,7 +90,7 @@ impl Resolution {
 /// Whether the running agent proxies an address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum Coverage {
+pub(crate) enum Coverage {
     /// A listener and redirect are live.
     Active {
         /// The relay listener.
@@ -117,7 +120,7 @@ pub enum Coverage {
 /// Who writes the PROXY header of an in-cluster connection to a covered address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum HeaderBy {
+pub(crate) enum HeaderBy {
     /// The kernel path: the kernel writes it on the client's own socket, ahead of
     /// its first bytes (a socket it cannot take goes to the relay listener).
     Kernel,
@@ -128,7 +131,7 @@ pub enum HeaderBy {
 /// The verdict for an address, or for the whole target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// In-cluster clients get an answer.
     Works,
     /// The server wants the header and in-cluster clients do not send one.
@@ -139,7 +142,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The process exit code for it (`cli::Exit`: 2 is clap's usage error).
-    pub fn exit_code(self) -> i32 {
+    pub(crate) fn exit_code(self) -> i32 {
         match self {
             Verdict::Works => crate::cli::Exit::Ok,
             Verdict::Broken => crate::cli::Exit::Broken,
@@ -151,7 +154,7 @@ impl Verdict {
 
 /// The rules: the in-cluster probe answering is what matters; failing that, the
 /// header probe answering means the header is what is missing.
-pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Verdict {
+pub(crate) fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Verdict {
     if in_cluster.answered() {
         Verdict::Works
     } else if direct_with_header.answered() {
@@ -165,7 +168,7 @@ pub fn verdict(in_cluster: &ProbeResult, direct_with_header: &ProbeResult) -> Ve
 /// hairpin: one without a header, one with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum HeaderHandling {
+pub(crate) enum HeaderHandling {
     /// It answers only when a header comes first.
     Required,
     /// It answers the same with a header and without one. Traefik
@@ -185,7 +188,10 @@ pub enum HeaderHandling {
 /// line and answers 400; a lenient one consumes it and answers the request as it
 /// would have without). A TLS handshake completes after a header only where the
 /// server took it.
-pub fn header_handling(direct: &ProbeResult, direct_with_header: &ProbeResult) -> HeaderHandling {
+pub(crate) fn header_handling(
+    direct: &ProbeResult,
+    direct_with_header: &ProbeResult,
+) -> HeaderHandling {
     match (direct.answered(), direct_with_header.answered()) {
         (false, true) => HeaderHandling::Required,
         (true, false) => HeaderHandling::NotSpoken,
@@ -210,7 +216,7 @@ fn http_status(p: &ProbeResult) -> Option<u16> {
 
 /// The warning for a lenient server: why the symptom there is a wrong client
 /// address rather than an error, and what its trusted list must hold.
-pub const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROXY header and \
+pub(crate) const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROXY header and \
     without one, as Traefik (proxyProtocol.trustedIPs), Caddy (proxy_protocol allow) and Envoy \
     (allow_requests_without_proxy_protocol) do. Such a server drops a header from a peer outside \
     its trusted list without a word and serves the request as that peer's, so the symptom is a \
@@ -220,7 +226,7 @@ pub const LENIENT_WARNING: &str = "the server is lenient: it answers with a PROX
 
 /// Probes of one address.
 #[derive(Clone, Debug, Serialize)]
-pub struct Probes {
+pub(crate) struct Probes {
     /// Unmarked, no header: what an in-cluster client gets now.
     pub in_cluster: ProbeResult,
     /// Marked, no header: the LB path without hairpin.
@@ -231,7 +237,7 @@ pub struct Probes {
 
 /// Everything about one resolved address.
 #[derive(Clone, Debug, Serialize)]
-pub struct AddressReport {
+pub(crate) struct AddressReport {
     /// The address probed.
     pub address: SocketAddr,
     /// kube-proxy rules sending it straight to the backends.
@@ -253,7 +259,7 @@ pub struct AddressReport {
 
 impl AddressReport {
     /// Builds the report and its verdict.
-    pub fn new(
+    pub(crate) fn new(
         address: SocketAddr,
         kube_proxy: Vec<ShortCircuit>,
         hairpin: Coverage,
@@ -305,7 +311,7 @@ impl AddressReport {
 
 /// The JSON document `check --output json` prints.
 #[derive(Clone, Debug, Serialize)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// What was checked.
     pub target: Target,
     /// How it resolved.
@@ -328,7 +334,7 @@ pub struct CheckReport {
 
 impl CheckReport {
     /// Assembles the report and the overall verdict.
-    pub fn new(
+    pub(crate) fn new(
         target: Target,
         resolution: Resolution,
         agent_error: Option<String>,
@@ -357,7 +363,7 @@ impl CheckReport {
     }
 
     /// The human rendering.
-    pub fn render(&self, colour: bool) -> String {
+    pub(crate) fn render(&self, colour: bool) -> String {
         let t = &self.target;
         let mut out = format!(
             "check {}:{} ({})\n",

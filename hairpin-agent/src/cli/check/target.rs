@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// A parsed target.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Target {
+pub(crate) struct Target {
     /// Name or IP literal, without brackets.
     pub host: String,
     /// TCP port.
@@ -19,7 +19,7 @@ pub struct Target {
 pub struct BadTarget(pub String);
 
 /// Parses `host|ip[:port]`, bracketed IPv6 included; port 443 implies TLS.
-pub fn parse_target(s: &str, tls: bool) -> Result<Target, BadTarget> {
+pub(crate) fn parse_target(s: &str, tls: bool) -> Result<Target, BadTarget> {
     let bad = || BadTarget(s.to_owned());
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let (h, after) = rest.split_once(']').ok_or_else(bad)?;

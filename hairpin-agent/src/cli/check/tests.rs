@@ -1,3 +1,4 @@
+use super::report::{Verdict, verdict};
 use super::*;
 use crate::{
     cli::probe::{Outcome, ProbeResult},

@@ -44,7 +44,7 @@ fn observed(reported: &LinkOrderStatus, cgroup: &Path) -> Vec<HookOrderStatus> {
 
 /// Whether hairpin's connect programs run before every other connect program at
 /// the cgroup: fails, naming the programs in front and the remedy, when they do not.
-pub fn link_order_check(agent: Option<&Snapshot>) -> Check {
+pub(crate) fn link_order_check(agent: Option<&Snapshot>) -> Check {
     let name = "link_order";
     let Some(s) = agent else {
         return Check::new(
@@ -127,7 +127,7 @@ pub fn link_order_check(agent: Option<&Snapshot>) -> Check {
 
 /// The connects meshed pods sent to the relay (a mesh proxy listens on a capture
 /// port in their network namespace): one header each, from the relay.
-pub fn mesh_check(agent: Option<&Snapshot>) -> Check {
+pub(crate) fn mesh_check(agent: Option<&Snapshot>) -> Check {
     let name = "mesh";
     let Some(s) = agent else {
         return Check::new(name, Status::Skip, "needs the running agent (its counters)");
@@ -157,7 +157,7 @@ pub fn mesh_check(agent: Option<&Snapshot>) -> Check {
 }
 
 /// The LoadBalancers left alone, each with its reason (from the agent's decisions).
-pub fn skipped_check(agent: Option<&Snapshot>) -> Check {
+pub(crate) fn skipped_check(agent: Option<&Snapshot>) -> Check {
     let name = "skipped_lbs";
     let Some(s) = agent else {
         return Check::new(

@@ -6,7 +6,7 @@ use super::{Check, Status};
 use crate::{cli::kube_proxy::KubeProxy, datapath, status::EbpfFailure};
 
 /// The kernel release's (major, minor), from `uname -r` text such as `6.18.0-1-amd64`.
-pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut it = release.split(|c: char| !c.is_ascii_digit());
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
@@ -151,7 +151,7 @@ pub(super) fn cgroup2() -> Check {
 }
 
 /// Bits of the effective capability set, from /proc/self/status text.
-pub fn effective_caps(status: &str) -> Option<u64> {
+pub(crate) fn effective_caps(status: &str) -> Option<u64> {
     let hex = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))?
@@ -223,7 +223,7 @@ pub(super) fn seccomp(agent: Option<&crate::status::Snapshot>) -> Check {
 /// `kubectl exec` runs under the container's filter) and why the agent could not use
 /// its programs: a fail when a seccomp filter refused them
 /// ([`crate::datapath::DatapathError::Seccomp`]).
-pub fn seccomp_check(status: &str, agent_failure: Option<EbpfFailure>) -> Check {
+pub(crate) fn seccomp_check(status: &str, agent_failure: Option<EbpfFailure>) -> Check {
     let field = |name: &str| {
         status
             .lines()

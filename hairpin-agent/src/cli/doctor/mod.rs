@@ -18,7 +18,7 @@ mod beside;
 mod checks;
 mod relay;
 mod servers;
-pub use checks::{effective_caps, kernel_version, seccomp_check};
+pub(crate) use checks::kernel_version;
 
 /// Options of `doctor`.
 #[derive(clap::Args, Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct DoctorArgs {
 /// A check's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     /// Fine.
     Ok,
     /// Works, with a caveat.
@@ -62,7 +62,7 @@ pub enum Status {
 
 /// One check.
 #[derive(Clone, Debug, Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     /// Stable name: `kernel`, `bpf`, `ebpf_object`, `cgroup2`, `capabilities`, `agent`,
     /// `seccomp`, `kube_proxy_mode`, `kube_proxy_frontends`, `ip_mode`, `coredns`, `clients`, `name_relay`,
     /// `names_scope`, `relay`, `kernel_path`, `link_order`, `mesh`, `skipped_lbs`, `lenient_servers`.
@@ -77,7 +77,7 @@ pub struct Check {
 
 impl Check {
     /// A check result.
-    pub fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    pub(crate) fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
         Check {
             name,
             status,
@@ -87,7 +87,7 @@ impl Check {
     }
 
     /// With a fix line.
-    pub fn fix(mut self, fix: impl Into<String>) -> Check {
+    pub(crate) fn fix(mut self, fix: impl Into<String>) -> Check {
         self.fix = Some(fix.into());
         self
     }
@@ -121,7 +121,7 @@ impl Check {
 
 /// The JSON document `doctor --output json` prints.
 #[derive(Clone, Debug, Serialize)]
-pub struct DoctorReport {
+pub(crate) struct DoctorReport {
     /// Every check, in order.
     pub checks: Vec<Check>,
     /// True when none failed.
@@ -196,7 +196,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
 }
 
 /// Whether kube-proxy short-circuits each frontend the agent proxies.
-pub fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
+pub(crate) fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
     let name = "kube_proxy_frontends";
     let Some(s) = agent else {
         return Check::new(
@@ -617,7 +617,7 @@ fn coredns_check(s: &Snapshot) -> Check {
 }
 
 /// The human rendering.
-pub fn render(r: &DoctorReport, colour: bool) -> String {
+pub(crate) fn render(r: &DoctorReport, colour: bool) -> String {
     let mut t = Table::new(&["CHECK", "STATUS", "DETAIL"]);
     for c in &r.checks {
         let tone = match c.status {

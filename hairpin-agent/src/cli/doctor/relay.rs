@@ -8,7 +8,7 @@ use crate::status::{FrontendState, Snapshot};
 /// `relay`: fails when a family the node has a listen address for is not served:
 /// its relayed frontends (and the kernel path's fallbacks to the relay) go as
 /// before hairpin until it is fixed.
-pub fn relay_check(agent: Option<&Snapshot>) -> Check {
+pub(crate) fn relay_check(agent: Option<&Snapshot>) -> Check {
     let name = "relay";
     let Some(s) = agent else {
         return Check::new(name, Status::Skip, "needs the running agent (its relay)");

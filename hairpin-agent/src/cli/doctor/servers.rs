@@ -26,17 +26,17 @@ use crate::{
 
 /// At most this many frontends are probed (two connections each), so a node with
 /// thousands of LoadBalancers is not swept by one `doctor`.
-pub const MAX_PROBED: usize = 16;
+pub(crate) const MAX_PROBED: usize = 16;
 /// Each probe's connect and read timeout.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A frontend's two direct probes: without a header, then with one.
-pub type Probes = (ProbeResult, ProbeResult);
+pub(crate) type Probes = (ProbeResult, ProbeResult);
 
 /// The active frontends to probe, in the agent's order, at most [`MAX_PROBED`]; and
 /// how many more there were. Those the refusal table refuses are never probed
 /// ([`refused`]).
-pub fn targets(s: &Snapshot) -> (Vec<SocketAddr>, usize) {
+pub(crate) fn targets(s: &Snapshot) -> (Vec<SocketAddr>, usize) {
     let local = local_addresses();
     let all: Vec<SocketAddr> = s
         .frontends
@@ -52,7 +52,7 @@ pub fn targets(s: &Snapshot) -> (Vec<SocketAddr>, usize) {
 /// Why `ip` is never probed: the refusal table's built-in classes and platform
 /// endpoints (`k8s/decide/lb_address.rs`), or one of this node's own addresses
 /// (`local`).
-pub fn refused(ip: IpAddr, local: &[IpAddr]) -> Option<String> {
+pub(crate) fn refused(ip: IpAddr, local: &[IpAddr]) -> Option<String> {
     if let Some(class) = crate::k8s::decide::lb_address::builtin_refusal(ip) {
         return Some(format!("{ip} is {class}"));
     }
@@ -92,7 +92,7 @@ fn refused_frontends(s: &Snapshot) -> Vec<String> {
 
 /// Probes `addr` directly (past hairpin, with `mark`) without and with a header.
 /// HTTP, except on 443 and 8443 where a TLS handshake is what a server answers.
-pub fn probe_direct(addr: SocketAddr, mark: u32) -> Probes {
+pub(crate) fn probe_direct(addr: SocketAddr, mark: u32) -> Probes {
     let send = |header| {
         probe::send(&Probe {
             addr,
@@ -108,7 +108,7 @@ pub fn probe_direct(addr: SocketAddr, mark: u32) -> Probes {
 
 /// Probes the agent's active frontends directly (at most [`MAX_PROBED`], in
 /// parallel) and warns of every lenient server among them.
-pub fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
+pub(crate) fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
     let (targets, more) = agent.map(targets).unwrap_or_default();
     let probed: Vec<_> = std::thread::scope(|scope| {
         let running: Vec<_> = targets
@@ -133,7 +133,7 @@ pub fn lenient_servers(agent: Option<&Snapshot>, mark: u32) -> Check {
 
 /// The `lenient_servers` check from each probed frontend's answers: warns naming
 /// every lenient one; ok when none is; skipped without the agent or frontends.
-pub fn lenient_check(
+pub(crate) fn lenient_check(
     agent: Option<&Snapshot>,
     probed: &[(SocketAddr, Probes)],
     more: usize,

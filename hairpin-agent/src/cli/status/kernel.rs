@@ -9,7 +9,7 @@ use super::{Tone, paint};
 use crate::status::{KernelPathState, KernelPathStatus};
 
 /// The kernel path's counters of connects sent to the relay, with what each means.
-pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
+pub(crate) const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
     (Counter::KernelFallbackRelay, "no socket storage"),
     (Counter::KernelFallbackFull, "sockets map near full"),
     (Counter::KernelFallbackMptcp, "MPTCP subflow"),
@@ -19,7 +19,7 @@ pub const KERNEL_FALLBACKS: [(Counter, &str); 5] = [
 
 /// The kernel path's counters of connections that went without their header (see
 /// [`Counter::is_kernel_miss`]), with what each means.
-pub const KERNEL_MISSES: [(Counter, &str); 4] = [
+pub(crate) const KERNEL_MISSES: [(Counter, &str); 4] = [
     (
         Counter::KernelMissedDataFirst,
         "data sent before the handshake completed: TCP Fast Open (MSG_FASTOPEN, where the \
@@ -42,7 +42,7 @@ pub const KERNEL_MISSES: [(Counter, &str); 4] = [
 
 /// The kernel path's counters, as `status` and `doctor` read them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelTally {
+pub(crate) struct KernelTally {
     /// Connects marked for an in-kernel header.
     pub marked: u64,
     /// Headers the kernel wrote.
@@ -57,7 +57,7 @@ pub struct KernelTally {
 
 impl KernelTally {
     /// From `/status`'s `counters.kernel`; a counter the agent does not report is 0.
-    pub fn new(kernel: &BTreeMap<String, u64>) -> KernelTally {
+    pub(crate) fn new(kernel: &BTreeMap<String, u64>) -> KernelTally {
         let get = |c: Counter| kernel.get(c.name()).copied().unwrap_or(0);
         let each = |list: &[(Counter, &'static str)]| {
             list.iter()
@@ -76,22 +76,22 @@ impl KernelTally {
     }
 
     /// Connections that went without their header.
-    pub fn missed(&self) -> u64 {
+    pub(crate) fn missed(&self) -> u64 {
         self.misses.iter().map(|m| m.2).sum()
     }
 
     /// Connects sent to the relay instead.
-    pub fn relayed(&self) -> u64 {
+    pub(crate) fn relayed(&self) -> u64 {
         self.fallbacks.iter().map(|f| f.2).sum()
     }
 
     /// Whether any counter moved.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.marked + self.written + self.in_map + self.missed() + self.relayed() > 0
     }
 
     /// The non-zero misses, `name N (what it means)`, joined by `; `.
-    pub fn describe_misses(&self) -> String {
+    pub(crate) fn describe_misses(&self) -> String {
         self.misses
             .iter()
             .filter(|m| m.2 > 0)
@@ -101,7 +101,7 @@ impl KernelTally {
     }
 
     /// Every fallback, `what N`, joined by `, `.
-    pub fn describe_fallbacks(&self) -> String {
+    pub(crate) fn describe_fallbacks(&self) -> String {
         self.fallbacks
             .iter()
             .map(|(_, what, n)| format!("{what} {n}"))

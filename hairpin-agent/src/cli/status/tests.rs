@@ -1,3 +1,4 @@
+use super::kernel::{KERNEL_FALLBACKS, KERNEL_MISSES};
 use super::*;
 use hairpin_ebpf::Counter;
 

@@ -82,6 +82,7 @@ impl<K: LinkKernel> Links<K> {
 
     /// Whether a hand-over of another layout's datapath waits for this agent's
     /// frontends to be live.
+    #[cfg(test)]
     pub(crate) fn handover_pending(&self) -> bool {
         self.handover.is_some()
     }

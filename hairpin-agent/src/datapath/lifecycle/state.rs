@@ -167,7 +167,7 @@ pub(crate) enum PinnedLink {
 
 /// Why a pinned link is not this hook's, or can no longer serve it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Stale {
+pub(crate) enum Stale {
     /// Its link type (`BPF_LINK_TYPE_*`) is not the hook's.
     LinkType {
         /// The link's.
@@ -225,7 +225,7 @@ impl fmt::Display for Stale {
 
 /// Why a wanted hook's pinned link is replaced by a new one.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Replace {
+pub(crate) enum Replace {
     /// It is not this hook's, or cannot be updated.
     Stale(Stale),
     /// Other connect programs run in front of it: the new link goes before them.
@@ -308,7 +308,7 @@ pub(crate) struct StopSeen {
 
 /// What a stopping agent does with the datapath.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// Left for the next agent (a rollout, a restart, a node going down): links and
     /// maps stay pinned and the programs keep running; the TTL is the backstop.
     Keep,
@@ -319,7 +319,7 @@ pub enum Stop {
 
 /// Why the datapath is removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Removal {
+pub(crate) enum Removal {
     /// Nothing is pinned: it goes with the process anyway.
     Unpinned,
     /// The agents are being uninstalled: with it go the addresses the agent put on
@@ -329,7 +329,7 @@ pub enum Removal {
 
 impl Stop {
     /// Whether the datapath goes.
-    pub fn removes(&self) -> bool {
+    pub(crate) fn removes(&self) -> bool {
         matches!(self, Stop::Remove(_))
     }
 }

@@ -106,7 +106,7 @@ pub(crate) enum PinError {
 /// states and `status`, which carry it as it is.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct Unusable(Arc<PinError>);
+pub(crate) struct Unusable(Arc<PinError>);
 
 impl Unusable {
     /// `e`, shared.
@@ -551,7 +551,7 @@ pub(crate) async fn release_when_empty(mut maps: Vec<Inherited>, every: Duration
 
 /// Whether the datapath outlives the agent (see this module).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pin {
+pub(crate) enum Pin {
     /// No pin directory: the links and maps are the process's own and go with it.
     Off,
     /// Pinned here: links and maps outlive the process.

@@ -11,7 +11,7 @@
 //! its Deployment) is in [`version`].
 
 pub mod task;
-pub mod version;
+pub(crate) mod version;
 
 use std::{collections::BTreeMap, fmt, str::FromStr};
 
@@ -31,7 +31,7 @@ use crate::names::{
 };
 
 /// The Corefile's key in the main ConfigMap.
-pub const COREFILE_KEY: &str = "Corefile";
+pub(crate) const COREFILE_KEY: &str = "Corefile";
 
 /// `--coredns`: whether and how CoreDNS is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,7 +83,7 @@ pub struct ClusterCleanup {
 
 impl CorednsUndo {
     /// What to remove; `None` with `--coredns off`.
-    pub fn config(&self) -> Option<CorednsConfig> {
+    pub(crate) fn config(&self) -> Option<CorednsConfig> {
         (self.mode != CorednsMode::Off).then(|| CorednsConfig {
             mode: self.mode,
             configmap: self.objects.configmap.clone(),
@@ -160,7 +160,7 @@ pub struct CorednsConfig {
 
 impl CorednsConfig {
     /// The ConfigMap this mode writes.
-    pub fn written(&self) -> &ObjectName {
+    pub(crate) fn written(&self) -> &ObjectName {
         match self.mode {
             CorednsMode::Import => &self.custom,
             CorednsMode::Corefile | CorednsMode::Off => &self.configmap,
@@ -170,7 +170,7 @@ impl CorednsConfig {
 
 /// Errors writing CoreDNS's ConfigMaps.
 #[derive(Debug, thiserror::Error)]
-pub enum CorednsError {
+pub(crate) enum CorednsError {
     /// The main ConfigMap does not exist.
     #[error(
         "configmap {0}: not found (pass --coredns-configmap NAMESPACE/NAME; RKE2: kube-system/rke2-coredns-rke2-coredns)"
@@ -204,7 +204,7 @@ pub enum CorednsError {
 
 /// What a sync did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Written {
+pub(crate) enum Written {
     /// The text already said this.
     Unchanged,
     /// The ConfigMap was updated.
@@ -215,7 +215,7 @@ pub enum Written {
 
 /// Parses a rewrite target (`--coredns-target`): one exact DNS name, the hairpin
 /// Service's FQDN.
-pub fn parse_target(s: &str) -> Result<Hostname, String> {
+pub(crate) fn parse_target(s: &str) -> Result<Hostname, String> {
     let h = Hostname::parse(s).map_err(|e| e.to_string())?;
     if h.is_wildcard() {
         return Err(format!(
@@ -257,7 +257,7 @@ fn api_err(op: &'static str, o: &ObjectName) -> impl FnOnce(kube::Error) -> Core
 /// server records the writer as "unknown", and an operator's `kubectl apply
 /// --server-side` of the ConfigMap then reports a conflict with "unknown" instead
 /// of naming hairpin (seen against kube-apiserver 1.37).
-pub const FIELD_MANAGER: &str = "hairpin-coredns-writer";
+pub(crate) const FIELD_MANAGER: &str = "hairpin-coredns-writer";
 
 fn write_params() -> PostParams {
     PostParams {
@@ -285,7 +285,7 @@ async fn update_key(
 }
 
 /// Makes CoreDNS's ConfigMap say exactly `rewrites` (empty removes ours).
-pub async fn sync(
+pub(crate) async fn sync(
     client: &Client,
     cfg: &CorednsConfig,
     rewrites: &[Rewrite],
@@ -303,7 +303,7 @@ pub async fn sync(
 
 /// Removes what hairpin wrote in `mode`: its marked Corefile lines, or its key.
 /// Returns whether anything was removed.
-pub async fn remove(client: &Client, cfg: &CorednsConfig) -> Result<Written, CorednsError> {
+pub(crate) async fn remove(client: &Client, cfg: &CorednsConfig) -> Result<Written, CorednsError> {
     match cfg.mode {
         CorednsMode::Off => Ok(Written::Unchanged),
         CorednsMode::Corefile => {
@@ -390,7 +390,7 @@ async fn write_import(
 /// (`--coredns-configmap`: kube-system/coredns, RKE2 rke2-coredns-rke2-coredns)
 /// says about the CoreDNS version; API errors (RBAC) make it unknown, naming them.
 /// Read every round, so an upgrade is seen within one resync.
-pub async fn coredns_version(client: &Client, o: &ObjectName) -> version::Found {
+pub(crate) async fn coredns_version(client: &Client, o: &ObjectName) -> version::Found {
     match Api::<Deployment>::namespaced(client.clone(), &o.namespace)
         .get_opt(&o.name)
         .await
@@ -408,7 +408,7 @@ pub async fn coredns_version(client: &Client, o: &ObjectName) -> version::Found 
 /// `__PILLAR__UPSTREAM__SERVERS__`, the node's own resolv.conf upstreams, not to
 /// CoreDNS; only the cluster domain and reverse zones go to CoreDNS (through
 /// kube-dns-upstream), cached up to 30 s. It also answers on the kube-dns ClusterIP.
-pub async fn node_local_dns(client: &Client) -> Option<String> {
+pub(crate) async fn node_local_dns(client: &Client) -> Option<String> {
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let found = if matches!(ds.get_opt("node-local-dns").await, Ok(Some(_))) {

@@ -68,7 +68,7 @@ pub struct Reporting {
 
 /// When the next round may write: at once, or after the interval since the last
 /// write (pure, so the rate limit is unit-tested).
-pub fn write_at(
+pub(crate) fn write_at(
     last_write: Option<Instant>,
     min_interval: Duration,
     now: Instant,

@@ -32,7 +32,7 @@ use crate::names::corefile::Rewrite;
 
 /// A CoreDNS release number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version {
+pub(crate) struct Version {
     /// Major.
     pub major: u32,
     /// Minor.
@@ -42,7 +42,7 @@ pub struct Version {
 }
 
 /// The first CoreDNS whose rewrite plugin accepts `answer auto` (coredns/coredns#4473).
-pub const ANSWER_AUTO_SINCE: Version = Version {
+pub(crate) const ANSWER_AUTO_SINCE: Version = Version {
     major: 1,
     minor: 8,
     patch: 4,
@@ -60,7 +60,7 @@ impl Version {
     /// AKS's `…/coredns:v1.9.4-hotfix.20240704`, with or without `@sha256:…`.
     /// `None` without a tag, for `latest`, or for a tag that does not start with
     /// `MAJOR.MINOR.PATCH` (an optional `v` first, then only a `-` or `+` suffix).
-    pub fn from_image(image: &str) -> Option<Version> {
+    pub(crate) fn from_image(image: &str) -> Option<Version> {
         let name = image.split('@').next()?;
         // A `:` before the last `/` is a registry port, not a tag.
         let (_, tag) = name.rsplit_once(':')?;
@@ -88,7 +88,7 @@ impl Version {
 
 /// What the CoreDNS Deployment says about the running CoreDNS.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Its image names this version.
     Version {
         /// The image reference read.
@@ -103,7 +103,7 @@ pub enum Found {
 /// Reads the CoreDNS container's image from Deployment `o` (already fetched, or
 /// `None` when it does not exist). The container is the one named `coredns`, else
 /// the only one whose image's repository name contains `coredns`.
-pub fn from_deployment(o: &ObjectName, deployment: Option<&Deployment>) -> Found {
+pub(crate) fn from_deployment(o: &ObjectName, deployment: Option<&Deployment>) -> Found {
     let Some(d) = deployment else {
         return Found::Unknown(format!("Deployment {o}: not found"));
     };
@@ -149,7 +149,7 @@ pub fn from_deployment(o: &ObjectName, deployment: Option<&Deployment>) -> Found
 /// The rewrites this CoreDNS can take, and a warning naming what was held back:
 /// every rewrite from [`ANSWER_AUTO_SINCE`] on; below it or when unknown, the
 /// exact ones only (see the module docs for why).
-pub fn usable(rewrites: Vec<Rewrite>, found: &Found) -> (Vec<Rewrite>, Option<String>) {
+pub(crate) fn usable(rewrites: Vec<Rewrite>, found: &Found) -> (Vec<Rewrite>, Option<String>) {
     let why = match found {
         Found::Version { version, .. } if *version >= ANSWER_AUTO_SINCE => {
             return (rewrites, None);

@@ -15,23 +15,23 @@ pub const PORTS: &str = "hairpin.dev/ports";
 /// `PORT=client|server` entries separated by commas (PORT a number or name, as in
 /// [`PORTS`]; ports not listed are `client`). Server-speaks-first ports always take
 /// the relay path.
-pub const FIRST_SPEAKER: &str = "hairpin.dev/first-speaker";
+pub(crate) const FIRST_SPEAKER: &str = "hairpin.dev/first-speaker";
 /// Which path the Service's frontends take: `auto` (the default: the kernel path
 /// where the node runs it and the client speaks first, else the relay) or `relay`
 /// for every port, or `PORT=auto|relay` entries separated by commas (as in
 /// [`FIRST_SPEAKER`]; ports not listed are `auto`). `relay` is for a workload that
 /// hits one of the kernel path's known misses.
-pub const PATH: &str = "hairpin.dev/path";
+pub(crate) const PATH: &str = "hairpin.dev/path";
 
 /// Most bytes of an annotation value (or one of its entries) quoted in a message:
 /// the Event that carries it holds 1 KiB, and what was expected must still fit.
-pub const EXCERPT_MAX: usize = 64;
+pub(crate) const EXCERPT_MAX: usize = 64;
 /// Most bytes of the Service's port list quoted in a message.
 const KNOWN_PORTS_MAX: usize = 256;
 
 /// `value` cut to `max` bytes on a character boundary, with `...` when cut, for
 /// quoting in a message.
-pub fn excerpt(value: &str, max: usize) -> String {
+pub(crate) fn excerpt(value: &str, max: usize) -> String {
     if value.len() <= max {
         return value.to_string();
     }
@@ -126,7 +126,7 @@ pub enum AnnotationError {
 
 /// What `hairpin.dev/proxy-protocol` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OurSetting {
+pub(crate) enum OurSetting {
     /// Proxy with this version.
     On(ProxyVersion),
     /// Do not proxy, whatever the provider annotations say.
@@ -134,7 +134,7 @@ pub enum OurSetting {
 }
 
 /// Parses `hairpin.dev/proxy-protocol`; `None` when absent.
-pub fn proxy_protocol(
+pub(crate) fn proxy_protocol(
     service: &str,
     value: Option<&str>,
 ) -> Result<Option<OurSetting>, AnnotationError> {
@@ -155,7 +155,7 @@ pub fn proxy_protocol(
 /// What a per-port annotation (`hairpin.dev/first-speaker`, `hairpin.dev/path`) says,
 /// port by port.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PerPort<T> {
+pub(crate) struct PerPort<T> {
     /// Every port not listed in `ports`.
     pub all: T,
     /// Ports listed one by one.
@@ -164,20 +164,20 @@ pub struct PerPort<T> {
 
 impl<T: Copy> PerPort<T> {
     /// The setting for Service port `port`.
-    pub fn for_port(&self, port: i32) -> T {
+    pub(crate) fn for_port(&self, port: i32) -> T {
         self.ports.get(&port).copied().unwrap_or(self.all)
     }
 }
 
 /// What `hairpin.dev/first-speaker` says, port by port.
-pub type FirstSpeakers = PerPort<FirstSpeaker>;
+pub(crate) type FirstSpeakers = PerPort<FirstSpeaker>;
 
 /// What `hairpin.dev/path` says, port by port.
-pub type Paths = PerPort<PathChoice>;
+pub(crate) type Paths = PerPort<PathChoice>;
 
 /// Parses `hairpin.dev/first-speaker` against the Service's ports; absent is every
 /// port `client`.
-pub fn first_speaker(
+pub(crate) fn first_speaker(
     service: &str,
     value: Option<&str>,
     spec_ports: &[ServicePort],
@@ -193,7 +193,7 @@ pub fn first_speaker(
 }
 
 /// Parses `hairpin.dev/path` against the Service's ports; absent is every port `auto`.
-pub fn path(
+pub(crate) fn path(
     service: &str,
     value: Option<&str>,
     spec_ports: &[ServicePort],
@@ -287,7 +287,7 @@ pub fn protocol(port: &ServicePort) -> &str {
 
 /// Parses `hairpin.dev/ports` against the Service's ports into the set of selected TCP port
 /// numbers; `None` when absent (every TCP port).
-pub fn ports(
+pub(crate) fn ports(
     service: &str,
     value: Option<&str>,
     spec_ports: &[ServicePort],

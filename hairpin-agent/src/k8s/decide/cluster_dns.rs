@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Service;
 ///
 /// Preference: the Service named `kube-dns`, then one labelled `k8s-app: kube-dns`,
 /// then one whose name ends in `coredns`; ties go to the first name in order.
-pub fn cluster_dns<'a>(services: impl IntoIterator<Item = &'a Service>) -> Vec<IpAddr> {
+pub(crate) fn cluster_dns<'a>(services: impl IntoIterator<Item = &'a Service>) -> Vec<IpAddr> {
     let mut best: Option<(u8, &str, Vec<IpAddr>)> = None;
     for svc in services {
         let meta = &svc.metadata;

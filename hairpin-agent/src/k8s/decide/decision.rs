@@ -82,7 +82,7 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// A stable CamelCase name for Event reasons and machine output.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SkipReason::NotLoadBalancer => "SkippedNotLoadBalancer",
             SkipReason::ProxyProtocolOff => "SkippedProxyProtocolOff",
@@ -140,7 +140,7 @@ pub struct Decision {
 
 impl Decision {
     /// A decision for `service` that proxies nothing yet.
-    pub fn new(service: ServiceName) -> Decision {
+    pub(crate) fn new(service: ServiceName) -> Decision {
         Decision {
             service,
             outcome: Outcome::Proxied,

@@ -47,7 +47,7 @@ pub struct LbAddressPolicy {
 
 impl LbAddressPolicy {
     /// Why `ip` may not be redirected, or `None` when it may.
-    pub fn refusal(&self, ip: IpAddr) -> Option<String> {
+    pub(crate) fn refusal(&self, ip: IpAddr) -> Option<String> {
         if let Some(class) = builtin_refusal_with(ip, &self.nat64) {
             return Some(format!("{ip} is {class}"));
         }
@@ -83,7 +83,7 @@ impl LbAddressPolicy {
 /// A documented metadata or platform endpoint: (address, what it is, where it is
 /// documented). Those in 169.254.0.0/16 or fe80::/10 are refused as link-local
 /// anyway; they are listed so the refusal names them.
-pub const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
+pub(crate) const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
     (
         "169.254.169.254",
         "the instance metadata endpoint (AWS, GCP, Azure, OCI, OpenStack, DigitalOcean, Hetzner, IBM Cloud VPC)",
@@ -153,11 +153,11 @@ pub const PLATFORM_ENDPOINTS: &[(&str, &str, &str)] = &[
 
 /// The NAT64 prefix lengths RFC 6052 section 2.2 defines, each with its own place
 /// for the IPv4 address (bits 64 to 71, the `u` octet, are always skipped).
-pub const NAT64_PREFIX_LENGTHS: [u8; 6] = [32, 40, 48, 56, 64, 96];
+pub(crate) const NAT64_PREFIX_LENGTHS: [u8; 6] = [32, 40, 48, 56, 64, 96];
 
 /// The IPv4 address embedded in `ip` under a NAT64 prefix of `prefix_len` bits
 /// (RFC 6052 section 2.2); `None` for a length the RFC does not define.
-pub fn rfc6052_ipv4(ip: Ipv6Addr, prefix_len: u8) -> Option<Ipv4Addr> {
+pub(crate) fn rfc6052_ipv4(ip: Ipv6Addr, prefix_len: u8) -> Option<Ipv4Addr> {
     let o = ip.octets();
     // Octet indexes holding the IPv4 address, in order, for each prefix length.
     let at: [usize; 4] = match prefix_len {
@@ -179,7 +179,7 @@ pub fn rfc6052_ipv4(ip: Ipv6Addr, prefix_len: u8) -> Option<Ipv4Addr> {
 /// every length an operator may carve from it (48, 56, 64 and 96: each reading is
 /// a candidate), 6to4 (RFC 3056), and `nat64` (the operator's own prefixes,
 /// `--nat64-prefixes`).
-pub fn embedded_ipv4s(ip: Ipv6Addr, nat64: &[ipnet::Ipv6Net]) -> Vec<Ipv4Addr> {
+pub(crate) fn embedded_ipv4s(ip: Ipv6Addr, nat64: &[ipnet::Ipv6Net]) -> Vec<Ipv4Addr> {
     let s = ip.segments();
     let o = ip.octets();
     let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
@@ -212,17 +212,6 @@ pub fn embedded_ipv4s(ip: Ipv6Addr, nat64: &[ipnet::Ipv6Net]) -> Vec<Ipv4Addr> {
     out
 }
 
-/// The IPv4 address an IPv6 address stands for (the first of [`embedded_ipv4s`]
-/// without operator prefixes).
-pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
-    embedded_ipv4s(ip, &[]).into_iter().next()
-}
-
-/// The platform endpoint `ip` is (in any spelling), with its source.
-pub fn platform_endpoint(ip: IpAddr) -> Option<(&'static str, &'static str, &'static str)> {
-    platform_endpoint_with(ip, &[])
-}
-
 fn platform_endpoint_with(
     ip: IpAddr,
     nat64: &[ipnet::Ipv6Net],
@@ -244,7 +233,7 @@ pub fn builtin_refusal(ip: IpAddr) -> Option<String> {
 }
 
 /// As [`builtin_refusal`], also decoding the operator's NAT64 prefixes.
-pub fn builtin_refusal_with(ip: IpAddr, nat64: &[ipnet::Ipv6Net]) -> Option<String> {
+pub(crate) fn builtin_refusal_with(ip: IpAddr, nat64: &[ipnet::Ipv6Net]) -> Option<String> {
     if let Some((addr, what, source)) = platform_endpoint_with(ip, nat64) {
         return Some(format!("{what} ({addr}; {source})"));
     }

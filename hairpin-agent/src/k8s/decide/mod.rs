@@ -11,16 +11,17 @@
 //! - [`nodes`]: what the Nodes report about themselves, as far as it is believed.
 
 pub mod annotations;
-pub mod cluster_dns;
-pub mod decision;
-pub mod desired;
+pub(crate) mod cluster_dns;
+pub(crate) mod decision;
+pub(crate) mod desired;
 pub mod lb_address;
-pub mod nodes;
-pub mod provider_eval;
+pub(crate) mod nodes;
+pub(crate) mod provider_eval;
 pub mod providers;
 pub mod service;
 
-pub use decision::{Decision, Outcome, Rule, Skip, SkipReason};
-pub use desired::{Conflict, DesiredState, decide_all};
-pub use nodes::IgnoredClaim;
+pub(crate) use decision::Decision;
+pub use decision::{Outcome, Rule, SkipReason};
+pub use desired::{DesiredState, decide_all};
+pub(crate) use nodes::IgnoredClaim;
 pub use service::{Defaults, decide, service_key};

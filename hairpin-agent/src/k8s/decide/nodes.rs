@@ -29,13 +29,13 @@ use crate::names::scope::{NameScope, ScopeRule};
 /// No node's pod network is wider than this (IPv4): a Node claiming a wider one is
 /// passed over whatever the others claim (`--node-cidr-mask-size` defaults to /24;
 /// a whole cluster range is commonly /16).
-pub const WIDEST_POD_NETWORK_V4: u8 = 16;
+pub(crate) const WIDEST_POD_NETWORK_V4: u8 = 16;
 /// As [`WIDEST_POD_NETWORK_V4`] for IPv6 (the default node share is /64).
-pub const WIDEST_POD_NETWORK_V6: u8 = 48;
+pub(crate) const WIDEST_POD_NETWORK_V6: u8 = 48;
 
 /// One address or pod network a Node reports as its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeClaim {
+pub(crate) struct NodeClaim {
     /// The Node's `metadata.name`.
     pub node: String,
     /// The network claimed (a /32 or /128 for an address).
@@ -60,7 +60,7 @@ pub struct IgnoredClaim {
 
 /// The addresses, pod networks and names of every Node, as far as they are believed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClusterNodes {
+pub(crate) struct ClusterNodes {
     /// Addresses and pod networks refused as LoadBalancer addresses.
     pub claims: Vec<NodeClaim>,
     /// Node names (`metadata.name`).
@@ -73,7 +73,7 @@ impl ClusterNodes {
     /// Reads `nodes`: `status.addresses` (InternalIP, ExternalIP), `spec.podCIDRs`
     /// (or the older `spec.podCIDR`), `metadata.name`. Entries that do not parse are
     /// passed over; pod networks wider than a node's share too, into `ignored`.
-    pub fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> ClusterNodes {
+    pub(crate) fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> ClusterNodes {
         let mut out = ClusterNodes::default();
         let mut pod_networks = Vec::new();
         for node in nodes {
@@ -118,7 +118,7 @@ impl ClusterNodes {
 
     /// `policy` also refusing every Node's believed addresses and pod networks
     /// (outside `--lb-cidrs`: see [`LbAddressPolicy::refusal`]).
-    pub fn refuse_addresses(&self, policy: &LbAddressPolicy) -> LbAddressPolicy {
+    pub(crate) fn refuse_addresses(&self, policy: &LbAddressPolicy) -> LbAddressPolicy {
         let mut p = policy.clone();
         p.node_claims.extend(self.claims.iter().map(|c| {
             let what = if c.pod_network {
@@ -135,7 +135,7 @@ impl ClusterNodes {
     }
 
     /// `scope` also refusing every Node's name.
-    pub fn refuse_names(&self, scope: &NameScope) -> NameScope {
+    pub(crate) fn refuse_names(&self, scope: &NameScope) -> NameScope {
         self.names.iter().fold(scope.clone(), |s, n| {
             s.refuse_own(n, ScopeRule::NodeName, "the name of a Node of this cluster")
         })
@@ -193,7 +193,7 @@ fn within_share(claims: Vec<NodeClaim>) -> (Vec<NodeClaim>, Vec<IgnoredClaim>) {
 
 /// `node` cut down to what [`ClusterNodes::from_nodes`] reads: a Node's images,
 /// conditions and labels are most of its size.
-pub fn slim(node: &mut Node) {
+pub(crate) fn slim(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
     node.metadata.labels = None;

@@ -12,7 +12,7 @@ use super::providers::{
 
 /// What the provider annotations present on a Service say.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProviderSelection {
+pub(crate) struct ProviderSelection {
     /// The provider whose annotations decided.
     pub provider: &'static str,
     /// The annotation keys of that provider found on the Service.
@@ -172,7 +172,7 @@ fn speak(
 
 /// Evaluates the provider table for a Service whose TCP ports are `tcp_ports`.
 /// Returns `None` when no provider annotation is present.
-pub fn evaluate(
+pub(crate) fn evaluate(
     service: &str,
     annotations: &BTreeMap<String, String>,
     load_balancer_class: Option<&str>,

@@ -23,7 +23,7 @@ use super::{
 
 /// `--max-frontends-per-namespace`'s default: a Service of a thousand ports fits,
 /// and sixteen such namespaces fill the default frontends map.
-pub const DEFAULT_MAX_FRONTENDS_PER_NAMESPACE: usize = 4096;
+pub(crate) const DEFAULT_MAX_FRONTENDS_PER_NAMESPACE: usize = 4096;
 
 /// How many frontends (LoadBalancer (IP, port) pairs) one namespace and all may
 /// have. Applied as [`crate::names::caps`] applies the name caps: per namespace the
@@ -58,7 +58,7 @@ pub struct Defaults {
 }
 
 /// A Service's name; a missing namespace reads as `default`, as kubectl does.
-pub fn service_name(service: &Service) -> ServiceName {
+pub(crate) fn service_name(service: &Service) -> ServiceName {
     ServiceName::new(
         service.metadata.namespace.as_deref().unwrap_or("default"),
         service.metadata.name.as_deref().unwrap_or(""),

@@ -18,7 +18,7 @@ use super::{FileEdit, HostsError, MAX_HOSTS_FILE_BYTES, plan};
 /// Not atomic for readers: one racing the writes may see a half-written block
 /// (resolvers then miss or mismatch a name for that instant); the file on disk
 /// is valid between any two bytes written, which is what a killed agent leaves.
-pub fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
+pub(crate) fn write_in_place(path: &Path, new: &[u8]) -> Result<(), HostsError> {
     let missing_or = |op: &'static str, source: io::Error| match source.kind() {
         io::ErrorKind::NotFound => HostsError::Missing {
             path: path.to_owned(),

@@ -20,7 +20,7 @@ use crate::relay::proxy::{Upstream, proxy, true_client};
 
 /// Most bytes read while looking for the name: a ClientHello fits one 16 KiB record,
 /// and request heads beyond that are refused by most servers anyway.
-pub const MAX_PEEK: usize = 16 * 1024;
+pub(crate) const MAX_PEEK: usize = 16 * 1024;
 
 /// TLS alert record: fatal `unrecognized_name` (RFC 6066 3), so a TLS client reports
 /// "unrecognized name" instead of an unexplained EOF.

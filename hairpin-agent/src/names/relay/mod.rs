@@ -31,8 +31,6 @@ use tokio::{sync::watch, time::timeout};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, error, info, info_span, warn};
 
-pub use conn::MAX_PEEK;
-
 use hairpin_ebpf::LISTENER_NAMES_FIRST;
 
 use crate::{
@@ -61,7 +59,7 @@ pub enum Peek {
 
 /// Name routing settings, validated once at startup.
 #[derive(Clone, Debug)]
-pub struct NameRoutingConfig {
+pub(crate) struct NameRoutingConfig {
     /// The node-local address the listeners bind and /etc/hosts names.
     pub address: IpAddr,
     /// The ports clients dial on [`address`](Self::address) (80 and 443 typically).
@@ -84,7 +82,7 @@ pub struct NameRoutingConfig {
 
 /// How connects to the names ports reach the name relay's listeners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Redirect {
+pub(crate) enum Redirect {
     /// The listeners bind the names ports as they are (`--names-redirect off`): a
     /// host process cannot bind `0.0.0.0` on them while the relay runs.
     Bound,
@@ -101,7 +99,7 @@ pub enum Redirect {
 
 impl Redirect {
     /// For `status`: how the names ports are reached.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Redirect::Bound => "bound as they are",
             Redirect::ConnectPrograms => "redirected by the connect programs",
@@ -114,7 +112,7 @@ impl Redirect {
 
 /// A listener whose connections are routed as if they came to another port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServiceListener {
+pub(crate) struct ServiceListener {
     /// Where to listen: a node IP and the Service's targetPort.
     pub bind: SocketAddr,
     /// The port the client dialled (the Service port), which is also the LB port.
@@ -130,7 +128,7 @@ struct Shared {
 }
 
 /// The running name relay and hosts-file writer.
-pub struct NameRouting {
+pub(crate) struct NameRouting {
     cfg: NameRoutingConfig,
     shared: Arc<Shared>,
     table: watch::Sender<Arc<RouteTable>>,
@@ -179,7 +177,7 @@ struct Wanted {
 
 impl NameRouting {
     /// A name relay with no routes and no listeners yet.
-    pub fn new(cfg: NameRoutingConfig, relay: RelayConfig, metrics: Metrics) -> NameRouting {
+    pub(crate) fn new(cfg: NameRoutingConfig, relay: RelayConfig, metrics: Metrics) -> NameRouting {
         let (table, rx) = watch::channel(Arc::new(RouteTable::default()));
         let hosts = cfg.hosts_file.clone().map(|path| {
             HostsWriter::spawn(
@@ -216,30 +214,30 @@ impl NameRouting {
     /// Calls `hook` with every redirected listener started from now on, before its
     /// redirect is handed out (the connect programs send connects only to a
     /// listener in their liveness map).
-    pub fn on_listen(&mut self, hook: ListenHook) {
+    pub(crate) fn on_listen(&mut self, hook: ListenHook) {
         self.on_listen = Some(hook);
     }
 
     /// The names address clients dial.
-    pub fn address(&self) -> IpAddr {
+    pub(crate) fn address(&self) -> IpAddr {
         self.cfg.address
     }
 
     /// Addresses the listeners are bound to.
-    pub fn listeners(&self) -> Vec<SocketAddr> {
+    pub(crate) fn listeners(&self) -> Vec<SocketAddr> {
         self.listeners.values().map(|b| b.local).collect()
     }
 
     /// How the names ports are reached now, and why the configured way was given
     /// up (the nftables table could not be written), if it was.
-    pub fn redirect(&self) -> (Redirect, Option<&str>) {
+    pub(crate) fn redirect(&self) -> (Redirect, Option<&str>) {
         (self.redirect, self.redirect_error.as_deref())
     }
 
     /// The redirected listeners: each names address and port clients dial, and the
     /// listener it is sent to (through a relay slot handed to that listener under
     /// [`Redirect::ConnectPrograms`], nftables rules under [`Redirect::Netfilter`]).
-    pub fn redirects(&self) -> Vec<(SocketAddr, SocketAddr)> {
+    pub(crate) fn redirects(&self) -> Vec<(SocketAddr, SocketAddr)> {
         self.listeners
             .iter()
             .filter(|(_, b)| b.redirected)
@@ -249,7 +247,7 @@ impl NameRouting {
 
     /// As [`redirects`](Self::redirects), with each listener's index in the relays'
     /// listener map (what a slot for the names port is handed to).
-    pub fn redirect_indexes(&self) -> Vec<(SocketAddr, u8)> {
+    pub(crate) fn redirect_indexes(&self) -> Vec<(SocketAddr, u8)> {
         self.listeners
             .iter()
             .filter(|(_, b)| b.redirected)
@@ -259,13 +257,13 @@ impl NameRouting {
 
     /// Why the hosts file was not written by the last [`update`](Self::update)
     /// (for `/status`), `None` when it was (or is not managed).
-    pub fn hosts_error(&self) -> Option<String> {
+    pub(crate) fn hosts_error(&self) -> Option<String> {
         self.hosts.as_ref().and_then(HostsWriter::error)
     }
 
     /// Listeners that could not be bound, with their last error; retried on every
     /// [`update`](Self::update) until they are.
-    pub fn failed_listeners(&self) -> Vec<FailedListener> {
+    pub(crate) fn failed_listeners(&self) -> Vec<FailedListener> {
         self.failed
             .iter()
             .map(|(address, error)| FailedListener {
@@ -305,7 +303,7 @@ impl NameRouting {
     /// backoff while [`failed_listeners`](Self::failed_listeners) is not empty);
     /// the hosts file names the relay for a name only while every names port it
     /// uses has a listener, so a name is never pointed at an address that refuses it.
-    pub fn update(&mut self, routes: &[NameRoute]) {
+    pub(crate) fn update(&mut self, routes: &[NameRoute]) {
         if !routes.is_empty() {
             self.start_listeners();
             if self.redirect == Redirect::Netfilter {
@@ -477,7 +475,7 @@ impl NameRouting {
     /// Stops the listeners and waits up to `deadline` for open connections. The
     /// hosts file keeps its block (see [`crate::names::hosts_writer`]), written first if a change
     /// was still waiting for `--hosts-min-interval`.
-    pub async fn drain(&mut self, deadline: Duration) {
+    pub(crate) async fn drain(&mut self, deadline: Duration) {
         if let Some(hosts) = self.hosts.as_mut() {
             hosts.shutdown().await;
         }

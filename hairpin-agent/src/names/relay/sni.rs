@@ -19,13 +19,13 @@ const MAX_RECORD: usize = 16 * 1024;
 /// Most records one ClientHello may be spread over. Clients send one (a ClientHello
 /// fits a 16 KiB record); a hostile one sending a record per byte must not make the
 /// relay walk thousands of headers per read.
-pub const MAX_HELLO_RECORDS: usize = 32;
+pub(crate) const MAX_HELLO_RECORDS: usize = 32;
 
 /// Walks the record headers of a ClientHello as its bytes arrive, each header
 /// once, and says when the message can be whole: the caller parses then (once),
 /// not on every read. Linear in the bytes received, whatever the record sizes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HelloScan {
+pub(crate) struct HelloScan {
     /// Where the next record header starts.
     next: usize,
     /// Handshake bytes in the records complete so far.
@@ -38,7 +38,7 @@ pub struct HelloScan {
 
 /// What [`HelloScan::advance`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scan {
+pub(crate) enum Scan {
     /// The message cannot be whole yet: read more before parsing.
     NeedMore,
     /// Parse now: the message can be whole, or the bytes are not a ClientHello's
@@ -49,7 +49,7 @@ pub enum Scan {
 impl HelloScan {
     /// Walks the records of `buf` (the whole buffer so far, which only grows) not
     /// walked yet.
-    pub fn advance(&mut self, buf: &[u8]) -> Scan {
+    pub(crate) fn advance(&mut self, buf: &[u8]) -> Scan {
         loop {
             let at = self.next;
             let Some(h) = buf.get(at..at + 5) else {
@@ -92,7 +92,7 @@ impl HelloScan {
 
 /// Whether `first` can start a TLS connection (a handshake record); HTTP methods
 /// start with a letter, so one byte tells the two apart.
-pub fn looks_like_tls(first: u8) -> bool {
+pub(crate) fn looks_like_tls(first: u8) -> bool {
     first == HANDSHAKE
 }
 

@@ -57,7 +57,7 @@ pub trait KernelSplice: Send + Sync {
 
 /// Why the datapath could not splice: its owner's own error, boxed so that the
 /// relay names no BPF type.
-pub type SpliceError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type SpliceError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The keys of a paired client and upstream.
 #[derive(Clone, Copy, Debug)]

@@ -14,8 +14,8 @@
 //! ([`Side`]), and the caller resets the client.
 
 mod copy;
-pub mod kernel;
-pub mod pipe;
+pub(crate) mod kernel;
+pub(crate) mod pipe;
 mod tcp;
 
 use std::{
@@ -29,8 +29,9 @@ use std::{
 use tokio::net::TcpStream;
 
 pub(crate) use copy::try_read_buf;
-pub use kernel::{Counts, Grant, Joined, KernelSplice, Pair, SpliceError};
-pub use pipe::PipePool;
+pub use kernel::KernelSplice;
+pub(crate) use kernel::{Counts, Grant, Joined, Pair, SpliceError};
+pub(crate) use pipe::PipePool;
 
 use crate::status::metrics::Direction;
 
@@ -52,7 +53,7 @@ pub enum SpliceMode {
 
 impl SpliceMode {
     /// The `--relay-splice` value.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SpliceMode::Auto => "auto",
             SpliceMode::Kernel => "kernel",
@@ -115,12 +116,12 @@ impl SpliceConfig {
 /// Default [`SpliceConfig::window`]: larger than any chunk the kernel hands the
 /// verdict at once (a GRO packet of up to 64 KiB), so that a way's window always
 /// admits one.
-pub const DEFAULT_WINDOW: u64 = 8 << 20;
+pub(crate) const DEFAULT_WINDOW: u64 = 8 << 20;
 /// Default [`SpliceConfig::budget`] bytes.
-pub const DEFAULT_BUDGET: u64 = 256 << 20;
+pub(crate) const DEFAULT_BUDGET: u64 = 256 << 20;
 /// Default [`SpliceConfig::after`]: a way that has carried this much is a transfer,
 /// not an exchange.
-pub const DEFAULT_AFTER: u64 = 64 * 1024;
+pub(crate) const DEFAULT_AFTER: u64 = 64 * 1024;
 
 /// Bytes of kernel window every joined way holds, against a cap.
 #[derive(Debug)]
@@ -131,7 +132,7 @@ pub struct Budget {
 
 impl Budget {
     /// A budget of `cap` bytes, none held.
-    pub fn new(cap: u64) -> Budget {
+    pub(crate) fn new(cap: u64) -> Budget {
         Budget {
             cap,
             held: AtomicU64::new(0),
@@ -149,11 +150,6 @@ impl Budget {
 
     fn give_back(&self, n: u64) {
         self.held.fetch_sub(n, Ordering::AcqRel);
-    }
-
-    /// Bytes held now.
-    pub fn held(&self) -> u64 {
-        self.held.load(Ordering::Acquire)
     }
 }
 

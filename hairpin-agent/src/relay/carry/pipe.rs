@@ -39,7 +39,7 @@ const PIPE_BYTES: nix::libc::c_int = 1 << 20;
 /// (`fs.pipe-user-pages-soft`, 64 MiB by default), which every root container shares:
 /// without a cap, about 48 slow readers held it all and left every root process on
 /// the node with two-page pipes. 16 take a quarter.
-pub const MAX_ENLARGED: usize = 16;
+pub(crate) const MAX_ENLARGED: usize = 16;
 
 /// A pipe's two ends, and its place among the enlarged ones if it has one.
 struct Pipe {
@@ -122,7 +122,7 @@ impl PipePool {
     }
 
     /// Empty pipes kept now.
-    pub fn kept(&self) -> usize {
+    pub(crate) fn kept(&self) -> usize {
         self.kept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -130,7 +130,7 @@ impl PipePool {
     }
 
     /// Enlarged pipes alive now (in use or kept).
-    pub fn enlarged(&self) -> usize {
+    pub(crate) fn enlarged(&self) -> usize {
         self.enlarged.load(Ordering::Acquire)
     }
 }
