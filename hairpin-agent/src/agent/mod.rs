@@ -14,6 +14,7 @@
 pub mod args;
 pub mod clients;
 pub mod coredns_writer;
+pub mod env_check;
 pub mod frontends_file;
 pub mod limits;
 pub mod mode;
