@@ -18,6 +18,7 @@ const WORKSPACE_TOOLS: &[&str] = &[
     "HAIRPIN_K8S_VERSION",
     "HAIRPIN_KEEP_LOGS",
     "HAIRPIN_XTASK_ELEVATED",
+    "HAIRPIN_BLESS",
 ];
 
 /// Prefixes of the same tools' variable families (`HAIRPIN_TEST_KERNELS`, ...).

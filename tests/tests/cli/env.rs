@@ -8,9 +8,10 @@ use std::process::Command;
 /// refused with the usage status, the typo and the right name in the message.
 #[test]
 fn an_unknown_hairpin_variable_stops_the_agent_naming_the_nearest_one() {
-    for subcommand in ["run", "coredns-writer"] {
+    for args in [&["run"][..], &["coredns-writer", "--coredns", "corefile"]] {
+        let subcommand = args[0];
         let out = Command::new(hairpin_tests::agent::agent_bin())
-            .arg(subcommand)
+            .args(args)
             .env("HAIRPIN_LB_CIDR", "203.0.113.0/24")
             // A Service's links, as the kubelet sets them in the pod: not typos.
             .env("HAIRPIN_SERVICE_HOST", "10.96.0.10")
