@@ -29,6 +29,7 @@ mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod upgrade;
 mod workflow;
 mod writer_placement;
 
