@@ -16,6 +16,7 @@
 //! runs them (no API server or kubelet here), and that the image builds (no container
 //! engine in this suite: the Dockerfile is checked statically).
 
+mod bpffs;
 mod chart;
 mod chart_values;
 mod daemonset;
