@@ -26,6 +26,7 @@ mod image;
 mod kernel_path;
 mod monitoring;
 mod node_cleanup;
+mod placement;
 mod rbac;
 mod render;
 mod seccomp;
