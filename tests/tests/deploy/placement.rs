@@ -134,3 +134,64 @@ fn the_schema_refuses_a_bad_placement_or_proxy_version() {
         );
     }
 }
+
+/// The monitoring pieces switch one by one: each off leaves the others, and the
+/// agents' metrics listener, as they were.
+#[test]
+fn each_monitoring_piece_switches_on_its_own() {
+    let pieces = |extra: &[&str]| -> Vec<String> {
+        let mut flags = vec!["--set".to_string(), "monitoring.enabled=true".to_string()];
+        for e in extra {
+            flags.extend(["--set".to_string(), (*e).to_string()]);
+        }
+        let objs = render_chart_with(&flags);
+        assert!(
+            env_of(&agent(&objs), "chart").contains_key("HAIRPIN_METRICS_ADDRESS"),
+            "{extra:?}: the metrics listener"
+        );
+        objs.iter()
+            .filter(|o| {
+                o["metadata"]["labels"]["app.kubernetes.io/component"] == "monitoring"
+                    || matches!(o["kind"].as_str(), Some("PodMonitor" | "PrometheusRule"))
+            })
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    let all = pieces(&[]);
+    assert_eq!(
+        all,
+        [
+            "PodMonitor/hairpin",
+            "PodMonitor/hairpin-coredns",
+            "PrometheusRule/hairpin",
+            "ConfigMap/hairpin-dashboard",
+        ]
+    );
+    for (switch, gone) in [
+        (
+            "monitoring.podMonitors=false",
+            &["PodMonitor/hairpin", "PodMonitor/hairpin-coredns"][..],
+        ),
+        (
+            "monitoring.prometheusRule=false",
+            &["PrometheusRule/hairpin"],
+        ),
+        (
+            "monitoring.dashboard=false",
+            &["ConfigMap/hairpin-dashboard"],
+        ),
+    ] {
+        let want: Vec<String> = all
+            .iter()
+            .filter(|p| !gone.contains(&p.as_str()))
+            .cloned()
+            .collect();
+        assert_eq!(pieces(&[switch]), want, "{switch}");
+    }
+}
