@@ -58,7 +58,7 @@ pub fn check_env(
         .collect();
     names.sort();
     for name in names {
-        if known.iter().any(|k| *k == name)
+        if known.contains(&name)
             || is_service_link(&name)
             || WORKSPACE_TOOLS.contains(&name.as_str())
             || WORKSPACE_TOOL_PREFIXES.iter().any(|p| name.starts_with(p))
