@@ -58,6 +58,23 @@ fn main() {
     // subcommand's verdict, and a failure of the command itself is Exit::Failed, so
     // that no status means two things (README, "Debugging a node").
     let cli = Cli::parse();
+    // The long-running commands take their settings from the environment (the
+    // DaemonSet's and the writer's env): a misspelt variable is refused, not dropped.
+    let started = match &cli.command {
+        Command::Run(_) => Some("run"),
+        Command::CorednsWriter(_) => Some("coredns-writer"),
+        _ => None,
+    };
+    if let Some(subcommand) = started
+        && let Err(e) = hairpin_agent::agent::env_check::check_env(
+            std::env::vars_os(),
+            &env_names(&<Cli as clap::CommandFactory>::command()),
+            subcommand,
+        )
+    {
+        eprintln!("Error: {e}");
+        std::process::exit(Exit::Usage.code());
+    }
     if let Err(e) = run(cli) {
         eprintln!("Error: {e:#}");
         // A `check` target that does not parse is a usage error like clap's own.
@@ -102,6 +119,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::clean_up(&args)?),
         Command::Uninstall(args) => exit(hairpin_agent::cli::uninstall::uninstall(&args)?),
     }
+}
+
+/// Every `env` name of `cmd`'s flags and its subcommands'.
+fn env_names(cmd: &clap::Command) -> Vec<String> {
+    let mut names: Vec<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for sub in cmd.get_subcommands() {
+        names.extend(env_names(sub));
+    }
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn exit(code: i32) -> anyhow::Result<()> {

@@ -416,21 +416,15 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
         .current_dir(out)
         .args(["--check", "--quiet", "SHA256SUMS"]))
     .context("SHA256SUMS does not match the set")?;
-    let _ = Command::new("podman")
-        .args(["rmi", "--force", tag])
-        .output();
-    let loaded = output(
-        Command::new("podman")
-            .args(["load", "--input"])
-            .arg(out.join(&names.archive)),
-    )
-    .context("podman could not load the archive")?;
-    let got =
-        output(Command::new("podman").args(["image", "inspect", "--format", "{{.Digest}}", tag]))?;
+    // A store of its own, empty, as a new user's: in the shared one the image built a
+    // moment before (`cargo xtask image`'s dev tag, same content, same id) survives
+    // `rmi` of this tag, `podman load` then only re-tags it, and `.Digest` is the
+    // manifest podman stored when it built the image, not the archive's.
+    let store = PrivateStore::new(&target_dir().join("dist").join("verify-store"))?;
+    let got = store.loaded_digest(&out.join(&names.archive), tag)?;
     ensure!(
-        got.trim() == digest,
-        "podman loaded {tag} with digest {} from the archive, expected {digest} ({loaded})",
-        got.trim()
+        got == digest,
+        "podman loaded {tag} with digest {got} from the archive, expected {digest}"
     );
     // A registry client reads the same digest (skopeo copies it to a registry with
     // `--preserve-digests`: README, "Mirroring into a private registry").
@@ -444,7 +438,8 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
     let version = output(
         // Explicit limits: a runtime that may not raise the host's (a sandboxed
         // build machine) refuses the defaults podman asks for.
-        Command::new("podman")
+        store
+            .podman()
             .args(["run", "--rm", "--network=none"])
             .args([
                 "--ulimit",
@@ -478,6 +473,68 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
         bail!("the packaged chart renders {pinned} of {images} images as {want}");
     }
     Ok(())
+}
+
+/// A podman image store of its own under a directory (`--root`, `--runroot`), empty
+/// when made and removed when dropped: what a fresh machine's podman sees.
+pub struct PrivateStore {
+    dir: PathBuf,
+}
+
+impl PrivateStore {
+    /// An empty store at `dir` (whatever was there is removed first).
+    pub fn new(dir: &Path) -> Result<PrivateStore> {
+        let store = PrivateStore {
+            dir: dir.to_path_buf(),
+        };
+        store.clear()?;
+        fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+        Ok(store)
+    }
+
+    /// `podman` on this store alone.
+    pub fn podman(&self) -> Command {
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"));
+        cmd
+    }
+
+    /// Loads the OCI archive and returns the digest podman gives `tag`.
+    pub fn loaded_digest(&self, archive: &Path, tag: &str) -> Result<String> {
+        output(
+            self.podman()
+                .args(["load", "--quiet", "--input"])
+                .arg(archive),
+        )
+        .with_context(|| format!("podman could not load {}", archive.display()))?;
+        Ok(output(
+            self.podman()
+                .args(["image", "inspect", "--format", "{{.Digest}}", tag]),
+        )?
+        .trim()
+        .to_string())
+    }
+
+    /// Removes the store's images (their overlay mounts) and then its directory.
+    fn clear(&self) -> Result<()> {
+        if !self.dir.exists() {
+            return Ok(());
+        }
+        let _ = self.podman().args(["rmi", "--all", "--force"]).output();
+        fs::remove_dir_all(&self.dir)
+            .with_context(|| format!("failed to remove {}", self.dir.display()))
+    }
+}
+
+impl Drop for PrivateStore {
+    fn drop(&mut self) {
+        if let Err(e) = self.clear() {
+            eprintln!("xtask: {e:#}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -537,5 +594,67 @@ mod tests {
         let bytes = |p: &str| fs::read(base.join(p)).expect("read");
         assert_eq!(bytes("a.tar"), bytes("b.tar"));
         let _ = fs::remove_dir_all(&base);
+    }
+
+    /// The release's own check on a machine where the image was built a moment before
+    /// under another tag (`cargo xtask test` builds the dev image): loaded into that
+    /// store, the archive only re-tags the image and podman reports the digest of the
+    /// manifest it stored at build time; loaded into a store of its own, the archive's.
+    /// Real podman, two private stores, a 1-file image: a few seconds.
+    #[test]
+    fn the_archive_is_checked_in_an_empty_store_not_the_one_that_built_it() {
+        if Command::new("podman").arg("--version").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "podman is missing");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("xtask-release-store-{}", std::process::id()));
+        let context = dir.join("context");
+        fs::create_dir_all(&context).expect("context");
+        fs::write(context.join("f"), "hairpin\n").expect("file");
+        fs::write(
+            context.join("Containerfile"),
+            "FROM scratch\nCOPY f /f\nLABEL org.opencontainers.image.title=t\n",
+        )
+        .expect("Containerfile");
+        let built = PrivateStore::new(&dir.join("built")).expect("store");
+        for tag in [
+            "localhost/hairpin-agent:dev",
+            "ghcr.io/hairpin-dev/hairpin-agent:0.0.0",
+        ] {
+            run(built
+                .podman()
+                .args(["build", "--quiet", "--pull=never", "--network=none"])
+                .args([
+                    "--layers=false",
+                    "--identity-label=false",
+                    "--timestamp",
+                    "1700000000",
+                ])
+                .args(["--runtime", "runc", "--tag", tag])
+                .arg(&context))
+            .expect("podman build");
+        }
+        let tag = "ghcr.io/hairpin-dev/hairpin-agent:0.0.0";
+        let layout = dir.join("layout");
+        run(built
+            .podman()
+            .args(["save", "--format", "oci-dir", "--output"])
+            .arg(&layout)
+            .arg(tag))
+        .expect("podman save");
+        let want = manifest_digest(&layout).expect("digest");
+        let archive = dir.join("image.oci.tar");
+        deterministic_tar(&layout, &archive, 1_700_000_000).expect("tar");
+        // What the check did before: rmi the tag (the dev tag keeps the image), load.
+        run(built.podman().args(["rmi", "--force", tag])).expect("rmi");
+        let shared = built.loaded_digest(&archive, tag).expect("load");
+        assert_ne!(
+            shared, want,
+            "the store that built the image reports the archive's digest: the cause is gone"
+        );
+        let fresh = PrivateStore::new(&dir.join("fresh")).expect("store");
+        assert_eq!(fresh.loaded_digest(&archive, tag).expect("load"), want);
+        drop((built, fresh));
+        fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

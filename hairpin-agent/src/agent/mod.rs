@@ -14,6 +14,7 @@
 pub mod args;
 pub(crate) mod clients;
 pub mod coredns_writer;
+pub mod env_check;
 pub mod frontends_file;
 pub(crate) mod limits;
 pub(crate) mod mode;

@@ -2,6 +2,7 @@
 //! JSON output is checked field by field; exit codes are part of the contract.
 //! `uninstall.rs`: the cluster's one-command removal against the fake API server.
 
+mod env;
 mod uninstall;
 
 /// Exit statuses, one meaning each: a typo (clap) is 2 and never a verdict; a bad

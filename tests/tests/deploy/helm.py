@@ -16,12 +16,27 @@ cache and `cargo xtask test` passes its interpreter as HAIRPIN_HELM_PYTHON.
         prints Helm's lint report (strict: warnings count) as JSON
     helm.py package CHART DESTINATION
         packages the chart directory into DESTINATION; prints {"archive": path}
+    helm.py cluster-install KUBECONFIG CHART NAMESPACE [--release NAME] [--set EXPR]...
+        `helm install` into the API server KUBECONFIG names (releases kept as Secrets,
+        Helm's default); prints {"manifest": text, "revision": number}
+    helm.py cluster-upgrade KUBECONFIG CHART NAMESPACE [--release NAME]
+            [--reuse-values | --reset-values | --reset-then-reuse-values]... [--set EXPR]...
+        `helm upgrade` of that release to CHART with those flags, as Helm's CLI takes
+        them; prints {"manifest": text, "revision": number}
 """
 
 import json
 import sys
 
 import helm_python as helm
+from helm_python import _native
+
+# helm upgrade's value modes, as the CLI spells them, and their option in Helm's SDK.
+UPGRADE_MODES = {
+    "--reuse-values": "reuse_values",
+    "--reset-values": "reset_values",
+    "--reset-then-reuse-values": "reset_then_reuse_values",
+}
 
 
 def merge(into, new):
@@ -77,6 +92,34 @@ def main(argv):
         chart, kube_version = argv[1], argv[2]
         report = helm.lint(chart, values(argv[3:]), strict=True, kube_version=kube_version)
         json.dump(report, sys.stdout)
+    elif len(argv) >= 4 and argv[0] == "cluster-install":
+        kubeconfig, chart, namespace = argv[1], argv[2], argv[3]
+        name, flags = release(argv[4:])
+        with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as cfg:
+            rel = cfg.install(chart, name, values(flags), namespace=namespace)
+        json.dump({"manifest": rel["manifest"], "revision": rel["revision"]}, sys.stdout)
+    elif len(argv) >= 4 and argv[0] == "cluster-upgrade":
+        kubeconfig, chart, namespace = argv[1], argv[2], argv[3]
+        name, flags = release(argv[4:])
+        modes = {UPGRADE_MODES[f]: True for f in flags if f in UPGRADE_MODES}
+        flags = [f for f in flags if f not in UPGRADE_MODES]
+        with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as cfg:
+            # The Python wrapper (0.2.2) passes reuse_values and reset_values but not
+            # reset_then_reuse_values, which Helm's SDK underneath takes: the options
+            # go to it directly, as the wrapper's own upgrade() sends them.
+            handle, ref = cfg._chart_args(chart)
+            payload = _native.call_string(
+                "helm_upgrade",
+                cfg._raw(),
+                cfg._context_arg(None),
+                handle,
+                ref,
+                name,
+                json.dumps(values(flags)),
+                json.dumps({"namespace": namespace, **modes}),
+            )
+        rel = json.loads(payload)
+        json.dump({"manifest": rel["manifest"], "revision": rel["revision"]}, sys.stdout)
     else:
         sys.exit(__doc__)
 

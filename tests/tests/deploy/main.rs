@@ -16,6 +16,7 @@
 //! runs them (no API server or kubelet here), and that the image builds (no container
 //! engine in this suite: the Dockerfile is checked statically).
 
+mod bpffs;
 mod chart;
 mod chart_values;
 mod daemonset;
@@ -25,10 +26,12 @@ mod image;
 mod kernel_path;
 mod monitoring;
 mod node_cleanup;
+mod placement;
 mod rbac;
 mod render;
 mod seccomp;
 mod uninstall;
+mod upgrade;
 mod workflow;
 mod writer_placement;
 
