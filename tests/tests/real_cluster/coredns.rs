@@ -75,34 +75,7 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     }
     rn.start_agent(&flags);
     let c = &rn.cluster;
-    // The DaemonSet's pod on this node (hostNetwork) is the chart Service's endpoint,
-    // at the Service's own target ports (the name relay's, `--names-service-ports`).
-    let chart = hairpin_tests::cluster::objects::chart_objects(RELEASE_NS, &flags);
-    let service = chart
-        .iter()
-        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "hairpin")
-        .expect("the chart renders the hairpin Service");
-    let target_port = |name: &str| {
-        service["spec"]["ports"]
-            .as_array()
-            .and_then(|ports| ports.iter().find(|p| p["name"] == name))
-            .and_then(|p| p["targetPort"].as_u64())
-            .unwrap_or_else(|| {
-                panic!("the hairpin Service has no numeric targetPort {name}: {service}")
-            })
-    };
-    let (http, https) = (target_port("http"), target_port("https"));
-    c.kubectl_apply(&[
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "hairpin-sim", "namespace": RELEASE_NS,
-                     "labels": {"kubernetes.io/service-name": "hairpin",
-                                "endpointslice.kubernetes.io/managed-by": "hairpin-tests"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [NODE_IP4], "nodeName": "sim-node",
-                       "conditions": {"ready": true, "serving": true, "terminating": false}}],
-        "ports": [{"name": "http", "port": http, "protocol": "TCP"},
-                  {"name": "https", "port": https, "protocol": "TCP"}]}),
-    ]);
+    serve_the_chart_service_from_this_node(c, &flags);
     let writer = start_writer(&rn, &flags);
     let deadline = Instant::now() + Duration::from_secs(30);
     let written = loop {
@@ -207,4 +180,35 @@ fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
         ],
         &env,
     )
+}
+
+/// The DaemonSet's pod on this node (hostNetwork) as the chart Service's endpoint,
+/// at the Service's own target ports (the name relay's, `--names-service-ports`).
+fn serve_the_chart_service_from_this_node(c: &hairpin_tests::cluster::Cluster, flags: &[String]) {
+    let chart = hairpin_tests::cluster::objects::chart_objects(RELEASE_NS, flags);
+    let service = chart
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "hairpin")
+        .expect("the chart renders the hairpin Service");
+    let target_port = |name: &str| {
+        service["spec"]["ports"]
+            .as_array()
+            .and_then(|ports| ports.iter().find(|p| p["name"] == name))
+            .and_then(|p| p["targetPort"].as_u64())
+            .unwrap_or_else(|| {
+                panic!("the hairpin Service has no numeric targetPort {name}: {service}")
+            })
+    };
+    let (http, https) = (target_port("http"), target_port("https"));
+    c.kubectl_apply(&[
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "hairpin-sim", "namespace": RELEASE_NS,
+                     "labels": {"kubernetes.io/service-name": "hairpin",
+                                "endpointslice.kubernetes.io/managed-by": "hairpin-tests"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [NODE_IP4], "nodeName": "sim-node",
+                       "conditions": {"ready": true, "serving": true, "terminating": false}}],
+        "ports": [{"name": "http", "port": http, "protocol": "TCP"},
+                  {"name": "https", "port": https, "protocol": "TCP"}]}),
+    ]);
 }
