@@ -199,10 +199,12 @@ pub struct RunArgs {
     pub admin_address: SocketAddr,
 
     /// A further address serving /metrics alone, for a Prometheus that scrapes the
-    /// node's network (e.g. `0.0.0.0:9902`). Unset: none; /metrics stays on
-    /// --admin-address.
+    /// node's network: `node-ips:PORT` (each --node-ip in a private range; refused
+    /// at start when none is, so /metrics never lands on a public address unasked)
+    /// or `IP:PORT` exactly (`0.0.0.0:9902`: every address, the public one too).
+    /// Unset: none; /metrics stays on --admin-address.
     #[arg(long, env = "HAIRPIN_METRICS_ADDRESS")]
-    pub metrics_address: Option<SocketAddr>,
+    pub metrics_address: Option<crate::status::metrics_address::MetricsAddress>,
 
     /// Most connections both relays hold at once; past it new ones are reset at
     /// accept (counted in hairpin_relay_shed_total). About 32 KiB each: the

@@ -115,7 +115,7 @@ pub struct CorednsWriterArgs {
     #[arg(long, env = "HAIRPIN_ADMIN_SOCKET")]
     pub admin_socket: Option<PathBuf>,
 
-    /// A further address serving /metrics alone. Unset: none.
+    /// A further address serving /metrics alone (`IP:PORT`). Unset: none.
     #[arg(long, env = "HAIRPIN_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
 }
@@ -226,7 +226,7 @@ pub async fn run(args: CorednsWriterArgs) -> Result<(), WriterError> {
         &AdminConfig {
             address: Some(args.admin_address),
             socket: args.admin_socket.clone(),
-            metrics: args.metrics_address,
+            metrics: args.metrics_address.into_iter().collect(),
         },
         state.clone(),
         metrics,

@@ -53,9 +53,9 @@ pub(crate) struct AdminConfig {
     /// LoadBalancer, hostname and listener is for root on the node only. `None` to
     /// serve no socket.
     pub socket: Option<PathBuf>,
-    /// A further TCP address serving `/metrics` only, for a Prometheus that scrapes
-    /// the node's network; `None` (the default) to serve none.
-    pub metrics: Option<SocketAddr>,
+    /// Further TCP addresses serving `/metrics` only, for a Prometheus that scrapes
+    /// the node's network; empty (the default) to serve none.
+    pub metrics: Vec<SocketAddr>,
 }
 
 /// What one listener of the admin server serves.
@@ -164,11 +164,9 @@ pub(crate) async fn start(
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     let mut local_addr = None;
-    for (address, routes) in [
-        (cfg.address, Routes::Probes),
-        (cfg.metrics, Routes::Metrics),
-    ] {
-        let Some(address) = address else { continue };
+    let listeners = (cfg.address.iter().map(|a| (*a, Routes::Probes)))
+        .chain(cfg.metrics.iter().map(|a| (*a, Routes::Metrics)));
+    for (address, routes) in listeners {
         let l = match TcpListener::bind(address).await {
             Ok(l) => l,
             // Any uid can bind an unprivileged port first (say while the agent
@@ -385,7 +383,7 @@ mod tests {
             &AdminConfig {
                 address: None,
                 socket: Some(socket.clone()),
-                metrics: None,
+                metrics: Vec::new(),
             },
             AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK),
             Metrics::default(),
@@ -412,7 +410,7 @@ mod tests {
             &AdminConfig {
                 address: Some(any),
                 socket: Some(socket.clone()),
-                metrics: Some(metrics_address),
+                metrics: vec![metrics_address],
             },
             AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK),
             Metrics::default(),

@@ -8,6 +8,7 @@
 pub(crate) mod admin;
 pub(crate) mod capabilities;
 pub mod metrics;
+pub mod metrics_address;
 pub(crate) mod tcp_server;
 
 use std::{

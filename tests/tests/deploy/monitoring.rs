@@ -95,10 +95,23 @@ fn the_podmonitor_scrapes_the_port_the_agent_serves_metrics_on() {
     let addr = run
         .metrics_address
         .expect("the component sets HAIRPIN_METRICS_ADDRESS");
-    assert!(
-        addr.ip().is_unspecified(),
-        "Prometheus reaches the node's address: {addr}"
+    // The node's private IPs (where Prometheus reaches a host-network pod), never
+    // its public one: the agent resolves against the node IPs it is given.
+    let public: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let private: std::net::IpAddr = "10.114.0.3".parse().unwrap();
+    let bound = addr
+        .resolve(&[public, private])
+        .expect("a node with a private IP serves metrics");
+    assert_eq!(
+        bound.iter().map(|a| a.ip()).collect::<Vec<_>>(),
+        [private],
+        "/metrics on the private node IP alone: {addr}"
     );
+    assert!(
+        addr.resolve(&[public]).is_err(),
+        "a node with only a public IP refuses to serve /metrics there: {addr}"
+    );
+    let addr = bound[0];
     let port = c
         .ports
         .iter()
@@ -142,6 +155,35 @@ fn the_podmonitor_scrapes_the_port_the_agent_serves_metrics_on() {
             "the PodMonitor does not select the CoreDNS writer"
         );
     }
+}
+
+#[test]
+fn the_chart_serves_metrics_on_private_node_ips_unless_told_an_address() {
+    let metrics_address = |extra: &[&str]| -> String {
+        let mut flags = vec!["--set".to_string(), "monitoring.enabled=true".to_string()];
+        for e in extra {
+            flags.extend(["--set".to_string(), (*e).to_string()]);
+        }
+        let run = run_args(
+            &env_of(&agent(&render_chart_with(&flags)), "chart"),
+            "chart",
+        );
+        run.metrics_address
+            .expect("monitoring.enabled sets HAIRPIN_METRICS_ADDRESS")
+            .to_string()
+    };
+    assert_eq!(metrics_address(&[]), "node-ips:9902");
+    assert_eq!(
+        metrics_address(&[
+            "monitoring.metricsHost=fd00::5",
+            "monitoring.metricsPort=9990"
+        ]),
+        "[fd00::5]:9990"
+    );
+    assert_eq!(
+        metrics_address(&["monitoring.metricsHost=0.0.0.0"]),
+        "0.0.0.0:9902"
+    );
 }
 
 /// The rule groups of the PrometheusRule in `objs`, as a Prometheus rules file.

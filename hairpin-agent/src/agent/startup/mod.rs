@@ -72,6 +72,9 @@ pub enum StartError {
     /// A signal handler could not be installed.
     #[error(transparent)]
     Signal(#[from] SignalError),
+    /// `--metrics-address node-ips:PORT` on a node with no private node IP.
+    #[error(transparent)]
+    MetricsAddress(#[from] crate::status::metrics_address::MetricsAddressError),
     /// `--names-domains` or `--cluster-domain` is invalid.
     #[error(transparent)]
     Scope(#[from] ScopeError),
@@ -453,7 +456,11 @@ async fn start_admin(
         &AdminConfig {
             address: Some(args.admin_address),
             socket: Some(args.admin_socket.clone()),
-            metrics: args.metrics_address,
+            metrics: args
+                .metrics_address
+                .map(|m| m.resolve(&args.node_ips))
+                .transpose()?
+                .unwrap_or_default(),
         },
         state.clone(),
         metrics.clone(),
