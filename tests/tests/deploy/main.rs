@@ -20,6 +20,7 @@ mod bpffs;
 mod chart;
 mod chart_values;
 mod daemonset;
+mod doc_values;
 mod flags;
 mod hooks;
 mod image;
