@@ -309,21 +309,7 @@ impl Agent {
         kubeconfig: &std::path::Path,
         extra: &[&str],
     ) -> Agent {
-        let source = [
-            "--kubeconfig",
-            kubeconfig.to_str().expect("utf-8 path"),
-            "--node-name",
-            "sim-node",
-        ];
-        let mut agent = Agent::spawn(
-            node,
-            &source,
-            &node.cgroup,
-            "hairpin_agent=debug,info",
-            extra,
-        );
-        agent.wait_for_log("programs attached", Duration::from_secs(20));
-        agent
+        Agent::start_as_daemonset(node, kubeconfig, &[], extra)
     }
 
     /// The agent with the environment the chart's DaemonSet gives it (`env`, its
