@@ -15,6 +15,7 @@
 
 pub mod binaries;
 pub mod certs;
+pub mod demo;
 pub mod dns;
 pub mod forward;
 pub mod objects;
