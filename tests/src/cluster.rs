@@ -122,6 +122,13 @@ impl Proc {
         }
     }
 
+    /// Its exit status once it has exited (`None` while it runs, or once killed).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Kills it (SIGKILL) and waits.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

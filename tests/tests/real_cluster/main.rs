@@ -13,6 +13,7 @@ mod latency;
 mod lb;
 mod rbac;
 mod restart;
+mod uninstall;
 
 use std::time::{Duration, Instant};
 
