@@ -7,6 +7,7 @@
 //! under `CI=true` it fails.
 
 mod coredns;
+mod coredns_import;
 mod demo;
 mod events;
 mod latency;
