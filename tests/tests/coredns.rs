@@ -210,7 +210,7 @@ async fn a_concurrent_edit_gets_409_and_is_kept_after_the_retry() {
     );
 }
 
-// Fake API: the writer in process; could move to real_cluster (real CoreDNS's import mode).
+// Fake API: the writer in process, counting its writes; real CoreDNS loading the key: real_cluster/coredns_import.rs.
 #[tokio::test]
 async fn import_mode_owns_only_its_key() {
     let api = FakeApi::start();

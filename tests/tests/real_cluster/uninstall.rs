@@ -78,14 +78,20 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
         vip(&["203.0.113.10"]),
     );
     ingress(&c, "shop", "shop.example.com");
+    two_writers_hand_the_lease_over(&c, &node);
+    uninstall_with_the_hooks_rbac(&c, &node, &flags);
+}
 
-    // Two replicas: one holder writes, the other follows.
+/// Two writer replicas: one holder writes, the other follows; the holder lost, the
+/// other takes the Lease over and writes the next name. Both stopped at the end (the
+/// Deployment's pods stop with it: the uninstall deletes it).
+fn two_writers_hand_the_lease_over(c: &Cluster, node: &SimNode) {
     let mut writers = [
-        start_writer(&c, &node, "hairpin-coredns-a"),
-        start_writer(&c, &node, "hairpin-coredns-b"),
+        start_writer(c, node, "hairpin-coredns-a"),
+        start_writer(c, node, "hairpin-coredns-b"),
     ];
-    let text = until_corefile(&c, "shop.example.com", &writers);
-    let holder = lease_holder(&c);
+    let text = until_corefile(c, "shop.example.com", &writers);
+    let holder = lease_holder(c);
     let (held, other) = match holder.as_str() {
         "hairpin-coredns-a" => (0, 1),
         "hairpin-coredns-b" => (1, 0),
@@ -110,9 +116,9 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
     // The holder is lost: the follower takes the Lease over and writes the next name.
     writers[held].kill();
     let stopped = Instant::now();
-    ingress(&c, "cart", "cart.example.com");
-    until_corefile(&c, "cart.example.com", &writers);
-    let next = lease_holder(&c);
+    ingress(c, "cart", "cart.example.com");
+    until_corefile(c, "cart.example.com", &writers);
+    let next = lease_holder(c);
     eprintln!(
         "{next} took over and wrote the next name {:.1} s after the holder stopped",
         stopped.elapsed().as_secs_f64()
@@ -123,13 +129,17 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
             .log_text()
             .contains("CoreDNS rewrites written")
     );
-    // The Deployment's pods stop with it: the uninstall below deletes it.
     writers[other].kill();
+}
 
+/// The uninstall Job's command and the node cleanup's first step, each with its
+/// hook ServiceAccount: with one permission less it fails naming it; with the
+/// chart's RBAC it completes and kubeadm's Corefile is back byte for byte.
+fn uninstall_with_the_hooks_rbac(c: &Cluster, node: &SimNode, flags: &[String]) {
     // The pre-delete hooks' ServiceAccounts and Roles as Helm creates them (weight
     // -10) and the node cleanup DaemonSet (-5; no Node carries its selector's
     // kubernetes.io/os label here, so it is rolled out on zero nodes).
-    let hooks = hook_objects(&flags);
+    let hooks = hook_objects(flags);
     let job_env = workload_env(&hooks, "Job", RELEASE_NS, "hairpin-uninstall-0");
     let ds = hooks
         .iter()
@@ -146,14 +156,14 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
     role["rules"][0]["verbs"] = json!(["get"]);
     c.kubectl_apply(&without_job(&fewer));
     let cleanup = spawn_as(
-        &c,
-        &node,
+        c,
+        node,
         "hairpin-cleanup",
         "await-agents",
         &["uninstall"],
         &await_env,
     );
-    let (code, report) = run_as(&c, &node, "hairpin-uninstall", &job_env);
+    let (code, report) = run_as(c, node, "hairpin-uninstall", &job_env);
     eprintln!("uninstall without configmaps update (exit {code}):\n{report}");
     assert_eq!(code, 1, "{report}");
     for needle in [
@@ -166,15 +176,15 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
             "the report names {needle}:\n{report}"
         );
     }
-    assert!(corefile_of(&c).contains("cart.example.com"));
+    assert!(corefile_of(c).contains("cart.example.com"));
 
     // The chart's own Role back: the same command completes.
     c.kubectl_apply(&without_job(&hooks));
-    let (code, report) = run_as(&c, &node, "hairpin-uninstall", &job_env);
+    let (code, report) = run_as(c, node, "hairpin-uninstall", &job_env);
     eprintln!("uninstall with the chart's RBAC (exit {code}):\n{report}");
     assert_eq!(code, 0, "{report}");
     assert_eq!(
-        corefile_of(&c),
+        corefile_of(c),
         KUBEADM_COREFILE,
         "the Corefile is kubeadm's, byte for byte"
     );
