@@ -111,12 +111,7 @@ pub fn run(hold: impl FnOnce(&DemoCluster)) -> Option<Outcome> {
     );
     let node = SimNode::for_real_kube_proxy();
     let cluster = Cluster::start(&node)?;
-    println!(
-        "  etcd {}, kube-apiserver and kube-controller-manager {} ready in {:.1} s",
-        cluster.bins.etcd_version,
-        cluster.bins.k8s_version,
-        cluster.startup.as_secs_f64()
-    );
+    // Cluster::start printed the versions and the start-up time.
     let proxy = KubeProxy::start(&cluster, KubeProxyMode::Iptables);
     println!("  kube-proxy (iptables) synced");
     let nginx = start_nginx(&node);
