@@ -15,6 +15,7 @@
 
 pub mod binaries;
 pub mod certs;
+pub mod demo;
 pub mod dns;
 pub mod forward;
 pub mod objects;
@@ -119,6 +120,13 @@ impl Proc {
                 tail(&self.log_text())
             );
         }
+    }
+
+    /// Its exit status once it has exited (`None` while it runs, or once killed).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Kills it (SIGKILL) and waits.

@@ -74,6 +74,7 @@ fn refused(node: &SimNode) -> u64 {
         .unwrap_or_else(|| panic!("no refused-clients counter in:\n{text}"))
 }
 
+// Fake API: a Node with and without podCIDRs swapped in one run; could move to real_cluster (the real Node carries podCIDRs there).
 #[test]
 fn the_nodes_pod_cidrs_are_the_default_and_other_peers_are_refused() {
     require_privileges!();
@@ -179,6 +180,7 @@ fn pod_host_routes(node: &SimNode, op: &str) {
 /// reset at each of them: the frontend's relay listener (v4 and v6 link-local
 /// defaults), the name relay on its address and the hairpin Service's target ports
 /// on the node IP.
+// Fake API: a Node without podCIDRs, which the real control plane here always sets (its NodeIPAM); could move with a second Node.
 #[test]
 fn without_pod_cidrs_this_nodes_pods_are_learned_and_off_node_peers_are_refused() {
     require_privileges!();

@@ -16,6 +16,7 @@ use hairpin_tests::{
     wait::wait_until,
 };
 
+// Fake API: the relay path on the hand-written node rules; the same on the real server and kube-proxy: real_cluster/lb.rs.
 #[test]
 fn a_service_appearing_in_the_watch_stream_makes_the_request_succeed() {
     require_privileges!();

@@ -156,6 +156,7 @@ fn expected(original: &str) -> String {
     corefile::apply(original, &rewrites(&routes(), &target)).expect("apply")
 }
 
+// Fake API: counts the writer's ConfigMap writes (the fake records each request); the real server: real_cluster/coredns.rs and uninstall.rs.
 #[tokio::test]
 async fn corefile_mode_writes_our_lines_and_nothing_else() {
     let api = FakeApi::start();
@@ -209,6 +210,7 @@ async fn a_concurrent_edit_gets_409_and_is_kept_after_the_retry() {
     );
 }
 
+// Fake API: the writer in process, counting its writes; real CoreDNS loading the key: real_cluster/coredns_import.rs.
 #[tokio::test]
 async fn import_mode_owns_only_its_key() {
     let api = FakeApi::start();
@@ -269,6 +271,7 @@ async fn refused(api: &FakeApi, text: &str) -> String {
     err
 }
 
+// Fake API: counts the Warning Events per request; could move to real_cluster.
 #[tokio::test]
 async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
     let api = FakeApi::start();
@@ -282,6 +285,7 @@ async fn an_unrecognized_corefile_is_an_error_in_status_and_a_warning_event() {
 /// Issue 14 finding 3: a Corefile CoreDNS itself could not parse (here the main
 /// block's closing brace is missing) is never edited: an error in status naming the
 /// ConfigMap and the line, one Warning Event, no write.
+// Fake API: counts the writes (none) per request; could move to real_cluster.
 #[tokio::test]
 async fn an_unbalanced_corefile_is_never_written() {
     let api = FakeApi::start();
@@ -482,6 +486,7 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
 /// ClusterIP is passed to curl with `--resolve`) to keep this test on the recorded
 /// API server; real CoreDNS answering from the Corefile the agent wrote is
 /// `real_cluster`'s `coredns` scenario.
+// Fake API: the DNS answer given; real CoreDNS answering: real_cluster/coredns.rs.
 #[test]
 fn a_running_agent_writes_the_rewrite_and_the_pod_reaches_the_lb_through_the_service() {
     require_privileges!();
@@ -711,6 +716,7 @@ async fn the_writer_subcommand_coalesces_a_burst_of_ingress_changes() {
 
 /// Two writer replicas: only the Lease holder writes; when it dies the other takes
 /// the Lease and writes.
+// Fake API: in process, counting each write; the same against the real server: real_cluster/uninstall.rs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_writer_does_not_write_while_the_first_holds_the_lease() {
     let (api, kubeconfig) = writer_cluster("lease");

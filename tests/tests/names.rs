@@ -488,6 +488,7 @@ fn pods_reach_the_name_relay_through_the_hairpin_cluster_ip_service() {
 /// Gateway API through the Kubernetes source: an HTTPRoute's hostname, attached to
 /// a Gateway whose address is a proxied LB, is routed by the name relay to that LB;
 /// deleting the route takes the name away again.
+// Fake API: Gateway API: its CRDs are not available offline here, so the real server does not serve HTTPRoutes.
 #[test]
 fn an_httproute_hostname_is_routed_to_its_gateways_lb_from_the_watch_stream() {
     require_privileges!();
@@ -824,6 +825,7 @@ fn later_wildcard_bind(mode: &str, how: &str) {
 /// Issue 14: a tenant past `--max-names-per-namespace` loses only its own newest
 /// names; another namespace's name is still published, and `status` counts what
 /// was withheld.
+// Fake API: many names in one namespace at once, in seconds; could move to real_cluster.
 #[test]
 fn a_namespace_past_its_name_cap_keeps_its_oldest_names_and_does_not_block_another() {
     require_privileges!();

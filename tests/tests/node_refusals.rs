@@ -49,6 +49,7 @@ fn frontend_ips(s: &Desired) -> Vec<String> {
     ips.into_iter().collect()
 }
 
+// Fake API: the decision in process, no node; could move to real_cluster (Node objects are plain API writes there).
 #[tokio::test]
 async fn other_nodes_addresses_and_names_are_refused() {
     let api = FakeApi::start();
@@ -113,6 +114,7 @@ async fn other_nodes_addresses_and_names_are_refused() {
     );
 }
 
+// Fake API: the decision in process, no node; could move to real_cluster (Node objects are plain API writes there).
 #[tokio::test]
 async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_it() {
     let api = FakeApi::start();

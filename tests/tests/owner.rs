@@ -32,6 +32,7 @@ fn own() -> ObjectName {
 /// Every call here answers in well under this.
 const DEADLINE: Duration = Duration::from_secs(10);
 
+// Fake API: records every request, to show the check reads its own DaemonSet by name and nothing else.
 #[tokio::test]
 async fn a_present_daemonset_keeps_the_datapath_and_a_deleted_one_removes_it() {
     let api = FakeApi::start();
@@ -78,6 +79,7 @@ async fn a_present_daemonset_keeps_the_datapath_and_a_deleted_one_removes_it() {
     );
 }
 
+// Fake API: records every request, to show the check reads its own DaemonSet by name and nothing else.
 #[tokio::test]
 async fn another_name_is_not_this_agents_daemonset() {
     // A DaemonSet of the same name in another namespace, or another name here, says
@@ -101,6 +103,7 @@ async fn another_name_is_not_this_agents_daemonset() {
     );
 }
 
+// Fake API: a failing answer (500) on cue.
 #[tokio::test]
 async fn an_api_server_that_fails_keeps_the_datapath_and_the_error_names_the_daemonset() {
     let api = FakeApi::start();

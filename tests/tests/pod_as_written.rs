@@ -246,6 +246,7 @@ fn assert_confined(pod: &PodProcess) {
     assert!(opts("/run/hairpin").starts_with("rw"));
 }
 
+// Fake API: the pod's seccomp and capabilities are the point; the API only feeds one Service.
 #[test]
 fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_true_client() {
     require_privileges!();
@@ -289,6 +290,7 @@ fn with_a_default_profile_that_knows_cap_bpf_the_pod_as_written_relays_with_the_
     }
 }
 
+// Fake API: the pod's seccomp and capabilities are the point; the API only feeds one Service.
 #[test]
 fn with_the_default_profile_before_cap_bpf_the_agent_names_seccomp_and_auto_falls_back() {
     require_privileges!();

@@ -45,6 +45,7 @@ fn addrs(s: &Desired) -> Vec<SocketAddr> {
 const DO_HTTP: &str = "203.0.113.10:80";
 const DO_HTTPS: &str = "203.0.113.10:443";
 
+// Fake API: the watch layer in process, no node, in milliseconds; against the real server: real_cluster/lb.rs.
 #[tokio::test]
 async fn add_modify_delete_flow_through_to_the_frontends() {
     let api = FakeApi::start();
@@ -101,6 +102,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
     .await;
 }
 
+// Fake API: a 410 Gone at a chosen step (a real server compacts on its own schedule).
 #[tokio::test]
 async fn a_410_gone_relists_without_emptying_the_frontends() {
     let api = FakeApi::start();
@@ -161,6 +163,7 @@ async fn a_410_gone_relists_without_emptying_the_frontends() {
     );
 }
 
+// Fake API: the watch connections dropped at a chosen step.
 #[tokio::test]
 async fn a_dropped_watch_resumes_and_sees_later_changes() {
     let api = FakeApi::start();
@@ -175,6 +178,7 @@ async fn a_dropped_watch_resumes_and_sees_later_changes() {
     .await;
 }
 
+// Fake API: an outage (500 to every call) at a chosen step; real_cluster/restart.rs kills the real one.
 #[tokio::test]
 async fn an_api_outage_keeps_the_last_known_state() {
     let api = FakeApi::start();
@@ -209,6 +213,7 @@ async fn an_api_outage_keeps_the_last_known_state() {
     .await;
 }
 
+// Fake API: the decision report in process, no node; the real server's Events: real_cluster/events.rs.
 #[tokio::test]
 async fn invalid_annotations_are_reported_and_do_not_block_others() {
     let api = FakeApi::start();
@@ -233,6 +238,7 @@ async fn invalid_annotations_are_reported_and_do_not_block_others() {
     );
 }
 
+// Fake API: counts every Event write the holder makes (the fake records each request).
 #[tokio::test]
 async fn the_lease_holder_publishes_one_event_per_decision_change() {
     let api = FakeApi::start();
@@ -308,6 +314,7 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
     );
 }
 
+// Fake API: the watch layer in process; real CoreDNS behind the real kube-dns Service: real_cluster/coredns.rs.
 #[tokio::test]
 async fn the_cluster_dns_service_is_found_through_the_watch() {
     let api = FakeApi::start();
@@ -349,6 +356,7 @@ async fn the_cluster_dns_service_is_found_through_the_watch() {
 /// A tenant's Ingress naming another tenant's Service: the Lease holder puts a Warning
 /// Event naming the rule on that Ingress (not on the Service, not for the allowed
 /// name), once, and the allowed name is routed.
+// Fake API: counts the Warning Events per request (the fake records each request).
 #[tokio::test]
 async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
     let api = FakeApi::start();

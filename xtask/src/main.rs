@@ -58,7 +58,13 @@ enum Cmd {
         args: Vec<String>,
     },
     /// Build a simulated node and show a request failing without hairpin and succeeding with it (as root).
-    Demo,
+    Demo {
+        /// On a real control plane (etcd, kube-apiserver, kube-controller-manager) and
+        /// real kube-proxy, built by `cargo xtask k8s`; prints the kubeconfig and a
+        /// `kubectl get svc` line and runs until Ctrl-C, then tears everything down.
+        #[arg(long, env = "HAIRPIN_DEMO_CLUSTER")]
+        cluster: bool,
+    },
     /// Measure hairpin against HAProxy send-proxy and a direct path; write BENCHMARKS.md (as root).
     Bench(bench::Options),
     /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (the pinned nightly).
@@ -99,9 +105,9 @@ fn main() -> Result<()> {
             root::ensure_root("test")?;
             test_matrix(&kernels, &args)
         }
-        Cmd::Demo => {
+        Cmd::Demo { cluster } => {
             root::ensure_root("demo")?;
-            demo()
+            demo(cluster)
         }
         Cmd::Bench(opts) => {
             root::ensure_root("bench")?;
@@ -359,18 +365,29 @@ fn check_free_space(dir: &std::path::Path, need: u64) {
     }
 }
 
-fn demo() -> Result<()> {
+fn demo(cluster: bool) -> Result<()> {
     prereqs::ensure_system_packages()?;
     let agent = build_agent(false)?;
-    run(cargo()
-        .args([
-            "run",
-            "--locked",
-            "--quiet",
-            "--package",
-            "hairpin-tools",
-            "--bin",
-            "hairpin-demo",
-        ])
-        .env("HAIRPIN_AGENT_BIN", &agent))
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--locked",
+        "--quiet",
+        "--package",
+        "hairpin-tools",
+        "--bin",
+        "hairpin-demo",
+    ])
+    .env("HAIRPIN_AGENT_BIN", &agent);
+    if !cluster {
+        return run(&mut cmd);
+    }
+    // The chart is rendered by real Helm; the components are the cached builds.
+    cmd.env("HAIRPIN_HELM_PYTHON", helm::ensure_helm()?)
+        .envs(k8s::ensure_components()?)
+        .args(["--", "--cluster"]);
+    // Replaced by cargo, which execs the demo: Ctrl-C reaches the demo alone among
+    // them, and it tears everything down before it exits.
+    use std::os::unix::process::CommandExt;
+    Err(cmd.exec()).context("failed to run the cluster demo")
 }

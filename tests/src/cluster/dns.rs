@@ -73,6 +73,19 @@ impl CoreDns {
     /// ConfigMap holds now; waits until its `ready` endpoint (:8181) answers, or
     /// fails with its log when it refuses the Corefile or never gets ready.
     pub fn start(cluster: &Cluster, netns: &str) -> CoreDns {
+        CoreDns::start_with(cluster, netns, None)
+    }
+
+    /// As [`CoreDns::start`], with every key of the `kube-system/<custom>` ConfigMap
+    /// projected as a file where the Corefile's `import` lines look for them (k3s,
+    /// RKE2, AKS mount it at /etc/coredns/custom). The directory is this cluster's
+    /// own, and the Corefile's path to it is rewritten to there: the host has no
+    /// /etc/coredns, and making one would write to the machine's /etc.
+    pub fn start_importing(cluster: &Cluster, netns: &str, custom: &str) -> CoreDns {
+        CoreDns::start_with(cluster, netns, Some(custom))
+    }
+
+    fn start_with(cluster: &Cluster, netns: &str, custom: Option<&str>) -> CoreDns {
         let dir = cluster.dir.join("coredns");
         let secrets = dir.join("serviceaccount");
         fs::create_dir_all(&secrets).expect("coredns dir");
@@ -80,7 +93,20 @@ impl CoreDns {
         fs::write(secrets.join("token"), token).expect("token");
         fs::copy(cluster.ca_cert(), secrets.join("ca.crt")).expect("ca");
         fs::write(secrets.join("namespace"), "kube-system").expect("namespace");
-        let corefile = corefile_of(cluster);
+        let mut corefile = corefile_of(cluster);
+        if let Some(custom) = custom {
+            let files = dir.join("custom");
+            let _ = fs::remove_dir_all(&files);
+            fs::create_dir_all(&files).expect("custom dir");
+            let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), "kube-system");
+            let cm = cluster
+                .block_on(cms.get(custom))
+                .unwrap_or_else(|e| panic!("the {custom} ConfigMap: {e}"));
+            for (key, value) in cm.data.unwrap_or_default() {
+                fs::write(files.join(key), value).expect("custom file");
+            }
+            corefile = corefile.replace("/etc/coredns/custom", files.to_str().expect("utf-8 path"));
+        }
         let conf = dir.join("Corefile");
         fs::write(&conf, &corefile).expect("Corefile");
         // The in-cluster path, seen only by CoreDNS: a tmpfs over /run in its own

@@ -326,3 +326,33 @@ pub async fn create_service_with_status(
         .await
         .unwrap_or_else(|e| panic!("patch the LB status of {namespace}/{name}: {e}"));
 }
+
+/// The DaemonSet's environment for an agent on `node` (as [`daemonset_env`]), the
+/// host paths it names replaced by the node's own (its bpffs, admin socket); the
+/// node's /etc/hosts is never the machine's.
+pub fn daemonset_env_on(
+    node: &crate::node::SimNode,
+    objects: &[Value],
+    namespace: &str,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = daemonset_env(objects, namespace)
+        .into_iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "HAIRPIN_HOSTS_FILE" | "HAIRPIN_CGROUP_PATH" | "HAIRPIN_PIN_OWNER"
+            )
+        })
+        .collect();
+    for (k, v) in [
+        ("HAIRPIN_BPF_PIN_DIR", node.pin_dir().display().to_string()),
+        (
+            "HAIRPIN_ADMIN_SOCKET",
+            node.dir.join("admin.sock").display().to_string(),
+        ),
+    ] {
+        env.retain(|(name, _)| name != k);
+        env.push((k.to_string(), v));
+    }
+    env
+}

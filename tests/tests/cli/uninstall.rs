@@ -181,6 +181,7 @@ impl Controllers {
 /// Job, awaited), then every object of the release deleted in one pass (each
 /// account's RBAC gone at once). Before the install's last trace is checked, every
 /// token is revoked: nothing may still depend on it.
+// Fake API: every token revoked at a chosen step, and Helm's one-pass delete with no kubelet; the hook's RBAC against the real authorizer: real_cluster/uninstall.rs.
 #[expect(
     clippy::too_many_lines,
     reason = "one end-to-end scenario (install, hooks in Helm's order, a one-pass delete, the checks) read in order"
@@ -461,6 +462,7 @@ fn uninstall(api: &FakeApi, env: &BTreeMap<String, String>, account: &str) -> (i
 /// namespace the owner of every object outside it and deletes the namespace (the
 /// garbage collector then removes them). Its workloads already gone (absent), it
 /// restores the Corefile and deletes the Leases first.
+// Fake API: records the owner references the Job writes; could move to real_cluster (its garbage collector runs there).
 #[test]
 fn the_kustomize_uninstall_deletes_the_namespace_with_every_object_outside_it() {
     let api = FakeApi::start();
@@ -535,6 +537,7 @@ fn the_kustomize_uninstall_deletes_the_namespace_with_every_object_outside_it() 
 /// The order is the point: an uninstall whose account cannot stop the agents (its
 /// RBAC gone, 403) stops there, exit 1, and removes nothing the agents would then
 /// write back or still need (the rewrites, the Leases, the namespace).
+// Fake API: 403 to the first step alone, on cue; a real authorizer's refusal of a removed hook permission: real_cluster/uninstall.rs.
 #[test]
 fn without_its_rbac_the_uninstall_stops_at_the_first_step_and_removes_nothing() {
     let api = FakeApi::start();

@@ -60,6 +60,7 @@ fn listen_addresses_on_the_node(node: &SimNode) -> String {
         .join("\n")
 }
 
+// Fake API: the DaemonSet's rollout and deletion with no kubelet to run its pods (the kubelet suite runs the real one).
 #[test]
 fn a_rollout_keeps_the_datapath_and_the_daemonsets_deletion_removes_it_with_its_addresses() {
     require_privileges!();

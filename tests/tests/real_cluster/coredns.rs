@@ -25,7 +25,7 @@ use crate::{RELEASE_NS, RealNode, do_service, vip};
 
 /// The CoreDNS the cluster runs (the writer checks its version before it writes
 /// wildcard rewrites).
-const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
+pub(crate) const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.7";
 
 #[test]
 fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header() {
@@ -143,7 +143,7 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
 
 /// `hairpin-agent coredns-writer` as the chart's Deployment runs it: its
 /// environment, its own ServiceAccount's token.
-fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
+pub(crate) fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
     let objects = hairpin_tests::cluster::objects::chart_objects(RELEASE_NS, flags);
     let env: Vec<(String, String)> =
         workload_env(&objects, "Deployment", RELEASE_NS, "hairpin-coredns-0")
@@ -184,7 +184,10 @@ fn start_writer(rn: &RealNode, flags: &[String]) -> Proc {
 
 /// The DaemonSet's pod on this node (hostNetwork) as the chart Service's endpoint,
 /// at the Service's own target ports (the name relay's, `--names-service-ports`).
-fn serve_the_chart_service_from_this_node(c: &hairpin_tests::cluster::Cluster, flags: &[String]) {
+pub(crate) fn serve_the_chart_service_from_this_node(
+    c: &hairpin_tests::cluster::Cluster,
+    flags: &[String],
+) {
     let chart = hairpin_tests::cluster::objects::chart_objects(RELEASE_NS, flags);
     let service = chart
         .iter()

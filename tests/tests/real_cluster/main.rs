@@ -7,11 +7,14 @@
 //! under `CI=true` it fails.
 
 mod coredns;
+mod coredns_import;
+mod demo;
 mod events;
 mod latency;
 mod lb;
 mod rbac;
 mod restart;
+mod uninstall;
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,7 @@ use hairpin_tests::{
     client::{Reply, url},
     cluster::{
         Cluster,
-        objects::{DO_PROXY_PROTOCOL, LbService, chart_objects, daemonset_env},
+        objects::{DO_PROXY_PROTOCOL, LbService, chart_objects},
         proxy::KubeProxy,
     },
     node::{KubeProxyMode, SimNode},
@@ -102,30 +105,9 @@ impl RealNode {
     }
 }
 
-/// The DaemonSet's environment for the agent on the simulated node; the host paths
-/// it names are replaced by the node's own (its bpffs, admin socket), and the node's
-/// /etc/hosts is never the machine's.
+/// The DaemonSet's environment for the agent on the simulated node.
 fn agent_env(node: &SimNode, objects: &[serde_json::Value]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = daemonset_env(objects, RELEASE_NS)
-        .into_iter()
-        .filter(|(k, _)| {
-            !matches!(
-                k.as_str(),
-                "HAIRPIN_HOSTS_FILE" | "HAIRPIN_CGROUP_PATH" | "HAIRPIN_PIN_OWNER"
-            )
-        })
-        .collect();
-    for (k, v) in [
-        ("HAIRPIN_BPF_PIN_DIR", node.pin_dir().display().to_string()),
-        (
-            "HAIRPIN_ADMIN_SOCKET",
-            node.dir.join("admin.sock").display().to_string(),
-        ),
-    ] {
-        env.retain(|(name, _)| name != k);
-        env.push((k.to_string(), v));
-    }
-    env
+    hairpin_tests::cluster::objects::daemonset_env_on(node, objects, RELEASE_NS)
 }
 
 /// A DigitalOcean ingress Service: the DO PROXY protocol annotation, `extra` more.

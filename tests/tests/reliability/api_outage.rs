@@ -9,6 +9,7 @@ const API_OUTAGE: Duration = Duration::from_secs(120);
 /// The API server answers 500 to everything for two minutes: the redirects already
 /// applied keep working throughout (checked every 5 s from the pod and the node),
 /// the agent stays up, and once the server is back a new Service is applied.
+// Fake API: 500 to every call for two minutes at a chosen step (real_cluster/restart.rs kills the real server and etcd instead).
 #[test]
 fn two_minutes_without_the_api_server_keep_redirects_and_a_later_change_applies() {
     require_privileges!();

@@ -1,6 +1,10 @@
 //! `cargo xtask demo`: builds a simulated node, shows a pod's and the node's request
 //! to the cluster's own PROXY-protocol LoadBalancer failing without hairpin and
 //! succeeding with it, with nginx's log naming the true client, then cleans up.
+//!
+//! `--cluster` (`cargo xtask demo --cluster`): the same on a real control plane and
+//! real kube-proxy (hairpin_tests::cluster::demo), held until Ctrl-C so it can be
+//! looked at with kubectl, then torn down.
 
 use std::time::Duration;
 
@@ -38,11 +42,49 @@ fn broken_header_entry(log: &str) -> String {
     rest[..end].replace('\r', "\\r").replace('\n', "\\n")
 }
 
+/// `--cluster`: runs the demo on the real components and waits for Ctrl-C (or
+/// SIGTERM) before tearing it down; exits 1 when the requests were not as expected.
+fn cluster_demo() {
+    use nix::sys::signal::{SigSet, Signal};
+    // Blocked before any thread starts (they inherit the mask), so the signal is
+    // taken by the wait below and the teardown runs in full.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    if let Err(e) = signals.thread_block() {
+        eprintln!("cannot block SIGINT and SIGTERM: {e}");
+        std::process::exit(1);
+    }
+    let outcome = hairpin_tests::cluster::demo::run(|_| {
+        println!("\nRunning. Press Ctrl-C to stop the agent, kube-proxy and the control plane.");
+        if let Err(e) = signals.wait() {
+            eprintln!("waiting for Ctrl-C: {e}");
+        }
+    });
+    match outcome {
+        Some(o) if o.ok => {
+            println!("hairpin works: the ingress saw the pod's and the node's real addresses.");
+        }
+        Some(_) => {
+            eprintln!("the demo did not get the expected replies; see above");
+            std::process::exit(1);
+        }
+        None => {
+            eprintln!("the real Kubernetes components are missing: run `cargo xtask k8s`");
+            std::process::exit(1);
+        }
+    }
+}
+
 fn main() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("the demo builds network namespaces and attaches BPF programs: run it as root");
         std::process::exit(1);
+    }
+    if std::env::args().skip(1).any(|a| a == "--cluster") {
+        cluster_demo();
+        return;
     }
     println!("Building a simulated node:");
     println!(

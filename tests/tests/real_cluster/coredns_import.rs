@@ -1,0 +1,153 @@
+//! Real CoreDNS in import mode (k3s, RKE2, AKS): the main Corefile is the
+//! distribution's and `import`s `*.override` files from the `coredns-custom`
+//! ConfigMap; the chart's CoreDNS writer (`coredns.mode=import`, its own RBAC) owns
+//! the `hairpin.override` key alone. CoreDNS loads that key as the distribution
+//! mounts it, a pod resolves an exact and a wildcard name through the cluster DNS
+//! Service, reaches the name relay through the chart's `hairpin` Service, and the
+//! ingress sees the pod's own address in the header. A key CoreDNS refuses fails
+//! [`CoreDns::start_importing`] with CoreDNS's error; a wrong answer fails the request.
+
+use std::time::{Duration, Instant};
+
+use hairpin_tests::{
+    cluster::dns::{CoreDns, corefile_of, in_pod_with_cluster_dns, kube_dns_objects},
+    node::{INGRESS_IP4, KubeProxyMode, POD_IP4},
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::json;
+
+use crate::{
+    RealNode,
+    coredns::{COREDNS_IMAGE, serve_the_chart_service_from_this_node, start_writer},
+    do_service, vip,
+};
+
+/// k3s's Corefile (its `coredns.yaml` manifest) without its `hosts
+/// /etc/coredns/NodeHosts` block, which lists k3s's own nodes and has no part in
+/// the import shape.
+const K3S_COREFILE: &str = ".:53 {
+    errors
+    health
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+      pods insecure
+      fallthrough in-addr.arpa ip6.arpa
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf
+    cache 30
+    loop
+    reload
+    loadbalance
+    import /etc/coredns/custom/*.override
+}
+import /etc/coredns/custom/*.server
+";
+
+/// The key another tool (or the user) keeps in `coredns-custom`: it stays.
+const THEIRS: (&str, &str) = ("mine.server", "example.org:53 {\n    errors\n}\n");
+
+#[test]
+fn import_mode_real_coredns_loads_the_override_key_and_the_pod_gets_its_own_header() {
+    let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
+        return;
+    };
+    let flags: Vec<String> = [
+        "--set",
+        "coredns.mode=import",
+        "--set",
+        "names.domains=example.com",
+    ]
+    .map(String::from)
+    .to_vec();
+    {
+        let c = &rn.cluster;
+        let mut objects = kube_dns_objects(INGRESS_IP4);
+        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "coredns", "namespace": "kube-system"},
+            "data": {"Corefile": K3S_COREFILE}}));
+        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "coredns-custom", "namespace": "kube-system"},
+            "data": {THEIRS.0: THEIRS.1}}));
+        objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                                  "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
+        c.kubectl_apply(&objects);
+        c.create_lb_service(&do_service(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            &[],
+        ));
+        c.set_lb_ingress(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            vip(&["203.0.113.10"]),
+        );
+        c.ensure_namespace("shop");
+        c.kubectl_apply(&[
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "shop", "namespace": "shop"},
+            "spec": {"ingressClassName": "nginx", "rules": [
+                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
+        ]);
+        c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+    }
+    rn.start_agent(&flags);
+    let c = &rn.cluster;
+    serve_the_chart_service_from_this_node(c, &flags);
+    let writer = start_writer(&rn, &flags);
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(c.client(), "kube-system");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let data = loop {
+        let data = c
+            .block_on(cms.get("coredns-custom"))
+            .expect("the coredns-custom ConfigMap")
+            .data
+            .unwrap_or_default();
+        let ours = data.get("hairpin.override").cloned().unwrap_or_default();
+        if ours.contains("shop.example.com") && ours.contains(r"apps\.example\.com") {
+            break data;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the writer wrote no hairpin.override: {data:?}\nwriter:\n{}",
+            writer.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("hairpin.override as written:\n{}", data["hairpin.override"]);
+    assert_eq!(data.get(THEIRS.0).map(String::as_str), Some(THEIRS.1));
+    assert_eq!(
+        corefile_of(c),
+        K3S_COREFILE,
+        "import mode leaves the main Corefile alone"
+    );
+    let dns = CoreDns::start_importing(c, &rn.node.ingress_ns, "coredns-custom");
+    for name in ["shop.example.com", "web.apps.example.com"] {
+        // Polled: kube-proxy's DNAT for the DNS Service and CoreDNS's informers
+        // settle on their own time. A refused or wrong rewrite never passes.
+        let started = Instant::now();
+        let reply = loop {
+            let reply = in_pod_with_cluster_dns(
+                &rn.node,
+                &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
+            );
+            if reply.ok() || started.elapsed() > Duration::from_secs(20) {
+                break reply;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        assert!(
+            reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
+            "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
+            dns.log(),
+            rn.agent().log()
+        );
+        assert!(
+            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
+            "{name}: {reply:?}"
+        );
+    }
+}
