@@ -1,6 +1,6 @@
 //! The real Kubernetes components the `real_cluster` suite runs, built from source
 //! through the Go module proxy: kube-apiserver, kube-controller-manager and
-//! kube-proxy (one multi-call binary), etcd and CoreDNS. Each is a small Go module
+//! kube-proxy (one multi-call binary), etcd and CoreDNS; and the Gateway API's CRDs. Each is a small Go module
 //! of ours under `xtask/k8s/` whose go.mod and go.sum pin every dependency; the
 //! build runs with `-mod=readonly`, so a pin that does not match the sums fails
 //! instead of being rewritten.
@@ -27,6 +27,8 @@ pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// The CoreDNS release `xtask/k8s/coredns/go.mod` pins.
 pub const COREDNS_VERSION: &str = "v1.14.7";
+/// The Gateway API release `xtask/k8s/gateway-api/go.mod` pins (its CRDs).
+pub const GATEWAY_API_VERSION: &str = "v1.6.3";
 
 /// The variables `cargo xtask test` hands the suites, one per binary.
 const KUBE_BINARIES: [(&str, &str); 3] = [
@@ -83,7 +85,64 @@ pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
         &["-version"],
     )?;
     out.push(("HAIRPIN_COREDNS_BIN", coredns));
+    out.push(("HAIRPIN_GATEWAY_API_CRDS", gateway_api_crds(&go)?));
     Ok(out)
+}
+
+/// The Gateway API's standard-channel CRDs (the module's `config/crd/standard`),
+/// fetched through the module proxy and checked against the committed go.sum;
+/// returns the directory holding them.
+fn gateway_api_crds(go: &Go) -> Result<PathBuf> {
+    let module = modules_dir().join("gateway-api");
+    let hash = pin_hash(&[module.join("go.mod"), module.join("go.sum")])?;
+    let (dir, cached) = cache_entry(
+        &format!("gateway-api-{GATEWAY_API_VERSION}-{hash}"),
+        &["gateway.networking.k8s.io_httproutes.yaml"],
+    );
+    if cached {
+        eprintln!(
+            "xtask: Gateway API {GATEWAY_API_VERSION} CRDs cached in {}",
+            dir.display()
+        );
+        return Ok(dir);
+    }
+    build_into(
+        &dir,
+        &format!("Gateway API {GATEWAY_API_VERSION} CRDs"),
+        |tmp| {
+            let json = crate::toolchain::output(go.command(&module).args([
+                "mod",
+                "download",
+                "-json",
+                "sigs.k8s.io/gateway-api",
+            ]))?;
+            let info: serde_json::Value =
+                serde_json::from_str(&json).context("parse `go mod download -json`")?;
+            if let Some(e) = info["Error"].as_str() {
+                bail!("go mod download sigs.k8s.io/gateway-api: {e}");
+            }
+            let src = Path::new(
+                info["Dir"]
+                    .as_str()
+                    .context("`go mod download` gave no Dir")?,
+            )
+            .join("config/crd/standard");
+            for e in fs::read_dir(&src).with_context(|| format!("read {}", src.display()))? {
+                let path = e?.path();
+                let name = path.file_name().context("a file name")?;
+                if path.extension().is_some_and(|x| x == "yaml")
+                    && name
+                        .to_string_lossy()
+                        .starts_with("gateway.networking.k8s.io_")
+                {
+                    fs::copy(&path, tmp.join(name))
+                        .with_context(|| format!("copy {}", path.display()))?;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    Ok(dir)
 }
 
 /// The Kubernetes release to build: `HAIRPIN_K8S_VERSION`, else the default.

@@ -87,10 +87,14 @@ impl GatewayStores {
     }
 }
 
-/// Gateway API kinds watched when the CRDs are installed.
-const GATEWAY_KINDS: [(&str, &str); 3] = [
+/// Gateway API kinds watched when the CRDs are installed, each at the first of its
+/// versions the API server serves: TLSRoute is served as v1 alone from Gateway API
+/// v1.5 (v1alpha2 stays in the CRD with `served: false`), as v1alpha2 before.
+const GATEWAY_KINDS: [(&str, &str); 5] = [
     ("v1", "Gateway"),
     ("v1", "HTTPRoute"),
+    ("v1", "TLSRoute"),
+    ("v1alpha3", "TLSRoute"),
     ("v1alpha2", "TLSRoute"),
 ];
 
@@ -215,7 +219,13 @@ async fn drive<K, S>(
     }
 }
 
-/// Gateway API CRDs are optional: watch their kinds only when the API group answers.
+/// How often the kinds not served yet are looked for again, at most: the Gateway
+/// API CRDs are often installed after hairpin. Doubling from 1 s up to this: one
+/// discovery request per node every few minutes while a kind stays absent.
+const GATEWAY_REDISCOVERY_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Gateway API CRDs are optional: watch their kinds only when the API group
+/// answers, and look again for the ones not served until each is watched.
 async fn watch_gateway_api(
     client: Client,
     stores: GatewayStores,
@@ -223,32 +233,52 @@ async fn watch_gateway_api(
     metrics: Metrics,
     health: Health,
 ) {
-    for (version, kind) in GATEWAY_KINDS {
-        let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", version, kind);
-        let resource = match kube::discovery::pinned_kind(&client, &gvk).await {
-            Ok((ar, _caps)) => ar,
-            Err(e) => {
-                info!(kind, version, error = %e, "Gateway API kind not served; not watching it");
+    let mut watched: Vec<&str> = Vec::new();
+    let mut pause = std::time::Duration::from_secs(1);
+    let all = |w: &Vec<&str>| GATEWAY_KINDS.iter().all(|(_, k)| w.contains(k));
+    let mut first = true;
+    while !all(&watched) {
+        if !first {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(GATEWAY_REDISCOVERY_MAX);
+        }
+        for (i, (version, kind)) in GATEWAY_KINDS.iter().copied().enumerate() {
+            if watched.contains(&kind) {
                 continue;
             }
-        };
-        info!(kind, version, "watching Gateway API kind");
-        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-        let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
-        stores.add(kind_name(&resource), writer.as_reader());
-        let stream = reflector(
-            writer,
-            watcher(api, watcher::Config::default())
-                .default_backoff()
-                .modify(slim),
-        );
-        tokio::spawn(drive(
-            kind_name(&resource),
-            stream,
-            changed.clone(),
-            metrics.clone(),
-            health.clone(),
-        ));
+            let gvk = GroupVersionKind::gvk("gateway.networking.k8s.io", version, kind);
+            let resource = match kube::discovery::pinned_kind(&client, &gvk).await {
+                Ok((ar, _caps)) => ar,
+                Err(e) => {
+                    let later = GATEWAY_KINDS[i + 1..].iter().any(|(_, k)| *k == kind);
+                    if later || !first {
+                        debug!(kind, version, error = %e, "Gateway API version not served");
+                    } else {
+                        info!(kind, version, error = %e, "Gateway API kind not served; looking again later");
+                    }
+                    continue;
+                }
+            };
+            watched.push(kind);
+            info!(kind, version, "watching Gateway API kind");
+            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+            let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+            stores.add(kind_name(&resource), writer.as_reader());
+            let stream = reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .modify(slim),
+            );
+            tokio::spawn(drive(
+                kind_name(&resource),
+                stream,
+                changed.clone(),
+                metrics.clone(),
+                health.clone(),
+            ));
+        }
+        first = false;
     }
 }
 

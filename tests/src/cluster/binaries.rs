@@ -18,6 +18,8 @@ pub struct Binaries {
     pub etcd: PathBuf,
     /// CoreDNS.
     pub coredns: PathBuf,
+    /// The directory of the Gateway API's standard CRDs (one YAML file a kind).
+    pub gateway_api_crds: PathBuf,
     /// What `kube-apiserver --version` prints after "Kubernetes ".
     pub k8s_version: String,
     /// What `etcd --version` prints after "etcd Version: ".
@@ -29,7 +31,7 @@ pub struct Binaries {
 pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 
 /// (variable, cache entry prefix, file name); `{k8s}` is the Kubernetes release.
-const WANTED: [(&str, &str, &str); 5] = [
+const WANTED: [(&str, &str, &str); 6] = [
     (
         "HAIRPIN_KUBE_APISERVER_BIN",
         "kubernetes-{k8s}-",
@@ -43,6 +45,11 @@ const WANTED: [(&str, &str, &str); 5] = [
     ("HAIRPIN_KUBE_PROXY_BIN", "kubernetes-{k8s}-", "kube-proxy"),
     ("HAIRPIN_ETCD_BIN", "etcd-", "etcd"),
     ("HAIRPIN_COREDNS_BIN", "coredns-", "coredns"),
+    (
+        "HAIRPIN_GATEWAY_API_CRDS",
+        "gateway-api-",
+        "gateway.networking.k8s.io_httproutes.yaml",
+    ),
 ];
 
 /// `HAIRPIN_K8S_VERSION` as `vX.Y.Z`, else the default.
@@ -78,8 +85,18 @@ impl Binaries {
             eprintln!("skipped: {msg}");
             return None;
         }
-        let [apiserver, controller_manager, proxy, etcd, coredns]: [PathBuf; 5] =
-            found.try_into().expect("five binaries");
+        let [
+            apiserver,
+            controller_manager,
+            proxy,
+            etcd,
+            coredns,
+            httproutes,
+        ]: [PathBuf; 6] = found.try_into().expect("six components");
+        let gateway_api_crds = httproutes
+            .parent()
+            .expect("the CRD file is in a directory")
+            .to_path_buf();
         let k8s_version = version_of(&apiserver, "--version", "Kubernetes ");
         let etcd_version = version_of(&etcd, "--version", "etcd Version: ");
         Some(Binaries {
@@ -88,6 +105,7 @@ impl Binaries {
             proxy,
             etcd,
             coredns,
+            gateway_api_crds,
             k8s_version,
             etcd_version,
         })
@@ -98,7 +116,9 @@ impl Binaries {
 /// makes a new one).
 fn locate(var: &str, prefix: &str, name: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(var) {
+        // A binary, or a directory holding `name` (the CRDs).
         let p = PathBuf::from(p);
+        let p = if p.is_dir() { p.join(name) } else { p };
         return p.exists().then_some(p);
     }
     let dir = cache_dir().join("k8s");

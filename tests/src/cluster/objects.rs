@@ -220,6 +220,40 @@ impl Cluster {
         );
     }
 
+    /// Installs the Gateway API's standard CRDs of `kinds` (plural resource names,
+    /// e.g. `httproutes`) as an operator does, with `kubectl apply --server-side`,
+    /// and waits until the API server serves them.
+    pub fn install_gateway_api_crds(&self, kinds: &[&str]) {
+        let kubectl = |args: &[&str]| {
+            let out = std::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(self.admin_kubeconfig())
+                .args(args)
+                .output()
+                .expect("run kubectl");
+            assert!(
+                out.status.success(),
+                "kubectl {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for kind in kinds {
+            let file = self
+                .bins
+                .gateway_api_crds
+                .join(format!("gateway.networking.k8s.io_{kind}.yaml"));
+            let file = file.to_str().expect("utf-8 path");
+            kubectl(&["apply", "--server-side", "-f", file]);
+            kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                &format!("crd/{kind}.gateway.networking.k8s.io"),
+            ]);
+        }
+    }
+
     /// A token of ServiceAccount `namespace/name` (TokenRequest, one hour), as the
     /// kubelet projects it into the pod.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {

@@ -10,6 +10,7 @@ mod coredns;
 mod coredns_import;
 mod demo;
 mod events;
+mod gateway;
 mod latency;
 mod lb;
 mod rbac;

@@ -1,0 +1,164 @@
+//! Gateway API routes feeding the name relay, against the real API server serving
+//! the Gateway API's own CRDs (v1.6.3, standard channel, fetched by `cargo xtask
+//! k8s`), installed after the agent started as operators often do: an HTTPRoute's
+//! hostname, accepted by a Gateway whose address is a proxied LB, reaches that LB
+//! with the pod's own address in the header; TLSRoute is watched at the version the
+//! CRDs serve (v1 alone since Gateway API v1.5); deleting the route takes the name
+//! away again.
+
+use std::time::{Duration, Instant};
+
+use hairpin_tests::{
+    names_support::curl_resolved_from_pod,
+    node::{KubeProxyMode, POD_IP4, RELAY_IP4},
+};
+use serde_json::json;
+
+use crate::{RealNode, do_service, vip};
+
+/// The Gateway's controller, as Envoy Gateway names itself.
+const CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
+
+/// `kubectl ARGS` as the admin; panics with kubectl's output on failure.
+fn kubectl(rn: &RealNode, args: &[&str]) {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(rn.cluster.admin_kubeconfig())
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `status` on `kind/name` in `namespace` as the Gateway's controller would.
+fn set_status(rn: &RealNode, namespace: &str, kind: &str, name: &str, status: serde_json::Value) {
+    let patch = json!({ "status": status }).to_string();
+    kubectl(
+        rn,
+        &[
+            "-n",
+            namespace,
+            "patch",
+            kind,
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    );
+}
+
+#[test]
+fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_watched_at_v1() {
+    let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
+        return;
+    };
+    let flags: Vec<String> = ["--set", "mode=both", "--set", "names.domains=example.net"]
+        .map(String::from)
+        .to_vec();
+    rn.start_agent(&flags);
+    // Envoy Gateway's LoadBalancer Service on DigitalOcean with the PROXY protocol.
+    rn.cluster
+        .create_lb_service(&do_service("envoy-gateway-system", "envoy-public", &[]));
+    rn.cluster.set_lb_ingress(
+        "envoy-gateway-system",
+        "envoy-public",
+        vip(&["203.0.113.12"]),
+    );
+
+    // The CRDs arrive after the agent: it must look again for the kinds.
+    let started = Instant::now();
+    rn.cluster
+        .install_gateway_api_crds(&["gatewayclasses", "gateways", "httproutes", "tlsroutes"]);
+    rn.cluster.ensure_namespace("docs");
+    rn.cluster.kubectl_apply(&[
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "eg"}, "spec": {"controllerName": CONTROLLER}}),
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "eg", "namespace": "envoy-gateway-system"},
+            "spec": {"gatewayClassName": "eg", "listeners": [
+                {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.net",
+                 "allowedRoutes": {"namespaces": {"from": "All"}}}]}}),
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "docs", "namespace": "docs"},
+            "spec": {"parentRefs": [{"name": "eg", "namespace": "envoy-gateway-system"}],
+                     "hostnames": ["docs.example.net"],
+                     "rules": [{"backendRefs": [{"name": "docs", "port": 80}]}]}}),
+    ]);
+    let now = "2026-01-01T00:00:00Z";
+    set_status(
+        &rn,
+        "envoy-gateway-system",
+        "gateway",
+        "eg",
+        json!({"addresses": [{"type": "IPAddress", "value": "203.0.113.12"}]}),
+    );
+    set_status(
+        &rn,
+        "docs",
+        "httproute",
+        "docs",
+        json!({"parents": [{
+            "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                          "name": "eg", "namespace": "envoy-gateway-system"},
+            "controllerName": CONTROLLER,
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                            "message": "accepted", "observedGeneration": 1,
+                            "lastTransitionTime": now}]}]}),
+    );
+
+    let fetch = || {
+        curl_resolved_from_pod(
+            &rn.node,
+            &format!("docs.example.net:80:{RELAY_IP4}"),
+            "http://docs.example.net/",
+        )
+    };
+    let deadline = started + Duration::from_secs(40);
+    let got = loop {
+        let got = fetch();
+        if got.ok() || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let agent = rn.agent();
+    assert!(got.ok(), "{got:?}\nagent:\n{}", agent.log());
+    eprintln!(
+        "CRDs installed -> the route's name served: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let body = got.body.trim_end();
+    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
+    assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
+    let log = agent.log();
+    for (kind, version) in [("HTTPRoute", "v1"), ("TLSRoute", "v1"), ("Gateway", "v1")] {
+        assert!(
+            log.lines().any(|l| l.contains("watching Gateway API kind")
+                && l.contains(&format!("kind=\"{kind}\""))
+                && l.contains(&format!("version=\"{version}\""))),
+            "{kind} not watched at {version}:\n{log}"
+        );
+    }
+
+    kubectl(&rn, &["-n", "docs", "delete", "httproute", "docs"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = fetch();
+        if got.body.contains("no proxied loadbalancer serves") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the name stayed routed after its HTTPRoute was deleted: {got:?}\n{}",
+            rn.agent().log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
