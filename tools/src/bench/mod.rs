@@ -10,6 +10,7 @@ pub mod cells;
 pub mod connect;
 pub mod converge;
 pub mod footprint;
+pub mod interval;
 pub mod options;
 pub mod probes;
 pub mod procs;
