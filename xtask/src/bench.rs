@@ -47,6 +47,11 @@ pub struct Options {
     /// The relay run's agent's `--relay-splice` (default `pipe`; `off`: the relay copies every byte).
     #[arg(long)]
     pub relay_splice: Option<String>,
+    /// The A/A check alone (about 2 minutes): the kernel path's PROXY v1 target on
+    /// both sides of a comparison, its rate and machine CPU per request as A/B ratios
+    /// with their bootstrap intervals, printed (BENCHMARKS.md is left as it is).
+    #[arg(long, env = "HAIRPIN_BENCH_AA", conflicts_with_all = ["quick", "baseline"])]
+    pub aa: bool,
     /// Print the report only; leave BENCHMARKS.md as it is.
     #[arg(long)]
     pub no_write: bool,
@@ -87,6 +92,9 @@ pub fn bench(opts: &Options) -> Result<()> {
     if opts.quick {
         cmd.arg("--quick");
     }
+    if opts.aa {
+        cmd.arg("--aa");
+    }
     let numeric = [
         ("--runs", opts.runs.map(u64::from)),
         ("--wrk-secs", opts.wrk_secs.map(u64::from)),
@@ -118,7 +126,7 @@ pub fn bench(opts: &Options) -> Result<()> {
     if let Some(dir) = &opts.profile {
         cmd.arg("--profile").arg(dir);
     }
-    if !opts.no_write {
+    if !opts.no_write && !opts.aa {
         cmd.arg("--out").arg(workspace_root().join("BENCHMARKS.md"));
     }
     run(&mut cmd)

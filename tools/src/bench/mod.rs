@@ -5,10 +5,12 @@
 //! overhead (programs detached and attached), connection rate and bulk throughput
 //! (one agent, HAProxy and nginx running throughout), convergence, footprint.
 
+pub mod aa;
 pub mod baseline;
 pub mod cells;
 pub mod connect;
 pub mod converge;
+pub mod floor;
 pub mod footprint;
 pub mod interval;
 pub mod options;
@@ -42,6 +44,9 @@ pub struct Ctx<'a> {
     pub opts: &'a Options,
     /// CPU the clients (wrk, curl, connect loops) are pinned to; servers get the others.
     pub client_cpu: Option<usize>,
+    /// The floor's cgroup ([`floor::Floor`]), where the floor target's client runs;
+    /// `None` when its program could not be attached.
+    pub floor_cgroup: Option<&'a std::path::Path>,
 }
 
 /// The agent's extra flags: a fast file poll for the convergence case.
@@ -164,11 +169,29 @@ pub fn run(opts: &Options) -> Result<Results> {
     node.tune_for_load();
     let _nginx = setup::start_bench_nginx(&node, opts.bulk_mib * 1024 * 1024)?;
     let haproxy = setup::start_haproxy_send_proxy(&node)?;
+    let floor = record(
+        &mut r,
+        "floor (trivial programs)",
+        floor::Floor::attach(&node.outside_cgroup().join("floor")),
+    );
     let ctx = Ctx {
         node: &node,
         opts,
         client_cpu,
+        floor_cgroup: floor.as_ref().map(floor::Floor::cgroup),
     };
+
+    if opts.aa_only {
+        let agent = kernel_agent(&node)?;
+        traffic::sanity(&ctx, &aa::targets())?;
+        eprintln!(
+            "A/A: {} rounds of wrk {} s per side",
+            opts.runs, opts.wrk_secs
+        );
+        r.aa = record(&mut r, "A/A", aa::run(&ctx, agent.pid(), haproxy.pid()));
+        r.notes.extend(method_notes(opts));
+        return Ok(r);
+    }
 
     if opts.baseline_only {
         compare_with_baseline(&ctx, &mut r, haproxy.pid());
@@ -198,7 +221,10 @@ pub fn run(opts: &Options) -> Result<Results> {
     // The same rows with the kernel writing the header on the client's socket: the
     // default configuration (`auto`; the test harness's agents otherwise run the
     // relay), adopting the datapath the relay run's agent left pinned.
-    let kernel = traffic::kernel_targets();
+    let mut kernel = traffic::kernel_targets();
+    if ctx.floor_cgroup.is_some() {
+        kernel.push(traffic::floor_target());
+    }
     let agent = record(&mut r, "kernel path", kernel_agent(&node));
     if let Some(agent) = &agent
         && record(
@@ -216,6 +242,11 @@ pub fn run(opts: &Options) -> Result<Results> {
         if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
             r.rate_kernel = rate;
         }
+        eprintln!(
+            "A/A: {} rounds of wrk {} s per side",
+            opts.runs, opts.wrk_secs
+        );
+        r.aa = record(&mut r, "A/A", aa::run(&ctx, agent.pid(), haproxy.pid()));
         (r.bulk_kernel, r.upload_kernel) = transfers(
             &ctx,
             &mut r,

@@ -80,7 +80,7 @@ pub fn measure(
             ..ProgramsTotal::default()
         })
         .collect();
-    for _ in 0..ctx.opts.runs {
+    for _ in 0..ctx.opts.stats_runs {
         for t in targets {
             let stats = enable_run_time_stats()
                 .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
