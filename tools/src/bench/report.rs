@@ -181,11 +181,12 @@ fn program_rows(r: &Results, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| `{}` program's own run time (kernel BPF stats), {}, ns per run | {} | runs per request: {} | — | {target} | {result} |",
+            "| `{}` program's own run time (kernel BPF stats), {}, ns per run | {} | runs per request: {}; instructions the verifier processed loading it: {} | — | {target} | {result} |",
             p.program,
             p.target,
             cell(Spread::of(&p.ns_per_run), 0),
             cell(runs, 2),
+            p.verified_insns.map_or("—".into(), |n| n.to_string()),
         );
     }
 }
