@@ -61,6 +61,11 @@ pub struct Options {
     /// alternating round by round in the same run.
     #[arg(long, value_name = "REV")]
     pub baseline: Option<String>,
+    /// With `--baseline`: extra flags for the baseline's agent, whitespace-separated
+    /// (`--baseline HEAD --baseline-args='--mesh-capture-ports none'` measures one
+    /// flag's cost with two agents of this tree).
+    #[arg(long, env = "HAIRPIN_BENCH_BASELINE_ARGS", requires = "baseline", allow_hyphen_values = true)]
+    pub baseline_args: Option<String>,
     /// With `--baseline`: run that comparison only (and the sanity checks it needs).
     #[arg(long, requires = "baseline")]
     pub baseline_only: bool,
@@ -121,6 +126,9 @@ pub fn bench(opts: &Options) -> Result<()> {
             .arg(bin);
         if opts.baseline_only {
             cmd.args(["--baseline-only", "yes"]);
+        }
+        if let Some(extra) = &opts.baseline_args {
+            cmd.args(["--baseline-args", extra]);
         }
     }
     if let Some(dir) = &opts.profile {

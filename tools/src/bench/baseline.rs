@@ -139,7 +139,11 @@ pub fn compare(ctx: &Ctx<'_>, haproxy_pid: i32) -> Result<Comparison> {
     };
     let ctx1 = Ctx { opts: &one, ..*ctx };
     let mut c = Comparison {
-        rev: rev.clone(),
+        rev: if ctx.opts.baseline_args.is_empty() {
+            rev.clone()
+        } else {
+            format!("{rev} {}", ctx.opts.baseline_args.join(" "))
+        },
         ..Comparison::default()
     };
     for round in 0..ctx.opts.runs {
@@ -155,7 +159,12 @@ pub fn compare(ctx: &Ctx<'_>, haproxy_pid: i32) -> Result<Comparison> {
             set_agent_bin(is_base.then(|| base_bin.clone()));
             let who = if is_base { rev.as_str() } else { "this tree" };
             eprintln!("against {rev}: round {}, {who}", round + 1);
-            let started = super::kernel_agent(ctx.node);
+            let extra = if is_base {
+                ctx.opts.baseline_args.clone()
+            } else {
+                Vec::new()
+            };
+            let started = super::kernel_agent(ctx.node, &extra);
             set_agent_bin(None);
             let agent = started?;
             traffic::sanity(ctx, &targets)?;

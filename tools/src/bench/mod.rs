@@ -121,9 +121,10 @@ fn record<T>(r: &mut Results, case: &str, res: Result<T>) -> Option<T> {
 /// An agent with the kernel path on (`--kernel-path auto`, the default
 /// configuration; the test harness's agents otherwise run the relay) serving the
 /// kernel path's own LBs; an error when the path did not come on.
-fn kernel_agent(node: &SimNode) -> Result<Agent> {
+fn kernel_agent(node: &SimNode, extra: &[String]) -> Result<Agent> {
     let mut args: Vec<&str> = AGENT_ARGS.to_vec();
     args.extend(["--kernel-path", "auto"]);
+    args.extend(extra.iter().map(String::as_str));
     let agent = Agent::start_logging(node, &kernel_specs(), "info", &args);
     if !agent.log().contains("state=on") {
         anyhow::bail!(
@@ -185,7 +186,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     };
 
     if opts.aa_only {
-        let agent = kernel_agent(&node)?;
+        let agent = kernel_agent(&node, &[])?;
         traffic::sanity(&ctx, &aa::targets())?;
         eprintln!(
             "A/A: {} rounds of wrk {} s per side",
@@ -228,7 +229,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     if ctx.floor_cgroup.is_some() {
         kernel.push(traffic::floor_target());
     }
-    let agent = record(&mut r, "kernel path", kernel_agent(&node));
+    let agent = record(&mut r, "kernel path", kernel_agent(&node, &[]));
     if let Some(agent) = &agent
         && record(
             &mut r,

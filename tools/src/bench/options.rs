@@ -45,6 +45,10 @@ pub struct Options {
     pub bulk_runs: usize,
     /// wrk runs per target with the BPF run-time statistics on.
     pub stats_runs: usize,
+    /// Extra flags for the baseline's agent (`--baseline-args`, whitespace-separated):
+    /// with this tree's own agent as the baseline, an A/B of one flag, e.g.
+    /// `--mesh-capture-ports none` for what the mesh probes cost.
+    pub baseline_args: Vec<String>,
     /// The A/A check only (`--aa`): the same target on both sides, `runs` rounds.
     pub aa_only: bool,
 }
@@ -73,6 +77,7 @@ impl Options {
             bulk_runs: 5,
             stats_runs: 3,
             aa_only: false,
+            baseline_args: Vec::new(),
         }
     }
 
@@ -108,6 +113,7 @@ impl Options {
             bulk_runs: 2,
             stats_runs: 1,
             aa_only: false,
+            baseline_args: Vec::new(),
         }
     }
 
@@ -160,6 +166,9 @@ impl Options {
                 "--command" => o.command = value.clone(),
                 "--baseline-agent" => base_bin = Some(std::path::PathBuf::from(value)),
                 "--baseline-rev" => base_rev = Some(value.clone()),
+                "--baseline-args" => {
+                    o.baseline_args = value.split_whitespace().map(String::from).collect()
+                }
                 "--baseline-only" => o.baseline_only = value != "no",
                 _ => bail!("unknown option {flag}"),
             }
