@@ -9,6 +9,7 @@ pub mod aa;
 pub mod baseline;
 pub mod cells;
 pub mod connect;
+pub mod conntrack;
 pub mod converge;
 pub mod floor;
 pub mod footprint;

@@ -54,16 +54,21 @@ pub fn floor_target() -> Target {
     }
 }
 
-/// Kills the TIME_WAIT sockets the last round left in the node's three namespaces
-/// (`ss -K`, sock_diag's destroy), so every round starts from the same state
-/// whichever target ran before it: a target after a high-rate one would otherwise
-/// meet tens of thousands of TIME_WAIT entries in the hash tables. Best effort: a
-/// kernel without sock_diag destroy leaves them (conntrack's TIME_WAIT entries go
-/// after the 5 s `tune_for_load` sets).
+/// Clears what the last round left in the node's three namespaces, so every round
+/// starts from the same state whichever target ran before it: the TIME_WAIT
+/// sockets (`ss -K`, sock_diag's destroy) and the conntrack entries (a ctnetlink
+/// flush); a target after a high-rate one would otherwise meet tens of thousands of
+/// both in the hash tables its connects look up. Best effort: a kernel without
+/// sock_diag destroy keeps the sockets, and a failed flush leaves conntrack's
+/// TIME_WAIT entries to the 5 s timeout `tune_for_load` sets (said once on stderr).
 pub fn settle(ctx: &Ctx<'_>) {
     let n = ctx.node;
     for ns in [&n.pod_ns, &n.node_ns, &n.ingress_ns] {
         let _ = hairpin_tests::sh::output_in(ns, None, &["ss", "-K", "-t", "state", "time-wait"]);
+        if let Err(e) = super::conntrack::flush(ns) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("  conntrack flush in {ns}: {e:#}"));
+        }
     }
 }
 
