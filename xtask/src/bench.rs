@@ -64,7 +64,12 @@ pub struct Options {
     /// With `--baseline`: extra flags for the baseline's agent, whitespace-separated
     /// (`--baseline HEAD --baseline-args='--mesh-capture-ports none'` measures one
     /// flag's cost with two agents of this tree).
-    #[arg(long, env = "HAIRPIN_BENCH_BASELINE_ARGS", requires = "baseline", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        env = "HAIRPIN_BENCH_BASELINE_ARGS",
+        requires = "baseline",
+        allow_hyphen_values = true
+    )]
     pub baseline_args: Option<String>,
     /// With `--baseline`: run that comparison only (and the sanity checks it needs).
     #[arg(long, requires = "baseline")]

@@ -54,11 +54,7 @@ impl AaCheck {
     /// The line the report puts where a verdict would be when the check failed.
     pub fn verdict(&self) -> String {
         let show = |q: Option<Interval>| q.map_or("—".into(), |q| q.show_ratio());
-        format!(
-            "A/A rate {}, CPU {}",
-            show(self.rate()),
-            show(self.cpu())
-        )
+        format!("A/A rate {}, CPU {}", show(self.rate()), show(self.cpu()))
     }
 }
 
@@ -114,7 +110,9 @@ pub fn render(c: &AaCheck, out: &mut String) {
             cell(a, digits),
             cell(b, digits),
             q.map_or("—".into(), |q| q.show_ratio()),
-            q.map_or("—".into(), |q| q.rounds_for(TARGET_HALF_WIDTH).to_string()),
+            q.map_or("—".into(), |q| q
+                .rounds_for(TARGET_HALF_WIDTH)
+                .to_string()),
             match q {
                 Some(q) if (LIMITS.0..=LIMITS.1).contains(&q.median) => "yes",
                 Some(_) => "**no**",

@@ -99,7 +99,8 @@ pub fn teardown(node: &SimNode) -> Result<()> {
         "--scope",
         "node",
         "--bpf-pin-dir",
-        dir.to_str().context("the pin directory's path is not UTF-8")?,
+        dir.to_str()
+            .context("the pin directory's path is not UTF-8")?,
         "--names-redirect",
         "off",
         "--listen-link",

@@ -61,13 +61,19 @@ fn flush_here(family: u8, seq: u32) -> Result<()> {
     // SAFETY: a 20-byte buffer; the kernel's address (all zero) is the default.
     let sent = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
     if sent < 0 {
-        bail!("send the conntrack flush: {}", std::io::Error::last_os_error());
+        bail!(
+            "send the conntrack flush: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let mut buf = [0u8; 512];
     // SAFETY: reading into our own buffer.
     let got = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
     if got < 20 {
-        bail!("read the conntrack flush's answer: {}", std::io::Error::last_os_error());
+        bail!(
+            "read the conntrack flush's answer: {}",
+            std::io::Error::last_os_error()
+        );
     }
     // An NLMSG_ERROR whose error is 0 is the ack; ENOENT: nothing to flush.
     let kind = u16::from_ne_bytes([buf[4], buf[5]]);

@@ -41,19 +41,19 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
 /// The floor's sock_ops program, with `map_fd` as its sockmap.
 fn program(map_fd: i32) -> Vec<u64> {
     vec![
-        insn(0xbf, 6, 1, 0, 0),                  // r6 = r1 (the context)
-        insn(0x61, 2, 1, 0, 0),                  // r2 = ctx->op
-        insn(0x55, 2, 0, 8, ACTIVE_ESTABLISHED), // if r2 != ACTIVE_ESTABLISHED goto out
-        insn(0x62, 10, 0, -4, 0),                // *(u32 *)(r10 - 4) = 0: the key
-        insn(0xbf, 1, 6, 0, 0),                  // r1 = ctx
-        insn(0x18, 2, 1, 0, map_fd),             // r2 = the map (ld_imm64, map fd)
-        0,                                       //   its second half
-        insn(0xbf, 3, 10, 0, 0),                 // r3 = r10
-        insn(0x07, 3, 0, 0, -4),                 // r3 += -4: &key
-        insn(0xb7, 4, 0, 0, 0),                  // r4 = BPF_ANY
+        insn(0xbf, 6, 1, 0, 0),                      // r6 = r1 (the context)
+        insn(0x61, 2, 1, 0, 0),                      // r2 = ctx->op
+        insn(0x55, 2, 0, 8, ACTIVE_ESTABLISHED),     // if r2 != ACTIVE_ESTABLISHED goto out
+        insn(0x62, 10, 0, -4, 0),                    // *(u32 *)(r10 - 4) = 0: the key
+        insn(0xbf, 1, 6, 0, 0),                      // r1 = ctx
+        insn(0x18, 2, 1, 0, map_fd),                 // r2 = the map (ld_imm64, map fd)
+        0,                                           //   its second half
+        insn(0xbf, 3, 10, 0, 0),                     // r3 = r10
+        insn(0x07, 3, 0, 0, -4),                     // r3 += -4: &key
+        insn(0xb7, 4, 0, 0, 0),                      // r4 = BPF_ANY
         insn(0x85, 0, 0, 0, HELPER_SOCK_MAP_UPDATE), // bpf_sock_map_update()
-        insn(0xb7, 0, 0, 0, 1),                  // out: r0 = 1
-        insn(0x95, 0, 0, 0, 0),                  // exit
+        insn(0xb7, 0, 0, 0, 1),                      // out: r0 = 1
+        insn(0x95, 0, 0, 0, 0),                      // exit
     ]
 }
 

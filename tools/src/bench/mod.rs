@@ -150,10 +150,9 @@ fn compare_with_baseline(ctx: &Ctx<'_>, r: &mut Results, haproxy_pid: i32) {
     r.baseline = record(r, "kernel path against the baseline", res);
 }
 
-/// Runs every case and returns what they measured.
-pub fn run(opts: &Options) -> Result<Results> {
-    let mut r = Results::default();
-    let nofile = procs::raise_nofile(65_536)?;
+/// The method notes every run carries: what the figures count and how ratios
+/// are taken.
+fn general_notes(r: &mut Results, opts: &Options, nofile: u64) {
     r.notes.push("Proxy CPU per request: the user and system time the proxy process (the agent for the relay rows, HAProxy for its own) used during each wrk run, from /proc/PID/stat, divided by the requests wrk completed. System time includes the softirq work the process's own sends run inline (the peer's half of the TCP exchange on this node), which both proxies pay alike. It is the cost behind the rate: with each proxy sharing CPU 1 with nginx, the rate follows it, and it varies less between runs than the rate does.".into());
     r.notes.push("Machine CPU per request: every CPU's busy time (user, nice, system, irq and softirq from /proc/stat; not idle, iowait or the time the hypervisor stole) over each wrk run, divided by the requests wrk completed. It counts everything a request costs, whoever runs it: the client, the kernel's TCP work and softirqs, the BPF programs, the kworkers and RCU callbacks that free what a connection left, nginx and the proxy. Per CPU it shows which side pays and which CPU is the bottleneck (busy %, of the time not stolen); stolen % says how much of the run the hypervisor took, the main source of this machine's run-to-run spread.".into());
     r.notes.push(format!("Ratios: each round runs every target of its run once, in an order shuffled round by round by a seeded generator (so no target always follows the same one, and none always runs first), after `ss -K` has killed the TIME_WAIT sockets the previous round left in the node's three namespaces. A ratio is taken round by round, hairpin's round over the compared target's in the same round, and the table gives the median of those paired ratios with a percentile bootstrap 95% interval in brackets ({resamples} resamples from a SplitMix64 generator with a fixed seed, so the same rounds always give the same interval). The machine drifts between rounds (the direct path alone has ranged by a quarter within one run here); a ratio of the two medians would set figures from different rounds against each other. A case that lost a round is compared by its medians, without an interval.", resamples = interval::RESAMPLES));
@@ -161,6 +160,73 @@ pub fn run(opts: &Options) -> Result<Results> {
     r.notes.push("Floor: the direct target dialled from a cgroup of its own outside hairpin's (a child of the node's outside cgroup) where the bench attaches a 13-instruction sock_ops program it assembles itself and loads with bpf(2): on ACTIVE_ESTABLISHED it inserts the socket into a one-slot sockmap (a psock created; the next connection's insert or the socket's close deletes it); on the other callbacks it returns. The kernel runs a cgroup sock_ops program five times per active connect whatever it asks for, and writing TCP payload from BPF on this kernel needs a psock, so this is the least the kernel path can cost here: its rows give the floor against direct and the kernel path against the floor, round by round.".into());
     r.notes.push(procs::perf_counters());
     r.notes.push(format!("RLIMIT_NOFILE set to {nofile} (setrlimit in the bench before it spawns anything, inherited by the agent, nginx and HAProxy): each proxy holds two descriptors per connection."));
+}
+
+/// `--aa`: the A/A check alone, with the kernel-path run's agent.
+fn aa_only(ctx: &Ctx<'_>, r: &mut Results, haproxy_pid: i32) -> Result<()> {
+    let agent = kernel_agent(ctx.node, &[])?;
+    traffic::sanity(ctx, &aa::targets())?;
+    eprintln!(
+        "A/A: {} rounds of wrk {} s per side",
+        ctx.opts.runs, ctx.opts.wrk_secs
+    );
+    r.aa = record(r, "A/A", aa::run(ctx, agent.pid(), haproxy_pid));
+    r.notes.extend(method_notes(ctx.opts));
+    Ok(())
+}
+
+/// The relay run's rows again with the kernel writing the header on the client's
+/// socket, the floor beside them, the A/A check and the programs' statistics.
+fn kernel_run(ctx: &Ctx<'_>, r: &mut Results, haproxy_pid: i32) {
+    // The same rows with the kernel writing the header on the client's socket: the
+    // default configuration (`auto`; the test harness's agents otherwise run the
+    // relay), adopting the datapath the relay run's agent left pinned.
+    let mut kernel = traffic::kernel_targets();
+    if ctx.floor_cgroup.is_some() {
+        kernel.push(traffic::floor_target());
+    }
+    let agent = record(r, "kernel path", kernel_agent(ctx.node, &[]));
+    if let Some(agent) = &agent
+        && record(r, "sanity (kernel path)", traffic::sanity(ctx, &kernel)).is_some()
+    {
+        eprintln!(
+            "kernel path: connection rate (wrk, {} s per run)",
+            ctx.opts.wrk_secs
+        );
+        let res = traffic::connection_rate(ctx, agent.pid(), haproxy_pid, &kernel);
+        if let Some((rate, _)) = record(r, "connection rate (kernel path)", res) {
+            r.rate_kernel = rate;
+        }
+        eprintln!(
+            "A/A: {} rounds of wrk {} s per side",
+            ctx.opts.runs, ctx.opts.wrk_secs
+        );
+        r.aa = record(r, "A/A", aa::run(ctx, agent.pid(), haproxy_pid));
+        (r.bulk_kernel, r.upload_kernel) = transfers(
+            ctx,
+            r,
+            (agent.pid(), haproxy_pid),
+            &kernel,
+            " (kernel path)",
+        );
+        eprintln!("kernel path: the programs' own run time (BPF statistics, wrk)");
+        let only: Vec<_> = kernel
+            .iter()
+            .filter(|t| t.name == traffic::KERNEL_V1 || t.name == traffic::KERNEL_V2)
+            .cloned()
+            .collect();
+        let res = programs::measure(ctx, agent.pid(), &only);
+        (r.kernel_programs, r.kernel_programs_total) =
+            record(r, "program run time (kernel path)", res).unwrap_or_default();
+    }
+    drop(agent);
+}
+
+/// Runs every case and returns what they measured.
+pub fn run(opts: &Options) -> Result<Results> {
+    let mut r = Results::default();
+    let nofile = procs::raise_nofile(65_536)?;
+    general_notes(&mut r, opts, nofile);
     let client_cpu = if procs::cpus() >= 2 {
         procs::pin_self(1)?;
         r.notes.push("CPU placement: the bench pins itself to CPU 1 before starting nginx (1 worker), HAProxy (`nbthread 1`) and the agent (its tokio runtime then sizes itself to 1 worker), so each proxy shares CPU 1 with nginx alike; clients (wrk -t1, curl, connect loops) run under `taskset -c 0`.".into());
@@ -187,14 +253,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     };
 
     if opts.aa_only {
-        let agent = kernel_agent(&node, &[])?;
-        traffic::sanity(&ctx, &aa::targets())?;
-        eprintln!(
-            "A/A: {} rounds of wrk {} s per side",
-            opts.runs, opts.wrk_secs
-        );
-        r.aa = record(&mut r, "A/A", aa::run(&ctx, agent.pid(), haproxy.pid()));
-        r.notes.extend(method_notes(opts));
+        aa_only(&ctx, &mut r, haproxy.pid())?;
         return Ok(r);
     }
 
@@ -223,53 +282,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     }
     drop(agent);
 
-    // The same rows with the kernel writing the header on the client's socket: the
-    // default configuration (`auto`; the test harness's agents otherwise run the
-    // relay), adopting the datapath the relay run's agent left pinned.
-    let mut kernel = traffic::kernel_targets();
-    if ctx.floor_cgroup.is_some() {
-        kernel.push(traffic::floor_target());
-    }
-    let agent = record(&mut r, "kernel path", kernel_agent(&node, &[]));
-    if let Some(agent) = &agent
-        && record(
-            &mut r,
-            "sanity (kernel path)",
-            traffic::sanity(&ctx, &kernel),
-        )
-        .is_some()
-    {
-        eprintln!(
-            "kernel path: connection rate (wrk, {} s per run)",
-            opts.wrk_secs
-        );
-        let res = traffic::connection_rate(&ctx, agent.pid(), haproxy.pid(), &kernel);
-        if let Some((rate, _)) = record(&mut r, "connection rate (kernel path)", res) {
-            r.rate_kernel = rate;
-        }
-        eprintln!(
-            "A/A: {} rounds of wrk {} s per side",
-            opts.runs, opts.wrk_secs
-        );
-        r.aa = record(&mut r, "A/A", aa::run(&ctx, agent.pid(), haproxy.pid()));
-        (r.bulk_kernel, r.upload_kernel) = transfers(
-            &ctx,
-            &mut r,
-            (agent.pid(), haproxy.pid()),
-            &kernel,
-            " (kernel path)",
-        );
-        eprintln!("kernel path: the programs' own run time (BPF statistics, wrk)");
-        let only: Vec<_> = kernel
-            .iter()
-            .filter(|t| t.name == traffic::KERNEL_V1 || t.name == traffic::KERNEL_V2)
-            .cloned()
-            .collect();
-        let res = programs::measure(&ctx, agent.pid(), &only);
-        (r.kernel_programs, r.kernel_programs_total) =
-            record(&mut r, "program run time (kernel path)", res).unwrap_or_default();
-    }
-    drop(agent);
+    kernel_run(&ctx, &mut r, haproxy.pid());
     if opts.baseline.is_some() {
         compare_with_baseline(&ctx, &mut r, haproxy.pid());
     }

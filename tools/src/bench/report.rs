@@ -7,9 +7,9 @@ use super::{
     cells::{cell, ms, q_cell},
     connect::ConnectResult,
     footprint::Footprint,
+    interval::{Interval, SEED, bootstrap_median, paired_ratio},
     options::Options,
     programs::{ProgramRuns, ProgramsTotal},
-    interval::{Interval, SEED, bootstrap_median, paired_ratio},
     stats::{Spread, ratio},
     traffic::{DIRECT, FLOOR, KERNEL_V1, KERNEL_V2, RateRuns, Transfers},
 };
@@ -223,7 +223,10 @@ fn kernel_row(
         shown(&k),
         shown(&d),
         shown(&a),
-        compare(&k, &a).map_or("—".into(), |q| format!("kernel/HAProxy {}", q.show_ratio())),
+        compare(&k, &a).map_or("—".into(), |q| format!(
+            "kernel/HAProxy {}",
+            q.show_ratio()
+        )),
         qs_cell(q),
         target.map_or("—", |t| t.0),
         target.map_or("reported", |(_, ok)| met(q.map(|q| ok(q.median)))),
@@ -249,7 +252,10 @@ fn transfer_row(
         cell(Spread::of(h), 0),
         cell(Spread::of(d), 0),
         cell(Spread::of(a), 0),
-        compare(h, a).map_or("—".into(), |q| format!("{who}/HAProxy {}", q.show_ratio())),
+        compare(h, a).map_or("—".into(), |q| format!(
+            "{who}/HAProxy {}",
+            q.show_ratio()
+        )),
         qs_cell(q),
         target.map_or("—".into(), |t| format!("≥ {t:.2}× direct")),
         target.map_or("reported", |t| met(q.map(|q| q.median >= t))),

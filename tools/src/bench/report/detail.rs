@@ -86,4 +86,3 @@ pub(super) fn detail(r: &Results, out: &mut String) {
         }
     }
 }
-

@@ -148,4 +148,3 @@ fn names_rows(f: &Footprint, out: &mut String) {
         ),
     );
 }
-

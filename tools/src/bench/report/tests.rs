@@ -66,7 +66,10 @@ fn the_relay_rows_report_proxy_and_machine_cpu_against_haproxy() {
             r.upload.push(transfers(&t, mbps * 0.8, machine));
         }
     }
-    r.aa = Some(aa_check(&[10_000.0, 10_100.0, 9_900.0], &[10_050.0, 10_000.0, 9_950.0]));
+    r.aa = Some(aa_check(
+        &[10_000.0, 10_100.0, 9_900.0],
+        &[10_050.0, 10_000.0, 9_950.0],
+    ));
     let mut out = String::new();
     main_table(&r, &mut out);
     // Machine: 1e6/rps * 0.9 µs per request: 100 for the relay, 90 for HAProxy.
@@ -98,14 +101,18 @@ fn aa_check(a: &[f64], b: &[f64]) -> crate::bench::aa::AaCheck {
 fn verdicts_on_ratios_wait_for_an_a_a_check_within_three_percent() {
     let mut r = Results::default();
     for t in crate::bench::traffic::targets() {
-        r.rate.push(runs(&t, if t.hairpin { 9_000.0 } else { 10_000.0 }, 1_000.0));
+        r.rate.push(runs(
+            &t,
+            if t.hairpin { 9_000.0 } else { 10_000.0 },
+            1_000.0,
+        ));
     }
     let verdicts = |r: &Results| {
         let mut out = String::new();
         main_table(r, &mut out);
         out.lines()
             .find(|l| l.starts_with("| new connections/s, **relay**, PROXY v1 |"))
-            .map(|l| l.rsplit(" | ").nth(0).unwrap_or_default().to_string())
+            .map(|l| l.rsplit(" | ").next().unwrap_or_default().to_string())
             .unwrap_or_default()
     };
     assert_eq!(verdicts(&r), "not judged: no A/A check |");
@@ -113,7 +120,9 @@ fn verdicts_on_ratios_wait_for_an_a_a_check_within_three_percent() {
     r.aa = Some(aa_check(&[10_500.0, 10_500.0, 10_500.0], &[10_000.0; 3]));
     assert!(!r.aa.as_ref().unwrap().passes());
     assert!(
-        verdicts(&r).starts_with("not judged: A/A rate 1.05× [1.05–1.05], CPU 0.95× [0.95–0.95] outside 0.97–1.03"),
+        verdicts(&r).starts_with(
+            "not judged: A/A rate 1.05× [1.05–1.05], CPU 0.95× [0.95–0.95] outside 0.97–1.03"
+        ),
         "{}",
         verdicts(&r)
     );
