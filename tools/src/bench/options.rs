@@ -54,13 +54,15 @@ pub struct Options {
 }
 
 impl Options {
-    /// The full run: about 10 minutes on 2 cores. 10 rounds of 3 s: the paired
-    /// ratios' interval narrows as 1/√rounds, and 10 is what the A/A runs on this
-    /// machine said ±3% takes (the report prints the rounds each row would need).
+    /// The full run: about 10 minutes on 2 cores. 12 rounds of 2 s wrk runs: the
+    /// paired ratios' interval narrows as 1/√rounds, and pairing cancels the slow
+    /// drift that longer runs would only average, so rounds pay more than seconds.
+    /// The A/A runs under the neighbours' load said 13 to 21 rounds for ±3% at 2 s;
+    /// the A/A table of each run prints what its own spread needs.
     pub fn full() -> Options {
         Options {
-            runs: 10,
-            wrk_secs: 3,
+            runs: 12,
+            wrk_secs: 2,
             wrk_connections: 32,
             bulk_mib: 1024,
             connects: 20_000,
@@ -81,11 +83,11 @@ impl Options {
         }
     }
 
-    /// `--aa`: the A/A check alone, about 2 minutes: 16 rounds of the same target
-    /// twice, 3 s each.
+    /// `--aa`: the A/A check alone, about 2 minutes: 24 rounds of the same target
+    /// twice, 2 s each.
     pub fn aa() -> Options {
         Options {
-            runs: 16,
+            runs: 24,
             command: "cargo xtask bench --aa".into(),
             aa_only: true,
             ..Options::full()

@@ -436,8 +436,8 @@ pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> Stri
     let mut out = String::from("# hairpin benchmarks\n\n");
     let _ = writeln!(
         out,
-        "Produced by `{}` (as root). Cells are median (min–max) over {} rounds unless they say otherwise; ratios are the median of the per-round ratios with its bootstrap 95% interval in brackets.\n",
-        o.command, o.runs
+        "Produced by `{}` (as root). Cells are median (min–max) over {} rounds ({} for bulk and upload, {} for the program statistics and footprint) unless they say otherwise; ratios are the median of the per-round ratios with its bootstrap 95% interval in brackets.\n",
+        o.command, o.runs, o.bulk_runs, o.stats_runs
     );
     let _ = writeln!(out, "Machine: {machine}.  \nTools: {}.\n", tools.join("; "));
     if !o.baseline_only && !o.aa_only {
