@@ -491,8 +491,13 @@ pub fn bulk(
     in_pod(ctx.node, ctx.client_cpu, &warm)
         .stdout(Stdio::null())
         .status()?;
+    let mut rng = SplitMix64::new(SEED ^ 0xb01c);
     for round in 0..ctx.opts.bulk_runs {
-        for x in &mut out {
+        // As the rate rounds: each round in an order of its own.
+        let mut order: Vec<usize> = (0..out.len()).collect();
+        rng.shuffle(&mut order);
+        for &i in &order {
+            let x = &mut out[i];
             let t = &x.target;
             let u = url(t.ip, t.port, path);
             let perf = match &ctx.opts.profile {
