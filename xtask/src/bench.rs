@@ -47,6 +47,11 @@ pub struct Options {
     /// The relay run's agent's `--relay-splice` (default `pipe`; `off`: the relay copies every byte).
     #[arg(long)]
     pub relay_splice: Option<String>,
+    /// The A/A check alone (about 2 minutes): the kernel path's PROXY v1 target on
+    /// both sides of a comparison, its rate and machine CPU per request as A/B ratios
+    /// with their bootstrap intervals, printed (BENCHMARKS.md is left as it is).
+    #[arg(long, env = "HAIRPIN_BENCH_AA", conflicts_with_all = ["quick", "baseline"])]
+    pub aa: bool,
     /// Print the report only; leave BENCHMARKS.md as it is.
     #[arg(long)]
     pub no_write: bool,
@@ -56,6 +61,16 @@ pub struct Options {
     /// alternating round by round in the same run.
     #[arg(long, value_name = "REV")]
     pub baseline: Option<String>,
+    /// With `--baseline`: extra flags for the baseline's agent, whitespace-separated
+    /// (`--baseline HEAD --baseline-args='--mesh-capture-ports none'` measures one
+    /// flag's cost with two agents of this tree).
+    #[arg(
+        long,
+        env = "HAIRPIN_BENCH_BASELINE_ARGS",
+        requires = "baseline",
+        allow_hyphen_values = true
+    )]
+    pub baseline_args: Option<String>,
     /// With `--baseline`: run that comparison only (and the sanity checks it needs).
     #[arg(long, requires = "baseline")]
     pub baseline_only: bool,
@@ -87,6 +102,9 @@ pub fn bench(opts: &Options) -> Result<()> {
     if opts.quick {
         cmd.arg("--quick");
     }
+    if opts.aa {
+        cmd.arg("--aa");
+    }
     let numeric = [
         ("--runs", opts.runs.map(u64::from)),
         ("--wrk-secs", opts.wrk_secs.map(u64::from)),
@@ -114,11 +132,14 @@ pub fn bench(opts: &Options) -> Result<()> {
         if opts.baseline_only {
             cmd.args(["--baseline-only", "yes"]);
         }
+        if let Some(extra) = &opts.baseline_args {
+            cmd.args(["--baseline-args", extra]);
+        }
     }
     if let Some(dir) = &opts.profile {
         cmd.arg("--profile").arg(dir);
     }
-    if !opts.no_write {
+    if !opts.no_write && !opts.aa {
         cmd.arg("--out").arg(workspace_root().join("BENCHMARKS.md"));
     }
     run(&mut cmd)

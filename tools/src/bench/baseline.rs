@@ -6,12 +6,17 @@
 
 use std::fmt::Write;
 
-use anyhow::Result;
-use hairpin_tests::agent::set_agent_bin;
+use anyhow::{Context, Result, ensure};
+use hairpin_tests::{
+    agent::{agent_bin, set_agent_bin},
+    node::SimNode,
+    sh::command_in,
+};
 
 use super::{
     Ctx,
-    cells::{cell, ms, q_cell},
+    cells::cell,
+    interval::{SEED, bootstrap_median, paired_ratio},
     programs::{self, ProgramRuns, ProgramsTotal},
     stats::{Spread, ratio},
     traffic::{self, DIRECT, KERNEL_V1, KERNEL_V2, RateRuns},
@@ -75,6 +80,48 @@ fn merge_programs(side: &mut Side, (runs, totals): (Vec<ProgramRuns>, Vec<Progra
     }
 }
 
+/// Tears down the datapath the last agent left pinned in the node's pin directory
+/// (every layout's links, programs and maps: its cgroup programs detach), with this
+/// tree's `hairpin-agent cleanup` limited to the pins, run in the node's namespace
+/// once the agent has exited. Each side then starts from a node with no datapath,
+/// whatever pin layout the other side's build uses: an older agent would otherwise
+/// wait out a newer layout's heartbeat, and each side would measure the other's
+/// programs as well as its own.
+pub fn teardown(node: &SimNode) -> Result<()> {
+    let dir = node.pin_dir();
+    if !dir.exists() {
+        return Ok(());
+    }
+    let bin = agent_bin();
+    let argv = [
+        bin.to_str().context("the agent's path is not UTF-8")?,
+        "cleanup",
+        "--scope",
+        "node",
+        "--bpf-pin-dir",
+        dir.to_str()
+            .context("the pin directory's path is not UTF-8")?,
+        "--names-redirect",
+        "off",
+        "--listen-link",
+        "none",
+        "--pin-lock-wait",
+        "5s",
+    ];
+    let out = command_in(&node.node_ns, None, &argv)
+        .env_remove("HAIRPIN_HOSTS_FILE")
+        .output()
+        .context("run hairpin-agent cleanup")?;
+    ensure!(
+        out.status.success(),
+        "hairpin-agent cleanup --bpf-pin-dir {}: {}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// Runs `ctx.opts.runs` rounds; in each, both agents (this tree's first in even
 /// rounds) do one rate round and one statistics run. `haproxy_pid` is only passed
 /// through (no HAProxy row runs here).
@@ -88,11 +135,16 @@ pub fn compare(ctx: &Ctx<'_>, haproxy_pid: i32) -> Result<Comparison> {
         .collect();
     let one = super::options::Options {
         runs: 1,
+        stats_runs: 1,
         ..ctx.opts.clone()
     };
     let ctx1 = Ctx { opts: &one, ..*ctx };
     let mut c = Comparison {
-        rev: rev.clone(),
+        rev: if ctx.opts.baseline_args.is_empty() {
+            rev.clone()
+        } else {
+            format!("{rev} {}", ctx.opts.baseline_args.join(" "))
+        },
         ..Comparison::default()
     };
     for round in 0..ctx.opts.runs {
@@ -102,10 +154,18 @@ pub fn compare(ctx: &Ctx<'_>, haproxy_pid: i32) -> Result<Comparison> {
             [true, false]
         };
         for is_base in order {
+            // The datapath of whichever agent ran before (the other side, or the
+            // bench's kernel-path run) goes first: the sides never share pins.
+            teardown(ctx.node)?;
             set_agent_bin(is_base.then(|| base_bin.clone()));
             let who = if is_base { rev.as_str() } else { "this tree" };
             eprintln!("against {rev}: round {}, {who}", round + 1);
-            let started = super::kernel_agent(ctx.node);
+            let extra = if is_base {
+                ctx.opts.baseline_args.clone()
+            } else {
+                Vec::new()
+            };
+            let started = super::kernel_agent(ctx.node, &extra);
             set_agent_bin(None);
             let agent = started?;
             traffic::sanity(ctx, &targets)?;
@@ -116,24 +176,25 @@ pub fn compare(ctx: &Ctx<'_>, haproxy_pid: i32) -> Result<Comparison> {
             let side = if is_base { &mut c.base } else { &mut c.new };
             merge_rate(&mut side.rate, rate);
             merge_programs(side, progs);
+            drop(agent);
         }
     }
+    teardown(ctx.node)?;
     Ok(c)
 }
 
-/// One row: the figure for this tree and the baseline, and their ratio.
-fn row(
-    out: &mut String,
-    figure: &str,
-    (new, base): (Option<Spread>, Option<Spread>),
-    digits: usize,
-) {
+/// One row: the figure for this tree and the baseline, and their ratio: the
+/// median of the per-round ratios (both sides ran in every round) with its
+/// bootstrap 95% interval.
+fn row(out: &mut String, figure: &str, (new, base): (Vec<f64>, Vec<f64>), digits: usize) {
+    let q = paired_ratio(&new, &base)
+        .or_else(|| bootstrap_median(&[ratio(Spread::of(&new), Spread::of(&base))?], SEED));
     let _ = writeln!(
         out,
         "| {figure} | {} | {} | {} |",
-        cell(new, digits),
-        cell(base, digits),
-        q_cell(ratio(new, base)),
+        cell(Spread::of(&new), digits),
+        cell(Spread::of(&base), digits),
+        q.map_or("—".into(), |q| q.show_ratio()),
     );
 }
 
@@ -146,49 +207,48 @@ pub fn render(c: &Comparison, out: &mut String) {
         rev = c.rev
     );
     let by = |s: &Side, name: &str| s.rate.iter().find(|x| x.target.name == name).cloned();
-    let of = |name: &str, f: fn(&RateRuns) -> Option<Spread>| {
+    let of = |name: &str, f: fn(&RateRuns) -> Vec<f64>| {
         (
-            by(&c.new, name).and_then(|x| f(&x)),
-            by(&c.base, name).and_then(|x| f(&x)),
+            by(&c.new, name).map(|x| f(&x)).unwrap_or_default(),
+            by(&c.base, name).map(|x| f(&x)).unwrap_or_default(),
         )
     };
     for (v, k) in [("v1", KERNEL_V1), ("v2", KERNEL_V2)] {
         row(
             out,
             &format!("new connections/s, kernel path, PROXY {v}"),
-            of(k, RateRuns::rps),
+            of(k, RateRuns::rps_rounds),
             0,
         );
         let vs_direct = |s: &Side| {
-            ratio(
-                by(s, k).and_then(|x| x.rps()),
-                by(s, DIRECT).and_then(|x| x.rps()),
-            )
+            let rounds = |name| by(s, name).map(|x| x.rps_rounds()).unwrap_or_default();
+            paired_ratio(&rounds(k), &rounds(DIRECT)).map_or("—".into(), |q| q.show_ratio())
         };
         let _ = writeln!(
             out,
             "| kernel path / direct, new connections/s, PROXY {v} | {} | {} | — |",
-            q_cell(vs_direct(&c.new)),
-            q_cell(vs_direct(&c.base)),
+            vs_direct(&c.new),
+            vs_direct(&c.base),
         );
-        let (n, b) = of(k, RateRuns::p99);
+        let (n, b) = of(k, RateRuns::p99_rounds);
+        let to_ms = |v: Vec<f64>| v.iter().map(|x| x / 1e3).collect::<Vec<_>>();
         row(
             out,
             &format!("p99 latency, kernel path, PROXY {v} (ms)"),
-            (ms(n), ms(b)),
+            (to_ms(n), to_ms(b)),
             2,
         );
         row(
             out,
             &format!("machine CPU per request, kernel path, PROXY {v} (µs, all CPUs)"),
-            of(k, RateRuns::machine_per_request),
+            of(k, RateRuns::machine_rounds),
             1,
         );
     }
     row(
         out,
         "new connections/s, direct",
-        of(DIRECT, RateRuns::rps),
+        of(DIRECT, RateRuns::rps_rounds),
         0,
     );
     for k in [KERNEL_V1, KERNEL_V2, DIRECT] {
@@ -196,7 +256,8 @@ pub fn render(c: &Comparison, out: &mut String) {
             s.totals
                 .iter()
                 .find(|t| t.target == k)
-                .and_then(|t| Spread::of(&t.ns_per_request))
+                .map(|t| t.ns_per_request.clone())
+                .unwrap_or_default()
         };
         row(
             out,
@@ -219,7 +280,8 @@ pub fn render(c: &Comparison, out: &mut String) {
                 s.programs
                     .iter()
                     .find(|p| p.target == k && p.program == name)
-                    .and_then(|p| Spread::of(f(p)))
+                    .map(|p| f(p).clone())
+                    .unwrap_or_default()
             };
             let ns: fn(&ProgramRuns) -> &Vec<f64> = |p| &p.ns_per_run;
             let runs: fn(&ProgramRuns) -> &Vec<f64> = |p| &p.runs_per_request;

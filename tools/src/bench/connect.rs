@@ -200,7 +200,7 @@ pub fn overhead(ctx: &Ctx<'_>, start_agent: &dyn Fn() -> Agent) -> Result<Vec<Co
         })
         .collect();
     let pod = ctx.node.pod_cgroup();
-    for round in 0..ctx.opts.runs.max(3) {
+    for round in 0..ctx.opts.stats_runs.max(3) {
         for r in &mut results {
             r.detached.push(measure(ctx, &r.case, &pod)?);
         }

@@ -100,7 +100,7 @@ pub struct Footprint {
     pub apply_agent_ms: Vec<f64>,
 }
 
-/// Measures each size `ctx.opts.runs` times. `start` spawns an agent with the given
+/// Measures each size `ctx.opts.stats_runs` times. `start` spawns an agent with the given
 /// frontends (RLIMIT_NOFILE already raised by the caller).
 pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Result<Vec<Footprint>> {
     let relay = targets()
@@ -114,7 +114,7 @@ pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Resul
             ..Footprint::default()
         };
         let full = specs(size);
-        for round in 0..ctx.opts.runs {
+        for round in 0..ctx.opts.stats_runs {
             let t = Instant::now();
             let agent = start(&full);
             f.ready_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -187,7 +187,7 @@ pub fn measure_names(
     let full = specs(size);
     let yaml = yaml_with_hosts(&full, hostnames);
     let hosts = ctx.node.dir.join("bench-hosts");
-    for round in 0..ctx.opts.runs {
+    for round in 0..ctx.opts.stats_runs {
         std::fs::write(&hosts, b"127.0.0.1\tlocalhost\n")?;
         let mut agent = start(&base_specs(), &names_args(&hosts, hostnames));
         let needle = format!("reconcile finished frontends={size} failed=0 routes={hostnames} ");

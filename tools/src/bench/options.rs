@@ -39,14 +39,30 @@ pub struct Options {
     pub baseline: Option<(std::path::PathBuf, String)>,
     /// Only the baseline comparison (`--baseline-only`): no other case runs.
     pub baseline_only: bool,
+    /// Seconds of unrecorded wrk per target before the first round.
+    pub warmup_secs: u32,
+    /// Rounds of bulk and upload transfers (each moves `bulk_mib`).
+    pub bulk_runs: usize,
+    /// wrk runs per target with the BPF run-time statistics on.
+    pub stats_runs: usize,
+    /// Extra flags for the baseline's agent (`--baseline-args`, whitespace-separated):
+    /// with this tree's own agent as the baseline, an A/B of one flag, e.g.
+    /// `--mesh-capture-ports none` for what the mesh probes cost.
+    pub baseline_args: Vec<String>,
+    /// The A/A check only (`--aa`): the same target on both sides, `runs` rounds.
+    pub aa_only: bool,
 }
 
 impl Options {
-    /// The full run: about 5 minutes on 2 cores.
+    /// The full run: about 10 minutes on 2 cores. 12 rounds of 2 s wrk runs: the
+    /// paired ratios' interval narrows as 1/√rounds, and pairing cancels the slow
+    /// drift that longer runs would only average, so rounds pay more than seconds.
+    /// The A/A runs under the neighbours' load said 13 to 21 rounds for ±3% at 2 s;
+    /// the A/A table of each run prints what its own spread needs.
     pub fn full() -> Options {
         Options {
-            runs: 3,
-            wrk_secs: 5,
+            runs: 12,
+            wrk_secs: 2,
             wrk_connections: 32,
             bulk_mib: 1024,
             connects: 20_000,
@@ -59,6 +75,22 @@ impl Options {
             relay_splice: None,
             baseline: None,
             baseline_only: false,
+            warmup_secs: 2,
+            bulk_runs: 5,
+            stats_runs: 3,
+            aa_only: false,
+            baseline_args: Vec::new(),
+        }
+    }
+
+    /// `--aa`: the A/A check alone, about 2 minutes: 24 rounds of the same target
+    /// twice, 2 s each.
+    pub fn aa() -> Options {
+        Options {
+            runs: 24,
+            command: "cargo xtask bench --aa".into(),
+            aa_only: true,
+            ..Options::full()
         }
     }
 
@@ -79,6 +111,11 @@ impl Options {
             relay_splice: None,
             baseline: None,
             baseline_only: false,
+            warmup_secs: 1,
+            bulk_runs: 2,
+            stats_runs: 1,
+            aa_only: false,
+            baseline_args: Vec::new(),
         }
     }
 
@@ -87,13 +124,15 @@ impl Options {
     pub fn parse(args: &[String]) -> Result<Options> {
         let mut o = if args.iter().any(|a| a == "--quick") {
             Options::quick()
+        } else if args.iter().any(|a| a == "--aa") {
+            Options::aa()
         } else {
             Options::full()
         };
         let mut it = args.iter();
         let (mut base_bin, mut base_rev) = (None, None);
         while let Some(flag) = it.next() {
-            if flag == "--quick" {
+            if flag == "--quick" || flag == "--aa" {
                 continue;
             }
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -105,6 +144,9 @@ impl Options {
             match flag.as_str() {
                 "--runs" => o.runs = num()?.max(1) as usize,
                 "--wrk-secs" => o.wrk_secs = num()?.max(1) as u32,
+                "--warmup-secs" => o.warmup_secs = num()? as u32,
+                "--bulk-runs" => o.bulk_runs = num()?.max(1) as usize,
+                "--stats-runs" => o.stats_runs = num()?.max(1) as usize,
                 "--wrk-connections" => o.wrk_connections = num()?.max(1) as u32,
                 "--bulk-mib" => o.bulk_mib = num()?.max(1),
                 "--connects" => o.connects = num()?.max(1) as u32,
@@ -126,6 +168,9 @@ impl Options {
                 "--command" => o.command = value.clone(),
                 "--baseline-agent" => base_bin = Some(std::path::PathBuf::from(value)),
                 "--baseline-rev" => base_rev = Some(value.clone()),
+                "--baseline-args" => {
+                    o.baseline_args = value.split_whitespace().map(String::from).collect()
+                }
                 "--baseline-only" => o.baseline_only = value != "no",
                 _ => bail!("unknown option {flag}"),
             }
@@ -164,5 +209,8 @@ mod tests {
         assert!(!o.baseline_only);
         assert!(Options::parse(&args("--baseline-rev main")).is_err());
         assert!(Options::parse(&args("--baseline-only yes")).is_err());
+        let o = Options::parse(&args("--aa --runs 5")).unwrap();
+        assert!(o.aa_only);
+        assert_eq!(o.runs, 5);
     }
 }

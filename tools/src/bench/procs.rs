@@ -260,6 +260,49 @@ pub fn cpu_deltas(before: &[CpuTime], after: &[CpuTime]) -> Vec<CpuTime> {
         .collect()
 }
 
+/// Whether `perf stat` can count cycles and instructions here, as a note for the
+/// report: the counted cost per request would use them, but a guest without a
+/// virtual PMU counts neither, and the note says so with perf's own words.
+pub fn perf_counters() -> String {
+    let out = Command::new("perf")
+        .args(["stat", "-x", ",", "-e", "cycles,instructions", "true"])
+        .stdout(Stdio::null())
+        .output();
+    let text = match out {
+        Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+        Err(e) => {
+            return format!(
+                "Cycles and instructions per request: not measured, `perf` did not start: {e}."
+            );
+        }
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines
+        .iter()
+        .any(|l| l.contains("<not supported>") || l.contains("<not counted>"))
+        || lines.is_empty()
+    {
+        return format!(
+            "Cycles and instructions per request: not measured. This machine has no hardware performance counters for perf (no `cpu` PMU in /sys/bus/event_source/devices: {}): `perf stat -x, -e cycles,instructions true` prints `{}`. The counted costs are the machine's CPU time per request from /proc/stat over every request of a run, the programs' own run time (kernel BPF statistics) and the instructions the verifier processed loading each program.",
+            fs::read_dir("/sys/bus/event_source/devices")
+                .map(|d| {
+                    let mut v: Vec<String> = d
+                        .filter_map(Result::ok)
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect();
+                    v.sort();
+                    v.join(", ")
+                })
+                .unwrap_or_default(),
+            lines.join(" / ")
+        );
+    }
+    format!(
+        "Cycles and instructions: `perf stat` counts them here (`{}`), but the bench does not measure them per request yet.",
+        lines.join(" / ")
+    )
+}
+
 #[cfg(test)]
 mod cpu_tests {
     use super::*;

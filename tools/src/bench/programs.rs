@@ -23,6 +23,19 @@ pub struct ProgramRuns {
     pub ns_per_run: Vec<f64>,
     /// Runs per request wrk completed (one new connection each), one per round.
     pub runs_per_request: Vec<f64>,
+    /// Instructions the verifier processed loading it (`verified_insns`, Linux 5.16
+    /// or newer): a count of its work over every path the verifier walked, which no
+    /// neighbour's load moves; `None` where the kernel does not say.
+    pub verified_insns: Option<u32>,
+}
+
+/// One program's counters: run time (ns), runs, and the verifier's processed
+/// instructions (summed over the programs of that name).
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    ns: u64,
+    runs: u64,
+    verified: Option<u32>,
 }
 
 /// Every program of the agent together, per request, during the wrk runs of one
@@ -38,7 +51,7 @@ pub struct ProgramsTotal {
 /// `(run_time_ns, run_count)` summed per kernel name over the programs whose
 /// descriptors process `pid` holds (its `prog_id:` fdinfo lines): the agent's own,
 /// not those of another agent or tool loaded under the same names.
-fn snapshot(pid: i32) -> Result<BTreeMap<String, (u64, u64)>> {
+fn snapshot(pid: i32) -> Result<BTreeMap<String, Counters>> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         let Ok(text) = std::fs::read_to_string(entry?.path()) else {
@@ -56,9 +69,12 @@ fn snapshot(pid: i32) -> Result<BTreeMap<String, (u64, u64)>> {
             continue;
         }
         let name = p.name_as_str().unwrap_or("?").to_string();
-        let e: &mut (u64, u64) = by_name.entry(name).or_default();
-        e.0 += u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
-        e.1 += p.run_count();
+        let e: &mut Counters = by_name.entry(name).or_default();
+        e.ns += u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
+        e.runs += p.run_count();
+        // Programs of one name are one program loaded per family or per variant:
+        // the largest count stands for them.
+        e.verified = e.verified.max(p.verified_instruction_count());
     }
     Ok(by_name)
 }
@@ -80,7 +96,7 @@ pub fn measure(
             ..ProgramsTotal::default()
         })
         .collect();
-    for _ in 0..ctx.opts.runs {
+    for _ in 0..ctx.opts.stats_runs {
         for t in targets {
             let stats = enable_run_time_stats()
                 .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
@@ -90,8 +106,10 @@ pub fn measure(
             drop(stats);
             ensure!(res.requests > 0, "{}: wrk completed no request", t.name);
             let mut total_ns = 0u64;
-            for (name, (ns, n)) in &after {
-                let (ns0, n0) = before.get(name).copied().unwrap_or_default();
+            for (name, c) in &after {
+                let (ns, n) = (&c.ns, &c.runs);
+                let b = before.get(name).copied().unwrap_or_default();
+                let (ns0, n0) = (b.ns, b.runs);
                 let runs = n.saturating_sub(n0);
                 if runs == 0 {
                     continue; // loaded, not attached, or not on this path
@@ -117,6 +135,7 @@ pub fn measure(
                         out.last_mut().expect("just pushed")
                     }
                 };
+                slot.verified_insns = c.verified;
                 slot.ns_per_run.push(per_run);
                 slot.runs_per_request.push(per_req);
             }

@@ -7,10 +7,11 @@ use super::{
     cells::{cell, ms, q_cell},
     connect::ConnectResult,
     footprint::Footprint,
+    interval::{Interval, SEED, bootstrap_median, paired_ratio},
     options::Options,
     programs::{ProgramRuns, ProgramsTotal},
-    stats::{Spread, percentile, ratio},
-    traffic::{DIRECT, KERNEL_V1, KERNEL_V2, RateRuns, Transfers},
+    stats::{Spread, ratio},
+    traffic::{DIRECT, FLOOR, KERNEL_V1, KERNEL_V2, RateRuns, Transfers},
 };
 
 /// Everything one bench run measured; a case that failed leaves its field empty and
@@ -49,9 +50,11 @@ pub struct Results {
     pub notes: Vec<String>,
     /// The kernel path against a baseline build (`--baseline`).
     pub baseline: Option<super::baseline::Comparison>,
+    /// The A/A check: the same target on both sides.
+    pub aa: Option<super::aa::AaCheck>,
 }
 
-fn met(ok: Option<bool>) -> &'static str {
+pub(super) fn met(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "**met**",
         Some(false) => "**missed**",
@@ -63,26 +66,24 @@ fn rate_by<'a>(r: &'a Results, name: &str) -> Option<&'a RateRuns> {
     r.rate.iter().find(|x| x.target.name == name)
 }
 
-/// The ratios of `x` to `y` round by round. The rounds interleave the targets, so
-/// round i of both ran back to back, and the ratio of each pair cancels the
-/// machine's drift between rounds (on this machine the direct path alone has ranged
-/// by a quarter between rounds of one run); a ratio of medians would take the two
-/// medians from different rounds. When the rounds cannot be paired (a case lost a
-/// round), the ratio of the medians, as one sample.
-fn compare(x: &[f64], y: &[f64]) -> Option<Spread> {
-    if !x.is_empty() && x.len() == y.len() {
-        // A zero denominator gives an infinite or NaN ratio, which Spread leaves out.
-        return Spread::of(&x.iter().zip(y).map(|(a, b)| a / b).collect::<Vec<_>>());
+/// The ratios of `x` to `y` round by round, as their median with a bootstrap 95%
+/// interval. The rounds run every target in a shuffled order, so round i of both ran
+/// in the same round, and the ratio of each pair cancels the machine's drift between
+/// rounds (on this machine the direct path alone has ranged by a quarter between
+/// rounds of one run); a ratio of medians would take the two medians from different
+/// rounds. When the rounds cannot be paired (a case lost a round), the ratio of the
+/// medians, as one sample.
+fn compare(x: &[f64], y: &[f64]) -> Option<Interval> {
+    if let Some(q) = paired_ratio(x, y) {
+        return Some(q);
     }
-    Spread::of(&[ratio(Spread::of(x), Spread::of(y))?])
+    bootstrap_median(&[ratio(Spread::of(x), Spread::of(y))?], SEED)
 }
 
-/// A ratio cell: `0.87×`, or `0.87× (0.85–0.90)` when it has a spread of rounds.
-fn qs_cell(q: Option<Spread>) -> String {
-    match q {
-        Some(q) if q.n > 1 => format!("{:.2}× ({:.2}–{:.2})", q.median, q.min, q.max),
-        q => q_cell(q.map(|q| q.median)),
-    }
+/// A ratio cell: `0.87×`, or `0.87× [0.85–0.90]` (the median of the paired rounds'
+/// ratios and its bootstrap 95% interval) when it stands on rounds.
+fn qs_cell(q: Option<Interval>) -> String {
+    q.map_or("—".into(), |q| q.show_ratio())
 }
 
 /// A figure of a target's rate rounds, one sample per round in round order.
@@ -93,12 +94,12 @@ fn proxy_cpu_rounds(r: &RateRuns) -> Vec<f64> {
 }
 
 /// A row reported without a comparison or a target: its figure and value.
-fn reported(out: &mut String, figure: &str, value: &str) {
+pub(super) fn reported(out: &mut String, figure: &str, value: &str) {
     let _ = writeln!(out, "| {figure} | {value} | — | — | — | reported |");
 }
 
 /// KiB samples as MiB.
-fn mib(kib: &[f64]) -> Option<Spread> {
+pub(super) fn mib(kib: &[f64]) -> Option<Spread> {
     Spread::of(&kib.iter().map(|k| k / 1024.0).collect::<Vec<_>>())
 }
 
@@ -151,6 +152,12 @@ fn kernel_rows(r: &Results, out: &mut String) {
             machine_per_mb_row(out, way, runs, KERNEL_V1);
         }
     }
+}
+
+/// The kernel path's programs' run time (kernel BPF statistics) and the verifier's
+/// count of instructions it processed loading each: absolute figures, judged without
+/// the A/A check.
+fn program_rows(r: &Results, out: &mut String) {
     for t in &r.kernel_programs_total {
         let total = Spread::of(&t.ns_per_request);
         let _ = writeln!(
@@ -174,11 +181,12 @@ fn kernel_rows(r: &Results, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| `{}` program's own run time (kernel BPF stats), {}, ns per run | {} | runs per request: {} | — | {target} | {result} |",
+            "| `{}` program's own run time (kernel BPF stats), {}, ns per run | {} | runs per request: {}; instructions the verifier processed loading it: {} | — | {target} | {result} |",
             p.program,
             p.target,
             cell(Spread::of(&p.ns_per_run), 0),
             cell(runs, 2),
+            p.verified_insns.map_or("—".into(), |n| n.to_string()),
         );
     }
 }
@@ -215,7 +223,10 @@ fn kernel_row(
         shown(&k),
         shown(&d),
         shown(&a),
-        compare(&k, &a).map_or("—".into(), |q| format!("kernel/HAProxy {:.2}×", q.median)),
+        compare(&k, &a).map_or("—".into(), |q| format!(
+            "kernel/HAProxy {}",
+            q.show_ratio()
+        )),
         qs_cell(q),
         target.map_or("—", |t| t.0),
         target.map_or("reported", |(_, ok)| met(q.map(|q| ok(q.median)))),
@@ -241,7 +252,10 @@ fn transfer_row(
         cell(Spread::of(h), 0),
         cell(Spread::of(d), 0),
         cell(Spread::of(a), 0),
-        compare(h, a).map_or("—".into(), |q| format!("{who}/HAProxy {:.2}×", q.median)),
+        compare(h, a).map_or("—".into(), |q| format!(
+            "{who}/HAProxy {}",
+            q.show_ratio()
+        )),
         qs_cell(q),
         target.map_or("—".into(), |t| format!("≥ {t:.2}× direct")),
         target.map_or("reported", |t| met(q.map(|q| q.median >= t))),
@@ -285,11 +299,70 @@ fn proxy_per_mb_row(out: &mut String, way: &str, runs: &[Transfers]) {
 }
 
 fn main_table(r: &Results, out: &mut String) {
-    out.push_str("| Figure | hairpin | compared with | ratio | target | result |\n|---|---|---|---|---|---|\n");
-    // The default path first, then the relay.
-    kernel_rows(r, out);
-    relay_rows(r, out);
-    other_rows(r, out);
+    out.push_str("| Figure | hairpin | compared with | ratio [95% interval] | target | result |\n|---|---|---|---|---|---|\n");
+    // The default path first, then the relay: their verdicts stand on ratios, so
+    // only when the A/A check says the bench's own noise is within ±3%.
+    let mut ratios = String::new();
+    kernel_rows(r, &mut ratios);
+    floor_rows(r, &mut ratios);
+    relay_rows(r, &mut ratios);
+    out.push_str(&gate(&ratios, r.aa.as_ref()));
+    program_rows(r, out);
+    other::other_rows(r, out);
+}
+
+/// `rows` with every met or missed verdict replaced by why it is not given, unless
+/// the A/A check ran and passed.
+fn gate(rows: &str, aa: Option<&super::aa::AaCheck>) -> String {
+    let why = match aa {
+        Some(aa) if aa.passes() => return rows.to_string(),
+        Some(aa) => format!(
+            "not judged: {} outside {:.2}–{:.2}",
+            aa.verdict(),
+            super::aa::LIMITS.0,
+            super::aa::LIMITS.1
+        ),
+        None => "not judged: no A/A check".to_string(),
+    };
+    rows.replace("| **met** |", &format!("| {why} |"))
+        .replace("| **missed** |", &format!("| {why} |"))
+}
+
+/// How far the kernel path is from the floor: its rate and machine CPU per request
+/// over the floor target's, round by round, and the floor against direct.
+fn floor_rows(r: &Results, out: &mut String) {
+    let by = |name: &str| r.rate_kernel.iter().find(|x| x.target.name == name);
+    let Some(floor) = by(FLOOR) else {
+        return;
+    };
+    for (figure, of, digits) in [
+        ("new connections/s", RateRuns::rps_rounds as Rounds, 0),
+        (
+            "machine CPU per request (µs, all CPUs)",
+            RateRuns::machine_rounds,
+            1,
+        ),
+    ] {
+        let f = of(floor);
+        let d = by(DIRECT).map(of).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "| {figure}, **floor** (direct + five empty sock_ops runs + one psock insert and delete, trivial programs) | {} | direct: {} | floor/direct {} | — | reported |",
+            cell(Spread::of(&f), digits),
+            cell(Spread::of(&d), digits),
+            qs_cell(compare(&f, &d)),
+        );
+        for (v, k) in [("v1", KERNEL_V1), ("v2", KERNEL_V2)] {
+            let x = by(k).map(of).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "| {figure}, **kernel path against the floor**, PROXY {v} | {} | floor: {} | {} | — | reported |",
+                cell(Spread::of(&x), digits),
+                cell(Spread::of(&f), digits),
+                qs_cell(compare(&x, &f)),
+            );
+        }
+    }
 }
 
 /// The relay's rows: rate, latency and CPU per request against HAProxy, transfers
@@ -358,239 +431,25 @@ fn relay_rows(r: &Results, out: &mut String) {
     }
 }
 
-/// connect() overhead, convergence and footprint.
-fn other_rows(r: &Results, out: &mut String) {
-    for c in &r.connect {
-        let added = c.added();
-        let target = if c.case.proxied {
-            "— (different path)"
-        } else {
-            "< 1000 ns added"
-        };
-        let ok = if c.case.proxied {
-            None
-        } else {
-            added.map(|a| a.median < 1000.0)
-        };
-        let _ = writeln!(
-            out,
-            "| connect() ns, {} | attached {} | agent running, loop outside the attached cgroup: {}; no agent: {} ({} vs no agent) | added {} ns (paired, n={}) | {target} | {} |",
-            c.case.name,
-            cell(Spread::of(&c.attached), 0),
-            cell(Spread::of(&c.outside), 0),
-            cell(Spread::of(&c.detached), 0),
-            c.added_vs_detached_ns()
-                .map_or("—".into(), |a| format!("{a:+.0}")),
-            added.map_or("—".into(), |a| format!(
-                "{:+.0} ({:+.0} to {:+.0})",
-                a.median, a.min, a.max
-            )),
-            c.paired_added.len(),
-            if c.case.proxied { "reported" } else { met(ok) }
-        );
-    }
-    for c in &r.connect {
-        let _ = writeln!(
-            out,
-            "| connect4 program's own run time (kernel BPF stats), {}, ns per run | {} | runs per connect(): {} | — | — | reported |",
-            c.case.name,
-            cell(Spread::of(&c.program_ns), 0),
-            cell(Spread::of(&c.runs_per_connect), 2),
-        );
-    }
-    let conv = &r.converge_file;
-    if !conv.is_empty() {
-        reported(
-            out,
-            "convergence, **file source** (`--frontends-poll 100ms`), ms",
-            &format!(
-                "p50 {:.0}, p99 {:.0} (min {:.0}, max {:.0}, n={})",
-                percentile(conv, 50.0),
-                percentile(conv, 99.0),
-                percentile(conv, 0.0),
-                percentile(conv, 100.0),
-                conv.len()
-            ),
-        );
-    }
-    match &r.converge_watch {
-        Some(w) if !w.is_empty() => {
-            let _ = writeln!(
-                out,
-                "| convergence, Kubernetes watch stream (recorded API server), ms | p50 {:.0}, p99 {:.0} (n={}) | hairpin-proxy: 15 s poll + CoreDNS reload | — | p99 < 1000 | {} |",
-                percentile(w, 50.0),
-                percentile(w, 99.0),
-                w.len(),
-                if percentile(w, 99.0) < 1000.0 { "**met**" } else { "**missed**" }
-            );
-        }
-        _ => out.push_str("| convergence, Kubernetes watch stream | not measured (see the errors above) | — | — | — | not measured |\n"),
-    }
-    if let Some((idle, load)) = r.rss_small {
-        reported(
-            out,
-            "agent RSS, 2 frontends (MiB)",
-            &format!(
-                "idle {:.1}, under wrk {:.1}",
-                idle as f64 / 1024.0,
-                load as f64 / 1024.0
-            ),
-        );
-    }
-    for f in &r.footprint {
-        if f.hostnames > 0 {
-            names_rows(f, out);
-            continue;
-        }
-        let (idle, load) = (mib(&f.idle_kib), mib(&f.load_kib));
-        let limit = (f.size == 1_000).then_some(25.0);
-        let ok = limit.and_then(|l| Some(idle?.max.max(load?.max) < l));
-        let _ = writeln!(
-            out,
-            "| agent RSS, {} frontends (MiB) | idle {}, under wrk {} | — | — | {} | {} |",
-            f.size,
-            cell(idle, 1),
-            cell(load, 1),
-            limit.map_or("—".into(), |l| format!("< {l:.0} MiB")),
-            if limit.is_some() { met(ok) } else { "reported" }
-        );
-        reported(
-            out,
-            &format!("apply {} frontends (ms)", f.size),
-            &format!(
-                "start→ready {}; file change→reconciled {} (agent-timed {})",
-                cell(Spread::of(&f.ready_ms), 0),
-                cell(Spread::of(&f.apply_wall_ms), 0),
-                cell(Spread::of(&f.apply_agent_ms), 0),
-            ),
-        );
-    }
-}
-
-/// The rows of the hostnames footprint case (no start→ready: it starts small).
-fn names_rows(f: &Footprint, out: &mut String) {
-    let kib = Spread::of(&f.hosts_bytes.iter().map(|b| b / 1024.0).collect::<Vec<_>>());
-    reported(
-        out,
-        &format!(
-            "agent RSS, {} frontends + {} hostnames (MiB)",
-            f.size, f.hostnames
-        ),
-        &format!(
-            "idle {}, under wrk {}",
-            cell(mib(&f.idle_kib), 1),
-            cell(mib(&f.load_kib), 1)
-        ),
-    );
-    reported(
-        out,
-        &format!(
-            "apply {} frontends + {} hostnames incl. /etc/hosts block (ms)",
-            f.size, f.hostnames
-        ),
-        &format!(
-            "file change→reconciled {} (agent-timed {}); hosts file {} KiB",
-            cell(Spread::of(&f.apply_wall_ms), 0),
-            cell(Spread::of(&f.apply_agent_ms), 0),
-            cell(kib, 0),
-        ),
-    );
-}
-
-fn detail(r: &Results, out: &mut String) {
-    for (rate, run) in [
-        (&r.rate_kernel, ", kernel path run"),
-        (&r.rate, ", relay run"),
-    ] {
-        if rate.is_empty() {
-            continue;
-        }
-        let _ = write!(
-            out,
-            "\n### Connection rate, every target{run}\n\n| target | req/s | p50 ms | p99 ms | failed requests |\n|---|---|---|---|---|\n"
-        );
-        for x in rate {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
-                x.target.name,
-                cell(x.rps(), 0),
-                cell(ms(x.p50()), 2),
-                cell(ms(x.p99()), 2),
-                x.errors()
-            );
-        }
-    }
-    for (title, rate) in [
-        (
-            "Machine CPU per request, every target, kernel path run",
-            &r.rate_kernel,
-        ),
-        ("Machine CPU per request, every target, relay run", &r.rate),
-    ] {
-        if rate.iter().all(|x| x.machine.is_empty()) {
-            continue;
-        }
-        let _ = write!(
-            out,
-            "\n### {title}\n\n| target | all CPUs µs/request | CPU 0 (clients) µs/request | CPU 1 (nginx, proxies) µs/request | CPU 0 busy % | CPU 1 busy % | stolen % |\n|---|---|---|---|---|---|---|\n"
-        );
-        for x in rate {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                x.target.name,
-                cell(x.machine_per_request(), 1),
-                cell(x.cpu_per_request_on(0), 1),
-                cell(x.cpu_per_request_on(1), 1),
-                cell(x.busy_percent_on(0), 0),
-                cell(x.busy_percent_on(1), 0),
-                cell(x.steal_percent(), 1),
-            );
-        }
-    }
-    for (title, bulk) in [
-        ("Bulk, every target, kernel path run", &r.bulk_kernel),
-        ("Upload, every target, kernel path run", &r.upload_kernel),
-        ("Bulk, every target, relay run", &r.bulk),
-        ("Upload, every target, relay run", &r.upload),
-    ] {
-        if bulk.is_empty() {
-            continue;
-        }
-        let _ = write!(
-            out,
-            "\n### {title}\n\n| target | MB/s | proxy CPU µs/MB | machine CPU µs/MB (all CPUs) |\n|---|---|---|---|\n"
-        );
-        for x in bulk {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} |",
-                x.target.name,
-                cell(Spread::of(&x.mbps), 0),
-                cell(Spread::of(&x.proxy_us_per_mb), 0),
-                cell(Spread::of(&x.machine_us_per_mb), 0),
-            );
-        }
-    }
-}
-
 /// Renders the whole report.
 pub fn render(r: &Results, o: &Options, machine: &str, tools: &[String]) -> String {
     let mut out = String::from("# hairpin benchmarks\n\n");
     let _ = writeln!(
         out,
-        "Produced by `{}` (as root). Cells are median (min–max) over {} rounds unless they say otherwise.\n",
-        o.command, o.runs
+        "Produced by `{}` (as root). Cells are median (min–max) over {} rounds ({} for bulk and upload, {} for the program statistics and footprint) unless they say otherwise; ratios are the median of the per-round ratios with its bootstrap 95% interval in brackets.\n",
+        o.command, o.runs, o.bulk_runs, o.stats_runs
     );
     let _ = writeln!(out, "Machine: {machine}.  \nTools: {}.\n", tools.join("; "));
-    if !o.baseline_only {
+    if !o.baseline_only && !o.aa_only {
         main_table(r, &mut out);
+    }
+    if let Some(aa) = &r.aa {
+        super::aa::render(aa, &mut out);
     }
     if let Some(c) = &r.baseline {
         super::baseline::render(c, &mut out);
     }
-    detail(r, &mut out);
+    detail::detail(r, &mut out);
     out.push_str("\n## Method\n\n");
     for n in &r.notes {
         let _ = writeln!(out, "- {n}");
@@ -614,6 +473,9 @@ pub const KEPT_MARKER: &str = "<!-- measured elsewhere: kept by cargo xtask benc
 pub fn kept_sections(previous: &str) -> &str {
     previous.find(KEPT_MARKER).map_or("", |at| &previous[at..])
 }
+
+mod detail;
+mod other;
 
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,11 @@ use anyhow::{Context, Result, ensure};
 
 use super::{
     Ctx,
+    interval::{SEED, SplitMix64},
     procs::{CpuTime, cpu_deltas, cpu_times, cpu_us, rss_kib},
     setup::{
         HAPROXY_V1_PORT, HAPROXY_V2_PORT, LB_KERNEL_V1, LB_KERNEL_V2, LB_PLAIN, LB_V1, LB_V2,
-        in_pod, upload_file, url,
+        in_cgroup, in_pod, upload_file, url,
     },
     stats::Spread,
     wrk::{self, WrkResult},
@@ -34,6 +35,41 @@ pub struct Target {
     pub hairpin: bool,
     /// True for the bench's HAProxy (its CPU time is measured like the relay's).
     pub haproxy: bool,
+    /// True when the client runs in the floor's cgroup ([`super::Ctx::floor_cgroup`]:
+    /// outside hairpin's, under trivial programs) instead of the pod's.
+    pub floor: bool,
+}
+
+/// Row label of the floor: the direct path from a cgroup where only trivial
+/// programs run (five empty sock_ops runs and one psock insert and delete per
+/// connection), the least the kernel path can cost on this kernel.
+pub const FLOOR: &str = "floor (direct + empty sock_ops + psock insert/delete)";
+
+/// The floor's target: the direct LB dialled from the floor's cgroup.
+pub fn floor_target() -> Target {
+    Target {
+        name: FLOOR,
+        floor: true,
+        ..targets()[0].clone()
+    }
+}
+
+/// Clears what the last round left in the node's three namespaces, so every round
+/// starts from the same state whichever target ran before it: the TIME_WAIT
+/// sockets (`ss -K`, sock_diag's destroy) and the conntrack entries (a ctnetlink
+/// flush); a target after a high-rate one would otherwise meet tens of thousands of
+/// both in the hash tables its connects look up. Best effort: a kernel without
+/// sock_diag destroy keeps the sockets, and a failed flush leaves conntrack's
+/// TIME_WAIT entries to the 5 s timeout `tune_for_load` sets (said once on stderr).
+pub fn settle(ctx: &Ctx<'_>) {
+    let n = ctx.node;
+    for ns in [&n.pod_ns, &n.node_ns, &n.ingress_ns] {
+        let _ = hairpin_tests::sh::output_in(ns, None, &["ss", "-K", "-t", "state", "time-wait"]);
+        if let Err(e) = super::conntrack::flush(ns) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("  conntrack flush in {ns}: {e:#}"));
+        }
+    }
 }
 
 /// The kernel path's rows: LBs of their own (see [`LB_KERNEL_V1`]), reached with an
@@ -75,6 +111,7 @@ pub fn targets() -> Vec<Target> {
         port,
         hairpin,
         haproxy: false,
+        floor: false,
     };
     let haproxy = |name, port| Target {
         haproxy: true,
@@ -240,7 +277,12 @@ pub fn wrk_once(
         "Connection: close",
         &u,
     ];
-    let child = in_pod(ctx.node, ctx.client_cpu, &argv)
+    let cgroup = match (t.floor, ctx.floor_cgroup) {
+        (true, Some(cg)) => cg.to_path_buf(),
+        (true, None) => anyhow::bail!("{}: no floor cgroup set up", t.name),
+        (false, _) => ctx.node.pod_cgroup(),
+    };
+    let child = in_cgroup(ctx.node, &cgroup, ctx.client_cpu, &argv)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -270,7 +312,9 @@ pub fn wrk_once(
     Ok((r, max_rss))
 }
 
-/// Rounds of wrk over `targets`, interleaved so drift hits all targets alike.
+/// Rounds of wrk over `targets`, interleaved so drift hits all targets alike: each
+/// round starts from [`settle`]d state and runs the targets in an order of its own,
+/// shuffled by a seeded generator, so no target always follows the same one.
 /// Returns the runs and the agent's largest RSS (KiB) while it carried load. The
 /// relay rows also measure the agent's CPU time per request, and the HAProxy rows
 /// `haproxy_pid`'s: the cost behind the rate, steadier than the rate on 2 cores.
@@ -293,11 +337,16 @@ pub fn connection_rate(
     let kernel_run = targets.iter().any(|t| t.name == KERNEL_V1);
     // Warm-up: caches, conntrack, the relay's allocator; not recorded.
     for r in &all {
-        wrk_once(ctx, &r.target, 1, None)?;
+        wrk_once(ctx, &r.target, ctx.opts.warmup_secs, None)?;
     }
     let mut rss = 0;
+    let mut rng = SplitMix64::new(SEED ^ all.len() as u64);
     for round in 0..ctx.opts.runs {
-        for r in &mut all {
+        settle(ctx);
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        rng.shuffle(&mut order);
+        for &i in &order {
+            let r = &mut all[i];
             let pid = r.target.hairpin.then_some(agent_pid);
             // With --profile, the first PROXY v1 round through the relay runs under
             // perf (the agent's process); in the kernel-path run, the first round of
@@ -408,7 +457,7 @@ pub fn bulk(
     let bytes = ctx.opts.bulk_mib * 1024 * 1024;
     let wanted: Vec<Target> = targets
         .iter()
-        .filter(|t| !t.name.contains("v2"))
+        .filter(|t| !t.name.contains("v2") && !t.floor)
         .cloned()
         .collect();
     let mut out: Vec<Transfers> = wanted.into_iter().map(Transfers::new).collect();
@@ -442,8 +491,13 @@ pub fn bulk(
     in_pod(ctx.node, ctx.client_cpu, &warm)
         .stdout(Stdio::null())
         .status()?;
-    for round in 0..ctx.opts.runs {
-        for x in &mut out {
+    let mut rng = SplitMix64::new(SEED ^ 0xb01c);
+    for round in 0..ctx.opts.bulk_runs {
+        // As the rate rounds: each round in an order of its own.
+        let mut order: Vec<usize> = (0..out.len()).collect();
+        rng.shuffle(&mut order);
+        for &i in &order {
+            let x = &mut out[i];
             let t = &x.target;
             let u = url(t.ip, t.port, path);
             let perf = match &ctx.opts.profile {

@@ -66,6 +66,10 @@ fn the_relay_rows_report_proxy_and_machine_cpu_against_haproxy() {
             r.upload.push(transfers(&t, mbps * 0.8, machine));
         }
     }
+    r.aa = Some(aa_check(
+        &[10_000.0, 10_100.0, 9_900.0],
+        &[10_050.0, 10_000.0, 9_950.0],
+    ));
     let mut out = String::new();
     main_table(&r, &mut out);
     // Machine: 1e6/rps * 0.9 µs per request: 100 for the relay, 90 for HAProxy.
@@ -82,6 +86,49 @@ fn the_relay_rows_report_proxy_and_machine_cpu_against_haproxy() {
     ] {
         assert!(out.lines().any(|l| l == row), "{row}\nnot in\n{out}");
     }
+}
+
+/// An A/A check whose sides ran at these rates.
+fn aa_check(a: &[f64], b: &[f64]) -> crate::bench::aa::AaCheck {
+    let [ta, tb] = [0, 1].map(|i| crate::bench::aa::targets()[i].clone());
+    crate::bench::aa::AaCheck {
+        a: rounds(&ta, a),
+        b: rounds(&tb, b),
+    }
+}
+
+#[test]
+fn verdicts_on_ratios_wait_for_an_a_a_check_within_three_percent() {
+    let mut r = Results::default();
+    for t in crate::bench::traffic::targets() {
+        r.rate.push(runs(
+            &t,
+            if t.hairpin { 9_000.0 } else { 10_000.0 },
+            1_000.0,
+        ));
+    }
+    let verdicts = |r: &Results| {
+        let mut out = String::new();
+        main_table(r, &mut out);
+        out.lines()
+            .find(|l| l.starts_with("| new connections/s, **relay**, PROXY v1 |"))
+            .map(|l| l.rsplit(" | ").next().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(verdicts(&r), "not judged: no A/A check |");
+    // Side A 5% faster in every round: the bench cannot tell 5% from nothing.
+    r.aa = Some(aa_check(&[10_500.0, 10_500.0, 10_500.0], &[10_000.0; 3]));
+    assert!(!r.aa.as_ref().unwrap().passes());
+    assert!(
+        verdicts(&r).starts_with(
+            "not judged: A/A rate 1.05× [1.05–1.05], CPU 0.95× [0.95–0.95] outside 0.97–1.03"
+        ),
+        "{}",
+        verdicts(&r)
+    );
+    r.aa = Some(aa_check(&[10_100.0, 9_900.0, 10_000.0], &[10_000.0; 3]));
+    assert!(r.aa.as_ref().unwrap().passes());
+    assert_eq!(verdicts(&r), "**missed** |");
 }
 
 /// Rounds of one target with these rates (p99 1 ms, 1000 requests each).
@@ -116,7 +163,7 @@ fn ratios_pair_the_rounds_that_ran_back_to_back() {
     let row = out.lines().next().unwrap_or_default();
     assert!(
         row.starts_with("| new connections/s, **kernel path**, PROXY v1 | 12000 (9500–19000) | direct: 15000 (10000–20000);")
-            && row.ends_with("| 0.95× (0.80–0.95) | ≥ 0.95× direct | **met** |"),
+            && row.ends_with("| 0.95× [0.80–0.95] | ≥ 0.95× direct | **met** |"),
         "{out}"
     );
     // A case that lost a round cannot be paired: the ratio of the medians.
@@ -155,6 +202,7 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
         program: "hairpin_sockops".into(),
         ns_per_run: vec![700.0],
         runs_per_request: vec![3.0],
+        verified_insns: None,
     });
     r.kernel_programs_total.push(ProgramsTotal {
         target: KERNEL_V1,
@@ -162,6 +210,7 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
     });
     let mut out = String::new();
     kernel_rows(&r, &mut out);
+    program_rows(&r, &mut out);
     let mut rows: Vec<&str> = out.lines().collect();
     assert_eq!(rows.len(), 12, "{out}");
     assert_eq!(
@@ -204,7 +253,7 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
         ),
         (
             "| `hairpin_sockops` program's own run time (kernel BPF stats), hairpin kernel path, PROXY v1, ns per run | 700 ",
-            "| runs per request: 3.00 | — | ≤ 2 runs per request | **missed** |",
+            "| runs per request: 3.00; instructions the verifier processed loading it: — | — | ≤ 2 runs per request | **missed** |",
         ),
     ];
     for (row, (start, end)) in rows.iter().zip(want) {
@@ -213,7 +262,7 @@ fn the_kernel_path_rows_compare_with_direct_and_haproxy_from_their_own_rounds() 
     assert!(rows[0].contains("kernel/HAProxy 1.90×"), "{out}");
     // The detail table: per CPU, busy share of the unstolen time, stolen share.
     let mut detail_out = String::new();
-    detail(&r, &mut detail_out);
+    detail::detail(&r, &mut detail_out);
     assert!(
         detail_out.contains("### Machine CPU per request, every target, kernel path run")
             && detail_out.contains(&format!("| {DIRECT} | 90.0 | 45.0 | 45.0 | 5 | 5 | 10.0 |")),
