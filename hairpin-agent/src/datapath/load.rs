@@ -346,8 +346,14 @@ impl Datapath {
 /// Where this agent's connect links go: first where `opts` asks for it and the
 /// kernel orders cgroup links, probed with the loaded connect4 program `connect4`.
 fn link_order(ebpf: &Ebpf, opts: &LoadOptions, connect4: &'static str) -> LinkOrder {
-    if !opts.link_first {
-        return LinkOrder::Disabled;
+    match opts.link_order {
+        order::LinkOrderWanted::First => {}
+        order::LinkOrderWanted::Append => return LinkOrder::Disabled,
+        order::LinkOrderWanted::Children => {
+            return LinkOrder::Unsupported(
+                "--link-order children, as on a kernel that does not order cgroup links".into(),
+            );
+        }
     }
     match ebpf.program(connect4).map(|p| p.fd()) {
         Some(Ok(fd)) => order::probe(fd.as_fd(), Role::Connect4.attach_type()),

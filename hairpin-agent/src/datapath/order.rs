@@ -17,6 +17,20 @@ use crate::status::{ForeignProgram, HookOrderStatus, LinkOrderStatus};
 use super::role::Role;
 use super::sys;
 
+/// Where the connect links are asked to go (`--link-order`): the kernel has the
+/// last word ([`LinkOrder`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LinkOrderWanted {
+    /// Before every other program where the kernel orders cgroup links; else at
+    /// the root's children when another program is at a connect hook of the root.
+    First,
+    /// After every program already there, at the root itself (tests: hairpin
+    /// before it linked at the children).
+    Append,
+    /// As on a kernel that does not order cgroup links (tests).
+    Children,
+}
+
 /// Whether this agent's connect links go before every other program at the cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum LinkOrder {

@@ -187,7 +187,11 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))
             .unwrap_or(u32::MAX)
             .clamp(2, 1 << 20),
-        link_first: args.link_order == LinkOrderMode::First,
+        link_order: match args.link_order {
+            LinkOrderMode::First => datapath::LinkOrderWanted::First,
+            LinkOrderMode::Append => datapath::LinkOrderWanted::Append,
+            LinkOrderMode::Children => datapath::LinkOrderWanted::Children,
+        },
         mesh_ports: args.mesh_capture_ports.slots(),
         slot_addrs: SlotAddrs::of(&super::names::relay_addresses(args)),
     }
