@@ -5,7 +5,7 @@
 //! cgroup up to the root, appending each level's programs), so a program linked at
 //! `kubepods.slice` runs before every program at the root for every socket below it.
 //!
-//! Watched by a rescan on the agent's heartbeat ([`RESCAN_EVERY`]), not inotify: a
+//! Watched by a rescan on the agent's heartbeat (every 5 s), not inotify: a
 //! new top-level cgroup is rare (the init system makes its slices at boot, before
 //! the agent; kubelet makes `kubepods.slice` once), a rescan is one readdir of one
 //! directory, and it cannot miss an event (an inotify queue overflows, and a watch
@@ -14,11 +14,7 @@
 //! Owns reading the cgroup tree (children, the root's own processes). Never links
 //! (the lifecycle's executor does).
 
-use std::{io, path::Path, time::Duration};
-
-/// How often the agent looks for child cgroups made or removed since: the agent's
-/// own heartbeat.
-pub(crate) const RESCAN_EVERY: Duration = crate::status::HEARTBEAT_EVERY;
+use std::{io, path::Path};
 
 /// The child cgroups of the cgroup v2 directory `root`, by name, sorted: each
 /// directory in it (cgroupfs has no other directories).

@@ -24,7 +24,8 @@ use crate::model::{NodePath, Paths, ProxyVersion};
 
 mod datapath;
 pub(crate) use datapath::{
-    ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState, KernelPathStatus,
+    ChildCgroupsStatus, ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState,
+    KernelPathStatus,
     LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;

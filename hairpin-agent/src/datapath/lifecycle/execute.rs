@@ -259,7 +259,7 @@ impl<K: LinkKernel> Links<K> {
                 }
                 Hook::SwapInPlace => {
                     let old = old.as_ref().map(|(fd, info)| (fd, info.prog_id));
-                    match self.swap_in_place(role, &prog, old, target.path)? {
+                    match self.swap_in_place((role, target.child), &prog, old, target.path)? {
                         Some(link) => {
                             let link =
                                 link_of(&self.kernel, (role, target.child), name, Some(link));
@@ -348,7 +348,7 @@ impl<K: LinkKernel> Links<K> {
     /// no longer be updated (ENOLINK: its cgroup went away).
     fn swap_in_place(
         &self,
-        role: Role,
+        (role, child): (Role, Option<&str>),
         prog: &OwnedFd,
         old: Option<(&OwnedFd, u32)>,
         cgroup: &Path,
@@ -361,7 +361,10 @@ impl<K: LinkKernel> Links<K> {
         if !update_link(&self.kernel, role, link, prog, (&prog_pin, running), cgroup)? {
             return Ok(None);
         }
-        repin(&self.kernel, &prog_pin, prog).map_err(error("pin"))?;
+        // At a child, repinned once every child has its link (`link_children`).
+        if child.is_none() {
+            repin(&self.kernel, &prog_pin, prog).map_err(error("pin"))?;
+        }
         let link = link.try_clone().map_err(error("read"))?;
         Ok(Some(link))
     }

@@ -153,6 +153,11 @@ pub(super) fn pin_link(
         let _ = kernel.unpin(&link_pin);
         kernel.pin(fd.as_fd(), &link_pin).map_err(error("pin"))?;
     }
+    if child.is_some() {
+        // Repinned once every child has its link: until then the program pinned is
+        // the one the other children's links run, their compare-and-swap's.
+        return Ok(());
+    }
     repin(kernel, &pins.prog(role), prog).map_err(error("pin"))
 }
 

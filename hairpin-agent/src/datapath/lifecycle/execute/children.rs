@@ -14,7 +14,7 @@
 
 use std::{os::fd::AsFd, path::Path};
 
-use super::super::hook::Target;
+use super::super::hook::{Target, repin};
 use super::super::kernel::{LinkKernel, LoadedPrograms};
 use super::Links;
 use crate::datapath::attach::{Adoption, Link};
@@ -101,6 +101,17 @@ impl<K: LinkKernel> Links<K> {
                 Ok(None) => {}
                 Err(e) => tracing::warn!(hook = role.name(), cgroup = %path.display(), error = %e,
                     "hairpin's connect program could not be linked at this child cgroup: its processes meet the root's programs first"),
+            }
+        }
+        // The program the children's links run now, for the next agent's
+        // compare-and-swap.
+        if let (Some(pins), false) = (self.pins(), made.is_empty()) {
+            let pinned = programs
+                .program_fd(role, program, root)
+                .ok()
+                .map(|prog| repin(&self.kernel, &pins.prog(role), &prog));
+            if let Some(Err(e)) = pinned {
+                tracing::warn!(hook = role.name(), error = %e, "the connect program could not be pinned");
             }
         }
         made
