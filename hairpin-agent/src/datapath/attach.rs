@@ -96,7 +96,11 @@ impl Attachment {
     /// The root's child cgroups the connect links are at, when they are there
     /// rather than at the root (sorted, each once).
     pub(crate) fn children(&self) -> Vec<&str> {
-        let mut c: Vec<&str> = self.links.iter().filter_map(|l| l.child.as_deref()).collect();
+        let mut c: Vec<&str> = self
+            .links
+            .iter()
+            .filter_map(|l| l.child.as_deref())
+            .collect();
         c.sort_unstable();
         c.dedup();
         c

@@ -159,10 +159,15 @@ pub(crate) fn report(
     if !children.is_empty() {
         let mut at_root: Vec<u32> = Vec::new();
         for role in [Role::Connect4, Role::Connect6] {
-            let ids = File::open(cgroup)
-                .and_then(|dir| sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type()));
+            let ids = File::open(cgroup).and_then(|dir| {
+                sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type())
+            });
             match ids {
-                Ok(ids) => at_root.extend(ids.iter().filter(|id| !at_root.contains(id)).collect::<Vec<_>>()),
+                Ok(ids) => at_root.extend(
+                    ids.iter()
+                        .filter(|id| !at_root.contains(id))
+                        .collect::<Vec<_>>(),
+                ),
                 Err(e) => {
                     status.error = Some(format!(
                         "the {} programs at {} could not be listed: {e}",

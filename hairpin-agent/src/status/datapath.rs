@@ -48,7 +48,9 @@ impl LinkOrderStatus {
     /// process hairpin means to serve: at the cgroup it is linked at, or, linked at
     /// the children, for the root cgroup's own processes.
     pub fn behind(&self, hook: &str) -> bool {
-        self.hooks.iter().any(|h| h.hook == hook && !h.in_front.is_empty())
+        self.hooks
+            .iter()
+            .any(|h| h.hook == hook && !h.in_front.is_empty())
             || self
                 .children
                 .as_ref()

@@ -25,8 +25,7 @@ use crate::model::{NodePath, Paths, ProxyVersion};
 mod datapath;
 pub(crate) use datapath::{
     ChildCgroupsStatus, ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState,
-    KernelPathStatus,
-    LifecycleStatus, LinkOrderStatus, MptcpDetection,
+    KernelPathStatus, LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;
 pub(crate) use relay::{RelayStatus, UnservedFamily, UnservedStep};

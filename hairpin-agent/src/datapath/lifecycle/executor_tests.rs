@@ -419,9 +419,12 @@ fn without_ordering_and_nothing_else_at_the_root_the_connect_links_stay_at_the_r
     n.attach();
     let calls = n.kernel.calls();
     assert!(
-        created_at(&n.kernel, &calls)
-            .iter()
-            .all(|(hook, at)| *at == if *hook == Role::SkMsg { SOCKETS_ID } else { CGROUP_ID }),
+        created_at(&n.kernel, &calls).iter().all(|(hook, at)| *at
+            == if *hook == Role::SkMsg {
+                SOCKETS_ID
+            } else {
+                CGROUP_ID
+            }),
         "{calls:#?}"
     );
 }
@@ -515,9 +518,20 @@ fn the_next_agent_swaps_each_childs_link_in_place_and_follows_children_made_and_
     assert!(created(&calls).is_empty(), "swapped, none new: {calls:#?}");
     let swaps = calls
         .iter()
-        .filter(|c| matches!(c, Call::Update { replace: Some(_), .. }))
+        .filter(|c| {
+            matches!(
+                c,
+                Call::Update {
+                    replace: Some(_),
+                    ..
+                }
+            )
+        })
         .count();
-    assert_eq!(swaps, 7, "3 at the root, 2 per child, each compare-and-swap: {calls:#?}");
+    assert_eq!(
+        swaps, 7,
+        "3 at the root, 2 per child, each compare-and-swap: {calls:#?}"
+    );
     // A child made since is linked; one removed has its pins go.
     n.kernel.set_children(&["kubepods.slice", "user.slice"]);
     n.kernel.clear();
@@ -533,11 +547,18 @@ fn the_next_agent_swaps_each_childs_link_in_place_and_follows_children_made_and_
     );
     let links = n.pins.as_ref().expect("pinned").join("links");
     assert_eq!(n.kernel.pinned(&links.join("connect4@system.slice")), None);
-    assert!(n.kernel.pinned(&links.join("connect6@user.slice")).is_some());
+    assert!(
+        n.kernel
+            .pinned(&links.join("connect6@user.slice"))
+            .is_some()
+    );
     // Removed: the children's connect links go before the consumers.
     let att = n.links.attachment().expect("attached");
-    let (connect, consumers): (Vec<_>, Vec<_>) = att.links.iter().partition(|l| l.role.is_connect());
-    let ids = |ls: &[&crate::datapath::attach::Link]| -> Vec<u32> { ls.iter().filter_map(|l| l.id).collect() };
+    let (connect, consumers): (Vec<_>, Vec<_>) =
+        att.links.iter().partition(|l| l.role.is_connect());
+    let ids = |ls: &[&crate::datapath::attach::Link]| -> Vec<u32> {
+        ls.iter().filter_map(|l| l.id).collect()
+    };
     let (connect, consumers) = (ids(&connect), ids(&consumers));
     assert_eq!(connect.len(), 4, "{:?}", att.links);
     n.kernel.clear();

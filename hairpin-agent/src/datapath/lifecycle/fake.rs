@@ -189,7 +189,12 @@ impl Fake {
     /// Another program (id `id`) is attached at the root's `hook`, before any
     /// link made here (as a socket load balancer that came first).
     pub(super) fn foreign_program(&self, hook: Role, id: u32) {
-        self.0.borrow_mut().foreign.entry(hook).or_default().push(id);
+        self.0
+            .borrow_mut()
+            .foreign
+            .entry(hook)
+            .or_default()
+            .push(id);
     }
 
     /// The id of the child cgroup `name` of the root.

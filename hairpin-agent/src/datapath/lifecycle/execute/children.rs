@@ -158,9 +158,13 @@ impl<K: LinkKernel> Links<K> {
             return;
         };
         match self.kernel.link_detach(link.as_fd()) {
-            Ok(()) => tracing::info!(hook = role.name(), child = ?child, "an earlier connect link no longer used: detached"),
+            Ok(()) => {
+                tracing::info!(hook = role.name(), child = ?child, "an earlier connect link no longer used: detached")
+            }
             // A child cgroup removed took its links with it.
-            Err(e) => tracing::debug!(hook = role.name(), child = ?child, error = %e, "an earlier connect link could not be detached (already gone)"),
+            Err(e) => {
+                tracing::debug!(hook = role.name(), child = ?child, error = %e, "an earlier connect link could not be detached (already gone)")
+            }
         }
         let _ = self.kernel.unpin(&path);
     }
@@ -185,7 +189,11 @@ impl<K: LinkKernel> Links<K> {
                 return (0, 0);
             }
         };
-        let new: Vec<String> = now.iter().filter(|c| !linked.contains(c)).cloned().collect();
+        let new: Vec<String> = now
+            .iter()
+            .filter(|c| !linked.contains(c))
+            .cloned()
+            .collect();
         let gone: Vec<String> = linked.into_iter().filter(|c| !now.contains(c)).collect();
         for role in CONNECT {
             let Some(program) = self.attachment.as_ref().and_then(|a| a.program(role)) else {
