@@ -132,14 +132,17 @@ impl<K: LinkKernel> Links<K> {
                 .filter(|l| l.role == role)
                 .filter_map(|l| l.child.as_deref())
                 .collect();
-            let mut stale: Vec<Option<&str>> = pinned
+            let stale: Vec<Option<&str>> = pinned
                 .iter()
                 .filter_map(|n| pin::child_of_pin(n, role))
                 .filter(|c| !at_children.contains(c))
                 .map(Some)
                 .collect();
-            if !at_children.is_empty() {
-                stale.insert(0, None);
+            if !at_children.is_empty() && self.detach_pinned(role, None) {
+                tracing::warn!(
+                    hook = role.name(),
+                    "the connect link an earlier agent left at the root ran behind another program: re-created in front at each child cgroup, and the root's detached"
+                );
             }
             for child in stale {
                 self.detach_pinned(role, child);
@@ -148,14 +151,14 @@ impl<K: LinkKernel> Links<K> {
     }
 
     /// Detaches and unpins the pinned link of `role` at the root's `child` (`None`:
-    /// the root's own); one not there is fine.
-    fn detach_pinned(&self, role: Role, child: Option<&str>) {
+    /// the root's own); one not there is fine. Whether there was one.
+    fn detach_pinned(&self, role: Role, child: Option<&str>) -> bool {
         let Some(pins) = self.pins() else {
-            return;
+            return false;
         };
         let path = pins.link_at(role, child);
         let Ok(link) = self.kernel.open_pinned(&path) else {
-            return;
+            return false;
         };
         match self.kernel.link_detach(link.as_fd()) {
             Ok(()) => {
@@ -167,6 +170,7 @@ impl<K: LinkKernel> Links<K> {
             }
         }
         let _ = self.kernel.unpin(&path);
+        true
     }
 
     /// Looks again at the root's children, when the connect links are there: each
