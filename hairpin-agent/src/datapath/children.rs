@@ -38,12 +38,34 @@ pub(crate) fn list(root: &Path) -> io::Result<Vec<String>> {
     Ok(names)
 }
 
-/// How many processes live in the cgroup `root` itself (its `cgroup.procs`), which
-/// links at its children do not reach: on a kernel that cannot order links, their
-/// connects meet the socket load balancer's program first.
+/// How many user-space processes live in the cgroup `root` itself (its
+/// `cgroup.procs`), which links at its children do not reach: on a kernel that
+/// cannot order links, their connects meet the socket load balancer's program
+/// first. Kernel threads (which live there too, and do not dial LoadBalancers) are
+/// left out by their `PF_KTHREAD` flag; so are tasks outside this process's PID
+/// namespace, which the kernel lists as 0 (the DaemonSet has no `hostPID`: from
+/// inside it, what the agent cannot see is not counted).
 pub(crate) fn own_processes(root: &Path) -> io::Result<usize> {
     let procs = std::fs::read_to_string(root.join("cgroup.procs"))?;
-    Ok(procs.lines().filter(|l| !l.trim().is_empty()).count())
+    Ok(procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter(|pid| *pid != 0 && !kernel_thread(*pid))
+        .count())
+}
+
+/// `PF_KTHREAD` in a task's flags (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread: the flags field of /proc/PID/stat (the 9th,
+/// the 7th after the command's closing parenthesis). One gone is none.
+fn kernel_thread(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 #[cfg(test)]
@@ -56,11 +78,14 @@ mod tests {
         for child in ["system.slice", "kubepods.slice"] {
             std::fs::create_dir(dir.path().join(child)).expect("mkdir");
         }
-        std::fs::write(dir.path().join("cgroup.procs"), "1\n42\n").expect("write");
+        // This process, a kernel thread (kthreadd, pid 2) and a task of another PID
+        // namespace (0).
+        let own = std::process::id();
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{own}\n2\n0\n")).expect("write");
         assert_eq!(
             list(dir.path()).expect("list"),
             ["kubepods.slice", "system.slice"]
         );
-        assert_eq!(own_processes(dir.path()).expect("read"), 2);
+        assert_eq!(own_processes(dir.path()).expect("read"), 1);
     }
 }
