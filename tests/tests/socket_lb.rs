@@ -495,5 +495,14 @@ fn an_adopted_link_an_earlier_agent_left_behind_the_socket_lb_is_re_created_in_f
         &agent,
     );
     let s = status(&node);
-    assert!(in_front(&s).iter().all(|(_, f)| f.is_empty()), "{s}");
+    if s["link_order"]["children"].is_null() {
+        assert!(in_front(&s).iter().all(|(_, f)| f.is_empty()), "{s}");
+    } else {
+        // At the children (a kernel that cannot order), the earlier root link gone.
+        assert!(
+            agent.log().contains("at each child cgroup"),
+            "{}",
+            agent.log()
+        );
+    }
 }
