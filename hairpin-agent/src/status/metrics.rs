@@ -216,7 +216,7 @@ impl Metrics {
 
     /// Whether another program runs before hairpin's at the connect hook `hook`
     /// (`hairpin_connect_hook_behind`).
-    pub(crate) fn set_connect_hook_behind(&self, hook: &'static str, behind: bool) {
+    pub fn set_connect_hook_behind(&self, hook: &'static str, behind: bool) {
         self.capabilities.set_behind(hook, behind);
     }
 
