@@ -21,7 +21,7 @@
 //! in front and give the remedy. An adopted link that an earlier agent left behind the
 //! socket LB is re-created in front.
 //!
-//! Cost: four simulated nodes, 16 + 4 + 2 + 2 requests; about 15 s.
+//! Cost: five simulated nodes, 16 + 16 + 4 + 2 + 2 requests; about 20 s.
 
 use std::net::SocketAddr;
 
@@ -295,6 +295,27 @@ fn beside_a_socket_lb_attached_first_on_a_kernel_without_ordering_the_child_cgro
     let doctor = run_cli(&node, &["doctor", "--output", "json"]);
     let check = doctor_check(&doctor.json(), "link_order");
     assert_eq!(check["status"], "ok", "{check}");
+    // A child cgroup made later gets hairpin's connect links at the next rescan (the
+    // agent's heartbeat, every 5 s); removed, its pins go.
+    let late = node.cgroup.join("late");
+    std::fs::create_dir(&late).expect("create a child cgroup");
+    let hairpin = program_id(&s, "hairpin_connect4_kernel");
+    let linked = (0..40).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        connect_programs_at(&late, "4") == [hairpin]
+    });
+    let s = status(&node);
+    let _ = std::fs::remove_dir(&late);
+    assert!(
+        linked,
+        "hairpin's connect4 program at {} within 10 s: {s}",
+        late.display()
+    );
+    assert_eq!(
+        s["link_order"]["children"]["cgroups"],
+        serde_json::json!(["agent", "host", "late", "pod"]),
+        "{s}"
+    );
 }
 
 /// Every LB, from a pod and from the node, with the socket LB attached first and
