@@ -150,8 +150,10 @@ pub struct RunArgs {
     pub mesh_capture_ports: MeshPorts,
 
     /// Where the connect links go among the other connect programs at the cgroup:
-    /// `first` (before every other one where the kernel orders cgroup links), or
-    /// `append` (after them, as on a kernel that does not: for tests).
+    /// `first` (before every other one where the kernel orders cgroup links; else at
+    /// the cgroup's children when another program is at its connect hooks),
+    /// `append` (after them, at the cgroup itself) or `children` (as on a kernel that
+    /// does not order): for tests.
     #[arg(long, env = "HAIRPIN_LINK_ORDER", value_enum, default_value_t = LinkOrderMode::First, hide = true)]
     pub link_order: LinkOrderMode,
 
@@ -682,8 +684,12 @@ pub enum LinkOrderMode {
     /// Before every other connect program at the cgroup, where the kernel orders
     /// cgroup links.
     First,
-    /// After every program already there, as on a kernel that does not (tests).
+    /// After every program already there, at the cgroup itself, as hairpin did on
+    /// a kernel that does not order (tests).
     Append,
+    /// As on a kernel that does not order: after every program already there, and
+    /// at the cgroup's children when another program is at its connect hooks (tests).
+    Children,
 }
 
 /// `--mesh-capture-ports`: at most [`MESH_PORTS`] TCP ports.

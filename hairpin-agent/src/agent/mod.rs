@@ -215,6 +215,26 @@ impl Agent {
         }
     }
 
+    /// Where the connect links are at the root's child cgroups (a kernel that cannot
+    /// order cgroup links, beside a socket load balancer): links the children made
+    /// since, forgets those removed, and says so in `/status` and the metrics.
+    fn rescan_children(&mut self) {
+        let Some(d) = self.datapath.as_mut() else {
+            return;
+        };
+        let (new, gone) = d.rescan_children();
+        if new + gone == 0 {
+            return;
+        }
+        let ids = d.kernel_ids();
+        self.state.update(|s| {
+            if let Some(a) = s.attachment.as_mut() {
+                a.ids = ids;
+            }
+        });
+        startup::report_link_order(d, &self.state, &self.metrics);
+    }
+
     /// Whether the source's new value differs from the one applied last only in
     /// what is reported (a Service's decision, the cluster DNS): then it is
     /// reported, and nothing is applied nor the retry timer restarted.
@@ -364,7 +384,7 @@ impl Agent {
                     debug!("retrying failed frontends and listeners");
                     return Wake::Retry;
                 }
-                _ = self.heartbeat.tick() => {}
+                _ = self.heartbeat.tick() => self.rescan_children(),
             }
         }
     }

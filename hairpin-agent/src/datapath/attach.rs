@@ -31,6 +31,9 @@ pub(crate) struct Link {
     pub(crate) fd: Option<OwnedFd>,
     /// The link's id, for `status`.
     pub(crate) id: Option<u32>,
+    /// The root's child cgroup it is at (a connect link on a kernel that cannot
+    /// order cgroup links, beside another program at the root), `None` at the root.
+    pub(crate) child: Option<String>,
 }
 
 /// What the agent did with a hook's link at start.
@@ -90,6 +93,19 @@ impl Attachment {
         self.links.push(link);
     }
 
+    /// The root's child cgroups the connect links are at, when they are there
+    /// rather than at the root (sorted, each once).
+    pub(crate) fn children(&self) -> Vec<&str> {
+        let mut c: Vec<&str> = self
+            .links
+            .iter()
+            .filter_map(|l| l.child.as_deref())
+            .collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
     /// The program linked at `role`, if one is.
     pub(crate) fn program(&self, role: Role) -> Option<&'static str> {
         self.links
@@ -118,6 +134,11 @@ impl Attachment {
         let mut rest = rest;
         rest.sort_by_key(|l| order(l.role));
         for l in connect.into_iter().chain(rest) {
+            // The same program linked at several child cgroups: one entry, its links.
+            if let Some(p) = ids.programs.iter_mut().find(|p| p.name == l.program) {
+                p.link_ids.extend(l.id);
+                continue;
+            }
             let Some(info) = info(l.program) else {
                 continue;
             };

@@ -227,6 +227,12 @@ impl Datapath {
         })
     }
 
+    /// Where the connect links are at the root's child cgroups: links those made
+    /// since and forgets those removed (see `datapath::children`). How many of each.
+    pub(crate) fn rescan_children(&mut self) -> (usize, usize) {
+        self.links.rescan_children(&self.programs)
+    }
+
     /// Where the programs are attached, if they are.
     pub(crate) fn attachment(&self) -> Option<&Attachment> {
         self.links.attachment()
@@ -272,7 +278,12 @@ impl Datapath {
     pub(crate) fn link_order_status(&self) -> Option<LinkOrderStatus> {
         let att = self.links.attachment()?;
         let own = |role: Role| Some(self.programs.info(att.program(role)?)?.id());
-        Some(order::report(self.links.order(), &att.cgroup, own))
+        Some(order::report(
+            self.links.order(),
+            &att.cgroup,
+            own,
+            &att.children(),
+        ))
     }
 
     /// Whether the datapath is pinned: the directory, or why not.
@@ -346,8 +357,14 @@ impl Datapath {
 /// Where this agent's connect links go: first where `opts` asks for it and the
 /// kernel orders cgroup links, probed with the loaded connect4 program `connect4`.
 fn link_order(ebpf: &Ebpf, opts: &LoadOptions, connect4: &'static str) -> LinkOrder {
-    if !opts.link_first {
-        return LinkOrder::Disabled;
+    match opts.link_order {
+        order::LinkOrderWanted::First => {}
+        order::LinkOrderWanted::Append => return LinkOrder::Disabled,
+        order::LinkOrderWanted::Children => {
+            return LinkOrder::Unsupported(
+                "--link-order children, as on a kernel that does not order cgroup links".into(),
+            );
+        }
     }
     match ebpf.program(connect4).map(|p| p.fd()) {
         Some(Ok(fd)) => order::probe(fd.as_fd(), Role::Connect4.attach_type()),

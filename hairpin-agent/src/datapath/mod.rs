@@ -16,6 +16,7 @@
 //!   link order, a hand-over) and reaches the kernel through a seam;
 //! - `attach.rs`: the record of what is attached (the links, their kernel ids);
 //! - [`order`]: where connect links go among other programs at the cgroup;
+//!   [`children`], the root's child cgroups they go to where the kernel cannot order;
 //! - [`pin`]: the pin directory (its layout, lock, what is pinned where);
 //! - `maps.rs`: the maps (`Maps`: frontends, counters, sockets, capacity) and the
 //!   frontends map's one writer; `counters.rs`, the counters read; `adopt.rs`, which
@@ -39,6 +40,7 @@ mod adopt;
 mod attach;
 mod btf;
 pub(crate) mod cgroup;
+pub(crate) mod children;
 mod counters;
 mod error;
 mod events;
@@ -68,6 +70,7 @@ pub use load::{Datapath, embedded_object};
 pub(crate) use load::{Started, start};
 pub(crate) use maps::FrontendsMap;
 pub(crate) use options::LoadOptions;
+pub(crate) use order::LinkOrderWanted;
 pub(crate) use pin::Pin;
 pub(crate) use role::Role;
 pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};

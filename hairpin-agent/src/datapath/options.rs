@@ -49,10 +49,9 @@ pub(crate) struct LoadOptions {
     pub slot_addrs: SlotAddrs,
     /// Capacity of the relay's splice maps (two sockets per spliced connection).
     pub splice_sockets: u32,
-    /// Whether the connect links go before every other program at the cgroup, where
-    /// the kernel orders cgroup links (`false`: appended, as on a kernel that does
-    /// not; `--link-order append`).
-    pub link_first: bool,
+    /// Where the connect links go among the other programs at the cgroup
+    /// (`--link-order`).
+    pub link_order: super::order::LinkOrderWanted,
     /// The outbound capture ports of mesh proxies the kernel-path connect programs
     /// look for in the client's network namespace (host byte order; 0: unused).
     pub mesh_ports: [u16; MESH_PORTS],
@@ -74,7 +73,7 @@ impl LoadOptions {
             ttl: DEFAULT_TTL,
             slot_addrs: SlotAddrs::default(),
             splice_sockets: MAX_SPLICE_SOCKETS,
-            link_first: true,
+            link_order: super::order::LinkOrderWanted::First,
             mesh_ports: DEFAULT_MESH_PORTS,
         }
     }

@@ -12,10 +12,24 @@
 
 use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path};
 
-use crate::status::{ForeignProgram, HookOrderStatus, LinkOrderStatus};
+use crate::status::{ChildCgroupsStatus, ForeignProgram, HookOrderStatus, LinkOrderStatus};
 
 use super::role::Role;
 use super::sys;
+
+/// Where the connect links are asked to go (`--link-order`): the kernel has the
+/// last word ([`LinkOrder`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LinkOrderWanted {
+    /// Before every other program where the kernel orders cgroup links; else at
+    /// the root's children when another program is at a connect hook of the root.
+    First,
+    /// After every program already there, at the root itself (tests: hairpin
+    /// before it linked at the children).
+    Append,
+    /// As on a kernel that does not order cgroup links (tests).
+    Children,
+}
 
 /// Whether this agent's connect links go before every other program at the cgroup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,18 +140,57 @@ fn foreign(id: u32) -> ForeignProgram {
 
 /// The order of both connect hooks at `cgroup`, for `status`: `own` gives this
 /// agent's program id at each (`None`: not attached there). A hook that cannot be
-/// queried says why instead.
+/// queried says why instead. Linked at the root's `children` instead (a kernel
+/// that cannot order cgroup links), those, the programs at the root, and how many
+/// processes the root cgroup holds itself.
 pub(crate) fn report(
     order: &LinkOrder,
     cgroup: &Path,
     own: impl Fn(Role) -> Option<u32>,
+    children: &[&str],
 ) -> LinkOrderStatus {
     let mut status = LinkOrderStatus {
         ordering: order.to_string(),
         first: order.orders(),
         hooks: Vec::new(),
         error: None,
+        children: None,
     };
+    if !children.is_empty() {
+        let mut at_root: Vec<u32> = Vec::new();
+        for role in [Role::Connect4, Role::Connect6] {
+            let ids = File::open(cgroup).and_then(|dir| {
+                sys::prog_query(std::os::fd::AsFd::as_fd(&dir), role.attach_type())
+            });
+            match ids {
+                Ok(ids) => at_root.extend(
+                    ids.iter()
+                        .filter(|id| !at_root.contains(id))
+                        .collect::<Vec<_>>(),
+                ),
+                Err(e) => {
+                    status.error = Some(format!(
+                        "the {} programs at {} could not be listed: {e}",
+                        role.name(),
+                        cgroup.display()
+                    ));
+                }
+            }
+        }
+        let root_processes = super::children::own_processes(cgroup).unwrap_or_else(|e| {
+            status.error = Some(format!(
+                "the processes of {} could not be counted: {e}",
+                cgroup.display()
+            ));
+            0
+        });
+        status.children = Some(ChildCgroupsStatus {
+            cgroups: children.iter().map(|c| c.to_string()).collect(),
+            at_root: at_root.into_iter().map(foreign).collect(),
+            root_processes: root_processes as u64,
+        });
+        return status;
+    }
     for role in [Role::Connect4, Role::Connect6] {
         let Some(id) = own(role) else { continue };
         match observe(cgroup, role, id) {

@@ -55,6 +55,12 @@ impl Role {
         }
     }
 
+    /// Whether this is a connect hook (the ones whose order among other programs
+    /// matters).
+    pub(crate) fn is_connect(self) -> bool {
+        matches!(self, Role::Connect4 | Role::Connect6)
+    }
+
     /// Whether the kernel path alone uses this hook.
     pub(crate) fn kernel_path_only(self) -> bool {
         matches!(self, Role::SkMsg | Role::SockOps | Role::SetSockopt)

@@ -1,6 +1,8 @@
 //! `hairpin_kernel_capability`: what this node's kernel lets hairpin run, one gauge
 //! per capability (1 available, 0 not), set once the datapath is loaded. What
 //! `status` and `doctor` say in words, for alerts across a fleet of mixed kernels.
+//! Beside it `hairpin_connect_hook_behind{hook=...}`: 1 while another program runs
+//! before hairpin's at a connect hook, where hairpin could not get ahead of it.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -38,9 +40,14 @@ struct CapabilityLabel {
     capability: &'static str,
 }
 
-/// The `hairpin_kernel_capability` family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabel {
+    hook: &'static str,
+}
+
+/// The `hairpin_kernel_capability` and `hairpin_connect_hook_behind` families.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>);
+pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>, Family<HookLabel, Gauge>);
 
 impl KernelCapabilities {
     /// Sets `capability` to 1 (`available`) or 0.
@@ -52,8 +59,25 @@ impl KernelCapabilities {
             .set(i64::from(available));
     }
 
-    /// Registers the family into `registry`.
+    /// Sets whether another program runs before hairpin's at the connect hook
+    /// `hook` (`connect4`, `connect6`) for processes hairpin means to serve.
+    pub(crate) fn set_behind(&self, hook: &'static str, behind: bool) {
+        self.1
+            .get_or_create(&HookLabel { hook })
+            .set(i64::from(behind));
+    }
+
+    /// Registers the families into `registry`.
     pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "connect_hook_behind",
+            "1 while another program (a socket load balancer) runs before hairpin's at this \
+             connect hook for processes hairpin serves, and hides the LB address from it: \
+             at the cgroup root on a kernel that cannot order cgroup links where the \
+             child cgroups could not be linked, or for processes in the root cgroup itself; \
+             `status` and `doctor` name the program",
+            self.1.clone(),
+        );
         registry.register(
             "kernel_capability",
             "1 for each capability this node's kernel gives hairpin, 0 for one it lacks \

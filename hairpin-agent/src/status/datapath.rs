@@ -21,9 +21,42 @@ pub struct LinkOrderStatus {
     /// Why a hook could not be listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Where the kernel cannot order cgroup links and another program is at the
+    /// root's connect hooks: the connect programs are at the root's children.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub children: Option<ChildCgroupsStatus>,
+}
+
+/// The connect programs linked at the root's child cgroups, where they run before
+/// every program at the root; the root cgroup's own processes are not reached.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChildCgroupsStatus {
+    /// The root's child cgroups the connect programs are linked at, by name.
+    pub cgroups: Vec<String>,
+    /// The programs at the root's connect hooks that run before hairpin's for a
+    /// process in the root cgroup itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub at_root: Vec<ForeignProgram>,
+    /// How many processes live in the root cgroup itself: their connects meet the
+    /// programs at the root first, and a socket load balancer's hides the LB
+    /// address from hairpin's.
+    pub root_processes: u64,
 }
 
 impl LinkOrderStatus {
+    /// Whether a connect hook has another program in front of hairpin's for some
+    /// process hairpin means to serve: at the cgroup it is linked at, or, linked at
+    /// the children, for the root cgroup's own processes.
+    pub fn behind(&self, hook: &str) -> bool {
+        self.hooks
+            .iter()
+            .any(|h| h.hook == hook && !h.in_front.is_empty())
+            || self
+                .children
+                .as_ref()
+                .is_some_and(|c| c.root_processes > 0 && !c.at_root.is_empty())
+    }
+
     /// The hooks where another program runs before hairpin's.
     pub(crate) fn blocked(&self) -> impl Iterator<Item = &HookOrderStatus> {
         self.hooks.iter().filter(|h| !h.in_front.is_empty())

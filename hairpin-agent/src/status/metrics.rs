@@ -214,6 +214,12 @@ impl Metrics {
         self.capabilities.set(capability, on);
     }
 
+    /// Whether another program runs before hairpin's at the connect hook `hook`
+    /// (`hairpin_connect_hook_behind`).
+    pub fn set_connect_hook_behind(&self, hook: &'static str, behind: bool) {
+        self.capabilities.set_behind(hook, behind);
+    }
+
     /// A connection was accepted by a relay listener.
     pub(crate) fn connection_opened(&self) {
         self.connections.inc();

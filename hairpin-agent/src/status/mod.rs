@@ -25,8 +25,8 @@ use crate::model::{NodePath, Paths, ProxyVersion};
 
 mod datapath;
 pub(crate) use datapath::{
-    ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState, KernelPathStatus,
-    LifecycleStatus, LinkOrderStatus, MptcpDetection,
+    ChildCgroupsStatus, ForeignProgram, HookOrderStatus, KernelPathReason, KernelPathState,
+    KernelPathStatus, LifecycleStatus, LinkOrderStatus, MptcpDetection,
 };
 mod relay;
 pub(crate) use relay::{RelayStatus, UnservedFamily, UnservedStep};

@@ -295,6 +295,7 @@ fn exported() -> BTreeSet<String> {
     m.client_error(ConnError::Reset);
     m.shed("per_source");
     m.watch_restart("services");
+    m.set_connect_hook_behind("connect4", false);
     let mut out = BTreeSet::new();
     for line in m.render().lines() {
         let Some(rest) = line.strip_prefix("# TYPE ") else {

@@ -4,6 +4,7 @@
 
 mod names;
 mod programs;
+pub(super) use programs::report_link_order;
 mod relay;
 
 use names::{

@@ -44,7 +44,7 @@ pub(super) fn report_datapath(
         }));
     }
     report_kernel_path(args, d, state, metrics);
-    report_link_order(d, state);
+    report_link_order(d, state, metrics);
     report_capabilities(d, metrics);
     release_inherited_pins(args);
     let beating = tokio::spawn(d.heartbeat().beat_every(datapath::BEAT_EVERY)).abort_handle();
@@ -187,7 +187,11 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
         splice_sockets: u32::try_from(args.max_connections.saturating_mul(2))
             .unwrap_or(u32::MAX)
             .clamp(2, 1 << 20),
-        link_first: args.link_order == LinkOrderMode::First,
+        link_order: match args.link_order {
+            LinkOrderMode::First => datapath::LinkOrderWanted::First,
+            LinkOrderMode::Append => datapath::LinkOrderWanted::Append,
+            LinkOrderMode::Children => datapath::LinkOrderWanted::Children,
+        },
         mesh_ports: args.mesh_capture_ports.slots(),
         slot_addrs: SlotAddrs::of(&super::names::relay_addresses(args)),
     }
@@ -244,11 +248,21 @@ pub(super) fn release_inherited_pins(args: &RunArgs) {
 /// Says in `status` where the connect programs run among the other connect programs
 /// at the cgroup, and warns when another runs before them (a socket load balancer
 /// there hides the LB address from them).
-fn report_link_order(d: &Datapath, state: &AgentState) {
+pub(crate) fn report_link_order(d: &Datapath, state: &AgentState, metrics: &Metrics) {
     let Some(order) = d.link_order_status() else {
         return;
     };
     info!(order = %order.ordering, "connect links");
+    for hook in ["connect4", "connect6"] {
+        metrics.set_connect_hook_behind(hook, order.behind(hook));
+    }
+    if let Some(c) = order.children.as_ref().filter(|c| c.root_processes > 0) {
+        warn!(
+            root_processes = c.root_processes,
+            children = %c.cgroups.join(", "),
+            "hairpin's connect programs are at the child cgroups: the processes in the root cgroup itself meet the other program at the root first"
+        );
+    }
     for hook in order.blocked() {
         let front: Vec<String> = hook.in_front.iter().map(ToString::to_string).collect();
         warn!(

@@ -60,8 +60,31 @@ pub(crate) fn link_order_check(agent: Option<&Snapshot>) -> Check {
             "the agent reports no connect programs attached",
         );
     };
-    let hooks = observed(reported, &att.cgroup);
     let at = att.cgroup.display();
+    if let Some(c) = &reported.children {
+        let front: Vec<String> = c.at_root.iter().map(ToString::to_string).collect();
+        let detail = format!(
+            "this kernel cannot order cgroup links and {} runs at the connect hooks of {at}: \
+             hairpin's connect programs are linked at each of its child cgroups ({}), where \
+             they run before the root's",
+            front.join(", "),
+            c.cgroups.join(", ")
+        );
+        if c.root_processes == 0 {
+            return Check::new(name, Status::Ok, detail);
+        }
+        return Check::new(
+            name,
+            Status::Warn,
+            format!(
+                "{detail}; {} processes in the root cgroup itself meet the root's programs \
+                 first: a socket load balancer there hides the LB address from hairpin for them",
+                c.root_processes
+            ),
+        )
+        .fix(reported.remedy());
+    }
+    let hooks = observed(reported, &att.cgroup);
     let blocked: Vec<String> = hooks
         .iter()
         .filter(|h| !h.in_front.is_empty())
@@ -213,6 +236,7 @@ mod tests {
                     behind: Vec::new(),
                 }],
                 error: None,
+                children: None,
             }),
             ..Snapshot::default()
         }

@@ -38,6 +38,27 @@ pub(super) fn render(out: &mut String, order: &crate::status::LinkOrderStatus, c
         };
         out.push_str(&format!("            {line}\n"));
     }
+    if let Some(c) = &order.children {
+        out.push_str(&format!(
+            "            connect4, connect6: hairpin first at each child cgroup ({}), \
+             before the root's {}\n",
+            c.cgroups.join(", "),
+            list(&c.at_root)
+        ));
+        if c.root_processes > 0 {
+            out.push_str(&format!(
+                "            {}\n",
+                paint(
+                    &format!(
+                        "{} processes in the root cgroup itself meet the root's programs first",
+                        c.root_processes
+                    ),
+                    Tone::Warn,
+                    colour
+                )
+            ));
+        }
+    }
     let unnamed = order
         .blocked()
         .flat_map(|h| &h.in_front)
@@ -85,6 +106,7 @@ mod tests {
             first: false,
             hooks: vec![hook(vec![unnamed], Vec::new())],
             error: None,
+            children: None,
         };
         let text = render(&order);
         assert!(
@@ -113,6 +135,7 @@ mod tests {
             first: true,
             hooks: vec![hook(Vec::new(), vec![after])],
             error: None,
+            children: None,
         };
         let text = render(&order);
         assert!(

@@ -19,6 +19,8 @@ use super::hook::{Target, link_error, link_of, pin_link, repin, update_link};
 use super::kernel::{LinkKernel, LoadedPrograms, Sys};
 use super::state::{Hook, HookSeen, LinkFailed, PinnedLink, Stale};
 use super::takeover::{self, Handover, take_over_link};
+
+mod children;
 use crate::datapath::attach::{Adoption, Attachment, Link};
 use crate::datapath::error::DatapathError;
 use crate::datapath::order::{self, LinkOrder};
@@ -112,12 +114,27 @@ impl<K: LinkKernel> Links<K> {
     ) -> Result<&Attachment, DatapathError> {
         let target = Target::open(&self.kernel, cgroup)?;
         first();
+        let children = self.children_to_link(&target);
         let mut links: Vec<Link> = Vec::new();
         let mut adopted = Vec::new();
         for role in decide::attach_order() {
             let Some(program) = programs.program_for(role) else {
                 continue;
             };
+            if role.is_connect()
+                && let Some(names) = &children
+            {
+                let made = self.link_children(programs, (role, program), cgroup, names);
+                if !made.is_empty() {
+                    for (link, how) in made {
+                        adopted.push((role.name(), how));
+                        links.push(link);
+                    }
+                    continue;
+                }
+                // Not one child could be linked: at the root, behind the other
+                // program, as on a kernel without children to link.
+            }
             match self.execute_hook(programs, role, Some(program), &target, false) {
                 Ok(Some((link, how))) => {
                     adopted.push((role.name(), how));
@@ -148,6 +165,7 @@ impl<K: LinkKernel> Links<K> {
             }
         }
         self.detach_unused(programs, &links, &target);
+        self.settle_children(&links);
         log_adoptions(&adopted);
         Ok(&*self
             .attachment
@@ -166,6 +184,8 @@ impl<K: LinkKernel> Links<K> {
             return;
         }
         for role in decide::attach_order() {
+            // A connect hook linked at the root's children has its root link
+            // settled by `settle_children`.
             if links.iter().any(|l| l.role == role) {
                 continue;
             }
@@ -189,10 +209,11 @@ impl<K: LinkKernel> Links<K> {
     ) -> Result<Option<(Link, Adoption)>, DatapathError> {
         let error = |op: &'static str| link_error(role, target.path, op);
         let (target_fd, target_id) = self.target_of(role, target).map_err(error("read"))?;
-        let (mut pinned, old) = self.observe_hook(role, target_id, target.path)?;
-        let (mut theirs_seen, theirs) = match &self.handover {
-            Some(h) => h.observe(&self.kernel, role, target_id, target.path)?,
-            None => (PinnedLink::Absent, None),
+        let (mut pinned, old) = self.observe_hook(role, target, target_id)?;
+        // Another layout's links are at the root only.
+        let (mut theirs_seen, theirs) = match (&self.handover, target.child) {
+            (Some(h), None) => h.observe(&self.kernel, role, target_id, target.path)?,
+            _ => (PinnedLink::Absent, None),
         };
         loop {
             let seen = HookSeen {
@@ -205,7 +226,7 @@ impl<K: LinkKernel> Links<K> {
             let action = decide::hook(&seen);
             let name = match (&action, program) {
                 (Hook::DetachUnused, _) => {
-                    self.detach_unused_link(role, old.as_ref());
+                    self.detach_unused_link(role, target, old.as_ref());
                     return Ok(None);
                 }
                 (Hook::Defer, _) => {
@@ -238,9 +259,10 @@ impl<K: LinkKernel> Links<K> {
                 }
                 Hook::SwapInPlace => {
                     let old = old.as_ref().map(|(fd, info)| (fd, info.prog_id));
-                    match self.swap_in_place(role, &prog, old, target.path)? {
+                    match self.swap_in_place((role, target.child), &prog, old, target.path)? {
                         Some(link) => {
-                            let link = link_of(&self.kernel, role, name, Some(link));
+                            let link =
+                                link_of(&self.kernel, (role, target.child), name, Some(link));
                             return Ok(Some((link, Adoption::Swapped)));
                         }
                         // The link cannot be updated (its cgroup went away): observed
@@ -259,7 +281,7 @@ impl<K: LinkKernel> Links<K> {
             pin_link(
                 &self.kernel,
                 self.pins(),
-                role,
+                (role, target.child),
                 fd.as_ref(),
                 &prog,
                 target.path,
@@ -272,7 +294,10 @@ impl<K: LinkKernel> Links<K> {
                     tracing::debug!(hook = role.name(), error = %e, "the replaced link could not be detached (already gone)");
                 }
             }
-            return Ok(Some((link_of(&self.kernel, role, name, fd), how)));
+            return Ok(Some((
+                link_of(&self.kernel, (role, target.child), name, fd),
+                how,
+            )));
         }
     }
 
@@ -286,19 +311,20 @@ impl<K: LinkKernel> Links<K> {
         }
     }
 
-    /// What is pinned at `role`'s link pin, with the link and its description when
-    /// there is one.
+    /// What is pinned at `role`'s link pin at `target` (of id `target_id`), with
+    /// the link and its description when there is one.
     fn observe_hook(
         &self,
         role: Role,
+        target: &Target<'_>,
         target_id: u64,
-        cgroup: &Path,
     ) -> Result<(PinnedLink, Option<(OwnedFd, LinkInfo)>), DatapathError> {
+        let cgroup = target.path;
         let error = |op: &'static str| link_error(role, cgroup, op);
         let Some(pins) = self.pins() else {
             return Ok((PinnedLink::NotPinning, None));
         };
-        let link = match self.kernel.open_pinned(&pins.link(role)) {
+        let link = match self.kernel.open_pinned(&target.link_pin(pins, role)) {
             Ok(link) => link,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Ok((PinnedLink::Absent, None));
@@ -322,7 +348,7 @@ impl<K: LinkKernel> Links<K> {
     /// no longer be updated (ENOLINK: its cgroup went away).
     fn swap_in_place(
         &self,
-        role: Role,
+        (role, child): (Role, Option<&str>),
         prog: &OwnedFd,
         old: Option<(&OwnedFd, u32)>,
         cgroup: &Path,
@@ -335,13 +361,22 @@ impl<K: LinkKernel> Links<K> {
         if !update_link(&self.kernel, role, link, prog, (&prog_pin, running), cgroup)? {
             return Ok(None);
         }
-        repin(&self.kernel, &prog_pin, prog).map_err(error("pin"))?;
+        // At a child, repinned once every child has its link (`link_children`).
+        if child.is_none() {
+            repin(&self.kernel, &prog_pin, prog).map_err(error("pin"))?;
+        }
         let link = link.try_clone().map_err(error("read"))?;
         Ok(Some(link))
     }
 
-    /// Detaches and unpins an earlier agent's link at a hook this agent does not use.
-    fn detach_unused_link(&self, role: Role, old: Option<&(OwnedFd, LinkInfo)>) {
+    /// Detaches and unpins an earlier agent's link at a hook this agent does not use
+    /// (at `target`; the program's pin goes with the root's link only).
+    fn detach_unused_link(
+        &self,
+        role: Role,
+        target: &Target<'_>,
+        old: Option<&(OwnedFd, LinkInfo)>,
+    ) {
         let Some(pins) = self.pins() else {
             return;
         };
@@ -356,8 +391,10 @@ impl<K: LinkKernel> Links<K> {
                 }
             }
         }
-        let _ = self.kernel.unpin(&pins.link(role));
-        let _ = self.kernel.unpin(&pins.prog(role));
+        let _ = self.kernel.unpin(&target.link_pin(pins, role));
+        if target.child.is_none() {
+            let _ = self.kernel.unpin(&pins.prog(role));
+        }
     }
 
     /// A new link of `prog` at `target`; sk_msg falls back to the map attachment on
@@ -498,7 +535,7 @@ impl<K: LinkKernel> Links<K> {
                 tracing::warn!(hook = l.role.name(), error = %e, "detach failed");
             }
             if let Some(pins) = self.pinning.dir() {
-                let _ = self.kernel.unpin(&pins.link(l.role));
+                let _ = self.kernel.unpin(&pins.link_at(l.role, l.child.as_deref()));
                 let _ = self.kernel.unpin(&pins.prog(l.role));
             }
         }

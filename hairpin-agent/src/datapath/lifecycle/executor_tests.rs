@@ -346,3 +346,230 @@ fn a_kernel_path_hook_that_cannot_link_costs_the_kernel_path_only() {
     let att = n.links.attachment().expect("attached");
     assert_eq!(att.program(Role::SkMsg), None);
 }
+
+/// On a kernel that cannot order cgroup links, with a socket load balancer's
+/// program at the root's connect hooks: `children` under the root.
+fn beside_a_socket_lb(children: &[&str]) -> Node {
+    let n = node(
+        true,
+        true,
+        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        None,
+    );
+    n.kernel.set_children(children);
+    n.kernel.foreign_program(Role::Connect4, 9001);
+    n.kernel.foreign_program(Role::Connect6, 9002);
+    n
+}
+
+/// The hooks and cgroup ids of the links created, in order.
+fn created_at(k: &Fake, calls: &[Call]) -> Vec<(Role, u64)> {
+    calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Create { hook, link, .. } => Some((*hook, k.live_at(*link).unwrap_or(0))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn without_ordering_beside_another_program_the_connect_links_go_at_each_child_consumers_first() {
+    let mut n = beside_a_socket_lb(&["kubepods.slice", "system.slice"]);
+    n.attach();
+    let calls = n.kernel.calls();
+    let (kube, system) = (
+        Fake::child_id("kubepods.slice"),
+        Fake::child_id("system.slice"),
+    );
+    assert_eq!(
+        created_at(&n.kernel, &calls),
+        [
+            (Role::SkMsg, SOCKETS_ID),
+            (Role::SockOps, CGROUP_ID),
+            (Role::SetSockopt, CGROUP_ID),
+            (Role::Connect4, kube),
+            (Role::Connect4, system),
+            (Role::Connect6, kube),
+            (Role::Connect6, system),
+        ],
+        "{calls:#?}"
+    );
+    let links = n.pins.as_ref().expect("pinned").join("links");
+    for pin in ["connect4@kubepods.slice", "connect6@system.slice"] {
+        assert!(n.kernel.pinned(&links.join(pin)).is_some(), "{pin}");
+    }
+    // Never at the root too: its run after the socket LB's would clear the mark.
+    assert_eq!(n.kernel.pinned(&n.link_pin(Role::Connect4)), None);
+    assert_eq!(
+        n.links.attachment().map(|a| a.children()),
+        Some(vec!["kubepods.slice", "system.slice"])
+    );
+}
+
+#[test]
+fn without_ordering_and_nothing_else_at_the_root_the_connect_links_stay_at_the_root() {
+    let mut n = node(
+        true,
+        true,
+        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        None,
+    );
+    n.kernel.set_children(&["kubepods.slice"]);
+    n.attach();
+    let calls = n.kernel.calls();
+    assert!(
+        created_at(&n.kernel, &calls).iter().all(|(hook, at)| *at
+            == if *hook == Role::SkMsg {
+                SOCKETS_ID
+            } else {
+                CGROUP_ID
+            }),
+        "{calls:#?}"
+    );
+}
+
+#[test]
+fn where_the_kernel_orders_links_the_children_are_never_used() {
+    let mut n = beside_a_socket_lb(&["kubepods.slice"]);
+    n.links = Links::new(
+        n.kernel.clone(),
+        Pinning::Off,
+        LinkOrder::Before,
+        (n.kernel.sockets_map(), SOCKETS_ID),
+        None,
+    );
+    n.attach();
+    let calls = n.kernel.calls();
+    assert!(
+        created_at(&n.kernel, &calls)
+            .iter()
+            .all(|(_, at)| *at != Fake::child_id("kubepods.slice")),
+        "{calls:#?}"
+    );
+}
+
+#[test]
+fn an_earlier_agents_root_connect_link_is_detached_after_the_children_are_linked() {
+    let mut n = beside_a_socket_lb(&["kubepods.slice"]);
+    let (old_prog, old_id) = n.kernel.program("an earlier connect4");
+    let old = n.kernel.pinned_link(
+        Role::Connect4,
+        (&old_prog, old_id),
+        CGROUP_ID,
+        (&n.link_pin(Role::Connect4), &n.prog_pin(Role::Connect4)),
+    );
+    n.kernel.foreign_program(Role::Connect4, old_id);
+    n.attach();
+    let calls = n.kernel.calls();
+    let child = position(&calls, |c| {
+        matches!(
+            c,
+            Call::Create {
+                hook: Role::Connect4,
+                ..
+            }
+        )
+    });
+    let gone = position(&calls, |c| *c == Call::Detach { link: old });
+    assert!(child < gone, "the child's link first: {calls:#?}");
+    assert_eq!(n.kernel.pinned(&n.link_pin(Role::Connect4)), None);
+    // Its program's pin is this agent's program now.
+    assert_eq!(
+        n.kernel.pinned(&n.prog_pin(Role::Connect4)).as_deref(),
+        Some(PROG_CONNECT4)
+    );
+}
+
+#[test]
+fn the_next_agent_swaps_each_childs_link_in_place_and_follows_children_made_and_removed() {
+    let mut n = beside_a_socket_lb(&["kubepods.slice", "system.slice"]);
+    n.attach();
+    let root = n._dir.path().to_path_buf();
+    // The first agent exits (its lock with it); the next starts on the same pins.
+    n.links = Links::new(
+        n.kernel.clone(),
+        Pinning::Off,
+        LinkOrder::Disabled,
+        (n.kernel.sockets_map(), SOCKETS_ID),
+        None,
+    );
+    n.programs = FakePrograms::new(
+        &n.kernel,
+        &[
+            PROG_SK_MSG,
+            PROG_SOCK_OPS,
+            PROG_SETSOCKOPT,
+            PROG_CONNECT4,
+            PROG_CONNECT6,
+        ],
+        true,
+    );
+    n.links = Links::new(
+        n.kernel.clone(),
+        Pinning::Pinned(PinDir::for_tests(&root, LAYOUT)),
+        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        (n.kernel.sockets_map(), SOCKETS_ID),
+        None,
+    );
+    n.kernel.clear();
+    n.attach();
+    let calls = n.kernel.calls();
+    assert!(created(&calls).is_empty(), "swapped, none new: {calls:#?}");
+    let swaps = calls
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Call::Update {
+                    replace: Some(_),
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        swaps, 7,
+        "3 at the root, 2 per child, each compare-and-swap: {calls:#?}"
+    );
+    // A child made since is linked; one removed has its pins go.
+    n.kernel.set_children(&["kubepods.slice", "user.slice"]);
+    n.kernel.clear();
+    assert_eq!(n.links.rescan_children(&n.programs), (1, 1));
+    let calls = n.kernel.calls();
+    assert_eq!(
+        created_at(&n.kernel, &calls),
+        [
+            (Role::Connect4, Fake::child_id("user.slice")),
+            (Role::Connect6, Fake::child_id("user.slice"))
+        ],
+        "{calls:#?}"
+    );
+    let links = n.pins.as_ref().expect("pinned").join("links");
+    assert_eq!(n.kernel.pinned(&links.join("connect4@system.slice")), None);
+    assert!(
+        n.kernel
+            .pinned(&links.join("connect6@user.slice"))
+            .is_some()
+    );
+    // Removed: the children's connect links go before the consumers.
+    let att = n.links.attachment().expect("attached");
+    let (connect, consumers): (Vec<_>, Vec<_>) =
+        att.links.iter().partition(|l| l.role.is_connect());
+    let ids = |ls: &[&crate::datapath::attach::Link]| -> Vec<u32> {
+        ls.iter().filter_map(|l| l.id).collect()
+    };
+    let (connect, consumers) = (ids(&connect), ids(&consumers));
+    assert_eq!(connect.len(), 4, "{:?}", att.links);
+    n.kernel.clear();
+    n.links.uninstall(&n.programs);
+    let calls = n.kernel.calls();
+    let at = |ids: &[u32]| -> Vec<usize> {
+        ids.iter()
+            .map(|id| position(&calls, |c| *c == Call::Detach { link: *id }))
+            .collect()
+    };
+    let last_connect = at(&connect).into_iter().max();
+    let first_consumer = at(&consumers).into_iter().min();
+    assert!(last_connect < first_consumer, "{calls:#?}");
+}

@@ -59,7 +59,7 @@ pub(super) enum Call {
 enum Obj {
     Prog { id: u32, name: String },
     Link(LinkObj),
-    Cgroup,
+    Cgroup(u64),
     Map,
 }
 
@@ -81,6 +81,10 @@ struct State {
     next_id: u32,
     /// Link creation at these hooks fails with this errno.
     fail_create: HashMap<Role, i32>,
+    /// The child cgroups of every cgroup, by name.
+    children: Vec<String>,
+    /// Another agent's programs at the root's hooks, run before any link made here.
+    foreign: HashMap<Role, Vec<u32>>,
 }
 
 /// The fake kernel; clones share it, so a test keeps one to read the calls.
@@ -177,6 +181,35 @@ impl Fake {
         id
     }
 
+    /// The cgroups' children are `names` from now on.
+    pub(super) fn set_children(&self, names: &[&str]) {
+        self.0.borrow_mut().children = names.iter().map(|n| n.to_string()).collect();
+    }
+
+    /// Another program (id `id`) is attached at the root's `hook`, before any
+    /// link made here (as a socket load balancer that came first).
+    pub(super) fn foreign_program(&self, hook: Role, id: u32) {
+        self.0
+            .borrow_mut()
+            .foreign
+            .entry(hook)
+            .or_default()
+            .push(id);
+    }
+
+    /// The id of the child cgroup `name` of the root.
+    pub(super) fn child_id(name: &str) -> u64 {
+        CGROUP_ID + 1 + name.bytes().map(u64::from).sum::<u64>()
+    }
+
+    /// The link `id` is at the cgroup of `target` id, not detached.
+    pub(super) fn live_at(&self, link: u32) -> Option<u64> {
+        self.0.borrow().objs.values().find_map(|(o, _)| match o {
+            Obj::Link(l) if l.id == link && !l.detached => Some(l.target),
+            _ => None,
+        })
+    }
+
     /// Link creation at `hook` fails with `e` from now on.
     pub(super) fn fail_create(&self, hook: Role, e: i32) {
         self.0.borrow_mut().fail_create.insert(hook, e);
@@ -212,7 +245,7 @@ impl Fake {
         match obj {
             Obj::Prog { name, .. } => name.clone(),
             Obj::Link(l) => format!("link {}", l.id),
-            Obj::Cgroup => "cgroup".into(),
+            Obj::Cgroup(_) => "cgroup".into(),
             Obj::Map => "map".into(),
         }
     }
@@ -226,8 +259,15 @@ fn hook_of(attach: AttachType) -> Role {
 }
 
 impl LinkKernel for Fake {
-    fn open_cgroup(&self, _path: &Path) -> io::Result<(OwnedFd, u64)> {
-        Ok((self.add(Obj::Cgroup), CGROUP_ID))
+    fn open_cgroup(&self, path: &Path) -> io::Result<(OwnedFd, u64)> {
+        // A child of the root is named by its last component; anything else is
+        // the root.
+        let child = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| self.0.borrow().children.iter().any(|c| c == n));
+        let id = child.map_or(CGROUP_ID, Fake::child_id);
+        Ok((self.add(Obj::Cgroup(id)), id))
     }
 
     fn link_create(
@@ -245,7 +285,7 @@ impl LinkKernel for Fake {
             return Err(errno(libc::EINVAL));
         };
         let target = match self.obj(target)?.1 {
-            Obj::Cgroup => CGROUP_ID,
+            Obj::Cgroup(id) => id,
             Obj::Map => SOCKETS_ID,
             _ => return Err(errno(libc::EINVAL)),
         };
@@ -359,6 +399,49 @@ impl LinkKernel for Fake {
             Obj::Prog { id, .. } => Ok(id),
             _ => Err(errno(libc::EINVAL)),
         }
+    }
+
+    fn prog_query(&self, target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>> {
+        let Obj::Cgroup(at) = self.obj(target)?.1 else {
+            return Err(errno(libc::EINVAL));
+        };
+        let hook = hook_of(attach);
+        let st = self.0.borrow();
+        let mut ids = if at == CGROUP_ID {
+            st.foreign.get(&hook).cloned().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut ours: Vec<(u32, u32)> = st
+            .objs
+            .values()
+            .filter_map(|(o, _)| match o {
+                Obj::Link(l) if l.hook == hook && l.target == at && !l.detached => {
+                    Some((l.id, l.prog))
+                }
+                _ => None,
+            })
+            .collect();
+        ours.sort_unstable();
+        ids.extend(ours.into_iter().map(|(_, prog)| prog));
+        Ok(ids)
+    }
+
+    fn child_cgroups(&self, _path: &Path) -> io::Result<Vec<String>> {
+        Ok(self.0.borrow().children.clone())
+    }
+
+    fn pins_in(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .0
+            .borrow()
+            .pins
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+            .collect();
+        names.sort();
+        Ok(names)
     }
 
     fn open_pinned(&self, path: &Path) -> io::Result<OwnedFd> {

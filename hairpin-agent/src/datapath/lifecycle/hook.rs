@@ -16,11 +16,14 @@ use crate::datapath::error::DatapathError;
 use crate::datapath::pin::PinDir;
 use crate::datapath::role::Role;
 
-/// Where the hooks are: the cgroup's directory, open, and its id.
+/// Where the hooks are: the cgroup's directory, open, and its id; `child` names it
+/// when it is one of the root's child cgroups (connect links only, on a kernel that
+/// cannot order cgroup links: see datapath/children.rs).
 pub(super) struct Target<'a> {
     pub(super) path: &'a Path,
     pub(super) dir: OwnedFd,
     pub(super) id: u64,
+    pub(super) child: Option<&'a str>,
 }
 
 impl<'a> Target<'a> {
@@ -39,7 +42,24 @@ impl<'a> Target<'a> {
             path: cgroup,
             dir,
             id,
+            child: None,
         })
+    }
+
+    /// The root's child cgroup `name` at `path`, opened.
+    pub(super) fn open_child(
+        kernel: &impl LinkKernel,
+        path: &'a Path,
+        name: &'a str,
+    ) -> Result<Target<'a>, DatapathError> {
+        let mut target = Target::open(kernel, path)?;
+        target.child = Some(name);
+        Ok(target)
+    }
+
+    /// Where the link of `role` here is pinned in `pins`.
+    pub(super) fn link_pin(&self, pins: &PinDir, role: Role) -> std::path::PathBuf {
+        pins.link_at(role, self.child)
     }
 }
 
@@ -58,10 +78,11 @@ pub(crate) fn link_error(
     }
 }
 
-/// A [`Link`] record for `fd` (its id read from the kernel).
+/// A [`Link`] record for `fd` (its id read from the kernel), at the root's child
+/// cgroup `child` when it is there.
 pub(super) fn link_of(
     kernel: &impl LinkKernel,
-    role: Role,
+    (role, child): (Role, Option<&str>),
     program: &'static str,
     fd: Option<OwnedFd>,
 ) -> Link {
@@ -74,6 +95,7 @@ pub(super) fn link_of(
         program,
         fd,
         id,
+        child: child.map(str::to_string),
     }
 }
 
@@ -112,11 +134,12 @@ pub(super) fn update_link(
 }
 
 /// Pins a new link `fd` (none: sk_msg on the map the old way) and its program
-/// `prog` at `role`'s pins in `pins`, when the datapath is pinned.
+/// `prog` at `role`'s pins in `pins` (the link's at the root's child cgroup `child`
+/// when it is there), when the datapath is pinned.
 pub(super) fn pin_link(
     kernel: &impl LinkKernel,
     pins: Option<&PinDir>,
-    role: Role,
+    (role, child): (Role, Option<&str>),
     fd: Option<&OwnedFd>,
     prog: &OwnedFd,
     cgroup: &Path,
@@ -126,9 +149,14 @@ pub(super) fn pin_link(
         return Ok(());
     };
     if let Some(fd) = fd {
-        let link_pin = pins.link(role);
+        let link_pin = pins.link_at(role, child);
         let _ = kernel.unpin(&link_pin);
         kernel.pin(fd.as_fd(), &link_pin).map_err(error("pin"))?;
+    }
+    if child.is_some() {
+        // Repinned once every child has its link: until then the program pinned is
+        // the one the other children's links run, their compare-and-swap's.
+        return Ok(());
     }
     repin(kernel, &pins.prog(role), prog).map_err(error("pin"))
 }

@@ -58,6 +58,13 @@ pub(crate) trait LinkKernel {
     fn link_info(&self, link: BorrowedFd<'_>) -> io::Result<LinkInfo>;
     /// The id of a program.
     fn prog_id(&self, prog: BorrowedFd<'_>) -> io::Result<u32>;
+    /// `BPF_PROG_QUERY`: the ids of the programs attached at the cgroup `target`'s
+    /// hook `attach`, in the order they run there.
+    fn prog_query(&self, target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>>;
+    /// The child cgroups of the cgroup v2 directory `path`, by name, sorted.
+    fn child_cgroups(&self, path: &Path) -> io::Result<Vec<String>>;
+    /// The names of the pins in the directory `dir`, sorted (none when it is missing).
+    fn pins_in(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// `BPF_OBJ_GET`: the object pinned at `path`.
     fn open_pinned(&self, path: &Path) -> io::Result<OwnedFd>;
     /// `BPF_OBJ_PIN` of `fd` at `path`.
@@ -124,6 +131,31 @@ impl LinkKernel for Sys {
 
     fn prog_id(&self, prog: BorrowedFd<'_>) -> io::Result<u32> {
         sys::prog_id(prog)
+    }
+
+    fn prog_query(&self, target: BorrowedFd<'_>, attach: AttachType) -> io::Result<Vec<u32>> {
+        sys::prog_query(target, attach)
+    }
+
+    fn child_cgroups(&self, path: &Path) -> io::Result<Vec<String>> {
+        crate::datapath::children::list(path)
+    }
+
+    fn pins_in(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut names = Vec::new();
+        for e in entries {
+            // A name that is not UTF-8 is none the agent pins.
+            if let Ok(name) = e?.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
     }
 
     fn open_pinned(&self, path: &Path) -> io::Result<OwnedFd> {

@@ -131,7 +131,7 @@ pub(super) fn take_over_link(
         return Ok(None);
     }
     let link = link.try_clone().map_err(link_error(role, cgroup, "read"))?;
-    pin_link(kernel, pins, role, Some(&link), prog, cgroup)?;
+    pin_link(kernel, pins, (role, None), Some(&link), prog, cgroup)?;
     let _ = kernel.unpin(&dir.join("links").join(role.name()));
     let _ = kernel.unpin(&their_prog);
     let from = dir
@@ -139,7 +139,7 @@ pub(super) fn take_over_link(
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     tracing::info!(hook = role.name(), layout = %from, "handed over: this agent's program swapped into the other layout's link in place");
     Ok(Some((
-        link_of(kernel, role, name, Some(link)),
+        link_of(kernel, (role, None), name, Some(link)),
         Adoption::TakenOver(from),
     )))
 }

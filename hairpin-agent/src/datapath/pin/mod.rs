@@ -7,7 +7,10 @@
 //! <dir>/                 flock()ed by the agent that owns the datapath
 //!   v<PIN_LAYOUT>/maps/   every map the programs share, by ELF name
 //!   v<PIN_LAYOUT>/links/  one bpf_link per hook (connect4, connect6, sock_ops,
-//!                         setsockopt, sk_msg), by role
+//!                         setsockopt, sk_msg), by role; where the connect links
+//!                         are at the root's child cgroups (a kernel that cannot
+//!                         order cgroup links), one per hook and child:
+//!                         `connect4@<child>`, `connect6@<child>`
 //!   v<PIN_LAYOUT>/progs/  the program each link runs, for BPF_F_REPLACE
 //! ```
 //!
@@ -34,6 +37,18 @@ use aya::maps::{Map, MapData, SockHash};
 use tracing::{info, warn};
 
 use super::role::Role;
+
+/// Between a hook's name and a child cgroup's in the pin of a link at that child
+/// (`connect4@kubepods.slice`).
+pub(crate) const CHILD_SEPARATOR: char = '@';
+
+/// The child cgroup of a link pin named `name` at `role` (`connect4@system.slice`:
+/// `system.slice`), `None` for any other pin.
+pub(crate) fn child_of_pin(name: &str, role: Role) -> Option<&str> {
+    name.strip_prefix(role.name())?
+        .strip_prefix(CHILD_SEPARATOR)
+        .filter(|c| !c.is_empty())
+}
 
 /// `statfs` type of a bpf filesystem (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -242,6 +257,23 @@ impl PinDir {
     /// Where the link of `role` is pinned.
     pub(crate) fn link(&self, role: Role) -> PathBuf {
         self.layout_dir().join("links").join(role.name())
+    }
+
+    /// Where the link of `role` at the root's child cgroup `child` is pinned
+    /// (`None`: at the root itself, [`PinDir::link`]).
+    pub(crate) fn link_at(&self, role: Role, child: Option<&str>) -> PathBuf {
+        match child {
+            Some(child) => self
+                .layout_dir()
+                .join("links")
+                .join(format!("{}{CHILD_SEPARATOR}{child}", role.name())),
+            None => self.link(role),
+        }
+    }
+
+    /// The directory of the links.
+    pub(crate) fn links_dir(&self) -> PathBuf {
+        self.layout_dir().join("links")
     }
 
     /// Where the program the link of `role` runs is pinned.

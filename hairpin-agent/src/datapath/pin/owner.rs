@@ -404,8 +404,18 @@ pub(super) fn remove_layout(layout: &Path) -> Vec<Removed> {
     // Links first, connect programs before the consumers: no socket is marked
     // after this that sock_ops or sk_msg would not see.
     if let (links_path, Ok(Some((links, _)))) = sub("links") {
-        for role in super::super::role::detach_order() {
-            let name = role.name();
+        // A connect hook's links at the root's child cgroups go with it.
+        let all = names(&links, &links_path).unwrap_or_default();
+        let each = super::super::role::detach_order().flat_map(|role| {
+            std::iter::once(role.name().to_string()).chain(
+                all.iter()
+                    .filter(|n| super::child_of_pin(n, role).is_some())
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )
+        });
+        for name in each {
+            let name = name.as_str();
             let p = links_path.join(name);
             let pin = match open_pin_at(&links, name, &p, dev) {
                 Ok(Some((pin, _))) => pin,
