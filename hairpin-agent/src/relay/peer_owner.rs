@@ -262,7 +262,10 @@ mod tests {
         drop(a);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while owners.owner(peer, local).expect("lookup").is_some() {
-            assert!(std::time::Instant::now() < deadline, "still owned 2 s after close");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still owned 2 s after close"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }

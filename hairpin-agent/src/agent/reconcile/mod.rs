@@ -160,8 +160,11 @@ pub(crate) trait RedirectMap {
     /// client speaks first; `None`: no slot for the kernel path's fallback yet).
     /// Inserting an address again replaces its entry. Returns the path the entry
     /// gives it.
-    fn insert(&mut self, frontend: &Frontend, slot: Option<SlotRef>)
-    -> Result<Route, FrontendError>;
+    fn insert(
+        &mut self,
+        frontend: &Frontend,
+        slot: Option<SlotRef>,
+    ) -> Result<Route, FrontendError>;
     /// Whether an entry would give `frontend` the kernel path.
     fn takes_kernel_path(&self, frontend: &Frontend) -> bool;
     /// Stops redirecting connects to `frontend`; absent is not an error.
@@ -553,14 +556,12 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
             Err(e) => return Err(e),
         };
         match map.insert(f, slot) {
-            Ok(route) => {
-                Ok(Live {
-                    slot,
-                    listener: at,
-                    no_slot,
-                    route,
-                })
-            }
+            Ok(route) => Ok(Live {
+                slot,
+                listener: at,
+                no_slot,
+                route,
+            }),
             Err(e) => {
                 if slot.is_some() {
                     slots.retire(addr);

@@ -38,19 +38,17 @@ impl RedirectMap for FakeMap {
         self.entries.insert(frontend);
         // As the datapath: a server-speaks-first frontend, or one that asks for
         // the relay, is relayed.
-        Ok(
-            if self.takes_kernel_path(f) {
-                Route {
-                    path: LivePath::Kernel,
-                    why: Some("kernel".into()),
-                }
-            } else {
-                Route {
-                    path: LivePath::Relay,
-                    why: self.kernel.then(|| "relay".into()),
-                }
-            },
-        )
+        Ok(if self.takes_kernel_path(f) {
+            Route {
+                path: LivePath::Kernel,
+                why: Some("kernel".into()),
+            }
+        } else {
+            Route {
+                path: LivePath::Relay,
+                why: self.kernel.then(|| "relay".into()),
+            }
+        })
     }
 
     fn takes_kernel_path(&self, f: &Frontend) -> bool {
@@ -265,11 +263,7 @@ fn a_kernel_path_frontend_goes_live_without_a_slot_and_gets_one_once_one_is_free
         ..fe("203.0.113.11:80", V1)
     };
     for f in [&kernel, &relayed] {
-        r.slots
-            .as_mut()
-            .expect("slots")
-            .exhausted
-            .insert(f.addr());
+        r.slots.as_mut().expect("slots").exhausted.insert(f.addr());
     }
     let want = set(&[kernel.clone(), relayed.clone()]);
     r.apply(&want, Trigger::Change);
@@ -289,7 +283,11 @@ fn a_kernel_path_frontend_goes_live_without_a_slot_and_gets_one_once_one_is_free
         live,
         [("203.0.113.10:80".to_string(), LivePath::Kernel, None)]
     );
-    let why = r.active().next().and_then(Active::reason).expect("a reason");
+    let why = r
+        .active()
+        .next()
+        .and_then(Active::reason)
+        .expect("a reason");
     assert!(
         why.starts_with("kernel; no relay slot for the sockets the kernel path cannot take"),
         "{why}"
@@ -311,7 +309,10 @@ fn a_kernel_path_frontend_goes_live_without_a_slot_and_gets_one_once_one_is_free
             "rewrite 203.0.113.10:80 v1",
         ]
     );
-    assert!(r.active().all(|a| a.listener.is_some() && a.no_slot.is_none()));
+    assert!(
+        r.active()
+            .all(|a| a.listener.is_some() && a.no_slot.is_none())
+    );
     assert!(!r.has_transient_failures());
 
     // Live without a slot, then asking for the relay: made live anew, slot first.
