@@ -49,6 +49,9 @@ impl std::fmt::Display for SourceKey {
 #[derive(Debug, Default)]
 pub(crate) struct PeerOwners {
     socket: Mutex<Option<OwnedFd>>,
+    /// Whether a failed lookup was said at warning level (once: a kernel without
+    /// TCP `sock_diag` fails every lookup alike).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// `SOCK_DIAG_BY_FAMILY` (linux/sock_diag.h).
@@ -83,7 +86,11 @@ impl PeerOwners {
             Ok(Some(uid)) => SourceKey::HostUid(uid),
             Ok(None) => SourceKey::HostUnknown,
             Err(e) => {
-                tracing::debug!(%peer, error = %e, "the owner of a connection from this node could not be read");
+                if self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::debug!(%peer, error = %e, "the owner of a connection from this node could not be read");
+                } else {
+                    tracing::warn!(%peer, error = %e, "the owner of a connection from this node could not be read (sock_diag): such connections share one per-source cap (said once)");
+                }
                 SourceKey::HostUnknown
             }
         }
