@@ -68,9 +68,11 @@ pub enum Counter {
     /// one header, from the relay.
     KernelFallbackMesh = 17,
     /// Connects that would go to a relay slot left alone because it did not check
-    /// out: the slot does not name the frontend dialled (or is retired), or the
-    /// socket in the relay's listener map lacks the bypass mark or a privileged
-    /// port, so it is none of the agent's listeners. They go as before hairpin.
+    /// out: the slot does not name the frontend dialled (or is retired), the
+    /// frontend has none (a kernel-path frontend live without a slot:
+    /// [`SlotRef::NONE`](crate::SlotRef::NONE)), or the socket in the relay's
+    /// listener map lacks the bypass mark or a privileged port, so it is none of
+    /// the agent's listeners. They go as before hairpin.
     RelayUnverified = 18,
 }
 

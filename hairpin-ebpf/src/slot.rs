@@ -55,11 +55,32 @@ pub struct SlotRef {
     pub listener: u8,
 }
 
+impl SlotRef {
+    /// No slot: the value of a kernel-path frontend that went live while no slot could
+    /// be had (every slot taken, its namespace at its cap). Its index names no slot
+    /// address, so the programs never rewrite a connect to it: a socket the kernel
+    /// path cannot take goes as before hairpin (counted `relay_unverified`) until the
+    /// agent binds a slot and writes it in.
+    pub const NONE: SlotRef = SlotRef {
+        addr: u8::MAX,
+        port: 0,
+        listener: u8::MAX,
+    };
+
+    /// Whether this is [`SlotRef::NONE`].
+    pub const fn is_none(&self) -> bool {
+        self.addr == u8::MAX
+    }
+}
+
 /// `#ADDRESS:PORT`: the slot address's index among the family's (which the
 /// loader fixed in the object: `/status` lists them) and the port, as `dump`, which
 /// reads only the maps, can name a slot.
 impl core::fmt::Display for SlotRef {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.is_none() {
+            return f.write_str("none");
+        }
         write!(f, "#{}:{}", self.addr, self.port)
     }
 }

@@ -3,8 +3,12 @@
 //! and the kubelet's probes, run exactly as the DaemonSet defines them, are answered
 //! every time; a node address given as a slot address is refused at start.
 //!
+//! A process as nobody holding a mesh capture port (which sends the node's own
+//! kernel-path connects to the relay) and every relay connection it may: the
+//! node's other processes are still relayed.
+//!
 //! Bounded: the crowd holds at most 256 connections for at most 12 s; each probe has
-//! the DaemonSet's own timeout.
+//! the DaemonSet's own timeout; the relay hog holds 40 connections for 20 s.
 
 use std::{
     path::Path,
@@ -13,10 +17,12 @@ use std::{
 };
 
 use hairpin_tests::{
-    agent::{Agent, agent_bin},
+    agent::{Agent, admin_get, agent_bin, all_frontends, status},
     cli::{admin_socket, run_cli, start_agent},
+    client::{assert_true_client, from_host, url},
     node::{NODE_IP4, SimNode},
     require_privileges,
+    servers::start_nginx,
     sh::command_in,
 };
 use serde_json::Value;
@@ -89,9 +95,49 @@ while True:
     c.close()
 "#;
 
+/// Listens on 127.0.0.1:15001 (a mesh's outbound capture port: the node's connects
+/// to kernel-path frontends then go to the relay), opens N connections to LB:PORT
+/// and holds them; after a second writes how many are still open (the relay resets
+/// those past its cap) and a file saying so, then holds them HOLD seconds.
+const RELAY_HOG: &str = r#"
+import json, socket, sys, time
+lb, port, n, hold, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+mesh = socket.socket()
+mesh.bind(("127.0.0.1", 15001))
+mesh.listen(16)
+held = []
+for _ in range(n):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((lb, port))
+        held.append(s)
+    except OSError:
+        s.close()
+time.sleep(1)
+alive = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        alive += 1 if s.recv(1, socket.MSG_PEEK) else 0
+    except BlockingIOError:
+        alive += 1
+    except OSError:
+        pass
+json.dump({"connected": len(held), "alive": alive}, open(out + ".tmp", "w"))
+import os
+os.rename(out + ".tmp", out)
+time.sleep(hold)
+"#;
+
 /// `python3 -c SCRIPT ARGS` in `node`'s namespace as uid and gid 65534, no groups,
 /// no capabilities (none inheritable, an empty bounding set).
 fn as_nobody(node: &SimNode, script: &str, args: &[&str]) -> Child {
+    as_nobody_in(node, None, script, args)
+}
+
+/// As [`as_nobody`], in `cgroup` (where the connect programs act).
+fn as_nobody_in(node: &SimNode, cgroup: Option<&Path>, script: &str, args: &[&str]) -> Child {
     let mut argv = vec![
         "setpriv",
         "--reuid",
@@ -108,7 +154,7 @@ fn as_nobody(node: &SimNode, script: &str, args: &[&str]) -> Child {
         script,
     ];
     argv.extend_from_slice(args);
-    command_in(&node.node_ns, None, &argv)
+    command_in(&node.node_ns, cgroup, &argv)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -422,4 +468,88 @@ fn so_mark_needs_cap_net_raw_or_cap_net_admin_and_nothing_less() {
         libc::EPERM.to_string(),
         "neither"
     );
+}
+
+/// Issue: the node's processes share the node's addresses, so they shared one
+/// per-source cap of the relay: any uid listening on 127.0.0.1:15001 (a mesh capture
+/// port, unprivileged) moves the node's kernel-path connects onto the relay, and
+/// then holds that one cap, so every other process's connections are reset. Now a
+/// process of the node is capped by the uid owning its socket.
+#[test]
+fn a_neighbour_holding_the_relays_cap_for_the_node_leaves_other_uids_relayed() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let mut agent = Agent::start_with(
+        &node,
+        &all_frontends(),
+        &[
+            "--kernel-path",
+            "auto",
+            "--max-connections-per-source",
+            "16",
+        ],
+    );
+    let report = nobodys_dir(&node).join("hog.json");
+    let mut hog = as_nobody_in(
+        &node,
+        Some(&node.host_cgroup()),
+        RELAY_HOG,
+        &[
+            "203.0.113.10",
+            "80",
+            "40",
+            "20",
+            report.to_str().expect("utf-8"),
+        ],
+    );
+    wait_for(&report);
+    let hog_said: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("its report")).expect("json");
+    // Root on the node, while nobody holds all it may: relayed (the mesh port
+    // sends it to the relay), its header naming the node.
+    let mut replies = Vec::new();
+    for _ in 0..5 {
+        replies.push(from_host(&node, &url("203.0.113.10", 80, "/")));
+    }
+    let s = status(&node);
+    let metrics = admin_get(&node, "/metrics");
+    let _ = hog.kill();
+    let _ = hog.wait();
+    eprintln!(
+        "nobody: {hog_said}; root: {:?}",
+        replies.iter().map(|r| r.code).collect::<Vec<_>>()
+    );
+    for reply in &replies {
+        assert_true_client(
+            "root on the node, beside nobody's hog",
+            reply,
+            NODE_IP4,
+            "203.0.113.10",
+            &agent,
+        );
+    }
+    assert!(
+        s["counters"]["kernel"]["kernel_fallback_mesh"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 5,
+        "the node's connects were not sent to the relay by the mesh port: {}",
+        s["counters"]
+    );
+    // Nobody was capped all the same: 16 held, the rest reset at accept.
+    // (A connect may itself see the reset of one shed just before it.)
+    assert!(
+        hog_said["connected"].as_u64().unwrap_or(0) >= 32,
+        "{hog_said}"
+    );
+    assert_eq!(hog_said["alive"], 16, "{hog_said}");
+    let shed = metrics
+        .lines()
+        .find(|l| l.starts_with("hairpin_relay_shed_total{reason=\"per_source\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(shed >= 16.0, "{shed} shed per source:\n{metrics}");
+    agent.stop();
 }

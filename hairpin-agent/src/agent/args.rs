@@ -214,8 +214,9 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_MAX_CONNECTIONS", default_value_t = 12_000)]
     pub max_connections: usize,
 
-    /// Most connections the relays hold at once from one client address (a pod; the
-    /// node's own processes share the node IP), so one client cannot take them all.
+    /// Most connections the relays hold at once from one client: a pod's address, or,
+    /// for the node's own processes (which share the node's addresses), the uid
+    /// owning the client's socket; so one client cannot take them all.
     #[arg(
         long,
         env = "HAIRPIN_MAX_CONNECTIONS_PER_SOURCE",

@@ -124,6 +124,9 @@ pub(crate) struct Agent {
     heartbeat: Interval,
     /// The datapath's heartbeat task (see `datapath::Heartbeat`); stops with the agent.
     beating: Option<tokio::task::AbortHandle>,
+    /// Tells the heartbeat task that the first apply is done, so it starts beating
+    /// (sent once, then `None`).
+    first_applied: Option<tokio::sync::oneshot::Sender<()>>,
     /// The API server, to ask on SIGTERM whether this agent's DaemonSet is going
     /// (`None` with the frontends file).
     kube: Option<kube::Client>,
@@ -164,6 +167,11 @@ impl Agent {
         if !self.ready {
             self.reconciler.forget_earlier_entries();
             self.complete_handover();
+            // Only now does this agent vouch for the datapath: the entries are what
+            // its source lists, an earlier agent's stale ones gone.
+            if let Some(first) = self.first_applied.take() {
+                let _ = first.send(());
+            }
         }
         let took = started.elapsed();
         self.report(&next.apply, relay_ip, took);

@@ -86,9 +86,9 @@ pub(crate) fn frontend_statuses<'a>(
                 version: a.frontend.version,
                 source: a.frontend.source.to_string(),
                 state: FrontendState::Active,
-                listener: Some(a.listener),
+                listener: a.listener,
                 // Why it takes its path, when the kernel path was asked for.
-                reason: a.why.clone(),
+                reason: a.reason(),
                 retry: None,
                 path: Paths(path),
             }

@@ -216,12 +216,17 @@ impl Datapath {
 
     /// Attaches the programs at `cgroup` (a cgroup v2 directory) through bpf_links,
     /// consumers first, adopting or replacing what an earlier agent pinned (see the
-    /// lifecycle's executor). The heartbeat is written first: a new datapath, or one
-    /// whose earlier agent has been gone past the TTL, acts from now on.
+    /// lifecycle's executor). A new datapath's heartbeat is written first (its maps
+    /// are empty: it acts from now on); an adopted one keeps its earlier agent's
+    /// beat until this agent has applied what its source lists (see the agent's
+    /// `report_datapath`), so frontends an earlier agent left are never revived, nor
+    /// kept past its TTL, by an agent that cannot tell which still exist.
     pub(crate) fn attach(&mut self, cgroup: &Path) -> Result<&Attachment, DatapathError> {
         let heartbeat = self.liveness.heartbeat();
         self.links.attach(&mut self.programs, cgroup, || {
-            if let Err(e) = heartbeat.beat() {
+            if heartbeat.age().is_none()
+                && let Err(e) = heartbeat.beat()
+            {
                 tracing::warn!(error = %e, "the first heartbeat could not be written");
             }
         })

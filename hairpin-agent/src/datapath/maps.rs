@@ -86,10 +86,21 @@ impl FrontendsMap {
         self.insert_value(dialled, Redirect::new(slot, 0))
     }
 
+    /// Whether an entry for a frontend whose `first` side speaks first and that asks
+    /// for `path` gives it the kernel path: then it goes live without a slot when
+    /// none can be had (see [`SlotRef::NONE`]).
+    pub(crate) fn takes_kernel_path(&self, first: FirstSpeaker, path: PathChoice) -> bool {
+        self.kernel_path
+            .value(SlotRef::NONE, ProxyVersion::V1, first, path)
+            .is_kernel()
+    }
+
     /// Redirects connects to `frontend`, whose ingress expects `version` headers:
     /// with the kernel path on, a client that speaks `first` and `path` `auto`, the
-    /// kernel writes them on the client's own socket and the slot is the fallback; otherwise (off, unavailable, a server that speaks first, or the
-    /// relay asked for) its relay writes them. Whether the entry gives the kernel path.
+    /// kernel writes them on the client's own socket and the slot is the fallback
+    /// ([`SlotRef::NONE`]: none yet); otherwise (off, unavailable, a server that
+    /// speaks first, or the relay asked for) its relay writes them. Whether the
+    /// entry gives the kernel path.
     pub(crate) fn insert(
         &mut self,
         frontend: SocketAddr,

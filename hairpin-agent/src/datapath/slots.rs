@@ -160,12 +160,24 @@ pub(crate) enum SlotError {
         /// How many slot addresses it has.
         addresses: usize,
     },
+    /// The frontend's namespace holds its cap of slots, live and retired together:
+    /// its new frontends wait for its own retired slots to be free, never another
+    /// namespace's.
+    #[error(
+        "namespace {namespace} holds {held} relay slots, its cap (its live frontends' and those \
+         retired within the last 3 minutes; twice --max-frontends-per-namespace): its new \
+         frontends wait until its retired slots are free"
+    )]
+    NamespaceFull {
+        /// The namespace.
+        namespace: String,
+        /// The slots it holds (its cap).
+        held: usize,
+    },
     /// The slots map refused the entry.
     #[error(transparent)]
     Map(#[from] DatapathError),
 }
-
-impl SlotError {}
 
 /// The slots map's one writer, and which slot each live frontend holds.
 pub(crate) struct SlotTable {
@@ -189,6 +201,16 @@ pub(crate) struct SlotTable {
     /// freed since: a full family then fails at once instead of searching all of
     /// its slots again for every frontend still waiting.
     full: [bool; 2],
+    /// The namespace each slot (live or retired) is charged to, where it is a
+    /// Service's: a slot bound for the operator's frontends file or a names port,
+    /// or adopted retired from an earlier agent, is charged to none.
+    charged: StdHashMap<SlotKey, Arc<str>>,
+    /// How many slots each namespace holds, live and retired together.
+    held: StdHashMap<Arc<str>, usize>,
+    /// The most slots one namespace may hold, live and retired together (see
+    /// [`SlotTable::cap_namespaces`]): a namespace churning fresh addresses through
+    /// the quarantine fills its own share, never the slots of every other.
+    namespace_cap: usize,
 }
 
 impl std::fmt::Debug for SlotTable {
@@ -216,6 +238,9 @@ impl SlotTable {
             retired_of: StdHashMap::new(),
             cursors: [(0, SLOT_PORT_MIN); 2],
             full: [false; 2],
+            charged: StdHashMap::new(),
+            held: StdHashMap::new(),
+            namespace_cap: usize::MAX,
         };
         let mut retired: Vec<(u64, SlotKey, SocketAddr)> = Vec::new();
         let entries: Vec<(SlotKey, Slot)> = t.map.iter().filter_map(Result::ok).collect();
@@ -242,14 +267,58 @@ impl SlotTable {
         t
     }
 
+    /// Caps the slots one namespace may hold, live and retired together, at `cap`
+    /// (the agent passes twice `--max-frontends-per-namespace`: room to replace
+    /// every frontend once within a quarantine).
+    pub(crate) fn cap_namespaces(&mut self, cap: usize) {
+        self.namespace_cap = cap;
+    }
+
+    /// Charges `key` to `namespace` (none: to nobody), moving it from whoever it
+    /// was charged to.
+    fn charge(&mut self, key: SlotKey, namespace: Option<&str>) {
+        if self.charged.get(&key).map(|n| &**n) == namespace {
+            return;
+        }
+        self.uncharge(key);
+        if let Some(ns) = namespace {
+            let ns: Arc<str> = self
+                .held
+                .get_key_value(ns)
+                .map_or_else(|| Arc::from(ns), |(k, _)| k.clone());
+            *self.held.entry(ns.clone()).or_insert(0) += 1;
+            self.charged.insert(key, ns);
+        }
+    }
+
+    /// Charges `key` to nobody.
+    fn uncharge(&mut self, key: SlotKey) {
+        if let Some(ns) = self.charged.remove(&key)
+            && let Some(n) = self.held.get_mut(&ns)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(&ns);
+            }
+        }
+    }
+
+    /// How many slots `namespace` holds, live and retired.
+    pub(crate) fn held_by(&self, namespace: &str) -> usize {
+        self.held.get(namespace).copied().unwrap_or(0)
+    }
+
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener
-    /// `listener` with `version` headers: the one it holds already (an earlier
-    /// agent's too), else a free one. Where clients are sent for it.
+    /// `listener` with `version` headers, charged to `namespace` (a Service's; none
+    /// for the frontends file and the names ports): the one it holds already (an
+    /// earlier agent's too, or its own retired one), else a free one while the
+    /// namespace holds fewer than its cap. Where clients are sent for it.
     pub(crate) fn bind(
         &mut self,
         frontend: SocketAddr,
         listener: u8,
         version: u8,
+        namespace: Option<&str>,
     ) -> Result<(SlotRef, SocketAddr), SlotError> {
         let family = family_of(frontend);
         let name = if family == AF_INET { "IPv4" } else { "IPv6" };
@@ -264,8 +333,19 @@ impl SlotTable {
         let fam = usize::from(family != AF_INET);
         let key = match (self.live.get(&frontend), self.retired_of.get(&frontend)) {
             (Some(key), _) | (None, Some(key)) => *key,
-            (None, None) if self.full[fam] => return Err(exhausted),
             (None, None) => {
+                // Before the family's own state: a namespace at its cap is told so.
+                if let Some(ns) = namespace
+                    && self.held_by(ns) >= self.namespace_cap
+                {
+                    return Err(SlotError::NamespaceFull {
+                        namespace: ns.to_string(),
+                        held: self.held_by(ns),
+                    });
+                }
+                if self.full[fam] {
+                    return Err(exhausted);
+                }
                 let found = next_free(
                     family,
                     self.addrs.count(family),
@@ -293,6 +373,7 @@ impl SlotTable {
         self.used.insert(key);
         self.live.insert(frontend, key);
         self.retired_of.remove(&frontend);
+        self.charge(key, namespace);
         let slot = SlotRef {
             addr: key.addr,
             port: u16::from_be(key.port),
@@ -358,6 +439,7 @@ impl SlotTable {
             }
             let _ = self.map.remove(&key);
             self.used.remove(&key);
+            self.uncharge(key);
             self.full[usize::from(key.family != AF_INET)] = false;
             if let Some(s) = slot
                 && self.retired_of.get(&s.frontend()) == Some(&key)

@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     future::Future,
     io,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -20,6 +20,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, warn};
 
 use super::client_policy::ClientPolicy;
+use super::peer_owner::{PeerOwners, SourceKey};
 use crate::status::metrics::Metrics;
 
 /// Unanswered keepalive probes before a relayed connection is dropped; they are sent
@@ -40,7 +41,8 @@ pub(crate) fn set_keepalive<S: std::os::fd::AsFd>(s: &S, idle: Option<Duration>)
     }
 }
 
-/// How many connections the relays hold at once: in all, and from one peer address.
+/// How many connections the relays hold at once: in all, and from one source (a
+/// peer address; for the node's own processes, the uid owning the client's socket).
 /// Every held connection costs two sockets and up to two copy buffers; past the
 /// caps a flood from one pod would take the agent's memory (and with it every
 /// node's hosts block and redirects) rather than its own connections.
@@ -48,7 +50,8 @@ pub(crate) fn set_keepalive<S: std::os::fd::AsFd>(s: &S, idle: Option<Duration>)
 pub struct ConnLimits {
     /// Across every listener of both relays.
     pub total: usize,
-    /// From one client address (a pod; the node's own processes share the node IP).
+    /// From one source: a pod's address; a process of the node by its uid (the
+    /// node's processes share the node's addresses; see `peer_owner`).
     pub per_source: usize,
 }
 
@@ -77,12 +80,13 @@ impl Shed {
 pub struct ConnGate {
     limits: ConnLimits,
     open: Arc<Mutex<Open>>,
+    owners: Arc<PeerOwners>,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     total: usize,
-    by_source: HashMap<IpAddr, usize>,
+    by_source: HashMap<SourceKey, usize>,
     /// Sheds since the last log line, and when that was: said at most every 10 s.
     shed_unsaid: u64,
     said_at: Option<Instant>,
@@ -92,7 +96,7 @@ struct Open {
 #[derive(Debug)]
 pub struct Permit {
     gate: ConnGate,
-    source: IpAddr,
+    source: SourceKey,
 }
 
 impl Drop for Permit {
@@ -117,6 +121,7 @@ impl ConnGate {
         ConnGate {
             limits,
             open: Arc::default(),
+            owners: Arc::default(),
         }
     }
 
@@ -125,9 +130,18 @@ impl ConnGate {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A place for a connection from `peer` accepted at `local`, counted against
+    /// its source ([`PeerOwners::key`]), or the cap it would pass.
+    pub(crate) fn admit(&self, peer: SocketAddr, local: SocketAddr) -> Result<Permit, Shed> {
+        self.admit_key(self.owners.key(peer, local))
+    }
+
     /// A place for a connection from `source`, or the cap it would pass.
-    pub(crate) fn admit(&self, source: IpAddr) -> Result<Permit, Shed> {
-        let source = source.to_canonical();
+    pub(crate) fn admit_key(&self, source: SourceKey) -> Result<Permit, Shed> {
+        let source = match source {
+            SourceKey::Addr(ip) => SourceKey::Addr(ip.to_canonical()),
+            other => other,
+        };
         let mut open = self.lock();
         let from_source = open.by_source.get(&source).copied().unwrap_or(0);
         let refused = if open.total >= self.limits.total {
@@ -292,7 +306,8 @@ pub async fn accept_loop<F, Fut>(
             refuse(&client, peer, &metrics);
             return Ok(());
         }
-        let permit = match gate.admit(peer.ip()) {
+        let local = client.local_addr().unwrap_or(local);
+        let permit = match gate.admit(peer, local) {
             Ok(p) => p,
             Err(shed) => {
                 metrics.shed(shed.as_str());
@@ -300,7 +315,6 @@ pub async fn accept_loop<F, Fut>(
                 return Ok(());
             }
         };
-        let local = client.local_addr().unwrap_or(local);
         let served = serve(client, peer, local);
         connections.spawn(
             async move {
@@ -379,8 +393,8 @@ mod tests {
         );
     }
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().expect("ip")
+    fn ip(s: &str) -> SourceKey {
+        SourceKey::Addr(s.parse().expect("ip"))
     }
 
     /// What the relay saves a setsockopt per connection on: Linux clones the
@@ -420,17 +434,49 @@ mod tests {
             total: 3,
             per_source: 2,
         });
-        let a1 = gate.admit(ip("192.0.2.10")).expect("a1");
+        let a1 = gate.admit_key(ip("192.0.2.10")).expect("a1");
         let _a2 = gate
-            .admit(ip("::ffff:192.0.2.10"))
+            .admit_key(ip("::ffff:192.0.2.10"))
             .expect("a2, the same source");
-        assert_eq!(gate.admit(ip("192.0.2.10")).err(), Some(Shed::PerSource));
-        let _b1 = gate.admit(ip("192.0.2.11")).expect("b1");
-        assert_eq!(gate.admit(ip("192.0.2.12")).err(), Some(Shed::Total));
+        assert_eq!(
+            gate.admit_key(ip("192.0.2.10")).err(),
+            Some(Shed::PerSource)
+        );
+        let _b1 = gate.admit_key(ip("192.0.2.11")).expect("b1");
+        assert_eq!(gate.admit_key(ip("192.0.2.12")).err(), Some(Shed::Total));
         assert_eq!(gate.open(), 3);
         drop(a1);
         assert_eq!(gate.open(), 2);
-        let _a3 = gate.admit(ip("192.0.2.10")).expect("a place again");
+        let _a3 = gate.admit_key(ip("192.0.2.10")).expect("a place again");
         assert_eq!(gate.clone().open(), 3, "clones share the counts");
+    }
+
+    /// The node's processes share its addresses: each uid has a cap of its own, so
+    /// one uid holding all it may leaves another's connections admitted.
+    #[test]
+    fn the_nodes_own_processes_are_capped_per_uid() {
+        let gate = ConnGate::new(ConnLimits {
+            total: 10,
+            per_source: 2,
+        });
+        let nobody = SourceKey::HostUid(65534);
+        let _held: Vec<Permit> = (0..2)
+            .map(|_| gate.admit_key(nobody).expect("nobody's"))
+            .collect();
+        assert_eq!(gate.admit_key(nobody).err(), Some(Shed::PerSource));
+        let _root = gate
+            .admit_key(SourceKey::HostUid(0))
+            .expect("root's own place");
+        let _unknown = gate
+            .admit_key(SourceKey::HostUnknown)
+            .expect("an owner unknown counts against no uid");
+        // Through the lookup: a loopback connection of this test's own uid.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _c = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (a, peer) = l.accept().expect("accept");
+        let local = a.local_addr().expect("local");
+        let me = nix::unistd::geteuid().as_raw();
+        let permit = gate.admit(peer, local).expect("admitted");
+        assert_eq!(permit.source, SourceKey::HostUid(me));
     }
 }

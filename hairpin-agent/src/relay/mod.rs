@@ -20,6 +20,7 @@ pub mod client_policy;
 mod config;
 pub mod header;
 pub mod listener;
+pub(crate) mod peer_owner;
 pub(crate) mod proxy;
 
 pub use config::RelayConfig;

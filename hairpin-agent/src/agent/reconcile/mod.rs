@@ -10,8 +10,11 @@
 //! before the slot retires (a retired slot still serves its frontend for its
 //! quarantine). One frontend's failure never blocks another's; a failed frontend
 //! stays on the pre-hairpin path (fail open). A transient failure (every slot taken
-//! for now) is retried with backoff; a permanent one (no listen address for its
-//! family, a full map) waits for the next change, since retrying cannot fix it.
+//! for now, its namespace at its cap of slots) is retried with backoff; a permanent
+//! one (no listen address for its family, a full map) waits for the next change,
+//! since retrying cannot fix it. A kernel-path frontend needs its slot only for the
+//! sockets the kernel path cannot take: it goes live without one when none can be
+//! had, and gets one when one can.
 
 mod plan;
 #[cfg(test)]
@@ -32,7 +35,7 @@ pub(crate) use plan::{Hold, Step, Trigger, plan};
 use crate::{
     datapath::{DatapathError, FrontendsMap, SlotError, SlotTable, monotonic_ns},
     logs::LogBudget,
-    model::{Frontend, Frontends, LivePath},
+    model::{Frontend, Frontends, LivePath, Origin},
 };
 
 /// A frontend being proxied now.
@@ -41,9 +44,13 @@ pub(crate) struct Active {
     /// What was asked for.
     pub frontend: Frontend,
     /// Its relay slot: where connects to it are sent (the kernel path's fallback).
-    pub listener: SocketAddr,
-    /// The slot as the map names it.
-    pub slot: SlotRef,
+    /// `None`: a kernel-path frontend live without a slot yet.
+    pub listener: Option<SocketAddr>,
+    /// The slot as the map names it (`None` as for `listener`).
+    pub slot: Option<SlotRef>,
+    /// Why a kernel-path frontend has no slot yet: retried with the failures
+    /// (see [`Reconciler::has_transient_failures`]).
+    pub no_slot: Option<FrontendError>,
     /// How its clients get their header: [`LivePath::Relay`] (the relay) or
     /// [`LivePath::Kernel`], as the map entry says.
     pub path: LivePath,
@@ -52,18 +59,30 @@ pub(crate) struct Active {
     pub why: Option<String>,
 }
 
+impl Active {
+    /// Why it takes its path, as `status` says it: with what a kernel-path frontend
+    /// live without a slot goes without.
+    pub(crate) fn reason(&self) -> Option<String> {
+        match &self.no_slot {
+            Some(e) => Some(without_slot(self.why.as_deref(), e)),
+            None => self.why.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 impl Active {
     /// `frontend` active at `listener` on `path`, with slot 0 of the first address.
     pub(crate) fn for_test(frontend: Frontend, listener: &str, path: LivePath) -> Active {
         Active {
             frontend,
-            listener: listener.parse().expect("a listener address"),
-            slot: SlotRef {
+            listener: Some(listener.parse().expect("a listener address")),
+            slot: Some(SlotRef {
                 addr: 0,
                 port: 1024,
                 listener: 0,
-            },
+            }),
+            no_slot: None,
             path,
             why: None,
         }
@@ -138,9 +157,16 @@ impl FrontendError {
 pub(crate) trait RedirectMap {
     /// Redirects connects to `frontend` to `slot`, whose relay writes its version's
     /// headers (or has the kernel write them, where the kernel path is on and the
-    /// client speaks first). Inserting an address again replaces its entry. Returns
-    /// the path the entry gives it.
-    fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError>;
+    /// client speaks first; `None`: no slot for the kernel path's fallback yet).
+    /// Inserting an address again replaces its entry. Returns the path the entry
+    /// gives it.
+    fn insert(
+        &mut self,
+        frontend: &Frontend,
+        slot: Option<SlotRef>,
+    ) -> Result<Route, FrontendError>;
+    /// Whether an entry would give `frontend` the kernel path.
+    fn takes_kernel_path(&self, frontend: &Frontend) -> bool;
     /// Stops redirecting connects to `frontend`; absent is not an error.
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError>;
     /// Redirects connects to `dialled` to `slot`, a plain relay redirect (the names
@@ -153,13 +179,15 @@ pub(crate) trait RedirectMap {
 /// The relay's slots, as the reconciler uses them (see [`SlotTable`]).
 pub(crate) trait Slots {
     /// Binds a slot to `frontend` (what clients dial), handed to relay listener
-    /// `listener` (a [`hairpin_ebpf::MAP_RELAYS`] index) with `version` headers: the
+    /// `listener` (a [`hairpin_ebpf::MAP_RELAYS`] index) with `version` headers,
+    /// charged to `namespace` (a Service's; see [`SlotTable::cap_namespaces`]): the
     /// one it holds already, else a free one. The slot, and where clients are sent.
     fn bind(
         &mut self,
         frontend: SocketAddr,
         listener: u8,
         version: u8,
+        namespace: Option<&str>,
     ) -> Result<(SlotRef, SocketAddr), FrontendError>;
     /// Retires `frontend`'s slot, after its redirect is gone.
     fn retire(&mut self, frontend: SocketAddr);
@@ -175,8 +203,9 @@ impl Slots for SlotTable {
         frontend: SocketAddr,
         listener: u8,
         version: u8,
+        namespace: Option<&str>,
     ) -> Result<(SlotRef, SocketAddr), FrontendError> {
-        SlotTable::bind(self, frontend, listener, version).map_err(|e| match e {
+        SlotTable::bind(self, frontend, listener, version, namespace).map_err(|e| match e {
             SlotError::NoAddress { family } => FrontendError::NoListenAddress { family },
             e => FrontendError::Slot(Arc::new(e)),
         })
@@ -196,11 +225,15 @@ impl Slots for SlotTable {
 }
 
 impl RedirectMap for FrontendsMap {
-    fn insert(&mut self, frontend: &Frontend, slot: SlotRef) -> Result<Route, FrontendError> {
+    fn insert(
+        &mut self,
+        frontend: &Frontend,
+        slot: Option<SlotRef>,
+    ) -> Result<Route, FrontendError> {
         let kernel = FrontendsMap::insert(
             self,
             frontend.addr(),
-            slot,
+            slot.unwrap_or(SlotRef::NONE),
             frontend.version,
             frontend.first_speaker,
             frontend.path,
@@ -219,6 +252,10 @@ impl RedirectMap for FrontendsMap {
                 .kernel_path()
                 .why(frontend.first_speaker, frontend.path),
         })
+    }
+
+    fn takes_kernel_path(&self, frontend: &Frontend) -> bool {
+        FrontendsMap::takes_kernel_path(self, frontend.first_speaker, frontend.path)
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
@@ -293,9 +330,14 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         &self.held
     }
 
-    /// Whether some failure is worth retrying before the next change.
+    /// Whether some failure is worth retrying before the next change: a failed
+    /// frontend's, or a kernel-path frontend's that is live without a slot.
     pub(crate) fn has_transient_failures(&self) -> bool {
         self.failed.values().any(|f| !f.error.is_permanent())
+            || self
+                .active
+                .values()
+                .any(|a| a.no_slot.as_ref().is_some_and(|e| !e.is_permanent()))
     }
 
     /// The map, to set up a fake one in tests.
@@ -326,7 +368,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         let mut written = Vec::with_capacity(redirects.len());
         for (dialled, listener) in &redirects {
             let made = slots
-                .bind(*dialled, *listener, 0)
+                .bind(*dialled, *listener, 0, None)
                 .and_then(|(slot, _)| map.redirect(*dialled, slot));
             match made {
                 Ok(()) => written.push((*dialled, *listener)),
@@ -377,11 +419,16 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         self.held.clear();
         self.said = LogBudget::default();
         self.said_errors = LogBudget::default();
+        // Those made live now were just refused a slot, if they have none.
+        let mut started = BTreeSet::new();
         for step in plan(&self.active, &self.failed, desired, redirecting, trigger) {
             match step {
                 Step::Retire(addr) => self.retire(addr),
                 Step::Update(f) => self.update(f),
-                Step::Start(f) => self.start(f),
+                Step::Start(f) => {
+                    started.insert(f.addr());
+                    self.start(f);
+                }
                 Step::Hold(addr, why) => {
                     self.held.insert(addr, why);
                 }
@@ -390,6 +437,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         if let Some(slots) = self.slots.as_mut() {
             slots.sweep();
         }
+        self.bind_missing_slots(&started);
         self.said.more(|n| {
             info!(
                 more = n,
@@ -401,12 +449,25 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
 
     fn update(&mut self, f: Frontend) {
         let addr = f.addr();
+        // A frontend live without a slot that now needs the relay path: made live
+        // anew, as a relayed frontend is (a slot first, or it fails).
+        let needs_slot = self.active.get(&addr).is_some_and(|a| a.slot.is_none())
+            && self
+                .map
+                .as_ref()
+                .is_some_and(|map| !map.takes_kernel_path(&f));
+        if needs_slot {
+            self.retire(addr);
+            self.start(f);
+            return;
+        }
         let Some(a) = self.active.get_mut(&addr) else {
             return;
         };
         if a.frontend.version != f.version
             && let Some(slots) = self.slots.as_mut()
-            && let Err(e) = slots.bind(addr, a.slot.listener, f.version.number())
+            && let Some(slot) = a.slot
+            && let Err(e) = slots.bind(addr, slot.listener, f.version.number(), namespace_of(&f))
         {
             error!(frontend = %addr, error = %e,
                 "could not change the frontend's slot: its relay keeps the old header version");
@@ -439,9 +500,15 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     fn start(&mut self, f: Frontend) {
         let addr = f.addr();
         match self.make_live(&f) {
-            Ok((slot, listener, route)) => {
+            Ok(Live {
+                slot,
+                listener,
+                no_slot,
+                route,
+            }) => {
                 self.failed.remove(&addr);
-                crate::item!(self.said, info, frontend = %addr, %listener, version = %f.version, source = %f.source,
+                let at = listener.map_or_else(|| "none".to_string(), |l| l.to_string());
+                crate::item!(self.said, info, frontend = %addr, listener = %at, version = %f.version, source = %f.source,
                     first_speaker = %f.first_speaker, path = %route.path,
                     why = route.why.as_deref().unwrap_or(""), "frontend proxied");
                 self.active.insert(
@@ -450,6 +517,7 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
                         frontend: f,
                         listener,
                         slot,
+                        no_slot,
                         path: route.path,
                         why: route.why,
                     },
@@ -469,23 +537,77 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
     }
 
     /// The slot first, then the redirect; a redirect that fails retires its slot.
-    /// The slot, where its clients are sent, and the path the map entry gives.
-    fn make_live(&mut self, f: &Frontend) -> Result<(SlotRef, SocketAddr, Route), FrontendError> {
+    /// A frontend the entry gives the kernel path goes live without a slot when none
+    /// can be had (every slot taken, its namespace at its cap): only the sockets the
+    /// kernel path cannot take need one, and they go as before hairpin meanwhile.
+    fn make_live(&mut self, f: &Frontend) -> Result<Live, FrontendError> {
         let addr = f.addr();
         let (Some(map), Some(slots)) = (self.map.as_mut(), self.slots.as_mut()) else {
             return Err(FrontendError::NotLive);
         };
-        let listener = if addr.ip().to_canonical().is_ipv4() {
-            LISTENER_RELAY4
-        } else {
-            LISTENER_RELAY6
+        let (slot, at, no_slot) = match slots.bind(
+            addr,
+            relay_listener(addr),
+            f.version.number(),
+            namespace_of(f),
+        ) {
+            Ok((slot, at)) => (Some(slot), Some(at), None),
+            Err(e) if map.takes_kernel_path(f) => (None, None, Some(e)),
+            Err(e) => return Err(e),
         };
-        let (slot, at) = slots.bind(addr, listener, f.version.number())?;
         match map.insert(f, slot) {
-            Ok(route) => Ok((slot, at, route)),
+            Ok(route) => Ok(Live {
+                slot,
+                listener: at,
+                no_slot,
+                route,
+            }),
             Err(e) => {
-                slots.retire(addr);
+                if slot.is_some() {
+                    slots.retire(addr);
+                }
                 Err(e)
+            }
+        }
+    }
+
+    /// Binds a slot for each kernel-path frontend live without one (but those
+    /// `started` in this apply), now that one may be had, and writes it into its
+    /// entry as the fallback.
+    fn bind_missing_slots(&mut self, started: &BTreeSet<SocketAddr>) {
+        let (Some(map), Some(slots)) = (self.map.as_mut(), self.slots.as_mut()) else {
+            return;
+        };
+        let waiting = self
+            .active
+            .values_mut()
+            .filter(|a| a.no_slot.is_some() && !started.contains(&a.frontend.addr()));
+        for a in waiting {
+            let f = &a.frontend;
+            let addr = f.addr();
+            match slots.bind(
+                addr,
+                relay_listener(addr),
+                f.version.number(),
+                namespace_of(f),
+            ) {
+                Ok((slot, at)) => match map.insert(f, Some(slot)) {
+                    Ok(route) => {
+                        crate::item!(self.said, info, frontend = %addr, listener = %at,
+                            "a kernel-path frontend got its relay slot for the sockets the kernel path cannot take");
+                        a.slot = Some(slot);
+                        a.listener = Some(at);
+                        a.no_slot = None;
+                        a.path = route.path;
+                        a.why = route.why;
+                    }
+                    Err(e) => {
+                        // The entry keeps no slot: the slot goes back.
+                        slots.retire(addr);
+                        debug!(frontend = %addr, error = %e, "a kernel-path frontend's slot could not be written into its entry");
+                    }
+                },
+                Err(e) => a.no_slot = Some(e),
             }
         }
     }
@@ -505,6 +627,44 @@ impl<M: RedirectMap, S: Slots> Reconciler<M, S> {
         self.active.remove(&addr);
         crate::item!(self.said, info, frontend = %addr, "frontend retired");
     }
+}
+
+/// What [`Reconciler::make_live`] made: the slot (none for a kernel-path frontend
+/// that could not have one: `no_slot` says why), where its clients are sent, and
+/// the path its entry gives.
+struct Live {
+    slot: Option<SlotRef>,
+    listener: Option<SocketAddr>,
+    no_slot: Option<FrontendError>,
+    route: Route,
+}
+
+/// The relay listener that serves `addr`'s family.
+fn relay_listener(addr: SocketAddr) -> u8 {
+    if addr.ip().to_canonical().is_ipv4() {
+        LISTENER_RELAY4
+    } else {
+        LISTENER_RELAY6
+    }
+}
+
+/// The namespace a frontend's slot is charged to: its Service's. The operator's
+/// frontends file is charged to none.
+fn namespace_of(f: &Frontend) -> Option<&str> {
+    match &f.source {
+        Origin::Service(s) => Some(&s.namespace),
+        Origin::File { .. } => None,
+    }
+}
+
+/// Why a kernel-path frontend live without a slot takes its path (`why`), and
+/// what that costs.
+fn without_slot(why: Option<&str>, e: &FrontendError) -> String {
+    let why = why.unwrap_or("kernel");
+    format!(
+        "{why}; no relay slot for the sockets the kernel path cannot take ({e}): they go as \
+         before hairpin until one is free"
+    )
 }
 
 /// First retry of failed frontends after an apply that left some failed.

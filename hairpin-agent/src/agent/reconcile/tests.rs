@@ -21,13 +21,16 @@ struct FakeMap {
 }
 
 impl RedirectMap for FakeMap {
-    fn insert(&mut self, f: &Frontend, _slot: SlotRef) -> Result<Route, FrontendError> {
+    fn insert(&mut self, f: &Frontend, slot: Option<SlotRef>) -> Result<Route, FrontendError> {
         let (frontend, version) = (f.addr(), f.version);
-        let line = if self.entries.contains(&frontend) {
+        let mut line = if self.entries.contains(&frontend) {
             format!("rewrite {frontend} {version}")
         } else {
             format!("redirect {frontend}")
         };
+        if slot.is_none() {
+            line.push_str(" without a slot");
+        }
         self.log.borrow_mut().push(line);
         if self.entries.len() >= self.capacity && !self.entries.contains(&frontend) {
             return Err(map_full());
@@ -35,20 +38,21 @@ impl RedirectMap for FakeMap {
         self.entries.insert(frontend);
         // As the datapath: a server-speaks-first frontend, or one that asks for
         // the relay, is relayed.
-        Ok(
-            if self.kernel && f.first_speaker == FirstSpeaker::Client && f.path == PathChoice::Auto
-            {
-                Route {
-                    path: LivePath::Kernel,
-                    why: Some("kernel".into()),
-                }
-            } else {
-                Route {
-                    path: LivePath::Relay,
-                    why: self.kernel.then(|| "relay".into()),
-                }
-            },
-        )
+        Ok(if self.takes_kernel_path(f) {
+            Route {
+                path: LivePath::Kernel,
+                why: Some("kernel".into()),
+            }
+        } else {
+            Route {
+                path: LivePath::Relay,
+                why: self.kernel.then(|| "relay".into()),
+            }
+        })
+    }
+
+    fn takes_kernel_path(&self, f: &Frontend) -> bool {
+        self.kernel && f.first_speaker == FirstSpeaker::Client && f.path == PathChoice::Auto
     }
 
     fn remove(&mut self, frontend: SocketAddr) -> Result<(), FrontendError> {
@@ -91,6 +95,7 @@ impl Slots for FakeSlots {
         frontend: SocketAddr,
         listener: u8,
         version: u8,
+        _namespace: Option<&str>,
     ) -> Result<(SlotRef, SocketAddr), FrontendError> {
         self.log
             .borrow_mut()
@@ -241,6 +246,102 @@ fn each_active_frontend_records_the_path_its_map_entry_gives() {
     );
     let paths: Vec<LivePath> = r.active().map(|a| a.path).collect();
     assert_eq!(paths, [LivePath::Kernel]);
+}
+
+/// Issue: every slot taken (quarantined by another frontend's churn) used to fail
+/// kernel-path frontends too, which need a slot only for the sockets the kernel
+/// path cannot take.
+#[test]
+fn a_kernel_path_frontend_goes_live_without_a_slot_and_gets_one_once_one_is_free() {
+    let (mut r, log) = reconciler(16);
+    if let Some(m) = r.map_mut() {
+        m.kernel = true;
+    }
+    let kernel = fe("203.0.113.10:80", V1);
+    let relayed = Frontend {
+        path: PathChoice::Relay,
+        ..fe("203.0.113.11:80", V1)
+    };
+    for f in [&kernel, &relayed] {
+        r.slots.as_mut().expect("slots").exhausted.insert(f.addr());
+    }
+    let want = set(&[kernel.clone(), relayed.clone()]);
+    r.apply(&want, Trigger::Change);
+    assert_eq!(
+        take(&log),
+        [
+            "bind 203.0.113.10:80 v1",
+            "redirect 203.0.113.10:80 without a slot",
+            "bind 203.0.113.11:80 v1",
+        ]
+    );
+    let live: Vec<(String, LivePath, Option<SocketAddr>)> = r
+        .active()
+        .map(|a| (a.frontend.addr().to_string(), a.path, a.listener))
+        .collect();
+    assert_eq!(
+        live,
+        [("203.0.113.10:80".to_string(), LivePath::Kernel, None)]
+    );
+    let why = r
+        .active()
+        .next()
+        .and_then(Active::reason)
+        .expect("a reason");
+    assert!(
+        why.starts_with("kernel; no relay slot for the sockets the kernel path cannot take"),
+        "{why}"
+    );
+    // The relayed one needs its slot: failed, retried.
+    let failed: Vec<String> = r.failed().keys().map(ToString::to_string).collect();
+    assert_eq!(failed, ["203.0.113.11:80"]);
+    assert!(r.has_transient_failures());
+
+    // Slots free again: a retry binds both, the kernel-path one's entry gets its slot.
+    r.slots.as_mut().expect("slots").exhausted.clear();
+    r.apply(&want, Trigger::Retry);
+    assert_eq!(
+        take(&log),
+        [
+            "bind 203.0.113.11:80 v1",
+            "redirect 203.0.113.11:80",
+            "bind 203.0.113.10:80 v1",
+            "rewrite 203.0.113.10:80 v1",
+        ]
+    );
+    assert!(
+        r.active()
+            .all(|a| a.listener.is_some() && a.no_slot.is_none())
+    );
+    assert!(!r.has_transient_failures());
+
+    // Live without a slot, then asking for the relay: made live anew, slot first.
+    let (mut r, log) = reconciler(16);
+    if let Some(m) = r.map_mut() {
+        m.kernel = true;
+    }
+    r.slots
+        .as_mut()
+        .expect("slots")
+        .exhausted
+        .insert(kernel.addr());
+    r.apply(&set(std::slice::from_ref(&kernel)), Trigger::Change);
+    take(&log);
+    let to_relay = Frontend {
+        path: PathChoice::Relay,
+        ..kernel
+    };
+    r.apply(&set(&[to_relay]), Trigger::Change);
+    assert_eq!(
+        take(&log),
+        [
+            "unredirect 203.0.113.10:80",
+            "retire 203.0.113.10:80",
+            "bind 203.0.113.10:80 v1",
+        ]
+    );
+    assert_eq!(r.active().count(), 0);
+    assert_eq!(r.failed().len(), 1);
 }
 
 #[test]

@@ -239,13 +239,25 @@ impl Agent {
         // address, the name relay may bind them as they are.
         let slots = datapath
             .as_mut()
-            .and_then(|d| d.take_slots(args.names_ports.0.clone()));
+            .and_then(|d| d.take_slots(args.names_ports.0.clone()))
+            .map(|mut slots| {
+                // Room to replace each of a namespace's frontends once within a
+                // quarantine: a namespace churning fresh addresses waits for its
+                // own retired slots, never takes every other namespace's.
+                slots.cap_namespaces(
+                    usize::try_from(args.decision.max_frontends_per_namespace)
+                        .unwrap_or(usize::MAX)
+                        .saturating_mul(2),
+                );
+                slots
+            });
         let plan = decide_paths(&args, &outcome, &state);
         let kernel_path = datapath.as_ref().is_some_and(|d| d.kernel_path().is_on());
         metrics.set_live_paths(&plan.live(), kernel_path);
+        let (first_applied, applied) = tokio::sync::oneshot::channel();
         let beating = datapath
             .as_ref()
-            .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics));
+            .and_then(|d| report_datapath(&args, d, cgroup, &state, &metrics, applied));
         let relay_config = relay_config(&args, &plan, node, source.kube.clone(), &state)
             .await
             .with_splice(splice_config(&args, datapath.as_ref(), &state));
@@ -295,6 +307,7 @@ impl Agent {
             retry_in: None,
             heartbeat,
             beating,
+            first_applied: Some(first_applied),
             kube: source.kube,
             daemonset: args.daemonset.clone(),
             link_addresses: link_addresses(&args, &addresses),

@@ -28,14 +28,20 @@ use crate::{
 
 /// Reports the attached datapath (`/status`, metrics), releases the pins earlier
 /// releases left, and starts its heartbeat: the dead-man switch, beaten every
-/// [`datapath::BEAT_EVERY`] while this agent runs; the connect programs stop acting once no agent
-/// has beaten within the TTL. The heartbeat task's handle.
+/// [`datapath::BEAT_EVERY`] while this agent runs; the connect programs stop acting
+/// once no agent has beaten within the TTL. The first beat waits for `applied`
+/// (the agent's first apply of what its source listed): until then this agent
+/// knows no more than no agent at all of which adopted frontends still exist, so
+/// an earlier agent's datapath lives on that agent's last beat, and goes as before
+/// hairpin at its TTL if the source (the API server) cannot be read by then. The
+/// heartbeat task's handle.
 pub(super) fn report_datapath(
     args: &RunArgs,
     d: &Datapath,
     cgroup: Option<PathBuf>,
     state: &AgentState,
     metrics: &Metrics,
+    applied: tokio::sync::oneshot::Receiver<()>,
 ) -> Option<tokio::task::AbortHandle> {
     if let Some(cgroup) = cgroup {
         state.set_attachment(Some(AttachmentStatus {
@@ -47,7 +53,23 @@ pub(super) fn report_datapath(
     report_link_order(d, state, metrics);
     report_capabilities(d, metrics);
     release_inherited_pins(args);
-    let beating = tokio::spawn(d.heartbeat().beat_every(datapath::BEAT_EVERY)).abort_handle();
+    let hb = d.heartbeat().clone();
+    if let Some(age) = hb.age() {
+        let left = hb.ttl().saturating_sub(age);
+        info!(
+            adopted_heartbeat_age_s = age.as_secs(),
+            live_for_s = left.as_secs(),
+            "the heartbeat is beaten once this agent has applied what its source lists: until \
+             then the adopted datapath lives on its last agent's beat"
+        );
+    }
+    let beating = tokio::spawn(async move {
+        // Dropped unsent: the agent stopped before its first apply, never vouched.
+        if applied.await.is_ok() {
+            hb.beat_every(datapath::BEAT_EVERY).await;
+        }
+    })
+    .abort_handle();
     let hb = d.heartbeat();
     metrics.set_datapath_heartbeat(Arc::new(move || {
         (hb.age().map(|a| a.as_secs_f64()), hb.ttl().as_secs_f64())
