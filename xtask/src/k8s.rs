@@ -1,6 +1,8 @@
 //! The real Kubernetes components the `real_cluster` suite runs, built from source
 //! through the Go module proxy: kube-apiserver, kube-controller-manager and
-//! kube-proxy (one multi-call binary), etcd and CoreDNS. Each is a small Go module
+//! kube-proxy (one multi-call binary), the kubelet, etcd and CoreDNS, and the pause
+//! binary of the kubelet's pod sandboxes (upstream's C source, linked statically).
+//! Each is a small Go module
 //! of ours under `xtask/k8s/` whose go.mod and go.sum pin every dependency; the
 //! build runs with `-mod=readonly`, so a pin that does not match the sums fails
 //! instead of being rewritten.
@@ -27,6 +29,9 @@ pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// The CoreDNS release `xtask/k8s/coredns/go.mod` pins.
 pub const COREDNS_VERSION: &str = "v1.14.7";
+/// The pause image's release as `build/pause/Makefile` of [`DEFAULT_K8S_VERSION`]
+/// tags it (the binary's `-v` prints it).
+pub const PAUSE_VERSION: &str = "3.10.2";
 
 /// The variables `cargo xtask test` hands the suites, one per binary.
 const KUBE_BINARIES: [(&str, &str); 3] = [
@@ -83,7 +88,91 @@ pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
         &["-version"],
     )?;
     out.push(("HAIRPIN_COREDNS_BIN", coredns));
+    // The kubelet's module pins the default release only: another release's suite
+    // runs without it (the kubelet scenarios say so and skip).
+    if version == DEFAULT_K8S_VERSION {
+        out.push(("HAIRPIN_KUBELET_BIN", build_kubelet(&go, &version)?));
+        out.push(("HAIRPIN_PAUSE_BIN", build_pause(&go, &version)?));
+    }
     Ok(out)
+}
+
+/// The kubelet: a module of its own (`xtask/k8s/kubelet`, the same release and
+/// replaces as `xtask/k8s/kubernetes`), so that its extra dependencies leave the
+/// other components' pin and cache entry as they are. Returns the binary.
+fn build_kubelet(go: &Go, version: &str) -> Result<PathBuf> {
+    let module = modules_dir().join("kubelet");
+    let hash = pin_hash(&[
+        module.join("go.mod"),
+        module.join("go.sum"),
+        module.join("main.go"),
+    ])?;
+    let (dir, cached) = cache_entry(
+        &format!("kubelet-{version}-{}-{hash}", go.version),
+        &["kubelet"],
+    );
+    if cached {
+        eprintln!("xtask: kubelet {version} cached in {}", dir.display());
+        return Ok(dir.join("kubelet"));
+    }
+    build_into(&dir, &format!("kubelet {version}"), |tmp| {
+        let mut cmd = go.command(&module);
+        cmd.args(["build", "-mod=readonly", "-trimpath", "-ldflags"])
+            .arg(version_ldflags(version)?)
+            .arg("-o")
+            .arg(tmp.join("kubelet"))
+            .arg(".");
+        run(&mut cmd)?;
+        check_version(&tmp.join("kubelet"), &["--version"], version)
+    })?;
+    Ok(dir.join("kubelet"))
+}
+
+/// The pod sandboxes' pause binary, from `build/pause/linux/pause.c` of the
+/// `k8s.io/kubernetes` module the kubelet builds from, linked statically as
+/// upstream's image has it (`-Os -static`). Returns the binary.
+fn build_pause(go: &Go, version: &str) -> Result<PathBuf> {
+    let (dir, cached) = cache_entry(&format!("pause-{PAUSE_VERSION}-{version}"), &["pause"]);
+    if cached {
+        eprintln!("xtask: pause {PAUSE_VERSION} cached in {}", dir.display());
+        return Ok(dir.join("pause"));
+    }
+    let out = go
+        .command(&modules_dir().join("kubelet"))
+        .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
+        .output()
+        .context("go mod download k8s.io/kubernetes")?;
+    if !out.status.success() {
+        bail!(
+            "k8s.io/kubernetes@{version} is not in the module cache nor served: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let source = PathBuf::from(info["Dir"].as_str().context("module Dir")?)
+        .join("build/pause/linux/pause.c");
+    build_into(&dir, &format!("pause {PAUSE_VERSION}"), |tmp| {
+        run(Command::new("gcc")
+            .args(["-Os", "-Wall", "-Werror", "-static"])
+            .arg(format!("-DVERSION=v{PAUSE_VERSION}"))
+            .arg("-o")
+            .arg(tmp.join("pause"))
+            .arg(&source))
+        .context("gcc could not build the pause binary (Debian's gcc and libc6-dev)")?;
+        check_version(&tmp.join("pause"), &["-v"], PAUSE_VERSION)
+    })?;
+    Ok(dir.join("pause"))
+}
+
+/// `-ldflags` stamping `version` into a Kubernetes component, as upstream's release
+/// build does (else it says `v0.0.0-master`).
+fn version_ldflags(version: &str) -> Result<String> {
+    let (major, minor) = major_minor(version)?;
+    let v = "k8s.io/component-base/version";
+    Ok(format!(
+        "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
+         -X {v}.gitTreeState=clean"
+    ))
 }
 
 /// The Kubernetes release to build: `HAIRPIN_K8S_VERSION`, else the default.
@@ -232,12 +321,7 @@ fn build_kube(go: &Go, version: &str) -> Result<PathBuf> {
     }
     let what = format!("kube-apiserver, kube-controller-manager, kube-proxy {version}");
     build_into(&dir, &what, |tmp| {
-        let (major, minor) = major_minor(version)?;
-        let v = "k8s.io/component-base/version";
-        let ldflags = format!(
-            "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
-             -X {v}.gitTreeState=clean"
-        );
+        let ldflags = version_ldflags(version)?;
         let mut cmd = go.command(&module);
         cmd.args(["build", "-mod=readonly", "-trimpath"]);
         if let Some(m) = &modfile {
