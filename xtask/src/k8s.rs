@@ -43,6 +43,12 @@ const KUBE_BINARIES: [(&str, &str); 3] = [
     ("kube-proxy", "HAIRPIN_KUBE_PROXY_BIN"),
 ];
 
+/// The node's components (xtask/k8s/kubelet) and their variables.
+const NODE_BINARIES: [(&str, &str); 2] = [
+    ("kubelet", "HAIRPIN_KUBELET_BIN"),
+    ("kube-scheduler", "HAIRPIN_KUBE_SCHEDULER_BIN"),
+];
+
 /// Options of `cargo xtask k8s`.
 #[derive(clap::Args, Debug, Default)]
 pub struct Options {
@@ -91,41 +97,50 @@ pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
     // The kubelet's module pins the default release only: another release's suite
     // runs without it (the kubelet scenarios say so and skip).
     if version == DEFAULT_K8S_VERSION {
-        out.push(("HAIRPIN_KUBELET_BIN", build_kubelet(&go, &version)?));
+        let node = build_node(&go, &version)?;
+        for (name, var) in NODE_BINARIES {
+            out.push((var, node.join(name)));
+        }
         out.push(("HAIRPIN_PAUSE_BIN", build_pause(&go, &version)?));
     }
     Ok(out)
 }
 
-/// The kubelet: a module of its own (`xtask/k8s/kubelet`, the same release and
-/// replaces as `xtask/k8s/kubernetes`), so that its extra dependencies leave the
-/// other components' pin and cache entry as they are. Returns the binary.
-fn build_kubelet(go: &Go, version: &str) -> Result<PathBuf> {
+/// The kubelet and kube-scheduler (which binds the DaemonSet's pods): one
+/// multi-call binary (`node`) with a link per component, from a module of its own
+/// (`xtask/k8s/kubelet`, the same release and replaces as `xtask/k8s/kubernetes`),
+/// so that their extra dependencies leave the other components' pin and cache entry
+/// as they are. Returns the directory.
+fn build_node(go: &Go, version: &str) -> Result<PathBuf> {
     let module = modules_dir().join("kubelet");
     let hash = pin_hash(&[
         module.join("go.mod"),
         module.join("go.sum"),
         module.join("main.go"),
     ])?;
+    let names: Vec<&str> = NODE_BINARIES.iter().map(|(n, _)| *n).collect();
     let (dir, cached) = cache_entry(
         &format!("kubelet-{version}-{}-{hash}", go.version),
-        &["kubelet"],
+        &names,
     );
     if cached {
-        eprintln!("xtask: kubelet {version} cached in {}", dir.display());
-        return Ok(dir.join("kubelet"));
+        eprintln!("xtask: kubelet, kube-scheduler {version} cached in {}", dir.display());
+        return Ok(dir);
     }
-    build_into(&dir, &format!("kubelet {version}"), |tmp| {
+    build_into(&dir, &format!("kubelet, kube-scheduler {version}"), |tmp| {
         let mut cmd = go.command(&module);
         cmd.args(["build", "-mod=readonly", "-trimpath", "-ldflags"])
             .arg(version_ldflags(version)?)
             .arg("-o")
-            .arg(tmp.join("kubelet"))
+            .arg(tmp.join("node"))
             .arg(".");
         run(&mut cmd)?;
+        for name in &names {
+            symlink("node", tmp.join(name))?;
+        }
         check_version(&tmp.join("kubelet"), &["--version"], version)
     })?;
-    Ok(dir.join("kubelet"))
+    Ok(dir)
 }
 
 /// The pod sandboxes' pause binary, from `build/pause/linux/pause.c` of the

@@ -19,6 +19,10 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// Its public half.
     pub sa_pub: PathBuf,
+    /// The API server's client certificate towards kubelets.
+    pub kubelet_client_cert: PathBuf,
+    /// Its key.
+    pub kubelet_client_key: PathBuf,
 }
 
 impl Pki {
@@ -30,6 +34,8 @@ impl Pki {
             server_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
+            kubelet_client_cert: dir.join("kubelet-client.crt"),
+            kubelet_client_key: dir.join("kubelet-client.key"),
         }
     }
 
@@ -102,6 +108,47 @@ impl Pki {
             "3",
             "-out",
             &s(&pki.server_cert),
+            "-extfile",
+            &s(&ext),
+        ]);
+        // The API server's client certificate towards the kubelet (exec, logs), in
+        // system:masters: the kubelet's Webhook authorization allows it, as kubeadm's
+        // apiserver-kubelet-client certificate.
+        let csr = dir.join("kubelet-client.csr");
+        let (key_s, csr_s) = (s(&pki.kubelet_client_key), s(&csr));
+        let mut argv = vec!["openssl", "req"];
+        argv.extend_from_slice(&ec);
+        argv.extend_from_slice(&[
+            "-keyout",
+            &key_s,
+            "-out",
+            &csr_s,
+            "-subj",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        ]);
+        run(&argv);
+        let ext = dir.join("kubelet-client.ext");
+        std::fs::write(
+            &ext,
+            "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature\n\
+             basicConstraints=critical,CA:FALSE\n",
+        )
+        .expect("extensions file");
+        run(&[
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            &csr_s,
+            "-CA",
+            &ca_cert_s,
+            "-CAkey",
+            &ca_key_s,
+            "-CAcreateserial",
+            "-days",
+            "3",
+            "-out",
+            &s(&pki.kubelet_client_cert),
             "-extfile",
             &s(&ext),
         ]);

@@ -7,6 +7,7 @@
 //! under `CI=true` it fails.
 
 mod coredns;
+mod daemonset;
 mod events;
 mod latency;
 mod lb;

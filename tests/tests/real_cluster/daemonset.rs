@@ -1,0 +1,275 @@
+//! The chart's DaemonSet run by a real kubelet (tests/src/cluster/kubelet.rs) on the
+//! simulated node, installed with real Helm into the real API server as README's
+//! "Install" says: the agent pod becomes Ready through its own probes, and a client
+//! pod (a real pod: its sandbox, its network namespace from the CNI plugin, its
+//! cgroup under the kubelet's) reaches the PROXY-protocol ingress through a
+//! LoadBalancer IP with its own address in the header, on the kernel path and on the
+//! relay.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use hairpin_tests::{
+    cluster::{
+        NODE_NAME,
+        kubelet::{BUSYBOX_IMAGE, NodeRuntime, get_json},
+    },
+    node::KubeProxyMode,
+};
+use serde_json::{Value, json};
+
+use crate::{RELEASE_NS, RealNode, do_service, vip};
+
+/// A node with the real control plane, kube-proxy and a kubelet; `None` when the
+/// scenario skips.
+struct KubeletNode {
+    // Drop order: the runtime (its pods) before the control plane and the node.
+    runtime: NodeRuntime,
+    rn: RealNode,
+}
+
+impl KubeletNode {
+    fn start() -> Option<KubeletNode> {
+        let rn = RealNode::start(KubeProxyMode::Iptables)?;
+        match NodeRuntime::start(&rn.cluster, &rn.node) {
+            Ok(runtime) => Some(KubeletNode { runtime, rn }),
+            Err(msg) => {
+                eprintln!("skipped: {msg}");
+                None
+            }
+        }
+    }
+
+    /// `kubectl ARGS` as the cluster admin; its output, whatever the status.
+    fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.rn.cluster.admin_kubeconfig().display()
+            ))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// `kubectl ARGS`, failing with its output.
+    fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// README's install: the namespace, its Pod Security label, `helm install`
+    /// with the values this node needs: its cgroup2 (not at /sys/fs/cgroup on this
+    /// machine) and no image pulls (no registry here).
+    fn helm_install(&self, extra: &[&str]) {
+        self.kubectl_ok(&["create", "namespace", RELEASE_NS]);
+        self.kubectl_ok(&[
+            "label",
+            "namespace",
+            RELEASE_NS,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ]);
+        let mut args: Vec<String> = vec![
+            "cluster-install".into(),
+            self.rn.cluster.admin_kubeconfig().display().to_string(),
+            hairpin_tests::repo::workspace()
+                .join(hairpin_tests::helm::CHART)
+                .display()
+                .to_string(),
+            RELEASE_NS.into(),
+        ];
+        for set in [
+            format!("cgroupHostPath={}", self.runtime.cgroup().display()),
+            "image.pullPolicy=Never".to_string(),
+        ]
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        {
+            args.push("--set".into());
+            args.push(set.to_string());
+        }
+        hairpin_tests::helm::helm(&args);
+    }
+
+    /// The pods of `namespace` with `selector`, as JSON.
+    fn pods(&self, namespace: &str, selector: &str) -> Vec<Value> {
+        let list = get_json(
+            &self.rn.cluster,
+            &format!("/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"),
+        );
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until one pod matching `selector` is Ready; returns it.
+    fn wait_ready(&self, namespace: &str, selector: &str, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let pods = self.pods(namespace, selector);
+            if let Some(p) = pods.iter().find(|p| ready(p)) {
+                return p.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no Ready pod {namespace}/{selector} within {within:?}: {}\nkubelet:\n{}",
+                serde_json::to_string_pretty(&pods).unwrap_or_default(),
+                hairpin_tests::cluster::tail(&self.runtime.kubelet_log())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A busybox pod on the node that sleeps; returns once it runs, with its IP.
+    fn client_pod(&self, namespace: &str, name: &str) -> String {
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+            "spec": {
+                "nodeName": NODE_NAME,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{
+                    "name": "client",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/busybox", "sleep", "3600"],
+                }],
+            },
+        });
+        let file = self.rn.node.dir.join(format!("{name}.json"));
+        std::fs::write(&file, pod.to_string()).expect("pod file");
+        self.kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
+        let p = self.wait_ready(namespace, &format!("app={name}"), Duration::from_secs(60));
+        p["status"]["podIP"]
+            .as_str()
+            .expect("the client pod has an IP")
+            .to_string()
+    }
+
+    /// `wget -qO- http://IP/` from the client pod, through `kubectl exec`.
+    fn wget_from(&self, namespace: &str, pod: &str, ip: &str) -> std::process::Output {
+        self.kubectl(&[
+            "exec",
+            "-n",
+            namespace,
+            pod,
+            "--",
+            "/bin/busybox",
+            "wget",
+            "-q",
+            "-T",
+            "2",
+            "-O-",
+            &format!("http://{ip}/"),
+        ])
+    }
+}
+
+/// Whether a pod's Ready condition is True.
+fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// The oom_score_adj of every `pause` process under `cgroup` (the pods' sandboxes).
+fn pause_oom_scores(cgroup: &std::path::Path) -> Vec<String> {
+    let mut scores = Vec::new();
+    let mut dirs = vec![cgroup.join("kubepods")];
+    while let Some(d) = dirs.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            for pid in text.lines() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.trim() == "pause" {
+                    scores.push(
+                        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+                            .unwrap_or_default()
+                            .trim()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            dirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    scores
+}
+
+#[test]
+fn daemonset_install_agent_ready_and_client_pod_gets_header() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    let installed = Instant::now();
+    kn.helm_install(&[]);
+    let agent = kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(120),
+    );
+    eprintln!(
+        "helm install -> agent pod Ready (its own probes): {:.1} s",
+        installed.elapsed().as_secs_f64()
+    );
+    assert_eq!(agent["spec"]["nodeName"], NODE_NAME);
+    // The runtime clamped the sandbox's oom_score_adj (-998 asked) to its own: the
+    // setting took, else runc's write fails without CAP_SYS_RESOURCE.
+    let scores = pause_oom_scores(kn.runtime.cgroup());
+    assert!(!scores.is_empty(), "no pause process under the node's cgroup");
+    assert!(
+        scores.iter().all(|s| s.parse::<i32>().is_ok_and(|v| v >= 0)),
+        "a sandbox's oom_score_adj is below containerd's own: {scores:?}"
+    );
+    let c = &kn.rn.cluster;
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-relayed",
+        &[("hairpin.dev/path", "relay")],
+    ));
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+    );
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-relayed",
+        vip(&["203.0.113.11", "2001:db8:ffff::11"]),
+    );
+    c.ensure_namespace("clients");
+    let pod_ip = kn.client_pod("clients", "client");
+    for lb in ["203.0.113.10", "203.0.113.11"] {
+        let started = Instant::now();
+        loop {
+            let out = kn.wget_from("clients", "client", lb);
+            let body = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && body.starts_with(&format!("client={pod_ip}:")) {
+                eprintln!("client pod {pod_ip} -> {lb}: {}", body.trim());
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "client pod {pod_ip} -> {lb}: no header naming it: {body:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
