@@ -154,22 +154,30 @@ impl KubeletNode {
             .to_string()
     }
 
-    /// `wget -qO- http://IP/` from the client pod, through `kubectl exec`.
-    fn wget_from(&self, namespace: &str, pod: &str, ip: &str) -> std::process::Output {
-        self.kubectl(&[
+    /// One HTTP/1.0 request to `ip`:80 from the client pod (busybox nc, through
+    /// `kubectl exec`); the reply's body line naming the client (`client=IP:PORT`,
+    /// what the ingress read from the PROXY header), or why there is none. busybox's
+    /// wget is not used: statically linked, it crashes looking up the `http` service
+    /// in an image without NSS files.
+    fn request_from(&self, namespace: &str, pod: &str, ip: &str) -> Result<String, String> {
+        let out = self.kubectl(&[
             "exec",
             "-n",
             namespace,
             pod,
             "--",
             "/bin/busybox",
-            "wget",
-            "-q",
-            "-T",
-            "2",
-            "-O-",
-            &format!("http://{ip}/"),
-        ])
+            "sh",
+            "-c",
+            &format!(
+                "printf 'GET / HTTP/1.0\\r\\nHost: lb\\r\\n\\r\\n' | /bin/busybox nc -w 2 {ip} 80"
+            ),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.starts_with("client="))
+            .map(|l| l.trim().to_string())
+            .ok_or_else(|| format!("{text:?} {}", String::from_utf8_lossy(&out.stderr)))
     }
 }
 
@@ -258,16 +266,16 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
     for lb in ["203.0.113.10", "203.0.113.11"] {
         let started = Instant::now();
         loop {
-            let out = kn.wget_from("clients", "client", lb);
-            let body = String::from_utf8_lossy(&out.stdout).into_owned();
-            if out.status.success() && body.starts_with(&format!("client={pod_ip}:")) {
-                eprintln!("client pod {pod_ip} -> {lb}: {}", body.trim());
+            let reply = kn.request_from("clients", "client", lb);
+            if let Ok(line) = &reply
+                && line.starts_with(&format!("client={pod_ip}:"))
+            {
+                eprintln!("client pod {pod_ip} -> {lb}: {line}");
                 break;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(20),
-                "client pod {pod_ip} -> {lb}: no header naming it: {body:?} {}",
-                String::from_utf8_lossy(&out.stderr)
+                "client pod {pod_ip} -> {lb}: no header naming it: {reply:?}"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
