@@ -280,4 +280,54 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    // The operator's commands inside the agent pod, as docs/troubleshooting.md has
+    // them: each answers; status names the frontends, doctor's datapath checks pass.
+    let agent_pod = agent["metadata"]["name"].as_str().expect("agent pod name");
+    let exec = |cmd: &str| {
+        let out = kn.kubectl(&[
+            "exec",
+            "-n",
+            RELEASE_NS,
+            agent_pod,
+            "--",
+            "/usr/local/bin/hairpin-agent",
+            cmd,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!(
+            "kubectl exec hairpin-agent {cmd}: {}, {} lines, first: {}",
+            out.status,
+            text.lines().count(),
+            text.lines().next().unwrap_or("")
+        );
+        (out, text)
+    };
+    let (out, status) = exec("status");
+    assert!(
+        out.status.success() && status.contains("203.0.113.10") && status.contains("ready"),
+        "hairpin-agent status in the pod: {status}"
+    );
+    let (out, dump) = exec("dump");
+    assert!(
+        out.status.success() && !dump.trim().is_empty(),
+        "hairpin-agent dump in the pod: {dump}"
+    );
+    // doctor's only failing check here is cgroup2: it looks for a mounted cgroup2
+    // hierarchy root, and this machine's pods see the v1 layout at /sys/fs/cgroup and
+    // the node's cgroup (not a root) at the chart's hostPath.
+    let (_, doctor) = exec("doctor");
+    let failing: Vec<&str> = doctor
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("fail"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(failing, ["cgroup2"], "hairpin-agent doctor in the pod:\n{doctor}");
+    for check in ["relay", "kernel_path", "link_order", "agent"] {
+        assert!(
+            doctor
+                .lines()
+                .any(|l| l.split_whitespace().take(2).eq([check, "ok"])),
+            "doctor's {check} check is not ok:\n{doctor}"
+        );
+    }
 }
