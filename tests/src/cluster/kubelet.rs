@@ -417,6 +417,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.ctr(&["images", "tag", "--force", AGENT_DEV_IMAGE, &self.agent_image]);
     }
 
+    /// The agent's image once more under the chart's repository and `version` (a
+    /// label added, so a new digest: the pod must restart into another image), as a
+    /// new release's image arrives on a node. Returns its name.
+    pub fn import_agent_as(&self, version: &str) -> String {
+        let ctx = self.dir.join(format!("image-agent-{version}"));
+        fs::create_dir_all(&ctx).expect("image context");
+        fs::write(
+            ctx.join("Containerfile"),
+            format!("FROM {AGENT_DEV_IMAGE}\nLABEL org.opencontainers.image.version=\"{version}\"\n"),
+        )
+        .expect("Containerfile");
+        let local = format!("localhost/hairpin-test/agent:{version}");
+        run(&["podman", "build", "-q", "--tag", &local, ctx.to_str().expect("utf-8 path")]);
+        self.save_and_import(&local);
+        let _ = Command::new("podman").args(["rmi", "-f", &local]).output();
+        let name = format!("{CHART_REPOSITORY}:{version}");
+        self.ctr(&["images", "tag", "--force", &local, &name]);
+        name
+    }
+
     fn save_and_import(&self, tag: &str) {
         let archive = self.dir.join("image.tar");
         let a = archive.to_str().expect("utf-8 path");

@@ -331,3 +331,113 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
         );
     }
 }
+
+/// The workspace's chart as the next release packages it: `version` as its version
+/// and appVersion (so its image tag), in `to`.
+fn chart_of_version(to: &std::path::Path, version: &str) {
+    let from = hairpin_tests::repo::workspace().join(hairpin_tests::helm::CHART);
+    let out = Command::new("cp").arg("-a").arg(&from).arg(to).output().expect("cp");
+    assert!(out.status.success(), "cp: {out:?}");
+    let chart = std::fs::read_to_string(to.join("Chart.yaml")).expect("Chart.yaml");
+    let chart: Vec<String> = chart
+        .lines()
+        .map(|l| {
+            if l.starts_with("version: ") {
+                format!("version: {version}")
+            } else if l.starts_with("appVersion: ") {
+                format!("appVersion: \"{version}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(to.join("Chart.yaml"), chart.join("\n") + "\n").expect("Chart.yaml");
+}
+
+/// docs/upgrade.md's `helm upgrade` while a client pod dials the kernel path's LB
+/// every 20 ms: the DaemonSet rolls to the new release's image, and no request fails
+/// or goes without its header meanwhile (the pinned datapath outlives the old agent).
+#[test]
+fn daemonset_upgrade_while_a_client_pod_dials() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    kn.helm_install(&[]);
+    let old = kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(120),
+    );
+    let c = &kn.rn.cluster;
+    c.create_lb_service(&do_service("ingress-nginx", "ingress-nginx-controller", &[]));
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+    );
+    c.ensure_namespace("clients");
+    let pod_ip = kn.client_pod("clients", "client");
+    let started = Instant::now();
+    while kn
+        .request_from("clients", "client", "203.0.113.10")
+        .is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "no header before the upgrade");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The dialer: one line per request, H (header naming the pod), N (a reply without
+    // one: nginx's "broken header"), F (no connection), until /stop exists.
+    let script = "while [ ! -e /stop ]; do \
+        r=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 2 203.0.113.10 80); rc=$?; \
+        case \"$r\" in *client=POD:*) echo H;; *) if [ $rc = 0 ]; then echo N; else echo F; fi;; esac; \
+        /bin/busybox usleep 20000; done"
+        .replace("POD", &pod_ip);
+    let dialer = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", c.admin_kubeconfig().display()))
+        .args(["exec", "-n", "clients", "client", "--", "/bin/busybox", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the dialer");
+    std::thread::sleep(Duration::from_secs(1));
+
+    // docs/upgrade.md's command, the new release's chart in place of the OCI one.
+    let doc = std::fs::read_to_string(hairpin_tests::repo::workspace().join("docs/upgrade.md"))
+        .expect("docs/upgrade.md");
+    assert!(
+        doc.contains("helm upgrade hairpin oci://ghcr.io/hairpin-dev/charts/hairpin --version NEW -n hairpin-system --reset-then-reuse-values"),
+        "docs/upgrade.md's upgrade command changed: update this scenario"
+    );
+    let new_image = kn.runtime.import_agent_as("0.2.0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chart = dir.path().join("hairpin");
+    chart_of_version(&chart, "0.2.0");
+    let upgraded = Instant::now();
+    hairpin_tests::helm::helm(&[
+        "cluster-upgrade".into(),
+        c.admin_kubeconfig().display().to_string(),
+        chart.display().to_string(),
+        RELEASE_NS.into(),
+        "--reset-then-reuse-values".into(),
+    ]);
+    kn.kubectl_ok(&["-n", RELEASE_NS, "rollout", "status", "ds/hairpin", "--timeout=120s"]);
+    let rollout = upgraded.elapsed();
+    eprintln!("helm upgrade -> rollout of the node done: {:.1} s", rollout.as_secs_f64());
+    let new = kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(30),
+    );
+    assert_ne!(new["metadata"]["uid"], old["metadata"]["uid"], "the pod was not replaced");
+    assert_eq!(new["spec"]["containers"][0]["image"], new_image.as_str());
+    // Requests after the new agent is Ready, then stop the dialer.
+    std::thread::sleep(Duration::from_secs(2));
+    kn.kubectl_ok(&["exec", "-n", "clients", "client", "--", "/bin/busybox", "touch", "/stop"]);
+    let out = dialer.wait_with_output().expect("the dialer");
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    let count = |c: &str| lines.lines().filter(|l| l.trim() == c).count();
+    let (h, n, f) = (count("H"), count("N"), count("F"));
+    eprintln!("during the upgrade: {h} requests with a header, {n} without, {f} failed");
+    assert!(h > 50, "too few requests to say anything: {lines:?} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((n, f), (0, 0), "requests without a header or failed during the rollout");
+}
