@@ -414,7 +414,10 @@ fn start_apiserver(
         format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
         format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-        format!("--kubelet-client-certificate={}", p(&pki.kubelet_client_cert)),
+        format!(
+            "--kubelet-client-certificate={}",
+            p(&pki.kubelet_client_cert)
+        ),
         format!("--kubelet-client-key={}", p(&pki.kubelet_client_key)),
         // The node's name resolves nowhere: the kubelet is reached at its address.
         "--kubelet-preferred-address-types=InternalIP".into(),

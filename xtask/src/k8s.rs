@@ -119,12 +119,12 @@ fn build_node(go: &Go, version: &str) -> Result<PathBuf> {
         module.join("main.go"),
     ])?;
     let names: Vec<&str> = NODE_BINARIES.iter().map(|(n, _)| *n).collect();
-    let (dir, cached) = cache_entry(
-        &format!("kubelet-{version}-{}-{hash}", go.version),
-        &names,
-    );
+    let (dir, cached) = cache_entry(&format!("kubelet-{version}-{}-{hash}", go.version), &names);
     if cached {
-        eprintln!("xtask: kubelet, kube-scheduler {version} cached in {}", dir.display());
+        eprintln!(
+            "xtask: kubelet, kube-scheduler {version} cached in {}",
+            dir.display()
+        );
         return Ok(dir);
     }
     build_into(&dir, &format!("kubelet, kube-scheduler {version}"), |tmp| {
@@ -154,7 +154,12 @@ fn build_pause(go: &Go, version: &str) -> Result<PathBuf> {
     }
     let out = go
         .command(&modules_dir().join("kubelet"))
-        .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
+        .args([
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{version}"),
+        ])
         .output()
         .context("go mod download k8s.io/kubernetes")?;
     if !out.status.success() {

@@ -76,9 +76,11 @@ fn node_binaries() -> Result<(PathBuf, PathBuf, PathBuf), String> {
     let pause = find("HAIRPIN_PAUSE_BIN", "pause-", "pause");
     match (kubelet, scheduler, pause) {
         (Some(k), Some(s), Some(p)) => Ok((k, s, p)),
-        _ => Err("the kubelet, kube-scheduler or pause binary is not built: run \
+        _ => Err(
+            "the kubelet, kube-scheduler or pause binary is not built: run \
                   `cargo xtask k8s`"
-            .to_string()),
+                .to_string(),
+        ),
     }
 }
 
@@ -191,7 +193,11 @@ impl NodeRuntime {
     }
 
     fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_str().expect("utf-8 path").to_string()
+        self.dir
+            .join(name)
+            .to_str()
+            .expect("utf-8 path")
+            .to_string()
     }
 
     /// Starts `argv` in `netns` and the node's mount namespace.
@@ -358,10 +364,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if let Some(p) = self.containerd.as_mut() {
                 p.assert_running();
             }
-            if self.socket.exists() && self.run(&["ctr", &format!("--address={}", self.socket.display()), "version"]).status.success() {
+            if self.socket.exists()
+                && self
+                    .run(&[
+                        "ctr",
+                        &format!("--address={}", self.socket.display()),
+                        "version",
+                    ])
+                    .status
+                    .success()
+            {
                 return;
             }
-            assert!(Instant::now() < deadline, "containerd did not answer within {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not answer within {within:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -392,7 +410,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// binaries, `FROM scratch`) and the agent's, under the chart's name.
     fn import_images(&self, pause_bin: &Path) {
         let build = |tag: &str, bin: &Path, path: &str, entry: &str| {
-            let ctx = self.dir.join(format!("image-{}", tag.replace(['/', ':'], "-")));
+            let ctx = self
+                .dir
+                .join(format!("image-{}", tag.replace(['/', ':'], "-")));
             fs::create_dir_all(&ctx).expect("image context");
             fs::copy(bin, ctx.join("bin")).expect("copy binary");
             fs::write(
@@ -414,7 +434,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         );
         build(BUSYBOX_IMAGE, busybox, "/bin/busybox", "/bin/busybox");
         self.save_and_import(AGENT_DEV_IMAGE);
-        self.ctr(&["images", "tag", "--force", AGENT_DEV_IMAGE, &self.agent_image]);
+        self.ctr(&[
+            "images",
+            "tag",
+            "--force",
+            AGENT_DEV_IMAGE,
+            &self.agent_image,
+        ]);
     }
 
     /// The agent's image once more under the chart's repository and `version` (a
@@ -425,11 +451,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         fs::create_dir_all(&ctx).expect("image context");
         fs::write(
             ctx.join("Containerfile"),
-            format!("FROM {AGENT_DEV_IMAGE}\nLABEL org.opencontainers.image.version=\"{version}\"\n"),
+            format!(
+                "FROM {AGENT_DEV_IMAGE}\nLABEL org.opencontainers.image.version=\"{version}\"\n"
+            ),
         )
         .expect("Containerfile");
         let local = format!("localhost/hairpin-test/agent:{version}");
-        run(&["podman", "build", "-q", "--tag", &local, ctx.to_str().expect("utf-8 path")]);
+        run(&[
+            "podman",
+            "build",
+            "-q",
+            "--tag",
+            &local,
+            ctx.to_str().expect("utf-8 path"),
+        ]);
         self.save_and_import(&local);
         let _ = Command::new("podman").args(["rmi", "-f", &local]).output();
         let name = format!("{CHART_REPOSITORY}:{version}");
@@ -519,7 +554,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     fn check_kubelet_settings(&self, cluster: &Cluster) {
         let path = format!("/api/v1/nodes/{NODE_NAME}/proxy/configz");
         let client = cluster.client();
-        let req = axum::http::Request::get(&path).body(Vec::new()).expect("request");
+        let req = axum::http::Request::get(&path)
+            .body(Vec::new())
+            .expect("request");
         let text = cluster
             .block_on(client.request_text(req))
             .unwrap_or_else(|e| panic!("GET {path} (API server -> kubelet): {e}"));
@@ -542,12 +579,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// The kubelet's log so far.
     pub fn kubelet_log(&self) -> String {
-        self.kubelet.as_ref().map(Proc::log_text).unwrap_or_default()
+        self.kubelet
+            .as_ref()
+            .map(Proc::log_text)
+            .unwrap_or_default()
     }
 
     /// containerd's log so far.
     pub fn containerd_log(&self) -> String {
-        self.containerd.as_ref().map(Proc::log_text).unwrap_or_default()
+        self.containerd
+            .as_ref()
+            .map(Proc::log_text)
+            .unwrap_or_default()
     }
 
     /// The node's cgroup (under the cgroup2 mount): where the kubelet's pods live.
@@ -587,7 +630,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 /// callers poll).
 pub fn get_json(cluster: &Cluster, path: &str) -> Value {
     let client = cluster.client();
-    let req = axum::http::Request::get(path).body(Vec::new()).expect("request");
+    let req = axum::http::Request::get(path)
+        .body(Vec::new())
+        .expect("request");
     cluster.block_on(async move {
         match tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await {
             Ok(Ok(text)) => serde_json::from_str(&text).unwrap_or(Value::Null),
@@ -598,8 +643,9 @@ pub fn get_json(cluster: &Cluster, path: &str) -> Value {
 
 /// The chart's appVersion (the image tag it asks for by default).
 pub fn chart_app_version() -> String {
-    let chart = fs::read_to_string(crate::repo::workspace().join("deploy/chart/hairpin/Chart.yaml"))
-        .expect("read Chart.yaml");
+    let chart =
+        fs::read_to_string(crate::repo::workspace().join("deploy/chart/hairpin/Chart.yaml"))
+            .expect("read Chart.yaml");
     chart
         .lines()
         .find_map(|l| l.strip_prefix("appVersion:"))

@@ -235,9 +235,14 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
     // The runtime clamped the sandbox's oom_score_adj (-998 asked) to its own: the
     // setting took, else runc's write fails without CAP_SYS_RESOURCE.
     let scores = pause_oom_scores(kn.runtime.cgroup());
-    assert!(!scores.is_empty(), "no pause process under the node's cgroup");
     assert!(
-        scores.iter().all(|s| s.parse::<i32>().is_ok_and(|v| v >= 0)),
+        !scores.is_empty(),
+        "no pause process under the node's cgroup"
+    );
+    assert!(
+        scores
+            .iter()
+            .all(|s| s.parse::<i32>().is_ok_and(|v| v >= 0)),
         "a sandbox's oom_score_adj is below containerd's own: {scores:?}"
     );
     let c = &kn.rn.cluster;
@@ -321,7 +326,11 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
         .filter(|l| l.split_whitespace().nth(1) == Some("fail"))
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(failing, ["cgroup2"], "hairpin-agent doctor in the pod:\n{doctor}");
+    assert_eq!(
+        failing,
+        ["cgroup2"],
+        "hairpin-agent doctor in the pod:\n{doctor}"
+    );
     for check in ["relay", "kernel_path", "link_order", "agent"] {
         assert!(
             doctor
@@ -336,7 +345,12 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
 /// and appVersion (so its image tag), in `to`.
 fn chart_of_version(to: &std::path::Path, version: &str) {
     let from = hairpin_tests::repo::workspace().join(hairpin_tests::helm::CHART);
-    let out = Command::new("cp").arg("-a").arg(&from).arg(to).output().expect("cp");
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&from)
+        .arg(to)
+        .output()
+        .expect("cp");
     assert!(out.status.success(), "cp: {out:?}");
     let chart = std::fs::read_to_string(to.join("Chart.yaml")).expect("Chart.yaml");
     let chart: Vec<String> = chart
@@ -369,7 +383,11 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
         Duration::from_secs(120),
     );
     let c = &kn.rn.cluster;
-    c.create_lb_service(&do_service("ingress-nginx", "ingress-nginx-controller", &[]));
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
     c.set_lb_ingress(
         "ingress-nginx",
         "ingress-nginx-controller",
@@ -382,7 +400,10 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
         .request_from("clients", "client", "203.0.113.10")
         .is_err()
     {
-        assert!(started.elapsed() < Duration::from_secs(20), "no header before the upgrade");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no header before the upgrade"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // The dialer: one line per request, H (header naming the pod), N (a reply without
@@ -394,7 +415,17 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
         .replace("POD", &pod_ip);
     let dialer = Command::new("kubectl")
         .arg(format!("--kubeconfig={}", c.admin_kubeconfig().display()))
-        .args(["exec", "-n", "clients", "client", "--", "/bin/busybox", "sh", "-c", &script])
+        .args([
+            "exec",
+            "-n",
+            "clients",
+            "client",
+            "--",
+            "/bin/busybox",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -420,24 +451,166 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
         RELEASE_NS.into(),
         "--reset-then-reuse-values".into(),
     ]);
-    kn.kubectl_ok(&["-n", RELEASE_NS, "rollout", "status", "ds/hairpin", "--timeout=120s"]);
+    kn.kubectl_ok(&[
+        "-n",
+        RELEASE_NS,
+        "rollout",
+        "status",
+        "ds/hairpin",
+        "--timeout=120s",
+    ]);
     let rollout = upgraded.elapsed();
-    eprintln!("helm upgrade -> rollout of the node done: {:.1} s", rollout.as_secs_f64());
+    eprintln!(
+        "helm upgrade -> rollout of the node done: {:.1} s",
+        rollout.as_secs_f64()
+    );
     let new = kn.wait_ready(
         RELEASE_NS,
         "app.kubernetes.io/component=agent",
         Duration::from_secs(30),
     );
-    assert_ne!(new["metadata"]["uid"], old["metadata"]["uid"], "the pod was not replaced");
+    assert_ne!(
+        new["metadata"]["uid"], old["metadata"]["uid"],
+        "the pod was not replaced"
+    );
     assert_eq!(new["spec"]["containers"][0]["image"], new_image.as_str());
     // Requests after the new agent is Ready, then stop the dialer.
     std::thread::sleep(Duration::from_secs(2));
-    kn.kubectl_ok(&["exec", "-n", "clients", "client", "--", "/bin/busybox", "touch", "/stop"]);
+    kn.kubectl_ok(&[
+        "exec",
+        "-n",
+        "clients",
+        "client",
+        "--",
+        "/bin/busybox",
+        "touch",
+        "/stop",
+    ]);
     let out = dialer.wait_with_output().expect("the dialer");
     let lines = String::from_utf8_lossy(&out.stdout).into_owned();
     let count = |c: &str| lines.lines().filter(|l| l.trim() == c).count();
     let (h, n, f) = (count("H"), count("N"), count("F"));
     eprintln!("during the upgrade: {h} requests with a header, {n} without, {f} failed");
-    assert!(h > 50, "too few requests to say anything: {lines:?} {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!((n, f), (0, 0), "requests without a header or failed during the rollout");
+    assert!(
+        h > 50,
+        "too few requests to say anything: {lines:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        (n, f),
+        (0, 0),
+        "requests without a header or failed during the rollout"
+    );
+}
+
+/// README's `helm uninstall`: the pre-delete hooks run as pods on the node, and afterwards the node has no hairpin program, pin or
+/// relay address, and the client pod's requests are as before hairpin (the ingress
+/// refuses them for want of a header: the original problem).
+#[test]
+#[ignore = "the pre-delete Job hairpin-uninstall stays InProgress past Helm's 300 s here; cause not found yet"]
+fn daemonset_uninstall_leaves_the_node_clean() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    kn.helm_install(&[]);
+    kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(120),
+    );
+    let c = &kn.rn.cluster;
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+    );
+    c.ensure_namespace("clients");
+    let pod_ip = kn.client_pod("clients", "client");
+    let started = Instant::now();
+    while !kn
+        .request_from("clients", "client", "203.0.113.10")
+        .is_ok_and(|l| l.starts_with(&format!("client={pod_ip}:")))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no header after install"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let kubeconfig = c.admin_kubeconfig().display().to_string();
+    let node = &kn.rn.node;
+    let links = || {
+        hairpin_tests::sh::run(&[
+            "bpftool",
+            "cgroup",
+            "show",
+            kn.runtime.cgroup().to_str().expect("utf-8 path"),
+        ])
+        .lines()
+        .filter(|l| l.contains("connect") || l.contains("sock_ops"))
+        .count()
+    };
+    assert!(
+        links() > 0,
+        "no hairpin program on the node's cgroup while installed"
+    );
+    let uninstalled = Instant::now();
+    let out =
+        hairpin_tests::helm::helm(&["cluster-uninstall".into(), kubeconfig, RELEASE_NS.into()]);
+    eprintln!(
+        "helm uninstall (pre-delete hooks as pods): {:.1} s",
+        uninstalled.elapsed().as_secs_f64()
+    );
+    let hooks = out["release"].to_string();
+    assert!(
+        hooks.contains("pre-delete"),
+        "the release had no pre-delete hook: {hooks}"
+    );
+    assert!(
+        kn.runtime.kubelet_log().contains("hairpin-uninstall"),
+        "the kubelet never ran the pre-delete hook's pod"
+    );
+    // The agent pod goes with the DaemonSet; then nothing of hairpin is left.
+    let started = Instant::now();
+    while !kn
+        .pods(RELEASE_NS, "app.kubernetes.io/component=agent")
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the agent pod stays"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(links(), 0, "hairpin programs left on the node's cgroup");
+    let pins = kn
+        .runtime
+        .run(&["sh", "-c", "ls -A /sys/fs/bpf/hairpin 2>/dev/null"]);
+    assert!(
+        String::from_utf8_lossy(&pins.stdout).trim().is_empty(),
+        "pins left: {}",
+        String::from_utf8_lossy(&pins.stdout)
+    );
+    let addrs = hairpin_tests::sh::run_in(&node.node_ns, &["ip", "addr", "show", "dev", "lo"]);
+    assert!(
+        !addrs.contains("169.254.104.1"),
+        "the relay address stays: {addrs}"
+    );
+    // As before hairpin: the ingress gets no header and answers nothing.
+    let started = Instant::now();
+    loop {
+        match kn.request_from("clients", "client", "203.0.113.10") {
+            Err(_) => break,
+            Ok(line) => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "a header after uninstall: {line}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
