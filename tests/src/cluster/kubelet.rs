@@ -183,6 +183,7 @@ impl NodeRuntime {
             ],
         ));
         rt.wait_node_ready(cluster, Duration::from_secs(90));
+        untaint_ready_node(cluster);
         rt.check_kubelet_settings(cluster);
         rt.startup = started.elapsed();
         eprintln!(
@@ -624,6 +625,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         pids.retain(|p| *p != std::process::id() as i32);
         pids
     }
+}
+
+/// Removes the `node.kubernetes.io/not-ready` taint the API server put on the Node
+/// at its creation (TaintNodesByCondition), as the node lifecycle controller does
+/// once the kubelet reports Ready: the suite's controller manager runs without that
+/// controller (most scenarios have no kubelet to keep the Node alive). Pods without
+/// the DaemonSet's tolerations (Helm's hook Jobs, `helm test`) need it gone.
+fn untaint_ready_node(cluster: &Cluster) {
+    use kube::api::{Api, Patch, PatchParams};
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    let node = cluster
+        .block_on(nodes.get(NODE_NAME))
+        .expect("get the Node");
+    let taints: Vec<_> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "node.kubernetes.io/not-ready")
+        .collect();
+    let patch = serde_json::json!({"spec": {"taints": taints}});
+    cluster
+        .block_on(nodes.patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&patch)))
+        .expect("remove the not-ready taint");
 }
 
 /// `GET path` on the API server as the admin, as JSON (`Null` when it fails: the

@@ -503,16 +503,17 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
     );
 }
 
-/// README's `helm uninstall`: the pre-delete hooks run as pods on the node, and afterwards the node has no hairpin program, pin or
+/// `helm test`, then README's `helm uninstall`: the test hook and the pre-delete
+/// hooks run as pods on the node, and afterwards the node has no hairpin program, pin or
 /// relay address, and the client pod's requests are as before hairpin (the ingress
 /// refuses them for want of a header: the original problem).
 #[test]
-#[ignore = "the pre-delete Job hairpin-uninstall stays InProgress past Helm's 300 s here; cause not found yet"]
-fn daemonset_uninstall_leaves_the_node_clean() {
+fn daemonset_test_then_uninstall_leaves_the_node_clean() {
     let Some(kn) = KubeletNode::start() else {
         return;
     };
-    kn.helm_install(&[]);
+    // The test hook checks a proxied LB from a pod (README, `tests.target`).
+    kn.helm_install(&["tests.target=203.0.113.10:80"]);
     kn.wait_ready(
         RELEASE_NS,
         "app.kubernetes.io/component=agent",
@@ -543,6 +544,17 @@ fn daemonset_uninstall_leaves_the_node_clean() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let kubeconfig = c.admin_kubeconfig().display().to_string();
+    let tested =
+        hairpin_tests::helm::helm(&["cluster-test".into(), kubeconfig.clone(), RELEASE_NS.into()]);
+    // Helm fails the call when a test pod fails; it passed, on this node's kubelet.
+    assert_eq!(
+        tested["release"]["release"]["status"], "deployed",
+        "helm test: {tested}"
+    );
+    assert!(
+        kn.runtime.kubelet_log().contains("hairpin-test"),
+        "the kubelet never ran the test pod"
+    );
     let node = &kn.rn.node;
     let links = || {
         hairpin_tests::sh::run(&[
