@@ -14,9 +14,11 @@ use std::{
 use hairpin_tests::{
     cluster::{
         NODE_NAME,
+        dns::{corefile_of, kube_dns_objects},
         kubelet::{BUSYBOX_IMAGE, NodeRuntime, get_json},
     },
-    node::KubeProxyMode,
+    fakeapi::KUBEADM_COREFILE,
+    node::{INGRESS_IP4, KubeProxyMode},
 };
 use serde_json::{Value, json};
 
@@ -512,14 +514,39 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
     let Some(kn) = KubeletNode::start() else {
         return;
     };
+    // kubeadm's CoreDNS objects (its Corefile), and an Ingress whose host the
+    // chart's CoreDNS writer (its pods on this kubelet) publishes.
+    let c = &kn.rn.cluster;
+    let mut objects = kube_dns_objects(INGRESS_IP4);
+    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "data": {"Corefile": KUBEADM_COREFILE}}));
+    objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                 "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                              "spec": {"containers": [{"name": "coredns",
+                                  "image": "registry.k8s.io/coredns/coredns:v1.14.7"}]}}}}));
+    c.kubectl_apply(&objects);
+    c.ensure_namespace("shop");
+    c.kubectl_apply(&[
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "shop"},
+        "spec": {"ingressClassName": "nginx", "rules": [{"host": "shop.example.com"}]}}),
+    ]);
+    c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+    let before = corefile_of(c);
     // The test hook checks a proxied LB from a pod (README, `tests.target`).
-    kn.helm_install(&["tests.target=203.0.113.10:80"]);
+    kn.helm_install(&[
+        "tests.target=203.0.113.10:80",
+        "coredns.mode=corefile",
+        "names.domains=example.com",
+    ]);
     kn.wait_ready(
         RELEASE_NS,
         "app.kubernetes.io/component=agent",
         Duration::from_secs(120),
     );
-    let c = &kn.rn.cluster;
     c.create_lb_service(&do_service(
         "ingress-nginx",
         "ingress-nginx-controller",
@@ -542,6 +569,15 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
             "no header after install"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    let started = Instant::now();
+    while !corefile_of(c).contains("shop.example.com") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the CoreDNS writer's pods wrote nothing: {}",
+            corefile_of(c)
+        );
+        std::thread::sleep(Duration::from_millis(250));
     }
     let kubeconfig = c.admin_kubeconfig().display().to_string();
     let tested =
@@ -612,6 +648,11 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
     assert!(
         !addrs.contains("169.254.104.1"),
         "the relay address stays: {addrs}"
+    );
+    assert_eq!(
+        corefile_of(c),
+        before,
+        "CoreDNS's Corefile is not as before"
     );
     // As before hairpin: the ingress gets no header and answers nothing.
     let started = Instant::now();
