@@ -422,9 +422,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             )
             .expect("Containerfile");
             let c = ctx.to_str().expect("utf-8 path");
-            run(&["podman", "build", "-q", "--tag", tag, c]);
-            self.save_and_import(tag);
-            let _ = Command::new("podman").args(["rmi", "-f", tag]).output();
+            // A name of this node's own in podman's storage: scenarios run in
+            // parallel, and one's `rmi` must not take another's image.
+            let local = self.local_name(tag);
+            run(&["podman", "build", "-q", "--tag", &local, c]);
+            self.save_and_import(&local);
+            let _ = Command::new("podman").args(["rmi", "-f", &local]).output();
+            self.ctr(&["images", "tag", "--force", &local, tag]);
         };
         build(PAUSE_IMAGE, pause_bin, "/pause", "/pause");
         let busybox = Path::new("/bin/busybox");
@@ -457,7 +461,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ),
         )
         .expect("Containerfile");
-        let local = format!("localhost/hairpin-test/agent:{version}");
+        let local = self.local_name(&format!("localhost/hairpin-test/agent:{version}"));
         run(&[
             "podman",
             "build",
@@ -471,6 +475,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let name = format!("{CHART_REPOSITORY}:{version}");
         self.ctr(&["images", "tag", "--force", &local, &name]);
         name
+    }
+
+    /// `name` with this node's cgroup name in its repository.
+    fn local_name(&self, name: &str) -> String {
+        let (repo, tag) = name.rsplit_once(':').expect("name:tag");
+        format!("{repo}-{}:{tag}", self.cgroup_name)
     }
 
     fn save_and_import(&self, tag: &str) {
