@@ -181,6 +181,43 @@ impl KubeletNode {
             .map(|l| l.trim().to_string())
             .ok_or_else(|| format!("{text:?} {}", String::from_utf8_lossy(&out.stderr)))
     }
+
+    /// `helm install` (with `extra` values), the DigitalOcean Service at
+    /// 203.0.113.10 and a client pod that got its header through it once. Returns
+    /// the agent pod and the client's IP.
+    fn installed_with_client(&self, extra: &[&str]) -> (Value, String) {
+        self.helm_install(extra);
+        let agent = self.wait_ready(
+            RELEASE_NS,
+            "app.kubernetes.io/component=agent",
+            Duration::from_secs(120),
+        );
+        let c = &self.rn.cluster;
+        c.create_lb_service(&do_service(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            &[],
+        ));
+        c.set_lb_ingress(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+        );
+        c.ensure_namespace("clients");
+        let pod_ip = self.client_pod("clients", "client");
+        let started = Instant::now();
+        while !self
+            .request_from("clients", "client", "203.0.113.10")
+            .is_ok_and(|l| l.starts_with(&format!("client={pod_ip}:")))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no header after install"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (agent, pod_ip)
+    }
 }
 
 /// Whether a pod's Ready condition is True.
@@ -343,6 +380,29 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
     }
 }
 
+/// kubeadm's CoreDNS objects (its Corefile), and an Ingress whose host the chart's
+/// CoreDNS writer publishes.
+fn kubeadm_coredns_and_an_ingress(c: &hairpin_tests::cluster::Cluster) {
+    let mut objects = kube_dns_objects(INGRESS_IP4);
+    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "data": {"Corefile": KUBEADM_COREFILE}}));
+    objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                 "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                              "spec": {"containers": [{"name": "coredns",
+                                  "image": "registry.k8s.io/coredns/coredns:v1.14.7"}]}}}}));
+    c.kubectl_apply(&objects);
+    c.ensure_namespace("shop");
+    c.kubectl_apply(&[
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "shop"},
+        "spec": {"ingressClassName": "nginx", "rules": [{"host": "shop.example.com"}]}}),
+    ]);
+    c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+}
+
 /// The workspace's chart as the next release packages it: `version` as its version
 /// and appVersion (so its image tag), in `to`.
 fn chart_of_version(to: &std::path::Path, version: &str) {
@@ -378,36 +438,8 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
     let Some(kn) = KubeletNode::start() else {
         return;
     };
-    kn.helm_install(&[]);
-    let old = kn.wait_ready(
-        RELEASE_NS,
-        "app.kubernetes.io/component=agent",
-        Duration::from_secs(120),
-    );
+    let (old, pod_ip) = kn.installed_with_client(&[]);
     let c = &kn.rn.cluster;
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        &[],
-    ));
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
-    );
-    c.ensure_namespace("clients");
-    let pod_ip = kn.client_pod("clients", "client");
-    let started = Instant::now();
-    while kn
-        .request_from("clients", "client", "203.0.113.10")
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no header before the upgrade"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
     // The dialer: one line per request, H (header naming the pod), N (a reply without
     // one: nginx's "broken header"), F (no connection), until /stop exists.
     let script = "while [ ! -e /stop ]; do \
@@ -514,62 +546,15 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
     let Some(kn) = KubeletNode::start() else {
         return;
     };
-    // kubeadm's CoreDNS objects (its Corefile), and an Ingress whose host the
-    // chart's CoreDNS writer (its pods on this kubelet) publishes.
     let c = &kn.rn.cluster;
-    let mut objects = kube_dns_objects(INGRESS_IP4);
-    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "coredns", "namespace": "kube-system"},
-        "data": {"Corefile": KUBEADM_COREFILE}}));
-    objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                 "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
-                              "spec": {"containers": [{"name": "coredns",
-                                  "image": "registry.k8s.io/coredns/coredns:v1.14.7"}]}}}}));
-    c.kubectl_apply(&objects);
-    c.ensure_namespace("shop");
-    c.kubectl_apply(&[
-        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": "shop", "namespace": "shop"},
-        "spec": {"ingressClassName": "nginx", "rules": [{"host": "shop.example.com"}]}}),
-    ]);
-    c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+    kubeadm_coredns_and_an_ingress(c);
     let before = corefile_of(c);
     // The test hook checks a proxied LB from a pod (README, `tests.target`).
-    kn.helm_install(&[
+    kn.installed_with_client(&[
         "tests.target=203.0.113.10:80",
         "coredns.mode=corefile",
         "names.domains=example.com",
     ]);
-    kn.wait_ready(
-        RELEASE_NS,
-        "app.kubernetes.io/component=agent",
-        Duration::from_secs(120),
-    );
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        &[],
-    ));
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
-    );
-    c.ensure_namespace("clients");
-    let pod_ip = kn.client_pod("clients", "client");
-    let started = Instant::now();
-    while !kn
-        .request_from("clients", "client", "203.0.113.10")
-        .is_ok_and(|l| l.starts_with(&format!("client={pod_ip}:")))
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no header after install"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
     let started = Instant::now();
     while !corefile_of(c).contains("shop.example.com") {
         assert!(
