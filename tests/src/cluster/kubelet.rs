@@ -124,6 +124,24 @@ impl NodeRuntime {
                 return Err(msg);
             }
         };
+        // The kubelet is built for the default release only; a kubelet newer than
+        // its API server is outside Kubernetes' skew policy: another release's run
+        // (`HAIRPIN_K8S_VERSION`) leaves these scenarios out, saying so.
+        let out = Command::new(&kubelet_bin)
+            .arg("--version")
+            .output()
+            .expect("run kubelet --version");
+        let kubelet_version = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .trim_start_matches("Kubernetes ")
+            .to_string();
+        if kubelet_version != cluster.bins.k8s_version {
+            return Err(format!(
+                "the kubelet is {kubelet_version}, the control plane {}: the kubelet scenarios \
+                 run with the default release only",
+                cluster.bins.k8s_version
+            ));
+        }
         let started = Instant::now();
         let dir = cluster.dir.join("node-runtime");
         fs::create_dir_all(&dir).expect("runtime dir");
