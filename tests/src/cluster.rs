@@ -18,6 +18,7 @@ pub mod certs;
 pub mod demo;
 pub mod dns;
 pub mod forward;
+pub mod kubelet;
 pub mod objects;
 pub mod proxy;
 
@@ -53,10 +54,13 @@ pub const POD_CIDRS: [&str; 2] = ["192.0.2.0/24", "2001:db8:1::/64"];
 
 /// Static bearer tokens (`--token-auth-file`) of the control plane's own clients:
 /// (token, user, groups). The agent never uses these: it gets its ServiceAccount's.
-const TOKENS: [(&str, &str, &str); 3] = [
+const TOKENS: [(&str, &str, &str); 5] = [
     ("admin-token", "kubernetes-admin", "system:masters"),
     ("kcm-token", "system:kube-controller-manager", ""),
     ("proxy-token", "system:kube-proxy", ""),
+    // The kubelet of the simulated node (kubelet.rs) and its scheduler.
+    ("kubelet-token", "system:node:sim-node", "system:nodes"),
+    ("scheduler-token", "system:kube-scheduler", ""),
 ];
 
 /// One control-plane process, killed on drop.
@@ -418,6 +422,13 @@ fn start_apiserver(
         format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
         format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+        format!(
+            "--kubelet-client-certificate={}",
+            p(&pki.kubelet_client_cert)
+        ),
+        format!("--kubelet-client-key={}", p(&pki.kubelet_client_key)),
+        // The node's name resolves nowhere: the kubelet is reached at its address.
+        "--kubelet-preferred-address-types=InternalIP".into(),
         "--profiling=false".into(),
         "--v=1".into(),
     ];

@@ -1,6 +1,9 @@
 //! The real Kubernetes components the `real_cluster` suite runs, built from source
 //! through the Go module proxy: kube-apiserver, kube-controller-manager and
-//! kube-proxy (one multi-call binary), etcd and CoreDNS; and the Gateway API's CRDs. Each is a small Go module
+//! kube-proxy (one multi-call binary), the kubelet, etcd and CoreDNS, and the pause
+//! binary of the kubelet's pod sandboxes (upstream's C source, linked statically);
+//! and the Gateway API's CRDs.
+//! Each is a small Go module
 //! of ours under `xtask/k8s/` whose go.mod and go.sum pin every dependency; the
 //! build runs with `-mod=readonly`, so a pin that does not match the sums fails
 //! instead of being rewritten.
@@ -27,6 +30,9 @@ pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// The CoreDNS release `xtask/k8s/coredns/go.mod` pins.
 pub const COREDNS_VERSION: &str = "v1.14.7";
+/// The pause image's release as `build/pause/Makefile` of [`DEFAULT_K8S_VERSION`]
+/// tags it (the binary's `-v` prints it).
+pub const PAUSE_VERSION: &str = "3.10.2";
 /// The Gateway API release `xtask/k8s/gateway-api/go.mod` pins (its CRDs).
 pub const GATEWAY_API_VERSION: &str = "v1.6.3";
 
@@ -38,6 +44,12 @@ const KUBE_BINARIES: [(&str, &str); 3] = [
         "HAIRPIN_KUBE_CONTROLLER_MANAGER_BIN",
     ),
     ("kube-proxy", "HAIRPIN_KUBE_PROXY_BIN"),
+];
+
+/// The node's components (xtask/k8s/kubelet) and their variables.
+const NODE_BINARIES: [(&str, &str); 2] = [
+    ("kubelet", "HAIRPIN_KUBELET_BIN"),
+    ("kube-scheduler", "HAIRPIN_KUBE_SCHEDULER_BIN"),
 ];
 
 /// Options of `cargo xtask k8s`.
@@ -85,6 +97,15 @@ pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
         &["-version"],
     )?;
     out.push(("HAIRPIN_COREDNS_BIN", coredns));
+    // The kubelet's module pins the default release only: another release's suite
+    // runs without it (the kubelet scenarios say so and skip).
+    if version == DEFAULT_K8S_VERSION {
+        let node = build_node(&go, &version)?;
+        for (name, var) in NODE_BINARIES {
+            out.push((var, node.join(name)));
+        }
+        out.push(("HAIRPIN_PAUSE_BIN", build_pause(&go, &version)?));
+    }
     out.push(("HAIRPIN_GATEWAY_API_CRDS", gateway_api_crds(&go)?));
     Ok(out)
 }
@@ -106,43 +127,122 @@ fn gateway_api_crds(go: &Go) -> Result<PathBuf> {
         );
         return Ok(dir);
     }
-    build_into(
-        &dir,
-        &format!("Gateway API {GATEWAY_API_VERSION} CRDs"),
-        |tmp| {
-            let json = crate::toolchain::output(go.command(&module).args([
-                "mod",
-                "download",
-                "-json",
-                "sigs.k8s.io/gateway-api",
-            ]))?;
-            let info: serde_json::Value =
-                serde_json::from_str(&json).context("parse `go mod download -json`")?;
-            if let Some(e) = info["Error"].as_str() {
-                bail!("go mod download sigs.k8s.io/gateway-api: {e}");
-            }
-            let src = Path::new(
-                info["Dir"]
-                    .as_str()
-                    .context("`go mod download` gave no Dir")?,
-            )
+    build_into(&dir, &format!("Gateway API {GATEWAY_API_VERSION} CRDs"), |tmp| {
+        let json = crate::toolchain::output(go.command(&module).args([
+            "mod",
+            "download",
+            "-json",
+            "sigs.k8s.io/gateway-api",
+        ]))?;
+        let info: serde_json::Value =
+            serde_json::from_str(&json).context("parse `go mod download -json`")?;
+        if let Some(e) = info["Error"].as_str() {
+            bail!("go mod download sigs.k8s.io/gateway-api: {e}");
+        }
+        let src = Path::new(info["Dir"].as_str().context("`go mod download` gave no Dir")?)
             .join("config/crd/standard");
-            for e in fs::read_dir(&src).with_context(|| format!("read {}", src.display()))? {
-                let path = e?.path();
-                let name = path.file_name().context("a file name")?;
-                if path.extension().is_some_and(|x| x == "yaml")
-                    && name
-                        .to_string_lossy()
-                        .starts_with("gateway.networking.k8s.io_")
-                {
-                    fs::copy(&path, tmp.join(name))
-                        .with_context(|| format!("copy {}", path.display()))?;
-                }
+        for e in fs::read_dir(&src).with_context(|| format!("read {}", src.display()))? {
+            let path = e?.path();
+            let name = path.file_name().context("a file name")?;
+            if path.extension().is_some_and(|x| x == "yaml")
+                && name.to_string_lossy().starts_with("gateway.networking.k8s.io_")
+            {
+                fs::copy(&path, tmp.join(name))
+                    .with_context(|| format!("copy {}", path.display()))?;
             }
-            Ok(())
-        },
-    )?;
+        }
+        Ok(())
+    })?;
     Ok(dir)
+}
+
+/// The kubelet and kube-scheduler (which binds the DaemonSet's pods): one
+/// multi-call binary (`node`) with a link per component, from a module of its own
+/// (`xtask/k8s/kubelet`, the same release and replaces as `xtask/k8s/kubernetes`),
+/// so that their extra dependencies leave the other components' pin and cache entry
+/// as they are. Returns the directory.
+fn build_node(go: &Go, version: &str) -> Result<PathBuf> {
+    let module = modules_dir().join("kubelet");
+    let hash = pin_hash(&[
+        module.join("go.mod"),
+        module.join("go.sum"),
+        module.join("main.go"),
+    ])?;
+    let names: Vec<&str> = NODE_BINARIES.iter().map(|(n, _)| *n).collect();
+    let (dir, cached) = cache_entry(&format!("kubelet-{version}-{}-{hash}", go.version), &names);
+    if cached {
+        eprintln!(
+            "xtask: kubelet, kube-scheduler {version} cached in {}",
+            dir.display()
+        );
+        return Ok(dir);
+    }
+    build_into(&dir, &format!("kubelet, kube-scheduler {version}"), |tmp| {
+        let mut cmd = go.command(&module);
+        cmd.args(["build", "-mod=readonly", "-trimpath", "-ldflags"])
+            .arg(version_ldflags(version)?)
+            .arg("-o")
+            .arg(tmp.join("node"))
+            .arg(".");
+        run(&mut cmd)?;
+        for name in &names {
+            symlink("node", tmp.join(name))?;
+        }
+        check_version(&tmp.join("kubelet"), &["--version"], version)
+    })?;
+    Ok(dir)
+}
+
+/// The pod sandboxes' pause binary, from `build/pause/linux/pause.c` of the
+/// `k8s.io/kubernetes` module the kubelet builds from, linked statically as
+/// upstream's image has it (`-Os -static`). Returns the binary.
+fn build_pause(go: &Go, version: &str) -> Result<PathBuf> {
+    let (dir, cached) = cache_entry(&format!("pause-{PAUSE_VERSION}-{version}"), &["pause"]);
+    if cached {
+        eprintln!("xtask: pause {PAUSE_VERSION} cached in {}", dir.display());
+        return Ok(dir.join("pause"));
+    }
+    let out = go
+        .command(&modules_dir().join("kubelet"))
+        .args([
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{version}"),
+        ])
+        .output()
+        .context("go mod download k8s.io/kubernetes")?;
+    if !out.status.success() {
+        bail!(
+            "k8s.io/kubernetes@{version} is not in the module cache nor served: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let source = PathBuf::from(info["Dir"].as_str().context("module Dir")?)
+        .join("build/pause/linux/pause.c");
+    build_into(&dir, &format!("pause {PAUSE_VERSION}"), |tmp| {
+        run(Command::new("gcc")
+            .args(["-Os", "-Wall", "-Werror", "-static"])
+            .arg(format!("-DVERSION=v{PAUSE_VERSION}"))
+            .arg("-o")
+            .arg(tmp.join("pause"))
+            .arg(&source))
+        .context("gcc could not build the pause binary (Debian's gcc and libc6-dev)")?;
+        check_version(&tmp.join("pause"), &["-v"], PAUSE_VERSION)
+    })?;
+    Ok(dir.join("pause"))
+}
+
+/// `-ldflags` stamping `version` into a Kubernetes component, as upstream's release
+/// build does (else it says `v0.0.0-master`).
+fn version_ldflags(version: &str) -> Result<String> {
+    let (major, minor) = major_minor(version)?;
+    let v = "k8s.io/component-base/version";
+    Ok(format!(
+        "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
+         -X {v}.gitTreeState=clean"
+    ))
 }
 
 /// The Kubernetes release to build: `HAIRPIN_K8S_VERSION`, else the default.
@@ -291,12 +391,7 @@ fn build_kube(go: &Go, version: &str) -> Result<PathBuf> {
     }
     let what = format!("kube-apiserver, kube-controller-manager, kube-proxy {version}");
     build_into(&dir, &what, |tmp| {
-        let (major, minor) = major_minor(version)?;
-        let v = "k8s.io/component-base/version";
-        let ldflags = format!(
-            "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} \
-             -X {v}.gitTreeState=clean"
-        );
+        let ldflags = version_ldflags(version)?;
         let mut cmd = go.command(&module);
         cmd.args(["build", "-mod=readonly", "-trimpath"]);
         if let Some(m) = &modfile {

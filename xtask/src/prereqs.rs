@@ -43,6 +43,16 @@ const PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "/usr/bin/promtool"),
     // The RustSec snapshot in supply-chain/ is a .tar.xz (cargo xtask deny).
     ("xz-utils", "/usr/bin/xz"),
+    // The kubelet's container runtime on the simulated node (tests/src/cluster/
+    // kubelet.rs): containerd with its CRI plugin and runc shim, the CNI plugins, and
+    // what the local images are made of: the pause binary (C, linked statically) and
+    // busybox for the test pods.
+    ("containerd", "/usr/bin/containerd"),
+    ("runc", "/usr/sbin/runc"),
+    ("containernetworking-plugins", "/usr/lib/cni/ptp"),
+    ("gcc", "/usr/bin/gcc"),
+    ("libc6-dev", "/usr/include/stdio.h"),
+    ("busybox-static", "/bin/busybox"),
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
@@ -106,10 +116,10 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    // The nginx, haproxy and prometheus packages start system services; the tests
-    // run their own instances in namespaces (promtool needs no server) and need
-    // nothing listening on the host.
-    for svc in ["nginx", "haproxy", "prometheus"] {
+    // The nginx, haproxy, prometheus and containerd packages start system services;
+    // the tests run their own instances in namespaces (promtool needs no server) and
+    // need nothing listening on the host.
+    for svc in ["nginx", "haproxy", "prometheus", "containerd"] {
         let _ = Command::new("systemctl")
             .args(["disable", "--now", svc])
             .output();

@@ -19,6 +19,10 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// Its public half.
     pub sa_pub: PathBuf,
+    /// The API server's client certificate towards kubelets.
+    pub kubelet_client_cert: PathBuf,
+    /// Its key.
+    pub kubelet_client_key: PathBuf,
 }
 
 impl Pki {
@@ -30,6 +34,8 @@ impl Pki {
             server_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
+            kubelet_client_cert: dir.join("kubelet-client.crt"),
+            kubelet_client_key: dir.join("kubelet-client.key"),
         }
     }
 
@@ -105,6 +111,7 @@ impl Pki {
             "-extfile",
             &s(&ext),
         ]);
+        kubelet_client_cert(dir, &pki, &ca_cert_s, &ca_key_s);
         run(&[
             "openssl",
             "genpkey",
@@ -126,4 +133,56 @@ impl Pki {
         ]);
         pki
     }
+}
+
+/// The API server's client certificate towards the kubelet (exec, logs), in
+/// system:masters: the kubelet's Webhook authorization allows it, as kubeadm's
+/// apiserver-kubelet-client certificate.
+fn kubelet_client_cert(dir: &Path, pki: &Pki, ca_cert_s: &str, ca_key_s: &str) {
+    let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let csr = dir.join("kubelet-client.csr");
+    let (key_s, csr_s) = (s(&pki.kubelet_client_key), s(&csr));
+    let mut argv = vec!["openssl", "req"];
+    argv.extend_from_slice(&ec);
+    argv.extend_from_slice(&[
+        "-keyout",
+        &key_s,
+        "-out",
+        &csr_s,
+        "-subj",
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
+    ]);
+    run(&argv);
+    let ext = dir.join("kubelet-client.ext");
+    std::fs::write(
+        &ext,
+        "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature\n\
+         basicConstraints=critical,CA:FALSE\n",
+    )
+    .expect("extensions file");
+    run(&[
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        &csr_s,
+        "-CA",
+        ca_cert_s,
+        "-CAkey",
+        ca_key_s,
+        "-CAcreateserial",
+        "-days",
+        "3",
+        "-out",
+        &s(&pki.kubelet_client_cert),
+        "-extfile",
+        &s(&ext),
+    ]);
 }

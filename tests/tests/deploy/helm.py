@@ -23,6 +23,11 @@ cache and `cargo xtask test` passes its interpreter as HAIRPIN_HELM_PYTHON.
             [--reuse-values | --reset-values | --reset-then-reuse-values]... [--set EXPR]...
         `helm upgrade` of that release to CHART with those flags, as Helm's CLI takes
         them; prints {"manifest": text, "revision": number}
+    helm.py cluster-uninstall KUBECONFIG NAMESPACE [--release NAME]
+        `helm uninstall` of that release (its pre-delete hooks run, Helm waits for
+        them); prints {"release": the uninstalled release}
+    helm.py cluster-test KUBECONFIG NAMESPACE [--release NAME]
+        `helm test` of that release; prints {"release": the release with its hooks}
 """
 
 import json
@@ -120,6 +125,18 @@ def main(argv):
             )
         rel = json.loads(payload)
         json.dump({"manifest": rel["manifest"], "revision": rel["revision"]}, sys.stdout)
+    elif len(argv) >= 3 and argv[0] == "cluster-uninstall":
+        kubeconfig, namespace = argv[1], argv[2]
+        name, _ = release(argv[3:])
+        with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as cfg:
+            rel = cfg.uninstall(name, timeout=300)
+        json.dump({"release": rel}, sys.stdout, default=str)
+    elif len(argv) >= 3 and argv[0] == "cluster-test":
+        kubeconfig, namespace = argv[1], argv[2]
+        name, _ = release(argv[3:])
+        with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as cfg:
+            rel = cfg.test(name, timeout=120)
+        json.dump({"release": rel}, sys.stdout, default=str)
     else:
         sys.exit(__doc__)
 

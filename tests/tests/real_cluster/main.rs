@@ -8,6 +8,7 @@
 
 mod coredns;
 mod coredns_import;
+mod daemonset;
 mod demo;
 mod events;
 mod gateway;

@@ -1,0 +1,654 @@
+//! The chart's DaemonSet run by a real kubelet (tests/src/cluster/kubelet.rs) on the
+//! simulated node, installed with real Helm into the real API server as README's
+//! "Install" says: the agent pod becomes Ready through its own probes, and a client
+//! pod (a real pod: its sandbox, its network namespace from the CNI plugin, its
+//! cgroup under the kubelet's) reaches the PROXY-protocol ingress through a
+//! LoadBalancer IP with its own address in the header, on the kernel path and on the
+//! relay.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use hairpin_tests::{
+    cluster::{
+        NODE_NAME,
+        dns::{corefile_of, kube_dns_objects},
+        kubelet::{BUSYBOX_IMAGE, NodeRuntime, get_json},
+    },
+    fakeapi::KUBEADM_COREFILE,
+    node::{INGRESS_IP4, KubeProxyMode},
+};
+use serde_json::{Value, json};
+
+use crate::{RELEASE_NS, RealNode, do_service, vip};
+
+/// A node with the real control plane, kube-proxy and a kubelet; `None` when the
+/// scenario skips.
+struct KubeletNode {
+    // Drop order: the runtime (its pods) before the control plane and the node.
+    runtime: NodeRuntime,
+    rn: RealNode,
+}
+
+impl KubeletNode {
+    fn start() -> Option<KubeletNode> {
+        let rn = RealNode::start(KubeProxyMode::Iptables)?;
+        match NodeRuntime::start(&rn.cluster, &rn.node) {
+            Ok(runtime) => Some(KubeletNode { runtime, rn }),
+            Err(msg) => {
+                eprintln!("skipped: {msg}");
+                None
+            }
+        }
+    }
+
+    /// `kubectl ARGS` as the cluster admin; its output, whatever the status.
+    fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.rn.cluster.admin_kubeconfig().display()
+            ))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// `kubectl ARGS`, failing with its output.
+    fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// README's install: the namespace, its Pod Security label, `helm install`
+    /// with the values this node needs: its cgroup2 (not at /sys/fs/cgroup on this
+    /// machine) and no image pulls (no registry here).
+    fn helm_install(&self, extra: &[&str]) {
+        self.kubectl_ok(&["create", "namespace", RELEASE_NS]);
+        self.kubectl_ok(&[
+            "label",
+            "namespace",
+            RELEASE_NS,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ]);
+        let mut args: Vec<String> = vec![
+            "cluster-install".into(),
+            self.rn.cluster.admin_kubeconfig().display().to_string(),
+            hairpin_tests::repo::workspace()
+                .join(hairpin_tests::helm::CHART)
+                .display()
+                .to_string(),
+            RELEASE_NS.into(),
+        ];
+        for set in [
+            format!("cgroupHostPath={}", self.runtime.cgroup().display()),
+            "image.pullPolicy=Never".to_string(),
+        ]
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        {
+            args.push("--set".into());
+            args.push(set.to_string());
+        }
+        hairpin_tests::helm::helm(&args);
+    }
+
+    /// The pods of `namespace` with `selector`, as JSON.
+    fn pods(&self, namespace: &str, selector: &str) -> Vec<Value> {
+        let list = get_json(
+            &self.rn.cluster,
+            &format!("/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"),
+        );
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until one pod matching `selector` is Ready; returns it.
+    fn wait_ready(&self, namespace: &str, selector: &str, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let pods = self.pods(namespace, selector);
+            if let Some(p) = pods.iter().find(|p| ready(p)) {
+                return p.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no Ready pod {namespace}/{selector} within {within:?}: {}\nkubelet:\n{}",
+                serde_json::to_string_pretty(&pods).unwrap_or_default(),
+                hairpin_tests::cluster::tail(&self.runtime.kubelet_log())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A busybox pod on the node that sleeps; returns once it runs, with its IP.
+    fn client_pod(&self, namespace: &str, name: &str) -> String {
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+            "spec": {
+                "nodeName": NODE_NAME,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{
+                    "name": "client",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/busybox", "sleep", "3600"],
+                }],
+            },
+        });
+        let file = self.rn.node.dir.join(format!("{name}.json"));
+        std::fs::write(&file, pod.to_string()).expect("pod file");
+        self.kubectl_ok(&["apply", "-f", file.to_str().expect("utf-8 path")]);
+        let p = self.wait_ready(namespace, &format!("app={name}"), Duration::from_secs(60));
+        p["status"]["podIP"]
+            .as_str()
+            .expect("the client pod has an IP")
+            .to_string()
+    }
+
+    /// One HTTP/1.0 request to `ip`:80 from the client pod (busybox nc, through
+    /// `kubectl exec`); the reply's body line naming the client (`client=IP:PORT`,
+    /// what the ingress read from the PROXY header), or why there is none. busybox's
+    /// wget is not used: statically linked, it crashes looking up the `http` service
+    /// in an image without NSS files.
+    fn request_from(&self, namespace: &str, pod: &str, ip: &str) -> Result<String, String> {
+        let out = self.kubectl(&[
+            "exec",
+            "-n",
+            namespace,
+            pod,
+            "--",
+            "/bin/busybox",
+            "sh",
+            "-c",
+            &format!(
+                "printf 'GET / HTTP/1.0\\r\\nHost: lb\\r\\n\\r\\n' | /bin/busybox nc -w 2 {ip} 80"
+            ),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.starts_with("client="))
+            .map(|l| l.trim().to_string())
+            .ok_or_else(|| format!("{text:?} {}", String::from_utf8_lossy(&out.stderr)))
+    }
+
+    /// `helm install` (with `extra` values), the DigitalOcean Service at
+    /// 203.0.113.10 and a client pod that got its header through it once. Returns
+    /// the agent pod and the client's IP.
+    fn installed_with_client(&self, extra: &[&str]) -> (Value, String) {
+        self.helm_install(extra);
+        let agent = self.wait_ready(
+            RELEASE_NS,
+            "app.kubernetes.io/component=agent",
+            Duration::from_secs(120),
+        );
+        let c = &self.rn.cluster;
+        c.create_lb_service(&do_service(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            &[],
+        ));
+        c.set_lb_ingress(
+            "ingress-nginx",
+            "ingress-nginx-controller",
+            vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+        );
+        c.ensure_namespace("clients");
+        let pod_ip = self.client_pod("clients", "client");
+        let started = Instant::now();
+        while !self
+            .request_from("clients", "client", "203.0.113.10")
+            .is_ok_and(|l| l.starts_with(&format!("client={pod_ip}:")))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no header after install"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (agent, pod_ip)
+    }
+}
+
+/// Whether a pod's Ready condition is True.
+fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// The oom_score_adj of every `pause` process under `cgroup` (the pods' sandboxes).
+fn pause_oom_scores(cgroup: &std::path::Path) -> Vec<String> {
+    let mut scores = Vec::new();
+    let mut dirs = vec![cgroup.join("kubepods")];
+    while let Some(d) = dirs.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            for pid in text.lines() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.trim() == "pause" {
+                    scores.push(
+                        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+                            .unwrap_or_default()
+                            .trim()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            dirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    scores
+}
+
+#[test]
+fn daemonset_install_agent_ready_and_client_pod_gets_header() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    let installed = Instant::now();
+    kn.helm_install(&[]);
+    let agent = kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(120),
+    );
+    eprintln!(
+        "helm install -> agent pod Ready (its own probes): {:.1} s",
+        installed.elapsed().as_secs_f64()
+    );
+    assert_eq!(agent["spec"]["nodeName"], NODE_NAME);
+    // The runtime clamped the sandbox's oom_score_adj (-998 asked) to its own: the
+    // setting took, else runc's write fails without CAP_SYS_RESOURCE.
+    let scores = pause_oom_scores(kn.runtime.cgroup());
+    assert!(
+        !scores.is_empty(),
+        "no pause process under the node's cgroup"
+    );
+    assert!(
+        scores
+            .iter()
+            .all(|s| s.parse::<i32>().is_ok_and(|v| v >= 0)),
+        "a sandbox's oom_score_adj is below containerd's own: {scores:?}"
+    );
+    let c = &kn.rn.cluster;
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-relayed",
+        &[("hairpin.dev/path", "relay")],
+    ));
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+    );
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-relayed",
+        vip(&["203.0.113.11", "2001:db8:ffff::11"]),
+    );
+    c.ensure_namespace("clients");
+    let pod_ip = kn.client_pod("clients", "client");
+    for lb in ["203.0.113.10", "203.0.113.11"] {
+        let started = Instant::now();
+        loop {
+            let reply = kn.request_from("clients", "client", lb);
+            if let Ok(line) = &reply
+                && line.starts_with(&format!("client={pod_ip}:"))
+            {
+                eprintln!("client pod {pod_ip} -> {lb}: {line}");
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "client pod {pod_ip} -> {lb}: no header naming it: {reply:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // The operator's commands inside the agent pod, as docs/troubleshooting.md has
+    // them: each answers; status names the frontends, doctor's datapath checks pass.
+    let agent_pod = agent["metadata"]["name"].as_str().expect("agent pod name");
+    let exec = |cmd: &str| {
+        let out = kn.kubectl(&[
+            "exec",
+            "-n",
+            RELEASE_NS,
+            agent_pod,
+            "--",
+            "/usr/local/bin/hairpin-agent",
+            cmd,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!(
+            "kubectl exec hairpin-agent {cmd}: {}, {} lines, first: {}",
+            out.status,
+            text.lines().count(),
+            text.lines().next().unwrap_or("")
+        );
+        (out, text)
+    };
+    let (out, status) = exec("status");
+    assert!(
+        out.status.success() && status.contains("203.0.113.10") && status.contains("ready"),
+        "hairpin-agent status in the pod: {status}"
+    );
+    let (out, dump) = exec("dump");
+    assert!(
+        out.status.success() && !dump.trim().is_empty(),
+        "hairpin-agent dump in the pod: {dump}"
+    );
+    // doctor's only failing check here is cgroup2: it looks for a mounted cgroup2
+    // hierarchy root, and this machine's pods see the v1 layout at /sys/fs/cgroup and
+    // the node's cgroup (not a root) at the chart's hostPath.
+    let (_, doctor) = exec("doctor");
+    let failing: Vec<&str> = doctor
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("fail"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        failing,
+        ["cgroup2"],
+        "hairpin-agent doctor in the pod:\n{doctor}"
+    );
+    for check in ["relay", "kernel_path", "link_order", "agent"] {
+        assert!(
+            doctor
+                .lines()
+                .any(|l| l.split_whitespace().take(2).eq([check, "ok"])),
+            "doctor's {check} check is not ok:\n{doctor}"
+        );
+    }
+}
+
+/// kubeadm's CoreDNS objects (its Corefile), and an Ingress whose host the chart's
+/// CoreDNS writer publishes.
+fn kubeadm_coredns_and_an_ingress(c: &hairpin_tests::cluster::Cluster) {
+    let mut objects = kube_dns_objects(INGRESS_IP4);
+    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "data": {"Corefile": KUBEADM_COREFILE}}));
+    objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                 "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                              "spec": {"containers": [{"name": "coredns",
+                                  "image": "registry.k8s.io/coredns/coredns:v1.14.7"}]}}}}));
+    c.kubectl_apply(&objects);
+    c.ensure_namespace("shop");
+    c.kubectl_apply(&[
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "shop"},
+        "spec": {"ingressClassName": "nginx", "rules": [{"host": "shop.example.com"}]}}),
+    ]);
+    c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
+}
+
+/// The workspace's chart as the next release packages it: `version` as its version
+/// and appVersion (so its image tag), in `to`.
+fn chart_of_version(to: &std::path::Path, version: &str) {
+    let from = hairpin_tests::repo::workspace().join(hairpin_tests::helm::CHART);
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&from)
+        .arg(to)
+        .output()
+        .expect("cp");
+    assert!(out.status.success(), "cp: {out:?}");
+    let chart = std::fs::read_to_string(to.join("Chart.yaml")).expect("Chart.yaml");
+    let chart: Vec<String> = chart
+        .lines()
+        .map(|l| {
+            if l.starts_with("version: ") {
+                format!("version: {version}")
+            } else if l.starts_with("appVersion: ") {
+                format!("appVersion: \"{version}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(to.join("Chart.yaml"), chart.join("\n") + "\n").expect("Chart.yaml");
+}
+
+/// docs/upgrade.md's `helm upgrade` while a client pod dials the kernel path's LB
+/// every 20 ms: the DaemonSet rolls to the new release's image, and no request fails
+/// or goes without its header meanwhile (the pinned datapath outlives the old agent).
+#[test]
+fn daemonset_upgrade_while_a_client_pod_dials() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    let (old, pod_ip) = kn.installed_with_client(&[]);
+    let c = &kn.rn.cluster;
+    // The dialer: one line per request, H (header naming the pod), N (a reply without
+    // one: nginx's "broken header"), F (no connection), until /stop exists.
+    let script = "while [ ! -e /stop ]; do \
+        r=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 2 203.0.113.10 80); rc=$?; \
+        case \"$r\" in *client=POD:*) echo H;; *) if [ $rc = 0 ]; then echo N; else echo F; fi;; esac; \
+        /bin/busybox usleep 20000; done"
+        .replace("POD", &pod_ip);
+    let dialer = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", c.admin_kubeconfig().display()))
+        .args([
+            "exec",
+            "-n",
+            "clients",
+            "client",
+            "--",
+            "/bin/busybox",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the dialer");
+    std::thread::sleep(Duration::from_secs(1));
+
+    // docs/upgrade.md's command, the new release's chart in place of the OCI one.
+    let doc = std::fs::read_to_string(hairpin_tests::repo::workspace().join("docs/upgrade.md"))
+        .expect("docs/upgrade.md");
+    assert!(
+        doc.contains("helm upgrade hairpin oci://ghcr.io/hairpin-dev/charts/hairpin --version NEW -n hairpin-system --reset-then-reuse-values"),
+        "docs/upgrade.md's upgrade command changed: update this scenario"
+    );
+    let new_image = kn.runtime.import_agent_as("0.2.0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chart = dir.path().join("hairpin");
+    chart_of_version(&chart, "0.2.0");
+    let upgraded = Instant::now();
+    hairpin_tests::helm::helm(&[
+        "cluster-upgrade".into(),
+        c.admin_kubeconfig().display().to_string(),
+        chart.display().to_string(),
+        RELEASE_NS.into(),
+        "--reset-then-reuse-values".into(),
+    ]);
+    kn.kubectl_ok(&[
+        "-n",
+        RELEASE_NS,
+        "rollout",
+        "status",
+        "ds/hairpin",
+        "--timeout=120s",
+    ]);
+    let rollout = upgraded.elapsed();
+    eprintln!(
+        "helm upgrade -> rollout of the node done: {:.1} s",
+        rollout.as_secs_f64()
+    );
+    let new = kn.wait_ready(
+        RELEASE_NS,
+        "app.kubernetes.io/component=agent",
+        Duration::from_secs(30),
+    );
+    assert_ne!(
+        new["metadata"]["uid"], old["metadata"]["uid"],
+        "the pod was not replaced"
+    );
+    assert_eq!(new["spec"]["containers"][0]["image"], new_image.as_str());
+    // Requests after the new agent is Ready, then stop the dialer.
+    std::thread::sleep(Duration::from_secs(2));
+    kn.kubectl_ok(&[
+        "exec",
+        "-n",
+        "clients",
+        "client",
+        "--",
+        "/bin/busybox",
+        "touch",
+        "/stop",
+    ]);
+    let out = dialer.wait_with_output().expect("the dialer");
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    let count = |c: &str| lines.lines().filter(|l| l.trim() == c).count();
+    let (h, n, f) = (count("H"), count("N"), count("F"));
+    eprintln!("during the upgrade: {h} requests with a header, {n} without, {f} failed");
+    assert!(
+        h > 50,
+        "too few requests to say anything: {lines:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        (n, f),
+        (0, 0),
+        "requests without a header or failed during the rollout"
+    );
+}
+
+/// `helm test`, then README's `helm uninstall`: the test hook and the pre-delete
+/// hooks run as pods on the node, and afterwards the node has no hairpin program, pin or
+/// relay address, and the client pod's requests are as before hairpin (the ingress
+/// refuses them for want of a header: the original problem).
+#[test]
+fn daemonset_test_then_uninstall_leaves_the_node_clean() {
+    let Some(kn) = KubeletNode::start() else {
+        return;
+    };
+    let c = &kn.rn.cluster;
+    kubeadm_coredns_and_an_ingress(c);
+    let before = corefile_of(c);
+    // The test hook checks a proxied LB from a pod (README, `tests.target`).
+    kn.installed_with_client(&[
+        "tests.target=203.0.113.10:80",
+        "coredns.mode=corefile",
+        "names.domains=example.com",
+    ]);
+    let started = Instant::now();
+    while !corefile_of(c).contains("shop.example.com") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the CoreDNS writer's pods wrote nothing: {}",
+            corefile_of(c)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let kubeconfig = c.admin_kubeconfig().display().to_string();
+    let tested =
+        hairpin_tests::helm::helm(&["cluster-test".into(), kubeconfig.clone(), RELEASE_NS.into()]);
+    // Helm fails the call when a test pod fails; it passed, on this node's kubelet.
+    assert_eq!(
+        tested["release"]["release"]["status"], "deployed",
+        "helm test: {tested}"
+    );
+    assert!(
+        kn.runtime.kubelet_log().contains("hairpin-test"),
+        "the kubelet never ran the test pod"
+    );
+    let node = &kn.rn.node;
+    let links = || {
+        hairpin_tests::sh::run(&[
+            "bpftool",
+            "cgroup",
+            "show",
+            kn.runtime.cgroup().to_str().expect("utf-8 path"),
+        ])
+        .lines()
+        .filter(|l| l.contains("connect") || l.contains("sock_ops"))
+        .count()
+    };
+    assert!(
+        links() > 0,
+        "no hairpin program on the node's cgroup while installed"
+    );
+    let uninstalled = Instant::now();
+    let out =
+        hairpin_tests::helm::helm(&["cluster-uninstall".into(), kubeconfig, RELEASE_NS.into()]);
+    eprintln!(
+        "helm uninstall (pre-delete hooks as pods): {:.1} s",
+        uninstalled.elapsed().as_secs_f64()
+    );
+    let hooks = out["release"].to_string();
+    assert!(
+        hooks.contains("pre-delete"),
+        "the release had no pre-delete hook: {hooks}"
+    );
+    assert!(
+        kn.runtime.kubelet_log().contains("hairpin-uninstall"),
+        "the kubelet never ran the pre-delete hook's pod"
+    );
+    // The agent pod goes with the DaemonSet; then nothing of hairpin is left.
+    let started = Instant::now();
+    while !kn
+        .pods(RELEASE_NS, "app.kubernetes.io/component=agent")
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the agent pod stays"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(links(), 0, "hairpin programs left on the node's cgroup");
+    let pins = kn
+        .runtime
+        .run(&["sh", "-c", "ls -A /sys/fs/bpf/hairpin 2>/dev/null"]);
+    assert!(
+        String::from_utf8_lossy(&pins.stdout).trim().is_empty(),
+        "pins left: {}",
+        String::from_utf8_lossy(&pins.stdout)
+    );
+    let addrs = hairpin_tests::sh::run_in(&node.node_ns, &["ip", "addr", "show", "dev", "lo"]);
+    assert!(
+        !addrs.contains("169.254.104.1"),
+        "the relay address stays: {addrs}"
+    );
+    assert_eq!(
+        corefile_of(c),
+        before,
+        "CoreDNS's Corefile is not as before"
+    );
+    // As before hairpin: the ingress gets no header and answers nothing.
+    let started = Instant::now();
+    loop {
+        match kn.request_from("clients", "client", "203.0.113.10") {
+            Err(_) => break,
+            Ok(line) => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "a header after uninstall: {line}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
