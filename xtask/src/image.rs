@@ -6,8 +6,10 @@
 //! musl's would not) and copied onto an empty base: no shell, no package manager, no
 //! shared library, only `/usr/local/bin/hairpin-agent`,
 //! run as uid 0 as the DaemonSet says (deploy/base/daemonset.yaml explains why). No
-//! registry is needed: `FROM scratch` pulls nothing. deploy/Dockerfile builds the same
-//! layout for users, multi-arch, from bases pinned by digest.
+//! registry is needed: `FROM scratch` pulls nothing. `cargo xtask image` builds this
+//! machine's architecture; the release builds every [`Arch`], the foreign one with
+//! Debian's cross toolchain. deploy/Dockerfile builds the same layout for users,
+//! multi-arch, from bases pinned by digest.
 
 use std::{fs, path::PathBuf, process::Command};
 
