@@ -8,10 +8,9 @@
 //! - `hairpin-<version>.tgz`: the chart, packaged by Helm, with that digest in its
 //!   values (`image.digest`), so every pod runs exactly this image (its node's
 //!   platform of it);
-//! - `hairpin-agent-<version>.cdx.json`, `hairpin-ebpf-<version>.cdx.json`: CycloneDX
-//!   SBOMs of the agent (the same crates for both architectures: checked) and of the
-//!   programs it embeds, from Cargo.lock, by cargo-cyclonedx (pinned, installed into
-//!   the cache);
+//! - `hairpin-agent-<version>-{amd64,arm64}.cdx.json`, `hairpin-ebpf-<version>.cdx.json`:
+//!   CycloneDX SBOMs of the agent for each architecture and of the programs it embeds,
+//!   from Cargo.lock, by cargo-cyclonedx (pinned, installed into the cache);
 //! - `release.json` (version, commit, digests) and `SHA256SUMS` over all of them.
 //!
 //! Two architectures from one machine: the agent for the other one is cross-built with
@@ -70,8 +69,11 @@ pub struct Names {
     pub archive: String,
     /// The chart package.
     pub chart: String,
-    /// The SBOMs.
-    pub sboms: [String; 2],
+    /// The agent's SBOM for each architecture (its crates differ: some are for one
+    /// CPU only), in [`Arch::ALL`]'s order.
+    pub agent_sboms: Vec<String>,
+    /// The BPF programs' SBOM.
+    pub ebpf_sbom: String,
 }
 
 impl Names {
@@ -80,10 +82,11 @@ impl Names {
         Names {
             archive: format!("hairpin-agent-{version}.oci.tar"),
             chart: format!("hairpin-{version}.tgz"),
-            sboms: [
-                format!("hairpin-agent-{version}.cdx.json"),
-                format!("hairpin-ebpf-{version}.cdx.json"),
-            ],
+            agent_sboms: Arch::ALL
+                .iter()
+                .map(|a| format!("hairpin-agent-{version}-{}.cdx.json", a.oci()))
+                .collect(),
+            ebpf_sbom: format!("hairpin-ebpf-{version}.cdx.json"),
         }
     }
 }
@@ -125,27 +128,33 @@ pub fn release(opts: &Options) -> Result<PathBuf> {
     let index = oci::image_archive(&tag, &source, &out.join(&names.archive))?;
     let digest = &index.digest;
     package_chart(&helm_python, digest, &source, &out)?;
-    // The agent (one SBOM for every architecture, checked); the programs for the BPF
-    // target, whose dependencies (aya-ebpf, aya-log-ebpf) only that target has.
-    let agent_targets: Vec<&str> = Arch::ALL.iter().map(|a| a.triple()).collect();
-    sbom(
-        &cyclonedx,
-        "hairpin-agent",
-        &agent_targets,
-        source.epoch,
-        &out.join(&names.sboms[0]),
-    )?;
+    // The agent for each architecture; the programs for the BPF target, whose
+    // dependencies (aya-ebpf, aya-log-ebpf) only that target has.
+    for (arch, name) in Arch::ALL.into_iter().zip(&names.agent_sboms) {
+        sbom(
+            &cyclonedx,
+            "hairpin-agent",
+            arch.triple(),
+            source.epoch,
+            &out.join(name),
+        )?;
+    }
     sbom(
         &cyclonedx,
         "hairpin-ebpf",
-        &["bpfel-unknown-none"],
+        "bpfel-unknown-none",
         source.epoch,
-        &out.join(&names.sboms[1]),
+        &out.join(&names.ebpf_sbom),
     )?;
     let platforms: serde_json::Map<String, serde_json::Value> = index
         .platforms
         .iter()
         .map(|(arch, d)| (format!("linux/{arch}"), serde_json::Value::from(d.as_str())))
+        .collect();
+    let sboms: serde_json::Map<String, serde_json::Value> = Arch::ALL
+        .iter()
+        .zip(&names.agent_sboms)
+        .map(|(a, n)| (a.platform(), serde_json::Value::from(n.as_str())))
         .collect();
     let manifest = serde_json::json!({
         "version": v,
@@ -153,7 +162,7 @@ pub fn release(opts: &Options) -> Result<PathBuf> {
         "source_date_epoch": source.epoch,
         "image": {"name": tag, "digest": digest, "archive": names.archive, "platforms": platforms},
         "chart": {"name": "hairpin", "version": v, "archive": names.chart},
-        "sboms": names.sboms,
+        "sboms": {"agent": sboms, "ebpf": names.ebpf_sbom},
     });
     fs::write(
         out.join("release.json"),
@@ -276,27 +285,15 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The CycloneDX SBOM of `package` for `targets` from Cargo.lock, offline, made
-/// reproducible ([`reproducible_bom`]): the same lock file gives the same bytes
-/// wherever it is checked out. With several targets, each target's BOM must be the
-/// same (one file describes the package on all of them).
-fn sbom(cyclonedx: &Path, package: &str, targets: &[&str], epoch: u64, to: &Path) -> Result<()> {
-    let mut boms = Vec::new();
-    for target in targets {
-        boms.push(sbom_for(cyclonedx, package, target, epoch)?);
-    }
-    for (target, bom) in targets.iter().zip(&boms).skip(1) {
-        ensure!(
-            *bom == boms[0],
-            "{package}'s SBOM for {target} differs from {}'s: the set needs one per architecture",
-            targets[0]
-        );
-    }
-    fs::write(to, boms.remove(0) + "\n")?;
-    Ok(())
+/// The CycloneDX SBOM of `package` for `target` ([`sbom_for`]) written to `to`.
+fn sbom(cyclonedx: &Path, package: &str, target: &str, epoch: u64, to: &Path) -> Result<()> {
+    fs::write(to, sbom_for(cyclonedx, package, target, epoch)? + "\n")
+        .with_context(|| format!("failed to write {}", to.display()))
 }
 
-/// One target's reproducible SBOM of `package`, as pretty JSON.
+/// The CycloneDX SBOM of `package` for `target` from Cargo.lock, offline, made
+/// reproducible ([`reproducible_bom`]): the same lock file gives the same bytes
+/// wherever it is checked out. Pretty JSON.
 fn sbom_for(cyclonedx: &Path, package: &str, target: &str, epoch: u64) -> Result<String> {
     let manifest = workspace_root().join(package).join("Cargo.toml");
     run(Command::new(cyclonedx)
