@@ -6,8 +6,10 @@
 //! musl's would not) and copied onto an empty base: no shell, no package manager, no
 //! shared library, only `/usr/local/bin/hairpin-agent`,
 //! run as uid 0 as the DaemonSet says (deploy/base/daemonset.yaml explains why). No
-//! registry is needed: `FROM scratch` pulls nothing. deploy/Dockerfile builds the same
-//! layout for users, multi-arch, from bases pinned by digest.
+//! registry is needed: `FROM scratch` pulls nothing. `cargo xtask image` builds this
+//! machine's architecture; the release builds every [`Arch`], the foreign one with
+//! Debian's cross toolchain. deploy/Dockerfile builds the same layout for users,
+//! multi-arch, from bases pinned by digest.
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -75,27 +77,136 @@ fn containerfile(build: &Build) -> Result<String> {
         .replace("{created}", &rfc3339(build.epoch)?))
 }
 
-/// The target of this machine's architecture, named explicitly so that the static
-/// flag applies to the agent and not to build scripts and proc-macros.
-pub fn host_target() -> Result<&'static str> {
-    match std::env::consts::ARCH {
-        "x86_64" => Ok("x86_64-unknown-linux-gnu"),
-        "aarch64" => Ok("aarch64-unknown-linux-gnu"),
-        other => bail!("no image for architecture {other} (x86_64, aarch64)"),
+/// An architecture the image is built for: the agent is compiled for its Rust
+/// target (natively, or with Debian's cross toolchain) and put in an image of its
+/// OCI platform. The BPF object is the same for both (bpfel bytecode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// linux/amd64 (x86_64).
+    Amd64,
+    /// linux/arm64 (aarch64: Graviton, Ampere, Hetzner's Arm nodes).
+    Arm64,
+}
+
+impl Arch {
+    /// Every architecture of a release, in the order of the image index.
+    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+
+    /// This machine's architecture.
+    pub fn host() -> Result<Arch> {
+        match std::env::consts::ARCH {
+            "x86_64" => Ok(Arch::Amd64),
+            "aarch64" => Ok(Arch::Arm64),
+            other => bail!("no image for architecture {other} (x86_64, aarch64)"),
+        }
+    }
+
+    /// The OCI name (`GOARCH`): `amd64`, `arm64`.
+    pub fn oci(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// The OCI platform, as `podman build --platform` takes it.
+    pub fn platform(self) -> String {
+        format!("linux/{}", self.oci())
+    }
+
+    /// The Rust target, named explicitly so that the static flag applies to the agent
+    /// and not to build scripts and proc-macros.
+    pub fn triple(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// The GNU triplet of Debian's cross toolchain for it (`<triplet>-gcc`,
+    /// `/usr/<triplet>`).
+    pub fn gnu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-linux-gnu",
+            Arch::Arm64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// What `file -b` says of an ELF binary for it.
+    pub fn file_says(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86-64",
+            Arch::Arm64 => "ARM aarch64",
+        }
+    }
+
+    /// Debian's qemu-user emulator for its binaries (package qemu-user).
+    pub fn qemu(self) -> String {
+        format!("qemu-{}", self.gnu().trim_end_matches("-linux-gnu"))
+    }
+
+    /// The cross toolchain's sysroot, qemu-user's `-L` (its dynamic loader and
+    /// libraries, for the test binaries' helpers that are not static).
+    pub fn sysroot(self) -> PathBuf {
+        PathBuf::from("/usr").join(self.gnu())
+    }
+
+    /// Whether building for it here needs the cross toolchain.
+    pub fn is_cross(self) -> Result<bool> {
+        Ok(self != Arch::host()?)
+    }
+
+    /// `strip` for its binaries: the host's binutils know only the host's format.
+    fn strip(self) -> Result<String> {
+        Ok(if self.is_cross()? {
+            format!("{}-strip", self.gnu())
+        } else {
+            "strip".to_string()
+        })
+    }
+
+    /// The cross toolchain's packages and the rustup target, when missing (nothing
+    /// for this machine's own architecture).
+    pub fn ensure_toolchain(self) -> Result<()> {
+        if !self.is_cross()? {
+            return Ok(());
+        }
+        let packages = match self {
+            Arch::Arm64 => prereqs::CROSS_ARM64_PACKAGES,
+            Arch::Amd64 => {
+                bail!("no cross toolchain for amd64 on this machine (build it on x86_64)")
+            }
+        };
+        prereqs::ensure_cross_target(self.triple(), packages)
+    }
+
+    /// The environment of a cargo build or test of the agent for it: static
+    /// (`+crt-static`, set per target so build scripts and proc-macros stay
+    /// dynamic), without this machine's paths, and for a cross build the cross
+    /// linker and C compiler (ring).
+    pub fn cargo_env(self) -> Result<Vec<(String, String)>> {
+        let var = self.triple().to_uppercase().replace('-', "_");
+        let mut env = vec![(
+            format!("CARGO_TARGET_{var}_RUSTFLAGS"),
+            format!("-C target-feature=+crt-static {}", toolchain::remap_flags()),
+        )];
+        if self.is_cross()? {
+            let gcc = format!("{}-gcc", self.gnu());
+            env.push((format!("CARGO_TARGET_{var}_LINKER"), gcc.clone()));
+            env.push((format!("CC_{}", self.triple().replace('-', "_")), gcc));
+        }
+        Ok(env)
     }
 }
 
-/// The agent, linked statically for this machine's architecture with its BPF object
-/// embedded (release); returns the binary. A full release build of its own (about
-/// as long as `cargo build --release`): the static flag changes every artifact.
-pub fn build_static_agent() -> Result<PathBuf> {
+/// The agent, linked statically for `arch` with its BPF object embedded (release);
+/// returns the binary. A full release build of its own per architecture (about as
+/// long as `cargo build --release`): the static flag changes every artifact.
+pub fn build_static_agent(arch: Arch) -> Result<PathBuf> {
     prereqs::ensure_image_packages()?;
-    let target = host_target()?;
+    arch.ensure_toolchain()?;
+    let target = arch.triple();
     let object = ebpf::build(&ebpf::Options::default())?;
-    let flags_var = format!(
-        "CARGO_TARGET_{}_RUSTFLAGS",
-        target.to_uppercase().replace('-', "_")
-    );
     run(cargo()
         .args([
             "build",
@@ -106,10 +217,7 @@ pub fn build_static_agent() -> Result<PathBuf> {
         ])
         .args(["--bin", "hairpin-agent", "--target", target])
         .env("HAIRPIN_EBPF_OBJECT", &object)
-        .env(
-            flags_var,
-            format!("-C target-feature=+crt-static {}", toolchain::remap_flags()),
-        ))?;
+        .envs(arch.cargo_env()?))?;
     let bin = target_dir()
         .join(target)
         .join("release")
@@ -124,6 +232,14 @@ pub fn build_static_agent() -> Result<PathBuf> {
     if !file.contains("statically linked") && !file.contains("static-pie linked") {
         bail!("{} is not static: {}", bin.display(), file.trim());
     }
+    if !file.contains(arch.file_says()) {
+        bail!(
+            "{} is not for {}: {}",
+            bin.display(),
+            arch.oci(),
+            file.trim()
+        );
+    }
     Ok(bin)
 }
 
@@ -131,20 +247,24 @@ pub fn build_static_agent() -> Result<PathBuf> {
 /// offline, from the commit checked out; returns the image's name.
 pub fn build() -> Result<&'static str> {
     let source = Source::read()?;
-    build_with(&Build {
-        tag: IMAGE.to_string(),
-        revision: source.revision,
-        epoch: source.epoch,
-    })?;
+    build_with(
+        &Build {
+            tag: IMAGE.to_string(),
+            revision: source.revision,
+            epoch: source.epoch,
+        },
+        Arch::host()?,
+    )?;
     Ok(IMAGE)
 }
 
-/// Builds `build.tag` offline and reproducibly: every timestamp in the image (its
-/// creation, each file's mtime in the layer) is the commit's, and no build-host
-/// label is added.
-pub fn build_with(build: &Build) -> Result<()> {
-    let bin = build_static_agent()?;
-    let context = target_dir().join("image");
+/// Builds `build.tag` for `arch` offline and reproducibly: every timestamp in the
+/// image (its creation, each file's mtime in the layer) is the commit's, and no
+/// build-host label is added. `FROM scratch` with no `RUN` needs no emulation for a
+/// foreign platform: podman only records it in the image's config.
+pub fn build_with(build: &Build, arch: Arch) -> Result<()> {
+    let bin = build_static_agent(arch)?;
+    let context = target_dir().join("image").join(arch.oci());
     if context.exists() {
         fs::remove_dir_all(&context)
             .with_context(|| format!("failed to clear {}", context.display()))?;
@@ -155,7 +275,7 @@ pub fn build_with(build: &Build) -> Result<()> {
         .with_context(|| format!("failed to copy {}", bin.display()))?;
     // The release profile keeps line tables (debug = 1) for the benchmarks' profiles:
     // 148 MB of the binary's 178. The image drops them; symbols stay for backtraces.
-    run(Command::new("strip")
+    run(Command::new(arch.strip()?)
         .arg("--strip-debug")
         .arg(context.join("hairpin-agent")))?;
     fs::write(context.join("Containerfile"), containerfile(build)?)
@@ -165,6 +285,7 @@ pub fn build_with(build: &Build) -> Result<()> {
         .args(["build", "--pull=never", "--network=none", "--layers=false"])
         .args(["--identity-label=false", "--timestamp"])
         .arg(build.epoch.to_string())
+        .args(["--platform", &arch.platform()])
         .args(["--runtime", "runc", "--tag", tag, "--file"])
         .arg(context.join("Containerfile"))
         .arg(&context))
@@ -172,7 +293,8 @@ pub fn build_with(build: &Build) -> Result<()> {
     let size =
         output(Command::new("podman").args(["image", "inspect", "--format", "{{.Size}}", tag]))?;
     eprintln!(
-        "xtask: built {tag} ({} bytes): `podman run --rm {tag} --version`",
+        "xtask: built {tag} for {} ({} bytes)",
+        arch.platform(),
         size.trim()
     );
     Ok(())

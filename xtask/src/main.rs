@@ -85,6 +85,11 @@ fn main() -> Result<()> {
         Cmd::Setup => {
             prereqs::ensure_system_packages()?;
             prereqs::ensure_image_packages()?;
+            // The release's other architecture: Debian's cross toolchain, qemu-user
+            // and the rustup target.
+            for arch in image::Arch::ALL {
+                arch.ensure_toolchain()?;
+            }
             let toolchain = toolchain::bpf_toolchain()?;
             prereqs::ensure_bpf_linker(&toolchain)?;
             helm::ensure_helm()?;

@@ -107,6 +107,40 @@ pub fn ensure_image_packages() -> Result<()> {
     ensure_packages(IMAGE_PACKAGES)
 }
 
+/// What the arm64 half of the release needs on an x86_64 machine: Debian's aarch64
+/// cross toolchain (the linker and the C compiler for ring, and binutils' strip) with
+/// the target's static glibc (`libc.a`, for `+crt-static`), and qemu-user to run the
+/// arm64 agent's unit tests and its `--version` from the archive.
+pub const CROSS_ARM64_PACKAGES: &[(&str, &str)] = &[
+    ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
+    (
+        "binutils-aarch64-linux-gnu",
+        "/usr/bin/aarch64-linux-gnu-strip",
+    ),
+    ("libc6-dev-arm64-cross", "/usr/aarch64-linux-gnu/lib/libc.a"),
+    ("qemu-user", "/usr/bin/qemu-aarch64"),
+];
+
+/// The Debian cross packages and the rustup target for building `target` on this
+/// machine, when missing; nothing for this machine's own target.
+pub fn ensure_cross_target(target: &str, packages: &[(&str, &str)]) -> Result<()> {
+    ensure_packages(packages)?;
+    let installed = crate::toolchain::output(
+        Command::new("rustup")
+            .current_dir(crate::workspace_root())
+            .args(["target", "list", "--installed"]),
+    )
+    .context("rustup could not list the installed targets")?;
+    if installed.lines().any(|l| l.trim() == target) {
+        return Ok(());
+    }
+    eprintln!("xtask: adding the {target} target to the toolchain");
+    run(Command::new("rustup")
+        .current_dir(crate::workspace_root())
+        .args(["target", "add", target]))
+    .with_context(|| format!("could not add {target}: run `rustup target add {target}`"))
+}
+
 /// `apt-get install` of `packages` (as root), after an `apt-get update`; disables
 /// again the system services some packages start.
 pub fn apt_install(packages: &[&str]) -> Result<()> {

@@ -74,7 +74,7 @@ fn the_workflow_publishes_the_set_xtask_builds_signed_and_attested() {
     for must in [
         "cargo xtask release",
         "sha256sum --check SHA256SUMS",
-        "skopeo copy --preserve-digests \"oci-archive:$ARCHIVE\"",
+        "skopeo copy --all --preserve-digests \"oci-archive:$ARCHIVE\"",
         "helm push \"$CHART\"",
         "cosign sign --yes \"$IMAGE@$DIGEST\"",
         "--require-hashes -r xtask/actionlint-requirements.txt",
