@@ -23,7 +23,7 @@ pub(crate) mod ingress;
 pub(crate) mod link;
 pub(crate) mod nat;
 pub(crate) mod object;
-pub mod relay;
+pub(crate) mod relay;
 pub mod routes;
 pub mod scope;
 

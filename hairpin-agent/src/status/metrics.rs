@@ -42,7 +42,7 @@ pub enum ConnError {
 
 impl ConnError {
     /// Every kind, in label order.
-    pub const ALL: [ConnError; 4] = [
+    pub(crate) const ALL: [ConnError; 4] = [
         ConnError::Other,
         ConnError::Refused,
         ConnError::Reset,

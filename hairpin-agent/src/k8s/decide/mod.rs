@@ -10,7 +10,7 @@
 //! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
 //! - [`nodes`]: what the Nodes report about themselves, as far as it is believed.
 
-pub mod annotations;
+pub(crate) mod annotations;
 pub(crate) mod cluster_dns;
 pub(crate) mod decision;
 pub(crate) mod desired;
@@ -21,7 +21,8 @@ pub mod providers;
 pub mod service;
 
 pub(crate) use decision::Decision;
-pub use decision::{Outcome, Rule, SkipReason};
-pub use desired::{DesiredState, decide_all};
+pub(crate) use decision::SkipReason;
+pub use desired::DesiredState;
+pub(crate) use desired::decide_all;
 pub(crate) use nodes::IgnoredClaim;
-pub use service::{Defaults, decide, service_key};
+pub(crate) use service::Defaults;
