@@ -144,7 +144,7 @@ impl Rewrite {
     /// Both names are validated [`Hostname`]s, so the line holds only
     /// `[a-z0-9.-]`, the pattern's `^[]\.+$` and spaces: no newline, quote, `#`,
     /// `{` or `}` can reach the Corefile from an Ingress.
-    pub(crate) fn directive(&self) -> String {
+    pub fn directive(&self) -> String {
         if self.wildcard {
             // `*.` covers exactly one label (Ingress and Gateway API semantics).
             let base = self.host.base().replace('.', "\\.");

@@ -154,7 +154,7 @@ impl Hostname {
 
     /// The name without its wildcard label: `example.com` for `*.example.com`,
     /// the name itself otherwise.
-    pub(crate) fn base(&self) -> &str {
+    pub fn base(&self) -> &str {
         self.0.strip_prefix(WILDCARD_PREFIX).unwrap_or(&self.0)
     }
 }

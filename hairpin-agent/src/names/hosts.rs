@@ -48,10 +48,10 @@ pub const BEGIN_MARKER: &str = "# BEGIN hairpin managed block (do not edit)";
 pub const END_MARKER: &str = "# END hairpin managed block";
 /// First line of a block being written at the end of the file: everything from it
 /// to the end of the file is hairpin's. [`BEGIN_MARKER`] with `%` for `#`.
-pub(crate) const PENDING_MARKER: &str = "% BEGIN hairpin managed block (do not edit)";
+pub const PENDING_MARKER: &str = "% BEGIN hairpin managed block (do not edit)";
 /// As [`PENDING_MARKER`], for a block appended to a file that did not end with a
 /// newline (removing it also removes the newline written before it).
-pub(crate) const PENDING_JOINED_MARKER: &str = "& BEGIN hairpin managed block (do not edit)";
+pub const PENDING_JOINED_MARKER: &str = "& BEGIN hairpin managed block (do not edit)";
 /// Larger files are refused: a real /etc/hosts is a few KiB, and a runaway
 /// file should not be slurped and rewritten on every reconcile.
 pub const MAX_HOSTS_FILE_BYTES: usize = 1024 * 1024;
@@ -186,13 +186,13 @@ pub struct HostsBlock {
 
 impl HostsBlock {
     /// A block with no entries: applying it removes the managed block.
-    pub(crate) fn empty() -> HostsBlock {
+    pub fn empty() -> HostsBlock {
         HostsBlock::default()
     }
 
     /// Builds a block from `(address, name)` pairs, returning the wildcard names
     /// it had to leave out so the caller can report them.
-    pub(crate) fn from_entries(
+    pub fn from_entries(
         entries: impl IntoIterator<Item = (IpAddr, Hostname)>,
     ) -> (HostsBlock, Vec<Skipped>) {
         let mut block = HostsBlock::default();
@@ -212,12 +212,12 @@ impl HostsBlock {
     }
 
     /// Whether the block has no entries.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Number of `address name` lines.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.entries.len()
     }
 
@@ -385,7 +385,7 @@ fn locate(file: &[u8]) -> Result<Option<Located>, BlockError> {
 /// before its END line to the old block's length, so those lines stay where they
 /// are (see [`plan`]). A result over [`MAX_HOSTS_FILE_BYTES`] is refused, so
 /// hairpin never writes a file it would then refuse to edit or clean up.
-pub(crate) fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError> {
+pub fn apply(original: &[u8], block: &HostsBlock) -> Result<Vec<u8>, BlockError> {
     let located = locate(original)?;
     let mut out = Vec::with_capacity(original.len() + 64 + block.len() * 40);
     match located {
@@ -458,7 +458,7 @@ pub fn remove(original: &[u8]) -> Result<Vec<u8>, BlockError> {
 
 /// One write of [`plan`]: bytes at an offset, or the file cut (or grown) to a length.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum FileEdit {
+pub enum FileEdit {
     /// `bytes` written at offset `at`, in order.
     Write {
         /// Offset of the first byte.
@@ -479,7 +479,7 @@ pub(crate) enum FileEdit {
 /// `new` is expected to be `apply(old, block)`; anything else is written plainly:
 /// the changed tail at once, padded with newlines to the old length when shorter,
 /// then a truncate.
-pub(crate) fn plan(old: &[u8], new: &[u8]) -> Vec<FileEdit> {
+pub fn plan(old: &[u8], new: &[u8]) -> Vec<FileEdit> {
     let same = old.iter().zip(new).take_while(|(a, b)| a == b).count();
     let (Ok(before), Ok(after)) = (locate(old), locate(new)) else {
         return plain(old, new, same);

@@ -23,7 +23,7 @@ pub(crate) mod ingress;
 pub(crate) mod link;
 pub(crate) mod nat;
 pub(crate) mod object;
-pub(crate) mod relay;
+pub mod relay;
 pub mod routes;
 pub mod scope;
 

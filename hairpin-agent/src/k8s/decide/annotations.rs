@@ -8,9 +8,9 @@ use thiserror::Error;
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
 
 /// `v1 | v2 | off`: overrides provider annotations and the default for this Service.
-pub(crate) const PROXY_PROTOCOL: &str = "hairpin.dev/proxy-protocol";
+pub const PROXY_PROTOCOL: &str = "hairpin.dev/proxy-protocol";
 /// Comma-separated Service port numbers or names: only these ports are proxied.
-pub(crate) const PORTS: &str = "hairpin.dev/ports";
+pub const PORTS: &str = "hairpin.dev/ports";
 /// Which side speaks first: `client` (the default) or `server` for every port, or
 /// `PORT=client|server` entries separated by commas (PORT a number or name, as in
 /// [`PORTS`]; ports not listed are `client`). Server-speaks-first ports always take
@@ -281,7 +281,7 @@ where
 }
 
 /// A port's protocol, `TCP` when absent (the API server's default).
-pub(crate) fn protocol(port: &ServicePort) -> &str {
+pub fn protocol(port: &ServicePort) -> &str {
     port.protocol.as_deref().unwrap_or("TCP")
 }
 

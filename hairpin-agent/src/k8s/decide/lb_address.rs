@@ -228,7 +228,7 @@ fn platform_endpoint_with(
 
 /// The classes no LoadBalancer address can belong to, whatever the policy: each
 /// checked on the address and on every IPv4 address an IPv6 spelling stands for.
-pub(crate) fn builtin_refusal(ip: IpAddr) -> Option<String> {
+pub fn builtin_refusal(ip: IpAddr) -> Option<String> {
     builtin_refusal_with(ip, &[])
 }
 

@@ -18,7 +18,7 @@ const MAX_HEADERS: usize = 100;
 /// Looks only at the head, up to the first blank line; the value is lowercased,
 /// its port and a trailing dot stripped. A request line that cannot be HTTP is
 /// rejected at once rather than after the read timeout.
-pub(crate) fn parse_host(buf: &[u8]) -> Peek {
+pub fn parse_host(buf: &[u8]) -> Peek {
     if let Some(why) = not_a_request_line(buf) {
         return Peek::Invalid(why);
     }

@@ -16,8 +16,8 @@
 //! Without the programs the listeners bind the names ports as they are.
 
 mod conn;
-pub(crate) mod http_host;
-pub(crate) mod sni;
+pub mod http_host;
+pub mod sni;
 
 use std::{
     collections::BTreeMap,
@@ -46,7 +46,7 @@ use crate::{
 
 /// What the first bytes of a connection say about the name it is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Peek {
+pub enum Peek {
     /// Not enough bytes yet to decide.
     NeedMore,
     /// The name the client asked for, as sent (the route lookup validates it).

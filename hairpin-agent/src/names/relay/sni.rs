@@ -101,7 +101,7 @@ pub(crate) fn looks_like_tls(first: u8) -> bool {
 /// The ClientHello may arrive in several TCP segments (call again with more bytes
 /// after [`Peek::NeedMore`]) and, rarely, across several handshake records, whose
 /// fragments are joined here. The caller bounds how much it buffers.
-pub(crate) fn parse_sni(buf: &[u8]) -> Peek {
+pub fn parse_sni(buf: &[u8]) -> Peek {
     match client_hello(buf) {
         Ok(body) => match server_name(&body) {
             Ok(Some(name)) => Peek::Name(name),
