@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// The image's name in local container storage.
-pub const IMAGE: &str = "localhost/hairpin-agent:dev";
+pub(crate) const IMAGE: &str = "localhost/hairpin-agent:dev";
 
 /// The runtime stage, as deploy/Dockerfile's: the binary alone, uid 0, the OCI labels
 /// (the annotation keys of the OCI image spec). `{version}` is the agent's crate
@@ -46,7 +46,7 @@ CMD ["run"]
 /// One image build: its name, and the commit it comes from (its id and time, which
 /// is every timestamp in the image, so the same commit gives the same digest).
 #[derive(Clone, Debug)]
-pub struct Build {
+pub(crate) struct Build {
     /// The name in local container storage.
     pub tag: String,
     /// The commit id (the `revision` label).
@@ -77,7 +77,7 @@ fn containerfile(build: &Build) -> Result<String> {
 
 /// The target of this machine's architecture, named explicitly so that the static
 /// flag applies to the agent and not to build scripts and proc-macros.
-pub fn host_target() -> Result<&'static str> {
+pub(crate) fn host_target() -> Result<&'static str> {
     match std::env::consts::ARCH {
         "x86_64" => Ok("x86_64-unknown-linux-gnu"),
         "aarch64" => Ok("aarch64-unknown-linux-gnu"),
@@ -88,7 +88,7 @@ pub fn host_target() -> Result<&'static str> {
 /// The agent, linked statically for this machine's architecture with its BPF object
 /// embedded (release); returns the binary. A full release build of its own (about
 /// as long as `cargo build --release`): the static flag changes every artifact.
-pub fn build_static_agent() -> Result<PathBuf> {
+pub(crate) fn build_static_agent() -> Result<PathBuf> {
     prereqs::ensure_image_packages()?;
     let target = host_target()?;
     let object = ebpf::build(&ebpf::Options::default())?;
@@ -129,7 +129,7 @@ pub fn build_static_agent() -> Result<PathBuf> {
 
 /// Builds [`IMAGE`] into local container storage with podman (buildah underneath),
 /// offline, from the commit checked out; returns the image's name.
-pub fn build() -> Result<&'static str> {
+pub(crate) fn build() -> Result<&'static str> {
     let source = Source::read()?;
     build_with(&Build {
         tag: IMAGE.to_string(),
@@ -142,7 +142,7 @@ pub fn build() -> Result<&'static str> {
 /// Builds `build.tag` offline and reproducibly: every timestamp in the image (its
 /// creation, each file's mtime in the layer) is the commit's, and no build-host
 /// label is added.
-pub fn build_with(build: &Build) -> Result<()> {
+pub(crate) fn build_with(build: &Build) -> Result<()> {
     let bin = build_static_agent()?;
     let context = target_dir().join("image");
     if context.exists() {

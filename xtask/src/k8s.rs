@@ -22,11 +22,11 @@ use anyhow::{Context, Result, bail};
 use crate::{cache, run, workspace_root};
 
 /// The Kubernetes release built unless `HAIRPIN_K8S_VERSION` names another.
-pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
+pub(crate) const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 /// The etcd release `xtask/k8s/etcd/go.mod` pins.
-pub const ETCD_VERSION: &str = "v3.6.16";
+pub(crate) const ETCD_VERSION: &str = "v3.6.16";
 /// The CoreDNS release `xtask/k8s/coredns/go.mod` pins.
-pub const COREDNS_VERSION: &str = "v1.14.7";
+pub(crate) const COREDNS_VERSION: &str = "v1.14.7";
 
 /// The variables `cargo xtask test` hands the suites, one per binary.
 const KUBE_BINARIES: [(&str, &str); 3] = [
@@ -40,7 +40,7 @@ const KUBE_BINARIES: [(&str, &str); 3] = [
 
 /// Options of `cargo xtask k8s`.
 #[derive(clap::Args, Debug, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Write a pin for another served Kubernetes release (go.mod and go.sum under
     /// xtask/k8s/kubernetes/versions/, resolved through the module proxy), then stop.
     #[arg(long, value_name = "VERSION", env = "HAIRPIN_K8S_PIN")]
@@ -48,7 +48,7 @@ pub struct Options {
 }
 
 /// `cargo xtask k8s`: builds (or finds cached) every component and prints where.
-pub fn command(opts: &Options) -> Result<()> {
+pub(crate) fn command(opts: &Options) -> Result<()> {
     if let Some(version) = &opts.pin {
         return pin(version);
     }
@@ -59,7 +59,7 @@ pub fn command(opts: &Options) -> Result<()> {
 }
 
 /// Builds what is not cached; returns `(variable, binary)` for each binary.
-pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
+pub(crate) fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
     let go = Go::find()?;
     let version = k8s_version();
     let mut out = Vec::new();

@@ -34,14 +34,14 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::{image, prereqs, run, source::Source, target_dir, toolchain::output, workspace_root};
 
 /// cargo-cyclonedx, the CycloneDX project's SBOM generator for Cargo, pinned.
-pub const CARGO_CYCLONEDX_VERSION: &str = "0.5.9";
+pub(crate) const CARGO_CYCLONEDX_VERSION: &str = "0.5.9";
 
 /// The image's name in the set (and in the registry the workflow publishes to).
-pub const IMAGE_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
+pub(crate) const IMAGE_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
 
 /// Options of `release`.
 #[derive(clap::Args, Debug, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Where the set goes; default `target/dist/hairpin-<version>`.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -49,12 +49,12 @@ pub struct Options {
 
 /// The version every artifact carries: the workspace's, which Chart.yaml (version and
 /// appVersion) and the kustomizations' image tags must equal.
-pub fn version() -> &'static str {
+pub(crate) fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
 /// Every file name of the set for `version`.
-pub struct Names {
+pub(crate) struct Names {
     /// The image archive.
     pub archive: String,
     /// The chart package.
@@ -65,7 +65,7 @@ pub struct Names {
 
 impl Names {
     /// The names for `version`.
-    pub fn of(version: &str) -> Names {
+    pub(crate) fn of(version: &str) -> Names {
         Names {
             archive: format!("hairpin-agent-{version}.oci.tar"),
             chart: format!("hairpin-{version}.tgz"),
@@ -78,7 +78,7 @@ impl Names {
 }
 
 /// Builds the set; returns its directory.
-pub fn release(opts: &Options) -> Result<PathBuf> {
+pub(crate) fn release(opts: &Options) -> Result<PathBuf> {
     let v = version();
     check_versions(v)?;
     let source = Source::read()?;
@@ -140,7 +140,7 @@ pub fn release(opts: &Options) -> Result<PathBuf> {
 
 /// Chart.yaml's version and appVersion, and every kustomization's image tag and
 /// version label, equal `v`: one version for the whole set.
-pub fn check_versions(v: &str) -> Result<()> {
+pub(crate) fn check_versions(v: &str) -> Result<()> {
     let root = workspace_root();
     let chart = fs::read_to_string(root.join("deploy/chart/hairpin/Chart.yaml"))?;
     for key in ["version", "appVersion"] {
@@ -220,7 +220,7 @@ fn image_archive(tag: &str, source: &Source, archive: &Path) -> Result<String> {
 }
 
 /// The digest of the one manifest an OCI layout's index.json lists.
-pub fn manifest_digest(layout: &Path) -> Result<String> {
+pub(crate) fn manifest_digest(layout: &Path) -> Result<String> {
     let index: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(layout.join("index.json"))?)
             .context("index.json is not JSON")?;
@@ -244,7 +244,7 @@ pub fn manifest_digest(layout: &Path) -> Result<String> {
 
 /// `dir`'s content as a tar at `to` that depends on the content alone: sorted names,
 /// owner 0:0, every mtime `epoch`, no access or change times.
-pub fn deterministic_tar(dir: &Path, to: &Path, epoch: u64) -> Result<()> {
+pub(crate) fn deterministic_tar(dir: &Path, to: &Path, epoch: u64) -> Result<()> {
     run(Command::new("tar")
         .arg("--create")
         .arg("--file")
@@ -266,7 +266,7 @@ pub fn deterministic_tar(dir: &Path, to: &Path, epoch: u64) -> Result<()> {
 
 /// values.yaml with `digest` as `image.digest`: the one line `  digest: ""` under
 /// `image:` replaced, every comment kept.
-pub fn values_with_digest(values: &str, digest: &str) -> Result<String> {
+pub(crate) fn values_with_digest(values: &str, digest: &str) -> Result<String> {
     let needle = "\n  digest: \"\"\n";
     ensure!(
         values.matches(needle).count() == 1 && values.find("\nimage:\n") < values.find(needle),
@@ -354,7 +354,7 @@ fn sbom(cyclonedx: &Path, package: &str, target: &str, epoch: u64, to: &Path) ->
 
 /// Drops a CycloneDX BOM's time- and random-based values and says so
 /// (`cdx:reproducible`); the pretty JSON.
-pub fn reproducible_bom(bom: &mut serde_json::Value) -> Result<String> {
+pub(crate) fn reproducible_bom(bom: &mut serde_json::Value) -> Result<String> {
     ensure!(bom["bomFormat"] == "CycloneDX", "not a CycloneDX BOM");
     let top = bom.as_object_mut().context("a BOM is an object")?;
     top.remove("serialNumber");
@@ -477,13 +477,13 @@ fn verify(out: &Path, names: &Names, tag: &str, digest: &str, helm_python: &Path
 
 /// A podman image store of its own under a directory (`--root`, `--runroot`), empty
 /// when made and removed when dropped: what a fresh machine's podman sees.
-pub struct PrivateStore {
+pub(crate) struct PrivateStore {
     dir: PathBuf,
 }
 
 impl PrivateStore {
     /// An empty store at `dir` (whatever was there is removed first).
-    pub fn new(dir: &Path) -> Result<PrivateStore> {
+    pub(crate) fn new(dir: &Path) -> Result<PrivateStore> {
         let store = PrivateStore {
             dir: dir.to_path_buf(),
         };
@@ -493,7 +493,7 @@ impl PrivateStore {
     }
 
     /// `podman` on this store alone.
-    pub fn podman(&self) -> Command {
+    pub(crate) fn podman(&self) -> Command {
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("root"))
@@ -503,7 +503,7 @@ impl PrivateStore {
     }
 
     /// Loads the OCI archive and returns the digest podman gives `tag`.
-    pub fn loaded_digest(&self, archive: &Path, tag: &str) -> Result<String> {
+    pub(crate) fn loaded_digest(&self, archive: &Path, tag: &str) -> Result<String> {
         output(
             self.podman()
                 .args(["load", "--quiet", "--input"])

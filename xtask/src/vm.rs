@@ -19,11 +19,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use kernel::{Series, ensure as ensure_kernel};
+pub(crate) use kernel::{Series, ensure as ensure_kernel};
 
 /// Debian packages the VMs need: qemu (its x86 system emulator), busybox's static
 /// build for the initramfs, cpio to pack it, kmod's depmod and modprobe.
-pub const PACKAGES: &[(&str, &str)] = &[
+pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
     ("busybox-static", initramfs::BUSYBOX),
     ("cpio", "/usr/bin/cpio"),
@@ -32,7 +32,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
 
 /// A suite the VMs run: the test target and the filter arguments its binary gets
 /// (`--skip`, names).
-pub struct Suite {
+pub(crate) struct Suite {
     /// The `[[test]]` target of hairpin-tests.
     pub target: &'static str,
     /// Arguments to the test binary.
@@ -48,7 +48,7 @@ pub struct Suite {
 /// (datapath); the relay's slots serve their own frontend only (relay_slots'
 /// quarantine); beside a socket load balancer (socket_lb). Filters are libtest's:
 /// a test runs when its name contains any of them.
-pub const SUITES: &[Suite] = &[
+pub(crate) const SUITES: &[Suite] = &[
     Suite {
         target: "kernel_path",
         args: &[
@@ -77,7 +77,7 @@ pub const SUITES: &[Suite] = &[
 /// Tests a kernel is known not to pass, each with why: skipped there by name and
 /// said on the console, so the matrix stays a gate for everything else. Each is a
 /// gap of hairpin's on that kernel, listed in README's kernel table.
-pub const KNOWN_GAPS: &[(Series, &str, &str)] = &[
+pub(crate) const KNOWN_GAPS: &[(Series, &str, &str)] = &[
     (
         Series::V6_1,
         "beside_a_socket_lb_attached_first",
@@ -107,7 +107,7 @@ const VM_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 const SUITE_TIMEOUT_SECS: u64 = 6 * 60;
 
 /// A test binary built on the host, by target name.
-pub struct Built {
+pub(crate) struct Built {
     /// The suite it runs.
     pub target: String,
     /// Its path (the same inside the VM: the host's root is the VM's).
@@ -115,7 +115,7 @@ pub struct Built {
 }
 
 /// Builds the VM suites' test binaries (`cargo test --no-run`) and returns them.
-pub fn build_suites(object: &Path) -> Result<Vec<Built>> {
+pub(crate) fn build_suites(object: &Path) -> Result<Vec<Built>> {
     let mut cmd = crate::cargo();
     cmd.args([
         "test",
@@ -166,7 +166,7 @@ pub fn build_suites(object: &Path) -> Result<Vec<Built>> {
 }
 
 /// What one kernel's run gave.
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The series.
     pub series: Series,
     /// `uname -r`.
@@ -183,7 +183,7 @@ pub struct Outcome {
 
 /// One suite's result inside a VM.
 #[derive(Debug, Default)]
-pub struct SuiteResult {
+pub(crate) struct SuiteResult {
     /// The test target.
     pub target: String,
     /// The binary's exit status (124: the suite's timeout).
@@ -200,7 +200,7 @@ pub struct SuiteResult {
 
 /// Runs `suites` as root in a VM booting `series`; `env` is passed to every test
 /// binary, `args` appended to each one's own.
-pub fn run(
+pub(crate) fn run(
     series: Series,
     suites: &[Built],
     env: &[(String, String)],
@@ -363,7 +363,7 @@ fn parse_results(console: &[String]) -> Vec<SuiteResult> {
 }
 
 /// One paragraph per kernel: release, times, each suite's counts.
-pub fn summary(o: &Outcome) -> String {
+pub(crate) fn summary(o: &Outcome) -> String {
     let mut s = format!(
         "xtask: Linux {} ({}): {}s in the VM, userspace after {}",
         o.series.name(),
@@ -389,7 +389,7 @@ pub fn summary(o: &Outcome) -> String {
 
 /// Runs the VM suites on each of `series`, one VM after the other; fails after all
 /// ran when any failed.
-pub fn matrix(
+pub(crate) fn matrix(
     series: &[Series],
     object: &Path,
     env: &[(String, String)],

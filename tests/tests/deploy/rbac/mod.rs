@@ -32,12 +32,12 @@ const NODE_CLEANUP: &str = "hairpin-cleanup";
 
 /// One permission: (namespace or "*" for cluster-wide, apiGroup, resource, verb,
 /// resourceName or "*").
-pub type Grant = (String, String, String, String, String);
+pub(crate) type Grant = (String, String, String, String, String);
 
 /// One API call and where the code makes it: `needle` occurs in
 /// `hairpin-agent/src/{file}` (checked by `every_cited_call_is_in_the_code`).
 #[derive(Clone, Debug)]
-pub struct Call {
+pub(crate) struct Call {
     pub grant: Grant,
     pub file: &'static str,
     pub needle: &'static str,
@@ -128,7 +128,7 @@ fn lease_calls(ns: &str, name: &str) -> Vec<Call> {
 /// What `hairpin-agent run` calls with `run`'s settings (the Kubernetes source).
 /// Whatever its --coredns, `run` writes nothing in CoreDNS (k8s/source.rs `spawn`
 /// starts no CoreDNS loop): --coredns only keeps the name relay running.
-pub fn run_calls(run: &RunArgs) -> Vec<Call> {
+pub(crate) fn run_calls(run: &RunArgs) -> Vec<Call> {
     assert!(run.frontends.is_none(), "the DaemonSet watches the cluster");
     let mut v = watch_calls();
     // k8s/node.rs `pod_cidrs`: this node's Node, read once for the default
@@ -167,7 +167,7 @@ pub fn run_calls(run: &RunArgs) -> Vec<Call> {
 }
 
 /// What `hairpin-agent coredns-writer` calls with `w`'s settings.
-pub fn writer_calls(w: &CorednsWriterArgs) -> Vec<Call> {
+pub(crate) fn writer_calls(w: &CorednsWriterArgs) -> Vec<Call> {
     let mut v = watch_calls();
     // k8s/source.rs `spawn_coredns_writer`: its own Lease, always.
     v.extend(lease_calls(&w.namespace, &w.lease_name));
@@ -249,7 +249,7 @@ fn configmap_edit_calls(o: &ObjectName) -> Vec<Call> {
 }
 
 /// What `hairpin-agent uninstall` calls with `u`'s settings.
-pub fn uninstall_calls(u: &UninstallArgs) -> Vec<Call> {
+pub(crate) fn uninstall_calls(u: &UninstallArgs) -> Vec<Call> {
     let mut v = Vec::new();
     for w in &u.stop {
         let (resource, delete_needle, get_needle) = match w.kind {
@@ -370,7 +370,7 @@ fn grants(calls: &[Call]) -> BTreeSet<Grant> {
 /// The grants the rendered Roles and ClusterRoles give, by the ServiceAccount (in
 /// hairpin-system) each is bound to; a binding of anything else, or of more than one
 /// subject, fails.
-pub fn rendered_grants(objs: &[Json], source: &str) -> BTreeMap<String, BTreeSet<Grant>> {
+pub(crate) fn rendered_grants(objs: &[Json], source: &str) -> BTreeMap<String, BTreeSet<Grant>> {
     let mut out: BTreeMap<String, BTreeSet<Grant>> = BTreeMap::new();
     for o in objs {
         let (kind, ns) = match o["kind"].as_str() {
