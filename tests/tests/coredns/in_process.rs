@@ -24,7 +24,7 @@ async fn corefile_mode_writes_our_lines_and_nothing_else() {
     // Several resyncs later nothing more was written: the text did not change.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(puts(&api), 1, "{:#?}", api.requests());
-    let st = w.state.snapshot().coredns.expect("coredns status");
+    let st = w.state.coredns().expect("coredns status");
     assert!(
         st.leader && st.last_error.is_none() && st.rewrites == 2,
         "{st:?}"
@@ -105,8 +105,7 @@ async fn refused(api: &FakeApi, text: &str) -> String {
     assert_eq!(ev["regarding"]["name"], "coredns");
     let err = w
         .state
-        .snapshot()
-        .coredns
+        .coredns()
         .and_then(|c| c.last_error)
         .expect("error in status");
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -164,7 +163,7 @@ async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
         "{}",
         corefile(&api)
     );
-    let st = w.state.snapshot().coredns.expect("status");
+    let st = w.state.coredns().expect("status");
     let held = st.held_back.clone().expect("held-back warning in status");
     assert!(
         held.contains("*.apps.example.com")
@@ -185,8 +184,7 @@ async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
     .await;
     until(Duration::from_secs(5), "warning cleared", || {
         w.state
-            .snapshot()
-            .coredns
+            .coredns()
             .is_some_and(|c| c.held_back.is_none() && c.rewrites == 2)
     })
     .await;
@@ -196,8 +194,7 @@ async fn wildcards_wait_for_a_coredns_that_takes_answer_auto() {
     let w = start_writer(&api, CorednsMode::Import, true);
     until(Duration::from_secs(5), "unknown version reported", || {
         w.state
-            .snapshot()
-            .coredns
+            .coredns()
             .and_then(|c| c.held_back)
             .is_some_and(|h| {
                 h.contains(
@@ -222,7 +219,7 @@ async fn only_the_lease_holder_writes() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(puts(&api), 0, "a follower wrote: {:#?}", api.requests());
     assert_eq!(corefile(&api), KUBEADM);
-    let st = w.state.snapshot().coredns.expect("status");
+    let st = w.state.coredns().expect("status");
     assert!(!st.leader);
     let warning = st.node_local_dns.expect("node-local-dns warning");
     assert!(

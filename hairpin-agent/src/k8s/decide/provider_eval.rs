@@ -149,8 +149,7 @@ fn speak(
             })
         }
         ValueRule::LinodePortJson => {
-            let parsed: serde_json::Value =
-                serde_json::from_str(value).map_err(Refused::Json)?;
+            let parsed: serde_json::Value = serde_json::from_str(value).map_err(Refused::Json)?;
             match parsed
                 .get("proxy-protocol")
                 .and_then(serde_json::Value::as_str)
