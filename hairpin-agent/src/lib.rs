@@ -15,8 +15,6 @@
 //! - [`tls`]: the one TLS client that takes any certificate (`check`, the API server's
 //!   certificate names); a leaf like `model`.
 
-#![warn(unreachable_pub)]
-
 pub mod agent;
 pub mod cli;
 pub mod datapath;

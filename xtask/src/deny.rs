@@ -28,7 +28,7 @@ const ADVISORY_FETCH_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Returns cargo-deny, installing the pinned release into the cache first when missing
 /// (`cargo install --locked`, a few minutes once).
-pub fn ensure_cargo_deny() -> Result<PathBuf> {
+pub(crate) fn ensure_cargo_deny() -> Result<PathBuf> {
     prereqs::ensure_cargo_tool("cargo-deny", CARGO_DENY_VERSION, "a few minutes", |o| {
         String::from_utf8_lossy(&o.stdout).contains(CARGO_DENY_VERSION)
     })
@@ -51,7 +51,7 @@ fn deny(bin: &Path, config: &Path) -> Command {
 /// advisories against the live RustSec database when it can be fetched, else
 /// against the dated snapshot in `supply-chain/`, saying which and how old. Every
 /// finding fails; nothing passes unchecked.
-pub fn check() -> Result<()> {
+pub(crate) fn check() -> Result<()> {
     let bin = ensure_cargo_deny()?;
     fetch_locked()?;
     let policy = workspace_root().join("deny.toml");

@@ -8,7 +8,7 @@ use crate::{prereqs, run, toolchain, workspace_root};
 
 /// Options of `build-ebpf`.
 #[derive(clap::Args, Debug, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Build with debug assertions instead of release (the verifier usually rejects those).
     #[arg(long)]
     pub debug: bool,
@@ -21,7 +21,7 @@ fn bpf_target_dir() -> PathBuf {
 }
 
 /// Path of the release object `build` produces.
-pub fn object_path() -> PathBuf {
+pub(crate) fn object_path() -> PathBuf {
     bpf_target_dir()
         .join("bpfel-unknown-none")
         .join("release")
@@ -37,7 +37,7 @@ fn sysroot(name: &str) -> Result<PathBuf> {
 }
 
 /// Ensures the toolchain and bpf-linker, builds the object and returns its path.
-pub fn build(opts: &Options) -> Result<PathBuf> {
+pub(crate) fn build(opts: &Options) -> Result<PathBuf> {
     let tc = toolchain::bpf_toolchain()?;
     let linker_dir = prereqs::ensure_bpf_linker(&tc)?;
     let path = std::env::var_os("PATH").unwrap_or_default();

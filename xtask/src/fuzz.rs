@@ -26,7 +26,7 @@ const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Options of `cargo xtask fuzz`.
 #[derive(clap::Args, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     /// Seconds each target runs (libFuzzer's -max_total_time).
     #[arg(long, default_value_t = 30)]
     time: u64,
@@ -42,7 +42,7 @@ pub struct Options {
 
 impl Options {
     /// What `cargo xtask test` runs: every target for 10 s, no sanitizer.
-    pub fn smoke() -> Options {
+    pub(crate) fn smoke() -> Options {
         Options {
             time: 10,
             targets: Vec::new(),
@@ -68,7 +68,7 @@ struct Outcome {
 /// agent by path, so a dependency added to the agent must be committed there too.
 /// Cheap (no build), so `cargo xtask test` runs it up front beside cargo-deny
 /// rather than learning it after the suites.
-pub fn check_lock() -> Result<()> {
+pub(crate) fn check_lock() -> Result<()> {
     toolchain::ensure_nightly(&[])?;
     run(Command::new("cargo")
         .current_dir(workspace_root().join("fuzz"))
@@ -83,7 +83,7 @@ pub fn check_lock() -> Result<()> {
 }
 
 /// Runs the targets and prints one line per target; fails if any crashed.
-pub fn fuzz(opts: &Options) -> Result<()> {
+pub(crate) fn fuzz(opts: &Options) -> Result<()> {
     toolchain::ensure_nightly(&[])?;
     let cargo_fuzz = ensure_cargo_fuzz()?;
     let root = workspace_root();

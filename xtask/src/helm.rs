@@ -11,7 +11,7 @@ use crate::{prereqs, venv};
 
 /// The helm-python-sdk release (Helm v4.2.3 inside); the requirements file pins the
 /// same version with its wheel's hash.
-pub const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
+pub(crate) const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
 
 /// The virtual environment's directory: one per pinned version.
 fn venv_dir() -> PathBuf {
@@ -34,7 +34,7 @@ fn works(python: &std::path::Path) -> bool {
 
 /// Returns the interpreter of a virtual environment holding the pinned
 /// helm-python-sdk, making it first when it is missing or broken ([`venv::make`]).
-pub fn ensure_helm() -> Result<PathBuf> {
+pub(crate) fn ensure_helm() -> Result<PathBuf> {
     let dir = venv_dir();
     let python = dir.join("bin/python");
     if works(&python) {

@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// The image's name in local container storage.
-pub const IMAGE: &str = "localhost/hairpin-agent:dev";
+pub(crate) const IMAGE: &str = "localhost/hairpin-agent:dev";
 
 /// The runtime stage, as deploy/Dockerfile's: the binary alone, uid 0, the OCI labels
 /// (the annotation keys of the OCI image spec). `{version}` is the agent's crate
@@ -48,13 +48,13 @@ CMD ["run"]
 /// One image build: its name, and the commit it comes from (its id and time, which
 /// is every timestamp in the image, so the same commit gives the same digest).
 #[derive(Clone, Debug)]
-pub struct Build {
+pub(crate) struct Build {
     /// The name in local container storage.
-    pub tag: String,
+    pub(crate) tag: String,
     /// The commit id (the `revision` label).
-    pub revision: String,
+    pub(crate) revision: String,
     /// The commit's time, seconds since the epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
 }
 
 /// `epoch` as RFC 3339 in UTC (`date -u`), for the `created` label.
@@ -81,7 +81,7 @@ fn containerfile(build: &Build) -> Result<String> {
 /// target (natively, or with Debian's cross toolchain) and put in an image of its
 /// OCI platform. The BPF object is the same for both (bpfel bytecode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
+pub(crate) enum Arch {
     /// linux/amd64 (x86_64).
     Amd64,
     /// linux/arm64 (aarch64: Graviton, Ampere, Hetzner's Arm nodes).
@@ -90,10 +90,10 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture of a release, in the order of the image index.
-    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+    pub(crate) const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
 
     /// This machine's architecture.
-    pub fn host() -> Result<Arch> {
+    pub(crate) fn host() -> Result<Arch> {
         match std::env::consts::ARCH {
             "x86_64" => Ok(Arch::Amd64),
             "aarch64" => Ok(Arch::Arm64),
@@ -102,7 +102,7 @@ impl Arch {
     }
 
     /// The OCI name (`GOARCH`): `amd64`, `arm64`.
-    pub fn oci(self) -> &'static str {
+    pub(crate) fn oci(self) -> &'static str {
         match self {
             Arch::Amd64 => "amd64",
             Arch::Arm64 => "arm64",
@@ -110,13 +110,13 @@ impl Arch {
     }
 
     /// The OCI platform, as `podman build --platform` takes it.
-    pub fn platform(self) -> String {
+    pub(crate) fn platform(self) -> String {
         format!("linux/{}", self.oci())
     }
 
     /// The Rust target, named explicitly so that the static flag applies to the agent
     /// and not to build scripts and proc-macros.
-    pub fn triple(self) -> &'static str {
+    pub(crate) fn triple(self) -> &'static str {
         match self {
             Arch::Amd64 => "x86_64-unknown-linux-gnu",
             Arch::Arm64 => "aarch64-unknown-linux-gnu",
@@ -125,7 +125,7 @@ impl Arch {
 
     /// The GNU triplet of Debian's cross toolchain for it (`<triplet>-gcc`,
     /// `/usr/<triplet>`).
-    pub fn gnu(self) -> &'static str {
+    pub(crate) fn gnu(self) -> &'static str {
         match self {
             Arch::Amd64 => "x86_64-linux-gnu",
             Arch::Arm64 => "aarch64-linux-gnu",
@@ -133,7 +133,7 @@ impl Arch {
     }
 
     /// What `file -b` says of an ELF binary for it.
-    pub fn file_says(self) -> &'static str {
+    pub(crate) fn file_says(self) -> &'static str {
         match self {
             Arch::Amd64 => "x86-64",
             Arch::Arm64 => "ARM aarch64",
@@ -141,18 +141,18 @@ impl Arch {
     }
 
     /// Debian's qemu-user emulator for its binaries (package qemu-user).
-    pub fn qemu(self) -> String {
+    pub(crate) fn qemu(self) -> String {
         format!("qemu-{}", self.gnu().trim_end_matches("-linux-gnu"))
     }
 
     /// The cross toolchain's sysroot, qemu-user's `-L` (its dynamic loader and
     /// libraries, for the test binaries' helpers that are not static).
-    pub fn sysroot(self) -> PathBuf {
+    pub(crate) fn sysroot(self) -> PathBuf {
         PathBuf::from("/usr").join(self.gnu())
     }
 
     /// Whether building for it here needs the cross toolchain.
-    pub fn is_cross(self) -> Result<bool> {
+    pub(crate) fn is_cross(self) -> Result<bool> {
         Ok(self != Arch::host()?)
     }
 
@@ -167,7 +167,7 @@ impl Arch {
 
     /// The cross toolchain's packages and the rustup target, when missing (nothing
     /// for this machine's own architecture).
-    pub fn ensure_toolchain(self) -> Result<()> {
+    pub(crate) fn ensure_toolchain(self) -> Result<()> {
         if !self.is_cross()? {
             return Ok(());
         }
@@ -184,7 +184,7 @@ impl Arch {
     /// (`+crt-static`, set per target so build scripts and proc-macros stay
     /// dynamic), without this machine's paths, and for a cross build the cross
     /// linker and C compiler (ring).
-    pub fn cargo_env(self) -> Result<Vec<(String, String)>> {
+    pub(crate) fn cargo_env(self) -> Result<Vec<(String, String)>> {
         let var = self.triple().to_uppercase().replace('-', "_");
         let mut env = vec![(
             format!("CARGO_TARGET_{var}_RUSTFLAGS"),
@@ -202,7 +202,7 @@ impl Arch {
 /// The agent, linked statically for `arch` with its BPF object embedded (release);
 /// returns the binary. A full release build of its own per architecture (about as
 /// long as `cargo build --release`): the static flag changes every artifact.
-pub fn build_static_agent(arch: Arch) -> Result<PathBuf> {
+pub(crate) fn build_static_agent(arch: Arch) -> Result<PathBuf> {
     prereqs::ensure_image_packages()?;
     arch.ensure_toolchain()?;
     let target = arch.triple();
@@ -245,7 +245,7 @@ pub fn build_static_agent(arch: Arch) -> Result<PathBuf> {
 
 /// Builds [`IMAGE`] into local container storage with podman (buildah underneath),
 /// offline, from the commit checked out; returns the image's name.
-pub fn build() -> Result<&'static str> {
+pub(crate) fn build() -> Result<&'static str> {
     let source = Source::read()?;
     build_with(
         &Build {
@@ -262,7 +262,7 @@ pub fn build() -> Result<&'static str> {
 /// image (its creation, each file's mtime in the layer) is the commit's, and no
 /// build-host label is added. `FROM scratch` with no `RUN` needs no emulation for a
 /// foreign platform: podman only records it in the image's config.
-pub fn build_with(build: &Build, arch: Arch) -> Result<()> {
+pub(crate) fn build_with(build: &Build, arch: Arch) -> Result<()> {
     let bin = build_static_agent(arch)?;
     let context = target_dir().join("image").join(arch.oci());
     if context.exists() {

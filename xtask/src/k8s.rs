@@ -25,16 +25,16 @@ use anyhow::{Context, Result, bail};
 use crate::{cache, run, workspace_root};
 
 /// The Kubernetes release built unless `HAIRPIN_K8S_VERSION` names another.
-pub const DEFAULT_K8S_VERSION: &str = "v1.37.2";
+pub(crate) const DEFAULT_K8S_VERSION: &str = "v1.37.2";
 /// The etcd release `xtask/k8s/etcd/go.mod` pins.
-pub const ETCD_VERSION: &str = "v3.6.16";
+pub(crate) const ETCD_VERSION: &str = "v3.6.16";
 /// The CoreDNS release `xtask/k8s/coredns/go.mod` pins.
-pub const COREDNS_VERSION: &str = "v1.14.7";
+pub(crate) const COREDNS_VERSION: &str = "v1.14.7";
 /// The pause image's release as `build/pause/Makefile` of [`DEFAULT_K8S_VERSION`]
 /// tags it (the binary's `-v` prints it).
-pub const PAUSE_VERSION: &str = "3.10.2";
+pub(crate) const PAUSE_VERSION: &str = "3.10.2";
 /// The Gateway API release `xtask/k8s/gateway-api/go.mod` pins (its CRDs).
-pub const GATEWAY_API_VERSION: &str = "v1.6.3";
+pub(crate) const GATEWAY_API_VERSION: &str = "v1.6.3";
 
 /// The variables `cargo xtask test` hands the suites, one per binary.
 const KUBE_BINARIES: [(&str, &str); 3] = [
@@ -54,15 +54,15 @@ const NODE_BINARIES: [(&str, &str); 2] = [
 
 /// Options of `cargo xtask k8s`.
 #[derive(clap::Args, Debug, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Write a pin for another served Kubernetes release (go.mod and go.sum under
     /// xtask/k8s/kubernetes/versions/, resolved through the module proxy), then stop.
     #[arg(long, value_name = "VERSION", env = "HAIRPIN_K8S_PIN")]
-    pub pin: Option<String>,
+    pub(crate) pin: Option<String>,
 }
 
 /// `cargo xtask k8s`: builds (or finds cached) every component and prints where.
-pub fn command(opts: &Options) -> Result<()> {
+pub(crate) fn command(opts: &Options) -> Result<()> {
     if let Some(version) = &opts.pin {
         return pin(version);
     }
@@ -73,7 +73,7 @@ pub fn command(opts: &Options) -> Result<()> {
 }
 
 /// Builds what is not cached; returns `(variable, binary)` for each binary.
-pub fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
+pub(crate) fn ensure_components() -> Result<Vec<(&'static str, PathBuf)>> {
     let go = Go::find()?;
     let version = k8s_version();
     let mut out = Vec::new();
@@ -127,32 +127,42 @@ fn gateway_api_crds(go: &Go) -> Result<PathBuf> {
         );
         return Ok(dir);
     }
-    build_into(&dir, &format!("Gateway API {GATEWAY_API_VERSION} CRDs"), |tmp| {
-        let json = crate::toolchain::output(go.command(&module).args([
-            "mod",
-            "download",
-            "-json",
-            "sigs.k8s.io/gateway-api",
-        ]))?;
-        let info: serde_json::Value =
-            serde_json::from_str(&json).context("parse `go mod download -json`")?;
-        if let Some(e) = info["Error"].as_str() {
-            bail!("go mod download sigs.k8s.io/gateway-api: {e}");
-        }
-        let src = Path::new(info["Dir"].as_str().context("`go mod download` gave no Dir")?)
-            .join("config/crd/standard");
-        for e in fs::read_dir(&src).with_context(|| format!("read {}", src.display()))? {
-            let path = e?.path();
-            let name = path.file_name().context("a file name")?;
-            if path.extension().is_some_and(|x| x == "yaml")
-                && name.to_string_lossy().starts_with("gateway.networking.k8s.io_")
-            {
-                fs::copy(&path, tmp.join(name))
-                    .with_context(|| format!("copy {}", path.display()))?;
+    build_into(
+        &dir,
+        &format!("Gateway API {GATEWAY_API_VERSION} CRDs"),
+        |tmp| {
+            let json = crate::toolchain::output(go.command(&module).args([
+                "mod",
+                "download",
+                "-json",
+                "sigs.k8s.io/gateway-api",
+            ]))?;
+            let info: serde_json::Value =
+                serde_json::from_str(&json).context("parse `go mod download -json`")?;
+            if let Some(e) = info["Error"].as_str() {
+                bail!("go mod download sigs.k8s.io/gateway-api: {e}");
             }
-        }
-        Ok(())
-    })?;
+            let src = Path::new(
+                info["Dir"]
+                    .as_str()
+                    .context("`go mod download` gave no Dir")?,
+            )
+            .join("config/crd/standard");
+            for e in fs::read_dir(&src).with_context(|| format!("read {}", src.display()))? {
+                let path = e?.path();
+                let name = path.file_name().context("a file name")?;
+                if path.extension().is_some_and(|x| x == "yaml")
+                    && name
+                        .to_string_lossy()
+                        .starts_with("gateway.networking.k8s.io_")
+                {
+                    fs::copy(&path, tmp.join(name))
+                        .with_context(|| format!("copy {}", path.display()))?;
+                }
+            }
+            Ok(())
+        },
+    )?;
     Ok(dir)
 }
 

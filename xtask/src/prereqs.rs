@@ -56,13 +56,13 @@ const PACKAGES: &[(&str, &str)] = &[
 ];
 
 /// Installs the Debian packages that are missing (`apt-get`, as root).
-pub fn ensure_system_packages() -> Result<()> {
+pub(crate) fn ensure_system_packages() -> Result<()> {
     ensure_packages(PACKAGES)
 }
 
 /// Installs those of `packages` (name, a file proving it is installed) that are
 /// missing; as another user, fails naming them.
-pub fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
+pub(crate) fn ensure_packages(packages: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, bin)| !Path::new(bin).exists())
@@ -97,13 +97,13 @@ const IMAGE_PACKAGES: &[(&str, &str)] = &[
 const RELEASE_PACKAGES: &[(&str, &str)] = &[("skopeo", "/usr/bin/skopeo")];
 
 /// Installs the release's packages (and the image's) when missing.
-pub fn ensure_release_packages() -> Result<()> {
+pub(crate) fn ensure_release_packages() -> Result<()> {
     ensure_packages(IMAGE_PACKAGES)?;
     ensure_packages(RELEASE_PACKAGES)
 }
 
 /// Installs the image's Debian packages that are missing (as root).
-pub fn ensure_image_packages() -> Result<()> {
+pub(crate) fn ensure_image_packages() -> Result<()> {
     ensure_packages(IMAGE_PACKAGES)
 }
 
@@ -111,7 +111,7 @@ pub fn ensure_image_packages() -> Result<()> {
 /// cross toolchain (the linker and the C compiler for ring, and binutils' strip) with
 /// the target's static glibc (`libc.a`, for `+crt-static`), and qemu-user to run the
 /// arm64 agent's unit tests and its `--version` from the archive.
-pub const CROSS_ARM64_PACKAGES: &[(&str, &str)] = &[
+pub(crate) const CROSS_ARM64_PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
     (
         "binutils-aarch64-linux-gnu",
@@ -123,7 +123,7 @@ pub const CROSS_ARM64_PACKAGES: &[(&str, &str)] = &[
 
 /// The Debian cross packages and the rustup target for building `target` on this
 /// machine, when missing; nothing for this machine's own target.
-pub fn ensure_cross_target(target: &str, packages: &[(&str, &str)]) -> Result<()> {
+pub(crate) fn ensure_cross_target(target: &str, packages: &[(&str, &str)]) -> Result<()> {
     ensure_packages(packages)?;
     let installed = crate::toolchain::output(
         Command::new("rustup")
@@ -143,7 +143,7 @@ pub fn ensure_cross_target(target: &str, packages: &[(&str, &str)]) -> Result<()
 
 /// `apt-get install` of `packages` (as root), after an `apt-get update`; disables
 /// again the system services some packages start.
-pub fn apt_install(packages: &[&str]) -> Result<()> {
+pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
     eprintln!("xtask: installing {}", packages.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
@@ -163,7 +163,7 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
 
 /// Adds rustfmt and clippy to the toolchain that runs the workspace's cargo when it
 /// lacks them (rustup's minimal profile has neither): `cargo xtask test` runs both.
-pub fn ensure_lint_tools() -> Result<()> {
+pub(crate) fn ensure_lint_tools() -> Result<()> {
     let works = |sub: &str| {
         crate::cargo()
             .args([sub, "--version"])
@@ -201,7 +201,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker must use the LLVM major of the rustc that emits the bitcode; the
 /// distribution's LLVM is older, so we point llvm-sys at the toolchain's shared
 /// libLLVM through a prefix of two symlinks.
-pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
+pub(crate) fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
     let lib_dir = tc.sysroot.join("lib");
     let libllvm = fs::read_dir(&lib_dir)
         .with_context(|| format!("failed to read {}", lib_dir.display()))?
@@ -281,7 +281,7 @@ pub fn ensure_bpf_linker(tc: &BpfToolchain) -> Result<PathBuf> {
 /// cache (`<cache>/<name>-<version>/bin/<name>`), installed there once (`takes`
 /// says how long, while it does). A binary there counts when `--version` exits 0
 /// and `is_it` holds for that output.
-pub fn ensure_cargo_tool(
+pub(crate) fn ensure_cargo_tool(
     name: &str,
     version: &str,
     takes: &str,
@@ -292,7 +292,7 @@ pub fn ensure_cargo_tool(
 
 /// [`ensure_cargo_tool`] for a tool whose version answers to `probe` (a cargo
 /// subcommand binary wants its subcommand first: `cargo-x x --version`).
-pub fn ensure_cargo_tool_probed(
+pub(crate) fn ensure_cargo_tool_probed(
     name: &str,
     version: &str,
     takes: &str,
@@ -332,4 +332,4 @@ pub fn ensure_cargo_tool_probed(
     Ok(bin)
 }
 
-pub use crate::cache::cache_dir;
+pub(crate) use crate::cache::cache_dir;

@@ -44,41 +44,41 @@ use crate::{
 };
 
 /// cargo-cyclonedx, the CycloneDX project's SBOM generator for Cargo, pinned.
-pub const CARGO_CYCLONEDX_VERSION: &str = "0.5.9";
+pub(crate) const CARGO_CYCLONEDX_VERSION: &str = "0.5.9";
 
 /// The image's name in the set (and in the registry the workflow publishes to).
-pub const IMAGE_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
+pub(crate) const IMAGE_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
 
 /// Options of `release`.
 #[derive(clap::Args, Debug, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Where the set goes; default `target/dist/hairpin-<version>`.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 /// The version every artifact carries: the workspace's, which Chart.yaml (version and
 /// appVersion) and the kustomizations' image tags must equal.
-pub fn version() -> &'static str {
+pub(crate) fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
 /// Every file name of the set for `version`.
-pub struct Names {
+pub(crate) struct Names {
     /// The image archive.
-    pub archive: String,
+    pub(crate) archive: String,
     /// The chart package.
-    pub chart: String,
+    pub(crate) chart: String,
     /// The agent's SBOM for each architecture (its crates differ: some are for one
     /// CPU only), in [`Arch::ALL`]'s order.
-    pub agent_sboms: Vec<String>,
+    pub(crate) agent_sboms: Vec<String>,
     /// The BPF programs' SBOM.
-    pub ebpf_sbom: String,
+    pub(crate) ebpf_sbom: String,
 }
 
 impl Names {
     /// The names for `version`.
-    pub fn of(version: &str) -> Names {
+    pub(crate) fn of(version: &str) -> Names {
         Names {
             archive: format!("hairpin-agent-{version}.oci.tar"),
             chart: format!("hairpin-{version}.tgz"),
@@ -92,7 +92,7 @@ impl Names {
 }
 
 /// Builds the set; returns its directory.
-pub fn release(opts: &Options) -> Result<PathBuf> {
+pub(crate) fn release(opts: &Options) -> Result<PathBuf> {
     let v = version();
     check_versions(v)?;
     let source = Source::read()?;
@@ -180,7 +180,7 @@ pub fn release(opts: &Options) -> Result<PathBuf> {
 
 /// Chart.yaml's version and appVersion, and every kustomization's image tag and
 /// version label, equal `v`: one version for the whole set.
-pub fn check_versions(v: &str) -> Result<()> {
+pub(crate) fn check_versions(v: &str) -> Result<()> {
     let root = workspace_root();
     let chart = fs::read_to_string(root.join("deploy/chart/hairpin/Chart.yaml"))?;
     for key in ["version", "appVersion"] {
@@ -229,7 +229,7 @@ fn kustomizations(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// values.yaml with `digest` as `image.digest`: the one line `  digest: ""` under
 /// `image:` replaced, every comment kept.
-pub fn values_with_digest(values: &str, digest: &str) -> Result<String> {
+pub(crate) fn values_with_digest(values: &str, digest: &str) -> Result<String> {
     let needle = "\n  digest: \"\"\n";
     ensure!(
         values.matches(needle).count() == 1 && values.find("\nimage:\n") < values.find(needle),
@@ -322,7 +322,7 @@ fn sbom_for(cyclonedx: &Path, package: &str, target: &str, epoch: u64) -> Result
 
 /// Drops a CycloneDX BOM's time- and random-based values and says so
 /// (`cdx:reproducible`); the pretty JSON.
-pub fn reproducible_bom(bom: &mut serde_json::Value) -> Result<String> {
+pub(crate) fn reproducible_bom(bom: &mut serde_json::Value) -> Result<String> {
     ensure!(bom["bomFormat"] == "CycloneDX", "not a CycloneDX BOM");
     let top = bom.as_object_mut().context("a BOM is an object")?;
     top.remove("serialNumber");

@@ -33,7 +33,7 @@ const PASSED: &[&str] = &[
 ];
 
 /// Whether this process runs as root.
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { geteuid() == 0 }
 }
@@ -45,7 +45,7 @@ unsafe extern "C" {
 /// Returns when this process is root. Otherwise replaces it with the same xtask
 /// command run as root through sudo (which asks for a password as it is
 /// configured to), or fails saying why it cannot.
-pub fn ensure_root(command: &str) -> Result<()> {
+pub(crate) fn ensure_root(command: &str) -> Result<()> {
     if is_root() {
         return Ok(());
     }

@@ -9,7 +9,7 @@ use crate::{toolchain::output, workspace_root};
 
 /// What the commit says: its id and time (the set's every timestamp).
 #[derive(Clone, Debug)]
-pub struct Source {
+pub(crate) struct Source {
     /// The commit id, with `-dirty` when the tree has uncommitted changes.
     pub revision: String,
     /// Seconds since the epoch: `SOURCE_DATE_EPOCH` when set, else the commit's time.
@@ -18,7 +18,7 @@ pub struct Source {
 
 impl Source {
     /// From git (the workspace), or from `SOURCE_DATE_EPOCH`.
-    pub fn read() -> Result<Source> {
+    pub(crate) fn read() -> Result<Source> {
         let git = |args: &[&str]| {
             output(Command::new("git").current_dir(workspace_root()).args(args))
                 .map(|s| s.trim().to_string())

@@ -17,11 +17,11 @@ use crate::run;
 /// LLVM major of the stable 1.95 that builds the host crates. The exact aya pins in
 /// the root Cargo.toml and bpf-linker's `llvm-<major>` feature move with it; when the
 /// file changes, update this paragraph.
-pub const NIGHTLY: &str = include_str!("../../rust-toolchain-bpf").trim_ascii();
+pub(crate) const NIGHTLY: &str = include_str!("../../rust-toolchain-bpf").trim_ascii();
 
 /// The toolchain that builds the BPF crate.
 #[derive(Debug, Clone)]
-pub struct BpfToolchain {
+pub(crate) struct BpfToolchain {
     /// The rustup name: [`NIGHTLY`], or `stable` when the pin cannot be installed.
     pub name: String,
     /// Stable needs `RUSTC_BOOTSTRAP=1` for `-Z build-std`.
@@ -33,7 +33,7 @@ pub struct BpfToolchain {
 /// The pinned nightly with `rust-src` (to build `core` for the BPF target); where it
 /// cannot be installed (no network to the rustup dist server), stable with
 /// `RUSTC_BOOTSTRAP=1`, said loudly: same LLVM major today, but not the pinned compiler.
-pub fn bpf_toolchain() -> Result<BpfToolchain> {
+pub(crate) fn bpf_toolchain() -> Result<BpfToolchain> {
     let (name, needs_bootstrap) = match ensure_nightly(&["rust-src"]) {
         Ok(()) => (NIGHTLY, false),
         Err(e) => {
@@ -59,7 +59,7 @@ pub fn bpf_toolchain() -> Result<BpfToolchain> {
 
 /// Makes sure rustup has [`NIGHTLY`] with `components`, installing what is missing
 /// (minimal profile). Fails naming the pin when rustup cannot.
-pub fn ensure_nightly(components: &[&str]) -> Result<()> {
+pub(crate) fn ensure_nightly(components: &[&str]) -> Result<()> {
     let list = output(Command::new("rustup").args(["toolchain", "list"])).context(
         "rustup is needed for the pinned nightly toolchain: install it from your distribution or rustup.rs",
     )?;
@@ -108,7 +108,7 @@ fn ensure_components(toolchain: &str, components: &[&str]) -> Result<()> {
 }
 
 /// Runs `cmd` and returns its standard output, failing with its standard error.
-pub fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("failed to start {cmd:?}"))?;
@@ -124,7 +124,7 @@ pub fn output(cmd: &mut Command) -> Result<String> {
 /// `--remap-path-prefix` flags that take this machine's paths (the checkout, the
 /// cargo home) out of what a build writes into its output, so that the same commit
 /// builds the same bytes wherever it is checked out.
-pub fn remap_flags() -> String {
+pub(crate) fn remap_flags() -> String {
     let home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));

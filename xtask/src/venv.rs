@@ -17,7 +17,7 @@ use crate::{prereqs, run, workspace_root};
 /// `pip --require-hashes --no-deps --only-binary=:all:`; returns its interpreter.
 /// `python3 -m venv` fails on Debian until python3-venv is installed: as root it is
 /// installed then, otherwise the error says so.
-pub fn make(dir: &Path, requirements: &str) -> Result<PathBuf> {
+pub(crate) fn make(dir: &Path, requirements: &str) -> Result<PathBuf> {
     if dir.exists() {
         fs::remove_dir_all(dir).with_context(|| format!("failed to remove {}", dir.display()))?;
     }
@@ -65,7 +65,7 @@ pub fn make(dir: &Path, requirements: &str) -> Result<PathBuf> {
 /// The pins of a requirements file: `(name, version)` for every `name==version` line
 /// (the unit tests check the files against the versions the code expects).
 #[cfg(test)]
-pub fn pins(text: &str) -> Vec<(String, String)> {
+pub(crate) fn pins(text: &str) -> Vec<(String, String)> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.starts_with('#'))

@@ -19,11 +19,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use kernel::{Series, ensure as ensure_kernel};
+pub(crate) use kernel::{Series, ensure as ensure_kernel};
 
 /// Debian packages the VMs need: qemu (its x86 system emulator), busybox's static
 /// build for the initramfs, cpio to pack it, kmod's depmod and modprobe.
-pub const PACKAGES: &[(&str, &str)] = &[
+pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
     ("busybox-static", initramfs::BUSYBOX),
     ("cpio", "/usr/bin/cpio"),
@@ -32,11 +32,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
 
 /// A suite the VMs run: the test target and the filter arguments its binary gets
 /// (`--skip`, names).
-pub struct Suite {
+pub(crate) struct Suite {
     /// The `[[test]]` target of hairpin-tests.
-    pub target: &'static str,
+    pub(crate) target: &'static str,
     /// Arguments to the test binary.
-    pub args: &'static [&'static str],
+    pub(crate) args: &'static [&'static str],
 }
 
 /// What the VMs run, chosen for coverage per emulated second (a check costs about
@@ -48,7 +48,7 @@ pub struct Suite {
 /// (datapath); the relay's slots serve their own frontend only (relay_slots'
 /// quarantine); beside a socket load balancer (socket_lb). Filters are libtest's:
 /// a test runs when its name contains any of them.
-pub const SUITES: &[Suite] = &[
+pub(crate) const SUITES: &[Suite] = &[
     Suite {
         target: "kernel_path",
         args: &[
@@ -80,7 +80,7 @@ pub const SUITES: &[Suite] = &[
 /// None today: on 6.1, which cannot order cgroup links, the connect programs go at
 /// the child cgroups beside a socket LB (docs/architecture.md, "Beside a socket
 /// load balancer") and socket_lb passes whole.
-pub const KNOWN_GAPS: &[(Series, &str, &str)] = &[];
+pub(crate) const KNOWN_GAPS: &[(Series, &str, &str)] = &[];
 
 /// Memory per VM: the agent, nginx and haproxy in a few namespaces.
 const MEMORY_MIB: u32 = 2048;
@@ -93,15 +93,15 @@ const VM_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 const SUITE_TIMEOUT_SECS: u64 = 6 * 60;
 
 /// A test binary built on the host, by target name.
-pub struct Built {
+pub(crate) struct Built {
     /// The suite it runs.
-    pub target: String,
+    pub(crate) target: String,
     /// Its path (the same inside the VM: the host's root is the VM's).
-    pub exe: PathBuf,
+    pub(crate) exe: PathBuf,
 }
 
 /// Builds the VM suites' test binaries (`cargo test --no-run`) and returns them.
-pub fn build_suites(object: &Path) -> Result<Vec<Built>> {
+pub(crate) fn build_suites(object: &Path) -> Result<Vec<Built>> {
     let mut cmd = crate::cargo();
     cmd.args([
         "test",
@@ -152,41 +152,41 @@ pub fn build_suites(object: &Path) -> Result<Vec<Built>> {
 }
 
 /// What one kernel's run gave.
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The series.
-    pub series: Series,
+    pub(crate) series: Series,
     /// `uname -r`.
-    pub release: String,
+    pub(crate) release: String,
     /// Per suite: name, exit status, tests passed, failed, ignored.
-    pub suites: Vec<SuiteResult>,
+    pub(crate) suites: Vec<SuiteResult>,
     /// Time to the init's first line.
-    pub to_userspace: Option<Duration>,
+    pub(crate) to_userspace: Option<Duration>,
     /// The whole VM, boot to power-off.
-    pub total: Duration,
+    pub(crate) total: Duration,
     /// Where the console went.
-    pub log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 /// One suite's result inside a VM.
 #[derive(Debug, Default)]
-pub struct SuiteResult {
+pub(crate) struct SuiteResult {
     /// The test target.
-    pub target: String,
+    pub(crate) target: String,
     /// The binary's exit status (124: the suite's timeout).
-    pub status: Option<i32>,
+    pub(crate) status: Option<i32>,
     /// Counts from the harness's `test result:` line.
-    pub passed: u32,
+    pub(crate) passed: u32,
     /// Failed tests.
-    pub failed: u32,
+    pub(crate) failed: u32,
     /// Ignored tests.
-    pub ignored: u32,
+    pub(crate) ignored: u32,
     /// Seconds the suite took inside the VM.
-    pub seconds: Option<u64>,
+    pub(crate) seconds: Option<u64>,
 }
 
 /// Runs `suites` as root in a VM booting `series`; `env` is passed to every test
 /// binary, `args` appended to each one's own.
-pub fn run(
+pub(crate) fn run(
     series: Series,
     suites: &[Built],
     env: &[(String, String)],
@@ -349,7 +349,7 @@ fn parse_results(console: &[String]) -> Vec<SuiteResult> {
 }
 
 /// One paragraph per kernel: release, times, each suite's counts.
-pub fn summary(o: &Outcome) -> String {
+pub(crate) fn summary(o: &Outcome) -> String {
     let mut s = format!(
         "xtask: Linux {} ({}): {}s in the VM, userspace after {}",
         o.series.name(),
@@ -375,7 +375,7 @@ pub fn summary(o: &Outcome) -> String {
 
 /// Runs the VM suites on each of `series`, one VM after the other; fails after all
 /// ran when any failed.
-pub fn matrix(
+pub(crate) fn matrix(
     series: &[Series],
     object: &Path,
     env: &[(String, String)],

@@ -31,31 +31,60 @@ pub(super) struct FastOpenFields {
     pub connect_mask: u32,
 }
 
-/// Why the fields could not be found.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct BtfError(String);
+/// Why the running kernel's fields could not be found.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BtfError {
+    /// The kernel's BTF file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// [`VMLINUX_BTF`].
+        path: &'static str,
+        /// The read's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel's BTF was read but does not give the fields.
+    #[error("{path}: {source}")]
+    Blob {
+        /// [`VMLINUX_BTF`].
+        path: &'static str,
+        /// What in the blob is not as expected.
+        #[source]
+        source: BtfFormat,
+    },
+}
 
-impl fmt::Display for BtfError {
+/// What in a BTF blob is not as this reader expects: a description, as the blob's
+/// bytes have no error of their own to carry.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BtfFormat(String);
+
+impl fmt::Display for BtfFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for BtfError {}
+impl std::error::Error for BtfFormat {}
 
-fn err<T>(what: impl Into<String>) -> Result<T, BtfError> {
-    Err(BtfError(what.into()))
+fn err<T>(what: impl Into<String>) -> Result<T, BtfFormat> {
+    Err(BtfFormat(what.into()))
 }
 
 /// [`FastOpenFields`] of the running kernel, from [`VMLINUX_BTF`].
 pub(super) fn running_kernel_fast_open_fields() -> Result<FastOpenFields, BtfError> {
-    let data =
-        std::fs::read(VMLINUX_BTF).or_else(|e| err(format!("cannot read {VMLINUX_BTF}: {e}")))?;
-    fast_open_fields(&data).map_err(|e| BtfError(format!("{VMLINUX_BTF}: {e}")))
+    let data = std::fs::read(VMLINUX_BTF).map_err(|source| BtfError::Read {
+        path: VMLINUX_BTF,
+        source,
+    })?;
+    fast_open_fields(&data).map_err(|source| BtfError::Blob {
+        path: VMLINUX_BTF,
+        source,
+    })
 }
 
 /// [`FastOpenFields`] from the BTF blob `data`.
-pub(super) fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfError> {
+pub(super) fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfFormat> {
     if cfg!(target_endian = "big") {
         // Bitfields are laid out from the most significant bit there; the mask below
         // assumes little-endian bit numbering.
@@ -66,7 +95,7 @@ pub(super) fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfError> 
     let size = u64::from(btf.ty(tcp_sock)?.size_or_type);
     let req = btf
         .member(tcp_sock, "fastopen_req", 0)?
-        .ok_or_else(|| BtfError("tcp_sock has no member fastopen_req".into()))?;
+        .ok_or_else(|| BtfFormat("tcp_sock has no member fastopen_req".into()))?;
     if req.bits != 0 || req.bit_offset % 8 != 0 || !btf.is_pointer(req.type_id)? {
         return err("tcp_sock.fastopen_req is not a pointer at a byte offset");
     }
@@ -76,7 +105,7 @@ pub(super) fn fast_open_fields(data: &[u8]) -> Result<FastOpenFields, BtfError> 
     }
     let connect = btf
         .member(tcp_sock, "fastopen_connect", 0)?
-        .ok_or_else(|| BtfError("tcp_sock has no member fastopen_connect".into()))?;
+        .ok_or_else(|| BtfFormat("tcp_sock has no member fastopen_connect".into()))?;
     if connect.bits != 1 {
         return err("tcp_sock.fastopen_connect is not a one-bit field");
     }
@@ -155,7 +184,7 @@ struct Btf<'a> {
     index: Vec<Type>,
 }
 
-fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfError> {
+fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfFormat> {
     match b.get(at..at.saturating_add(4)) {
         Some(&[a, b, c, d]) => Ok(u32::from_ne_bytes([a, b, c, d])),
         _ => err("truncated"),
@@ -163,7 +192,7 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfError> {
 }
 
 impl<'a> Btf<'a> {
-    fn parse(data: &'a [u8]) -> Result<Btf<'a>, BtfError> {
+    fn parse(data: &'a [u8]) -> Result<Btf<'a>, BtfFormat> {
         if data.len() < HEADER_LEN {
             return err("truncated header");
         }
@@ -177,7 +206,7 @@ impl<'a> Btf<'a> {
         if hdr_len < HEADER_LEN || hdr_len > data.len() {
             return err("bad header length");
         }
-        let section = |off_at: usize, len_at: usize| -> Result<&'a [u8], BtfError> {
+        let section = |off_at: usize, len_at: usize| -> Result<&'a [u8], BtfFormat> {
             let off = u32_at(data, off_at)? as usize;
             let len = u32_at(data, len_at)? as usize;
             let start = hdr_len.checked_add(off);
@@ -226,27 +255,27 @@ impl<'a> Btf<'a> {
         })
     }
 
-    fn ty(&self, id: u32) -> Result<Type, BtfError> {
+    fn ty(&self, id: u32) -> Result<Type, BtfFormat> {
         id.checked_sub(1)
             .and_then(|i| self.index.get(i as usize))
             .copied()
-            .ok_or_else(|| BtfError(format!("no type id {id}")))
+            .ok_or_else(|| BtfFormat(format!("no type id {id}")))
     }
 
-    fn name(&self, off: u32) -> Result<&'a [u8], BtfError> {
+    fn name(&self, off: u32) -> Result<&'a [u8], BtfFormat> {
         let rest = self
             .strings
             .get(off as usize..)
-            .ok_or_else(|| BtfError("a name lies outside the string section".into()))?;
+            .ok_or_else(|| BtfFormat("a name lies outside the string section".into()))?;
         let end = rest
             .iter()
             .position(|b| *b == 0)
-            .ok_or_else(|| BtfError("an unterminated name".into()))?;
+            .ok_or_else(|| BtfFormat("an unterminated name".into()))?;
         Ok(&rest[..end])
     }
 
     /// The id of the (complete) struct called `name`.
-    fn struct_named(&self, name: &str) -> Result<u32, BtfError> {
+    fn struct_named(&self, name: &str) -> Result<u32, BtfFormat> {
         for (i, t) in self.index.iter().enumerate() {
             if t.kind() == KIND_STRUCT && self.name(t.name_off)? == name.as_bytes() {
                 return Ok(i as u32 + 1);
@@ -256,7 +285,7 @@ impl<'a> Btf<'a> {
     }
 
     /// `id` past typedefs and qualifiers (a bounded walk: a loop is an error).
-    fn resolve(&self, mut id: u32) -> Result<Type, BtfError> {
+    fn resolve(&self, mut id: u32) -> Result<Type, BtfFormat> {
         for _ in 0..32 {
             let t = self.ty(id)?;
             match t.kind() {
@@ -269,13 +298,13 @@ impl<'a> Btf<'a> {
         err("a chain of typedefs too long")
     }
 
-    fn is_pointer(&self, id: u32) -> Result<bool, BtfError> {
+    fn is_pointer(&self, id: u32) -> Result<bool, BtfFormat> {
         Ok(self.resolve(id)?.kind() == KIND_PTR)
     }
 
     /// Member `name` of the struct or union `id`, whose start is `base` bits into
     /// the outer struct; looked for in anonymous struct and union members too.
-    fn member(&self, id: u32, name: &str, base: u64) -> Result<Option<Member>, BtfError> {
+    fn member(&self, id: u32, name: &str, base: u64) -> Result<Option<Member>, BtfFormat> {
         self.member_at_depth(id, name, base, 0)
     }
 
@@ -285,7 +314,7 @@ impl<'a> Btf<'a> {
         name: &str,
         base: u64,
         depth: u32,
-    ) -> Result<Option<Member>, BtfError> {
+    ) -> Result<Option<Member>, BtfFormat> {
         if depth > 8 {
             return err("anonymous members nested too deep");
         }
@@ -342,12 +371,12 @@ impl<'a> Btf<'a> {
     }
 
     /// The id of a type found in the index.
-    fn id_of(&self, t: &Type) -> Result<u32, BtfError> {
+    fn id_of(&self, t: &Type) -> Result<u32, BtfFormat> {
         self.index
             .iter()
             .position(|x| x.extra == t.extra)
             .map(|i| i as u32 + 1)
-            .ok_or_else(|| BtfError("a type not in the index".into()))
+            .ok_or_else(|| BtfFormat("a type not in the index".into()))
     }
 }
 

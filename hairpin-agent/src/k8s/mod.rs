@@ -20,4 +20,8 @@ pub mod owner;
 pub(crate) mod source;
 pub mod watch;
 
-pub use decide::{Defaults, Outcome, Rule, SkipReason, decide, decide_all, service_key};
+pub use decide::{
+    decision::{Outcome, Rule, SkipReason},
+    desired::decide_all,
+    service::{Defaults, decide, service_key},
+};

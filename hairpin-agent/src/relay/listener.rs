@@ -57,7 +57,7 @@ pub struct ConnLimits {
 
 /// Which cap shed a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shed {
+pub(crate) enum Shed {
     /// [`ConnLimits::total`].
     Total,
     /// [`ConnLimits::per_source`].
@@ -94,7 +94,7 @@ struct Open {
 
 /// One admitted connection; gives its place back when dropped.
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     gate: ConnGate,
     source: SourceKey,
 }

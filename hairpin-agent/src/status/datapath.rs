@@ -9,7 +9,7 @@ use crate::model::KernelPathMode;
 /// cgroup: a socket load balancer's (Cilium's, Calico's) in front of them rewrites
 /// the LB address to a backend before they see it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct LinkOrderStatus {
+pub(crate) struct LinkOrderStatus {
     /// How the connect links are made: before every other program (`BPF_F_BEFORE`),
     /// or appended, and why.
     pub ordering: String,
@@ -30,7 +30,7 @@ pub struct LinkOrderStatus {
 /// The connect programs linked at the root's child cgroups, where they run before
 /// every program at the root; the root cgroup's own processes are not reached.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ChildCgroupsStatus {
+pub(crate) struct ChildCgroupsStatus {
     /// The root's child cgroups the connect programs are linked at, by name.
     pub cgroups: Vec<String>,
     /// The programs at the root's connect hooks that run before hairpin's for a
@@ -47,7 +47,7 @@ impl LinkOrderStatus {
     /// Whether a connect hook has another program in front of hairpin's for some
     /// process hairpin means to serve: at the cgroup it is linked at, or, linked at
     /// the children, for the root cgroup's own processes.
-    pub fn behind(&self, hook: &str) -> bool {
+    pub(crate) fn behind(&self, hook: &str) -> bool {
         self.hooks
             .iter()
             .any(|h| h.hook == hook && !h.in_front.is_empty())
@@ -80,7 +80,7 @@ impl LinkOrderStatus {
 
 /// One connect hook: hairpin's program and those that run before it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HookOrderStatus {
+pub(crate) struct HookOrderStatus {
     /// `connect4` or `connect6`.
     pub hook: String,
     /// hairpin's program's id there.
@@ -99,7 +99,7 @@ pub struct HookOrderStatus {
 
 /// Another connect program at the cgroup.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ForeignProgram {
+pub(crate) struct ForeignProgram {
     /// Its kernel id.
     pub id: u32,
     /// Its kernel name (up to 15 bytes), when it could be read.
@@ -121,7 +121,7 @@ impl std::fmt::Display for ForeignProgram {
 
 /// What of the datapath outlives the agent, and for how long.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct LifecycleStatus {
+pub(crate) struct LifecycleStatus {
     /// Where links, programs and maps are pinned (`--bpf-pin-dir`), when they are:
     /// they outlive the agent and the next one adopts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,7 +148,7 @@ pub struct LifecycleStatus {
 /// to the relay: a sockhash refuses it, so the kernel could not write its header).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum MptcpDetection {
+pub(crate) enum MptcpDetection {
     /// The kernel path is not on.
     Off,
     /// `bpf_skc_to_mptcp_sock` (CAP_PERFMON).
@@ -169,7 +169,7 @@ impl std::fmt::Display for MptcpDetection {
 
 /// Whether the kernel writes headers on clients' own sockets.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct KernelPathStatus {
+pub(crate) struct KernelPathStatus {
     /// `--kernel-path`.
     pub configured: KernelPathMode,
     /// What runs: `on`, `off`, or `unavailable` (this kernel cannot run it; every
@@ -204,7 +204,7 @@ pub struct KernelPathStatus {
 /// Why the kernel path is unavailable ([`KernelPathStatus::reason_kind`]).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum KernelPathReason {
+pub(crate) enum KernelPathReason {
     /// This kernel has no program type the kernel path needs (sock_ops, sk_msg).
     NoProgramType,
     /// Probing for a program type failed.
@@ -220,7 +220,7 @@ pub enum KernelPathReason {
 /// [`KernelPathStatus::state`].
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum KernelPathState {
+pub(crate) enum KernelPathState {
     /// Frontends whose client speaks first get in-kernel headers.
     On,
     /// Not asked for.

@@ -54,7 +54,7 @@ pub(crate) const RUN_LOOP_STALL: Duration = Duration::from_secs(60);
 
 /// Everything `/status` reports. Counters are filled in per request by the admin server.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The agent process.
     pub agent: AgentInfo,
     /// Where the programs are attached; `None` before attach and after detach.
@@ -133,7 +133,7 @@ pub struct RelaySpliceStatus {
 
 /// The relays' client policy as `status` and `doctor` show it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct ClientsStatus {
+pub(crate) struct ClientsStatus {
     /// The allowed networks, comma-separated, or `any`.
     pub allowed: String,
     /// Where they came from (`--allowed-clients`, the Node's pod CIDRs, this node's
@@ -146,7 +146,7 @@ pub struct ClientsStatus {
 
 /// Where the relays listen.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct ListenStatus {
+pub(crate) struct ListenStatus {
     /// The listen addresses (one per family).
     pub addresses: Vec<IpAddr>,
     /// The link they were put on (`--listen-link`), when one.
@@ -159,7 +159,7 @@ pub struct ListenStatus {
 
 /// The pod networks the client policy read from this node's links and routes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct LearnedClientsStatus {
+pub(crate) struct LearnedClientsStatus {
     /// Pod addresses (host routes out of pods' veths).
     pub pods: usize,
     /// Pod ranges (Cilium's through cilium_host, a pod bridge's).
@@ -175,7 +175,7 @@ pub struct LearnedClientsStatus {
 
 /// The agent process.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct AgentInfo {
+pub(crate) struct AgentInfo {
     /// Crate version.
     pub version: String,
     /// Process id, to pair with `dump --pid`.
@@ -188,7 +188,7 @@ pub struct AgentInfo {
 
 /// Where and how the programs are attached.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct AttachmentStatus {
+pub(crate) struct AttachmentStatus {
     /// The cgroup v2 directory.
     pub cgroup: PathBuf,
     /// Kernel ids of the programs, links and maps.
@@ -223,7 +223,7 @@ pub struct KernelIds {
 /// Whether a frontend is proxied now.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum FrontendState {
+pub(crate) enum FrontendState {
     /// A listener and a redirect are live.
     Active,
     /// It could not be made live; traffic takes the pre-hairpin path.
@@ -234,7 +234,7 @@ pub enum FrontendState {
 
 /// One frontend asked for.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FrontendStatus {
+pub(crate) struct FrontendStatus {
     /// The LoadBalancer IP.
     pub ip: IpAddr,
     /// The TCP port.
@@ -260,7 +260,7 @@ pub struct FrontendStatus {
 /// When a failed frontend is tried again.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum RetryPolicy {
+pub(crate) enum RetryPolicy {
     /// Soon, with backoff (1 s doubling to 30 s): the cause may pass by itself.
     Backoff,
     /// At the next change of the desired frontends: retrying alone cannot fix it.
@@ -279,7 +279,7 @@ impl RetryPolicy {
 
 /// Counters, summed over CPUs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// The programs' counters by name (`redirected`, `skipped_bypass_mark`).
     pub kernel: BTreeMap<String, u64>,
     /// The relay's.
@@ -321,7 +321,7 @@ pub struct RelayCounters {
 
 /// Health of one source of desired frontends.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SourceStatus {
+pub(crate) struct SourceStatus {
     /// `file /path`, `kubernetes services`, ...
     pub name: String,
     /// True once it delivered a complete first set.
@@ -334,7 +334,7 @@ pub struct SourceStatus {
 
 /// The last apply of desired state.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ReconcileStatus {
+pub(crate) struct ReconcileStatus {
     /// RFC 3339 time it finished.
     pub at: String,
     /// How long it took, in milliseconds.
@@ -397,8 +397,18 @@ impl AgentState {
         state
     }
 
+    /// The CoreDNS writer's part of the snapshot: what the suites that run the
+    /// writer in process read, so the rest of the snapshot stays the crate's own.
+    pub fn coredns(&self) -> Option<CorednsStatus> {
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .coredns
+            .clone()
+    }
+
     /// A copy of the snapshot.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         // A writer that panicked left a whole snapshot behind: still worth serving.
         self.inner
             .read()

@@ -13,7 +13,7 @@ use crate::model::{Mode, NodePath};
 
 /// Which paths are live on this node, and why.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ModeStatus {
+pub(crate) struct ModeStatus {
     /// `--mode` as given.
     pub configured: Mode,
     /// The live paths (empty when none is).
@@ -29,7 +29,7 @@ pub struct ModeStatus {
 /// Why the programs could not be used ([`ModeStatus::ebpf_failure`]).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum EbpfFailure {
+pub(crate) enum EbpfFailure {
     /// A seccomp filter refused bpf() although the capabilities allow it.
     Seccomp,
     /// bpf() was refused for want of capabilities.
@@ -40,7 +40,7 @@ pub enum EbpfFailure {
 
 /// The name relay and the hosts file it is published in.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct NamesStatus {
+pub(crate) struct NamesStatus {
     /// The address it listens on.
     pub address: Option<IpAddr>,
     /// The link the address was put on (`--names-link`), if any.
@@ -95,7 +95,7 @@ pub struct NamesStatus {
 
 /// A names port sent to the name relay by the connect programs.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct NameRedirect {
+pub(crate) struct NameRedirect {
     /// The names address and port clients dial.
     pub dialled: SocketAddr,
     /// The listener those connects are sent to.
@@ -121,7 +121,7 @@ pub struct NameLimitsStatus {
 /// How often the hosts file is written: at most once per `--hosts-min-interval`,
 /// the latest block winning.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HostsWriterStatus {
+pub(crate) struct HostsWriterStatus {
     /// `--hosts-min-interval`, in milliseconds.
     pub min_interval_ms: u64,
     /// Writes that changed the file, since start.
@@ -138,7 +138,7 @@ pub struct HostsWriterStatus {
 /// A name relay listener the agent could not bind (the port taken, the address
 /// missing), and keeps retrying.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FailedListener {
+pub(crate) struct FailedListener {
     /// The address it tries to bind.
     pub address: SocketAddr,
     /// The last bind error.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// The relay of frontends' listeners, one per family.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct RelayStatus {
+pub(crate) struct RelayStatus {
     /// Bound and registered listeners.
     pub listeners: Vec<SocketAddr>,
     /// Families the relay does not serve, and why.
@@ -19,7 +19,7 @@ pub struct RelayStatus {
 /// A family whose relayed frontends no listener serves: their connects go as
 /// before hairpin (fail open), as do the kernel path's fallbacks to the relay.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct UnservedFamily {
+pub(crate) struct UnservedFamily {
     /// `IPv4` or `IPv6`.
     pub family: String,
     /// The listen address the listener was to bind, when it got that far.
@@ -36,7 +36,7 @@ pub struct UnservedFamily {
 /// The step of starting a relay listener that failed.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum UnservedStep {
+pub(crate) enum UnservedStep {
     /// No port of the listener's range could be bound.
     Bind,
     /// The liveness map refused the listener.

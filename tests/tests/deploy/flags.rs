@@ -49,28 +49,28 @@ struct Uninstall {
 }
 
 /// The env parsed as `uninstall` parses it.
-pub fn uninstall_args(env: &BTreeMap<String, String>, source: &str) -> UninstallArgs {
+pub(crate) fn uninstall_args(env: &BTreeMap<String, String>, source: &str) -> UninstallArgs {
     parse::<Uninstall>(env, source).args
 }
 
 /// The env parsed as `run` parses it.
-pub fn run_args(env: &BTreeMap<String, String>, source: &str) -> RunArgs {
+pub(crate) fn run_args(env: &BTreeMap<String, String>, source: &str) -> RunArgs {
     parse::<Run>(env, source).args
 }
 
 /// The env parsed as `coredns-writer` parses it.
-pub fn writer_args(env: &BTreeMap<String, String>, source: &str) -> CorednsWriterArgs {
+pub(crate) fn writer_args(env: &BTreeMap<String, String>, source: &str) -> CorednsWriterArgs {
     parse::<Writer>(env, source).args
 }
 
 /// The env parsed as `cleanup` parses it.
-pub fn cleanup_args(env: &BTreeMap<String, String>, source: &str) -> CleanupArgs {
+pub(crate) fn cleanup_args(env: &BTreeMap<String, String>, source: &str) -> CleanupArgs {
     parse::<Cleanup>(env, source).args
 }
 
 /// Flags of the top-level command (`--log`, `--log-format`), which main.rs defines
 /// for every subcommand: accepted, and not `run`'s or `cleanup`'s own.
-pub fn global_env_names() -> BTreeSet<String> {
+pub(crate) fn global_env_names() -> BTreeSet<String> {
     let src = read("hairpin-agent/src/main.rs");
     let names: BTreeSet<String> = src
         .match_indices("env = \"")
@@ -129,7 +129,7 @@ fn parse<P: Parser + std::fmt::Debug>(env: &BTreeMap<String, String>, source: &s
 }
 
 /// The agent binary, when built; on CI it must be.
-pub fn agent_binary() -> Option<PathBuf> {
+pub(crate) fn agent_binary() -> Option<PathBuf> {
     let bin = std::env::var_os("HAIRPIN_AGENT_BIN")
         .map(PathBuf::from)
         .or_else(|| {
@@ -148,7 +148,7 @@ pub fn agent_binary() -> Option<PathBuf> {
 }
 
 /// The routes status/admin.rs serves (`.route("/path", ...)`).
-pub fn admin_routes() -> BTreeSet<String> {
+pub(crate) fn admin_routes() -> BTreeSet<String> {
     let src = read("hairpin-agent/src/status/admin.rs");
     src.match_indices(".route(\"")
         .map(|(i, m)| {

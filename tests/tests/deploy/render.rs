@@ -15,14 +15,14 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value as Json;
 
 /// A workspace file's text.
-pub fn read(rel: &str) -> String {
+pub(crate) fn read(rel: &str) -> String {
     let p = workspace().join(rel);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("failed to read {}: {e}", p.display()))
 }
 
 /// `kubectl kustomize DIR` as JSON values, or `None` (after saying so loudly) when
 /// kubectl is missing and CI is not set. On CI a missing kubectl fails the test.
-pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
+pub(crate) fn kustomize(dir: &str) -> Option<Vec<Json>> {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(workspace().join(dir))
@@ -49,7 +49,7 @@ pub fn kustomize(dir: &str) -> Option<Vec<Json>> {
 
 /// `kubectl kustomize` of deploy/ with `components`, from a kustomization in a
 /// scratch directory (kustomize takes only relative paths to other kustomizations).
-pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
+pub(crate) fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
     // One directory per call: tests rendering the same components run in parallel.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -65,16 +65,16 @@ pub fn kustomize_with(components: &[&str]) -> Option<Vec<Json>> {
     out
 }
 
-pub use hairpin_tests::helm::docs;
+pub(crate) use hairpin_tests::helm::docs;
 
 /// The object of `kind` named `name`.
-pub fn find<'a>(objs: &'a [Json], kind: &str, name: &str) -> Option<&'a Json> {
+pub(crate) fn find<'a>(objs: &'a [Json], kind: &str, name: &str) -> Option<&'a Json> {
     objs.iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
 }
 
 /// `obj` as its k8s-openapi type.
-pub fn typed<T: DeserializeOwned>(obj: &Json) -> T {
+pub(crate) fn typed<T: DeserializeOwned>(obj: &Json) -> T {
     serde_json::from_value(obj.clone()).unwrap_or_else(|e| {
         panic!(
             "{} {} does not parse as its k8s-openapi type: {e}",
@@ -97,7 +97,7 @@ fn round_trips<T: DeserializeOwned + Serialize>(obj: &Json) {
 }
 
 /// Drops nulls and empty maps so that the YAML and the type's serialization compare.
-pub fn normalize(v: Json) -> Json {
+pub(crate) fn normalize(v: Json) -> Json {
     match v {
         Json::Object(m) => Json::Object(
             m.into_iter()
@@ -111,7 +111,7 @@ pub fn normalize(v: Json) -> Json {
 }
 
 /// `Kind/name` of each object, in order.
-pub fn kind_names(objs: &[Json]) -> Vec<String> {
+pub(crate) fn kind_names(objs: &[Json]) -> Vec<String> {
     objs.iter()
         .map(|o| {
             format!(
@@ -124,7 +124,7 @@ pub fn kind_names(objs: &[Json]) -> Vec<String> {
 }
 
 /// Every object round-trips through its type; an unexpected kind fails.
-pub fn parse_all(objs: &[Json], source: &str) {
+pub(crate) fn parse_all(objs: &[Json], source: &str) {
     for o in objs {
         match o["kind"].as_str().unwrap_or_default() {
             "Namespace" => round_trips::<Namespace>(o),
@@ -143,12 +143,12 @@ pub fn parse_all(objs: &[Json], source: &str) {
 }
 
 /// The DaemonSet `name`.
-pub fn daemonset(objs: &[Json], name: &str) -> DaemonSet {
+pub(crate) fn daemonset(objs: &[Json], name: &str) -> DaemonSet {
     typed(find(objs, "DaemonSet", name).unwrap_or_else(|| panic!("a DaemonSet named {name}")))
 }
 
 /// A DaemonSet's pod spec.
-pub fn pod_spec(ds: &DaemonSet) -> PodSpec {
+pub(crate) fn pod_spec(ds: &DaemonSet) -> PodSpec {
     ds.spec
         .as_ref()
         .and_then(|s| s.template.spec.clone())
@@ -156,18 +156,18 @@ pub fn pod_spec(ds: &DaemonSet) -> PodSpec {
 }
 
 /// The pod's one container.
-pub fn only_container(pod: &PodSpec) -> Container {
+pub(crate) fn only_container(pod: &PodSpec) -> Container {
     assert_eq!(pod.containers.len(), 1, "one container");
     pod.containers[0].clone()
 }
 
 /// The agent DaemonSet's container.
-pub fn agent(objs: &[Json]) -> Container {
+pub(crate) fn agent(objs: &[Json]) -> Container {
     only_container(&pod_spec(&daemonset(objs, "hairpin")))
 }
 
 /// The CoreDNS writer Deployment's container, when the variant has one.
-pub fn writer(objs: &[Json]) -> Option<Container> {
+pub(crate) fn writer(objs: &[Json]) -> Option<Container> {
     let d: Deployment = typed(find(objs, "Deployment", "hairpin-coredns")?);
     let pod = d.spec.expect("spec").template.spec.expect("pod spec");
     Some(only_container(&pod))
@@ -175,12 +175,12 @@ pub fn writer(objs: &[Json]) -> Option<Container> {
 
 /// A container's environment as the process sees it: `value`s as written, downward
 /// API fields given plausible values for a dual-stack node, in hairpin-system.
-pub fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
+pub(crate) fn env_of(c: &Container, source: &str) -> BTreeMap<String, String> {
     env_in(c, source, "hairpin-system")
 }
 
 /// [`env_of`] for a pod in `namespace`.
-pub fn env_in(c: &Container, source: &str, namespace: &str) -> BTreeMap<String, String> {
+pub(crate) fn env_in(c: &Container, source: &str, namespace: &str) -> BTreeMap<String, String> {
     c.env
         .iter()
         .flatten()
@@ -204,7 +204,7 @@ pub fn env_in(c: &Container, source: &str, namespace: &str) -> BTreeMap<String, 
 }
 
 /// The downward API field an env entry reads, if any.
-pub fn field_of(c: &Container, name: &str) -> Option<String> {
+pub(crate) fn field_of(c: &Container, name: &str) -> Option<String> {
     c.env
         .iter()
         .flatten()
@@ -214,7 +214,7 @@ pub fn field_of(c: &Container, name: &str) -> Option<String> {
 }
 
 /// `(hostPath, type, readOnly)` of the volume mounted at `mount_path`.
-pub fn host_path(
+pub(crate) fn host_path(
     pod: &PodSpec,
     c: &Container,
     mount_path: &Path,
@@ -245,7 +245,7 @@ pub fn host_path(
 }
 
 /// Kubernetes quantity in MiB (`48Mi`, `256Mi`, `1Gi`): the forms the manifests use.
-pub fn mebibytes(q: &str) -> f64 {
+pub(crate) fn mebibytes(q: &str) -> f64 {
     let (n, unit) = q.split_at(q.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(q.len()));
     let n: f64 = n.parse().unwrap_or_else(|_| panic!("quantity {q:?}"));
     match unit {

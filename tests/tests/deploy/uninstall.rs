@@ -68,7 +68,7 @@ fn bpffs_of(pod: &PodSpec, c: &Container, source: &str) -> (VolumeMount, Volume)
 }
 
 /// The uninstall Job's container and its pod.
-pub fn uninstall_job(objs: &[Json]) -> (PodSpec, Container) {
+pub(crate) fn uninstall_job(objs: &[Json]) -> (PodSpec, Container) {
     let job: Job =
         typed(find(objs, "Job", "hairpin-uninstall").expect("a Job named hairpin-uninstall"));
     let pod = job.spec.expect("spec").template.spec.expect("pod spec");
@@ -78,7 +78,7 @@ pub fn uninstall_job(objs: &[Json]) -> (PodSpec, Container) {
 }
 
 /// The Job's settings.
-pub fn uninstall_job_args(objs: &[Json], source: &str) -> UninstallArgs {
+pub(crate) fn uninstall_job_args(objs: &[Json], source: &str) -> UninstallArgs {
     uninstall_args(&env_of(&uninstall_job(objs).1, source), source)
 }
 

@@ -25,26 +25,26 @@ use crate::{
 };
 
 /// The OCI media type of an image index.
-pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 
 /// The image of a release: the index and the manifest of each platform in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Index {
+pub(crate) struct Index {
     /// The index's digest: the image's digest.
-    pub digest: String,
+    pub(crate) digest: String,
     /// (OCI architecture, manifest digest), in the index's order.
-    pub platforms: Vec<(String, String)>,
+    pub(crate) platforms: Vec<(String, String)>,
 }
 
 /// The tag of one platform's image in local storage.
-pub fn platform_tag(tag: &str, arch: Arch) -> String {
+pub(crate) fn platform_tag(tag: &str, arch: Arch) -> String {
     format!("{tag}-{}", arch.oci())
 }
 
 /// Builds the image for every architecture and the index over them twice (the
 /// digests must agree) and writes the index as a reproducible OCI archive to
 /// `archive`; returns the index.
-pub fn image_archive(tag: &str, source: &Source, archive: &Path) -> Result<Index> {
+pub(crate) fn image_archive(tag: &str, source: &Source, archive: &Path) -> Result<Index> {
     let layout = target_dir().join("dist").join("oci-layout");
     let mut rounds = Vec::new();
     for _ in 0..2 {
@@ -78,7 +78,7 @@ pub fn image_archive(tag: &str, source: &Source, archive: &Path) -> Result<Index
 /// Makes the manifest list `list` of `images` (local tags, one per platform) with
 /// `podman` and pushes it with every image into a fresh OCI layout at `layout`;
 /// returns the index it wrote.
-pub fn write_index(
+pub(crate) fn write_index(
     podman: &dyn Fn() -> Command,
     list: &str,
     images: &[String],
@@ -113,7 +113,7 @@ pub fn write_index(
 
 /// The image index an OCI layout's index.json names (its only entry), and the
 /// platforms it lists.
-pub fn read_index(layout: &Path) -> Result<Index> {
+pub(crate) fn read_index(layout: &Path) -> Result<Index> {
     let digest = manifest_digest(layout)?;
     let blob = blob_path(layout, &digest);
     let index: serde_json::Value = serde_json::from_slice(
@@ -154,7 +154,7 @@ fn blob_path(layout: &Path, digest: &str) -> PathBuf {
 }
 
 /// The digest of the one manifest an OCI layout's index.json lists.
-pub fn manifest_digest(layout: &Path) -> Result<String> {
+pub(crate) fn manifest_digest(layout: &Path) -> Result<String> {
     let index: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(layout.join("index.json"))?)
             .context("index.json is not JSON")?;
@@ -178,7 +178,7 @@ pub fn manifest_digest(layout: &Path) -> Result<String> {
 
 /// `dir`'s content as a tar at `to` that depends on the content alone: sorted names,
 /// owner 0:0, every mtime `epoch`, no access or change times.
-pub fn deterministic_tar(dir: &Path, to: &Path, epoch: u64) -> Result<()> {
+pub(crate) fn deterministic_tar(dir: &Path, to: &Path, epoch: u64) -> Result<()> {
     run(Command::new("tar")
         .arg("--create")
         .arg("--file")

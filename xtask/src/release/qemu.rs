@@ -12,7 +12,7 @@ use crate::{cargo, ebpf, image::Arch, prereqs};
 
 /// Unit tests of `hairpin-agent` that cannot run under qemu-user, with why: each is
 /// skipped by its exact name (`--skip NAME --exact`), every other test runs.
-pub const SKIPPED: &[(&str, &str)] = &[(
+pub(crate) const SKIPPED: &[(&str, &str)] = &[(
     "datapath::sys::tests::a_path_that_is_not_pinned_is_an_error_not_a_descriptor",
     "calls bpf(BPF_OBJ_GET); qemu-user (Debian's 7.2) implements no bpf() and answers \
      ENOSYS (os error 38)",
@@ -20,16 +20,16 @@ pub const SKIPPED: &[(&str, &str)] = &[(
 
 /// What one run of the unit tests counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Tests that passed.
-    pub passed: u32,
+    pub(crate) passed: u32,
     /// Tests skipped by [`SKIPPED`] (filtered out) or ignored in the source.
-    pub skipped: u32,
+    pub(crate) skipped: u32,
 }
 
 /// Builds and runs `hairpin-agent`'s library unit tests for `arch` under qemu-user;
 /// fails when any fails. Returns the counts.
-pub fn unit_tests(arch: Arch) -> Result<Counts> {
+pub(crate) fn unit_tests(arch: Arch) -> Result<Counts> {
     prereqs::ensure_image_packages()?;
     arch.ensure_toolchain()?;
     let object = ebpf::build(&ebpf::Options::default())?;
@@ -85,7 +85,7 @@ pub fn unit_tests(arch: Arch) -> Result<Counts> {
 
 /// The counts of libtest's summary line (`test result: ok. 5 passed; 0 failed;
 /// 1 ignored; 0 measured; 2 filtered out; ...`).
-pub fn parse_counts(out: &str) -> Result<Counts> {
+pub(crate) fn parse_counts(out: &str) -> Result<Counts> {
     let line = out
         .lines()
         .find(|l| l.starts_with("test result: "))

@@ -16,7 +16,7 @@ use crate::{image::Arch, run, target_dir, toolchain::output, workspace_root};
 /// same index, and each platform's image in it holds a static agent for that
 /// architecture that answers `--version` (the foreign one under qemu-user); Helm
 /// renders the packaged chart with that digest on every pod.
-pub fn verify(
+pub(crate) fn verify(
     out: &Path,
     names: &Names,
     tag: &str,
@@ -170,7 +170,7 @@ fn platform_agent_version(archive: &str, arch: Arch, manifest: &str, dir: &Path)
 }
 
 /// The sha256 of `bytes` in hex (`sha256sum`).
-pub fn sha256_hex(bytes: &[u8]) -> Result<String> {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> Result<String> {
     use std::io::Write;
     let mut child = Command::new("sha256sum")
         .stdin(std::process::Stdio::piped())
@@ -193,13 +193,13 @@ pub fn sha256_hex(bytes: &[u8]) -> Result<String> {
 
 /// A podman image store of its own under a directory (`--root`, `--runroot`), empty
 /// when made and removed when dropped: what a fresh machine's podman sees.
-pub struct PrivateStore {
+pub(crate) struct PrivateStore {
     dir: PathBuf,
 }
 
 impl PrivateStore {
     /// An empty store at `dir` (whatever was there is removed first).
-    pub fn new(dir: &Path) -> Result<PrivateStore> {
+    pub(crate) fn new(dir: &Path) -> Result<PrivateStore> {
         let store = PrivateStore {
             dir: dir.to_path_buf(),
         };
@@ -209,7 +209,7 @@ impl PrivateStore {
     }
 
     /// `podman` on this store alone.
-    pub fn podman(&self) -> Command {
+    pub(crate) fn podman(&self) -> Command {
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("root"))
@@ -219,7 +219,7 @@ impl PrivateStore {
     }
 
     /// Loads the OCI archive and returns the digest podman gives `tag`.
-    pub fn loaded_digest(&self, archive: &Path, tag: &str) -> Result<String> {
+    pub(crate) fn loaded_digest(&self, archive: &Path, tag: &str) -> Result<String> {
         output(
             self.podman()
                 .args(["load", "--quiet", "--input"])

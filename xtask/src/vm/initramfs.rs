@@ -16,10 +16,10 @@ use super::kernel::KernelTree;
 use crate::run;
 
 /// The line init prints with the script's exit status: `HAIRPIN-VM-EXIT=<status>`.
-pub const EXIT_SENTINEL: &str = "HAIRPIN-VM-EXIT=";
+pub(super) const EXIT_SENTINEL: &str = "HAIRPIN-VM-EXIT=";
 
 /// busybox-static's binary.
-pub const BUSYBOX: &str = "/bin/busybox";
+pub(super) const BUSYBOX: &str = "/bin/busybox";
 
 /// The modules that mount the host's root: virtio's PCI transport, 9p over virtio,
 /// the 9p file system. `modprobe --show-depends` expands each into its chain.
@@ -72,7 +72,7 @@ poweroff -f
 
 /// Builds the initramfs for `kernel` running `script` (sh, inside the host's root)
 /// into `dir`; returns the gzipped cpio archive.
-pub fn build(kernel: &KernelTree, script: &str, dir: &Path) -> Result<PathBuf> {
+pub(super) fn build(kernel: &KernelTree, script: &str, dir: &Path) -> Result<PathBuf> {
     let tree = dir.join("initramfs");
     let _ = fs::remove_dir_all(&tree);
     for sub in ["bin", "mods", "proc", "sys", "dev", "host"] {

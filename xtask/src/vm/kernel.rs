@@ -14,7 +14,7 @@ use crate::{prereqs, run};
 
 /// A kernel series the matrix boots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Series {
+pub(crate) enum Series {
     /// Debian 12 (bookworm): Linux 6.1, the generic flavour (9p is a module there;
     /// the cloud flavour has none).
     V6_1,
@@ -24,10 +24,10 @@ pub enum Series {
 
 impl Series {
     /// Every series, in the order the matrix runs them.
-    pub const ALL: [Series; 2] = [Series::V6_1, Series::V6_12];
+    pub(crate) const ALL: [Series; 2] = [Series::V6_1, Series::V6_12];
 
     /// The name on the command line and in the cache: `6.1`, `6.12`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Series::V6_1 => "6.1",
             Series::V6_12 => "6.12",
@@ -79,15 +79,15 @@ impl std::str::FromStr for Series {
 
 /// An extracted kernel: its image and its module tree (`root/lib/modules/<release>`).
 #[derive(Clone, Debug)]
-pub struct KernelTree {
+pub(crate) struct KernelTree {
     /// The series it belongs to.
-    pub series: Series,
+    pub(crate) series: Series,
     /// `uname -r` of the kernel: `6.1.0-57-amd64`.
-    pub release: String,
+    pub(crate) release: String,
     /// The extracted package's root (`modprobe -d` takes it).
-    pub root: PathBuf,
+    pub(crate) root: PathBuf,
     /// `root/boot/vmlinuz-<release>`.
-    pub vmlinuz: PathBuf,
+    pub(crate) vmlinuz: PathBuf,
 }
 
 /// The apt sources file adding bookworm-backports (Linux 6.12).
@@ -107,7 +107,7 @@ fn series_dir(series: Series) -> PathBuf {
 
 /// The kernel of `series`, from the cache, else downloaded with apt and extracted
 /// there (about 180 MB for both series, once).
-pub fn ensure(series: Series) -> Result<KernelTree> {
+pub(crate) fn ensure(series: Series) -> Result<KernelTree> {
     let dir = series_dir(series);
     if let Some(tree) = cached(series, &dir) {
         return Ok(tree);

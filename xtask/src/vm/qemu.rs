@@ -20,21 +20,21 @@ use super::{initramfs::EXIT_SENTINEL, kernel::KernelTree};
 const TAIL: usize = 40;
 
 /// What a boot printed and returned.
-pub struct Boot {
+pub(super) struct Boot {
     /// The script's exit status, from the sentinel line.
-    pub status: i32,
+    pub(crate) status: i32,
     /// Every console line.
-    pub console: Vec<String>,
+    pub(crate) console: Vec<String>,
     /// From qemu's start to the first line the init printed.
-    pub to_userspace: Option<Duration>,
+    pub(crate) to_userspace: Option<Duration>,
     /// From qemu's start to its exit.
-    pub total: Duration,
+    pub(crate) total: Duration,
 }
 
 /// Boots `kernel` with `initrd` (2 vCPUs, `memory_mib`), echoing the console with
 /// `prefix` and writing it to `log`; kills qemu after `timeout`. Fails, quoting the
 /// console's last lines, when no exit sentinel was printed.
-pub fn boot(
+pub(super) fn boot(
     kernel: &KernelTree,
     initrd: &Path,
     memory_mib: u32,
@@ -199,7 +199,7 @@ fn strip_control(line: &str) -> String {
 }
 
 /// The directory a series' VM files go to (`target/vm/<series>`).
-pub fn work_dir(target: &Path, kernel: &KernelTree) -> Result<PathBuf> {
+pub(super) fn work_dir(target: &Path, kernel: &KernelTree) -> Result<PathBuf> {
     let dir = target.join("vm").join(kernel.series.name());
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
     Ok(dir)

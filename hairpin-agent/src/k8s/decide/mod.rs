@@ -21,7 +21,8 @@ pub mod providers;
 pub mod service;
 
 pub(crate) use decision::Decision;
-pub use decision::{Outcome, Rule, SkipReason};
-pub use desired::{DesiredState, decide_all};
+pub(crate) use decision::SkipReason;
+pub use desired::DesiredState;
+pub(crate) use desired::decide_all;
 pub(crate) use nodes::IgnoredClaim;
-pub use service::{Defaults, decide, service_key};
+pub(crate) use service::Defaults;

@@ -55,7 +55,7 @@ fn row_value<'a>(
 }
 
 /// What a provider's controller would have expected of a value it refuses.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 enum Refused {
     /// Not a Go boolean.
     #[error("expected a boolean such as true or false")]
@@ -66,9 +66,9 @@ enum Refused {
     /// A list entry that is not a port number.
     #[error("expected true, false, * or Service port numbers, got {0:?}")]
     PortList(String),
-    /// Not JSON.
+    /// Not JSON: the parser's error.
     #[error("expected a JSON object: {0}")]
-    Json(String),
+    Json(#[source] serde_json::Error),
 }
 
 /// Applies one row's value to one port, as the provider's CCM would.
@@ -149,8 +149,7 @@ fn speak(
             })
         }
         ValueRule::LinodePortJson => {
-            let parsed: serde_json::Value =
-                serde_json::from_str(value).map_err(|e| Refused::Json(e.to_string()))?;
+            let parsed: serde_json::Value = serde_json::from_str(value).map_err(Refused::Json)?;
             match parsed
                 .get("proxy-protocol")
                 .and_then(serde_json::Value::as_str)

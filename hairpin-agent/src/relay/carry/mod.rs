@@ -155,7 +155,7 @@ impl Budget {
 
 /// Which end of a relayed connection an error came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     /// The accepted client.
     Client,
     /// The upstream socket to the LoadBalancer address.
@@ -164,7 +164,7 @@ pub enum Side {
 
 /// An error on a relayed connection and the socket it came from.
 #[derive(Debug)]
-pub struct Fault {
+pub(crate) struct Fault {
     /// Where.
     pub side: Side,
     /// What.
@@ -221,7 +221,7 @@ impl Way {
 
 /// Bytes each way carried.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Carried {
+pub(crate) struct Carried {
     /// Client to upstream (after the header).
     pub up: u64,
     /// Upstream to client.
@@ -240,7 +240,7 @@ pub struct Carried {
 /// Carries `client` and `upstream` both ways until both have ended or one fails.
 /// `written` bytes (the header, and the client's bytes the caller already sent
 /// with it) are in the upstream's send queue already.
-pub async fn carry(
+pub(crate) async fn carry(
     client: &TcpStream,
     upstream: &TcpStream,
     written: u64,
