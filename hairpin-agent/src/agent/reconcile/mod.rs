@@ -16,6 +16,7 @@
 //! sockets the kernel path cannot take: it goes live without one when none can be
 //! had, and gets one when one can.
 
+mod backoff;
 mod plan;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -24,12 +25,12 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     sync::Arc,
-    time::Duration,
 };
 
 use hairpin_ebpf::{LISTENER_RELAY4, LISTENER_RELAY6, SlotRef};
 use tracing::{debug, error, info, warn};
 
+pub(crate) use backoff::{Backoff, FAILED_RETRY_FIRST, FAILED_RETRY_MAX};
 pub(crate) use plan::{Hold, Step, Trigger, plan};
 
 use crate::{
@@ -665,41 +666,4 @@ fn without_slot(why: Option<&str>, e: &FrontendError) -> String {
         "{why}; no relay slot for the sockets the kernel path cannot take ({e}): they go as \
          before hairpin until one is free"
     )
-}
-
-/// First retry of failed frontends after an apply that left some failed.
-pub(crate) const FAILED_RETRY_FIRST: Duration = Duration::from_secs(1);
-/// Longest wait between retries of failed frontends.
-pub(crate) const FAILED_RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// Doubling delays with a cap: 1 s, 2 s, 4 s ... 30 s, back to the first on reset
-/// (a change from the source, or nothing left to retry).
-#[derive(Clone, Debug)]
-pub(crate) struct Backoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// Starts at `first`, never above `max`.
-    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
-        Backoff {
-            first,
-            max,
-            next: first,
-        }
-    }
-
-    /// The delay to wait now; the one after is twice as long, up to the cap.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    /// Back to the first delay.
-    pub(crate) fn reset(&mut self) {
-        self.next = self.first;
-    }
 }
