@@ -2,7 +2,7 @@
 //! slot is bound before the redirect to it, and retires after it), one failure
 //! leaving the others alone, and which failures are retried.
 
-use std::{cell::RefCell, collections::BTreeSet, rc::Rc};
+use std::{cell::RefCell, collections::BTreeSet, rc::Rc, time::Duration};
 
 use super::*;
 use crate::model::{FirstSpeaker, PathChoice, ProxyVersion};
