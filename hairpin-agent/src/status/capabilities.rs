@@ -45,13 +45,21 @@ struct HookLabel {
     hook: &'static str,
 }
 
-/// The `hairpin_kernel_capability` and `hairpin_connect_hook_behind` families.
+/// The `hairpin_kernel_capability` and `hairpin_connect_hook_behind` families, and
+/// the same capabilities as one label of `hairpin_build_info`.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct KernelCapabilities(Family<CapabilityLabel, Gauge>, Family<HookLabel, Gauge>);
+pub(crate) struct KernelCapabilities(
+    Family<CapabilityLabel, Gauge>,
+    Family<HookLabel, Gauge>,
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, bool>>>,
+);
 
 impl KernelCapabilities {
     /// Sets `capability` to 1 (`available`) or 0.
     pub(crate) fn set(&self, capability: KernelCapability, available: bool) {
+        if let Ok(mut m) = self.2.lock() {
+            m.insert(capability.name(), available);
+        }
         self.0
             .get_or_create(&CapabilityLabel {
                 capability: capability.name(),
@@ -65,6 +73,21 @@ impl KernelCapabilities {
         self.1
             .get_or_create(&HookLabel { hook })
             .set(i64::from(behind));
+    }
+
+    /// The `kernel_capabilities` label of `hairpin_build_info`: each capability
+    /// decided, `name=yes|no`, comma-separated in name order; empty before the
+    /// datapath loads.
+    pub(crate) fn summary(&self) -> String {
+        self.2
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, on)| format!("{k}={}", if *on { "yes" } else { "no" }))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
     }
 
     /// Registers the families into `registry`.

@@ -104,6 +104,21 @@ struct PathLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+    /// The running kernel's release (`uname -r`).
+    kernel: String,
+    /// What it gives hairpin (`kernel_path=yes,link_order=no,...`), as
+    /// `hairpin_kernel_capability` says one gauge each.
+    kernel_capabilities: String,
+}
+
+/// The running kernel's release, read once.
+fn kernel_release() -> &'static str {
+    static RELEASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RELEASE.get_or_init(|| {
+        nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default()
+    })
 }
 
 /// Every path a node can have live, for `hairpin_live_path` (0 for the others, so a
@@ -446,11 +461,15 @@ impl Metrics {
         build
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
+                kernel: kernel_release().to_string(),
+                kernel_capabilities: self.capabilities.summary(),
             })
             .set(1);
         registry.register(
             "build_info",
-            "1, labelled with the version of the hairpin-agent binary serving it",
+            "1, labelled with the version of the hairpin-agent binary serving it, the node's \
+             kernel release and what that kernel gives hairpin (kernel_capabilities: \
+             name=yes|no for each capability of hairpin_kernel_capability)",
             build,
         );
         registry.register(

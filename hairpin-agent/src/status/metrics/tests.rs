@@ -5,9 +5,26 @@ fn build_info_always_and_the_live_paths_once_decided() {
     let m = Metrics::default();
     let text = m.render();
     let version = env!("CARGO_PKG_VERSION");
+    let kernel = nix::sys::utsname::uname()
+        .unwrap()
+        .release()
+        .to_string_lossy()
+        .into_owned();
     assert!(
-        text.contains(&format!("hairpin_build_info{{version=\"{version}\"}} 1")),
+        text.contains(&format!(
+            "hairpin_build_info{{version=\"{version}\",kernel=\"{kernel}\",kernel_capabilities=\"\"}} 1"
+        )),
         "{text}"
+    );
+    // Once the datapath has loaded, the kernel's capabilities ride on build_info too.
+    use crate::status::capabilities::KernelCapability as Cap;
+    m.set_kernel_capability(Cap::LinkOrder, false);
+    m.set_kernel_capability(Cap::KernelPath, true);
+    assert!(
+        m.render()
+            .contains("kernel_capabilities=\"kernel_path=yes,link_order=no\"} 1"),
+        "{}",
+        m.render()
     );
     assert!(!text.contains("hairpin_live_path{"), "{text}");
     m.set_live_paths(&[NodePath::Programs, NodePath::Coredns], true);
