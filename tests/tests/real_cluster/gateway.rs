@@ -128,8 +128,7 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let agent = rn.agent();
-    assert!(got.ok(), "{got:?}\nagent:\n{}", agent.log());
+    assert!(got.ok(), "{got:?}\nagent:\n{}", rn.agent().log());
     eprintln!(
         "CRDs installed -> the route's name served: {:.1} s",
         started.elapsed().as_secs_f64()
@@ -137,14 +136,25 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
     let body = got.body.trim_end();
     assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
     assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
-    let log = agent.log();
+    // Each kind is found at the next look after its CRD is served (the looks come
+    // 1, 2, 4, 8, 16 s ... apart): TLSRoute's may come a look after HTTPRoute's.
+    let deadline = Instant::now() + Duration::from_secs(60);
     for (kind, version) in [("HTTPRoute", "v1"), ("TLSRoute", "v1"), ("Gateway", "v1")] {
-        assert!(
-            log.lines().any(|l| l.contains("watching Gateway API kind")
-                && l.contains(&format!("kind=\"{kind}\""))
-                && l.contains(&format!("version=\"{version}\""))),
-            "{kind} not watched at {version}:\n{log}"
-        );
+        let watched = |log: &str| {
+            log.lines().any(|l| {
+                l.contains("watching Gateway API kind")
+                    && l.contains(&format!("kind=\"{kind}\""))
+                    && l.contains(&format!("version=\"{version}\""))
+            })
+        };
+        while !watched(&rn.agent().log()) {
+            assert!(
+                Instant::now() < deadline,
+                "{kind} not watched at {version}:\n{}",
+                rn.agent().log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     kubectl(&rn, &["-n", "docs", "delete", "httproute", "docs"]);
