@@ -220,24 +220,27 @@ impl Cluster {
         );
     }
 
+    /// `kubectl ARGS` as the admin; panics with kubectl's output on failure.
+    pub fn kubectl(&self, args: &[&str]) {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Installs the Gateway API's standard CRDs of `kinds` (plural resource names,
     /// e.g. `httproutes`) as an operator does, with `kubectl apply --server-side`,
     /// and waits until the API server serves them.
     pub fn install_gateway_api_crds(&self, kinds: &[&str]) {
-        let kubectl = |args: &[&str]| {
-            let out = std::process::Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(self.admin_kubeconfig())
-                .args(args)
-                .output()
-                .expect("run kubectl");
-            assert!(
-                out.status.success(),
-                "kubectl {args:?}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let kubectl = |args: &[&str]| self.kubectl(args);
         for kind in kinds {
             let file = self
                 .bins

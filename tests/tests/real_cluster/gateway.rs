@@ -19,20 +19,9 @@ use crate::{RealNode, do_service, vip};
 /// The Gateway's controller, as Envoy Gateway names itself.
 const CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
 
-/// `kubectl ARGS` as the admin; panics with kubectl's output on failure.
+/// `kubectl ARGS` as the admin.
 fn kubectl(rn: &RealNode, args: &[&str]) {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(rn.cluster.admin_kubeconfig())
-        .args(args)
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rn.cluster.kubectl(args);
 }
 
 /// Writes `status` on `kind/name` in `namespace` as the Gateway's controller would.
