@@ -131,17 +131,7 @@ fn gateway_api_crds(go: &Go) -> Result<PathBuf> {
         &dir,
         &format!("Gateway API {GATEWAY_API_VERSION} CRDs"),
         |tmp| {
-            let json = crate::toolchain::output(go.command(&module).args([
-                "mod",
-                "download",
-                "-json",
-                "sigs.k8s.io/gateway-api",
-            ]))?;
-            let info: serde_json::Value =
-                serde_json::from_str(&json).context("parse `go mod download -json`")?;
-            if let Some(e) = info["Error"].as_str() {
-                bail!("go mod download sigs.k8s.io/gateway-api: {e}");
-            }
+            let info = go.mod_download(&module, "sigs.k8s.io/gateway-api")?;
             let src = Path::new(
                 info["Dir"]
                     .as_str()
@@ -212,23 +202,10 @@ fn build_pause(go: &Go, version: &str) -> Result<PathBuf> {
         eprintln!("xtask: pause {PAUSE_VERSION} cached in {}", dir.display());
         return Ok(dir.join("pause"));
     }
-    let out = go
-        .command(&modules_dir().join("kubelet"))
-        .args([
-            "mod",
-            "download",
-            "-json",
-            &format!("k8s.io/kubernetes@{version}"),
-        ])
-        .output()
-        .context("go mod download k8s.io/kubernetes")?;
-    if !out.status.success() {
-        bail!(
-            "k8s.io/kubernetes@{version} is not in the module cache nor served: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let info = go.mod_download(
+        &modules_dir().join("kubelet"),
+        &format!("k8s.io/kubernetes@{version}"),
+    )?;
     let source = PathBuf::from(info["Dir"].as_str().context("module Dir")?)
         .join("build/pause/linux/pause.c");
     build_into(&dir, &format!("pause {PAUSE_VERSION}"), |tmp| {
@@ -297,6 +274,25 @@ impl Go {
             "no Go toolchain: the real Kubernetes components build from source and need Go 1.26 \
              or newer (`go` on PATH or /usr/local/go/bin/go; https://go.dev/dl/)"
         )
+    }
+
+    /// `go mod download -json MODULE` in `dir`: the module's cache entry as Go
+    /// describes it (`Dir`, `GoMod`, ...), checked against `dir`'s go.sum when it
+    /// lists the module.
+    fn mod_download(&self, dir: &Path, module: &str) -> Result<serde_json::Value> {
+        let out = self
+            .command(dir)
+            .args(["mod", "download", "-json", module])
+            .output()
+            .with_context(|| format!("go mod download {module}"))?;
+        if !out.status.success() {
+            bail!(
+                "go mod download {module}: not in the module cache nor served: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout).context("parse `go mod download -json`")
     }
 
     /// `go ARGS` in `dir`, never touching the committed go.mod/go.sum
@@ -495,23 +491,7 @@ fn pin(version: &str) -> Result<()> {
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
     // The release's own go.mod names its staging modules (`=> ./staging/...`).
-    let out = go
-        .command(&scratch)
-        .args([
-            "mod",
-            "download",
-            "-json",
-            &format!("k8s.io/kubernetes@{version}"),
-        ])
-        .output()
-        .context("go mod download")?;
-    if !out.status.success() {
-        bail!(
-            "k8s.io/kubernetes@{version} is not served: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let info = go.mod_download(&scratch, &format!("k8s.io/kubernetes@{version}"))?;
     let upstream = fs::read_to_string(info["GoMod"].as_str().context("GoMod path")?)?;
     let replaces: Vec<String> = upstream
         .lines()
