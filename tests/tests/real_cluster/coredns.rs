@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use hairpin_tests::{
     agent::agent_bin,
     cluster::{
-        Proc,
+        Cluster, Proc,
         dns::{CoreDns, corefile_of, in_pod_with_cluster_dns, kube_dns_objects},
         objects::workload_env,
     },
     fakeapi::KUBEADM_COREFILE,
     node::{INGRESS_IP4, KubeProxyMode, NODE_IP4, POD_IP4},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{RELEASE_NS, RealNode, do_service, vip};
 
@@ -40,39 +40,9 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     ]
     .map(String::from)
     .to_vec();
-    {
-        let c = &rn.cluster;
-        // kubeadm's cluster DNS: CoreDNS runs in the ingress pod's namespace (another
-        // pod of the node), the kube-dns Service in front of it.
-        let mut objects = kube_dns_objects(INGRESS_IP4);
-        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "coredns", "namespace": "kube-system"},
-            "data": {"Corefile": KUBEADM_COREFILE}}));
-        objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                     "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
-                                  "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
-        c.kubectl_apply(&objects);
-        c.create_lb_service(&do_service(
-            "ingress-nginx",
-            "ingress-nginx-controller",
-            &[],
-        ));
-        c.set_lb_ingress(
-            "ingress-nginx",
-            "ingress-nginx-controller",
-            vip(&["203.0.113.10"]),
-        );
-        c.ensure_namespace("shop");
-        c.kubectl_apply(&[
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": {"name": "shop", "namespace": "shop"},
-            "spec": {"ingressClassName": "nginx", "rules": [
-                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
-        ]);
-        c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
-    }
+    // kubeadm's cluster DNS: CoreDNS runs in the ingress pod's namespace (another
+    // pod of the node), the kube-dns Service in front of it.
+    cluster_dns_and_a_shop_ingress(&rn.cluster, KUBEADM_COREFILE, Vec::new());
     rn.start_agent(&flags);
     let c = &rn.cluster;
     serve_the_chart_service_from_this_node(c, &flags);
@@ -139,6 +109,43 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
             "{name}: {reply:?}"
         );
     }
+}
+
+/// The cluster DNS as a distribution ships it (the kube-dns Service in front of
+/// CoreDNS in the ingress pod's namespace, the `coredns` ConfigMap holding
+/// `corefile`, `extra` objects beside it, a CoreDNS Deployment for the writer to
+/// read the image of), an ingress controller's DigitalOcean LB at 203.0.113.10 and
+/// an Ingress `shop/shop` on it for `shop.example.com` and `*.apps.example.com`.
+pub(crate) fn cluster_dns_and_a_shop_ingress(c: &Cluster, corefile: &str, extra: Vec<Value>) {
+    let mut objects = kube_dns_objects(INGRESS_IP4);
+    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "data": {"Corefile": corefile}}));
+    objects.extend(extra);
+    objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                 "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
+                              "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
+    c.kubectl_apply(&objects);
+    c.create_lb_service(&do_service(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        &[],
+    ));
+    c.set_lb_ingress(
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        vip(&["203.0.113.10"]),
+    );
+    c.ensure_namespace("shop");
+    c.kubectl_apply(&[
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "shop"},
+        "spec": {"ingressClassName": "nginx", "rules": [
+            {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
+    ]);
+    c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
 }
 
 /// `hairpin-agent coredns-writer` as the chart's Deployment runs it: its

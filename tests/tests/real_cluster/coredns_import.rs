@@ -10,16 +10,17 @@
 use std::time::{Duration, Instant};
 
 use hairpin_tests::{
-    cluster::dns::{CoreDns, corefile_of, in_pod_with_cluster_dns, kube_dns_objects},
-    node::{INGRESS_IP4, KubeProxyMode, POD_IP4},
+    cluster::dns::{CoreDns, corefile_of, in_pod_with_cluster_dns},
+    node::{KubeProxyMode, POD_IP4},
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 
 use crate::{
     RealNode,
-    coredns::{COREDNS_IMAGE, serve_the_chart_service_from_this_node, start_writer},
-    do_service, vip,
+    coredns::{
+        cluster_dns_and_a_shop_ingress, serve_the_chart_service_from_this_node, start_writer,
+    },
 };
 
 /// k3s's Corefile (its `coredns.yaml` manifest) without its `hosts
@@ -60,40 +61,13 @@ fn import_mode_real_coredns_loads_the_override_key_and_the_pod_gets_its_own_head
     ]
     .map(String::from)
     .to_vec();
-    {
-        let c = &rn.cluster;
-        let mut objects = kube_dns_objects(INGRESS_IP4);
-        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "coredns", "namespace": "kube-system"},
-            "data": {"Corefile": K3S_COREFILE}}));
-        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+    cluster_dns_and_a_shop_ingress(
+        &rn.cluster,
+        K3S_COREFILE,
+        vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "coredns-custom", "namespace": "kube-system"},
-            "data": {THEIRS.0: THEIRS.1}}));
-        objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                     "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
-                                  "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
-        c.kubectl_apply(&objects);
-        c.create_lb_service(&do_service(
-            "ingress-nginx",
-            "ingress-nginx-controller",
-            &[],
-        ));
-        c.set_lb_ingress(
-            "ingress-nginx",
-            "ingress-nginx-controller",
-            vip(&["203.0.113.10"]),
-        );
-        c.ensure_namespace("shop");
-        c.kubectl_apply(&[
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": {"name": "shop", "namespace": "shop"},
-            "spec": {"ingressClassName": "nginx", "rules": [
-                {"host": "shop.example.com"}, {"host": "*.apps.example.com"}]}}),
-        ]);
-        c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
-    }
+            "data": {THEIRS.0: THEIRS.1}})],
+    );
     rn.start_agent(&flags);
     let c = &rn.cluster;
     serve_the_chart_service_from_this_node(c, &flags);
