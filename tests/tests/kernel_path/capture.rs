@@ -14,7 +14,23 @@ pub(crate) const CAPTURE_PORT: u16 = 9000;
 /// with a small response; sends what each connection carried up to the end of its
 /// request head. With `fast_open`, the listener takes TCP Fast Open data.
 pub(crate) fn capture_server(netns: &str, n: usize, fast_open: bool) -> mpsc::Receiver<Vec<u8>> {
-    let counted = segment_capture_server(netns, n, fast_open);
+    patient_capture_server(netns, n, fast_open, READ_PATIENCE)
+}
+
+/// How long the capture server waits for a connection's request head: clients that
+/// write at once are done well within it.
+const READ_PATIENCE: Duration = Duration::from_secs(5);
+
+/// As [`capture_server`], waiting up to `patience` from the accept for each request
+/// head: a client held back on purpose (a late writer waiting out an agent's exit,
+/// which takes seconds in an emulated VM) must not be cut off before it writes.
+pub(crate) fn patient_capture_server(
+    netns: &str,
+    n: usize,
+    fast_open: bool,
+    patience: Duration,
+) -> mpsc::Receiver<Vec<u8>> {
+    let counted = segment_capture_server_with(netns, n, fast_open, patience);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for (got, _) in counted {
@@ -32,6 +48,15 @@ pub(crate) fn segment_capture_server(
     netns: &str,
     n: usize,
     fast_open: bool,
+) -> mpsc::Receiver<(Vec<u8>, u32)> {
+    segment_capture_server_with(netns, n, fast_open, READ_PATIENCE)
+}
+
+fn segment_capture_server_with(
+    netns: &str,
+    n: usize,
+    fast_open: bool,
+    patience: Duration,
 ) -> mpsc::Receiver<(Vec<u8>, u32)> {
     use std::os::fd::AsRawFd;
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -57,8 +82,7 @@ pub(crate) fn segment_capture_server(
         ready_tx.send(()).expect("ready");
         for _ in 0..n {
             let (mut conn, _) = listener.accept().expect("accept");
-            conn.set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
+            conn.set_read_timeout(Some(patience)).expect("timeout");
             let mut got = Vec::new();
             let mut buf = [0u8; 16384];
             // Up to the end of the request head (a v2 header's signature holds a

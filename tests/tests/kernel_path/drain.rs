@@ -36,7 +36,10 @@ fn agent_and_a_late_writer(
     name: &str,
 ) -> (Agent, mpsc::Receiver<Vec<u8>>, std::path::PathBuf, Child) {
     let agent = Agent::start_with(node, &capture_v1(), extra);
-    let captured = capture_server(&node.ingress_ns, n, false);
+    // The late writer's request comes seconds after its accept (an agent's kill or
+    // drain first): the server's usual 5 s would cut it off in a slow VM (seen once
+    // on 6.1 under load as an empty capture).
+    let captured = patient_capture_server(&node.ingress_ns, n, false, Duration::from_secs(30));
     let dir = node.dir.join(name);
     let client = late_writer(node, &dir);
     assert_eq!(
