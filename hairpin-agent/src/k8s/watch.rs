@@ -71,7 +71,7 @@ impl GatewayStores {
             .push((kind, store));
     }
 
-    /// Gateways, and the routes (HTTPRoute, TLSRoute) that attach to them.
+    /// Gateways, and the routes (HTTPRoute, GRPCRoute, TLSRoute) that attach to them.
     fn objects(&self) -> (Vec<Arc<DynamicObject>>, Vec<Arc<DynamicObject>>) {
         let stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (mut gateways, mut routes) = (Vec::new(), Vec::new());
@@ -89,10 +89,13 @@ impl GatewayStores {
 
 /// Gateway API kinds watched when the CRDs are installed, each at the first of its
 /// versions the API server serves: TLSRoute is served as v1 alone from Gateway API
-/// v1.5 (v1alpha2 stays in the CRD with `served: false`), as v1alpha2 before.
-const GATEWAY_KINDS: [(&str, &str); 5] = [
+/// v1.5 (v1alpha2 stays in the CRD with `served: false`), as v1alpha2 before;
+/// GRPCRoute as v1 from v1.1 (its v1alpha2 is no longer served in the standard
+/// channel).
+const GATEWAY_KINDS: [(&str, &str); 6] = [
     ("v1", "Gateway"),
     ("v1", "HTTPRoute"),
+    ("v1", "GRPCRoute"),
     ("v1", "TLSRoute"),
     ("v1alpha3", "TLSRoute"),
     ("v1alpha2", "TLSRoute"),
@@ -295,6 +298,7 @@ fn kind_name(ar: &ApiResource) -> &'static str {
     match ar.kind.as_str() {
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
+        "GRPCRoute" => "grpcroutes",
         _ => "tlsroutes",
     }
 }

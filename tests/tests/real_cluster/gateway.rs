@@ -44,7 +44,8 @@ fn set_status(rn: &RealNode, namespace: &str, kind: &str, name: &str, status: se
 }
 
 #[test]
-fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_watched_at_v1() {
+fn an_httproute_and_a_grpcroute_on_the_real_crds_are_routed_to_their_gateways_lb_and_tlsroute_is_watched_at_v1()
+ {
     let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
         return;
     };
@@ -63,8 +64,13 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
 
     // The CRDs arrive after the agent: it must look again for the kinds.
     let started = Instant::now();
-    rn.cluster
-        .install_gateway_api_crds(&["gatewayclasses", "gateways", "httproutes", "tlsroutes"]);
+    rn.cluster.install_gateway_api_crds(&[
+        "gatewayclasses",
+        "gateways",
+        "httproutes",
+        "grpcroutes",
+        "tlsroutes",
+    ]);
     rn.cluster.ensure_namespace("docs");
     rn.cluster.kubectl_apply(&[
         json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
@@ -79,6 +85,12 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
             "spec": {"parentRefs": [{"name": "eg", "namespace": "envoy-gateway-system"}],
                      "hostnames": ["docs.example.net"],
                      "rules": [{"backendRefs": [{"name": "docs", "port": 80}]}]}}),
+        // A gRPC API on the same HTTP listener (GRPCRoute: an HTTP listener's kind).
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+            "metadata": {"name": "api", "namespace": "docs"},
+            "spec": {"parentRefs": [{"name": "eg", "namespace": "envoy-gateway-system"}],
+                     "hostnames": ["api.example.net"],
+                     "rules": [{"backendRefs": [{"name": "api", "port": 50051}]}]}}),
     ]);
     let now = "2026-01-01T00:00:00Z";
     set_status(
@@ -88,19 +100,21 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
         "eg",
         json!({"addresses": [{"type": "IPAddress", "value": "203.0.113.12"}]}),
     );
-    set_status(
-        &rn,
-        "docs",
-        "httproute",
-        "docs",
-        json!({"parents": [{
-            "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
-                          "name": "eg", "namespace": "envoy-gateway-system"},
-            "controllerName": CONTROLLER,
-            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
-                            "message": "accepted", "observedGeneration": 1,
-                            "lastTransitionTime": now}]}]}),
-    );
+    for (kind, name) in [("httproute", "docs"), ("grpcroute", "api")] {
+        set_status(
+            &rn,
+            "docs",
+            kind,
+            name,
+            json!({"parents": [{
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                              "name": "eg", "namespace": "envoy-gateway-system"},
+                "controllerName": CONTROLLER,
+                "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                                "message": "accepted", "observedGeneration": 1,
+                                "lastTransitionTime": now}]}]}),
+        );
+    }
 
     let fetch = || {
         curl_resolved_from_pod(
@@ -125,10 +139,33 @@ fn an_httproute_on_the_real_crds_is_routed_to_its_gateways_lb_and_tlsroute_is_wa
     let body = got.body.trim_end();
     assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
     assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
+    // The GRPCRoute's name, routed the same way (the relay routes by name, not by
+    // what the connection carries: an HTTP/1.1 request stands for the gRPC call).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let api = loop {
+        let got = curl_resolved_from_pod(
+            &rn.node,
+            &format!("api.example.net:80:{RELAY_IP4}"),
+            "http://api.example.net/",
+        );
+        if got.ok() || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(api.ok(), "{api:?}\nagent:\n{}", rn.agent().log());
+    let body = api.body.trim_end();
+    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
+    assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
     // Each kind is found at the next look after its CRD is served (the looks come
     // 1, 2, 4, 8, 16 s ... apart): TLSRoute's may come a look after HTTPRoute's.
     let deadline = Instant::now() + Duration::from_secs(60);
-    for (kind, version) in [("HTTPRoute", "v1"), ("TLSRoute", "v1"), ("Gateway", "v1")] {
+    for (kind, version) in [
+        ("HTTPRoute", "v1"),
+        ("GRPCRoute", "v1"),
+        ("TLSRoute", "v1"),
+        ("Gateway", "v1"),
+    ] {
         let watched = |log: &str| {
             log.lines().any(|l| {
                 l.contains("watching Gateway API kind")

@@ -86,6 +86,11 @@ fn watch_calls() -> Vec<Call> {
         ),
         (
             "gateway.networking.k8s.io",
+            "grpcroutes",
+            "(\"v1\", \"GRPCRoute\")",
+        ),
+        (
+            "gateway.networking.k8s.io",
             "tlsroutes",
             "(\"v1alpha2\", \"TLSRoute\")",
         ),

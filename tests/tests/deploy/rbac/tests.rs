@@ -186,6 +186,7 @@ fn the_writers_account_writes_only_its_configmap_and_lease() {
                             "nodes",
                             "gateways",
                             "httproutes",
+                            "grpcroutes",
                             "tlsroutes"
                         ]
                         .contains(&resource.as_str()),
