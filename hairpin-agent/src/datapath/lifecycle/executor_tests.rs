@@ -15,7 +15,7 @@ use super::state::ForeignLayout;
 use super::takeover::Handover;
 use crate::datapath::attach::Adoption;
 use crate::datapath::liveness::HeartbeatState;
-use crate::datapath::order::LinkOrder;
+use crate::datapath::order::{LinkOrder, Unordered};
 use crate::datapath::pin::{PinDir, Pinning};
 use crate::datapath::role::Role;
 use crate::datapath::sys::BPF_F_BEFORE;
@@ -353,7 +353,7 @@ fn beside_a_socket_lb(children: &[&str]) -> Node {
     let n = node(
         true,
         true,
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        LinkOrder::Unsupported(Unordered::Refused),
         None,
     );
     n.kernel.set_children(children);
@@ -412,7 +412,7 @@ fn without_ordering_and_nothing_else_at_the_root_the_connect_links_stay_at_the_r
     let mut n = node(
         true,
         true,
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        LinkOrder::Unsupported(Unordered::Refused),
         None,
     );
     n.kernel.set_children(&["kubepods.slice"]);
@@ -508,7 +508,7 @@ fn the_next_agent_swaps_each_childs_link_in_place_and_follows_children_made_and_
     n.links = Links::new(
         n.kernel.clone(),
         Pinning::Pinned(PinDir::for_tests(&root, LAYOUT)),
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        LinkOrder::Unsupported(Unordered::Refused),
         (n.kernel.sockets_map(), SOCKETS_ID),
         None,
     );
