@@ -18,14 +18,9 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
 use hairpin_agent::{
-    model::ProxyVersion,
+    ProxyVersion,
     k8s::{
-        Defaults, Outcome, decide,
-        decide::{
-            annotations,
-            lb_address::builtin_refusal,
-            providers::{PROVIDER_ANNOTATIONS, ValueRule},
-        },
+        Defaults, Outcome, PROVIDER_ANNOTATIONS, ValueRule, annotations, builtin_refusal, decide,
         service_key,
     },
 };

@@ -23,7 +23,7 @@
 use std::{net::IpAddr, sync::LazyLock};
 
 use hairpin_agent::names::{
-    hostname::Hostname,
+    Hostname,
     hosts::{
         self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock, PENDING_JOINED_MARKER,
         PENDING_MARKER, FileEdit,

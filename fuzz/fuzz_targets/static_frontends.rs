@@ -15,7 +15,7 @@ use std::path::Path;
 
 use hairpin_agent::{
     agent::frontends_file::{FrontendsFileError, parse, parse_routes},
-    names::{hostname::Hostname, scope::NameScope},
+    names::{Hostname, NameScope},
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -20,9 +20,12 @@ pub mod cli;
 pub mod datapath;
 pub mod k8s;
 pub(crate) mod logs;
-pub mod model;
+pub(crate) mod model;
 pub mod names;
 pub mod podnet;
 pub mod relay;
 pub mod status;
 pub(crate) mod tls;
+
+// The shared vocabulary other crates name (flags' values, the PROXY version).
+pub use model::{KernelPathMode, Mode, ProxyVersion};

@@ -7,13 +7,9 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::{
-        self,
-        desired::{Desired, DesiredRx},
-        watch::KubeSource,
-    },
-    names::scope::NameScope,
-    status::metrics::Metrics,
+    k8s::{self, Desired, DesiredRx, watch::KubeSource},
+    names::NameScope,
+    status::Metrics,
 };
 
 use crate::fakeapi::FakeApi;

@@ -16,10 +16,7 @@ use std::{
 
 use hairpin_agent::{
     k8s::api_names::{CertNames, apply, cert_names, read_cert_names, refuse},
-    names::{
-        hostname::Hostname,
-        scope::{NameScope, ScopeRule},
-    },
+    names::{Hostname, NameScope, ScopeRule},
 };
 
 /// The server process and the directory holding its key (removed after it).

@@ -14,8 +14,8 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use hairpin_agent::{
-    k8s::{self, desired::Desired, watch::KubeSource},
-    names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
+    k8s::{self, Desired, watch::KubeSource},
+    names::{NameScope, NameSkipReason, ScopeRule},
 };
 use hairpin_tests::{
     fakeapi::{FakeApi, digitalocean_service},
@@ -145,7 +145,7 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
         "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
     );
     let defaults = k8s::Defaults {
-        addresses: hairpin_agent::k8s::decide::lb_address::LbAddressPolicy {
+        addresses: hairpin_agent::k8s::LbAddressPolicy {
             allowed: vec!["203.0.113.0/24".parse().expect("net")],
             ..Default::default()
         },

@@ -12,15 +12,14 @@ use std::{
 };
 
 use hairpin_agent::{
-    datapath::{Datapath, embedded_object, splice::SpliceHeld},
-    model::ProxyVersion,
+    ProxyVersion,
+    datapath::{Datapath, Splice, SpliceHeld, embedded_object},
     relay::{
-        ListenHook, Relay, RelayConfig, SlotLookup,
+        ClientPolicy, ListenHook, Relay, RelayConfig, SlotLookup,
         carry::{self, KernelSplice, SpliceConfig, SpliceMode},
-        client_policy::ClientPolicy,
         listener::{self, ConnGate, ConnLimits},
     },
-    status::metrics::Metrics,
+    status::Metrics,
 };
 use hairpin_tests::require_privileges;
 use tokio::{
@@ -78,7 +77,7 @@ async fn setup(splice: SpliceConfig) -> Setup {
 /// A datapath loaded for its splice (kept alive with it), spliced from the first byte.
 fn kernel() -> (
     Datapath,
-    hairpin_agent::datapath::splice::Splice,
+    Splice,
     SpliceConfig,
 ) {
     let object = embedded_object()
@@ -368,7 +367,7 @@ async fn a_way_is_spliced_once_it_has_carried_enough() {
 
 /// Waits for the splice to hold nothing (the relay's tasks end just after the
 /// bytes): the sockets left the maps with their close, the records with their way.
-async fn settle(splice: &hairpin_agent::datapath::splice::Splice) {
+async fn settle(splice: &Splice) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while splice.held() != SpliceHeld::default() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

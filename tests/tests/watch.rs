@@ -9,9 +9,9 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::{self, desired::Desired, watch::KubeSource},
-    names::scope::NameScope,
-    status::metrics::Metrics,
+    k8s::{self, Desired, watch::KubeSource},
+    names::NameScope,
+    status::Metrics,
 };
 use hairpin_tests::{
     fakeapi::{FakeApi, recorded},
@@ -91,7 +91,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
         s.apply
             .frontends
             .iter()
-            .all(|f| f.version == hairpin_agent::model::ProxyVersion::V2)
+            .all(|f| f.version == hairpin_agent::ProxyVersion::V2)
             && s.apply.frontends.len() == 2
     })
     .await;

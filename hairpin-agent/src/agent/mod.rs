@@ -11,10 +11,10 @@
 //! below it (k8s, names, relay, datapath, status); owns no protocol or kernel code
 //! of its own.
 
-pub mod args;
+pub(crate) mod args;
 pub(crate) mod clients;
 pub mod coredns_writer;
-pub mod env_check;
+pub(crate) mod env_check;
 pub mod frontends_file;
 pub(crate) mod limits;
 pub(crate) mod mode;
@@ -25,6 +25,8 @@ pub(crate) mod slot_addresses;
 pub(crate) mod source;
 mod startup;
 
+pub use args::{RunArgs, default_listen_addresses};
+pub use env_check::check_env;
 pub(crate) use startup::{SignalError, StartError};
 
 use std::{
@@ -37,7 +39,6 @@ use tokio::{signal::unix::Signal, time::Interval};
 use tracing::{debug, info, warn};
 
 use crate::k8s::desired::{Desired, DesiredRx, ToApply, ToReport};
-use args::RunArgs;
 use mode::Plan;
 use reconcile::{Backoff, Reconciler, Trigger};
 use report::NamePaths;

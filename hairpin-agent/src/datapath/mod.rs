@@ -57,7 +57,7 @@ pub(crate) mod pin;
 mod programs;
 mod role;
 mod slots;
-pub mod splice;
+mod splice;
 pub mod sys;
 
 pub use cgroup::find_cgroup2_root;
@@ -74,6 +74,7 @@ pub(crate) use order::LinkOrderWanted;
 pub(crate) use pin::Pin;
 pub(crate) use role::Role;
 pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};
+pub use splice::{Splice, SpliceHeld};
 
 /// The pin hand-over and a layout's removal as the race suite drives them
 /// (`tests/tests/pin_handover.rs`); built only with the `testing` feature, never

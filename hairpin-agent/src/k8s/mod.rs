@@ -11,17 +11,27 @@
 pub mod api_names;
 pub(crate) mod client;
 pub mod coredns;
-pub mod decide;
-pub mod desired;
+pub(crate) mod decide;
+pub(crate) mod desired;
 pub mod events;
 pub mod lease;
 pub(crate) mod node;
-pub mod owner;
+pub(crate) mod owner;
 pub(crate) mod source;
 pub mod watch;
 
 pub use decide::{
-    decision::{Outcome, Rule, SkipReason},
-    desired::decide_all,
+    annotations,
+    decision::Outcome,
+    lb_address::{LbAddressPolicy, builtin_refusal},
+    providers::{PROVIDER_ANNOTATIONS, ValueRule},
     service::{Defaults, decide, service_key},
+};
+pub(crate) use decide::{
+    decision::{Rule, SkipReason},
+    desired::decide_all,
+};
+pub use desired::{Desired, DesiredRx};
+pub use owner::{
+    OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,
 };

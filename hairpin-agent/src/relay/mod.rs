@@ -16,14 +16,16 @@
 //! implements.
 
 pub mod carry;
-pub mod client_policy;
+pub(crate) mod client_policy;
 mod config;
-pub mod header;
+pub(crate) mod header;
 pub mod listener;
 pub(crate) mod peer_owner;
 pub(crate) mod proxy;
 
+pub use client_policy::{ClientPolicy, LearnedClients};
 pub use config::RelayConfig;
+pub use header::Header;
 
 use std::{
     io,

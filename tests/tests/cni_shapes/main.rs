@@ -38,10 +38,10 @@ use std::{
 use hairpin_agent::{
     podnet::{self, HostRoute, MAIN_TABLE, PodNetworks, fixture::Fixture},
     relay::{
-        client_policy::{ClientPolicy, LearnedClients},
+        ClientPolicy, LearnedClients,
         listener::{Admission, ConnGate, ConnLimits, accept_loop},
     },
-    status::metrics::Metrics,
+    status::Metrics,
 };
 use hairpin_tests::{
     repo::agent_fixture,

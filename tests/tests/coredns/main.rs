@@ -11,17 +11,16 @@
 use std::time::{Duration, Instant};
 
 use hairpin_agent::{
+    ProxyVersion,
     k8s::coredns::{
-        CorednsConfig, CorednsMode, rewrites,
-        task::{self as coredns_loop, REASON_UNRECOGNIZED, Reporting, Timing},
+        self as coredns_loop, CorednsConfig, CorednsMode, REASON_UNRECOGNIZED, Reporting, Timing,
+        rewrites,
     },
-    model::ProxyVersion,
     names::{
+        Hostname, NameRoute,
         corefile::{self, IMPORT_KEY},
-        hostname::Hostname,
-        routes::NameRoute,
     },
-    status::{AgentState, metrics::Metrics},
+    status::{AgentState, Metrics},
 };
 use hairpin_tests::{
     agent::{Agent, NAMES_UNDER_EXAMPLE_COM, agent_bin},

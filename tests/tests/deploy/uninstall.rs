@@ -14,10 +14,7 @@ use k8s_openapi::api::{
 use serde_json::Value as Json;
 
 use hairpin_agent::{
-    cli::{
-        cleanup::Scope,
-        uninstall::{Owned, Step, UninstallArgs, Workload},
-    },
+    cli::{Owned, Scope, Step, UninstallArgs, Workload},
     k8s::coredns::CorednsMode,
 };
 

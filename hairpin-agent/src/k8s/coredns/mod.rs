@@ -10,8 +10,10 @@
 //! [`task`]; which rewrites the running CoreDNS can take (its version, read from
 //! its Deployment) is in [`version`].
 
-pub mod task;
+pub(crate) mod task;
 pub(crate) mod version;
+
+pub use task::{REASON_UNRECOGNIZED, Reporting, Timing, run};
 
 use std::{collections::BTreeMap, fmt, str::FromStr};
 

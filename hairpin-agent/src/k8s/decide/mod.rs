@@ -14,11 +14,11 @@ pub mod annotations;
 pub(crate) mod cluster_dns;
 pub(crate) mod decision;
 pub(crate) mod desired;
-pub mod lb_address;
+pub(crate) mod lb_address;
 pub(crate) mod nodes;
 pub(crate) mod provider_eval;
-pub mod providers;
-pub mod service;
+pub(crate) mod providers;
+pub(crate) mod service;
 
 pub(crate) use decision::Decision;
 pub(crate) use decision::SkipReason;

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hairpin_agent::{
-    agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
-    cli::uninstall::{Owned, Step, UninstallArgs, WorkloadKind},
+    agent::{RunArgs, coredns_writer::CorednsWriterArgs},
+    cli::{Owned, Step, UninstallArgs, WorkloadKind},
     k8s::coredns::{CorednsMode, ObjectName},
 };
 use serde_json::Value as Json;
