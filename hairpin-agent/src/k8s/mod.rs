@@ -27,10 +27,6 @@ pub use decide::{
     providers::{PROVIDER_ANNOTATIONS, ValueRule},
     service::{Defaults, decide, service_key},
 };
-pub(crate) use decide::{
-    decision::{Rule, SkipReason},
-    desired::decide_all,
-};
 pub use desired::{Desired, DesiredRx};
 pub use owner::{
     OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,

@@ -22,7 +22,6 @@ pub(crate) mod service;
 
 pub(crate) use decision::Decision;
 pub(crate) use decision::SkipReason;
-pub use desired::DesiredState;
 pub(crate) use desired::decide_all;
 pub(crate) use nodes::IgnoredClaim;
 pub(crate) use service::Defaults;
