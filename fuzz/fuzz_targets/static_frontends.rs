@@ -1,4 +1,4 @@
-//! The static frontends file (`--frontends FILE`, `agent::frontends_file`) over arbitrary
+//! The static frontends file (`--frontends FILE`, `agent::parse_frontends_file`) over arbitrary
 //! text: frontends and the `hosts` lists the name relay and /etc/hosts use.
 //!
 //! Invariants:
@@ -14,7 +14,10 @@
 use std::path::Path;
 
 use hairpin_agent::{
-    agent::frontends_file::{FrontendsFileError, parse, parse_routes},
+    agent::{
+        FrontendsFileError, parse_frontends_file as parse,
+        parse_frontends_file_routes as parse_routes,
+    },
     names::{Hostname, NameScope},
 };
 use libfuzzer_sys::fuzz_target;

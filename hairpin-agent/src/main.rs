@@ -36,7 +36,7 @@ enum Command {
     /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
     Run(Box<hairpin_agent::agent::RunArgs>),
     /// Write CoreDNS rewrites for the routed hostnames: the writer Deployment, apart from the DaemonSet.
-    CorednsWriter(Box<hairpin_agent::agent::coredns_writer::CorednsWriterArgs>),
+    CorednsWriter(Box<hairpin_agent::agent::CorednsWriterArgs>),
     /// Show what the agent on this node is doing (or what the kernel says when it is down).
     Status(hairpin_agent::cli::StatusArgs),
     /// Say whether in-cluster requests to a host or IP work, and why not.
@@ -108,7 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::CorednsWriter(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            Ok(rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))?)
+            Ok(rt.block_on(hairpin_agent::agent::run_coredns_writer(*args))?)
         }
         // The node subcommands exit with their verdict: scripts branch on it.
         Command::Status(args) => exit(hairpin_agent::cli::show_status(&args)?),

@@ -16,8 +16,8 @@ use hairpin_agent::{
     datapath::{Datapath, Splice, SpliceHeld, embedded_object},
     relay::{
         ClientPolicy, ListenHook, Relay, RelayConfig, SlotLookup,
-        carry::{self, KernelSplice, SpliceConfig, SpliceMode},
-        listener::{self, ConnGate, ConnLimits},
+        ConnGate, ConnLimits, KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode,
+        bind_listener, resolve_splice,
     },
     status::Metrics,
 };
@@ -62,7 +62,7 @@ async fn setup(splice: SpliceConfig) -> Setup {
     let metrics = Metrics::default();
     let mut relay = Relay::new(relay_config(splice), metrics.clone());
     // Every connection relayed to the upstream, as if its slot named it.
-    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let bound = bind_listener(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
     let hook: ListenHook = Arc::new(|_, _, _| Ok(()));
     let slots: SlotLookup = Arc::new(move |_| Some((target, ProxyVersion::V1)));
     let listener = relay.serve(bound, 0, &hook, slots).expect("serve");
@@ -86,7 +86,7 @@ fn kernel() -> (
     let splice = datapath
         .splice()
         .expect("the kernel splice loads on this kernel");
-    let (cfg, status) = carry::resolve(
+    let (cfg, status) = resolve_splice(
         SpliceMode::Kernel,
         0,
         Ok(Arc::new(splice.clone()) as Arc<dyn KernelSplice>),
@@ -96,7 +96,7 @@ fn kernel() -> (
 }
 
 fn pipe() -> SpliceConfig {
-    carry::resolve(SpliceMode::Pipe, 0, Err(carry::NoKernelSplice::NoDatapath)).0
+    resolve_splice(SpliceMode::Pipe, 0, Err(NoKernelSplice::NoDatapath)).0
 }
 
 /// `n` bytes no two runs of which repeat at a short period: a reordered or
@@ -488,10 +488,10 @@ async fn without_the_verdict_auto_splices_through_pipes() {
         .err()
         .expect("no kernel splice without its program");
     assert!(why.to_string().contains("hairpin_splice"), "{why}");
-    let (cfg, status) = carry::resolve(
+    let (cfg, status) = resolve_splice(
         SpliceMode::Auto,
         0,
-        Err(carry::NoKernelSplice::Unavailable(why.clone())),
+        Err(NoKernelSplice::Unavailable(why.clone())),
     );
     assert_eq!(status.splicer, "pipe");
     assert_eq!(status.reason, Some(why.to_string()));

@@ -13,9 +13,9 @@
 
 pub(crate) mod args;
 pub(crate) mod clients;
-pub mod coredns_writer;
+pub(crate) mod coredns_writer;
 pub(crate) mod env_check;
-pub mod frontends_file;
+pub(crate) mod frontends_file;
 pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod name_limits;
@@ -26,6 +26,10 @@ pub(crate) mod source;
 mod startup;
 
 pub use args::{RunArgs, default_listen_addresses};
+pub use coredns_writer::{CorednsWriterArgs, run as run_coredns_writer};
+pub use frontends_file::{
+    FrontendsFileError, parse as parse_frontends_file, parse_routes as parse_frontends_file_routes,
+};
 pub use env_check::check_env;
 pub(crate) use startup::{SignalError, StartError};
 

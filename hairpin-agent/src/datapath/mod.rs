@@ -45,7 +45,7 @@ mod counters;
 mod error;
 mod events;
 pub(crate) mod inspect;
-pub mod kernel_objects;
+pub(crate) mod kernel_objects;
 mod kernel_path;
 pub(crate) mod lifecycle;
 mod liveness;
@@ -58,7 +58,7 @@ mod programs;
 mod role;
 mod slots;
 mod splice;
-pub mod sys;
+pub(crate) mod sys;
 
 pub use cgroup::find_cgroup2_root;
 pub(crate) use counters::CountersReader;
@@ -74,7 +74,13 @@ pub(crate) use order::LinkOrderWanted;
 pub(crate) use pin::Pin;
 pub(crate) use role::Role;
 pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};
+pub use kernel_objects::{
+    KernelObjectsError, RunStats, enable_run_time_stats, hairpin_program_run_stats, read_counters,
+};
 pub use splice::{Splice, SpliceHeld};
+#[cfg(feature = "testing")]
+pub use sys::bpf_fd;
+pub use sys::{AttachType, link_create};
 
 /// The pin hand-over and a layout's removal as the race suite drives them
 /// (`tests/tests/pin_handover.rs`); built only with the `testing` feature, never

@@ -13,12 +13,12 @@ pub(crate) mod client;
 pub mod coredns;
 pub(crate) mod decide;
 pub(crate) mod desired;
-pub mod events;
-pub mod lease;
+pub(crate) mod events;
+pub(crate) mod lease;
 pub(crate) mod node;
 pub(crate) mod owner;
 pub(crate) mod source;
-pub mod watch;
+pub(crate) mod watch;
 
 pub use decide::{
     annotations,
@@ -28,6 +28,9 @@ pub use decide::{
     service::{Defaults, decide, service_key},
 };
 pub use desired::{Desired, DesiredRx};
+pub use events::run as publish_events;
+pub use lease::{LeaseConfig, run as run_lease};
+pub use watch::{Decide, KubeSource, spawn as watch_cluster};
 pub use owner::{
     OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,
 };

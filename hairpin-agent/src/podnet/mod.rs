@@ -32,7 +32,9 @@
 /// Not for the agent: the CNI fixtures' text form, for the suites.
 #[cfg(any(test, feature = "testing"))]
 pub mod fixture;
-pub mod netlink;
+pub(crate) mod netlink;
+
+pub use netlink::follow as follow_pod_networks;
 #[cfg(test)]
 mod tests;
 

@@ -3,7 +3,7 @@
 //! names them (veth pairs, a bridge), their addresses, the routes as the CNI
 //! installs them, a pod namespace behind each pod's link and a namespace per link
 //! that leads off the node. In the node namespace the agent's own code reads the
-//! routes over netlink ([`podnet::netlink::follow`]) and feeds the relays' client
+//! routes over netlink ([`podnet::follow_pod_networks`]) and feeds the relays' client
 //! policy, and the relays' accept loop serves a port. Then:
 //! - every pod on the node is served;
 //! - every off-node peer is refused at once (a reset, well under the old 3 s hold);
@@ -39,7 +39,7 @@ use hairpin_agent::{
     podnet::{self, HostRoute, MAIN_TABLE, PodNetworks, fixture::Fixture},
     relay::{
         ClientPolicy, LearnedClients,
-        listener::{Admission, ConnGate, ConnLimits, accept_loop},
+        Admission, ConnGate, ConnLimits, accept_loop,
     },
     status::Metrics,
 };
@@ -470,7 +470,7 @@ fn start_relay(
         rt.block_on(async move {
             let learned = LearnedClients::default();
             let policy = ClientPolicy::new(Vec::new()).learning(learned.clone());
-            tokio::spawn(podnet::netlink::follow(move |read| {
+            tokio::spawn(podnet::follow_pod_networks(move |read| {
                 let found = read.unwrap_or_else(|e| panic!("reading the node's routes: {e}"));
                 learned.replace(found.clone());
                 let _ = tx.send(found.clone());

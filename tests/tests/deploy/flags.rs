@@ -10,7 +10,7 @@ use std::{
 
 use clap::Parser;
 use hairpin_agent::{
-    agent::{RunArgs, coredns_writer::CorednsWriterArgs},
+    agent::{CorednsWriterArgs, RunArgs},
     cli::{CleanupArgs, UninstallArgs},
 };
 

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hairpin_agent::{
-    agent::{RunArgs, coredns_writer::CorednsWriterArgs},
+    agent::{CorednsWriterArgs, RunArgs},
     cli::{Owned, Step, UninstallArgs, WorkloadKind},
     k8s::coredns::{CorednsMode, ObjectName},
 };
