@@ -20,7 +20,8 @@ use arbitrary::{Result, Unstructured};
 use hairpin_agent::{
     ProxyVersion,
     k8s::{
-        Defaults, Outcome, PROVIDER_ANNOTATIONS, ValueRule, annotations, builtin_refusal, decide,
+        Defaults, Outcome, PORTS_ANNOTATION, PROVIDER_ANNOTATIONS, PROXY_PROTOCOL_ANNOTATION, ValueRule,
+        builtin_refusal, decide, port_protocol,
         service_key,
     },
 };
@@ -99,8 +100,8 @@ fn bounded(u: &mut Unstructured, max: usize) -> Result<String> {
 
 fn key(u: &mut Unstructured) -> Result<String> {
     Ok(match u.int_in_range(0..=9)? {
-        0..=1 => annotations::PROXY_PROTOCOL.to_string(),
-        2 => annotations::PORTS.to_string(),
+        0..=1 => PROXY_PROTOCOL_ANNOTATION.to_string(),
+        2 => PORTS_ANNOTATION.to_string(),
         3 => "service.beta.kubernetes.io/aws-load-balancer-type".to_string(),
         4 => u.arbitrary()?,
         _ => {
@@ -246,7 +247,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let notes = svc.metadata.annotations.clone().unwrap_or_default();
     let ours = notes
-        .get(annotations::PROXY_PROTOCOL)
+        .get(PROXY_PROTOCOL_ANNOTATION)
         .map(|v| v.trim().to_ascii_lowercase());
     match &decision.outcome {
         Outcome::Invalid(error) => {
@@ -296,7 +297,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(
                     spec_ports
                         .iter()
-                        .any(|p| p.port == i32::from(f.port) && annotations::protocol(p) == "TCP"),
+                        .any(|p| p.port == i32::from(f.port) && port_protocol(p) == "TCP"),
                     "{f:?} is not a TCP port of the Service"
                 );
                 assert!(

@@ -21,7 +21,10 @@ pub(crate) mod source;
 pub(crate) mod watch;
 
 pub use decide::{
-    annotations,
+    annotations::{
+        PORTS as PORTS_ANNOTATION, PROXY_PROTOCOL as PROXY_PROTOCOL_ANNOTATION,
+        protocol as port_protocol,
+    },
     decision::Outcome,
     lb_address::{LbAddressPolicy, builtin_refusal},
     providers::{PROVIDER_ANNOTATIONS, ValueRule},

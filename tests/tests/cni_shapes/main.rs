@@ -36,7 +36,7 @@ use std::{
 };
 
 use hairpin_agent::{
-    podnet::{self, HostRoute, MAIN_TABLE, PodNetworks, fixture::Fixture},
+    podnet::{self, Fixture, HostRoute, MAIN_TABLE, PodNetworks},
     relay::{
         ClientPolicy, LearnedClients,
         Admission, ConnGate, ConnLimits, accept_loop,
@@ -66,7 +66,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 fn fixture(name: &str) -> Fixture {
     let path = agent_fixture(&format!("cni/{name}.routes"));
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    podnet::fixture::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    podnet::parse_fixture(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Namespaces made for one shape; deleted on drop, also when the test panics. The

@@ -10,7 +10,7 @@
 //! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
 //! - [`nodes`]: what the Nodes report about themselves, as far as it is believed.
 
-pub mod annotations;
+pub(crate) mod annotations;
 pub(crate) mod cluster_dns;
 pub(crate) mod decision;
 pub(crate) mod desired;
