@@ -21,7 +21,7 @@ pub fn start(api: &FakeApi, defaults: k8s::Defaults, scope: NameScope) -> (KubeS
     let decide = k8s::Decide {
         defaults,
         scope,
-        cert_names: k8s::api_names::known(Vec::new()),
+        cert_names: k8s::known_cert_names(Vec::new()),
     };
     let source = k8s::watch_cluster(api.client(), decide, metrics.clone(), Arc::new(|_, _| {}));
     (source, metrics)

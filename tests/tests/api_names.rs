@@ -15,7 +15,10 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::api_names::{CertNames, apply, cert_names, read_cert_names, refuse},
+    k8s::{
+        CertNames, apply_cert_names as apply, cert_names, read_cert_names,
+        refuse_api_server_names as refuse,
+    },
     names::{Hostname, NameScope, ScopeRule},
 };
 

@@ -82,25 +82,21 @@ pub use splice::{Splice, SpliceHeld};
 pub use sys::bpf_fd;
 pub use sys::{AttachType, link_create};
 
-/// The pin hand-over and a layout's removal as the race suite drives them
-/// (`tests/tests/pin_handover.rs`); built only with the `testing` feature, never
-/// in the shipped binary.
+/// Hands the pin directory `root` over to `uid:gid` as `--pin-owner` does, as the
+/// race suite drives it (`tests/tests/pin_handover.rs`): how many entries it
+/// changed, or why it refused. Built only with the `testing` feature.
 #[cfg(feature = "testing")]
-pub mod handover {
-    use std::path::Path;
+pub fn secure_pin_dir(root: &std::path::Path, uid: u32, gid: u32) -> Result<usize, String> {
+    pin::secure(root, pin::PinOwner { uid, gid }).map_err(|e| e.to_string())
+}
 
-    /// Hands `root` over to `uid:gid` as `--pin-owner` does; how many entries it
-    /// changed, or why it refused.
-    pub fn secure(root: &Path, uid: u32, gid: u32) -> Result<usize, String> {
-        super::pin::secure(root, super::pin::PinOwner { uid, gid }).map_err(|e| e.to_string())
-    }
-
-    /// Removes a layout directory (`<dir>/v<N>`) as a layout takeover does; one
-    /// line per entry removed or refused.
-    pub fn remove_layout(layout: &Path) -> Vec<String> {
-        super::pin::remove_layout(layout)
-            .iter()
-            .map(|r| format!("{r:?}"))
-            .collect()
-    }
+/// Removes a layout directory (`<dir>/v<N>`) as a layout takeover does, as the race
+/// suite drives it: one line per entry removed or refused. Built only with the
+/// `testing` feature.
+#[cfg(feature = "testing")]
+pub fn remove_pin_layout(layout: &std::path::Path) -> Vec<String> {
+    pin::remove_layout(layout)
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect()
 }

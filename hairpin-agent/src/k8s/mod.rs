@@ -8,7 +8,7 @@
 //! May not touch the datapath or the relays; what it decides reaches them through
 //! the agent.
 
-pub mod api_names;
+pub(crate) mod api_names;
 pub(crate) mod client;
 pub mod coredns;
 pub(crate) mod decide;
@@ -29,6 +29,10 @@ pub use decide::{
     lb_address::{LbAddressPolicy, builtin_refusal},
     providers::{PROVIDER_ANNOTATIONS, ValueRule},
     service::{Defaults, decide, service_key},
+};
+pub use api_names::{
+    ApiNamesError, CertNames, apply as apply_cert_names, cert_names, known as known_cert_names,
+    read_cert_names, refuse as refuse_api_server_names,
 };
 pub use desired::{Desired, DesiredRx};
 pub use events::run as publish_events;
