@@ -17,7 +17,7 @@
 use std::net::IpAddr;
 
 use hairpin_agent::{
-    k8s::coredns::ObjectName,
+    k8s::ObjectName,
     names::{
         Hostname,
         corefile::{self, Rewrite},

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use hairpin_agent::k8s::{
-    OwnerError, OwnerState, Teardown, coredns::ObjectName, daemonset_state,
+    ObjectName, OwnerError, OwnerState, Teardown, daemonset_state,
     daemonset_state_within, on_sigterm,
 };
 use hairpin_tests::fakeapi::{FakeApi, recorded};

@@ -10,7 +10,7 @@
 
 pub(crate) mod api_names;
 pub(crate) mod client;
-pub mod coredns;
+pub(crate) mod coredns;
 pub(crate) mod decide;
 pub(crate) mod desired;
 pub(crate) mod events;
@@ -33,6 +33,13 @@ pub use decide::{
 pub use api_names::{
     ApiNamesError, CertNames, apply as apply_cert_names, cert_names, known as known_cert_names,
     read_cert_names, refuse as refuse_api_server_names,
+};
+pub use coredns::{
+    CorednsConfig, CorednsMode, CorednsObjects, ObjectName, rewrites as coredns_rewrites,
+    task::{
+        REASON_UNRECOGNIZED as COREDNS_REASON_UNRECOGNIZED, Reporting as CorednsReporting,
+        Timing as CorednsTiming, run as run_corefile_writer,
+    },
 };
 pub use desired::{Desired, DesiredRx};
 pub use events::run as publish_events;

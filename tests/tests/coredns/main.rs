@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use hairpin_agent::{
     ProxyVersion,
-    k8s::coredns::{
-        self as coredns_loop, CorednsConfig, CorednsMode, REASON_UNRECOGNIZED, Reporting, Timing,
-        rewrites,
+    k8s::{
+        COREDNS_REASON_UNRECOGNIZED as REASON_UNRECOGNIZED, CorednsConfig, CorednsMode,
+        CorednsReporting as Reporting, CorednsTiming as Timing, coredns_rewrites as rewrites,
+        run_corefile_writer,
     },
     names::{
         Hostname, NameRoute,
@@ -104,7 +105,7 @@ fn start_writer(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
     let (leader_tx, leader_rx) = watch::channel(leader);
     let (routes_tx, routes_rx) = watch::channel(Some(routes()));
     let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
-    tokio::spawn(coredns_loop::run(
+    tokio::spawn(run_corefile_writer(
         api.client(),
         config(mode),
         Reporting {

@@ -13,8 +13,6 @@
 pub(crate) mod task;
 pub(crate) mod version;
 
-pub use task::{REASON_UNRECOGNIZED, Reporting, Timing, run};
-
 use std::{collections::BTreeMap, fmt, str::FromStr};
 
 use k8s_openapi::api::{

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hairpin_agent::{
     agent::{CorednsWriterArgs, RunArgs},
     cli::{Owned, Step, UninstallArgs, WorkloadKind},
-    k8s::coredns::{CorednsMode, ObjectName},
+    k8s::{CorednsMode, ObjectName},
 };
 use serde_json::Value as Json;
 
