@@ -35,4 +35,4 @@ pub mod relay;
 pub mod status;
 pub(crate) mod tls;
 
-pub use model::{KernelPathMode, Mode, ProxyVersion};
+pub use model::{KernelPathMode, Mode, Origin, PathChoice, ProxyVersion};

@@ -25,10 +25,11 @@ pub use decide::{
         PORTS as PORTS_ANNOTATION, PROXY_PROTOCOL as PROXY_PROTOCOL_ANNOTATION,
         protocol as port_protocol,
     },
-    decision::Outcome,
+    decision::{Outcome, Rule, SkipReason},
+    desired::{DesiredState, decide_all},
     lb_address::{LbAddressPolicy, builtin_refusal},
     providers::{PROVIDER_ANNOTATIONS, ValueRule},
-    service::{Defaults, decide, service_key},
+    service::{Defaults, FrontendCaps, decide, service_key},
 };
 pub use api_names::{
     ApiNamesError, CertNames, apply as apply_cert_names, cert_names, known as known_cert_names,

@@ -54,7 +54,7 @@ pub const PENDING_MARKER: &str = "% BEGIN hairpin managed block (do not edit)";
 pub const PENDING_JOINED_MARKER: &str = "& BEGIN hairpin managed block (do not edit)";
 /// Larger files are refused: a real /etc/hosts is a few KiB, and a runaway
 /// file should not be slurped and rewritten on every reconcile.
-pub(crate) const MAX_HOSTS_FILE_BYTES: usize = 1024 * 1024;
+pub const MAX_HOSTS_FILE_BYTES: usize = 1024 * 1024;
 
 /// Why a hosts file's content cannot be edited: its markers are ambiguous or it
 /// is too large. Such a file is never written; the caller names the file

@@ -37,9 +37,8 @@ use super::{
 use crate::status::{AgentState, HostsWriterStatus, metrics::Metrics, rfc3339};
 
 /// What a [`sync`] did.
-#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HostsReport {
+pub struct HostsReport {
     /// Whether the file was rewritten (false: it already had this block).
     pub changed: bool,
     /// Number of `address name` lines in the block.
@@ -61,10 +60,9 @@ pub(crate) fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Sk
 ///
 /// A missing file is an error, never created (a wrong hostPath mount must be
 /// noticed, not papered over); a read-only file or mount is
-/// [`HostsError::ReadOnly`]. Bytes outside the block are kept. The tests' one-shot
+/// [`HostsError::ReadOnly`]. Bytes outside the block are kept. The suites' one-shot
 /// write: the agent writes through [`HostsWriter`], which paces and reports.
-#[cfg(test)]
-pub(crate) fn sync(path: &Path, routes: &[NameRoute], relay: IpAddr) -> Result<HostsReport, HostsError> {
+pub fn sync(path: &Path, routes: &[NameRoute], relay: IpAddr) -> Result<HostsReport, HostsError> {
     let (block, skipped) = render(routes, relay);
     let changed = rewrite(path, &block)?;
     Ok(HostsReport {

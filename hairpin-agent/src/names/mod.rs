@@ -28,7 +28,7 @@ pub(crate) mod routes;
 pub(crate) mod scope;
 
 pub use hostname::Hostname;
-pub use hosts_writer::cleanup as remove_hosts_block;
+pub use hosts_writer::{HostsReport, cleanup as remove_hosts_block, sync as write_hosts_block};
 pub use relay::{Peek, http_host::parse_host, sni::parse_sni};
 pub use routes::{NameRoute, NameSkipReason};
 pub use scope::{NameScope, ScopeRule};

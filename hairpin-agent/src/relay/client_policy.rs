@@ -121,7 +121,7 @@ impl LearnedClients {
 }
 
 /// Parses one `--allowed-clients` entry: a CIDR (`10.244.0.0/16`) or a bare address.
-pub(crate) fn parse_net(s: &str) -> Result<IpNet, String> {
+pub fn parse_net(s: &str) -> Result<IpNet, String> {
     let s = s.trim();
     if let Ok(net) = IpNet::from_str(s) {
         return Ok(net.trunc());

@@ -24,7 +24,7 @@ pub(crate) mod peer_owner;
 pub(crate) mod proxy;
 
 pub use carry::{KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode, resolve as resolve_splice};
-pub use client_policy::{ClientPolicy, LearnedClients};
+pub use client_policy::{ClientPolicy, LearnedClients, parse_net};
 pub use config::RelayConfig;
 pub use header::Header;
 pub use listener::{Admission, ConnGate, ConnLimits, accept_loop, bind as bind_listener};

@@ -19,7 +19,7 @@ use super::{
 
 /// Two Services claim the same (IP, port) with different PROXY versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Conflict {
+pub struct Conflict {
     /// The LB IP.
     pub ip: IpAddr,
     /// The TCP port.
@@ -36,7 +36,7 @@ pub(crate) struct Conflict {
 
 /// What should exist cluster-wide, plus every Service's decision for `status` and Events.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct DesiredState {
+pub struct DesiredState {
     /// One frontend per (IP, port).
     pub frontends: Frontends,
     /// Every Service's decision, sorted by `namespace/name`.
@@ -151,7 +151,7 @@ fn apply_caps(
 /// Services). The same (IP, port) with the same version is merged; with different versions the
 /// oldest Service (creationTimestamp, then `namespace/name`) wins on every node alike, and the
 /// loser's decision records the conflict as a skip and a warning.
-pub(crate) fn decide_all<'a>(
+pub fn decide_all<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     defaults: &Defaults,
 ) -> DesiredState {
