@@ -20,9 +20,8 @@ use arbitrary::{Result, Unstructured};
 use hairpin_agent::{
     ProxyVersion,
     k8s::{
-        Defaults, Outcome, PORTS_ANNOTATION, PROVIDER_ANNOTATIONS, PROXY_PROTOCOL_ANNOTATION, ValueRule,
-        builtin_refusal, decide, port_protocol,
-        service_key,
+        Defaults, Outcome, PORTS_ANNOTATION, PROVIDER_ANNOTATIONS, PROXY_PROTOCOL_ANNOTATION,
+        ValueRule, builtin_refusal, decide, port_protocol, service_key,
     },
 };
 use k8s_openapi::{

@@ -56,8 +56,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let path = Path::new(FILE);
-    let scope = NameScope::new(&["example.com", "a.io", "x.y.z"], "cluster.local")
-        .expect("a valid scope");
+    let scope =
+        NameScope::new(&["example.com", "a.io", "x.y.z"], "cluster.local").expect("a valid scope");
     let frontends = match parse(path, text) {
         Ok(f) => f,
         Err(e) => {

@@ -15,9 +15,8 @@ use hairpin_agent::{
     ProxyVersion,
     datapath::{Datapath, Splice, SpliceHeld, embedded_object},
     relay::{
-        ClientPolicy, ListenHook, Relay, RelayConfig, SlotLookup,
-        ConnGate, ConnLimits, KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode,
-        bind_listener, resolve_splice,
+        ClientPolicy, ConnGate, ConnLimits, KernelSplice, ListenHook, NoKernelSplice, Relay,
+        RelayConfig, SlotLookup, SpliceConfig, SpliceMode, bind_listener, resolve_splice,
     },
     status::Metrics,
 };
@@ -75,11 +74,7 @@ async fn setup(splice: SpliceConfig) -> Setup {
 }
 
 /// A datapath loaded for its splice (kept alive with it), spliced from the first byte.
-fn kernel() -> (
-    Datapath,
-    Splice,
-    SpliceConfig,
-) {
+fn kernel() -> (Datapath, Splice, SpliceConfig) {
     let object = embedded_object()
         .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
     let datapath = Datapath::load(object, MARK).expect("load the datapath");

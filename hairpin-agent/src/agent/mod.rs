@@ -27,10 +27,10 @@ mod startup;
 
 pub use args::{RunArgs, default_listen_addresses};
 pub use coredns_writer::{CorednsWriterArgs, run as run_coredns_writer};
+pub use env_check::check_env;
 pub use frontends_file::{
     FrontendsFileError, parse as parse_frontends_file, parse_routes as parse_frontends_file_routes,
 };
-pub use env_check::check_env;
 pub(crate) use startup::{SignalError, StartError};
 
 use std::{

@@ -63,6 +63,9 @@ pub(crate) mod sys;
 pub use cgroup::find_cgroup2_root;
 pub(crate) use counters::CountersReader;
 pub(crate) use error::DatapathError;
+pub use kernel_objects::{
+    KernelObjectsError, RunStats, enable_run_time_stats, hairpin_program_run_stats, read_counters,
+};
 pub(crate) use kernel_path::{KernelPath, drain_kernel_sockets, read_frontend_paths};
 pub use liveness::monotonic_ns;
 pub(crate) use liveness::{BEAT_EVERY, check_ttl};
@@ -74,9 +77,6 @@ pub(crate) use order::LinkOrderWanted;
 pub(crate) use pin::Pin;
 pub(crate) use role::Role;
 pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};
-pub use kernel_objects::{
-    KernelObjectsError, RunStats, enable_run_time_stats, hairpin_program_run_stats, read_counters,
-};
 pub use splice::{Splice, SpliceHeld};
 #[cfg(feature = "testing")]
 pub use sys::bpf_fd;

@@ -260,7 +260,10 @@ mod tests {
         for role in [Role::SockOps, Role::SetSockopt, Role::SkMsg] {
             assert_eq!(before.flags(role), 0, "{}", role.name());
         }
-        for order in [LinkOrder::Disabled, LinkOrder::Unsupported(Unordered::Refused)] {
+        for order in [
+            LinkOrder::Disabled,
+            LinkOrder::Unsupported(Unordered::Refused),
+        ] {
             assert_eq!(order.flags(Role::Connect4), 0, "{order}");
             assert!(!order.orders());
         }

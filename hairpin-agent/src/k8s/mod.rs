@@ -20,17 +20,6 @@ pub(crate) mod owner;
 pub(crate) mod source;
 pub(crate) mod watch;
 
-pub use decide::{
-    annotations::{
-        PORTS as PORTS_ANNOTATION, PROXY_PROTOCOL as PROXY_PROTOCOL_ANNOTATION,
-        protocol as port_protocol,
-    },
-    decision::{Outcome, Rule, SkipReason},
-    desired::{DesiredState, decide_all},
-    lb_address::{LbAddressPolicy, builtin_refusal},
-    providers::{PROVIDER_ANNOTATIONS, ValueRule},
-    service::{Defaults, FrontendCaps, decide, service_key},
-};
 pub use api_names::{
     ApiNamesError, CertNames, apply as apply_cert_names, cert_names, known as known_cert_names,
     read_cert_names, refuse as refuse_api_server_names,
@@ -42,10 +31,21 @@ pub use coredns::{
         Timing as CorednsTiming, run as run_corefile_writer,
     },
 };
+pub use decide::{
+    annotations::{
+        PORTS as PORTS_ANNOTATION, PROXY_PROTOCOL as PROXY_PROTOCOL_ANNOTATION,
+        protocol as port_protocol,
+    },
+    decision::{Outcome, Rule, SkipReason},
+    desired::{DesiredState, decide_all},
+    lb_address::{LbAddressPolicy, builtin_refusal},
+    providers::{PROVIDER_ANNOTATIONS, ValueRule},
+    service::{Defaults, FrontendCaps, decide, service_key},
+};
 pub use desired::{Desired, DesiredRx};
 pub use events::run as publish_events;
 pub use lease::{LeaseConfig, run as run_lease};
-pub use watch::{Decide, KubeSource, spawn as watch_cluster};
 pub use owner::{
     OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,
 };
+pub use watch::{Decide, KubeSource, spawn as watch_cluster};

@@ -23,7 +23,9 @@ pub(crate) mod listener;
 pub(crate) mod peer_owner;
 pub(crate) mod proxy;
 
-pub use carry::{KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode, resolve as resolve_splice};
+pub use carry::{
+    KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode, resolve as resolve_splice,
+};
 pub use client_policy::{ClientPolicy, LearnedClients, parse_net};
 pub use config::RelayConfig;
 pub use header::Header;

@@ -37,10 +37,7 @@ use std::{
 
 use hairpin_agent::{
     podnet::{self, Fixture, HostRoute, MAIN_TABLE, PodNetworks},
-    relay::{
-        ClientPolicy, LearnedClients,
-        Admission, ConnGate, ConnLimits, accept_loop,
-    },
+    relay::{Admission, ClientPolicy, ConnGate, ConnLimits, LearnedClients, accept_loop},
     status::Metrics,
 };
 use hairpin_tests::{

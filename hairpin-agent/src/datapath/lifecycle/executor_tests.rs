@@ -350,12 +350,7 @@ fn a_kernel_path_hook_that_cannot_link_costs_the_kernel_path_only() {
 /// On a kernel that cannot order cgroup links, with a socket load balancer's
 /// program at the root's connect hooks: `children` under the root.
 fn beside_a_socket_lb(children: &[&str]) -> Node {
-    let n = node(
-        true,
-        true,
-        LinkOrder::Unsupported(Unordered::Refused),
-        None,
-    );
+    let n = node(true, true, LinkOrder::Unsupported(Unordered::Refused), None);
     n.kernel.set_children(children);
     n.kernel.foreign_program(Role::Connect4, 9001);
     n.kernel.foreign_program(Role::Connect6, 9002);
@@ -409,12 +404,7 @@ fn without_ordering_beside_another_program_the_connect_links_go_at_each_child_co
 
 #[test]
 fn without_ordering_and_nothing_else_at_the_root_the_connect_links_stay_at_the_root() {
-    let mut n = node(
-        true,
-        true,
-        LinkOrder::Unsupported(Unordered::Refused),
-        None,
-    );
+    let mut n = node(true, true, LinkOrder::Unsupported(Unordered::Refused), None);
     n.kernel.set_children(&["kubepods.slice"]);
     n.attach();
     let calls = n.kernel.calls();
