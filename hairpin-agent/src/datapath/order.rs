@@ -32,7 +32,7 @@ pub(crate) enum LinkOrderWanted {
 }
 
 /// Whether this agent's connect links go before every other program at the cgroup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum LinkOrder {
     /// The kernel orders cgroup links: connect links are made with `BPF_F_BEFORE`.
     Before,
@@ -63,21 +63,6 @@ pub(crate) enum Unordered {
     #[error("--link-order children, as on a kernel that does not order cgroup links")]
     Children,
 }
-
-// Two causes are the same cause: what `LinkOrder`'s equality compares.
-impl PartialEq for Unordered {
-    fn eq(&self, other: &Unordered) -> bool {
-        match (self, other) {
-            (Unordered::ProbeFailed(a), Unordered::ProbeFailed(b)) => {
-                a.kind() == b.kind() && a.raw_os_error() == b.raw_os_error()
-            }
-            (Unordered::NotLoaded(a), Unordered::NotLoaded(b)) => a == b,
-            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
-        }
-    }
-}
-
-impl Eq for Unordered {}
 
 impl LinkOrder {
     /// The `BPF_LINK_CREATE` flags of a new link at `role`: before every program
