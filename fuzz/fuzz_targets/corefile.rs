@@ -21,8 +21,8 @@
 use std::collections::BTreeSet;
 
 use hairpin_agent::names::{
+    Hostname,
     corefile::{self, CorefileError, MARKER, Rewrite},
-    hostname::Hostname,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -30,7 +30,7 @@ const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";
 const DEFAULT_HOSTS: [&str; 3] = ["app.example.com", "*.apps.example.com", "API.example.com."];
 
 // The simple reference reading of the braces, the one the property tests use.
-use hairpin_agent::names::corefile::reference::reference_depths;
+use hairpin_agent::names::corefile::reference_depths;
 
 fn is_ours(line: &str) -> bool {
     line.trim_end().ends_with(MARKER)

@@ -18,15 +18,10 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
 use hairpin_agent::{
-    model::ProxyVersion,
+    ProxyVersion,
     k8s::{
-        Defaults, Outcome, decide,
-        decide::{
-            annotations,
-            lb_address::builtin_refusal,
-            providers::{PROVIDER_ANNOTATIONS, ValueRule},
-        },
-        service_key,
+        Defaults, Outcome, PORTS_ANNOTATION, PROVIDER_ANNOTATIONS, PROXY_PROTOCOL_ANNOTATION,
+        ValueRule, builtin_refusal, decide, port_protocol, service_key,
     },
 };
 use k8s_openapi::{
@@ -104,8 +99,8 @@ fn bounded(u: &mut Unstructured, max: usize) -> Result<String> {
 
 fn key(u: &mut Unstructured) -> Result<String> {
     Ok(match u.int_in_range(0..=9)? {
-        0..=1 => annotations::PROXY_PROTOCOL.to_string(),
-        2 => annotations::PORTS.to_string(),
+        0..=1 => PROXY_PROTOCOL_ANNOTATION.to_string(),
+        2 => PORTS_ANNOTATION.to_string(),
         3 => "service.beta.kubernetes.io/aws-load-balancer-type".to_string(),
         4 => u.arbitrary()?,
         _ => {
@@ -251,7 +246,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let notes = svc.metadata.annotations.clone().unwrap_or_default();
     let ours = notes
-        .get(annotations::PROXY_PROTOCOL)
+        .get(PROXY_PROTOCOL_ANNOTATION)
         .map(|v| v.trim().to_ascii_lowercase());
     match &decision.outcome {
         Outcome::Invalid(error) => {
@@ -301,7 +296,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(
                     spec_ports
                         .iter()
-                        .any(|p| p.port == i32::from(f.port) && annotations::protocol(p) == "TCP"),
+                        .any(|p| p.port == i32::from(f.port) && port_protocol(p) == "TCP"),
                     "{f:?} is not a TCP port of the Service"
                 );
                 assert!(

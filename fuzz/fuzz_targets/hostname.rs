@@ -17,12 +17,12 @@
 use std::net::IpAddr;
 
 use hairpin_agent::{
+    k8s::ObjectName,
     names::{
+        Hostname,
         corefile::{self, Rewrite},
-        hostname::Hostname,
         hosts::{self, HostsBlock},
     },
-    k8s::coredns::ObjectName,
 };
 use libfuzzer_sys::fuzz_target;
 

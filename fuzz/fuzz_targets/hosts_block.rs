@@ -23,10 +23,10 @@
 use std::{net::IpAddr, sync::LazyLock};
 
 use hairpin_agent::names::{
-    hostname::Hostname,
+    Hostname,
     hosts::{
-        self, BEGIN_MARKER, BlockError, END_MARKER, HostsBlock, PENDING_JOINED_MARKER,
-        PENDING_MARKER, FileEdit,
+        self, BEGIN_MARKER, BlockError, END_MARKER, FileEdit, HostsBlock, PENDING_JOINED_MARKER,
+        PENDING_MARKER,
     },
 };
 use libfuzzer_sys::fuzz_target;

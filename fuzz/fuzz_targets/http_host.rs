@@ -11,10 +11,7 @@
 //! - constructive: a request built around any valid hostname yields that name.
 #![no_main]
 
-use hairpin_agent::{
-    names::hostname::Hostname,
-    names::relay::{Peek, http_host::parse_host},
-};
+use hairpin_agent::names::{Hostname, Peek, parse_host};
 use libfuzzer_sys::fuzz_target;
 
 fn cuts(len: usize) -> impl Iterator<Item = usize> {

@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 use arbitrary::Arbitrary;
-use hairpin_agent::{model::ProxyVersion, relay::header::Header};
+use hairpin_agent::{ProxyVersion, relay::Header};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -11,7 +11,7 @@
 //!   reads a server name, hairpin reads the same one.
 #![no_main]
 
-use hairpin_agent::names::relay::{Peek, sni::parse_sni};
+use hairpin_agent::names::{Peek, parse_sni};
 use libfuzzer_sys::fuzz_target;
 
 /// Where the input is cut to check prefixes: a few spread points, plus every cut

@@ -1,4 +1,4 @@
-//! The static frontends file (`--frontends FILE`, `agent::frontends_file`) over arbitrary
+//! The static frontends file (`--frontends FILE`, `agent::parse_frontends_file`) over arbitrary
 //! text: frontends and the `hosts` lists the name relay and /etc/hosts use.
 //!
 //! Invariants:
@@ -14,8 +14,11 @@
 use std::path::Path;
 
 use hairpin_agent::{
-    agent::frontends_file::{FrontendsFileError, parse, parse_routes},
-    names::{hostname::Hostname, scope::NameScope},
+    agent::{
+        FrontendsFileError, parse_frontends_file as parse,
+        parse_frontends_file_routes as parse_routes,
+    },
+    names::{Hostname, NameScope},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -53,8 +56,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let path = Path::new(FILE);
-    let scope = NameScope::new(&["example.com", "a.io", "x.y.z"], "cluster.local")
-        .expect("a valid scope");
+    let scope =
+        NameScope::new(&["example.com", "a.io", "x.y.z"], "cluster.local").expect("a valid scope");
     let frontends = match parse(path, text) {
         Ok(f) => f,
         Err(e) => {

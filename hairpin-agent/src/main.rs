@@ -34,23 +34,23 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: attach the programs, proxy the frontends, until SIGTERM.
-    Run(Box<hairpin_agent::agent::args::RunArgs>),
+    Run(Box<hairpin_agent::agent::RunArgs>),
     /// Write CoreDNS rewrites for the routed hostnames: the writer Deployment, apart from the DaemonSet.
-    CorednsWriter(Box<hairpin_agent::agent::coredns_writer::CorednsWriterArgs>),
+    CorednsWriter(Box<hairpin_agent::agent::CorednsWriterArgs>),
     /// Show what the agent on this node is doing (or what the kernel says when it is down).
-    Status(hairpin_agent::cli::status::StatusArgs),
+    Status(hairpin_agent::cli::StatusArgs),
     /// Say whether in-cluster requests to a host or IP work, and why not.
-    Check(hairpin_agent::cli::check::CheckArgs),
+    Check(hairpin_agent::cli::CheckArgs),
     /// Check that this node can run hairpin: kernel, BPF, cgroup v2, capabilities, kube-proxy.
-    Doctor(hairpin_agent::cli::doctor::DoctorArgs),
+    Doctor(hairpin_agent::cli::DoctorArgs),
     /// Ask this node's agent /healthz (or /readyz) over its admin socket: the DaemonSet's exec probes.
-    Health(hairpin_agent::cli::health::HealthArgs),
+    Health(hairpin_agent::cli::HealthArgs),
     /// Print hairpin's BPF maps and counters, raw.
-    Dump(hairpin_agent::cli::dump::DumpArgs),
+    Dump(hairpin_agent::cli::DumpArgs),
     /// Remove everything hairpin wrote: the hosts block, the names address, CoreDNS lines, the Lease.
-    Cleanup(Box<hairpin_agent::cli::cleanup::CleanupArgs>),
+    Cleanup(Box<hairpin_agent::cli::CleanupArgs>),
     /// Remove hairpin from the cluster in an order that leaves it as it was (the uninstall Job).
-    Uninstall(Box<hairpin_agent::cli::uninstall::UninstallArgs>),
+    Uninstall(Box<hairpin_agent::cli::UninstallArgs>),
 }
 
 fn main() {
@@ -66,7 +66,7 @@ fn main() {
         _ => None,
     };
     if let Some(subcommand) = started
-        && let Err(e) = hairpin_agent::agent::env_check::check_env(
+        && let Err(e) = hairpin_agent::agent::check_env(
             std::env::vars_os(),
             &env_names(&<Cli as clap::CommandFactory>::command()),
             subcommand,
@@ -108,16 +108,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::CorednsWriter(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            Ok(rt.block_on(hairpin_agent::agent::coredns_writer::run(*args))?)
+            Ok(rt.block_on(hairpin_agent::agent::run_coredns_writer(*args))?)
         }
         // The node subcommands exit with their verdict: scripts branch on it.
-        Command::Status(args) => exit(hairpin_agent::cli::status::show_status(&args)?),
-        Command::Check(args) => exit(hairpin_agent::cli::check::check_target(&args)?),
-        Command::Doctor(args) => exit(hairpin_agent::cli::doctor::diagnose(&args)?),
-        Command::Health(args) => exit(hairpin_agent::cli::health::probe(&args)),
-        Command::Dump(args) => exit(hairpin_agent::cli::dump::dump_maps(&args)?),
-        Command::Cleanup(args) => exit(hairpin_agent::cli::cleanup::clean_up(&args)?),
-        Command::Uninstall(args) => exit(hairpin_agent::cli::uninstall::uninstall(&args)?),
+        Command::Status(args) => exit(hairpin_agent::cli::show_status(&args)?),
+        Command::Check(args) => exit(hairpin_agent::cli::check_target(&args)?),
+        Command::Doctor(args) => exit(hairpin_agent::cli::diagnose(&args)?),
+        Command::Health(args) => exit(hairpin_agent::cli::probe(&args)),
+        Command::Dump(args) => exit(hairpin_agent::cli::dump_maps(&args)?),
+        Command::Cleanup(args) => exit(hairpin_agent::cli::clean_up(&args)?),
+        Command::Uninstall(args) => exit(hairpin_agent::cli::uninstall(&args)?),
     }
 }
 

@@ -391,7 +391,7 @@ impl Mode {
 /// the relay path or the kernel path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum NodePath {
+pub(crate) enum NodePath {
     /// The programs are attached at the node's cgroup: a connect to a proxied
     /// LoadBalancer IP is marked for the kernel path or redirected to the relay.
     /// Named `ebpf` in `/status`, flags and logs (the documented value).
@@ -434,7 +434,7 @@ impl fmt::Display for NodePath {
 /// relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LivePath {
+pub(crate) enum LivePath {
     /// The relay path: the connect programs redirect the frontend's LoadBalancer IP
     /// to its relay listener, which writes the header. Named `ebpf` in `/status`,
     /// flags and logs (the documented value).
@@ -530,7 +530,7 @@ impl fmt::Display for KernelPathMode {
 /// The paths that reach one frontend, in `/status` as one string: `ebpf,hosts`, or
 /// `none` when nothing leads clients to a relay.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Paths(pub Vec<LivePath>);
+pub(crate) struct Paths(pub Vec<LivePath>);
 
 impl Paths {}
 

@@ -17,18 +17,14 @@ use std::{
 };
 
 use hairpin_agent::{
-    agent::frontends_file,
-    k8s::{
-        Defaults, Outcome, Rule, SkipReason, decide,
-        decide::providers::{PROVIDER_ANNOTATIONS, ValueRule},
-    },
-    model::ProxyVersion,
+    ProxyVersion,
+    agent::parse_frontends_file_routes,
+    k8s::{Defaults, Outcome, PROVIDER_ANNOTATIONS, Rule, SkipReason, ValueRule, decide},
     names::{
+        Hostname, NameRoute, NameScope,
         corefile::{self, CorefileError, MARKER, MAX_COREFILE_BYTES, Rewrite},
-        hostname::Hostname,
         hosts::{BEGIN_MARKER, BlockError, END_MARKER, HostsError, MAX_HOSTS_FILE_BYTES},
-        hosts_writer,
-        routes::NameRoute,
+        remove_hosts_block, write_hosts_block,
     },
 };
 use k8s_openapi::api::core::v1::Service;
@@ -86,7 +82,7 @@ fn refused_untouched_at(path: &Path, expected: &str, cleanup_too: bool) -> Hosts
     let before = snapshot(path);
     let relay = "192.0.2.1".parse().expect("ip");
     let err =
-        hosts_writer::sync(path, &[route("app.example.com")], relay).expect_err("sync must refuse");
+        write_hosts_block(path, &[route("app.example.com")], relay).expect_err("sync must refuse");
     let msg = err.to_string();
     assert!(
         msg.starts_with(&format!("hosts file {}: ", path.display())),
@@ -96,7 +92,7 @@ fn refused_untouched_at(path: &Path, expected: &str, cleanup_too: bool) -> Hosts
     assert!(msg.ends_with("(file left unchanged)"), "{msg}");
     assert!(snapshot(path) == before, "sync touched {}", path.display());
     if cleanup_too {
-        let again = hosts_writer::cleanup(path).expect_err("cleanup must refuse");
+        let again = remove_hosts_block(path).expect_err("cleanup must refuse");
         assert_eq!(again.to_string(), msg);
         assert!(
             snapshot(path) == before,
@@ -194,15 +190,15 @@ fn a_huge_hosts_file_is_refused_without_being_read() {
     at.push(b'\n');
     let (_dir, path) = hosts_file(&at);
     refused_untouched_at(&path, "with the managed block the file would be", false);
-    assert!(!hosts_writer::cleanup(&path).expect("nothing to remove"));
+    assert!(!remove_hosts_block(&path).expect("nothing to remove"));
 
     let roomy = &at[1000..];
     let (_dir, path) = hosts_file(roomy);
     let relay = "192.0.2.1".parse().expect("ip");
-    let report = hosts_writer::sync(&path, &[route("app.example.com")], relay)
+    let report = write_hosts_block(&path, &[route("app.example.com")], relay)
         .expect("a file with room is editable");
     assert!(report.changed);
-    assert!(hosts_writer::cleanup(&path).expect("cleanup"));
+    assert!(remove_hosts_block(&path).expect("cleanup"));
     assert_eq!(fs::read(&path).expect("read"), roomy);
 }
 
@@ -217,12 +213,12 @@ fn binary_hosts_files_keep_every_byte() {
     for original in cases {
         let (_dir, path) = hosts_file(original);
         let relay = "192.0.2.1".parse().expect("ip");
-        let report = hosts_writer::sync(&path, &[route("app.example.com")], relay)
+        let report = write_hosts_block(&path, &[route("app.example.com")], relay)
             .unwrap_or_else(|e| panic!("{original:?}: {e}"));
         assert!(report.changed);
         let written = fs::read(&path).expect("read");
         assert!(written.starts_with(original), "{written:?}");
-        assert!(hosts_writer::cleanup(&path).expect("cleanup"));
+        assert!(remove_hosts_block(&path).expect("cleanup"));
         assert_eq!(fs::read(&path).expect("read"), original);
     }
 }
@@ -416,8 +412,8 @@ fn injected_and_oversized_hostnames_are_rejected_naming_the_field() {
 
         // Through the frontends file: the file, the entry and the field are named.
         let yaml = frontends_file(&serde_json_string(value));
-        let scope = hairpin_agent::names::scope::NameScope::none();
-        let err = frontends_file::parse_routes(path, &yaml, &scope).expect_err(value);
+        let scope = NameScope::none();
+        let err = parse_frontends_file_routes(path, &yaml, &scope).expect_err(value);
         let msg = err.to_string();
         assert!(
             msg.starts_with(

@@ -10,8 +10,8 @@
 use std::{fs, path::PathBuf};
 
 use hairpin_agent::names::{
+    Hostname,
     corefile::{self, Rewrite},
-    hostname::Hostname,
 };
 
 const TARGET: &str = "hairpin.hairpin-system.svc.cluster.local";

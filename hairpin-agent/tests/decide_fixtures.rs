@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use hairpin_agent::{
+    PathChoice, ProxyVersion,
     k8s::{Defaults, Outcome, Rule, SkipReason, decide, decide_all},
-    model::{PathChoice, ProxyVersion},
 };
 use k8s_openapi::api::core::v1::Service;
 
@@ -179,7 +179,7 @@ fn every_fixture_decides_as_expected() {
         for frontend in &decision.frontends {
             assert_eq!(
                 frontend.source,
-                hairpin_agent::model::Origin::Service(decision.service.clone()),
+                hairpin_agent::Origin::Service(decision.service.clone()),
                 "{context}"
             );
         }
@@ -481,7 +481,7 @@ fn with_ports(namespace: &str, name: &str, ip: &str, ports: u16, created: &str) 
 /// each withheld frontend is a skip and a Warning on its Service.
 #[test]
 fn frontend_caps_withhold_only_the_greedy_namespaces_newest_and_share_the_rest() {
-    use hairpin_agent::k8s::decide::service::FrontendCaps;
+    use hairpin_agent::k8s::FrontendCaps;
     let greedy = with_ports(
         "tenant-a",
         "wide",
@@ -499,7 +499,7 @@ fn frontend_caps_withhold_only_the_greedy_namespaces_newest_and_share_the_rest()
         },
         ..Defaults::default()
     };
-    let count = |d: &hairpin_agent::k8s::decide::DesiredState, ip: &str| {
+    let count = |d: &hairpin_agent::k8s::DesiredState, ip: &str| {
         d.frontends
             .iter()
             .filter(|f| f.ip.to_string() == ip)
@@ -617,7 +617,7 @@ fn print_summaries() {
 /// node) is never redirected, and the decision is a Warning naming the address.
 #[test]
 fn load_balancer_addresses_no_lb_may_have_are_refused_with_a_warning() {
-    use hairpin_agent::k8s::decide::lb_address::LbAddressPolicy;
+    use hairpin_agent::k8s::LbAddressPolicy;
     let with_ip = |ip: &str| {
         let mut s = load("digitalocean.yaml");
         let status = s.status.as_mut().expect("status");

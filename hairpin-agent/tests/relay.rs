@@ -8,13 +8,12 @@ use std::{
 };
 
 use hairpin_agent::{
-    model::ProxyVersion,
-    relay::client_policy::{ClientPolicy, parse_net},
+    ProxyVersion,
     relay::{
-        ListenHook, Relay, RelayConfig, SlotLookup,
-        listener::{self, ConnGate, ConnLimits},
+        ClientPolicy, ConnGate, ConnLimits, ListenHook, Relay, RelayConfig, SlotLookup,
+        bind_listener, parse_net,
     },
-    status::metrics::Metrics,
+    status::Metrics,
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -37,14 +36,14 @@ fn config(connect_timeout: Duration) -> RelayConfig {
         }),
         buffer_size: 16 * 1024,
         keepalive: Some(Duration::from_secs(60)),
-        splice: hairpin_agent::relay::carry::SpliceConfig::copy(),
+        splice: hairpin_agent::relay::SpliceConfig::copy(),
     }
 }
 
 /// Starts `relay`'s listener on a loopback port, every connection it accepts
 /// relayed to `target` (as if its slot named it); its address.
 fn listen_for(relay: &mut Relay, target: SocketAddr, version: ProxyVersion) -> SocketAddr {
-    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let bound = bind_listener(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
     let hook: ListenHook = std::sync::Arc::new(|_, _, _| Ok(()));
     let slots: SlotLookup = std::sync::Arc::new(move |_| Some((target, version)));
     relay.serve(bound, 0, &hook, slots).expect("serve")
@@ -289,7 +288,7 @@ async fn assert_reset(client: &mut TcpStream) {
 async fn a_connection_to_a_slot_no_frontend_holds_is_reset() {
     let metrics = Metrics::default();
     let mut relay = Relay::new(config(Duration::from_secs(2)), metrics.clone());
-    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let bound = bind_listener(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
     let hook: ListenHook = std::sync::Arc::new(|_, _, _| Ok(()));
     let slots: SlotLookup = std::sync::Arc::new(|_| None);
     let at = relay.serve(bound, 0, &hook, slots).expect("serve");

@@ -1,4 +1,4 @@
-//! The Kubernetes source both binaries run (`k8s::watch::spawn`), started against
+//! The Kubernetes source both binaries run (`k8s::watch_cluster`), started against
 //! the fake API server, and waiting on what it sends. Every wait has a deadline.
 
 use std::{
@@ -7,13 +7,9 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::{
-        self,
-        desired::{Desired, DesiredRx},
-        watch::KubeSource,
-    },
-    names::scope::NameScope,
-    status::metrics::Metrics,
+    k8s::{self, Desired, DesiredRx, KubeSource},
+    names::NameScope,
+    status::Metrics,
 };
 
 use crate::fakeapi::FakeApi;
@@ -22,12 +18,12 @@ use crate::fakeapi::FakeApi;
 /// `scope` (the API server's certificate names known at once, and none); its metrics.
 pub fn start(api: &FakeApi, defaults: k8s::Defaults, scope: NameScope) -> (KubeSource, Metrics) {
     let metrics = Metrics::default();
-    let decide = k8s::watch::Decide {
+    let decide = k8s::Decide {
         defaults,
         scope,
-        cert_names: k8s::api_names::known(Vec::new()),
+        cert_names: k8s::known_cert_names(Vec::new()),
     };
-    let source = k8s::watch::spawn(api.client(), decide, metrics.clone(), Arc::new(|_, _| {}));
+    let source = k8s::watch_cluster(api.client(), decide, metrics.clone(), Arc::new(|_, _| {}));
     (source, metrics)
 }
 

@@ -1,7 +1,7 @@
 //! A stand-in for a socket load balancer (Cilium's `cil_sock4_connect` with its
 //! kube-proxy replacement, Calico eBPF's `calico_connect_v4`): cgroup connect4 and
 //! connect6 programs of a few BPF instructions, loaded and linked with raw bpf(2)
-//! calls (the agent's own, `hairpin_agent::datapath::sys`), that rewrite a service
+//! calls (the agent's own, `hairpin_agent::datapath::link_create`), that rewrite a service
 //! address to a backend at connect time, as those do for a LoadBalancer IP, or
 //! refuse the connect (as Cilium does for a service without backends). Their names are their own (`socklb4_connect`,
 //! `socklb6_connect`), so a test can tell them from hairpin's in `bpftool` and in
@@ -18,7 +18,7 @@ use std::{
     path::Path,
 };
 
-use hairpin_agent::datapath::sys::{self, AttachType};
+use hairpin_agent::datapath::{AttachType, bpf_fd, link_create};
 
 /// The kernel name of the stand-in's connect4 program.
 pub const SOCKET_LB4: &str = "socklb4_connect";
@@ -69,7 +69,7 @@ impl SocketLb {
             };
             let prog = prog_load(name, attach, &program(&mine, v6))?;
             // No flags: after whatever is attached there.
-            links.push(sys::link_create(prog.as_fd(), dir.as_fd(), attach, 0)?);
+            links.push(link_create(prog.as_fd(), dir.as_fd(), attach, 0)?);
             programs.push(prog);
         }
         Ok(SocketLb {
@@ -216,7 +216,7 @@ fn prog_load(name: &str, attach: AttachType, insns: &[Insn]) -> io::Result<Owned
     };
     // SAFETY: a #[repr(C)] prefix of bpf_attr for BPF_PROG_LOAD, zeroed beyond
     // expected_attach_type; the instructions, the license and the log outlive the call.
-    unsafe { sys::bpf_fd(BPF_PROG_LOAD, &mut attr) }.map_err(|e| {
+    unsafe { bpf_fd(BPF_PROG_LOAD, &mut attr) }.map_err(|e| {
         let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
         io::Error::new(
             e.kind(),

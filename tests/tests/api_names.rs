@@ -15,11 +15,11 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::api_names::{CertNames, apply, cert_names, read_cert_names, refuse},
-    names::{
-        hostname::Hostname,
-        scope::{NameScope, ScopeRule},
+    k8s::{
+        CertNames, apply_cert_names as apply, cert_names, read_cert_names,
+        refuse_api_server_names as refuse,
     },
+    names::{Hostname, NameScope, ScopeRule},
 };
 
 /// The server process and the directory holding its key (removed after it).

@@ -1,6 +1,6 @@
 //! Issue 22, through the real watch protocol: every Node's addresses are never a
 //! LoadBalancer's, and every Node's names (and the API server's) are never
-//! published, in the source both binaries run (`k8s::watch::spawn`). A Service
+//! published, in the source both binaries run (`k8s::watch_cluster`). A Service
 //! whose status names another node's address, or a platform endpoint, beside its
 //! real LB: only the real LB is a frontend, each refusal named in the decision.
 //! An Ingress under a listed domain claiming another node's name: not routed.
@@ -14,8 +14,8 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use hairpin_agent::{
-    k8s::{self, desired::Desired, watch::KubeSource},
-    names::{routes::NameSkipReason, scope::NameScope, scope::ScopeRule},
+    k8s::{self, Desired, KubeSource},
+    names::{NameScope, NameSkipReason, ScopeRule},
 };
 use hairpin_tests::{
     fakeapi::{FakeApi, digitalocean_service},
@@ -145,7 +145,7 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
         "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
     );
     let defaults = k8s::Defaults {
-        addresses: hairpin_agent::k8s::decide::lb_address::LbAddressPolicy {
+        addresses: hairpin_agent::k8s::LbAddressPolicy {
             allowed: vec!["203.0.113.0/24".parse().expect("net")],
             ..Default::default()
         },
@@ -153,7 +153,7 @@ async fn a_lying_node_switches_nothing_off_and_its_ignored_claims_are_events_on_
     };
     let source = watch_names(&api, defaults);
     let (_leader_tx, leader_rx) = tokio::sync::watch::channel(true);
-    tokio::spawn(k8s::events::run(
+    tokio::spawn(k8s::publish_events(
         api.client(),
         "w1".into(),
         source.services.clone(),

@@ -8,10 +8,8 @@
 use std::time::Duration;
 
 use hairpin_agent::k8s::{
-    coredns::ObjectName,
-    owner::{
-        OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within, on_sigterm,
-    },
+    ObjectName, OwnerError, OwnerState, Teardown, daemonset_state, daemonset_state_within,
+    on_sigterm,
 };
 use hairpin_tests::fakeapi::{FakeApi, recorded};
 use serde_json::Value;

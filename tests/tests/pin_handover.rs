@@ -18,7 +18,7 @@ use std::{
     },
 };
 
-use hairpin_agent::datapath::handover::{remove_layout, secure};
+use hairpin_agent::datapath::{remove_pin_layout as remove_layout, secure_pin_dir as secure};
 use hairpin_tests::require_privileges;
 
 /// How many hand-overs race the link.

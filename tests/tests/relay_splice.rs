@@ -12,15 +12,13 @@ use std::{
 };
 
 use hairpin_agent::{
-    datapath::{Datapath, embedded_object, splice::SpliceHeld},
-    model::ProxyVersion,
+    ProxyVersion,
+    datapath::{Datapath, Splice, SpliceHeld, embedded_object},
     relay::{
-        ListenHook, Relay, RelayConfig, SlotLookup,
-        carry::{self, KernelSplice, SpliceConfig, SpliceMode},
-        client_policy::ClientPolicy,
-        listener::{self, ConnGate, ConnLimits},
+        ClientPolicy, ConnGate, ConnLimits, KernelSplice, ListenHook, NoKernelSplice, Relay,
+        RelayConfig, SlotLookup, SpliceConfig, SpliceMode, bind_listener, resolve_splice,
     },
-    status::metrics::Metrics,
+    status::Metrics,
 };
 use hairpin_tests::require_privileges;
 use tokio::{
@@ -63,7 +61,7 @@ async fn setup(splice: SpliceConfig) -> Setup {
     let metrics = Metrics::default();
     let mut relay = Relay::new(relay_config(splice), metrics.clone());
     // Every connection relayed to the upstream, as if its slot named it.
-    let bound = listener::bind(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
+    let bound = bind_listener(SocketAddr::new(LOCALHOST, 0), None).expect("listen");
     let hook: ListenHook = Arc::new(|_, _, _| Ok(()));
     let slots: SlotLookup = Arc::new(move |_| Some((target, ProxyVersion::V1)));
     let listener = relay.serve(bound, 0, &hook, slots).expect("serve");
@@ -76,18 +74,14 @@ async fn setup(splice: SpliceConfig) -> Setup {
 }
 
 /// A datapath loaded for its splice (kept alive with it), spliced from the first byte.
-fn kernel() -> (
-    Datapath,
-    hairpin_agent::datapath::splice::Splice,
-    SpliceConfig,
-) {
+fn kernel() -> (Datapath, Splice, SpliceConfig) {
     let object = embedded_object()
         .expect("the tests were built without the eBPF object: run them with `cargo xtask test`");
     let datapath = Datapath::load(object, MARK).expect("load the datapath");
     let splice = datapath
         .splice()
         .expect("the kernel splice loads on this kernel");
-    let (cfg, status) = carry::resolve(
+    let (cfg, status) = resolve_splice(
         SpliceMode::Kernel,
         0,
         Ok(Arc::new(splice.clone()) as Arc<dyn KernelSplice>),
@@ -97,7 +91,7 @@ fn kernel() -> (
 }
 
 fn pipe() -> SpliceConfig {
-    carry::resolve(SpliceMode::Pipe, 0, Err(carry::NoKernelSplice::NoDatapath)).0
+    resolve_splice(SpliceMode::Pipe, 0, Err(NoKernelSplice::NoDatapath)).0
 }
 
 /// `n` bytes no two runs of which repeat at a short period: a reordered or
@@ -368,7 +362,7 @@ async fn a_way_is_spliced_once_it_has_carried_enough() {
 
 /// Waits for the splice to hold nothing (the relay's tasks end just after the
 /// bytes): the sockets left the maps with their close, the records with their way.
-async fn settle(splice: &hairpin_agent::datapath::splice::Splice) {
+async fn settle(splice: &Splice) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while splice.held() != SpliceHeld::default() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -489,10 +483,10 @@ async fn without_the_verdict_auto_splices_through_pipes() {
         .err()
         .expect("no kernel splice without its program");
     assert!(why.to_string().contains("hairpin_splice"), "{why}");
-    let (cfg, status) = carry::resolve(
+    let (cfg, status) = resolve_splice(
         SpliceMode::Auto,
         0,
-        Err(carry::NoKernelSplice::Unavailable(why.clone())),
+        Err(NoKernelSplice::Unavailable(why.clone())),
     );
     assert_eq!(status.splicer, "pipe");
     assert_eq!(status.reason, Some(why.to_string()));

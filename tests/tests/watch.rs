@@ -9,9 +9,9 @@ use std::{
 };
 
 use hairpin_agent::{
-    k8s::{self, desired::Desired, watch::KubeSource},
-    names::scope::NameScope,
-    status::metrics::Metrics,
+    k8s::{self, Desired, KubeSource},
+    names::NameScope,
+    status::Metrics,
 };
 use hairpin_tests::{
     fakeapi::{FakeApi, recorded},
@@ -91,7 +91,7 @@ async fn add_modify_delete_flow_through_to_the_frontends() {
         s.apply
             .frontends
             .iter()
-            .all(|f| f.version == hairpin_agent::model::ProxyVersion::V2)
+            .all(|f| f.version == hairpin_agent::ProxyVersion::V2)
             && s.apply.frontends.len() == 2
     })
     .await;
@@ -246,25 +246,25 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
     let (source, _m) = start(&api);
     let c = api.client();
     let (leader_tx, leader_rx) = watch::channel(false);
-    let lease = k8s::lease::LeaseConfig {
+    let lease = k8s::LeaseConfig {
         namespace: "hairpin-system".into(),
         name: "hairpin-agent".into(),
         identity: "node-a".into(),
         duration: Duration::from_secs(15),
         renew_every: Duration::from_millis(200),
     };
-    tokio::spawn(k8s::lease::run(c.clone(), lease.clone(), leader_tx));
+    tokio::spawn(k8s::run_lease(c.clone(), lease.clone(), leader_tx));
     // A second agent on another node contends for the same Lease.
     let (other_tx, mut other_rx) = watch::channel(false);
-    tokio::spawn(k8s::lease::run(
+    tokio::spawn(k8s::run_lease(
         c.clone(),
-        k8s::lease::LeaseConfig {
+        k8s::LeaseConfig {
             identity: "node-b".into(),
             ..lease
         },
         other_tx,
     ));
-    tokio::spawn(k8s::events::run(
+    tokio::spawn(k8s::publish_events(
         c,
         "node-a".into(),
         source.services.clone(),
@@ -400,7 +400,7 @@ async fn the_lease_holder_warns_on_an_ingress_whose_hostname_is_refused() {
         now(&rx).apply.routes
     );
     let (_leader_tx, leader_rx) = watch::channel(true);
-    tokio::spawn(k8s::events::run(
+    tokio::spawn(k8s::publish_events(
         api.client(),
         "node-a".into(),
         source.services.clone(),

@@ -11,11 +11,11 @@
 //! below it (k8s, names, relay, datapath, status); owns no protocol or kernel code
 //! of its own.
 
-pub mod args;
+pub(crate) mod args;
 pub(crate) mod clients;
-pub mod coredns_writer;
-pub mod env_check;
-pub mod frontends_file;
+pub(crate) mod coredns_writer;
+pub(crate) mod env_check;
+pub(crate) mod frontends_file;
 pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod name_limits;
@@ -25,6 +25,12 @@ pub(crate) mod slot_addresses;
 pub(crate) mod source;
 mod startup;
 
+pub use args::{RunArgs, default_listen_addresses};
+pub use coredns_writer::{CorednsWriterArgs, run as run_coredns_writer};
+pub use env_check::check_env;
+pub use frontends_file::{
+    FrontendsFileError, parse as parse_frontends_file, parse_routes as parse_frontends_file_routes,
+};
 pub(crate) use startup::{SignalError, StartError};
 
 use std::{
@@ -37,7 +43,6 @@ use tokio::{signal::unix::Signal, time::Interval};
 use tracing::{debug, info, warn};
 
 use crate::k8s::desired::{Desired, DesiredRx, ToApply, ToReport};
-use args::RunArgs;
 use mode::Plan;
 use reconcile::{Backoff, Reconciler, Trigger};
 use report::NamePaths;

@@ -19,7 +19,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where the running agent's admin server is.
 #[derive(clap::Args, Debug, Clone)]
-pub struct AdminArgs {
+pub(crate) struct AdminArgs {
     /// Unix socket of the running agent's admin server, the only way the CLI asks
     /// the agent (never its TCP address, which another uid could hold).
     #[arg(
@@ -32,7 +32,7 @@ pub struct AdminArgs {
 
 /// Where to read the running agent from: its admin server, else what it pinned.
 #[derive(clap::Args, Debug, Clone)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     /// Where the agent's admin server is.
     #[command(flatten)]
     pub admin: AdminArgs,

@@ -31,20 +31,20 @@ hairpin-agent dump --map-id 42,43"
 pub struct DumpArgs {
     /// Map ids to dump (comma-separated), as `bpftool map list` shows them.
     #[arg(long = "map-id", env = "HAIRPIN_DUMP_MAP_IDS", value_delimiter = ',')]
-    pub map_ids: Vec<u32>,
+    pub(crate) map_ids: Vec<u32>,
 
     /// Dump the hairpin maps this process (an agent) holds open.
     #[arg(long, env = "HAIRPIN_DUMP_PID")]
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
 
     /// The agent: its maps pinned in --bpf-pin-dir (unless --map-id or --pid is
     /// given), else the ids its admin server reports.
     #[command(flatten)]
-    pub agent: AgentArgs,
+    pub(crate) agent: AgentArgs,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 /// One map's contents.

@@ -17,11 +17,11 @@ use super::{AdminArgs, Exit};
 pub struct HealthArgs {
     /// Ask `/readyz` (readiness) rather than `/healthz` (liveness).
     #[arg(long, env = "HAIRPIN_HEALTH_READY")]
-    pub ready: bool,
+    pub(crate) ready: bool,
 
     /// Where the agent's admin server is.
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub(crate) admin: AdminArgs,
 }
 
 /// Asks the agent and prints its answer (one line); the exit status is the probe's:

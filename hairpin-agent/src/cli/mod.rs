@@ -5,23 +5,31 @@
 //! they still say something useful when the agent is down.
 
 pub(crate) mod admin_client;
-pub mod check;
-pub mod cleanup;
+pub(crate) mod check;
+pub(crate) mod cleanup;
 pub(crate) mod dns;
-pub mod doctor;
-pub mod dump;
-pub mod health;
+pub(crate) mod doctor;
+pub(crate) mod dump;
+pub(crate) mod health;
 pub(crate) mod kube_proxy;
 pub(crate) mod probe;
-pub mod status;
+pub(crate) mod status;
 pub(crate) mod table;
-pub mod uninstall;
+pub(crate) mod uninstall;
 
 use std::io::{IsTerminal, Write};
 
 use serde::Serialize;
 
 pub(crate) use admin_client::{AdminArgs, AgentArgs};
+// The subcommands as the binary runs them: each one's flags and its verb.
+pub use check::{CheckArgs, check_target};
+pub use cleanup::{CleanupArgs, Scope, clean_up};
+pub use doctor::{DoctorArgs, diagnose};
+pub use dump::{DumpArgs, dump_maps};
+pub use health::{HealthArgs, probe};
+pub use status::{StatusArgs, show_status};
+pub use uninstall::{Owned, Step, UninstallArgs, Workload, WorkloadKind, uninstall};
 
 /// The exit status of every subcommand: one meaning each, never shared between
 /// meanings, so a script can branch on it (the README's table lists them).

@@ -36,11 +36,11 @@ pub struct StatusArgs {
     /// The agent: asked through its admin server; when it does not answer, its
     /// datapath pinned in --bpf-pin-dir is read (links, heartbeat, counters).
     #[command(flatten)]
-    pub agent: AgentArgs,
+    pub(crate) agent: AgentArgs,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 /// The JSON document `status --output json` prints.

@@ -4,7 +4,7 @@
 //! verifier rejection each leave the kernel path unavailable with the reason, and
 //! the relay path works as before.
 
-use std::{fmt, net::SocketAddr, time::Duration};
+use std::{fmt, net::SocketAddr, sync::Arc, time::Duration};
 
 use hairpin_ebpf::SlotRef;
 
@@ -22,6 +22,7 @@ use hairpin_ebpf::{
 
 use super::btf::BtfError;
 use super::counters::Fill;
+use super::error::DatapathError;
 use super::lifecycle::decide;
 use super::lifecycle::state::{Drain, DrainSeen};
 use crate::{
@@ -36,18 +37,13 @@ const _: () = assert!(
 );
 
 /// How the kernel path stands on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum KernelPath {
     /// `--kernel-path off`: every frontend takes the relay path.
     Off,
-    /// Asked for, but this kernel cannot run it (why, and its kind): every frontend
-    /// takes the relay path.
-    Unavailable {
-        /// Why, as a kind `status` reports and `doctor` matches on.
-        kind: KernelPathReason,
-        /// Why, in words.
-        why: String,
-    },
+    /// Asked for, but this kernel cannot run it (why: its kind is what `status`
+    /// reports and `doctor` matches on): every frontend takes the relay path.
+    Unavailable(Arc<KernelPathUnavailable>),
     /// The programs are loaded: frontends whose client speaks first get their
     /// header written by the kernel, on the client's own socket.
     On,
@@ -56,7 +52,7 @@ pub(crate) enum KernelPath {
 impl KernelPath {
     /// Whether kernel-path frontends get in-kernel headers.
     pub(crate) fn is_on(&self) -> bool {
-        *self == KernelPath::On
+        matches!(self, KernelPath::On)
     }
 
     /// The connect programs to load and attach: the marking ones when on.
@@ -98,7 +94,7 @@ impl KernelPath {
     pub(crate) fn why(&self, first: FirstSpeaker, path: PathChoice) -> Option<String> {
         match (self, first, path) {
             (KernelPath::Off, _, _) => None,
-            (KernelPath::Unavailable { .. }, _, _) => {
+            (KernelPath::Unavailable(_), _, _) => {
                 Some("relay: the kernel path is unavailable on this node".into())
             }
             (KernelPath::On, FirstSpeaker::Server, _) => Some(
@@ -120,7 +116,7 @@ impl fmt::Display for KernelPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelPath::Off => f.write_str("off"),
-            KernelPath::Unavailable { why, .. } => write!(f, "unavailable: {why}"),
+            KernelPath::Unavailable(why) => write!(f, "unavailable: {why}"),
             KernelPath::On => f.write_str("on"),
         }
     }
@@ -218,19 +214,20 @@ pub(crate) async fn drain_kernel_sockets(
 
 impl KernelPathUnavailable {
     /// Its kind, for `status` and `doctor`.
-    pub(super) fn kind(&self) -> KernelPathReason {
+    pub(crate) fn kind(&self) -> KernelPathReason {
         match self {
             KernelPathUnavailable::NoProgramType(_) => KernelPathReason::NoProgramType,
             KernelPathUnavailable::Probe { .. } => KernelPathReason::ProbeFailed,
             KernelPathUnavailable::Missing(_) => KernelPathReason::NotInObject,
             KernelPathUnavailable::Load { .. } => KernelPathReason::Refused,
+            KernelPathUnavailable::LinkFailed(_) => KernelPathReason::LinkFailed,
         }
     }
 }
 
 /// Why this kernel cannot run the kernel path: the reason `status` and `doctor` show.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum KernelPathUnavailable {
+pub(crate) enum KernelPathUnavailable {
     /// The kernel lacks a program type the kernel path needs.
     #[error("this kernel has no {0} programs")]
     NoProgramType(&'static str),
@@ -255,6 +252,9 @@ pub(super) enum KernelPathUnavailable {
         /// Why the verifier may have been stricter, or empty.
         note: &'static str,
     },
+    /// A kernel path hook could not be linked after the programs loaded.
+    #[error(transparent)]
+    LinkFailed(DatapathError),
 }
 
 /// Loads the kernel path's programs into `ebpf` (not attached): sk_msg, sock_ops,

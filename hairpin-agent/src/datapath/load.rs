@@ -366,16 +366,12 @@ fn link_order(ebpf: &Ebpf, opts: &LoadOptions, connect4: &'static str) -> LinkOr
         order::LinkOrderWanted::First => {}
         order::LinkOrderWanted::Append => return LinkOrder::Disabled,
         order::LinkOrderWanted::Children => {
-            return LinkOrder::Unsupported(
-                "--link-order children, as on a kernel that does not order cgroup links".into(),
-            );
+            return LinkOrder::Unsupported(order::Unordered::Children);
         }
     }
     match ebpf.program(connect4).map(|p| p.fd()) {
         Some(Ok(fd)) => order::probe(fd.as_fd(), Role::Connect4.attach_type()),
-        _ => LinkOrder::Unsupported(format!(
-            "{connect4} is not loaded: the probe of cgroup link ordering could not run"
-        )),
+        _ => LinkOrder::Unsupported(order::Unordered::NotLoaded(connect4)),
     }
 }
 
@@ -463,14 +459,7 @@ fn load_connect_programs(
             Ok(connect) => (KernelPath::On, Some(connect)),
             Err(why) => {
                 tracing::warn!(reason = %why, "the kernel path is unavailable on this kernel: every frontend takes the relay path");
-                let kind = why.kind();
-                (
-                    KernelPath::Unavailable {
-                        kind,
-                        why: why.to_string(),
-                    },
-                    None,
-                )
+                (KernelPath::Unavailable(Arc::new(why)), None)
             }
         }
     } else {

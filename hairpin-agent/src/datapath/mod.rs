@@ -45,7 +45,7 @@ mod counters;
 mod error;
 mod events;
 pub(crate) mod inspect;
-pub mod kernel_objects;
+pub(crate) mod kernel_objects;
 mod kernel_path;
 pub(crate) mod lifecycle;
 mod liveness;
@@ -57,12 +57,15 @@ pub(crate) mod pin;
 mod programs;
 mod role;
 mod slots;
-pub mod splice;
-pub mod sys;
+mod splice;
+pub(crate) mod sys;
 
 pub use cgroup::find_cgroup2_root;
 pub(crate) use counters::CountersReader;
 pub(crate) use error::DatapathError;
+pub use kernel_objects::{
+    KernelObjectsError, RunStats, enable_run_time_stats, hairpin_program_run_stats, read_counters,
+};
 pub(crate) use kernel_path::{KernelPath, drain_kernel_sockets, read_frontend_paths};
 pub use liveness::monotonic_ns;
 pub(crate) use liveness::{BEAT_EVERY, check_ttl};
@@ -74,26 +77,26 @@ pub(crate) use order::LinkOrderWanted;
 pub(crate) use pin::Pin;
 pub(crate) use role::Role;
 pub(crate) use slots::{SlotAddrs, SlotError, SlotTable};
-
-/// The pin hand-over and a layout's removal as the race suite drives them
-/// (`tests/tests/pin_handover.rs`); built only with the `testing` feature, never
-/// in the shipped binary.
+pub use splice::{Splice, SpliceHeld};
 #[cfg(feature = "testing")]
-pub mod handover {
-    use std::path::Path;
+pub use sys::bpf_fd;
+pub use sys::{AttachType, link_create};
 
-    /// Hands `root` over to `uid:gid` as `--pin-owner` does; how many entries it
-    /// changed, or why it refused.
-    pub fn secure(root: &Path, uid: u32, gid: u32) -> Result<usize, String> {
-        super::pin::secure(root, super::pin::PinOwner { uid, gid }).map_err(|e| e.to_string())
-    }
+/// Hands the pin directory `root` over to `uid:gid` as `--pin-owner` does, as the
+/// race suite drives it (`tests/tests/pin_handover.rs`): how many entries it
+/// changed, or why it refused. Built only with the `testing` feature.
+#[cfg(feature = "testing")]
+pub fn secure_pin_dir(root: &std::path::Path, uid: u32, gid: u32) -> Result<usize, String> {
+    pin::secure(root, pin::PinOwner { uid, gid }).map_err(|e| e.to_string())
+}
 
-    /// Removes a layout directory (`<dir>/v<N>`) as a layout takeover does; one
-    /// line per entry removed or refused.
-    pub fn remove_layout(layout: &Path) -> Vec<String> {
-        super::pin::remove_layout(layout)
-            .iter()
-            .map(|r| format!("{r:?}"))
-            .collect()
-    }
+/// Removes a layout directory (`<dir>/v<N>`) as a layout takeover does, as the race
+/// suite drives it: one line per entry removed or refused. Built only with the
+/// `testing` feature.
+#[cfg(feature = "testing")]
+pub fn remove_pin_layout(layout: &std::path::Path) -> Vec<String> {
+    pin::remove_layout(layout)
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect()
 }

@@ -10,7 +10,7 @@
 //! order, and the words for it. Never creates or detaches a link (the lifecycle's
 //! executor does).
 
-use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path};
+use std::{fmt, fs::File, io, os::fd::BorrowedFd, path::Path, sync::Arc};
 
 use crate::status::{ChildCgroupsStatus, ForeignProgram, HookOrderStatus, LinkOrderStatus};
 
@@ -32,15 +32,36 @@ pub(crate) enum LinkOrderWanted {
 }
 
 /// Whether this agent's connect links go before every other program at the cgroup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum LinkOrder {
     /// The kernel orders cgroup links: connect links are made with `BPF_F_BEFORE`.
     Before,
     /// The kernel does not order cgroup links (why, as probed): links go after
     /// every program already there.
-    Unsupported(String),
+    Unsupported(Unordered),
     /// Ordering turned off (`--link-order append`, which simulates such a kernel).
     Disabled,
+}
+
+/// Why connect links are appended where ordering was asked for: what the probe of
+/// `BPF_F_BEFORE` found, or the setting that stands in for such a kernel.
+#[derive(Clone, Debug, thiserror::Error)]
+pub(crate) enum Unordered {
+    /// The kernel refused the flag (EINVAL): it does not order cgroup links.
+    #[error("this kernel does not order cgroup links (BPF_F_BEFORE refused: EINVAL)")]
+    Refused,
+    /// The probe's `BPF_LINK_CREATE` failed otherwise.
+    #[error("the probe of BPF_F_BEFORE failed: {0}")]
+    ProbeFailed(#[source] Arc<io::Error>),
+    /// The probe made a link without a cgroup: not a kernel this code knows.
+    #[error("the probe of BPF_F_BEFORE made a link without a cgroup: not trusted")]
+    Untrusted,
+    /// The connect program the probe uses is not loaded.
+    #[error("{0} is not loaded: the probe of cgroup link ordering could not run")]
+    NotLoaded(&'static str),
+    /// `--link-order children` (tests), which simulates such a kernel.
+    #[error("--link-order children, as on a kernel that does not order cgroup links")]
+    Children,
 }
 
 impl LinkOrder {
@@ -79,15 +100,13 @@ impl fmt::Display for LinkOrder {
 pub(crate) fn probe(prog: BorrowedFd<'_>, attach: sys::AttachType) -> LinkOrder {
     match sys::link_create_without_target(prog, attach, sys::BPF_F_BEFORE) {
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => LinkOrder::Before,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => LinkOrder::Unsupported(
-            "this kernel does not order cgroup links (BPF_F_BEFORE refused: EINVAL)".into(),
-        ),
-        Err(e) => LinkOrder::Unsupported(format!("the probe of BPF_F_BEFORE failed: {e}")),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            LinkOrder::Unsupported(Unordered::Refused)
+        }
+        Err(e) => LinkOrder::Unsupported(Unordered::ProbeFailed(Arc::new(e))),
         // A link without a target: not a kernel this code knows. Dropping it
         // releases whatever it is.
-        Ok(_) => LinkOrder::Unsupported(
-            "the probe of BPF_F_BEFORE made a link without a cgroup: not trusted".into(),
-        ),
+        Ok(_) => LinkOrder::Unsupported(Unordered::Untrusted),
     }
 }
 
@@ -226,9 +245,35 @@ mod tests {
         for role in [Role::SockOps, Role::SetSockopt, Role::SkMsg] {
             assert_eq!(before.flags(role), 0, "{}", role.name());
         }
-        for order in [LinkOrder::Disabled, LinkOrder::Unsupported("old".into())] {
+        for order in [
+            LinkOrder::Disabled,
+            LinkOrder::Unsupported(Unordered::Refused),
+        ] {
             assert_eq!(order.flags(Role::Connect4), 0, "{order}");
             assert!(!order.orders());
         }
+    }
+
+    /// Why links are appended reads as it did when it was text, and a failed probe
+    /// keeps the kernel's error as its source.
+    #[test]
+    fn an_unordered_kernel_says_why_with_the_probe_error_as_source() {
+        assert_eq!(
+            LinkOrder::Unsupported(Unordered::Refused).to_string(),
+            "appended: this kernel does not order cgroup links (BPF_F_BEFORE refused: EINVAL)"
+        );
+        assert_eq!(
+            LinkOrder::Unsupported(Unordered::NotLoaded("connect4")).to_string(),
+            "appended: connect4 is not loaded: the probe of cgroup link ordering could not run"
+        );
+        let failed = Unordered::ProbeFailed(Arc::new(io::Error::from_raw_os_error(libc::EPERM)));
+        assert!(std::error::Error::source(&failed).is_some());
+        assert_eq!(
+            failed.to_string(),
+            format!(
+                "the probe of BPF_F_BEFORE failed: {}",
+                io::Error::from_raw_os_error(libc::EPERM)
+            )
+        );
     }
 }

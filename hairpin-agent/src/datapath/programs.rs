@@ -9,6 +9,7 @@
 use std::{
     os::fd::{AsFd, OwnedFd},
     path::Path,
+    sync::Arc,
 };
 
 use aya::Ebpf;
@@ -16,11 +17,11 @@ use hairpin_ebpf::{PROG_SETSOCKOPT, PROG_SK_LOOKUP, PROG_SK_MSG, PROG_SOCK_OPS};
 
 use super::error::{DatapathError, SteeringError, program_error};
 use super::events::EventsReader;
-use super::kernel_path::KernelPath;
+use super::kernel_path::{KernelPath, KernelPathUnavailable};
 use super::lifecycle::hook::link_error;
 use super::lifecycle::kernel::LoadedPrograms;
 use super::role::Role;
-use crate::status::{KernelPathReason, MptcpDetection as Mptcp};
+use crate::status::MptcpDetection as Mptcp;
 
 /// The programs loaded into the kernel, and what they are.
 pub(crate) struct Programs {
@@ -132,11 +133,9 @@ impl LoadedPrograms for Programs {
             .map_err(link_error(role, cgroup, "read"))
     }
 
-    fn lose_kernel_path(&mut self, why: &DatapathError) {
-        self.kernel_path = KernelPath::Unavailable {
-            kind: KernelPathReason::LinkFailed,
-            why: why.to_string(),
-        };
+    fn lose_kernel_path(&mut self, why: DatapathError) {
+        self.kernel_path =
+            KernelPath::Unavailable(Arc::new(KernelPathUnavailable::LinkFailed(why)));
         self.mptcp = Mptcp::Off;
     }
 }

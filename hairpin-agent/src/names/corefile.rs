@@ -516,7 +516,9 @@ pub fn render_import(rewrites: &[Rewrite]) -> String {
 
 /// Not for the agent: the property tests' and the fuzz target's oracle.
 #[cfg(any(test, feature = "testing"))]
-pub mod reference;
+mod reference;
+#[cfg(any(test, feature = "testing"))]
+pub use reference::reference_depths;
 
 #[cfg(test)]
 mod tests;

@@ -60,7 +60,8 @@ pub(crate) fn render(routes: &[NameRoute], relay: IpAddr) -> (HostsBlock, Vec<Sk
 ///
 /// A missing file is an error, never created (a wrong hostPath mount must be
 /// noticed, not papered over); a read-only file or mount is
-/// [`HostsError::ReadOnly`]. Bytes outside the block are kept.
+/// [`HostsError::ReadOnly`]. Bytes outside the block are kept. The suites' one-shot
+/// write: the agent writes through [`HostsWriter`], which paces and reports.
 pub fn sync(path: &Path, routes: &[NameRoute], relay: IpAddr) -> Result<HostsReport, HostsError> {
     let (block, skipped) = render(routes, relay);
     let changed = rewrite(path, &block)?;

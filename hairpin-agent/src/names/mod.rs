@@ -16,16 +16,22 @@ pub(crate) mod caps;
 pub(crate) mod claims;
 pub mod corefile;
 pub(crate) mod gateway;
-pub mod hostname;
+pub(crate) mod hostname;
 pub mod hosts;
-pub mod hosts_writer;
+pub(crate) mod hosts_writer;
 pub(crate) mod ingress;
 pub(crate) mod link;
 pub(crate) mod nat;
 pub(crate) mod object;
-pub mod relay;
-pub mod routes;
-pub mod scope;
+pub(crate) mod relay;
+pub(crate) mod routes;
+pub(crate) mod scope;
+
+pub use hostname::Hostname;
+pub use hosts_writer::{HostsReport, cleanup as remove_hosts_block, sync as write_hosts_block};
+pub use relay::{Peek, http_host::parse_host, sni::parse_sni};
+pub use routes::{NameRoute, NameSkipReason};
+pub use scope::{NameScope, ScopeRule};
 
 #[cfg(test)]
 mod proptests;

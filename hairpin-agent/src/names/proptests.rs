@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use proptest::prelude::*;
 
 use super::{
-    corefile::{self as coredns, reference::reference_depths},
+    corefile::{self as coredns, reference_depths},
     hostname::Hostname,
     hosts,
 };

@@ -31,8 +31,12 @@
 
 /// Not for the agent: the CNI fixtures' text form, for the suites.
 #[cfg(any(test, feature = "testing"))]
-pub mod fixture;
-pub mod netlink;
+mod fixture;
+pub(crate) mod netlink;
+
+#[cfg(any(test, feature = "testing"))]
+pub use fixture::{Fixture, FixtureError, parse as parse_fixture};
+pub use netlink::follow as follow_pod_networks;
 #[cfg(test)]
 mod tests;
 

@@ -15,15 +15,21 @@
 //! splice reaches them through [`carry::KernelSplice`], which the datapath
 //! implements.
 
-pub mod carry;
-pub mod client_policy;
+pub(crate) mod carry;
+pub(crate) mod client_policy;
 mod config;
-pub mod header;
-pub mod listener;
+pub(crate) mod header;
+pub(crate) mod listener;
 pub(crate) mod peer_owner;
 pub(crate) mod proxy;
 
+pub use carry::{
+    KernelSplice, NoKernelSplice, SpliceConfig, SpliceMode, resolve as resolve_splice,
+};
+pub use client_policy::{ClientPolicy, LearnedClients, parse_net};
 pub use config::RelayConfig;
+pub use header::Header;
+pub use listener::{Admission, ConnGate, ConnLimits, accept_loop, bind as bind_listener};
 
 use std::{
     io,

@@ -7,9 +7,11 @@
 
 pub(crate) mod admin;
 pub(crate) mod capabilities;
-pub mod metrics;
-pub mod metrics_address;
+pub(crate) mod metrics;
+pub(crate) mod metrics_address;
 pub(crate) mod tcp_server;
+
+pub use metrics::{ConnError, Direction, Metrics};
 
 use std::{
     collections::BTreeMap,

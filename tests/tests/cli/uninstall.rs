@@ -421,7 +421,7 @@ fn kustomize(dir: &str) -> Vec<Value> {
 
 /// kubeadm's Corefile with the writer's rewrite of shop.example.com in it.
 fn with_our_lines() -> String {
-    use hairpin_agent::names::{corefile::Rewrite, hostname::Hostname};
+    use hairpin_agent::names::{Hostname, corefile::Rewrite};
     let name = |n: &str| Hostname::parse(n).expect("name");
     let rewrite = Rewrite::new(
         name("shop.example.com"),

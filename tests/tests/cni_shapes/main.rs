@@ -3,7 +3,7 @@
 //! names them (veth pairs, a bridge), their addresses, the routes as the CNI
 //! installs them, a pod namespace behind each pod's link and a namespace per link
 //! that leads off the node. In the node namespace the agent's own code reads the
-//! routes over netlink ([`podnet::netlink::follow`]) and feeds the relays' client
+//! routes over netlink ([`podnet::follow_pod_networks`]) and feeds the relays' client
 //! policy, and the relays' accept loop serves a port. Then:
 //! - every pod on the node is served;
 //! - every off-node peer is refused at once (a reset, well under the old 3 s hold);
@@ -36,12 +36,9 @@ use std::{
 };
 
 use hairpin_agent::{
-    podnet::{self, HostRoute, MAIN_TABLE, PodNetworks, fixture::Fixture},
-    relay::{
-        client_policy::{ClientPolicy, LearnedClients},
-        listener::{Admission, ConnGate, ConnLimits, accept_loop},
-    },
-    status::metrics::Metrics,
+    podnet::{self, Fixture, HostRoute, MAIN_TABLE, PodNetworks},
+    relay::{Admission, ClientPolicy, ConnGate, ConnLimits, LearnedClients, accept_loop},
+    status::Metrics,
 };
 use hairpin_tests::{
     repo::agent_fixture,
@@ -66,7 +63,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 fn fixture(name: &str) -> Fixture {
     let path = agent_fixture(&format!("cni/{name}.routes"));
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    podnet::fixture::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    podnet::parse_fixture(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Namespaces made for one shape; deleted on drop, also when the test panics. The
@@ -470,7 +467,7 @@ fn start_relay(
         rt.block_on(async move {
             let learned = LearnedClients::default();
             let policy = ClientPolicy::new(Vec::new()).learning(learned.clone());
-            tokio::spawn(podnet::netlink::follow(move |read| {
+            tokio::spawn(podnet::follow_pod_networks(move |read| {
                 let found = read.unwrap_or_else(|e| panic!("reading the node's routes: {e}"));
                 learned.replace(found.clone());
                 let _ = tx.send(found.clone());

@@ -249,9 +249,9 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
     // A Lease as the agent makes one.
     let c = api.client();
     let (tx, _rx) = watch::channel(false);
-    let lease = tokio::spawn(hairpin_agent::k8s::lease::run(
+    let lease = tokio::spawn(hairpin_agent::k8s::run_lease(
         c,
-        hairpin_agent::k8s::lease::LeaseConfig {
+        hairpin_agent::k8s::LeaseConfig {
             namespace: "hairpin-system".into(),
             name: "hairpin-agent".into(),
             identity: "node-a".into(),

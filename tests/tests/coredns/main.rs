@@ -11,17 +11,17 @@
 use std::time::{Duration, Instant};
 
 use hairpin_agent::{
-    k8s::coredns::{
-        CorednsConfig, CorednsMode, rewrites,
-        task::{self as coredns_loop, REASON_UNRECOGNIZED, Reporting, Timing},
+    ProxyVersion,
+    k8s::{
+        COREDNS_REASON_UNRECOGNIZED as REASON_UNRECOGNIZED, CorednsConfig, CorednsMode,
+        CorednsReporting as Reporting, CorednsTiming as Timing, coredns_rewrites as rewrites,
+        run_corefile_writer,
     },
-    model::ProxyVersion,
     names::{
+        Hostname, NameRoute,
         corefile::{self, IMPORT_KEY},
-        hostname::Hostname,
-        routes::NameRoute,
     },
-    status::{AgentState, metrics::Metrics},
+    status::{AgentState, Metrics},
 };
 use hairpin_tests::{
     agent::{Agent, NAMES_UNDER_EXAMPLE_COM, agent_bin},
@@ -105,7 +105,7 @@ fn start_writer(api: &FakeApi, mode: CorednsMode, leader: bool) -> Writer {
     let (leader_tx, leader_rx) = watch::channel(leader);
     let (routes_tx, routes_rx) = watch::channel(Some(routes()));
     let state = AgentState::new(hairpin_ebpf::DEFAULT_BYPASS_MARK);
-    tokio::spawn(coredns_loop::run(
+    tokio::spawn(run_corefile_writer(
         api.client(),
         config(mode),
         Reporting {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use hairpin_agent::k8s::coredns::CorednsMode;
+use hairpin_agent::k8s::CorednsMode;
 use k8s_openapi::api::core::v1::Service;
 
 use super::{

@@ -10,8 +10,8 @@ use std::{
 
 use clap::Parser;
 use hairpin_agent::{
-    agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
-    cli::{cleanup::CleanupArgs, uninstall::UninstallArgs},
+    agent::{CorednsWriterArgs, RunArgs},
+    cli::{CleanupArgs, UninstallArgs},
 };
 
 use super::render::read;

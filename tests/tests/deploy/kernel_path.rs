@@ -8,7 +8,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use hairpin_agent::model::KernelPathMode;
+use hairpin_agent::KernelPathMode;
 use serde_json::{Value as Json, json};
 
 use super::{

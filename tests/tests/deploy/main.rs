@@ -38,7 +38,7 @@ mod writer_placement;
 
 use std::{collections::BTreeSet, process::Command};
 
-use hairpin_agent::{k8s::coredns::CorednsMode, model::Mode};
+use hairpin_agent::{Mode, k8s::CorednsMode};
 use hairpin_tests::repo::workspace;
 use k8s_openapi::api::core::v1::Container;
 

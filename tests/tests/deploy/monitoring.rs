@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, path::Path, process::Command, sync::Arc};
 
-use hairpin_agent::status::metrics::{ConnError, Direction, Metrics};
+use hairpin_agent::status::{ConnError, Direction, Metrics};
 use serde_json::Value as Json;
 
 use super::{

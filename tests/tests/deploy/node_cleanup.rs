@@ -58,12 +58,12 @@ fn the_node_cleanup_removes_the_agents_listen_link_from_the_host_network() {
                     "{source}: the agent's listen link"
                 );
                 let agents: Vec<_> = if run.listen_addresses.is_empty() {
-                    hairpin_agent::agent::args::default_listen_addresses().collect()
+                    hairpin_agent::agent::default_listen_addresses().collect()
                 } else {
                     run.listen_addresses.clone()
                 };
                 let cleaned: Vec<_> = if args.listen_addresses.is_empty() {
-                    hairpin_agent::agent::args::default_listen_addresses().collect()
+                    hairpin_agent::agent::default_listen_addresses().collect()
                 } else {
                     args.listen_addresses.clone()
                 };

@@ -3,7 +3,7 @@
 //! `priorityClassName` and the default PROXY version, rendered by Helm into the pods
 //! and, for the PROXY version, parsed by the agent's and the writer's own flags.
 
-use hairpin_agent::model::ProxyVersion;
+use hairpin_agent::ProxyVersion;
 use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::PodSpec};
 use serde_json::{Value as Json, json};
 

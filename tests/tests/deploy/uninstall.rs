@@ -14,11 +14,8 @@ use k8s_openapi::api::{
 use serde_json::Value as Json;
 
 use hairpin_agent::{
-    cli::{
-        cleanup::Scope,
-        uninstall::{Owned, Step, UninstallArgs, Workload},
-    },
-    k8s::coredns::CorednsMode,
+    cli::{Owned, Scope, Step, UninstallArgs, Workload},
+    k8s::CorednsMode,
 };
 
 use super::{
@@ -179,7 +176,7 @@ fn each_install_has_a_one_command_uninstall_that_stops_and_removes_exactly_what_
                 let w = writer_args(&env_of(&w, v.dir), v.dir);
                 leases.insert(0, format!("{}/{}", w.namespace, w.lease_name));
                 assert_eq!(u.cluster.coredns.mode, w.coredns, "{}", v.uninstall);
-                let written = |mode, o: &hairpin_agent::k8s::coredns::CorednsObjects| match mode {
+                let written = |mode, o: &hairpin_agent::k8s::CorednsObjects| match mode {
                     CorednsMode::Corefile => o.configmap.to_string(),
                     CorednsMode::Import => o.custom_configmap.to_string(),
                     CorednsMode::Off => String::new(),

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hairpin_agent::{model::ProxyVersion, relay::header::Header};
+use hairpin_agent::{ProxyVersion, relay::Header};
 use hairpin_tests::{
     agent::{
         Agent, CappedAgent, DAEMONSET_CAPS, FrontendSpec, admin_get, all_frontends, spec, status,

@@ -112,7 +112,7 @@ fn the_counters_read_through_the_agents_own_descriptor_without_cap_sys_admin() {
         // As the DaemonSet runs the agent: CAP_BPF and CAP_NET_ADMIN, no
         // CAP_SYS_ADMIN (21) and no CAP_PERFMON (38).
         drop_effective_caps(&[21, 38]);
-        let by_id = hairpin_agent::datapath::kernel_objects::read_counters(id);
+        let by_id = hairpin_agent::datapath::read_counters(id);
         assert!(
             by_id.is_err(),
             "opening a map by id needs CAP_SYS_ADMIN: {by_id:?}"

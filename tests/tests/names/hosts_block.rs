@@ -61,7 +61,7 @@ fn a_real_resolver_reads_the_managed_hosts_file_and_reaches_the_lb_through_the_n
     agent.stop();
     assert_eq!(fs::read(&hosts).expect("read hosts"), written);
     // `cleanup` removes it and restores the file byte for byte.
-    assert!(hairpin_agent::names::hosts_writer::cleanup(&hosts).expect("cleanup"));
+    assert!(hairpin_agent::names::remove_hosts_block(&hosts).expect("cleanup"));
     assert_eq!(fs::read(&hosts).expect("read hosts"), NODE_HOSTS);
 }
 

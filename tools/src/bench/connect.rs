@@ -13,7 +13,7 @@ use super::{
     setup::{LB_PLAIN, LB_V1, in_cgroup},
     stats::Spread,
 };
-use hairpin_agent::datapath::kernel_objects;
+use hairpin_agent::datapath::{enable_run_time_stats, hairpin_program_run_stats};
 use hairpin_tests::agent::Agent;
 
 /// One kind of destination.
@@ -159,11 +159,11 @@ fn measure_pairs(ctx: &Ctx<'_>, case: &ConnectCase) -> Result<Vec<(f64, f64)>> {
 /// program runs per connect(), summed over hairpin's programs (only connect4 runs
 /// for these IPv4 loops).
 fn measure_program(ctx: &Ctx<'_>, case: &ConnectCase) -> Result<(f64, f64)> {
-    let stats_on = kernel_objects::enable_run_time_stats()
+    let stats_on = enable_run_time_stats()
         .context("BPF_ENABLE_STATS (run-time statistics need CAP_SYS_ADMIN)")?;
-    let before = kernel_objects::hairpin_program_run_stats();
+    let before = hairpin_program_run_stats();
     measure(ctx, case, &ctx.node.pod_cgroup())?;
-    let after = kernel_objects::hairpin_program_run_stats();
+    let after = hairpin_program_run_stats();
     drop(stats_on);
     let (mut ns, mut runs) = (0u64, 0u64);
     for (id, a) in &after {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
-use hairpin_agent::datapath::kernel_objects::enable_run_time_stats;
+use hairpin_agent::datapath::enable_run_time_stats;
 
 use super::{
     Ctx,

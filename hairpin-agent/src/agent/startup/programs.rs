@@ -226,7 +226,7 @@ fn report_capabilities(d: &Datapath, metrics: &Metrics) {
     use crate::status::capabilities::KernelCapability as Cap;
     match d.kernel_path() {
         KernelPath::On => metrics.set_kernel_capability(Cap::KernelPath, true),
-        KernelPath::Unavailable { .. } => metrics.set_kernel_capability(Cap::KernelPath, false),
+        KernelPath::Unavailable(_) => metrics.set_kernel_capability(Cap::KernelPath, false),
         KernelPath::Off => {}
     }
     metrics.set_kernel_capability(Cap::LinkOrder, d.link_order().orders());
@@ -311,9 +311,11 @@ pub(super) fn report_kernel_path(
     let (kernel_state, reason, reason_kind) = match d.kernel_path() {
         KernelPath::On => (KernelPathState::On, None, None),
         KernelPath::Off => (KernelPathState::Off, None, None),
-        KernelPath::Unavailable { kind, why } => {
-            (KernelPathState::Unavailable, Some(why.clone()), Some(*kind))
-        }
+        KernelPath::Unavailable(why) => (
+            KernelPathState::Unavailable,
+            Some(why.to_string()),
+            Some(why.kind()),
+        ),
     };
     info!(configured = %args.kernel_path, state = %d.kernel_path(), "kernel path");
     let ids = d.kernel_ids();

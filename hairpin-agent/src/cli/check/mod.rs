@@ -58,33 +58,33 @@ hairpin-agent check ingress.example.com --tls --dns-server 10.96.0.10 --output j
 pub struct CheckArgs {
     /// What to check: `host`, `ip`, `host:port`, `ip:port` or `[ipv6]:port`. The port
     /// defaults to 443 with --tls, else 80.
-    pub target: String,
+    pub(crate) target: String,
 
     /// Probe with a TLS handshake instead of HTTP (implied by port 443).
     #[arg(long, env = "HAIRPIN_CHECK_TLS")]
-    pub tls: bool,
+    pub(crate) tls: bool,
 
     /// Resolve the name as a pod would, with a plain A/AAAA query to this DNS server
     /// (the kube-dns Service IP, e.g. 10.96.0.10). Default: the cluster DNS Service
     /// the running agent found (kube-dns, rke2-coredns...).
     #[arg(long, env = "HAIRPIN_DNS_SERVER")]
-    pub dns_server: Option<IpAddr>,
+    pub(crate) dns_server: Option<IpAddr>,
 
     /// The agent's bypass mark, set on the direct probes so hairpin does not redirect them.
     #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = crate::agent::args::DEFAULT_BYPASS_MARK_ARG, value_parser = crate::agent::args::parse_mark)]
-    pub bypass_mark: u32,
+    pub(crate) bypass_mark: u32,
 
     /// Timeout of each connect and each reply.
     #[arg(long, env = "HAIRPIN_CHECK_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 
     /// Where the agent's admin server is.
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub(crate) admin: AdminArgs,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 /// Says whether in-cluster requests to the target work, and why not; returns the

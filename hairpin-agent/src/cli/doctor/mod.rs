@@ -35,15 +35,15 @@ Examples:\n  hairpin-agent doctor\n  hairpin-agent doctor --output json | jq '.c
 pub struct DoctorArgs {
     /// Where the agent's admin server is.
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub(crate) admin: AdminArgs,
 
     /// The bypass mark to load the embedded object with (as the agent would).
     #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = crate::agent::args::DEFAULT_BYPASS_MARK_ARG, value_parser = crate::agent::args::parse_mark)]
-    pub bypass_mark: u32,
+    pub(crate) bypass_mark: u32,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 /// A check's result.

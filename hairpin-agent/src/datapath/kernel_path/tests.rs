@@ -1,10 +1,16 @@
 use super::*;
 use crate::datapath::lifecycle::decide::HANDSHAKE_SETTLE;
 
-fn unavailable(kind: KernelPathReason, why: &str) -> KernelPath {
-    KernelPath::Unavailable {
-        kind,
-        why: why.into(),
+fn unavailable(why: KernelPathUnavailable) -> KernelPath {
+    KernelPath::Unavailable(Arc::new(why))
+}
+
+/// A program the verifier refused.
+fn refused() -> KernelPathUnavailable {
+    KernelPathUnavailable::Load {
+        name: PROG_SK_MSG,
+        detail: "x".into(),
+        note: "",
     }
 }
 
@@ -12,7 +18,7 @@ fn unavailable(kind: KernelPathReason, why: &str) -> KernelPath {
 fn not_on() -> [KernelPath; 2] {
     [
         KernelPath::Off,
-        unavailable(KernelPathReason::NoProgramType, "no"),
+        unavailable(KernelPathUnavailable::NoProgramType("sk_msg")),
     ]
 }
 
@@ -167,7 +173,7 @@ fn a_server_first_frontend_is_relayed_even_with_the_kernel_path_on() {
         None
     );
     assert!(
-        unavailable(KernelPathReason::Refused, "x")
+        unavailable(refused())
             .why(FirstSpeaker::Client, PathChoice::Auto)
             .is_some_and(|w| w.starts_with("relay: "))
     );
@@ -201,11 +207,7 @@ fn the_value_carries_the_header_only_when_the_kernel_path_is_on() {
         [PROG_CONNECT4_KERNEL, PROG_CONNECT6_KERNEL]
     );
     assert_eq!(
-        KernelPath::Unavailable {
-            kind: KernelPathReason::NoProgramType,
-            why: "this kernel has no sk_msg programs".into(),
-        }
-        .to_string(),
+        unavailable(KernelPathUnavailable::NoProgramType("sk_msg")).to_string(),
         "unavailable: this kernel has no sk_msg programs"
     );
 }
@@ -247,9 +249,25 @@ fn a_frontend_asking_for_the_relay_is_relayed_with_its_own_header_byte() {
     );
     assert_eq!(KernelPath::Off.why(FirstSpeaker::Client, relay), None);
     assert_eq!(
-        unavailable(KernelPathReason::Refused, "x")
+        unavailable(refused())
             .why(FirstSpeaker::Client, relay)
             .as_deref(),
         Some("relay: the kernel path is unavailable on this node")
+    );
+}
+
+/// The kind `status` reports follows the cause, and the words are the cause's own.
+#[test]
+fn an_unavailable_kernel_path_takes_its_kind_and_words_from_its_cause() {
+    let link = KernelPathUnavailable::LinkFailed(DatapathError::NotEmbedded);
+    assert_eq!(link.kind(), KernelPathReason::LinkFailed);
+    assert_eq!(
+        unavailable(link).to_string(),
+        format!("unavailable: {}", DatapathError::NotEmbedded)
+    );
+    assert_eq!(refused().kind(), KernelPathReason::Refused);
+    assert_eq!(
+        KernelPathUnavailable::Missing(PROG_SOCK_OPS).kind(),
+        KernelPathReason::NotInObject
     );
 }

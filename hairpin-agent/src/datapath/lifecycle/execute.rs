@@ -144,7 +144,7 @@ impl<K: LinkKernel> Links<K> {
                 Err(e) => match decide::link_failed(role) {
                     LinkFailed::RelayPathOnly => {
                         tracing::warn!(error = %e, "the kernel path is unavailable: every frontend takes the relay path");
-                        programs.lose_kernel_path(&e);
+                        programs.lose_kernel_path(e);
                         // What of the kernel path was linked goes again. The marking
                         // connect programs stay: with the kernel path off, no entry
                         // asks them to mark, and they redirect as the plain ones.

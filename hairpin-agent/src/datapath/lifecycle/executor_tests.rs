@@ -15,7 +15,7 @@ use super::state::ForeignLayout;
 use super::takeover::Handover;
 use crate::datapath::attach::Adoption;
 use crate::datapath::liveness::HeartbeatState;
-use crate::datapath::order::LinkOrder;
+use crate::datapath::order::{LinkOrder, Unordered};
 use crate::datapath::pin::{PinDir, Pinning};
 use crate::datapath::role::Role;
 use crate::datapath::sys::BPF_F_BEFORE;
@@ -350,12 +350,7 @@ fn a_kernel_path_hook_that_cannot_link_costs_the_kernel_path_only() {
 /// On a kernel that cannot order cgroup links, with a socket load balancer's
 /// program at the root's connect hooks: `children` under the root.
 fn beside_a_socket_lb(children: &[&str]) -> Node {
-    let n = node(
-        true,
-        true,
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
-        None,
-    );
+    let n = node(true, true, LinkOrder::Unsupported(Unordered::Refused), None);
     n.kernel.set_children(children);
     n.kernel.foreign_program(Role::Connect4, 9001);
     n.kernel.foreign_program(Role::Connect6, 9002);
@@ -409,12 +404,7 @@ fn without_ordering_beside_another_program_the_connect_links_go_at_each_child_co
 
 #[test]
 fn without_ordering_and_nothing_else_at_the_root_the_connect_links_stay_at_the_root() {
-    let mut n = node(
-        true,
-        true,
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
-        None,
-    );
+    let mut n = node(true, true, LinkOrder::Unsupported(Unordered::Refused), None);
     n.kernel.set_children(&["kubepods.slice"]);
     n.attach();
     let calls = n.kernel.calls();
@@ -508,7 +498,7 @@ fn the_next_agent_swaps_each_childs_link_in_place_and_follows_children_made_and_
     n.links = Links::new(
         n.kernel.clone(),
         Pinning::Pinned(PinDir::for_tests(&root, LAYOUT)),
-        LinkOrder::Unsupported("BPF_F_BEFORE refused: EINVAL".into()),
+        LinkOrder::Unsupported(Unordered::Refused),
         (n.kernel.sockets_map(), SOCKETS_ID),
         None,
     );

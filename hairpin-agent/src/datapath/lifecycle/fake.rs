@@ -518,7 +518,7 @@ impl LoadedPrograms for FakePrograms {
         Ok(fd.try_clone().expect("dup of a fake program"))
     }
 
-    fn lose_kernel_path(&mut self, _why: &DatapathError) {
+    fn lose_kernel_path(&mut self, _why: DatapathError) {
         self.kernel_hooks = false;
     }
 }

@@ -189,5 +189,5 @@ pub(crate) trait LoadedPrograms {
     /// A kernel path hook could not be linked (`why`): from now on the kernel path
     /// is unavailable, and [`LoadedPrograms::program_for`] names no kernel path
     /// program.
-    fn lose_kernel_path(&mut self, why: &DatapathError);
+    fn lose_kernel_path(&mut self, why: DatapathError);
 }

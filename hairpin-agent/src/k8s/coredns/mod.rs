@@ -10,7 +10,7 @@
 //! [`task`]; which rewrites the running CoreDNS can take (its version, read from
 //! its Deployment) is in [`version`].
 
-pub mod task;
+pub(crate) mod task;
 pub(crate) mod version;
 
 use std::{collections::BTreeMap, fmt, str::FromStr};

@@ -10,19 +10,18 @@
 //! - [`cluster_dns`]: which Service is the cluster DNS, for `check`.
 //! - [`nodes`]: what the Nodes report about themselves, as far as it is believed.
 
-pub mod annotations;
+pub(crate) mod annotations;
 pub(crate) mod cluster_dns;
 pub(crate) mod decision;
 pub(crate) mod desired;
-pub mod lb_address;
+pub(crate) mod lb_address;
 pub(crate) mod nodes;
 pub(crate) mod provider_eval;
-pub mod providers;
-pub mod service;
+pub(crate) mod providers;
+pub(crate) mod service;
 
 pub(crate) use decision::Decision;
 pub(crate) use decision::SkipReason;
-pub use desired::DesiredState;
 pub(crate) use desired::decide_all;
 pub(crate) use nodes::IgnoredClaim;
 pub(crate) use service::Defaults;

@@ -16,8 +16,8 @@
 //! Without the programs the listeners bind the names ports as they are.
 
 mod conn;
-pub mod http_host;
-pub mod sni;
+pub(crate) mod http_host;
+pub(crate) mod sni;
 
 use std::{
     collections::BTreeMap,

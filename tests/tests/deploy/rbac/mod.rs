@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hairpin_agent::{
-    agent::{args::RunArgs, coredns_writer::CorednsWriterArgs},
-    cli::uninstall::{Owned, Step, UninstallArgs, WorkloadKind},
-    k8s::coredns::{CorednsMode, ObjectName},
+    agent::{CorednsWriterArgs, RunArgs},
+    cli::{Owned, Step, UninstallArgs, WorkloadKind},
+    k8s::{CorednsMode, ObjectName},
 };
 use serde_json::Value as Json;
 
