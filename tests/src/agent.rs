@@ -387,6 +387,11 @@ impl Agent {
             // the kernel path (`auto`) now, and a test that wants it passes
             // `--kernel-path`, which takes precedence over this variable.
             .env("HAIRPIN_KERNEL_PATH", "off")
+            // The mesh cache as at the node's cgroup root, where `auto` turns it on:
+            // below it `auto` leaves it off, and every process of a simulated node
+            // (any mesh proxy included) runs inside the node's cgroup, where sock_ops
+            // sees its listen(2). A test of `auto` passes the flag.
+            .env("HAIRPIN_MESH_LISTENER_CACHE", "on")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

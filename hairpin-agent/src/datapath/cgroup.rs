@@ -42,6 +42,15 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     found.into_iter().next().map(|(_, p)| p)
 }
 
+/// Whether the cgroup v2 directory `path` is the hierarchy's root, whatever the
+/// reader's cgroup namespace: its kernfs id, the directory's inode number, is 1
+/// (the first the hierarchy allocates), where every cgroup below has another.
+/// A program attached there runs for every socket on the node.
+pub fn is_cgroup2_root(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).is_ok_and(|m| m.ino() == 1)
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
     s.replace("\\040", " ")

@@ -60,7 +60,7 @@ mod slots;
 pub mod splice;
 pub mod sys;
 
-pub use cgroup::find_cgroup2_root;
+pub use cgroup::{find_cgroup2_root, is_cgroup2_root};
 pub(crate) use counters::CountersReader;
 pub(crate) use error::DatapathError;
 pub(crate) use kernel_path::{KernelPath, drain_kernel_sockets, read_frontend_paths};
