@@ -94,7 +94,7 @@ pub(super) fn mesh_listens(sa: &bpf_sock_addr, family: u8) -> bool {
         // Only where no entry is: never over a "listens" sock_ops wrote after these
         // probes ran. A full map evicts its least recently used entry; a write
         // that fails leaves the namespace to be probed again.
-        let _ = HAIRPIN_MESH_NS.insert(&key, &MESH_NETNS_NONE, u64::from(BPF_NOEXIST));
+        put(key, MESH_NETNS_NONE, BPF_NOEXIST);
     }
     found
 }
@@ -127,12 +127,19 @@ pub(super) fn listening(ops: *mut bpf_sock_ops) {
 /// Writes "listens" at `key`, or removes its entry where that fails.
 #[inline(always)]
 fn listens_in(key: u64) {
-    if HAIRPIN_MESH_NS
-        .insert(&key, &MESH_NETNS_LISTENS, u64::from(BPF_ANY))
-        .is_err()
-    {
+    if !put(key, MESH_NETNS_LISTENS, BPF_ANY) {
         let _ = HAIRPIN_MESH_NS.remove(&key);
     }
+}
+
+/// Writes `state` at `key` as `flags` say; whether it was written.
+#[inline(always)]
+fn put(key: u64, state: u32, flags: u32) -> bool {
+    let mut value = 0u32;
+    // SAFETY: a store to this frame's own variable; volatile, so the helper gets a
+    // pointer to the stack rather than to a constant LLVM might put in .rodata.
+    unsafe { write_volatile(&raw mut value, state) };
+    HAIRPIN_MESH_NS.insert(&key, &value, u64::from(flags)).is_ok()
 }
 
 /// [`HAIRPIN_MESH_PORTS`] (network byte order; 0 a slot not in use).

@@ -175,7 +175,16 @@ pub(super) fn attach(args: &RunArgs) -> Result<Attached, StartError> {
             datapath::find_cgroup2_root(&mountinfo).ok_or(StartError::NoCgroup2)?
         }
     };
-    match datapath::start(object, &load_options(args, &cgroup))? {
+    let opts = load_options(args, &cgroup);
+    if opts.kernel_path {
+        info!(
+            on = opts.mesh_cache,
+            mode = ?args.mesh_listener_cache,
+            cgroup = %cgroup.display(),
+            "mesh listener cache (off: every kernel-path connect probes for a mesh proxy)"
+        );
+    }
+    match datapath::start(object, &opts)? {
         Started::Waiting(wait) => Ok(Attached::Waiting(wait)),
         Started::Loaded { mut datapath, go } => {
             info!(start = %go, "datapath loaded");
