@@ -148,6 +148,23 @@ mod tests {
     }
 
     #[test]
+    fn a_namespaces_two_families_never_share_a_mesh_key_with_another() {
+        let keys = [
+            mesh_netns_key(1, false),
+            mesh_netns_key(1, true),
+            mesh_netns_key(2, false),
+            mesh_netns_key(2, true),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_ne!(MESH_NETNS_NONE, MESH_NETNS_LISTENS);
+        assert_ne!(MESH_NETNS_NONE, 0, "a zeroed value must not read as none");
+    }
+
+    #[test]
     fn the_sockets_limit_keeps_a_margin_and_never_reaches_zero() {
         assert_eq!(sockets_limit(MAX_KERNEL_SOCKETS), 61_440);
         assert_eq!(sockets_limit(1), 1);

@@ -64,6 +64,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_hierarchys_root_is_the_root() {
+        // As root under CI the machine's cgroup v2 hierarchy is mounted (the
+        // datapath tests attach there); elsewhere there may be none to look at.
+        let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|m| find_cgroup2_root(&m))
+        else {
+            return;
+        };
+        assert!(is_cgroup2_root(&root), "{}", root.display());
+        let child = std::fs::read_dir(&root)
+            .expect("read the cgroup root")
+            .filter_map(Result::ok)
+            .find(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+        if let Some(child) = child {
+            assert!(!is_cgroup2_root(&child.path()), "{}", child.path().display());
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(!is_cgroup2_root(dir.path()));
+        assert!(!is_cgroup2_root(&dir.path().join("missing")));
+    }
+
+    #[test]
     fn finds_the_unified_hierarchy_beside_v1_controllers() {
         let mi = "\
 25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
