@@ -42,13 +42,18 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     found.into_iter().next().map(|(_, p)| p)
 }
 
-/// Whether the cgroup v2 directory `path` is the hierarchy's root, whatever the
-/// reader's cgroup namespace: its kernfs id, the directory's inode number, is 1
-/// (the first the hierarchy allocates), where every cgroup below has another.
-/// A program attached there runs for every socket on the node.
+/// `statfs` type of a cgroup v2 filesystem (`CGROUP2_SUPER_MAGIC` in linux/magic.h).
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Whether `path` is the cgroup v2 hierarchy's root, whatever the reader's cgroup
+/// namespace: a directory of a cgroup2 filesystem whose kernfs id, its inode
+/// number, is 1 (the first the hierarchy allocates), where every cgroup below has
+/// another. A program attached there runs for every socket on the node.
 pub fn is_cgroup2_root(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).is_ok_and(|m| m.ino() == 1)
+    let cgroup2 = nix::sys::statfs::statfs(path)
+        .is_ok_and(|st| st.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC);
+    cgroup2 && std::fs::metadata(path).is_ok_and(|m| m.ino() == 1)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -65,15 +70,19 @@ mod tests {
 
     #[test]
     fn only_the_hierarchys_root_is_the_root() {
-        // As root under CI the machine's cgroup v2 hierarchy is mounted (the
-        // datapath tests attach there); elsewhere there may be none to look at.
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(!is_cgroup2_root(dir.path()));
+        assert!(!is_cgroup2_root(&dir.path().join("missing")));
         let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
             .ok()
             .and_then(|m| find_cgroup2_root(&m))
         else {
             return;
         };
-        assert!(is_cgroup2_root(&root), "{}", root.display());
+        if !is_cgroup2_root(&root) {
+            // A container's own cgroup namespace mounted as its root: a subtree.
+            return;
+        }
         let child = std::fs::read_dir(&root)
             .expect("read the cgroup root")
             .filter_map(Result::ok)
@@ -81,9 +90,6 @@ mod tests {
         if let Some(child) = child {
             assert!(!is_cgroup2_root(&child.path()), "{}", child.path().display());
         }
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        assert!(!is_cgroup2_root(dir.path()));
-        assert!(!is_cgroup2_root(&dir.path().join("missing")));
     }
 
     #[test]
