@@ -88,7 +88,11 @@ mod tests {
             .filter_map(Result::ok)
             .find(|e| e.file_type().is_ok_and(|t| t.is_dir()));
         if let Some(child) = child {
-            assert!(!is_cgroup2_root(&child.path()), "{}", child.path().display());
+            assert!(
+                !is_cgroup2_root(&child.path()),
+                "{}",
+                child.path().display()
+            );
         }
     }
 

@@ -15,8 +15,9 @@ use aya_ebpf::{
 };
 use hairpin_ebpf::{
     Counter, DEFAULT_BYPASS_MARK, DEFAULT_MESH_PORTS, FrontendKey, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_NETNS_ENTRIES, MESH_PORTS, PendingHeader, RELAY_LISTENERS, Redirect,
-    SLOT_ADDRS, SPLICE_REFILL_BYTES, Slot, SlotKey, SpliceCredit, SpliceSeen, mesh_ports_be,
+    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_NETNS_ENTRIES, MESH_PORTS, PendingHeader,
+    RELAY_LISTENERS, Redirect, SLOT_ADDRS, SPLICE_REFILL_BYTES, Slot, SlotKey, SpliceCredit,
+    SpliceSeen, mesh_ports_be,
 };
 
 #[map(name = "HAIRPIN_FRONTENDS")]

@@ -71,7 +71,8 @@ pub(super) fn mesh_listens(sa: &bpf_sock_addr, family: u8) -> bool {
     let mut key = 0;
     if cached {
         // SAFETY: the context of a connect hook; the cookie of its socket's netns.
-        let cookie = unsafe { bpf_get_netns_cookie((sa as *const bpf_sock_addr).cast_mut().cast()) };
+        let cookie =
+            unsafe { bpf_get_netns_cookie((sa as *const bpf_sock_addr).cast_mut().cast()) };
         key = mesh_netns_key(cookie, v6);
         // SAFETY: a value of this program run, or None on a miss.
         if unsafe { HAIRPIN_MESH_NS.get(&key) }.is_some_and(|s| *s == MESH_NETNS_NONE) {
@@ -113,9 +114,7 @@ pub(super) fn listening(ops: *mut bpf_sock_ops) {
     // SAFETY: a context read; sock_ops holds the local port in host byte order.
     let port = (unsafe { read_volatile(&(*ops).local_port) } as u16).to_be();
     let ports = capture_ports();
-    if port == 0
-        || (port != ports[0] && port != ports[1] && port != ports[2] && port != ports[3])
-    {
+    if port == 0 || (port != ports[0] && port != ports[1] && port != ports[2] && port != ports[3]) {
         return;
     }
     // SAFETY: a sock_ops context is a valid argument for the cookie helper.
@@ -139,7 +138,9 @@ fn put(key: u64, state: u32, flags: u32) -> bool {
     // SAFETY: a store to this frame's own variable; volatile, so the helper gets a
     // pointer to the stack rather than to a constant LLVM might put in .rodata.
     unsafe { write_volatile(&raw mut value, state) };
-    HAIRPIN_MESH_NS.insert(&key, &value, u64::from(flags)).is_ok()
+    HAIRPIN_MESH_NS
+        .insert(&key, &value, u64::from(flags))
+        .is_ok()
 }
 
 /// [`HAIRPIN_MESH_PORTS`] (network byte order; 0 a slot not in use).
@@ -214,4 +215,3 @@ fn loopback_listener<const V6: bool>(sa: &bpf_sock_addr, port: u16) -> bool {
     }
     true
 }
-

@@ -33,8 +33,8 @@ use hairpin_ebpf::{
 use super::{
     header::format_header,
     helpers::{array_value, count, pending_of},
-    mesh,
     maps::{HAIRPIN_FILL, pending_map, sockets_map},
+    mesh,
 };
 
 const TCP_CLOSE: u32 = 7;
