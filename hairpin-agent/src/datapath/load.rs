@@ -413,6 +413,7 @@ fn load_object(
     let slots4 = slot_addrs4(&opts.slot_addrs.v4);
     let slots6 = slot_addrs6(&opts.slot_addrs.v6);
     let mesh_ports = mesh_ports_be(opts.mesh_ports);
+    let mesh_cache = u32::from(opts.mesh_cache);
     let mut loader = EbpfLoader::new();
     loader
         // Not every object logs (must_exist false): it is aya-log's own global.
@@ -427,7 +428,7 @@ fn load_object(
         .override_global(GLOBAL_SLOT_ADDRS4, &slots4, true)
         .override_global(GLOBAL_SLOT_ADDRS6, &slots6, true)
         .override_global(GLOBAL_MESH_PORTS, &mesh_ports, true)
-        .override_global(GLOBAL_MESH_CACHE, &u32::from(opts.mesh_cache), true)
+        .override_global(GLOBAL_MESH_CACHE, &mesh_cache, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         // Live slots and those in quarantine: twice the frontends.
         .map_max_entries(MAP_SLOTS, opts.max_frontends.saturating_mul(2))

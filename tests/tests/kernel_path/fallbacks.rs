@@ -381,8 +381,8 @@ fn a_capture_listener_after_a_cached_none_sends_the_pods_connects_to_the_relay()
         CAPTURE_LISTENER,
         ready.to_str().expect("utf-8 path"),
     ]);
-    let listening = eventually(|| ready.exists(), |r| *r);
-    assert!(listening, "the capture listener never listened");
+    let listening = hairpin_tests::wait::wait_until(Duration::from_secs(10), || ready.exists());
+    assert!(listening.is_some(), "the capture listener never listened");
     for (lb, pod_ip) in cases {
         let reply = from_pod(&node, &url(lb, 80, "/"));
         assert_true_client("pod, a capture listener", &reply, pod_ip, lb, &agent);
