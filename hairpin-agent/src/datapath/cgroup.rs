@@ -42,9 +42,6 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     found.into_iter().next().map(|(_, p)| p)
 }
 
-/// `statfs` type of a cgroup v2 filesystem (`CGROUP2_SUPER_MAGIC` in linux/magic.h).
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// Whether `path` is the cgroup v2 hierarchy's root, whatever the reader's cgroup
 /// namespace: a directory of a cgroup2 filesystem whose kernfs id, its inode
 /// number, is 1 (the first the hierarchy allocates), where every cgroup below has
@@ -52,7 +49,7 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 pub fn is_cgroup2_root(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let cgroup2 = nix::sys::statfs::statfs(path)
-        .is_ok_and(|st| st.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC);
+        .is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
     cgroup2 && std::fs::metadata(path).is_ok_and(|m| m.ino() == 1)
 }
 
