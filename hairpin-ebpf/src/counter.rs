@@ -74,11 +74,15 @@ pub enum Counter {
     /// listener map lacks the bypass mark or a privileged port, so it is none of
     /// the agent's listeners. They go as before hairpin.
     RelayUnverified = 18,
+    /// Connects to a kernel-path frontend whose network namespace is known to have
+    /// no mesh capture listener ([`MAP_MESH_NETNS`](crate::MAP_MESH_NETNS)): the
+    /// loopback probes behind [`Counter::KernelFallbackMesh`] were skipped.
+    KernelMeshCached = 19,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 20] = [
         Counter::Redirected,
         Counter::SkippedBypassMark,
         Counter::KernelMarked,
@@ -98,6 +102,7 @@ impl Counter {
         Counter::KernelSkippedElsewhere,
         Counter::KernelFallbackMesh,
         Counter::RelayUnverified,
+        Counter::KernelMeshCached,
     ];
     /// Length of [`MAP_COUNTERS`](crate::MAP_COUNTERS).
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -124,6 +129,7 @@ impl Counter {
             Counter::KernelSkippedElsewhere => "kernel_skipped_elsewhere",
             Counter::KernelFallbackMesh => "kernel_fallback_mesh",
             Counter::RelayUnverified => "relay_unverified",
+            Counter::KernelMeshCached => "kernel_mesh_cached",
         }
     }
 

@@ -54,6 +54,26 @@ pub const fn mesh_ports_be(ports: [u16; MESH_PORTS]) -> [u16; MESH_PORTS] {
     out
 }
 
+/// Capacity of [`MAP_MESH_NETNS`](crate::MAP_MESH_NETNS): two entries (IPv4 and
+/// IPv6) per network namespace, for a node's pods many times over. Least recently
+/// used entries go first: those of namespaces gone.
+pub const MESH_NETNS_ENTRIES: u32 = 4096;
+/// [`MAP_MESH_NETNS`](crate::MAP_MESH_NETNS) value: the loopback probes of this
+/// namespace and family found no capture listener, and no socket has started
+/// listening on a capture port there since (connect programs write it, and only
+/// where no entry is).
+pub const MESH_NETNS_NONE: u32 = 1;
+/// [`MAP_MESH_NETNS`](crate::MAP_MESH_NETNS) value: a socket started listening on a
+/// capture port in this namespace (sock_ops writes it over any entry): probe.
+pub const MESH_NETNS_LISTENS: u32 = 2;
+
+/// The [`MAP_MESH_NETNS`](crate::MAP_MESH_NETNS) key of a network namespace's
+/// cookie (`bpf_get_netns_cookie`, a counter from 1 that never nears 2^63) and a
+/// probe's family: the IPv4 and IPv6 probes look at different addresses.
+pub const fn mesh_netns_key(netns_cookie: u64, v6: bool) -> u64 {
+    (netns_cookie << 1) | v6 as u64
+}
+
 /// [`PendingHeader::state`]: nothing to do (not marked, or done).
 pub const PENDING_NONE: u8 = 0;
 /// [`PendingHeader::state`]: marked at connect, waiting for the handshake to finish.
@@ -125,6 +145,23 @@ mod tests {
             HEADER_ROOM + 22
         );
         assert!(HEADER_ROOM.is_power_of_two() && HEADER_ROOM >= 108);
+    }
+
+    #[test]
+    fn a_namespaces_two_families_never_share_a_mesh_key_with_another() {
+        let keys = [
+            mesh_netns_key(1, false),
+            mesh_netns_key(1, true),
+            mesh_netns_key(2, false),
+            mesh_netns_key(2, true),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_ne!(MESH_NETNS_NONE, MESH_NETNS_LISTENS);
+        assert_ne!(MESH_NETNS_NONE, 0, "a zeroed value must not read as none");
     }
 
     #[test]

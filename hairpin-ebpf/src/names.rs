@@ -107,6 +107,16 @@ pub const MAP_SPLICE_SEEN: &str = "HAIRPIN_SPLICED";
 /// refill a socket's credit (one socket cookie per request); never pinned.
 pub const MAP_SPLICE_REFILL: &str = "HAIRPIN_REFILL";
 
+/// ELF name of the LRU hash that remembers, per network namespace and family
+/// ([`mesh_netns_key`](crate::mesh_netns_key)), that the mesh probes found no
+/// capture listener there ([`MESH_NETNS_NONE`](crate::MESH_NETNS_NONE)), so that a
+/// kernel-path connect skips them, or that one started listening since
+/// ([`MESH_NETNS_LISTENS`](crate::MESH_NETNS_LISTENS), written by sock_ops at
+/// `BPF_SOCK_OPS_TCP_LISTEN_CB`). Read and written only while
+/// [`GLOBAL_MESH_CACHE`] is on. Never pinned: each load starts empty, so no entry
+/// outlives the sock_ops program that kept it up to date.
+pub const MAP_MESH_NETNS: &str = "HAIRPIN_MESH_NS";
+
 // ---- Globals the loader sets
 
 /// ELF name of the global holding the bypass mark, set by the loader.
@@ -151,6 +161,14 @@ pub const GLOBAL_FASTOPEN_CONNECT_MASK: &str = "HAIRPIN_FASTOPEN_CONNECT_MASK";
 /// [`Counter::KernelFallbackMesh`](crate::Counter::KernelFallbackMesh)). The object's
 /// own value is [`DEFAULT_MESH_PORTS`](crate::DEFAULT_MESH_PORTS); the loader may set it.
 pub const GLOBAL_MESH_PORTS: &str = "HAIRPIN_MESH_PORTS";
+
+/// ELF name of the global that turns on [`MAP_MESH_NETNS`] (1; 0: every
+/// kernel-path connect probes): set by the loader only where sock_ops sees every
+/// listen(2) on the node, that is attached at the root of the cgroup v2 hierarchy
+/// (`--mesh-listener-cache`). A listener opened by a process outside the attached
+/// cgroup runs no sock_ops program of hairpin's, and would leave a cached "no
+/// listener" standing.
+pub const GLOBAL_MESH_CACHE: &str = "HAIRPIN_MESH_CACHE";
 
 // ---- The pinned layout
 

@@ -376,6 +376,18 @@ impl Agent {
             "--log",
             log_filter,
         ]);
+        // The mesh cache as at the node's cgroup root, where `auto` turns it on: below
+        // it `auto` leaves it off, and every process of a simulated node (any mesh
+        // proxy included) runs inside the node's cgroup, where sock_ops sees its
+        // listen(2). Only for this tree's agent (another build, the bench's baseline,
+        // may not have the flag), and unless the test passes it.
+        let own_agent = AGENT_BIN_OVERRIDE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none();
+        if own_agent && !extra.contains(&"--mesh-listener-cache") {
+            argv.extend_from_slice(&["--mesh-listener-cache", "on"]);
+        }
         argv.extend_from_slice(extra);
         let child = command_in(&node.node_ns, Some(&node.agent_cgroup()), &argv)
             // One admin socket per node: the default path is shared by the whole machine

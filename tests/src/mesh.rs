@@ -24,7 +24,10 @@
 //! `127.0.0.1` and `::1`. Removing a [`Mesh`] (drop) stops the proxy and deletes its
 //! rules, so a test can show the pod without it on the same node.
 
-use std::{fs, path::PathBuf};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use crate::{
     dataplanes::envoy::{EnvoyRun, start_envoy, stdout_access_log, typed},
@@ -269,14 +272,32 @@ impl Mesh {
             fs::create_dir_all(&cg).unwrap_or_else(|e| panic!("create {}: {e}", cg.display()));
             cg
         });
-        let pod_cgroup = node.pod_cgroup();
+        let proxy_cgroup = own_cgroup.clone().unwrap_or_else(|| node.pod_cgroup());
+        Mesh::install_in(node, shape, &proxy_cgroup, own_cgroup)
+    }
+
+    /// As [`Mesh::install`], with the proxy in `cgroup` (which the node's teardown
+    /// removes), such as one outside the cgroup the agent attached at: a ztunnel
+    /// whose pod lies outside it.
+    pub fn install_from(node: &SimNode, shape: MeshShape, cgroup: &Path) -> Mesh {
+        Mesh::install_in(node, shape, cgroup, None)
+    }
+
+    /// Starts the proxy in `proxy_cgroup`, then the rules; `own_cgroup` is removed
+    /// with the mesh.
+    fn install_in(
+        node: &SimNode,
+        shape: MeshShape,
+        proxy_cgroup: &Path,
+        own_cgroup: Option<PathBuf>,
+    ) -> Mesh {
         let name = format!("mesh-{}", shape.name());
         let config = shape.envoy_config();
         let proxy = start_envoy(&EnvoyRun {
             name: &name,
             dir: &node.dir,
             netns: &node.pod_ns,
-            cgroup: Some(own_cgroup.as_deref().unwrap_or(&pod_cgroup)),
+            cgroup: Some(proxy_cgroup),
             uid: shape.proxy_uid(),
             config: &config,
             ports: &[shape.proxy_port()],

@@ -14,7 +14,14 @@
 //! the redirect rules' ip6tables twins and the proxy on 127.0.0.1 and ::1, as meshes do
 //! in a dual-stack pod).
 //!
-//! Cost: nine simulated nodes with one Envoy each (the tests run in parallel), two to
+//! With the cache of "no listener here" per network namespace on (the harness's agents
+//! run with `--mesh-listener-cache on`, as `auto` is at the node's cgroup root), a
+//! proxy that starts listening after a pod's connects were cached as unmeshed is seen
+//! by the next one (Istio's sidecar, ambient's ztunnel from a cgroup of its own);
+//! below the root `auto` leaves the cache off, and a proxy opened from outside the
+//! attached cgroup is still probed for.
+//!
+//! Cost: twelve simulated nodes with one Envoy each (the tests run in parallel), two to
 //! six requests each; about 15 s of wall time.
 
 use std::net::{IpAddr, SocketAddr};
@@ -291,4 +298,105 @@ fn without_the_proxy_the_kernel_path_takes_the_pods_connections() {
     drop(mesh);
     request(v4, 3, 2);
     request(v6, 4, 2);
+}
+
+/// The pod's request to the default-path LB: answered, with a header naming the pod.
+fn request_through_the_kernel_path(node: &SimNode, agent: &Agent, f: &Family) {
+    let reply = from_pod(node, &url(f.default_lb, 80, "/"));
+    assert!(
+        reply.ok() && reply.body.starts_with(&format!("client={}:", f.pod)),
+        "{}: {reply:?}\n{}",
+        f.name,
+        agent.log()
+    );
+}
+
+/// With the cache on (`--mesh-listener-cache on`: every process of the simulated node
+/// runs inside the cgroup the agent attached at), over IPv4 and then IPv6: the pod's
+/// first connect probes and finds no proxy, the second skips the probes
+/// (`kernel_mesh_cached`). Then `shape`'s proxy starts listening (Istio's sidecar
+/// from the pod's cgroup, ambient's ztunnel from a cgroup of its own, as its in-pod
+/// listener is opened by ztunnel's own pod), and the very next connect sees it:
+/// sock_ops' listen callback made the cached "no listener" stale. One header.
+fn a_listener_after_a_cached_none_gets_one_header(shape: MeshShape) {
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with_frontends_yaml(
+        &node,
+        FRONTENDS,
+        &["--kernel-path", "auto", "--mesh-listener-cache", "on"],
+    );
+    for f in &FAMILIES {
+        request_through_the_kernel_path(&node, &agent, f);
+        request_through_the_kernel_path(&node, &agent, f);
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 4, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_mesh_cached"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 0, "{s}");
+    let mesh = Mesh::install(&node, shape);
+    for (i, f) in FAMILIES.iter().enumerate() {
+        let reply = from_pod(&node, &url(f.default_lb, 80, "/"));
+        assert_one_header(shape, &reply, f, f.default_lb, &node, &mesh, &agent);
+        wait_proxied(&mesh, &relay_listener(&node, f.default_lb), f.pod);
+        let s = status(&node);
+        let context = format!("{} {}: {s}", shape.name(), f.name);
+        assert_eq!(
+            kernel_counter(&s, "kernel_fallback_mesh"),
+            i as u64 + 1,
+            "{context}"
+        );
+        assert_eq!(kernel_counter(&s, "kernel_mesh_cached"), 2, "{context}");
+        assert_eq!(kernel_counter(&s, "kernel_headers_written"), 4, "{context}");
+    }
+}
+
+#[test]
+fn istio_sidecar_listening_after_a_cached_none_gets_one_header() {
+    require_privileges!();
+    a_listener_after_a_cached_none_gets_one_header(MeshShape::IstioTcp);
+}
+
+#[test]
+fn ambient_ztunnel_listening_after_a_cached_none_gets_one_header() {
+    require_privileges!();
+    a_listener_after_a_cached_none_gets_one_header(MeshShape::Ambient);
+}
+
+/// Attached below the hierarchy's root (as every simulated node is), the default
+/// `--mesh-listener-cache auto` (the harness's agents otherwise run with `on`)
+/// leaves the cache off: a proxy opened from a cgroup
+/// outside the attached one (a ztunnel whose pod lies outside it) runs no sock_ops
+/// program of hairpin's, so nothing would tell a cached "no listener" that it
+/// listens. Every connect probes, and after the proxy starts the pod's connect still
+/// gets one header.
+#[test]
+fn below_the_root_a_proxy_from_outside_the_cgroup_is_probed_for() {
+    require_privileges!();
+    let node = SimNode::new();
+    let _nginx = start_nginx(&node);
+    let agent = Agent::start_with_frontends_yaml(
+        &node,
+        FRONTENDS,
+        &["--kernel-path", "auto", "--mesh-listener-cache", "auto"],
+    );
+    let [v4, _] = &FAMILIES;
+    request_through_the_kernel_path(&node, &agent, v4);
+    request_through_the_kernel_path(&node, &agent, v4);
+    let outside = node.outside_cgroup();
+    let mesh = Mesh::install_from(&node, MeshShape::Ambient, &outside);
+    let reply = from_pod(&node, &url(v4.default_lb, 80, "/"));
+    assert_one_header(
+        MeshShape::Ambient,
+        &reply,
+        v4,
+        v4.default_lb,
+        &node,
+        &mesh,
+        &agent,
+    );
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 1, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_mesh_cached"), 0, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_headers_written"), 2, "{s}");
 }

@@ -42,7 +42,8 @@ pub(crate) struct Suite {
 /// What the VMs run, chosen for coverage per emulated second (a check costs about
 /// 15 times its native time under TCG): the programs load and attach and the kernel
 /// path writes v1 and v2 headers, v4 and v6, pods and node processes, root and the
-/// DaemonSet's capabilities (kernel_path's headers); the datapath outlives the agent
+/// DaemonSet's capabilities (kernel_path's headers), and a mesh's capture listener
+/// is seen after a cached "none" (sock_ops' listen callback); the datapath outlives the agent
 /// (a socket opened before a kill -9 gets its header from the pinned datapath); the
 /// relay path and the kernel path through kube-proxy's DNAT, v4 and v6, v1 and v2
 /// (datapath); the relay's slots serve their own frontend only (relay_slots'
@@ -55,6 +56,7 @@ pub(crate) const SUITES: &[Suite] = &[
             "headers::",
             "drain::a_socket_not_yet_written_when_the_agent_is_killed",
             "status::status_and_metrics_show_the_kernel_path",
+            "fallbacks::a_capture_listener_after_a_cached_none",
         ],
     },
     Suite {

@@ -149,6 +149,17 @@ pub struct RunArgs {
     #[arg(long, env = "HAIRPIN_MESH_CAPTURE_PORTS", default_value = "15001,4140", value_parser = MeshPorts::parse)]
     pub mesh_capture_ports: MeshPorts,
 
+    /// Whether the connect programs remember, per network namespace, that no mesh
+    /// proxy listens on a capture port there, and skip the loopback probes on its
+    /// later kernel-path connects (sock_ops sees every listen(2) in the attached
+    /// cgroup and makes them probe again where a capture port starts listening).
+    /// `auto`: only when attached at the root of the cgroup v2 hierarchy, where no
+    /// listener escapes sock_ops; `on`: also below it, when every process that may
+    /// listen on a capture port (a mesh's sidecar, ztunnel) runs inside the
+    /// attached cgroup; `off`: probe on every kernel-path connect.
+    #[arg(long, env = "HAIRPIN_MESH_LISTENER_CACHE", value_enum, default_value_t = MeshListenerCache::Auto)]
+    pub mesh_listener_cache: MeshListenerCache,
+
     /// Where the connect links go among the other connect programs at the cgroup:
     /// `first` (before every other one where the kernel orders cgroup links; else at
     /// the cgroup's children when another program is at its connect hooks),
@@ -607,6 +618,28 @@ pub enum LinkOrderMode {
     /// As on a kernel that does not order: after every program already there, and
     /// at the cgroup's children when another program is at its connect hooks (tests).
     Children,
+}
+
+/// `--mesh-listener-cache`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MeshListenerCache {
+    /// On where the programs are attached at the cgroup v2 hierarchy's root.
+    Auto,
+    /// On wherever they are attached.
+    On,
+    /// Off: every kernel-path connect probes.
+    Off,
+}
+
+impl MeshListenerCache {
+    /// Whether the cache is on for programs attached at `cgroup`.
+    pub(crate) fn on_at(self, cgroup: &std::path::Path) -> bool {
+        match self {
+            MeshListenerCache::Auto => crate::datapath::is_cgroup2_root(cgroup),
+            MeshListenerCache::On => true,
+            MeshListenerCache::Off => false,
+        }
+    }
 }
 
 /// `--mesh-capture-ports`: at most [`MESH_PORTS`] TCP ports.

@@ -42,6 +42,17 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     found.into_iter().next().map(|(_, p)| p)
 }
 
+/// Whether `path` is the cgroup v2 hierarchy's root, whatever the reader's cgroup
+/// namespace: a directory of a cgroup2 filesystem whose kernfs id, its inode
+/// number, is 1 (the first the hierarchy allocates), where every cgroup below has
+/// another. A program attached there runs for every socket on the node.
+pub fn is_cgroup2_root(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let cgroup2 = nix::sys::statfs::statfs(path)
+        .is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+    cgroup2 && std::fs::metadata(path).is_ok_and(|m| m.ino() == 1)
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
     s.replace("\\040", " ")
@@ -53,6 +64,34 @@ fn unescape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_hierarchys_root_is_the_root() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(!is_cgroup2_root(dir.path()));
+        assert!(!is_cgroup2_root(&dir.path().join("missing")));
+        let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|m| find_cgroup2_root(&m))
+        else {
+            return;
+        };
+        if !is_cgroup2_root(&root) {
+            // A container's own cgroup namespace mounted as its root: a subtree.
+            return;
+        }
+        let child = std::fs::read_dir(&root)
+            .expect("read the cgroup root")
+            .filter_map(Result::ok)
+            .find(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+        if let Some(child) = child {
+            assert!(
+                !is_cgroup2_root(&child.path()),
+                "{}",
+                child.path().display()
+            );
+        }
+    }
 
     #[test]
     fn finds_the_unified_hierarchy_beside_v1_controllers() {

@@ -20,10 +20,11 @@ use std::{
 use aya::{Ebpf, EbpfLoader, programs::CgroupSockAddr};
 use hairpin_ebpf::{
     Counter, FrontendKey, GLOBAL_BYPASS_MARK, GLOBAL_FASTOPEN_CONNECT_MASK,
-    GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_PORTS, GLOBAL_NODE_IP4,
-    GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT, MAP_FRONTENDS,
-    MAP_SLOTS, MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS, MAP_SPLICE_SEEN,
-    PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, mesh_ports_be, slot_addrs4, slot_addrs6,
+    GLOBAL_FASTOPEN_CONNECT_OFF, GLOBAL_FASTOPEN_REQ_OFF, GLOBAL_MESH_CACHE, GLOBAL_MESH_PORTS,
+    GLOBAL_NODE_IP4, GLOBAL_NODE_IP6, GLOBAL_SLOT_ADDRS4, GLOBAL_SLOT_ADDRS6, GLOBAL_SOCKETS_LIMIT,
+    MAP_FRONTENDS, MAP_SLOTS, MAP_SOCKETS, MAP_SPLICE, MAP_SPLICE_CREDIT, MAP_SPLICE_PEERS,
+    MAP_SPLICE_SEEN, PROG_CONNECT4_KERNEL_PERFMON, PROG_SK_LOOKUP, mesh_ports_be, slot_addrs4,
+    slot_addrs6,
 };
 
 use super::adopt;
@@ -408,6 +409,7 @@ fn load_object(
     let slots4 = slot_addrs4(&opts.slot_addrs.v4);
     let slots6 = slot_addrs6(&opts.slot_addrs.v6);
     let mesh_ports = mesh_ports_be(opts.mesh_ports);
+    let mesh_cache = u32::from(opts.mesh_cache);
     let mut loader = EbpfLoader::new();
     loader
         // Not every object logs (must_exist false): it is aya-log's own global.
@@ -422,6 +424,7 @@ fn load_object(
         .override_global(GLOBAL_SLOT_ADDRS4, &slots4, true)
         .override_global(GLOBAL_SLOT_ADDRS6, &slots6, true)
         .override_global(GLOBAL_MESH_PORTS, &mesh_ports, true)
+        .override_global(GLOBAL_MESH_CACHE, &mesh_cache, true)
         .map_max_entries(MAP_FRONTENDS, opts.max_frontends)
         // Live slots and those in quarantine: twice the frontends.
         .map_max_entries(MAP_SLOTS, opts.max_frontends.saturating_mul(2))

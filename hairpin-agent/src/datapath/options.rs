@@ -55,6 +55,9 @@ pub(crate) struct LoadOptions {
     /// The outbound capture ports of mesh proxies the kernel-path connect programs
     /// look for in the client's network namespace (host byte order; 0: unused).
     pub mesh_ports: [u16; MESH_PORTS],
+    /// Whether the connect programs may skip the mesh probes for a network
+    /// namespace known to have no capture listener (`--mesh-listener-cache`).
+    pub mesh_cache: bool,
 }
 
 impl LoadOptions {
@@ -75,6 +78,7 @@ impl LoadOptions {
             splice_sockets: MAX_SPLICE_SOCKETS,
             link_order: super::order::LinkOrderWanted::First,
             mesh_ports: DEFAULT_MESH_PORTS,
+            mesh_cache: false,
         }
     }
 }

@@ -8,19 +8,13 @@
 //! (`KERNEL` false, the kernel-path branch compiled out), the kernel path, and the
 //! kernel path with CAP_PERFMON's helpers (`PERFMON`).
 
-use core::{
-    mem::MaybeUninit,
-    ptr::{null_mut, read_volatile, write_volatile},
-};
+use core::ptr::{null_mut, read_volatile, write_volatile};
 
 use aya_ebpf::{
-    bindings::{
-        BPF_F_CURRENT_NETNS, bpf_sock_addr, bpf_sock_tuple,
-        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2,
-    },
+    bindings::bpf_sock_addr,
     helpers::{
-        bpf_getsockopt, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_sk_lookup_tcp, bpf_sk_release,
-        bpf_sk_storage_get, bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock,
+        bpf_getsockopt, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_sk_storage_get,
+        bpf_skc_to_mptcp_sock, bpf_skc_to_tcp_sock,
     },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
@@ -35,8 +29,9 @@ use super::{
     maps::{
         HAIRPIN_BYPASS_MARK, HAIRPIN_FASTOPEN_CONNECT_MASK, HAIRPIN_FASTOPEN_CONNECT_OFF,
         HAIRPIN_FASTOPEN_REQ_OFF, HAIRPIN_FILL, HAIRPIN_FRONTENDS, HAIRPIN_HEARTBEAT,
-        HAIRPIN_MESH_PORTS, HAIRPIN_PENDING, HAIRPIN_SOCKETS_LIMIT, fastopen_map, pending_map,
+        HAIRPIN_PENDING, HAIRPIN_SOCKETS_LIMIT, fastopen_map, pending_map,
     },
+    mesh::mesh_listens,
     slots::slot_target,
 };
 
@@ -331,108 +326,6 @@ fn kernel_can_take<const PERFMON: bool>(sa: &bpf_sock_addr, key: &FrontendKey) -
             key.port
         );
         return false;
-    }
-    true
-}
-
-/// 127.0.0.1 in network byte order, as a `bpf_sock_tuple` holds it.
-const LOOPBACK4: u32 = u32::from_ne_bytes([127, 0, 0, 1]);
-/// The last word of ::1 in network byte order.
-const LOOPBACK6_LAST: u32 = u32::from_ne_bytes([0, 0, 0, 1]);
-
-/// Whether a mesh proxy listens for the connects it captures in the client's own
-/// network namespace: a TCP listener on loopback (where iptables' REDIRECT sends a
-/// pod's own connects: 127.0.0.1, or ::1 for IPv6) at one of the outbound capture
-/// ports in [`HAIRPIN_MESH_PORTS`] (Istio's sidecar and ztunnel's in-pod listener
-/// 15001, Linkerd's 4140, by default). Such a pod's connect to the LB is redirected
-/// into the proxy, which dials the LB on a socket of its own: a header written on
-/// the client's socket would reach the proxy, which passes it on as the request's
-/// first bytes, and the LB would get a second header on the proxy's socket. The
-/// relay path gives one header: the client's connect goes to the relay listener,
-/// the proxy dials that, and the relay writes the header. A listener there that is
-/// no mesh proxy costs its connects the relay, and the header is still right. The
-/// lookup looks in the socket's own namespace (the pod's), the one the proxy
-/// listens in; only kernel-path frontend hits pay it, never the miss path.
-#[inline(always)]
-fn mesh_listens(sa: &bpf_sock_addr, family: u8) -> bool {
-    // SAFETY: read-only globals the loader may have rewritten before load; 0 is a
-    // slot not in use.
-    let ports = unsafe {
-        [
-            read_volatile(&HAIRPIN_MESH_PORTS[0]),
-            read_volatile(&HAIRPIN_MESH_PORTS[1]),
-            read_volatile(&HAIRPIN_MESH_PORTS[2]),
-            read_volatile(&HAIRPIN_MESH_PORTS[3]),
-        ]
-    };
-    // Each call has a constant tuple size: the verifier checks the stack buffer the
-    // helper reads against it.
-    let listens = |port: u16| {
-        port != 0
-            && if family == AF_INET {
-                loopback_listener::<false>(sa, port)
-            } else {
-                loopback_listener::<true>(sa, port)
-            }
-    };
-    listens(ports[0]) || listens(ports[1]) || listens(ports[2]) || listens(ports[3])
-}
-
-/// Whether a TCP socket listens on 127.0.0.1 (`V6`: ::1) at `port` (network byte
-/// order) in the connecting socket's network namespace, or on the wildcard address
-/// (a dual-stack [::] listener answers an IPv4 lookup too). The lookup takes a
-/// reference on the socket, released at once.
-#[inline(always)]
-fn loopback_listener<const V6: bool>(sa: &bpf_sock_addr, port: u16) -> bool {
-    // Every byte the helper reads is written field by field: a zeroed() or a struct
-    // literal may become a memset call, whose loop the verifier refuses without
-    // CAP_PERFMON (pointer arithmetic on the stack).
-    let mut v6 = MaybeUninit::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>::uninit();
-    let mut v4 = MaybeUninit::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>::uninit();
-    // SAFETY: plain stores into this frame's tuples, every field of the one passed.
-    let (tuple, size) = unsafe {
-        if V6 {
-            let t = v6.as_mut_ptr();
-            for i in 0..4 {
-                write_volatile(&raw mut (*t).saddr[i], 0);
-            }
-            write_volatile(&raw mut (*t).daddr[0], 0);
-            write_volatile(&raw mut (*t).daddr[1], 0);
-            write_volatile(&raw mut (*t).daddr[2], 0);
-            write_volatile(&raw mut (*t).daddr[3], LOOPBACK6_LAST);
-            write_volatile(&raw mut (*t).sport, 0);
-            write_volatile(&raw mut (*t).dport, port);
-            (
-                t.cast::<bpf_sock_tuple>(),
-                size_of::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>(),
-            )
-        } else {
-            let t = v4.as_mut_ptr();
-            write_volatile(&raw mut (*t).saddr, 0);
-            write_volatile(&raw mut (*t).daddr, LOOPBACK4);
-            write_volatile(&raw mut (*t).sport, 0);
-            write_volatile(&raw mut (*t).dport, port);
-            (
-                t.cast::<bpf_sock_tuple>(),
-                size_of::<bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>(),
-            )
-        }
-    };
-    // SAFETY: the context of a connect hook, a stack tuple of `size` bytes, all
-    // written; the namespace is the socket's own (BPF_F_CURRENT_NETNS). A found
-    // socket is released before the program returns, as the verifier requires.
-    unsafe {
-        let sk = bpf_sk_lookup_tcp(
-            (sa as *const bpf_sock_addr).cast_mut().cast(),
-            tuple,
-            size as u32,
-            BPF_F_CURRENT_NETNS as u64,
-            0,
-        );
-        if sk.is_null() {
-            return false;
-        }
-        bpf_sk_release(sk.cast());
     }
     true
 }

@@ -11,12 +11,13 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{Array, HashMap, PerCpuArray, RingBuf, SockHash, SockMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash, SockMap},
 };
 use hairpin_ebpf::{
     Counter, DEFAULT_BYPASS_MARK, DEFAULT_MESH_PORTS, FrontendKey, MAX_FRONTENDS,
-    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_PORTS, PendingHeader, RELAY_LISTENERS, Redirect,
-    SLOT_ADDRS, SPLICE_REFILL_BYTES, Slot, SlotKey, SpliceCredit, SpliceSeen, mesh_ports_be,
+    MAX_KERNEL_SOCKETS, MAX_SPLICE_SOCKETS, MESH_NETNS_ENTRIES, MESH_PORTS, PendingHeader,
+    RELAY_LISTENERS, Redirect, SLOT_ADDRS, SPLICE_REFILL_BYTES, Slot, SlotKey, SpliceCredit,
+    SpliceSeen, mesh_ports_be,
 };
 
 #[map(name = "HAIRPIN_FRONTENDS")]
@@ -130,6 +131,17 @@ pub(super) static HAIRPIN_FASTOPEN_CONNECT_MASK: u32 = 0;
 /// The loader may override them.
 #[unsafe(no_mangle)]
 pub(super) static HAIRPIN_MESH_PORTS: [u16; MESH_PORTS] = mesh_ports_be(DEFAULT_MESH_PORTS);
+
+/// Whether the connect programs may trust [`HAIRPIN_MESH_NS`] (1) or probe on every
+/// kernel-path hit (0); the loader sets it (see [`hairpin_ebpf::GLOBAL_MESH_CACHE`]).
+#[unsafe(no_mangle)]
+pub(super) static HAIRPIN_MESH_CACHE: u32 = 0;
+
+/// Per network namespace and family, what the mesh probes found (see
+/// [`hairpin_ebpf::MAP_MESH_NETNS`]). Never pinned.
+#[map(name = "HAIRPIN_MESH_NS")]
+pub(super) static HAIRPIN_MESH_NS: LruHashMap<u64, u32> =
+    LruHashMap::with_max_entries(MESH_NETNS_ENTRIES, 0);
 
 /// Mark on the relay's own upstream sockets; the loader overrides it.
 #[unsafe(no_mangle)]

@@ -7,6 +7,8 @@
 //!   its header, put it in the sockets map) and after its first write (take it out).
 //! - [`sk_msg`]: the kernel path's header, written ahead of a marked socket's first
 //!   bytes.
+//! - [`mesh`]: the connect programs' check for a mesh proxy's capture listener, and
+//!   its cache per network namespace, which sock_ops keeps up to date.
 //! - [`setsockopt`]: notes which sockets asked for TCP Fast Open.
 //! - [`slots`]: the relay's slots as the connect programs check them, and the
 //!   sk_lookup program that hands a connection to a slot to its relay listener.
@@ -99,6 +101,7 @@ mod events;
 mod header;
 mod helpers;
 mod maps;
+mod mesh;
 mod setsockopt;
 mod sk_msg;
 mod sk_skb;

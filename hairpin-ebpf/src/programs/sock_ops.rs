@@ -3,7 +3,9 @@
 //! sk_msg sees its writes); once the header is out (the next RTT sample), or the
 //! socket closed, it takes the socket out again and keeps the map's fill. Every
 //! socket it cannot give a header is counted. It never reads the heartbeat: a socket
-//! marked just before the agent's heartbeat expires still gets its header.
+//! marked just before the agent's heartbeat expires still gets its header. It also
+//! tells the connect programs' mesh cache of every new listener on a capture port
+//! (see [`super::mesh`]).
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_xadd},
@@ -13,7 +15,8 @@ use core::{
 use aya_ebpf::{
     bindings::{
         BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_RTT_CB,
-        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, bpf_sock_ops,
+        BPF_SOCK_OPS_RTT_CB_FLAG, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock_ops,
     },
     helpers::{
         bpf_get_socket_cookie, bpf_map_delete_elem, bpf_sk_storage_delete, bpf_sock_hash_update,
@@ -31,6 +34,7 @@ use super::{
     header::format_header,
     helpers::{array_value, count, pending_of},
     maps::{HAIRPIN_FILL, pending_map, sockets_map},
+    mesh,
 };
 
 const TCP_CLOSE: u32 = 7;
@@ -44,6 +48,10 @@ pub fn hairpin_sockops(ctx: SockOpsContext) -> u32 {
         rtt(ctx.ops);
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
         closed(ctx.ops);
+    } else if op == BPF_SOCK_OPS_TCP_LISTEN_CB {
+        // Every listen(2) in the attached cgroup: the mesh cache learns of a new
+        // capture listener.
+        mesh::listening(ctx.ops);
     }
     // sock_ops results travel in `reply`, which is left alone; 1 means "ok".
     1

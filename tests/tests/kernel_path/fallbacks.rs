@@ -336,3 +336,63 @@ fn a_frontend_asking_for_the_relay_is_relayed_on_a_kernel_path_node() {
         "{entries:?}"
     );
 }
+
+/// Listens on the mesh capture port on loopback, IPv4 and IPv6 (a dual-stack
+/// wildcard would answer both probes; these are the addresses a sidecar takes),
+/// writes the file it is given once listening, then waits to be killed.
+const CAPTURE_LISTENER: &str = r#"
+import socket, sys, time
+held = []
+for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    s = socket.socket(family)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 15001))
+    s.listen(16)
+    held.append(s)
+open(sys.argv[1], "w").write("listening")
+time.sleep(600)
+"#;
+
+/// The mesh cache (on in the harness, as at the node's cgroup root): the pod's
+/// second connect to a kernel-path LB skips the probes for a mesh's capture listener
+/// (`kernel_mesh_cached`), then a process in the pod starts listening on 15001 and
+/// the very next connect, IPv4 and IPv6, finds it and takes the relay
+/// (`kernel_fallback_mesh`): sock_ops' listen callback made the cached "no listener"
+/// stale. Its header is the relay's, naming the pod. Without the callback's write
+/// the kernel would mark that connect (`kernel_marked` 6, not 4).
+#[test]
+fn a_capture_listener_after_a_cached_none_sends_the_pods_connects_to_the_relay() {
+    require_privileges!();
+    let (node, _nginx, agent) = kernel_path_node();
+    let cases = [("203.0.113.10", POD_IP4), ("2001:db8:ffff::10", POD_IP6)];
+    for (lb, pod_ip) in cases {
+        for _ in 0..2 {
+            let reply = from_pod(&node, &url(lb, 80, "/"));
+            assert_true_client("pod, no listener", &reply, pod_ip, lb, &agent);
+        }
+    }
+    let s = status(&node);
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 4, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_mesh_cached"), 2, "{s}");
+    let ready = node.dir.join("capture-listener.ready");
+    let mut listener = node.spawn_in_pod(&[
+        "python3",
+        "-c",
+        CAPTURE_LISTENER,
+        ready.to_str().expect("utf-8 path"),
+    ]);
+    let listening = hairpin_tests::wait::wait_until(Duration::from_secs(10), || ready.exists());
+    assert!(listening.is_some(), "the capture listener never listened");
+    for (lb, pod_ip) in cases {
+        let reply = from_pod(&node, &url(lb, 80, "/"));
+        assert_true_client("pod, a capture listener", &reply, pod_ip, lb, &agent);
+    }
+    let s = status(&node);
+    let _ = listener.kill();
+    let _ = listener.wait();
+    assert_eq!(kernel_counter(&s, "kernel_fallback_mesh"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_marked"), 4, "{s}");
+    assert_eq!(kernel_counter(&s, "kernel_mesh_cached"), 2, "{s}");
+    assert_eq!(kernel_counter(&s, "redirected"), 2, "{s}");
+    assert_no_misses(&s);
+}

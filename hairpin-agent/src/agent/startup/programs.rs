@@ -175,7 +175,16 @@ pub(super) fn attach(args: &RunArgs) -> Result<Attached, StartError> {
             datapath::find_cgroup2_root(&mountinfo).ok_or(StartError::NoCgroup2)?
         }
     };
-    match datapath::start(object, &load_options(args))? {
+    let opts = load_options(args, &cgroup);
+    if opts.kernel_path {
+        info!(
+            on = opts.mesh_cache,
+            mode = ?args.mesh_listener_cache,
+            cgroup = %cgroup.display(),
+            "mesh listener cache (off: every kernel-path connect probes for a mesh proxy)"
+        );
+    }
+    match datapath::start(object, &opts)? {
         Started::Waiting(wait) => Ok(Attached::Waiting(wait)),
         Started::Loaded { mut datapath, go } => {
             info!(start = %go, "datapath loaded");
@@ -186,8 +195,9 @@ pub(super) fn attach(args: &RunArgs) -> Result<Attached, StartError> {
 }
 
 /// What the datapath loads: `--max-frontends`, `--bypass-mark`, and the kernel path
-/// unless `--kernel-path off` (its header names the node for host sockets as the relay does).
-pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
+/// unless `--kernel-path off` (its header names the node for host sockets as the relay does),
+/// with the mesh cache where the programs attached at `cgroup` can keep it true.
+pub(super) fn load_options(args: &RunArgs, cgroup: &std::path::Path) -> LoadOptions {
     LoadOptions {
         bypass_mark: args.bypass_mark,
         max_frontends: args.max_frontends,
@@ -215,6 +225,7 @@ pub(super) fn load_options(args: &RunArgs) -> LoadOptions {
             LinkOrderMode::Children => datapath::LinkOrderWanted::Children,
         },
         mesh_ports: args.mesh_capture_ports.slots(),
+        mesh_cache: args.mesh_listener_cache.on_at(cgroup),
         slot_addrs: SlotAddrs::of(&super::names::relay_addresses(args)),
     }
 }
