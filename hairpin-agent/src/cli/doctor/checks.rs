@@ -132,24 +132,6 @@ pub(super) fn ebpf_object(bypass_mark: u32) -> Check {
     }
 }
 
-pub(super) fn cgroup2() -> Check {
-    let mountinfo = match std::fs::read_to_string("/proc/self/mountinfo") {
-        Ok(m) => m,
-        Err(e) => {
-            return Check::new(
-                "cgroup2",
-                Status::Fail,
-                format!("cannot read /proc/self/mountinfo: {e}"),
-            );
-        }
-    };
-    match datapath::find_cgroup2_root(&mountinfo) {
-        Some(p) => Check::new("cgroup2", Status::Ok, format!("hierarchy root at {}", p.display())),
-        None => Check::new("cgroup2", Status::Fail, "no cgroup v2 hierarchy root is mounted")
-            .fix("mount -t cgroup2 none /sys/fs/cgroup (or mount the host's at a hostPath and pass --cgroup-path)"),
-    }
-}
-
 /// Bits of the effective capability set, from /proc/self/status text.
 pub(crate) fn effective_caps(status: &str) -> Option<u64> {
     let hex = status
