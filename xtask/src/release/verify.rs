@@ -70,11 +70,11 @@ pub(crate) fn verify(
         read == *digest,
         "skopeo reads manifest {read}, expected {digest}"
     );
-    let archs: Vec<&str> = index.platforms.iter().map(|(a, _)| a.as_str()).collect();
+    let listed: Vec<&str> = index.platforms.iter().map(|(a, _)| a.as_str()).collect();
     let want: Vec<&str> = archs.iter().map(|a| a.oci()).collect();
     ensure!(
-        archs == want,
-        "the image index lists platforms {archs:?}, expected {want:?}"
+        listed == want,
+        "the image index lists platforms {listed:?}, expected {want:?}"
     );
     for (&arch, (_, manifest)) in archs.iter().zip(&index.platforms) {
         let answer = platform_agent_version(&archive, arch, manifest, &work.join(arch.oci()))?;

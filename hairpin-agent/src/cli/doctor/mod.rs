@@ -205,6 +205,9 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
 /// Whether kube-proxy short-circuits each frontend the agent proxies.
 pub(crate) fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
     let name = "kube_proxy_frontends";
+    if !kp.read {
+        return checks::unreadable_rules(name, kp);
+    }
     let Some(s) = agent else {
         return Check::new(
             name,
