@@ -418,10 +418,31 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
     ] {
         assert_eq!(status_of(check), "ok", "doctor's {check}:\n{doctor}");
     }
-    // Not ok, and only for this: the simulated node is a cgroup below the machine's
-    // root (the kubelet's cgroupRoot), which the chart mounts, so doctor warns that
-    // processes outside it are not seen.
-    assert_eq!(status_of("cgroup2"), "warn", "doctor's cgroup2:\n{doctor}");
+    // The checks this pod cannot pass, each for its reason: the simulated node is a
+    // cgroup below the machine's root (the kubelet's cgroupRoot, which the chart
+    // mounts), so cgroup2 warns that processes outside it are not seen; the image
+    // holds the agent alone, no iptables-save or nft to read kube-proxy's rules; the
+    // scenario's Services carry no ipMode and the release writes no CoreDNS.
+    let not_ok: Vec<(&str, &str)> = doctor
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?, w.next()?))
+        })
+        .filter(|(_, s)| ["warn", "fail", "skip"].contains(s))
+        .collect();
+    eprintln!("doctor in the pod, not ok: {not_ok:?}");
+    assert_eq!(
+        not_ok,
+        [
+            ("cgroup2", "warn"),
+            ("kube_proxy_mode", "skip"),
+            ("kube_proxy_frontends", "skip"),
+            ("ip_mode", "skip"),
+            ("coredns", "skip"),
+        ],
+        "doctor in the pod:\n{doctor}"
+    );
     let node_cgroup = kn.runtime.cgroup().file_name().expect("a cgroup name");
     assert!(
         doctor.contains(&format!("/{}", node_cgroup.to_string_lossy())),
