@@ -115,6 +115,8 @@ fn platform_agent_version(archive: &str, arch: Arch, manifest: &str, dir: &Path)
     if dir.exists() {
         fs::remove_dir_all(dir)?;
     }
+    // skopeo's dir: transport makes the last directory only.
+    fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let copied = dir.join("image");
     run(Command::new("skopeo")
         .args(["copy", "--quiet", "--override-os", "linux"])
