@@ -56,7 +56,12 @@ enum Cmd {
         /// The architectures of the release set the run builds and checks (`cargo
         /// xtask release --arch`, comma-separated); default this machine's alone, from
         /// the agent its image build compiled.
-        #[arg(long = "release-arch", env = "HAIRPIN_TEST_RELEASE_ARCHS", value_delimiter = ',', value_enum)]
+        #[arg(
+            long = "release-arch",
+            env = "HAIRPIN_TEST_RELEASE_ARCHS",
+            value_delimiter = ',',
+            value_enum
+        )]
         release_archs: Vec<image::Arch>,
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]

@@ -59,7 +59,12 @@ pub(crate) struct Options {
     /// arm64. A published set has both; `cargo xtask test` builds this machine's alone,
     /// the agent its image build compiled (the other one's cold cross build alone is
     /// longer than the whole suite's budget).
-    #[arg(long = "arch", env = "HAIRPIN_RELEASE_ARCHS", value_delimiter = ',', value_enum)]
+    #[arg(
+        long = "arch",
+        env = "HAIRPIN_RELEASE_ARCHS",
+        value_delimiter = ',',
+        value_enum
+    )]
     pub(crate) archs: Vec<Arch>,
 }
 

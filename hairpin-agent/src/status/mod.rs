@@ -11,8 +11,8 @@ pub mod metrics;
 pub mod metrics_address;
 pub(crate) mod tcp_server;
 mod version;
-pub use version::set_build_version;
 pub(crate) use version::build_version;
+pub use version::set_build_version;
 
 use std::{
     collections::BTreeMap,

@@ -135,7 +135,14 @@ impl KubeletNode {
     /// `hairpin-agent ARGS` in the agent pod `pod` (`kubectl exec`, as
     /// docs/troubleshooting.md has it).
     fn agent_exec(&self, pod: &str, args: &[&str]) -> std::process::Output {
-        let mut argv = vec!["exec", "-n", RELEASE_NS, pod, "--", "/usr/local/bin/hairpin-agent"];
+        let mut argv = vec![
+            "exec",
+            "-n",
+            RELEASE_NS,
+            pod,
+            "--",
+            "/usr/local/bin/hairpin-agent",
+        ];
         argv.extend_from_slice(args);
         self.kubectl(&argv)
     }
@@ -512,11 +519,16 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
             std::env::var_os("CI").is_none(),
             "no {AGENT_NEXT_IMAGE} in podman's storage: `cargo xtask test` builds it"
         );
-        eprintln!("skipped: no {AGENT_NEXT_IMAGE} (`cargo xtask image --agent-version 0.2.0 --tag {AGENT_NEXT_IMAGE}`)");
+        eprintln!(
+            "skipped: no {AGENT_NEXT_IMAGE} (`cargo xtask image --agent-version 0.2.0 --tag {AGENT_NEXT_IMAGE}`)"
+        );
         return;
     };
     let installed = chart_app_version();
-    assert_ne!(next, installed, "{AGENT_NEXT_IMAGE} is the installed version");
+    assert_ne!(
+        next, installed,
+        "{AGENT_NEXT_IMAGE} is the installed version"
+    );
     let Some(kn) = KubeletNode::start() else {
         return;
     };

@@ -73,7 +73,9 @@ pub(super) fn judge(path: &Path, kind: FsKind, mountinfo: &str) -> Check {
         return Check::new(
             "cgroup2",
             Status::Fail,
-            format!("--cgroup-path {shown} is not a cgroup v2 directory (filesystem magic {magic:#x})"),
+            format!(
+                "--cgroup-path {shown} is not a cgroup v2 directory (filesystem magic {magic:#x})"
+            ),
         )
         .fix(FIX_PATH);
     }
@@ -168,7 +170,11 @@ mod tests {
 
     #[test]
     fn a_cgroup_below_the_root_is_a_warning_naming_it() {
-        let c = judge(Path::new("/host/sys/fs/cgroup"), FsKind::Cgroup2, POD_SUBTREE);
+        let c = judge(
+            Path::new("/host/sys/fs/cgroup"),
+            FsKind::Cgroup2,
+            POD_SUBTREE,
+        );
         assert_eq!(c.status, Status::Warn, "{c:?}");
         c.assert_detail_names(&["/hairpin-node-1", "descendants"]);
         c.assert_fix_names(&["cgroupHostPath"]);

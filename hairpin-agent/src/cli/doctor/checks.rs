@@ -308,7 +308,11 @@ mod tests {
             read: true,
             ..KubeProxy::default()
         });
-        assert_eq!(c.status, Status::Warn, "rules read, none of kube-proxy's: {c:?}");
+        assert_eq!(
+            c.status,
+            Status::Warn,
+            "rules read, none of kube-proxy's: {c:?}"
+        );
     }
 
     #[test]
