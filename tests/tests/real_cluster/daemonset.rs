@@ -396,9 +396,15 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
         out.status.success() && !dump.trim().is_empty(),
         "hairpin-agent dump in the pod: {dump}"
     );
-    // doctor reads the chart's HAIRPIN_CGROUP_PATH as the agent does (the node's
-    // hierarchy at the hostPath, not the pod's own /sys/fs/cgroup) and exits 0.
-    let (out, doctor) = exec("doctor");
+    doctor_passes_in_the_pod(&kn, agent_pod);
+}
+
+/// `hairpin-agent doctor` in the agent pod: it reads the chart's HAIRPIN_CGROUP_PATH
+/// as the agent does (the node's hierarchy at the hostPath, not the pod's own
+/// /sys/fs/cgroup), exits 0, and every check is ok but those this pod cannot pass.
+fn doctor_passes_in_the_pod(kn: &KubeletNode, agent_pod: &str) {
+    let out = kn.agent_exec(agent_pod, &["doctor"]);
+    let doctor = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "hairpin-agent doctor in the pod: {}\n{doctor}{}",
@@ -623,6 +629,12 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
     );
     // Requests after the new agent is Ready, then stop the dialer.
     std::thread::sleep(Duration::from_secs(2));
+    no_request_missed(&kn, dialer);
+}
+
+/// Stops the client pod's dialer and checks what it saw: enough requests, each with
+/// its header.
+fn no_request_missed(kn: &KubeletNode, dialer: std::process::Child) {
     kn.kubectl_ok(&[
         "exec",
         "-n",

@@ -44,7 +44,7 @@ pub(super) fn cgroup2(path: Option<&Path>) -> Check {
         if s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
             FsKind::Cgroup2
         } else {
-            FsKind::Other(i64::from(s.filesystem_type().0))
+            FsKind::Other(s.filesystem_type().0)
         }
     });
     match kind {
