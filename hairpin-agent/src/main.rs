@@ -6,10 +6,43 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hairpin_agent::cli::Exit;
 use tracing_subscriber::EnvFilter;
 
+/// The version this binary reports (`--version`, `/status`, `hairpin_build_info`):
+/// the crate's, unless it was built with `HAIRPIN_BUILD_VERSION` set (`cargo xtask
+/// image --agent-version`: a release candidate, or the second version the upgrade
+/// scenario rolls to). Read here, in the binary's crate, so that another value
+/// recompiles this file and not the library.
+const VERSION: &str = match option_env!("HAIRPIN_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
+// A version string goes into image labels, Helm's appVersion and a Prometheus
+// label: refuse the build rather than ship one that breaks them.
+const _: () = assert!(
+    is_version(VERSION),
+    "HAIRPIN_BUILD_VERSION: expected 1 to 64 of 0-9, A-Z, a-z, '.', '-', '+'"
+);
+
+/// Whether `v` is 1 to 64 characters of what SemVer versions are made of.
+const fn is_version(v: &str) -> bool {
+    let b = v.as_bytes();
+    if b.is_empty() || b.len() > 64 {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if !(b[i].is_ascii_alphanumeric() || matches!(b[i], b'.' | b'-' | b'+')) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 #[derive(Parser)]
 #[command(
     name = "hairpin-agent",
-    version,
+    version = VERSION,
     about = "Makes in-cluster traffic to the cluster's own PROXY-protocol LoadBalancers work"
 )]
 struct Cli {
@@ -57,6 +90,7 @@ fn main() {
     // A usage error is clap's status 2 (Exit::Usage); every other status is the
     // subcommand's verdict, and a failure of the command itself is Exit::Failed, so
     // that no status means two things (README, "Debugging a node").
+    hairpin_agent::status::set_build_version(VERSION);
     let cli = Cli::parse();
     // The long-running commands take their settings from the environment (the
     // DaemonSet's and the writer's env): a misspelt variable is refused, not dropped.

@@ -25,9 +25,43 @@ use crate::{
 /// The image's name in local container storage.
 pub(crate) const IMAGE: &str = "localhost/hairpin-agent:dev";
 
+/// The image of the next version ([`next_version`]), which the upgrade scenario
+/// (tests/tests/real_cluster/daemonset.rs) rolls the DaemonSet to: the same tree
+/// built with another version string, as two releases differ.
+pub(crate) const NEXT_IMAGE: &str = "localhost/hairpin-agent:next";
+
+/// The variable the agent's binary reads its version from at build time
+/// (hairpin-agent/src/main.rs); unset, the crate's version.
+pub(crate) const BUILD_VERSION_VAR: &str = "HAIRPIN_BUILD_VERSION";
+
+/// Options of `image`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Options {
+    /// The version the agent reports (`--version`, `/status`, `hairpin_build_info`)
+    /// and the image's version label; default the workspace's.
+    #[arg(long, env = BUILD_VERSION_VAR, default_value = env!("CARGO_PKG_VERSION"))]
+    pub(crate) agent_version: String,
+    /// The image's name in local container storage.
+    #[arg(long, env = "HAIRPIN_IMAGE_TAG", default_value = IMAGE)]
+    pub(crate) tag: String,
+}
+
+/// The workspace's version with its minor part raised and the rest dropped
+/// (`0.1.0` -> `0.2.0`): the version of [`NEXT_IMAGE`].
+pub(crate) fn next_version(version: &str) -> Result<String> {
+    let mut parts = version.split(['.', '-', '+']);
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        bail!("version {version:?}: expected MAJOR.MINOR.PATCH");
+    };
+    let minor: u64 = minor
+        .parse()
+        .with_context(|| format!("version {version:?}: the minor part is not a number"))?;
+    Ok(format!("{major}.{}.0", minor + 1))
+}
+
 /// The runtime stage, as deploy/Dockerfile's: the binary alone, uid 0, the OCI labels
-/// (the annotation keys of the OCI image spec). `{version}` is the agent's crate
-/// version, `{revision}` the commit, `{created}` the commit's time (RFC 3339).
+/// (the annotation keys of the OCI image spec). `{version}` is the agent's
+/// version ([`Build::version`]), `{revision}` the commit, `{created}` the commit's time (RFC 3339).
 const CONTAINERFILE: &str = r#"FROM scratch
 COPY hairpin-agent /usr/local/bin/hairpin-agent
 LABEL org.opencontainers.image.title="hairpin-agent" \
@@ -45,12 +79,15 @@ ENTRYPOINT ["/usr/local/bin/hairpin-agent"]
 CMD ["run"]
 "#;
 
-/// One image build: its name, and the commit it comes from (its id and time, which
-/// is every timestamp in the image, so the same commit gives the same digest).
+/// One image build: its name, the agent's version, and the commit it comes from
+/// (its id and time, which is every timestamp in the image, so the same commit gives
+/// the same digest).
 #[derive(Clone, Debug)]
 pub(crate) struct Build {
     /// The name in local container storage.
     pub(crate) tag: String,
+    /// The version the agent reports and the `version` label.
+    pub(crate) version: String,
     /// The commit id (the `revision` label).
     pub(crate) revision: String,
     /// The commit's time, seconds since the epoch.
@@ -72,7 +109,7 @@ fn rfc3339(epoch: u64) -> Result<String> {
 /// The Containerfile for `build`.
 fn containerfile(build: &Build) -> Result<String> {
     Ok(CONTAINERFILE
-        .replace("{version}", env!("CARGO_PKG_VERSION"))
+        .replace("{version}", &build.version)
         .replace("{revision}", &build.revision)
         .replace("{created}", &rfc3339(build.epoch)?))
 }
@@ -80,7 +117,7 @@ fn containerfile(build: &Build) -> Result<String> {
 /// An architecture the image is built for: the agent is compiled for its Rust
 /// target (natively, or with Debian's cross toolchain) and put in an image of its
 /// OCI platform. The BPF object is the same for both (bpfel bytecode).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Arch {
     /// linux/amd64 (x86_64).
     Amd64,
@@ -199,10 +236,12 @@ impl Arch {
     }
 }
 
-/// The agent, linked statically for `arch` with its BPF object embedded (release);
-/// returns the binary. A full release build of its own per architecture (about as
-/// long as `cargo build --release`): the static flag changes every artifact.
-pub(crate) fn build_static_agent(arch: Arch) -> Result<PathBuf> {
+/// The agent, linked statically for `arch` with its BPF object embedded (release),
+/// reporting `version`; returns the binary. A full release build of its own per
+/// architecture (about as long as `cargo build --release`): the static flag changes
+/// every artifact. Another `version` recompiles the binary's crate alone (its
+/// main.rs reads it), so the release and the next image share the rest.
+pub(crate) fn build_static_agent(arch: Arch, version: &str) -> Result<PathBuf> {
     prereqs::ensure_image_packages()?;
     arch.ensure_toolchain()?;
     let target = arch.triple();
@@ -217,6 +256,7 @@ pub(crate) fn build_static_agent(arch: Arch) -> Result<PathBuf> {
         ])
         .args(["--bin", "hairpin-agent", "--target", target])
         .env("HAIRPIN_EBPF_OBJECT", &object)
+        .env(BUILD_VERSION_VAR, version)
         .envs(arch.cargo_env()?))?;
     let bin = target_dir()
         .join(target)
@@ -243,27 +283,46 @@ pub(crate) fn build_static_agent(arch: Arch) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds [`IMAGE`] into local container storage with podman (buildah underneath),
-/// offline, from the commit checked out; returns the image's name.
-pub(crate) fn build() -> Result<&'static str> {
+/// Builds `opts.tag` with the agent reporting `opts.agent_version` into local
+/// container storage with podman (buildah underneath), offline, from the commit
+/// checked out, for this machine's architecture.
+pub(crate) fn build(opts: &Options) -> Result<()> {
     let source = Source::read()?;
     build_with(
+        &|| Command::new("podman"),
         &Build {
-            tag: IMAGE.to_string(),
+            tag: opts.tag.clone(),
+            version: opts.agent_version.clone(),
             revision: source.revision,
             epoch: source.epoch,
         },
         Arch::host()?,
-    )?;
-    Ok(IMAGE)
+    )
 }
 
-/// Builds `build.tag` for `arch` offline and reproducibly: every timestamp in the
-/// image (its creation, each file's mtime in the layer) is the commit's, and no
-/// build-host label is added. `FROM scratch` with no `RUN` needs no emulation for a
-/// foreign platform: podman only records it in the image's config.
-pub(crate) fn build_with(build: &Build, arch: Arch) -> Result<()> {
-    let bin = build_static_agent(arch)?;
+/// [`IMAGE`], the workspace's version.
+pub(crate) fn build_dev() -> Result<()> {
+    build(&Options {
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        tag: IMAGE.to_string(),
+    })
+}
+
+/// [`NEXT_IMAGE`]: the agent reporting [`next_version`].
+pub(crate) fn build_next() -> Result<()> {
+    build(&Options {
+        agent_version: next_version(env!("CARGO_PKG_VERSION"))?,
+        tag: NEXT_IMAGE.to_string(),
+    })
+}
+
+/// Builds `build.tag` for `arch` with `podman` (local storage, or a store of the
+/// release's own) offline and reproducibly: every timestamp in the image (its
+/// creation, each file's mtime in the layer) is the commit's, and no build-host
+/// label is added. `FROM scratch` with no `RUN` needs no emulation for a foreign
+/// platform: podman only records it in the image's config.
+pub(crate) fn build_with(podman: &dyn Fn() -> Command, build: &Build, arch: Arch) -> Result<()> {
+    let bin = build_static_agent(arch, &build.version)?;
     let context = target_dir().join("image").join(arch.oci());
     if context.exists() {
         fs::remove_dir_all(&context)
@@ -281,7 +340,7 @@ pub(crate) fn build_with(build: &Build, arch: Arch) -> Result<()> {
     fs::write(context.join("Containerfile"), containerfile(build)?)
         .context("failed to write the Containerfile")?;
     let tag = &build.tag;
-    run(Command::new("podman")
+    run(podman()
         .args(["build", "--pull=never", "--network=none", "--layers=false"])
         .args(["--identity-label=false", "--timestamp"])
         .arg(build.epoch.to_string())
@@ -290,19 +349,27 @@ pub(crate) fn build_with(build: &Build, arch: Arch) -> Result<()> {
         .arg(context.join("Containerfile"))
         .arg(&context))
     .context("podman could not build the image")?;
-    let size =
-        output(Command::new("podman").args(["image", "inspect", "--format", "{{.Size}}", tag]))?;
+    let size = output(podman().args(["image", "inspect", "--format", "{{.Size}}", tag]))?;
     eprintln!(
-        "xtask: built {tag} for {} ({} bytes)",
+        "xtask: built {tag} for {} ({} bytes), the agent reporting {}",
         arch.platform(),
-        size.trim()
+        size.trim(),
+        build.version
     );
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::CONTAINERFILE;
+    use super::{CONTAINERFILE, next_version};
+
+    #[test]
+    fn the_next_version_raises_the_minor_part() {
+        assert_eq!(next_version("0.1.0").expect("next"), "0.2.0");
+        assert_eq!(next_version("1.9.3-rc.1").expect("next"), "1.10.0");
+        assert!(next_version("1").is_err());
+        assert!(next_version("1.x.0").is_err());
+    }
 
     #[test]
     fn the_local_image_and_the_dockerfiles_runtime_stage_agree() {

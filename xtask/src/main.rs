@@ -53,6 +53,16 @@ enum Cmd {
         /// by default all three.
         #[arg(long = "kernel", env = "HAIRPIN_TEST_KERNELS", value_delimiter = ',')]
         kernels: Vec<Target>,
+        /// The architectures of the release set the run builds and checks (`cargo
+        /// xtask release --arch`, comma-separated); default this machine's alone, from
+        /// the agent its image build compiled.
+        #[arg(
+            long = "release-arch",
+            env = "HAIRPIN_TEST_RELEASE_ARCHS",
+            value_delimiter = ',',
+            value_enum
+        )]
+        release_archs: Vec<image::Arch>,
         /// Extra arguments passed to `cargo test` (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -69,8 +79,8 @@ enum Cmd {
     Bench(bench::Options),
     /// Run every cargo-fuzz target in fuzz/ for a bounded time; fail on any crash (the pinned nightly).
     Fuzz(fuzz::Options),
-    /// Build the runtime image (static agent, empty base) offline into local container storage as localhost/hairpin-agent:dev (as root).
-    Image,
+    /// Build the runtime image (static agent, empty base) offline into local container storage, by default as localhost/hairpin-agent:dev (as root).
+    Image(image::Options),
     /// Build the versioned release set offline and reproducibly into target/dist/: the image as an OCI archive, the chart packaged with its digest, SBOMs, SHA256SUMS (as root: podman).
     Release(release::Options),
     /// The supply-chain gate: cargo-deny's bans, licenses and sources (deny.toml), and advisories against the live RustSec database or the dated snapshot in supply-chain/.
@@ -106,9 +116,13 @@ fn main() -> Result<()> {
         }
         Cmd::BuildEbpf(opts) => ebpf::build(&opts).map(|path| println!("{}", path.display())),
         Cmd::Build { release } => build_agent(release).map(|bin| println!("{}", bin.display())),
-        Cmd::Test { kernels, args } => {
+        Cmd::Test {
+            kernels,
+            release_archs,
+            args,
+        } => {
             root::ensure_root("test")?;
-            test_matrix(&kernels, &args)
+            test_matrix(&kernels, &release_archs, &args)
         }
         Cmd::Demo { cluster } => {
             root::ensure_root("demo")?;
@@ -121,9 +135,9 @@ fn main() -> Result<()> {
         Cmd::Fuzz(opts) => fuzz::fuzz(&opts),
         Cmd::Deny => deny::check(),
         Cmd::K8s(opts) => k8s::command(&opts),
-        Cmd::Image => {
+        Cmd::Image(opts) => {
             root::ensure_root("image")?;
-            image::build().map(|name| println!("{name}"))
+            image::build(&opts).map(|()| println!("{}", opts.tag))
         }
         Cmd::Release(opts) => {
             root::ensure_root("release")?;
@@ -236,7 +250,7 @@ impl std::str::FromStr for Target {
 }
 
 /// Runs the suites on the host and the VM kernels asked for (all by default).
-fn test_matrix(kernels: &[Target], args: &[String]) -> Result<()> {
+fn test_matrix(kernels: &[Target], release_archs: &[image::Arch], args: &[String]) -> Result<()> {
     let all = kernels.is_empty();
     let vms: Vec<vm::Series> = if all {
         vm::Series::ALL.to_vec()
@@ -250,7 +264,7 @@ fn test_matrix(kernels: &[Target], args: &[String]) -> Result<()> {
             .collect()
     };
     let object = if all || kernels.contains(&Target::Host) {
-        test(args)?
+        test(release_archs, args)?
     } else {
         prereqs::ensure_system_packages()?;
         ebpf::build(&ebpf::Options::default())?
@@ -269,8 +283,9 @@ fn test_matrix(kernels: &[Target], args: &[String]) -> Result<()> {
     vm::matrix(&vms, &object, &env, args)
 }
 
-/// Every suite on this machine's kernel; returns the BPF object it built.
-fn test(args: &[String]) -> Result<PathBuf> {
+/// Every suite on this machine's kernel, and the release set for `release_archs`
+/// (this machine's by default); returns the BPF object it built.
+fn test(release_archs: &[image::Arch], args: &[String]) -> Result<PathBuf> {
     prereqs::ensure_system_packages()?;
     check_free_space(&target_dir(), TEST_DISK_NEED);
     prereqs::ensure_lint_tools()?;
@@ -305,7 +320,28 @@ fn test(args: &[String]) -> Result<PathBuf> {
     .context("clippy found warnings")?;
     let agent = build_agent_with(&object, false)?;
     // The runtime image, for tests/tests/image.rs: the static agent on an empty base.
-    image::build()?;
+    image::build_dev()?;
+    // `cargo xtask release` end to end, in a store of its own, from the agent just
+    // built for the image (this machine's architecture; another is a cold cross build
+    // of its own, asked for with --release-arch).
+    let started = std::time::Instant::now();
+    let archs = if release_archs.is_empty() {
+        vec![image::Arch::host()?]
+    } else {
+        release_archs.to_vec()
+    };
+    let set = release::release(&release::Options {
+        out: None,
+        archs: archs.clone(),
+    })?;
+    eprintln!(
+        "xtask: release set for {archs:?} in {} ({:.0} s)",
+        set.display(),
+        started.elapsed().as_secs_f64()
+    );
+    // The next version's image, which the DaemonSet upgrade scenario rolls to: the
+    // same tree, another version string (the binary's crate alone recompiles).
+    image::build_next()?;
     let mut suites = cargo();
     suites
         .args([

@@ -53,8 +53,30 @@ pub(crate) const IMAGE_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
 #[derive(clap::Args, Debug, Default)]
 pub(crate) struct Options {
     /// Where the set goes; default `target/dist/hairpin-<version>`.
-    #[arg(long)]
+    #[arg(long, env = "HAIRPIN_RELEASE_OUT")]
     pub(crate) out: Option<PathBuf>,
+    /// The architectures of the set (comma-separated); default every one, amd64 and
+    /// arm64. A published set has both; `cargo xtask test` builds this machine's alone,
+    /// the agent its image build compiled (the other one's cold cross build alone is
+    /// longer than the whole suite's budget).
+    #[arg(
+        long = "arch",
+        env = "HAIRPIN_RELEASE_ARCHS",
+        value_delimiter = ',',
+        value_enum
+    )]
+    pub(crate) archs: Vec<Arch>,
+}
+
+impl Options {
+    /// The architectures asked for, in [`Arch::ALL`]'s order, each once; all of them
+    /// when none was named.
+    pub(crate) fn archs(&self) -> Vec<Arch> {
+        Arch::ALL
+            .into_iter()
+            .filter(|a| self.archs.is_empty() || self.archs.contains(a))
+            .collect()
+    }
 }
 
 /// The version every artifact carries: the workspace's, which Chart.yaml (version and
@@ -69,20 +91,20 @@ pub(crate) struct Names {
     pub(crate) archive: String,
     /// The chart package.
     pub(crate) chart: String,
-    /// The agent's SBOM for each architecture (its crates differ: some are for one
-    /// CPU only), in [`Arch::ALL`]'s order.
+    /// The agent's SBOM for each architecture of the set (its crates differ: some are
+    /// for one CPU only), in [`Arch::ALL`]'s order.
     pub(crate) agent_sboms: Vec<String>,
     /// The BPF programs' SBOM.
     pub(crate) ebpf_sbom: String,
 }
 
 impl Names {
-    /// The names for `version`.
-    pub(crate) fn of(version: &str) -> Names {
+    /// The names for `version` and the set's `archs`.
+    pub(crate) fn of(version: &str, archs: &[Arch]) -> Names {
         Names {
             archive: format!("hairpin-agent-{version}.oci.tar"),
             chart: format!("hairpin-{version}.tgz"),
-            agent_sboms: Arch::ALL
+            agent_sboms: archs
                 .iter()
                 .map(|a| format!("hairpin-agent-{version}-{}.cdx.json", a.oci()))
                 .collect(),
@@ -116,21 +138,33 @@ pub(crate) fn release(opts: &Options) -> Result<PathBuf> {
         fs::remove_dir_all(&out).with_context(|| format!("failed to clear {}", out.display()))?;
     }
     fs::create_dir_all(&out).with_context(|| format!("failed to create {}", out.display()))?;
-    let names = Names::of(v);
+    let archs = opts.archs();
+    let names = Names::of(v, &archs);
 
     // The foreign agent's own tests first: a failure there costs no image build.
-    for arch in Arch::ALL {
+    for &arch in &archs {
         if arch.is_cross()? {
             qemu::unit_tests(arch)?;
         }
     }
     let tag = format!("{IMAGE_REPOSITORY}:{v}");
-    let index = oci::image_archive(&tag, &source, &out.join(&names.archive))?;
+    // The images are built in an empty store of the set's own, never in this
+    // machine's local storage: what an earlier build left there (`cargo xtask image`'s
+    // image of the same content, a list of the same name) cannot enter the set.
+    let store = verify::PrivateStore::new(&target_dir().join("dist").join("store"))?;
+    let index = oci::image_archive(
+        &|| store.podman(),
+        &tag,
+        &source,
+        &archs,
+        &out.join(&names.archive),
+    )?;
+    drop(store);
     let digest = &index.digest;
     package_chart(&helm_python, digest, &source, &out)?;
     // The agent for each architecture; the programs for the BPF target, whose
     // dependencies (aya-ebpf, aya-log-ebpf) only that target has.
-    for (arch, name) in Arch::ALL.into_iter().zip(&names.agent_sboms) {
+    for (&arch, name) in archs.iter().zip(&names.agent_sboms) {
         sbom(
             &cyclonedx,
             "hairpin-agent",
@@ -151,7 +185,7 @@ pub(crate) fn release(opts: &Options) -> Result<PathBuf> {
         .iter()
         .map(|(arch, d)| (format!("linux/{arch}"), serde_json::Value::from(d.as_str())))
         .collect();
-    let sboms: serde_json::Map<String, serde_json::Value> = Arch::ALL
+    let sboms: serde_json::Map<String, serde_json::Value> = archs
         .iter()
         .zip(&names.agent_sboms)
         .map(|(a, n)| (a.platform(), serde_json::Value::from(n.as_str())))
@@ -169,7 +203,7 @@ pub(crate) fn release(opts: &Options) -> Result<PathBuf> {
         serde_json::to_string_pretty(&manifest)? + "\n",
     )?;
     write_sums(&out)?;
-    verify::verify(&out, &names, &tag, &index, &helm_python)?;
+    verify::verify(&out, &names, &tag, &index, &archs, &helm_python)?;
     eprintln!(
         "xtask: release {v} ({}) in {}:\n  image {tag}@{digest}",
         source.revision,

@@ -12,6 +12,7 @@ const PREFIX: &str = "HAIRPIN_";
 /// `cargo xtask test`) hands to every agent it starts: never read by the agent.
 const WORKSPACE_TOOLS: &[&str] = &[
     "HAIRPIN_EBPF_OBJECT",
+    "HAIRPIN_BUILD_VERSION",
     "HAIRPIN_HELM_PYTHON",
     "HAIRPIN_ACTIONLINT",
     "HAIRPIN_K8S_PIN",

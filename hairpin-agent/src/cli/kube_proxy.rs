@@ -52,6 +52,9 @@ pub(crate) struct KubeProxy {
     pub rules: Vec<ShortCircuit>,
     /// Tools that could not be run, and similar caveats.
     pub notes: Vec<String>,
+    /// Whether iptables-save, ip6tables-save or nft ran: when none did (the agent's
+    /// image has none of them), nothing here says what kube-proxy does.
+    pub read: bool,
 }
 
 impl KubeProxy {
@@ -61,6 +64,7 @@ impl KubeProxy {
         for tool in ["iptables-save", "ip6tables-save"] {
             match tool_output(tool, &["-t", "nat"]) {
                 Ok(text) => {
+                    kp.read = true;
                     let (chain, rules) = parse_iptables_save(&text);
                     if chain && !kp.modes.contains(&Mode::Iptables) {
                         kp.modes.push(Mode::Iptables);
@@ -72,6 +76,7 @@ impl KubeProxy {
         }
         match tool_output("nft", &["list", "ruleset"]) {
             Ok(text) => {
+                kp.read = true;
                 let (table, rules) = parse_nft_ruleset(&text);
                 if table {
                     kp.modes.push(Mode::Nftables);

@@ -460,7 +460,7 @@ impl Metrics {
         let build: Family<BuildLabels, Gauge> = Family::default();
         build
             .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
+                version: super::build_version(),
                 kernel: kernel_release().to_string(),
                 kernel_capabilities: self.capabilities.summary(),
             })

@@ -10,6 +10,9 @@ pub(crate) mod capabilities;
 pub(crate) mod metrics;
 pub(crate) mod metrics_address;
 pub(crate) mod tcp_server;
+mod version;
+pub(crate) use version::build_version;
+pub use version::set_build_version;
 
 pub use metrics::{ConnError, Direction, Metrics};
 
@@ -390,7 +393,7 @@ impl AgentState {
         let state = AgentState::default();
         state.update(|s| {
             s.agent = AgentInfo {
-                version: env!("CARGO_PKG_VERSION").to_string(),
+                version: build_version().to_string(),
                 pid: std::process::id(),
                 started_at: rfc3339(SystemTime::now()),
                 bypass_mark,

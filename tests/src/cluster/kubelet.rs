@@ -37,6 +37,9 @@ pub const PAUSE_IMAGE: &str = "localhost/hairpin-test/pause:3.10.2";
 pub const BUSYBOX_IMAGE: &str = "localhost/hairpin-test/busybox:1";
 /// The agent's image as `cargo xtask image` leaves it in podman's storage.
 pub const AGENT_DEV_IMAGE: &str = "localhost/hairpin-agent:dev";
+/// The next version's image `cargo xtask test` builds (the same tree, the agent
+/// built to report another version: `cargo xtask image --agent-version`).
+pub const AGENT_NEXT_IMAGE: &str = "localhost/hairpin-agent:next";
 /// The chart's default repository.
 pub const CHART_REPOSITORY: &str = "ghcr.io/hairpin-dev/hairpin-agent";
 
@@ -397,33 +400,16 @@ impl NodeRuntime {
         ]);
     }
 
-    /// The agent's image once more under the chart's repository and `version` (a
-    /// label added, so a new digest: the pod must restart into another image), as a
-    /// new release's image arrives on a node. Returns its name.
-    pub fn import_agent_as(&self, version: &str) -> String {
-        let ctx = self.dir.join(format!("image-agent-{version}"));
-        fs::create_dir_all(&ctx).expect("image context");
-        fs::write(
-            ctx.join("Containerfile"),
-            format!(
-                "FROM {AGENT_DEV_IMAGE}\nLABEL org.opencontainers.image.version=\"{version}\"\n"
-            ),
-        )
-        .expect("Containerfile");
-        let local = self.local_name(&format!("localhost/hairpin-test/agent:{version}"));
-        run(&[
-            "podman",
-            "build",
-            "-q",
-            "--tag",
-            &local,
-            ctx.to_str().expect("utf-8 path"),
-        ]);
-        self.save_and_import(&local);
-        let _ = Command::new("podman").args(["rmi", "-f", &local]).output();
+    /// The next version's image ([`AGENT_NEXT_IMAGE`]) under the chart's repository
+    /// and its version (its `org.opencontainers.image.version` label, what its agent
+    /// reports), as a new release's image arrives on a node. Returns (name, version).
+    pub fn import_next_agent(&self) -> (String, String) {
+        let version = next_agent_version()
+            .unwrap_or_else(|| panic!("no {AGENT_NEXT_IMAGE}: run `cargo xtask test`"));
+        self.save_and_import(AGENT_NEXT_IMAGE);
         let name = format!("{CHART_REPOSITORY}:{version}");
-        self.ctr(&["images", "tag", "--force", &local, &name]);
-        name
+        self.ctr(&["images", "tag", "--force", AGENT_NEXT_IMAGE, &name]);
+        (name, version)
     }
 
     /// `name` with this node's cgroup name in its repository.
@@ -583,6 +569,19 @@ pub fn get_json(cluster: &Cluster, path: &str) -> Value {
             _ => Value::Null,
         }
     })
+}
+
+/// The version label of [`AGENT_NEXT_IMAGE`] in podman's storage; `None` when there
+/// is no such image.
+pub fn next_agent_version() -> Option<String> {
+    let out = Command::new("podman")
+        .args(["image", "inspect", "--format"])
+        .arg("{{index .Labels \"org.opencontainers.image.version\"}}")
+        .arg(AGENT_NEXT_IMAGE)
+        .output()
+        .ok()?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !version.is_empty()).then_some(version)
 }
 
 /// The chart's appVersion (the image tag it asks for by default).

@@ -41,29 +41,31 @@ pub(crate) fn platform_tag(tag: &str, arch: Arch) -> String {
     format!("{tag}-{}", arch.oci())
 }
 
-/// Builds the image for every architecture and the index over them twice (the
-/// digests must agree) and writes the index as a reproducible OCI archive to
-/// `archive`; returns the index.
-pub(crate) fn image_archive(tag: &str, source: &Source, archive: &Path) -> Result<Index> {
+/// Builds the image for each of `archs` and the index over them twice with `podman`
+/// (the release's own store; the digests must agree) and writes the index as a
+/// reproducible OCI archive to `archive`; returns the index.
+pub(crate) fn image_archive(
+    podman: &dyn Fn() -> Command,
+    tag: &str,
+    source: &Source,
+    archs: &[Arch],
+    archive: &Path,
+) -> Result<Index> {
     let layout = target_dir().join("dist").join("oci-layout");
     let mut rounds = Vec::new();
     for _ in 0..2 {
         let mut images = Vec::new();
-        for arch in Arch::ALL {
+        for &arch in archs {
             let build = image::Build {
                 tag: platform_tag(tag, arch),
+                version: super::version().to_string(),
                 revision: source.revision.clone(),
                 epoch: source.epoch,
             };
-            image::build_with(&build, arch)?;
+            image::build_with(podman, &build, arch)?;
             images.push(build.tag);
         }
-        rounds.push(write_index(
-            &|| Command::new("podman"),
-            tag,
-            &images,
-            &layout,
-        )?);
+        rounds.push(write_index(podman, tag, &images, &layout)?);
     }
     ensure!(
         rounds[0] == rounds[1],

@@ -12,11 +12,23 @@ use crate::{cargo, ebpf, image::Arch, prereqs};
 
 /// Unit tests of `hairpin-agent` that cannot run under qemu-user, with why: each is
 /// skipped by its exact name (`--skip NAME --exact`), every other test runs.
-pub(crate) const SKIPPED: &[(&str, &str)] = &[(
-    "datapath::sys::tests::a_path_that_is_not_pinned_is_an_error_not_a_descriptor",
-    "calls bpf(BPF_OBJ_GET); qemu-user (Debian's 7.2) implements no bpf() and answers \
-     ENOSYS (os error 38)",
-)];
+pub(crate) const SKIPPED: &[(&str, &str)] = &[
+    (
+        "datapath::sys::tests::a_path_that_is_not_pinned_is_an_error_not_a_descriptor",
+        "calls bpf(BPF_OBJ_GET); qemu-user (Debian's 7.2) implements no bpf() and answers \
+         ENOSYS (os error 38)",
+    ),
+    (
+        "relay::peer_owner::tests::a_node_peer_is_keyed_by_the_uid_owning_its_socket",
+        "opens a NETLINK_SOCK_DIAG socket; qemu-user passes on netlink sockets of the \
+         route, uevent and audit families only and answers EPROTONOSUPPORT (os error 93)",
+    ),
+    (
+        "relay::listener::tests::the_nodes_own_processes_are_capped_per_uid",
+        "finds the peer's uid over NETLINK_SOCK_DIAG, which qemu-user refuses \
+         (EPROTONOSUPPORT, os error 93): every peer is then HostUnknown",
+    ),
+];
 
 /// What one run of the unit tests counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

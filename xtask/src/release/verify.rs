@@ -21,6 +21,7 @@ pub(crate) fn verify(
     names: &Names,
     tag: &str,
     index: &Index,
+    archs: &[Arch],
     helm_python: &Path,
 ) -> Result<()> {
     let digest = &index.digest;
@@ -69,13 +70,13 @@ pub(crate) fn verify(
         read == *digest,
         "skopeo reads manifest {read}, expected {digest}"
     );
-    let archs: Vec<&str> = index.platforms.iter().map(|(a, _)| a.as_str()).collect();
-    let want: Vec<&str> = Arch::ALL.iter().map(|a| a.oci()).collect();
+    let listed: Vec<&str> = index.platforms.iter().map(|(a, _)| a.as_str()).collect();
+    let want: Vec<&str> = archs.iter().map(|a| a.oci()).collect();
     ensure!(
-        archs == want,
-        "the image index lists platforms {archs:?}, expected {want:?}"
+        listed == want,
+        "the image index lists platforms {listed:?}, expected {want:?}"
     );
-    for (arch, (_, manifest)) in Arch::ALL.into_iter().zip(&index.platforms) {
+    for (&arch, (_, manifest)) in archs.iter().zip(&index.platforms) {
         let answer = platform_agent_version(&archive, arch, manifest, &work.join(arch.oci()))?;
         ensure!(
             answer == want_version,
@@ -114,6 +115,8 @@ fn platform_agent_version(archive: &str, arch: Arch, manifest: &str, dir: &Path)
     if dir.exists() {
         fs::remove_dir_all(dir)?;
     }
+    // skopeo's dir: transport makes the last directory only.
+    fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let copied = dir.join("image");
     run(Command::new("skopeo")
         .args(["copy", "--quiet", "--override-os", "linux"])

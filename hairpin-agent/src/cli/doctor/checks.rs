@@ -132,24 +132,6 @@ pub(super) fn ebpf_object(bypass_mark: u32) -> Check {
     }
 }
 
-pub(super) fn cgroup2() -> Check {
-    let mountinfo = match std::fs::read_to_string("/proc/self/mountinfo") {
-        Ok(m) => m,
-        Err(e) => {
-            return Check::new(
-                "cgroup2",
-                Status::Fail,
-                format!("cannot read /proc/self/mountinfo: {e}"),
-            );
-        }
-    };
-    match datapath::find_cgroup2_root(&mountinfo) {
-        Some(p) => Check::new("cgroup2", Status::Ok, format!("hierarchy root at {}", p.display())),
-        None => Check::new("cgroup2", Status::Fail, "no cgroup v2 hierarchy root is mounted")
-            .fix("mount -t cgroup2 none /sys/fs/cgroup (or mount the host's at a hostPath and pass --cgroup-path)"),
-    }
-}
-
 /// Bits of the effective capability set, from /proc/self/status text.
 pub(crate) fn effective_caps(status: &str) -> Option<u64> {
     let hex = status
@@ -177,6 +159,14 @@ pub(super) fn capabilities() -> Check {
             "cannot read CapEff from /proc/self/status",
         );
     };
+    capabilities_of(caps)
+}
+
+/// The verdict on the effective set `caps`. Loading needs CAP_BPF or CAP_SYS_ADMIN;
+/// attaching at a cgroup and SO_MARK need CAP_NET_ADMIN: with those hairpin works,
+/// as the DaemonSet runs it (CAP_SYS_ADMIN is not in its set). CAP_SYS_ADMIN only
+/// opens other processes' programs by id, to name them.
+pub(super) fn capabilities_of(caps: u64) -> Check {
     let has = |bit: u32| caps & (1u64 << bit) != 0;
     let present: Vec<&str> = CAPS
         .iter()
@@ -188,27 +178,23 @@ pub(super) fn capabilities() -> Check {
         .filter(|(_, b)| !has(*b))
         .map(|(n, _)| *n)
         .collect();
-    // Loading needs CAP_BPF or CAP_SYS_ADMIN; attaching at a cgroup and SO_MARK need
-    // CAP_NET_ADMIN; listing other processes' programs needs CAP_SYS_ADMIN.
     let can_load = has(39) || has(21);
-    if can_load && has(12) && has(21) {
-        Check::new(
+    if !(can_load && has(12)) {
+        return Check::new(
             "capabilities",
-            Status::Ok,
-            format!("effective: {}", present.join(", ")),
-        )
-    } else {
-        Check::new(
-            "capabilities",
-            if can_load && has(12) {
-                Status::Warn
-            } else {
-                Status::Fail
-            },
+            Status::Fail,
             format!("missing: {}", missing.join(", ")),
         )
-        .fix("run as root, or add them in the pod's securityContext.capabilities.add")
+        .fix("run as root, or add them in the pod's securityContext.capabilities.add");
     }
+    let mut detail = format!("effective: {}", present.join(", "));
+    if !has(21) {
+        detail.push_str(
+            "; without CAP_SYS_ADMIN (as the DaemonSet runs), another program in front of \
+             hairpin's is named by id only",
+        );
+    }
+    Check::new("capabilities", Status::Ok, detail)
 }
 
 pub(super) fn seccomp(agent: Option<&crate::status::Snapshot>) -> Check {
@@ -263,6 +249,9 @@ pub(crate) fn seccomp_check(status: &str, agent_failure: Option<EbpfFailure>) ->
 
 pub(super) fn kube_proxy_mode(kp: &KubeProxy) -> Check {
     let name = "kube_proxy_mode";
+    if !kp.read {
+        return unreadable_rules(name, kp);
+    }
     if kp.modes.is_empty() {
         let mut c = Check::new(
             name,
@@ -285,9 +274,60 @@ pub(super) fn kube_proxy_mode(kp: &KubeProxy) -> Check {
     )
 }
 
+/// A skip for a kube-proxy check where no tool that lists rules could run: `kubectl
+/// exec` into the agent's pod (its image holds the agent alone) says nothing of
+/// kube-proxy, rather than suggesting it was replaced.
+pub(super) fn unreadable_rules(name: &'static str, kp: &KubeProxy) -> Check {
+    Check::new(
+        name,
+        Status::Skip,
+        format!(
+            "cannot read kube-proxy's rules from here ({}): the agent's image has no \
+             iptables-save or nft",
+            kp.notes.join("; ")
+        ),
+    )
+    .fix("run `hairpin-agent doctor` on the node itself, where iptables-save or nft is installed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kube_proxy_checks_skip_where_no_tool_can_list_rules() {
+        let kp = KubeProxy {
+            notes: vec!["could not run nft: No such file or directory (os error 2)".into()],
+            ..KubeProxy::default()
+        };
+        let c = kube_proxy_mode(&kp);
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        c.assert_detail_names(&["could not run nft", "no iptables-save or nft"]);
+        c.assert_fix_names(&["on the node"]);
+        let c = kube_proxy_mode(&KubeProxy {
+            read: true,
+            ..KubeProxy::default()
+        });
+        assert_eq!(
+            c.status,
+            Status::Warn,
+            "rules read, none of kube-proxy's: {c:?}"
+        );
+    }
+
+    #[test]
+    fn bpf_and_net_admin_are_enough_and_sys_admin_only_adds_names() {
+        // The DaemonSet's set: CAP_NET_ADMIN (12), CAP_NET_BIND_SERVICE (10), CAP_BPF (39).
+        let c = capabilities_of((1 << 12) | (1 << 10) | (1 << 39));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        c.assert_detail_names(&["CAP_NET_ADMIN, CAP_BPF", "without CAP_SYS_ADMIN", "by id"]);
+        let c = capabilities_of((1 << 12) | (1 << 21) | (1 << 39));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert_eq!(c.detail, "effective: CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF");
+        let c = capabilities_of(1 << 39);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        c.assert_detail_names(&["CAP_NET_ADMIN"]);
+    }
 
     #[test]
     fn kernel_releases_parse() {

@@ -15,6 +15,7 @@ use super::status::KernelTally;
 use hairpin_ebpf::Counter;
 
 mod beside;
+mod cgroup;
 mod checks;
 mod relay;
 mod servers;
@@ -40,6 +41,12 @@ pub struct DoctorArgs {
     /// The bypass mark to load the embedded object with (as the agent would).
     #[arg(long, env = "HAIRPIN_BYPASS_MARK", default_value = crate::agent::args::DEFAULT_BYPASS_MARK_ARG, value_parser = crate::agent::args::parse_mark)]
     pub(crate) bypass_mark: u32,
+
+    /// The cgroup v2 directory the agent attaches at, as its `--cgroup-path` (the
+    /// DaemonSet sets HAIRPIN_CGROUP_PATH, so `kubectl exec` in its pod checks the
+    /// node's hierarchy it mounts). Default: the cgroup v2 root in /proc/self/mountinfo.
+    #[arg(long, env = "HAIRPIN_CGROUP_PATH")]
+    pub cgroup_path: Option<std::path::PathBuf>,
 
     /// Output format.
     #[arg(long, short, env = "HAIRPIN_OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
@@ -134,7 +141,7 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
         checks::kernel(),
         checks::bpf(),
         checks::ebpf_object(args.bypass_mark),
-        checks::cgroup2(),
+        cgroup::cgroup2(args.cgroup_path.as_deref()),
         checks::capabilities(),
     ];
     let agent = args.admin.status();
@@ -198,6 +205,9 @@ pub fn diagnose(args: &DoctorArgs) -> Result<i32, CliError> {
 /// Whether kube-proxy short-circuits each frontend the agent proxies.
 pub(crate) fn kube_proxy_frontends(kp: &KubeProxy, agent: Option<&Snapshot>) -> Check {
     let name = "kube_proxy_frontends";
+    if !kp.read {
+        return checks::unreadable_rules(name, kp);
+    }
     let Some(s) = agent else {
         return Check::new(
             name,

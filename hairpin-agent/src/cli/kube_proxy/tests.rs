@@ -86,6 +86,7 @@ fn ipvs_addresses_cover_every_port() {
         modes: vec![Mode::Ipvs],
         rules,
         notes: vec![],
+        read: true,
     };
     assert_eq!(kp.matching(ip("203.0.113.10"), 8443).len(), 1);
     assert!(kp.matching(ip("203.0.113.11"), 80).is_empty());
@@ -98,6 +99,7 @@ fn matching_honours_ports() {
         modes: vec![Mode::Iptables],
         rules,
         notes: vec![],
+        read: true,
     };
     assert_eq!(kp.matching(ip("203.0.113.10"), 80).len(), 1);
     assert!(kp.matching(ip("203.0.113.10"), 81).is_empty());
