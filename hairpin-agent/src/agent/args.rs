@@ -158,7 +158,7 @@ pub struct RunArgs {
     /// listen on a capture port (a mesh's sidecar, ztunnel) runs inside the
     /// attached cgroup; `off`: probe on every kernel-path connect.
     #[arg(long, env = "HAIRPIN_MESH_LISTENER_CACHE", value_enum, default_value_t = MeshListenerCache::Auto)]
-    pub mesh_listener_cache: MeshListenerCache,
+    pub(crate) mesh_listener_cache: MeshListenerCache,
 
     /// Where the connect links go among the other connect programs at the cgroup:
     /// `first` (before every other one where the kernel orders cgroup links; else at
@@ -166,7 +166,7 @@ pub struct RunArgs {
     /// `append` (after them, at the cgroup itself) or `children` (as on a kernel that
     /// does not order): for tests.
     #[arg(long, env = "HAIRPIN_LINK_ORDER", value_enum, default_value_t = LinkOrderMode::First, hide = true)]
-    pub link_order: LinkOrderMode,
+    pub(crate) link_order: LinkOrderMode,
 
     /// The pin layout version to use (tests of an upgrade across layouts only).
     #[arg(long, env = "HAIRPIN_PIN_LAYOUT", default_value_t = hairpin_ebpf::PIN_LAYOUT, hide = true)]
@@ -608,7 +608,7 @@ mod tests;
 
 /// `--link-order`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LinkOrderMode {
+pub(crate) enum LinkOrderMode {
     /// Before every other connect program at the cgroup, where the kernel orders
     /// cgroup links.
     First,
@@ -622,7 +622,7 @@ pub enum LinkOrderMode {
 
 /// `--mesh-listener-cache`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum MeshListenerCache {
+pub(crate) enum MeshListenerCache {
     /// On where the programs are attached at the cgroup v2 hierarchy's root.
     Auto,
     /// On wherever they are attached.

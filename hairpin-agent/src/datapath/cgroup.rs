@@ -46,7 +46,7 @@ pub fn find_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
 /// namespace: a directory of a cgroup2 filesystem whose kernfs id, its inode
 /// number, is 1 (the first the hierarchy allocates), where every cgroup below has
 /// another. A program attached there runs for every socket on the node.
-pub fn is_cgroup2_root(path: &Path) -> bool {
+pub(crate) fn is_cgroup2_root(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let cgroup2 = nix::sys::statfs::statfs(path)
         .is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);

@@ -60,7 +60,8 @@ mod slots;
 mod splice;
 pub(crate) mod sys;
 
-pub use cgroup::{find_cgroup2_root, is_cgroup2_root};
+pub use cgroup::find_cgroup2_root;
+pub(crate) use cgroup::is_cgroup2_root;
 pub(crate) use counters::CountersReader;
 pub(crate) use error::DatapathError;
 pub use kernel_objects::{
