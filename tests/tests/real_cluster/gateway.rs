@@ -19,6 +19,29 @@ use crate::{RealNode, do_service, vip};
 /// The Gateway's controller, as Envoy Gateway names itself.
 const CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
 
+/// `host`, asked for by the pod through the name relay, reaches the Gateway's LB
+/// (203.0.113.12:80) with the pod's own address in the header, by `deadline`.
+fn served_through_the_gateway(rn: &RealNode, host: &str, deadline: Instant) {
+    let got = loop {
+        let got = curl_resolved_from_pod(
+            &rn.node,
+            &format!("{host}:80:{RELAY_IP4}"),
+            &format!("http://{host}/"),
+        );
+        if got.ok() || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(got.ok(), "{host}: {got:?}\nagent:\n{}", rn.agent().log());
+    let body = got.body.trim_end();
+    assert!(
+        body.starts_with(&format!("client={POD_IP4}:")),
+        "{host}: {body}"
+    );
+    assert!(body.ends_with("dst=203.0.113.12:80"), "{host}: {body}");
+}
+
 /// `kubectl ARGS` as the admin.
 fn kubectl(rn: &RealNode, args: &[&str]) {
     rn.cluster.kubectl(args);
@@ -116,47 +139,18 @@ fn an_httproute_and_a_grpcroute_on_the_real_crds_are_routed_to_their_gateways_lb
         );
     }
 
-    let fetch = || {
-        curl_resolved_from_pod(
-            &rn.node,
-            &format!("docs.example.net:80:{RELAY_IP4}"),
-            "http://docs.example.net/",
-        )
-    };
-    let deadline = started + Duration::from_secs(40);
-    let got = loop {
-        let got = fetch();
-        if got.ok() || Instant::now() > deadline {
-            break got;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(got.ok(), "{got:?}\nagent:\n{}", rn.agent().log());
+    served_through_the_gateway(&rn, "docs.example.net", started + Duration::from_secs(40));
     eprintln!(
         "CRDs installed -> the route's name served: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let body = got.body.trim_end();
-    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
-    assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
     // The GRPCRoute's name, routed the same way (the relay routes by name, not by
     // what the connection carries: an HTTP/1.1 request stands for the gRPC call).
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let api = loop {
-        let got = curl_resolved_from_pod(
-            &rn.node,
-            &format!("api.example.net:80:{RELAY_IP4}"),
-            "http://api.example.net/",
-        );
-        if got.ok() || Instant::now() > deadline {
-            break got;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(api.ok(), "{api:?}\nagent:\n{}", rn.agent().log());
-    let body = api.body.trim_end();
-    assert!(body.starts_with(&format!("client={POD_IP4}:")), "{body}");
-    assert!(body.ends_with("dst=203.0.113.12:80"), "{body}");
+    served_through_the_gateway(
+        &rn,
+        "api.example.net",
+        Instant::now() + Duration::from_secs(40),
+    );
     // Each kind is found at the next look after its CRD is served (the looks come
     // 1, 2, 4, 8, 16 s ... apart): TLSRoute's may come a look after HTTPRoute's.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -184,6 +178,13 @@ fn an_httproute_and_a_grpcroute_on_the_real_crds_are_routed_to_their_gateways_lb
     }
 
     kubectl(&rn, &["-n", "docs", "delete", "httproute", "docs"]);
+    let fetch = || {
+        curl_resolved_from_pod(
+            &rn.node,
+            &format!("docs.example.net:80:{RELAY_IP4}"),
+            "http://docs.example.net/",
+        )
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = fetch();
