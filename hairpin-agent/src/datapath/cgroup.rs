@@ -54,7 +54,7 @@ pub(crate) fn is_cgroup2_root(path: &Path) -> bool {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     s.replace("\\040", " ")
         .replace("\\011", "\t")
         .replace("\\012", "\n")

@@ -61,7 +61,7 @@ mod splice;
 pub(crate) mod sys;
 
 pub use cgroup::find_cgroup2_root;
-pub(crate) use cgroup::is_cgroup2_root;
+pub(crate) use cgroup::{is_cgroup2_root, unescape as unescape_mountinfo};
 pub(crate) use counters::CountersReader;
 pub(crate) use error::DatapathError;
 pub use kernel_objects::{

@@ -9,7 +9,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::{Check, Status};
-use crate::datapath;
+use crate::datapath::{self, unescape_mountinfo as unescape};
 
 /// What `statfs` says of the directory: cgroup v2, or another filesystem (its magic).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,14 +132,6 @@ fn is_root(cgroup: &Path) -> bool {
     cgroup
         .components()
         .all(|c| matches!(c, Component::RootDir | Component::ParentDir))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
 }
 
 #[cfg(test)]
