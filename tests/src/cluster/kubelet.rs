@@ -26,6 +26,7 @@ use serde_json::Value;
 use super::{Cluster, NODE_NAME, Proc, tail};
 
 mod config;
+mod images;
 use crate::{
     node::{NODE_IP4, NODE_IP6, SimNode},
     sh::run,
@@ -35,6 +36,9 @@ use crate::{
 pub const PAUSE_IMAGE: &str = "localhost/hairpin-test/pause:3.10.2";
 /// The test pods' image: busybox (static) alone, as `/bin/busybox`.
 pub const BUSYBOX_IMAGE: &str = "localhost/hairpin-test/busybox:1";
+/// The ingress pods' image: Debian's nginx (`/usr/sbin/nginx`) with the shared
+/// libraries it links, nothing else.
+pub const NGINX_IMAGE: &str = "localhost/hairpin-test/nginx:1";
 /// The agent's image as `cargo xtask image` leaves it in podman's storage.
 pub const AGENT_DEV_IMAGE: &str = "localhost/hairpin-agent:dev";
 /// The next version's image `cargo xtask test` builds (the same tree, the agent
@@ -357,74 +361,6 @@ impl NodeRuntime {
                 "containerd did not take {what} ({needle}): {line}"
             );
         }
-    }
-
-    /// Imports the pause and busybox images (made with podman from the static
-    /// binaries, `FROM scratch`) and the agent's, under the chart's name.
-    fn import_images(&self, pause_bin: &Path) {
-        let build = |tag: &str, bin: &Path, path: &str, entry: &str| {
-            let ctx = self
-                .dir
-                .join(format!("image-{}", tag.replace(['/', ':'], "-")));
-            fs::create_dir_all(&ctx).expect("image context");
-            fs::copy(bin, ctx.join("bin")).expect("copy binary");
-            fs::write(
-                ctx.join("Containerfile"),
-                format!("FROM scratch\nCOPY bin {path}\nENTRYPOINT [\"{entry}\"]\n"),
-            )
-            .expect("Containerfile");
-            let c = ctx.to_str().expect("utf-8 path");
-            // A name of this node's own in podman's storage: scenarios run in
-            // parallel, and one's `rmi` must not take another's image.
-            let local = self.local_name(tag);
-            run(&["podman", "build", "-q", "--tag", &local, c]);
-            self.save_and_import(&local);
-            let _ = Command::new("podman").args(["rmi", "-f", &local]).output();
-            self.ctr(&["images", "tag", "--force", &local, tag]);
-        };
-        build(PAUSE_IMAGE, pause_bin, "/pause", "/pause");
-        let busybox = Path::new("/bin/busybox");
-        let kind = run(&["file", "-L", "/bin/busybox"]);
-        assert!(
-            kind.contains("statically linked"),
-            "/bin/busybox is not static (install busybox-static): {kind}"
-        );
-        build(BUSYBOX_IMAGE, busybox, "/bin/busybox", "/bin/busybox");
-        self.save_and_import(AGENT_DEV_IMAGE);
-        self.ctr(&[
-            "images",
-            "tag",
-            "--force",
-            AGENT_DEV_IMAGE,
-            &self.agent_image,
-        ]);
-    }
-
-    /// The next version's image ([`AGENT_NEXT_IMAGE`]) under the chart's repository
-    /// and its version (its `org.opencontainers.image.version` label, what its agent
-    /// reports), as a new release's image arrives on a node. Returns (name, version).
-    pub fn import_next_agent(&self) -> (String, String) {
-        let version = next_agent_version()
-            .unwrap_or_else(|| panic!("no {AGENT_NEXT_IMAGE}: run `cargo xtask test`"));
-        self.save_and_import(AGENT_NEXT_IMAGE);
-        let name = format!("{CHART_REPOSITORY}:{version}");
-        self.ctr(&["images", "tag", "--force", AGENT_NEXT_IMAGE, &name]);
-        (name, version)
-    }
-
-    /// `name` with this node's cgroup name in its repository.
-    fn local_name(&self, name: &str) -> String {
-        let (repo, tag) = name.rsplit_once(':').expect("name:tag");
-        format!("{repo}-{}:{tag}", self.cgroup_name)
-    }
-
-    fn save_and_import(&self, tag: &str) {
-        let archive = self.dir.join("image.tar");
-        let a = archive.to_str().expect("utf-8 path");
-        let _ = fs::remove_file(&archive);
-        run(&["podman", "save", "--format", "docker-archive", "-o", a, tag]);
-        self.ctr(&["images", "import", "--digests", a]);
-        let _ = fs::remove_file(&archive);
     }
 
     fn wait_node_ready(&mut self, cluster: &Cluster, within: Duration) {

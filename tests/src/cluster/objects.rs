@@ -1,5 +1,6 @@
 //! Objects the suites put into the real API server: LoadBalancer Services without
-//! selectors and their EndpointSlices (the simulated ingress pod is the endpoint),
+//! selectors and their EndpointSlices (the simulated ingress pod is the endpoint)
+//! or selecting a real ingress pod,
 //! load-balancer status patched as a cloud controller patches it, the chart's RBAC
 //! as real Helm renders it, and the agent's ServiceAccount token.
 
@@ -46,6 +47,11 @@ pub struct LbService<'a> {
 impl LbService<'_> {
     /// The Service object: no selector (its endpoints are the test's EndpointSlices).
     fn object(&self) -> Value {
+        self.object_selecting(None)
+    }
+
+    /// The Service object, selecting the pods with the labels `selector` when given.
+    fn object_selecting(&self, selector: Option<&Value>) -> Value {
         let (policy, families) = if self.dual_stack {
             ("RequireDualStack", json!(["IPv4", "IPv6"]))
         } else {
@@ -61,6 +67,7 @@ impl LbService<'_> {
                 "ipFamilyPolicy": policy,
                 "ipFamilies": families,
                 "ports": [{"name": "http", "protocol": "TCP", "port": self.port, "targetPort": self.target_port}],
+                "selector": selector,
             },
         })
     }
@@ -117,6 +124,21 @@ impl Cluster {
                     .await
                     .unwrap_or_else(|e| panic!("create EndpointSlice for {}: {e}", svc.name));
             }
+        });
+    }
+
+    /// Creates the Service selecting the pods labelled `selector`: the controller
+    /// manager's EndpointSlice controller makes its endpoints from them.
+    pub fn create_lb_service_for_pods(&self, svc: &LbService<'_>, selector: &Value) {
+        self.ensure_namespace(svc.namespace);
+        let services: Api<Service> = Api::namespaced(self.client(), svc.namespace);
+        let object: Service =
+            serde_json::from_value(svc.object_selecting(Some(selector))).expect("service object");
+        self.block_on(async {
+            services
+                .create(&PostParams::default(), &object)
+                .await
+                .unwrap_or_else(|e| panic!("create Service {}/{}: {e}", svc.namespace, svc.name));
         });
     }
 

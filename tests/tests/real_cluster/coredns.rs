@@ -21,7 +21,7 @@ use hairpin_tests::{
 };
 use serde_json::{Value, json};
 
-use crate::{RELEASE_NS, RealNode, do_service, vip};
+use crate::{RELEASE_NS, RealNode, ingress_nginx_lb, vip};
 
 /// The CoreDNS the cluster runs (the writer checks its version before it writes
 /// wildcard rewrites).
@@ -128,16 +128,7 @@ pub(crate) fn cluster_dns_and_a_shop_ingress(c: &Cluster, corefile: &str, extra:
                  "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
                               "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
     c.kubectl_apply(&objects);
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        &[],
-    ));
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        vip(&["203.0.113.10"]),
-    );
+    ingress_nginx_lb(c, "ingress-nginx-controller", &[], &["203.0.113.10"]);
     c.ensure_namespace("shop");
     c.kubectl_apply(&[
         json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",

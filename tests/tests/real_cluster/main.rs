@@ -130,6 +130,13 @@ fn do_service<'a>(namespace: &'a str, name: &'a str, extra: &[(&str, &str)]) -> 
     }
 }
 
+/// The DigitalOcean Service `ingress-nginx/name` (with `extra` annotations), its
+/// status patched to `ips` in VIP mode as a cloud controller would.
+fn ingress_nginx_lb(c: &Cluster, name: &str, extra: &[(&str, &str)], ips: &[&str]) {
+    c.create_lb_service(&do_service("ingress-nginx", name, extra));
+    c.set_lb_ingress("ingress-nginx", name, vip(ips));
+}
+
 /// Who sends a request: the pod (its namespace and cgroup) or a host process.
 #[derive(Clone, Copy, Debug)]
 enum From {

@@ -34,7 +34,7 @@ use k8s_openapi::api::{
 };
 use serde_json::{Value, json};
 
-use crate::{RELEASE_NS, do_service, vip};
+use crate::{RELEASE_NS, ingress_nginx_lb, vip};
 
 /// The chart values of this scenario: kubeadm's Corefile written in place.
 fn flags() -> Vec<String> {
@@ -67,16 +67,7 @@ fn one_writer_holds_the_lease_the_other_takes_over_and_uninstall_restores_the_co
     c.kubectl_apply(&objects);
     c.ensure_namespace(RELEASE_NS);
     c.kubectl_apply(&chart_objects(RELEASE_NS, &flags));
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        &[],
-    ));
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        vip(&["203.0.113.10"]),
-    );
+    ingress_nginx_lb(&c, "ingress-nginx-controller", &[], &["203.0.113.10"]);
     ingress(&c, "shop", "shop.example.com");
     two_writers_hand_the_lease_over(&c, &node);
     uninstall_with_the_hooks_rbac(&c, &node, &flags);

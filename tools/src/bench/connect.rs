@@ -91,6 +91,7 @@ impl ConnectResult {
 /// Runs this bench binary's hidden subcommand `sub` with `args` from `cgroup` in the
 /// pod's namespace, on the client CPU; its stdout.
 fn run_child(ctx: &Ctx<'_>, cgroup: &std::path::Path, sub: &str, args: &[&str]) -> Result<String> {
+    super::unless_interrupted()?;
     let exe = std::env::current_exe()?;
     let mut argv = vec![exe.to_str().context("utf-8 exe path")?, sub];
     argv.extend_from_slice(args);

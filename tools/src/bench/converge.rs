@@ -86,6 +86,7 @@ fn measure(ctx: &Ctx<'_>, mut change: impl FnMut(bool) -> Result<()>) -> Result<
     let target = format!("{LB_V2}:80");
     let mut samples = Vec::new();
     for i in 0..ctx.opts.changes {
+        super::unless_interrupted()?;
         let adding = i % 2 == 0;
         let want = if adding { "redirected" } else { "direct" };
         let mut child = in_pod(ctx.node, None, &[exe, "probe", &target, want, "5000"])

@@ -115,6 +115,7 @@ pub fn measure(ctx: &Ctx<'_>, start: &dyn Fn(&[FrontendSpec]) -> Agent) -> Resul
         };
         let full = specs(size);
         for round in 0..ctx.opts.stats_runs {
+            super::unless_interrupted()?;
             let t = Instant::now();
             let agent = start(&full);
             f.ready_ms.push(t.elapsed().as_secs_f64() * 1e3);

@@ -24,7 +24,10 @@ pub mod stats;
 pub mod traffic;
 pub mod wrk;
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use anyhow::Result;
 
@@ -36,6 +39,26 @@ use options::Options;
 use report::Results;
 use setup::{LB_KERNEL_V1, LB_KERNEL_V2, LB_V1, LB_V2};
 use traffic::Direction;
+
+/// Set by [`interrupt`] (the bench's SIGINT, SIGTERM or SIGHUP): the running case
+/// stops at its next client run and the bench returns, so the agents, HAProxy,
+/// nginx, the floor's programs and the node are torn down by their owners.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Asks the bench to stop at its next client run and tear its node down.
+pub fn interrupt() {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// An error once [`interrupt`] was called: every client run and every case
+/// boundary asks, so an interrupted bench unwinds within one run.
+pub fn unless_interrupted() -> Result<()> {
+    anyhow::ensure!(
+        !INTERRUPTED.load(Ordering::Relaxed),
+        "interrupted: tearing the node down"
+    );
+    Ok(())
+}
 
 /// What every case needs.
 pub struct Ctx<'a> {
@@ -263,6 +286,7 @@ pub fn run(opts: &Options) -> Result<Results> {
         return Ok(r);
     }
 
+    unless_interrupted()?;
     eprintln!("connect() overhead ({} connects per run)", opts.connects);
     let res = connect::overhead(&ctx, &|| start_agent(&node, &traffic_specs()));
     r.connect = record(&mut r, "connect overhead", res).unwrap_or_default();
@@ -281,12 +305,15 @@ pub fn run(opts: &Options) -> Result<Results> {
         (r.bulk, r.upload) = transfers(&ctx, &mut r, (agent.pid(), haproxy.pid()), &relay, "");
     }
     drop(agent);
+    unless_interrupted()?;
 
     kernel_run(&ctx, &mut r, haproxy.pid());
+    unless_interrupted()?;
     if opts.baseline.is_some() {
         compare_with_baseline(&ctx, &mut r, haproxy.pid());
     }
 
+    unless_interrupted()?;
     eprintln!("convergence ({} changes)", opts.changes);
     let agent = start_agent(&node, &converge::base_specs());
     let res = converge::file_source(&ctx, &agent);
@@ -299,6 +326,7 @@ pub fn run(opts: &Options) -> Result<Results> {
     let res = converge::watch_stream(&ctx);
     r.converge_watch = record(&mut r, "convergence (watch)", res);
 
+    unless_interrupted()?;
     eprintln!("footprint ({:?} frontends)", opts.sizes);
     let res = footprint::measure(&ctx, &|specs| start_agent(&node, specs));
     r.footprint = record(&mut r, "footprint", res).unwrap_or_default();
@@ -313,6 +341,7 @@ pub fn run(opts: &Options) -> Result<Results> {
             r.footprint.push(f);
         }
     }
+    unless_interrupted()?;
     r.notes.extend(method_notes(opts));
     Ok(r)
 }

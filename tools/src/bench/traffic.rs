@@ -261,6 +261,7 @@ pub fn wrk_once(
     secs: u32,
     agent_pid: Option<i32>,
 ) -> Result<(WrkResult, u64)> {
+    super::unless_interrupted()?;
     let u = url(t.ip, t.port, "/");
     let (threads, conns, dur) = (
         "-t1".to_string(),

@@ -12,6 +12,36 @@ use hairpin_tools::bench::{
     report,
 };
 
+/// SIGINT, SIGTERM and SIGHUP ask the bench to stop ([`bench::interrupt`]): the case
+/// running ends at its next client run and every owner's teardown runs (the node's
+/// namespaces and cgroups, the agents and their pins, nginx, HAProxy). A second one
+/// exits at once; the next bench or test run sweeps what a dead bench left.
+/// Blocked here, before any thread starts (threads inherit the mask; children get
+/// the default mask back from `Command`), and taken by one waiting thread.
+fn teardown_on_signals() -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals
+        .thread_block()
+        .context("block SIGINT, SIGTERM and SIGHUP")?;
+    std::thread::spawn(move || {
+        let mut asked = false;
+        while let Ok(signal) = signals.wait() {
+            if asked {
+                eprintln!("{signal:?} again: exiting without the teardown");
+                std::process::exit(130);
+            }
+            asked = true;
+            eprintln!("{signal:?}: stopping after this client run and tearing the node down");
+            bench::interrupt();
+        }
+    });
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -21,6 +51,7 @@ fn main() -> Result<()> {
         _ => {}
     }
     let opts = Options::parse(&args)?;
+    teardown_on_signals()?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!(

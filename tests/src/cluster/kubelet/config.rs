@@ -5,14 +5,18 @@
 use std::fs;
 
 use super::{NodeRuntime, PAUSE_IMAGE};
-use crate::{cluster::Cluster, node::NODE_IP4};
+use crate::{
+    cluster::Cluster,
+    node::{NODE_IP4, NODE_IP6},
+};
 
 impl NodeRuntime {
     /// containerd's configuration and the CNI network's.
     pub(super) fn write_containerd_config(&self) {
         fs::create_dir_all(self.dir.join("cni")).expect("cni dir");
-        // ptp: a veth per pod, the node IP as each pod's gateway, /32 routes on the
-        // node; addresses from the node's pod CIDR, above the simulated pod's.
+        // ptp: a veth per pod, the node IP as each pod's gateway, /32 and /128
+        // routes on the node; addresses of both families from the node's pod CIDRs,
+        // above the simulated pod's (dual-stack pods, as the API server serves).
         let cni = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "hairpin-sim",
@@ -21,13 +25,21 @@ impl NodeRuntime {
                 "ipMasq": false,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{
-                        "subnet": "192.0.2.0/24",
-                        "rangeStart": "192.0.2.100",
-                        "rangeEnd": "192.0.2.199",
-                        "gateway": NODE_IP4,
-                    }]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "ranges": [
+                        [{
+                            "subnet": "192.0.2.0/24",
+                            "rangeStart": "192.0.2.100",
+                            "rangeEnd": "192.0.2.199",
+                            "gateway": NODE_IP4,
+                        }],
+                        [{
+                            "subnet": "2001:db8:1::/64",
+                            "rangeStart": "2001:db8:1::100",
+                            "rangeEnd": "2001:db8:1::1ff",
+                            "gateway": NODE_IP6,
+                        }],
+                    ],
+                    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
                     "dataDir": self.path("cni-ipam"),
                 },
             }],

@@ -2,10 +2,11 @@
 //! simulated node, installed with real Helm into the real API server as README's
 //! "Install" says: the agent pod becomes Ready through its own probes, and a client
 //! pod (a real pod: its sandbox, its network namespace from the CNI plugin, its
-//! cgroup under the kubelet's) reaches the PROXY-protocol ingress through a
+//! cgroup under the kubelet's) reaches the PROXY-protocol ingress pod through a
 //! LoadBalancer IP with its own address in the header, on the kernel path and on the
-//! relay.
+//! relay, over IPv4 and IPv6.
 
+mod ingress;
 mod node;
 
 use std::{
@@ -24,8 +25,9 @@ use hairpin_tests::{
 };
 use serde_json::json;
 
-use crate::{RELEASE_NS, do_service, vip};
+use crate::{RELEASE_NS, vip};
 
+use ingress::pod_ips;
 use node::{KubeletNode, pause_oom_scores};
 
 #[test]
@@ -58,42 +60,44 @@ fn daemonset_install_agent_ready_and_client_pod_gets_header() {
             .all(|s| s.parse::<i32>().is_ok_and(|v| v >= 0)),
         "a sandbox's oom_score_adj is below containerd's own: {scores:?}"
     );
-    let c = &kn.rn.cluster;
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
+    let ingress = kn.ingress_pod();
+    kn.ingress_pod_lb(
         "ingress-nginx-controller",
         &[],
-    ));
-    c.create_lb_service(&do_service(
-        "ingress-nginx",
+        &["203.0.113.10", "2001:db8:ffff::10"],
+    );
+    kn.ingress_pod_lb(
         "ingress-relayed",
         &[("hairpin.dev/path", "relay")],
-    ));
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-nginx-controller",
-        vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+        &["203.0.113.11", "2001:db8:ffff::11"],
     );
-    c.set_lb_ingress(
-        "ingress-nginx",
-        "ingress-relayed",
-        vip(&["203.0.113.11", "2001:db8:ffff::11"]),
-    );
-    c.ensure_namespace("clients");
-    let pod_ip = kn.client_pod("clients", "client");
-    for lb in ["203.0.113.10", "203.0.113.11"] {
+    kn.rn.cluster.ensure_namespace("clients");
+    kn.client_pod("clients", "client");
+    let client = pod_ips(&kn.pods("clients", "app=client")[0]);
+    eprintln!("ingress pod {ingress:?}, client pod {client:?}");
+    let (v4, v6) = match client.as_slice() {
+        [v4, v6] if v6.contains(':') => (v4, v6),
+        _ => panic!("the client pod is not dual-stack (the CNI's ranges are): {client:?}"),
+    };
+    // Both families, the kernel path (.10) and the relay (.11).
+    for (ip, lb) in [
+        (v4, "203.0.113.10"),
+        (v4, "203.0.113.11"),
+        (v6, "2001:db8:ffff::10"),
+        (v6, "2001:db8:ffff::11"),
+    ] {
         let started = Instant::now();
         loop {
             let reply = kn.request_from("clients", "client", lb);
             if let Ok(line) = &reply
-                && line.starts_with(&format!("client={pod_ip}:"))
+                && line.starts_with(&format!("client={ip}:"))
             {
-                eprintln!("client pod {pod_ip} -> {lb}: {line}");
+                eprintln!("client pod {ip} -> {lb}: {line}");
                 break;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(20),
-                "client pod {pod_ip} -> {lb}: no header naming it: {reply:?}"
+                "client pod {ip} -> {lb}: no header naming it: {reply:?}"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -498,7 +502,10 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
         before,
         "CoreDNS's Corefile is not as before"
     );
-    // As before hairpin: the ingress gets no header and answers nothing.
+    // As before hairpin: the ingress pod gets no header, answers nothing and logs
+    // the original problem.
+    let broken = || kn.ingress_log().matches("broken header").count();
+    let broken_before = broken();
     let started = Instant::now();
     loop {
         match kn.request_from("clients", "client", "203.0.113.10") {
@@ -510,4 +517,9 @@ fn daemonset_test_then_uninstall_leaves_the_node_clean() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert!(
+        broken() > broken_before,
+        "the ingress pod logged no broken header for the request without one:\n{}",
+        kn.ingress_log()
+    );
 }

@@ -15,7 +15,7 @@ use hairpin_tests::{
 };
 use serde_json::{Value, json};
 
-use crate::{RELEASE_NS, RealNode, do_service, vip};
+use crate::{RELEASE_NS, RealNode};
 
 /// A node with the real control plane, kube-proxy and a kubelet; `None` when the
 /// scenario skips.
@@ -217,8 +217,8 @@ impl KubeletNode {
             .ok_or_else(|| format!("{text:?} {}", String::from_utf8_lossy(&out.stderr)))
     }
 
-    /// `helm install` (with `extra` values), the DigitalOcean Service at
-    /// 203.0.113.10 and a client pod that got its header through it once. Returns
+    /// `helm install` (with `extra` values), the ingress pod, the DigitalOcean
+    /// Service at 203.0.113.10 selecting it and a client pod that got its header through it once. Returns
     /// the agent pod and the client's IP.
     pub(super) fn installed_with_client(&self, extra: &[&str]) -> (Value, String) {
         self.helm_install(extra);
@@ -227,18 +227,13 @@ impl KubeletNode {
             "app.kubernetes.io/component=agent",
             Duration::from_secs(120),
         );
-        let c = &self.rn.cluster;
-        c.create_lb_service(&do_service(
-            "ingress-nginx",
+        self.ingress_pod();
+        self.ingress_pod_lb(
             "ingress-nginx-controller",
             &[],
-        ));
-        c.set_lb_ingress(
-            "ingress-nginx",
-            "ingress-nginx-controller",
-            vip(&["203.0.113.10", "2001:db8:ffff::10"]),
+            &["203.0.113.10", "2001:db8:ffff::10"],
         );
-        c.ensure_namespace("clients");
+        self.rn.cluster.ensure_namespace("clients");
         let pod_ip = self.client_pod("clients", "client");
         let started = Instant::now();
         while !self
