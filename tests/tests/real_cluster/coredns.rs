@@ -13,7 +13,7 @@ use hairpin_tests::{
     agent::agent_bin,
     cluster::{
         Cluster, Proc,
-        dns::{CoreDns, corefile_of, in_pod_with_cluster_dns, kube_dns_objects},
+        dns::{CoreDns, DnsNames, KUBEADM, cluster_dns_objects, corefile_in, in_pod_with_cluster_dns},
         objects::workload_env,
     },
     fakeapi::KUBEADM_COREFILE,
@@ -42,25 +42,18 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     .to_vec();
     // kubeadm's cluster DNS: CoreDNS runs in the ingress pod's namespace (another
     // pod of the node), the kube-dns Service in front of it.
-    cluster_dns_and_a_shop_ingress(&rn.cluster, KUBEADM_COREFILE, Vec::new());
+    cluster_dns_and_a_shop_ingress(
+        &rn.cluster,
+        &KUBEADM,
+        COREDNS_IMAGE,
+        KUBEADM_COREFILE,
+        Vec::new(),
+    );
     rn.start_agent(&flags);
     let c = &rn.cluster;
     serve_the_chart_service_from_this_node(c, &flags);
     let writer = start_writer(&rn, &flags);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let written = loop {
-        let text = corefile_of(c);
-        if text.contains("shop.example.com") && text.contains(r"apps\.example\.com") {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the writer wrote no rewrite: {text}\nwriter:\n{}",
-            writer.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    eprintln!("Corefile as written:\n{written}");
+    written_corefile(c, KUBEADM.configmap, &writer);
     // The API server records the writer under its own name (an operator's
     // server-side apply of the ConfigMap names it in the conflict).
     let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -80,53 +73,90 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
         "{managers:?}"
     );
     let dns = CoreDns::start(c, &rn.node.ingress_ns);
-    for name in ["shop.example.com", "web.apps.example.com"] {
-        // Polled for a while: kube-proxy's DNAT for the DNS Service and CoreDNS's
-        // informers settle on their own time. A wrong or refused rewrite never passes.
-        let started = Instant::now();
-        let reply = loop {
-            let reply = in_pod_with_cluster_dns(
-                &rn.node,
-                &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
-            );
-            if reply.ok() || started.elapsed() > Duration::from_secs(20) {
-                break reply;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        eprintln!(
-            "{name}: answered after {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        assert!(
-            reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
-            "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
-            dns.log(),
-            rn.agent().log()
-        );
-        assert!(
-            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
-            "{name}: {reply:?}"
-        );
+    for name in SHOP_NAMES {
+        resolves_and_gets_its_own_header(&rn, &dns, name);
     }
 }
 
-/// The cluster DNS as a distribution ships it (the kube-dns Service in front of
-/// CoreDNS in the ingress pod's namespace, the `coredns` ConfigMap holding
-/// `corefile`, `extra` objects beside it, a CoreDNS Deployment for the writer to
-/// read the image of), an ingress controller's DigitalOcean LB at 203.0.113.10 and
-/// an Ingress `shop/shop` on it for `shop.example.com` and `*.apps.example.com`.
-pub(crate) fn cluster_dns_and_a_shop_ingress(c: &Cluster, corefile: &str, extra: Vec<Value>) {
-    let mut objects = kube_dns_objects(INGRESS_IP4);
+/// The shop Ingress's names: an exact one and one under its wildcard.
+pub(crate) const SHOP_NAMES: [&str; 2] = ["shop.example.com", "web.apps.example.com"];
+
+/// The Corefile of `kube-system/<configmap>` once the writer has put both shop
+/// rewrites in (the wildcard only after it read CoreDNS's version); fails after
+/// 30 s with the writer's log.
+pub(crate) fn written_corefile(c: &Cluster, configmap: &str, writer: &Proc) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = corefile_in(c, configmap);
+        if text.contains("shop.example.com") && text.contains(r"apps\.example\.com") {
+            eprintln!("Corefile as written:\n{text}");
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the writer wrote no rewrite: {text}\nwriter:\n{}",
+            writer.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A pod resolves `name` through the cluster DNS Service (glibc's resolver) to the
+/// chart's `hairpin` Service, reaches the ingress through the name relay and gets
+/// its own address in the header, with the LB's as the destination. Polled for up
+/// to 20 s: kube-proxy's DNAT for the DNS Service and CoreDNS's informers settle
+/// on their own time; a wrong or refused rewrite never passes.
+pub(crate) fn resolves_and_gets_its_own_header(rn: &RealNode, dns: &CoreDns, name: &str) {
+    let started = Instant::now();
+    let reply = loop {
+        let reply = in_pod_with_cluster_dns(
+            &rn.node,
+            &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
+        );
+        if reply.ok() || started.elapsed() > Duration::from_secs(20) {
+            break reply;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!(
+        "{name}: answered after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
+        "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
+        dns.log(),
+        rn.agent().log()
+    );
+    assert!(
+        reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
+        "{name}: {reply:?}"
+    );
+}
+
+/// The cluster DNS as a distribution ships it, named as `dns` says (its Service in
+/// front of CoreDNS in the ingress pod's namespace, its ConfigMap holding
+/// `corefile`, `extra` objects beside it, a CoreDNS Deployment of `image` for the
+/// writer to read the version of), an ingress controller's DigitalOcean LB at
+/// 203.0.113.10 and an Ingress `shop/shop` on it for `shop.example.com` and
+/// `*.apps.example.com`.
+pub(crate) fn cluster_dns_and_a_shop_ingress(
+    c: &Cluster,
+    dns: &DnsNames,
+    image: &str,
+    corefile: &str,
+    extra: Vec<Value>,
+) {
+    let mut objects = cluster_dns_objects(dns, INGRESS_IP4);
     objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "metadata": {"name": dns.configmap, "namespace": "kube-system"},
         "data": {"Corefile": corefile}}));
     objects.extend(extra);
     objects.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "metadata": {"name": dns.configmap, "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
         "spec": {"replicas": 0, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
                  "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}},
-                              "spec": {"containers": [{"name": "coredns", "image": COREDNS_IMAGE}]}}}}));
+                              "spec": {"containers": [{"name": "coredns", "image": image}]}}}}));
     c.kubectl_apply(&objects);
     ingress_nginx_lb(c, "ingress-nginx-controller", &[], &["203.0.113.10"]);
     c.ensure_namespace("shop");

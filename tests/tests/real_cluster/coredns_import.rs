@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use hairpin_tests::{
-    cluster::dns::{CoreDns, corefile_of, in_pod_with_cluster_dns},
-    node::{KubeProxyMode, POD_IP4},
+    cluster::dns::{CoreDns, KUBEADM, corefile_of},
+    node::KubeProxyMode,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
@@ -19,7 +19,8 @@ use serde_json::json;
 use crate::{
     RealNode,
     coredns::{
-        cluster_dns_and_a_shop_ingress, serve_the_chart_service_from_this_node, start_writer,
+        COREDNS_IMAGE, SHOP_NAMES, cluster_dns_and_a_shop_ingress,
+        resolves_and_gets_its_own_header, serve_the_chart_service_from_this_node, start_writer,
     },
 };
 
@@ -61,8 +62,11 @@ fn import_mode_real_coredns_loads_the_override_key_and_the_pod_gets_its_own_head
     ]
     .map(String::from)
     .to_vec();
+    // k3s names its cluster DNS as kubeadm does.
     cluster_dns_and_a_shop_ingress(
         &rn.cluster,
+        &KUBEADM,
+        COREDNS_IMAGE,
         K3S_COREFILE,
         vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "coredns-custom", "namespace": "kube-system"},
@@ -99,29 +103,7 @@ fn import_mode_real_coredns_loads_the_override_key_and_the_pod_gets_its_own_head
         "import mode leaves the main Corefile alone"
     );
     let dns = CoreDns::start_importing(c, &rn.node.ingress_ns, "coredns-custom");
-    for name in ["shop.example.com", "web.apps.example.com"] {
-        // Polled: kube-proxy's DNAT for the DNS Service and CoreDNS's informers
-        // settle on their own time. A refused or wrong rewrite never passes.
-        let started = Instant::now();
-        let reply = loop {
-            let reply = in_pod_with_cluster_dns(
-                &rn.node,
-                &format!("getent ahostsv4 {name} | head -1; curl -sS --max-time 5 http://{name}/"),
-            );
-            if reply.ok() || started.elapsed() > Duration::from_secs(20) {
-                break reply;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        assert!(
-            reply.ok() && reply.body.contains(&format!("client={POD_IP4}:")),
-            "{name}: {reply:?}\nCoreDNS:\n{}\nagent:\n{}",
-            dns.log(),
-            rn.agent().log()
-        );
-        assert!(
-            reply.body.trim_end().ends_with("dst=203.0.113.10:80"),
-            "{name}: {reply:?}"
-        );
+    for name in SHOP_NAMES {
+        resolves_and_gets_its_own_header(&rn, &dns, name);
     }
 }

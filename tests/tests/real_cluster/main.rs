@@ -8,6 +8,7 @@
 
 mod coredns;
 mod coredns_import;
+mod coredns_rke2;
 mod daemonset;
 mod demo;
 mod events;
