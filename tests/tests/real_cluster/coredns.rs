@@ -13,7 +13,9 @@ use hairpin_tests::{
     agent::agent_bin,
     cluster::{
         Cluster, Proc,
-        dns::{CoreDns, DnsNames, KUBEADM, cluster_dns_objects, corefile_in, in_pod_with_cluster_dns},
+        dns::{
+            CoreDns, DnsNames, KUBEADM, cluster_dns_objects, corefile_in, in_pod_with_cluster_dns,
+        },
         objects::workload_env,
     },
     fakeapi::KUBEADM_COREFILE,
@@ -32,14 +34,7 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
         return;
     };
-    let flags: Vec<String> = [
-        "--set",
-        "coredns.mode=corefile",
-        "--set",
-        "names.domains=example.com",
-    ]
-    .map(String::from)
-    .to_vec();
+    let flags = writer_flags(&["coredns.mode=corefile"]);
     // kubeadm's cluster DNS: CoreDNS runs in the ingress pod's namespace (another
     // pod of the node), the kube-dns Service in front of it.
     cluster_dns_and_a_shop_ingress(
@@ -76,6 +71,15 @@ fn a_pod_resolves_the_public_name_through_real_coredns_and_gets_its_own_header()
     for name in SHOP_NAMES {
         resolves_and_gets_its_own_header(&rn, &dns, name);
     }
+}
+
+/// The chart's flags: `--set` each of `values`, names published under example.com.
+pub(crate) fn writer_flags(values: &[&str]) -> Vec<String> {
+    values
+        .iter()
+        .chain(&["names.domains=example.com"])
+        .flat_map(|v| ["--set".to_string(), v.to_string()])
+        .collect()
 }
 
 /// The shop Ingress's names: an exact one and one under its wildcard.

@@ -21,6 +21,7 @@ use crate::{
     coredns::{
         COREDNS_IMAGE, SHOP_NAMES, cluster_dns_and_a_shop_ingress,
         resolves_and_gets_its_own_header, serve_the_chart_service_from_this_node, start_writer,
+        writer_flags,
     },
 };
 
@@ -54,14 +55,7 @@ fn import_mode_real_coredns_loads_the_override_key_and_the_pod_gets_its_own_head
     let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
         return;
     };
-    let flags: Vec<String> = [
-        "--set",
-        "coredns.mode=import",
-        "--set",
-        "names.domains=example.com",
-    ]
-    .map(String::from)
-    .to_vec();
+    let flags = writer_flags(&["coredns.mode=import"]);
     // k3s names its cluster DNS as kubeadm does.
     cluster_dns_and_a_shop_ingress(
         &rn.cluster,

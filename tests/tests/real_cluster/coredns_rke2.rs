@@ -22,7 +22,7 @@ use crate::{
     RealNode,
     coredns::{
         SHOP_NAMES, cluster_dns_and_a_shop_ingress, resolves_and_gets_its_own_header,
-        serve_the_chart_service_from_this_node, start_writer, written_corefile,
+        serve_the_chart_service_from_this_node, start_writer, writer_flags, written_corefile,
     },
 };
 
@@ -38,8 +38,8 @@ const MARK: &str = "# Added by hairpin";
 /// of comment above it.
 fn rke2_corefile() -> String {
     let path = agent_fixture("corefiles/rke2.corefile");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let start = text
         .find(".:53 {")
         .unwrap_or_else(|| panic!("{}: no server block", path.display()));
@@ -51,16 +51,10 @@ fn rke2_corefile_served_by_real_coredns_and_the_pod_gets_its_own_header() {
     let Some(mut rn) = RealNode::start(KubeProxyMode::Iptables) else {
         return;
     };
-    let flags: Vec<String> = [
-        "--set",
+    let flags = writer_flags(&[
         "coredns.mode=corefile",
-        "--set",
-        format!("coredns.configMap={}", RKE2.configmap).as_str(),
-        "--set",
-        "names.domains=example.com",
-    ]
-    .map(String::from)
-    .to_vec();
+        &format!("coredns.configMap={}", RKE2.configmap),
+    ]);
     let shipped = rke2_corefile();
     cluster_dns_and_a_shop_ingress(&rn.cluster, &RKE2, RKE2_IMAGE, &shipped, Vec::new());
     rn.start_agent(&flags);
