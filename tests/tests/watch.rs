@@ -314,7 +314,8 @@ async fn the_lease_holder_publishes_one_event_per_decision_change() {
     );
 }
 
-// Fake API: the watch layer in process; real CoreDNS behind the real kube-dns Service: real_cluster/coredns.rs.
+// Fake API: the watch layer in process; real CoreDNS behind the real kube-dns Service: real_cluster/coredns.rs;
+// behind RKE2's, the agent finding it: real_cluster/coredns_rke2.rs.
 #[tokio::test]
 async fn the_cluster_dns_service_is_found_through_the_watch() {
     let api = FakeApi::start();
