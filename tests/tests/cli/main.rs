@@ -126,7 +126,17 @@ fn status_reports_attachment_frontends_sources_and_counters() {
         &["curl", "-sS", "--max-time", "5", "http://203.0.113.10/"],
     );
     assert!(curl.status.success(), "{curl:?}");
-    let j = run_cli(&node, &["status", "-o", "json"]).json();
+    // The relay counts a connection's bytes as it ends, which may be a moment after
+    // curl has its reply.
+    let started = std::time::Instant::now();
+    let j = loop {
+        let j = run_cli(&node, &["status", "-o", "json"]).json();
+        let c = &j["status"]["counters"]["relay"];
+        if c["active_connections"] == 0 || started.elapsed() > std::time::Duration::from_secs(5) {
+            break j;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let c = &j["status"]["counters"];
     assert!(
         c["kernel"]["redirected"].as_u64().expect("redirected") >= 1,
