@@ -340,6 +340,9 @@ pub(crate) fn build_with(podman: &dyn Fn() -> Command, build: &Build, arch: Arch
     fs::write(context.join("Containerfile"), containerfile(build)?)
         .context("failed to write the Containerfile")?;
     let tag = &build.tag;
+    // The image the tag names now: left without a name by this build, it is removed
+    // after it, so that rebuilding `:dev` does not pile up unnamed images.
+    let replaced = image_id(podman, tag);
     run(podman()
         .args(["build", "--pull=never", "--network=none", "--layers=false"])
         .args(["--identity-label=false", "--timestamp"])
@@ -356,7 +359,26 @@ pub(crate) fn build_with(podman: &dyn Fn() -> Command, build: &Build, arch: Arch
         size.trim(),
         build.version
     );
+    if let Some(old) = replaced.filter(|old| image_id(podman, tag).as_ref() != Some(old)) {
+        // Only when nothing names it any more: podman refuses to remove an image
+        // another tag or a container still uses, and that refusal is fine.
+        let names = output(podman().args(["image", "inspect", "--format", "{{.RepoTags}}", &old]))
+            .unwrap_or_default();
+        if names.trim() == "[]" {
+            let _ = podman().args(["rmi", &old]).output();
+        }
+    }
     Ok(())
+}
+
+/// The ID of the image `tag` names in podman's storage, if any.
+fn image_id(podman: &dyn Fn() -> Command, tag: &str) -> Option<String> {
+    let out = podman()
+        .args(["image", "inspect", "--format", "{{.Id}}", tag])
+        .output()
+        .ok()?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !id.is_empty()).then_some(id)
 }
 
 #[cfg(test)]
