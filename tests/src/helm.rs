@@ -111,3 +111,31 @@ pub fn render(
 pub fn render_workspace_chart(namespace: &str, release: &str, flags: &[String]) -> Vec<Json> {
     render(&workspace().join(CHART), namespace, release, flags)
 }
+
+/// The workspace's chart copied to `to` as a release packages it: `version` as its
+/// version and its appVersion (so the image tag the DaemonSet runs).
+pub fn chart_as_version(to: &std::path::Path, version: &str) {
+    let from = workspace().join(CHART);
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&from)
+        .arg(to)
+        .output()
+        .expect("cp");
+    assert!(out.status.success(), "cp: {out:?}");
+    let file = to.join("Chart.yaml");
+    let chart = std::fs::read_to_string(&file).expect("Chart.yaml");
+    let chart: Vec<String> = chart
+        .lines()
+        .map(|l| {
+            if l.starts_with("version: ") {
+                format!("version: {version}")
+            } else if l.starts_with("appVersion: ") {
+                format!("appVersion: \"{version}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&file, chart.join("\n") + "\n").expect("write Chart.yaml");
+}

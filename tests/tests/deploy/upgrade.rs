@@ -11,7 +11,7 @@ use std::{fs, path::Path};
 
 use hairpin_tests::{
     cluster::Cluster,
-    helm::{CHART, docs, helm},
+    helm::{docs, helm},
     node::SimNode,
     repo::workspace,
 };
@@ -23,14 +23,7 @@ const NEW_DIGEST: &str = "sha256:22222222222222222222222222222222222222222222222
 /// The workspace's chart as a release packages it: `version` as its version and
 /// appVersion, `digest` as `image.digest` (xtask/src/release.rs edits the same line).
 fn packaged_chart(to: &Path, version: &str, digest: &str) {
-    let from = workspace().join(CHART);
-    let out = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&from)
-        .arg(to)
-        .output()
-        .expect("cp");
-    assert!(out.status.success(), "cp: {out:?}");
+    hairpin_tests::helm::chart_as_version(to, version);
     let values = fs::read_to_string(to.join("values.yaml")).expect("values.yaml");
     let needle = "\n  digest: \"\"\n";
     assert_eq!(values.matches(needle).count(), 1, "one empty image.digest");
@@ -39,21 +32,6 @@ fn packaged_chart(to: &Path, version: &str, digest: &str) {
         values.replacen(needle, &format!("\n  digest: \"{digest}\"\n"), 1),
     )
     .expect("write values.yaml");
-    let chart = fs::read_to_string(to.join("Chart.yaml")).expect("Chart.yaml");
-    let chart = chart
-        .lines()
-        .map(|l| {
-            if l.starts_with("version: ") {
-                format!("version: {version}")
-            } else if l.starts_with("appVersion: ") {
-                format!("appVersion: \"{version}\"")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    fs::write(to.join("Chart.yaml"), chart + "\n").expect("write Chart.yaml");
 }
 
 /// The first shell command in `doc` that starts with `prefix`, continuation lines

@@ -13,7 +13,8 @@ use crate::{do_service, vip};
 
 /// The ingress pods' namespace, as ingress-nginx installs itself.
 pub(super) const INGRESS_NS: &str = "ingress-nginx";
-/// The port nginx listens on in the pod (not 80: it runs as a user, unprivileged).
+/// The port nginx listens on in the pod (not 80: it runs as a user, unprivileged);
+/// [`NGINX_CONF`]'s `@PORT@`.
 const INGRESS_PORT: u16 = 8080;
 /// The label the ingress Services select.
 const INGRESS_LABEL: (&str, &str) = ("app.kubernetes.io/name", "ingress-nginx");
@@ -34,8 +35,8 @@ http {
     uwsgi_temp_path /tmp/uwsgi;
     scgi_temp_path /tmp/scgi;
     server {
-        listen 8080 proxy_protocol;
-        listen [::]:8080 proxy_protocol;
+        listen @PORT@ proxy_protocol;
+        listen [::]:@PORT@ proxy_protocol;
         location / {
             default_type text/plain;
             return 200 "client=$proxy_protocol_addr:$proxy_protocol_port\n";
@@ -53,7 +54,7 @@ impl KubeletNode {
         c.kubectl_apply(&[
             json!({"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "ingress-nginx", "namespace": INGRESS_NS},
-                "data": {"nginx.conf": NGINX_CONF}}),
+                "data": {"nginx.conf": NGINX_CONF.replace("@PORT@", &INGRESS_PORT.to_string())}}),
             json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "ingress-nginx-controller", "namespace": INGRESS_NS,
                          "labels": {key: value}},

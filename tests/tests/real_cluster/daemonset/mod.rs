@@ -224,33 +224,6 @@ fn kubeadm_coredns_and_an_ingress(c: &hairpin_tests::cluster::Cluster) {
     c.set_ingress_lb("shop", "shop", vip(&["203.0.113.10"]));
 }
 
-/// The workspace's chart as the next release packages it: `version` as its version
-/// and appVersion (so its image tag), in `to`.
-fn chart_of_version(to: &std::path::Path, version: &str) {
-    let from = hairpin_tests::repo::workspace().join(hairpin_tests::helm::CHART);
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(&from)
-        .arg(to)
-        .output()
-        .expect("cp");
-    assert!(out.status.success(), "cp: {out:?}");
-    let chart = std::fs::read_to_string(to.join("Chart.yaml")).expect("Chart.yaml");
-    let chart: Vec<String> = chart
-        .lines()
-        .map(|l| {
-            if l.starts_with("version: ") {
-                format!("version: {version}")
-            } else if l.starts_with("appVersion: ") {
-                format!("appVersion: \"{version}\"")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    std::fs::write(to.join("Chart.yaml"), chart.join("\n") + "\n").expect("Chart.yaml");
-}
-
 /// docs/upgrade.md's `helm upgrade` while a client pod dials the kernel path's LB
 /// every 20 ms: the DaemonSet rolls to the next release's image (the same tree built
 /// with the next version string, `cargo xtask test`'s [`AGENT_NEXT_IMAGE`]), the new
@@ -319,7 +292,7 @@ fn daemonset_upgrade_while_a_client_pod_dials() {
     let (new_image, next) = kn.runtime.import_next_agent();
     let dir = tempfile::tempdir().expect("tempdir");
     let chart = dir.path().join("hairpin");
-    chart_of_version(&chart, &next);
+    hairpin_tests::helm::chart_as_version(&chart, &next);
     let upgraded = Instant::now();
     hairpin_tests::helm::helm(&[
         "cluster-upgrade".into(),
