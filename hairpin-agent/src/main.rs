@@ -86,7 +86,26 @@ enum Command {
     Uninstall(Box<hairpin_agent::cli::UninstallArgs>),
 }
 
+/// One glibc malloc arena for the whole process, set before any thread starts.
+///
+/// glibc gives threads up to eight arenas per core, and memory freed in one arena
+/// serves only the threads using it. The runtime's workers take turns accepting, so
+/// the buffers a flood of held connections left free in one arena went unused when
+/// the next flood was accepted on another: the same 2,500 held connections cost 31 to
+/// 42 KiB each from one run to the next (tests/tests/reliability/flood.rs), and on a
+/// node with many cores the gap grows with the arenas. With one arena they cost the
+/// same every run. The hot paths' small allocations stay per thread (glibc's tcache).
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a malloc parameter; called first in main, before
+    // any other thread exists. A refusal (0) leaves glibc's default, which works.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() {
+    one_malloc_arena();
     // A usage error is clap's status 2 (Exit::Usage); every other status is the
     // subcommand's verdict, and a failure of the command itself is Exit::Failed, so
     // that no status means two things (README, "Debugging a node").

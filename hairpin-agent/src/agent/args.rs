@@ -220,7 +220,7 @@ pub struct RunArgs {
     pub metrics_address: Option<crate::status::metrics_address::MetricsAddress>,
 
     /// Most connections both relays hold at once; past it new ones are reset at
-    /// accept (counted in hairpin_relay_shed_total). About 32 KiB each: the
+    /// accept (counted in hairpin_relay_shed_total). About 23 KiB each: the
     /// default stays under the DaemonSet's 512 MiB memory limit.
     #[arg(long, env = "HAIRPIN_MAX_CONNECTIONS", default_value_t = 12_000)]
     pub max_connections: usize,
