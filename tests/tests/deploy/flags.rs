@@ -73,9 +73,10 @@ pub(crate) fn cleanup_args(env: &BTreeMap<String, String>, source: &str) -> Clea
 pub(crate) fn global_env_names() -> BTreeSet<String> {
     let src = read("hairpin-agent/src/main.rs");
     let names: BTreeSet<String> = src
-        .match_indices("env = \"")
+        // The flags' `env = "HAIRPIN_..."`, not a `cfg(target_env = "...")`.
+        .match_indices("env = \"HAIRPIN_")
         .map(|(i, m)| {
-            src[i + m.len()..]
+            src[i + m.len() - "HAIRPIN_".len()..]
                 .chars()
                 .take_while(|c| *c != '"')
                 .collect()
