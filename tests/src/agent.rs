@@ -61,6 +61,15 @@ pub fn set_agent_bin(bin: Option<PathBuf>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = bin;
 }
 
+/// `hairpin-agent` ([`agent_bin`]) without the `HAIRPIN_*` variables this process
+/// inherited ([`crate::sh::without_inherited_hairpin_env`]): as the harness starts
+/// every agent, whose settings come from the test alone.
+pub fn agent_command() -> Command {
+    let mut cmd = Command::new(agent_bin());
+    crate::sh::without_inherited_hairpin_env(&mut cmd);
+    cmd
+}
+
 /// Path of the agent binary: the one [`set_agent_bin`] set, else HAIRPIN_AGENT_BIN
 /// (set by `cargo xtask test`), else the debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
@@ -557,7 +566,7 @@ impl CappedAgent {
             .open(node.agent_cgroup().join("cgroup.procs"))
             .expect("the agent's cgroup");
         let (netns_fd, procs_fd) = (netns.as_raw_fd(), procs.as_raw_fd());
-        let mut cmd = Command::new(agent_bin());
+        let mut cmd = agent_command();
         cmd.arg("run")
             .arg("--frontends")
             .arg(&frontends)

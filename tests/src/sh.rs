@@ -33,14 +33,31 @@ pub fn run_quiet(argv: &[&str]) {
         .status();
 }
 
+/// Removes from `cmd` every `HAIRPIN_*` variable this process inherited: the paths
+/// of the workspace's tools that `cargo xtask test` hands the suites
+/// (`HAIRPIN_AGENT_BIN`, `HAIRPIN_ETCD_BIN`, `HAIRPIN_TEST_KERNELS`, ...) and any agent
+/// setting of the developer's shell. The agent refuses a `HAIRPIN_*` variable it does
+/// not read, and a test's processes take their settings from the test alone. Call it
+/// before the test's own `env`: a variable set after it is kept.
+pub fn without_inherited_hairpin_env(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(b"HAIRPIN_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
 /// A command that runs in network namespace `netns` (a name under /run/netns) and,
-/// when given, cgroup v2 directory `cgroup`.
+/// when given, cgroup v2 directory `cgroup`, without the `HAIRPIN_*` variables this
+/// process inherited ([`without_inherited_hairpin_env`]).
 ///
 /// The child joins the cgroup before it execs nsenter (`ip netns exec` would
 /// remount /sys and hide the cgroup2 mount), using only async-signal-safe calls
 /// between fork and exec because the test process is multithreaded.
 pub fn command_in(netns: &str, cgroup: Option<&Path>, argv: &[&str]) -> Command {
     let mut cmd = Command::new("nsenter");
+    without_inherited_hairpin_env(&mut cmd);
     cmd.arg(format!("--net=/run/netns/{netns}"))
         .arg("--")
         .args(argv);

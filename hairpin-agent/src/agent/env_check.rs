@@ -8,23 +8,11 @@ use std::ffi::OsString;
 /// The prefix of the agent's variables.
 const PREFIX: &str = "HAIRPIN_";
 
-/// Variables of this workspace's build and test tools, which a developer's shell (and
-/// `cargo xtask test`) hands to every agent it starts: never read by the agent.
-const WORKSPACE_TOOLS: &[&str] = &[
-    "HAIRPIN_EBPF_OBJECT",
-    "HAIRPIN_BUILD_VERSION",
-    "HAIRPIN_HELM_PYTHON",
-    "HAIRPIN_ACTIONLINT",
-    "HAIRPIN_K8S_PIN",
-    "HAIRPIN_K8S_VERSION",
-    "HAIRPIN_GATEWAY_API_CRDS",
-    "HAIRPIN_KEEP_LOGS",
-    "HAIRPIN_XTASK_ELEVATED",
-    "HAIRPIN_BLESS",
-];
-
-/// Prefixes of the same tools' variable families (`HAIRPIN_TEST_KERNELS`, ...).
-const WORKSPACE_TOOL_PREFIXES: &[&str] = &["HAIRPIN_TEST_", "HAIRPIN_XTASK_"];
+/// The agent's own build inputs, read when it is compiled (`build.rs` embeds the BPF
+/// object, `main.rs` takes the version string): a developer's shell that builds and
+/// runs it has them set. Nothing else of the workspace's tools reaches the agent: the
+/// test harness starts every agent without the variables it inherited.
+const BUILD_INPUTS: &[&str] = &["HAIRPIN_EBPF_OBJECT", "HAIRPIN_BUILD_VERSION"];
 
 /// The variable the agent refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -47,7 +35,7 @@ pub enum EnvError {
 /// Refuses the first `HAIRPIN_*` variable of `vars` (sorted by name) that is neither
 /// in `known` (clap's env names) nor a Kubernetes service link (a Service named
 /// `hairpin...` in the pod's namespace gives every pod `HAIRPIN_SERVICE_HOST`,
-/// `HAIRPIN_PORT_80_TCP`, ...) nor a variable of this workspace's own tools.
+/// `HAIRPIN_PORT_80_TCP`, ...) nor one of the agent's own build inputs.
 pub fn check_env(
     vars: impl IntoIterator<Item = (OsString, OsString)>,
     known: &[String],
@@ -60,11 +48,7 @@ pub fn check_env(
         .collect();
     names.sort();
     for name in names {
-        if known.contains(&name)
-            || is_service_link(&name)
-            || WORKSPACE_TOOLS.contains(&name.as_str())
-            || WORKSPACE_TOOL_PREFIXES.iter().any(|p| name.starts_with(p))
-            || name.ends_with("_BIN")
+        if known.contains(&name) || is_service_link(&name) || BUILD_INPUTS.contains(&name.as_str())
         {
             continue;
         }
@@ -176,13 +160,28 @@ mod tests {
             "HAIRPIN_PORT_80_TCP_ADDR",
             "HAIRPIN_METRICS_SERVICE_HOST",
             "HAIRPIN_METRICS_PORT_9090_TCP_ADDR",
-            "HAIRPIN_AGENT_BIN",
             "HAIRPIN_EBPF_OBJECT",
-            "HAIRPIN_TEST_KERNELS",
+            "HAIRPIN_BUILD_VERSION",
             "KUBERNETES_SERVICE_HOST",
             "HAIRPINLB",
         ]);
         assert_eq!(check_env(ok, &known(), "run"), Ok(()));
+    }
+
+    #[test]
+    fn the_test_harness_variables_are_not_the_agents() {
+        // The harness strips them from every agent it starts; an operator's
+        // `HAIRPIN_FOO_BIN` or `HAIRPIN_TEST_X` is a typo like any other.
+        for name in [
+            "HAIRPIN_AGENT_BIN",
+            "HAIRPIN_ETCD_BIN",
+            "HAIRPIN_TEST_KERNELS",
+            "HAIRPIN_XTASK_ELEVATED",
+            "HAIRPIN_K8S_VERSION",
+            "HAIRPIN_HELM_PYTHON",
+        ] {
+            assert!(check_env(vars(&[name]), &known(), "run").is_err(), "{name}");
+        }
     }
 
     #[test]

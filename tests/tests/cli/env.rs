@@ -2,15 +2,13 @@
 //! the agent before it does anything, naming the variable and the one it resembles:
 //! ignored, it would drop the setting without a word.
 
-use std::process::Command;
-
 /// `hairpin-agent SUBCOMMAND` with `HAIRPIN_LB_CIDR` (for `HAIRPIN_LB_CIDRS`) set:
 /// refused with the usage status, the typo and the right name in the message.
 #[test]
 fn an_unknown_hairpin_variable_stops_the_agent_naming_the_nearest_one() {
     for args in [&["run"][..], &["coredns-writer", "--coredns", "corefile"]] {
         let subcommand = args[0];
-        let out = Command::new(hairpin_tests::agent::agent_bin())
+        let out = hairpin_tests::agent::agent_command()
             .args(args)
             .env("HAIRPIN_LB_CIDR", "203.0.113.0/24")
             // A Service's links, as the kubelet sets them in the pod: not typos.

@@ -13,9 +13,8 @@ fn exit_statuses_never_collide_and_the_readme_lists_them() {
     use hairpin_agent::cli::Exit;
     let codes: std::collections::BTreeSet<i32> = Exit::ALL.iter().map(|e| e.code()).collect();
     assert_eq!(codes.len(), Exit::ALL.len(), "one status per meaning");
-    let bin = hairpin_tests::agent::agent_bin();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(&bin)
+        let out = hairpin_tests::agent::agent_command()
             .args(args)
             .env("HAIRPIN_ADMIN_SOCKET", "/nonexistent/hairpin/admin.sock")
             .env("HAIRPIN_ADMIN_ADDRESS", "127.0.0.1:1")
@@ -489,7 +488,7 @@ fn doctor_checks_the_node_with_and_without_the_agent() {
 /// `hairpin-agent <args>` on the host with only `caps` (as inside the DaemonSet's
 /// pod), the node's pins and an admin socket where no agent answers.
 fn cli_with_only_caps(node: &SimNode, caps: &[&str], args: &[&str]) -> hairpin_tests::cli::CliRun {
-    let mut cmd = std::process::Command::new(hairpin_tests::agent::agent_bin());
+    let mut cmd = hairpin_tests::agent::agent_command();
     cmd.args(args)
         .env("HAIRPIN_BPF_PIN_DIR", node.pin_dir())
         .env("HAIRPIN_ADMIN_SOCKET", node.dir.join("no-agent.sock"))

@@ -268,7 +268,7 @@ async fn cleanup_restores_the_corefile_byte_for_byte_and_deletes_the_lease() {
     let kubeconfig = dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let cleanup = || {
-        let out = std::process::Command::new(agent_bin())
+        let out = hairpin_tests::agent::agent_command()
             .args([
                 "cleanup",
                 // The cluster's objects only: this test runs in the machine's own

@@ -106,10 +106,11 @@ impl WriterProcess {
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = std::process::Command::new("ip");
+                hairpin_tests::sh::without_inherited_hairpin_env(&mut c);
                 c.args(["netns", "exec", ns]).arg(agent_bin());
                 c
             }
-            None => std::process::Command::new(agent_bin()),
+            None => hairpin_tests::agent::agent_command(),
         };
         let child = cmd
             .args(["coredns-writer", "--coredns", "corefile", "--kubeconfig"])

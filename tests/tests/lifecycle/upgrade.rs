@@ -110,7 +110,7 @@ fn a_second_agent_on_the_same_pin_dir_waits_and_takes_over_when_the_first_is_gon
         ready.contains("programs are not attached: waiting for the pin directory"),
         "{ready}"
     );
-    let out = Command::new(agent_bin())
+    let out = hairpin_tests::agent::agent_command()
         .args(["status", "--admin-socket"])
         .arg(&sock)
         .env("NO_COLOR", "1")
