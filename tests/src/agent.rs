@@ -70,6 +70,23 @@ pub fn agent_command() -> Command {
     cmd
 }
 
+/// Whether `bin run --help` lists `flag`: whether that build of the agent has it.
+/// Asked once per binary and flag.
+fn run_knows(bin: &std::path::Path, flag: &str) -> bool {
+    static KNOWN: std::sync::Mutex<std::collections::BTreeMap<(PathBuf, String), bool>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let key = (bin.to_path_buf(), flag.to_string());
+    let mut known = KNOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *known.entry(key).or_insert_with(|| {
+        Command::new(bin)
+            .args(["run", "--help"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("{flag} ")))
+    })
+}
+
 /// Path of the agent binary: the one [`set_agent_bin`] set, else HAIRPIN_AGENT_BIN
 /// (set by `cargo xtask test`), else the debug build beside this test binary.
 pub fn agent_bin() -> PathBuf {
@@ -388,13 +405,10 @@ impl Agent {
         // The mesh cache as at the node's cgroup root, where `auto` turns it on: below
         // it `auto` leaves it off, and every process of a simulated node (any mesh
         // proxy included) runs inside the node's cgroup, where sock_ops sees its
-        // listen(2). Only for this tree's agent (another build, the bench's baseline,
-        // may not have the flag), and unless the test passes it.
-        let own_agent = AGENT_BIN_OVERRIDE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none();
-        if own_agent && !extra.contains(&"--mesh-listener-cache") {
+        // listen(2). For every build that has the flag (the bench's baseline may be
+        // one from before it, or one with it: both sides of a comparison then run
+        // alike), and unless the test passes it.
+        if !extra.contains(&"--mesh-listener-cache") && run_knows(&bin, "--mesh-listener-cache") {
             argv.extend_from_slice(&["--mesh-listener-cache", "on"]);
         }
         argv.extend_from_slice(extra);
