@@ -373,12 +373,10 @@ pub(crate) fn build_with(podman: &dyn Fn() -> Command, build: &Build, arch: Arch
 
 /// The ID of the image `tag` names in podman's storage, if any.
 fn image_id(podman: &dyn Fn() -> Command, tag: &str) -> Option<String> {
-    let out = podman()
-        .args(["image", "inspect", "--format", "{{.Id}}", tag])
-        .output()
-        .ok()?;
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.success() && !id.is_empty()).then_some(id)
+    output(podman().args(["image", "inspect", "--format", "{{.Id}}", tag]))
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
 }
 
 #[cfg(test)]

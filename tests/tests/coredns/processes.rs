@@ -104,12 +104,11 @@ impl WriterProcess {
         let log = kubeconfig.with_file_name(format!("{identity}.log"));
         let out = std::fs::File::create(&log).expect("writer log");
         let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = std::process::Command::new("ip");
-                hairpin_tests::sh::without_inherited_hairpin_env(&mut c);
-                c.args(["netns", "exec", ns]).arg(agent_bin());
-                c
-            }
+            Some(ns) => hairpin_tests::sh::command_in(
+                ns,
+                None,
+                &[agent_bin().to_str().expect("utf-8 path")],
+            ),
             None => hairpin_tests::agent::agent_command(),
         };
         let child = cmd
